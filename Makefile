@@ -1,0 +1,19 @@
+# The two commands of the README. Both set up everything they need (scripts/bootstrap.sh).
+.PHONY: demo test lint bench setup
+
+setup:
+	@bash scripts/bootstrap.sh
+
+# Main job: generate a demo dataset and measure it against the baselines.
+demo: setup
+	@.venv/bin/python -m rowstore.demo
+
+# The whole test suite (examples included).
+test: setup
+	@.venv/bin/python -m pytest -q
+
+lint: setup
+	@.venv/bin/ruff check rowstore tests bench examples
+
+bench: setup
+	@.venv/bin/python bench/read_bench.py

@@ -1,0 +1,37 @@
+"""rowstore: schema-defined, row-oriented HDF5 datasets, read by compiled kernels.
+
+Write with :class:`Writer`, read with :func:`open`; adapters live in ``rowstore.torch`` and
+``rowstore.tf`` (importing ``rowstore`` imports neither framework).
+"""
+
+__version__ = "0.1.0"
+
+from rowstore.errors import (  # noqa: E402
+    ChecksumError,
+    CodecError,
+    CodecNotAvailableError,
+    FormatError,
+    FormatVersionError,
+    RowstoreError,
+    RowValidationError,
+    SchemaError,
+    WriterClosedError,
+)
+from rowstore.schema import BYTES, STR, Field, Schema  # noqa: E402
+from rowstore.codecs import Codec, register_codec  # noqa: E402
+from rowstore.format import FORMAT_VERSION, Layout, Writer  # noqa: E402
+
+__all__ = [
+    "__version__", "FORMAT_VERSION",
+    "Schema", "Field", "STR", "BYTES", "Codec", "register_codec",
+    "Writer", "Layout", "open",
+    "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
+    "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
+]  # fmt: skip
+
+
+def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zarr.open
+    """Open a dataset for reading; see :class:`rowstore.reader.Reader` for the options."""
+    from rowstore.reader import Reader
+
+    return Reader(path, **kwargs)

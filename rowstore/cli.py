@@ -1,0 +1,139 @@
+"""``rowstore``: inspect datasets from the shell.
+
+    rowstore info PATH        schema, rows, blocks, sizes, compression, format version
+    rowstore head PATH -n N   the first N rows, arrays summarised
+    rowstore verify PATH      read every block and check checksums
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import RowstoreError
+
+__all__ = ["main", "info_text", "head_text"]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def info_text(path: str) -> str:
+    from rowstore.format.index import Layout
+
+    L = Layout.open(path)
+    rows = []
+    for f in L.schema:
+        shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
+        codec = ", ".join(f"{k}={v}" for k, v in f.codec.items() if k != "id")
+        rows.append([
+            f.name, str(f.dtype), shape, f.codec["id"] + (f"({codec})" if codec else ""),
+            "row" if f.inline else "heap", "yes" if f.nullable else "",
+        ])  # fmt: skip
+    comp = L.compression
+    comp_s = "none" if comp["id"] == "none" else f"blosc2 {comp['cname']} level {comp['clevel']} shuffle={comp['shuffle']}"
+    raw, stored = L.raw_nbytes, L.stored_nbytes
+    lines = [
+        f"file            {path}",
+        f"format          rowstore v{L.version} (written by {L.writer or 'unknown'})",
+        f"rows            {L.num_rows:,}",
+        f"blocks          {L.num_blocks:,} x {L.rows_per_block:,} rows ({_human(L.block_raw_bytes)} of rows each)",
+        f"row size        {L.row_dtype.itemsize:,} bytes in the row table",
+        f"heap            {_human(L.heap_nbytes)} in {len(L.heap_chunks):,} chunks of {_human(L.heap_chunk_bytes)}" if len(L.heap_chunks) else "heap            none",
+        f"compression     {comp_s}",
+        f"decoded bytes   {_human(raw)} (rows + heap payloads)",
+        f"stored bytes    {_human(stored)}" + (f" (ratio {raw / stored:.2f}x)" if stored else ""),
+        f"file size       {_human(L.file_size)}",
+    ]
+    if L.user_attrs:
+        lines.append(f"attributes      {json.dumps(L.user_attrs, sort_keys=True)}")
+    lines += ["", _table(rows, ["field", "dtype", "shape", "codec", "stored in", "nullable"])]
+    return "\n".join(lines)
+
+
+def _summary(v: Any) -> str:
+    if v is None:
+        return "None"
+    if isinstance(v, np.generic):
+        return repr(v.item())
+    if isinstance(v, np.ndarray):
+        if v.ndim == 0:
+            return repr(v.item())
+        if v.size <= 6 and v.ndim == 1:
+            return np.array2string(v, separator=", ", threshold=6)
+        desc = f"{v.dtype}{list(v.shape)}"
+        if v.size and v.dtype.kind in "biuf":
+            desc += f" min={v.min():.4g} max={v.max():.4g} mean={v.astype(np.float64).mean():.4g}"
+        return desc
+    if isinstance(v, (str, bytes)):
+        return repr(v if len(v) <= 60 else v[:57]) + ("..." if len(v) > 60 else "")
+    return repr(v)
+
+
+def head_text(path: str, n: int = 5, fields: list[str] | None = None) -> str:
+    from rowstore.reader import Reader
+
+    r = Reader(path)
+    names = r.schema.select(fields).names
+    k = min(n, len(r))
+    out = []
+    if k:
+        batch = r.take(np.arange(k), fields=names)
+        for i in range(k):
+            out.append(f"row {i}")
+            for name in names:
+                v = batch[name][i]
+                if r.schema[name].nullable and batch[name + "__null"][i]:
+                    v = None
+                out.append(f"  {name}: {_summary(v)}")
+    out.append(f"({k} of {len(r):,} rows)")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("info", help="schema, rows, blocks, sizes, compression, format version")
+    p.add_argument("path")
+    p = sub.add_parser("head", help="print the first rows")
+    p.add_argument("path")
+    p.add_argument("-n", type=int, default=5, help="rows to print (default 5)")
+    p.add_argument("--fields", nargs="+", help="only these fields")
+    p = sub.add_parser("verify", help="read every block and check its checksum")
+    p.add_argument("path")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "info":
+            print(info_text(args.path))
+        elif args.cmd == "head":
+            print(head_text(args.path, args.n, args.fields))
+        elif args.cmd == "verify":
+            from rowstore.format.index import Layout
+
+            L = Layout.open(args.path, verify=True)
+            print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks, checksums match)")
+    except (RowstoreError, OSError) as exc:
+        print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Codecs: how each field's values are stored. See :mod:`rowstore.codecs.abc` for the contract.
+
+Built-in codecs (registered here, in one visible block):
+
+==========  =========================================  =========
+id          values                                      placement
+==========  =========================================  =========
+``raw``     numbers, fixed shape                        row
+``raw``     numbers, variable shape                     heap
+``utf8``    ``str``                                     heap
+``bytes``   ``bytes``                                   heap
+``png``     ``uint8``/``uint16`` images, lossless       heap
+``jpeg``    ``uint8`` images, lossy                     heap
+==========  =========================================  =========
+"""
+
+from rowstore.codecs.abc import Codec
+from rowstore.codecs.image import Jpeg, Png
+from rowstore.codecs.raw import Raw
+from rowstore.codecs.registry import ENTRY_POINT_GROUP, get_codec, register_codec, registered_codecs
+from rowstore.codecs.text import Bytes, Utf8
+
+for _cls in (Raw, Utf8, Bytes, Png, Jpeg):
+    register_codec(_cls)
+del _cls
+
+__all__ = [
+    "Codec", "Raw", "Utf8", "Bytes", "Png", "Jpeg",
+    "register_codec", "get_codec", "registered_codecs", "ENTRY_POINT_GROUP",
+]  # fmt: skip

@@ -1,0 +1,87 @@
+"""The whole rowstore exception hierarchy.
+
+Every error derives from :class:`RowstoreError` and from the builtin a caller would naturally
+catch (``SchemaError`` is a ``ValueError``, ...), so ``except ValueError`` keeps working.
+Errors carry their context as attributes (``field``, ``row``, ``path``, ``block``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RowstoreError",
+    "SchemaError",
+    "RowValidationError",
+    "CodecError",
+    "CodecNotAvailableError",
+    "FormatError",
+    "FormatVersionError",
+    "ChecksumError",
+    "WriterClosedError",
+]
+
+
+class RowstoreError(Exception):
+    """Base class of every error rowstore raises."""
+
+
+class SchemaError(RowstoreError, ValueError):
+    """A schema, or data checked against a schema, is invalid.
+
+    Attributes
+    ----------
+    field : str or None
+        The field concerned, when there is one.
+    row : int or None
+        The 0-based row number (within the dataset being written) when data was checked.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, row: int | None = None):
+        super().__init__(message)
+        self.field = field
+        self.row = row
+
+
+class RowValidationError(SchemaError, TypeError):
+    """A row written does not match the schema (wrong dtype, shape, missing/unknown field, None
+    in a non-nullable field...). Also a ``TypeError`` since most such mistakes are type errors."""
+
+
+class CodecError(RowstoreError, ValueError):
+    """A codec is unknown, misconfigured, or could not encode/decode a value."""
+
+    def __init__(self, message: str, *, codec: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.codec = codec
+        self.field = field
+
+
+class CodecNotAvailableError(CodecError, ImportError):
+    """A codec needs an optional dependency that is not installed."""
+
+
+class FormatError(RowstoreError, ValueError):
+    """A file is not a rowstore file, or it is corrupt or truncated.
+
+    Attributes
+    ----------
+    path : str or None
+    block : int or None
+        The block where corruption was found, when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, block: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.block = block
+
+
+class FormatVersionError(FormatError):
+    """A file was written by a format version this rowstore cannot read."""
+
+
+class ChecksumError(FormatError):
+    """The stored bytes of a block do not match the checksum in the block index."""
+
+
+class WriterClosedError(RowstoreError, RuntimeError):
+    """A writer was used after it was closed or aborted."""

@@ -1,0 +1,274 @@
+"""Opening a file: read the attributes, schema and indexes once (through libhdf5) and check
+every number that the hot path will trust.
+
+:class:`Layout` is what the reader and the kernels work from; after it is built, reading never
+calls libhdf5 again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import FormatError, FormatVersionError, RowstoreError
+from rowstore.format import spec
+from rowstore.schema import Schema
+
+__all__ = ["Layout", "open_h5"]
+
+
+def open_h5(path: str):
+    """Open ``path`` read-only with h5py, with hdf5plugin's filters registered."""
+    import h5py
+    import hdf5plugin  # noqa: F401 - registers Blosc2 so h5py can decode compressed chunks
+
+    try:
+        return h5py.File(path, "r")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise FormatError(f"{path!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=path) from exc
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything the reader needs about one file, validated.
+
+    Attributes are plain values and numpy arrays (owned by the layout; do not modify).
+    """
+
+    path: str
+    version: int
+    schema: Schema
+    user_attrs: dict
+    num_rows: int
+    rows_per_block: int
+    row_dtype: np.dtype
+    compression: dict
+    heap_chunk_bytes: int
+    heap_nbytes: int
+    blocks: np.ndarray  # spec.BLOCK_DTYPE
+    heap_chunks: np.ndarray  # spec.HEAP_CHUNK_DTYPE
+    file_size: int
+    writer: str = ""
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def compressed(self) -> bool:
+        return self.compression["id"] != "none"
+
+    @property
+    def block_raw_bytes(self) -> int:
+        return self.rows_per_block * self.row_dtype.itemsize
+
+    @property
+    def stored_nbytes(self) -> int:
+        return int(self.blocks["stored_nbytes"].sum() + self.heap_chunks["stored_nbytes"].sum())
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Bytes of the rows and heap payloads as stored before compression."""
+        return int(self.num_rows * self.row_dtype.itemsize + self.heap_nbytes)
+
+    def block_rows(self) -> np.ndarray:
+        """Valid rows per block (int64)."""
+        return self.blocks["num_rows"].astype(np.int64)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """int64/uint64 contiguous copies of the index columns the kernels take (cached)."""
+        if not self._cache:
+            b, h = self.blocks, self.heap_chunks
+            self._cache.update(
+                offset=np.ascontiguousarray(b["offset"], dtype=np.int64),
+                stored=np.ascontiguousarray(b["stored_nbytes"], dtype=np.int64),
+                checksum=np.ascontiguousarray(b["checksum"], dtype=np.uint64),
+                heap_start=np.ascontiguousarray(b["heap_start"], dtype=np.int64),
+                heap_end=np.ascontiguousarray(b["heap_end"], dtype=np.int64),
+                hc_offset=np.ascontiguousarray(h["offset"], dtype=np.int64),
+                hc_stored=np.ascontiguousarray(h["stored_nbytes"], dtype=np.int64),
+                hc_checksum=np.ascontiguousarray(h["checksum"], dtype=np.uint64),
+            )
+        return self._cache
+
+    # -- opening ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> Layout:
+        """Read and check the layout of ``path``.
+
+        Raises :class:`FormatError` for a file that is not rowstore, corrupt or truncated, and
+        :class:`FormatVersionError` for a version this code cannot read. With ``verify``, also
+        reads every chunk and checks its checksum (what ``rowstore verify`` does).
+        """
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            raise FormatError(f"{path!r} is a directory; sharded datasets are not supported by this version", path=path)
+        file_size = os.path.getsize(path)
+        with open_h5(path) as f:
+            try:
+                layout = cls._read(f, path, file_size)
+            except RowstoreError:
+                raise
+            except (KeyError, ValueError, TypeError, OSError) as exc:
+                raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
+        if verify:
+            layout.verify()
+        return layout
+
+    @classmethod
+    def _read(cls, f, path: str, file_size: int) -> Layout:
+        def bad(msg: str) -> FormatError:
+            return FormatError(f"{path!r}: {msg}", path=path)
+
+        if spec.GROUP not in f or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
+            raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
+        g = f[spec.GROUP]
+        a = g.attrs
+        version = a.get(spec.ATTR_VERSION)
+        if not isinstance(version, (int, np.integer)):
+            raise bad(f"format_version is missing or not an int: {version!r}")
+        version = int(version)
+        if version not in spec.READABLE_VERSIONS:
+            newer = version > max(spec.READABLE_VERSIONS)
+            raise FormatVersionError(
+                f"{path!r} uses rowstore format v{version}; this rowstore reads "
+                f"v{', v'.join(map(str, spec.READABLE_VERSIONS))}"
+                + (" (upgrade rowstore to read it)" if newer else ""),
+                path=path,
+            )
+        try:
+            schema = Schema.from_json(_text(a[spec.ATTR_SCHEMA]))
+        except (RowstoreError, KeyError) as exc:
+            raise bad(f"invalid schema: {exc}") from exc
+        compression = spec.compression_config(json.loads(_text(a.get(spec.ATTR_COMPRESSION, '{"id": "none"}'))))
+        user_attrs = json.loads(_text(a.get(spec.ATTR_USER, "{}")))
+        num_rows = _int(a, spec.ATTR_NUM_ROWS, bad)
+        rpb = _int(a, spec.ATTR_ROWS_PER_BLOCK, bad)
+        H = _int(a, spec.ATTR_HEAP_CHUNK_BYTES, bad)
+        heap_nbytes = _int(a, spec.ATTR_HEAP_NBYTES, bad)
+        if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):
+            raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
+        if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
+            raise bad("negative or zero sizes in the attributes")
+
+        row_dtype = spec.row_dtype(schema)
+        rows = g[spec.ROWS]
+        if rows.dtype != row_dtype:
+            raise bad(f"row table dtype {rows.dtype} does not match the schema's {row_dtype}")
+        if rows.shape != (num_rows,) or rows.chunks != (rpb,):
+            raise bad(f"row table shape {rows.shape}/chunks {rows.chunks} disagree with num_rows={num_rows}, rows_per_block={rpb}")
+        blocks = np.asarray(g[spec.BLOCKS][()])
+        if blocks.dtype != spec.BLOCK_DTYPE:
+            raise bad(f"block index dtype {blocks.dtype} is not {spec.BLOCK_DTYPE}")
+        has_heap = any(not fl.inline for fl in schema)
+        if has_heap:
+            heap_chunks = np.asarray(g[spec.HEAP_CHUNKS][()])
+            if heap_chunks.dtype != spec.HEAP_CHUNK_DTYPE:
+                raise bad("heap chunk index has the wrong dtype")
+            heap = g[spec.HEAP]
+            if heap.shape != (heap_nbytes,) or heap.chunks != (H,):
+                raise bad(f"heap shape {heap.shape}/chunks {heap.chunks} disagree with heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}")
+        else:
+            heap_chunks = np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
+            if heap_nbytes:
+                raise bad("heap_nbytes is not 0 for a schema without heap fields")
+        writer = _text(a.get(spec.ATTR_WRITER, ""))
+
+        layout = cls(
+            path=path, version=version, schema=schema, user_attrs=user_attrs, num_rows=num_rows,
+            rows_per_block=rpb, row_dtype=row_dtype, compression=compression, heap_chunk_bytes=H,
+            heap_nbytes=heap_nbytes, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size,
+            writer=writer,
+        )  # fmt: skip
+        layout._check_indexes(bad)
+        return layout
+
+    def _check_indexes(self, bad) -> None:
+        """Every number the kernels will trust, checked against the others and the file size."""
+        b = self.blocks
+        rpb, n = self.rows_per_block, self.num_rows
+        nblocks = -(-n // rpb)
+        if len(b) != nblocks:
+            raise bad(f"block index has {len(b)} entries, expected {nblocks} for {n} rows of {rpb} per block")
+        with np.errstate(over="ignore"):
+            first = np.arange(nblocks, dtype=np.uint64) * np.uint64(rpb)
+            if not np.array_equal(b["first_row"], first):
+                raise bad("block index first_row values are not consecutive blocks")
+            expect_rows = np.minimum(np.uint64(rpb), np.uint64(n) - first)
+            if not np.array_equal(b["num_rows"], expect_rows):
+                raise bad("block index num_rows values disagree with num_rows")
+            _check_ranges(b["offset"], b["stored_nbytes"], self.file_size, bad, "block")
+            if not self.compressed and nblocks and (b["stored_nbytes"] != np.uint64(self.block_raw_bytes)).any():
+                raise bad("an uncompressed block's stored size is not rows_per_block * row size")
+            hs, he = b["heap_start"], b["heap_end"]
+            if nblocks and (
+                (hs > he).any() or (he > np.uint64(self.heap_nbytes)).any() or hs[0] != 0 or (hs[1:] != he[:-1]).any()
+            ):
+                raise bad("block heap ranges are not contiguous within the heap")
+            h = self.heap_chunks
+            H = self.heap_chunk_bytes
+            if len(h) != -(-self.heap_nbytes // H):
+                raise bad(f"heap chunk index has {len(h)} entries for {self.heap_nbytes} heap bytes")
+            _check_ranges(h["offset"], h["stored_nbytes"], self.file_size, bad, "heap chunk")
+            if not self.compressed and len(h) and (h["stored_nbytes"] != np.uint64(H)).any():
+                raise bad("an uncompressed heap chunk's stored size is not heap_chunk_bytes")
+
+    def verify(self) -> None:
+        """Read every row block and heap chunk and check checksums and decompression.
+
+        Raises :class:`~rowstore.errors.ChecksumError`/:class:`FormatError` naming the block.
+        """
+        from rowstore import kernels
+
+        arr = self.arrays()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for what, offs, stored, checks, raw in (
+                ("block", arr["offset"], arr["stored"], arr["checksum"], self.block_raw_bytes),
+                ("heap chunk", arr["hc_offset"], arr["hc_stored"], arr["hc_checksum"], self.heap_chunk_bytes),
+            ):
+                if not len(offs):
+                    continue
+                step = max(1, (64 << 20) // raw)
+                dst = np.empty(min(step, len(offs)) * raw, np.uint8)
+                scratch = np.empty(int(stored.max()), np.uint8)
+                for i in range(0, len(offs), step):
+                    j = min(i + step, len(offs))
+                    try:
+                        kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], compressed=self.compressed,
+                                            verify=True, dst=dst[: (j - i) * raw], raw_size=raw, scratch=scratch, what=what)
+                    except kernels.KernelError as exc:
+                        exc.args = (f"{self.path!r}: {what} {i + exc.index}: {exc}",)
+                        exc.path = self.path
+                        exc.block = i + exc.index
+                        raise
+        finally:
+            os.close(fd)
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _int(attrs, name: str, bad) -> int:
+    v = attrs.get(name)
+    if not isinstance(v, (int, np.integer)):
+        raise bad(f"attribute {name!r} is missing or not an int: {v!r}")
+    return int(v)
+
+
+def _check_ranges(offsets: np.ndarray, sizes: np.ndarray, file_size: int, bad, what: str) -> None:
+    if not len(offsets):
+        return
+    with np.errstate(over="ignore"):
+        end = offsets + sizes
+        if (sizes == 0).any() or (end < offsets).any() or (end > np.uint64(file_size)).any():
+            i = int(np.argmax((sizes == 0) | (end < offsets) | (end > np.uint64(file_size))))
+            raise bad(f"{what} {i} lies outside the file (offset {int(offsets[i])}, {int(sizes[i])} bytes, file of {file_size} bytes; truncated?)")

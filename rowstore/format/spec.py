@@ -1,0 +1,157 @@
+"""The on-disk format, declared once. ``docs/format.md`` specifies it in prose; keep both in step.
+
+Format v1 (one HDF5 file):
+
+``/rowstore``                 group; attributes below
+``/rowstore/rows``            compound dataset, one row per example, chunk = one block of rows
+``/rowstore/heap``            1-D ``uint8`` dataset of variable-size payloads (absent if unused)
+``/rowstore/blocks``          block index, :data:`BLOCK_DTYPE`, one entry per row chunk
+``/rowstore/heap_chunks``     heap chunk index, :data:`HEAP_CHUNK_DTYPE` (absent if no heap)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import CodecError
+from rowstore.schema import Field, Schema
+
+FORMAT_NAME = "rowstore"
+FORMAT_VERSION = 1
+#: Versions this code reads.
+READABLE_VERSIONS = (1,)
+
+GROUP = "rowstore"
+ROWS = "rows"
+HEAP = "heap"
+BLOCKS = "blocks"
+HEAP_CHUNKS = "heap_chunks"
+
+ATTR_FORMAT = "format"  # "rowstore"
+ATTR_VERSION = "format_version"  # int
+ATTR_SCHEMA = "schema"  # JSON text, see Schema.to_json
+ATTR_USER = "user_attrs"  # JSON text (object), free for users
+ATTR_NUM_ROWS = "num_rows"  # int
+ATTR_ROWS_PER_BLOCK = "rows_per_block"  # int, = chunk length of /rows
+ATTR_HEAP_CHUNK_BYTES = "heap_chunk_bytes"  # int, = chunk length of /heap
+ATTR_HEAP_NBYTES = "heap_nbytes"  # int, logical heap size
+ATTR_COMPRESSION = "compression"  # JSON text, see compression_config
+ATTR_CHECKSUM = "checksum"  # "xxh64": XXH64 (seed 0) of each chunk's stored bytes
+ATTR_WRITER = "writer"  # "rowstore <version>"
+
+CHECKSUM = "xxh64"
+
+#: One entry per block (= chunk of /rows), in row order.
+BLOCK_DTYPE = np.dtype(
+    [
+        ("first_row", "<u8"),  # index of the block's first row
+        ("num_rows", "<u8"),  # valid rows in the block (the chunk holds rows_per_block rows)
+        ("offset", "<u8"),  # file offset of the stored chunk
+        ("stored_nbytes", "<u8"),  # size of the stored chunk (compressed or not)
+        ("checksum", "<u8"),  # XXH64 of the stored chunk bytes
+        ("heap_start", "<u8"),  # logical heap range of the block's payloads: [start, end)
+        ("heap_end", "<u8"),
+    ]
+)
+
+#: One entry per heap chunk, in logical order.
+HEAP_CHUNK_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("stored_nbytes", "<u8"),
+        ("checksum", "<u8"),
+    ]
+)
+
+#: Suffix of the boolean column that marks a nullable field's null rows.
+NULL_SUFFIX = "__null"
+
+# -- compression ---------------------------------------------------------------------------
+#: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
+BLOSC2_FILTER_ID = 32026
+_CNAMES = ("lz4", "lz4hc", "zstd", "blosclz", "zlib")
+_SHUFFLES = ("none", "byte", "bit")
+
+
+def compression_config(compression: Any) -> dict[str, Any]:
+    """Normalise the ``compression=`` argument of the writer into the stored config.
+
+    ``None``/``"none"``: uncompressed. ``"lz4"``, ``"zstd"``, ...: Blosc2 with that codec.
+    A dict ``{"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}`` sets all.
+    """
+    if compression is None or compression is False or compression == "none":
+        return {"id": "none"}
+    if isinstance(compression, str):
+        compression = {"id": "blosc2", "cname": compression}
+    if not isinstance(compression, dict):
+        raise CodecError(f"compression must be None, a codec name {_CNAMES} or a dict, got {compression!r}")
+    cfg = dict(compression)
+    cid = cfg.pop("id", "blosc2")
+    if cid == "none":
+        return {"id": "none"}
+    if cid != "blosc2":
+        raise CodecError(f"unknown block compression {cid!r}; expected 'none' or 'blosc2'")
+    cname = cfg.pop("cname", "lz4")
+    clevel = cfg.pop("clevel", 5)
+    shuffle = cfg.pop("shuffle", "byte")
+    if cfg:
+        raise CodecError(f"unknown compression option(s) {sorted(cfg)}")
+    if cname not in _CNAMES:
+        raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {_CNAMES}")
+    if not isinstance(clevel, int) or not 0 <= clevel <= 9:
+        raise CodecError(f"compression level must be an int in 0..9, got {clevel!r}")
+    if shuffle not in _SHUFFLES:
+        raise CodecError(f"shuffle must be one of {_SHUFFLES}, got {shuffle!r}")
+    return {"id": "blosc2", "cname": cname, "clevel": clevel, "shuffle": shuffle}
+
+
+# -- row layout ----------------------------------------------------------------------------
+def heap_ref_dtype(field: Field) -> np.dtype:
+    """The in-row reference of a heap field: payload offset and size in the logical heap,
+    plus the variable dimensions of the value (``uint32`` each) when it has any."""
+    parts: list[tuple] = [("offset", "<u8"), ("nbytes", "<u8")]
+    k = len(field.variable_dims)
+    if k:
+        parts.append(("shape", "<u4", (k,)))
+    return np.dtype(parts)
+
+
+def row_dtype(schema: Schema) -> np.dtype:
+    """The packed (unaligned), little-endian compound dtype of one stored row.
+
+    Columns follow the schema's order: an inline field is stored as its value
+    (``(name, dtype, shape)``), a heap field as :func:`heap_ref_dtype`; every nullable field adds
+    a ``<name>__null`` boolean column right after it.
+    """
+    parts: list[tuple] = []
+    for f in schema:
+        if f.inline:
+            parts.append((f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype))
+        else:
+            parts.append((f.name, heap_ref_dtype(f)))
+        if f.nullable:
+            parts.append((f.name + NULL_SUFFIX, "|b1"))
+    return np.dtype(parts)
+
+
+def blosc_typesize(dtype: np.dtype) -> int:
+    """Typesize for Blosc's byte shuffle: the itemsize that holds most of a row's bytes, when it
+    divides the row size; 1 otherwise (shuffle then changes nothing)."""
+    weights: Counter[int] = Counter()
+
+    def walk(dt: np.dtype, count: int) -> None:
+        if dt.fields:
+            for sub, _off in (dt.fields[n][:2] for n in dt.names):
+                walk(sub, count)
+        elif dt.subdtype is not None:
+            base, shape = dt.subdtype
+            walk(base, count * int(np.prod(shape)))
+        else:
+            weights[dt.itemsize] += dt.itemsize * count
+
+    walk(dtype, 1)
+    size, _ = weights.most_common(1)[0]
+    return size if dtype.itemsize % size == 0 and size <= 255 else 1

@@ -1,0 +1,173 @@
+"""Checking values against a field before they are written: one place for the writer's rules.
+
+Casting policy: a value whose dtype casts *safely* to the field's dtype is accepted; floats may
+narrow to a smaller float (float64 -> float32, the common case in preprocessing); integers may
+narrow when every value fits; anything else (float -> int, int -> bool, complex -> float, ...)
+is an error that names the field, the row and what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import CodecError, RowValidationError
+from rowstore.schema import BYTES, STR, Field
+
+__all__ = ["check_value", "check_column", "describe"]
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for error messages."""
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    if isinstance(value, (str, bytes)):
+        v = value if len(value) <= 20 else value[:20]
+        return f"{type(value).__name__} {v!r}{'...' if len(value) > 20 else ''}"
+    if isinstance(value, (bool, int, float, complex, np.generic)):
+        return f"{type(value).__name__} {value!r}"
+    return type(value).__name__
+
+
+def expected(field: Field) -> str:
+    if field.dtype in (STR, BYTES):
+        return field.dtype + (" or None" if field.nullable else "")
+    shape = "(" + ", ".join("?" if d is None else str(d) for d in field.shape) + ("," if len(field.shape) == 1 else "") + ")"
+    what = f"{field.dtype} scalar" if field.shape == () else f"{field.dtype} array of shape {shape}"
+    return what + (" or None" if field.nullable else "")
+
+
+def _fail(field: Field, row: int, value: Any, why: str = "") -> RowValidationError:
+    extra = f" ({why})" if why else ""
+    return RowValidationError(
+        f"row {row}: field {field.name!r}: expected {expected(field)}, got {describe(value)}{extra}",
+        field=field.name,
+        row=row,
+    )
+
+
+def _cast_ok(src: np.dtype, dst: np.dtype) -> bool | None:
+    """True: cast ok; False: refuse; None: ok if values fit (integer narrowing)."""
+    if src == dst or np.can_cast(src, dst, "safe"):
+        return True
+    if src.kind == "f" and dst.kind == "f":
+        return True
+    if src.kind in "iu" and dst.kind in "iu":
+        return None
+    if src.kind in "iub" and dst.kind == "f":  # int64 -> float32 etc: values may round, accepted like numpy
+        return True
+    if src.kind == "c" and dst.kind == "c":
+        return True
+    return False
+
+
+def _ints_fit(arr: np.ndarray, dst: np.dtype) -> bool:
+    if arr.size == 0:
+        return True
+    info = np.iinfo(dst)
+    return bool(arr.min() >= info.min and arr.max() <= info.max)
+
+
+def check_value(field: Field, value: Any, row: int) -> Any:
+    """Return the value normalised for storage (ndarray of the field's dtype, str or bytes),
+    ``None`` for a null, or raise :class:`RowValidationError`."""
+    if value is None:
+        if field.nullable:
+            return None
+        raise RowValidationError(
+            f"row {row}: field {field.name!r} is not nullable; got None (declare Field(..., nullable=True) to allow it)",
+            field=field.name,
+            row=row,
+        )
+    if field.dtype == STR:
+        if not isinstance(value, str):
+            raise _fail(field, row, value)
+        return value
+    if field.dtype == BYTES:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+        raise _fail(field, row, value)
+    if isinstance(value, (str, bytes)):
+        raise _fail(field, row, value)
+    try:
+        arr = np.asarray(value)
+    except Exception:  # ragged nested lists and the like
+        raise _fail(field, row, value) from None
+    if arr.dtype == object or arr.dtype.kind in "USVMm":
+        raise _fail(field, row, value)
+    if arr.ndim != len(field.shape) or any(d is not None and d != s for d, s in zip(field.shape, arr.shape)):
+        raise _fail(field, row, arr, "wrong shape")
+    ok = _cast_ok(arr.dtype, field.dtype)
+    if ok is False:
+        raise _fail(field, row, arr, f"{arr.dtype} does not cast safely to {field.dtype}")
+    if ok is None and not _ints_fit(arr, field.dtype):
+        raise _fail(field, row, arr, f"values outside the range of {field.dtype}")
+    if not field.inline and any(s > 0xFFFFFFFF for s in arr.shape):
+        raise _fail(field, row, arr, "a dimension exceeds 2**32-1")
+    if arr.dtype != field.dtype:
+        arr = arr.astype(field.dtype)
+    try:
+        field.codec_obj.check_value(arr, field)
+    except CodecError as exc:
+        raise RowValidationError(f"row {row}: {exc}", field=field.name, row=row) from exc
+    return arr
+
+
+def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.ndarray | list, np.ndarray | None]:
+    """Validate a whole column of ``n`` values for a batch write.
+
+    Returns ``(values, null_mask)``: an ndarray ``(n, *shape)`` of the field's dtype for inline
+    fields given as arrays (vectorised check), else a list of per-row normalised values;
+    ``null_mask`` is a bool array or None when there are no nulls.
+    """
+    if (
+        field.inline
+        and isinstance(column, np.ndarray)
+        and column.dtype != object
+        and column.dtype.kind not in "USVMm"
+    ):
+        if column.shape != (n,) + tuple(field.shape):
+            bad = 0  # an ndarray column is homogeneous: the first row is already wrong
+            raise RowValidationError(
+                f"row {first_row + bad}: field {field.name!r}: expected a column of shape "
+                f"{(n,) + tuple(field.shape)} ({expected(field)} per row), got {column.dtype} array of shape {column.shape}",
+                field=field.name,
+                row=first_row + bad,
+            )
+        ok = _cast_ok(column.dtype, field.dtype)
+        if ok is False:
+            raise RowValidationError(
+                f"row {first_row}: field {field.name!r}: expected {expected(field)}, got {column.dtype} values "
+                f"({column.dtype} does not cast safely to {field.dtype})",
+                field=field.name,
+                row=first_row,
+            )
+        if ok is None and not _ints_fit(column, field.dtype):
+            info = np.iinfo(field.dtype)
+            flat = column.reshape(n, -1)
+            bad = int(np.argmax(((flat < info.min) | (flat > info.max)).any(axis=1)))
+            raise RowValidationError(
+                f"row {first_row + bad}: field {field.name!r}: values outside the range of {field.dtype}",
+                field=field.name,
+                row=first_row + bad,
+            )
+        return column, None
+    if isinstance(column, np.ndarray) and column.ndim >= 1 and column.dtype != object and field.dtype not in (STR, BYTES):
+        items: Any = list(column)  # heap field given as a 2-D+ array: one row per item
+    else:
+        items = list(column) if not isinstance(column, list) else column
+    if len(items) != n:
+        raise RowValidationError(
+            f"row {first_row}: field {field.name!r}: column has {len(items)} values, expected {n}",
+            field=field.name, row=first_row,
+        )
+    values = [check_value(field, v, first_row + i) for i, v in enumerate(items)]
+    mask = None
+    if field.nullable:
+        m = np.fromiter((v is None for v in values), dtype=bool, count=n)
+        mask = m if m.any() else None
+    return values, mask
+

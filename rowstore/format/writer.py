@@ -1,0 +1,601 @@
+"""The writer: validates rows, packs them into blocks, compresses and commits files atomically.
+
+A dataset is written to a temporary file beside ``path`` and renamed onto ``path`` only when
+the writer closes successfully (after ``fsync``), so ``path`` is always either absent, the
+previous complete file, or the new complete file. Appending (``mode="a"``) works on a copy of
+the existing file (``copy_file_range``/reflink where the filesystem offers it) and renames it
+over the original at close: a crash mid-append leaves the old file untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rowstore import __version__
+from rowstore.errors import FormatError, RowValidationError, SchemaError, WriterClosedError
+from rowstore.format import spec
+from rowstore.format.validate import check_column, check_value
+from rowstore.schema import Schema
+
+__all__ = ["Writer"]
+
+#: Largest block or heap chunk (raw bytes): Blosc2 chunks stay below 2 GiB.
+MAX_CHUNK_BYTES = 1 << 30
+DEFAULT_BLOCK_BYTES = 1 << 20
+DEFAULT_HEAP_CHUNK_BYTES = 1 << 20
+
+
+def _blosc2_compressor(config: dict, typesize: int):
+    import blosc2
+
+    cparams = {
+        "codec": getattr(blosc2.Codec, config["cname"].upper()),
+        "clevel": config["clevel"],
+        "typesize": typesize,
+        "filters": [{"none": blosc2.Filter.NOFILTER, "byte": blosc2.Filter.SHUFFLE, "bit": blosc2.Filter.BITSHUFFLE}[config["shuffle"]]],
+        # One thread: python-blosc2's pool is not fork-safe, and writers run in workers.
+        "nthreads": 1,
+    }
+
+    def compress(raw: memoryview) -> bytes:
+        schunk = blosc2.SChunk(chunksize=len(raw), data=raw, cparams=cparams)
+        return schunk.to_cframe()
+
+    return compress
+
+
+def _hdf5_filter_kwargs(config: dict) -> dict:
+    if config["id"] == "none":
+        return {}
+    import hdf5plugin
+
+    filters = {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE, "bit": hdf5plugin.Blosc2.BITSHUFFLE}[config["shuffle"]]
+    return dict(hdf5plugin.Blosc2(cname=config["cname"], clevel=config["clevel"], filters=filters))
+
+
+class _ChunkStream:
+    """Writes fixed-size chunks of one HDF5 dataset with ``write_direct_chunk`` and remembers,
+    per chunk, its stored size and checksum (offsets are read back at close)."""
+
+    def __init__(self, dataset, chunk_len: int, itemsize: int, compress, start_chunk: int = 0,
+                 stored: list[int] | None = None, checksums: list[int] | None = None):
+        self.ds = dataset
+        self.chunk_len = chunk_len
+        self.raw_bytes = chunk_len * itemsize
+        self.compress = compress
+        self.next_chunk = start_chunk
+        self.stored = stored if stored is not None else []
+        self.checksums = checksums if checksums is not None else []
+
+    def write(self, raw: memoryview, extent: int) -> None:
+        """Write the next chunk from ``raw`` (exactly one chunk's bytes); grow the dataset to
+        ``extent`` items first (extents only grow: shrinking would make HDF5 rewrite chunks)."""
+        from rowstore.kernels import xxh64
+
+        assert len(raw) == self.raw_bytes, "internal: chunk size"
+        if extent > self.ds.shape[0]:
+            self.ds.resize((extent,))
+        data = self.compress(raw) if self.compress is not None else bytes(raw)
+        self.ds.id.write_direct_chunk((self.next_chunk * self.chunk_len,), data)
+        k = self.next_chunk
+        if k < len(self.stored):  # rewriting the partial last chunk of an appended file
+            self.stored[k] = len(data)
+            self.checksums[k] = xxh64(data)
+        else:
+            self.stored.append(len(data))
+            self.checksums.append(xxh64(data))
+        self.next_chunk += 1
+
+    def offsets(self) -> np.ndarray:
+        """File offsets of chunks 0..next_chunk-1, read from HDF5's chunk index."""
+        n = self.next_chunk
+        offs = np.full(n, -1, dtype=np.int64)
+        sizes = np.zeros(n, dtype=np.int64)
+
+        def visit(info):
+            k = info.chunk_offset[0] // self.chunk_len
+            if k < n:
+                offs[k] = info.byte_offset
+                sizes[k] = info.size
+
+        self.ds.id.chunk_iter(visit)
+        if (offs < 0).any() or not np.array_equal(sizes, np.asarray(self.stored[:n], dtype=np.int64)):
+            raise FormatError("internal: HDF5's chunk index disagrees with the chunks written", path=self.ds.file.filename)
+        return offs
+
+
+class Writer:
+    """Write rows into a rowstore file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Final path of the ``.h5`` file. It appears only when the writer closes successfully.
+    schema : Schema, optional
+        Required unless appending to an existing file (which carries its schema; a schema given
+        for an append must equal it).
+    mode : {"w", "x", "a"}
+        ``"w"`` replaces ``path`` at close, ``"x"`` fails if ``path`` exists, ``"a"`` appends to
+        an existing file (or creates it).
+    block_bytes : int
+        Target bytes of one block (its rows plus their heap payloads); sets ``rows_per_block``
+        from the first rows when that is not given. Blocks are the unit of reading and
+        shuffling: ~1 MiB reads at near-``memcpy`` speed.
+    rows_per_block : int, optional
+        Fix the number of rows per block instead.
+    compression : None, str or dict
+        Per-block compression: ``None`` (default), ``"lz4"``, ``"zstd"``, ``"blosclz"``,
+        ``"zlib"``, or ``{"cname": "zstd", "clevel": 5, "shuffle": "byte"}``. Stored through the
+        Blosc2 HDF5 filter (id 32026) so h5py (with ``hdf5plugin``) and PyTables read it too.
+    heap_chunk_bytes : int
+        Chunk size of the heap of variable-size payloads.
+    attrs : mapping, optional
+        User attributes (JSON-serialisable), stored in the file; also editable as ``writer.attrs``.
+
+    Notes
+    -----
+    Not thread-safe: one writer per thread or process. Rows are validated against the schema; a
+    bad row raises :class:`~rowstore.errors.RowValidationError` (a ``SchemaError``) naming the
+    field, the row and what was expected, writes nothing of that row (or batch), and leaves the
+    writer usable. An exception escaping the ``with`` block discards the file being written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        schema: Schema | None = None,
+        *,
+        mode: str = "w",
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        rows_per_block: int | None = None,
+        compression: Any = None,
+        heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES,
+        attrs: Mapping[str, Any] | None = None,
+    ):
+        if mode not in ("w", "x", "a"):
+            raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
+        if not isinstance(block_bytes, int) or not 1 <= block_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"block_bytes must be an int in 1..{MAX_CHUNK_BYTES}, got {block_bytes!r}")
+        if not isinstance(heap_chunk_bytes, int) or not 64 <= heap_chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"heap_chunk_bytes must be an int in 64..{MAX_CHUNK_BYTES}, got {heap_chunk_bytes!r}")
+        if rows_per_block is not None and (not isinstance(rows_per_block, int) or rows_per_block < 1):
+            raise ValueError(f"rows_per_block must be a positive int, got {rows_per_block!r}")
+        self.path = os.fspath(path)
+        self.mode = mode
+        self._closed = False
+        self._h5 = None
+        self._tmp: str | None = None
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"directory {directory!r} does not exist")
+        if mode == "x" and os.path.exists(self.path):
+            raise FileExistsError(f"{self.path!r} exists (mode='x')")
+
+        appending = mode == "a" and os.path.exists(self.path)
+        if appending:
+            from rowstore.format.index import Layout
+
+            layout = Layout.open(self.path, verify=False)
+            if schema is not None and Schema.from_json(schema.to_json()) != layout.schema:
+                raise SchemaError(f"cannot append to {self.path!r}: its schema differs from the one given:\n{layout.schema}\nvs\n{schema}")
+            schema = layout.schema
+            if compression is not None and spec.compression_config(compression) != layout.compression:
+                raise ValueError(f"cannot append with compression {compression!r}: the file uses {layout.compression}")
+            self._compression = layout.compression
+            rows_per_block = layout.rows_per_block
+            heap_chunk_bytes = layout.heap_chunk_bytes
+            self.attrs: dict[str, Any] = dict(layout.user_attrs)
+        else:
+            if not isinstance(schema, Schema):
+                raise SchemaError(f"Writer needs a Schema (got {type(schema).__name__}) unless appending to an existing file")
+            self._compression = spec.compression_config(compression)
+            self.attrs = {}
+        if attrs:
+            self.attrs.update(attrs)
+        json.dumps(self.attrs)  # fail early on attributes that cannot be stored
+
+        self.schema: Schema = schema
+        self._row_dtype = spec.row_dtype(schema)
+        self._itemsize = self._row_dtype.itemsize
+        self._heap_fields = [f for f in schema if not f.inline]
+        self._block_bytes = block_bytes
+        self._heap_chunk_bytes = heap_chunk_bytes
+        self._rpb: int | None = rows_per_block
+        if self._rpb is None and not self._heap_fields:
+            self._rpb = max(1, block_bytes // self._itemsize)
+        if self._rpb is not None:
+            self._rpb = min(self._rpb, max(1, MAX_CHUNK_BYTES // self._itemsize))
+
+        # Pending rows of the current (unflushed) block and the heap stream.
+        self._buf = np.zeros(self._rpb or 64, dtype=self._row_dtype)
+        self._n = 0  # rows in _buf
+        self._heap_buf = bytearray()  # heap bytes from logical offset _heap_flushed on
+        self._heap_flushed = 0
+        self._heap_pos = 0  # logical heap size
+        self._block_heap_start = 0
+        self._rows_written = 0  # rows in flushed blocks
+        self._block_heap: list[tuple[int, int]] = []  # per flushed block: heap range
+        self._rows_stream: _ChunkStream | None = None
+        self._heap_stream: _ChunkStream | None = None
+        self._typesize = spec.blosc_typesize(self._row_dtype)
+        if appending:
+            self._open_for_append(layout)
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        """Rows accepted so far (including those of an appended-to file)."""
+        return self._rows_written + self._n
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Validate and add one row (a mapping of field name to value; ``None`` for nulls).
+
+        Raises :class:`~rowstore.errors.RowValidationError` for a bad row; nothing of it is kept.
+        """
+        self._check_open()
+        rownum = self.num_rows
+        if not isinstance(row, Mapping):
+            raise RowValidationError(f"row {rownum}: expected a mapping of field names to values, got {type(row).__name__}", row=rownum)
+        values = self._check_row(row, rownum)
+        self._ensure_capacity(1)
+        i = self._n
+        heap_start = len(self._heap_buf)
+        try:
+            for f, v in zip(self.schema, values):
+                self._store(f, i, v)
+        except BaseException:
+            del self._heap_buf[heap_start:]
+            self._heap_pos = self._heap_flushed + len(self._heap_buf)
+            self._buf[i] = np.zeros((), self._row_dtype)
+            raise
+        self._n += 1
+        self._after_rows()
+
+    def write_batch(self, columns: Mapping[str, Any]) -> None:
+        """Validate and add many rows given as columns: ``{name: array (n, *shape) or sequence}``.
+
+        Inline (fixed-shape) fields given as arrays are checked and copied without per-row
+        Python work. The batch is all-or-nothing: a bad value rejects the whole batch.
+        """
+        self._check_open()
+        first = self.num_rows
+        if not isinstance(columns, Mapping):
+            raise RowValidationError(f"row {first}: write_batch expects a mapping of field names to columns", row=first)
+        self._check_names(columns, first)
+        lengths = {name: len(col) for name, col in columns.items()}
+        n = next(iter(lengths.values()), 0)
+        if any(v != n for v in lengths.values()):
+            raise RowValidationError(f"row {first}: columns have different lengths: {lengths}", row=first)
+        if n == 0:
+            return
+        checked = {}
+        for f in self.schema:
+            if f.name not in columns:
+                if not f.nullable:
+                    raise RowValidationError(f"row {first}: field {f.name!r} is missing from the batch", field=f.name, row=first)
+                checked[f.name] = ([None] * n, np.ones(n, bool))
+            else:
+                checked[f.name] = check_column(f, columns[f.name], n, first)
+        # Validated: now store, in slices that fit the pending block.
+        done = 0
+        while done < n:
+            self._ensure_capacity(1)
+            if self._rpb:
+                take = min(self._rpb - self._n, n - done)
+            else:
+                # Block size not known yet: with heap payloads, go row by row so the first block
+                # closes as soon as it holds block_bytes (a batch may be far larger).
+                take = 1 if self._heap_fields else n - done
+                self._ensure_capacity(take)
+            sl = slice(self._n, self._n + take)
+            for f in self.schema:
+                values, mask = checked[f.name]
+                part = values[done : done + take]
+                if f.inline and isinstance(part, np.ndarray):
+                    self._buf[f.name][sl] = part
+                    if f.nullable:
+                        self._buf[f.name + spec.NULL_SUFFIX][sl] = False
+                else:
+                    for j, v in enumerate(part):
+                        self._store(f, self._n + j, v)
+            self._n += take
+            done += take
+            self._after_rows()
+
+    def close(self) -> None:
+        """Flush the last block, write the index and atomically move the file into place."""
+        if self._closed:
+            return
+        try:
+            self._finish()
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+
+    def abort(self) -> None:
+        """Discard everything written since the writer opened; ``path`` is left as it was."""
+        self._closed = True
+        if self._h5 is not None:
+            try:
+                self._h5.close()
+            except Exception:
+                pass
+            self._h5 = None
+        if self._tmp is not None and os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+        self._tmp = None
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            warnings.warn(f"rowstore.Writer for {self.path!r} was never closed; its rows are discarded", ResourceWarning, stacklevel=2)
+            self.abort()
+
+    # -- validation ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterClosedError(f"writer for {self.path!r} is closed")
+
+    def _check_names(self, row: Mapping[str, Any], rownum: int) -> None:
+        unknown = [k for k in row if k not in self.schema]
+        if unknown:
+            raise RowValidationError(
+                f"row {rownum}: unknown field {unknown[0]!r}; the schema has {self.schema.names}",
+                field=str(unknown[0]),
+                row=rownum,
+            )
+
+    def _check_row(self, row: Mapping[str, Any], rownum: int) -> list[Any]:
+        self._check_names(row, rownum)
+        values = []
+        for f in self.schema:
+            if f.name in row:
+                values.append(check_value(f, row[f.name], rownum))
+            elif f.nullable:
+                values.append(None)
+            else:
+                raise RowValidationError(
+                    f"row {rownum}: field {f.name!r} is missing (expected {f.dtype}"
+                    f"{'' if not f.shape else ' of shape ' + str(f.shape)})",
+                    field=f.name,
+                    row=rownum,
+                )
+        return values
+
+    # -- packing ---------------------------------------------------------------------------
+    def _store(self, f, i: int, v: Any) -> None:
+        """Put one validated value into pending row ``i`` (heap payloads appended)."""
+        if f.nullable:
+            self._buf[f.name + spec.NULL_SUFFIX][i] = v is None
+        if f.inline:
+            self._buf[f.name][i] = 0 if v is None else v
+            return
+        ref = self._buf[f.name]
+        if v is None:
+            ref["offset"][i] = self._heap_pos
+            ref["nbytes"][i] = 0
+            if "shape" in ref.dtype.names:
+                ref["shape"][i] = 0
+            return
+        payload = f.codec_obj.encode(v, f)
+        ref["offset"][i] = self._heap_pos
+        ref["nbytes"][i] = len(payload)
+        if "shape" in ref.dtype.names:
+            ref["shape"][i] = [v.shape[d] for d in f.variable_dims]
+        self._heap_buf += payload
+        self._heap_pos += len(payload)
+
+    def _ensure_capacity(self, extra: int) -> None:
+        need = self._n + extra
+        if need > len(self._buf):
+            grown = np.zeros(max(need, 2 * len(self._buf)), dtype=self._row_dtype)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+
+    def _after_rows(self) -> None:
+        if self._rpb is None:
+            pending = self._n * self._itemsize + (self._heap_pos - self._block_heap_start)
+            if pending < self._block_bytes:
+                return
+            self._rpb = min(self._n, max(1, MAX_CHUNK_BYTES // self._itemsize))
+        while self._n >= self._rpb:
+            self._flush_block(self._rpb)
+        self._flush_heap(final=False)
+
+    def _flush_block(self, nrows: int) -> None:
+        """Write the first ``nrows`` pending rows as the next block (zero-padded to a chunk)."""
+        if self._h5 is None:
+            self._create_file()
+        rpb = self._rpb
+        block = np.zeros(rpb, dtype=self._row_dtype)
+        block[:nrows] = self._buf[:nrows]
+        # The block's heap range ends at the last payload of its rows.
+        if self._heap_fields and nrows:
+            ends = [self._buf[f.name]["offset"][:nrows] + self._buf[f.name]["nbytes"][:nrows] for f in self._heap_fields]
+            heap_end = int(max(e.max() for e in ends))
+            heap_end = max(heap_end, self._block_heap_start)
+        else:
+            heap_end = self._block_heap_start
+        first = self._rows_written
+        self._rows_stream.write(memoryview(block).cast("B"), extent=first + nrows)
+        self._block_heap.append((self._block_heap_start, heap_end))
+        self._block_heap_start = heap_end
+        self._rows_written += nrows
+        rest = self._n - nrows
+        if rest:
+            self._buf[:rest] = self._buf[nrows : self._n]
+        self._buf[rest : self._n] = np.zeros((), self._row_dtype)
+        self._n = rest
+        if len(self._buf) != rpb:
+            keep = self._buf[:rest].copy()
+            self._buf = np.zeros(max(rpb, rest), dtype=self._row_dtype)
+            self._buf[:rest] = keep
+
+    def _flush_heap(self, final: bool) -> None:
+        if self._heap_stream is None:
+            if not self._heap_buf or self._h5 is None:
+                return
+        H = self._heap_chunk_bytes
+        while len(self._heap_buf) >= H or (final and self._heap_buf):
+            chunk = bytes(self._heap_buf[:H])
+            if len(chunk) < H:
+                chunk += bytes(H - len(chunk))
+            start = self._heap_flushed
+            self._heap_stream.write(memoryview(chunk), extent=min(start + H, self._heap_pos))
+            del self._heap_buf[:H]
+            self._heap_flushed += H
+        if final and self._heap_flushed > self._heap_pos:
+            self._heap_flushed = self._heap_pos
+
+    # -- file handling ---------------------------------------------------------------------
+    def _new_tmp_path(self) -> str:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".rowstore-tmp", dir=directory)
+        os.close(fd)
+        return tmp
+
+    def _create_file(self) -> None:
+        import h5py
+
+        if self._rpb is None:
+            avg = (self._n * self._itemsize + self._heap_pos - self._block_heap_start) / max(self._n, 1)
+            self._rpb = int(min(max(self._n, self._block_bytes // max(1, int(avg)), 1), max(1, MAX_CHUNK_BYTES // self._itemsize)))
+        self._tmp = self._new_tmp_path()
+        f = h5py.File(self._tmp, "w")  # default libver: PyTables and older HDF5 open it
+        self._h5 = f
+        g = f.create_group(spec.GROUP)
+        kw = _hdf5_filter_kwargs(self._compression)
+        rows = g.create_dataset(spec.ROWS, shape=(0,), maxshape=(None,), chunks=(self._rpb,), dtype=self._row_dtype, **kw)
+        compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
+        self._rows_stream = _ChunkStream(rows, self._rpb, self._itemsize, compress)
+        if self._heap_fields:
+            heap = g.create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(self._heap_chunk_bytes,), dtype=np.uint8, **kw)
+            hcompress = _blosc2_compressor(self._compression, 1) if kw else None
+            self._heap_stream = _ChunkStream(heap, self._heap_chunk_bytes, 1, hcompress)
+
+    def _open_for_append(self, layout) -> None:
+        """Copy the file, reopen the copy, and reload its partial last block and heap chunk so
+        that appended rows continue them (the copy is renamed over the original at close)."""
+        import h5py
+        import hdf5plugin  # noqa: F401 - registers the Blosc2 filter to read compressed chunks
+
+        self._tmp = self._new_tmp_path()
+        shutil.copyfile(self.path, self._tmp)  # copy_file_range/sendfile: in-kernel, reflink on CoW filesystems
+        self._h5 = f = h5py.File(self._tmp, "r+")
+        g = f[spec.GROUP]
+        blocks = layout.blocks
+        nblocks = len(blocks)
+        stored = [int(x) for x in blocks["stored_nbytes"]]
+        checks = [int(x) for x in blocks["checksum"]]
+        kw = self._compression["id"] != "none"
+        compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
+        self._rows_stream = _ChunkStream(g[spec.ROWS], self._rpb, self._itemsize, compress, nblocks, stored, checks)
+        self._block_heap = [(int(a), int(b)) for a, b in zip(blocks["heap_start"], blocks["heap_end"])]
+        self._rows_written = layout.num_rows
+        self._heap_pos = layout.heap_nbytes
+        self._block_heap_start = self._block_heap[-1][1] if nblocks else 0
+        if nblocks and int(blocks["num_rows"][-1]) < self._rpb:
+            # Reopen the partial last block: its rows go back to pending, its chunk is rewritten.
+            last = nblocks - 1
+            first = int(blocks["first_row"][last])
+            rows = g[spec.ROWS][first : layout.num_rows]
+            self._buf = np.zeros(self._rpb, dtype=self._row_dtype)
+            self._buf[: len(rows)] = rows
+            self._n = len(rows)
+            self._rows_written = first
+            self._rows_stream.next_chunk = last
+            self._block_heap_start, _ = self._block_heap.pop()
+        if self._heap_fields:
+            hc = layout.heap_chunks
+            hstored = [int(x) for x in hc["stored_nbytes"]]
+            hchecks = [int(x) for x in hc["checksum"]]
+            hcompress = _blosc2_compressor(self._compression, 1) if kw else None
+            self._heap_stream = _ChunkStream(g[spec.HEAP], self._heap_chunk_bytes, 1, hcompress, len(hc), hstored, hchecks)
+            H = self._heap_chunk_bytes
+            self._heap_flushed = len(hc) * H
+            if layout.heap_nbytes % H:
+                k = len(hc) - 1
+                self._heap_buf = bytearray(g[spec.HEAP][k * H : layout.heap_nbytes].tobytes())
+                self._heap_flushed = k * H
+                self._heap_stream.next_chunk = k
+
+    def _finish(self) -> None:
+        if self._n or self._h5 is None:
+            if self._h5 is None:
+                self._create_file()
+            if self._n:
+                self._flush_block(self._n)
+        self._flush_heap(final=True)
+        f = self._h5
+        g = f[spec.GROUP]
+        nblocks = self._rows_stream.next_chunk
+        blocks = np.zeros(nblocks, dtype=spec.BLOCK_DTYPE)
+        rpb = self._rpb
+        blocks["first_row"] = np.arange(nblocks, dtype=np.uint64) * rpb
+        blocks["num_rows"] = np.minimum(rpb, self._rows_written - blocks["first_row"].astype(np.int64))
+        blocks["offset"] = self._rows_stream.offsets()
+        blocks["stored_nbytes"] = self._rows_stream.stored[:nblocks]
+        blocks["checksum"] = np.asarray(self._rows_stream.checksums[:nblocks], dtype=np.uint64)
+        heap_ranges = np.asarray(self._block_heap, dtype=np.uint64).reshape(-1, 2)
+        blocks["heap_start"] = heap_ranges[:, 0]
+        blocks["heap_end"] = heap_ranges[:, 1]
+        for name in (spec.BLOCKS, spec.HEAP_CHUNKS):
+            if name in g:
+                del g[name]
+        g.create_dataset(spec.BLOCKS, data=blocks)
+        if self._heap_stream is not None:
+            n = self._heap_stream.next_chunk
+            hc = np.zeros(n, dtype=spec.HEAP_CHUNK_DTYPE)
+            hc["offset"] = self._heap_stream.offsets()
+            hc["stored_nbytes"] = self._heap_stream.stored[:n]
+            hc["checksum"] = np.asarray(self._heap_stream.checksums[:n], dtype=np.uint64)
+            g.create_dataset(spec.HEAP_CHUNKS, data=hc)
+            if g[spec.HEAP].shape[0] != self._heap_pos:
+                g[spec.HEAP].resize((max(g[spec.HEAP].shape[0], self._heap_pos),))
+        a = g.attrs
+        a[spec.ATTR_FORMAT] = spec.FORMAT_NAME
+        a[spec.ATTR_VERSION] = spec.FORMAT_VERSION
+        a[spec.ATTR_SCHEMA] = self.schema.to_json_str()
+        a[spec.ATTR_USER] = json.dumps(self.attrs, sort_keys=True)
+        a[spec.ATTR_NUM_ROWS] = self._rows_written
+        a[spec.ATTR_ROWS_PER_BLOCK] = rpb
+        a[spec.ATTR_HEAP_CHUNK_BYTES] = self._heap_chunk_bytes
+        a[spec.ATTR_HEAP_NBYTES] = self._heap_pos
+        a[spec.ATTR_COMPRESSION] = json.dumps(self._compression, sort_keys=True)
+        a[spec.ATTR_CHECKSUM] = spec.CHECKSUM
+        a[spec.ATTR_WRITER] = f"rowstore {__version__}"
+        f.close()
+        self._h5 = None
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.mode == "x":
+            os.link(self._tmp, self.path)  # fails if path appeared meanwhile: never overwrite
+            os.unlink(self._tmp)
+        else:
+            os.replace(self._tmp, self.path)
+        self._tmp = None
+        dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

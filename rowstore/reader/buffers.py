@@ -1,0 +1,123 @@
+"""Batch containers: :class:`Ragged` for variable-shape fields, and the helpers that slice,
+concatenate and pad batches (dicts of per-field arrays)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Ragged", "slice_batch", "concat_batches", "pad_ragged", "NULL_KEY", "SHAPE_KEY"]
+
+#: Key suffixes of companion arrays in a batch dict.
+NULL_KEY = "__null"  # bool (n,): the field is null in that row (nullable fields only)
+SHAPE_KEY = "__shape"  # int64 (n, k): the variable dimensions of each row (padded var fields)
+
+
+class Ragged:
+    """A batch of arrays of one dtype and rank whose shapes differ between rows.
+
+    ``values`` holds all elements back to back (1-D), ``offsets`` (``n + 1`` int64) the element
+    offset of each row, ``shapes`` (``n x ndim`` int64) each row's shape. Indexing gives a view
+    of one row reshaped; iteration yields those views.
+    """
+
+    __slots__ = ("values", "offsets", "shapes")
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray, shapes: np.ndarray):
+        self.values = values
+        self.offsets = offsets
+        self.shapes = shapes
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Elements per row."""
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                raise IndexError("Ragged supports contiguous slices only")
+            return self.slice(a, b)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        return self.values[self.offsets[i] : self.offsets[i + 1]].reshape(tuple(self.shapes[i]))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"Ragged({len(self)} rows of {self.values.dtype}, {self.values.size} elements)"
+
+    def slice(self, a: int, b: int) -> Ragged:
+        o = self.offsets[a : b + 1]
+        return Ragged(self.values[o[0] : o[-1]], o - o[0], self.shapes[a:b])
+
+    def to_list(self) -> list[np.ndarray]:
+        return list(self)
+
+    def to_padded(self, fill: Any = 0) -> np.ndarray:
+        """A dense array ``(n, *max_shape)``, each row's data at its start, the rest ``fill``."""
+        return pad_ragged(self, fill)
+
+    def copy(self) -> Ragged:
+        return Ragged(self.values.copy(), self.offsets.copy(), self.shapes.copy())
+
+    @staticmethod
+    def concat(parts: list[Ragged]) -> Ragged:
+        values = np.concatenate([p.values for p in parts])
+        lens = np.concatenate([np.diff(p.offsets) for p in parts])
+        offsets = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return Ragged(values, offsets, np.concatenate([p.shapes for p in parts]))
+
+
+def pad_ragged(r: Ragged, fill: Any = 0) -> np.ndarray:
+    n = len(r)
+    ndim = r.shapes.shape[1]
+    maxs = tuple(int(x) for x in (r.shapes.max(axis=0) if n else np.zeros(ndim, np.int64)))
+    out = np.full((n,) + maxs, fill, dtype=r.values.dtype)
+    if ndim == 1:
+        # 1-D: one vectorised scatter instead of a Python loop.
+        lens = r.lengths
+        if n and maxs[0]:
+            mask = np.arange(maxs[0]) < lens[:, None]
+            out[mask] = r.values
+        return out
+    for i in range(n):
+        out[(i,) + tuple(slice(0, s) for s in r.shapes[i])] = r[i]
+    return out
+
+
+def slice_batch(batch: dict, a: int, b: int) -> dict:
+    """Rows ``a:b`` of every entry (views; Ragged offsets are rebased copies)."""
+    return {k: (v.slice(a, b) if isinstance(v, Ragged) else v[a:b]) for k, v in batch.items()}
+
+
+def concat_batches(parts: list[dict]) -> dict:
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for k, v in parts[0].items():
+        if isinstance(v, Ragged):
+            out[k] = Ragged.concat([p[k] for p in parts])
+        else:
+            out[k] = np.concatenate([p[k] for p in parts])
+    return out
+
+
+def copy_batch(batch: dict) -> dict:
+    return {k: v.copy() for k, v in batch.items()}

@@ -1,0 +1,217 @@
+"""Epoch orders as pure functions of (seed, epoch, block layout, rank, world).
+
+No hidden RNG state and no time-based seeds: the same arguments give the same order in any
+process, so DataLoader workers, DDP ranks and a resumed job agree without talking.
+
+Modes
+-----
+``"block"``: permute the blocks, group them into windows of ``window`` consecutive blocks of
+    that permutation, and permute the rows inside each window. Reads are whole blocks; memory
+    is one window; each batch mixes rows of about ``window`` blocks.
+``"full"``: a uniform permutation of all rows (memory: 8 bytes per row of the shard's epoch).
+``"none"``: rows in file order.
+
+Sharding: the epoch order (one sequence of all rows) is cut into ``world`` contiguous parts
+whose sizes differ by at most one row; part ``rank`` is that rank's epoch. Parts are disjoint
+and together hold every row exactly once. With ``even=True`` every part has exactly
+``num_rows // world`` rows: the last ``num_rows % world`` rows of the epoch order are left out of
+that epoch (different rows each epoch, since the order changes), which keeps DDP ranks in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = [
+    "MODES", "Segment", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
+    "shuffle_quality",
+]
+
+MODES = ("block", "full", "none")
+_STREAM_BLOCKS, _STREAM_WINDOW, _STREAM_FULL = 1, 2, 3
+_MASK64 = (1 << 64) - 1
+
+
+def seed64(seed: int, epoch: int, *keys: int) -> int:
+    """The 64-bit shuffle seed for one (seed, epoch, purpose...) key, via numpy's SeedSequence."""
+    ss = np.random.SeedSequence([int(seed), int(epoch), *map(int, keys)])
+    return int(ss.generate_state(1, np.uint64)[0])
+
+
+def permutation(n: int, seed: int) -> np.ndarray:
+    """A permutation of ``range(n)`` (int64): the compiled Fisher-Yates of :func:`shuffle_reference`."""
+    from rowstore import kernels
+
+    a = np.arange(n, dtype=np.int64)
+    kernels.shuffle(a, seed)
+    return a
+
+
+def shuffle_reference(a: list[int], seed: int) -> list[int]:
+    """Slow pure-Python statement of the shuffle the kernel runs (tests compare the two).
+
+    SplitMix64 generates 64-bit words; a uniform integer below ``b`` is Lemire's
+    ``(x * b) >> 64``, redrawing while ``(x * b) mod 2**64 < (2**64 - b) mod b``; Fisher-Yates
+    swaps ``a[i]`` with ``a[j]``, ``j = bounded(i + 1)``, for ``i`` from ``n - 1`` down to 1.
+    """
+    a = list(a)
+    state = seed & _MASK64
+
+    def nxt() -> int:
+        nonlocal state
+        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+    for i in range(len(a) - 1, 0, -1):
+        b = i + 1
+        x = nxt()
+        lo = (x * b) & _MASK64
+        if lo < b:
+            threshold = ((1 << 64) - b) % b
+            while lo < threshold:
+                x = nxt()
+                lo = (x * b) & _MASK64
+        j = (x * b) >> 64
+        a[i], a[j] = a[j], a[i]
+    return a
+
+
+def check_args(shuffle: str, seed: int, epoch: int, window: int, rank: int, world: int) -> None:
+    if shuffle not in MODES:
+        raise ValueError(f"shuffle must be one of {MODES}, got {shuffle!r}")
+    for name, v in (("seed", seed), ("epoch", epoch)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+    if not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be a positive int (blocks), got {window!r}")
+    if not isinstance(world, (int, np.integer)) or world < 1 or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
+        raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got ({rank!r}, {world!r})")
+
+
+def shard_bounds(num_rows: int, rank: int, world: int, even: bool = False) -> tuple[int, int]:
+    """The [lo, hi) positions of ``rank``'s part of an epoch order of ``num_rows`` rows."""
+    if even:
+        size = num_rows // world
+        return rank * size, (rank + 1) * size
+    return rank * num_rows // world, (rank + 1) * num_rows // world
+
+
+class Segment:
+    """A consecutive part of an epoch order: the rows (global row ids, int64) and, when known
+    up front, the sorted blocks they come from. ``rows()`` computes the rows when first asked
+    (a pure function; the shuffle runs without the GIL, so reader threads compute it)."""
+
+    __slots__ = ("blocks", "_rows", "_wb", "_block_rows", "_rpb", "_seed", "_a", "_z")
+
+    def __init__(self, rows=None, *, blocks=None, wb=None, block_rows=None, rpb=0, seed=None, a=0, z=0):
+        self.blocks = blocks
+        self._rows = rows
+        self._wb, self._block_rows, self._rpb, self._seed, self._a, self._z = wb, block_rows, rpb, seed, a, z
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._rows is not None else self._z - self._a
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            from rowstore import kernels
+
+            counts = self._block_rows[self._wb]
+            starts = self._wb * self._rpb
+            # Row ids of the window's blocks in window order, built without a Python loop.
+            rows = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(int(counts.sum()), dtype=np.int64)
+            if self._seed is not None:
+                kernels.shuffle(rows, self._seed)
+            self._rows = rows[self._a : self._z]
+        return self._rows
+
+
+def iter_segments(
+    block_rows: np.ndarray,
+    rows_per_block: int,
+    *,
+    shuffle: str = "block",
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = 16,
+    rank: int = 0,
+    world: int = 1,
+    even: bool = False,
+    start: int = 0,
+    segment_rows: int | None = None,
+) -> Iterator[Segment]:
+    """Yield this shard's epoch order as consecutive :class:`Segment`\\ s.
+
+    In ``block``/``none`` mode a segment is (the shard's part of) one window of blocks; in
+    ``full`` mode, ``segment_rows`` rows of the permutation. ``start`` skips that many rows of
+    the shard's order (resuming mid-epoch).
+    """
+    check_args(shuffle, seed, epoch, window, rank, world)
+    block_rows = np.asarray(block_rows, dtype=np.int64)
+    nblocks = len(block_rows)
+    num_rows = int(block_rows.sum())
+    lo, hi = shard_bounds(num_rows, rank, world, even)
+    lo = min(lo + max(0, int(start)), hi)
+    if lo >= hi:
+        return
+    if shuffle == "full":
+        perm = permutation(num_rows, seed64(seed, epoch, _STREAM_FULL))
+        # Positions in the compact order map to global ids (block * rows_per_block + row).
+        first = np.arange(nblocks, dtype=np.int64) * rows_per_block
+        starts = np.concatenate(([0], np.cumsum(block_rows)[:-1]))
+        part = perm[lo:hi]
+        b = np.searchsorted(starts, part, side="right") - 1
+        part = first[b] + (part - starts[b])
+        step = segment_rows or max(1, window * rows_per_block)
+        for i in range(0, len(part), step):
+            yield Segment(part[i : i + step])
+        return
+    if shuffle == "block":
+        blocks = permutation(nblocks, seed64(seed, epoch, _STREAM_BLOCKS))
+    else:
+        blocks = np.arange(nblocks, dtype=np.int64)
+    win_starts = np.arange(0, nblocks, window)
+    win_rows = np.add.reduceat(block_rows[blocks], win_starts) if nblocks else np.zeros(0, np.int64)
+    win_end = np.cumsum(win_rows)
+    first_win = int(np.searchsorted(win_end, lo, side="right"))
+    pos = int(win_end[first_win - 1]) if first_win else 0
+    for w in range(first_win, len(win_starts)):
+        if pos >= hi:
+            break
+        wb = blocks[win_starts[w] : win_starts[w] + window]
+        m = int(win_rows[w])
+        a, z = max(lo - pos, 0), min(hi - pos, m)
+        pos += m
+        if a < z:
+            wseed = seed64(seed, epoch, _STREAM_WINDOW, w) if shuffle == "block" else None
+            yield Segment(blocks=np.sort(wb), wb=wb, block_rows=block_rows, rpb=rows_per_block, seed=wseed, a=a, z=z)
+
+
+def epoch_order(block_rows: np.ndarray, rows_per_block: int, **kwargs) -> np.ndarray:
+    """The whole epoch order of a shard as one array (tests, quality measures)."""
+    parts = [seg.rows() for seg in iter_segments(block_rows, rows_per_block, **kwargs)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def shuffle_quality(order: np.ndarray, rows_per_block: int, num_blocks: int, batch_size: int) -> float:
+    """How mixed the batches of an order are, from 0 to about 1.
+
+    The mean number of distinct blocks a batch draws its rows from, divided by the number a
+    uniformly random batch would draw from: ``num_blocks * (1 - (1 - 1/num_blocks) ** batch)``.
+    1.0 is as good as a uniform shuffle; file order gives about ``1/rows_per_block``-ish values.
+    Rows written together (one block) tend to be correlated, so this is the shuffle property
+    that matters for SGD.
+    """
+    order = np.asarray(order)
+    nb = len(order) // batch_size
+    if nb == 0 or num_blocks <= 1:
+        return 1.0
+    blocks = (order[: nb * batch_size] // rows_per_block).reshape(nb, batch_size)
+    blocks = np.sort(blocks, axis=1)
+    distinct = 1 + (np.diff(blocks, axis=1) != 0).sum(axis=1)
+    expected = num_blocks * (1.0 - (1.0 - 1.0 / num_blocks) ** batch_size)
+    return float(min(1.0, distinct.mean() / expected))

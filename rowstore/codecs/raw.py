@@ -30,7 +30,8 @@ class Raw(Codec):
 
     def encode(self, value: Any, field: Field) -> memoryview:
         arr = np.ascontiguousarray(value, dtype=field.dtype)
-        return memoryview(arr).cast("B")
+        # A flat uint8 view: memoryview.cast refuses zero-size shapes such as (0,) or (2, 0, 3).
+        return memoryview(arr.reshape(-1).view(np.uint8))
 
     def decode_into(self, src: memoryview | np.ndarray, out: np.ndarray) -> None:
         flat = np.frombuffer(src, dtype=out.dtype, count=out.size)

@@ -127,6 +127,13 @@ class Field:
         object.__setattr__(self, "nullable", bool(self.nullable))
         codec = get_codec(self.codec, dtype=dtype, field=name)
         codec.check_field(self)
+        if codec.inline and None not in shape and 0 in shape:
+            # HDF5 cannot store a zero-sized array member in the row table.
+            raise SchemaError(
+                f"field {name!r}: shape {shape} has a fixed dimension of 0, which cannot be stored in "
+                f"the row table (every value would be empty)",
+                field=name,
+            )
         object.__setattr__(self, "_codec_obj", codec)
         object.__setattr__(self, "codec", codec.get_config())
 

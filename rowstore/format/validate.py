@@ -85,6 +85,11 @@ def check_value(field: Field, value: Any, row: int) -> Any:
     if field.dtype == STR:
         if not isinstance(value, str):
             raise _fail(field, row, value)
+        if not value.isascii():
+            try:  # lone surrogates: reject here, before anything of the row or batch is stored
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise _fail(field, row, value, f"not encodable as UTF-8: {exc.reason}") from exc
         return value
     if field.dtype == BYTES:
         if isinstance(value, (bytes, bytearray, memoryview)):

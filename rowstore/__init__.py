@@ -6,6 +6,7 @@ Write with :class:`Writer`, read with :func:`open`; adapters live in ``rowstore.
 
 __version__ = "0.1.0"
 
+from rowstore.codecs import Codec, register_codec  # noqa: E402
 from rowstore.errors import (  # noqa: E402
     ChecksumError,
     CodecError,
@@ -17,9 +18,8 @@ from rowstore.errors import (  # noqa: E402
     SchemaError,
     WriterClosedError,
 )
-from rowstore.schema import BYTES, STR, Field, Schema  # noqa: E402
-from rowstore.codecs import Codec, register_codec  # noqa: E402
 from rowstore.format import FORMAT_VERSION, Layout, Writer  # noqa: E402
+from rowstore.schema import BYTES, STR, Field, Schema  # noqa: E402
 
 __all__ = [
     "__version__", "FORMAT_VERSION",

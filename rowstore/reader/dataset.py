@@ -22,7 +22,14 @@ from rowstore.errors import FormatError
 from rowstore.format import spec
 from rowstore.format.index import Layout
 from rowstore.reader import order as _order
-from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, concat_batches, pad_ragged, slice_batch
+from rowstore.reader.buffers import (
+    NULL_KEY,
+    SHAPE_KEY,
+    Ragged,
+    concat_batches,
+    pad_ragged,
+    slice_batch,
+)
 from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = ["Reader"]
@@ -335,7 +342,7 @@ class Reader:
         if fixed:
             kernels.gather_rows(rowbuf, rs, idx, fixed)
 
-        heap_ctx = None
+        heap_ctx = heap_span = None
         for p in plans:
             if p.kind == "fixed":
                 continue
@@ -345,8 +352,14 @@ class Reader:
                 heap_ctx = self._heap_context(fd, rows, blk, ublocks, direct)
             nbytes = np.empty(n, np.int64)
             kernels.gather_fixed(rowbuf, rs, p.offset + 8, 8, idx, nbytes)
-            if (nbytes < 0).any() or nbytes.sum() > self.layout.heap_nbytes:
-                raise FormatError(f"{self.path!r}: field {name!r}: payload sizes exceed the heap (corrupt file)", path=self.path)
+            # Bound the allocation before trusting sizes read from the file: a payload lies in
+            # its block's heap range (the kernels check the exact range while copying).
+            if heap_span is None:
+                heap_span = arr["heap_end"][blk] - arr["heap_start"][blk]
+            if ((nbytes < 0) | (nbytes > heap_span)).any():
+                i = int(np.argmax((nbytes < 0) | (nbytes > heap_span)))
+                raise FormatError(f"{self.path!r}: field {name!r}: row {int(rows[i])}: payload size {int(nbytes[i])} exceeds "
+                                  f"its block's heap range (corrupt file)", path=self.path, block=int(blk[i]))
             dst_off = np.zeros(n + 1, np.int64)
             np.cumsum(nbytes, out=dst_off[1:])
             payload = np.empty(int(dst_off[-1]), np.uint8)

@@ -57,7 +57,9 @@ class Codec(abc.ABC):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Codec:
         params = {k: v for k, v in config.items() if k != "id"}
-        return cls(**params)
+        codec = cls(**params)
+        codec._freeze()  # also codecs whose __init__ does not freeze (raw, utf8, bytes)
+        return codec
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Codec) and self.get_config() == other.get_config()

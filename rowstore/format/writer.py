@@ -78,7 +78,7 @@ class _ChunkStream:
     def write(self, raw: memoryview, extent: int) -> None:
         """Write the next chunk from ``raw`` (exactly one chunk's bytes); grow the dataset to
         ``extent`` items first (extents only grow: shrinking would make HDF5 rewrite chunks)."""
-        from rowstore.kernels import xxh64
+        from rowstore.kernels import crc32
 
         assert len(raw) == self.raw_bytes, "internal: chunk size"
         if extent > self.ds.shape[0]:
@@ -88,10 +88,10 @@ class _ChunkStream:
         k = self.next_chunk
         if k < len(self.stored):  # rewriting the partial last chunk of an appended file
             self.stored[k] = len(data)
-            self.checksums[k] = xxh64(data)
+            self.checksums[k] = crc32(data)
         else:
             self.stored.append(len(data))
-            self.checksums.append(xxh64(data))
+            self.checksums.append(crc32(data))
         self.next_chunk += 1
 
     def offsets(self) -> np.ndarray:

@@ -88,7 +88,7 @@ class Reader:
     path : str or os.PathLike
         A ``.h5`` file written by :class:`rowstore.Writer`.
     verify : bool
-        Check each chunk's XXH64 checksum as it is read (default True; about 10 GB/s of stored
+        Check each chunk's CRC-32 as it is read (default True; tens of GB/s of stored
         bytes, so cheap beside decompression). A mismatch raises
         :class:`~rowstore.errors.ChecksumError`; False skips it for raw speed.
     varlen : {"ragged", "padded"}
@@ -407,6 +407,9 @@ class Reader:
                 raise FormatError(f"{self.path!r}: heap chunk {int(need[exc.index])}: {str(exc).split(': ', 1)[-1]}", path=self.path) from None
         pos = np.searchsorted(need, c_lo)
         base = pos * H - c_lo * H
+        # A block with an empty heap range loads no chunk: map its (empty) payloads to 0, not past
+        # the end of the loaded heap (a nonzero offset there was rejected as out of bounds).
+        base = np.where(hi_b > lo_b, base, -lo_b)
         return ("blocks", heap, lo_b, hi_b, base)
 
     def _copy_payloads(self, ctx, rowbuf, idx, ref_offset, payload, dst_off) -> None:

@@ -45,8 +45,14 @@ def _blosc2_compressor(config: dict, typesize: int):
         "nthreads": 1,
     }
 
+    # Blosc2 turns an all-zero buffer into a "special" chunk, which a frame records only as a
+    # marker in its offsets index, with no chunk after the header; readers (our kernels) expect
+    # the one chunk right after the header. Store all-zero chunks memcpy'd (clevel 0) instead.
+    plain = dict(cparams, clevel=0)
+
     def compress(raw: memoryview) -> bytes:
-        schunk = blosc2.SChunk(chunksize=len(raw), data=raw, cparams=cparams)
+        params = cparams if np.frombuffer(raw, np.uint8).any() else plain
+        schunk = blosc2.SChunk(chunksize=len(raw), data=raw, cparams=params)
         return schunk.to_cframe()
 
     return compress

@@ -359,32 +359,39 @@ def pread_rows(int fd, const int64_t[::1] file_offsets not None, int64_t row_siz
 
 
 def pread_heap(int fd, const uint8_t[::1] src not None, int64_t row_size, int64_t ref_offset,
+               const int64_t[::1] rows not None,
                const int64_t[::1] lo not None, const int64_t[::1] hi not None,
                const int64_t[::1] chunk_offsets not None, int64_t chunk_bytes,
                uint8_t[::1] out not None, const int64_t[::1] dst_offsets not None,
                int64_t pad_stride, int64_t[::1] err not None):
-    """Direct path for uncompressed heaps: for each row i of ``src`` (rows packed at
-    ``i*row_size``), read its payload straight from the file into ``out`` at ``dst_offsets[i]``.
+    """Direct path for uncompressed heaps: for each row ``rows[i]`` of ``src``, read its payload
+    straight from the file into ``out`` at ``dst_offsets[i]`` (one copy, no heap chunk loaded).
 
     The reference must lie in ``[lo[i], hi[i])`` (its block's heap range); logical heap offsets
     map to file offsets through ``chunk_offsets`` (one per heap chunk of ``chunk_bytes``), a
     payload may span chunks. ``pad_stride`` as in :func:`gather_heap`. Returns 0 or -1.
     """
     cdef Py_ssize_t n = lo.shape[0], i
-    cdef int64_t off, nb, d, k, within, take, nchunks = chunk_offsets.shape[0]
+    cdef int64_t off, nb, d, k, within, take, r, nchunks = chunk_offsets.shape[0]
+    cdef int64_t nrows_src = src.shape[0] // row_size if row_size > 0 else 0
     cdef int64_t out_len = out.shape[0]
     cdef int rc = 0
     cdef int64_t* e = &err[0]
     cdef uint8_t* op = &out[0] if out.shape[0] else NULL
     if ref_offset < 0 or ref_offset + 16 > row_size or chunk_bytes <= 0:
         raise ValueError("pread_heap: bad geometry")
-    if hi.shape[0] != n or dst_offsets.shape[0] < n or src.shape[0] < n * row_size:
+    if hi.shape[0] != n or rows.shape[0] != n or dst_offsets.shape[0] < n:
         raise ValueError("pread_heap: argument lengths differ")
     with nogil:
         for i in range(n):
             e[1] = i
-            memcpy(&off, &src[i * row_size + ref_offset], 8)
-            memcpy(&nb, &src[i * row_size + ref_offset + 8], 8)
+            r = rows[i]
+            if r < 0 or r >= nrows_src:
+                e[0] = E_ROW; e[2] = r
+                rc = -1
+                break
+            memcpy(&off, &src[r * row_size + ref_offset], 8)
+            memcpy(&nb, &src[r * row_size + ref_offset + 8], 8)
             if off < lo[i] or nb < 0 or off > hi[i] or nb > hi[i] - off:
                 e[0] = E_BOUNDS; e[2] = i
                 rc = -1

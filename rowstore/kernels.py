@@ -108,13 +108,14 @@ def pread_rows(fd: int, file_offsets: np.ndarray, row_size: int, dst: np.ndarray
         _raise(err, f"row read {int(err[1])}")
 
 
-def pread_heap(fd: int, src: np.ndarray, row_size: int, ref_offset: int, lo: np.ndarray, hi: np.ndarray,
+def pread_heap(fd: int, src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                chunk_offsets: np.ndarray, chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray,
                pad_stride: int = 0) -> None:
-    """Read each row's heap payload straight from the file (uncompressed heaps)."""
+    """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
+    ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference."""
     err = np.zeros(3, np.int64)
     flat = out.reshape(-1).view(np.uint8)
-    if _blocks.pread_heap(fd, src, row_size, ref_offset, lo, hi, chunk_offsets, chunk_bytes, flat,
+    if _blocks.pread_heap(fd, src, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, flat,
                           dst_offsets, pad_stride, err) != 0:
         _raise(err, f"row {int(err[1])}")
 

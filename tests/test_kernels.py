@@ -233,13 +233,19 @@ def test_pread_rows_and_heap_match_reference(tmp_path):
         out = np.empty(int(dst[-1]), np.uint8)
         lo = np.zeros(len(rows), np.int64)
         hi = np.full(len(rows), len(heap), np.int64)
-        kernels.pread_heap(fd, buf, row_size, ref, lo, hi, chunk_offsets, H, out, dst)
+        ident = np.arange(len(rows), dtype=np.int64)
+        kernels.pread_heap(fd, buf, row_size, ref, ident, lo, hi, chunk_offsets, H, out, dst)
         assert np.array_equal(out, np.concatenate([payloads[r] for r in rows]))
+        # through a row index into the source rows (the block path): same payloads
+        kernels.pread_heap(fd, src, row_size, ref, rows, lo, hi, chunk_offsets, H, out, dst)
+        assert np.array_equal(out, np.concatenate([payloads[r] for r in rows]))
+        with pytest.raises(FormatError, match="outside"):
+            kernels.pread_heap(fd, src, row_size, ref, rows + 50, lo, hi, chunk_offsets, H, out, dst)
         hi2 = hi.copy()
         hi2[:] = 0
         if nb.any():
             with pytest.raises(FormatError):
-                kernels.pread_heap(fd, buf, row_size, ref, lo, hi2, chunk_offsets, H, out, dst)
+                kernels.pread_heap(fd, buf, row_size, ref, ident, lo, hi2, chunk_offsets, H, out, dst)
         with pytest.raises(FormatError, match="truncated"):
             kernels.pread_rows(fd, np.array([os.path.getsize(path) - 3], np.int64), row_size, buf)
     finally:

@@ -321,7 +321,7 @@ class Reader:
                                     compressed=self.layout.compressed, verify=self.verify, dst=rowbuf, raw_size=raw,
                                     scratch=scratch, what="block")
             except kernels.KernelError as exc:
-                raise self._located(exc, int(ublocks[exc.index])) from None
+                raise self._located(exc, f"block {int(ublocks[exc.index])}", int(ublocks[exc.index])) from None
             lookup = np.empty(self.layout.num_blocks, np.int64)
             lookup[ublocks] = np.arange(len(ublocks), dtype=np.int64) * rpb
             idx = lookup[blk] + (rows - blk * rpb)
@@ -342,28 +342,48 @@ class Reader:
         if fixed:
             kernels.gather_rows(rowbuf, rs, idx, fixed)
 
-        heap_ctx = heap_span = None
-        for p in plans:
-            if p.kind == "fixed":
-                continue
-            f = p.field
-            name = f.name
-            if heap_ctx is None:
-                heap_ctx = self._heap_context(fd, rows, blk, ublocks, direct)
+        heap_plans = [p for p in plans if p.kind != "fixed"]
+        if not heap_plans:
+            return batch
+        # Payload sizes of every heap field, bounded before they size any allocation: a payload
+        # lies in its block's heap range (the kernels check the exact range while copying).
+        heap_lo, heap_hi = arr["heap_start"][blk], arr["heap_end"][blk]
+        heap_span = heap_hi - heap_lo
+        sizes = {}
+        for p in heap_plans:
             nbytes = np.empty(n, np.int64)
             kernels.gather_fixed(rowbuf, rs, p.offset + 8, 8, idx, nbytes)
-            # Bound the allocation before trusting sizes read from the file: a payload lies in
-            # its block's heap range (the kernels check the exact range while copying).
-            if heap_span is None:
-                heap_span = arr["heap_end"][blk] - arr["heap_start"][blk]
-            if ((nbytes < 0) | (nbytes > heap_span)).any():
-                i = int(np.argmax((nbytes < 0) | (nbytes > heap_span)))
-                raise FormatError(f"{self.path!r}: field {name!r}: row {int(rows[i])}: payload size {int(nbytes[i])} exceeds "
-                                  f"its block's heap range (corrupt file)", path=self.path, block=int(blk[i]))
+            bad = (nbytes < 0) | (nbytes > heap_span)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise FormatError(f"{self.path!r}: field {p.field.name!r}: row {int(rows[i])}: payload size {int(nbytes[i])} "
+                                  f"exceeds its block's heap range (corrupt file)", path=self.path, block=int(blk[i]))
+            sizes[p.field.name] = nbytes
+        heap_ctx = None
+        if self.layout.compressed or not direct:
+            # Uncompressed heaps: pread each payload into place when that moves fewer bytes than
+            # loading the heap chunks under the blocks' ranges (large payloads, few fields).
+            needed = sum(int(v.sum()) for v in sizes.values())
+            to_load = int((arr["heap_end"][ublocks] - arr["heap_start"][ublocks]).sum()) + self.layout.heap_chunk_bytes * len(ublocks)
+            per_payload = n * len(heap_plans) * _SYSCALL_S + needed / _BYTES_PER_S
+            direct = not self.layout.compressed and per_payload < 2 * to_load / _BYTES_PER_S
+            if not direct:
+                heap_ctx = self._heap_context(fd, ublocks)
+        for p in heap_plans:
+            f = p.field
+            name = f.name
             dst_off = np.zeros(n + 1, np.int64)
-            np.cumsum(nbytes, out=dst_off[1:])
+            np.cumsum(sizes[name], out=dst_off[1:])
             payload = np.empty(int(dst_off[-1]), np.uint8)
-            self._copy_payloads(heap_ctx, rowbuf, idx, p.offset, payload, dst_off)
+            try:
+                if heap_ctx is None:
+                    kernels.pread_heap(fd, rowbuf, rs, p.offset, idx, heap_lo, heap_hi, arr["hc_offset"],
+                                       self.layout.heap_chunk_bytes, payload, dst_off)
+                else:
+                    heap, lo, hi, base = heap_ctx
+                    kernels.gather_heap(rowbuf, rs, p.offset, idx, rpb, lo, hi, base, heap, payload, dst_off)
+            except kernels.KernelError as exc:
+                raise FormatError(f"{self.path!r}: field {name!r}: {exc}", path=self.path) from None
             shapes = None
             if p.nvar:
                 var = np.empty((n, p.nvar), np.uint32)
@@ -379,23 +399,24 @@ class Reader:
             batch[name] = self._decode(p, payload, dst_off, shapes, batch.get(name + NULL_KEY), out, out_start, n)
         return batch
 
-    def _located(self, exc: kernels.KernelError, block: int) -> FormatError:
+    def _located(self, exc: kernels.KernelError, where: str, block: int | None = None) -> FormatError:
+        """The kernel error re-raised with the file and the block or chunk it concerns."""
         msg = str(exc).split(": ", 1)[-1]
-        cls = type(exc)
-        err = cls(f"{self.path!r}: block {block}: {msg}", code=exc.code, index=exc.index, detail=exc.detail, path=self.path, block=block)
-        return err
+        return type(exc)(f"{self.path!r}: {where}: {msg}", code=exc.code, index=exc.index, detail=exc.detail,
+                         path=self.path, block=block)
 
-    def _heap_context(self, fd: int, rows, blk, ublocks, direct: bool):
+    def _heap_context(self, fd: int, ublocks: np.ndarray):
+        """Load every heap chunk the loaded blocks' heap ranges touch: (heap buffer, per-slot
+        lo, hi, base) for ``gather_heap``."""
         arr = self._arr
         H = self.layout.heap_chunk_bytes
         lo_b, hi_b = arr["heap_start"][ublocks], arr["heap_end"][ublocks]
-        if direct:
-            return ("direct", fd, arr["heap_start"][blk], arr["heap_end"][blk], arr["hc_offset"])
-        # Load every heap chunk that the loaded blocks' heap ranges touch.
         c_lo = lo_b // H
         c_hi = np.where(hi_b > lo_b, (hi_b - 1) // H, c_lo - 1)
-        need = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(c_lo, c_hi)])) if len(c_lo) else np.zeros(0, np.int64)
-        need = need.astype(np.int64)
+        present = np.zeros(len(arr["hc_offset"]) + 1, np.bool_)
+        for a, b in zip(c_lo, c_hi):
+            present[a : b + 1] = True
+        need = np.flatnonzero(present[:-1]).astype(np.int64)
         heap = self._scratch.get("heap", len(need) * H)
         if len(need):
             scratch = self._scratch.get("stage", self._max_stored if self.layout.compressed else 1)
@@ -404,25 +425,9 @@ class Reader:
                                     compressed=self.layout.compressed, verify=self.verify, dst=heap, raw_size=H,
                                     scratch=scratch, what="heap chunk")
             except kernels.KernelError as exc:
-                raise FormatError(f"{self.path!r}: heap chunk {int(need[exc.index])}: {str(exc).split(': ', 1)[-1]}", path=self.path) from None
-        pos = np.searchsorted(need, c_lo)
-        base = pos * H - c_lo * H
-        # A block with an empty heap range loads no chunk: map its (empty) payloads to 0, not past
-        # the end of the loaded heap (a nonzero offset there was rejected as out of bounds).
-        base = np.where(hi_b > lo_b, base, -lo_b)
-        return ("blocks", heap, lo_b, hi_b, base)
-
-    def _copy_payloads(self, ctx, rowbuf, idx, ref_offset, payload, dst_off) -> None:
-        try:
-            if ctx[0] == "direct":
-                _, fd, lo, hi, chunk_offsets = ctx
-                kernels.pread_heap(fd, rowbuf, self._row_size, ref_offset, lo, hi, chunk_offsets,
-                                   self.layout.heap_chunk_bytes, payload, dst_off)
-            else:
-                _, heap, lo, hi, base = ctx
-                kernels.gather_heap(rowbuf, self._row_size, ref_offset, idx, self._rpb, lo, hi, base, heap, payload, dst_off)
-        except kernels.KernelError as exc:
-            raise FormatError(f"{self.path!r}: {exc}", path=self.path) from None
+                raise self._located(exc, f"heap chunk {int(need[exc.index])}") from None
+        base = np.searchsorted(need, c_lo) * H - c_lo * H
+        return heap, lo_b, hi_b, base
 
     def _decode(self, p: _FieldPlan, payload, dst_off, shapes, nulls, out, out_start, n):
         f = p.field

@@ -302,6 +302,7 @@ class Writer:
                 take = 1 if self._heap_fields else n - done
                 self._ensure_capacity(take)
             sl = slice(self._n, self._n + take)
+            per_row = []
             for f in self.schema:
                 values, mask = checked[f.name]
                 part = values[done : done + take]
@@ -310,8 +311,12 @@ class Writer:
                     if f.nullable:
                         self._buf[f.name + spec.NULL_SUFFIX][sl] = False
                 else:
-                    for j, v in enumerate(part):
-                        self._store(f, self._n + j, v)
+                    per_row.append((f, part))
+            # Row by row, field by field (as write() does): the heap holds payloads in row order,
+            # so a batch writes the same file as the same rows written one by one.
+            for j in range(take):
+                for f, part in per_row:
+                    self._store(f, self._n + j, part[j])
             self._n += take
             done += take
             self._after_rows()

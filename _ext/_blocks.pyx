@@ -318,7 +318,7 @@ def gather_heap(const uint8_t[::1] src not None, int64_t row_size, int64_t ref_o
                 rc = -1
                 break
             pos = slot_base[s] + off
-            if pos < 0 or pos + nb > heap_len:
+            if nb > 0 and (pos < 0 or pos + nb > heap_len):  # an empty payload reads nothing
                 err[0] = E_BOUNDS; err[1] = i; err[2] = r
                 rc = -1
                 break

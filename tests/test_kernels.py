@@ -250,3 +250,13 @@ def test_pread_rows_and_heap_match_reference(tmp_path):
             kernels.pread_rows(fd, np.array([os.path.getsize(path) - 3], np.int64), row_size, buf)
     finally:
         os.close(fd)
+
+
+def test_gather_heap_empty_payload_of_a_block_without_heap_bytes():
+    """A block whose heap range is empty loads no heap chunk; its empty payloads still read."""
+    row_size, ref = 24, 4
+    src = np.zeros(row_size, np.uint8)
+    src[ref : ref + 8] = np.array([300], np.uint64).view(np.uint8)  # offset 300, nbytes 0
+    out = np.empty(0, np.uint8)
+    kernels.gather_heap(src, row_size, ref, np.array([0], np.int64), 1, np.array([300]), np.array([300]),
+                        np.array([0]), np.zeros(0, np.uint8), out, np.array([0, 0], np.int64))

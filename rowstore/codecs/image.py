@@ -47,9 +47,6 @@ class _Image(Codec):
         if value.size == 0:
             raise CodecError(f"field {field.name!r}: codec {self.codec_id!r} cannot store an empty image of shape {value.shape}", codec=self.codec_id, field=field.name)
 
-    def _check_out(self, decoded_shape: tuple[int, ...], out: np.ndarray) -> None:
-        if decoded_shape != out.shape:
-            raise CodecError(f"{self.codec_id} payload decodes to shape {decoded_shape}, expected {out.shape}", codec=self.codec_id)
 
 
 class Png(_Image):
@@ -72,15 +69,7 @@ class Png(_Image):
         return _imagecodecs().png_encode(np.ascontiguousarray(value), level=self.level)
 
     def decode_into(self, src, out: np.ndarray) -> None:
-        ic = _imagecodecs()
-        try:
-            img = ic.png_decode(bytes(src) if not isinstance(src, bytes) else src)
-        except Exception as exc:
-            raise CodecError(f"corrupt png payload: {exc}", codec="png") from exc
-        if img.shape != out.shape and img.ndim == 2 and out.ndim == 3 and out.shape[2] == 1:
-            img = img[..., None]
-        self._check_out(img.shape, out)
-        out[...] = img
+        _decode_into(_imagecodecs().png_decode, "png", src, out)
 
 
 class Jpeg(_Image):
@@ -105,12 +94,22 @@ class Jpeg(_Image):
         return _imagecodecs().jpeg8_encode(arr, level=self.quality)
 
     def decode_into(self, src, out: np.ndarray) -> None:
-        ic = _imagecodecs()
-        try:
-            img = ic.jpeg8_decode(bytes(src) if not isinstance(src, bytes) else src)
-        except Exception as exc:
-            raise CodecError(f"corrupt jpeg payload: {exc}", codec="jpeg") from exc
-        if img.ndim == 2 and out.ndim == 3:
-            img = img[..., None]
-        self._check_out(img.shape, out)
-        out[...] = img
+        _decode_into(_imagecodecs().jpeg8_decode, "jpeg", src, out)
+
+
+def _decode_into(decode, codec_id: str, src, out: np.ndarray) -> None:
+    """Decode straight into ``out`` (imagecodecs checks its shape and dtype against the image
+    and releases the GIL); a non-contiguous ``out`` gets a decoded copy."""
+    data = src if isinstance(src, (bytes, np.ndarray)) else np.frombuffer(src, np.uint8)
+    try:
+        if out.flags.c_contiguous and out.flags.writeable:
+            decode(data, out=out)
+            return
+        img = decode(data)
+    except Exception as exc:
+        raise CodecError(f"{codec_id} payload does not decode to {out.dtype} {out.shape}: {exc}", codec=codec_id) from exc
+    if img.ndim == out.ndim - 1 and out.shape[-1] == 1:
+        img = img[..., None]
+    if img.shape != out.shape or img.dtype != out.dtype:
+        raise CodecError(f"{codec_id} payload decodes to {img.dtype} {img.shape}, expected {out.dtype} {out.shape}", codec=codec_id)
+    out[...] = img

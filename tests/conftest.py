@@ -74,10 +74,10 @@ def smooth_image(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = 
     top = np.iinfo(np.dtype(dtype)).max
     y, x = np.mgrid[0:h, 0:w]
     base = (x / max(w - 1, 1) * 0.6 + y / max(h - 1, 1) * 0.3 + rng.random() * 0.1) * top
-    img = np.clip(base, 0, top)
+    img = base
     if len(shape) == 3:
-        img = np.stack([np.roll(img, k, axis=1) for k in range(shape[2])], axis=-1)
-    return img.astype(dtype)
+        img = np.stack([img * (1 - 0.15 * k) + 10 * k for k in range(shape[2])], axis=-1)
+    return np.clip(img, 0, top).astype(dtype)
 
 
 def make_value(field: Field, rng: np.random.Generator, *, max_len: int = 5) -> Any:

@@ -1,0 +1,407 @@
+"""Writer behaviour: write vs write_batch, block sizing and boundaries, heap chunks, attrs,
+modes ("w", "x", "a" with partial last block and heap chunk), closing."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import warnings
+
+import h5py
+import hdf5plugin  # noqa: F401 - registers the Blosc2 filter for h5py
+import numpy as np
+import pytest
+
+import rowstore
+from rowstore import Field, Layout, Schema, SchemaError, WriterClosedError
+
+COMPRESSIONS = [None, "lz4", {"cname": "zstd", "clevel": 3, "shuffle": "bit"}]
+COMPRESSION_IDS = ["none", "lz4", "zstd-dict"]
+
+
+def raw_content(path):
+    """The logical content of a file: rows table, heap bytes, index (without file offsets), attrs."""
+    with h5py.File(path, "r") as f:
+        g = f["rowstore"]
+        rows = g["rows"][()]
+        heap = g["heap"][()].tobytes() if "heap" in g else None
+        blocks = g["blocks"][()]
+        blocks = {name: blocks[name].tolist() for name in blocks.dtype.names if name != "offset"}
+        hc = g["heap_chunks"][()] if "heap_chunks" in g else None
+        hc = None if hc is None else {name: hc[name].tolist() for name in hc.dtype.names if name != "offset"}
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()}
+    return rows, heap, blocks, hc, attrs
+
+
+def assert_same_content(a, b):
+    ra, ha, ba, hca, aa = raw_content(a)
+    rb, hb, bb, hcb, ab = raw_content(b)
+    assert ra.dtype == rb.dtype and ra.tobytes() == rb.tobytes()
+    assert ha == hb
+    assert ba == bb
+    assert hca == hcb
+    assert {k: str(v) for k, v in aa.items()} == {k: str(v) for k, v in ab.items()}
+
+
+def check_layout(path, n, rpb=None):
+    lay = Layout.open(path, verify=True)
+    assert lay.num_rows == n
+    if rpb is not None:
+        assert lay.rows_per_block == rpb
+    rpb = lay.rows_per_block
+    nb = -(-n // rpb)
+    assert lay.num_blocks == nb
+    assert lay.blocks["first_row"].tolist() == [k * rpb for k in range(nb)]
+    expected_rows = [rpb] * (nb - 1) + ([n - (nb - 1) * rpb] if nb else [])
+    assert lay.blocks["num_rows"].tolist() == expected_rows
+    assert len(lay.heap_chunks) == -(-lay.heap_nbytes // lay.heap_chunk_bytes)
+    if nb:
+        assert lay.blocks["heap_start"][0] == 0 and lay.blocks["heap_end"][-1] == lay.heap_nbytes
+    return lay
+
+
+# -- write vs write_batch --------------------------------------------------------------------
+@pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
+@pytest.mark.parametrize("sizing", [{"rows_per_block": 7}, {"block_bytes": 600}], ids=["rpb", "block_bytes"])
+def test_write_and_write_batch_give_identical_content(rs, tmp_path, schema_all_nullable, compression, sizing):
+    schema = schema_all_nullable
+    rows = rs.make_rows(schema, 40, seed=11)
+    a, b, c = (str(tmp_path / f"{k}.h5") for k in "abc")
+    kw = dict(compression=compression, heap_chunk_bytes=128, **sizing)
+    rs.write_file(a, schema, rows, **kw)
+    rs.write_file(b, schema, rows, batch=True, **kw)
+    with rowstore.Writer(c, schema, **kw) as w:  # uneven batches
+        for lo, hi in [(0, 1), (1, 10), (10, 10), (10, 33), (33, 40)]:
+            if hi > lo:
+                w.write_batch(rs.rows_to_columns(schema, rows[lo:hi]))
+    assert_same_content(a, b)
+    assert_same_content(a, c)
+    for p in (a, b, c):
+        check_layout(p, 40)
+        rs.assert_rows_equal(schema, rows, rs.read_rows(p))
+
+
+def test_write_batch_column_forms(rs, h5path):
+    schema = Schema([
+        Field("x", "float32", (2,)), Field("k", "int8", nullable=True), Field("v", "int16", (None,)),
+        Field("t", "str"), Field("img", "uint8", (3, 3), codec="png"),
+    ])  # fmt: skip
+    n = 5
+    cols = {
+        "x": [[1, 2]] * n,  # a list of lists for an inline field
+        "k": [1, None, 3, None, 5],  # nulls in an inline nullable field
+        "v": np.arange(10, dtype=np.int16).reshape(n, 2),  # a 2-D array for a variable field
+        "t": np.array(["a", "bb", "", "é", "😀"], dtype=object),
+        "img": np.arange(45, dtype=np.uint8).reshape(n, 3, 3),
+    }
+    with rowstore.Writer(h5path, schema, rows_per_block=2) as w:
+        w.write_batch(cols)
+        w.write_batch({name: col[:0] for name, col in cols.items()})  # empty batch: no-op
+        assert w.num_rows == n
+    got = rs.read_rows(h5path)
+    assert [r["k"] for r in got] == [1, None, 3, None, 5]
+    assert [r["t"] for r in got] == ["a", "bb", "", "é", "😀"]
+    assert got[3]["v"].tolist() == [6, 7] and got[4]["img"].tolist() == cols["img"][4].tolist()
+
+
+# -- block sizing and boundaries -------------------------------------------------------------
+@pytest.mark.parametrize(("n", "rpb"), [(1, 1), (10, 1), (10, 3), (12, 3), (5, 100), (100, 7), (64, 64)])
+def test_block_boundaries_exact(rs, h5path, n, rpb):
+    schema = Schema([Field("i", "int64"), Field("v", "uint8", (None,))])
+    rows = [{"i": i, "v": np.full(i % 4, i, np.uint8)} for i in range(n)]
+    rs.write_file(h5path, schema, rows, rows_per_block=rpb, heap_chunk_bytes=64)
+    lay = check_layout(h5path, n, rpb)
+    with h5py.File(h5path, "r") as f:
+        assert f["rowstore/rows"].shape == (n,) and f["rowstore/rows"].chunks == (rpb,)
+        assert f["rowstore/rows"]["i"].tolist() == list(range(n))
+    # each block's heap range holds exactly its rows' payloads
+    sizes = [i % 4 for i in range(n)]
+    for k in range(lay.num_blocks):
+        lo, hi = k * rpb, min(n, (k + 1) * rpb)
+        assert int(lay.blocks["heap_end"][k] - lay.blocks["heap_start"][k]) == sum(sizes[lo:hi])
+    got = rowstore.open(h5path).take(np.arange(n)[::-1])
+    assert got["i"].tolist() == list(range(n))[::-1]
+
+
+def test_block_bytes_sets_rows_per_block_without_heap(rs, h5path):
+    schema = Schema([Field("x", "float64", (4,)), Field("y", "int32")])  # 36-byte rows
+    rows = [{"x": np.full(4, i), "y": i} for i in range(50)]
+    rs.write_file(h5path, schema, rows, block_bytes=36 * 8)
+    check_layout(h5path, 50, 8)
+    rs.write_file(h5path, schema, rows, block_bytes=1)  # smaller than a row: one row per block
+    check_layout(h5path, 50, 1)
+    rs.write_file(h5path, schema, rows)  # default 1 MiB: everything in one block
+    check_layout(h5path, 50, (1 << 20) // 36)
+
+
+def test_block_bytes_with_heap_payloads(rs, h5path):
+    # rows of 16 (ref) + 8 bytes, payloads of 100 bytes: 124 bytes per row, block_bytes 1000
+    schema = Schema([Field("k", "int64"), Field("b", "bytes")])
+    rows = [{"k": i, "b": bytes([i % 256]) * 100} for i in range(60)]
+    for batch in (False, True):
+        rs.write_file(h5path, schema, rows, block_bytes=1000, batch=batch)
+        lay = check_layout(h5path, 60)
+        assert 7 <= lay.rows_per_block <= 9, lay.rows_per_block
+        rs.assert_rows_equal(schema, rows, rs.read_rows(h5path))
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_many_blocks(rs, h5path, compression):
+    schema = Schema([Field("i", "int32"), Field("t", "str")])
+    n = 2000
+    rows = [{"i": i, "t": str(i)} for i in range(n)]
+    rs.write_file(h5path, schema, rows, rows_per_block=3, heap_chunk_bytes=64, compression=compression, batch=True)
+    lay = check_layout(h5path, n, 3)
+    assert lay.num_blocks == 667
+    r = rowstore.open(h5path)
+    b = r.take(np.arange(n))
+    assert b["i"].tolist() == list(range(n)) and b["t"].tolist() == [str(i) for i in range(n)]
+    perm = np.random.default_rng(0).permutation(n)
+    b = r.take(perm)
+    assert b["i"].tolist() == perm.tolist() and b["t"].tolist() == [str(i) for i in perm]
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_heap_payloads_spanning_heap_chunks(rs, h5path, compression):
+    schema = Schema([Field("b", "bytes"), Field("w", "float64", (None,)), Field("k", "uint8")])
+    rng = np.random.default_rng(12)
+    rows = [{"b": rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes(),
+             "w": rng.standard_normal(int(rng.integers(0, 40))), "k": i} for i in range(30)]  # fmt: skip
+    rs.write_file(h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    lay = check_layout(h5path, 30, 4)
+    assert lay.heap_chunk_bytes == 64
+    total = sum(len(r["b"]) + 8 * len(r["w"]) for r in rows)
+    assert lay.heap_nbytes == total and len(lay.heap_chunks) == -(-total // 64)
+    rs.assert_rows_equal(schema, rows, rs.read_rows(h5path))
+    with h5py.File(h5path, "r") as f:
+        assert f["rowstore/heap"].shape == (total,)
+        heap = f["rowstore/heap"][()].tobytes()
+        refs = f["rowstore/rows"]["b"]
+    for i, r in enumerate(rows):
+        off, nb = int(refs["offset"][i]), int(refs["nbytes"][i])
+        assert heap[off : off + nb] == r["b"]
+
+
+# -- attrs and modes -------------------------------------------------------------------------
+def test_attrs(rs, h5path):
+    schema = Schema([Field("i", "int64")])
+    attrs = {"source": "unit test", "n": 3, "nested": {"a": [1, 2.5, None]}, "ü": "日本"}
+    with rowstore.Writer(h5path, schema, attrs=attrs) as w:
+        w.write({"i": 1})
+        w.attrs["late"] = True
+    lay = Layout.open(h5path)
+    assert lay.user_attrs == {**attrs, "late": True}
+    assert rowstore.open(h5path).layout.user_attrs == lay.user_attrs
+    with pytest.raises(TypeError):
+        rowstore.Writer(h5path + "2", schema, attrs={"bad": object()})
+    assert not os.path.exists(h5path + "2")
+    # no attrs: an empty dict
+    rs.write_file(h5path, schema, [{"i": 1}])
+    assert Layout.open(h5path).user_attrs == {}
+
+
+def test_mode_w_replaces(rs, h5path):
+    schema = Schema([Field("i", "int64")])
+    rs.write_file(h5path, schema, [{"i": 1}, {"i": 2}])
+    rs.write_file(h5path, schema, [{"i": 3}], mode="w")
+    assert [r["i"] for r in rs.read_rows(h5path)] == [3]
+
+
+def test_mode_x(rs, h5path, tmp_path):
+    schema = Schema([Field("i", "int64")])
+    rs.write_file(h5path, schema, [{"i": 1}], mode="x")
+    before = open(h5path, "rb").read()
+    with pytest.raises(FileExistsError):
+        rowstore.Writer(h5path, schema, mode="x")
+    assert open(h5path, "rb").read() == before
+    # the file appears while an "x" writer is open: close refuses to overwrite it
+    other = str(tmp_path / "late.h5")
+    w = rowstore.Writer(other, schema, mode="x")
+    w.write({"i": 7})
+    with open(other, "wb") as f:
+        f.write(b"someone else's file")
+    with pytest.raises(FileExistsError):
+        w.close()
+    assert open(other, "rb").read() == b"someone else's file"
+    assert sorted(os.listdir(tmp_path)) == ["data.h5", "late.h5"]
+
+
+def test_empty_file(rs, h5path):
+    schema = Schema([Field("i", "int64"), Field("t", "str", nullable=True)])
+    with rowstore.Writer(h5path, schema):
+        pass
+    lay = check_layout(h5path, 0)
+    assert lay.num_blocks == 0 and lay.heap_nbytes == 0
+    r = rowstore.open(h5path)
+    assert len(r) == 0 and r.schema == schema
+    b = r.take([])
+    assert len(b["i"]) == 0
+    with pytest.raises(IndexError):
+        r[0]
+
+
+# -- append ----------------------------------------------------------------------------------
+APPEND_SCHEMA = Schema([
+    Field("i", "int64"), Field("x", "float32", (3,)), Field("t", "str", nullable=True),
+    Field("v", "int16", (None,)), Field("img", "uint8", (4, 4), codec="png", nullable=True),
+])  # fmt: skip
+
+
+def append_rows(start, n):
+    rng = np.random.default_rng(start)
+    return [{
+        "i": i, "x": np.full(3, i, np.float32), "t": None if i % 5 == 0 else "r" * (i % 7),
+        "v": np.arange(i % 6, dtype=np.int16) * i, "img": None if i % 4 == 1 else rng.integers(0, 256, (4, 4), dtype=np.uint8),
+    } for i in range(start, start + n)]  # fmt: skip
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
+@pytest.mark.parametrize(("n1", "n2"), [(10, 7), (8, 8), (3, 1), (1, 20), (0, 5), (9, 0)])
+def test_append(rs, h5path, compression, n1, n2):
+    """n1 = 10 with 4 rows per block: partial last block; heap_chunk_bytes 64 leaves the heap's
+    last chunk partial in most cases; n1 = 8: the last block full."""
+    first, second = append_rows(0, n1), append_rows(n1, n2)
+    rs.write_file(h5path, APPEND_SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression,
+                  attrs={"a": 1})
+    lay1 = Layout.open(h5path)
+    with rowstore.Writer(h5path, mode="a", attrs={"b": 2}) as w:
+        assert w.num_rows == n1
+        for r in second:
+            w.write(r)
+        assert w.num_rows == n1 + n2
+    lay = check_layout(h5path, n1 + n2, 4)
+    assert lay.compression == lay1.compression and lay.heap_chunk_bytes == 64
+    assert lay.user_attrs == {"a": 1, "b": 2}
+    assert lay.heap_nbytes >= lay1.heap_nbytes
+    rs.assert_rows_equal(APPEND_SCHEMA, first + second, rs.read_rows(h5path))
+    # the same content as writing everything at once
+    once = h5path + ".once.h5"
+    rs.write_file(once, APPEND_SCHEMA, first + second, rows_per_block=4, heap_chunk_bytes=64, compression=compression,
+                  attrs={"a": 1, "b": 2})
+    assert_same_content(h5path, once)
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_append_heap_last_chunk_exactly_full_and_partial(rs, h5path, compression):
+    schema = Schema([Field("b", "bytes"), Field("k", "int8")])
+    rows = [{"b": bytes([i]) * 32, "k": i} for i in range(4)]  # 128 heap bytes: 2 full chunks
+    rs.write_file(h5path, schema, rows, rows_per_block=3, heap_chunk_bytes=64, compression=compression)
+    assert Layout.open(h5path).heap_nbytes == 128
+    more = [{"b": bytes([100 + i]) * (i * 13), "k": 100 + i} for i in range(5)]
+    for chunk in (more[:1], more[1:3], more[3:]):  # several appends in a row
+        with rowstore.Writer(h5path, schema, mode="a") as w:
+            for r in chunk:
+                w.write(r)
+        rows += chunk
+        check_layout(h5path, len(rows), 3)
+        rs.assert_rows_equal(schema, rows, rs.read_rows(h5path))
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_append_with_write_batch(rs, h5path, compression):
+    first, second = append_rows(0, 6), append_rows(6, 11)
+    rs.write_file(h5path, APPEND_SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    with rowstore.Writer(h5path, APPEND_SCHEMA, mode="a", compression=compression) as w:
+        w.write_batch(rs.rows_to_columns(APPEND_SCHEMA, second))
+    check_layout(h5path, 17, 4)
+    rs.assert_rows_equal(APPEND_SCHEMA, first + second, rs.read_rows(h5path))
+
+
+def test_append_creates_missing_file(rs, h5path):
+    rows = append_rows(0, 3)
+    with rowstore.Writer(h5path, APPEND_SCHEMA, mode="a", rows_per_block=2) as w:
+        for r in rows:
+            w.write(r)
+    check_layout(h5path, 3, 2)
+    with pytest.raises(SchemaError):
+        rowstore.Writer(h5path + ".new", mode="a")  # no schema and no file
+
+
+def test_append_mismatches_raise(rs, h5path):
+    rs.write_file(h5path, APPEND_SCHEMA, append_rows(0, 5), rows_per_block=4, compression="lz4")
+    before = open(h5path, "rb").read()
+    other = Schema([f if f.name != "x" else Field("x", "float64", (3,)) for f in APPEND_SCHEMA])
+    with pytest.raises(SchemaError, match="schema differs"):
+        rowstore.Writer(h5path, other, mode="a")
+    with pytest.raises(SchemaError):
+        rowstore.Writer(h5path, APPEND_SCHEMA.select(["i", "x"]), mode="a")
+    with pytest.raises(ValueError, match="compression"):
+        rowstore.Writer(h5path, APPEND_SCHEMA, mode="a", compression="zstd")
+    assert open(h5path, "rb").read() == before
+    assert sorted(os.listdir(os.path.dirname(h5path))) == ["data.h5"]
+
+
+# -- closing ---------------------------------------------------------------------------------
+def test_writer_closed_error(rs, h5path):
+    schema = Schema([Field("i", "int64")])
+    w = rowstore.Writer(h5path, schema)
+    w.write({"i": 1})
+    w.close()
+    w.close()  # idempotent
+    with pytest.raises(WriterClosedError):
+        w.write({"i": 2})
+    with pytest.raises(WriterClosedError):
+        w.write_batch({"i": [2]})
+    assert isinstance(WriterClosedError("x"), RuntimeError)
+    assert [r["i"] for r in rs.read_rows(h5path)] == [1]
+
+    with rowstore.Writer(h5path, schema) as w2:
+        w2.write({"i": 5})
+    with pytest.raises(WriterClosedError):
+        w2.write({"i": 6})
+
+    w3 = rowstore.Writer(h5path + ".x", schema)
+    w3.write({"i": 1})
+    w3.abort()
+    with pytest.raises(WriterClosedError):
+        w3.write({"i": 2})
+    w3.close()  # after abort: nothing happens
+    assert not os.path.exists(h5path + ".x")
+
+
+def test_unclosed_writer_warns_and_leaves_nothing(tmp_path):
+    path = str(tmp_path / "u.h5")
+    w = rowstore.Writer(path, Schema([Field("i", "int64")]), rows_per_block=1)
+    for i in range(3):
+        w.write({"i": i})  # blocks flushed: a temporary file exists
+    assert len(os.listdir(tmp_path)) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del w
+        gc.collect()
+    assert any(issubclass(c.category, ResourceWarning) for c in caught)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"mode": "r"}, {"mode": "rw"}, {"block_bytes": 0}, {"block_bytes": 2.5}, {"heap_chunk_bytes": 8},
+     {"rows_per_block": 0}, {"rows_per_block": 1.5}, {"compression": "snappy"}, {"compression": {"clevel": 12}},
+     {"compression": {"cname": "lz4", "typo": 1}}, {"compression": 5}],
+)  # fmt: skip
+def test_bad_writer_arguments(tmp_path, kwargs):
+    with pytest.raises(ValueError):
+        rowstore.Writer(str(tmp_path / "a.h5"), Schema([Field("i", "int64")]), **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_writer_needs_schema_and_directory(tmp_path):
+    with pytest.raises(SchemaError):
+        rowstore.Writer(str(tmp_path / "a.h5"), {"i": "int64"})
+    with pytest.raises(FileNotFoundError):
+        rowstore.Writer(str(tmp_path / "nodir" / "a.h5"), Schema([Field("i", "int64")]))
+
+
+def test_stored_attributes(rs, h5path):
+    schema = Schema([Field("i", "int64"), Field("t", "str")])
+    rs.write_file(h5path, schema, [{"i": 1, "t": "x"}], rows_per_block=4, compression="zstd", heap_chunk_bytes=256)
+    with h5py.File(h5path, "r") as f:
+        a = f["rowstore"].attrs
+        assert a["format"] == "rowstore" and int(a["format_version"]) == rowstore.FORMAT_VERSION == 1
+        assert Schema.from_json(a["schema"]) == schema
+        assert json.loads(a["compression"]) == {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}
+        assert int(a["num_rows"]) == 1 and int(a["rows_per_block"]) == 4 and int(a["heap_chunk_bytes"]) == 256
+        assert int(a["heap_nbytes"]) == 1
+        assert a["writer"] == f"rowstore {rowstore.__version__}"
+        assert "32026" in f["rowstore/rows"]._filters and "32026" in f["rowstore/heap"]._filters

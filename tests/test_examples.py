@@ -1,0 +1,32 @@
+"""The examples and the README's code run as written."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_quickstart_example(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "refused: row 1000: field 'image'" in out.stdout
+    assert "epoch 1: 1000 rows" in out.stdout
+
+
+def readme_blocks():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.parametrize("i", range(len(readme_blocks())))
+def test_readme_python_blocks_run(tmp_path, i):
+    """Each ```python block of the README runs when pasted (in a fresh directory)."""
+    code = readme_blocks()[i]
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"README block {i} failed:\n{code}\n{out.stderr}"

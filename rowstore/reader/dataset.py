@@ -427,9 +427,6 @@ class Reader:
             except kernels.KernelError as exc:
                 raise self._located(exc, f"heap chunk {int(need[exc.index])}") from None
         base = np.searchsorted(need, c_lo) * H - c_lo * H
-        # A block with an empty heap range loads no chunk: map its (empty) payloads to 0, not past
-        # the end of the loaded heap (a nonzero offset there was rejected as out of bounds).
-        base = np.where(hi_b > lo_b, base, -lo_b)
         return heap, lo_b, hi_b, base
 
     def _decode(self, p: _FieldPlan, payload, dst_off, shapes, nulls, out, out_start, n):

@@ -50,9 +50,14 @@ def _blosc2_compressor(config: dict, typesize: int):
     # the one chunk right after the header. Store all-zero chunks memcpy'd (clevel 0) instead.
     plain = dict(cparams, clevel=0)
 
+    # Compress with compress2 and wrap the chunk in a frame: 1.5-3x faster than
+    # SChunk(data=...), which also starts decompression threads unless told otherwise.
+    dparams = {"nthreads": 1}
+
     def compress(raw: memoryview) -> bytes:
         params = cparams if np.frombuffer(raw, np.uint8).any() else plain
-        schunk = blosc2.SChunk(chunksize=len(raw), data=raw, cparams=params)
+        schunk = blosc2.SChunk(chunksize=len(raw), cparams=params, dparams=dparams)
+        schunk.append_chunk(blosc2.compress2(raw, **params))
         return schunk.to_cframe()
 
     return compress
@@ -89,7 +94,7 @@ class _ChunkStream:
         assert len(raw) == self.raw_bytes, "internal: chunk size"
         if extent > self.ds.shape[0]:
             self.ds.resize((extent,))
-        data = self.compress(raw) if self.compress is not None else bytes(raw)
+        data = self.compress(raw) if self.compress is not None else raw
         self.ds.id.write_direct_chunk((self.next_chunk * self.chunk_len,), data)
         k = self.next_chunk
         if k < len(self.stored):  # rewriting the partial last chunk of an appended file
@@ -314,9 +319,10 @@ class Writer:
                     per_row.append((f, part))
             # Row by row, field by field (as write() does): the heap holds payloads in row order,
             # so a batch writes the same file as the same rows written one by one.
-            for j in range(take):
-                for f, part in per_row:
-                    self._store(f, self._n + j, part[j])
+            if per_row:
+                for j in range(take):
+                    for f, part in per_row:
+                        self._store(f, self._n + j, part[j])
             self._n += take
             done += take
             self._after_rows()
@@ -435,8 +441,11 @@ class Writer:
         if self._h5 is None:
             self._create_file()
         rpb = self._rpb
-        block = np.zeros(rpb, dtype=self._row_dtype)
-        block[:nrows] = self._buf[:nrows]
+        if nrows == rpb:
+            block = self._buf[:rpb]  # written as is: no copy of a full block
+        else:
+            block = np.zeros(rpb, dtype=self._row_dtype)  # the last chunk is zero-filled
+            block[:nrows] = self._buf[:nrows]
         # The block's heap range ends at the last payload of its rows.
         if self._heap_fields and nrows:
             ends = [self._buf[f.name]["offset"][:nrows] + self._buf[f.name]["nbytes"][:nrows] for f in self._heap_fields]
@@ -449,10 +458,11 @@ class Writer:
         self._block_heap.append((self._block_heap_start, heap_end))
         self._block_heap_start = heap_end
         self._rows_written += nrows
+        # Every column of a pending row is assigned when the row is added, so rows left over
+        # from the flushed block need no clearing.
         rest = self._n - nrows
         if rest:
-            self._buf[:rest] = self._buf[nrows : self._n]
-        self._buf[rest : self._n] = np.zeros((), self._row_dtype)
+            self._buf[:rest] = self._buf[nrows : self._n].copy()
         self._n = rest
         if len(self._buf) != rpb:
             keep = self._buf[:rest].copy()

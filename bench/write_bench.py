@@ -1,0 +1,160 @@
+"""Write throughput: rowstore.Writer against PyTables Table.append and h5py, same rows, same run.
+
+    python bench/write_bench.py [--quick] [--out bench/results/write_bench.json] [--docs docs/performance.md]
+
+Each writer writes the same in-memory rows (fixed-size: the tiny and patch workloads) to a fresh
+file, including flush/fsync and close (rowstore's atomic rename is part of its time; PyTables
+and h5py get an fsync too, for fairness). Median of repeats after a warm-up run; MB/s of row
+bytes; ratios to PyTables in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import rowstore
+from rowstore.demo import demo_schema
+from rowstore.format.spec import row_dtype
+
+
+def rows_for(name: str, n: int, rng) -> dict[str, np.ndarray]:
+    if name == "tiny":
+        return {"x": rng.standard_normal((n, 16), dtype=np.float32), "label": rng.integers(0, 10, n)}
+    return {"foo": rng.standard_normal((n, 9, 9, 27)), "bar": rng.integers(0, 1000, (n, 9, 27)), "baz": rng.standard_normal(n)}
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_rowstore(path, schema, cols, batch, compression=None):
+    n = len(next(iter(cols.values())))
+    with rowstore.Writer(path, schema, mode="w", compression=compression) as w:
+        for a in range(0, n, batch):
+            w.write_batch({k: v[a : a + batch] for k, v in cols.items()})
+
+
+def write_tables(path, schema, cols, batch, compression=None):
+    import tables
+
+    dt = row_dtype(schema)
+    filters = None
+    n = len(next(iter(cols.values())))
+    packed = np.empty(n, dt)
+    with tables.open_file(path, "w") as f:
+        t = f.create_table("/", "rows", description=dt, expectedrows=n, filters=filters)
+        for a in range(0, n, batch):
+            part = packed[a : a + batch]
+            for k, v in cols.items():  # the user packs columns into records, as rowstore does
+                part[k] = v[a : a + batch]
+            t.append(part)
+        t.flush()
+    fsync_path(path)
+
+
+def write_h5py(path, schema, cols, batch, compression=None):
+    import h5py
+
+    dt = row_dtype(schema)
+    n = len(next(iter(cols.values())))
+    chunk = max(1, (1 << 20) // dt.itemsize)
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("rows", shape=(n,), dtype=dt, chunks=(min(chunk, n),))
+        buf = np.empty(batch, dt)
+        for a in range(0, n, batch):
+            m = min(batch, n - a)
+            for k, v in cols.items():
+                buf[k][:m] = v[a : a + m]
+            ds[a : a + m] = buf[:m]
+    fsync_path(path)
+
+
+WRITERS = {"rowstore": write_rowstore, "pytables": write_tables, "h5py": write_h5py}
+
+
+def measure(fn, path, schema, cols, batch, repeats, compression=None) -> list[float]:
+    fn(path, schema, cols, batch, compression)  # warm-up
+    times = []
+    for _ in range(repeats):
+        if os.path.exists(path):
+            os.unlink(path)
+        t = time.perf_counter()
+        fn(path, schema, cols, batch, compression)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke test)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="bench/results/write_bench.json")
+    ap.add_argument("--docs", default=None, help="update the write_bench section of this markdown file")
+    args = ap.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+    sizes = {"tiny": 50_000 if args.quick else 2_000_000, "patch": 500 if args.quick else 10_000}
+    rng = np.random.default_rng(0)
+    results = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("ROWSTORE_BENCH_TMP")) as tmp:
+        for name, n in sizes.items():
+            schema = demo_schema(name)
+            cols = rows_for(name, n, rng)
+            nbytes = n * row_dtype(schema).itemsize
+            for compression in (None, "lz4"):
+                base = None
+                for wname, fn in WRITERS.items():
+                    if wname != "rowstore" and compression:
+                        continue  # the target compares uncompressed writes; compressed rowstore is reported alone
+                    t = measure(fn, os.path.join(tmp, f"{name}-{wname}.h5"), schema, cols, 4096 if name == "tiny" else 256, repeats, compression)
+                    med = statistics.median(t)
+                    row = {"workload": name, "rows": n, "row_bytes": nbytes // n, "compression": compression or "none",
+                           "writer": wname, "median_s": med, "MB_per_s": nbytes / med / 1e6, "times_s": t}
+                    results.append(row)
+                    if wname == "pytables":
+                        base = row
+                for row in results:
+                    if row["workload"] == name and row["compression"] == (compression or "none") and base:
+                        row["ratio_to_pytables"] = row["MB_per_s"] / base["MB_per_s"]
+    report = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
+              "repeats": repeats, "results": results}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    lines = ["| workload | compression | writer | MB/s (median) | vs PyTables |", "|---|---|---|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['workload']} ({r['rows']:,} x {r['row_bytes']:,} B) | {r['compression']} | {r['writer']} | "
+                     f"{r['MB_per_s']:,.0f} | {r.get('ratio_to_pytables', float('nan')):.2f}x |")
+    table = "\n".join(lines)
+    print(table)
+    if args.docs:
+        update_section(args.docs, "write_bench", table + f"\n\nMedian of {repeats} runs after a warm-up; `python bench/write_bench.py`.\n")
+    return 0
+
+
+def update_section(path: str, key: str, body: str) -> None:
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Performance\n"
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

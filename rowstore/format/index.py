@@ -147,7 +147,10 @@ class Layout:
             schema = Schema.from_json(_text(a[spec.ATTR_SCHEMA]))
         except (RowstoreError, KeyError) as exc:
             raise bad(f"invalid schema: {exc}") from exc
-        compression = spec.compression_config(json.loads(_text(a.get(spec.ATTR_COMPRESSION, '{"id": "none"}'))))
+        try:
+            compression = spec.compression_config(json.loads(_text(a.get(spec.ATTR_COMPRESSION, '{"id": "none"}'))))
+        except RowstoreError as exc:  # a CodecError: unknown or malformed compression
+            raise bad(f"invalid compression attribute: {exc}") from exc
         user_attrs = json.loads(_text(a.get(spec.ATTR_USER, "{}")))
         num_rows = _int(a, spec.ATTR_NUM_ROWS, bad)
         rpb = _int(a, spec.ATTR_ROWS_PER_BLOCK, bad)

@@ -57,9 +57,9 @@ def _cast_ok(src: np.dtype, dst: np.dtype) -> bool | None:
         return True
     if src.kind in "iu" and dst.kind in "iu":
         return None
-    if src.kind in "iub" and dst.kind == "f":  # int64 -> float32 etc: values may round, accepted like numpy
+    if src.kind in "iub" and dst.kind in "fc":  # int64 -> float32 etc: values may round, accepted like numpy
         return True
-    if src.kind == "c" and dst.kind == "c":
+    if src.kind in "fc" and dst.kind == "c":  # like float narrowing: float64 -> complex64
         return True
     return False
 

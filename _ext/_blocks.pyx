@@ -528,3 +528,76 @@ def gather_rows(const uint8_t[::1] src not None, int64_t row_size, const int64_t
                     memcpy(o, row + field_offsets[j], <size_t>sz)
     return rc
 
+
+
+cdef extern from "sys/uio.h" nogil:
+    struct iovec:
+        void* iov_base
+        size_t iov_len
+    ssize_t preadv(int fd, const iovec* iov, int iovcnt, long offset)
+
+
+def preadv_rows(int fd, const int64_t[::1] file_offsets not None, int64_t row_size,
+                const int64_t[::1] seg_sizes not None, const uint64_t[::1] seg_addrs not None,
+                uint8_t[::1] sink not None, int64_t[::1] err not None):
+    """Read rows straight from the file into per-field batch arrays, one ``preadv`` per row.
+
+    The row is cut into consecutive segments of ``seg_sizes[j]`` bytes (summing to
+    ``row_size``); segment j of row i goes to ``seg_addrs[j] + i * seg_sizes[j]``, or to
+    ``sink`` when ``seg_addrs[j]`` is 0 (columns not asked for). No intermediate copy: the
+    direct path for large uncompressed rows. The caller checks every destination holds
+    ``len(file_offsets) * seg_sizes[j]`` bytes. Returns 0 or -1 (``err``).
+    """
+    cdef Py_ssize_t n = file_offsets.shape[0], nseg = seg_sizes.shape[0], i, j
+    cdef int rc = 0
+    cdef int64_t total = 0, done, want
+    cdef ssize_t got
+    cdef iovec iov[64]
+    cdef int64_t* e = &err[0]
+    if nseg < 1 or nseg > 64 or seg_addrs.shape[0] != nseg:
+        raise ValueError("preadv_rows: 1..64 segments expected")
+    for j in range(nseg):
+        if seg_sizes[j] <= 0:
+            raise ValueError("preadv_rows: segment sizes must be positive")
+        if seg_addrs[j] == 0 and seg_sizes[j] > sink.shape[0]:
+            raise ValueError("preadv_rows: sink too small")
+        total += seg_sizes[j]
+    if total != row_size:
+        raise ValueError("preadv_rows: segments do not cover the row")
+    with nogil:
+        for i in range(n):
+            e[1] = i
+            if file_offsets[i] < 0:
+                e[0] = E_SIZE
+                rc = -1
+                break
+            for j in range(nseg):
+                iov[j].iov_len = <size_t>seg_sizes[j]
+                if seg_addrs[j] == 0:
+                    iov[j].iov_base = <void*>&sink[0]
+                else:
+                    iov[j].iov_base = <void*>(<size_t>seg_addrs[j] + <size_t>(i * seg_sizes[j]))
+            got = preadv(fd, iov, <int>nseg, <long>file_offsets[i])
+            while got < 0 and errno == EINTR:
+                got = preadv(fd, iov, <int>nseg, <long>file_offsets[i])
+            if got < 0:
+                e[0] = E_IO; e[2] = errno
+                rc = -1
+                break
+            if got < row_size:
+                # Short read: finish with plain preads (a truncated file ends in E_SHORT).
+                done = got
+                for j in range(nseg):
+                    want = seg_sizes[j]
+                    if done >= want:
+                        done -= want
+                        continue
+                    if _pread_full(fd, <uint8_t*>iov[j].iov_base + done, want - done,
+                                   file_offsets[i] + got, e) < 0:
+                        rc = -1
+                        break
+                    got += want - done
+                    done = 0
+                if rc != 0:
+                    break
+    return rc

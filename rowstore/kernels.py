@@ -14,7 +14,7 @@ from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [
     "crc32", "load_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
-    "pread_heap", "shuffle",
+    "pread_heap", "preadv_rows", "shuffle",
     "KernelError",
 ]
 
@@ -143,3 +143,28 @@ def gather_rows(src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[t
     # `fields` holds references to every out array for the duration of the call.
     if _blocks.gather_rows(src, row_size, rows, offs, sizes, addrs, err) != 0:
         _raise(err, f"row {int(err[1])}")
+
+
+def preadv_rows(fd: int, file_offsets: np.ndarray, row_size: int, segments: list[tuple[int, np.ndarray | None]],
+                sink: np.ndarray) -> None:
+    """Read rows from the file straight into per-field arrays (one ``preadv`` per row).
+
+    ``segments`` cut the row into consecutive ``(size, out)`` pieces covering it exactly; row
+    i's piece goes to row i of ``out`` (C-contiguous, ``len(file_offsets) * size`` bytes), or
+    into ``sink`` when ``out`` is None.
+    """
+    n = len(file_offsets)
+    sizes = np.empty(len(segments), np.int64)
+    addrs = np.zeros(len(segments), np.uint64)
+    for j, (size, out) in enumerate(segments):
+        sizes[j] = size
+        if out is not None:
+            if not out.flags.c_contiguous or not out.flags.writeable or out.nbytes != n * size:
+                raise ValueError(f"preadv_rows: out {j} must be writeable, C-contiguous, {n * size} bytes; got {out.nbytes}")
+            addrs[j] = out.ctypes.data if n else 0
+            if n == 0:
+                return
+    err = np.zeros(3, np.int64)
+    # `segments` keeps every out array alive for the duration of the call.
+    if _blocks.preadv_rows(fd, file_offsets, row_size, sizes, addrs, sink, err) != 0:
+        _raise(err, f"row read {int(err[1])}")

@@ -260,3 +260,33 @@ def test_gather_heap_empty_payload_of_a_block_without_heap_bytes():
     out = np.empty(0, np.uint8)
     kernels.gather_heap(src, row_size, ref, np.array([0], np.int64), 1, np.array([300]), np.array([300]),
                         np.array([0]), np.zeros(0, np.uint8), out, np.array([0, 0], np.int64))
+
+
+def test_preadv_rows_matches_reference(tmp_path):
+    row_size = 37
+    nrows = 40
+    data = RNG.integers(0, 256, nrows * row_size, dtype=np.uint8)
+    path = str(tmp_path / "rows.bin")
+    with open(path, "wb") as f:
+        f.write(b"\1" * 11)
+        f.write(data.tobytes())
+    table = data.reshape(nrows, row_size)
+    rows = RNG.integers(0, nrows, 25)
+    offs = (11 + rows * row_size).astype(np.int64)
+    a = np.empty((25, 8), np.uint8)  # bytes 3..11
+    b = np.empty((25, 20), np.uint8)  # bytes 15..35
+    segs = [(3, None), (8, a), (4, None), (20, b), (2, None)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        kernels.preadv_rows(fd, offs, row_size, segs, np.empty(row_size, np.uint8))
+        assert np.array_equal(a, table[rows, 3:11])
+        assert np.array_equal(b, table[rows, 15:35])
+        with pytest.raises(FormatError, match="truncated"):
+            kernels.preadv_rows(fd, np.array([11 + (nrows - 1) * row_size + 5], np.int64), row_size,
+                                [(3, None), (8, a[:1]), (4, None), (20, b[:1]), (2, None)], np.empty(row_size, np.uint8))
+        with pytest.raises(ValueError):  # pieces must cover the row
+            kernels.preadv_rows(fd, offs, row_size, segs[:-1], np.empty(row_size, np.uint8))
+        with pytest.raises(ValueError):
+            kernels.preadv_rows(fd, offs, row_size, [(3, None), (8, a[:3]), (4, None), (20, b), (2, None)], np.empty(row_size, np.uint8))
+    finally:
+        os.close(fd)

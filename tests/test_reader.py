@@ -382,3 +382,29 @@ def test_both_heap_paths_give_the_same_rows(dataset, monkeypatch, syscall_cost):
         assert_row_equal(unbatch(b, SCHEMA, j), ROWS[i])
     got = np.concatenate([bt["label"] for bt in r.batches(64, fields=["label", "blob", "wave"], window=3)])
     assert sorted(got) == list(range(257))
+    # fixed-size fields only: uncompressed files may read each row straight into the arrays
+    b = r.take(idx, fields=["x", "maybe", "label"])
+    for j, i in enumerate(idx):
+        assert np.array_equal(b["x"][j], ROWS[i]["x"]) and b["label"][j] == i
+        assert b["maybe__null"][j] == (ROWS[i]["maybe"] is None)
+        assert ROWS[i]["maybe"] is None or b["maybe"][j] == ROWS[i]["maybe"]
+    for shuffle in ("block", "full"):
+        got = np.concatenate([bt["label"] for bt in r.batches(50, fields=["x", "label"], shuffle=shuffle, window=2)])
+        assert np.array_equal(got, r.epoch_order(shuffle=shuffle, window=2))
+
+
+def test_verify_always_checksums_rows_read_directly(dataset, tmp_path):
+    """Uncompressed files may be read row by row (not checksummed); verify='always' reads whole
+    chunks so a flipped byte in a row is caught whatever the access pattern."""
+    L = rs.Layout.open(dataset)
+    if L.compressed:
+        pytest.skip("compressed blocks are always read whole")
+    off = int(L.blocks["offset"][2]) + L.row_dtype.fields["x"][1] + 2  # inside row 2*R's x value
+    bad = corrupt_copy(dataset, str(tmp_path / "flip.h5"), lambda p: flip_byte(p, off))
+    row = 2 * L.rows_per_block
+    with pytest.raises(ChecksumError):
+        rs.open(bad, verify="always").take([row], fields=["x"])
+    # bounds still hold without checksums: the value is read, never outside its row
+    assert rs.open(bad, verify=False).take([row], fields=["x"])["x"].shape == (1, 3, 2)
+    with pytest.raises(ValueError):
+        rs.open(dataset, verify="sometimes")

@@ -87,10 +87,13 @@ class Reader:
     ----------
     path : str or os.PathLike
         A ``.h5`` file written by :class:`rowstore.Writer`.
-    verify : bool
-        Check each chunk's CRC-32 as it is read (default True; tens of GB/s of stored
-        bytes, so cheap beside decompression). A mismatch raises
-        :class:`~rowstore.errors.ChecksumError`; False skips it for raw speed.
+    verify : bool or "always"
+        ``True`` (default): check the CRC-32 of every chunk that is read whole (at tens of GB/s,
+        cheap beside decompression); a mismatch raises :class:`~rowstore.errors.ChecksumError`.
+        Rows and payloads of uncompressed files that are read directly (when that is cheaper
+        than whole blocks) are bounds-checked but not checksummed. ``"always"`` reads whole
+        chunks only, so every byte handed out was checksummed; ``False`` checks nothing.
+        ``rowstore verify PATH`` checks a whole file once.
     varlen : {"ragged", "padded"}
         Default output of variable-shape fields: a :class:`~rowstore.reader.buffers.Ragged`
         (values + offsets + shapes), or a zero-padded array plus ``"<name>__shape"`` (``n x k``
@@ -115,14 +118,16 @@ class Reader:
         self,
         path: str | os.PathLike,
         *,
-        verify: bool = True,
+        verify: bool | str = True,
         varlen: str = "ragged",
         num_threads: int | None = None,
     ):
         if varlen not in VARLEN_MODES:
             raise ValueError(f"varlen must be one of {VARLEN_MODES}, got {varlen!r}")
         self.path = os.fspath(path)
-        self.verify = bool(verify)
+        if verify not in (True, False, "always"):
+            raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
+        self.verify = verify
         self.varlen = varlen
         self.num_threads = num_threads or min(4, os.cpu_count() or 1)
         self._init_state(Layout.open(self.path))
@@ -282,12 +287,38 @@ class Reader:
                 )
 
     # -- the gather ------------------------------------------------------------------------
-    def _use_direct(self, rows: np.ndarray, nblocks: int) -> bool:
-        if self.layout.compressed:
-            return False
-        block_cost = nblocks * self.layout.block_raw_bytes / _BYTES_PER_S
-        direct_cost = len(rows) * (_SYSCALL_S + self._row_size / _BYTES_PER_S)
-        return direct_cost < block_cost
+    def _strategy(self, n: int, nblocks: int, has_heap: bool, nfixed: int) -> str:
+        """How to read ``n`` rows spread over ``nblocks`` blocks, by a cost estimate:
+        ``"blocks"`` (load whole blocks, then gather), ``"rows"`` (pread each row, then gather:
+        uncompressed files, few rows per block), or ``"preadv"`` (uncompressed, fixed-size fields
+        only: each row straight into the batch arrays)."""
+        if self.layout.compressed or self.verify == "always":
+            return "blocks"
+        row = self._row_size / _BYTES_PER_S
+        costs = {
+            "blocks": nblocks * self.layout.block_raw_bytes / _BYTES_PER_S + n * row,
+            "rows": n * (_SYSCALL_S + 2 * row),
+        }
+        if not has_heap and nfixed <= 30:  # preadv_rows takes up to 64 pieces per row
+            costs["preadv"] = n * (_SYSCALL_S + row)
+        return min(costs, key=costs.get)
+
+    @staticmethod
+    def _segments(fixed: list[tuple[int, int, np.ndarray]], row_size: int) -> list[tuple[int, np.ndarray | None]]:
+        """Cut a row into consecutive (size, out) pieces for ``preadv_rows``; bytes no field
+        asked for go to the sink (None)."""
+        segs: list[tuple[int, np.ndarray | None]] = []
+        pos = 0
+        for off, size, out in sorted(fixed, key=lambda t: t[0]):
+            if size == 0:
+                continue
+            if off > pos:
+                segs.append((off - pos, None))
+            segs.append((size, out))
+            pos = off + size
+        if pos < row_size:
+            segs.append((row_size - pos, None))
+        return segs
 
     def _gather(self, rows: np.ndarray | _order.Segment, plans: list[_FieldPlan], out: dict | None = None,
                 out_start: int = 0) -> dict[str, Any]:
@@ -306,28 +337,11 @@ class Reader:
             present = np.zeros(self.layout.num_blocks, np.bool_)
             present[blk] = True
             ublocks = np.flatnonzero(present)
-        direct = self._use_direct(rows, len(ublocks))
-        if direct:
-            rowbuf = self._scratch.get("rows", n * rs)
-            offs = arr["offset"][blk] + (rows - blk * rpb) * rs
-            kernels.pread_rows(fd, offs, rs, rowbuf)
-            idx = np.arange(n, dtype=np.int64)
-        else:
-            raw = self.layout.block_raw_bytes
-            rowbuf = self._scratch.get("rows", len(ublocks) * raw)
-            scratch = self._scratch.get("stage", self._max_stored if self.layout.compressed else 1)
-            try:
-                kernels.load_chunks(fd, arr["offset"][ublocks], arr["stored"][ublocks], arr["checksum"][ublocks],
-                                    compressed=self.layout.compressed, verify=self.verify, dst=rowbuf, raw_size=raw,
-                                    scratch=scratch, what="block")
-            except kernels.KernelError as exc:
-                raise self._located(exc, f"block {int(ublocks[exc.index])}", int(ublocks[exc.index])) from None
-            lookup = np.empty(self.layout.num_blocks, np.int64)
-            lookup[ublocks] = np.arange(len(ublocks), dtype=np.int64) * rpb
-            idx = lookup[blk] + (rows - blk * rpb)
-
+        heap_plans = [p for p in plans if p.kind != "fixed"]
+        strategy = self._strategy(n, len(ublocks), bool(heap_plans), 2 * len(plans))
+        direct = strategy != "blocks"
         batch: dict[str, Any] = {}
-        # Fixed-size values and null flags of all fields: one pass over the rows.
+        # Fixed-size values and null flags of all fields.
         fixed: list[tuple[int, int, np.ndarray]] = []
         for p in plans:
             f = p.field
@@ -339,10 +353,34 @@ class Reader:
                 dst = out[f.name][out_start : out_start + n] if out and f.name in out else np.empty((n,) + f.shape, f.dtype)
                 fixed.append((p.offset, p.nbytes, dst))
                 batch[f.name] = dst
+        if strategy == "preadv":
+            # Large fixed-size rows of an uncompressed file: each row goes from the page cache
+            # straight into the batch arrays, one preadv per row, no intermediate buffer.
+            offs = arr["offset"][blk] + (rows - blk * rpb) * rs
+            kernels.preadv_rows(fd, offs, rs, self._segments(fixed, rs), self._scratch.get("sink", rs))
+            return batch
+        if direct:
+            rowbuf = self._scratch.get("rows", n * rs)
+            offs = arr["offset"][blk] + (rows - blk * rpb) * rs
+            kernels.pread_rows(fd, offs, rs, rowbuf)
+            idx = np.arange(n, dtype=np.int64)
+        else:
+            raw = self.layout.block_raw_bytes
+            rowbuf = self._scratch.get("rows", len(ublocks) * raw)
+            scratch = self._scratch.get("stage", self._max_stored if self.layout.compressed else 1)
+            try:
+                kernels.load_chunks(fd, arr["offset"][ublocks], arr["stored"][ublocks], arr["checksum"][ublocks],
+                                    compressed=self.layout.compressed, verify=bool(self.verify), dst=rowbuf, raw_size=raw,
+                                    scratch=scratch, what="block")
+            except kernels.KernelError as exc:
+                raise self._located(exc, f"block {int(ublocks[exc.index])}", int(ublocks[exc.index])) from None
+            lookup = np.empty(self.layout.num_blocks, np.int64)
+            lookup[ublocks] = np.arange(len(ublocks), dtype=np.int64) * rpb
+            idx = lookup[blk] + (rows - blk * rpb)
         if fixed:
+            # One pass over the rows for all fields: one cache miss per row, not per field.
             kernels.gather_rows(rowbuf, rs, idx, fixed)
 
-        heap_plans = [p for p in plans if p.kind != "fixed"]
         if not heap_plans:
             return batch
         # Payload sizes of every heap field, bounded before they size any allocation: a payload
@@ -366,7 +404,7 @@ class Reader:
             needed = sum(int(v.sum()) for v in sizes.values())
             to_load = int((arr["heap_end"][ublocks] - arr["heap_start"][ublocks]).sum()) + self.layout.heap_chunk_bytes * len(ublocks)
             per_payload = n * len(heap_plans) * _SYSCALL_S + needed / _BYTES_PER_S
-            direct = not self.layout.compressed and per_payload < 2 * to_load / _BYTES_PER_S
+            direct = not self.layout.compressed and self.verify != "always" and per_payload < 2 * to_load / _BYTES_PER_S
             if not direct:
                 heap_ctx = self._heap_context(fd, ublocks)
         for p in heap_plans:
@@ -422,7 +460,7 @@ class Reader:
             scratch = self._scratch.get("stage", self._max_stored if self.layout.compressed else 1)
             try:
                 kernels.load_chunks(fd, arr["hc_offset"][need], arr["hc_stored"][need], arr["hc_checksum"][need],
-                                    compressed=self.layout.compressed, verify=self.verify, dst=heap, raw_size=H,
+                                    compressed=self.layout.compressed, verify=bool(self.verify), dst=heap, raw_size=H,
                                     scratch=scratch, what="heap chunk")
             except kernels.KernelError as exc:
                 raise self._located(exc, f"heap chunk {int(need[exc.index])}") from None

@@ -238,7 +238,10 @@ class Field:
         else:
             dtype = tf.as_dtype(self.dtype.newbyteorder("="))
         if self.is_variable and ragged:
-            return tf.RaggedTensorSpec(shape=shape, dtype=dtype, ragged_rank=len(shape) - 1)
+            # Ragged up to the last variable dimension; fixed dimensions after it stay dense in
+            # ``flat_values`` (``(None, 80)`` batched: ragged_rank 1, flat_values ``(n, 80)``).
+            ragged_rank = len(shape) - len(self.shape) + max(self.variable_dims)
+            return tf.RaggedTensorSpec(shape=shape, dtype=dtype, ragged_rank=ragged_rank)
         return tf.TensorSpec(shape=shape, dtype=dtype, name=self.name)
 
 

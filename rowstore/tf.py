@@ -1,0 +1,475 @@
+"""TensorFlow adapter: rowstore datasets as ``tf.data.Dataset``\\ s.
+
+:func:`make_dataset` wraps the compiled reader (:meth:`rowstore.reader.Reader.batches`) in
+``tf.data.Dataset.from_generator`` with an ``output_signature`` derived from the file's schema,
+so no ``tf.io.FixedLenFeature`` boilerplate and no protobuf parsing: batches arrive as
+per-field arrays, already gathered by kernels that run without the GIL.
+
+Parallelism: the epoch is cut into ``num_parallel_reads`` disjoint parts, each read by its own
+generator (a ``Reader.batches`` stream with its own reader threads) and interleaved with
+``Dataset.interleave(..., num_parallel_calls=k)``; then ``prefetch``.
+
+Determinism: the order of one epoch is a pure function of (seed, epoch, file layout, shard,
+num_parallel_reads, batch_size) with ``deterministic=True``; a new ``epoch`` gives a new order.
+
+This module is the only one in rowstore that imports tensorflow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from rowstore.reader import Reader
+from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
+from rowstore.reader.order import check_args
+from rowstore.schema import BYTES, STR, Field, Schema
+
+__all__ = ["make_dataset", "repeat_epochs", "distribute_dataset_fn", "output_signature"]
+
+VARLEN_MODES = ("ragged", "padded")
+#: Target size of the chunks that generators yield (cut into batches or rows by tf.data).
+_CHUNK_BYTES = 1 << 20
+_MAX_CHUNK_ROWS = 1 << 16
+#: Key suffix of the per-row shapes that carry variable fields through unbatching (internal).
+_ROWSHAPE_KEY = "__rowshape"
+
+
+# -- signature --------------------------------------------------------------------------------
+def _varlen_map(schema: Schema, varlen: str | Mapping[str, str]) -> dict[str, str]:
+    """Per selected field, "ragged" or "padded" (fixed-shape fields are listed too; unused)."""
+    if isinstance(varlen, str):
+        if varlen not in VARLEN_MODES:
+            raise ValueError(
+                f"varlen must be one of {VARLEN_MODES} or a dict of them, got {varlen!r}"
+            )
+        return {f.name: varlen for f in schema}
+    if not isinstance(varlen, Mapping):
+        raise TypeError(
+            f"varlen must be a str or a dict {{field: mode}}, got {type(varlen).__name__}"
+        )
+    unknown = [k for k in varlen if k not in schema]
+    if unknown:
+        raise ValueError(
+            f"varlen names field(s) {unknown} that are not selected; fields are {schema.names}"
+        )
+    bad = {k: v for k, v in varlen.items() if v not in VARLEN_MODES}
+    if bad:
+        raise ValueError(f"varlen modes must be one of {VARLEN_MODES}, got {bad}")
+    return {f.name: varlen.get(f.name, "ragged") for f in schema}
+
+
+def _tensor_spec(spec) -> tf.TensorSpec:
+    # Without a name: tf.data drops names in some transformations (unbatch), and an unnamed
+    # spec compares equal to what the dataset reports in every mode.
+    return tf.TensorSpec(spec.shape, spec.dtype)
+
+
+def output_signature(
+    schema: Schema | Reader,
+    *,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+    fields: Sequence[str] | None = None,
+    varlen: str | Mapping[str, str] = "ragged",
+) -> dict[str, tf.TypeSpec]:
+    """The ``element_spec`` of :func:`make_dataset` with these arguments.
+
+    Parameters
+    ----------
+    schema : Schema or Reader
+    batch_size : int, optional
+        None: rows (no batch dimension). Otherwise a leading batch dimension, ``None`` unless
+        ``drop_last`` (then ``batch_size``).
+    fields : list of str, optional
+        The selected fields (default: all).
+    varlen : "ragged", "padded" or dict
+        How batches hold variable-shape fields (ignored for rows, which are always dense).
+
+    Returns
+    -------
+    dict
+        Per field: a ``tf.TensorSpec`` (fixed shapes fully known; ``str``/``bytes`` as
+        ``tf.string``), a ``tf.RaggedTensorSpec`` (variable shapes, batched, ``ragged``; ragged up
+        to the last variable dimension, the fixed dimensions after it dense), or a padded
+        ``tf.TensorSpec`` with ``None`` for variable dimensions plus ``"<name>__shape"`` (int64
+        ``(batch, k)``, the k variable dimensions of each row). Each nullable field adds
+        ``"<name>__null"`` (bool).
+    """
+    if isinstance(schema, Reader):
+        schema = schema.schema
+    schema = schema.select(fields)
+    modes = _varlen_map(schema, varlen)
+    batch = None if batch_size is None else (batch_size if drop_last else -1)
+    lead: tuple[int | None, ...] = () if batch is None else (None if batch < 0 else batch,)
+    sig: dict[str, tf.TypeSpec] = {}
+    for f in schema:
+        if f.is_variable and batch is not None and modes[f.name] == "ragged":
+            sig[f.name] = f.tf_spec(batch, ragged=True)
+        else:
+            sig[f.name] = _tensor_spec(f.tf_spec(batch, ragged=False))
+            if f.is_variable and batch is not None:
+                sig[f.name + SHAPE_KEY] = tf.TensorSpec(lead + (len(f.variable_dims),), tf.int64)
+        if f.nullable:
+            sig[f.name + NULL_KEY] = tf.TensorSpec(lead, tf.bool)
+    return sig
+
+
+# -- conversion of reader batches ------------------------------------------------------------
+def ragged_to_tf(r: Ragged, field: Field) -> tf.RaggedTensor:
+    """A rowstore :class:`~rowstore.reader.Ragged` batch of ``field`` as a ``tf.RaggedTensor``.
+
+    Built from ``values`` and per-level row splits (vectorised numpy, no loop over rows): ragged
+    up to the field's last variable dimension, fixed dimensions between variable ones as
+    uniform row lengths, fixed dimensions after the last variable one dense in ``flat_values``.
+    The result matches ``field.tf_spec(-1)``. The values buffer is handed to TensorFlow (the
+    Ragged must not be modified afterwards).
+    """
+    shape = field.shape
+    last = max(field.variable_dims)
+    inner = tuple(int(d) for d in shape[last + 1 :])
+    n = len(r)
+    shapes = r.shapes
+    flat = r.values.reshape((-1,) + inner)
+    # Per level j (0..last): the number of level-j sub-rows each row has, and their lengths.
+    levels: list[tuple[int | None, np.ndarray | int, int]] = []
+    counts = np.ones(n, np.int64)
+    for j in range(last + 1):
+        nrows = int(counts.sum())
+        if shape[j] is None:
+            if j == 0 and not inner and last == 0:
+                splits = r.offsets  # 1-D field: element offsets are the row splits
+            else:
+                lens = np.repeat(shapes[:, j], counts) if j else shapes[:, 0]
+                splits = np.zeros(nrows + 1, np.int64)
+                np.cumsum(lens, out=splits[1:])
+            levels.append((None, splits, nrows))
+        else:
+            levels.append((int(shape[j]), 0, nrows))
+        counts = counts * shapes[:, j]
+    rt: Any = flat
+    for size, splits, nrows in reversed(levels):
+        if size is None:
+            rt = tf.RaggedTensor.from_row_splits(rt, splits, validate=False)
+        else:
+            rt = tf.RaggedTensor.from_uniform_row_length(rt, size, nrows=nrows, validate=False)
+    return rt
+
+
+class _BatchConverter:
+    """Turns reader batch dicts into what the generators yield (see ``_Pipeline``)."""
+
+    def __init__(self, schema: Schema, modes: dict[str, str], rows: bool):
+        self.plan = []
+        for f in schema:
+            if f.dtype in (STR, BYTES):
+                kind = "text"
+            elif f.is_variable:
+                kind = "rows" if rows else modes[f.name]
+            else:
+                kind = "dense"
+            self.plan.append((f, kind))
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f, kind in self.plan:
+            name = f.name
+            v = batch[name]
+            if kind == "text":
+                if f.nullable:
+                    # The reader gives None for nulls; "<name>__null" says which rows they were.
+                    v[batch[name + NULL_KEY]] = "" if f.dtype == STR else b""
+            elif kind == "ragged":
+                v = ragged_to_tf(v, f)
+            elif kind == "padded":
+                # Ragged plus the variable dimensions; padded in the graph after rebatching.
+                out[name + SHAPE_KEY] = v.shapes[:, list(f.variable_dims)]
+                v = ragged_to_tf(v, f)
+            elif kind == "rows":
+                # Rows: each row's elements flat (one ragged level) plus its full shape; the
+                # dataset reshapes each row after unbatching (exact even for empty rows).
+                out[name + _ROWSHAPE_KEY] = v.shapes
+                v = tf.RaggedTensor.from_row_splits(v.values, v.offsets, validate=False)
+            out[name] = v
+            if f.nullable:
+                out[name + NULL_KEY] = batch[name + NULL_KEY]
+        return out
+
+
+def _pad_fn(fields: list[Field]) -> Callable[[dict], dict]:
+    """A tf.data map function padding ragged ``fields`` to each batch's largest shape."""
+
+    def pad(el: dict) -> dict:
+        el = dict(el)
+        for f in fields:
+            var = el[f.name + SHAPE_KEY]
+            # Largest variable dimensions of the batch (0 for an empty batch), as
+            # Reader(varlen="padded") pads; fixed dimensions as declared.
+            maxs = tf.maximum(tf.reduce_max(var, axis=0), 0)
+            size = [tf.shape(var, out_type=tf.int64)[0]]
+            vi = 0
+            for d in f.shape:
+                if d is None:
+                    size.append(maxs[vi])
+                    vi += 1
+                else:
+                    size.append(tf.constant(d, tf.int64))
+            dense = el[f.name].to_tensor(shape=tf.stack(size))
+            el[f.name] = tf.ensure_shape(dense, (None,) + tuple(f.shape))
+        return el
+
+    return pad
+
+
+def _reshape_rows_fn(fields: list[Field]) -> Callable[[dict], dict]:
+    """A tf.data map function giving unbatched rows of variable ``fields`` their own shape."""
+
+    def reshape(el: dict) -> dict:
+        el = dict(el)
+        for f in fields:
+            shape = el.pop(f.name + _ROWSHAPE_KEY)
+            el[f.name] = tf.ensure_shape(tf.reshape(el[f.name], shape), f.shape)
+        return el
+
+    return reshape
+
+
+# -- datasets --------------------------------------------------------------------------------
+def _as_reader(path_or_reader: Any) -> Reader:
+    if isinstance(path_or_reader, Reader):
+        return path_or_reader
+    if isinstance(path_or_reader, (str, bytes, os.PathLike)):
+        return Reader(path_or_reader)
+    raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")
+
+
+def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}"
+        )
+
+
+def make_dataset(
+    path_or_reader: str | os.PathLike | Reader,
+    *,
+    batch_size: int | None = None,
+    shuffle: str = "block",
+    seed: int = 0,
+    epoch: int = 0,
+    num_epochs: int | None = 1,
+    fields: Sequence[str] | None = None,
+    shard: tuple[int, int] | None = None,
+    even: bool = False,
+    num_parallel_reads: int | None = None,
+    num_threads: int | None = None,
+    drop_last: bool = False,
+    window: int = 16,
+    varlen: str | Mapping[str, str] = "ragged",
+    deterministic: bool = True,
+    prefetch: int | None = tf.data.AUTOTUNE,
+) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of dicts read from a rowstore dataset.
+
+    Parameters
+    ----------
+    path_or_reader : path or Reader
+        A rowstore file, or an open :class:`~rowstore.reader.Reader` (to choose ``verify`` or
+        ``num_threads``).
+    batch_size : int, optional
+        Rows per element. Batches come straight from :meth:`Reader.batches` (compiled gather,
+        no per-row Python). None: elements are single rows (the reader's batches, unbatched by
+        ``tf.data``).
+    shuffle : {"block", "full", "none"}
+        Epoch order, see :meth:`Reader.batches`.
+    seed, epoch : int
+        The order is a pure function of (seed, epoch, file layout, shard, num_parallel_reads,
+        batch_size): the same values give the same order, another epoch another order.
+    num_epochs : int or None
+        Epochs ``epoch, epoch + 1, ...`` in one dataset, each in its own order (None: without
+        end). Keras ``fit`` re-iterates a dataset each epoch and would replay one order: give it
+        ``num_epochs=N`` (or :func:`repeat_epochs`) and ``steps_per_epoch`` instead.
+    fields : list of str, optional
+        Read only these fields.
+    shard : (index, count), optional
+        This input pipeline's part of every epoch (disjoint parts whose union is the epoch).
+        With ``tf.distribute``: ``(ctx.input_pipeline_id, ctx.num_input_pipelines)``, see
+        :func:`distribute_dataset_fn`.
+    even : bool
+        Give every shard (and every parallel part) exactly ``len // (count * k)`` rows, dropping
+        up to ``count * k - 1`` rows per epoch, so that synchronous workers take the same
+        number of steps.
+    num_parallel_reads : int, optional
+        k: the epoch (or shard) is cut into k disjoint parts, each read by its own generator
+        and interleaved with ``num_parallel_calls=k``. Default 1. Each part ends with its own
+        partial batch unless ``drop_last``.
+    num_threads : int, optional
+        Reader threads per part (default: the reader's ``num_threads`` divided by k, at least 1).
+    drop_last : bool
+        Drop each part's last partial batch; the batch dimension is then static
+        (``batch_size``).
+    window : int
+        Blocks mixed together in ``block`` shuffling.
+    varlen : "ragged", "padded", or dict {field: mode}
+        Variable-shape fields in batches: ``tf.RaggedTensor``, or zero-padded to the batch's
+        largest shape plus ``"<name>__shape"`` (int64 ``(batch, k)``). A dict sets the mode
+        per field (default "ragged"). Rows (``batch_size=None``) are always dense tensors.
+    deterministic : bool
+        Keep the interleave order fixed (False lets a faster part run ahead; the set of rows
+        is the same).
+    prefetch : int or None
+        ``Dataset.prefetch`` buffer (default AUTOTUNE; None or 0: none).
+
+    Returns
+    -------
+    tf.data.Dataset
+        Elements as in :func:`output_signature`; ``str`` values are UTF-8 ``tf.string``. The
+        cardinality is known (``ds.cardinality()``; infinite for ``num_epochs=None``).
+
+    Notes
+    -----
+    Each part runs a :meth:`Reader.batches` stream in a ``from_generator`` Python function;
+    the reader's kernels run on its own threads without the GIL, while the conversion to
+    tensors (a few numpy calls per batch) holds it. Arrays are handed to TensorFlow without
+    being kept by the reader.
+    """
+    reader = _as_reader(path_or_reader)
+    _check_positive("batch_size", batch_size)
+    _check_positive("num_parallel_reads", num_parallel_reads)
+    _check_positive("num_threads", num_threads)
+    if num_epochs is not None:
+        _check_positive("num_epochs", num_epochs, allow_none=False)
+    rank, world = (0, 1) if shard is None else shard
+    check_args(shuffle, seed, epoch, window, rank, world)
+    schema = reader.schema.select(fields)
+    modes = _varlen_map(schema, varlen)
+    k = int(num_parallel_reads or 1)
+    threads = int(num_threads or max(1, reader.num_threads // k))
+    rows = batch_size is None
+    parts = [(rank * k + i, world * k) for i in range(k)]
+    variable = [f for f in schema if f.is_variable]
+    padded = [] if rows else [f for f in variable if modes[f.name] == "padded"]
+
+    # Generators yield chunks of `chunk` rows (a multiple of batch_size, about _CHUNK_BYTES):
+    # from_generator costs ~0.2 ms of Python per element whatever its size, so small batches
+    # are cut from larger chunks by tf.data's rebatch (C++; same rows, same order).
+    row_bytes = sum(f.fixed_nbytes for f in schema)
+    if any(not f.inline for f in schema) and reader.num_rows:
+        row_bytes += reader.layout.heap_nbytes / reader.num_rows
+    per_chunk = max(1, int(_CHUNK_BYTES // max(row_bytes, 1)))
+    if rows:
+        chunk = min(max(per_chunk, 64), _MAX_CHUNK_ROWS)
+    else:
+        chunk = int(batch_size) * max(1, min(per_chunk, _MAX_CHUNK_ROWS) // int(batch_size))
+    rebatch = not rows and (chunk != batch_size or drop_last)
+
+    # What generators yield: batches (leading dimension None), variable fields ragged.
+    gen_sig = output_signature(schema, batch_size=chunk, varlen="ragged" if rows else modes)
+    for f in variable:
+        if rows:
+            gen_sig[f.name] = tf.RaggedTensorSpec(
+                (None, None), gen_sig[f.name].dtype, ragged_rank=1
+            )
+            gen_sig[f.name + _ROWSHAPE_KEY] = tf.TensorSpec((None, len(f.shape)), tf.int64)
+        else:
+            gen_sig[f.name] = f.tf_spec(-1, ragged=True)
+    convert = _BatchConverter(schema, modes, rows)
+    names = schema.names
+
+    def generate(e, i):
+        it = reader.batches(
+            chunk, shuffle=shuffle, seed=seed, epoch=int(e), window=window, fields=names,
+            shard=parts[int(i)], even=even, drop_last=drop_last and not rebatch and not rows,
+            num_threads=threads, varlen="ragged",
+        )  # fmt: skip
+        for b in it:
+            yield convert(b)
+
+    def one_part(e, i):
+        ds = tf.data.Dataset.from_generator(generate, args=(e, i), output_signature=gen_sig)
+        if rebatch:
+            ds = ds.rebatch(int(batch_size), drop_remainder=drop_last)
+        return ds
+
+    def one_epoch(e):
+        if k == 1:
+            return one_part(e, tf.constant(0, tf.int64))
+        return tf.data.Dataset.range(k).interleave(
+            lambda i: one_part(e, i), cycle_length=k, block_length=1, num_parallel_calls=k,
+            deterministic=deterministic,
+        )  # fmt: skip
+
+    end = np.iinfo(np.int64).max if num_epochs is None else epoch + num_epochs
+    ds = tf.data.Dataset.range(epoch, end).flat_map(one_epoch)
+    if rows:
+        ds = ds.unbatch()
+        if variable:
+            ds = ds.map(_reshape_rows_fn(variable))
+        per_epoch = sum(reader.shard_size(shard=p, even=even) for p in parts)
+    else:
+        if padded:
+            ds = ds.map(_pad_fn(padded), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        per_epoch = sum(
+            reader.num_batches(int(batch_size), shard=p, even=even, drop_last=drop_last)
+            for p in parts
+        )
+    total = tf.data.INFINITE_CARDINALITY if num_epochs is None else per_epoch * num_epochs
+    ds = ds.apply(tf.data.experimental.assert_cardinality(total))
+    if prefetch:
+        ds = ds.prefetch(prefetch)
+    return ds
+
+
+def repeat_epochs(
+    path_or_reader: str | os.PathLike | Reader, num_epochs: int | None, **kwargs: Any
+) -> tf.data.Dataset:
+    """One dataset covering ``num_epochs`` epochs (``epoch, epoch + 1, ...``), each in a new
+    order: ``make_dataset(path_or_reader, num_epochs=num_epochs, **kwargs)``; the keywords are
+    those of :func:`make_dataset`.
+
+    For Keras: ``model.fit(repeat_epochs(path, N, batch_size=b), epochs=N,
+    steps_per_epoch=int(make_dataset(path, batch_size=b).cardinality()))``.
+    """
+    return make_dataset(path_or_reader, num_epochs=num_epochs, **kwargs)
+
+
+def distribute_dataset_fn(
+    path_or_reader: str | os.PathLike | Reader,
+    *,
+    global_batch_size: int,
+    even: bool = True,
+    **kwargs: Any,
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """A ``dataset_fn`` for ``strategy.distribute_datasets_from_function``.
+
+    Each input pipeline reads its own shard ``(ctx.input_pipeline_id, ctx.num_input_pipelines)``
+    of every epoch in batches of ``ctx.get_per_replica_batch_size(global_batch_size)``. ``even``
+    defaults to True so that every pipeline takes the same number of steps (synchronous
+    training would otherwise wait on the longest). Other keywords are those of
+    :func:`make_dataset` (all but ``batch_size`` and ``shard``).
+
+    >>> strategy = tf.distribute.MirroredStrategy()
+    >>> dist = strategy.distribute_datasets_from_function(
+    ...     rowstore.tf.distribute_dataset_fn("train.h5", global_batch_size=256, seed=1, epoch=e))
+    """
+    for key in ("batch_size", "shard"):
+        if key in kwargs:
+            raise TypeError(
+                f"distribute_dataset_fn sets {key!r} from the input context; do not pass it"
+            )
+    _check_positive("global_batch_size", global_batch_size, allow_none=False)
+    reader = _as_reader(path_or_reader)
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        return make_dataset(
+            reader, batch_size=ctx.get_per_replica_batch_size(global_batch_size),
+            shard=(ctx.input_pipeline_id, ctx.num_input_pipelines), even=even, **kwargs,
+        )  # fmt: skip
+
+    return dataset_fn

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -488,9 +488,18 @@ class Writer:
     # -- file handling ---------------------------------------------------------------------
     def _new_tmp_path(self) -> str:
         directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".rowstore-tmp", dir=directory)
-        os.close(fd)
-        return tmp
+        prefix = os.path.join(directory, "." + os.path.basename(self.path) + ".")
+        for _ in range(100):
+            tmp = prefix + secrets.token_hex(6) + ".rowstore-tmp"
+            try:
+                # 0o666 less the umask, like any new file (mkstemp's 0o600 survived the rename, so
+                # datasets were unreadable by the group and others).
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            return tmp
+        raise FileExistsError(f"could not create a temporary file beside {self.path!r}")
 
     def _create_file(self) -> None:
         import h5py
@@ -519,6 +528,7 @@ class Writer:
 
         self._tmp = self._new_tmp_path()
         shutil.copyfile(self.path, self._tmp)  # copy_file_range/sendfile: in-kernel, reflink on CoW filesystems
+        shutil.copymode(self.path, self._tmp)  # the appended file keeps its permissions
         self._h5 = f = h5py.File(self._tmp, "r+")
         g = f[spec.GROUP]
         blocks = layout.blocks

@@ -405,3 +405,17 @@ def test_stored_attributes(rs, h5path):
         assert int(a["heap_nbytes"]) == 1
         assert a["writer"] == f"rowstore {rowstore.__version__}"
         assert "32026" in f["rowstore/rows"]._filters and "32026" in f["rowstore/heap"]._filters
+
+
+def test_file_permissions_follow_umask_and_survive_append(rs, h5path):
+    schema = Schema([Field("i", "int64")])
+    old = os.umask(0o022)
+    try:
+        rs.write_file(h5path, schema, [{"i": 1}])
+    finally:
+        os.umask(old)
+    assert os.stat(h5path).st_mode & 0o777 == 0o644  # not mkstemp's 0o600
+    os.chmod(h5path, 0o640)
+    with rowstore.Writer(h5path, mode="a") as w:
+        w.write({"i": 2})
+    assert os.stat(h5path).st_mode & 0o777 == 0o640

@@ -1,0 +1,319 @@
+"""Read benchmark of the four workloads of DESIGN.md (issue 3): rowstore against the loaders a
+user would write by hand, on the same data, in the same run, with memcpy as the ceiling.
+
+    python bench/read_bench.py [--quick] [--out bench/results/read_bench.json] [--doc docs/performance.md]
+
+For each workload (written once with ``rowstore.demo.make_demo`` into the cache directory) it
+reads one shuffled epoch with warm page cache (the files are read once first) with rowstore
+(``Reader.batches``, block shuffle, and full shuffle for ``patch``; 1 and 2 threads) and with
+the baselines of :mod:`rowstore.bench.sources` (h5py per-row and sorted fancy reads, PyTables
+``read_coordinates`` and block reads + gather, numpy memmap gathers). Every reader runs in a
+fresh process: one warm-up epoch, then the median of ``--repeats`` epochs. Slow baselines are
+timed on part of the epoch (a fixed number of rows, or a time limit) and their rate extrapolated;
+the output says so. Results: JSON (``--out``), a markdown section of ``docs/performance.md``
+(between ``<!-- read_bench:begin -->`` and ``<!-- read_bench:end -->``), a plot, and PASS/MISS
+lines for the targets of the issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, ROOT)
+
+from rowstore.bench import measure, report, runner, sources  # noqa: E402
+from rowstore.bench.cli import ensure_demo  # noqa: E402
+
+#: name -> rows (full run), rows (--quick), batch size, rowstore shuffles
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "tiny": {"rows": 2_000_000, "quick": 100_000, "batch": 1024, "shuffles": ["block"]},
+    "patch": {"rows": 20_000, "quick": 2_000, "batch": 128, "shuffles": ["block", "full"]},
+    "image": {"rows": 2_000, "quick": 200, "batch": 64, "shuffles": ["block"]},
+    "speech": {"rows": 20_000, "quick": 2_000, "batch": 64, "shuffles": ["block"]},
+}
+BASELINE_ORDER = ["h5py-row", "h5py-fancy", "tables-coords", "tables-block", "memmap"]
+THREADS = (1, 2)
+WINDOW = 16
+BEGIN, END = "<!-- read_bench:begin -->", "<!-- read_bench:end -->"
+
+
+def _settings(quick: bool) -> dict[str, Any]:
+    return {
+        "repeats": 3, "warmup_repeats": 1,
+        # Baselines: a repeat stops after this many seconds (rate extrapolated to the epoch).
+        "baseline_time_limit": 0.25 if quick else 2.0,
+        # h5py per-row: rows timed per repeat (at a few thousand rows/s an epoch takes minutes).
+        "per_row_rows": 500 if quick else 5_000,
+        "memcpy_bytes": (256 if quick else 1024) << 20,
+    }  # fmt: skip
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_workload(name: str, rows: int, cfg: dict[str, Any], st: dict[str, Any], cache_dir: str) -> dict[str, Any]:
+    path = ensure_demo(name, rows, cache_dir, log=_log)
+    npy_dir = os.path.join(cache_dir, "npy", os.path.splitext(os.path.basename(path))[0])
+    sources.export_npy(path, npy_dir)
+    t = time.perf_counter()
+    warmed = measure.warm_cache([path, npy_dir])
+    from rowstore.format.index import Layout
+
+    L = Layout.open(path)
+    B = cfg["batch"]
+    common = {"path": path, "batch_size": B, "window": WINDOW, "seed": 0, "warmup": 0, "measure": None,
+              "repeats": st["repeats"], "warmup_repeats": st["warmup_repeats"]}
+    specs = []
+    for shuffle in cfg["shuffles"]:
+        for t_ in THREADS:
+            specs.append(dict(common, kind="rowstore", mode="numpy", shuffle=shuffle, threads=t_))
+    for kind in BASELINE_ORDER:
+        s = dict(common, kind=kind, npy_dir=npy_dir, time_limit=st["baseline_time_limit"])
+        if kind == "h5py-row":
+            s.update(max_rows=st["per_row_rows"], time_limit=None)
+        specs.append(s)
+    results = []
+    for s in specs:
+        res = runner.run_spec(s)
+        res.setdefault("kind", s["kind"])
+        res["spec"] = {k: v for k, v in s.items() if k not in ("path", "npy_dir")}
+        results.append(res)
+        if res.get("error"):
+            _log(f"  {name:6s} {res.get('label', s['kind']):34s} ERROR {res['error']}")
+        else:
+            _log(f"  {name:6s} {res['label']:34s} {report.fmt_rate(res['rows_per_s']):>7s} rows/s "
+                 f"{res['bytes_per_s'] / 1e9:6.3f} GB/s  q={res['shuffle_quality']:.3f}"
+                 + ("  (partial epoch)" if res.get("stopped_early") else ""))
+    return {
+        "name": name, "path": path, "rows": L.num_rows, "batch_size": B, "window": WINDOW,
+        "row_bytes": L.row_dtype.itemsize, "rows_per_block": L.rows_per_block, "blocks": L.num_blocks,
+        "heap_bytes": L.heap_nbytes, "raw_bytes": L.raw_nbytes, "file_bytes": L.file_size,
+        "warm_cache_bytes": warmed, "warm_cache_s": time.perf_counter() - t, "results": results,
+    }  # fmt: skip
+
+
+def add_ratios(w: dict[str, Any], memcpy_gbps: float) -> None:
+    """Per reader: ratio of its rows/s to each baseline's, and its decoded bandwidth to memcpy."""
+    base = {r["kind"]: r for r in w["results"] if r["kind"] in sources.BASELINES and r.get("rows_per_s")}
+    for r in w["results"]:
+        if not r.get("rows_per_s"):
+            continue
+        r["vs"] = {k: r["rows_per_s"] / b["rows_per_s"] for k, b in base.items()}
+        r["gb_per_s"] = r["bytes_per_s"] / 1e9
+        r["fraction_of_memcpy"] = r["gb_per_s"] / memcpy_gbps
+
+
+def _best(w: dict, shuffle: str, threads: int | None = None) -> dict | None:
+    c = [r for r in w["results"] if r["kind"] == "rowstore" and r.get("rows_per_s")
+         and r["spec"]["shuffle"] == shuffle and (threads is None or r["spec"]["threads"] == threads)]
+    return max(c, key=lambda r: r["rows_per_s"]) if c else None
+
+
+def _baseline(w: dict, kind: str) -> dict | None:
+    return next((r for r in w["results"] if r["kind"] == kind and r.get("rows_per_s")), None)
+
+
+def check_targets(ws: dict[str, dict], memcpy_gbps: float) -> list[dict[str, Any]]:
+    """The targets of issue 3, each with its figures and PASS/MISS."""
+    out = []
+
+    def add(name: str, ok: bool | None, figures: str) -> None:
+        out.append({"target": name, "status": "n/a" if ok is None else ("PASS" if ok else "MISS"), "figures": figures})
+
+    if "tiny" in ws:
+        b, pt = _best(ws["tiny"], "block"), _baseline(ws["tiny"], "tables-block")
+        if b:
+            add("tiny: block shuffle >= 20 M rows/s", b["rows_per_s"] >= 20e6,
+                f"{b['rows_per_s'] / 1e6:.1f} M rows/s ({b['label']})")
+        if b and pt:
+            ratio = b["rows_per_s"] / pt["rows_per_s"]
+            add("tiny: >= 5x PyTables block reads + gather", ratio >= 5,
+                f"{ratio:.2f}x ({b['rows_per_s'] / 1e6:.1f} M vs {pt['rows_per_s'] / 1e6:.2f} M rows/s)")
+    for name, frac in (("patch", 0.40), ("speech", 0.30)):
+        if name in ws:
+            b = _best(ws[name], "block")
+            if b:
+                f = b["bytes_per_s"] / 1e9 / memcpy_gbps
+                add(f"{name}: >= {frac:.0%} of memcpy GB/s", f >= frac,
+                    f"{b['bytes_per_s'] / 1e9:.2f} GB/s = {f:.1%} of memcpy {memcpy_gbps:.1f} GB/s ({b['label']})")
+    if "image" in ws:
+        one, two = _best(ws["image"], "block", 1), _best(ws["image"], "block", 2)
+        if one and two:
+            s = two["rows_per_s"] / one["rows_per_s"]
+            add("image: 2 threads >= 1.7x one thread", s >= 1.7,
+                f"{s:.2f}x ({two['rows_per_s']:,.0f} vs {one['rows_per_s']:,.0f} rows/s)")
+    if "patch" in ws:
+        blk, full = _best(ws["patch"], "block"), _best(ws["patch"], "full")
+        if blk and full:
+            s = blk["rows_per_s"] / full["rows_per_s"]
+            add("patch: full shuffle within 2x of block", s <= 2,
+                f"block/full = {s:.2f} ({blk['rows_per_s']:,.0f} vs {full['rows_per_s']:,.0f} rows/s; "
+                f"quality {blk['shuffle_quality']:.2f} vs {full['shuffle_quality']:.2f})")
+    return out
+
+
+# -- markdown -----------------------------------------------------------------------------------
+_SHORT = {"h5py-row": "x h5py row", "h5py-fancy": "x h5py fancy", "tables-coords": "x PT coords",
+          "tables-block": "x PT block", "memmap": "x memmap"}  # fmt: skip
+
+
+def _x(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    st = doc["settings"]
+    lines = [
+        BEGIN,
+        "## Read benchmark (`bench/read_bench.py`)",
+        "",
+        "_Generated by `python bench/read_bench.py" + (" --quick" if doc["quick"] else "") + "`; rerunning replaces this "
+        "section. Figures from one run on one machine: compare ratios, not absolute numbers, across machines._",
+        "",
+        f"Run {doc['created']} on {m.get('cpus')} CPUs, {m.get('memory_gib', '?')} GiB RAM, {m.get('platform')}, "
+        f"Python {m.get('python')}, numpy {m.get('numpy')}; load average at start {m.get('load_avg', '?')}"
+        + (" (**the machine was shared with other jobs: expect noise of tens of percent**)." if doc.get("shared") else "."),
+        "",
+        f"Method: each workload is written with `rowstore.demo.make_demo`; every file is read once before measuring "
+        f"(warm page cache). Each reader runs in a fresh process (so peak RSS is its own): "
+        f"{st['warmup_repeats']} warm-up epoch, then the **median of {st['repeats']} shuffled epochs**, every batch "
+        f"touched. Rows/s count delivered rows; GB/s counts the decoded bytes of every field's values (images "
+        f"decoded, str as characters), 1 GB = 1e9 bytes. Ceiling: `np.copyto` of {st['memcpy_bytes'] >> 20} MiB = "
+        f"**{doc['memcpy']['gb_per_s']:.1f} GB/s** in this run. Baselines that would take minutes per epoch are timed "
+        f"on part of it (h5py per-row: {st['per_row_rows']:,} rows per repeat; the others stop after "
+        f"{st['baseline_time_limit']:g} s) and marked *; their rates are extrapolated. `x <baseline>` = this "
+        f"reader's rows/s divided by the baseline's. Shuffle quality: 1 = batches as mixed as a uniform shuffle.",
+        "",
+        "Baselines (what a user would otherwise write, on the same file or on `.npy` exports of it):",
+        "",
+    ]
+    for kind in BASELINE_ORDER:
+        label, desc = sources.BASELINES[kind]
+        lines.append(f"- **{label}**: {desc}")
+    lines.append("")
+    lines.append("### Targets")
+    lines.append("")
+    for t in doc["targets"]:
+        lines.append(f"- **{t['status']}** {t['target']}: {t['figures']}")
+    lines.append("")
+    for w in doc["workloads"].values():
+        lines.append(f"### {w['name']}: {w['rows']:,} rows, batch {w['batch_size']}")
+        lines.append("")
+        lines.append(f"{w['row_bytes']} B rows, {w['blocks']:,} blocks of {w['rows_per_block']:,} rows, "
+                     f"{w['raw_bytes'] / 1e6:,.0f} MB stored uncompressed"
+                     + (f" (of which {w['heap_bytes'] / 1e6:,.0f} MB heap payloads)" if w["heap_bytes"] else "") + ".")
+        lines.append("")
+        present = [k for k in BASELINE_ORDER if any(r["kind"] == k and r.get("rows_per_s") for r in w["results"])]
+        header = ["reader", "rows/s", "GB/s", "% memcpy"] + [_SHORT[k] for k in present] + ["peak RSS", "shuffle q"]
+        rows = []
+        for r in w["results"]:
+            if r.get("error"):
+                rows.append([r.get("label", r["kind"]), "error: " + r["error"]] + [""] * (len(header) - 2))
+                continue
+            label = r["label"] + (" *" if r.get("stopped_early") else "")
+            rows.append([label, report.fmt_rate(r["rows_per_s"]), f"{r['gb_per_s']:.3g}", f"{100 * r['fraction_of_memcpy']:.1f}%"]
+                        + [_x(r["vs"].get(k)) for k in present]
+                        + [f"{r['peak_rss_mb']:,.0f} MiB", f"{r['shuffle_quality']:.3f}"])
+        lines.append(report.markdown_table(header, rows))
+        lines.append("")
+    if doc.get("plot"):
+        lines.append(f"![read benchmark]({os.path.relpath(doc['plot'], os.path.join(ROOT, 'docs'))})")
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_section(doc_path: str, section: str) -> None:
+    """Replace the generated section of ``doc_path`` (other sections kept), or append it."""
+    text = ""
+    if os.path.exists(doc_path):
+        with open(doc_path) as fh:
+            text = fh.read()
+    if BEGIN in text and END in text:
+        a = text.index(BEGIN)
+        b = text.index(END) + len(END)
+        text = text[:a] + section + text[b:]
+    else:
+        if not text:
+            text = "# Performance\n\n"
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    os.makedirs(os.path.dirname(os.path.abspath(doc_path)), exist_ok=True)
+    tmp = doc_path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, doc_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small datasets and short time limits (< 1 min smoke run)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "read_bench.json"), help="JSON output")
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"),
+                    help="markdown file whose read_bench section is (re)generated ('' to skip)")
+    ap.add_argument("--plot", default=None, help="PNG plot (default: next to --out, same stem)")
+    ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument("--cache-dir", default=os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache", "rowstore")))
+    args = ap.parse_args(argv)
+    st = _settings(args.quick)
+    t0 = time.perf_counter()
+    machine = measure.machine_info()
+    _log(f"read_bench{' --quick' if args.quick else ''}: {machine.get('cpus')} CPUs, load {machine.get('load_avg')}")
+    mc = runner.run_spec({"kind": "memcpy", "nbytes": st["memcpy_bytes"], "repeats": 5})
+    if mc.get("error"):
+        _log(f"memcpy failed: {mc['error']}")
+        return 1
+    _log(f"memcpy: {mc['gb_per_s']:.2f} GB/s")
+    ws = {}
+    for name in args.workloads:
+        cfg = WORKLOADS[name]
+        rows = cfg["quick"] if args.quick else cfg["rows"]
+        _log(f"{name}: {rows:,} rows, batch {cfg['batch']}")
+        ws[name] = run_workload(name, rows, cfg, st, args.cache_dir)
+        add_ratios(ws[name], mc["gb_per_s"])
+    mc_end = runner.run_spec({"kind": "memcpy", "nbytes": st["memcpy_bytes"], "repeats": 5})
+    load_end = measure.machine_info().get("load_avg")
+    targets = check_targets(ws, mc["gb_per_s"])
+    doc: dict[str, Any] = {
+        "tool": "bench/read_bench.py", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
+        "machine": machine, "load_avg_end": load_end, "settings": st, "memcpy": mc,
+        "memcpy_end": mc_end if not mc_end.get("error") else None,
+        # Other jobs on the machine: a 1-minute load average above the cores we use is noise.
+        "shared": max((machine.get("load_avg") or [0])[0], (load_end or [0])[0]) > 1.0,
+        "cache": "warm: every file read once before measuring",
+        "workloads": ws, "targets": targets, "seconds": None,
+    }  # fmt: skip
+    out = os.path.abspath(args.out)
+    doc["plot"] = os.path.abspath(args.plot) if args.plot else os.path.splitext(out)[0] + ".png"
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    os.makedirs(os.path.dirname(doc["plot"]), exist_ok=True)
+    report.plot([(w["name"], w["results"]) for w in ws.values()], doc["plot"], memcpy_gbps=mc["gb_per_s"],
+                title="read_bench: one shuffled epoch per reader, warm page cache" + (" (--quick)" if args.quick else ""),
+                subtitle=f"{machine.get('cpus')} CPUs; median of {st['repeats']} epochs; blue = rowstore, grey = baselines; "
+                         "MB/s = decoded bytes of all fields")  # fmt: skip
+    doc["seconds"] = time.perf_counter() - t0
+    with open(out + ".tmp", "w") as fh:
+        json.dump(doc, fh, indent=1)
+    os.replace(out + ".tmp", out)
+    if args.doc:
+        write_section(args.doc, markdown(doc))
+    _log("")
+    _log(f"memcpy ceiling {mc['gb_per_s']:.1f} GB/s (at the end: {mc_end.get('gb_per_s', float('nan')):.1f} GB/s)")
+    for t in targets:
+        _log(f"{t['status']}: {t['target']}: {t['figures']}")
+    _log(f"written: {out}, {doc['plot']}" + (f", {args.doc}" if args.doc else "") + f" ({doc['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

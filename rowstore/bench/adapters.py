@@ -1,0 +1,162 @@
+"""rowstore as a training script consumes it: numpy batches, torch loaders, tf.data.
+
+torch and tensorflow are imported here lazily, only for the modes that use them (and only in the
+bench child process that measures that mode).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from rowstore.errors import RowstoreError
+from rowstore.format.index import Layout
+
+__all__ = ["rowstore_source", "check_mode", "ModeUnavailableError"]
+
+
+class ModeUnavailableError(RowstoreError, ImportError):
+    """A bench mode whose adapter module (or framework) is not importable."""
+
+
+_MODULES = {"torch": "rowstore.torch", "torch-batched": "rowstore.torch", "tf": "rowstore.tf"}
+_FRAMEWORK = {"torch": "torch", "torch-batched": "torch", "tf": "tensorflow"}
+
+
+def _import_adapter(mode: str):
+    mod = _MODULES[mode]
+    try:
+        return importlib.import_module(mod)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing == mod or mod.startswith(missing + ".") and missing:
+            raise ModeUnavailableError(
+                f"--mode {mode} needs the adapter module {mod}, which this rowstore does not have yet"
+            ) from exc
+        raise ModeUnavailableError(
+            f"--mode {mode} needs {_FRAMEWORK[mode]} ({exc}); install it, e.g. pip install 'rowstore[{_FRAMEWORK[mode].replace('tensorflow', 'tf')}]'"
+        ) from exc
+
+
+def check_mode(mode: str) -> None:
+    """Raise :class:`ModeUnavailableError` with a clear message when ``mode`` cannot run here.
+
+    Cheap for numpy; for the framework modes it locates the modules without importing them.
+    """
+    from importlib.util import find_spec
+
+    if mode == "numpy":
+        return
+    if mode not in _MODULES:
+        raise ValueError(f"unknown mode {mode!r}; expected numpy, torch, torch-batched or tf")
+    if find_spec(_MODULES[mode]) is None:
+        raise ModeUnavailableError(f"--mode {mode} needs the adapter module {_MODULES[mode]}, which this rowstore does not have yet")
+    if find_spec(_FRAMEWORK[mode]) is None:
+        raise ModeUnavailableError(f"--mode {mode} needs {_FRAMEWORK[mode]}, which is not installed")
+
+
+def _accepted(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``kwargs`` that ``fn`` accepts (adapters evolve; pass what fits)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return kwargs
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def rowstore_source(layout: Layout, names: list[str], opts: dict[str, Any]):
+    """A :class:`~rowstore.bench.sources.Source` reading through rowstore in ``opts["mode"]``."""
+    from rowstore.bench.sources import MODES, Source, var_dims_of
+    from rowstore.reader import Reader
+
+    mode = opts.get("mode", "numpy")
+    B = opts["batch_size"]
+    threads = opts.get("threads") or None
+    shuffle, seed, window = opts.get("shuffle", "block"), opts.get("seed", 0), opts.get("window", 16)
+    reader = Reader(layout.path, verify=opts.get("verify", True), num_threads=threads)
+    threads = reader.num_threads
+    label = f"rowstore {shuffle}"
+    if mode != "numpy":
+        label = f"rowstore {mode} {shuffle}"
+    label += f" B={B} t={threads}" + (f" W={window}" if shuffle == "block" else "")
+    info: dict[str, Any] = {"threads": threads}
+    extra_close: list = []
+
+    def quality() -> float:
+        return reader.shuffle_quality(B, shuffle=shuffle, seed=seed, window=window)
+
+    if mode == "numpy":
+
+        def epoch(k: int) -> Iterator[dict]:
+            return reader.batches(B, shuffle=shuffle, seed=seed, epoch=k, window=window, fields=names, num_threads=threads)
+
+    elif mode == "tf":
+        rtf = _import_adapter("tf")
+        kw = _accepted(rtf.make_dataset, dict(batch_size=B, shuffle=shuffle, seed=seed, fields=names, window=window,
+                                              num_threads=threads, num_epochs=1))
+
+        def epoch(k: int) -> Iterator[dict]:
+            ds = rtf.make_dataset(reader, epoch=k, **kw) if "epoch" in _accepted(rtf.make_dataset, {"epoch": k}) \
+                else rtf.make_dataset(reader, **kw)
+            return iter(ds)
+
+    elif mode == "torch-batched":
+        rt = _import_adapter("torch-batched")
+        if not hasattr(rt, "BatchedDataLoader"):
+            raise ModeUnavailableError("--mode torch-batched needs rowstore.torch.BatchedDataLoader, which is not there yet")
+        kw = _accepted(rt.BatchedDataLoader, dict(batch_size=B, shuffle=shuffle, seed=seed, fields=names,
+                                                  num_threads=threads, window=window))
+        loader = rt.BatchedDataLoader(reader, **kw)
+        if hasattr(loader, "close"):
+            extra_close.append(loader.close)
+
+        def epoch(k: int) -> Iterator[dict]:
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(k)
+            return iter(loader)
+
+    elif mode == "torch":
+        rt = _import_adapter("torch")
+        if not hasattr(rt, "Dataset"):
+            raise ModeUnavailableError("--mode torch needs rowstore.torch.Dataset, which is not there yet")
+        from torch.utils.data import DataLoader
+
+        workers = int(opts.get("workers") or 0)
+        ds = rt.Dataset(reader, **_accepted(rt.Dataset, {"fields": names}))
+        dl_kw: dict[str, Any] = {"batch_size": B, "num_workers": workers, "shuffle": shuffle != "none"}
+        collate = getattr(rt, "collate", None) or getattr(rt, "collate_fn", None)
+        if collate is not None:
+            dl_kw["collate_fn"] = collate
+        if workers:
+            dl_kw["persistent_workers"] = False
+        info["workers"] = workers
+        # DataLoader(shuffle=True) draws a uniform permutation (RandomSampler): quality ~1.
+        order_s = "uniform" if shuffle != "none" else "none"
+        label = f"rowstore torch Dataset+DataLoader {order_s} B={B} workers={workers}"
+
+        def quality() -> float:  # noqa: F811 - the DataLoader's sampler sets the order here
+            from rowstore.bench.sources import uniform_order
+            from rowstore.reader import order as _order
+
+            if shuffle == "none":
+                return _order.shuffle_quality(reader.epoch_order(shuffle="none"), layout.rows_per_block, layout.num_blocks, B)
+            return _order.shuffle_quality(uniform_order(len(reader), seed, 0), layout.rows_per_block, layout.num_blocks, B)
+
+        def epoch(k: int) -> Iterator[dict]:
+            import torch
+
+            g = torch.Generator()
+            g.manual_seed(seed * 1_000_003 + k)
+            return iter(DataLoader(ds, generator=g, **dl_kw))
+
+    else:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(MODES)}")
+
+    closers = [reader.close] + extra_close
+    return Source(label=label, description=MODES[mode], names=names, epoch=epoch, shuffle_quality=quality,
+                  num_batches=reader.num_batches(B), info=info, close=lambda: [c() for c in closers],
+                  var_dims=var_dims_of(reader.schema.select(names)))

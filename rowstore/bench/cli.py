@@ -1,0 +1,396 @@
+"""``rowstore-bench``: how fast a dataset reads on this machine, and against what.
+
+    rowstore-bench PATH                       measure a dataset (numpy batches, block shuffle)
+    rowstore-bench --demo tiny --compare      a demo dataset, against h5py, PyTables, numpy memmap
+    rowstore-bench PATH --sweep threads=1,2 batch=64,256 window=4,16
+    rowstore-bench PATH --json out.json --plot out.png
+
+Each configuration runs in a fresh process (so its peak memory is its own) after the file was
+read once (warm page cache). Per repeat: a fresh epoch iterator, ``-m`` warm-up batches not
+counted, then ``-n`` batches timed (default: the rest of the epoch), every batch touched;
+figures are medians of ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from rowstore.bench import adapters, measure, report, runner, sources
+
+__all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path"]
+
+DEFAULT_BASELINES = ("h5py-row", "tables-block", "memmap")
+#: Rows timed for the h5py per-row baseline (at a few thousand rows/s, an epoch would take long).
+PER_ROW_ROWS = 5_000
+_SWEEP_KEYS = {"threads": "threads", "t": "threads", "batch": "batch_size", "batch_size": "batch_size",
+               "b": "batch_size", "window": "window", "w": "window", "shuffle": "shuffle",
+               "workers": "workers", "mode": "mode"}  # fmt: skip
+
+
+def demo_path(name: str, rows: int | None = None, cache_dir: str | None = None) -> str:
+    """The cache path of demo ``name`` with ``rows`` rows (same naming as ``python -m rowstore.demo``)."""
+    from rowstore.demo import DEMOS, default_cache_dir
+
+    if name not in DEMOS:
+        raise SystemExit(f"rowstore-bench: unknown demo {name!r}; choose from {', '.join(sorted(DEMOS))}")
+    rows = DEMOS[name][0] if rows is None else rows
+    return os.path.join(cache_dir or default_cache_dir(), f"{name}-{rows}.h5")
+
+
+def ensure_demo(name: str, rows: int | None = None, cache_dir: str | None = None, *, log=None) -> str:
+    """Write demo ``name`` into the cache unless it is there already; return its path."""
+    from rowstore.demo import make_demo
+
+    path = demo_path(name, rows, cache_dir)
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if log:
+            log(f"writing demo dataset {name!r} ({rows if rows is not None else 'default'} rows) to {path} ...")
+        t = time.perf_counter()
+        make_demo(name, path, rows)
+        if log:
+            log(f"  written in {time.perf_counter() - t:.1f} s")
+    return path
+
+
+def parse_sweep(items: list[str]) -> list[dict[str, Any]]:
+    """``["threads=1,2", "batch=64,256"]`` -> the grid of option dicts (cartesian product)."""
+    axes: list[tuple[str, list[Any]]] = []
+    for it in items:
+        key, sep, vals = it.partition("=")
+        if not sep or key.strip().lower() not in _SWEEP_KEYS:
+            raise SystemExit(f"rowstore-bench: --sweep takes KEY=V1,V2,... with KEY in threads, batch, window, shuffle, "
+                             f"workers, mode; got {it!r}")
+        k = _SWEEP_KEYS[key.strip().lower()]
+        parsed: list[Any] = []
+        for v in vals.split(","):
+            v = v.strip()
+            if not v:
+                continue
+            if k in ("shuffle", "mode"):
+                parsed.append(v)
+            else:
+                try:
+                    parsed.append(int(v))
+                except ValueError:
+                    raise SystemExit(f"rowstore-bench: --sweep {key}: {v!r} is not an integer") from None
+        if not parsed:
+            raise SystemExit(f"rowstore-bench: --sweep {key} has no values")
+        axes.append((k, parsed))
+    return [dict(zip([a for a, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rowstore-bench",
+        description="Measure how fast a rowstore dataset reads (warm page cache), optionally against "
+                    "h5py, PyTables and numpy memmap baselines and the memcpy ceiling.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  rowstore-bench --demo tiny --compare\n  rowstore-bench data.h5 --threads 2 --batch-size 256"
+               "\n  rowstore-bench data.h5 --sweep threads=1,2 batch=64,256 window=4,16 --plot sweep.png",
+    )  # fmt: skip
+    p.add_argument("path", nargs="?", help="a rowstore .h5 file")
+    p.add_argument("--demo", metavar="NAME", help="generate (once, cached) and measure a demo dataset: tiny, patch, image, speech, hello")
+    p.add_argument("--rows", type=int, help="rows of the demo dataset (default: the demo's default size)")
+    p.add_argument("-m", "--warmup", type=int, default=10, help="warm-up batches per repeat, not timed (default 10)")
+    p.add_argument("-n", "--measure", type=int, default=None, help="batches timed per repeat (default: the rest of the epoch)")
+    p.add_argument("--batch-size", "-b", type=int, default=256, help="rows per batch (default 256)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="reader threads (default: the reader's, min(4, cores))")
+    p.add_argument("--mode", default="numpy", choices=list(sources.MODES), help="how batches are consumed (default numpy)")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers for --mode torch (default 0)")
+    p.add_argument("--shuffle", default="block", choices=["block", "full", "none"], help="epoch order (default block)")
+    p.add_argument("--window", type=int, default=16, help="blocks mixed together in block shuffling (default 16)")
+    p.add_argument("--fields", nargs="+", help="read only these fields")
+    p.add_argument("--repeats", type=int, default=3, help="measured repeats; figures are their medians (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--time-limit", type=float, default=3.0,
+                   help="stop a repeat's timed phase after this many seconds and extrapolate (default 3)")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the per-block checksum check")
+    p.add_argument("--compare", action="store_true", help="also measure the baselines and memcpy in the same run")
+    p.add_argument("--baselines", nargs="+", choices=list(sources.BASELINES), default=list(DEFAULT_BASELINES),
+                   help=f"baselines for --compare (default: {' '.join(DEFAULT_BASELINES)})")
+    p.add_argument("--memcpy-mib", type=int, default=1024, help="buffer size of the memcpy measurement (default 1024 MiB)")
+    p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="a grid, e.g. threads=1,2 batch=64,256 window=4,16")
+    p.add_argument("--json", metavar="OUT", help="write all figures as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a bar chart of throughput per configuration")
+    p.add_argument("--cache-dir", help="where demo datasets and .npy exports go (default: rowstore.demo.default_cache_dir())")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    return p
+
+
+class _Progress:
+    """A progress bar on stderr (rich), off when stderr is not a terminal or with --quiet."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if not enabled:
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+        except ImportError:  # pragma: no cover
+            return
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("repeats"),
+                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.task = self.bar.add_task("", total=total)
+        self.bar.start()
+
+    def describe(self, text: str) -> None:
+        if self.bar:
+            self.bar.update(self.task, description=text)
+
+    def event(self, ev: dict) -> None:
+        if self.bar and ev.get("event") == "repeat":
+            self.bar.advance(self.task)
+
+    def stop(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def _dataset_info(path: str) -> dict[str, Any]:
+    from rowstore.format.index import Layout
+
+    L = Layout.open(path)
+    return {
+        "path": os.path.abspath(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
+        "rows_per_block": L.rows_per_block, "blocks": L.num_blocks, "block_bytes": L.block_raw_bytes,
+        "heap_bytes": L.heap_nbytes, "raw_bytes": L.raw_nbytes, "stored_bytes": L.stored_nbytes,
+        "file_bytes": L.file_size, "compression": L.compression, "demo": L.user_attrs.get("demo"),
+    }  # fmt: skip
+
+
+def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
+    """Run the benchmark that ``args`` describe; return the JSON document (also printed)."""
+    cache_dir = args.cache_dir
+    if args.demo:
+        path = ensure_demo(args.demo, args.rows, cache_dir, log=log)
+    else:
+        path = args.path
+    if not os.path.exists(path):
+        raise SystemExit(f"rowstore-bench: no such file: {path}")
+    for name, v in (("--batch-size", args.batch_size), ("--repeats", args.repeats), ("--window", args.window)):
+        if v < 1:
+            raise SystemExit(f"rowstore-bench: {name} must be >= 1, got {v}")
+    if args.warmup < 0 or (args.measure is not None and args.measure < 1):
+        raise SystemExit("rowstore-bench: -m must be >= 0 and -n >= 1")
+
+    info = _dataset_info(path)
+    from rowstore.format.index import Layout
+
+    fields = list(Layout.open(path).schema.select(args.fields).names) if args.fields else None
+    configs = parse_sweep(args.sweep) if args.sweep else [{}]
+    modes = {c.get("mode", args.mode) for c in configs}
+    for mode in modes:
+        try:
+            adapters.check_mode(mode)
+        except (adapters.ModeUnavailableError, ValueError) as exc:
+            raise SystemExit(f"rowstore-bench: {exc}") from None
+
+    base = {
+        "path": path, "fields": fields, "batch_size": args.batch_size, "shuffle": args.shuffle, "window": args.window,
+        "seed": args.seed, "threads": args.threads, "workers": args.workers, "mode": args.mode, "verify": args.verify,
+        "warmup": args.warmup, "measure": args.measure, "repeats": args.repeats, "time_limit": args.time_limit,
+    }  # fmt: skip
+    specs = []
+    for c in configs:
+        s = dict(base, kind="rowstore", **c)
+        specs.append(_clamp(s, info["rows"]))
+    notes = []
+    if any(s["_clamped"] for s in specs):
+        notes.append("-m/-n were reduced to fit one epoch (batches are counted within one epoch).")
+
+    baseline_specs = []
+    npy_dir = None
+    if args.compare:
+        for kind in args.baselines:
+            s = dict(base, kind=kind, threads=None, mode="numpy")
+            if kind == "h5py-row":
+                s["max_rows"] = PER_ROW_ROWS
+            baseline_specs.append(_clamp(s, info["rows"]))
+        if "memmap" in args.baselines:
+            from rowstore.demo import default_cache_dir
+
+            stem = os.path.splitext(os.path.basename(path))[0]
+            npy_dir = os.path.join(cache_dir or default_cache_dir(), "npy", stem)
+            log(f"exporting fields to .npy for the memmap baseline: {npy_dir}")
+            sources.export_npy(path, npy_dir, fields=fields)
+            for s in baseline_specs:
+                s["npy_dir"] = npy_dir
+
+    # Warm cache: the file (and the .npy export) read once before any measurement.
+    t = time.perf_counter()
+    warmed = measure.warm_cache([path] + ([npy_dir] if npy_dir else []))
+    warm_s = time.perf_counter() - t
+
+    log(_header(info, args, warmed, warm_s))
+    total = sum(s["repeats"] for s in specs + baseline_specs)
+    progress = _Progress(total, enabled=not args.quiet and sys.stderr.isatty())
+    results: list[dict[str, Any]] = []
+    memcpy = None
+    try:
+        if args.compare:
+            progress.describe("memcpy")
+            memcpy = runner.run_spec({"kind": "memcpy", "nbytes": args.memcpy_mib << 20, "repeats": 5})
+        for s in specs + baseline_specs:
+            progress.describe(s["kind"] if s["kind"] != "rowstore" else "rowstore " + _cfg_text(s))
+            res = runner.run_spec({k: v for k, v in s.items() if not k.startswith("_")}, on_event=progress.event)
+            res.setdefault("kind", s["kind"])
+            if "label" not in res:
+                res["label"] = sources.describe(s["kind"], s.get("mode", "numpy"))[0] if s["kind"] != "rowstore" else "rowstore " + _cfg_text(s)
+            res["config"] = {k: s.get(k) for k in ("mode", "batch_size", "threads", "workers", "shuffle", "window", "warmup",
+                                                   "measure", "max_rows", "time_limit", "verify")}
+            results.append(res)
+    finally:
+        progress.stop()
+
+    rs_results = [r for r in results if r["kind"] == "rowstore"]
+    bl_results = [r for r in results if r["kind"] != "rowstore"]
+    doc: dict[str, Any] = {
+        "tool": "rowstore-bench", "version": _version(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": measure.machine_info(), "dataset": info,
+        "cache": f"warm: the file was read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)",
+        "method": "fresh process per configuration; per repeat a fresh epoch iterator, warm-up batches "
+                  "not timed, then the timed batches (every batch touched); medians of the repeats",
+        "settings": {k: v for k, v in base.items() if k != "path"}, "results": rs_results,
+    }  # fmt: skip
+    if args.compare:
+        doc["baselines"] = bl_results
+        doc["memcpy"] = memcpy
+        doc["compare"] = _compare(rs_results, bl_results, memcpy)
+    if args.sweep:
+        ok = [r for r in rs_results if not r.get("error")]
+        best = max(ok, key=lambda r: r["rows_per_s"]) if ok else None
+        doc["sweep"] = {"grid": configs, "best": best["label"] if best else None,
+                        "best_config": best["config"] if best else None}
+    doc["notes"] = notes + [f"{r['label']}: partial epoch ({_partial_text(r)}), rate extrapolated"
+                            for r in results if r.get("stopped_early")]
+    _print_report(doc, console=console, log=log)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        log(f"JSON written to {args.json}")
+    if args.plot:
+        mg = memcpy.get("gb_per_s") if memcpy and not memcpy.get("error") else None
+        name = args.demo or os.path.basename(path)
+        report.plot([("", rs_results + bl_results)], args.plot, memcpy_gbps=mg,
+                    title=f"rowstore-bench: {name} ({info['rows']:,} rows), batch {args.batch_size}, warm cache",
+                    subtitle=f"{os.cpu_count()} CPUs; median of {args.repeats} repeats; MB/s = decoded bytes of the fields")
+        log(f"plot written to {args.plot}")
+    return doc
+
+
+def _partial_text(r: dict) -> str:
+    reps = r.get("repeats") or [{}]
+    return f"{reps[0].get('rows', 0):,} rows timed per repeat"
+
+
+def _clamp(s: dict[str, Any], num_rows: int) -> dict[str, Any]:
+    """Fit -m/-n into one epoch: timed batches never cross an epoch boundary."""
+    nb = -(-num_rows // s["batch_size"])
+    m, n = s["warmup"], s["measure"]
+    clamped = False
+    if m >= nb:
+        m, clamped = max(0, nb - 1), True
+    if n is not None and m + n > nb:
+        n, clamped = nb - m, True
+    s.update(warmup=m, measure=n, _clamped=clamped)
+    return s
+
+
+def _cfg_text(s: dict) -> str:
+    return f"{s.get('mode', 'numpy')} {s['shuffle']} B={s['batch_size']} t={s.get('threads') or 'auto'}"
+
+
+def _version() -> str:
+    from rowstore import __version__
+
+    return __version__
+
+
+def _compare(rs_results: list[dict], bl_results: list[dict], memcpy: dict | None) -> dict[str, Any]:
+    ok = [r for r in rs_results if not r.get("error") and r.get("rows_per_s")]
+    if not ok:
+        return {}
+    best = max(ok, key=lambda r: r["rows_per_s"])
+    out: dict[str, Any] = {"rowstore": best["label"], "rows_per_s": best["rows_per_s"], "vs": {}}
+    for b in bl_results:
+        if b.get("rows_per_s"):
+            out["vs"][b["label"]] = best["rows_per_s"] / b["rows_per_s"]
+    if memcpy and memcpy.get("gb_per_s") and best.get("bytes_per_s"):
+        out["memcpy_gb_per_s"] = memcpy["gb_per_s"]
+        out["fraction_of_memcpy"] = best["bytes_per_s"] / (memcpy["gb_per_s"] * 1e9)
+    return out
+
+
+def _header(info: dict, args, warmed: int, warm_s: float) -> str:
+    comp = info["compression"]
+    comp_s = "uncompressed" if comp.get("id") == "none" else f"blosc2 {comp.get('cname')}"
+    return (
+        f"dataset  {info['path']}\n"
+        f"         {info['rows']:,} rows x {info['row_bytes']} B in the row table"
+        + (f" + {info['heap_bytes'] / 1e6:,.0f} MB heap" if info["heap_bytes"] else "")
+        + f"; {info['blocks']:,} blocks of {info['rows_per_block']:,} rows; {comp_s}\n"
+        f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)\n"
+        f"method   fresh process per config; {args.repeats} repeats, medians; {args.warmup} warm-up batches per repeat "
+        f"not timed; timed: {'the rest of the epoch' if args.measure is None else f'{args.measure} batches'} "
+        f"(at most {args.time_limit:g} s per repeat); every batch touched"
+    )
+
+
+def _print_report(doc: dict, *, console=None, log=print) -> None:
+    memcpy = doc.get("memcpy") or {}
+    mg = memcpy.get("gb_per_s")
+    results = doc["results"] + doc.get("baselines", [])
+    if console is None:
+        try:
+            from rich.console import Console
+
+            console = Console(width=None if sys.stdout.isatty() else 150)
+        except ImportError:  # pragma: no cover
+            console = None
+    report.render_table(results, mg, title="read throughput (warm page cache)", console=console)
+    if mg:
+        log(f"memcpy ceiling: {mg:.1f} GB/s (np.copyto of {memcpy['nbytes'] >> 20} MiB, median of {memcpy['repeats']})")
+    cmp_ = doc.get("compare")
+    if cmp_ and cmp_.get("vs"):
+        parts = [f"{v:,.1f}x {k}" for k, v in cmp_["vs"].items()]
+        line = f"{cmp_['rowstore']}: " + ", ".join(parts)
+        if cmp_.get("fraction_of_memcpy") is not None:
+            line += f"; {100 * cmp_['fraction_of_memcpy']:.1f}% of memcpy"
+        log(line)
+    for b in doc.get("baselines", []):
+        if b.get("description"):
+            log(f"  {b['label']}: {b['description']}")
+    if doc.get("sweep") and doc["sweep"].get("best"):
+        log(f"best configuration: {doc['sweep']['best']}  ({json.dumps(doc['sweep']['best_config'])})")
+    for n in doc.get("notes", []):
+        log(f"note: {n}")
+    for r in results:
+        if r.get("error"):
+            log(f"error in {r.get('label')}: {r['error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.path) == bool(args.demo):
+        parser.error("give a PATH or --demo NAME (one of them)")
+    if args.rows is not None and not args.demo:
+        parser.error("--rows applies to --demo")
+    doc = run(args)
+    failed = [r for r in doc["results"] + doc.get("baselines", []) if r.get("error")]
+    return 1 if failed else 0

@@ -1,0 +1,29 @@
+"""examples/train_torch.py runs as written (CPU) and its models learn."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_train_torch_example(tmp_path):
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "train_torch.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "output schema: ['x', 'label']" in out.stdout
+    assert "resumed at epoch 1, row 2560: 22 batches left" in out.stdout
+    assert "16384 rows in 2 epochs" in out.stdout
+    losses = re.findall(r"loss (\d+\.\d+) -> (\d+\.\d+)", out.stdout)
+    assert len(losses) == 3, out.stdout
+    for first, last in losses:
+        assert float(last) < float(first), out.stdout

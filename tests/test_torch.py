@@ -165,10 +165,11 @@ def test_iterable_matches_reader_order_and_set_epoch(ids_path):
     assert [int(x["id"]) for x in rows] == list(range(N))
 
 
-def test_iterable_persistent_workers_see_set_epoch(ids_path):
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_iterable_persistent_workers_see_set_epoch(ids_path, ctx):
     ds = rst.IterableDataset(ids_path, batch_size=16, seed=2)
     dl = DataLoader(
-        ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
+        ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=ctx
     )
     orders = []
     for epoch in (0, 1, 0):
@@ -391,6 +392,24 @@ def test_row_transform_spec(ids_path):
     assert ids.output_schema.names == ["tag", "id"]
 
 
+def _add_one(b):
+    b["id"] = b["id"] + 1
+    return b
+
+
+def test_dataset_row_then_batch_transform(ids_path):
+    spec = rst.TransformSpec(_row_tf, edit_fields=[("big", "bool"), ("tag", "str")])
+    ds = rst.Dataset(
+        ids_path,
+        transform=spec,
+        batch_transform=rst.TransformSpec(_add_one, removed_fields=["tag"]),
+    )
+    assert ds.output_schema.names == ["id", "x", "big"]
+    b = next(iter(DataLoader(ds, batch_size=4, collate_fn=rst.collate)))
+    assert set(b) == {"id", "x", "big"} and b["id"].tolist() == [1, 2, 3, 4]
+    assert ds[7]["id"].item() == 8 and ds[7]["x"].tolist() == [15.0] * 3
+
+
 def test_batch_transform_spec_and_errors(ids_path):
     def f(b):
         return {"id": b["id"], "y": b["x"].sum(axis=1).astype(np.float64)}
@@ -479,6 +498,7 @@ def test_varlen_padded(var_path):
             assert torch.equal(b["grid"][i, : g.shape[0], :, : g.shape[2]], torch.from_numpy(g))
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
 @pytest.mark.parametrize("loader", ["batched", "dataset", "iterable_rows"])
 def test_varlen_nested_and_list(var_path, loader):
     varlen = {"wave": "nested", "seq": "nested", "grid": "list"}

@@ -505,7 +505,9 @@ class Writer:
         import h5py
 
         if self._rpb is None:
-            avg = (self._n * self._itemsize + self._heap_pos - self._block_heap_start) / max(self._n, 1)
+            # Bytes per row so far; no rows yet (an empty file): the row itself. (An average of 0
+            # made blocks of block_bytes rows, which later appends padded to block_bytes * row size.)
+            avg = (self._n * self._itemsize + self._heap_pos - self._block_heap_start) / self._n if self._n else self._itemsize
             self._rpb = int(min(max(self._n, self._block_bytes // max(1, int(avg)), 1), max(1, MAX_CHUNK_BYTES // self._itemsize)))
         self._tmp = self._new_tmp_path()
         f = h5py.File(self._tmp, "w")  # default libver: PyTables and older HDF5 open it

@@ -419,3 +419,20 @@ def test_file_permissions_follow_umask_and_survive_append(rs, h5path):
     with rowstore.Writer(h5path, mode="a") as w:
         w.write({"i": 2})
     assert os.stat(h5path).st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("heap", [False, True])
+def test_empty_file_block_size_then_append(rs, h5path, heap):
+    """An empty file still gets blocks of about block_bytes, so a later append does not pad a
+    huge first block (an empty file with heap fields used to get block_bytes *rows* per block)."""
+    fields = [Field("i", "int64")] + ([Field("t", "str")] if heap else [])
+    schema = Schema(fields)
+    with rowstore.Writer(h5path, schema, block_bytes=4096, heap_chunk_bytes=4096):
+        pass
+    itemsize = Layout.open(h5path).row_dtype.itemsize
+    assert 1 <= Layout.open(h5path).rows_per_block <= 4096 // itemsize
+    with rowstore.Writer(h5path, mode="a") as w:
+        for i in range(3):
+            w.write({"i": i, **({"t": "x" * i} if heap else {})})
+    assert os.path.getsize(h5path) < 64 * 1024
+    assert [r["i"] for r in rs.read_rows(h5path)] == [0, 1, 2]

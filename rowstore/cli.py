@@ -92,7 +92,7 @@ def head_text(path: str, n: int = 5, fields: list[str] | None = None) -> str:
 
     r = Reader(path)
     names = r.schema.select(fields).names
-    k = min(n, len(r))
+    k = max(0, min(n, len(r)))
     out = []
     if k:
         batch = r.take(np.arange(k), fields=names)
@@ -107,6 +107,13 @@ def head_text(path: str, n: int = 5, fields: list[str] | None = None) -> str:
     return "\n".join(out)
 
 
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of rows >= 0, got {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path")
     p = sub.add_parser("head", help="print the first rows")
     p.add_argument("path")
-    p.add_argument("-n", type=int, default=5, help="rows to print (default 5)")
+    p.add_argument("-n", type=_count, default=5, help="rows to print (default 5)")
     p.add_argument("--fields", nargs="+", help="only these fields")
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")

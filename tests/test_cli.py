@@ -120,6 +120,23 @@ def test_errors_exit_1(tmp_path, capsys):
         main(["head", str(junk), "-n", "x"])
 
 
+def test_head_refuses_a_negative_count(dataset, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["head", dataset, "-n", "-2"])
+    assert ei.value.code == 2 and ">= 0" in capsys.readouterr().err
+    from rowstore.cli import head_text
+
+    assert head_text(dataset, -3).endswith("(0 of 25 rows)")
+
+
+def test_verify_truncated_file(dataset, tmp_path, capsys):
+    data = open(dataset, "rb").read()
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(data[: len(data) // 2])
+    assert main(["verify", str(cut)]) == 1
+    assert "truncated" in capsys.readouterr().err
+
+
 def console_script():
     path = os.path.join(os.path.dirname(sys.executable), "rowstore")
     if not os.path.exists(path):

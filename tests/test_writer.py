@@ -436,3 +436,29 @@ def test_empty_file_block_size_then_append(rs, h5path, heap):
             w.write({"i": i, **({"t": "x" * i} if heap else {})})
     assert os.path.getsize(h5path) < 64 * 1024
     assert [r["i"] for r in rs.read_rows(h5path)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_input_memory_layouts(rs, h5path, batch):
+    """Big-endian, non-contiguous (strided, transposed, negative strides) and read-only inputs
+    are stored as the little-endian values they hold."""
+    schema = Schema([
+        Field("a", "float32", (3, 2)), Field("b", "int32", (None,)), Field("img", "uint8", (4, 3, 3), codec="png"),
+        Field("be", "uint16", (2,)),
+    ])  # fmt: skip
+    base = np.arange(60, dtype=">f8").reshape(5, 3, 4)
+    ints = np.arange(40, dtype=">i4")
+    img = np.arange(4 * 3 * 3 * 2, dtype=np.uint8).reshape(3, 4, 2, 3)
+    ro = np.array([7, 65535], ">u2")
+    ro.flags.writeable = False
+    rows = []
+    for i in range(5):
+        rows.append({"a": base[i, :, ::2] if i % 2 else base[i, ::-1, 1::2], "b": ints[::-(i + 1)][: i * 2],
+                     "img": img.transpose(1, 0, 3, 2)[:, :, :, i % 2], "be": ro})  # fmt: skip
+    rs.write_file(h5path, schema, rows, rows_per_block=2, batch=batch)
+    got = rs.read_rows(h5path)
+    for r, g in zip(rows, got, strict=True):
+        assert np.array_equal(g["a"], np.asarray(r["a"], np.float32)) and g["a"].dtype == np.float32
+        assert np.array_equal(g["b"], np.asarray(r["b"])) and g["b"].dtype.str == "<i4"
+        assert np.array_equal(g["img"], r["img"])
+        assert g["be"].tolist() == [7, 65535]

@@ -181,7 +181,7 @@ class Writer:
             raise ValueError(f"rows_per_block must be a positive int, got {rows_per_block!r}")
         self.path = os.fspath(path)
         self.mode = mode
-        self._closed = False
+        self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
         self._h5 = None
         self._tmp: str | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
@@ -238,7 +238,12 @@ class Writer:
         self._heap_stream: _ChunkStream | None = None
         self._typesize = spec.blosc_typesize(self._row_dtype)
         if appending:
-            self._open_for_append(layout)
+            try:
+                self._open_for_append(layout)
+            except BaseException:
+                self.abort()  # removes the copy
+                raise
+        self._closed = False
 
     # -- public API ------------------------------------------------------------------------
     @property

@@ -462,3 +462,21 @@ def test_input_memory_layouts(rs, h5path, batch):
         assert np.array_equal(g["b"], np.asarray(r["b"])) and g["b"].dtype.str == "<i4"
         assert np.array_equal(g["img"], r["img"])
         assert g["be"].tolist() == [7, 65535]
+
+
+def test_failed_constructor_does_not_warn_or_leave_files(rs, h5path, tmp_path):
+    schema = Schema([Field("i", "int64")])
+    rs.write_file(h5path, schema, [{"i": 1}])
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not hdf5")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(FileExistsError):
+            rowstore.Writer(h5path, schema, mode="x")
+        with pytest.raises(SchemaError):
+            rowstore.Writer(h5path, Schema([Field("j", "int64")]), mode="a")
+        with pytest.raises(rowstore.FormatError):
+            rowstore.Writer(str(junk), mode="a")
+        gc.collect()
+    assert not [c for c in caught if issubclass(c.category, ResourceWarning)], [str(c.message) for c in caught]
+    assert sorted(os.listdir(tmp_path)) == ["data.h5", "junk.h5"]

@@ -480,3 +480,17 @@ def test_failed_constructor_does_not_warn_or_leave_files(rs, h5path, tmp_path):
         gc.collect()
     assert not [c for c in caught if issubclass(c.category, ResourceWarning)], [str(c.message) for c in caught]
     assert sorted(os.listdir(tmp_path)) == ["data.h5", "junk.h5"]
+
+
+@pytest.mark.parametrize("cname", ["lz4", "lz4hc", "zstd", "blosclz", "zlib"])
+@pytest.mark.parametrize("shuffle", ["none", "byte", "bit"])
+def test_every_blosc2_codec_and_shuffle(rs, h5path, schema_all_kinds, cname, shuffle):
+    rows = rs.make_rows(schema_all_kinds, 9, seed=13)
+    compression = {"cname": cname, "clevel": 1, "shuffle": shuffle}
+    rs.write_file(h5path, schema_all_kinds, rows, rows_per_block=4, heap_chunk_bytes=128, compression=compression)
+    lay = Layout.open(h5path, verify=True)
+    assert lay.compression == {"id": "blosc2", **compression}
+    rs.assert_rows_equal(schema_all_kinds, rows, rs.read_rows(h5path))
+    with h5py.File(h5path, "r") as f:  # HDF5's own Blosc2 filter agrees
+        assert f["rowstore/rows"]["label"].tolist() == [int(r["label"]) for r in rows]
+        assert len(f["rowstore/heap"][()]) == lay.heap_nbytes

@@ -195,11 +195,13 @@ class Field:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Field:
+        if not isinstance(obj, Mapping):
+            raise SchemaError(f"a field description must be a JSON object, got {obj!r}")
         try:
             return cls(
                 name=obj["name"],
                 dtype=obj["dtype"],
-                shape=tuple(obj.get("shape", ())),
+                shape=obj.get("shape", ()),  # validated (and normalised) by the constructor
                 codec=obj.get("codec"),
                 nullable=obj.get("nullable", False),
             )

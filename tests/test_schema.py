@@ -275,7 +275,8 @@ def test_schema_inequality():
 @pytest.mark.parametrize(
     "bad",
     ["{not json", "[]", '{"fields": 3}', '{"fields": [{"dtype": "int64"}]}', '{"fields": [{"name": "x"}]}',
-     '{"fields": []}', '{"fields": [{"name": "x", "dtype": "int64", "shape": [-3]}]}'],
+     '{"fields": []}', '{"fields": [{"name": "x", "dtype": "int64", "shape": [-3]}]}', '{"fields": ["x"]}',
+     '{"fields": [3]}', '{"fields": [{"name": "x", "dtype": "int64", "shape": "ab"}]}', "null", '"text"'],
 )  # fmt: skip
 def test_from_json_errors(bad):
     with pytest.raises(SchemaError):

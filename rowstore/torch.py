@@ -28,6 +28,7 @@ import os
 import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -977,21 +978,49 @@ class _CudaStage:
 
     def __init__(self, device: torch.device, *, pin: bool, slots: int):
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        self.stream = self._new_stream()
         self.slots = [_Slot() for _ in range(max(2, slots))] if pin else []
         self._next = 0
+
+    # The CUDA calls, one method each (tests drive the pipeline with a CPU stand-in).
+    def _new_stream(self) -> Any:
+        return torch.cuda.Stream(device=self.device)
+
+    def _new_event(self) -> Any:
+        return torch.cuda.Event()
+
+    def _on_side_stream(self) -> Any:
+        return torch.cuda.stream(self.stream)
+
+    def _pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    def context(self) -> Any:
+        """Entered by the producer thread: makes ``device`` its current device."""
+        return torch.cuda.device(self.device)
+
+    def receive(self, event: Any, fresh: list[torch.Tensor]) -> None:
+        """Consumer side: the current stream waits for the batch's copies (no host sync), and
+        the caching allocator learns that the current stream uses the new tensors."""
+        cur = torch.cuda.current_stream(self.device)
+        cur.wait_event(event)
+        for t in fresh:
+            t.record_stream(cur)
 
     def _h2d(self, slot: _Slot | None, key: str, t: torch.Tensor, fresh: list) -> torch.Tensor:
         if slot is not None:
             nbytes = t.numel() * t.element_size()
             buf = slot.bufs.get(key)
             if buf is None or buf.numel() < nbytes:
-                buf = torch.empty(max(64, nbytes + nbytes // 4), dtype=torch.uint8, pin_memory=True)
+                buf = self._pinned(max(64, nbytes + nbytes // 4))
                 slot.bufs[key] = buf
             staged = buf[:nbytes].view(t.dtype).view(t.shape)
             staged.copy_(t)
             t = staged
-        d = t.to(self.device, non_blocking=True)
+        d = self._to_device(t)
         fresh.append(d)
         return d
 
@@ -1005,7 +1034,7 @@ class _CudaStage:
                 slot.event.synchronize()  # the copies out of this slot (a ring ago) are done
         fresh: list[torch.Tensor] = []
         out: dict[str, Any] = {}
-        with torch.cuda.stream(self.stream):
+        with self._on_side_stream():
             for k, v in host.items():
                 if isinstance(v, torch.Tensor):
                     out[k] = self._h2d(slot, k, v, fresh)
@@ -1019,7 +1048,7 @@ class _CudaStage:
                     out[k] = v.moved(values, offs)
                 else:
                     out[k] = v
-            event = torch.cuda.Event()
+            event = self._new_event()
             event.record(self.stream)
         if slot is not None:
             slot.event = event
@@ -1090,7 +1119,9 @@ class _Loader:
         self._position = 0
         self._resume_pending = False
         self._running: tuple[int, int] | None = None
-        self._active: Iterator | None = None
+        # A weak reference: a loop that breaks drops the iterator, which then closes at once
+        # (stopping its threads) instead of living in a loader <-> generator cycle until GC.
+        self._active: weakref.ref | None = None
         if self._tf is None and self._collator.dense_only:
             self._convert: Callable[[dict], dict] = _Collator.dense
         else:
@@ -1211,8 +1242,9 @@ class _Loader:
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
         self._close_active()
-        self._active = self._run()
-        return self._active
+        gen = self._run()
+        self._active = weakref.ref(gen)
+        return gen
 
     def _source(self) -> Iterator[tuple[dict, tuple[int, int]]]:
         raise NotImplementedError
@@ -1224,9 +1256,10 @@ class _Loader:
         self._resume_pending = False
         self._running = (self._epoch, self._position)
         source = self._source()
+        deliver = self._deliver_cuda(source) if self._cuda else None
         try:
-            if self._cuda:
-                for out, st in self._deliver_cuda(source):
+            if deliver is not None:
+                for out, st in deliver:
                     self._epoch, self._position = st
                     yield out
             else:
@@ -1239,6 +1272,8 @@ class _Loader:
                     yield out
         finally:
             self._running = None
+            if deliver is not None:
+                deliver.close()  # stops and joins the producer thread before its source closes
             source.close()
         self._epoch, self._position = self._end_state()
 
@@ -1267,7 +1302,7 @@ class _Loader:
 
         def produce() -> None:
             try:
-                with torch.cuda.device(self.device):
+                with stage.context():
                     for b, st in source:
                         out, event, fresh = stage.put(convert(b))
                         if not put((out, event, fresh, st)):
@@ -1286,10 +1321,7 @@ class _Loader:
                 if isinstance(item, _Failure):
                     raise item.exc
                 out, event, fresh, st = item
-                cur = torch.cuda.current_stream(self.device)
-                cur.wait_event(event)
-                for t in fresh:
-                    t.record_stream(cur)
+                stage.receive(event, fresh)
                 if self._collator.has_var:
                     out = _Collator.finish(out)  # views/nested built on the consumer's stream
                 yield out, st
@@ -1298,9 +1330,10 @@ class _Loader:
             worker.join()
 
     def _close_active(self) -> None:
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        gen = self._active() if self._active is not None else None
+        self._active = None
+        if gen is not None:
+            gen.close()
 
     def close(self) -> None:
         """Stop any running iteration (and its threads); close the reader if this loader opened it."""
@@ -1448,8 +1481,9 @@ class BatchedDataLoader(_Loader):
         if self._cuda or self._convert is not _Collator.dense or self._post is not None:
             return super().__iter__()
         self._close_active()
-        self._active = self._run_dense()
-        return self._active
+        gen = self._run_dense()
+        self._active = weakref.ref(gen)
+        return gen
 
     def _run_dense(self) -> Iterator[dict]:
         """The raw fast path (fixed-shape numeric fields, no transform, CPU): what

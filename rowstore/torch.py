@@ -677,7 +677,9 @@ def collate(batch: Any) -> Any:
     if isinstance(batch, RowBatch):
         return batch.collate()
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], Row):
-        return batch[0].collator.rows(batch)
+        collator = getattr(batch[0], "collator", None)  # unset on a Row rebuilt by torch
+        if collator is not None:
+            return collator.rows(batch)
     return _tud.default_collate(batch)
 
 

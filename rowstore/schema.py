@@ -124,6 +124,8 @@ class Field:
             )
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "shape", shape)
+        if not isinstance(self.nullable, (bool, np.bool_)):
+            raise SchemaError(f"field {name!r}: nullable must be a bool, got {self.nullable!r}", field=name)
         object.__setattr__(self, "nullable", bool(self.nullable))
         codec = get_codec(self.codec, dtype=dtype, field=name)
         codec.check_field(self)

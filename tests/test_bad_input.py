@@ -439,3 +439,27 @@ def test_hostile_payload_references(rs, tmp_path):
         cases.append((col, part, value))
     for case, res in zip(cases, run_damaged(rs, paths), strict=True):
         assert res["read"] != "ok", (case, res)
+
+
+def test_float_narrowing_that_would_overflow_is_refused(tmp_path):
+    import rowstore as rs_
+
+    schema = rs_.Schema([rs_.Field("f", "float32", (2,)), rs_.Field("c", "complex64")])
+    path = str(tmp_path / "f.h5")
+    with rs_.Writer(path, schema) as w:
+        w.write({"f": np.array([1.0, np.inf]), "c": 1 + 2j})  # inf stays inf: accepted
+        with pytest.raises(rs_.RowValidationError, match="row 1: field 'f'.*outside the range of float32"):
+            w.write({"f": np.array([1e300, 0.0]), "c": 0})
+        with pytest.raises(rs_.RowValidationError, match="field 'c'"):
+            w.write({"f": [0.0, 0.0], "c": complex(1e300, 0)})
+        with pytest.raises(rs_.RowValidationError, match="row 2: field 'f'"):
+            w.write_batch({"f": np.array([[0.0, 0.0], [1e40, 0.0]]), "c": np.zeros(2)})
+        w.write({"f": np.array([3.5, -1e30]), "c": 0})
+    assert rs_.open(path).take([0, 1])["f"][1].tolist() == [3.5, np.float32(-1e30)]
+
+
+def test_nullable_must_be_a_bool():
+    import rowstore as rs_
+
+    with pytest.raises(rs_.SchemaError, match="nullable must be a bool"):
+        rs_.Field("x", "int8", nullable="yes")

@@ -494,3 +494,24 @@ def test_every_blosc2_codec_and_shuffle(rs, h5path, schema_all_kinds, cname, shu
     with h5py.File(h5path, "r") as f:  # HDF5's own Blosc2 filter agrees
         assert f["rowstore/rows"]["label"].tolist() == [int(r["label"]) for r in rows]
         assert len(f["rowstore/heap"][()]) == lay.heap_nbytes
+
+
+def test_writing_through_a_symlink_replaces_its_target(tmp_path):
+    import rowstore as rs_
+
+    schema = rs_.Schema([rs_.Field("v", "int64")])
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    target = real_dir / "data.h5"
+    link = tmp_path / "link.h5"
+    with rs_.Writer(str(target), schema) as w:
+        w.write({"v": 1})
+    os.symlink(target, link)
+    with rs_.Writer(str(link), schema, mode="a") as w:
+        w.write({"v": 2})
+    assert os.path.islink(link)
+    assert rs_.open(str(target)).take([0, 1])["v"].tolist() == [1, 2]
+    with rs_.Writer(str(link), schema) as w:
+        w.write({"v": 3})
+    assert os.path.islink(link) and rs_.open(str(link)).take([0])["v"].tolist() == [3]
+    assert sorted(os.listdir(real_dir)) == ["data.h5"]

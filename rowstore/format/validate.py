@@ -53,22 +53,27 @@ def _cast_ok(src: np.dtype, dst: np.dtype) -> bool | None:
     """True: cast ok; False: refuse; None: ok if values fit (integer narrowing)."""
     if src == dst or np.can_cast(src, dst, "safe"):
         return True
-    if src.kind == "f" and dst.kind == "f":
-        return True
     if src.kind in "iu" and dst.kind in "iu":
         return None
+    if src.kind in "fc" and dst.kind in "fc" and not (src.kind == "c" and dst.kind == "f"):
+        return None  # narrowing floats (or into complex): ok when finite values stay finite
     if src.kind in "iub" and dst.kind in "fc":  # int64 -> float32 etc: values may round, accepted like numpy
-        return True
-    if src.kind in "fc" and dst.kind == "c":  # like float narrowing: float64 -> complex64
         return True
     return False
 
 
-def _ints_fit(arr: np.ndarray, dst: np.dtype) -> bool:
+def _values_fit(arr: np.ndarray, dst: np.dtype) -> bool:
+    """Integers within ``dst``'s range; floats (and complex parts) whose finite values stay
+    finite in ``dst`` (1e300 would silently become inf in float32)."""
     if arr.size == 0:
         return True
-    info = np.iinfo(dst)
-    return bool(arr.min() >= info.min and arr.max() <= info.max)
+    if dst.kind in "iu":
+        info = np.iinfo(dst)
+        return bool(arr.min() >= info.min and arr.max() <= info.max)
+    big = np.finfo(dst).max
+    parts = (arr.real, arr.imag) if arr.dtype.kind == "c" else (arr,)
+    with np.errstate(invalid="ignore"):
+        return all(not (np.isfinite(p) & (np.abs(p) > big)).any() for p in parts)
 
 
 def check_value(field: Field, value: Any, row: int) -> Any:
@@ -108,7 +113,7 @@ def check_value(field: Field, value: Any, row: int) -> Any:
     ok = _cast_ok(arr.dtype, field.dtype)
     if ok is False:
         raise _fail(field, row, arr, f"{arr.dtype} does not cast safely to {field.dtype}")
-    if ok is None and not _ints_fit(arr, field.dtype):
+    if ok is None and not _values_fit(arr, field.dtype):
         raise _fail(field, row, arr, f"values outside the range of {field.dtype}")
     if not field.inline and any(s > 0xFFFFFFFF for s in arr.shape):
         raise _fail(field, row, arr, "a dimension exceeds 2**32-1")
@@ -150,10 +155,8 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
                 field=field.name,
                 row=first_row,
             )
-        if ok is None and not _ints_fit(column, field.dtype):
-            info = np.iinfo(field.dtype)
-            flat = column.reshape(n, -1)
-            bad = int(np.argmax(((flat < info.min) | (flat > info.max)).any(axis=1)))
+        if ok is None and not _values_fit(column, field.dtype):
+            bad = next(i for i in range(n) if not _values_fit(column[i], field.dtype))
             raise RowValidationError(
                 f"row {first_row + bad}: field {field.name!r}: values outside the range of {field.dtype}",
                 field=field.name,

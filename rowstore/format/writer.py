@@ -180,6 +180,9 @@ class Writer:
         if rows_per_block is not None and (not isinstance(rows_per_block, int) or rows_per_block < 1):
             raise ValueError(f"rows_per_block must be a positive int, got {rows_per_block!r}")
         self.path = os.fspath(path)
+        # The file that is replaced at close: a symlink's target (the link keeps pointing at
+        # the new file), else the path itself.
+        self._target = os.path.realpath(self.path) if os.path.islink(self.path) else self.path
         self.mode = mode
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
         self._h5 = None
@@ -492,8 +495,8 @@ class Writer:
 
     # -- file handling ---------------------------------------------------------------------
     def _new_tmp_path(self) -> str:
-        directory = os.path.dirname(os.path.abspath(self.path))
-        prefix = os.path.join(directory, "." + os.path.basename(self.path) + ".")
+        directory = os.path.dirname(os.path.abspath(self._target))
+        prefix = os.path.join(directory, "." + os.path.basename(self._target) + ".")
         for _ in range(100):
             tmp = prefix + secrets.token_hex(6) + ".rowstore-tmp"
             try:
@@ -627,12 +630,12 @@ class Writer:
         finally:
             os.close(fd)
         if self.mode == "x":
-            os.link(self._tmp, self.path)  # fails if path appeared meanwhile: never overwrite
+            os.link(self._tmp, self._target)  # fails if path appeared meanwhile: never overwrite
             os.unlink(self._tmp)
         else:
-            os.replace(self._tmp, self.path)
+            os.replace(self._tmp, self._target)
         self._tmp = None
-        dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+        dfd = os.open(os.path.dirname(os.path.abspath(self._target)), os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:

@@ -29,7 +29,13 @@ from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.order import check_args
 from rowstore.schema import BYTES, STR, Field, Schema
 
-__all__ = ["make_dataset", "repeat_epochs", "distribute_dataset_fn", "output_signature"]
+__all__ = [
+    "make_dataset",
+    "repeat_epochs",
+    "distribute_dataset_fn",
+    "output_signature",
+    "ragged_to_tf",
+]
 
 VARLEN_MODES = ("ragged", "padded")
 #: Target size of the chunks that generators yield (cut into batches or rows by tf.data).

@@ -408,3 +408,25 @@ def test_verify_always_checksums_rows_read_directly(dataset, tmp_path):
     assert rs.open(bad, verify=False).take([row], fields=["x"])["x"].shape == (1, 3, 2)
     with pytest.raises(ValueError):
         rs.open(dataset, verify="sometimes")
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_pad_ragged_matches_reference(big):
+    from rowstore.reader.buffers import pad_ragged
+
+    rng = np.random.default_rng(3 + big)
+    for _ in range(100):
+        nd = int(rng.integers(1, 4))
+        n = int(rng.integers(0, 6))
+        hi = 40 if big else 4
+        arrs = [rng.integers(0, 100, tuple(int(x) for x in rng.integers(0, hi, nd))) for _ in range(n)]
+        vals = np.concatenate([a.ravel() for a in arrs]) if n else np.zeros(0, np.int64)
+        off = np.zeros(n + 1, np.int64)
+        np.cumsum([a.size for a in arrs], out=off[1:])
+        shapes = np.array([a.shape for a in arrs], np.int64).reshape(n, nd)
+        got = pad_ragged(Ragged(vals, off, shapes), fill=-1)
+        maxs = tuple(int(m) for m in (shapes.max(axis=0) if n else np.zeros(nd, np.int64)))
+        want = np.full((n,) + maxs, -1)
+        for i, a in enumerate(arrs):
+            want[(i,) + tuple(slice(0, k) for k in a.shape)] = a
+        assert got.shape == want.shape and np.array_equal(got, want)

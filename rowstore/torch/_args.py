@@ -1,0 +1,65 @@
+"""Argument checks shared by the datasets and the loaders: the reader to use, the shard, the
+shuffle mode, the batch size and the epoch."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from rowstore.reader import order as _order
+from rowstore.reader.dataset import Reader
+
+
+def _open(path_or_reader: Any) -> tuple[Reader, bool]:
+    if isinstance(path_or_reader, Reader):
+        return path_or_reader, False
+    if isinstance(path_or_reader, (str, os.PathLike)):
+        return Reader(path_or_reader), True
+    raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")
+
+
+def _resolve_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
+    """``shard`` if given, else (rank, world size) of torch.distributed when initialized, else (0, 1)."""
+    if shard is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    try:
+        rank, world = (int(x) for x in shard)
+    except (TypeError, ValueError):
+        raise ValueError(f"shard must be (rank, world), got {shard!r}") from None
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard!r}")
+    return rank, world
+
+
+def _shuffle_mode(shuffle: Any) -> str:
+    if shuffle is True:
+        return "block"
+    if shuffle is False or shuffle is None:
+        return "none"
+    if shuffle not in _order.MODES:
+        raise ValueError(f"shuffle must be one of {_order.MODES} (or True/False), got {shuffle!r}")
+    return shuffle
+
+
+def _check_batch_size(batch_size: Any, *, optional: bool = False) -> int | None:
+    if batch_size is None and optional:
+        return None
+    if (
+        not isinstance(batch_size, (int, np.integer))
+        or isinstance(batch_size, bool)
+        or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return int(batch_size)
+
+
+def _check_epoch(epoch: Any) -> int:
+    if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+    return int(epoch)

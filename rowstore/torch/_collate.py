@@ -1,0 +1,207 @@
+"""Collation: conformed batches (numpy, Ragged, object arrays) into dicts of tensors, the
+:class:`Row` and :class:`RowBatch` the datasets hand out, and :func:`collate`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as _tud
+
+from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, pad_ragged
+from rowstore.schema import BYTES, STR, Field, Schema
+from rowstore.torch._convert import _columns_of, _resolve_varlen, _tensor, torch_dtype
+
+
+class _Var:
+    """A variable-shape field on its way to torch: flat values (a tensor, on the host or already
+    on the device) and the row shapes; :meth:`finish` builds the nested tensor or list."""
+
+    __slots__ = ("values", "offsets", "shapes", "kind", "tail", "jag_offsets")
+
+    def __init__(self, r: Ragged, kind: str, field: Field):
+        self.values = _tensor(r.values)
+        self.offsets = r.offsets
+        self.shapes = r.shapes
+        self.kind = kind
+        self.tail = tuple(field.shape[1:])
+        self.jag_offsets = None
+        if kind == "jagged":
+            off = np.zeros(len(r) + 1, np.int64)
+            np.cumsum(r.shapes[:, 0], out=off[1:])
+            self.jag_offsets = torch.from_numpy(off)
+
+    def moved(self, values: torch.Tensor, jag_offsets: torch.Tensor | None) -> _Var:
+        v = object.__new__(_Var)
+        v.values, v.offsets, v.shapes, v.kind, v.tail, v.jag_offsets = (
+            values,
+            self.offsets,
+            self.shapes,
+            self.kind,
+            self.tail,
+            jag_offsets,
+        )
+        return v
+
+    def finish(self) -> Any:
+        n = len(self.shapes)
+        if self.kind == "jagged":
+            lens = self.shapes[:, 0]
+            values = self.values.view((int(lens.sum()),) + self.tail)
+            if n == 0:
+                return torch.nested.nested_tensor(
+                    [], dtype=values.dtype, device=values.device, layout=torch.jagged
+                )
+            return torch.nested.nested_tensor_from_jagged(
+                values, self.jag_offsets, min_seqlen=int(lens.min()), max_seqlen=int(lens.max())
+            )
+        off = self.offsets.tolist()
+        views = [
+            self.values[off[i] : off[i + 1]].view(s)
+            for i, s in enumerate(map(tuple, self.shapes.tolist()))
+        ]
+        if self.kind == "list":
+            return views
+        return torch.nested.nested_tensor(views, dtype=self.values.dtype, device=self.values.device)
+
+
+class _Collator:
+    """Turns conformed batches (numpy, Ragged, object arrays) into dicts of torch values."""
+
+    def __init__(self, schema: Schema, varlen: str | Mapping[str, str]):
+        self.schema = schema
+        self.modes = _resolve_varlen(varlen, schema)
+        self._plan: list[tuple[str, str, Any]] = []
+        for f in schema:
+            if f.dtype in (STR, BYTES):
+                self._plan.append((f.name, "objects", None))
+            else:
+                torch_dtype(f)  # raise early for dtypes this torch lacks
+                if f.is_variable:
+                    self._plan.append((f.name, self.modes[f.name], f))
+                else:
+                    self._plan.append((f.name, "dense", None))
+            if f.nullable:
+                self._plan.append((f.name + NULL_KEY, "dense", None))
+        self.dense_only = all(kind == "dense" for _, kind, _ in self._plan)
+        self.has_var = any(kind in ("jagged", "strided", "list") for _, kind, _ in self._plan)
+
+    def __getstate__(self):
+        return {"schema": self.schema.to_json(), "modes": self.modes}
+
+    def __setstate__(self, state):
+        modes = {
+            k: ("nested" if m in ("jagged", "strided") else m) for k, m in state["modes"].items()
+        }
+        self.__init__(Schema.from_json(state["schema"]), modes)
+
+    @staticmethod
+    def dense(b: dict) -> dict:
+        """The fast path (fixed-shape numeric fields only): one ``from_numpy`` view per array."""
+        return {k: torch.from_numpy(v) for k, v in b.items()}
+
+    def host(self, b: Mapping) -> dict:
+        """Host tensors; variable fields in nested/list modes stay :class:`_Var` until finished."""
+        out: dict[str, Any] = {}
+        for key, kind, f in self._plan:
+            v = b[key]
+            if kind == "dense":
+                out[key] = _tensor(v)
+            elif kind == "objects":
+                out[key] = v.tolist() if isinstance(v, np.ndarray) else list(v)
+            elif kind == "padded":
+                out[key] = torch.from_numpy(pad_ragged(v))
+                out[key + SHAPE_KEY] = torch.from_numpy(
+                    np.ascontiguousarray(v.shapes[:, list(f.variable_dims)])
+                )
+            else:
+                out[key] = _Var(v, kind, f)
+        return out
+
+    @staticmethod
+    def finish(out: dict) -> dict:
+        for k, v in out.items():
+            if isinstance(v, _Var):
+                out[k] = v.finish()
+        return out
+
+    def to_torch(self, b: Mapping) -> dict:
+        """A conformed batch as a dict of CPU tensors (and lists)."""
+        out = self.host(b)
+        return self.finish(out) if self.has_var else out
+
+    def row(self, b: Mapping, i: int) -> Row:
+        """Row ``i`` of a conformed batch as a :class:`Row` of tensors (``None`` for nulls)."""
+        r = Row()
+        for f in self.schema:
+            v = b[f.name][i]
+            if f.nullable and b[f.name + NULL_KEY][i]:
+                v = None
+            elif f.dtype not in (STR, BYTES):
+                v = _tensor(np.asarray(v))
+            r[f.name] = v
+        r.collator = self
+        return r
+
+    def rows(self, rows: Sequence[Mapping]) -> dict:
+        """Collate a list of rows (tensors, arrays, str/bytes, ``None``) into a batch."""
+        return self.to_torch(_columns_of(rows, self.schema))
+
+
+class Row(dict):
+    """One row as a dict of tensors (``str``/``bytes`` as is, ``None`` for nulls), as
+    :class:`Dataset` and row-mode :class:`IterableDataset` give it. It remembers how its dataset
+    collates, so :func:`collate` turns a list of rows into the same batch layout as
+    :meth:`Dataset.__getitems__` (``__null``/``__shape`` companions, varlen modes)."""
+
+    __slots__ = ("collator",)
+
+
+class RowBatch(Sequence):
+    """The rows :meth:`Dataset.__getitems__` fetched for one DataLoader batch, kept as columns
+    (numpy, owned by this object) until :func:`collate` turns them into tensors in one step.
+    Indexing gives :class:`Row`\\ s, so ``default_collate`` still works (slowly)."""
+
+    __slots__ = ("columns", "collator")
+
+    def __init__(self, columns: dict, collator: _Collator):
+        self.columns = columns
+        self.collator = collator
+
+    def __len__(self) -> int:
+        name = self.collator.schema.names[0]
+        return len(self.columns[name])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        return self.collator.row(self.columns, i)
+
+    def collate(self) -> dict:
+        return self.collator.to_torch(self.columns)
+
+
+def collate(batch: Any) -> Any:
+    """``collate_fn`` for rowstore datasets: ``DataLoader(ds, collate_fn=rowstore.torch.collate)``.
+
+    A :class:`RowBatch` (from :meth:`Dataset.__getitems__`) becomes a dict of tensors in one
+    step: ``torch.from_numpy`` views for fixed-shape fields, variable shapes per the dataset's
+    ``varlen``, lists for ``str``/``bytes``, ``"<name>__null"`` for nullable fields. A list of
+    :class:`Row`\\ s (row-mode :class:`IterableDataset`, or datasets without ``__getitems__``
+    such as ``ConcatDataset``) gives the same layout. Anything else goes to torch's
+    ``default_collate``.
+    """
+    if isinstance(batch, RowBatch):
+        return batch.collate()
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], Row):
+        collator = getattr(batch[0], "collator", None)  # unset on a Row rebuilt by torch
+        if collator is not None:
+            return collator.rows(batch)
+    return _tud.default_collate(batch)

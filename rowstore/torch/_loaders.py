@@ -1,0 +1,627 @@
+"""The batched loaders (no ``DataLoader``): :class:`BatchedDataLoader` streams from the reader,
+:class:`InMemBatchedDataLoader` reads its shard once; their base :class:`_Loader` holds the
+transform and collation, the device path (a producer thread for CUDA), epoch/position state
+and ``state_dict``."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rowstore.reader import order as _order
+from rowstore.reader.buffers import Ragged
+from rowstore.torch._args import (
+    _check_batch_size,
+    _check_epoch,
+    _open,
+    _resolve_shard,
+    _shuffle_mode,
+)
+from rowstore.torch._collate import _Collator
+from rowstore.torch._device import _CudaStage, _to_device
+from rowstore.torch._transform import _as_spec, _schemas
+
+_STATE_VERSION = 1
+_INMEM_STREAM = 0x1A3E  # key of the in-memory loader's permutations in order.seed64
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+
+
+class _Loader:
+    """What BatchedDataLoader and InMemBatchedDataLoader share: transforms and collation,
+    the device path, epoch/position state, and iteration."""
+
+    def __init__(
+        self,
+        path_or_reader,
+        *,
+        batch_size,
+        fields,
+        shard,
+        device,
+        pin_memory,
+        transform,
+        varlen,
+        prefetch,
+        drop_last,
+        even,
+    ):
+        self.reader, self._owns_reader = _open(path_or_reader)
+        self.batch_size = _check_batch_size(batch_size)
+        self.shard = _resolve_shard(shard)
+        self.even = bool(even)
+        self.drop_last = bool(drop_last)
+        self.prefetch = max(1, int(prefetch))
+        self._fields = None if fields is None else list(fields)
+        self.input_schema, (self._tf,), self.output_schema = _schemas(
+            self.reader, fields, [_as_spec(transform)]
+        )
+        self._collator = _Collator(self.output_schema, varlen)
+        self.device = self._resolve_device(device)
+        self._cuda = self.device is not None and self.device.type == "cuda"
+        self.pin_memory = self._resolve_pin(pin_memory)
+        self._stage: _CudaStage | None = None
+        self._epoch = 0
+        self._position = 0
+        self._resume_pending = False
+        self._running: tuple[int, int] | None = None
+        # A weak reference: a loop that breaks drops the iterator, which then closes at once
+        # (stopping its threads) instead of living in a loader <-> generator cycle until GC.
+        self._active: weakref.ref | None = None
+        if self._tf is None and self._collator.dense_only:
+            self._convert: Callable[[dict], dict] = _Collator.dense
+        else:
+            self._convert = self._convert_general
+        self._post = None
+        if not self._cuda and (
+            self._collator.has_var
+            or self.pin_memory
+            or (self.device is not None and self.device.type != "cpu")
+        ):
+            self._post = self._post_host
+
+    # -- configuration -------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_device(device) -> torch.device | None:
+        if device is None:
+            return None
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"device {str(device)!r} was asked for but CUDA is not available; "
+                    f"use device=None or 'cpu'"
+                )
+            if dev.index is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
+
+    def _resolve_pin(self, pin_memory) -> bool:
+        if pin_memory is None:
+            return self._cuda
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn(
+                "pin_memory=True but CUDA is not available: batches are not pinned", stacklevel=4
+            )
+            return False
+        return bool(pin_memory)
+
+    def _convert_general(self, b: dict) -> dict:
+        if self._tf is not None:
+            b = self._tf.batch(b)
+        return self._collator.host(b)
+
+    def _post_host(self, out: dict) -> dict:
+        if self._collator.has_var:
+            out = _Collator.finish(out)
+        if self.pin_memory or (self.device is not None and self.device.type != "cpu"):
+            out = _to_device(out, self.device, self.pin_memory)
+        return out
+
+    # -- epochs and state ------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Rows of this epoch already handed out (to this rank)."""
+        return self._position
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` from its start at the next iteration.
+
+        Right after :meth:`load_state_dict`, calling it with the loaded epoch keeps the loaded
+        position (so the usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes).
+        """
+        epoch = _check_epoch(epoch)
+        if self._resume_pending and epoch == self._epoch:
+            return
+        self._epoch, self._position, self._resume_pending = epoch, 0, False
+        self._reset_run()
+
+    def _reset_run(self) -> None:
+        pass
+
+    def _order_state(self) -> dict:
+        return {"shard": list(self.shard), "even": self.even, "num_rows": len(self.reader)}
+
+    def state_dict(self) -> dict:
+        """Where this loader stands: epoch, rows handed out in it, and what the order depends
+        on. Plain Python values (``torch.save`` / ``json`` friendly). Call it between batches
+        (inside the loop is fine): it counts only batches already handed out, not prefetched."""
+        return {
+            "version": _STATE_VERSION,
+            "kind": type(self).__name__,
+            "epoch": self._epoch,
+            "position": self._position,
+            "batch_size": self.batch_size,
+            **self._order_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining rows
+        of that epoch in the same order. Raises ``ValueError`` if the order would differ."""
+        if state.get("version") != _STATE_VERSION or state.get("kind") != type(self).__name__:
+            raise ValueError(
+                f"not a {type(self).__name__} state (version {_STATE_VERSION}): "
+                f"kind={state.get('kind')!r} version={state.get('version')!r}"
+            )
+        mine = self._order_state()
+        for k, v in mine.items():
+            got = state.get(k)
+            if (list(got) if isinstance(got, tuple) else got) != v:
+                raise ValueError(
+                    f"cannot resume: the saved state has {k}={got!r}, this loader {v!r} "
+                    f"(the epoch order would differ)"
+                )
+        self._close_active()
+        self._epoch = _check_epoch(state["epoch"])
+        self._position = int(state["position"])
+        self._load_extra(state)
+        self._resume_pending = True
+
+    def _load_extra(self, state: Mapping[str, Any]) -> None:
+        pass
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict]:
+        self._close_active()
+        gen = self._run()
+        self._active = weakref.ref(gen)
+        return gen
+
+    def _source(self) -> Iterator[tuple[dict, tuple[int, int]]]:
+        raise NotImplementedError
+
+    def _end_state(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _run(self) -> Iterator[dict]:
+        self._resume_pending = False
+        self._running = (self._epoch, self._position)
+        source = self._source()
+        deliver = self._deliver_cuda(source) if self._cuda else None
+        try:
+            if deliver is not None:
+                for out, st in deliver:
+                    self._epoch, self._position = st
+                    yield out
+            else:
+                convert, post = self._convert, self._post
+                for b, st in source:
+                    out = convert(b)
+                    if post is not None:
+                        out = post(out)
+                    self._epoch, self._position = st
+                    yield out
+        finally:
+            self._running = None
+            if deliver is not None:
+                deliver.close()  # stops and joins the producer thread before its source closes
+            source.close()
+        self._epoch, self._position = self._end_state()
+
+    def _get_stage(self) -> _CudaStage:
+        if self._stage is None:
+            self._stage = _CudaStage(self.device, pin=self.pin_memory, slots=self.prefetch + 1)
+        return self._stage
+
+    def _deliver_cuda(self, source) -> Iterator[tuple[dict, tuple[int, int]]]:
+        """A producer thread reads, transforms, collates, stages into pinned memory and enqueues
+        the copies on the side stream, ``prefetch`` batches ahead; this consumer makes the
+        current stream wait for each batch's copies."""
+        stage = self._get_stage()
+        convert = self._convert
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        def produce() -> None:
+            try:
+                with stage.context():
+                    for b, st in source:
+                        out, event, fresh = stage.put(convert(b))
+                        if not put((out, event, fresh, st)):
+                            return
+                put(_END)
+            except BaseException as exc:  # handed to the consumer, raised there
+                put(_Failure(exc))
+
+        worker = threading.Thread(target=produce, name="rowstore-h2d", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.exc
+                out, event, fresh, st = item
+                stage.receive(event, fresh)
+                if self._collator.has_var:
+                    out = _Collator.finish(out)  # views/nested built on the consumer's stream
+                yield out, st
+        finally:
+            stop.set()
+            worker.join()
+
+    def _close_active(self) -> None:
+        gen = self._active() if self._active is not None else None
+        self._active = None
+        if gen is not None:
+            gen.close()
+
+    def close(self) -> None:
+        """Stop any running iteration (and its threads); close the reader if this loader opened it."""
+        self._close_active()
+        if self._owns_reader:
+            self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class BatchedDataLoader(_Loader):
+    """Batches of torch tensors straight from the reader: the fast path (no ``DataLoader``).
+
+    Parameters
+    ----------
+    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    batch_size : int
+    shuffle : {"block", "full", "none"} or bool
+        Epoch order mode (True is "block"); see :mod:`rowstore.reader.order`.
+    seed : int
+    fields : sequence of str, optional
+    shard : (rank, world), optional
+        Default: torch.distributed's rank and world size when initialized, else (0, 1).
+    device : str or torch.device, optional
+        Where batches go. ``None``/``"cpu"``: CPU tensors that are ``torch.from_numpy`` views of
+        arrays the reader handed over (nothing is copied). A CUDA device: see Notes.
+    pin_memory : bool, optional
+        Default True for a CUDA device. With ``device=None`` and CUDA present, True returns
+        pinned CPU tensors. Without CUDA it warns and is ignored.
+    transform : callable or TransformSpec, optional
+        Applied to each batch (numpy) before collation; see :class:`TransformSpec`.
+    drop_last : bool
+        Drop this rank's last partial batch.
+    window : int
+        Blocks mixed together in "block" mode.
+    num_threads : int, optional
+        Reader threads (kernels and image decoders run without the GIL).
+    prefetch : int
+        Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
+    even : bool
+        Every rank gets exactly ``len // world`` rows, so DDP ranks stay in step.
+    varlen : {"padded", "nested", "list"} or dict
+
+    Notes
+    -----
+    The epoch order is the reader's (a pure function of seed, epoch, layout and shard). One
+    iteration yields the rest of the current epoch; when it completes, the loader moves to the
+    next epoch, so ``for _ in range(n): for b in loader`` sees ``n`` different epochs.
+    :meth:`set_epoch` picks an epoch explicitly. Breaking out of a loop and iterating again
+    continues where it stopped; :meth:`state_dict`/:meth:`load_state_dict` do the same across
+    processes.
+
+    CUDA path: a producer thread reads (the reader prefetches on its own threads), transforms and
+    collates each batch, copies it into a small ring of pinned buffers (``prefetch + 1`` slots,
+    reused; a slot is refilled only once its previous copy completed) and enqueues the
+    ``non_blocking`` copies on a side stream, ``prefetch`` batches ahead. The consumer's current
+    stream waits on each batch's event (no host sync) and the device tensors are
+    ``record_stream``-ed to it. Device tensors are fresh for each batch and owned by the caller.
+
+    Use it as a context manager (``with BatchedDataLoader(...) as dl:``) or call :meth:`close`
+    to stop threads and close a reader it opened.
+    """
+
+    def __init__(
+        self,
+        path_or_reader: Any,
+        *,
+        batch_size: int,
+        shuffle: Any = "block",
+        seed: int = 0,
+        fields: Sequence[str] | None = None,
+        shard: tuple[int, int] | None = None,
+        device: Any = None,
+        pin_memory: bool | None = None,
+        transform: Any = None,
+        drop_last: bool = False,
+        window: int = 16,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        even: bool = False,
+        varlen: str | Mapping[str, str] = "padded",
+    ):
+        super().__init__(
+            path_or_reader,
+            batch_size=batch_size,
+            fields=fields,
+            shard=shard,
+            device=device,
+            pin_memory=pin_memory,
+            transform=transform,
+            varlen=varlen,
+            prefetch=prefetch,
+            drop_last=drop_last,
+            even=even,
+        )
+        self.shuffle = _shuffle_mode(shuffle)
+        self.seed = seed
+        self.window = window
+        self.num_threads = num_threads
+        _order.check_args(self.shuffle, seed, 0, window, *self.shard)
+
+    def _order_state(self) -> dict:
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "window": self.window,
+            **super()._order_state(),
+        }
+
+    @property
+    def shard_size(self) -> int:
+        """Rows this rank reads per epoch."""
+        return self.reader.shard_size(shard=self.shard, even=self.even)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current (running or next) iteration of this epoch."""
+        start = self._running[1] if self._running is not None else self._position
+        return self.reader.num_batches(
+            self.batch_size, shard=self.shard, even=self.even, drop_last=self.drop_last, start=start
+        )
+
+    def _reader_batches(self, epoch: int, pos: int) -> Iterator[dict]:
+        return self.reader.batches(
+            self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window,
+            fields=self._fields, shard=self.shard, even=self.even, drop_last=self.drop_last,
+            num_threads=self.num_threads, prefetch=self.prefetch, varlen="ragged", start=pos,
+        )  # fmt: skip
+
+    def _source(self):
+        epoch, pos = self._epoch, self._position
+        end, bs = self.shard_size, self.batch_size
+        it = self._reader_batches(epoch, pos)
+        try:
+            for b in it:
+                pos = min(pos + bs, end)
+                yield b, (epoch, pos)
+        finally:
+            it.close()
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._cuda or self._convert is not _Collator.dense or self._post is not None:
+            return super().__iter__()
+        self._close_active()
+        gen = self._run_dense()
+        self._active = weakref.ref(gen)
+        return gen
+
+    def _run_dense(self) -> Iterator[dict]:
+        """The raw fast path (fixed-shape numeric fields, no transform, CPU): what
+        :meth:`_run` does, with the per-batch work cut to one ``from_numpy`` per array."""
+        self._resume_pending = False
+        epoch, pos = self._epoch, self._position
+        self._running = (epoch, pos)
+        end, bs = self.shard_size, self.batch_size
+        it = self._reader_batches(epoch, pos)
+        from_numpy = torch.from_numpy
+        try:
+            for b in it:
+                out = {k: from_numpy(v) for k, v in b.items()}
+                pos += bs
+                self._position = pos if pos < end else end
+                yield out
+        finally:
+            self._running = None
+            it.close()
+        self._epoch, self._position = epoch + 1, 0
+
+    def _end_state(self) -> tuple[int, int]:
+        return self._epoch + 1, 0
+
+
+def _ragged_take(r: Ragged, idx: np.ndarray) -> Ragged:
+    lens = r.offsets[idx + 1] - r.offsets[idx]
+    off = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(lens, out=off[1:])
+    src = np.repeat(r.offsets[idx] - off[:-1], lens) + np.arange(int(off[-1]), dtype=np.int64)
+    return Ragged(r.values[src], off, r.shapes[idx])
+
+
+class InMemBatchedDataLoader(_Loader):
+    """Read this rank's shard once into memory, then shuffle and batch it for many epochs.
+
+    Parameters
+    ----------
+    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    batch_size : int
+    num_epochs : int, optional
+        Epochs one iteration yields (``None``: endless, as in Petastorm).
+    shuffle : bool
+        Shuffle each epoch: a permutation that is a pure function of (seed, epoch).
+    seed : int
+    fields : sequence of str, optional
+    shard : (rank, world), optional
+        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the file (with
+        ``even``: ``N // world`` rows each); default from torch.distributed.
+    device, pin_memory, transform, drop_last, varlen, prefetch
+        As in :class:`BatchedDataLoader`; ``transform`` runs on every batch (augmentations
+        differ per epoch).
+
+    Notes
+    -----
+    Memory: the shard's decoded columns. Each batch is a gather (a copy) from them, owned by
+    the caller. State (:meth:`state_dict`) is the epoch, the rows handed out in it, and the
+    epoch at which the current run of ``num_epochs`` ends.
+    """
+
+    def __init__(
+        self,
+        path_or_reader: Any,
+        *,
+        batch_size: int,
+        num_epochs: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        fields: Sequence[str] | None = None,
+        shard: tuple[int, int] | None = None,
+        device: Any = None,
+        pin_memory: bool | None = None,
+        transform: Any = None,
+        drop_last: bool = False,
+        even: bool = False,
+        varlen: str | Mapping[str, str] = "padded",
+        prefetch: int = 2,
+    ):
+        super().__init__(
+            path_or_reader,
+            batch_size=batch_size,
+            fields=fields,
+            shard=shard,
+            device=device,
+            pin_memory=pin_memory,
+            transform=transform,
+            varlen=varlen,
+            prefetch=prefetch,
+            drop_last=drop_last,
+            even=even,
+        )
+        if num_epochs is not None and (
+            not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1
+        ):
+            raise ValueError(f"num_epochs must be a positive int or None, got {num_epochs!r}")
+        self.num_epochs = num_epochs
+        self.shuffle = bool(shuffle)
+        _order.check_args("block", seed, 0, 1, *self.shard)
+        self.seed = seed
+        self._stop_epoch: int | None = None
+        lo, hi = _order.shard_bounds(len(self.reader), *self.shard, self.even)
+        self._lo, self._n = lo, hi - lo
+        self._cache = self.reader.take(
+            np.arange(lo, hi, dtype=np.int64), fields=self._fields, varlen="ragged"
+        )
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def _order_state(self) -> dict:
+        return {"seed": self.seed, "shuffle": self.shuffle, **super()._order_state()}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "stop_epoch": self._stop_epoch}
+
+    def _load_extra(self, state: Mapping[str, Any]) -> None:
+        stop = state.get("stop_epoch")
+        self._stop_epoch = None if stop is None else int(stop)
+
+    def _reset_run(self) -> None:
+        self._stop_epoch = None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows held in memory (this rank's shard)."""
+        return self._n
+
+    def _per_epoch(self, start: int = 0) -> int:
+        n = max(0, self._n - start)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __len__(self) -> int:
+        """Batches the current (running or next) iteration yields in all its epochs."""
+        if self.num_epochs is None:
+            raise TypeError("an endless InMemBatchedDataLoader (num_epochs=None) has no length")
+        epoch, pos = self._running if self._running is not None else (self._epoch, self._position)
+        stop = self._stop_epoch if self._stop_epoch is not None else epoch + self.num_epochs
+        if epoch >= stop:
+            return 0
+        return self._per_epoch(pos) + (stop - epoch - 1) * self._per_epoch()
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Row numbers (in the file) of ``epoch``'s order on this rank."""
+        return self._lo + self._order(epoch)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._perm is not None and self._perm[0] == epoch:
+            return self._perm[1]
+        if self.shuffle:
+            perm = _order.permutation(self._n, _order.seed64(self.seed, epoch, _INMEM_STREAM))
+        else:
+            perm = np.arange(self._n, dtype=np.int64)
+        self._perm = (epoch, perm)
+        return perm
+
+    def _gather(self, idx: np.ndarray) -> dict:
+        return {
+            k: (_ragged_take(v, idx) if isinstance(v, Ragged) else v[idx])
+            for k, v in self._cache.items()
+        }
+
+    def _source(self):
+        if self._stop_epoch is None and self.num_epochs is not None:
+            self._stop_epoch = self._epoch + self.num_epochs
+        stop = self._stop_epoch
+        epoch, pos = self._epoch, self._position
+        bs, n = self.batch_size, self._n
+        end = n - n % bs if self.drop_last else n
+        if end == 0:
+            return
+        while stop is None or epoch < stop:
+            order = self._order(epoch)
+            while pos < end:
+                idx = order[pos : pos + bs]
+                pos += len(idx)
+                yield self._gather(idx), (epoch, pos)
+            epoch, pos = epoch + 1, 0
+
+    def _end_state(self) -> tuple[int, int]:
+        stop = self._stop_epoch if self._stop_epoch is not None else self._epoch + 1
+        self._stop_epoch = None
+        return stop, 0

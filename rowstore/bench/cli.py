@@ -273,8 +273,9 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     if args.sweep:
         ok = [r for r in rs_results if not r.get("error")]
         best = max(ok, key=lambda r: r["rows_per_s"]) if ok else None
-        doc["sweep"] = {"grid": configs, "best": best["label"] if best else None,
-                        "best_config": best["config"] if best else None}
+        best_cfg = configs[rs_results.index(best)] if best else None
+        doc["sweep"] = {"grid": configs, "best": best["label"] if best else None, "best_config": best_cfg,
+                        "best_rows_per_s": best["rows_per_s"] if best else None}
     doc["notes"] = notes + [f"{r['label']}: partial epoch ({_partial_text(r)}), rate extrapolated"
                             for r in results if r.get("stopped_early")]
     _print_report(doc, console=console, log=log)
@@ -376,7 +377,9 @@ def _print_report(doc: dict, *, console=None, log=print) -> None:
         if b.get("description"):
             log(f"  {b['label']}: {b['description']}")
     if doc.get("sweep") and doc["sweep"].get("best"):
-        log(f"best configuration: {doc['sweep']['best']}  ({json.dumps(doc['sweep']['best_config'])})")
+        sw = doc["sweep"]
+        cfg = " ".join(f"{k}={v}" for k, v in sw["best_config"].items())
+        log(f"best configuration: {cfg}  ({sw['best']}: {report.fmt_rate(sw['best_rows_per_s'])} samples/s)")
     for n in doc.get("notes", []):
         log(f"note: {n}")
     for r in results:

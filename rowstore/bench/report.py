@@ -165,6 +165,11 @@ def plot(groups: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str, *, m
         ax.set_axisbelow(True)
         for s in ("top", "right"):
             ax.spines[s].set_visible(False)
+    if multi:  # a thin line between groups (workloads)
+        for i in range(1, n):
+            if items[i][0] != items[i - 1][0]:
+                for ax in axes:
+                    ax.axhline(ypos[i] + 0.5, color="#444444", linewidth=0.6)
     axes[0].set_yticks(ypos)
     axes[0].set_yticklabels(labels, fontsize=9)
     axes[0].set_ylim(-0.6, n - 0.4 + (0.5 if memcpy_gbps else 0))

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
+from rowstore.reader.dataset import as_reader
 from rowstore.reader.order import check_args
 from rowstore.schema import BYTES, STR, Field, Schema
 
@@ -245,14 +246,6 @@ def _reshape_rows_fn(fields: list[Field]) -> Callable[[dict], dict]:
 
 
 # -- datasets --------------------------------------------------------------------------------
-def _as_reader(path_or_reader: Any) -> Reader:
-    if isinstance(path_or_reader, Reader):
-        return path_or_reader
-    if isinstance(path_or_reader, (str, bytes, os.PathLike)):
-        return Reader(path_or_reader)
-    raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")
-
-
 def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
@@ -345,7 +338,7 @@ def make_dataset(
     tensors (a few numpy calls per batch) holds it. Arrays are handed to TensorFlow without
     being kept by the reader.
     """
-    reader = _as_reader(path_or_reader)
+    reader = as_reader(path_or_reader)[0]
     _check_positive("batch_size", batch_size)
     _check_positive("num_parallel_reads", num_parallel_reads)
     _check_positive("num_threads", num_threads)
@@ -470,7 +463,7 @@ def distribute_dataset_fn(
                 f"distribute_dataset_fn sets {key!r} from the input context; do not pass it"
             )
     _check_positive("global_batch_size", global_batch_size, allow_none=False)
-    reader = _as_reader(path_or_reader)
+    reader = as_reader(path_or_reader)[0]
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return make_dataset(

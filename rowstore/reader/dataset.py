@@ -667,3 +667,13 @@ class Reader:
                 fut.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
+
+def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
+    """``(reader, owned)``: ``path_or_reader`` itself if it is a :class:`Reader` (``owned`` is
+    False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``; ``owned``
+    is True: the caller may close it). For the adapters, which take either."""
+    if isinstance(path_or_reader, Reader):
+        return path_or_reader, False
+    if isinstance(path_or_reader, (str, bytes, os.PathLike)):
+        return Reader(path_or_reader), True
+    raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")

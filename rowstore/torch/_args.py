@@ -1,24 +1,14 @@
-"""Argument checks shared by the datasets and the loaders: the reader to use, the shard, the
-shuffle mode, the batch size and the epoch."""
+"""Argument checks shared by the datasets and the loaders: the shard, the shuffle mode, the
+batch size and the epoch."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
 from rowstore.reader import order as _order
-from rowstore.reader.dataset import Reader
-
-
-def _open(path_or_reader: Any) -> tuple[Reader, bool]:
-    if isinstance(path_or_reader, Reader):
-        return path_or_reader, False
-    if isinstance(path_or_reader, (str, os.PathLike)):
-        return Reader(path_or_reader), True
-    raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")
 
 
 def _resolve_shard(shard: tuple[int, int] | None) -> tuple[int, int]:

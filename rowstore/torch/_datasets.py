@@ -11,10 +11,10 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore.reader import order as _order
+from rowstore.reader.dataset import as_reader
 from rowstore.torch._args import (
     _check_batch_size,
     _check_epoch,
-    _open,
     _resolve_shard,
     _shuffle_mode,
 )
@@ -64,7 +64,7 @@ class Dataset(_tud.Dataset):
         batch_transform: Any = None,
         varlen: str | Mapping[str, str] = "padded",
     ):
-        self.reader, _ = _open(path_or_reader)
+        self.reader, _ = as_reader(path_or_reader)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]
@@ -145,7 +145,7 @@ class IterableDataset(_tud.IterableDataset):
         num_threads: int | None = None,
         prefetch: int = 2,
     ):
-        self.reader, _ = _open(path_or_reader)
+        self.reader, _ = as_reader(path_or_reader)
         self.batch_size = _check_batch_size(batch_size, optional=True)
         self.shuffle = _shuffle_mode(shuffle)
         self.seed = seed

@@ -17,10 +17,10 @@ import torch
 
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import Ragged
+from rowstore.reader.dataset import as_reader
 from rowstore.torch._args import (
     _check_batch_size,
     _check_epoch,
-    _open,
     _resolve_shard,
     _shuffle_mode,
 )
@@ -61,7 +61,7 @@ class _Loader:
         drop_last,
         even,
     ):
-        self.reader, self._owns_reader = _open(path_or_reader)
+        self.reader, self._owns_reader = as_reader(path_or_reader)
         self.batch_size = _check_batch_size(batch_size)
         self.shard = _resolve_shard(shard)
         self.even = bool(even)

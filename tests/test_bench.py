@@ -156,6 +156,13 @@ def test_arguments_are_checked(user_file):
         cli.main(["/nonexistent/x.h5", "--quiet"])
 
 
+def test_not_a_dataset(tmp_path, capsys):
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not hdf5")
+    assert cli.main([str(bad), "--quiet"]) == 1
+    assert "not an HDF5 file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("mode", ["torch", "torch-batched"])
 def test_torch_modes(mode, cache, tmp_path, capsys):
     pytest.importorskip("torch")

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from rowstore.bench import adapters, measure, report, runner, sources
+from rowstore.errors import RowstoreError
 
 __all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path"]
 
@@ -394,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a PATH or --demo NAME (one of them)")
     if args.rows is not None and not args.demo:
         parser.error("--rows applies to --demo")
-    doc = run(args)
+    try:
+        doc = run(args)
+    except (RowstoreError, OSError) as exc:
+        print(f"rowstore-bench: error: {exc}", file=sys.stderr)
+        return 1
     failed = [r for r in doc["results"] + doc.get("baselines", []) if r.get("error")]
     return 1 if failed else 0

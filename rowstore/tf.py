@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from rowstore.reader import Reader
+from rowstore.reader._args import positive_int
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.order import check_args
@@ -246,15 +247,6 @@ def _reshape_rows_fn(fields: list[Field]) -> Callable[[dict], dict]:
 
 
 # -- datasets --------------------------------------------------------------------------------
-def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(
-            f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}"
-        )
-
-
 def make_dataset(
     path_or_reader: str | os.PathLike | Reader,
     *,
@@ -339,11 +331,10 @@ def make_dataset(
     being kept by the reader.
     """
     reader = as_reader(path_or_reader)[0]
-    _check_positive("batch_size", batch_size)
-    _check_positive("num_parallel_reads", num_parallel_reads)
-    _check_positive("num_threads", num_threads)
-    if num_epochs is not None:
-        _check_positive("num_epochs", num_epochs, allow_none=False)
+    positive_int("batch_size", batch_size, optional=True)
+    positive_int("num_parallel_reads", num_parallel_reads, optional=True)
+    positive_int("num_threads", num_threads, optional=True)
+    positive_int("num_epochs", num_epochs, optional=True)
     rank, world = (0, 1) if shard is None else shard
     check_args(shuffle, seed, epoch, window, rank, world)
     schema = reader.schema.select(fields)
@@ -462,7 +453,7 @@ def distribute_dataset_fn(
             raise TypeError(
                 f"distribute_dataset_fn sets {key!r} from the input context; do not pass it"
             )
-    _check_positive("global_batch_size", global_batch_size, allow_none=False)
+    positive_int("global_batch_size", global_batch_size)
     reader = as_reader(path_or_reader)[0]
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:

@@ -260,6 +260,20 @@ def test_bad_arguments(dataset):
         rs.open(dataset, varlen="nested")
 
 
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"batch_size": True}, "batch_size"), ({"batch_size": 0}, "batch_size"),
+     ({"batch_size": 2.0}, "batch_size"), ({"epoch": True}, "epoch"), ({"epoch": -1}, "epoch"),
+     ({"seed": False}, "seed"), ({"window": True}, "window"), ({"window": 0}, "window")],
+)  # fmt: skip
+def test_batches_rejects_bools_and_bad_counts(dataset, kwargs, name):
+    r = rs.open(dataset)
+    kwargs = {"batch_size": 4, **kwargs}
+    with pytest.raises(ValueError, match=f"^{name} must be a (positive|non-negative) int"):
+        r.batches(kwargs.pop("batch_size"), **kwargs)
+    assert len(next(r.batches(np.int64(4), epoch=np.int32(1), window=np.uint8(2)))["label"]) == 4
+
+
 # -- corruption -----------------------------------------------------------------------------
 def corrupt_copy(src, dst, mutate):
     shutil.copyfile(src, dst)

@@ -435,6 +435,16 @@ def test_bad_arguments(tiny):
         rtf.distribute_dataset_fn(tiny, global_batch_size=8, batch_size=4)
 
 
+@pytest.mark.parametrize(
+    "name", ["batch_size", "num_epochs", "num_parallel_reads", "num_threads", "epoch", "seed"]
+)
+def test_bools_are_not_counts(tiny, name):
+    with pytest.raises(ValueError, match=f"^{name} must be a "):
+        rtf.make_dataset(tiny, **{name: True})
+    with pytest.raises(ValueError, match="^global_batch_size must be a positive int"):
+        rtf.distribute_dataset_fn(tiny, global_batch_size=True)
+
+
 def test_import_rowstore_does_not_import_tensorflow():
     code = "import sys, rowstore, rowstore.reader; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

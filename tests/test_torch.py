@@ -546,6 +546,26 @@ def test_varlen_errors(tmp_path):
         rst.Dataset(path, varlen="ragged")
 
 
+def test_bools_are_not_counts(ids_path):
+    def rejects(name, make):
+        with pytest.raises(ValueError, match=f"^{name} must be a (positive|non-negative) int"):
+            make()
+
+    rejects("batch_size", lambda: rst.BatchedDataLoader(ids_path, batch_size=True))
+    rejects("batch_size", lambda: rst.InMemBatchedDataLoader(ids_path, batch_size=True))
+    rejects("batch_size", lambda: rst.IterableDataset(ids_path, batch_size=True))
+    rejects(
+        "num_epochs", lambda: rst.InMemBatchedDataLoader(ids_path, batch_size=4, num_epochs=True)
+    )
+    rejects("seed", lambda: rst.BatchedDataLoader(ids_path, batch_size=4, seed=True))
+    rejects("window", lambda: rst.IterableDataset(ids_path, window=True))
+    dl = rst.BatchedDataLoader(ids_path, batch_size=np.int64(4))
+    assert dl.batch_size == 4 and type(dl.batch_size) is int
+    rejects("epoch", lambda: dl.set_epoch(True))
+    rejects("epoch", lambda: rst.IterableDataset(ids_path).set_epoch(False))
+    rejects("epoch", lambda: dl.load_state_dict({**dl.state_dict(), "epoch": True}))
+
+
 def test_collate_fallbacks():
     assert rst.collate([1, 2, 3]).tolist() == [
         1,

@@ -22,6 +22,7 @@ from rowstore.errors import FormatError
 from rowstore.format import spec
 from rowstore.format.index import Layout
 from rowstore.reader import order as _order
+from rowstore.reader._args import positive_int
 from rowstore.reader.buffers import (
     NULL_KEY,
     SHAPE_KEY,
@@ -600,8 +601,7 @@ class Reader:
         dict
             Arrays owned by the caller (never overwritten by the reader).
         """
-        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        positive_int("batch_size", batch_size)
         rank, world = shard
         _order.check_args(shuffle, seed, epoch, window, rank, world)
         plans = self._select(fields)

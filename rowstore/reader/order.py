@@ -24,6 +24,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from rowstore.reader._args import nonneg_int, positive_int
+
 __all__ = [
     "MODES", "Segment", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
     "shuffle_quality",
@@ -84,11 +86,9 @@ def shuffle_reference(a: list[int], seed: int) -> list[int]:
 def check_args(shuffle: str, seed: int, epoch: int, window: int, rank: int, world: int) -> None:
     if shuffle not in MODES:
         raise ValueError(f"shuffle must be one of {MODES}, got {shuffle!r}")
-    for name, v in (("seed", seed), ("epoch", epoch)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {v!r}")
-    if not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window must be a positive int (blocks), got {window!r}")
+    nonneg_int("seed", seed)
+    nonneg_int("epoch", epoch)
+    positive_int("window", window)
     if not isinstance(world, (int, np.integer)) or world < 1 or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
         raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got ({rank!r}, {world!r})")
 

@@ -1,11 +1,11 @@
-"""Argument checks shared by the datasets and the loaders: the shard, the shuffle mode, the
-batch size and the epoch."""
+"""Argument checks shared by the datasets and the loaders: the shard (torch.distributed's by
+default) and the shuffle mode (True/False allowed). Counts are checked by
+:mod:`rowstore.reader._args`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from rowstore.reader import order as _order
@@ -35,21 +35,3 @@ def _shuffle_mode(shuffle: Any) -> str:
     if shuffle not in _order.MODES:
         raise ValueError(f"shuffle must be one of {_order.MODES} (or True/False), got {shuffle!r}")
     return shuffle
-
-
-def _check_batch_size(batch_size: Any, *, optional: bool = False) -> int | None:
-    if batch_size is None and optional:
-        return None
-    if (
-        not isinstance(batch_size, (int, np.integer))
-        or isinstance(batch_size, bool)
-        or batch_size < 1
-    ):
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return int(batch_size)
-
-
-def _check_epoch(epoch: Any) -> int:
-    if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-    return int(epoch)

@@ -11,13 +11,9 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore.reader import order as _order
+from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.dataset import as_reader
-from rowstore.torch._args import (
-    _check_batch_size,
-    _check_epoch,
-    _resolve_shard,
-    _shuffle_mode,
-)
+from rowstore.torch._args import _resolve_shard, _shuffle_mode
 from rowstore.torch._collate import Row, RowBatch, _Collator, collate
 from rowstore.torch._transform import _as_spec, _process, _schemas
 
@@ -146,7 +142,7 @@ class IterableDataset(_tud.IterableDataset):
         prefetch: int = 2,
     ):
         self.reader, _ = as_reader(path_or_reader)
-        self.batch_size = _check_batch_size(batch_size, optional=True)
+        self.batch_size = positive_int("batch_size", batch_size, optional=True)
         self.shuffle = _shuffle_mode(shuffle)
         self.seed = seed
         self.window = window
@@ -170,7 +166,7 @@ class IterableDataset(_tud.IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (call before ``iter(loader)``)."""
-        self._epoch[0] = _check_epoch(epoch)
+        self._epoch[0] = nonneg_int("epoch", epoch)
 
     def worker_shard(self) -> tuple[int, int]:
         """The (index, count) shard this process reads: rank x DataLoader worker."""

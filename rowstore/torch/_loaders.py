@@ -16,14 +16,10 @@ import numpy as np
 import torch
 
 from rowstore.reader import order as _order
+from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
 from rowstore.reader.dataset import as_reader
-from rowstore.torch._args import (
-    _check_batch_size,
-    _check_epoch,
-    _resolve_shard,
-    _shuffle_mode,
-)
+from rowstore.torch._args import _resolve_shard, _shuffle_mode
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
 from rowstore.torch._transform import _as_spec, _schemas
@@ -62,7 +58,7 @@ class _Loader:
         even,
     ):
         self.reader, self._owns_reader = as_reader(path_or_reader)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size = positive_int("batch_size", batch_size)
         self.shard = _resolve_shard(shard)
         self.even = bool(even)
         self.drop_last = bool(drop_last)
@@ -150,7 +146,7 @@ class _Loader:
         Right after :meth:`load_state_dict`, calling it with the loaded epoch keeps the loaded
         position (so the usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes).
         """
-        epoch = _check_epoch(epoch)
+        epoch = nonneg_int("epoch", epoch)
         if self._resume_pending and epoch == self._epoch:
             return
         self._epoch, self._position, self._resume_pending = epoch, 0, False
@@ -192,7 +188,7 @@ class _Loader:
                     f"(the epoch order would differ)"
                 )
         self._close_active()
-        self._epoch = _check_epoch(state["epoch"])
+        self._epoch = nonneg_int("epoch", state["epoch"])
         self._position = int(state["position"])
         self._load_extra(state)
         self._resume_pending = True
@@ -536,11 +532,7 @@ class InMemBatchedDataLoader(_Loader):
             drop_last=drop_last,
             even=even,
         )
-        if num_epochs is not None and (
-            not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1
-        ):
-            raise ValueError(f"num_epochs must be a positive int or None, got {num_epochs!r}")
-        self.num_epochs = num_epochs
+        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
         self.shuffle = bool(shuffle)
         _order.check_args("block", seed, 0, 1, *self.shard)
         self.seed = seed

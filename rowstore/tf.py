@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from rowstore.reader import Reader
-from rowstore.reader._args import positive_int
+from rowstore.reader._args import positive_int, varlen_modes
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.order import check_args
@@ -48,29 +48,6 @@ _ROWSHAPE_KEY = "__rowshape"
 
 
 # -- signature --------------------------------------------------------------------------------
-def _varlen_map(schema: Schema, varlen: str | Mapping[str, str]) -> dict[str, str]:
-    """Per selected field, "ragged" or "padded" (fixed-shape fields are listed too; unused)."""
-    if isinstance(varlen, str):
-        if varlen not in VARLEN_MODES:
-            raise ValueError(
-                f"varlen must be one of {VARLEN_MODES} or a dict of them, got {varlen!r}"
-            )
-        return {f.name: varlen for f in schema}
-    if not isinstance(varlen, Mapping):
-        raise TypeError(
-            f"varlen must be a str or a dict {{field: mode}}, got {type(varlen).__name__}"
-        )
-    unknown = [k for k in varlen if k not in schema]
-    if unknown:
-        raise ValueError(
-            f"varlen names field(s) {unknown} that are not selected; fields are {schema.names}"
-        )
-    bad = {k: v for k, v in varlen.items() if v not in VARLEN_MODES}
-    if bad:
-        raise ValueError(f"varlen modes must be one of {VARLEN_MODES}, got {bad}")
-    return {f.name: varlen.get(f.name, "ragged") for f in schema}
-
-
 def _tensor_spec(spec) -> tf.TensorSpec:
     # Without a name: tf.data drops names in some transformations (unbatch), and an unnamed
     # spec compares equal to what the dataset reports in every mode.
@@ -111,7 +88,7 @@ def output_signature(
     if isinstance(schema, Reader):
         schema = schema.schema
     schema = schema.select(fields)
-    modes = _varlen_map(schema, varlen)
+    modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="ragged")
     batch = None if batch_size is None else (batch_size if drop_last else -1)
     lead: tuple[int | None, ...] = () if batch is None else (None if batch < 0 else batch,)
     sig: dict[str, tf.TypeSpec] = {}
@@ -338,7 +315,7 @@ def make_dataset(
     rank, world = (0, 1) if shard is None else shard
     check_args(shuffle, seed, epoch, window, rank, world)
     schema = reader.schema.select(fields)
-    modes = _varlen_map(schema, varlen)
+    modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="ragged")
     k = int(num_parallel_reads or 1)
     threads = int(num_threads or max(1, reader.num_threads // k))
     rows = batch_size is None

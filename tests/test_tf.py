@@ -421,8 +421,13 @@ def test_bad_arguments(tiny):
         rtf.make_dataset(tiny, batch_size=0)
     with pytest.raises(ValueError, match="varlen"):
         rtf.make_dataset(tiny, varlen="dense")
-    with pytest.raises(ValueError, match="not selected"):
+    with pytest.raises(rowstore.SchemaError, match="not selected") as ei:
         rtf.make_dataset(tiny, varlen={"nope": "padded"})
+    assert ei.value.field == "nope"
+    with pytest.raises(ValueError, match="varlen modes"):
+        rtf.make_dataset(tiny, varlen={"x": "nested"})
+    with pytest.raises(TypeError, match="varlen"):
+        rtf.make_dataset(tiny, varlen=["ragged"])
     with pytest.raises(ValueError, match="shard"):
         rtf.make_dataset(tiny, shard=(3, 3))
     with pytest.raises(ValueError, match="shuffle"):

@@ -540,8 +540,13 @@ def test_varlen_errors(tmp_path):
     b = next(iter(rst.BatchedDataLoader(path, batch_size=2, varlen={"a": "padded", "b": "nested"})))
     assert b["b"].dtype == torch.uint32 and b["b"].unbind()[0].tolist() == [0, 1, 2]
     assert b["a"].dtype == torch.uint16 and b["a"].shape == (1, 1, 2, 3)
-    with pytest.raises(SchemaError, match="zzz"):
+    with pytest.raises(SchemaError, match="zzz.*not selected") as ei:
         rst.Dataset(path, varlen={"zzz": "list"})
+    assert ei.value.field == "zzz"
+    with pytest.raises(ValueError, match="varlen modes"):
+        rst.Dataset(path, varlen={"a": "ragged"})
+    with pytest.raises(TypeError, match="varlen"):
+        rst.Dataset(path, varlen=["list"])
     with pytest.raises(ValueError, match="varlen"):
         rst.Dataset(path, varlen="ragged")
 

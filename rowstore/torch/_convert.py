@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rowstore.errors import SchemaError
+from rowstore.reader._args import varlen_modes
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.schema import BYTES, STR, Field, Schema
 
@@ -55,28 +56,12 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 # -- varlen modes ------------------------------------------------------------------------------
 def _resolve_varlen(varlen: str | Mapping[str, str], schema: Schema) -> dict[str, str]:
     """Per variable-shape field of ``schema``: "padded", "jagged", "strided" or "list"."""
-    if isinstance(varlen, str):
-        default, per = varlen, {}
-    elif isinstance(varlen, Mapping):
-        default, per = "padded", dict(varlen)
-        unknown = [k for k in per if k not in schema]
-        if unknown:
-            raise SchemaError(
-                f"varlen names unknown field(s) {unknown}; the output fields are {schema.names}",
-                field=unknown[0],
-            )
-    else:
-        raise TypeError(
-            f"varlen must be one of {VARLEN_MODES} or a dict of them per field, got {varlen!r}"
-        )
+    modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="padded")
     out = {}
-    for mode in [default, *per.values()]:
-        if mode not in VARLEN_MODES:
-            raise ValueError(f"varlen modes are {VARLEN_MODES}, got {mode!r}")
     for f in schema:
         if not f.is_variable or f.dtype in (STR, BYTES):
             continue
-        mode = per.get(f.name, default)
+        mode = modes[f.name]
         if mode == "nested":
             if f.variable_dims == (0,):
                 mode = "jagged"

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from rowstore.reader import Reader
 from rowstore.reader._args import positive_int, varlen_modes
-from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
+from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.order import check_args
 from rowstore.schema import BYTES, STR, Field, Schema
@@ -129,9 +129,9 @@ def ragged_to_tf(r: Ragged, field: Field) -> tf.RaggedTensor:
             if j == 0 and not inner and last == 0:
                 splits = r.offsets  # 1-D field: element offsets are the row splits
             else:
-                lens = np.repeat(shapes[:, j], counts) if j else shapes[:, 0]
-                splits = np.zeros(nrows + 1, np.int64)
-                np.cumsum(lens, out=splits[1:])
+                splits = offsets_from_lengths(
+                    np.repeat(shapes[:, j], counts) if j else shapes[:, 0]
+                )
             levels.append((None, splits, nrows))
         else:
             levels.append((int(shape[j]), 0, nrows))

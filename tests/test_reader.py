@@ -444,3 +444,32 @@ def test_pad_ragged_matches_reference(big):
         for i, a in enumerate(arrs):
             want[(i,) + tuple(slice(0, k) for k in a.shape)] = a
         assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_ragged_take_matches_reference():
+    from rowstore.reader.buffers import offsets_from_lengths
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        nd = int(rng.integers(1, 4))
+        n = int(rng.integers(0, 8))
+        rows = [
+            rng.integers(-99, 99, tuple(int(x) for x in rng.integers(0, 4, nd))) for _ in range(n)
+        ]
+        vals = np.concatenate([a.ravel() for a in rows]) if n else np.zeros(0, np.int64)
+        shapes = np.array([a.shape for a in rows], np.int64).reshape(n, nd)
+        r = Ragged(vals, offsets_from_lengths([a.size for a in rows]), shapes)
+        # Any order, repeats, negative indices; sometimes none at all.
+        idx = rng.integers(-n, n, int(rng.integers(0, 12))) if n else np.zeros(0, np.int64)
+        got = r.take(idx)
+        want = [rows[int(i)] for i in idx]  # the reference: a Python list of rows
+        assert len(got) == len(want) and got.dtype == r.dtype
+        assert got.offsets.tolist() == [0] + np.cumsum([a.size for a in want]).tolist()
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and np.array_equal(g, w)
+        if n:
+            got.values[:] = 0  # a copy: the source is untouched
+            assert np.array_equal(r.values, np.concatenate([a.ravel() for a in rows]))
+            with pytest.raises(IndexError):
+                r.take([n])
+    assert len(Ragged(np.zeros(0), np.zeros(1, np.int64), np.zeros((0, 1), np.int64)).take([])) == 0

@@ -8,11 +8,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Ragged", "slice_batch", "concat_batches", "pad_ragged", "NULL_KEY", "SHAPE_KEY"]
+__all__ = [
+    "Ragged", "offsets_from_lengths", "slice_batch", "concat_batches", "pad_ragged", "NULL_KEY",
+    "SHAPE_KEY",
+]  # fmt: skip
 
 #: Key suffixes of companion arrays in a batch dict.
 NULL_KEY = "__null"  # bool (n,): the field is null in that row (nullable fields only)
 SHAPE_KEY = "__shape"  # int64 (n, k): the variable dimensions of each row (padded var fields)
+
+
+def offsets_from_lengths(lengths: Any) -> np.ndarray:
+    """Row offsets (``n + 1`` int64, from 0) of ``n`` rows of these lengths laid back to back."""
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 class Ragged:
@@ -66,6 +76,24 @@ class Ragged:
         o = self.offsets[a : b + 1]
         return Ragged(self.values[o[0] : o[-1]], o - o[0], self.shapes[a:b])
 
+    def take(self, indices: Any) -> Ragged:
+        """Rows ``indices`` (any order, repeats and negative indices allowed) as a new Ragged
+        whose values are a copy (one vectorised gather, no loop over rows)."""
+        n = len(self)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.where(idx < 0, idx + n, idx)
+        bad = (idx < 0) | (idx >= n)
+        if bad.any():
+            raise IndexError(
+                f"row {np.asarray(indices).reshape(-1)[np.argmax(bad)]} out of range for {n} rows"
+            )
+        starts = self.offsets[idx]
+        lens = self.offsets[idx + 1] - starts
+        offsets = offsets_from_lengths(lens)
+        # Source position of each output element: its row's start plus its place in the row.
+        src = np.repeat(starts - offsets[:-1], lens) + np.arange(int(offsets[-1]), dtype=np.int64)
+        return Ragged(self.values[src], offsets, self.shapes[idx])
+
     def to_list(self) -> list[np.ndarray]:
         return list(self)
 
@@ -79,9 +107,7 @@ class Ragged:
     @staticmethod
     def concat(parts: list[Ragged]) -> Ragged:
         values = np.concatenate([p.values for p in parts])
-        lens = np.concatenate([np.diff(p.offsets) for p in parts])
-        offsets = np.zeros(len(lens) + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
+        offsets = offsets_from_lengths(np.concatenate([np.diff(p.offsets) for p in parts]))
         return Ragged(values, offsets, np.concatenate([p.shapes for p in parts]))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.utils.data as _tud
 
-from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, pad_ragged
+from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths, pad_ragged
 from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.torch._convert import _columns_of, _resolve_varlen, _tensor, torch_dtype
 
@@ -29,9 +29,7 @@ class _Var:
         self.tail = tuple(field.shape[1:])
         self.jag_offsets = None
         if kind == "jagged":
-            off = np.zeros(len(r) + 1, np.int64)
-            np.cumsum(r.shapes[:, 0], out=off[1:])
-            self.jag_offsets = torch.from_numpy(off)
+            self.jag_offsets = torch.from_numpy(offsets_from_lengths(r.shapes[:, 0]))
 
     def moved(self, values: torch.Tensor, jag_offsets: torch.Tensor | None) -> _Var:
         v = object.__new__(_Var)

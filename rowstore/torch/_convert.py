@@ -11,7 +11,7 @@ import torch
 
 from rowstore.errors import SchemaError
 from rowstore.reader._args import varlen_modes
-from rowstore.reader.buffers import NULL_KEY, Ragged
+from rowstore.reader.buffers import NULL_KEY, Ragged, offsets_from_lengths
 from rowstore.schema import BYTES, STR, Field, Schema
 
 #: Collations of variable-shape fields.
@@ -116,8 +116,7 @@ def _ragged_from_arrays(vals: Sequence[Any], f: Field, where: str) -> Ragged:
         arrs.append(a)
     n = len(arrs)
     shapes = np.array([a.shape for a in arrs], np.int64).reshape(n, nd)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum([a.size for a in arrs], out=offsets[1:])
+    offsets = offsets_from_lengths([a.size for a in arrs])
     values = np.concatenate([a.reshape(-1) for a in arrs]) if n else np.zeros(0, f.dtype)
     return Ragged(values.astype(f.dtype, copy=False), offsets, shapes)
 

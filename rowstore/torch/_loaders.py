@@ -466,14 +466,6 @@ class BatchedDataLoader(_Loader):
         return self._epoch + 1, 0
 
 
-def _ragged_take(r: Ragged, idx: np.ndarray) -> Ragged:
-    lens = r.offsets[idx + 1] - r.offsets[idx]
-    off = np.zeros(len(idx) + 1, np.int64)
-    np.cumsum(lens, out=off[1:])
-    src = np.repeat(r.offsets[idx] - off[:-1], lens) + np.arange(int(off[-1]), dtype=np.int64)
-    return Ragged(r.values[src], off, r.shapes[idx])
-
-
 class InMemBatchedDataLoader(_Loader):
     """Read this rank's shard once into memory, then shuffle and batch it for many epochs.
 
@@ -592,8 +584,7 @@ class InMemBatchedDataLoader(_Loader):
 
     def _gather(self, idx: np.ndarray) -> dict:
         return {
-            k: (_ragged_take(v, idx) if isinstance(v, Ragged) else v[idx])
-            for k, v in self._cache.items()
+            k: (v.take(idx) if isinstance(v, Ragged) else v[idx]) for k, v in self._cache.items()
         }
 
     def _source(self):

@@ -10,10 +10,9 @@ import numpy as np
 import torch
 import torch.utils.data as _tud
 
-from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.dataset import as_reader
-from rowstore.torch._args import _resolve_shard, _shuffle_mode
+from rowstore.torch._args import _EpochReader, _resolve_shard
 from rowstore.torch._collate import Row, RowBatch, _Collator, collate
 from rowstore.torch._transform import _as_spec, _process, _schemas
 
@@ -83,7 +82,7 @@ class Dataset(_tud.Dataset):
         )
 
 
-class IterableDataset(_tud.IterableDataset):
+class IterableDataset(_tud.IterableDataset, _EpochReader):
     """An iterable torch dataset that splits each epoch over DDP ranks and DataLoader workers.
 
     Parameters
@@ -143,15 +142,12 @@ class IterableDataset(_tud.IterableDataset):
     ):
         self.reader, _ = as_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
-        self.shuffle = _shuffle_mode(shuffle)
-        self.seed = seed
-        self.window = window
         self.even = bool(even)
         self.drop_last = bool(drop_last)
         self.num_threads = num_threads
         self.prefetch = prefetch
         self.shard = _resolve_shard(shard)
-        _order.check_args(self.shuffle, seed, 0, window, *self.shard)
+        self._init_order(shuffle, seed, window)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]
@@ -194,10 +190,9 @@ class IterableDataset(_tud.IterableDataset):
         shard = self.worker_shard()
         threads = self.num_threads or (1 if _tud.get_worker_info() is not None else None)
         bs = self.batch_size
-        it = self.reader.batches(
-            bs or _ROW_READ_BATCH, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, window=self.window,
-            fields=self._fields, shard=shard, even=self.even, drop_last=self.drop_last if bs else False,
-            num_threads=threads, prefetch=self.prefetch, varlen="ragged",
+        it = self._read_epoch(
+            bs or _ROW_READ_BATCH, epoch=self.epoch, shard=shard,
+            drop_last=self.drop_last if bs else False, num_threads=threads,
         )  # fmt: skip
         col = self._collator
         try:

@@ -19,7 +19,7 @@ from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
 from rowstore.reader.dataset import as_reader
-from rowstore.torch._args import _resolve_shard, _shuffle_mode
+from rowstore.torch._args import _EpochReader, _resolve_shard
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
 from rowstore.torch._transform import _as_spec, _schemas
@@ -305,7 +305,7 @@ class _Loader:
         self.close()
 
 
-class BatchedDataLoader(_Loader):
+class BatchedDataLoader(_Loader, _EpochReader):
     """Batches of torch tensors straight from the reader: the fast path (no ``DataLoader``).
 
     Parameters
@@ -390,11 +390,8 @@ class BatchedDataLoader(_Loader):
             drop_last=drop_last,
             even=even,
         )
-        self.shuffle = _shuffle_mode(shuffle)
-        self.seed = seed
-        self.window = window
         self.num_threads = num_threads
-        _order.check_args(self.shuffle, seed, 0, window, *self.shard)
+        self._init_order(shuffle, seed, window)
 
     def _order_state(self) -> dict:
         return {
@@ -417,10 +414,9 @@ class BatchedDataLoader(_Loader):
         )
 
     def _reader_batches(self, epoch: int, pos: int) -> Iterator[dict]:
-        return self.reader.batches(
-            self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window,
-            fields=self._fields, shard=self.shard, even=self.even, drop_last=self.drop_last,
-            num_threads=self.num_threads, prefetch=self.prefetch, varlen="ragged", start=pos,
+        return self._read_epoch(
+            self.batch_size, epoch=epoch, shard=self.shard, drop_last=self.drop_last,
+            num_threads=self.num_threads, start=pos,
         )  # fmt: skip
 
     def _source(self):

@@ -473,3 +473,21 @@ def test_ragged_take_matches_reference():
             with pytest.raises(IndexError):
                 r.take([n])
     assert len(Ragged(np.zeros(0), np.zeros(1, np.int64), np.zeros((0, 1), np.int64)).take([])) == 0
+
+
+def test_more_bad_arguments_are_refused(dataset):
+    r = rs.open(dataset)
+    with pytest.raises(ValueError, match="varlen"):
+        r.take([0], varlen="nested")
+    with pytest.raises(ValueError, match="batch_size"):
+        r.num_batches(0)
+    with pytest.raises(ValueError, match="start"):
+        r.num_batches(4, start=-1)
+    with pytest.raises(ValueError, match="start"):
+        r.batches(4, start=-2)
+    with pytest.raises(ValueError, match="prefetch"):
+        r.batches(4, prefetch=0)
+    with pytest.raises(ValueError, match="shard"):
+        r.batches(4, shard=(True, 2))
+    with pytest.raises(ValueError, match="shard"):
+        r.shard_size(shard=(2, 2))

@@ -22,7 +22,7 @@ from rowstore.errors import FormatError
 from rowstore.format import spec
 from rowstore.format.index import Layout
 from rowstore.reader import order as _order
-from rowstore.reader._args import positive_int
+from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import (
     NULL_KEY,
     SHAPE_KEY,
@@ -68,6 +68,12 @@ def _plan_fields(schema: Schema, row_dtype: np.dtype) -> dict[str, _FieldPlan]:
             kind = "image"
         plans[f.name] = _FieldPlan(f, kind, off, f.fixed_nbytes, len(f.variable_dims), null_off)
     return plans
+
+
+def _check_varlen(varlen: str) -> str:
+    if varlen not in VARLEN_MODES:
+        raise ValueError(f"varlen must be one of {VARLEN_MODES}, got {varlen!r}")
+    return varlen
 
 
 class _Scratch(threading.local):
@@ -123,8 +129,7 @@ class Reader:
         varlen: str = "ragged",
         num_threads: int | None = None,
     ):
-        if varlen not in VARLEN_MODES:
-            raise ValueError(f"varlen must be one of {VARLEN_MODES}, got {varlen!r}")
+        _check_varlen(varlen)
         self.path = os.fspath(path)
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
@@ -240,7 +245,7 @@ class Reader:
         field's dtype); they are filled and returned in place of new arrays.
         """
         plans = self._select(fields)
-        varlen = varlen or self.varlen
+        varlen = _check_varlen(varlen or self.varlen)
         rows = self._global_rows(indices)
         if out is not None:
             self._check_out(out, plans, len(rows))
@@ -542,12 +547,16 @@ class Reader:
                                   window=window, rank=shard[0], world=shard[1], even=even)
 
     def shard_size(self, *, shard: tuple[int, int] = (0, 1), even: bool = False) -> int:
+        """Rows of ``shard``'s part of an epoch."""
+        _order.check_shard(*shard)
         lo, hi = _order.shard_bounds(self.num_rows, shard[0], shard[1], even)
         return hi - lo
 
     def num_batches(self, batch_size: int, *, shard: tuple[int, int] = (0, 1), even: bool = False,
                     drop_last: bool = False, start: int = 0) -> int:
-        n = max(0, self.shard_size(shard=shard, even=even) - start)
+        """Batches that :meth:`batches` yields with these arguments."""
+        positive_int("batch_size", batch_size)
+        n = max(0, self.shard_size(shard=shard, even=even) - nonneg_int("start", start))
         return n // batch_size if drop_last else -(-n // batch_size)
 
     def shuffle_quality(self, batch_size: int, **order_kwargs) -> float:
@@ -602,12 +611,13 @@ class Reader:
             Arrays owned by the caller (never overwritten by the reader).
         """
         positive_int("batch_size", batch_size)
+        nonneg_int("start", start)
+        positive_int("prefetch", prefetch)
+        positive_int("num_threads", num_threads, optional=True)
         rank, world = shard
         _order.check_args(shuffle, seed, epoch, window, rank, world)
         plans = self._select(fields)
-        varlen = varlen or self.varlen
-        if varlen not in VARLEN_MODES:
-            raise ValueError(f"varlen must be one of {VARLEN_MODES}, got {varlen!r}")
+        varlen = _check_varlen(varlen or self.varlen)
         seg_rows = None
         if shuffle == "full":
             # Compressed: a segment must not touch more than `window` blocks; uncompressed

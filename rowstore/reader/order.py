@@ -89,7 +89,13 @@ def check_args(shuffle: str, seed: int, epoch: int, window: int, rank: int, worl
     nonneg_int("seed", seed)
     nonneg_int("epoch", epoch)
     positive_int("window", window)
-    if not isinstance(world, (int, np.integer)) or world < 1 or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
+    check_shard(rank, world)
+
+
+def check_shard(rank: int, world: int) -> None:
+    """``ValueError`` unless ``0 <= rank < world`` are ints (bools refused)."""
+    ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (rank, world))
+    if not ints or world < 1 or not 0 <= rank < world:
         raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got ({rank!r}, {world!r})")
 
 

@@ -8,7 +8,7 @@ reads one shuffled epoch with warm page cache (the files are read once first) wi
 (``Reader.batches``, block shuffle, and full shuffle for ``patch``; 1 and 2 threads) and with
 the baselines of :mod:`rowstore.bench.sources` (h5py per-row and sorted fancy reads, PyTables
 ``read_coordinates`` and block reads + gather, numpy memmap gathers). Every reader runs in a
-fresh process: one warm-up epoch, then the median of ``--repeats`` epochs. Slow baselines are
+fresh process: one warm-up epoch, then the median of 5 (rowstore) or 3 (baselines) epochs. Slow baselines are
 timed on part of the epoch (a fixed number of rows, or a time limit) and their rate extrapolated;
 the output says so. Results: JSON (``--out``), a markdown section of ``docs/performance.md``
 (between ``<!-- read_bench:begin -->`` and ``<!-- read_bench:end -->``), a plot, and PASS/MISS
@@ -46,7 +46,8 @@ BEGIN, END = "<!-- read_bench:begin -->", "<!-- read_bench:end -->"
 
 def _settings(quick: bool) -> dict[str, Any]:
     return {
-        "repeats": 3, "warmup_repeats": 1,
+        # rowstore epochs take 0.1-2 s: more repeats make their medians steadier on a shared machine.
+        "repeats": 3, "rowstore_repeats": 5, "warmup_repeats": 1,
         # Baselines: a repeat stops after this many seconds (rate extrapolated to the epoch).
         "baseline_time_limit": 0.25 if quick else 2.0,
         # h5py per-row: rows timed per repeat (at a few thousand rows/s an epoch takes minutes).
@@ -74,7 +75,8 @@ def run_workload(name: str, rows: int, cfg: dict[str, Any], st: dict[str, Any], 
     specs = []
     for shuffle in cfg["shuffles"]:
         for t_ in THREADS:
-            specs.append(dict(common, kind="rowstore", mode="numpy", shuffle=shuffle, threads=t_))
+            specs.append(dict(common, kind="rowstore", mode="numpy", shuffle=shuffle, threads=t_,
+                              repeats=st["rowstore_repeats"]))
     for kind in BASELINE_ORDER:
         s = dict(common, kind=kind, npy_dir=npy_dir, time_limit=st["baseline_time_limit"])
         if kind == "h5py-row":
@@ -136,39 +138,52 @@ def check_targets(ws: dict[str, dict], memcpy_gbps: float) -> list[dict[str, Any
     """The targets of issue 3, each with its figures and PASS/MISS."""
     out = []
 
-    def add(name: str, ok: bool | None, figures: str) -> None:
-        out.append({"target": name, "status": "n/a" if ok is None else ("PASS" if ok else "MISS"), "figures": figures})
+    def add(name: str, value: float, threshold: float, figures: str, *, at_most: bool = False) -> None:
+        ok = value <= threshold if at_most else value >= threshold
+        margin = (threshold / value if at_most else value / threshold) - 1.0
+        out.append({"target": name, "status": "PASS" if ok else "MISS", "figures": figures, "value": value,
+                    "threshold": threshold, "margin": margin})
 
     if "tiny" in ws:
         b, pt = _best(ws["tiny"], "block"), _baseline(ws["tiny"], "tables-block")
         if b:
-            add("tiny: block shuffle >= 20 M rows/s", b["rows_per_s"] >= 20e6,
+            add("tiny: block shuffle >= 20 M rows/s", b["rows_per_s"], 20e6,
                 f"{b['rows_per_s'] / 1e6:.1f} M rows/s ({b['label']})")
         if b and pt:
             ratio = b["rows_per_s"] / pt["rows_per_s"]
-            add("tiny: >= 5x PyTables block reads + gather", ratio >= 5,
+            add("tiny: >= 5x PyTables block reads + gather", ratio, 5,
                 f"{ratio:.2f}x ({b['rows_per_s'] / 1e6:.1f} M vs {pt['rows_per_s'] / 1e6:.2f} M rows/s)")
     for name, frac in (("patch", 0.40), ("speech", 0.30)):
         if name in ws:
             b = _best(ws[name], "block")
             if b:
                 f = b["bytes_per_s"] / 1e9 / memcpy_gbps
-                add(f"{name}: >= {frac:.0%} of memcpy GB/s", f >= frac,
+                add(f"{name}: >= {frac:.0%} of memcpy GB/s", f, frac,
                     f"{b['bytes_per_s'] / 1e9:.2f} GB/s = {f:.1%} of memcpy {memcpy_gbps:.1f} GB/s ({b['label']})")
     if "image" in ws:
         one, two = _best(ws["image"], "block", 1), _best(ws["image"], "block", 2)
         if one and two:
             s = two["rows_per_s"] / one["rows_per_s"]
-            add("image: 2 threads >= 1.7x one thread", s >= 1.7,
+            add("image: 2 threads >= 1.7x one thread", s, 1.7,
                 f"{s:.2f}x ({two['rows_per_s']:,.0f} vs {one['rows_per_s']:,.0f} rows/s)")
     if "patch" in ws:
         blk, full = _best(ws["patch"], "block"), _best(ws["patch"], "full")
         if blk and full:
             s = blk["rows_per_s"] / full["rows_per_s"]
-            add("patch: full shuffle within 2x of block", s <= 2,
+            add("patch: full shuffle within 2x of block", s, 2,
                 f"block/full = {s:.2f} ({blk['rows_per_s']:,.0f} vs {full['rows_per_s']:,.0f} rows/s; "
-                f"quality {blk['shuffle_quality']:.2f} vs {full['shuffle_quality']:.2f})")
+                f"quality {blk['shuffle_quality']:.2f} vs {full['shuffle_quality']:.2f})", at_most=True)
     return out
+
+
+#: Within this relative margin of its threshold, a target's PASS/MISS on a shared machine is noise.
+NOISE_MARGIN = 0.15
+
+
+def _borderline(t: dict, shared: bool | None) -> str:
+    if shared and abs(t["margin"]) < NOISE_MARGIN:
+        return f" (within {NOISE_MARGIN:.0%} of the threshold on a shared machine: not settled by this run)"
+    return ""
 
 
 # -- markdown -----------------------------------------------------------------------------------
@@ -200,8 +215,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Method: each workload is written with `rowstore.demo.make_demo`; every file is read once before measuring "
         f"(warm page cache). Each reader runs in a fresh process (so peak RSS is its own): "
-        f"{st['warmup_repeats']} warm-up epoch, then the **median of {st['repeats']} shuffled epochs**, every batch "
-        f"touched. Rows/s count delivered rows; GB/s counts the decoded bytes of every field's values (images "
+        f"{st['warmup_repeats']} warm-up epoch, then the **median of {st['rowstore_repeats']} (rowstore) or "
+        f"{st['repeats']} (baselines) shuffled epochs**, every batch touched; `spread` = fastest / slowest repeat. Rows/s count delivered rows; GB/s counts the decoded bytes of every field's values (images "
         f"decoded, str as UTF-8 bytes), 1 GB = 1e9 bytes. Ceiling: `np.copyto` of {st['memcpy_bytes'] >> 20} MiB, "
         f"measured at the start and at the end of the run, the higher one: **{doc['memcpy_ceiling_gb_per_s']:.1f} GB/s** "
         f"({doc['memcpy']['gb_per_s']:.1f} and {(doc['memcpy_end'] or {}).get('gb_per_s', float('nan')):.1f}). Baselines that would take minutes per epoch are timed "
@@ -221,7 +236,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines.append("### Targets")
     lines.append("")
     for t in doc["targets"]:
-        lines.append(f"- **{t['status']}** {t['target']}: {t['figures']}")
+        lines.append(f"- **{t['status']}** {t['target']}: {t['figures']}" + _borderline(t, doc.get("shared")))
     lines.append("")
     for w in doc["workloads"].values():
         lines.append(f"### {w['name']}: {w['rows']:,} rows, batch {w['batch_size']}")
@@ -231,7 +246,7 @@ def markdown(doc: dict[str, Any]) -> str:
                      + (f" (of which {w['heap_bytes'] / 1e6:,.0f} MB heap payloads)" if w["heap_bytes"] else "") + ".")
         lines.append("")
         present = [k for k in BASELINE_ORDER if any(r["kind"] == k and r.get("rows_per_s") for r in w["results"])]
-        header = ["reader", "rows/s", "GB/s", "% memcpy"] + [_SHORT[k] for k in present] + ["CPU%", "peak RSS", "shuffle q"]
+        header = ["reader", "rows/s", "GB/s", "% memcpy"] + [_SHORT[k] for k in present] + ["CPU%", "spread", "peak RSS", "shuffle q"]
         rows = []
         for r in w["results"]:
             if r.get("error"):
@@ -241,6 +256,7 @@ def markdown(doc: dict[str, Any]) -> str:
             rows.append([label, report.fmt_rate(r["rows_per_s"]), f"{r['gb_per_s']:.3g}", f"{100 * r['fraction_of_memcpy']:.1f}%"]
                         + [_x(r["vs"].get(k)) for k in present]
                         + [f"{r['cpu_percent']:.0f}%" if r.get("cpu_percent") is not None else "-",
+                           f"{r['spread']:.2f}" if r.get("spread") else "-",
                            f"{r['peak_rss_mb']:,.0f} MiB", f"{r['shuffle_quality']:.3f}"])
         lines.append(report.markdown_table(header, rows))
         lines.append("")
@@ -319,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(doc["plot"]), exist_ok=True)
     report.plot([(w["name"], w["results"]) for w in ws.values()], doc["plot"], memcpy_gbps=ceiling,
                 title="read_bench: one shuffled epoch per reader, warm page cache" + (" (--quick)" if args.quick else ""),
-                subtitle=f"{machine.get('cpus')} CPUs; median of {st['repeats']} epochs; blue = rowstore, grey = baselines; "
+                subtitle=f"{machine.get('cpus')} CPUs; median of {st['rowstore_repeats']}/{st['repeats']} epochs; blue = rowstore, grey = baselines; "
                          "MB/s = decoded bytes of all fields")  # fmt: skip
     doc["seconds"] = time.perf_counter() - t0
     with open(out + ".tmp", "w") as fh:
@@ -330,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     _log("")
     _log(f"memcpy ceiling {ceiling:.1f} GB/s (start {mc['gb_per_s']:.1f}, end {mc_end.get('gb_per_s', float('nan')):.1f} GB/s)")
     for t in targets:
-        _log(f"{t['status']}: {t['target']}: {t['figures']}")
+        _log(f"{t['status']}: {t['target']}: {t['figures']}" + _borderline(t, doc["shared"]))
     _log(f"written: {out}, {doc['plot']}" + (f", {args.doc}" if args.doc else "") + f" ({doc['seconds']:.0f} s)")
     return 0
 

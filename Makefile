@@ -6,7 +6,7 @@ setup:
 
 # Main job: generate a demo dataset and measure it against the baselines.
 demo: setup
-	@.venv/bin/python -m rowstore.demo
+	@.venv/bin/rowstore-bench --demo tiny --compare --plot .cache/rowstore/demo-tiny.png
 
 # The whole test suite (examples included).
 test: setup

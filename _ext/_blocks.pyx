@@ -512,8 +512,8 @@ def gather_rows(const uint8_t[::1] src not None, int64_t row_size, const int64_t
                 err[0] = E_ROW; err[1] = i; err[2] = r
                 rc = -1
                 break
-            if i + 8 < n and rows[i + 8] >= 0 and rows[i + 8] < nrows_src:
-                __builtin_prefetch(s + rows[i + 8] * row_size)
+            if i + 16 < n and rows[i + 16] >= 0 and rows[i + 16] < nrows_src:
+                __builtin_prefetch(s + rows[i + 16] * row_size)
             row = s + r * row_size
             for j in range(nf):
                 sz = field_sizes[j]

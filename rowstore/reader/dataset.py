@@ -330,22 +330,30 @@ class Reader:
                 out_start: int = 0) -> dict[str, Any]:
         """Read ``rows`` (global row ids, or a Segment) and return their fields. The kernels run
         without the GIL, so several threads gather in parallel."""
-        ublocks = None
+        ublocks = local = seg = None
         if isinstance(rows, _order.Segment):
-            ublocks = rows.blocks
-            rows = rows.rows()
-        n = len(rows)
+            seg, ublocks, local = rows, rows.blocks, rows.local()
+            n = len(seg)
+            # Window segments: global row ids are computed below only where needed.
+            rows = None if local is not None else seg.rows()
+        else:
+            n = len(rows)
+        blk = None
         fd = self._fileno()
         rpb, rs = self._rpb, self._row_size
         arr = self._arr
-        blk = rows // rpb
         if ublocks is None:
+            blk = rows // rpb
             present = np.zeros(self.layout.num_blocks, np.bool_)
             present[blk] = True
             ublocks = np.flatnonzero(present)
         heap_plans = [p for p in plans if p.kind != "fixed"]
         strategy = self._strategy(n, len(ublocks), bool(heap_plans), 2 * len(plans))
         direct = strategy != "blocks"
+        if rows is None and (direct or heap_plans or local is None):
+            rows = seg.rows()
+        if rows is not None and blk is None:
+            blk = rows // rpb
         batch: dict[str, Any] = {}
         # Fixed-size values and null flags of all fields.
         fixed: list[tuple[int, int, np.ndarray]] = []
@@ -380,9 +388,12 @@ class Reader:
                                     scratch=scratch, what="block")
             except kernels.KernelError as exc:
                 raise self._located(exc, f"block {int(ublocks[exc.index])}", int(ublocks[exc.index])) from None
-            lookup = np.empty(self.layout.num_blocks, np.int64)
-            lookup[ublocks] = np.arange(len(ublocks), dtype=np.int64) * rpb
-            idx = lookup[blk] + (rows - blk * rpb)
+            if local is not None:
+                idx = local  # the segment's rows, already as positions in the loaded blocks
+            else:
+                lookup = np.empty(self.layout.num_blocks, np.int64)
+                lookup[ublocks] = np.arange(len(ublocks), dtype=np.int64) * rpb
+                idx = lookup[blk] + (rows - blk * rpb)
         if fixed:
             # One pass over the rows for all fields: one cache miss per row, not per field.
             kernels.gather_rows(rowbuf, rs, idx, fixed)
@@ -648,9 +659,18 @@ class Reader:
                 if carry_n == batch_size:
                     yield emit(concat_batches(carry))
                     carry, carry_n = [], 0
-            while pos + batch_size <= m:
-                yield emit(slice_batch(seg, pos, pos + batch_size))
-                pos += batch_size
+            if pos + batch_size <= m:
+                if any(isinstance(v, Ragged) for v in seg.values()):
+                    while pos + batch_size <= m:
+                        yield emit(slice_batch(seg, pos, pos + batch_size))
+                        pos += batch_size
+                else:
+                    # Plain arrays only (the common case): views, without per-batch checks.
+                    items = list(seg.items())
+                    while pos + batch_size <= m:
+                        end = pos + batch_size
+                        yield {k: v[pos:end] for k, v in items}
+                        pos = end
             if pos < m:
                 carry.append(slice_batch(seg, pos, m))
                 carry_n += m - pos

@@ -108,31 +108,46 @@ def shard_bounds(num_rows: int, rank: int, world: int, even: bool = False) -> tu
 
 
 class Segment:
-    """A consecutive part of an epoch order: the rows (global row ids, int64) and, when known
-    up front, the sorted blocks they come from. ``rows()`` computes the rows when first asked
-    (a pure function; the shuffle runs without the GIL, so reader threads compute it)."""
+    """A consecutive part of an epoch order, computed when first asked (a pure function; the
+    shuffle runs without the GIL, so reader threads compute segments in parallel).
 
-    __slots__ = ("blocks", "_rows", "_wb", "_block_rows", "_rpb", "_seed", "_a", "_z")
+    ``rows()`` gives global row ids (``block * rows_per_block + row``). A window segment also
+    holds ``blocks``, the sorted blocks of its window, and ``local()``, each row's position
+    among those blocks loaded in that order (``slot * rows_per_block + row``): all the reader
+    needs to gather from whole blocks, without mapping rows to slots again.
+    """
 
-    def __init__(self, rows=None, *, blocks=None, wb=None, block_rows=None, rpb=0, seed=None, a=0, z=0):
+    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z")
+
+    def __init__(self, rows=None, *, blocks=None, block_rows=None, rpb=0, seed=None, a=0, z=0):
         self.blocks = blocks
         self._rows = rows
-        self._wb, self._block_rows, self._rpb, self._seed, self._a, self._z = wb, block_rows, rpb, seed, a, z
+        self._local = None
+        self._block_rows, self._rpb, self._seed, self._a, self._z = block_rows, rpb, seed, a, z
 
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else self._z - self._a
 
-    def rows(self) -> np.ndarray:
-        if self._rows is None:
+    def local(self) -> np.ndarray | None:
+        """Window segments: slot-local row positions (see the class); None otherwise."""
+        if self._local is None and self._block_rows is not None:
             from rowstore import kernels
 
-            counts = self._block_rows[self._wb]
-            starts = self._wb * self._rpb
-            # Row ids of the window's blocks in window order, built without a Python loop.
-            rows = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(int(counts.sum()), dtype=np.int64)
+            counts = self._block_rows[self.blocks]
+            slot_start = np.arange(len(self.blocks), dtype=np.int64) * self._rpb
+            first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            # The window's rows, block after block in sorted order, then shuffled in place.
+            loc = np.repeat(slot_start - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
             if self._seed is not None:
-                kernels.shuffle(rows, self._seed)
-            self._rows = rows[self._a : self._z]
+                kernels.shuffle(loc, self._seed)
+            self._local = loc[self._a : self._z]
+        return self._local
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            loc = self.local()
+            slot = loc // self._rpb
+            self._rows = self.blocks[slot] * self._rpb + (loc - slot * self._rpb)
         return self._rows
 
 
@@ -194,7 +209,7 @@ def iter_segments(
         pos += m
         if a < z:
             wseed = seed64(seed, epoch, _STREAM_WINDOW, w) if shuffle == "block" else None
-            yield Segment(blocks=np.sort(wb), wb=wb, block_rows=block_rows, rpb=rows_per_block, seed=wseed, a=a, z=z)
+            yield Segment(blocks=np.sort(wb), block_rows=block_rows, rpb=rows_per_block, seed=wseed, a=a, z=z)
 
 
 def epoch_order(block_rows: np.ndarray, rows_per_block: int, **kwargs) -> np.ndarray:

@@ -491,3 +491,25 @@ def test_more_bad_arguments_are_refused(dataset):
         r.batches(4, shard=(True, 2))
     with pytest.raises(ValueError, match="shard"):
         r.shard_size(shard=(2, 2))
+
+
+def _child_images(r, q):
+    got = np.concatenate([b["label"] for b in r.batches(40, fields=["label", "img"], num_threads=2)])
+    imgs_ok = all(np.array_equal(r.take([i], fields=["img"])["img"][0], ROWS[i]["img"]) for i in (0, 100, 256))
+    q.put((sorted(got.tolist()), imgs_ok))
+
+
+def test_image_decode_threads_work_in_forked_children(dataset):
+    """The decode thread pool, created by a parent that already decoded, is recreated in a fork."""
+    r = rs.open(dataset, num_threads=2)
+    b = r.take(np.arange(257), fields=["img", "label"])  # parent decodes on its threads
+    assert all(np.array_equal(b["img"][i], ROWS[i]["img"]) for i in range(257))
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_images, args=(r, q))
+    p.start()
+    labels, ok = q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and ok and labels == list(range(257))
+    r.close()
+    assert r.take([3], fields=["img"])["img"].shape == (1, 8, 6, 3)  # reopens after close

@@ -76,6 +76,26 @@ def _check_varlen(varlen: str) -> str:
     return varlen
 
 
+def _parallel(fn, n: int, pool: ThreadPoolExecutor | None) -> None:
+    """Run ``fn(lo, hi)`` over ``range(n)``, in chunks on ``pool`` when given (image decoders
+    release the GIL), so a segment of images uses every core even when few are in flight."""
+    k = min(pool._max_workers, n // 4) if pool is not None else 1
+    if k <= 1:
+        fn(0, n)
+        return
+    bounds = np.linspace(0, n, k + 1).astype(int)
+    for fut in [pool.submit(fn, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
+        fut.result()
+
+
+def _decoders(plans: list[_FieldPlan], threads: int) -> ThreadPoolExecutor | None:
+    """A pool for decoding images when there are images and threads to use (the caller shuts
+    it down when its call or epoch ends: no threads outlive a read)."""
+    if threads > 1 and any(p.kind == "image" for p in plans):
+        return ThreadPoolExecutor(threads, thread_name_prefix="rowstore-decode")
+    return None
+
+
 class _Scratch(threading.local):
     """Per-thread reusable buffers for loaded blocks (reused across calls: no page faults)."""
 
@@ -147,8 +167,6 @@ class Reader:
         self._rpb = layout.rows_per_block
         self._fd_pid: int | None = None
         self._fd: int | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid: int | None = None
         self._fd_lock = threading.Lock()
         self._scratch = _Scratch()
         stored = self._arr["stored"]
@@ -181,13 +199,10 @@ class Reader:
         return self._fd
 
     def close(self) -> None:
-        """Close this process's file descriptor and decode threads (both reopen on next use)."""
+        """Close this process's file descriptor (reopened on next use)."""
         if self._fd is not None and self._fd_pid == os.getpid():
             os.close(self._fd)
         self._fd = None
-        if self._pool is not None and self._pool_pid == os.getpid():
-            self._pool.shutdown(wait=False)
-        self._pool = None
 
     def __enter__(self) -> Reader:
         return self
@@ -254,7 +269,12 @@ class Reader:
         rows = self._global_rows(indices)
         if out is not None:
             self._check_out(out, plans, len(rows))
-        pieces = [self._gather(rows[a:b], plans, out, a, self.num_threads) for a, b in self._pieces(rows)]
+        decoders = _decoders(plans, self.num_threads)
+        try:
+            pieces = [self._gather(rows[a:b], plans, out, a, decoders) for a, b in self._pieces(rows)]
+        finally:
+            if decoders is not None:
+                decoders.shutdown()
         batch = concat_batches(pieces) if pieces else self._gather(rows, plans, out, 0)
         if out:
             batch.update({k: v for k, v in out.items() if k in batch})
@@ -332,7 +352,7 @@ class Reader:
         return segs
 
     def _gather(self, rows: np.ndarray | _order.Segment, plans: list[_FieldPlan], out: dict | None = None,
-                out_start: int = 0, threads: int = 1) -> dict[str, Any]:
+                out_start: int = 0, decoders: ThreadPoolExecutor | None = None) -> dict[str, Any]:
         """Read ``rows`` (global row ids, or a Segment) and return their fields. The kernels run
         without the GIL, so several threads gather in parallel."""
         ublocks = local = seg = None
@@ -456,7 +476,7 @@ class Reader:
                         vi += 1
                     else:
                         shapes[:, d] = s
-            batch[name] = self._decode(p, payload, dst_off, shapes, batch.get(name + NULL_KEY), out, out_start, n, threads)
+            batch[name] = self._decode(p, payload, dst_off, shapes, batch.get(name + NULL_KEY), out, out_start, n, decoders)
         return batch
 
     def _located(self, exc: kernels.KernelError, where: str, block: int | None = None) -> FormatError:
@@ -489,7 +509,7 @@ class Reader:
         base = np.searchsorted(need, c_lo) * H - c_lo * H
         return heap, lo_b, hi_b, base
 
-    def _decode(self, p: _FieldPlan, payload, dst_off, shapes, nulls, out, out_start, n, threads: int = 1):
+    def _decode(self, p: _FieldPlan, payload, dst_off, shapes, nulls, out, out_start, n, decoders=None):
         f = p.field
         if p.kind == "text":
             vals = np.empty(n, object)
@@ -529,7 +549,7 @@ class Reader:
                     else:
                         self._decode_one(codec, f, payload[starts[i] : ends[i]], dst[i])
 
-            self._parallel(decode, n, threads)
+            _parallel(decode, n, decoders)
             return dst
         counts = np.prod(shapes, axis=1)
         offsets = np.zeros(n + 1, np.int64)
@@ -542,35 +562,8 @@ class Reader:
                     out_i = values[offsets[i] : offsets[i + 1]].reshape(tuple(shapes[i]))
                     self._decode_one(codec, f, payload[starts[i] : ends[i]], out_i)
 
-        self._parallel(decode_var, n, threads)
+        _parallel(decode_var, n, decoders)
         return Ragged(values, offsets, shapes)
-
-    def _parallel(self, fn, n: int, threads: int) -> None:
-        """Run ``fn(lo, hi)`` over ``range(n)`` in chunks on this process's decode threads (one
-        per reader thread; decoders release the GIL), so a segment of images uses every core
-        even when few segments are in flight."""
-        k = min(threads, n // 4)
-        if k <= 1:
-            fn(0, n)
-            return
-        pool = self._decode_pool(k)
-        bounds = np.linspace(0, n, k + 1).astype(int)
-        futures = [pool.submit(fn, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        for fut in futures:
-            fut.result()
-
-    def _decode_pool(self, size: int) -> ThreadPoolExecutor:
-        pid = os.getpid()
-        pool = self._pool
-        if pool is None or self._pool_pid != pid or pool._max_workers < size:  # pools do not survive fork
-            with self._fd_lock:
-                if self._pool is None or self._pool_pid != pid or self._pool._max_workers < size:
-                    if self._pool is not None and self._pool_pid == pid:
-                        self._pool.shutdown(wait=False)
-                    self._pool = ThreadPoolExecutor(size, thread_name_prefix="rowstore-decode")
-                    self._pool_pid = pid
-                pool = self._pool
-        return pool
 
     def _decode_one(self, codec, f: Field, src: np.ndarray, out: np.ndarray) -> None:
         try:
@@ -720,14 +713,15 @@ class Reader:
     def _segment_results(self, segments, plans, threads: int, prefetch: int) -> Iterator[dict]:
         if threads <= 1:
             for seg in segments:
-                yield self._gather(seg, plans)  # one thread: decode in this thread too
+                yield self._gather(seg, plans)
             return
         depth = max(1, threads * max(1, prefetch))
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rowstore")
+        decoders = _decoders(plans, threads)
         inflight: deque = deque()
         try:
             for seg in segments:
-                inflight.append(pool.submit(self._gather, seg, plans, None, 0, threads))
+                inflight.append(pool.submit(self._gather, seg, plans, None, 0, decoders))
                 if len(inflight) >= depth:
                     yield inflight.popleft().result()
             while inflight:
@@ -736,6 +730,8 @@ class Reader:
             for fut in inflight:
                 fut.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
+            if decoders is not None:
+                decoders.shutdown(wait=True, cancel_futures=True)
 
 
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:

@@ -33,7 +33,7 @@ from rowstore.bench.cli import ensure_demo  # noqa: E402
 
 #: name -> rows (full run), rows (--quick), batch size, rowstore shuffles
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "tiny": {"rows": 2_000_000, "quick": 100_000, "batch": 1024, "shuffles": ["block"]},
+    "tiny": {"rows": 2_000_000, "quick": 100_000, "batch": 1024, "shuffles": ["block"], "adapters": True},
     "patch": {"rows": 20_000, "quick": 2_000, "batch": 128, "shuffles": ["block", "full"]},
     "image": {"rows": 2_000, "quick": 200, "batch": 64, "shuffles": ["block"]},
     "speech": {"rows": 20_000, "quick": 2_000, "batch": 64, "shuffles": ["block"]},
@@ -77,6 +77,12 @@ def run_workload(name: str, rows: int, cfg: dict[str, Any], st: dict[str, Any], 
         for t_ in THREADS:
             specs.append(dict(common, kind="rowstore", mode="numpy", shuffle=shuffle, threads=t_,
                               repeats=st["rowstore_repeats"]))
+    if cfg.get("adapters") and not quick_adapters_off():
+        # The framework paths on raw rows (issues 4 and 5), next to the core reader: torch's
+        # BatchedDataLoader, a DataLoader over the map-style Dataset with 0 and 2 workers, and
+        # rowstore.tf's tf.data pipeline.
+        for mode, extra in (("torch-batched", {}), ("torch", {"workers": 0}), ("torch", {"workers": 2}), ("tf", {})):
+            specs.append(dict(common, kind="rowstore", mode=mode, shuffle="block", threads=2, **extra))
     for kind in BASELINE_ORDER:
         s = dict(common, kind=kind, npy_dir=npy_dir, time_limit=st["baseline_time_limit"])
         if kind == "h5py-row":
@@ -113,8 +119,15 @@ def add_ratios(w: dict[str, Any], memcpy_gbps: float) -> None:
         r["fraction_of_memcpy"] = r["gb_per_s"] / memcpy_gbps
 
 
-def _best(w: dict, shuffle: str, threads: int | None = None) -> dict | None:
+def quick_adapters_off() -> bool:
+    """ROWSTORE_BENCH_NO_ADAPTERS=1 skips the torch/tf rows (they import the frameworks)."""
+    return os.environ.get("ROWSTORE_BENCH_NO_ADAPTERS") == "1"
+
+
+def _best(w: dict, shuffle: str, threads: int | None = None, mode: str = "numpy") -> dict | None:
+    """The fastest rowstore reader of that shuffle (and thread count) in that mode."""
     c = [r for r in w["results"] if r["kind"] == "rowstore" and r.get("rows_per_s")
+         and r["spec"].get("mode", "numpy") == mode
          and r["spec"]["shuffle"] == shuffle and (threads is None or r["spec"]["threads"] == threads)]
     return max(c, key=lambda r: r["rows_per_s"]) if c else None
 
@@ -140,7 +153,10 @@ def check_targets(ws: dict[str, dict], memcpy_gbps: float) -> list[dict[str, Any
 
     def add(name: str, value: float, threshold: float, figures: str, *, at_most: bool = False) -> None:
         ok = value <= threshold if at_most else value >= threshold
-        margin = (threshold / value if at_most else value / threshold) - 1.0
+        if at_most:
+            margin = threshold / value - 1.0 if value > 0 else float("inf")
+        else:
+            margin = value / threshold - 1.0
         out.append({"target": name, "status": "PASS" if ok else "MISS", "figures": figures, "value": value,
                     "threshold": threshold, "margin": margin})
 
@@ -153,6 +169,13 @@ def check_targets(ws: dict[str, dict], memcpy_gbps: float) -> list[dict[str, Any
             ratio = b["rows_per_s"] / pt["rows_per_s"]
             add("tiny: >= 5x PyTables block reads + gather", ratio, 5,
                 f"{ratio:.2f}x ({b['rows_per_s'] / 1e6:.1f} M vs {pt['rows_per_s'] / 1e6:.2f} M rows/s)")
+        core2 = _best(ws["tiny"], "block", 2)
+        tb = _best(ws["tiny"], "block", 2, mode="torch-batched")
+        if core2 and tb:
+            loss = 1 - tb["rows_per_s"] / core2["rows_per_s"]
+            add("tiny: torch BatchedDataLoader loses <= 10% to the core reader", loss, 0.10,
+                f"{loss:.1%} ({tb['rows_per_s'] / 1e6:.1f} M vs {core2['rows_per_s'] / 1e6:.1f} M rows/s, 2 threads)",
+                at_most=True)
     for name, frac in (("patch", 0.40), ("speech", 0.30)):
         if name in ws:
             b = _best(ws[name], "block")

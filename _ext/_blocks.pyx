@@ -10,6 +10,7 @@ all allocation, validation of arguments and error wording.
 """
 
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 from libc.errno cimport errno, EINTR
 
@@ -17,9 +18,30 @@ cdef extern from *:
     void __builtin_prefetch(const void* p) nogil
 from posix.unistd cimport pread
 
+cdef extern from "<stdbool.h>":
+    ctypedef bint c_bool "bool"
+
 cdef extern from "blosc2.h" nogil:
     ctypedef struct blosc2_context:
         pass
+    ctypedef struct blosc2_schunk:
+        pass
+    ctypedef struct blosc2_cparams:
+        uint8_t compcode
+        uint8_t clevel
+        int32_t typesize
+        int16_t nthreads
+        uint8_t filters[6]
+    ctypedef struct blosc2_storage:
+        bint contiguous
+        blosc2_cparams* cparams
+        void* dparams
+    const blosc2_cparams BLOSC2_CPARAMS_DEFAULTS
+    const blosc2_storage BLOSC2_STORAGE_DEFAULTS
+    blosc2_schunk* blosc2_schunk_new(blosc2_storage* storage)
+    int64_t blosc2_schunk_append_buffer(blosc2_schunk* schunk, const void* src, int32_t nbytes)
+    int64_t blosc2_schunk_to_buffer(blosc2_schunk* schunk, uint8_t** cframe, c_bool* needs_free)
+    int blosc2_schunk_free(blosc2_schunk* schunk)
     ctypedef struct blosc2_dparams:
         int16_t nthreads
         void* schunk
@@ -601,3 +623,55 @@ def preadv_rows(int fd, const int64_t[::1] file_offsets not None, int64_t row_si
                 if rc != 0:
                     break
     return rc
+
+
+def compress_frame(const uint8_t[::1] src not None, uint8_t[::1] dst not None, int codec, int clevel,
+                   int shuffle, int typesize, int64_t[::1] err not None):
+    """Compress ``src`` into a single-chunk Blosc2 frame (what HDF5 filter 32026 stores) in
+    ``dst``; returns the frame's length, or -1 (``err``). Runs without the GIL, so a writer
+    compresses blocks on several threads. An all-zero ``src`` is stored memcpy'd (clevel 0):
+    Blosc2 would make it a "special" chunk that a frame records only in its index."""
+    cdef blosc2_cparams cparams = BLOSC2_CPARAMS_DEFAULTS
+    cdef blosc2_dparams dparams = BLOSC2_DPARAMS_DEFAULTS
+    cdef blosc2_storage storage = BLOSC2_STORAGE_DEFAULTS
+    cdef blosc2_schunk* sc = NULL
+    cdef uint8_t* frame = NULL
+    cdef c_bool needs_free = False
+    cdef int64_t n = src.shape[0], length = -1, i
+    cdef bint zero = True
+    if n <= 0 or n > 0x7FFF0000 or typesize < 1 or typesize > 255 or not 0 <= clevel <= 9:
+        raise ValueError("compress_frame: bad arguments")
+    with nogil:
+        for i in range(n):
+            if src[i] != 0:
+                zero = False
+                break
+        cparams.compcode = <uint8_t>codec
+        cparams.clevel = 0 if zero else <uint8_t>clevel
+        cparams.typesize = typesize
+        cparams.nthreads = 1
+        cparams.filters[5] = <uint8_t>shuffle
+        dparams.nthreads = 1
+        storage.contiguous = True
+        storage.cparams = &cparams
+        storage.dparams = &dparams
+        sc = blosc2_schunk_new(&storage)
+        if sc == NULL:
+            err[0] = E_FRAME
+        elif blosc2_schunk_append_buffer(sc, &src[0], <int32_t>n) < 0:
+            err[0] = E_FRAME
+        else:
+            length = blosc2_schunk_to_buffer(sc, &frame, &needs_free)
+            if length < 0:
+                err[0] = E_FRAME
+            elif length > dst.shape[0]:
+                err[0] = E_DEST
+                err[2] = length
+                length = -1
+            else:
+                memcpy(&dst[0], frame, <size_t>length)
+            if needs_free:
+                free(frame)
+        if sc != NULL:
+            blosc2_schunk_free(sc)
+    return length

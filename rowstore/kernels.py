@@ -14,7 +14,7 @@ from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [
     "crc32", "load_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
-    "pread_heap", "preadv_rows", "shuffle",
+    "pread_heap", "preadv_rows", "shuffle", "compress_frame",
     "KernelError",
 ]
 
@@ -168,3 +168,20 @@ def preadv_rows(fd: int, file_offsets: np.ndarray, row_size: int, segments: list
     # `segments` keeps every out array alive for the duration of the call.
     if _blocks.preadv_rows(fd, file_offsets, row_size, sizes, addrs, sink, err) != 0:
         _raise(err, f"row read {int(err[1])}")
+
+
+#: Blosc2 codec and filter codes (blosc2.h).
+BLOSC2_CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
+BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
+
+
+def compress_frame(raw, *, cname: str, clevel: int, shuffle: str, typesize: int) -> np.ndarray:
+    """``raw`` (bytes-like) as a single-chunk Blosc2 frame, without the GIL; returns a view of a
+    new array holding exactly the frame."""
+    src = np.frombuffer(raw, np.uint8)
+    dst = np.empty(len(src) + 65536, np.uint8)  # frame header, chunk header and index fit easily
+    err = np.zeros(3, np.int64)
+    n = _blocks.compress_frame(src, dst, BLOSC2_CODECS[cname], clevel, BLOSC2_SHUFFLES[shuffle], typesize, err)
+    if n < 0:
+        _raise(err, "blosc2 compression")
+    return dst[:n]

@@ -306,7 +306,7 @@ def test_read_bench_quick(tmp_path):
             assert not r.get("error"), r.get("error")
             check_result(r, w["batch_size"])
             assert r["fraction_of_memcpy"] > 0 and r["vs"]
-    assert len(doc["targets"]) == 6 and all(t["status"] in ("PASS", "MISS") for t in doc["targets"])
+    assert len(doc["targets"]) == 7 and all(t["status"] in ("PASS", "MISS") for t in doc["targets"])
     text = md.read_text()
     assert "<!-- read_bench:begin -->" in text and "### tiny" in text
     assert any(line.startswith(("PASS", "MISS")) for line in p.stdout.splitlines())

@@ -515,3 +515,38 @@ def test_writing_through_a_symlink_replaces_its_target(tmp_path):
         w.write({"v": 3})
     assert os.path.islink(link) and rs_.open(str(link)).take([0])["v"].tolist() == [3]
     assert sorted(os.listdir(real_dir)) == ["data.h5"]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_compression_threads_give_the_same_file_and_stop(tmp_path, fail):
+    """Blocks compressed on worker threads are written in order: the same chunks as on one
+    thread; the threads stop at close and at abort."""
+    import threading
+
+    import rowstore as rs_
+
+    schema = rs_.Schema([rs_.Field("x", "float32", (64,)), rs_.Field("s", rs_.STR)])
+    rng = np.random.default_rng(0)
+    rows = {"x": rng.standard_normal((3000, 64)).astype(np.float32), "s": [f"row {i}" * (i % 7) for i in range(3000)]}
+    layouts = []
+    for threads in (1, 3):
+        path = str(tmp_path / f"t{threads}.h5")
+        if fail:
+            with pytest.raises(RuntimeError):
+                with rs_.Writer(path, schema, compression="zstd", block_bytes=20_000, heap_chunk_bytes=4096, threads=threads) as w:
+                    w.write_batch(rows)
+                    raise RuntimeError("boom")
+            assert not os.path.exists(path)
+        else:
+            with rs_.Writer(path, schema, compression="zstd", block_bytes=20_000, heap_chunk_bytes=4096, threads=threads) as w:
+                w.write_batch(rows)
+            layouts.append(rs_.Layout.open(path, verify=True))
+        assert not [t for t in threading.enumerate() if t.name.startswith("rowstore-compress")]
+    if not fail:
+        a, b = layouts
+        assert a.num_blocks > 5 and np.array_equal(a.blocks["checksum"], b.blocks["checksum"])
+        assert np.array_equal(a.heap_chunks["checksum"], b.heap_chunks["checksum"])
+        got = rs_.open(layouts[1].path).take(np.arange(3000))
+        assert np.array_equal(got["x"], rows["x"]) and got["s"].tolist() == rows["s"]
+    with pytest.raises(ValueError, match="threads"):
+        rs_.Writer(str(tmp_path / "bad.h5"), schema, threads=0)

@@ -14,7 +14,9 @@ import os
 import secrets
 import shutil
 import warnings
+from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,31 +36,14 @@ DEFAULT_HEAP_CHUNK_BYTES = 1 << 20
 
 
 def _blosc2_compressor(config: dict, typesize: int):
-    import blosc2
+    """A function raw block -> stored chunk (a single-chunk Blosc2 frame, built by the kernel
+    without the GIL, so a writer's threads compress in parallel)."""
+    from rowstore import kernels
 
-    cparams = {
-        "codec": getattr(blosc2.Codec, config["cname"].upper()),
-        "clevel": config["clevel"],
-        "typesize": typesize,
-        "filters": [{"none": blosc2.Filter.NOFILTER, "byte": blosc2.Filter.SHUFFLE, "bit": blosc2.Filter.BITSHUFFLE}[config["shuffle"]]],
-        # One thread: python-blosc2's pool is not fork-safe, and writers run in workers.
-        "nthreads": 1,
-    }
+    params = {"cname": config["cname"], "clevel": config["clevel"], "shuffle": config["shuffle"], "typesize": typesize}
 
-    # Blosc2 turns an all-zero buffer into a "special" chunk, which a frame records only as a
-    # marker in its offsets index, with no chunk after the header; readers (our kernels) expect
-    # the one chunk right after the header. Store all-zero chunks memcpy'd (clevel 0) instead.
-    plain = dict(cparams, clevel=0)
-
-    # Compress with compress2 and wrap the chunk in a frame: 1.5-3x faster than
-    # SChunk(data=...), which also starts decompression threads unless told otherwise.
-    dparams = {"nthreads": 1}
-
-    def compress(raw: memoryview) -> bytes:
-        params = cparams if np.frombuffer(raw, np.uint8).any() else plain
-        schunk = blosc2.SChunk(chunksize=len(raw), cparams=params, dparams=dparams)
-        schunk.append_chunk(blosc2.compress2(raw, **params))
-        return schunk.to_cframe()
+    def compress(raw) -> np.ndarray:
+        return kernels.compress_frame(raw, **params)
 
     return compress
 
@@ -74,10 +59,16 @@ def _hdf5_filter_kwargs(config: dict) -> dict:
 
 class _ChunkStream:
     """Writes fixed-size chunks of one HDF5 dataset with ``write_direct_chunk`` and remembers,
-    per chunk, its stored size and checksum (offsets are read back at close)."""
+    per chunk, its stored size and checksum (offsets are read back at close).
+
+    With a ``pool``, chunks are compressed and checksummed on its threads (Blosc2 and the CRC
+    release the GIL) while the caller packs the next rows; HDF5 writes stay on the calling
+    thread, in chunk order. At most two chunks per worker are in flight.
+    """
 
     def __init__(self, dataset, chunk_len: int, itemsize: int, compress, start_chunk: int = 0,
-                 stored: list[int] | None = None, checksums: list[int] | None = None):
+                 stored: list[int] | None = None, checksums: list[int] | None = None,
+                 pool: ThreadPoolExecutor | None = None):
         self.ds = dataset
         self.chunk_len = chunk_len
         self.raw_bytes = chunk_len * itemsize
@@ -85,28 +76,57 @@ class _ChunkStream:
         self.next_chunk = start_chunk
         self.stored = stored if stored is not None else []
         self.checksums = checksums if checksums is not None else []
+        self.pool = pool if compress is not None else None
+        self._pending: deque = deque()  # (chunk index, extent, future of (data, crc))
 
     def write(self, raw: memoryview, extent: int) -> None:
-        """Write the next chunk from ``raw`` (exactly one chunk's bytes); grow the dataset to
-        ``extent`` items first (extents only grow: shrinking would make HDF5 rewrite chunks)."""
+        """Write the next chunk from ``raw`` (exactly one chunk's bytes; the caller may reuse
+        it on return); grow the dataset to ``extent`` items first (extents only grow:
+        shrinking would make HDF5 rewrite chunks)."""
+        assert len(raw) == self.raw_bytes, "internal: chunk size"
+        k = self.next_chunk
+        self.next_chunk += 1
+        if self.pool is None:
+            self._store(k, extent, *self._encode(raw))
+            return
+        self._pending.append((k, extent, self.pool.submit(self._encode, bytes(raw))))
+        self._drain(wait=len(self._pending) > 2 * self.pool._max_workers)
+
+    def _encode(self, raw) -> tuple[Any, int]:
         from rowstore.kernels import crc32
 
-        assert len(raw) == self.raw_bytes, "internal: chunk size"
+        data = self.compress(raw) if self.compress is not None else raw
+        return data, crc32(data)
+
+    def _drain(self, *, wait: bool = False, everything: bool = False) -> None:
+        """Store finished chunks in order: the ready ones, or at least one (``wait``), or all."""
+        while self._pending and (everything or wait or self._pending[0][2].done()):
+            k, extent, fut = self._pending.popleft()
+            self._store(k, extent, *fut.result())
+            wait = False
+
+    def flush(self) -> None:
+        self._drain(everything=True)
+
+    def cancel(self) -> None:
+        for _, _, fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+
+    def _store(self, k: int, extent: int, data, crc: int) -> None:
         if extent > self.ds.shape[0]:
             self.ds.resize((extent,))
-        data = self.compress(raw) if self.compress is not None else raw
-        self.ds.id.write_direct_chunk((self.next_chunk * self.chunk_len,), data)
-        k = self.next_chunk
+        self.ds.id.write_direct_chunk((k * self.chunk_len,), data)
         if k < len(self.stored):  # rewriting the partial last chunk of an appended file
             self.stored[k] = len(data)
-            self.checksums[k] = crc32(data)
+            self.checksums[k] = crc
         else:
             self.stored.append(len(data))
-            self.checksums.append(crc32(data))
-        self.next_chunk += 1
+            self.checksums.append(crc)
 
     def offsets(self) -> np.ndarray:
         """File offsets of chunks 0..next_chunk-1, read from HDF5's chunk index."""
+        self.flush()
         n = self.next_chunk
         offs = np.full(n, -1, dtype=np.int64)
         sizes = np.zeros(n, dtype=np.int64)
@@ -150,6 +170,10 @@ class Writer:
         Chunk size of the heap of variable-size payloads.
     attrs : mapping, optional
         User attributes (JSON-serialisable), stored in the file; also editable as ``writer.attrs``.
+    threads : int, optional
+        Threads that compress and checksum blocks while rows are packed (compressed files
+        only; default ``min(4, os.cpu_count())``; 1 compresses on the calling thread). Chunks
+        are still written in order, by the calling thread.
 
     Notes
     -----
@@ -170,7 +194,9 @@ class Writer:
         compression: Any = None,
         heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES,
         attrs: Mapping[str, Any] | None = None,
+        threads: int | None = None,
     ):
+        self._pool: ThreadPoolExecutor | None = None
         if mode not in ("w", "x", "a"):
             raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
         if not isinstance(block_bytes, int) or not 1 <= block_bytes <= MAX_CHUNK_BYTES:
@@ -240,6 +266,11 @@ class Writer:
         self._rows_stream: _ChunkStream | None = None
         self._heap_stream: _ChunkStream | None = None
         self._typesize = spec.blosc_typesize(self._row_dtype)
+        nthreads = min(4, os.cpu_count() or 1) if threads is None else threads
+        if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        if self._compression["id"] != "none" and nthreads > 1:
+            self._pool = ThreadPoolExecutor(nthreads, thread_name_prefix="rowstore-compress")
         if appending:
             try:
                 self._open_for_append(layout)
@@ -349,6 +380,10 @@ class Writer:
     def abort(self) -> None:
         """Discard everything written since the writer opened; ``path`` is left as it was."""
         self._closed = True
+        for stream in (getattr(self, "_rows_stream", None), getattr(self, "_heap_stream", None)):
+            if stream is not None:
+                stream.cancel()
+        self._stop_pool()
         if self._h5 is not None:
             try:
                 self._h5.close()
@@ -358,6 +393,11 @@ class Writer:
         if self._tmp is not None and os.path.exists(self._tmp):
             os.unlink(self._tmp)
         self._tmp = None
+
+    def _stop_pool(self) -> None:
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self) -> Writer:
         return self
@@ -524,11 +564,11 @@ class Writer:
         kw = _hdf5_filter_kwargs(self._compression)
         rows = g.create_dataset(spec.ROWS, shape=(0,), maxshape=(None,), chunks=(self._rpb,), dtype=self._row_dtype, **kw)
         compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
-        self._rows_stream = _ChunkStream(rows, self._rpb, self._itemsize, compress)
+        self._rows_stream = _ChunkStream(rows, self._rpb, self._itemsize, compress, pool=self._pool)
         if self._heap_fields:
             heap = g.create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(self._heap_chunk_bytes,), dtype=np.uint8, **kw)
             hcompress = _blosc2_compressor(self._compression, 1) if kw else None
-            self._heap_stream = _ChunkStream(heap, self._heap_chunk_bytes, 1, hcompress)
+            self._heap_stream = _ChunkStream(heap, self._heap_chunk_bytes, 1, hcompress, pool=self._pool)
 
     def _open_for_append(self, layout) -> None:
         """Copy the file, reopen the copy, and reload its partial last block and heap chunk so
@@ -547,7 +587,8 @@ class Writer:
         checks = [int(x) for x in blocks["checksum"]]
         kw = self._compression["id"] != "none"
         compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
-        self._rows_stream = _ChunkStream(g[spec.ROWS], self._rpb, self._itemsize, compress, nblocks, stored, checks)
+        self._rows_stream = _ChunkStream(g[spec.ROWS], self._rpb, self._itemsize, compress, nblocks, stored, checks,
+                                         pool=self._pool)
         self._block_heap = [(int(a), int(b)) for a, b in zip(blocks["heap_start"], blocks["heap_end"])]
         self._rows_written = layout.num_rows
         self._heap_pos = layout.heap_nbytes
@@ -568,7 +609,8 @@ class Writer:
             hstored = [int(x) for x in hc["stored_nbytes"]]
             hchecks = [int(x) for x in hc["checksum"]]
             hcompress = _blosc2_compressor(self._compression, 1) if kw else None
-            self._heap_stream = _ChunkStream(g[spec.HEAP], self._heap_chunk_bytes, 1, hcompress, len(hc), hstored, hchecks)
+            self._heap_stream = _ChunkStream(g[spec.HEAP], self._heap_chunk_bytes, 1, hcompress, len(hc), hstored, hchecks,
+                                             pool=self._pool)
             H = self._heap_chunk_bytes
             self._heap_flushed = len(hc) * H
             if layout.heap_nbytes % H:
@@ -584,6 +626,10 @@ class Writer:
             if self._n:
                 self._flush_block(self._n)
         self._flush_heap(final=True)
+        for stream in (self._rows_stream, self._heap_stream):
+            if stream is not None:
+                stream.flush()
+        self._stop_pool()
         f = self._h5
         g = f[spec.GROUP]
         nblocks = self._rows_stream.next_chunk

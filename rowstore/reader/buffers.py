@@ -158,7 +158,3 @@ def concat_batches(parts: list[dict]) -> dict:
         else:
             out[k] = np.concatenate([p[k] for p in parts])
     return out
-
-
-def copy_batch(batch: dict) -> dict:
-    return {k: v.copy() for k, v in batch.items()}

@@ -134,7 +134,14 @@ class Reader:
     and images give ``ndarray``; variable shapes give ``Ragged`` (or padded arrays); ``str`` and
     ``bytes`` give ``object`` arrays. A nullable field adds ``"<name>__null"`` (bool), and null
     ``str``/``bytes`` values are ``None``. Arrays handed out are owned by the caller: the reader
-    never writes into them again (no copy is needed to keep a batch).
+    never writes into them again (no copy is needed to keep a batch). A batch from
+    :meth:`batches` is a view of its segment's arrays (a window of blocks, decoded), so keeping
+    one batch keeps that segment's memory alive; copy it (``a.copy()``) to keep a few rows of
+    many batches.
+
+    Memory while iterating is bounded by ``num_threads * prefetch + 1`` decoded segments plus a
+    scratch buffer of ``window`` blocks per thread, whatever the dataset's size (``full``
+    shuffling also keeps the shard's permutation, 8 bytes per row).
 
     Readers pickle by path and options, and open their file descriptor lazily in each process,
     so they can be created before ``fork`` or sent to ``spawn`` workers. Methods are

@@ -153,9 +153,11 @@ def decode_heap_field(f: Field, offs: np.ndarray, nbs: np.ndarray, shapes: np.nd
     return out
 
 
-def _split_records(rec: np.ndarray, fields: Sequence[Field], get: Callable[[np.ndarray, int, int], Any] | None) -> dict:
+def _split_records(rec: np.ndarray, fields: Sequence[Field], get: Callable[[int, int], Any] | None,
+                   shift: np.ndarray | None = None) -> dict:
     """Structured rows (``/rowstore/rows`` records) -> per-field batch dict; heap values through
-    ``get(row_positions, offset, nbytes)``-style accessors built by the caller."""
+    ``get(offset, nbytes)`` built by the caller, the offsets first moved by ``shift`` (per row)
+    when the caller's heap buffer does not start at logical offset 0."""
     out: dict[str, Any] = {}
     for f in fields:
         nulls = None
@@ -167,7 +169,8 @@ def _split_records(rec: np.ndarray, fields: Sequence[Field], get: Callable[[np.n
         else:
             ref = rec[f.name]
             shapes = ref["shape"] if f.variable_dims else None
-            out[f.name] = decode_heap_field(f, ref["offset"], ref["nbytes"], shapes, nulls, get)
+            offs = ref["offset"] if shift is None else ref["offset"].astype(np.int64) + shift
+            out[f.name] = decode_heap_field(f, offs, ref["nbytes"], shapes, nulls, get)
     return out
 
 
@@ -289,23 +292,9 @@ def _tables_block(layout: Layout, fields: list[Field], opts: dict) -> tuple[Call
         base = np.concatenate(hbase)[pos] if heap_fields else None
 
         def decode(a: int, b: int) -> dict:
-            rec = wrec[a:b]
             if not heap_fields:
-                return _split_records(rec, fields, None)
-            out: dict[str, Any] = {}
-            for fl in fields:
-                nulls = None
-                if fl.nullable:
-                    nulls = rec[fl.name + spec.NULL_SUFFIX].astype(np.bool_)
-                    out[fl.name + spec.NULL_SUFFIX] = nulls
-                if fl.inline:
-                    out[fl.name] = np.ascontiguousarray(rec[fl.name])
-                    continue
-                ref = rec[fl.name]
-                shapes = ref["shape"] if fl.variable_dims else None
-                out[fl.name] = decode_heap_field(fl, ref["offset"].astype(np.int64) + base[a:b], ref["nbytes"], shapes,
-                                                 nulls, lambda off, nb: wheap[off : off + nb])
-            return out
+                return _split_records(wrec[a:b], fields, None)
+            return _split_records(wrec[a:b], fields, lambda off, nb: wheap[off : off + nb], base[a:b])
 
         return len(wrec), decode
 

@@ -375,3 +375,22 @@ def test_third_party_codec_in_a_file(rs, h5path):
     rows = [{"fixed": rng.standard_normal((3, 4)), "var": rng.integers(-9, 9, (i + 1, 2), dtype=np.int32)} for i in range(5)]
     roundtrip(rs, h5path, schema, rows, rows_per_block=2)
     assert rowstore.open(h5path).schema["fixed"].codec == {"id": "test_zlib_array", "level": 9}
+
+
+def test_file_with_a_codec_not_installed_says_so(rs, h5path):
+    """A file written with a third-party codec, opened where it is not registered: a CodecError
+    naming the codec (not a 'corrupt file' FormatError)."""
+    import subprocess
+    import sys
+
+    register_codec(_ZlibArray, replace=True)
+    schema = Schema([Field("v", "float64", (None,), codec="test_zlib_array")])
+    with rowstore.Writer(h5path, schema) as w:
+        w.write({"v": np.arange(3.0)})
+    code = (
+        "import rowstore, sys\n"
+        "try:\n    rowstore.open(sys.argv[1])\n"
+        "except rowstore.CodecError as e:\n    print(type(e).__name__, e.codec, 'not installed' in str(e))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, h5path], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["CodecError", "test_zlib_array", "True"], out.stdout + out.stderr

@@ -16,10 +16,14 @@ def test_quickstart_example(tmp_path):
     assert "epoch 1: 1000 rows" in out.stdout
 
 
-def readme_blocks():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def python_blocks(doc: str) -> list[str]:
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
         text = f.read()
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def readme_blocks():
+    return python_blocks("README.md")
 
 
 def test_readme_python_blocks_run(tmp_path):
@@ -28,3 +32,11 @@ def test_readme_python_blocks_run(tmp_path):
     for i, code in enumerate(readme_blocks()):
         out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, f"README block {i} failed:\n{code}\n{out.stderr}"
+
+
+def test_api_guide_blocks_run(tmp_path):
+    """docs/api.md's blocks build on each other: run them as one script."""
+    code = "\n\n".join(python_blocks(os.path.join("docs", "api.md")))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "(3, 64)" in out.stdout

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import FormatError, FormatVersionError, RowstoreError
+from rowstore.codecs import registered_codecs
+from rowstore.errors import CodecError, FormatError, FormatVersionError, RowstoreError
 from rowstore.format import spec
 from rowstore.schema import Schema
 
@@ -145,6 +146,12 @@ class Layout:
             )
         try:
             schema = Schema.from_json(_text(a[spec.ATTR_SCHEMA]))
+        except CodecError as exc:
+            if exc.codec is not None and exc.codec not in registered_codecs():
+                # A codec this installation lacks: say which and what to install, not "corrupt".
+                raise CodecError(f"{path!r} uses codec {exc.codec!r}, which is not installed here: {exc}",
+                                 codec=exc.codec, field=exc.field) from exc
+            raise bad(f"invalid schema: {exc}") from exc
         except (RowstoreError, KeyError) as exc:
             raise bad(f"invalid schema: {exc}") from exc
         try:

@@ -1,4 +1,5 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False, nonecheck=False
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, nonecheck=False
 """Block kernels: read stored chunks, verify, decompress, and gather rows into batch arrays.
 
 The boundary (see docs/architecture.md): kernels take typed memoryviews, integers and file
@@ -269,7 +270,9 @@ def gather_fixed(const uint8_t[::1] src not None, int64_t row_size, int64_t fiel
             for i in range(n):
                 r = rows[i]
                 if r < 0 or r >= nrows_src:
-                    err[0] = E_ROW; err[1] = i; err[2] = r
+                    err[0] = E_ROW
+                    err[1] = i
+                    err[2] = r
                     rc = -1
                     break
                 (<uint64_t*>(o + i * 8))[0] = (<const uint64_t*>(s + r * row_size + field_offset))[0]
@@ -277,7 +280,9 @@ def gather_fixed(const uint8_t[::1] src not None, int64_t row_size, int64_t fiel
             for i in range(n):
                 r = rows[i]
                 if r < 0 or r >= nrows_src:
-                    err[0] = E_ROW; err[1] = i; err[2] = r
+                    err[0] = E_ROW
+                    err[1] = i
+                    err[2] = r
                     rc = -1
                     break
                 (<uint32_t*>(o + i * 4))[0] = (<const uint32_t*>(s + r * row_size + field_offset))[0]
@@ -285,7 +290,9 @@ def gather_fixed(const uint8_t[::1] src not None, int64_t row_size, int64_t fiel
             for i in range(n):
                 r = rows[i]
                 if r < 0 or r >= nrows_src:
-                    err[0] = E_ROW; err[1] = i; err[2] = r
+                    err[0] = E_ROW
+                    err[1] = i
+                    err[2] = r
                     rc = -1
                     break
                 memcpy(o + i * field_size, s + r * row_size + field_offset, <size_t>field_size)
@@ -324,29 +331,40 @@ def gather_heap(const uint8_t[::1] src not None, int64_t row_size, int64_t ref_o
         for i in range(n):
             r = rows[i]
             if r < 0 or r >= nrows_src:
-                err[0] = E_ROW; err[1] = i; err[2] = r
+                err[0] = E_ROW
+                err[1] = i
+                err[2] = r
                 rc = -1
                 break
             s = r // rows_per_slot
             if s >= nslots:
-                err[0] = E_ROW; err[1] = i; err[2] = r
+                err[0] = E_ROW
+                err[1] = i
+                err[2] = r
                 rc = -1
                 break
             memcpy(&off, &src[r * row_size + ref_offset], 8)
             memcpy(&nb, &src[r * row_size + ref_offset + 8], 8)
             # offset/nbytes are unsigned on disk: reject anything that does not fit the range.
             if off < slot_lo[s] or nb < 0 or off > slot_hi[s] or nb > slot_hi[s] - off:
-                err[0] = E_BOUNDS; err[1] = i; err[2] = r
+                err[0] = E_BOUNDS
+                err[1] = i
+                err[2] = r
                 rc = -1
                 break
             pos = slot_base[s] + off
             if nb > 0 and (pos < 0 or pos + nb > heap_len):  # an empty payload reads nothing
-                err[0] = E_BOUNDS; err[1] = i; err[2] = r
+                err[0] = E_BOUNDS
+                err[1] = i
+                err[2] = r
                 rc = -1
                 break
             d = dst_offsets[i]
-            if d < 0 or d + nb > out_len or (pad_stride > 0 and (nb > pad_stride or d + pad_stride > out_len)):
-                err[0] = E_DEST; err[1] = i; err[2] = nb
+            if d < 0 or d + nb > out_len or (
+                    pad_stride > 0 and (nb > pad_stride or d + pad_stride > out_len)):
+                err[0] = E_DEST
+                err[1] = i
+                err[2] = nb
                 rc = -1
                 break
             if nb > 0:
@@ -409,18 +427,22 @@ def pread_heap(int fd, const uint8_t[::1] src not None, int64_t row_size, int64_
             e[1] = i
             r = rows[i]
             if r < 0 or r >= nrows_src:
-                e[0] = E_ROW; e[2] = r
+                e[0] = E_ROW
+                e[2] = r
                 rc = -1
                 break
             memcpy(&off, &src[r * row_size + ref_offset], 8)
             memcpy(&nb, &src[r * row_size + ref_offset + 8], 8)
             if off < lo[i] or nb < 0 or off > hi[i] or nb > hi[i] - off:
-                e[0] = E_BOUNDS; e[2] = i
+                e[0] = E_BOUNDS
+                e[2] = i
                 rc = -1
                 break
             d = dst_offsets[i]
-            if d < 0 or d + nb > out_len or (pad_stride > 0 and (nb > pad_stride or d + pad_stride > out_len)):
-                e[0] = E_DEST; e[2] = nb
+            if d < 0 or d + nb > out_len or (
+                    pad_stride > 0 and (nb > pad_stride or d + pad_stride > out_len)):
+                e[0] = E_DEST
+                e[2] = nb
                 rc = -1
                 break
             if pad_stride > nb:
@@ -428,7 +450,8 @@ def pread_heap(int fd, const uint8_t[::1] src not None, int64_t row_size, int64_
             while nb > 0:
                 k = off // chunk_bytes
                 if k >= nchunks:
-                    e[0] = E_BOUNDS; e[2] = i
+                    e[0] = E_BOUNDS
+                    e[2] = i
                     rc = -1
                     break
                 within = off - k * chunk_bytes
@@ -531,7 +554,9 @@ def gather_rows(const uint8_t[::1] src not None, int64_t row_size, const int64_t
         for i in range(n):
             r = rows[i]
             if r < 0 or r >= nrows_src:
-                err[0] = E_ROW; err[1] = i; err[2] = r
+                err[0] = E_ROW
+                err[1] = i
+                err[2] = r
                 rc = -1
                 break
             if i + 16 < n and rows[i + 16] >= 0 and rows[i + 16] < nrows_src:
@@ -549,7 +574,6 @@ def gather_rows(const uint8_t[::1] src not None, int64_t row_size, const int64_t
                 else:
                     memcpy(o, row + field_offsets[j], <size_t>sz)
     return rc
-
 
 
 cdef extern from "sys/uio.h" nogil:
@@ -603,7 +627,8 @@ def preadv_rows(int fd, const int64_t[::1] file_offsets not None, int64_t row_si
             while got < 0 and errno == EINTR:
                 got = preadv(fd, iov, <int>nseg, <long>file_offsets[i])
             if got < 0:
-                e[0] = E_IO; e[2] = errno
+                e[0] = E_IO
+                e[2] = errno
                 rc = -1
                 break
             if got < row_size:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rowstore import _blocks
+from rowstore import _blocks  # type: ignore[attr-defined]  # compiled from _ext/_blocks.pyx; no stubs
 from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [

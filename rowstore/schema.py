@@ -276,7 +276,7 @@ class Schema(Sequence[Field]):
         self._by_name = by_name
 
     # Sequence protocol plus lookup by name
-    def __getitem__(self, key):  # type: ignore[override]
+    def __getitem__(self, key):
         if isinstance(key, str):
             try:
                 return self._by_name[key]

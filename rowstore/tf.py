@@ -326,11 +326,11 @@ def make_dataset(
     # Generators yield chunks of `chunk` rows (a multiple of batch_size, about _CHUNK_BYTES):
     # from_generator costs ~0.2 ms of Python per element whatever its size, so small batches
     # are cut from larger chunks by tf.data's rebatch (C++; same rows, same order).
-    row_bytes = sum(f.fixed_nbytes for f in schema)
+    row_bytes: float = sum(f.fixed_nbytes for f in schema)
     if any(not f.inline for f in schema) and reader.num_rows:
         row_bytes += reader.layout.heap_nbytes / reader.num_rows
     per_chunk = max(1, int(_CHUNK_BYTES // max(row_bytes, 1)))
-    if rows:
+    if batch_size is None:  # rows
         chunk = min(max(per_chunk, 64), _MAX_CHUNK_ROWS)
     else:
         chunk = int(batch_size) * max(1, min(per_chunk, _MAX_CHUNK_ROWS) // int(batch_size))
@@ -374,7 +374,7 @@ def make_dataset(
 
     end = np.iinfo(np.int64).max if num_epochs is None else epoch + num_epochs
     ds = tf.data.Dataset.range(epoch, end).flat_map(one_epoch)
-    if rows:
+    if batch_size is None:  # rows
         ds = ds.unbatch()
         if variable:
             ds = ds.map(_reshape_rows_fn(variable))

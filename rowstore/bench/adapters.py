@@ -157,6 +157,11 @@ def rowstore_source(layout: Layout, names: list[str], opts: dict[str, Any]):
         raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(MODES)}")
 
     closers = [reader.close] + extra_close
+
+    def close() -> None:
+        for c in closers:
+            c()
+
     return Source(label=label, description=MODES[mode], names=names, epoch=epoch, shuffle_quality=quality,
-                  num_batches=reader.num_batches(B), info=info, close=lambda: [c() for c in closers],
+                  num_batches=reader.num_batches(B), info=info, close=close,
                   var_dims=var_dims_of(reader.schema.select(names)))

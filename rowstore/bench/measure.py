@@ -262,13 +262,14 @@ def touch_batch(batch: dict, names: Sequence[str], var_dims: dict[str, tuple[int
     for name in names:
         v = batch[name]
         a, b = touch(v)
-        shp = batch.get(name + "__shape") if var_dims and name in var_dims else None
-        if shp is not None:
+        vdims = var_dims.get(name) if var_dims else None
+        shp = batch.get(name + "__shape") if vdims is not None else None
+        if shp is not None and vdims is not None:
             arr = _as_numpy(v)
             if isinstance(arr, np.ndarray) and arr.ndim >= 2:
                 shapes = np.asarray(_as_numpy(shp), dtype=np.int64).reshape(len(arr), -1)
                 dims = np.broadcast_to(np.asarray(arr.shape[1:], np.int64), (len(arr), arr.ndim - 1)).copy()
-                dims[:, list(var_dims[name])] = shapes
+                dims[:, list(vdims)] = shapes
                 a = int(np.prod(dims, axis=1).sum()) * arr.itemsize
         nb += a
         ck += b

@@ -77,9 +77,11 @@ def render_table(results: Sequence[dict[str, Any]], memcpy_gbps: float | None, *
     show_note = any(r.get("note") for r in rows)
     try:
         from rich.table import Table
+
+        have_rich = True
     except ImportError:  # pragma: no cover - rich is a bench dependency
-        Table = None
-    if Table is not None and console is not None:
+        have_rich = False
+    if have_rich and console is not None:
         t = Table(title=title or None, title_justify="left", header_style="bold")
         for key, head, _ in cols:
             t.add_column(head, justify="left" if key == "label" else "right", no_wrap=key != "label")
@@ -139,7 +141,7 @@ def plot(groups: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str, *, m
     colors = ["#1f77b4" if rs else "#9a9a9a" for *_, rs, _ in items]
     ypos = list(range(n))[::-1]
     for ax, idx, name, fmt in ((axes[0], 2, "samples/s", fmt_rate), (axes[1], 3, "decoded MB/s", None)):
-        vals = [it[idx] / (1e6 if idx == 3 else 1) for it in items]
+        vals = [float(it[idx]) / (1e6 if idx == 3 else 1) for it in items]
         ax.barh(ypos, vals, color=colors, height=0.7)
         pos = [v for v in vals if v > 0]
         extra = [memcpy_gbps * 1e3] if (memcpy_gbps and idx == 3) else []

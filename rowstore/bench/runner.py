@@ -7,6 +7,7 @@ else a library prints is ignored; the child's stderr is kept to explain a failur
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -57,7 +58,7 @@ def measure_spec(spec: dict[str, Any], emit: Callable[[dict], None] = _emit) -> 
 
     try:
         for k in range(warm_reps + nrep):
-            res = M.measure_iter(lambda k=k: src.epoch(k), src.names, warmup=int(spec.get("warmup", 0)),
+            res = M.measure_iter(functools.partial(src.epoch, k), src.names, warmup=int(spec.get("warmup", 0)),
                                  measure=spec.get("measure"), time_limit=spec.get("time_limit"),
                                  max_rows=spec.get("max_rows"), on_batch=on_batch, var_dims=src.var_dims,
                                  workers=bool(src.info.get("workers")))

@@ -128,6 +128,7 @@ def decode_heap_field(f: Field, offs: np.ndarray, nbs: np.ndarray, shapes: np.nd
     def shape_of(i: int) -> tuple[int, ...]:
         s = list(f.shape)
         for k, d in enumerate(var_dims):
+            assert shapes is not None  # the caller passes shapes for variable dims
             s[d] = int(shapes[i][k])
         return tuple(s)
 
@@ -168,6 +169,7 @@ def _split_records(rec: np.ndarray, fields: Sequence[Field], get: Callable[[int,
             out[f.name] = np.ascontiguousarray(rec[f.name])
         else:
             ref = rec[f.name]
+            assert get is not None  # the caller passes get when there are heap fields
             shapes = ref["shape"] if f.variable_dims else None
             offs = ref["offset"] if shift is None else ref["offset"].astype(np.int64) + shift
             out[f.name] = decode_heap_field(f, offs, ref["nbytes"], shapes, nulls, get)
@@ -187,7 +189,7 @@ class _H5:
         self.f = open_h5(path)
         g = self.f[spec.GROUP]
         self.rows = g[spec.ROWS]
-        self.heap = g[spec.HEAP] if spec.HEAP in g else None
+        self.heap: Any = g[spec.HEAP] if spec.HEAP in g else None  # h5py.Dataset (unless no heap)
 
     def get(self, off: int, nb: int) -> np.ndarray:
         return self.heap[off : off + nb]
@@ -294,6 +296,7 @@ def _tables_block(layout: Layout, fields: list[Field], opts: dict) -> tuple[Call
         def decode(a: int, b: int) -> dict:
             if not heap_fields:
                 return _split_records(wrec[a:b], fields, None)
+            assert wheap is not None and base is not None  # set above when there are heap fields
             return _split_records(wrec[a:b], fields, lambda off, nb: wheap[off : off + nb], base[a:b])
 
         return len(wrec), decode
@@ -352,7 +355,7 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
     flds = [layout.schema[nm] for nm in names]
     h5 = _H5(path)
     try:
-        outs: dict[str, np.ndarray] = {}
+        outs: dict[str, np.memmap] = {}
         for f in flds:
             if f.nullable:
                 outs[f.name + spec.NULL_SUFFIX] = np.lib.format.open_memmap(

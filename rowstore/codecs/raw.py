@@ -31,7 +31,7 @@ class Raw(Codec):
     def encode(self, value: Any, field: Field) -> memoryview:
         arr = np.ascontiguousarray(value, dtype=field.dtype)
         # A flat uint8 view: memoryview.cast refuses zero-size shapes such as (0,) or (2, 0, 3).
-        return memoryview(arr.reshape(-1).view(np.uint8))
+        return arr.reshape(-1).view(np.uint8).data
 
     def decode_into(self, src: memoryview | np.ndarray, out: np.ndarray) -> None:
         flat = np.frombuffer(src, dtype=out.dtype, count=out.size)

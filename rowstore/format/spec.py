@@ -144,7 +144,7 @@ def blosc_typesize(dtype: np.dtype) -> int:
 
     def walk(dt: np.dtype, count: int) -> None:
         if dt.fields:
-            for sub, _off in (dt.fields[n][:2] for n in dt.names):
+            for sub, _off in (dt.fields[n][:2] for n in dt.names or ()):
                 walk(sub, count)
         elif dt.subdtype is not None:
             base, shape = dt.subdtype

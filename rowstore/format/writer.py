@@ -211,7 +211,7 @@ class Writer:
         self._target = os.path.realpath(self.path) if os.path.islink(self.path) else self.path
         self.mode = mode
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
-        self._h5 = None
+        self._h5: Any = None  # the open h5py.File of the temporary copy
         self._tmp: str | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
@@ -326,7 +326,7 @@ class Writer:
             raise RowValidationError(f"row {first}: columns have different lengths: {lengths}", row=first)
         if n == 0:
             return
-        checked = {}
+        checked: dict[str, tuple[np.ndarray | list, np.ndarray | None]] = {}
         for f in self.schema:
             if f.name not in columns:
                 if not f.nullable:
@@ -395,8 +395,9 @@ class Writer:
         self._tmp = None
 
     def _stop_pool(self) -> None:
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def __enter__(self) -> Writer:
@@ -488,7 +489,8 @@ class Writer:
         """Write the first ``nrows`` pending rows as the next block (zero-padded to a chunk)."""
         if self._h5 is None:
             self._create_file()
-        rpb = self._rpb
+        rpb, stream = self._rpb, self._rows_stream
+        assert rpb is not None and stream is not None  # set when the file was created or opened
         if nrows == rpb:
             block = self._buf[:rpb]  # written as is: no copy of a full block
         else:
@@ -502,7 +504,7 @@ class Writer:
         else:
             heap_end = self._block_heap_start
         first = self._rows_written
-        self._rows_stream.write(memoryview(block).cast("B"), extent=first + nrows)
+        stream.write(block.data.cast("B"), extent=first + nrows)
         self._block_heap.append((self._block_heap_start, heap_end))
         self._block_heap_start = heap_end
         self._rows_written += nrows
@@ -518,16 +520,18 @@ class Writer:
             self._buf[:rest] = keep
 
     def _flush_heap(self, final: bool) -> None:
-        if self._heap_stream is None:
+        stream = self._heap_stream
+        if stream is None:
             if not self._heap_buf or self._h5 is None:
                 return
+        assert stream is not None  # created with the file whenever the schema has heap fields
         H = self._heap_chunk_bytes
         while len(self._heap_buf) >= H or (final and self._heap_buf):
             chunk = bytes(self._heap_buf[:H])
             if len(chunk) < H:
                 chunk += bytes(H - len(chunk))
             start = self._heap_flushed
-            self._heap_stream.write(memoryview(chunk), extent=min(start + H, self._heap_pos))
+            stream.write(memoryview(chunk), extent=min(start + H, self._heap_pos))
             del self._heap_buf[:H]
             self._heap_flushed += H
         if final and self._heap_flushed > self._heap_pos:
@@ -581,35 +585,37 @@ class Writer:
         shutil.copymode(self.path, self._tmp)  # the appended file keeps its permissions
         self._h5 = f = h5py.File(self._tmp, "r+")
         g = f[spec.GROUP]
+        rpb = self._rpb
+        assert rpb is not None  # appending: the file's rows_per_block
         blocks = layout.blocks
         nblocks = len(blocks)
         stored = [int(x) for x in blocks["stored_nbytes"]]
         checks = [int(x) for x in blocks["checksum"]]
         kw = self._compression["id"] != "none"
         compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
-        self._rows_stream = _ChunkStream(g[spec.ROWS], self._rpb, self._itemsize, compress, nblocks, stored, checks,
+        self._rows_stream = rows_stream = _ChunkStream(g[spec.ROWS], rpb, self._itemsize, compress, nblocks, stored, checks,
                                          pool=self._pool)
         self._block_heap = [(int(a), int(b)) for a, b in zip(blocks["heap_start"], blocks["heap_end"])]
         self._rows_written = layout.num_rows
         self._heap_pos = layout.heap_nbytes
         self._block_heap_start = self._block_heap[-1][1] if nblocks else 0
-        if nblocks and int(blocks["num_rows"][-1]) < self._rpb:
+        if nblocks and int(blocks["num_rows"][-1]) < rpb:
             # Reopen the partial last block: its rows go back to pending, its chunk is rewritten.
             last = nblocks - 1
             first = int(blocks["first_row"][last])
             rows = g[spec.ROWS][first : layout.num_rows]
-            self._buf = np.zeros(self._rpb, dtype=self._row_dtype)
+            self._buf = np.zeros(rpb, dtype=self._row_dtype)
             self._buf[: len(rows)] = rows
             self._n = len(rows)
             self._rows_written = first
-            self._rows_stream.next_chunk = last
+            rows_stream.next_chunk = last
             self._block_heap_start, _ = self._block_heap.pop()
         if self._heap_fields:
             hc = layout.heap_chunks
             hstored = [int(x) for x in hc["stored_nbytes"]]
             hchecks = [int(x) for x in hc["checksum"]]
             hcompress = _blosc2_compressor(self._compression, 1) if kw else None
-            self._heap_stream = _ChunkStream(g[spec.HEAP], self._heap_chunk_bytes, 1, hcompress, len(hc), hstored, hchecks,
+            self._heap_stream = heap_stream = _ChunkStream(g[spec.HEAP], self._heap_chunk_bytes, 1, hcompress, len(hc), hstored, hchecks,
                                              pool=self._pool)
             H = self._heap_chunk_bytes
             self._heap_flushed = len(hc) * H
@@ -617,7 +623,7 @@ class Writer:
                 k = len(hc) - 1
                 self._heap_buf = bytearray(g[spec.HEAP][k * H : layout.heap_nbytes].tobytes())
                 self._heap_flushed = k * H
-                self._heap_stream.next_chunk = k
+                heap_stream.next_chunk = k
 
     def _finish(self) -> None:
         if self._n or self._h5 is None:
@@ -632,14 +638,15 @@ class Writer:
         self._stop_pool()
         f = self._h5
         g = f[spec.GROUP]
-        nblocks = self._rows_stream.next_chunk
+        rows_stream, rpb, tmp = self._rows_stream, self._rpb, self._tmp
+        assert rows_stream is not None and rpb is not None and tmp is not None  # the file exists now
+        nblocks = rows_stream.next_chunk
         blocks = np.zeros(nblocks, dtype=spec.BLOCK_DTYPE)
-        rpb = self._rpb
         blocks["first_row"] = np.arange(nblocks, dtype=np.uint64) * rpb
         blocks["num_rows"] = np.minimum(rpb, self._rows_written - blocks["first_row"].astype(np.int64))
-        blocks["offset"] = self._rows_stream.offsets()
-        blocks["stored_nbytes"] = self._rows_stream.stored[:nblocks]
-        blocks["checksum"] = np.asarray(self._rows_stream.checksums[:nblocks], dtype=np.uint64)
+        blocks["offset"] = rows_stream.offsets()
+        blocks["stored_nbytes"] = rows_stream.stored[:nblocks]
+        blocks["checksum"] = np.asarray(rows_stream.checksums[:nblocks], dtype=np.uint64)
         heap_ranges = np.asarray(self._block_heap, dtype=np.uint64).reshape(-1, 2)
         blocks["heap_start"] = heap_ranges[:, 0]
         blocks["heap_end"] = heap_ranges[:, 1]
@@ -670,16 +677,16 @@ class Writer:
         a[spec.ATTR_WRITER] = f"rowstore {__version__}"
         f.close()
         self._h5 = None
-        fd = os.open(self._tmp, os.O_RDONLY)
+        fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
         if self.mode == "x":
-            os.link(self._tmp, self._target)  # fails if path appeared meanwhile: never overwrite
-            os.unlink(self._tmp)
+            os.link(tmp, self._target)  # fails if path appeared meanwhile: never overwrite
+            os.unlink(tmp)
         else:
-            os.replace(self._tmp, self._target)
+            os.replace(tmp, self._target)
         self._tmp = None
         dfd = os.open(os.path.dirname(os.path.abspath(self._target)), os.O_RDONLY)
         try:

@@ -151,7 +151,7 @@ def slice_batch(batch: dict, a: int, b: int) -> dict:
 def concat_batches(parts: list[dict]) -> dict:
     if len(parts) == 1:
         return parts[0]
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in parts[0].items():
         if isinstance(v, Ragged):
             out[k] = Ragged.concat([p[k] for p in parts])

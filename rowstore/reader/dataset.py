@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +53,11 @@ class _FieldPlan:
 
 def _plan_fields(schema: Schema, row_dtype: np.dtype) -> dict[str, _FieldPlan]:
     plans = {}
+    fields = row_dtype.fields
+    assert fields is not None  # spec.row_dtype(schema): a structured dtype
     for f in schema:
-        off = row_dtype.fields[f.name][1]
-        null_off = row_dtype.fields[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
+        off = fields[f.name][1]
+        null_off = fields[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
         if f.inline:
             kind = "fixed"
         elif f.dtype == STR:
@@ -80,7 +82,7 @@ def _parallel(fn, n: int, pool: ThreadPoolExecutor | None) -> None:
     """Run ``fn(lo, hi)`` over ``range(n)``, in chunks on ``pool`` when given (image decoders
     release the GIL), so a segment of images uses every core even when few are in flight."""
     k = min(pool._max_workers, n // 4) if pool is not None else 1
-    if k <= 1:
+    if pool is None or k <= 1:
         fn(0, n)
         return
     bounds = np.linspace(0, n, k + 1).astype(int)
@@ -339,7 +341,7 @@ class Reader:
         }
         if not has_heap and nfixed <= 30:  # preadv_rows takes up to 64 pieces per row
             costs["preadv"] = n * (_SYSCALL_S + row)
-        return min(costs, key=costs.get)
+        return min(costs, key=costs.__getitem__)
 
     @staticmethod
     def _segments(fixed: list[tuple[int, int, np.ndarray]], row_size: int) -> list[tuple[int, np.ndarray | None]]:
@@ -358,19 +360,23 @@ class Reader:
             segs.append((row_size - pos, None))
         return segs
 
-    def _gather(self, rows: np.ndarray | _order.Segment, plans: list[_FieldPlan], out: dict | None = None,
+    def _gather(self, rows_or_seg: np.ndarray | _order.Segment, plans: list[_FieldPlan], out: dict | None = None,
                 out_start: int = 0, decoders: ThreadPoolExecutor | None = None) -> dict[str, Any]:
-        """Read ``rows`` (global row ids, or a Segment) and return their fields. The kernels run
-        without the GIL, so several threads gather in parallel."""
+        """Read ``rows_or_seg`` (global row ids, or a Segment) and return their fields. The
+        kernels run without the GIL, so several threads gather in parallel."""
+        # Global row ids and their blocks (arrays), or None where the path taken needs none: the
+        # strategy below decides which are set, so they are typed loosely.
+        rows: Any
+        blk: Any = None
         ublocks = local = seg = None
-        if isinstance(rows, _order.Segment):
-            seg, ublocks, local = rows, rows.blocks, rows.local()
+        if isinstance(rows_or_seg, _order.Segment):
+            seg, ublocks, local = rows_or_seg, rows_or_seg.blocks, rows_or_seg.local()
             n = len(seg)
             # Window segments: global row ids are computed below only where needed.
             rows = None if local is not None else seg.rows()
         else:
+            rows = rows_or_seg
             n = len(rows)
-        blk = None
         fd = self._fileno()
         rpb, rs = self._rpb, self._row_size
         arr = self._arr
@@ -383,6 +389,7 @@ class Reader:
         strategy = self._strategy(n, len(ublocks), bool(heap_plans), 2 * len(plans))
         direct = strategy != "blocks"
         if rows is None and (direct or heap_plans or local is None):
+            assert seg is not None  # rows is None only for a segment
             rows = seg.rows()
         if rows is not None and blk is None:
             blk = rows // rpb
@@ -631,7 +638,7 @@ class Reader:
         prefetch: int = 2,
         varlen: str | None = None,
         start: int = 0,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """Yield one epoch of batches (dicts of per-field arrays with ``batch_size`` rows).
 
         Parameters

@@ -5,7 +5,7 @@ arguments of ``Reader.batches`` and the call itself. Counts are checked by
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,7 +69,7 @@ class _EpochReader:
         drop_last: bool,
         num_threads: int | None,
         start: int = 0,
-    ) -> Iterator[dict]:
+    ) -> Generator[dict, None, None]:
         """Batches of ``epoch`` for ``shard`` from row ``start`` on; variable-shape fields as
         ``Ragged`` (collation turns them into the ``varlen`` modes)."""
         return self.reader.batches(

@@ -155,6 +155,7 @@ class Row(dict):
     :meth:`Dataset.__getitems__` (``__null``/``__shape`` companions, varlen modes)."""
 
     __slots__ = ("collator",)
+    collator: _Collator
 
 
 class RowBatch(Sequence):
@@ -172,7 +173,7 @@ class RowBatch(Sequence):
         name = self.collator.schema.names[0]
         return len(self.columns[name])
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         n = len(self)

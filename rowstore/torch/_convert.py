@@ -275,6 +275,7 @@ def _columns_of(rows: Sequence[Mapping], schema: Schema) -> dict:
     for f in schema:
         vals = [r[f.name] for r in rows]
         nulls = np.fromiter((v is None for v in vals), np.bool_, n) if f.nullable else None
+        col: np.ndarray | Ragged
         if f.dtype in (STR, BYTES):
             col = np.empty(n, object)
             col[:] = vals
@@ -282,12 +283,12 @@ def _columns_of(rows: Sequence[Mapping], schema: Schema) -> dict:
             col = _ragged_from_arrays(vals, f, "rows")
         else:
             zero = np.zeros(f.shape, f.dtype)
-            col = (
+            arr = (
                 np.stack([zero if v is None else _np(v) for v in vals])
                 if n
                 else np.zeros((0,) + f.shape, f.dtype)
             )
-            col = col.astype(f.dtype, copy=False)
+            col = arr.astype(f.dtype, copy=False)
         out[f.name] = col
         if nulls is not None:
             out[f.name + NULL_KEY] = nulls

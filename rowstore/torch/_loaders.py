@@ -9,7 +9,7 @@ import queue
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ class _Loader:
     ):
         self.reader, self._owns_reader = as_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size)
-        self.shard = _resolve_shard(shard)
+        self.shard: tuple[int, int] = _resolve_shard(shard)
         self.even = bool(even)
         self.drop_last = bool(drop_last)
         self.prefetch = max(1, int(prefetch))
@@ -203,7 +203,7 @@ class _Loader:
         self._active = weakref.ref(gen)
         return gen
 
-    def _source(self) -> Iterator[tuple[dict, tuple[int, int]]]:
+    def _source(self) -> Generator[tuple[dict, tuple[int, int]], None, None]:
         raise NotImplementedError
 
     def _end_state(self) -> tuple[int, int]:
@@ -239,7 +239,7 @@ class _Loader:
             self._stage = _CudaStage(self.device, pin=self.pin_memory, slots=self.prefetch + 1)
         return self._stage
 
-    def _deliver_cuda(self, source) -> Iterator[tuple[dict, tuple[int, int]]]:
+    def _deliver_cuda(self, source) -> Generator[tuple[dict, tuple[int, int]], None, None]:
         """A producer thread reads, transforms, collates, stages into pinned memory and enqueues
         the copies on the side stream, ``prefetch`` batches ahead; this consumer makes the
         current stream wait for each batch's copies."""
@@ -413,7 +413,7 @@ class BatchedDataLoader(_Loader, _EpochReader):
             self.batch_size, shard=self.shard, even=self.even, drop_last=self.drop_last, start=start
         )
 
-    def _reader_batches(self, epoch: int, pos: int) -> Iterator[dict]:
+    def _reader_batches(self, epoch: int, pos: int) -> Generator[dict, None, None]:
         return self._read_epoch(
             self.batch_size, epoch=epoch, shard=self.shard, drop_last=self.drop_last,
             num_threads=self.num_threads, start=pos,
@@ -525,7 +525,7 @@ class InMemBatchedDataLoader(_Loader):
         _order.check_args("block", seed, 0, 1, *self.shard)
         self.seed = seed
         self._stop_epoch: int | None = None
-        lo, hi = _order.shard_bounds(len(self.reader), *self.shard, self.even)
+        lo, hi = _order.shard_bounds(len(self.reader), *self.shard, even=self.even)
         self._lo, self._n = lo, hi - lo
         self._cache = self.reader.take(
             np.arange(lo, hi, dtype=np.int64), fields=self._fields, varlen="ragged"

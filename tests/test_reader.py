@@ -92,6 +92,16 @@ def test_layout(dataset):
     assert r.layout.heap_nbytes > 0 and len(r.layout.heap_chunks) > 3
 
 
+
+def test_bytes_path_is_kept_as_str(dataset):
+    # as_reader (the adapters' entry) takes bytes paths; the reader and its errors carry a str.
+    from rowstore.reader.dataset import as_reader
+
+    r, owned = as_reader(os.fsencode(dataset))
+    assert owned and r.path == os.fspath(dataset) and len(r) == 257
+    r.close()
+
+
 def test_getitem_every_row(dataset):
     r = rs.open(dataset)
     for i in range(len(r)):

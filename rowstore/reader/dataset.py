@@ -152,14 +152,14 @@ class Reader:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | bytes | os.PathLike,
         *,
         verify: bool | str = True,
         varlen: str = "ragged",
         num_threads: int | None = None,
     ):
         _check_varlen(varlen)
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)  # str, also for a bytes path: errors carry it as their path
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify

@@ -1,4 +1,5 @@
-"""The code keeps the style the project agreed on (ruff's rules in pyproject.toml)."""
+"""The code keeps the style the project agreed on: ruff's rules, mypy on the package and
+cython-lint on the kernels (their settings are in pyproject.toml)."""
 
 import os
 import shutil
@@ -8,12 +9,31 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def _tool(name):
+    path = shutil.which(name, path=BIN) or shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (it is in requirements/dev.txt)")
+    return path
+
+
+def _run(cmd, env=None):
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_ruff_is_clean():
-    ruff = shutil.which("ruff", path=os.path.dirname(sys.executable)) or shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff is not installed (it is in requirements/dev.txt)")
-    out = subprocess.run([ruff, "check", "rowstore", "tests", "bench", "examples"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+    _run([_tool("ruff"), "check", "rowstore", "tests", "bench", "examples"])
+
+
+def test_mypy_is_clean():
+    _run([_tool("mypy"), "rowstore"])
+
+
+def test_cython_lint_is_clean():
+    cython_lint = _tool("cython-lint")
+    _tool("pycodestyle")  # cython-lint runs it by name, from PATH
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    _run([cython_lint, "_ext"], env=env)

@@ -92,7 +92,6 @@ def test_layout(dataset):
     assert r.layout.heap_nbytes > 0 and len(r.layout.heap_chunks) > 3
 
 
-
 def test_bytes_path_is_kept_as_str(dataset):
     # as_reader (the adapters' entry) takes bytes paths; the reader and its errors carry a str.
     from rowstore.reader.dataset import as_reader

@@ -387,8 +387,24 @@ def test_file_replaced_after_open(dataset, tmp_path):
     r = rs.open(p)
     with open(p, "ab") as f:
         f.write(b"x" * 100)
-    with pytest.raises(FormatError, match="changed size"):
+    with pytest.raises(FormatError, match="changed since it was opened"):
         r.take([0])
+
+
+def test_reader_opened_before_an_atomic_rewrite(dataset, tmp_path):
+    """A writer replaces the file (same size, new inode): a reader that had not read yet refuses
+    to mix the old index with the new file; one that had read keeps reading its version."""
+    p = str(tmp_path / "rewritten.h5")
+    shutil.copyfile(dataset, p)
+    early = rs.open(p)
+    early.take([0], fields=["label"])  # descriptor open on the old version
+    late = rs.open(p)
+    shutil.copyfile(dataset, p + ".new")
+    os.replace(p + ".new", p)  # what Writer.close does: same bytes, another inode
+    assert early.take([5], fields=["label"])["label"].tolist() == [5]
+    with pytest.raises(FormatError, match="changed since it was opened"):
+        late.take([0], fields=["label"])
+    assert rs.open(p).take([7], fields=["label"])["label"].tolist() == [7]
 
 
 @pytest.mark.parametrize("syscall_cost", [0.0, 1.0])

@@ -55,6 +55,9 @@ class Layout:
     blocks: np.ndarray  # spec.BLOCK_DTYPE
     heap_chunks: np.ndarray  # spec.HEAP_CHUNK_DTYPE
     file_size: int
+    #: (st_dev, st_ino, st_size, st_mtime_ns) of the file when it was opened: readers check that
+    #: the file they read is still this one (an atomic rewrite replaces the inode).
+    file_id: tuple = ()
     writer: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -111,10 +114,12 @@ class Layout:
         path = os.fspath(path)
         if os.path.isdir(path):
             raise FormatError(f"{path!r} is a directory; sharded datasets are not supported by this version", path=path)
-        file_size = os.path.getsize(path)
+        st = os.stat(path)
+        file_size = st.st_size
         with open_h5(path) as f:
             try:
                 layout = cls._read(f, path, file_size)
+                object.__setattr__(layout, "file_id", file_identity(st))
             except RowstoreError:
                 raise
             except (KeyError, ValueError, TypeError, OSError) as exc:
@@ -261,6 +266,11 @@ class Layout:
                         raise
         finally:
             os.close(fd)
+
+
+def file_identity(st: os.stat_result) -> tuple:
+    """What identifies one version of a file: device, inode, size and modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _text(v: Any) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 from rowstore import kernels
 from rowstore.errors import FormatError
 from rowstore.format import spec
-from rowstore.format.index import Layout
+from rowstore.format.index import Layout, file_identity
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import (
@@ -201,9 +201,11 @@ class Reader:
                     # A descriptor inherited through fork shares nothing we rely on (pread has
                     # no file position), but we open our own so closing in one process is local.
                     fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    if os.fstat(fd).st_size != self.layout.file_size:
+                    if self.layout.file_id and file_identity(os.fstat(fd)) != self.layout.file_id:
                         os.close(fd)
-                        raise FormatError(f"{self.path!r} changed size since it was opened", path=self.path)
+                        raise FormatError(
+                            f"{self.path!r} changed since it was opened (replaced, appended to or modified); "
+                            f"open it again to read the new version", path=self.path)
                     self._fd, self._fd_pid = fd, pid
         return self._fd
 

@@ -184,17 +184,22 @@ def _as_objects(v: Any, f: Field, where: str) -> np.ndarray:
     return col
 
 
+def _require(out: Mapping, f: Field, where: str) -> None:
+    """A transform's output must keep every field of its declared schema."""
+    if f.name not in out:
+        raise SchemaError(
+            f"{where}: output lacks field {f.name!r}; declare removed fields in "
+            f"TransformSpec(removed_fields=[...])",
+            field=f.name,
+        )
+
+
 def _conform_batch(b: Mapping, schema: Schema, where: str) -> dict:
     """A batch dict with exactly ``schema``'s fields (plus ``__null``), dtypes and shapes checked."""
     out: dict[str, Any] = {}
     n = None
     for f in schema:
-        if f.name not in b:
-            raise SchemaError(
-                f"{where}: output lacks field {f.name!r}; declare removed fields in "
-                f"TransformSpec(removed_fields=[...])",
-                field=f.name,
-            )
+        _require(b, f, where)
         v = b[f.name]
         if f.dtype in (STR, BYTES):
             v = _as_objects(v, f, where)
@@ -231,12 +236,7 @@ def _conform_row(r: Mapping, schema: Schema, where: str) -> dict:
     """A row dict with exactly ``schema``'s fields: numbers as arrays of the field's dtype."""
     out: dict[str, Any] = {}
     for f in schema:
-        if f.name not in r:
-            raise SchemaError(
-                f"{where}: output lacks field {f.name!r}; declare removed fields in "
-                f"TransformSpec(removed_fields=[...])",
-                field=f.name,
-            )
+        _require(r, f, where)
         v = r[f.name]
         if v is None:
             if not f.nullable:

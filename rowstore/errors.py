@@ -67,12 +67,19 @@ class FormatError(RowstoreError, ValueError):
     path : str or None
     block : int or None
         The block where corruption was found, when known.
+    field : str or None
+        The field whose stored value is bad, when known.
+    row : int or None
+        The row (dataset row number) whose stored value is bad, when known.
     """
 
-    def __init__(self, message: str, *, path: str | None = None, block: int | None = None):
+    def __init__(self, message: str, *, path: str | None = None, block: int | None = None,
+                 field: str | None = None, row: int | None = None):
         super().__init__(message)
         self.path = path
         self.block = block
+        self.field = field
+        self.row = row
 
 
 class FormatVersionError(FormatError):

@@ -12,10 +12,14 @@ import json
 import keyword
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+# Codecs sit below the schema: a Field holds its codec instance (placement, validation,
+# decoding), while codecs see fields only through their attributes (type hints, no import).
+from rowstore.codecs import Codec, get_codec
 from rowstore.errors import SchemaError
 
 __all__ = ["Field", "Schema", "STR", "BYTES"]
@@ -76,7 +80,7 @@ def _normalize_shape(shape: Any, name: str) -> tuple[int | None, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Field:
     """One named column of a dataset.
 
@@ -103,10 +107,10 @@ class Field:
     codec: Any = None
     nullable: bool = False
     _codec_obj: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
+    _stored_nbytes: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
+    _key: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        from rowstore.codecs import get_codec  # codecs depend on schema types, not vice versa
-
         name = self.name
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
             raise SchemaError(f"field name {name!r} is not a Python identifier", field=str(name))
@@ -129,19 +133,45 @@ class Field:
         object.__setattr__(self, "nullable", bool(self.nullable))
         codec = get_codec(self.codec, dtype=dtype, field=name)
         codec.check_field(self)
-        if codec.inline and None not in shape and 0 in shape:
+        object.__setattr__(self, "_stored_nbytes", self._placement(codec))
+        object.__setattr__(self, "_codec_obj", codec)
+        config = json.loads(json.dumps(codec.get_config()))  # a private copy: nothing outside can change it
+        object.__setattr__(self, "codec", MappingProxyType(config))
+        object.__setattr__(self, "_key", json.dumps(self.to_json(), sort_keys=True))
+
+    def _placement(self, codec: Codec) -> int | None:
+        """Bytes of one value in the row, or None for heap payloads, as the codec says."""
+        nbytes = codec.stored_nbytes(self)
+        if nbytes is None:
+            return None
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0 or self.is_variable:
+            raise SchemaError(
+                f"field {self.name!r}: codec {codec.codec_id!r} stores {nbytes!r} bytes per value in the row; "
+                f"expected a non-negative int, for a field of fixed shape",
+                field=self.name,
+            )
+        if nbytes == 0:
             # HDF5 cannot store a zero-sized array member in the row table.
             raise SchemaError(
-                f"field {name!r}: shape {shape} has a fixed dimension of 0, which cannot be stored in "
+                f"field {self.name!r}: shape {self.shape} has a fixed dimension of 0, which cannot be stored in "
                 f"the row table (every value would be empty)",
-                field=name,
+                field=self.name,
             )
-        object.__setattr__(self, "_codec_obj", codec)
-        object.__setattr__(self, "codec", codec.get_config())
+        return nbytes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Field) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self):
+        # By description (pickle cannot copy the read-only codec mapping; the codec is rebuilt).
+        return (type(self).from_json, (self.to_json(),))
 
     # -- properties -------------------------------------------------------------------------
     @property
-    def codec_obj(self):
+    def codec_obj(self) -> Codec:
         """The :class:`~rowstore.codecs.Codec` instance for this field."""
         return self._codec_obj
 
@@ -161,7 +191,12 @@ class Field:
     @property
     def inline(self) -> bool:
         """True when values live in the row itself (fixed-size), False when in the heap."""
-        return self._codec_obj.inline and not self.is_variable and self.dtype not in (STR, BYTES)
+        return self._stored_nbytes is not None
+
+    @property
+    def stored_nbytes(self) -> int | None:
+        """Bytes of one value in the row (inline fields), None for heap payloads."""
+        return self._stored_nbytes
 
     @property
     def variable_dims(self) -> tuple[int, ...]:
@@ -191,7 +226,7 @@ class Field:
             "name": self.name,
             "dtype": self.dtype if isinstance(self.dtype, str) else self.dtype.str,
             "shape": list(self.shape),
-            "codec": self.codec,
+            "codec": dict(self.codec),
             "nullable": self.nullable,
         }
 

@@ -12,9 +12,12 @@ id          values                                      placement
 ``png``     ``uint8``/``uint16`` images, lossless       heap
 ``jpeg``    ``uint8`` images, lossy                     heap
 ==========  =========================================  =========
+
+Placement is the codec's choice (:meth:`Codec.stored_nbytes`); a third-party codec may store
+fixed-size values in the row too.
 """
 
-from rowstore.codecs.abc import Codec
+from rowstore.codecs.abc import Codec, Payloads
 from rowstore.codecs.image import Jpeg, Png
 from rowstore.codecs.raw import Raw
 from rowstore.codecs.registry import ENTRY_POINT_GROUP, get_codec, register_codec, registered_codecs
@@ -25,6 +28,6 @@ for _cls in (Raw, Utf8, Bytes, Png, Jpeg):
 del _cls
 
 __all__ = [
-    "Codec", "Raw", "Utf8", "Bytes", "Png", "Jpeg",
+    "Codec", "Payloads", "Raw", "Utf8", "Bytes", "Png", "Jpeg",
     "register_codec", "get_codec", "registered_codecs", "ENTRY_POINT_GROUP",
 ]  # fmt: skip

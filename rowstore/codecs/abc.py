@@ -1,16 +1,24 @@
 """The codec contract.
 
 A codec is a small, frozen, JSON-configurable object that says how one field's values are
-stored. Its configuration (``get_config()``) is stored in the file beside the field, so a file
-says how to read itself.
+stored and read back. Its configuration (``get_config()``) is stored in the file beside the
+field, so a file says how to read itself.
 
-Two placements exist:
+A codec decides two things:
 
-* **inline** codecs (``inline = True``) store a fixed number of bytes inside the row itself; the
-  compiled reader copies those bytes, no Python runs per value;
-* **heap** codecs store a variable-size payload in the file's heap; the row holds
-  ``(offset, nbytes)`` and, for variable shapes, the variable dimensions. ``encode`` produces the
-  payload, ``decode_into`` writes a payload into a caller-owned array.
+* **placement**, by :meth:`Codec.stored_nbytes`: an int is the fixed number of bytes a value
+  takes *inside its row* (row orientation: read with the row, no second range); ``None`` puts
+  each value's payload in the file's heap, the row holding ``(offset, nbytes)`` and, for
+  variable shapes, the variable dimensions;
+* **decoding**, by :meth:`Codec.decode_batch`: one call per batch and field, into an array the
+  reader allocated (or the caller's ``out=``). The default loops over the values and calls
+  :meth:`Codec.decode_into`, so a simple codec implements only that; a codec with a faster
+  whole-column path overrides ``decode_batch``.
+
+A codec whose stored bytes *are* the value's little-endian bytes sets ``raw_bytes = True``
+(only :class:`~rowstore.codecs.raw.Raw` does): the reader's kernels then copy those bytes
+straight into the batch arrays and nothing is decoded. A codec whose ``decode_into`` releases
+the GIL sets ``releases_gil = True``: the reader then decodes a batch on several threads.
 
 Third-party codecs subclass :class:`Codec` and are registered with
 :func:`rowstore.codecs.register_codec` or under the ``rowstore.codecs`` entry-point group.
@@ -19,6 +27,8 @@ Third-party codecs subclass :class:`Codec` and are registered with
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -28,21 +38,74 @@ from rowstore.errors import CodecError
 if TYPE_CHECKING:
     from rowstore.schema import Field
 
-__all__ = ["Codec"]
+__all__ = ["Codec", "Payloads", "ParallelMap"]
+
+#: ``parallel(fn, n)`` runs ``fn(lo, hi)`` over disjoint ranges covering ``range(n)`` (maybe on
+#: several threads) and returns when all are done.
+ParallelMap = Callable[[Callable[[int, int], None], int], None]
+
+
+def serial(fn: Callable[[int, int], None], n: int) -> None:
+    """The :data:`ParallelMap` that runs everything on the calling thread."""
+    fn(0, n)
+
+
+@dataclass(frozen=True)
+class Payloads:
+    """The stored values of one field for one batch, as the reader hands them to a codec.
+
+    Attributes
+    ----------
+    data : ndarray of uint8
+        Every value's stored bytes, back to back (owned by the reader; read-only for codecs).
+    offsets : ndarray of int64, shape (n + 1,)
+        Value ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
+    shapes : ndarray of int64, shape (n, ndim), or None
+        Each value's full shape, for variable-shape fields (None for fixed shapes).
+    nulls : ndarray of bool, shape (n,), or None
+        True where the value is null (its payload is empty; its output is left to the reader).
+    """
+
+    data: np.ndarray
+    offsets: np.ndarray
+    shapes: np.ndarray | None
+    nulls: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def payload(self, i: int) -> np.ndarray:
+        """Value ``i``'s stored bytes (a view)."""
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+    def is_null(self, i: int) -> bool:
+        return self.nulls is not None and bool(self.nulls[i])
+
+    def element_offsets(self) -> np.ndarray | None:
+        """For variable shapes: value ``i``'s elements are ``[e[i], e[i + 1])`` of the flat
+        output (int64, ``n + 1``); None for fixed shapes."""
+        if self.shapes is None:
+            return None
+        e = np.zeros(len(self) + 1, np.int64)
+        np.cumsum(np.prod(self.shapes, axis=1), out=e[1:])
+        return e
 
 
 class Codec(abc.ABC):
     """Base class of every codec.
 
-    Subclasses set ``codec_id`` and ``inline``, accept their configuration as keyword arguments
-    (JSON-serialisable values only) and implement :meth:`encode` and :meth:`decode_into`.
-    Instances are immutable and compare equal when their configurations are equal.
+    Subclasses set ``codec_id``, accept their configuration as keyword arguments
+    (JSON-serialisable values only) and implement :meth:`check_field`, :meth:`encode` and
+    :meth:`decode_into`; they may override :meth:`stored_nbytes` (fixed-size values stored in
+    the row), :meth:`check_value` and :meth:`decode_batch`. Instances are immutable and compare
+    equal when their configurations are equal.
     """
 
     codec_id: ClassVar[str]
-    inline: ClassVar[bool] = False
-    #: Whether decode_into releases the GIL for most of its work (threads help when True).
-    releases_gil: ClassVar[bool] = True
+    #: The stored bytes are the value's little-endian array bytes (no decode step).
+    raw_bytes: ClassVar[bool] = False
+    #: ``decode_into`` releases the GIL for most of its work, so threads decode in parallel.
+    releases_gil: ClassVar[bool] = False
 
     def __init__(self, **config: Any):
         if config:
@@ -65,7 +128,7 @@ class Codec(abc.ABC):
         return isinstance(other, Codec) and self.get_config() == other.get_config()
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self.get_config().items())))
+        return hash(repr(sorted(self.get_config().items())))
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
@@ -79,7 +142,13 @@ class Codec(abc.ABC):
     def _freeze(self) -> None:
         object.__setattr__(self, "_frozen", True)
 
-    # -- the contract ------------------------------------------------------------------------
+    # -- placement ---------------------------------------------------------------------------
+    def stored_nbytes(self, field: Field) -> int | None:
+        """Bytes of one value stored inside the row, or ``None`` (the default): each value is a
+        payload in the heap. Only fields of fixed shape can be stored in the row."""
+        return None
+
+    # -- writing -----------------------------------------------------------------------------
     @abc.abstractmethod
     def check_field(self, field: Field) -> None:
         """Raise :class:`~rowstore.errors.SchemaError` if this codec cannot store ``field``."""
@@ -89,16 +158,43 @@ class Codec(abc.ABC):
         :class:`~rowstore.errors.CodecError` to reject it. Default: no extra limits."""
 
     @abc.abstractmethod
-    def encode(self, value: Any, field: Field) -> bytes | memoryview:
-        """The stored payload of one value (heap codecs). ``value`` was already validated
-        against the field: an ``ndarray`` of the field's dtype and shape, ``str`` or ``bytes``."""
+    def encode(self, value: Any, field: Field) -> bytes | memoryview | np.ndarray:
+        """The stored bytes of one value (exactly ``stored_nbytes(field)`` bytes for values
+        stored in the row). ``value`` was already validated against the field: an ``ndarray``
+        of the field's dtype and shape, ``str`` or ``bytes``."""
 
+    # -- reading -----------------------------------------------------------------------------
     @abc.abstractmethod
-    def decode_into(self, src: memoryview | np.ndarray, out: np.ndarray) -> None:
-        """Decode one payload into ``out`` (an array of the value's exact shape and dtype)."""
+    def decode_into(self, src: np.ndarray, out: np.ndarray) -> None:
+        """Decode one value's stored bytes ``src`` (uint8) into ``out``: an array of the value's
+        exact shape and dtype (a 0-d ``object`` array for ``str``/``bytes`` fields, filled with
+        ``out[()] = value``). Raise :class:`~rowstore.errors.CodecError` for bytes that do not
+        decode; the reader reports it as a corrupt value with the file, field and row."""
 
-    def decode(self, src: memoryview | np.ndarray, shape: tuple[int, ...], field: Field) -> Any:
-        """Decode one payload into a new value of ``shape`` (allocates; readers use decode_into)."""
+    def decode_batch(self, src: Payloads, out: np.ndarray, parallel: ParallelMap = serial) -> None:
+        """Decode a batch's values into ``out``, allocated by the reader (or given by the user):
+        ``(n, *shape)`` for fixed shapes, the flat values (``Payloads.element_offsets``) for
+        variable shapes, ``(n,)`` of ``object`` for ``str``/``bytes``. Null values are skipped
+        (the reader fills them). ``parallel`` may run ranges on several threads (only given
+        when :attr:`releases_gil` is True). Default: :meth:`decode_into` value by value."""
+        elems = src.element_offsets()
+
+        def run(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                if src.is_null(i):
+                    continue
+                if elems is None:
+                    dst = out[i : i + 1].reshape(out.shape[1:])
+                else:
+                    assert src.shapes is not None  # set with element offsets
+                    dst = out[elems[i] : elems[i + 1]].reshape(tuple(src.shapes[i]))
+                self.decode_into(src.payload(i), dst)
+
+        parallel(run, len(src))
+
+    def decode(self, src: np.ndarray | bytes | memoryview, shape: tuple[int, ...], field: Field) -> Any:
+        """Decode one value into a new object (allocates; readers use :meth:`decode_batch`)."""
+        data = np.frombuffer(src, np.uint8) if not isinstance(src, np.ndarray) else src
         out = np.empty(shape, dtype=field.numpy_dtype)
-        self.decode_into(src, out)
-        return out
+        self.decode_into(data, out)
+        return out[()] if out.dtype == object else out

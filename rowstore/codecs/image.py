@@ -29,6 +29,7 @@ def _imagecodecs():
 
 
 class _Image(Codec):
+    releases_gil = True  # imagecodecs' decoders release the GIL
     dtypes: tuple[str, ...] = ("u1",)
     channels: tuple[int, ...] = (1, 3, 4)
 
@@ -46,7 +47,6 @@ class _Image(Codec):
             raise CodecError(f"field {field.name!r}: codec {self.codec_id!r} supports {self.channels} channels, got an image of shape {value.shape}", codec=self.codec_id, field=field.name)
         if value.size == 0:
             raise CodecError(f"field {field.name!r}: codec {self.codec_id!r} cannot store an empty image of shape {value.shape}", codec=self.codec_id, field=field.name)
-
 
 
 class Png(_Image):

@@ -1,8 +1,8 @@
 """``raw``: numbers stored as their little-endian bytes.
 
-Fixed shapes are stored inline in the row (the reader's kernels copy them, no Python per value);
-variable shapes (a ``None`` dimension) are stored in the heap, the row holding the variable
-dimensions."""
+Fixed shapes are stored in the row (the reader's kernels copy them straight into the batch
+arrays, no Python per value); variable shapes (a ``None`` dimension) are heap payloads, the row
+holding the variable dimensions, and come out as views of the payload bytes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rowstore.codecs.abc import Codec
-from rowstore.errors import SchemaError
+from rowstore.codecs.abc import Codec, ParallelMap, Payloads, serial
+from rowstore.errors import CodecError, SchemaError
 
 if TYPE_CHECKING:
     from rowstore.schema import Field
@@ -21,8 +21,10 @@ __all__ = ["Raw"]
 
 class Raw(Codec):
     codec_id = "raw"
-    # Placement depends on the field's shape; the format layer asks ``is_inline(field)``.
-    inline = True
+    raw_bytes = True
+
+    def stored_nbytes(self, field: Field) -> int | None:
+        return None if field.is_variable else field.fixed_nbytes
 
     def check_field(self, field: Field) -> None:
         if field.dtype in ("str", "bytes"):
@@ -33,6 +35,13 @@ class Raw(Codec):
         # A flat uint8 view: memoryview.cast refuses zero-size shapes such as (0,) or (2, 0, 3).
         return arr.reshape(-1).view(np.uint8).data
 
-    def decode_into(self, src: memoryview | np.ndarray, out: np.ndarray) -> None:
-        flat = np.frombuffer(src, dtype=out.dtype, count=out.size)
-        out[...] = flat.reshape(out.shape)
+    def decode_into(self, src: np.ndarray, out: np.ndarray) -> None:
+        if len(src) != out.nbytes:
+            raise CodecError(f"raw value of {out.dtype} {out.shape} needs {out.nbytes} bytes, got {len(src)}", codec="raw")
+        out[...] = np.frombuffer(src, dtype=out.dtype, count=out.size).reshape(out.shape)
+
+    def decode_batch(self, src: Payloads, out: np.ndarray, parallel: ParallelMap = serial) -> None:
+        # One copy of the whole column (the reader avoids even that: raw_bytes = True).
+        if len(src.data) != out.nbytes:
+            raise CodecError(f"raw column of {out.dtype} {out.shape} needs {out.nbytes} bytes, got {len(src.data)}", codec="raw")
+        out.reshape(-1).view(np.uint8)[:] = src.data

@@ -3,6 +3,7 @@ parties with :func:`register_codec` or the ``rowstore.codecs`` entry-point group
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -67,6 +68,8 @@ def get_codec(spec: Any, *, dtype: Any = None, field: str | None = None) -> Code
         spec = default_codec_id(dtype)
     if isinstance(spec, str):
         spec = {"id": spec}
+    elif isinstance(spec, Mapping):
+        spec = dict(spec)  # also a Field's read-only codec mapping
     if not isinstance(spec, dict) or not isinstance(spec.get("id"), str):
         raise CodecError(f"field {field!r}: codec must be an id, a config dict with 'id', or a Codec; got {spec!r}", field=field)
     cid = spec["id"]

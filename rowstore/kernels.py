@@ -60,12 +60,15 @@ def crc32(data) -> int:
     return int(_blocks.crc32(arr))
 
 
-def load_chunks(fd: int, offsets, stored, checksums, *, compressed: bool, verify: bool,
-                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk") -> None:
+def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] | None = None, verify: bool,
+                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk",
+                compressed: bool | None = None) -> None:
     """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * raw_size``).
 
     Raises :class:`KernelError` whose ``index`` is the failing chunk's position in ``offsets``.
     """
+    if compressed is None:
+        compressed = codec is not None
     err = np.zeros(3, np.int64)
     rc = _blocks.load_chunks(fd, offsets, stored, checksums, int(compressed), int(verify), dst, raw_size, scratch, err)
     if rc != 0:

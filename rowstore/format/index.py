@@ -29,9 +29,9 @@ def open_h5(path: str):
 
     try:
         return h5py.File(path, "r")
-    except FileNotFoundError:
-        raise
     except OSError as exc:
+        if exc.errno is not None:  # the system refused (ENOENT, EACCES, EIO...): not a format problem
+            raise
         raise FormatError(f"{path!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=path) from exc
 
 
@@ -68,6 +68,14 @@ class Layout:
     @property
     def compressed(self) -> bool:
         return self.compression["id"] != "none"
+
+    def frame_check(self) -> tuple[int, int] | None:
+        """What the kernels require of every compressed chunk's header: the Blosc2 codec and
+        shuffle codes the file declares (None: uncompressed)."""
+        c = self.compression
+        if c["id"] == "none":
+            return None
+        return spec.BLOSC2_CODECS[c["cname"]], spec.BLOSC2_SHUFFLES[c["shuffle"]]
 
     @property
     def block_raw_bytes(self) -> int:
@@ -122,7 +130,11 @@ class Layout:
                 object.__setattr__(layout, "file_id", file_identity(st))
             except RowstoreError:
                 raise
-            except (KeyError, ValueError, TypeError, OSError) as exc:
+            except OSError as exc:
+                if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
+                    raise
+                raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
+            except (KeyError, ValueError, TypeError) as exc:
                 raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
         if verify:
             layout.verify()
@@ -172,19 +184,20 @@ class Layout:
             raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
         if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
             raise bad("negative or zero sizes in the attributes")
-
         row_dtype = spec.row_dtype(schema)
+        _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
+
         rows = g[spec.ROWS]
         if rows.dtype != row_dtype:
             raise bad(f"row table dtype {rows.dtype} does not match the schema's {row_dtype}")
         if rows.shape != (num_rows,) or rows.chunks != (rpb,):
             raise bad(f"row table shape {rows.shape}/chunks {rows.chunks} disagree with num_rows={num_rows}, rows_per_block={rpb}")
-        blocks = np.asarray(g[spec.BLOCKS][()])
+        blocks = _read_index(g, spec.BLOCKS, -(-num_rows // rpb), bad)
         if blocks.dtype != spec.BLOCK_DTYPE:
             raise bad(f"block index dtype {blocks.dtype} is not {spec.BLOCK_DTYPE}")
         has_heap = any(not fl.inline for fl in schema)
         if has_heap:
-            heap_chunks = np.asarray(g[spec.HEAP_CHUNKS][()])
+            heap_chunks = _read_index(g, spec.HEAP_CHUNKS, -(-heap_nbytes // H), bad)
             if heap_chunks.dtype != spec.HEAP_CHUNK_DTYPE:
                 raise bad("heap chunk index has the wrong dtype")
             heap = g[spec.HEAP]
@@ -282,6 +295,28 @@ def _int(attrs, name: str, bad) -> int:
     if not isinstance(v, (int, np.integer)):
         raise bad(f"attribute {name!r} is missing or not an int: {v!r}")
     return int(v)
+
+
+def _check_limits(bad, row_size: int, rpb: int, H: int, heap_nbytes: int, num_rows: int, file_size: int) -> None:
+    """Sizes the reader allocates from, against the format's limits, before anything is read."""
+    if rpb * row_size > spec.MAX_CHUNK_BYTES:
+        raise bad(f"a block of {rpb} rows of {row_size} bytes ({rpb * row_size} bytes) exceeds the format's limit of "
+                  f"{spec.MAX_CHUNK_BYTES} bytes per block")
+    if H > spec.MAX_CHUNK_BYTES:
+        raise bad(f"heap_chunk_bytes {H} exceeds the format's limit of {spec.MAX_CHUNK_BYTES}")
+    if num_rows > 0 and -(-num_rows // rpb) * spec.BLOCK_DTYPE.itemsize > file_size:
+        raise bad(f"num_rows={num_rows} needs a block index larger than the file ({file_size} bytes)")
+    if heap_nbytes > 0 and -(-heap_nbytes // H) * spec.HEAP_CHUNK_DTYPE.itemsize > file_size:
+        raise bad(f"heap_nbytes={heap_nbytes} needs a heap chunk index larger than the file ({file_size} bytes)")
+
+
+def _read_index(g, name: str, expected: int, bad) -> np.ndarray:
+    """An index dataset of ``expected`` entries, its length checked before it is read (an
+    unallocated HDF5 dataset can declare any length without storing it)."""
+    ds = g[name]
+    if ds.shape != (expected,):
+        raise bad(f"{name} index has shape {ds.shape}, expected ({expected},)")
+    return np.asarray(ds[()])
 
 
 def _check_ranges(offsets: np.ndarray, sizes: np.ndarray, file_size: int, bad, what: str) -> None:

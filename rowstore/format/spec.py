@@ -66,12 +66,22 @@ HEAP_CHUNK_DTYPE = np.dtype(
     ]
 )
 
+#: Largest raw block or heap chunk (bytes): Blosc2 chunks stay below 2 GiB; readers refuse
+#: files declaring larger ones before allocating.
+MAX_CHUNK_BYTES = 1 << 30
+#: Largest decoded value of one row's field (bytes): readers refuse larger stored shapes
+#: before allocating; writers refuse larger values.
+MAX_VALUE_BYTES = 1 << 31
+
 #: Suffix of the boolean column that marks a nullable field's null rows.
 NULL_SUFFIX = "__null"
 
 # -- compression ---------------------------------------------------------------------------
 #: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
 BLOSC2_FILTER_ID = 32026
+#: Blosc2 compressor and shuffle filter codes (blosc2.h).
+BLOSC2_CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
+BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 _CNAMES = ("lz4", "lz4hc", "zstd", "blosclz", "zlib")
 _SHUFFLES = ("none", "byte", "bit")
 

@@ -1,0 +1,167 @@
+"""Decode: gathered columns into the values handed out, by each field's codec.
+
+Raw bytes in the row are already final (the kernels put them in their batch arrays); a raw
+variable-shape field becomes a :class:`~rowstore.reader.buffers.Ragged` view of its payload
+bytes; every other field is decoded by its codec's ``decode_batch`` into an array allocated
+here from the schema (or the caller's ``out=``), on the decode pool when the codec releases
+the GIL. Sizes that come from the file are checked against the limits of
+:mod:`rowstore.format.spec` before they size an allocation.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from rowstore.codecs import Payloads
+from rowstore.codecs.abc import ParallelMap, serial
+from rowstore.errors import CodecError, CodecNotAvailableError, FormatError
+from rowstore.format import spec
+from rowstore.reader._gather import FieldPlan, Gathered
+from rowstore.reader.buffers import Ragged
+
+__all__ = ["Decoder"]
+
+
+class Decoder:
+    """Decodes gathered columns (one per reader; thread-safe).
+
+    Its thread pool, for codecs that release the GIL, is created on first need and reused by
+    every later call (``take`` per torch batch included); it is private to the process that
+    made it (a forked child makes its own) and ends with :meth:`close`.
+    """
+
+    def __init__(self, path: str, rows_per_block: int):
+        self.path = path
+        self.rpb = rows_per_block
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._workers = 0
+        self._pid = 0
+
+    # -- the pool ----------------------------------------------------------------------------
+    def parallel(self, threads: int) -> ParallelMap:
+        """A :data:`ParallelMap` over ``threads`` pooled threads (serial for 1)."""
+        if threads <= 1:
+            return serial
+        pool = self._pool_of(threads)
+
+        def run(fn: Callable[[int, int], None], n: int) -> None:
+            k = min(threads, n // 4)
+            if k <= 1:
+                fn(0, n)
+                return
+            bounds = np.linspace(0, n, k + 1).astype(int)
+            for fut in [pool.submit(fn, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
+                fut.result()
+
+        return run
+
+    def _pool_of(self, threads: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid() or self._workers < threads:
+                if self._pool is not None and self._pid == os.getpid():
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="rowstore-decode")
+                self._workers, self._pid = threads, os.getpid()
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    # -- decoding ----------------------------------------------------------------------------
+    def decode(self, g: Gathered, plans: list[FieldPlan], out: dict | None = None, out_start: int = 0,
+               threads: int = 1) -> dict[str, Any]:
+        """The batch dict of ``g``: every selected field decoded, null flags kept."""
+        batch = g.columns
+        par: ParallelMap | None = None
+        for p in plans:
+            col = batch[p.field.name]
+            if not isinstance(col, Payloads):
+                continue  # raw bytes, already in their batch array
+            if p.field.codec_obj.releases_gil and par is None:
+                par = self.parallel(threads)
+            batch[p.field.name] = self._field(p, col, g, out, out_start, par or serial)
+        return batch
+
+    def _field(self, p: FieldPlan, col: Payloads, g: Gathered, out: dict | None, out_start: int,
+               par: ParallelMap) -> Any:
+        f, codec = p.field, p.field.codec_obj
+        n = len(col)
+        if col.shapes is not None:
+            elems = self._elements(p, col, g)
+            if codec.raw_bytes:
+                return Ragged(col.data.view(f.dtype), elems, col.shapes)
+            dst = np.empty(int(elems[-1]), f.dtype)
+        elif f.numpy_dtype.kind == "O":
+            dst = np.empty(n, object)
+        else:
+            given = out.get(f.name) if out else None
+            dst = given[out_start : out_start + n] if given is not None else np.empty((n,) + f.shape, f.dtype)
+            if col.nulls is not None:
+                dst[col.nulls] = 0
+        try:
+            codec.decode_batch(col, dst, par if codec.releases_gil else serial)
+        except CodecNotAvailableError:
+            raise
+        except (CodecError, ValueError) as exc:
+            raise self._corrupt(p, col, g, exc) from exc
+        if col.shapes is not None:
+            return Ragged(dst, elems, col.shapes)
+        if dst.dtype == object and col.nulls is not None:
+            dst[col.nulls] = None
+        return dst
+
+    def _elements(self, p: FieldPlan, col: Payloads, g: Gathered) -> np.ndarray:
+        """Element offsets of a variable-shape column, each value's size checked first: raw
+        payloads must hold exactly their shape's bytes, decoded values must fit the format's
+        per-value limit (a hostile shape must not size an allocation)."""
+        f = p.field
+        assert col.shapes is not None  # variable shapes come with their shapes
+        counts = np.prod(col.shapes, axis=1)
+        item = f.dtype.itemsize
+        if f.codec_obj.raw_bytes:
+            bad = counts * item != np.diff(col.offsets)
+            why = "payload size disagrees with its stored shape"
+        else:
+            bad = (col.shapes > spec.MAX_VALUE_BYTES).any(axis=1) | (counts > spec.MAX_VALUE_BYTES // item)
+            why = f"stored shape exceeds the format's limit of {spec.MAX_VALUE_BYTES} bytes per value"
+        if bad.any():
+            i = int(np.argmax(bad))
+            row = int(g.row_ids()[i])
+            raise FormatError(f"{self.path!r}: field {f.name!r}: row {row}: {why} (shape {tuple(col.shapes[i])}; corrupt file)",
+                              path=self.path, block=row // self.rpb, field=f.name, row=row)
+        elems = np.zeros(len(col) + 1, np.int64)
+        np.cumsum(counts, out=elems[1:])
+        return elems
+
+    def _corrupt(self, p: FieldPlan, col: Payloads, g: Gathered, exc: Exception) -> FormatError:
+        """A FormatError naming the first row whose value does not decode (found by decoding
+        value by value, on this error path only)."""
+        f = p.field
+        i = _first_failure(f, col)
+        row = int(g.row_ids()[i]) if i is not None else None
+        where = f"row {row}: " if row is not None else ""
+        return FormatError(f"{self.path!r}: field {f.name!r}: {where}stored value does not decode ({exc}; corrupt file?)",
+                           path=self.path, block=None if row is None else row // self.rpb, field=f.name, row=row)
+
+
+def _first_failure(f: Any, col: Payloads) -> int | None:
+    codec = f.codec_obj
+    for i in range(len(col)):
+        if col.is_null(i):
+            continue
+        shape = tuple(col.shapes[i]) if col.shapes is not None else f.shape
+        try:
+            codec.decode_into(col.payload(i), np.empty(shape, f.numpy_dtype))
+        except Exception:
+            return i
+    return None

@@ -1,0 +1,339 @@
+"""Gather: the stored bytes of a set of rows, from the store into batch arrays.
+
+For each request (global row ids, or an epoch :class:`~rowstore.reader.order.Segment`) a cost
+model of syscalls and bytes moved picks how to read, then the kernels copy, without the GIL:
+
+* fields whose codec stores raw bytes in the row go straight into their batch arrays (the
+  caller's ``out=`` where given), null flags likewise;
+* every other field comes out as :class:`~rowstore.codecs.Payloads` (its stored bytes per
+  row), which the decode layer hands to the field's codec.
+
+Every offset and size read from the file is bounded here or in the kernels before it is used.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rowstore import kernels
+from rowstore.codecs import Payloads
+from rowstore.errors import FormatError
+from rowstore.format import spec
+from rowstore.format.index import Layout
+from rowstore.reader import order as _order
+from rowstore.reader.buffers import NULL_KEY
+from rowstore.schema import Field, Schema
+
+__all__ = ["FieldPlan", "Gathered", "Gatherer", "plan_fields"]
+
+#: Rough costs used to choose between reading whole blocks and reading rows directly.
+_SYSCALL_S = 1.5e-6
+_BYTES_PER_S = 6e9
+#: preadv_rows takes up to 64 pieces per row.
+_MAX_ROW_PIECES = 30
+
+
+@dataclass(frozen=True)
+class FieldPlan:
+    """Where one field lives in a stored row, and how it comes out of the gather."""
+
+    field: Field
+    inline: bool  # a fixed-size value in the row (else a heap reference)
+    raw: bool  # inline raw bytes: gathered straight into the batch array, nothing to decode
+    offset: int  # byte offset of the value (inline) or of the heap reference in the row
+    nbytes: int  # inline: bytes of one stored value
+    nvar: int  # number of variable dimensions (heap fields)
+    null_offset: int  # byte offset of the __null flag, or -1
+
+
+def plan_fields(schema: Schema, row_dtype: np.dtype) -> dict[str, FieldPlan]:
+    cols = row_dtype.fields
+    if cols is None:
+        raise TypeError("row_dtype must be a structured dtype")
+    plans = {}
+    for f in schema:
+        null_off = cols[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
+        inline = f.inline
+        plans[f.name] = FieldPlan(f, inline, inline and f.codec_obj.raw_bytes, cols[f.name][1],
+                                  f.stored_nbytes or 0, len(f.variable_dims), null_off)
+    return plans
+
+
+@dataclass
+class Gathered:
+    """What a gather produced: per field a finished array (raw inline fields), or
+    :class:`Payloads` to decode; ``name__null`` flags; and the global row ids (for errors)."""
+
+    columns: dict[str, Any]
+    rows: Any  # ndarray, or the Segment whose rows() gives them
+
+    def row_ids(self) -> np.ndarray:
+        return self.rows.rows() if isinstance(self.rows, _order.Segment) else self.rows
+
+
+class _Scratch(threading.local):
+    """Per-thread reusable buffers for loaded blocks (reused across calls: no page faults)."""
+
+    def get(self, name: str, nbytes: int) -> np.ndarray:
+        buf = getattr(self, name, None)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.empty(max(nbytes, 1), np.uint8)
+            setattr(self, name, buf)
+        return buf[:nbytes]
+
+
+@dataclass
+class _Rows:
+    """The rows of one request: count, global ids and blocks (when computed), the sorted
+    blocks they touch, and (window segments) their positions within those blocks loaded."""
+
+    n: int
+    rows: Any
+    blk: Any
+    ublocks: np.ndarray
+    local: np.ndarray | None
+
+    def ensure_rows(self, seg: _order.Segment | None, rpb: int) -> None:
+        if self.rows is None:
+            assert seg is not None  # rows are left uncomputed only for a segment
+            self.rows = seg.rows()
+        if self.blk is None:
+            self.blk = self.rows // rpb
+
+
+class Gatherer:
+    """Reads rows of one file through a store (one per reader; thread-safe)."""
+
+    def __init__(self, layout: Layout, store: Any, verify: bool | str, codec: tuple[int, int] | None):
+        self.layout = layout
+        self.store = store
+        self.verify = verify
+        self.codec = codec
+        self.path = layout.path
+        self.arr = layout.arrays()
+        self.rs = layout.row_dtype.itemsize
+        self.rpb = layout.rows_per_block
+        self.scratch = _Scratch()
+        stored, hstored = self.arr["stored"], self.arr["hc_stored"]
+        self.max_stored = int(max(stored.max() if len(stored) else 0, hstored.max() if len(hstored) else 0))
+        # Single rows and payloads only where the store serves them cheaply and every byte
+        # handed out need not have been checksummed.
+        self.direct_ok = store.direct and codec is None and verify != "always"
+
+    # -- the request -------------------------------------------------------------------------
+    def gather(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
+               out_start: int = 0) -> Gathered:
+        """Read ``request`` (global row ids, or a Segment) and return its fields' columns."""
+        seg = request if isinstance(request, _order.Segment) else None
+        r = self._locate(request)
+        heap_plans = [p for p in plans if not p.inline]
+        strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
+        if strategy != "blocks" or heap_plans or r.local is None:
+            r.ensure_rows(seg, self.rpb)
+        columns: dict[str, Any] = {}
+        fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
+        if strategy == "preadv":
+            # Large fixed-size rows of an uncompressed file: each row goes from the page cache
+            # straight into the batch arrays, one preadv per row, no intermediate buffer.
+            self.store.read_rows_into(self._file_offsets(r), self.rs, self._pieces(fixed), self.scratch.get("sink", self.rs))
+        else:
+            rowbuf, idx = self._load_rows(r, strategy == "rows")
+            if fixed:
+                # One pass over the rows for all fields: one cache miss per row, not per field.
+                kernels.gather_rows(rowbuf, self.rs, idx, fixed)
+            if heap_plans:
+                self._gather_heap(r, heap_plans, rowbuf, idx, strategy == "rows", columns)
+        for p in plans:
+            if p.inline and not p.raw:  # stored bytes for the codec to decode
+                data = columns[p.field.name]
+                offsets = np.arange(r.n + 1, dtype=np.int64) * p.nbytes
+                columns[p.field.name] = Payloads(data.reshape(-1), offsets, None, columns.get(p.field.name + NULL_KEY))
+        return Gathered(columns, request if r.rows is None else r.rows)
+
+    def _locate(self, request: np.ndarray | _order.Segment) -> _Rows:
+        if isinstance(request, _order.Segment):
+            local = request.local()
+            # Window segments: global row ids are computed only where needed.
+            rows = None if local is not None else request.rows()
+            r = _Rows(len(request), rows, None, request.blocks, local)
+            if r.ublocks is not None:
+                return r
+        else:
+            r = _Rows(len(request), request, None, None, None)  # type: ignore[arg-type]
+        r.blk = r.rows // self.rpb
+        present = np.zeros(self.layout.num_blocks, np.bool_)
+        present[r.blk] = True
+        r.ublocks = np.flatnonzero(present)
+        return r
+
+    def _strategy(self, n: int, nblocks: int, has_heap: bool, nfixed: int) -> str:
+        """How to read ``n`` rows spread over ``nblocks`` blocks, by a cost estimate:
+        ``"blocks"`` (load whole blocks, then gather), ``"rows"`` (read each row, then gather:
+        uncompressed files, few rows per block), or ``"preadv"`` (uncompressed, fixed-size
+        fields only: each row straight into the batch arrays)."""
+        if not self.direct_ok:
+            return "blocks"
+        row = self.rs / _BYTES_PER_S
+        costs = {
+            "blocks": nblocks * self.layout.block_raw_bytes / _BYTES_PER_S + n * row,
+            "rows": n * (_SYSCALL_S + 2 * row),
+        }
+        if not has_heap and nfixed <= _MAX_ROW_PIECES:
+            costs["preadv"] = n * (_SYSCALL_S + row)
+        return min(costs, key=costs.__getitem__)
+
+    # -- fixed-size parts of the rows --------------------------------------------------------
+    def _fixed_targets(self, plans: list[FieldPlan], n: int, out: dict | None, out_start: int,
+                       columns: dict[str, Any]) -> list[tuple[int, int, np.ndarray]]:
+        """The ``(offset in row, size, destination)`` of every inline value and null flag;
+        the destinations are entered in ``columns``."""
+        fixed: list[tuple[int, int, np.ndarray]] = []
+        for p in plans:
+            f = p.field
+            if p.null_offset >= 0:
+                nulls = np.empty(n, np.bool_)
+                fixed.append((p.null_offset, 1, nulls))
+                columns[f.name + NULL_KEY] = nulls
+            if p.raw:
+                given = out.get(f.name) if out else None
+                dst = given[out_start : out_start + n] if given is not None else np.empty((n,) + f.shape, f.dtype)
+            elif p.inline:
+                dst = np.empty((n, p.nbytes), np.uint8)
+            else:
+                continue
+            fixed.append((p.offset, p.nbytes, dst))
+            columns[f.name] = dst
+        return fixed
+
+    def _pieces(self, fixed: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, np.ndarray | None]]:
+        """Cut a row into consecutive (size, out) pieces for ``preadv_rows``; bytes no field
+        asked for go to the sink (None)."""
+        segs: list[tuple[int, np.ndarray | None]] = []
+        pos = 0
+        for off, size, dst in sorted(fixed, key=lambda t: t[0]):
+            if size == 0:
+                continue
+            if off > pos:
+                segs.append((off - pos, None))
+            segs.append((size, dst))
+            pos = off + size
+        if pos < self.rs:
+            segs.append((self.rs - pos, None))
+        return segs
+
+    def _file_offsets(self, r: _Rows) -> np.ndarray:
+        return self.arr["offset"][r.blk] + (r.rows - r.blk * self.rpb) * self.rs
+
+    def _load_rows(self, r: _Rows, direct: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The stored rows in a buffer, and each requested row's position in it."""
+        if direct:
+            rowbuf = self.scratch.get("rows", r.n * self.rs)
+            self.store.read_rows(self._file_offsets(r), self.rs, rowbuf)
+            return rowbuf, np.arange(r.n, dtype=np.int64)
+        raw = self.layout.block_raw_bytes
+        rowbuf = self.scratch.get("rows", len(r.ublocks) * raw)
+        self._load(r.ublocks, "block", rowbuf, raw, ("offset", "stored", "checksum"))
+        if r.local is not None:
+            return rowbuf, r.local  # the segment's rows, already as positions in the loaded blocks
+        lookup = np.empty(self.layout.num_blocks, np.int64)
+        lookup[r.ublocks] = np.arange(len(r.ublocks), dtype=np.int64) * self.rpb
+        return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
+
+    def _load(self, which: np.ndarray, what: str, dst: np.ndarray, raw: int, cols: tuple[str, str, str]) -> None:
+        """Whole chunks ``which`` (blocks or heap chunks) into ``dst``, checked and decompressed."""
+        off, stored, check = (self.arr[c][which] for c in cols)
+        scratch = self.scratch.get("stage", self.max_stored if self.codec is not None else 1)
+        try:
+            self.store.load_chunks(off, stored, check, codec=self.codec, verify=bool(self.verify), dst=dst, raw_size=raw,
+                                   scratch=scratch, what=what)
+        except kernels.KernelError as exc:
+            k = int(which[exc.index]) if 0 <= exc.index < len(which) else None
+            raise self.located(exc, f"{what} {k}", k if what == "block" else None) from None
+
+    def located(self, exc: kernels.KernelError, where: str, block: int | None = None) -> FormatError:
+        """The kernel error re-raised with the file and the block or chunk it concerns."""
+        msg = str(exc).split(": ", 1)[-1]
+        return type(exc)(f"{self.path!r}: {where}: {msg}", code=exc.code, index=exc.index, detail=exc.detail,
+                         path=self.path, block=block)
+
+    # -- heap payloads -----------------------------------------------------------------------
+    def _gather_heap(self, r: _Rows, plans: list[FieldPlan], rowbuf: np.ndarray, idx: np.ndarray, direct: bool,
+                     columns: dict[str, Any]) -> None:
+        heap_lo, heap_hi = self.arr["heap_start"][r.blk], self.arr["heap_end"][r.blk]
+        sizes = {p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_hi - heap_lo) for p in plans}
+        heap_ctx = None
+        if not direct:
+            # Pread each payload into place when that moves fewer bytes than loading the heap
+            # chunks under the blocks' ranges (large payloads, few fields).
+            needed = sum(int(v.sum()) for v in sizes.values())
+            to_load = int((self.arr["heap_end"][r.ublocks] - self.arr["heap_start"][r.ublocks]).sum())
+            to_load += self.layout.heap_chunk_bytes * len(r.ublocks)
+            per_payload = r.n * len(plans) * _SYSCALL_S + needed / _BYTES_PER_S
+            direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
+            if not direct:
+                heap_ctx = self._heap_context(r.ublocks)
+        for p in plans:
+            name = p.field.name
+            dst_off = np.zeros(r.n + 1, np.int64)
+            np.cumsum(sizes[name], out=dst_off[1:])
+            payload = np.empty(int(dst_off[-1]), np.uint8)
+            try:
+                if heap_ctx is None:
+                    self.store.read_payloads(rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi, self.arr["hc_offset"],
+                                             self.layout.heap_chunk_bytes, payload, dst_off)
+                else:
+                    heap, lo, hi, base = heap_ctx
+                    kernels.gather_heap(rowbuf, self.rs, p.offset, idx, self.rpb, lo, hi, base, heap, payload, dst_off)
+            except kernels.KernelError as exc:
+                blk = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
+                raise self.located(exc, f"field {name!r}", blk) from None
+            columns[name] = Payloads(payload, dst_off, self._shapes(p, rowbuf, idx), columns.get(name + NULL_KEY))
+
+    def _payload_sizes(self, p: FieldPlan, r: _Rows, rowbuf: np.ndarray, idx: np.ndarray, heap_span: np.ndarray) -> np.ndarray:
+        """Payload sizes of a heap field, bounded before they size any allocation: a payload
+        lies in its block's heap range (the kernels check the exact range while copying)."""
+        nbytes = np.empty(r.n, np.int64)
+        kernels.gather_fixed(rowbuf, self.rs, p.offset + 8, 8, idx, nbytes)
+        bad = (nbytes < 0) | (nbytes > heap_span)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise FormatError(f"{self.path!r}: field {p.field.name!r}: row {int(r.rows[i])}: payload size {int(nbytes[i])} "
+                              f"exceeds its block's heap range (corrupt file)", path=self.path, block=int(r.blk[i]),
+                              field=p.field.name, row=int(r.rows[i]))
+        return nbytes
+
+    def _shapes(self, p: FieldPlan, rowbuf: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+        """Each row's full shape (int64, ``n x ndim``) for variable-shape fields, else None."""
+        if not p.nvar:
+            return None
+        n = len(idx)
+        var = np.empty((n, p.nvar), np.uint32)
+        kernels.gather_fixed(rowbuf, self.rs, p.offset + 16, 4 * p.nvar, idx, var)
+        shape = p.field.shape
+        shapes = np.empty((n, len(shape)), np.int64)
+        shapes[:, list(p.field.variable_dims)] = var
+        for d, s in enumerate(shape):
+            if s is not None:
+                shapes[:, d] = s
+        return shapes
+
+    def _heap_context(self, ublocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Load every heap chunk the loaded blocks' heap ranges touch: (heap buffer, per-slot
+        lo, hi, base) for ``gather_heap``."""
+        H = self.layout.heap_chunk_bytes
+        lo_b, hi_b = self.arr["heap_start"][ublocks], self.arr["heap_end"][ublocks]
+        c_lo = lo_b // H
+        c_hi = np.where(hi_b > lo_b, (hi_b - 1) // H, c_lo - 1)
+        present = np.zeros(len(self.arr["hc_offset"]) + 1, np.bool_)
+        for a, b in zip(c_lo, c_hi):
+            present[a : b + 1] = True
+        need = np.flatnonzero(present[:-1]).astype(np.int64)
+        heap = self.scratch.get("heap", len(need) * H)
+        if len(need):
+            self._load(need, "heap chunk", heap, H, ("hc_offset", "hc_stored", "hc_checksum"))
+        base = np.searchsorted(need, c_lo) * H - c_lo * H
+        return heap, lo_b, hi_b, base

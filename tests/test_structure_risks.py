@@ -1,0 +1,143 @@
+"""Risks found in a read of the code (issue 9), each pinned by a test that failed before its fix."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import rowstore
+from rowstore import Field, Schema
+from rowstore.errors import FormatError
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    pytest.importorskip("imagecodecs")
+    path = str(tmp_path_factory.mktemp("risks") / "img.h5")
+    schema = Schema([Field("img", "uint8", (8, 8, 3), codec="png"), Field("id", "int64")])
+    rng = np.random.default_rng(0)
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch({"img": rng.integers(0, 255, (64, 8, 8, 3), dtype=np.uint8), "id": np.arange(64)})
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_another_thread_holds_the_descriptor_lock(images):
+    """A child forked while a reader thread held the descriptor lock used to block forever in
+    its first read (the lock is copied locked; its holder does not exist in the child)."""
+    r = rowstore.open(images)
+    lock = r._store._lock
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # child: must read, not hang
+        signal.alarm(20)
+        try:
+            ok = r.take([1, 2])["id"].tolist() == [1, 2]
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    release.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
+    r.close()
+
+
+def test_decode_threads_are_reused_across_takes(images):
+    """A new decode pool per take() (per torch batch on images) started threads every call."""
+    with rowstore.open(images, num_threads=2) as r:
+        r.take(np.arange(32))
+        before = {t.ident for t in threading.enumerate() if t.name.startswith("rowstore-decode")}
+        for _ in range(5):
+            r.take(np.arange(32))
+        after = {t.ident for t in threading.enumerate() if t.name.startswith("rowstore-decode")}
+        assert before and after == before
+    assert not [t for t in threading.enumerate() if t.ident in before and t.is_alive()]
+
+
+def test_num_threads_is_validated(images):
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="num_threads"):
+            rowstore.open(images, num_threads=bad)
+
+
+def test_field_is_hashable_and_immutable():
+    f = Field("x", "float32", (3,), codec={"id": "raw"})
+    g = Field("x", "float32", (3,))
+    assert hash(f) == hash(g) and f == g and len({f, g}) == 1
+    with pytest.raises(TypeError):
+        f.codec["id"] = "png"  # the stored config cannot change under the field
+    with pytest.raises(AttributeError):
+        f.name = "y"
+    assert f.codec == {"id": "raw"} and f.to_json()["codec"] == {"id": "raw"}
+    assert pickle.loads(pickle.dumps(f)) == f
+    s = Schema([f, Field("y", "str", nullable=True)])
+    assert hash(s) == hash(Schema.from_json(s.to_json()))
+    assert Field("y", "float32", (3,), codec=f.codec) == Field("y", "float32", (3,))  # a codec mapping is accepted
+
+
+def test_os_errors_are_not_labelled_malformed(images, monkeypatch):
+    """An I/O or permission error while opening is the system's error, not 'malformed file'."""
+    import h5py
+
+    def refuse(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", images)
+
+    monkeypatch.setattr(h5py, "File", refuse)
+    with pytest.raises(PermissionError) as ei:
+        rowstore.open(images)
+    assert not isinstance(ei.value, FormatError)
+
+
+def test_decode_error_keeps_type_of_missing_dependency(images, monkeypatch):
+    """A codec whose optional dependency is missing raises CodecNotAvailableError (what to
+    install), not a FormatError calling the file corrupt."""
+    from rowstore.codecs import image
+    from rowstore.errors import CodecNotAvailableError
+
+    def missing():
+        raise CodecNotAvailableError("the png/jpeg codecs need imagecodecs: pip install 'rowstore[images]'")
+
+    with rowstore.open(images) as r:
+        monkeypatch.setattr(image, "_imagecodecs", missing)
+        with pytest.raises(CodecNotAvailableError):
+            r.take([0, 1])
+
+
+def test_kernel_error_keeps_code_block_and_path(tmp_path):
+    """A payload reference outside its block's heap range: the kernel's code, the block and the
+    path reach the caller (the heap paths used to drop them)."""
+    import h5py
+
+    path = str(tmp_path / "refs.h5")
+    schema = Schema([Field("id", "int64"), Field("v", "float32", (None,))])
+    with rowstore.Writer(path, schema, rows_per_block=8) as w:
+        for i in range(32):
+            w.write({"id": i, "v": np.arange(i % 5 + 1, dtype=np.float32)})
+    with h5py.File(path, "r") as f:
+        info = f["rowstore/rows"].id.get_chunk_info(2)
+        dt = f["rowstore/rows"].dtype
+    # Row 17 (block 2, row 1): point its offset at heap byte 0 (block 0's range).
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + 1 * dt.itemsize + dt.fields["v"][1])
+        fh.write((0).to_bytes(8, "little"))
+    with rowstore.open(path, verify=False) as r:
+        with pytest.raises(FormatError) as ei:
+            r.take([17])
+    e = ei.value
+    assert e.path == path and e.block == 2 and getattr(e, "code", None) is not None

@@ -1,0 +1,89 @@
+"""Hostile sizes in a file are refused against the limits of ``rowstore.format.spec`` before
+they size an allocation: a FormatError naming what was declared, never a MemoryError or a
+multi-terabyte allocation (issue 9)."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import rowstore
+from rowstore import Field, FormatError, Schema
+from rowstore.format import spec
+
+h5py = pytest.importorskip("h5py")
+
+
+def _small(path, schema, rows):
+    with rowstore.Writer(path, schema, rows_per_block=4) as w:
+        for r in rows:
+            w.write(r)
+    return path
+
+
+def test_terabyte_block_is_refused_at_open(tmp_path):
+    path = _small(str(tmp_path / "t.h5"), Schema([Field("x", "float64", (16,))]), [{"x": np.zeros(16)}] * 8)
+    rows = (1 << 40) // 128  # 1 TiB blocks of 128-byte rows
+    with h5py.File(path, "r+") as f:
+        f["rowstore"].attrs["rows_per_block"] = rows
+    with pytest.raises(FormatError, match="exceeds the format's limit") as ei:
+        rowstore.open(path)
+    assert ei.value.path == path
+
+
+@pytest.mark.parametrize(("attr", "value"), [("heap_chunk_bytes", 1 << 40), ("num_rows", 1 << 50), ("heap_nbytes", 1 << 55)])
+def test_huge_declared_sizes_are_refused_at_open(tmp_path, attr, value):
+    schema = Schema([Field("i", "int64"), Field("s", "str")])
+    path = _small(str(tmp_path / "h.h5"), schema, [{"i": i, "s": "x" * i} for i in range(8)])
+    with h5py.File(path, "r+") as f:
+        f["rowstore"].attrs[attr] = value
+    with pytest.raises(FormatError):
+        rowstore.open(path)
+
+
+def test_index_longer_than_declared_is_refused_before_reading(tmp_path):
+    """An index dataset declared (not stored) with 2**40 entries would be allocated by a read."""
+    path = _small(str(tmp_path / "i.h5"), Schema([Field("i", "int64")]), [{"i": i} for i in range(8)])
+    with h5py.File(path, "r+") as f:
+        g = f["rowstore"]
+        del g["blocks"]
+        g.create_dataset("blocks", shape=(1 << 40,), dtype=spec.BLOCK_DTYPE, chunks=(1024,))
+    with pytest.raises(FormatError, match="blocks index has shape"):
+        rowstore.open(path)
+
+
+@pytest.mark.parametrize("codec", ["png", "raw"])
+def test_image_of_two_to_the_forty_pixels_is_refused_before_decoding(tmp_path, codec):
+    """A variable-shape value whose stored shape claims 2**40 pixels (CRC fixed up, so only
+    the limit can stop it): the decoded codec must not allocate it; a raw payload's shape
+    must match its byte count."""
+    if codec == "png":
+        pytest.importorskip("imagecodecs")
+    schema = Schema([Field("i", "int64"), Field("img", "uint8", (None, None, 3), codec=codec)])
+    rows = [{"i": i, "img": np.full((2, 3, 3), i, np.uint8)} for i in range(8)]
+    path = _small(str(tmp_path / "img.h5"), schema, rows)
+    with h5py.File(path, "r") as f:
+        ds = f["rowstore/rows"]
+        info = ds.id.get_chunk_info(1)  # block 1: rows 4..7
+        dt = ds.dtype
+    shape_off = dt.fields["img"][1] + 16
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + 1 * dt.itemsize + shape_off)  # row 5
+        fh.write(np.array([1 << 20, 1 << 20], "<u4").tobytes())
+        fh.seek(info.byte_offset)
+        crc = zlib.crc32(fh.read(info.size))
+    with h5py.File(path, "r+") as f:
+        b = f["rowstore/blocks"][()]
+        b["checksum"][1] = crc
+        f["rowstore/blocks"][...] = b
+    with rowstore.open(path) as r:
+        assert r[4]["i"] == 4
+        with pytest.raises(FormatError) as ei:
+            r.take([5])
+        with pytest.raises(FormatError):
+            list(r.batches(8, shuffle="none"))
+    e = ei.value
+    assert e.field == "img" and e.row == 5 and e.block == 1 and e.path == path
+    assert ("limit" in str(e)) if codec == "png" else ("disagrees" in str(e))

@@ -149,71 +149,33 @@ class Layout:
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
         a = g.attrs
-        version = a.get(spec.ATTR_VERSION)
-        if not isinstance(version, (int, np.integer)):
-            raise bad(f"format_version is missing or not an int: {version!r}")
-        version = int(version)
-        if version not in spec.READABLE_VERSIONS:
-            newer = version > max(spec.READABLE_VERSIONS)
-            raise FormatVersionError(
-                f"{path!r} uses rowstore format v{version}; this rowstore reads "
-                f"v{', v'.join(map(str, spec.READABLE_VERSIONS))}"
-                + (" (upgrade rowstore to read it)" if newer else ""),
-                path=path,
-            )
-        try:
-            schema = Schema.from_json(_text(a[spec.ATTR_SCHEMA]))
-        except CodecError as exc:
-            if exc.codec is not None and exc.codec not in registered_codecs():
-                # A codec this installation lacks: say which and what to install, not "corrupt".
-                raise CodecError(f"{path!r} uses codec {exc.codec!r}, which is not installed here: {exc}",
-                                 codec=exc.codec, field=exc.field) from exc
-            raise bad(f"invalid schema: {exc}") from exc
-        except (RowstoreError, KeyError) as exc:
-            raise bad(f"invalid schema: {exc}") from exc
+        version = _version(a, path, bad)
+        schema = _schema(a, path, bad)
         try:
             compression = spec.compression_config(json.loads(_text(a.get(spec.ATTR_COMPRESSION, '{"id": "none"}'))))
         except RowstoreError as exc:  # a CodecError: unknown or malformed compression
             raise bad(f"invalid compression attribute: {exc}") from exc
         user_attrs = json.loads(_text(a.get(spec.ATTR_USER, "{}")))
-        num_rows = _int(a, spec.ATTR_NUM_ROWS, bad)
-        rpb = _int(a, spec.ATTR_ROWS_PER_BLOCK, bad)
-        H = _int(a, spec.ATTR_HEAP_CHUNK_BYTES, bad)
-        heap_nbytes = _int(a, spec.ATTR_HEAP_NBYTES, bad)
+        num_rows, rpb, H, heap_nbytes = (_int(a, k, bad) for k in (
+            spec.ATTR_NUM_ROWS, spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES))
         if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):
             raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
         if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
             raise bad("negative or zero sizes in the attributes")
         row_dtype = spec.row_dtype(schema)
         _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
-
         rows = g[spec.ROWS]
         if rows.dtype != row_dtype:
             raise bad(f"row table dtype {rows.dtype} does not match the schema's {row_dtype}")
         if rows.shape != (num_rows,) or rows.chunks != (rpb,):
             raise bad(f"row table shape {rows.shape}/chunks {rows.chunks} disagree with num_rows={num_rows}, rows_per_block={rpb}")
-        blocks = _read_index(g, spec.BLOCKS, -(-num_rows // rpb), bad)
-        if blocks.dtype != spec.BLOCK_DTYPE:
-            raise bad(f"block index dtype {blocks.dtype} is not {spec.BLOCK_DTYPE}")
-        has_heap = any(not fl.inline for fl in schema)
-        if has_heap:
-            heap_chunks = _read_index(g, spec.HEAP_CHUNKS, -(-heap_nbytes // H), bad)
-            if heap_chunks.dtype != spec.HEAP_CHUNK_DTYPE:
-                raise bad("heap chunk index has the wrong dtype")
-            heap = g[spec.HEAP]
-            if heap.shape != (heap_nbytes,) or heap.chunks != (H,):
-                raise bad(f"heap shape {heap.shape}/chunks {heap.chunks} disagree with heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}")
-        else:
-            heap_chunks = np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
-            if heap_nbytes:
-                raise bad("heap_nbytes is not 0 for a schema without heap fields")
-        writer = _text(a.get(spec.ATTR_WRITER, ""))
-
+        blocks = _read_index(g, spec.BLOCKS, -(-num_rows // rpb), spec.BLOCK_DTYPE, bad)
+        heap_chunks = _heap_index(g, schema, heap_nbytes, H, bad)
         layout = cls(
             path=path, version=version, schema=schema, user_attrs=user_attrs, num_rows=num_rows,
             rows_per_block=rpb, row_dtype=row_dtype, compression=compression, heap_chunk_bytes=H,
             heap_nbytes=heap_nbytes, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size,
-            writer=writer,
+            writer=_text(a.get(spec.ATTR_WRITER, "")),
         )  # fmt: skip
         layout._check_indexes(bad)
         return layout
@@ -310,13 +272,57 @@ def _check_limits(bad, row_size: int, rpb: int, H: int, heap_nbytes: int, num_ro
         raise bad(f"heap_nbytes={heap_nbytes} needs a heap chunk index larger than the file ({file_size} bytes)")
 
 
-def _read_index(g, name: str, expected: int, bad) -> np.ndarray:
+def _read_index(g, name: str, expected: int, dtype: np.dtype, bad) -> np.ndarray:
     """An index dataset of ``expected`` entries, its length checked before it is read (an
     unallocated HDF5 dataset can declare any length without storing it)."""
     ds = g[name]
     if ds.shape != (expected,):
         raise bad(f"{name} index has shape {ds.shape}, expected ({expected},)")
+    if ds.dtype != dtype:
+        raise bad(f"{name} index dtype {ds.dtype} is not {dtype}")
     return np.asarray(ds[()])
+
+
+def _heap_index(g, schema: Schema, heap_nbytes: int, H: int, bad) -> np.ndarray:
+    """The heap chunk index, checked against the heap dataset (empty without heap fields)."""
+    if all(fl.inline for fl in schema):
+        if heap_nbytes:
+            raise bad("heap_nbytes is not 0 for a schema without heap fields")
+        return np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
+    heap_chunks = _read_index(g, spec.HEAP_CHUNKS, -(-heap_nbytes // H), spec.HEAP_CHUNK_DTYPE, bad)
+    heap = g[spec.HEAP]
+    if heap.shape != (heap_nbytes,) or heap.chunks != (H,):
+        raise bad(f"heap shape {heap.shape}/chunks {heap.chunks} disagree with heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}")
+    return heap_chunks
+
+
+def _version(a, path: str, bad) -> int:
+    version = a.get(spec.ATTR_VERSION)
+    if not isinstance(version, (int, np.integer)):
+        raise bad(f"format_version is missing or not an int: {version!r}")
+    version = int(version)
+    if version not in spec.READABLE_VERSIONS:
+        newer = version > max(spec.READABLE_VERSIONS)
+        raise FormatVersionError(
+            f"{path!r} uses rowstore format v{version}; this rowstore reads "
+            f"v{', v'.join(map(str, spec.READABLE_VERSIONS))}"
+            + (" (upgrade rowstore to read it)" if newer else ""),
+            path=path,
+        )
+    return version
+
+
+def _schema(a, path: str, bad) -> Schema:
+    try:
+        return Schema.from_json(_text(a[spec.ATTR_SCHEMA]))
+    except CodecError as exc:
+        if exc.codec is not None and exc.codec not in registered_codecs():
+            # A codec this installation lacks: say which and what to install, not "corrupt".
+            raise CodecError(f"{path!r} uses codec {exc.codec!r}, which is not installed here: {exc}",
+                             codec=exc.codec, field=exc.field) from exc
+        raise bad(f"invalid schema: {exc}") from exc
+    except (RowstoreError, KeyError) as exc:
+        raise bad(f"invalid schema: {exc}") from exc
 
 
 def _check_ranges(offsets: np.ndarray, sizes: np.ndarray, file_size: int, bad, what: str) -> None:

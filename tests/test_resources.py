@@ -159,3 +159,66 @@ def test_torch_adapters_leave_a_passed_reader_open(rst, path, kind):
         assert r._fd is not None and fds_to(path) == 1
         assert r.take([7])["id"].tolist() == [7]
     assert fds_to(path) == 0
+
+
+# -- tensorflow --------------------------------------------------------------------------------
+@pytest.fixture
+def rtf():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    pytest.importorskip("tensorflow")
+    return pytest.importorskip("rowstore.tf")
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_tf_dataset_iterated_closes_the_reader_it_opened(rtf, path, k):
+    ds = rtf.make_dataset(path, batch_size=8, num_parallel_reads=k, num_epochs=2)
+    assert _ids(ds) == sorted(list(range(N)) * 2)
+    assert wait_fds(path, 0) == 0  # while the dataset lives on
+    assert _ids(ds.take(1)) != []  # iterable again
+    assert wait_fds(path, 0) == 0
+
+
+def test_tf_iteration_stopped_early_closes_the_reader(rtf, path):
+    ds = rtf.make_dataset(path, batch_size=4, num_threads=2, prefetch=None)
+    it = iter(ds)
+    next(it)
+    assert fds_to(path) == 1
+    del it
+    assert wait_fds(path, 0) == 0
+
+
+def test_tf_leaves_a_passed_reader_open(rtf, path):
+    with rowstore.open(path) as r:
+        r.take([0])
+        assert _ids(rtf.make_dataset(r, batch_size=8, num_parallel_reads=2)) == list(range(N))
+        gc.collect()
+        assert r._fd is not None and fds_to(path) == 1
+    assert fds_to(path) == 0
+
+
+def test_tf_distribute_dataset_fn_closes_the_reader_it_opened(rtf, path):
+    import tensorflow as tf
+
+    fn = rtf.distribute_dataset_fn(path, global_batch_size=8, shuffle="none")
+    got = []
+    for pid in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pid, num_replicas_in_sync=2)
+        got += _ids(fn(ctx))
+    assert sorted(got) == list(range(N))
+    assert wait_fds(path, 0) == 0
+
+
+def test_tf_read_errors_keep_path_and_block_in_the_message(rtf, path):
+    # tf.data turns any Python exception of a generator into an OpError (a ValueError such as
+    # ChecksumError into InvalidArgumentError; even a raised OpError's code is dropped), so the
+    # rowstore error's class, path and block can only travel in the message.
+    import tensorflow as tf
+
+    _corrupt_block(path, 2)
+    ds = rtf.make_dataset(path, batch_size=4, shuffle="none")
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        list(ds)
+    msg = str(info.value)
+    assert "ChecksumError" in msg and repr(path) in msg and "block 2" in msg
+    del info
+    assert wait_fds(path, 0) == 0  # the failed generator closed the reader too

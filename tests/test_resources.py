@@ -222,3 +222,25 @@ def test_tf_read_errors_keep_path_and_block_in_the_message(rtf, path):
     assert "ChecksumError" in msg and repr(path) in msg and "block 2" in msg
     del info
     assert wait_fds(path, 0) == 0  # the failed generator closed the reader too
+
+
+# -- the rowstore command ----------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["info"], ["head", "-n", "3"], ["verify"]])
+def test_cli_commands_close_the_file(path, argv, capsys):
+    from rowstore.cli import main
+
+    assert main(argv[:1] + [path] + argv[1:]) == 0
+    assert fds_to(path) == 0
+
+
+def test_cli_head_closes_the_file_when_reading_fails(path, capsys):
+    from rowstore.cli import head_text, main
+
+    _corrupt_block(path, 0)
+    with pytest.raises(rowstore.ChecksumError) as info:
+        head_text(path, 3)
+    assert info.value.path == path and info.value.block == 0
+    assert fds_to(path) == 0  # even while the traceback (and its frames) are kept
+    assert main(["head", path]) == 1
+    assert "block 0" in capsys.readouterr().err
+    assert fds_to(path) == 0

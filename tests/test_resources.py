@@ -244,3 +244,51 @@ def test_cli_head_closes_the_file_when_reading_fails(path, capsys):
     assert main(["head", path]) == 1
     assert "block 0" in capsys.readouterr().err
     assert fds_to(path) == 0
+
+
+# -- rowstore-bench ----------------------------------------------------------------------------
+def test_bench_measure_closes_the_source_when_measuring_fails(monkeypatch):
+    from rowstore.bench import runner, sources
+
+    closed = []
+
+    def broken_quality() -> float:
+        raise RuntimeError("no quality today")
+
+    src = sources.Source(label="fake", description="", names=["id"], epoch=lambda k: iter(()),
+                         shuffle_quality=broken_quality, num_batches=0, close=lambda: closed.append(True))
+    monkeypatch.setattr(sources, "open_source", lambda spec: src)
+    with pytest.raises(RuntimeError, match="no quality today"):
+        runner.measure_spec({"kind": "rowstore"}, emit=lambda ev: None)
+    assert closed == [True]
+
+
+def test_bench_run_spec_stops_its_child_when_the_caller_fails(path, monkeypatch):
+    import subprocess
+
+    from rowstore.bench import runner
+
+    children: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            children.append(self)
+
+    def on_event(ev: dict) -> None:
+        raise RuntimeError("the caller gave up")
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Recorded)
+    spec = {"kind": "rowstore", "path": path, "batch_size": 4, "shuffle": "none", "window": 4, "seed": 0,
+            "repeats": 10**6}  # far more than the test waits for
+    try:
+        with pytest.raises(RuntimeError, match="the caller gave up"):
+            runner.run_spec(spec, on_event=on_event)
+        (child,) = children
+        assert child.returncode is not None  # killed and reaped, not left writing to a pipe nobody reads
+        assert child.stdout is not None and child.stdout.closed
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+                c.wait()

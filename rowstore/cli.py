@@ -90,19 +90,18 @@ def _summary(v: Any) -> str:
 def head_text(path: str, n: int = 5, fields: list[str] | None = None) -> str:
     from rowstore.reader import Reader
 
-    r = Reader(path)
-    names = r.schema.select(fields).names
-    k = max(0, min(n, len(r)))
+    with Reader(path) as r:  # closed also when reading fails (a kept traceback keeps r)
+        names = r.schema.select(fields).names
+        k = max(0, min(n, len(r)))
+        batch = r.take(np.arange(k), fields=names) if k else {}
     out = []
-    if k:
-        batch = r.take(np.arange(k), fields=names)
-        for i in range(k):
-            out.append(f"row {i}")
-            for name in names:
-                v = batch[name][i]
-                if r.schema[name].nullable and batch[name + "__null"][i]:
-                    v = None
-                out.append(f"  {name}: {_summary(v)}")
+    for i in range(k):
+        out.append(f"row {i}")
+        for name in names:
+            v = batch[name][i]
+            if r.schema[name].nullable and batch[name + "__null"][i]:
+                v = None
+            out.append(f"  {name}: {_summary(v)}")
     out.append(f"({k} of {len(r):,} rows)")
     return "\n".join(out)
 

@@ -12,12 +12,17 @@ generator (a ``Reader.batches`` stream with its own reader threads) and interlea
 Determinism: the order of one epoch is a pure function of (seed, epoch, file layout, shard,
 num_parallel_reads, batch_size) with ``deterministic=True``; a new ``epoch`` gives a new order.
 
+Files: a reader opened here from a path is closed (its descriptor) whenever none of its
+generators is running: at the end of each epoch, and when an iteration stopped early is
+collected; the next generator reopens it. A reader the caller passed in is never closed here.
+
 This module is the only one in rowstore that imports tensorflow.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -224,6 +229,32 @@ def _reshape_rows_fn(fields: list[Field]) -> Callable[[dict], dict]:
 
 
 # -- datasets --------------------------------------------------------------------------------
+class _ReaderLease:
+    """The reader of one dataset and the generators running on it.
+
+    A reader opened from a path (``owned``) is closed when its last running generator ends
+    (finished, closed, or collected with an iterator stopped early), never while another one
+    reads: parallel parts and concurrent iterators share the descriptor, and closing it under a
+    reading thread could hand its number to another file. A reader the caller passed in is
+    never closed.
+    """
+
+    def __init__(self, path_or_reader: str | os.PathLike | Reader):
+        self.reader, self.owned = as_reader(path_or_reader)
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._running += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0 and self.owned:
+                self.reader.close()
+
+
 def make_dataset(
     path_or_reader: str | os.PathLike | Reader,
     *,
@@ -307,7 +338,8 @@ def make_dataset(
     tensors (a few numpy calls per batch) holds it. Arrays are handed to TensorFlow without
     being kept by the reader.
     """
-    reader = as_reader(path_or_reader)[0]
+    lease = _ReaderLease(path_or_reader)
+    reader = lease.reader
     positive_int("batch_size", batch_size, optional=True)
     positive_int("num_parallel_reads", num_parallel_reads, optional=True)
     positive_int("num_threads", num_threads, optional=True)
@@ -350,13 +382,20 @@ def make_dataset(
     names = schema.names
 
     def generate(e, i):
-        it = reader.batches(
-            chunk, shuffle=shuffle, seed=seed, epoch=int(e), window=window, fields=names,
-            shard=parts[int(i)], even=even, drop_last=drop_last and not rebatch and not rows,
-            num_threads=threads, varlen="ragged",
-        )  # fmt: skip
-        for b in it:
-            yield convert(b)
+        lease.acquire()
+        try:
+            it = reader.batches(
+                chunk, shuffle=shuffle, seed=seed, epoch=int(e), window=window, fields=names,
+                shard=parts[int(i)], even=even, drop_last=drop_last and not rebatch and not rows,
+                num_threads=threads, varlen="ragged",
+            )  # fmt: skip
+            try:
+                for b in it:
+                    yield convert(b)
+            finally:
+                it.close()  # joins its reader threads before the reader may close
+        finally:
+            lease.release()
 
     def one_part(e, i):
         ds = tf.data.Dataset.from_generator(generate, args=(e, i), output_signature=gen_sig)
@@ -431,11 +470,14 @@ def distribute_dataset_fn(
                 f"distribute_dataset_fn sets {key!r} from the input context; do not pass it"
             )
     positive_int("global_batch_size", global_batch_size)
-    reader = as_reader(path_or_reader)[0]
+    reader, owned = as_reader(path_or_reader)  # a bad path fails here, not inside the strategy
+    # Each pipeline's dataset opens (and closes) its own reader of a path: readers are not shared
+    # between datasets that would close them under one another.
+    source = reader.path if owned else reader
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return make_dataset(
-            reader, batch_size=ctx.get_per_replica_batch_size(global_batch_size),
+            source, batch_size=ctx.get_per_replica_batch_size(global_batch_size),
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines), even=even, **kwargs,
         )  # fmt: skip
 

@@ -40,9 +40,6 @@ def measure_spec(spec: dict[str, Any], emit: Callable[[dict], None] = _emit) -> 
 
     src = open_source(spec)
     rss_start = M.rss_mb()
-    t = time.perf_counter()
-    quality = src.shuffle_quality()
-    quality_s = time.perf_counter() - t
     warm_reps = int(spec.get("warmup_repeats", 0))
     nrep = int(spec.get("repeats", 3))
     reps = []
@@ -56,7 +53,10 @@ def measure_spec(spec: dict[str, Any], emit: Callable[[dict], None] = _emit) -> 
             last_emit[0] = now
             emit({"event": "batches", "n": counter[0]})
 
-    try:
+    try:  # the source (its reader, files, threads) is closed whatever fails from here on
+        t = time.perf_counter()
+        quality = src.shuffle_quality()
+        quality_s = time.perf_counter() - t
         for k in range(warm_reps + nrep):
             res = M.measure_iter(functools.partial(src.epoch, k), src.names, warmup=int(spec.get("warmup", 0)),
                                  measure=spec.get("measure"), time_limit=spec.get("time_limit"),
@@ -99,32 +99,42 @@ def run_spec(spec: dict[str, Any], on_event: Callable[[dict], None] | None = Non
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rowstore.bench.runner"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps(spec))
-        proc.stdin.close()
-        result: dict[str, Any] | None = None
-        t0 = time.monotonic()
-        for line in proc.stdout:
-            if not line.startswith(MARK):
-                continue
-            ev = json.loads(line[len(MARK) :])
-            if ev["event"] == "result":
-                result = ev["result"]
-            elif ev["event"] == "error":
-                result = {"error": f"{ev['type']}: {ev['message']}", "traceback": ev.get("traceback")}
-            elif on_event is not None:
-                on_event(ev)
-            if timeout is not None and time.monotonic() - t0 > timeout:
+        # Leaving the with block closes the pipes and reaps the child.
+        with subprocess.Popen([sys.executable, "-m", "rowstore.bench.runner"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
+            try:
+                result = _read_events(proc, json.dumps(spec), on_event, timeout)
+            except BaseException:  # on_event failed, or Ctrl-C: the child must not run on alone
                 proc.kill()
-                result = {"error": f"timed out after {timeout:.0f} s"}
-                break
-        proc.wait()
+                raise
         if result is None:
             err.seek(0)
             tail = err.read()[-3000:]
             result = {"error": f"the measuring process exited with code {proc.returncode}", "stderr": tail}
+    return result
+
+
+def _read_events(proc: subprocess.Popen, spec_json: str, on_event: Callable[[dict], None] | None,
+                 timeout: float | None) -> dict[str, Any] | None:
+    """Send the spec to the child and read its events: its result or error, None if it sent neither."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(spec_json)
+    proc.stdin.close()
+    result: dict[str, Any] | None = None
+    t0 = time.monotonic()
+    for line in proc.stdout:
+        if not line.startswith(MARK):
+            continue
+        ev = json.loads(line[len(MARK) :])
+        if ev["event"] == "result":
+            result = ev["result"]
+        elif ev["event"] == "error":
+            result = {"error": f"{ev['type']}: {ev['message']}", "traceback": ev.get("traceback")}
+        elif on_event is not None:
+            on_event(ev)
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            proc.kill()
+            return {"error": f"timed out after {timeout:.0f} s"}
     return result
 
 

@@ -1,19 +1,22 @@
 """What the datasets and the loaders share about reading: the shard (torch.distributed's by
-default), the shuffle mode (True/False allowed), and :class:`_EpochReader`, the epoch-order
-arguments of ``Reader.batches`` and the call itself. Counts are checked by
-:mod:`rowstore.reader._args`."""
+default), the shuffle mode (True/False allowed), :class:`_EpochReader`, the epoch-order
+arguments of ``Reader.batches`` and the call itself, and :class:`_OwnsReader`, the reader and
+closing it. Counts are checked by :mod:`rowstore.reader._args`."""
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from rowstore.reader import order as _order
+from rowstore.reader.dataset import as_reader
 
 if TYPE_CHECKING:
     from rowstore.reader.dataset import Reader
+
+_Self = TypeVar("_Self", bound="_OwnsReader")
 
 
 def _resolve_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
@@ -77,3 +80,35 @@ class _EpochReader:
             fields=self._fields, shard=shard, even=self.even, drop_last=drop_last,
             num_threads=num_threads, prefetch=self.prefetch, varlen="ragged", start=start,
         )  # fmt: skip
+
+
+class _OwnsReader:
+    """Mixin of the datasets and loaders: their reader, and closing it.
+
+    A reader opened here from a path belongs to the object: :meth:`close` (or leaving a
+    ``with`` block) closes its descriptor, and so does collecting the object (the reader closes
+    itself when it is collected). A :class:`~rowstore.reader.Reader` the caller passed in is
+    the caller's: it is never closed here."""
+
+    reader: Reader
+    _owns_reader: bool
+
+    def _open_reader(self, path_or_reader: Any) -> None:
+        self.reader, self._owns_reader = as_reader(path_or_reader)
+
+    def _stop(self) -> None:
+        """Stop this object's iterations that are still running (their reader threads read the
+        file), before the reader closes."""
+
+    def close(self) -> None:
+        """Stop running iterations (and their reader threads); close the reader if this object
+        opened it. The object stays usable: the reader reopens its file on next use."""
+        self._stop()
+        if self._owns_reader:
+            self.reader.close()
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -11,15 +12,14 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore.reader._args import nonneg_int, positive_int
-from rowstore.reader.dataset import as_reader
-from rowstore.torch._args import _EpochReader, _resolve_shard
+from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
 from rowstore.torch._collate import Row, RowBatch, _Collator, collate
 from rowstore.torch._transform import _as_spec, _process, _schemas
 
 _ROW_READ_BATCH = 512  # rows read at once by IterableDataset in row mode
 
 
-class Dataset(_tud.Dataset):
+class Dataset(_tud.Dataset, _OwnsReader):
     """A map-style torch dataset over a rowstore file.
 
     Parameters
@@ -59,7 +59,7 @@ class Dataset(_tud.Dataset):
         batch_transform: Any = None,
         varlen: str | Mapping[str, str] = "padded",
     ):
-        self.reader, _ = as_reader(path_or_reader)
+        self._open_reader(path_or_reader)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]
@@ -82,7 +82,7 @@ class Dataset(_tud.Dataset):
         )
 
 
-class IterableDataset(_tud.IterableDataset, _EpochReader):
+class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     """An iterable torch dataset that splits each epoch over DDP ranks and DataLoader workers.
 
     Parameters
@@ -120,6 +120,10 @@ class IterableDataset(_tud.IterableDataset, _EpochReader):
     Worker ``w`` of ``W`` on rank ``r`` of ``R`` reads shard ``(r * W + w, R * W)`` of the epoch
     order: the parts are disjoint and together hold every row exactly once. The epoch set by
     :meth:`set_epoch` lives in shared memory, so persistent workers see it at their next epoch.
+
+    :meth:`close` (or ``with IterableDataset(...) as ds:``) stops this process's running
+    iterations (and their reader threads) and closes a reader opened from a path; a reader
+    passed in stays open.
     """
 
     def __init__(
@@ -140,7 +144,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader):
         num_threads: int | None = None,
         prefetch: int = 2,
     ):
-        self.reader, _ = as_reader(path_or_reader)
+        self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
         self.even = bool(even)
         self.drop_last = bool(drop_last)
@@ -155,6 +159,16 @@ class IterableDataset(_tud.IterableDataset, _EpochReader):
         self._collator = _Collator(self.output_schema, varlen)
         # Shared memory: persistent DataLoader workers (fork or spawn) see set_epoch.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._iterations: weakref.WeakSet = weakref.WeakSet()  # this process's, still open
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_iterations", None)  # generators of this process: not picklable, not a worker's
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._iterations = weakref.WeakSet()
 
     @property
     def epoch(self) -> int:
@@ -187,6 +201,16 @@ class IterableDataset(_tud.IterableDataset, _EpochReader):
         return total
 
     def __iter__(self) -> Iterator[Any]:
+        gen = self._iterate()
+        self._iterations.add(gen)
+        return gen
+
+    def _stop(self) -> None:
+        for gen in list(self._iterations):
+            gen.close()  # joins its reader threads
+        self._iterations.clear()
+
+    def _iterate(self) -> Generator[Any, None, None]:
         shard = self.worker_shard()
         threads = self.num_threads or (1 if _tud.get_worker_info() is not None else None)
         bs = self.batch_size

@@ -18,8 +18,7 @@ import torch
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
-from rowstore.reader.dataset import as_reader
-from rowstore.torch._args import _EpochReader, _resolve_shard
+from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
 from rowstore.torch._transform import _as_spec, _schemas
@@ -38,9 +37,10 @@ class _Failure:
 _END = object()
 
 
-class _Loader:
+class _Loader(_OwnsReader):
     """What BatchedDataLoader and InMemBatchedDataLoader share: transforms and collation,
-    the device path, epoch/position state, and iteration."""
+    the device path, epoch/position state, iteration, and closing (:meth:`close` stops the
+    running iteration, then closes a reader opened from a path)."""
 
     def __init__(
         self,
@@ -57,7 +57,7 @@ class _Loader:
         drop_last,
         even,
     ):
-        self.reader, self._owns_reader = as_reader(path_or_reader)
+        self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size)
         self.shard: tuple[int, int] = _resolve_shard(shard)
         self.even = bool(even)
@@ -187,7 +187,7 @@ class _Loader:
                     f"cannot resume: the saved state has {k}={got!r}, this loader {v!r} "
                     f"(the epoch order would differ)"
                 )
-        self._close_active()
+        self._stop()
         self._epoch = nonneg_int("epoch", state["epoch"])
         self._position = int(state["position"])
         self._load_extra(state)
@@ -198,7 +198,7 @@ class _Loader:
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
-        self._close_active()
+        self._stop()
         gen = self._run()
         self._active = weakref.ref(gen)
         return gen
@@ -286,23 +286,11 @@ class _Loader:
             stop.set()
             worker.join()
 
-    def _close_active(self) -> None:
+    def _stop(self) -> None:
         gen = self._active() if self._active is not None else None
         self._active = None
         if gen is not None:
             gen.close()
-
-    def close(self) -> None:
-        """Stop any running iteration (and its threads); close the reader if this loader opened it."""
-        self._close_active()
-        if self._owns_reader:
-            self.reader.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class BatchedDataLoader(_Loader, _EpochReader):
@@ -433,7 +421,7 @@ class BatchedDataLoader(_Loader, _EpochReader):
     def __iter__(self) -> Iterator[dict]:
         if self._cuda or self._convert is not _Collator.dense or self._post is not None:
             return super().__iter__()
-        self._close_active()
+        self._stop()
         gen = self._run_dense()
         self._active = weakref.ref(gen)
         return gen
@@ -485,8 +473,9 @@ class InMemBatchedDataLoader(_Loader):
     Notes
     -----
     Memory: the shard's decoded columns. Each batch is a gather (a copy) from them, owned by
-    the caller. State (:meth:`state_dict`) is the epoch, the rows handed out in it, and the
-    epoch at which the current run of ``num_epochs`` ends.
+    the caller. A reader opened from a path is closed once the shard is read. State
+    (:meth:`state_dict`) is the epoch, the rows handed out in it, and the epoch at which the
+    current run of ``num_epochs`` ends.
     """
 
     def __init__(
@@ -527,9 +516,13 @@ class InMemBatchedDataLoader(_Loader):
         self._stop_epoch: int | None = None
         lo, hi = _order.shard_bounds(len(self.reader), *self.shard, even=self.even)
         self._lo, self._n = lo, hi - lo
-        self._cache = self.reader.take(
-            np.arange(lo, hi, dtype=np.int64), fields=self._fields, varlen="ragged"
-        )
+        try:
+            self._cache = self.reader.take(
+                np.arange(lo, hi, dtype=np.int64), fields=self._fields, varlen="ragged"
+            )
+        finally:
+            if self._owns_reader:
+                self.reader.close()  # read once: no descriptor kept for the loader's lifetime
         self._perm: tuple[int, np.ndarray] | None = None
 
     def _order_state(self) -> dict:

@@ -156,7 +156,7 @@ def test_torch_adapters_leave_a_passed_reader_open(rst, path, kind):
                 a.__getitems__([0, 1])
             else:
                 next(iter(a))
-        assert r._fd is not None and fds_to(path) == 1
+        assert r._store.is_open and fds_to(path) == 1
         assert r.take([7])["id"].tolist() == [7]
     assert fds_to(path) == 0
 
@@ -192,7 +192,7 @@ def test_tf_leaves_a_passed_reader_open(rtf, path):
         r.take([0])
         assert _ids(rtf.make_dataset(r, batch_size=8, num_parallel_reads=2)) == list(range(N))
         gc.collect()
-        assert r._fd is not None and fds_to(path) == 1
+        assert r._store.is_open and fds_to(path) == 1
     assert fds_to(path) == 0
 
 

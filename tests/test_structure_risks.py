@@ -141,3 +141,18 @@ def test_kernel_error_keeps_code_block_and_path(tmp_path):
             r.take([17])
     e = ei.value
     assert e.path == path and e.block == 2 and getattr(e, "code", None) is not None
+
+
+def test_close_while_a_read_is_in_flight_defers_closing_the_descriptor(images):
+    """Closing a reader while another thread reads must not free the descriptor number under
+    that read (the next open file would get it, and the read would read that file)."""
+    r = rowstore.open(images)
+    store = r._store
+    with store._descriptor() as fd:  # a read in flight on "another thread"
+        r.close()
+        os.fstat(fd)  # still this file's descriptor
+        assert not store.is_open
+        assert r.take([3])["id"].tolist() == [3]  # new reads open a new descriptor
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed by the last read that used it
+    r.close()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -69,23 +71,43 @@ class LocalStore:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._fd_pid: int | None = None
+        # Reads in flight per descriptor: close() must not free a number another thread is
+        # still reading from (the OS would hand it to the next file opened).
+        self._users: dict[int, int] = {}
+        self._retired: set[int] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "file_id": self.file_id}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["file_id"])  # type: ignore[misc]
+        self.path = state["path"]
+        self.file_id = state["file_id"]
+        self._reset()
+        _STORES.add(self)
 
-    def fileno(self) -> int:
-        """This process's descriptor of the file (opened on first use, in each process)."""
+    @property
+    def is_open(self) -> bool:
+        """Whether this process holds a descriptor of the file now."""
+        return self._fd is not None and self._fd_pid == os.getpid()
+
+    @contextmanager
+    def _descriptor(self) -> Iterator[int]:
+        """This process's descriptor (opened on first use), held for the duration of a read."""
         pid = os.getpid()
-        fd = self._fd
-        if fd is not None and self._fd_pid == pid:
-            return fd
         with self._lock:
             if self._fd is None or self._fd_pid != pid:
                 self._fd, self._fd_pid = self._open(), pid
-            return self._fd
+            fd = self._fd
+            self._users[fd] = self._users.get(fd, 0) + 1
+        try:
+            yield fd
+        finally:
+            with self._lock:
+                self._users[fd] -= 1
+                if not self._users[fd] and fd in self._retired:  # closed meanwhile: the last reader closes it
+                    del self._users[fd]
+                    self._retired.discard(fd)
+                    os.close(fd)
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -97,32 +119,42 @@ class LocalStore:
         return fd
 
     def close(self) -> None:
-        """Close this process's descriptor (reopened on next use)."""
+        """Close this process's descriptor (reopened on next use); reads still in flight on
+        other threads finish first, the last of them closes it."""
         with self._lock:
-            if self._fd is not None and self._fd_pid == os.getpid():
-                os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            if fd is None or self._fd_pid != os.getpid():
+                return
+            if self._users.get(fd):
+                self._retired.add(fd)
+            else:
+                self._users.pop(fd, None)
+                os.close(fd)
 
     # -- reads (each raises kernels.KernelError with the failing item's index) ----------------
     def load_chunks(self, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *,
                     codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
                     scratch: np.ndarray, what: str) -> None:
         """Whole stored chunks, checked and decompressed into ``dst`` (see kernels.load_chunks)."""
-        kernels.load_chunks(self.fileno(), offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
-                            raw_size=raw_size, scratch=scratch, what=what)
+        with self._descriptor() as fd:
+            kernels.load_chunks(fd, offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
+                                raw_size=raw_size, scratch=scratch, what=what)
 
     def read_rows(self, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
         """Single rows into ``dst`` (``direct`` stores only)."""
-        kernels.pread_rows(self.fileno(), file_offsets, row_size, dst)
+        with self._descriptor() as fd:
+            kernels.pread_rows(fd, file_offsets, row_size, dst)
 
     def read_rows_into(self, file_offsets: np.ndarray, row_size: int,
                        segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray) -> None:
         """Single rows cut straight into per-field arrays (``direct`` stores only)."""
-        kernels.preadv_rows(self.fileno(), file_offsets, row_size, segments, sink)
+        with self._descriptor() as fd:
+            kernels.preadv_rows(fd, file_offsets, row_size, segments, sink)
 
     def read_payloads(self, rowbuf: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray,
                       lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_bytes: int,
                       out: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only)."""
-        kernels.pread_heap(self.fileno(), rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes,
-                           out, dst_offsets)
+        with self._descriptor() as fd:
+            kernels.pread_heap(fd, rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, out,
+                               dst_offsets)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore import __version__
+from rowstore._version import __version__
 from rowstore.errors import FormatError, RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
 from rowstore.format.validate import check_column, check_value

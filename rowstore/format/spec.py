@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import CodecError
 from rowstore.schema import Field, Schema
 
 FORMAT_NAME = "rowstore"
@@ -70,42 +69,27 @@ HEAP_CHUNK_DTYPE = np.dtype(
 NULL_SUFFIX = "__null"
 
 # -- compression ---------------------------------------------------------------------------
+# Block compression: one HDF5 filter on /rows and /heap, applied per chunk. The names, codes and
+# the filter id are declared here only; :mod:`rowstore.format.compression` holds the objects that
+# compress with them, and the kernels take the integer codes.
+
 #: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
 BLOSC2_FILTER_ID = 32026
-_CNAMES = ("lz4", "lz4hc", "zstd", "blosclz", "zlib")
-_SHUFFLES = ("none", "byte", "bit")
+#: Blosc2 compressors (``cname`` in the stored config) and their codes in ``blosc2.h``. (Listed in
+#: the order error messages have always named them.)
+BLOSC2_CODECS = {"lz4": 1, "lz4hc": 2, "zstd": 5, "blosclz": 0, "zlib": 4}
+#: Blosc2 shuffle filters (``shuffle`` in the stored config) and their codes in ``blosc2.h``
+#: (``BLOSC_NOSHUFFLE``, ``BLOSC_SHUFFLE``, ``BLOSC_BITSHUFFLE``; hdf5plugin uses the same ints).
+BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 
 
 def compression_config(compression: Any) -> dict[str, Any]:
-    """Normalise the ``compression=`` argument of the writer into the stored config.
+    """Normalise the ``compression=`` argument of the writer (or a stored config) into the
+    stored config: ``block_compression(compression).get_config()``; see
+    :func:`rowstore.format.compression.block_compression` for the accepted forms."""
+    from rowstore.format.compression import block_compression  # it imports this module
 
-    ``None``/``"none"``: uncompressed. ``"lz4"``, ``"zstd"``, ...: Blosc2 with that codec.
-    A dict ``{"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}`` sets all.
-    """
-    if compression is None or compression is False or compression == "none":
-        return {"id": "none"}
-    if isinstance(compression, str):
-        compression = {"id": "blosc2", "cname": compression}
-    if not isinstance(compression, dict):
-        raise CodecError(f"compression must be None, a codec name {_CNAMES} or a dict, got {compression!r}")
-    cfg = dict(compression)
-    cid = cfg.pop("id", "blosc2")
-    if cid == "none":
-        return {"id": "none"}
-    if cid != "blosc2":
-        raise CodecError(f"unknown block compression {cid!r}; expected 'none' or 'blosc2'")
-    cname = cfg.pop("cname", "lz4")
-    clevel = cfg.pop("clevel", 5)
-    shuffle = cfg.pop("shuffle", "byte")
-    if cfg:
-        raise CodecError(f"unknown compression option(s) {sorted(cfg)}")
-    if cname not in _CNAMES:
-        raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {_CNAMES}")
-    if not isinstance(clevel, int) or not 0 <= clevel <= 9:
-        raise CodecError(f"compression level must be an int in 0..9, got {clevel!r}")
-    if shuffle not in _SHUFFLES:
-        raise CodecError(f"shuffle must be one of {_SHUFFLES}, got {shuffle!r}")
-    return {"id": "blosc2", "cname": cname, "clevel": clevel, "shuffle": shuffle}
+    return block_compression(compression).get_config()
 
 
 # -- row layout ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ over the original at close: a crash mid-append leaves the old file untouched.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ import numpy as np
 from rowstore._version import __version__
 from rowstore.errors import FormatError, RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
+from rowstore.format.compression import BlockCompression, block_compression
 from rowstore.format.validate import check_column, check_value
 from rowstore.schema import Schema
 
@@ -35,26 +37,11 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 DEFAULT_HEAP_CHUNK_BYTES = 1 << 20
 
 
-def _blosc2_compressor(config: dict, typesize: int):
-    """A function raw block -> stored chunk (a single-chunk Blosc2 frame, built by the kernel
-    without the GIL, so a writer's threads compress in parallel)."""
-    from rowstore import kernels
-
-    params = {"cname": config["cname"], "clevel": config["clevel"], "shuffle": config["shuffle"], "typesize": typesize}
-
-    def compress(raw) -> np.ndarray:
-        return kernels.compress_frame(raw, **params)
-
-    return compress
-
-
-def _hdf5_filter_kwargs(config: dict) -> dict:
-    if config["id"] == "none":
-        return {}
-    import hdf5plugin
-
-    filters = {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE, "bit": hdf5plugin.Blosc2.BITSHUFFLE}[config["shuffle"]]
-    return dict(hdf5plugin.Blosc2(cname=config["cname"], clevel=config["clevel"], filters=filters))
+def _compressor(compression: BlockCompression, typesize: int):
+    """A function raw chunk -> stored chunk, or None for uncompressed files."""
+    if not compression.compressed:
+        return None
+    return functools.partial(compression.compress, typesize=typesize)
 
 
 class _ChunkStream:
@@ -227,16 +214,16 @@ class Writer:
             if schema is not None and Schema.from_json(schema.to_json()) != layout.schema:
                 raise SchemaError(f"cannot append to {self.path!r}: its schema differs from the one given:\n{layout.schema}\nvs\n{schema}")
             schema = layout.schema
-            if compression is not None and spec.compression_config(compression) != layout.compression:
+            if compression is not None and block_compression(compression).get_config() != layout.compression:
                 raise ValueError(f"cannot append with compression {compression!r}: the file uses {layout.compression}")
-            self._compression = layout.compression
+            self._compression = block_compression(layout.compression)
             rows_per_block = layout.rows_per_block
             heap_chunk_bytes = layout.heap_chunk_bytes
             self.attrs: dict[str, Any] = dict(layout.user_attrs)
         else:
             if not isinstance(schema, Schema):
                 raise SchemaError(f"Writer needs a Schema (got {type(schema).__name__}) unless appending to an existing file")
-            self._compression = spec.compression_config(compression)
+            self._compression = block_compression(compression)
             self.attrs = {}
         if attrs:
             self.attrs.update(attrs)
@@ -269,7 +256,7 @@ class Writer:
         nthreads = min(4, os.cpu_count() or 1) if threads is None else threads
         if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
-        if self._compression["id"] != "none" and nthreads > 1:
+        if self._compression.compressed and nthreads > 1:
             self._pool = ThreadPoolExecutor(nthreads, thread_name_prefix="rowstore-compress")
         if appending:
             try:
@@ -565,13 +552,13 @@ class Writer:
         f = h5py.File(self._tmp, "w")  # default libver: PyTables and older HDF5 open it
         self._h5 = f
         g = f.create_group(spec.GROUP)
-        kw = _hdf5_filter_kwargs(self._compression)
+        kw = self._compression.hdf5_filter_kwargs()
         rows = g.create_dataset(spec.ROWS, shape=(0,), maxshape=(None,), chunks=(self._rpb,), dtype=self._row_dtype, **kw)
-        compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
+        compress = _compressor(self._compression, self._typesize)
         self._rows_stream = _ChunkStream(rows, self._rpb, self._itemsize, compress, pool=self._pool)
         if self._heap_fields:
             heap = g.create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(self._heap_chunk_bytes,), dtype=np.uint8, **kw)
-            hcompress = _blosc2_compressor(self._compression, 1) if kw else None
+            hcompress = _compressor(self._compression, 1)
             self._heap_stream = _ChunkStream(heap, self._heap_chunk_bytes, 1, hcompress, pool=self._pool)
 
     def _open_for_append(self, layout) -> None:
@@ -591,8 +578,7 @@ class Writer:
         nblocks = len(blocks)
         stored = [int(x) for x in blocks["stored_nbytes"]]
         checks = [int(x) for x in blocks["checksum"]]
-        kw = self._compression["id"] != "none"
-        compress = _blosc2_compressor(self._compression, self._typesize) if kw else None
+        compress = _compressor(self._compression, self._typesize)
         self._rows_stream = rows_stream = _ChunkStream(g[spec.ROWS], rpb, self._itemsize, compress, nblocks, stored, checks,
                                          pool=self._pool)
         self._block_heap = [(int(a), int(b)) for a, b in zip(blocks["heap_start"], blocks["heap_end"])]
@@ -614,7 +600,7 @@ class Writer:
             hc = layout.heap_chunks
             hstored = [int(x) for x in hc["stored_nbytes"]]
             hchecks = [int(x) for x in hc["checksum"]]
-            hcompress = _blosc2_compressor(self._compression, 1) if kw else None
+            hcompress = _compressor(self._compression, 1)
             self._heap_stream = heap_stream = _ChunkStream(g[spec.HEAP], self._heap_chunk_bytes, 1, hcompress, len(hc), hstored, hchecks,
                                              pool=self._pool)
             H = self._heap_chunk_bytes
@@ -672,7 +658,7 @@ class Writer:
         a[spec.ATTR_ROWS_PER_BLOCK] = rpb
         a[spec.ATTR_HEAP_CHUNK_BYTES] = self._heap_chunk_bytes
         a[spec.ATTR_HEAP_NBYTES] = self._heap_pos
-        a[spec.ATTR_COMPRESSION] = json.dumps(self._compression, sort_keys=True)
+        a[spec.ATTR_COMPRESSION] = json.dumps(self._compression.get_config(), sort_keys=True)
         a[spec.ATTR_CHECKSUM] = spec.CHECKSUM
         a[spec.ATTR_WRITER] = f"rowstore {__version__}"
         f.close()

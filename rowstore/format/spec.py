@@ -92,6 +92,15 @@ def compression_config(compression: Any) -> dict[str, Any]:
     return block_compression(compression).get_config()
 
 
+# -- allocation limits ---------------------------------------------------------------------
+# What a valid file never exceeds. The writer refuses to go beyond them, so a reader may refuse a
+# file that declares more before it allocates anything for it (a hostile or corrupt file).
+
+#: Largest raw (uncompressed) chunk in bytes: a block of rows (``rows_per_block * row size``) or
+#: a heap chunk (``heap_chunk_bytes``). Also keeps Blosc2 chunks below their 2 GiB limit.
+MAX_CHUNK_BYTES = 1 << 30
+
+
 # -- row layout ----------------------------------------------------------------------------
 def heap_ref_dtype(field: Field) -> np.dtype:
     """The in-row reference of a heap field: payload offset and size in the logical heap,

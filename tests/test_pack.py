@@ -1,6 +1,6 @@
 """The row packer (rowstore.format._pack), without HDF5: packed rows and heap bytes decode back
 to the values with plain numpy against spec.row_dtype / spec.heap_ref_dtype; batches pack the
-same bytes as rows; blocks and heap chunks are cut as the format says; failures undo."""
+same bytes as rows; blocks and heap chunks are cut as the format says; failures undo; limits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rowstore
-from rowstore import CodecError, Field, Schema
+from rowstore import CodecError, Field, RowValidationError, Schema
 from rowstore.format import _pack, spec
 from rowstore.format._pack import PackerTail, RowPacker
 
@@ -181,6 +181,58 @@ def test_failed_add_is_undone():
     assert not p.rows[1:].tobytes().strip(b"\0")  # half-filled slots are cleared
     p.add_row(ok)
     assert p.n == 2 and p.heap_pos == 2 * (2 + 8)
+
+
+# -- limits ----------------------------------------------------------------------------------
+def test_value_nbytes():
+    assert _pack.value_nbytes(np.zeros((3, 4), np.float64)) == 96
+    assert _pack.value_nbytes("abc") == 3 and _pack.value_nbytes("é€😀") == 2 + 3 + 4
+    assert _pack.value_nbytes(b"\0" * 7) == 7
+
+
+def test_check_value_size(monkeypatch):
+    monkeypatch.setattr(spec, "MAX_VALUE_BYTES", 8)
+    f = Field("t", "str")
+    _pack.check_value_size(f, "12345678", 3)
+    _pack.check_value_size(f, None, 3)
+    _pack.check_value_size(f, "éé", 3)  # 4 UTF-8 bytes, under the bound without encoding
+    with pytest.raises(RowValidationError, match=r"row 3: field 't': a value of 10 bytes exceeds .*MAX_VALUE_BYTES = 8") as info:
+        _pack.check_value_size(f, "ééééé", 3)
+    assert (info.value.field, info.value.row) == ("t", 3)
+    with pytest.raises(RowValidationError, match="a value of 9 bytes"):
+        _pack.check_value_size(Field("b", "bytes"), b"123456789", 0)
+    with pytest.raises(RowValidationError, match="a value of 16 bytes"):
+        _pack.check_value_size(Field("v", "float64", (None,)), np.zeros(2), 0)
+
+
+class Pad(rowstore.Codec):
+    """A heap codec whose payload is larger than the value (16 bytes of padding)."""
+
+    codec_id = "test_pad"
+
+    def check_field(self, field):
+        pass
+
+    def encode(self, value, field):
+        return value.encode() + bytes(16)
+
+    def decode_into(self, src, out):
+        raise NotImplementedError
+
+
+def test_payload_and_heap_limits(monkeypatch):
+    schema = Schema([Field("k", "int8"), Field("t", "str", codec=Pad())])
+    p = RowPacker(schema)
+    monkeypatch.setattr(spec, "MAX_VALUE_BYTES", 20)
+    p.add_row([np.array(0, np.int8), "abcd"])  # 20-byte payload
+    with pytest.raises(RowValidationError, match=r"row 1: field 't': a stored payload of 21 bytes exceeds .*MAX_VALUE_BYTES") as info:
+        p.add_row([np.array(1, np.int8), "abcde"])
+    assert info.value.row == 1 and p.n == 1 and p.heap_pos == 20
+    monkeypatch.setattr(spec, "MAX_HEAP_BYTES", 50)
+    p.add_row([np.array(1, np.int8), "abcd"])
+    with pytest.raises(RowValidationError, match=r"row 2: field 't': the heap with this payload \(60 bytes\) exceeds .*MAX_HEAP_BYTES = 50"):
+        p.add_row([np.array(2, np.int8), "abcd"])
+    assert p.n == 2 and p.heap_pos == 40
 
 
 # -- sizing and resuming ---------------------------------------------------------------------

@@ -550,3 +550,38 @@ def test_compression_threads_give_the_same_file_and_stop(tmp_path, fail):
         assert np.array_equal(got["x"], rows["x"]) and got["s"].tolist() == rows["s"]
     with pytest.raises(ValueError, match="threads"):
         rs_.Writer(str(tmp_path / "bad.h5"), schema, threads=0)
+
+
+# -- allocation limits (spec.MAX_*) ----------------------------------------------------------
+def test_limits_are_declared_in_spec():
+    from rowstore.format import spec, writer
+
+    assert spec.MAX_CHUNK_BYTES == writer.MAX_CHUNK_BYTES == 1 << 30  # re-exported where it used to live
+    assert spec.MAX_CHUNK_BYTES < spec.MAX_VALUE_BYTES < spec.MAX_HEAP_BYTES
+
+
+def test_row_larger_than_a_block_is_refused(tmp_path):
+    schema = Schema([Field("x", "uint8", (1 << 30,)), Field("y", "int8")])  # 1 GiB + 1 byte: never allocated
+    with pytest.raises(SchemaError, match="MAX_CHUNK_BYTES"):
+        rowstore.Writer(str(tmp_path / "big.h5"), schema)
+    assert os.listdir(tmp_path) == []
+
+
+def test_value_larger_than_max_value_bytes_is_refused(rs, h5path, monkeypatch):
+    from rowstore.format import spec
+
+    monkeypatch.setattr(spec, "MAX_VALUE_BYTES", 64)
+    schema = Schema([Field("i", "int64"), Field("b", "bytes"), Field("v", "float64", (None,), nullable=True)])
+    ok = [{"i": 0, "b": b"x" * 64, "v": np.zeros(8)}, {"i": 1, "b": b"", "v": None}]
+    with rowstore.Writer(h5path, schema, rows_per_block=2) as w:
+        for r in ok:
+            w.write(r)
+        with pytest.raises(rowstore.RowValidationError, match=r"row 2: field 'v': a value of 72 bytes exceeds") as info:
+            w.write({"i": 2, "b": b"", "v": np.zeros(9)})
+        assert (info.value.field, info.value.row) == ("v", 2)
+        with pytest.raises(rowstore.RowValidationError, match=r"row 3: field 'b': a value of 65 bytes"):
+            w.write_batch({"i": [2, 3], "b": [b"", b"y" * 65], "v": [None, None]})  # all or nothing
+        assert w.num_rows == 2
+        w.write({"i": 2, "b": b"z", "v": np.ones(1)})
+    rs.assert_rows_equal(schema, ok + [{"i": 2, "b": b"z", "v": np.ones(1)}], rs.read_rows(h5path))
+

@@ -13,7 +13,8 @@ A stored row holds, per field (see :func:`spec.row_dtype`):
 * nullable field: a ``<name>__null`` flag; a null stores zeros (inline) or an empty payload at the
   current heap offset (heap).
 
-Values must already be validated (:func:`rowstore.format.validate.check_value`).
+Values must already be validated (:func:`rowstore.format.validate.check_value`) and within the
+size limit (:func:`check_value_size`).
 """
 
 from __future__ import annotations
@@ -24,13 +25,43 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.errors import RowValidationError
 from rowstore.format import spec
-from rowstore.schema import Schema
+from rowstore.schema import Field, Schema
 
-__all__ = ["RowPacker", "PackedBlock", "PackerTail", "max_rows_per_block", "first_rows_per_block"]
+__all__ = ["RowPacker", "PackedBlock", "PackerTail", "check_value_size", "value_nbytes",
+           "max_rows_per_block", "first_rows_per_block"]  # fmt: skip
 
 # How each field is stored (the first item of a plan entry).
 _RAW, _HEAP = range(2)
+
+
+def value_nbytes(value: Any) -> int:
+    """Bytes of a validated value as a reader decodes it: array bytes, text as UTF-8, bytes."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    return len(value)
+
+
+def check_value_size(field: Field, value: Any, row: int) -> None:
+    """Raise :class:`RowValidationError` if ``value`` decodes to more than
+    :data:`spec.MAX_VALUE_BYTES` (readers refuse such files before allocating)."""
+    if value is None or (isinstance(value, str) and 4 * len(value) <= spec.MAX_VALUE_BYTES):
+        return  # (UTF-8 takes at most 4 bytes a character: no need to encode to know)
+    size = value_nbytes(value)
+    if size > spec.MAX_VALUE_BYTES:
+        raise _too_big(field, row, f"a value of {size} bytes", "MAX_VALUE_BYTES")
+
+
+def _too_big(field: Field, row: int, what: str, limit: str) -> RowValidationError:
+    return RowValidationError(
+        f"row {row}: field {field.name!r}: {what} exceeds what a file may hold "
+        f"(spec.{limit} = {getattr(spec, limit)} bytes)",
+        field=field.name,
+        row=row,
+    )
 
 
 def max_rows_per_block(itemsize: int) -> int:
@@ -197,12 +228,19 @@ class RowPacker:
         else:
             payload = f.codec_obj.encode(v, f)
             size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+            self._check_payload(f, size, row)
             entry[3][i] = self.heap_pos
             entry[4][i] = size
             if entry[5] is not None:
                 entry[5][i] = [v.shape[d] for d in f.variable_dims]
             self.heap += payload
             self.heap_pos += size
+
+    def _check_payload(self, f: Field, size: int, row: int) -> None:
+        if size > spec.MAX_VALUE_BYTES:
+            raise _too_big(f, row, f"a stored payload of {size} bytes", "MAX_VALUE_BYTES")
+        if self.heap_pos + size > spec.MAX_HEAP_BYTES:
+            raise _too_big(f, row, f"the heap with this payload ({self.heap_pos + size} bytes)", "MAX_HEAP_BYTES")
 
     # -- cutting blocks and heap chunks ----------------------------------------------------
     def peek_block(self, nrows: int, rows_per_block: int) -> PackedBlock:

@@ -99,6 +99,13 @@ def compression_config(compression: Any) -> dict[str, Any]:
 #: Largest raw (uncompressed) chunk in bytes: a block of rows (``rows_per_block * row size``) or
 #: a heap chunk (``heap_chunk_bytes``). Also keeps Blosc2 chunks below their 2 GiB limit.
 MAX_CHUNK_BYTES = 1 << 30
+#: Largest value of one field in one row, in bytes: the decoded value (array bytes, text as UTF-8,
+#: bytes) and its stored payload (``nbytes`` of a heap reference). A reader may size one value's
+#: buffer from a row's reference once it has checked it against this.
+MAX_VALUE_BYTES = 1 << 31
+#: Largest logical heap (``heap_nbytes``), in bytes: 256 TiB. No real file comes near it; it keeps
+#: every heap offset and ``offset + nbytes`` far from ``uint64``/``int64`` overflow.
+MAX_HEAP_BYTES = 1 << 48
 
 
 # -- row layout ----------------------------------------------------------------------------

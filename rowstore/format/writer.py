@@ -26,7 +26,12 @@ from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
 from rowstore.format._commit import AtomicFile
 from rowstore.format._h5file import Compressor, H5File, file_attributes
-from rowstore.format._pack import RowPacker, first_rows_per_block, max_rows_per_block
+from rowstore.format._pack import (
+    RowPacker,
+    check_value_size,
+    first_rows_per_block,
+    max_rows_per_block,
+)
 from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
 from rowstore.format.validate import check_column, check_value
@@ -129,7 +134,10 @@ class Writer:
     def _setup(self, rows_per_block: int | None, block_bytes: int, heap_chunk_bytes: int, threads: int | None) -> None:
         """Block sizing, the packer and the compression threads."""
         itemsize = spec.row_dtype(self.schema).itemsize
-        self._heap_fields = [f for f in self.schema if not f.inline]
+        if itemsize > spec.MAX_CHUNK_BYTES:
+            raise SchemaError(f"a row of this schema takes {itemsize} bytes, more than a block may hold "
+                              f"(spec.MAX_CHUNK_BYTES = {spec.MAX_CHUNK_BYTES})")  # fmt: skip
+        self._heap_fields = [(i, f) for i, f in enumerate(self.schema) if not f.inline]  # (position, field)
         self._block_bytes = block_bytes
         self._heap_chunk_bytes = heap_chunk_bytes
         self._rpb: int | None = rows_per_block
@@ -254,6 +262,8 @@ class Writer:
                     field=f.name,
                     row=rownum,
                 )
+        for i, f in self._heap_fields:
+            check_value_size(f, values[i], rownum)
         return values
 
     def _check_columns(self, columns: Mapping[str, Any], first: int) -> tuple[int, list[Any]]:
@@ -275,7 +285,11 @@ class Writer:
                     raise RowValidationError(f"row {first}: field {f.name!r} is missing from the batch", field=f.name, row=first)
                 parts.append([None] * n)
                 continue
-            parts.append(check_column(f, columns[f.name], n, first)[0])
+            values, _ = check_column(f, columns[f.name], n, first)
+            if not f.inline:
+                for i, v in enumerate(values):
+                    check_value_size(f, v, first + i)
+            parts.append(values)
         return n, parts
 
     # -- blocks ----------------------------------------------------------------------------

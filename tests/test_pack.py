@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rowstore
-from rowstore import CodecError, Field, RowValidationError, Schema
+from rowstore import CodecError, Field, RowValidationError, Schema, SchemaError
 from rowstore.format import _pack, spec
 from rowstore.format._pack import PackerTail, RowPacker
 
@@ -181,6 +181,73 @@ def test_failed_add_is_undone():
     assert not p.rows[1:].tobytes().strip(b"\0")  # half-filled slots are cleared
     p.add_row(ok)
     assert p.n == 2 and p.heap_pos == 2 * (2 + 8)
+
+
+# -- an inline codec that is not raw ---------------------------------------------------------
+class Q16(rowstore.Codec):
+    """float32 values of a fixed shape, stored inline as big-endian int16 hundredths."""
+
+    codec_id = "test_q16"
+    inline = True  # the placement flag of the codec contract before stored_nbytes
+
+    def check_field(self, field):
+        if field.dtype != np.float32 or field.is_variable:
+            raise SchemaError("test_q16 stores fixed-shape float32", field=field.name)
+
+    def stored_nbytes(self, field):
+        return 2 * int(np.prod(field.shape, dtype=np.int64))
+
+    def encode(self, value, field):
+        return np.round(np.asarray(value) * 100).astype(">i2").tobytes()
+
+    def decode_into(self, src, out):
+        out[...] = np.frombuffer(src, ">i2").reshape(out.shape) / 100
+
+
+class Q16Short(Q16):
+    codec_id = "test_q16_short"
+
+    def encode(self, value, field):
+        return super().encode(value, field)[:-1]
+
+
+def q16_schema(codec=None) -> Schema:
+    return Schema([Field("i", "int64"), Field("q", "float32", (2, 3), codec=codec or Q16(), nullable=True)])
+
+
+def test_row_dtype_of_an_inline_codec_that_is_not_raw():
+    schema = q16_schema()
+    assert schema["q"].inline
+    assert spec.row_dtype(schema) == np.dtype([("i", "<i8"), ("q", "u1", (12,)), ("q__null", "|b1")])
+
+
+def test_inline_codec_values_are_stored_encoded():
+    schema = q16_schema()
+    vals = [np.arange(6, dtype=np.float32).reshape(2, 3) * k / 7 for k in range(5)]
+    vals[2] = None
+    rows = [{"i": k, "q": v} for k, v in enumerate(vals)]
+    for batch in (False, True):
+        p = pack(schema, rows, batch=batch)
+        for k, v in enumerate(vals):
+            stored = p.rows["q"][k]
+            if v is None:
+                assert p.rows["q__null"][k] and not stored.any()
+            else:
+                assert stored.tobytes() == Q16().encode(v, schema["q"])
+                back = np.frombuffer(stored.tobytes(), ">i2").reshape(2, 3) / 100  # plain numpy
+                assert np.allclose(back, v, atol=0.005)
+    # a whole ndarray column of a non-raw inline field is encoded row by row too
+    p = RowPacker(Schema([Field("q", "float32", (2, 3), codec=Q16())]))
+    p.add_columns([np.stack([vals[0], vals[1]])], 2)
+    assert p.rows["q"][1].tobytes() == Q16().encode(vals[1], schema["q"])
+
+
+def test_inline_codec_of_the_wrong_length_is_an_error():
+    schema = q16_schema(Q16Short())
+    p = RowPacker(schema)
+    with pytest.raises(CodecError, match=r"row 0: field 'q': codec 'test_q16_short' encoded a value into 11 bytes; its stored_nbytes is 12") as info:
+        p.add_row([np.array(1), np.zeros((2, 3), np.float32)])
+    assert info.value.field == "q" and p.n == 0
 
 
 # -- limits ----------------------------------------------------------------------------------

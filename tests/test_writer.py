@@ -585,3 +585,41 @@ def test_value_larger_than_max_value_bytes_is_refused(rs, h5path, monkeypatch):
         w.write({"i": 2, "b": b"z", "v": np.ones(1)})
     rs.assert_rows_equal(schema, ok + [{"i": 2, "b": b"z", "v": np.ones(1)}], rs.read_rows(h5path))
 
+
+# -- an inline codec that is not raw ---------------------------------------------------------
+class BigEndian(rowstore.Codec):
+    """Fixed-shape numbers stored inline as big-endian bytes (a non-raw inline codec)."""
+
+    codec_id = "test_big_endian"
+    inline = True  # the placement flag of the codec contract before stored_nbytes
+
+    def check_field(self, field):
+        if field.is_variable or field.dtype in ("str", "bytes"):
+            raise SchemaError("test_big_endian stores fixed-shape numbers", field=field.name)
+
+    def stored_nbytes(self, field):
+        return field.fixed_nbytes
+
+    def encode(self, value, field):
+        return np.ascontiguousarray(value, dtype=field.dtype.newbyteorder(">")).tobytes()
+
+    def decode_into(self, src, out):
+        out[...] = np.frombuffer(src, out.dtype.newbyteorder(">")).reshape(out.shape)
+
+
+def test_inline_codec_that_is_not_raw_is_stored_encoded(rs, tmp_path):
+    schema = Schema([Field("i", "int32"), Field("e", "uint16", (3,), codec=BigEndian(), nullable=True),
+                     Field("t", "str")])  # fmt: skip
+    rows = [{"i": k, "e": None if k == 3 else np.array([k, 256 * k, 7], np.uint16), "t": "r" * k} for k in range(9)]
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    rs.write_file(a, schema, rows, rows_per_block=4, heap_chunk_bytes=64)
+    rs.write_file(b, schema, rows, rows_per_block=4, heap_chunk_bytes=64, batch=True)
+    assert_same_content(a, b)
+    with h5py.File(a, "r") as f:
+        table = f["rowstore/rows"][()]
+    assert table.dtype["e"] == np.dtype(("u1", (6,)))
+    for k, r in enumerate(rows):
+        if r["e"] is None:
+            assert table["e__null"][k] and not table["e"][k].any()
+        else:
+            assert table["e"][k].tobytes() == r["e"].astype(">u2").tobytes()

@@ -7,7 +7,9 @@ chunks (:meth:`RowPacker.heap_chunks`) from it and hands their bytes to the file
 
 A stored row holds, per field (see :func:`spec.row_dtype`):
 
-* inline field: the value itself (numpy assignment);
+* inline ``raw`` field: the value itself (numpy assignment);
+* inline field of another codec: ``codec.encode(value, field)``, exactly
+  ``codec.stored_nbytes(field)`` bytes;
 * heap field: :func:`spec.heap_ref_dtype` (``offset``, ``nbytes`` in the logical heap, and the
   variable dimensions), the payload ``codec.encode(value, field)`` appended to the heap;
 * nullable field: a ``<name>__null`` flag; a null stores zeros (inline) or an empty payload at the
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import RowValidationError
+from rowstore.errors import CodecError, RowValidationError
 from rowstore.format import spec
 from rowstore.schema import Field, Schema
 
@@ -33,7 +35,7 @@ __all__ = ["RowPacker", "PackedBlock", "PackerTail", "check_value_size", "value_
            "max_rows_per_block", "first_rows_per_block"]  # fmt: skip
 
 # How each field is stored (the first item of a plan entry).
-_RAW, _HEAP = range(2)
+_RAW, _CODEC, _HEAP = range(3)
 
 
 def value_nbytes(value: Any) -> int:
@@ -154,8 +156,10 @@ class RowPacker:
             if not f.inline:
                 shape = col["shape"] if f.variable_dims else None
                 plan.append((_HEAP, f, null, col["offset"], col["nbytes"], shape))
-            else:
+            elif f.codec["id"] == "raw":
                 plan.append((_RAW, f, null, col))
+            else:
+                plan.append((_CODEC, f, null, col))
         self._plan = plan
 
     def ensure_capacity(self, extra: int) -> None:
@@ -220,6 +224,8 @@ class RowPacker:
             null[i] = v is None
         if kind == _RAW:
             entry[3][i] = 0 if v is None else v
+        elif kind == _CODEC:
+            entry[3][i] = 0 if v is None else self._encode_inline(f, v, row, entry[3].shape[1])
         elif v is None:
             entry[3][i] = self.heap_pos
             entry[4][i] = 0
@@ -235,6 +241,19 @@ class RowPacker:
                 entry[5][i] = [v.shape[d] for d in f.variable_dims]
             self.heap += payload
             self.heap_pos += size
+
+    @staticmethod
+    def _encode_inline(f: Field, v: Any, row: int, nbytes: int) -> np.ndarray:
+        stored = np.frombuffer(f.codec_obj.encode(v, f), np.uint8)
+        if stored.size != nbytes:
+            cid = f.codec["id"]
+            raise CodecError(
+                f"row {row}: field {f.name!r}: codec {cid!r} encoded a value into {stored.size} bytes; "
+                f"its stored_nbytes is {nbytes}",
+                codec=cid,
+                field=f.name,
+            )
+        return stored
 
     def _check_payload(self, f: Field, size: int, row: int) -> None:
         if size > spec.MAX_VALUE_BYTES:

@@ -27,8 +27,9 @@ Objects are immutable and may be shared by threads; ``compress`` and ``decompres
 from __future__ import annotations
 
 import abc
-import json
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,9 +46,11 @@ __all__ = [
 class BlockCompression(abc.ABC):
     """Base class of block compressions.
 
-    Subclasses set ``compression_id`` (and ``compressed = False`` if stored chunks are the raw
-    bytes), take their configuration as keyword arguments (JSON values only), and implement the
-    abstract methods. Instances are immutable and compare equal when their configs are equal.
+    Subclasses are frozen dataclasses (``@dataclass(frozen=True, kw_only=True)``) whose fields
+    are their configuration (JSON values only; validated in ``__post_init__``): the dataclass
+    gives them immutability, equality, hashing and a repr, and :meth:`get_config` lists the
+    fields. They set ``compression_id`` (and ``compressed = False`` if stored chunks are the raw
+    bytes) and implement the abstract methods.
 
     The compiled read path decodes only chunks that are raw bytes or Blosc2 frames (see
     :meth:`frame_check`); a compression that is neither can be written and checked with
@@ -63,15 +66,14 @@ class BlockCompression(abc.ABC):
         """The object for a config whose ``"id"`` is this class's; raises :class:`CodecError`."""
         params = {k: v for k, v in config.items() if k != "id"}
         try:
-            obj = cls(**params)
+            return cls(**params)
         except TypeError as exc:
             raise CodecError(f"bad configuration for block compression {cls.compression_id!r}: {exc}") from exc
-        obj._freeze()
-        return obj
 
     def get_config(self) -> dict[str, Any]:
-        """The JSON-serialisable config stored in the file, including ``"id"``."""
-        return {"id": self.compression_id}
+        """The JSON-serialisable config stored in the file: ``"id"`` and the dataclass fields."""
+        fields: tuple[dataclasses.Field, ...] = dataclasses.fields(self) if dataclasses.is_dataclass(self) else ()
+        return {"id": self.compression_id, **{f.name: getattr(self, f.name) for f in fields if f.init}}
 
     @abc.abstractmethod
     def hdf5_filter_kwargs(self) -> dict[str, Any]:
@@ -94,34 +96,13 @@ class BlockCompression(abc.ABC):
         Blosc2 frames (:data:`spec.BLOSC2_CODECS`, :data:`spec.BLOSC2_SHUFFLES`): what the
         read kernel accepts in a chunk header."""
 
-    # -- value semantics, as for codecs ------------------------------------------------------
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BlockCompression) and self.get_config() == other.get_config()
 
-    def __hash__(self) -> int:
-        return hash(json.dumps(self.get_config(), sort_keys=True))
-
-    def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
-        return f"{type(self).__name__}({params})"
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if getattr(self, "_frozen", False):
-            raise AttributeError(f"{type(self).__name__} is immutable")
-        super().__setattr__(name, value)
-
-    def _freeze(self) -> None:
-        object.__setattr__(self, "_frozen", True)
-
-
+@dataclass(frozen=True)
 class NoCompression(BlockCompression):
     """Chunks stored as their raw bytes (``{"id": "none"}``)."""
 
     compression_id = "none"
     compressed = False
-
-    def __init__(self) -> None:
-        self._freeze()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> BlockCompression:
@@ -143,6 +124,7 @@ class NoCompression(BlockCompression):
         return None
 
 
+@dataclass(frozen=True, kw_only=True)
 class Blosc2(BlockCompression):
     """Each chunk is a single-chunk Blosc2 frame: what HDF5 filter 32026 (PyTables, hdf5plugin)
     stores, built and decoded by ``rowstore.kernels`` without the GIL.
@@ -158,20 +140,18 @@ class Blosc2(BlockCompression):
     """
 
     compression_id = "blosc2"
+    cname: str = "lz4"
+    clevel: int = 5
+    shuffle: str = "byte"
 
-    def __init__(self, *, cname: str = "lz4", clevel: int = 5, shuffle: str = "byte") -> None:
-        codecs, shuffles = tuple(spec.BLOSC2_CODECS), tuple(spec.BLOSC2_SHUFFLES)
+    def __post_init__(self) -> None:
+        cname, clevel, shuffle = self.cname, self.clevel, self.shuffle
         if not isinstance(cname, str) or cname not in spec.BLOSC2_CODECS:
-            raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {codecs}")
+            raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {tuple(spec.BLOSC2_CODECS)}")
         if not isinstance(clevel, int) or not 0 <= clevel <= 9:
             raise CodecError(f"compression level must be an int in 0..9, got {clevel!r}")
         if not isinstance(shuffle, str) or shuffle not in spec.BLOSC2_SHUFFLES:
-            raise CodecError(f"shuffle must be one of {shuffles}, got {shuffle!r}")
-        self.cname = cname
-        self.clevel = clevel
-        self.shuffle = shuffle
-        self._codes = (spec.BLOSC2_CODECS[cname], spec.BLOSC2_SHUFFLES[shuffle])
-        self._freeze()
+            raise CodecError(f"shuffle must be one of {tuple(spec.BLOSC2_SHUFFLES)}, got {shuffle!r}")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> BlockCompression:
@@ -180,20 +160,17 @@ class Blosc2(BlockCompression):
             raise CodecError(f"unknown compression option(s) {unknown}")
         return super().from_config(config)
 
-    def get_config(self) -> dict[str, Any]:
-        return {"id": "blosc2", "cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle}
-
     def hdf5_filter_kwargs(self) -> dict[str, Any]:
         import hdf5plugin
 
         # hdf5plugin's filter codes are blosc2.h's, as in spec.BLOSC2_SHUFFLES.
         cname: Any = self.cname  # one of hdf5plugin's names: checked against spec.BLOSC2_CODECS
-        return dict(hdf5plugin.Blosc2(cname=cname, clevel=self.clevel, filters=self._codes[1]))
+        return dict(hdf5plugin.Blosc2(cname=cname, clevel=self.clevel, filters=spec.BLOSC2_SHUFFLES[self.shuffle]))
 
     def compress(self, raw: Any, *, typesize: int) -> np.ndarray:
         from rowstore import kernels
 
-        compcode, shuffle = self._codes
+        compcode, shuffle = self.frame_check()
         return kernels.compress_frame(raw, compcode=compcode, clevel=self.clevel, shuffle=shuffle, typesize=typesize)
 
     def decompress_into(self, stored: Any, out: np.ndarray) -> None:
@@ -202,7 +179,7 @@ class Blosc2(BlockCompression):
         kernels.decompress_frame(np.frombuffer(stored, np.uint8), out.reshape(-1).view(np.uint8))
 
     def frame_check(self) -> tuple[int, int]:
-        return self._codes
+        return spec.BLOSC2_CODECS[self.cname], spec.BLOSC2_SHUFFLES[self.shuffle]
 
 
 # -- the registry ----------------------------------------------------------------------------

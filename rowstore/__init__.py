@@ -4,10 +4,9 @@ Write with :class:`Writer`, read with :func:`open`; adapters live in ``rowstore.
 ``rowstore.tf`` (importing ``rowstore`` imports neither framework).
 """
 
-__version__ = "0.1.0"
-
-from rowstore.codecs import Codec, register_codec  # noqa: E402
-from rowstore.errors import (  # noqa: E402
+from rowstore._version import __version__
+from rowstore.codecs import Codec, register_codec
+from rowstore.errors import (
     ChecksumError,
     CodecError,
     CodecNotAvailableError,
@@ -18,8 +17,8 @@ from rowstore.errors import (  # noqa: E402
     SchemaError,
     WriterClosedError,
 )
-from rowstore.format import FORMAT_VERSION, Layout, Writer  # noqa: E402
-from rowstore.schema import BYTES, STR, Field, Schema  # noqa: E402
+from rowstore.format import FORMAT_VERSION, Layout, Writer
+from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = [
     "__version__", "FORMAT_VERSION",

@@ -178,13 +178,14 @@ BLOSC2_CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
 BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 
 
-def compress_frame(raw, *, cname: str, clevel: int, shuffle: str, typesize: int) -> np.ndarray:
+def compress_frame(raw, *, compcode: int, clevel: int, shuffle: int, typesize: int) -> np.ndarray:
     """``raw`` (bytes-like) as a single-chunk Blosc2 frame, without the GIL; returns a view of a
-    new array holding exactly the frame."""
+    new array holding exactly the frame. ``compcode`` and ``shuffle`` are Blosc2 codes
+    (``spec.BLOSC2_CODECS``, ``spec.BLOSC2_SHUFFLES``)."""
     src = np.frombuffer(raw, np.uint8)
     dst = np.empty(len(src) + 65536, np.uint8)  # frame header, chunk header and index fit easily
     err = np.zeros(3, np.int64)
-    n = _blocks.compress_frame(src, dst, BLOSC2_CODECS[cname], clevel, BLOSC2_SHUFFLES[shuffle], typesize, err)
+    n = _blocks.compress_frame(src, dst, compcode, clevel, shuffle, typesize, err)
     if n < 0:
         _raise(err, "blosc2 compression")
     return dst[:n]

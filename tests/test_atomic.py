@@ -173,3 +173,23 @@ def test_child_completes_when_not_killed(rs, tmp_path):
     only_file(tmp_path)
     got = rs.read_rows(path)
     assert [r["i"] for r in got] == list(range(41)) and got[40]["t"] == "new 40"
+
+
+def test_abort_warns_when_closing_the_discarded_file_fails(tmp_path, monkeypatch):
+    """abort keeps going (the temporary file is removed) but says that the close failed."""
+    import h5py
+
+    path = str(tmp_path / "data.h5")
+    w = rowstore.Writer(path, SCHEMA, rows_per_block=2)
+    for r in rows(0, 5):
+        w.write(r)
+    real_close = h5py.File.close
+
+    def failing_close(self):
+        real_close(self)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(h5py.File, "close", failing_close)
+    with pytest.warns(RuntimeWarning, match="disk full"):
+        w.abort()
+    assert os.listdir(tmp_path) == []

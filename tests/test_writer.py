@@ -550,3 +550,76 @@ def test_compression_threads_give_the_same_file_and_stop(tmp_path, fail):
         assert np.array_equal(got["x"], rows["x"]) and got["s"].tolist() == rows["s"]
     with pytest.raises(ValueError, match="threads"):
         rs_.Writer(str(tmp_path / "bad.h5"), schema, threads=0)
+
+
+# -- allocation limits (spec.MAX_*) ----------------------------------------------------------
+def test_limits_are_declared_in_spec():
+    from rowstore.format import spec, writer
+
+    assert spec.MAX_CHUNK_BYTES == writer.MAX_CHUNK_BYTES == 1 << 30  # re-exported where it used to live
+    assert spec.MAX_CHUNK_BYTES < spec.MAX_VALUE_BYTES < spec.MAX_HEAP_BYTES
+
+
+def test_row_larger_than_a_block_is_refused(tmp_path):
+    schema = Schema([Field("x", "uint8", (1 << 30,)), Field("y", "int8")])  # 1 GiB + 1 byte: never allocated
+    with pytest.raises(SchemaError, match="MAX_CHUNK_BYTES"):
+        rowstore.Writer(str(tmp_path / "big.h5"), schema)
+    assert os.listdir(tmp_path) == []
+
+
+def test_value_larger_than_max_value_bytes_is_refused(rs, h5path, monkeypatch):
+    from rowstore.format import spec
+
+    monkeypatch.setattr(spec, "MAX_VALUE_BYTES", 64)
+    schema = Schema([Field("i", "int64"), Field("b", "bytes"), Field("v", "float64", (None,), nullable=True)])
+    ok = [{"i": 0, "b": b"x" * 64, "v": np.zeros(8)}, {"i": 1, "b": b"", "v": None}]
+    with rowstore.Writer(h5path, schema, rows_per_block=2) as w:
+        for r in ok:
+            w.write(r)
+        with pytest.raises(rowstore.RowValidationError, match=r"row 2: field 'v': a value of 72 bytes exceeds") as info:
+            w.write({"i": 2, "b": b"", "v": np.zeros(9)})
+        assert (info.value.field, info.value.row) == ("v", 2)
+        with pytest.raises(rowstore.RowValidationError, match=r"row 3: field 'b': a value of 65 bytes"):
+            w.write_batch({"i": [2, 3], "b": [b"", b"y" * 65], "v": [None, None]})  # all or nothing
+        assert w.num_rows == 2
+        w.write({"i": 2, "b": b"z", "v": np.ones(1)})
+    rs.assert_rows_equal(schema, ok + [{"i": 2, "b": b"z", "v": np.ones(1)}], rs.read_rows(h5path))
+
+
+# -- an inline codec that is not raw ---------------------------------------------------------
+class BigEndian(rowstore.Codec):
+    """Fixed-shape numbers stored inline as big-endian bytes (a non-raw inline codec)."""
+
+    codec_id = "test_big_endian"
+    inline = True  # the placement flag of the codec contract before stored_nbytes
+
+    def check_field(self, field):
+        if field.is_variable or field.dtype in ("str", "bytes"):
+            raise SchemaError("test_big_endian stores fixed-shape numbers", field=field.name)
+
+    def stored_nbytes(self, field):
+        return field.fixed_nbytes
+
+    def encode(self, value, field):
+        return np.ascontiguousarray(value, dtype=field.dtype.newbyteorder(">")).tobytes()
+
+    def decode_into(self, src, out):
+        out[...] = np.frombuffer(src, out.dtype.newbyteorder(">")).reshape(out.shape)
+
+
+def test_inline_codec_that_is_not_raw_is_stored_encoded(rs, tmp_path):
+    schema = Schema([Field("i", "int32"), Field("e", "uint16", (3,), codec=BigEndian(), nullable=True),
+                     Field("t", "str")])  # fmt: skip
+    rows = [{"i": k, "e": None if k == 3 else np.array([k, 256 * k, 7], np.uint16), "t": "r" * k} for k in range(9)]
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    rs.write_file(a, schema, rows, rows_per_block=4, heap_chunk_bytes=64)
+    rs.write_file(b, schema, rows, rows_per_block=4, heap_chunk_bytes=64, batch=True)
+    assert_same_content(a, b)
+    with h5py.File(a, "r") as f:
+        table = f["rowstore/rows"][()]
+    assert table.dtype["e"] == np.dtype(("u1", (6,)))
+    for k, r in enumerate(rows):
+        if r["e"] is None:
+            assert table["e__null"][k] and not table["e"][k].any()
+        else:
+            assert table["e"][k].tobytes() == r["e"].astype(">u2").tobytes()

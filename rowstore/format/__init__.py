@@ -1,7 +1,14 @@
-"""File format v1: the on-disk declaration (:mod:`.spec`), the writer and the index reader."""
+"""File format v1: the on-disk declaration (:mod:`.spec`), the writer, the index reader, and the
+block compressions (:mod:`.compression`; third parties register theirs with
+:func:`register_block_compression`)."""
 
+from rowstore.format.compression import (
+    BlockCompression,
+    block_compression,
+    register_block_compression,
+)
 from rowstore.format.index import Layout
 from rowstore.format.spec import FORMAT_VERSION
 from rowstore.format.writer import Writer
 
-__all__ = ["Layout", "Writer", "FORMAT_VERSION"]
+__all__ = ["Layout", "Writer", "FORMAT_VERSION", "BlockCompression", "block_compression", "register_block_compression"]

@@ -17,6 +17,7 @@ import numpy as np
 from rowstore.codecs import registered_codecs
 from rowstore.errors import CodecError, FormatError, FormatVersionError, RowstoreError
 from rowstore.format import spec
+from rowstore.format.compression import block_compression
 from rowstore.schema import Schema
 
 __all__ = ["Layout", "open_h5"]
@@ -72,10 +73,7 @@ class Layout:
     def frame_check(self) -> tuple[int, int] | None:
         """What the kernels require of every compressed chunk's header: the Blosc2 codec and
         shuffle codes the file declares (None: uncompressed)."""
-        c = self.compression
-        if c["id"] == "none":
-            return None
-        return spec.BLOSC2_CODECS[c["cname"]], spec.BLOSC2_SHUFFLES[c["shuffle"]]
+        return block_compression(self.compression).frame_check()
 
     @property
     def block_raw_bytes(self) -> int:

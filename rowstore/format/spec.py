@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import CodecError
 from rowstore.schema import Field, Schema
 
 FORMAT_NAME = "rowstore"
@@ -66,56 +65,47 @@ HEAP_CHUNK_DTYPE = np.dtype(
     ]
 )
 
-#: Largest raw block or heap chunk (bytes): Blosc2 chunks stay below 2 GiB; readers refuse
-#: files declaring larger ones before allocating.
-MAX_CHUNK_BYTES = 1 << 30
-#: Largest decoded value of one row's field (bytes): readers refuse larger stored shapes
-#: before allocating; writers refuse larger values.
-MAX_VALUE_BYTES = 1 << 31
-
 #: Suffix of the boolean column that marks a nullable field's null rows.
 NULL_SUFFIX = "__null"
 
 # -- compression ---------------------------------------------------------------------------
+# Block compression: one HDF5 filter on /rows and /heap, applied per chunk. The names, codes and
+# the filter id are declared here only; :mod:`rowstore.format.compression` holds the objects that
+# compress with them, and the kernels take the integer codes.
+
 #: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
 BLOSC2_FILTER_ID = 32026
-#: Blosc2 compressor and shuffle filter codes (blosc2.h).
-BLOSC2_CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
+#: Blosc2 compressors (``cname`` in the stored config) and their codes in ``blosc2.h``. (Listed in
+#: the order error messages have always named them.)
+BLOSC2_CODECS = {"lz4": 1, "lz4hc": 2, "zstd": 5, "blosclz": 0, "zlib": 4}
+#: Blosc2 shuffle filters (``shuffle`` in the stored config) and their codes in ``blosc2.h``
+#: (``BLOSC_NOSHUFFLE``, ``BLOSC_SHUFFLE``, ``BLOSC_BITSHUFFLE``; hdf5plugin uses the same ints).
 BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
-_CNAMES = ("lz4", "lz4hc", "zstd", "blosclz", "zlib")
-_SHUFFLES = ("none", "byte", "bit")
 
 
 def compression_config(compression: Any) -> dict[str, Any]:
-    """Normalise the ``compression=`` argument of the writer into the stored config.
+    """Normalise the ``compression=`` argument of the writer (or a stored config) into the
+    stored config: ``block_compression(compression).get_config()``; see
+    :func:`rowstore.format.compression.block_compression` for the accepted forms."""
+    from rowstore.format.compression import block_compression  # it imports this module
 
-    ``None``/``"none"``: uncompressed. ``"lz4"``, ``"zstd"``, ...: Blosc2 with that codec.
-    A dict ``{"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}`` sets all.
-    """
-    if compression is None or compression is False or compression == "none":
-        return {"id": "none"}
-    if isinstance(compression, str):
-        compression = {"id": "blosc2", "cname": compression}
-    if not isinstance(compression, dict):
-        raise CodecError(f"compression must be None, a codec name {_CNAMES} or a dict, got {compression!r}")
-    cfg = dict(compression)
-    cid = cfg.pop("id", "blosc2")
-    if cid == "none":
-        return {"id": "none"}
-    if cid != "blosc2":
-        raise CodecError(f"unknown block compression {cid!r}; expected 'none' or 'blosc2'")
-    cname = cfg.pop("cname", "lz4")
-    clevel = cfg.pop("clevel", 5)
-    shuffle = cfg.pop("shuffle", "byte")
-    if cfg:
-        raise CodecError(f"unknown compression option(s) {sorted(cfg)}")
-    if cname not in _CNAMES:
-        raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {_CNAMES}")
-    if not isinstance(clevel, int) or not 0 <= clevel <= 9:
-        raise CodecError(f"compression level must be an int in 0..9, got {clevel!r}")
-    if shuffle not in _SHUFFLES:
-        raise CodecError(f"shuffle must be one of {_SHUFFLES}, got {shuffle!r}")
-    return {"id": "blosc2", "cname": cname, "clevel": clevel, "shuffle": shuffle}
+    return block_compression(compression).get_config()
+
+
+# -- allocation limits ---------------------------------------------------------------------
+# What a valid file never exceeds. The writer refuses to go beyond them, so a reader may refuse a
+# file that declares more before it allocates anything for it (a hostile or corrupt file).
+
+#: Largest raw (uncompressed) chunk in bytes: a block of rows (``rows_per_block * row size``) or
+#: a heap chunk (``heap_chunk_bytes``). Also keeps Blosc2 chunks below their 2 GiB limit.
+MAX_CHUNK_BYTES = 1 << 30
+#: Largest value of one field in one row, in bytes: the decoded value (array bytes, text as UTF-8,
+#: bytes) and its stored payload (``nbytes`` of a heap reference). A reader may size one value's
+#: buffer from a row's reference once it has checked it against this.
+MAX_VALUE_BYTES = 1 << 31
+#: Largest logical heap (``heap_nbytes``), in bytes: 256 TiB. No real file comes near it; it keeps
+#: every heap offset and ``offset + nbytes`` far from ``uint64``/``int64`` overflow.
+MAX_HEAP_BYTES = 1 << 48
 
 
 # -- row layout ----------------------------------------------------------------------------
@@ -132,16 +122,19 @@ def heap_ref_dtype(field: Field) -> np.dtype:
 def row_dtype(schema: Schema) -> np.dtype:
     """The packed (unaligned), little-endian compound dtype of one stored row.
 
-    Columns follow the schema's order: an inline field is stored as its value
-    (``(name, dtype, shape)``), a heap field as :func:`heap_ref_dtype`; every nullable field adds
-    a ``<name>__null`` boolean column right after it.
+    Columns follow the schema's order: an inline ``raw`` field is stored as its value
+    (``(name, dtype, shape)``), an inline field of another codec as its encoded bytes
+    (``(name, "u1", (codec.stored_nbytes(field),))``), a heap field as :func:`heap_ref_dtype`;
+    every nullable field adds a ``<name>__null`` boolean column right after it.
     """
     parts: list[tuple] = []
     for f in schema:
-        if f.inline:
-            parts.append((f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype))
-        else:
+        if not f.inline:
             parts.append((f.name, heap_ref_dtype(f)))
+        elif f.codec["id"] == "raw":
+            parts.append((f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype))
+        else:  # an inline codec that is not raw: its encoded bytes, always the same number
+            parts.append((f.name, "u1", (f.codec_obj.stored_nbytes(f),)))
         if f.nullable:
             parts.append((f.name + NULL_SUFFIX, "|b1"))
     return np.dtype(parts)

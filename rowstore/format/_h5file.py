@@ -1,0 +1,291 @@
+"""The HDF5 side of writing one rowstore file: datasets, chunk writes, index, attributes.
+
+:class:`H5File` creates the group and datasets of a new file (or reopens an existing one to
+append), writes each block and heap chunk with ``write_direct_chunk`` through a
+:class:`ChunkStream` (compressed by the file's :class:`~rowstore.format.compression.BlockCompression`,
+optionally on worker threads), and at the end writes the block and heap chunk indexes and the
+attributes and closes the file. It works on whatever path it is given (the writer gives it the
+temporary file of an :class:`~rowstore.format._commit.AtomicFile`).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rowstore._version import __version__
+from rowstore.errors import FormatError
+from rowstore.format import spec
+from rowstore.format._index_builder import block_index, heap_chunk_index
+from rowstore.format._pack import PackerTail
+from rowstore.format.compression import BlockCompression
+from rowstore.schema import Schema
+
+__all__ = ["ChunkStream", "Compressor", "H5File", "file_attributes"]
+
+
+@dataclass(frozen=True)
+class Compressor:
+    """How chunks are encoded: the file's compression, and optionally worker threads.
+
+    ``pool`` (with ``workers`` threads) compresses and checksums chunks while the caller packs
+    the next rows; it is used only when ``compression.compressed``.
+    """
+
+    compression: BlockCompression
+    pool: ThreadPoolExecutor | None = None
+    workers: int = 1
+
+
+class ChunkStream:
+    """Writes fixed-size chunks of one HDF5 dataset with ``write_direct_chunk`` and remembers,
+    per chunk, its stored size and checksum (offsets are read back at close).
+
+    With a pool, chunks are compressed and checksummed on its threads (Blosc2 and the CRC
+    release the GIL) while the caller packs the next rows; HDF5 writes stay on the calling
+    thread, in chunk order. At most two chunks per worker are in flight.
+    """
+
+    def __init__(self, dataset, chunk_len: int, itemsize: int, compressor: Compressor, *, typesize: int,
+                 start_chunk: int = 0, stored: list[int] | None = None, checksums: list[int] | None = None):
+        self.ds = dataset
+        self.chunk_len = chunk_len
+        self.raw_bytes = chunk_len * itemsize
+        self.compression = compressor.compression
+        self.typesize = typesize
+        self.next_chunk = start_chunk
+        self.stored = stored if stored is not None else []
+        self.checksums = checksums if checksums is not None else []
+        self.pool = compressor.pool if self.compression.compressed else None
+        self.max_in_flight = 2 * compressor.workers
+        self._pending: deque = deque()  # (chunk index, extent, future of (data, crc))
+
+    def write(self, raw: memoryview, extent: int) -> None:
+        """Write the next chunk from ``raw`` (exactly one chunk's bytes; the caller may reuse
+        it on return); grow the dataset to ``extent`` items first (extents only grow:
+        shrinking would make HDF5 rewrite chunks)."""
+        if len(raw) != self.raw_bytes:
+            raise ValueError(f"internal: a chunk of {len(raw)} bytes, expected {self.raw_bytes}")
+        k = self.next_chunk
+        self.next_chunk += 1
+        if self.pool is None:
+            self._store(k, extent, *self._encode(raw))
+            return
+        self._pending.append((k, extent, self.pool.submit(self._encode, bytes(raw))))
+        self._drain(wait=len(self._pending) > self.max_in_flight)
+
+    def _encode(self, raw) -> tuple[Any, int]:
+        from rowstore.kernels import crc32
+
+        data = self.compression.compress(raw, typesize=self.typesize)
+        return data, crc32(data)
+
+    def _drain(self, *, wait: bool = False, everything: bool = False) -> None:
+        """Store finished chunks in order: the ready ones, or at least one (``wait``), or all."""
+        while self._pending and (everything or wait or self._pending[0][2].done()):
+            k, extent, fut = self._pending.popleft()
+            self._store(k, extent, *fut.result())
+            wait = False
+
+    def flush(self) -> None:
+        self._drain(everything=True)
+
+    def cancel(self) -> None:
+        for _, _, fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+
+    def _store(self, k: int, extent: int, data, crc: int) -> None:
+        if extent > self.ds.shape[0]:
+            self.ds.resize((extent,))
+        self.ds.id.write_direct_chunk((k * self.chunk_len,), data)
+        if k < len(self.stored):  # rewriting the partial last chunk of an appended file
+            self.stored[k] = len(data)
+            self.checksums[k] = crc
+        else:
+            self.stored.append(len(data))
+            self.checksums.append(crc)
+
+    def offsets(self) -> np.ndarray:
+        """File offsets of chunks 0..next_chunk-1, read from HDF5's chunk index."""
+        self.flush()
+        n = self.next_chunk
+        offs = np.full(n, -1, dtype=np.int64)
+        sizes = np.zeros(n, dtype=np.int64)
+
+        def visit(info):
+            k = info.chunk_offset[0] // self.chunk_len
+            if k < n:
+                offs[k] = info.byte_offset
+                sizes[k] = info.size
+
+        self.ds.id.chunk_iter(visit)
+        if (offs < 0).any() or not np.array_equal(sizes, np.asarray(self.stored[:n], dtype=np.int64)):
+            raise FormatError("internal: HDF5's chunk index disagrees with the chunks written", path=self.ds.file.filename)
+        return offs
+
+
+def file_attributes(*, schema: Schema, user_attrs: Mapping[str, Any], num_rows: int, rows_per_block: int,
+                    heap_chunk_bytes: int, heap_nbytes: int, compression: BlockCompression) -> dict[str, Any]:
+    """The attributes of ``/rowstore``, in the order they are written."""
+    return {
+        spec.ATTR_FORMAT: spec.FORMAT_NAME,
+        spec.ATTR_VERSION: spec.FORMAT_VERSION,
+        spec.ATTR_SCHEMA: schema.to_json_str(),
+        spec.ATTR_USER: json.dumps(dict(user_attrs), sort_keys=True),
+        spec.ATTR_NUM_ROWS: num_rows,
+        spec.ATTR_ROWS_PER_BLOCK: rows_per_block,
+        spec.ATTR_HEAP_CHUNK_BYTES: heap_chunk_bytes,
+        spec.ATTR_HEAP_NBYTES: heap_nbytes,
+        spec.ATTR_COMPRESSION: json.dumps(compression.get_config(), sort_keys=True),
+        spec.ATTR_CHECKSUM: spec.CHECKSUM,
+        spec.ATTR_WRITER: f"rowstore {__version__}",
+    }
+
+
+class H5File:
+    """One rowstore file open for writing through h5py.
+
+    Build it with :meth:`create` or :meth:`reopen`; write with :meth:`write_block` and
+    :meth:`write_heap_chunk` in order; end with :meth:`finish` (index, attributes, close) or
+    :meth:`abort` (close, nothing more written). Not thread-safe.
+    """
+
+    def __init__(self, h5, rows: ChunkStream, heap: ChunkStream | None, block_heap: list[tuple[int, int]]):
+        self._h5 = h5
+        self.path: str = h5.filename
+        self.rows = rows
+        self.heap = heap
+        self._block_heap = block_heap  # per written block: its range in the logical heap
+
+    @classmethod
+    def create(cls, path: str, *, row_dtype: np.dtype, rows_per_block: int, heap_chunk_bytes: int,
+               with_heap: bool, compressor: Compressor) -> H5File:
+        """A new file at ``path`` (replaced) with empty, chunked ``rows`` (and ``heap``)."""
+        import h5py
+
+        f = h5py.File(path, "w")  # default libver: PyTables and older HDF5 open it
+        try:
+            g = f.create_group(spec.GROUP)
+            kw = compressor.compression.hdf5_filter_kwargs()
+            ds = g.create_dataset(spec.ROWS, shape=(0,), maxshape=(None,), chunks=(rows_per_block,), dtype=row_dtype, **kw)
+            rows = ChunkStream(ds, rows_per_block, row_dtype.itemsize, compressor, typesize=spec.blosc_typesize(row_dtype))
+            heap = None
+            if with_heap:
+                ds = g.create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(heap_chunk_bytes,), dtype=np.uint8, **kw)
+                heap = ChunkStream(ds, heap_chunk_bytes, 1, compressor, typesize=1)
+        except BaseException:
+            f.close()
+            raise
+        return cls(f, rows, heap, [])
+
+    @classmethod
+    def reopen(cls, path: str, layout, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
+        """Open ``path`` (a copy of the file that ``layout`` describes) to append to it.
+
+        Returns the file, positioned to rewrite the partial last block and heap chunk, and their
+        contents, which go back to the packer."""
+        import h5py
+        import hdf5plugin  # noqa: F401 - registers the Blosc2 filter to read compressed chunks
+
+        f = h5py.File(path, "r+")
+        try:
+            g = f[spec.GROUP]
+            rows = cls._reopen_stream(g[spec.ROWS], layout.blocks, layout.rows_per_block, layout.row_dtype.itemsize,
+                                      spec.blosc_typesize(layout.row_dtype), compressor)  # fmt: skip
+            block_heap = [(int(a), int(b)) for a, b in zip(layout.blocks["heap_start"], layout.blocks["heap_end"])]
+            out = cls(f, rows, None, block_heap)
+            pending, rows_written, block_heap_start = out._reopen_last_block(g, layout)
+            heap, heap_flushed = b"", 0
+            if any(not fl.inline for fl in layout.schema):
+                out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, layout.heap_chunk_bytes, 1, 1, compressor)
+                heap, heap_flushed = out._reopen_last_heap_chunk(g, layout)
+        except BaseException:
+            f.close()
+            raise
+        return out, PackerTail(pending, rows_written, heap, heap_flushed, layout.heap_nbytes, block_heap_start)
+
+    @staticmethod
+    def _reopen_stream(ds, index: np.ndarray, chunk_len: int, itemsize: int, typesize: int,
+                       compressor: Compressor) -> ChunkStream:
+        return ChunkStream(ds, chunk_len, itemsize, compressor, typesize=typesize, start_chunk=len(index),
+                           stored=[int(x) for x in index["stored_nbytes"]],
+                           checksums=[int(x) for x in index["checksum"]])  # fmt: skip
+
+    def _reopen_last_block(self, g, layout) -> tuple[np.ndarray, int, int]:
+        """A partial last block goes back to pending (its chunk is rewritten by the next block
+        written): returns its rows, the rows before it, and where its payloads start."""
+        blocks, rpb = layout.blocks, layout.rows_per_block
+        if not len(blocks) or int(blocks["num_rows"][-1]) == rpb:
+            end = self._block_heap[-1][1] if self._block_heap else 0
+            return np.zeros(0, dtype=layout.row_dtype), layout.num_rows, end
+        first = int(blocks["first_row"][-1])
+        self.rows.next_chunk = len(blocks) - 1
+        heap_start, _ = self._block_heap.pop()
+        return g[spec.ROWS][first : layout.num_rows], first, heap_start
+
+    def _reopen_last_heap_chunk(self, g, layout) -> tuple[bytes, int]:
+        """A partial last heap chunk: its bytes and its logical offset (rewritten, like a block)."""
+        assert self.heap is not None  # reopened just before
+        H, n = layout.heap_chunk_bytes, len(layout.heap_chunks)
+        if layout.heap_nbytes % H == 0:
+            return b"", n * H
+        self.heap.next_chunk = n - 1
+        return g[spec.HEAP][(n - 1) * H : layout.heap_nbytes].tobytes(), (n - 1) * H
+
+    # -- writing -----------------------------------------------------------------------------
+    def write_block(self, raw: memoryview, *, extent: int, heap_range: tuple[int, int]) -> None:
+        """Write the next block (``rows_per_block`` rows of bytes); the table grows to
+        ``extent`` rows; ``heap_range`` is where its payloads lie in the logical heap."""
+        self.rows.write(raw, extent=extent)
+        self._block_heap.append(heap_range)
+
+    def write_heap_chunk(self, raw: memoryview, *, extent: int) -> None:
+        """Write the next heap chunk (``heap_chunk_bytes``); the heap grows to ``extent`` bytes."""
+        assert self.heap is not None, "internal: a heap chunk for a schema without heap fields"
+        self.heap.write(raw, extent=extent)
+
+    def finish(self, *, rows_per_block: int, num_rows: int, heap_nbytes: int, attrs: Mapping[str, Any]) -> None:
+        """Wait for the chunks in flight, write both indexes and ``attrs`` (see
+        :func:`file_attributes`), and close the file."""
+        g = self._h5[spec.GROUP]
+        rows = self.rows
+        nblocks = rows.next_chunk
+        blocks = block_index(rows_per_block=rows_per_block, num_rows=num_rows, offsets=rows.offsets(),
+                             stored=rows.stored[:nblocks], checksums=rows.checksums[:nblocks],
+                             heap_ranges=self._block_heap)  # fmt: skip
+        for name in (spec.BLOCKS, spec.HEAP_CHUNKS):
+            if name in g:
+                del g[name]
+        g.create_dataset(spec.BLOCKS, data=blocks)
+        if self.heap is not None:
+            heap, n = self.heap, self.heap.next_chunk
+            chunks = heap_chunk_index(offsets=heap.offsets(), stored=heap.stored[:n], checksums=heap.checksums[:n])
+            g.create_dataset(spec.HEAP_CHUNKS, data=chunks)
+            if g[spec.HEAP].shape[0] != heap_nbytes:
+                g[spec.HEAP].resize((max(g[spec.HEAP].shape[0], heap_nbytes),))
+        for key, value in attrs.items():
+            g.attrs[key] = value
+        self._h5.close()
+        self._h5 = None
+
+    def abort(self) -> None:
+        """Drop the chunks in flight and close the file (what is in it no longer matters)."""
+        for stream in (self.rows, self.heap):
+            if stream is not None:
+                stream.cancel()
+        h5, self._h5 = self._h5, None
+        if h5 is not None:
+            try:
+                h5.close()
+            except (OSError, RuntimeError, ValueError) as exc:
+                # The file is being discarded (its temporary file is removed next): a close that
+                # fails, e.g. on a full disk, must not hide the error that caused the abort.
+                warnings.warn(f"rowstore: closing the discarded file {self.path!r} failed: {exc}", RuntimeWarning, stacklevel=3)

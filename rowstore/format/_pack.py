@@ -1,0 +1,321 @@
+"""Packing validated values into blocks: the pending rows and the heap bytes of their payloads.
+
+Pure numpy, no HDF5: :class:`RowPacker` keeps the rows not yet written as a block, in a
+structured array of :func:`spec.row_dtype`, and the heap bytes not yet written as a heap chunk.
+The writer cuts blocks (:meth:`RowPacker.peek_block`, :meth:`RowPacker.pop_block`) and heap
+chunks (:meth:`RowPacker.heap_chunks`) from it and hands their bytes to the file.
+
+A stored row holds, per field (see :func:`spec.row_dtype`):
+
+* inline ``raw`` field: the value itself (numpy assignment);
+* inline field of another codec: ``codec.encode(value, field)``, exactly
+  ``codec.stored_nbytes(field)`` bytes;
+* heap field: :func:`spec.heap_ref_dtype` (``offset``, ``nbytes`` in the logical heap, and the
+  variable dimensions), the payload ``codec.encode(value, field)`` appended to the heap;
+* nullable field: a ``<name>__null`` flag; a null stores zeros (inline) or an empty payload at the
+  current heap offset (heap).
+
+Values must already be validated (:func:`rowstore.format.validate.check_value`) and within the
+size limit (:func:`check_value_size`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import CodecError, RowValidationError
+from rowstore.format import spec
+from rowstore.schema import Field, Schema
+
+__all__ = ["RowPacker", "PackedBlock", "PackerTail", "check_value_size", "value_nbytes",
+           "max_rows_per_block", "first_rows_per_block"]  # fmt: skip
+
+# How each field is stored (the first item of a plan entry).
+_RAW, _CODEC, _HEAP = range(3)
+
+
+def value_nbytes(value: Any) -> int:
+    """Bytes of a validated value as a reader decodes it: array bytes, text as UTF-8, bytes."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    return len(value)
+
+
+def check_value_size(field: Field, value: Any, row: int) -> None:
+    """Raise :class:`RowValidationError` if ``value`` decodes to more than
+    :data:`spec.MAX_VALUE_BYTES` (readers refuse such files before allocating)."""
+    if value is None or (isinstance(value, str) and 4 * len(value) <= spec.MAX_VALUE_BYTES):
+        return  # (UTF-8 takes at most 4 bytes a character: no need to encode to know)
+    size = value_nbytes(value)
+    if size > spec.MAX_VALUE_BYTES:
+        raise _too_big(field, row, f"a value of {size} bytes", "MAX_VALUE_BYTES")
+
+
+def _too_big(field: Field, row: int, what: str, limit: str) -> RowValidationError:
+    return RowValidationError(
+        f"row {row}: field {field.name!r}: {what} exceeds what a file may hold "
+        f"(spec.{limit} = {getattr(spec, limit)} bytes)",
+        field=field.name,
+        row=row,
+    )
+
+
+def max_rows_per_block(itemsize: int) -> int:
+    """The most rows a block holds: its raw bytes stay within :data:`spec.MAX_CHUNK_BYTES`."""
+    return max(1, spec.MAX_CHUNK_BYTES // itemsize)
+
+
+def first_rows_per_block(nrows: int, pending_bytes: int, itemsize: int, block_bytes: int) -> int:
+    """Rows per block for a file whose first block is cut before ``block_bytes`` were reached
+    (closing early): ``block_bytes`` over the bytes per row so far, at least ``nrows``. With no
+    rows yet (an empty file) a row counts its own size (an average of 0 made blocks of
+    ``block_bytes`` rows, which later appends padded to ``block_bytes`` times the row size)."""
+    avg = pending_bytes / nrows if nrows else itemsize
+    return int(min(max(nrows, block_bytes // max(1, int(avg)), 1), max_rows_per_block(itemsize)))
+
+
+@dataclass(frozen=True)
+class PackedBlock:
+    """The next block: ``rows`` (exactly ``rows_per_block`` rows, zero-filled past
+    ``num_rows``; may be a view of the packer's buffer, valid until :meth:`RowPacker.pop_block`)
+    and its range ``[heap_start, heap_end)`` in the logical heap."""
+
+    rows: np.ndarray
+    num_rows: int
+    heap_start: int
+    heap_end: int
+
+
+@dataclass(frozen=True)
+class PackerTail:
+    """Where an existing file ends, for appending: its partial last block's rows (to be
+    rewritten), its partial last heap chunk's bytes, and the counters that continue them."""
+
+    rows: np.ndarray  # rows of the partial last block (empty when the last block is full)
+    rows_written: int  # rows in the blocks kept as they are
+    heap: bytes  # bytes of the partial last heap chunk (empty when it is full)
+    heap_flushed: int  # logical heap offset of ``heap``
+    heap_pos: int  # logical heap size
+    block_heap_start: int  # heap offset where the first rewritten or new block's payloads start
+
+
+class RowPacker:
+    """The rows not yet written as blocks and the heap bytes not yet written as heap chunks.
+
+    Attributes
+    ----------
+    row_dtype : numpy.dtype
+        :func:`spec.row_dtype` of the schema.
+    n : int
+        Pending rows (the first ``n`` rows of the buffer).
+    rows_written : int
+        Rows already cut into blocks: the row number of the first pending row.
+    heap_pos : int
+        Logical size of the heap, pending bytes included.
+
+    Not thread-safe. Adding rows is all-or-nothing per call: a value that fails to encode
+    leaves the packer as it was before the call.
+    """
+
+    def __init__(self, schema: Schema, *, capacity: int = 64):
+        self.schema = schema
+        self.row_dtype = spec.row_dtype(schema)
+        self.itemsize = self.row_dtype.itemsize
+        self.heap_fields = [f.name for f in schema if not f.inline]
+        self.n = 0
+        self.rows_written = 0
+        self.heap = bytearray()  # heap bytes from logical offset heap_flushed on
+        self.heap_flushed = 0
+        self.heap_pos = 0
+        self.block_heap_start = 0
+        self._set_buffer(np.zeros(max(1, capacity), dtype=self.row_dtype))
+
+    @property
+    def num_rows(self) -> int:
+        """Rows accepted so far: written as blocks and pending."""
+        return self.rows_written + self.n
+
+    def pending_bytes(self) -> int:
+        """Bytes of the pending rows and of their heap payloads."""
+        return self.n * self.itemsize + (self.heap_pos - self.block_heap_start)
+
+    # -- the row buffer and how each field is stored ---------------------------------------
+    def _set_buffer(self, buf: np.ndarray) -> None:
+        """Use ``buf`` for the pending rows; caches its column views per field (the plan)."""
+        self.rows = buf
+        plan: list[tuple] = []
+        for f in self.schema:
+            col = buf[f.name]
+            null = buf[f.name + spec.NULL_SUFFIX] if f.nullable else None
+            if not f.inline:
+                shape = col["shape"] if f.variable_dims else None
+                plan.append((_HEAP, f, null, col["offset"], col["nbytes"], shape))
+            elif f.codec["id"] == "raw":
+                plan.append((_RAW, f, null, col))
+            else:
+                plan.append((_CODEC, f, null, col))
+        self._plan = plan
+
+    def ensure_capacity(self, extra: int) -> None:
+        """Room for ``extra`` more pending rows."""
+        need = self.n + extra
+        if need > len(self.rows):
+            grown = np.zeros(max(need, 2 * len(self.rows)), dtype=self.row_dtype)
+            grown[: self.n] = self.rows[: self.n]
+            self._set_buffer(grown)
+
+    # -- adding rows -----------------------------------------------------------------------
+    def add_row(self, values: Sequence[Any]) -> None:
+        """Add one row: ``values`` in schema order (``None`` for nulls), validated."""
+        self.ensure_capacity(1)
+        undo = len(self.heap), self.heap_pos
+        i = self.n
+        try:
+            for entry, v in zip(self._plan, values):
+                self._store(entry, i, v, self.rows_written + i)
+        except BaseException:
+            self._undo(*undo, 1)
+            raise
+        self.n += 1
+
+    def add_columns(self, parts: Sequence[Any], take: int) -> None:
+        """Add ``take`` rows given per field in schema order: an ndarray ``(take, *shape)`` of
+        the field's dtype (inline fields without nulls), or a sequence of validated values.
+
+        Inline ``raw`` arrays are assigned in one numpy call; the rest go row by row, field by
+        field, as :meth:`add_row` does, so the heap holds payloads in row order either way.
+        """
+        self.ensure_capacity(take)
+        undo = len(self.heap), self.heap_pos
+        lo = self.n
+        try:
+            per_row = []
+            for entry, part in zip(self._plan, parts):
+                if entry[0] == _RAW and isinstance(part, np.ndarray):
+                    entry[3][lo : lo + take] = part
+                    if entry[2] is not None:
+                        entry[2][lo : lo + take] = False
+                else:
+                    per_row.append((entry, part))
+            for j in range(take if per_row else 0):
+                for entry, part in per_row:
+                    self._store(entry, lo + j, part[j], self.rows_written + lo + j)
+        except BaseException:
+            self._undo(*undo, take)
+            raise
+        self.n += take
+
+    def _undo(self, heap_len: int, heap_pos: int, count: int) -> None:
+        """Drop what rows being added stored (heap bytes, partly filled slots)."""
+        del self.heap[heap_len:]
+        self.heap_pos = heap_pos
+        self.rows[self.n : self.n + count] = np.zeros((), self.row_dtype)
+
+    def _store(self, entry: tuple, i: int, v: Any, row: int) -> None:
+        """Put one validated value into pending row ``i`` (row number ``row``)."""
+        kind, f, null = entry[0], entry[1], entry[2]
+        if null is not None:
+            null[i] = v is None
+        if kind == _RAW:
+            entry[3][i] = 0 if v is None else v
+        elif kind == _CODEC:
+            entry[3][i] = 0 if v is None else self._encode_inline(f, v, row, entry[3].shape[1])
+        elif v is None:
+            entry[3][i] = self.heap_pos
+            entry[4][i] = 0
+            if entry[5] is not None:
+                entry[5][i] = 0
+        else:
+            payload = f.codec_obj.encode(v, f)
+            size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+            self._check_payload(f, size, row)
+            entry[3][i] = self.heap_pos
+            entry[4][i] = size
+            if entry[5] is not None:
+                entry[5][i] = [v.shape[d] for d in f.variable_dims]
+            self.heap += payload
+            self.heap_pos += size
+
+    @staticmethod
+    def _encode_inline(f: Field, v: Any, row: int, nbytes: int) -> np.ndarray:
+        stored = np.frombuffer(f.codec_obj.encode(v, f), np.uint8)
+        if stored.size != nbytes:
+            cid = f.codec["id"]
+            raise CodecError(
+                f"row {row}: field {f.name!r}: codec {cid!r} encoded a value into {stored.size} bytes; "
+                f"its stored_nbytes is {nbytes}",
+                codec=cid,
+                field=f.name,
+            )
+        return stored
+
+    def _check_payload(self, f: Field, size: int, row: int) -> None:
+        if size > spec.MAX_VALUE_BYTES:
+            raise _too_big(f, row, f"a stored payload of {size} bytes", "MAX_VALUE_BYTES")
+        if self.heap_pos + size > spec.MAX_HEAP_BYTES:
+            raise _too_big(f, row, f"the heap with this payload ({self.heap_pos + size} bytes)", "MAX_HEAP_BYTES")
+
+    # -- cutting blocks and heap chunks ----------------------------------------------------
+    def peek_block(self, nrows: int, rows_per_block: int) -> PackedBlock:
+        """The first ``nrows`` pending rows as the next block (``rows_per_block`` rows, zero
+        padded), without removing them; the heap range ends at the last payload of its rows."""
+        if nrows == rows_per_block:
+            block = self.rows[:rows_per_block]  # written as is: no copy of a full block
+        else:
+            block = np.zeros(rows_per_block, dtype=self.row_dtype)  # the last chunk is zero-filled
+            block[:nrows] = self.rows[:nrows]
+        heap_end = self.block_heap_start
+        if self.heap_fields and nrows:
+            for name in self.heap_fields:
+                ref = self.rows[name]
+                heap_end = max(heap_end, int((ref["offset"][:nrows] + ref["nbytes"][:nrows]).max()))
+        return PackedBlock(block, nrows, self.block_heap_start, heap_end)
+
+    def pop_block(self, block: PackedBlock, rows_per_block: int) -> None:
+        """Remove the rows of ``block`` (from :meth:`peek_block`, written since)."""
+        nrows = block.num_rows
+        self.block_heap_start = block.heap_end
+        self.rows_written += nrows
+        # Every column of a pending row is assigned when the row is added, so rows left over
+        # from the block need no clearing.
+        rest = self.n - nrows
+        if rest:
+            self.rows[:rest] = self.rows[nrows : self.n].copy()
+        self.n = rest
+        if len(self.rows) != rows_per_block:
+            buf = np.zeros(max(rows_per_block, rest), dtype=self.row_dtype)
+            buf[:rest] = self.rows[:rest]
+            self._set_buffer(buf)
+
+    def heap_chunks(self, chunk_bytes: int, *, final: bool) -> Iterator[tuple[bytes, int]]:
+        """Cut the pending heap into chunks of ``chunk_bytes`` (the last one zero-filled when
+        ``final``): yields ``(chunk, extent)``, ``extent`` being the heap's logical size once
+        that chunk is written. A chunk leaves the packer when the caller asks for the next."""
+        while len(self.heap) >= chunk_bytes or (final and self.heap):
+            chunk = bytes(self.heap[:chunk_bytes])
+            if len(chunk) < chunk_bytes:
+                chunk += bytes(chunk_bytes - len(chunk))
+            yield chunk, min(self.heap_flushed + chunk_bytes, self.heap_pos)
+            del self.heap[:chunk_bytes]
+            self.heap_flushed += chunk_bytes
+        if final and self.heap_flushed > self.heap_pos:
+            self.heap_flushed = self.heap_pos
+
+    def resume(self, tail: PackerTail, rows_per_block: int) -> None:
+        """Continue an existing file (appending): its partial last block and heap chunk become
+        pending again."""
+        buf = np.zeros(max(rows_per_block, len(tail.rows)), dtype=self.row_dtype)
+        buf[: len(tail.rows)] = tail.rows
+        self._set_buffer(buf)
+        self.n = len(tail.rows)
+        self.rows_written = tail.rows_written
+        self.heap = bytearray(tail.heap)
+        self.heap_flushed = tail.heap_flushed
+        self.heap_pos = tail.heap_pos
+        self.block_heap_start = tail.block_heap_start

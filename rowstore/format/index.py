@@ -257,7 +257,9 @@ class Layout:
                 for i in range(0, len(offs), step):
                     j = min(i + step, len(offs))
                     try:
-                        kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], compressed=self.compressed,
+                        kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], codec=None if not self.compressed else (
+                                                {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}[self.compression["cname"]],
+                                                {"none": 0, "byte": 1, "bit": 2}[self.compression["shuffle"]]),
                                             verify=True, dst=dst[: (j - i) * raw], raw_size=raw, scratch=scratch, what=what)
                     except kernels.KernelError as exc:
                         exc.args = (f"{self.path!r}: {what} {i + exc.index}: {exc}",)

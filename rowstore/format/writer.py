@@ -43,7 +43,8 @@ def _blosc2_compressor(config: dict, typesize: int):
     params = {"cname": config["cname"], "clevel": config["clevel"], "shuffle": config["shuffle"], "typesize": typesize}
 
     def compress(raw) -> np.ndarray:
-        return kernels.compress_frame(raw, **params)
+        return kernels.compress_frame(raw, compcode={"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}[params["cname"]], clevel=params["clevel"],
+                                      shuffle={"none": 0, "byte": 1, "bit": 2}[params["shuffle"]], typesize=params["typesize"])
 
     return compress
 

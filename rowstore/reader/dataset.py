@@ -425,7 +425,10 @@ class Reader:
             scratch = self._scratch.get("stage", self._max_stored if self.layout.compressed else 1)
             try:
                 kernels.load_chunks(fd, arr["offset"][ublocks], arr["stored"][ublocks], arr["checksum"][ublocks],
-                                    compressed=self.layout.compressed, verify=bool(self.verify), dst=rowbuf, raw_size=raw,
+                                    codec=None if not self.layout.compressed else (
+                                        {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}[self.layout.compression["cname"]],
+                                        {"none": 0, "byte": 1, "bit": 2}[self.layout.compression["shuffle"]]),
+                                    verify=bool(self.verify), dst=rowbuf, raw_size=raw,
                                     scratch=scratch, what="block")
             except kernels.KernelError as exc:
                 raise self._located(exc, f"block {int(ublocks[exc.index])}", int(ublocks[exc.index])) from None
@@ -518,7 +521,10 @@ class Reader:
             scratch = self._scratch.get("stage", self._max_stored if self.layout.compressed else 1)
             try:
                 kernels.load_chunks(fd, arr["hc_offset"][need], arr["hc_stored"][need], arr["hc_checksum"][need],
-                                    compressed=self.layout.compressed, verify=bool(self.verify), dst=heap, raw_size=H,
+                                    codec=None if not self.layout.compressed else (
+                                        {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}[self.layout.compression["cname"]],
+                                        {"none": 0, "byte": 1, "bit": 2}[self.layout.compression["shuffle"]]),
+                                    verify=bool(self.verify), dst=heap, raw_size=H,
                                     scratch=scratch, what="heap chunk")
             except kernels.KernelError as exc:
                 raise self._located(exc, f"heap chunk {int(need[exc.index])}") from None

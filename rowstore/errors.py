@@ -21,7 +21,21 @@ __all__ = [
 
 
 class RowstoreError(Exception):
-    """Base class of every error rowstore raises."""
+    """Base class of every error rowstore raises.
+
+    Errors pickle with their context attributes (for multiprocessing and DataLoader workers),
+    whatever their constructor's keyword arguments.
+    """
+
+    def __reduce__(self):
+        return (_restore, (type(self), self.args, self.__dict__))
+
+
+def _restore(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class SchemaError(RowstoreError, ValueError):

@@ -1,40 +1,48 @@
-"""The only importer of the compiled kernels (``rowstore._blocks``).
+"""The only importer of the compiled kernels (``rowstore._io``, ``_gather``, ``_frame``,
+``_shuffle``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
 
 Each wrapper validates its arguments, calls one kernel (which releases the GIL) and turns its
 return code into a :class:`~rowstore.errors.FormatError` with context. Arrays passed in are
-owned by the caller; kernels never allocate them.
+owned by the caller; kernels never allocate them. The kernels check every bound they rely on
+themselves (docs/kernels.md); the checks here are about meaning (exact shapes, contiguity) and
+wording. Kernels sit below the format layer: compression is passed as Blosc2 codes (blosc2.h),
+the names are the format's (``rowstore.format.spec``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rowstore import _blocks  # type: ignore[attr-defined]  # compiled from _ext/_blocks.pyx; no stubs
+from rowstore import _frame, _gather, _io, _shuffle  # type: ignore[attr-defined]  # compiled from _ext/; no stubs
+from rowstore._common import KernelCode
 from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [
     "crc32", "load_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
     "pread_heap", "preadv_rows", "shuffle", "compress_frame",
-    "KernelError",
+    "KernelCode", "KernelError", "KernelChecksumError",
 ]
 
-E_OK, E_IO, E_SHORT, E_CHECKSUM, E_FRAME, E_DECOMPRESS, E_SIZE, E_BOUNDS, E_ROW, E_DEST = range(10)
-
 _MESSAGES = {
-    E_IO: "read failed (errno {detail})",
-    E_SHORT: "the file ends inside the stored chunk (truncated file?), {detail} bytes read",
-    E_CHECKSUM: "stored bytes do not match their checksum (corrupt file)",
-    E_FRAME: "invalid Blosc2 frame header (corrupt file)",
-    E_DECOMPRESS: "decompression failed (code {detail}; corrupt file)",
-    E_SIZE: "stored or decoded size {detail} is not the one expected (corrupt file)",
-    E_BOUNDS: "a payload reference points outside its block's heap range (corrupt file)",
-    E_ROW: "row index {detail} is outside the loaded rows",
-    E_DEST: "destination buffer too small ({detail})",
+    KernelCode.E_IO: "read failed (errno {detail})",
+    KernelCode.E_SHORT: "the file ends inside the stored chunk (truncated file?), {detail} bytes read",
+    KernelCode.E_CHECKSUM: "stored bytes do not match their checksum (corrupt file)",
+    KernelCode.E_FRAME: "invalid Blosc2 frame header (corrupt file)",
+    KernelCode.E_DECOMPRESS: "decompression failed (code {detail}; corrupt file)",
+    KernelCode.E_SIZE: "stored or decoded size {detail} is not the one expected (corrupt file)",
+    KernelCode.E_BOUNDS: "a payload reference points outside its block's heap range (corrupt file)",
+    KernelCode.E_ROW: "row index {detail} is outside the loaded rows",
+    KernelCode.E_DEST: "destination buffer too small ({detail})",
+    KernelCode.E_CODEC: ("the Blosc2 chunk header (byte {detail}) asks for other than the file's declared "
+                         "compression (corrupt or hostile file); refused before decompression"),
+    KernelCode.E_NOMEM: "out of memory",
 }
+_CODES = {int(c): c for c in KernelCode}
 
 
 class KernelError(FormatError):
-    """A kernel reported an error; ``code`` and ``index`` tell which and where."""
+    """A kernel reported an error; ``code`` (a :class:`KernelCode`) and ``index`` tell which
+    and where, ``detail`` adds what the code documents (errno, a size, a header byte...)."""
 
     def __init__(self, message: str, *, code: int, index: int, detail: int, path=None, block=None):
         super().__init__(message, path=path, block=block)
@@ -47,37 +55,63 @@ class KernelChecksumError(KernelError, ChecksumError):
     pass
 
 
+def _err() -> np.ndarray:
+    """The ``err`` array a kernel fills on failure: code, index, detail."""
+    return np.zeros(3, np.int64)
+
+
 def _raise(err: np.ndarray, what: str) -> None:
     code, index, detail = (int(x) for x in err[:3])
     msg = _MESSAGES.get(code, "kernel error {code}").format(detail=detail, code=code)
-    cls = KernelChecksumError if code == E_CHECKSUM else KernelError
-    raise cls(f"{what}: {msg}", code=code, index=index, detail=detail)
+    if code == KernelCode.E_NOMEM:
+        raise MemoryError(f"{what}: {msg}")
+    cls = KernelChecksumError if code == KernelCode.E_CHECKSUM else KernelError
+    raise cls(f"{what}: {msg}", code=_CODES.get(code, code), index=index, detail=detail)
+
+
+def _flat(out: np.ndarray, nbytes: int, what: str) -> np.ndarray:
+    """``out`` as the flat uint8 view a kernel writes to, once it is writeable, C-contiguous and
+    exactly ``nbytes`` long (the kernels check the size again; the exactness is checked here)."""
+    if not out.flags.c_contiguous or not out.flags.writeable or out.nbytes != nbytes:
+        raise ValueError(f"{what} must be writeable, C-contiguous, {nbytes} bytes; got {out.nbytes}")
+    return out.reshape(-1).view(np.uint8)
+
+
+def _codec(codec: tuple[int, int] | None) -> tuple[int, int]:
+    """(compcode, shuffle) as the kernels take them: compcode -1 for chunks stored raw."""
+    if codec is None:
+        return -1, 0
+    compcode, shuffle = codec
+    return int(compcode), int(shuffle)
 
 
 def crc32(data) -> int:
     """CRC-32 (zlib's; equals ``zlib.crc32``) of a bytes-like object, without the GIL."""
     arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
-    return int(_blocks.crc32(arr))
+    return int(_frame.crc32(arr))
 
 
-def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] | None = None, verify: bool,
-                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk",
-                compressed: bool | None = None) -> None:
+def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] | None, verify: bool,
+                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk") -> None:
     """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * raw_size``).
 
-    Raises :class:`KernelError` whose ``index`` is the failing chunk's position in ``offsets``.
+    ``codec`` is None for chunks stored raw, else ``(compcode, shuffle)``: the Blosc2 compressor
+    and shuffle filter codes (blosc2.h) the file declares. A chunk header that asks for anything
+    else is refused before decompression (``KernelCode.E_CODEC``). Raises :class:`KernelError`
+    whose ``index`` is the failing chunk's position in ``offsets``.
     """
-    if compressed is None:
-        compressed = codec is not None
-    err = np.zeros(3, np.int64)
-    rc = _blocks.load_chunks(fd, offsets, stored, checksums, int(compressed), int(verify), dst, raw_size, scratch, err)
-    if rc != 0:
+    compcode, shuffle_ = _codec(codec)
+    err = _err()
+    if _frame.load_chunks(fd, offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err) != 0:
         _raise(err, f"{what} {int(err[1])}")
 
 
-def decompress_frame(src: np.ndarray, dst: np.ndarray) -> None:
-    err = np.zeros(3, np.int64)
-    if _blocks.decompress_frame(src, dst, err) != 0:
+def decompress_frame(src: np.ndarray, dst: np.ndarray, *, codec: tuple[int, int]) -> None:
+    """Decompress the single-chunk Blosc2 frame ``src`` into all of ``dst``; ``codec`` as in
+    :func:`load_chunks` (not None)."""
+    compcode, shuffle_ = _codec(codec)
+    err = _err()
+    if _frame.decompress_frame(src, dst, compcode, shuffle_, err) != 0:
         _raise(err, "blosc2 frame")
 
 
@@ -85,29 +119,36 @@ def gather_fixed(src: np.ndarray, row_size: int, field_offset: int, field_size: 
                  rows: np.ndarray, out: np.ndarray) -> None:
     """Gather ``field_size`` bytes at ``field_offset`` of each row ``rows[i]`` of ``src`` into
     the C-contiguous array ``out`` (whose bytes must be exactly ``len(rows) * field_size``)."""
-    if not out.flags.c_contiguous or out.nbytes != len(rows) * field_size:
-        raise ValueError(f"gather_fixed: out must be C-contiguous with {len(rows) * field_size} bytes, got {out.nbytes}")
-    err = np.zeros(3, np.int64)
-    if _blocks.gather_fixed(src, row_size, field_offset, field_size, rows, out.reshape(-1).view(np.uint8), err) != 0:
+    flat = _flat(out, len(rows) * field_size, "gather_fixed: out")
+    err = _err()
+    if _gather.gather_fixed(src, row_size, field_offset, field_size, rows, flat, err) != 0:
         _raise(err, f"row {int(err[1])}")
+
+
+def _flat_bytes(out: np.ndarray, what: str) -> np.ndarray:
+    """``out`` as a flat uint8 view of its own memory; a non-contiguous array would reshape
+    into a copy (filled, then lost), so it is refused."""
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{what}: out must be a writeable C-contiguous array")
+    return out.reshape(-1).view(np.uint8)
 
 
 def gather_heap(src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, rows_per_slot: int,
                 slot_lo: np.ndarray, slot_hi: np.ndarray, slot_base: np.ndarray, heap: np.ndarray,
                 out: np.ndarray, dst_offsets: np.ndarray, pad_stride: int = 0) -> None:
     """Copy each row's heap payload into ``out`` (a flat uint8 view) at ``dst_offsets[i]``;
-    see ``_blocks.gather_heap`` for the bounds it checks."""
-    err = np.zeros(3, np.int64)
-    flat = out.reshape(-1).view(np.uint8)
-    if _blocks.gather_heap(src, row_size, ref_offset, rows, rows_per_slot, slot_lo, slot_hi, slot_base,
+    see ``_gather.gather_heap`` for the bounds it checks."""
+    err = _err()
+    flat = _flat_bytes(out, "gather_heap")
+    if _gather.gather_heap(src, row_size, ref_offset, rows, rows_per_slot, slot_lo, slot_hi, slot_base,
                            heap, flat, dst_offsets, pad_stride, err) != 0:
         _raise(err, f"row {int(err[1])}")
 
 
 def pread_rows(fd: int, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
     """Read rows straight from the file (uncompressed files): row i to ``dst[i*row_size:]``."""
-    err = np.zeros(3, np.int64)
-    if _blocks.pread_rows(fd, file_offsets, row_size, dst, err) != 0:
+    err = _err()
+    if _io.pread_rows(fd, file_offsets, row_size, dst, err) != 0:
         _raise(err, f"row read {int(err[1])}")
 
 
@@ -116,10 +157,10 @@ def pread_heap(fd: int, src: np.ndarray, row_size: int, ref_offset: int, rows: n
                pad_stride: int = 0) -> None:
     """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
     ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference."""
-    err = np.zeros(3, np.int64)
-    flat = out.reshape(-1).view(np.uint8)
-    if _blocks.pread_heap(fd, src, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, flat,
-                          dst_offsets, pad_stride, err) != 0:
+    err = _err()
+    flat = _flat_bytes(out, "pread_heap")
+    if _io.pread_heap(fd, src, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, flat,
+                      dst_offsets, pad_stride, err) != 0:
         _raise(err, f"row {int(err[1])}")
 
 
@@ -127,7 +168,7 @@ def shuffle(a: np.ndarray, seed: int) -> None:
     """Shuffle the int64 array ``a`` in place (Fisher-Yates on SplitMix64; GIL released)."""
     if a.dtype != np.int64 or not a.flags.c_contiguous or not a.flags.writeable:
         raise ValueError("shuffle: a must be a writeable C-contiguous int64 array")
-    _blocks.shuffle(a, np.uint64(seed))
+    _shuffle.shuffle(a, np.uint64(seed))
 
 
 def gather_rows(src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[tuple[int, int, np.ndarray]]) -> None:
@@ -135,16 +176,11 @@ def gather_rows(src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[t
     ``size`` bytes at ``offset`` of row ``rows[i]`` go to row i of ``out`` (C-contiguous,
     exactly ``len(rows) * size`` bytes)."""
     n = len(rows)
-    offs = np.empty(len(fields), np.int64)
-    sizes = np.empty(len(fields), np.int64)
-    addrs = np.empty(len(fields), np.uint64)
-    for j, (off, size, out) in enumerate(fields):
-        if not out.flags.c_contiguous or not out.flags.writeable or out.nbytes != n * size:
-            raise ValueError(f"gather_rows: out {j} must be writeable, C-contiguous, {n * size} bytes; got {out.nbytes}")
-        offs[j], sizes[j], addrs[j] = off, size, out.ctypes.data
-    err = np.zeros(3, np.int64)
-    # `fields` holds references to every out array for the duration of the call.
-    if _blocks.gather_rows(src, row_size, rows, offs, sizes, addrs, err) != 0:
+    offs = np.array([f[0] for f in fields], np.int64)
+    sizes = np.array([f[1] for f in fields], np.int64)
+    outs = [_flat(out, n * size, f"gather_rows: out {j}") for j, (_off, size, out) in enumerate(fields)]
+    err = _err()
+    if _gather.gather_rows(src, row_size, rows, offs, sizes, outs, err) != 0:
         _raise(err, f"row {int(err[1])}")
 
 
@@ -157,35 +193,22 @@ def preadv_rows(fd: int, file_offsets: np.ndarray, row_size: int, segments: list
     into ``sink`` when ``out`` is None.
     """
     n = len(file_offsets)
-    sizes = np.empty(len(segments), np.int64)
-    addrs = np.zeros(len(segments), np.uint64)
-    for j, (size, out) in enumerate(segments):
-        sizes[j] = size
-        if out is not None:
-            if not out.flags.c_contiguous or not out.flags.writeable or out.nbytes != n * size:
-                raise ValueError(f"preadv_rows: out {j} must be writeable, C-contiguous, {n * size} bytes; got {out.nbytes}")
-            addrs[j] = out.ctypes.data if n else 0
-            if n == 0:
-                return
-    err = np.zeros(3, np.int64)
-    # `segments` keeps every out array alive for the duration of the call.
-    if _blocks.preadv_rows(fd, file_offsets, row_size, sizes, addrs, sink, err) != 0:
+    sizes = np.array([s[0] for s in segments], np.int64)
+    outs = [None if out is None else _flat(out, n * size, f"preadv_rows: out {j}") for j, (size, out) in enumerate(segments)]
+    err = _err()
+    if _io.preadv_rows(fd, file_offsets, row_size, sizes, outs, sink, err) != 0:
         _raise(err, f"row read {int(err[1])}")
-
-
-#: Blosc2 codec and filter codes (blosc2.h).
-BLOSC2_CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
-BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 
 
 def compress_frame(raw, *, compcode: int, clevel: int, shuffle: int, typesize: int) -> np.ndarray:
     """``raw`` (bytes-like) as a single-chunk Blosc2 frame, without the GIL; returns a view of a
-    new array holding exactly the frame. ``compcode`` and ``shuffle`` are Blosc2 codes
-    (``spec.BLOSC2_CODECS``, ``spec.BLOSC2_SHUFFLES``)."""
+    new array holding exactly the frame. ``compcode`` and ``shuffle`` are the Blosc2 compressor
+    and shuffle filter codes (blosc2.h; the format's names for them are in
+    ``rowstore.format.spec``), ``clevel`` 0..9, ``typesize`` 1..255."""
     src = np.frombuffer(raw, np.uint8)
     dst = np.empty(len(src) + 65536, np.uint8)  # frame header, chunk header and index fit easily
-    err = np.zeros(3, np.int64)
-    n = _blocks.compress_frame(src, dst, compcode, clevel, shuffle, typesize, err)
+    err = _err()
+    n = _frame.compress_frame(src, dst, compcode, clevel, shuffle, typesize, err)
     if n < 0:
         _raise(err, "blosc2 compression")
     return dst[:n]

@@ -123,18 +123,22 @@ def write_chunks(path, chunks):
     return np.array(offs, np.int64)
 
 
-def frame(raw: bytes, cname="lz4") -> bytes:
-    import blosc2
+#: Blosc2 compressor and shuffle codes (blosc2.h) by the format's names (rowstore.format.spec
+#: declares the same): kernels take the codes.
+CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
+SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 
-    sc = blosc2.SChunk(chunksize=len(raw), data=raw, cparams={"codec": getattr(blosc2.Codec, cname.upper()), "typesize": 4, "nthreads": 1})
-    return sc.to_cframe()
+
+def frame(raw: bytes, cname="lz4", shuffle="byte", clevel=5, typesize=4) -> np.ndarray:
+    """A stored chunk as our writer makes it."""
+    return kernels.compress_frame(raw, compcode=CODECS[cname], clevel=clevel, shuffle=SHUFFLES[shuffle], typesize=typesize)
 
 
-@pytest.mark.parametrize("compressed", [False, True])
-def test_load_chunks_matches_reference(tmp_path, compressed):
+@pytest.mark.parametrize("codec", [None, (CODECS["lz4"], SHUFFLES["byte"])])
+def test_load_chunks_matches_reference(tmp_path, codec):
     raw_size = 4096
     raws = [RNG.integers(0, 4, raw_size, dtype=np.uint8).tobytes() for _ in range(6)]
-    stored = [frame(r) if compressed else r for r in raws]
+    stored = [frame(r).tobytes() if codec else r for r in raws]
     path = str(tmp_path / "c.bin")
     offs = write_chunks(path, stored)
     sizes = np.array([len(s) for s in stored], np.int64)
@@ -143,58 +147,272 @@ def test_load_chunks_matches_reference(tmp_path, compressed):
     try:
         dst = np.empty(6 * raw_size, np.uint8)
         scratch = np.empty(int(sizes.max()), np.uint8)
-        kernels.load_chunks(fd, offs, sizes, checks, compressed=compressed, verify=True, dst=dst, raw_size=raw_size, scratch=scratch)
+        kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=True, dst=dst, raw_size=raw_size, scratch=scratch)
         assert dst.tobytes() == b"".join(raws)
         sel = np.array([4, 1], np.int64)
-        kernels.load_chunks(fd, offs[sel], sizes[sel], checks[sel], compressed=compressed, verify=True, dst=dst[: 2 * raw_size], raw_size=raw_size, scratch=scratch)
+        kernels.load_chunks(fd, offs[sel], sizes[sel], checks[sel], codec=codec, verify=True, dst=dst[: 2 * raw_size], raw_size=raw_size, scratch=scratch)
         assert dst[: 2 * raw_size].tobytes() == raws[4] + raws[1]
         # checksum mismatch
         bad = checks.copy()
         bad[2] ^= np.uint64(1)
         with pytest.raises(ChecksumError) as ei:
-            kernels.load_chunks(fd, offs, sizes, bad, compressed=compressed, verify=True, dst=dst, raw_size=raw_size, scratch=scratch)
-        assert ei.value.index == 2
+            kernels.load_chunks(fd, offs, sizes, bad, codec=codec, verify=True, dst=dst, raw_size=raw_size, scratch=scratch)
+        assert ei.value.index == 2 and ei.value.code == kernels.KernelCode.E_CHECKSUM
         # beyond the end of the file
         far = offs.copy()
         far[1] = os.path.getsize(path) - 10
         with pytest.raises(FormatError, match="truncated"):
-            kernels.load_chunks(fd, far, sizes, checks, compressed=compressed, verify=False, dst=dst, raw_size=raw_size, scratch=scratch)
+            kernels.load_chunks(fd, far, sizes, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch)
         # wrong stored size for a raw chunk / zero size
         wrong = sizes.copy()
         wrong[0] = 0
         with pytest.raises(FormatError):
-            kernels.load_chunks(fd, offs, wrong, checks, compressed=compressed, verify=False, dst=dst, raw_size=raw_size, scratch=scratch)
+            kernels.load_chunks(fd, offs, wrong, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch)
+        # a destination or staging buffer too small
+        with pytest.raises(FormatError, match="destination"):
+            kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=False, dst=dst[:-1], raw_size=raw_size, scratch=scratch)
+        if codec:
+            with pytest.raises(FormatError, match="destination"):
+                kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch[:10])
     finally:
         os.close(fd)
 
 
 def test_decompress_rejects_corrupt_frames():
     raw = RNG.integers(0, 4, 8192, dtype=np.uint8).tobytes()
-    good = np.frombuffer(frame(raw), np.uint8).copy()
+    good = frame(raw).copy()
+    lz4 = (CODECS["lz4"], SHUFFLES["byte"])
     dst = np.empty(8192, np.uint8)
-    kernels.decompress_frame(good, dst)
+    kernels.decompress_frame(good, dst, codec=lz4)
     assert dst.tobytes() == raw
     with pytest.raises(FormatError):
-        kernels.decompress_frame(good, np.empty(8191, np.uint8))  # size not the expected one
+        kernels.decompress_frame(good, np.empty(8191, np.uint8), codec=lz4)  # size not the expected one
     with pytest.raises(FormatError):
-        kernels.decompress_frame(good[:50], dst)  # truncated
+        kernels.decompress_frame(good[:50], dst, codec=lz4)  # truncated
     failures = 0
     for _trial in range(300):
         bad = good.copy()
         for _ in range(int(RNG.integers(1, 6))):
             bad[int(RNG.integers(0, len(bad)))] = RNG.integers(0, 256)
         try:
-            kernels.decompress_frame(bad, dst)  # must raise or succeed, never crash
+            kernels.decompress_frame(bad, dst, codec=lz4)  # must raise or succeed, never crash
         except FormatError:
             failures += 1
     assert failures > 0
-    for hdr in range(0, 40):
+    hlen = int.from_bytes(good[11:15].tobytes(), "big")
+    for hdr in [*range(0, 40), *range(hlen, hlen + 32)]:
         bad = good.copy()
         bad[hdr] ^= 0xFF
         try:
-            kernels.decompress_frame(bad, dst)
+            kernels.decompress_frame(bad, dst, codec=lz4)
         except FormatError:
             pass
+
+
+def old_writer_frame(raw: bytes, cname="lz4", shuffle="byte", clevel=5, typesize=4) -> np.ndarray:
+    """A stored chunk as the writer made it before compress_frame, through python-blosc2 (the
+    golden file's chunks): the shuffle sits in the first filter slot, not the last."""
+    import blosc2
+
+    filters = {"none": blosc2.Filter.NOFILTER, "byte": blosc2.Filter.SHUFFLE, "bit": blosc2.Filter.BITSHUFFLE}
+    params = {"codec": getattr(blosc2.Codec, cname.upper()), "clevel": clevel if any(raw) else 0, "typesize": typesize,
+              "filters": [filters[shuffle]], "nthreads": 1}
+    schunk = blosc2.SChunk(chunksize=len(raw), cparams=params, dparams={"nthreads": 1})
+    schunk.append_chunk(blosc2.compress2(raw, **params))
+    return np.frombuffer(schunk.to_cframe(), np.uint8)
+
+
+def _kinds(n):
+    """Block contents that take the writer's different paths: compressible, incompressible (Blosc2
+    stores it memcpy'd), all zeros (the writer stores it memcpy'd at clevel 0), one value, tiny."""
+    return {"compressible": RNG.integers(0, 4, n, dtype=np.uint8), "random": RNG.integers(0, 256, n, dtype=np.uint8),
+            "zeros": np.zeros(n, np.uint8), "constant": np.full(n, 7, np.uint8), "tiny": RNG.integers(0, 256, 5, dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("make", [frame, old_writer_frame], ids=["compress_frame", "python-blosc2"])
+@pytest.mark.parametrize("cname", sorted(CODECS))
+def test_every_chunk_the_writer_makes_passes_the_header_check(tmp_path, cname, make):
+    """Every cname x shuffle x typesize x clevel the writer can produce (and the writer before
+    compress_frame produced), on contents that take Blosc2's different paths (memcpy'd, split
+    or not), loads under its declared compression."""
+    chunks, raws, codecs = [], [], []
+    for shuffle in sorted(SHUFFLES):
+        for typesize in (1, 2, 3, 4, 8, 16, 255):
+            for clevel in (0, 1, 5, 9):
+                for raw in _kinds(int(RNG.integers(1, 70000))).values():
+                    fr = make(raw.tobytes(), cname, shuffle, clevel, typesize)
+                    codec = (CODECS[cname], SHUFFLES[shuffle])
+                    out = np.empty(len(raw), np.uint8)
+                    kernels.decompress_frame(fr, out, codec=codec)
+                    assert np.array_equal(out, raw)
+                    chunks.append(fr.tobytes())
+                    raws.append(raw)
+                    codecs.append(codec)
+    # and through load_chunks, as the reader reads them (one call per declared compression)
+    path = str(tmp_path / "all.bin")
+    offs = write_chunks(path, chunks)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        scratch = np.empty(max(len(c) for c in chunks), np.uint8)
+        for i, (chunk, raw, codec) in enumerate(zip(chunks, raws, codecs)):
+            dst = np.empty(len(raw), np.uint8)
+            kernels.load_chunks(fd, offs[i : i + 1], np.array([len(chunk)], np.int64), np.array([kernels.crc32(chunk)], np.uint64),
+                                codec=codec, verify=True, dst=dst, raw_size=len(raw), scratch=scratch)
+            assert np.array_equal(dst, raw)
+    finally:
+        os.close(fd)
+
+
+def _load_one(tmp_path, chunk: np.ndarray, raw_size: int, codec) -> np.ndarray:
+    """load_chunks of one stored chunk whose checksum is that of its (possibly patched) bytes."""
+    path = str(tmp_path / "one.bin")
+    offs = write_chunks(path, [chunk.tobytes()])
+    dst = np.empty(raw_size, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        kernels.load_chunks(fd, offs, np.array([len(chunk)], np.int64), np.array([kernels.crc32(chunk)], np.uint64),
+                            codec=codec, verify=True, dst=dst, raw_size=raw_size, scratch=np.empty(len(chunk), np.uint8))
+    finally:
+        os.close(fd)
+    return dst
+
+
+# Patches of a chunk header (byte offset in the chunk: value or function of the old value), each
+# refused with E_CODEC naming that byte (or the one given third). Offsets and bits: c-blosc2 README_CHUNK_FORMAT.rst.
+HEADER_PATCHES = {
+    "codec bits name zstd": (2, lambda v: (v & 0x1F) | (4 << 5)),
+    "codec bits name a user-defined codec": (2, lambda v: (v & 0x1F) | (6 << 5)),
+    "codec bits name the super-chunk's codec": (2, lambda v: (v & 0x1F) | (7 << 5)),
+    "delta coding flag": (2, lambda v: v | 0x08),
+    "no extended header": (2, lambda v: v & ~0x04),
+    "a filter in slot 0 (delta)": (16, 3),
+    "a user-defined filter in slot 4": (20, 160),
+    "a global registered filter in slot 4": (20, 32),
+    "bit shuffle while byte shuffle is declared": (21, 2),
+    "bit shuffle in the first slot": (16, 2),
+    "byte shuffle in both slots": (16, 1, 21),
+    "no shuffle while byte shuffle is declared": (21, 0),
+    "user-defined codec id": (22, 160),
+    "codec id of zstd": (22, 5),
+    "codec metadata": (23, 1),
+    "filter metadata of the shuffle": (29, 4),
+    "filter metadata of slot 0": (24, 1),
+    "variable-length blocks": (30, 1),
+    "dictionary flag": (31, 0x01),
+    "lazy chunk": (31, 0x08),
+    "special zeros": (31, 0x10),
+    "big-endian": (31, 0x02),
+    "instrumented codec": (31, 0x80),
+    "alpha format version": (0, 3),
+    "future format version": (0, 7),
+    "codec format version": (1, 2),
+}
+
+
+@pytest.mark.parametrize("patch", sorted(HEADER_PATCHES))
+def test_header_check_refuses_other_codecs_and_filters(tmp_path, patch):
+    """A chunk whose header bytes (with a valid checksum) ask for anything but the declared
+    compression is refused with E_CODEC before c-blosc2 sees it: no plugin lookup by id."""
+    raw = RNG.integers(0, 4, 16384, dtype=np.uint8).tobytes()
+    good = frame(raw, "lz4", "byte")
+    lz4 = (CODECS["lz4"], SHUFFLES["byte"])
+    assert _load_one(tmp_path, good, len(raw), lz4).tobytes() == raw
+    at, value, *named = HEADER_PATCHES[patch]
+    bad = good.copy()
+    hlen = int.from_bytes(good[11:15].tobytes(), "big")
+    bad[hlen + at] = value(int(bad[hlen + at])) if callable(value) else value
+    assert bad[hlen + at] != good[hlen + at]
+    with pytest.raises(FormatError, match="declared compression") as ei:
+        _load_one(tmp_path, bad, len(raw), lz4)
+    assert isinstance(ei.value, kernels.KernelError) and not isinstance(ei.value, ChecksumError)
+    assert (ei.value.code, ei.value.index, ei.value.detail) == (kernels.KernelCode.E_CODEC, 0, (named or [at])[0])
+    with pytest.raises(FormatError, match="declared compression"):
+        kernels.decompress_frame(bad, np.empty(len(raw), np.uint8), codec=lz4)
+
+
+def test_header_check_refuses_a_valid_chunk_of_another_codec(tmp_path):
+    """A zstd chunk decompresses fine, but not in a file that declares lz4: the check compares
+    with the declaration, not with what c-blosc2 could decode."""
+    raw = RNG.integers(0, 4, 16384, dtype=np.uint8).tobytes()
+    zstd = frame(raw, "zstd", "byte")
+    assert _load_one(tmp_path, zstd, len(raw), (CODECS["zstd"], SHUFFLES["byte"])).tobytes() == raw
+    for declared in [("lz4", "byte"), ("lz4hc", "byte"), ("zstd", "bit"), ("zstd", "none"), ("zlib", "byte")]:
+        with pytest.raises(FormatError, match="declared compression") as ei:
+            _load_one(tmp_path, zstd, len(raw), (CODECS[declared[0]], SHUFFLES[declared[1]]))
+        assert ei.value.code == kernels.KernelCode.E_CODEC
+    # lz4 and lz4hc share a format but not a codec id: each is refused under the other's name
+    lz4hc = frame(raw, "lz4hc", "byte")
+    with pytest.raises(FormatError, match="declared compression"):
+        _load_one(tmp_path, lz4hc, len(raw), (CODECS["lz4"], SHUFFLES["byte"]))
+    # a chunk that claims more or fewer bytes than the block holds
+    with pytest.raises(FormatError, match="size"):
+        _load_one(tmp_path, zstd, len(raw) - 1, (CODECS["zstd"], SHUFFLES["byte"]))
+
+
+def test_compression_codes_are_checked():
+    for compcode, shuffle in [(3, 0), (6, 0), (160, 0), (-1, 0), (1, 3), (1, 160), (1, -1)]:
+        with pytest.raises(ValueError):
+            kernels.compress_frame(b"abcd" * 100, compcode=compcode, clevel=5, shuffle=shuffle, typesize=4)
+        with pytest.raises(ValueError):
+            kernels.decompress_frame(frame(b"abcd" * 100), np.empty(400, np.uint8), codec=(compcode, shuffle))
+
+
+def test_error_codes_are_one_enum_with_a_message_each():
+    from rowstore import _common
+
+    assert kernels.KernelCode is _common.KernelCode
+    assert [int(c) for c in kernels.KernelCode] == list(range(len(kernels.KernelCode)))
+    assert set(kernels._MESSAGES) == set(kernels.KernelCode) - {kernels.KernelCode.E_OK}
+    assert kernels.KernelCode.E_CODEC.name == "E_CODEC"
+
+
+def test_kernels_check_err_and_destinations_themselves(tmp_path):
+    """Memory safety does not rest on kernels.py: called directly, every kernel refuses a short
+    ``err`` and a destination smaller than what it would write."""
+    from rowstore import _frame, _gather, _io
+
+    src = np.zeros(10 * 8, np.uint8)
+    rows = np.array([0, 1, 2], np.int64)
+    i64 = np.zeros(1, np.int64)
+    path = str(tmp_path / "f.bin")
+    with open(path, "wb") as f:
+        f.write(bytes(range(256)) * 4)
+    fd = os.open(path, os.O_RDONLY)
+    calls = {
+        "gather_fixed": lambda out, err: _gather.gather_fixed(src, 8, 0, 8, rows, out, err),
+        "gather_rows": lambda out, err: _gather.gather_rows(src, 8, rows, np.array([4, 0], np.int64), np.array([4, 8], np.int64),
+                                                            [np.empty(12, np.uint8), out], err),
+        "gather_heap": lambda out, err: _gather.gather_heap(np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), 1, i64, i64, i64,
+                                                            np.zeros(0, np.uint8), out, np.array([0], np.int64), 8, err),
+        "pread_rows": lambda out, err: _io.pread_rows(fd, rows * 8, 8, out, err),
+        "pread_heap": lambda out, err: _io.pread_heap(fd, np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), i64, i64,
+                                                      np.array([0], np.int64), 16, out, np.array([0], np.int64), 8, err),
+        "preadv_rows": lambda out, err: _io.preadv_rows(fd, rows * 8, 8, np.array([8], np.int64), [out], np.empty(0, np.uint8), err),
+        "load_chunks": lambda out, err: _frame.load_chunks(fd, rows * 8, np.full(3, 8, np.int64), np.zeros(3, np.uint64), -1, 0, False,
+                                                           out, 8, np.empty(1, np.uint8), err),
+    }
+    try:
+        for name, call in calls.items():
+            big = np.empty(3 * 8, np.uint8)
+            with pytest.raises(ValueError, match="err"):
+                call(big, np.zeros(2, np.int64))
+            err = np.full(3, 99, np.int64)
+            assert call(big, err) == 0 and err[0] == 0, name
+            assert call(big[:7] if name.endswith("heap") else big[:-1], err) == -1, name  # heap: pad stride 8
+            assert err[0] == kernels.KernelCode.E_DEST, (name, err)
+        err = np.zeros(3, np.int64)  # the sink of a segment not asked for
+        assert _io.preadv_rows(fd, rows * 8, 8, np.array([2, 6], np.int64), [None, big[:18]], np.empty(1, np.uint8), err) == -1
+        assert err[0] == kernels.KernelCode.E_DEST
+        assert calls["gather_rows"](bytearray(24), np.zeros(3, np.int64)) == 0  # any writeable buffer of bytes
+        with pytest.raises((ValueError, BufferError)):  # not C-contiguous
+            calls["gather_rows"](np.empty((3, 16), np.uint8)[:, :8], np.zeros(3, np.int64))
+        ro = np.empty(24, np.uint8)
+        ro.flags.writeable = False
+        for name in ("gather_rows", "preadv_rows"):  # read-only
+            with pytest.raises((ValueError, BufferError)):
+                calls[name](ro, np.zeros(3, np.int64))
+    finally:
+        os.close(fd)
 
 
 def test_crc32_equals_zlib():
@@ -288,5 +506,39 @@ def test_preadv_rows_matches_reference(tmp_path):
             kernels.preadv_rows(fd, offs, row_size, segs[:-1], np.empty(row_size, np.uint8))
         with pytest.raises(ValueError):
             kernels.preadv_rows(fd, offs, row_size, [(3, None), (8, a[:3]), (4, None), (20, b), (2, None)], np.empty(row_size, np.uint8))
+    finally:
+        os.close(fd)
+
+
+def test_nothing_imports_the_old_single_kernel_module():
+    """_ext/_blocks.pyx is gone: a stale rowstore/_blocks*.so left by an in-place build must not
+    matter, so no source imports it."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for path in [*root.glob("rowstore/**/*.py"), *root.glob("_ext/*.p*"), *root.glob("bench/*.py")]:
+        text = path.read_text()
+        assert "import _blocks" not in text and "rowstore._blocks" not in text and "cimport _blocks" not in text, path
+
+
+def test_heap_kernels_refuse_a_non_contiguous_out(tmp_path):
+    """``out`` is filled through a flat view of its memory: a strided array would reshape into
+    a copy that is filled and thrown away, so the wrappers refuse it (issue 9)."""
+    row_size, ref = 24, 4
+    src, heap, payloads, offs = make_heap_case(row_size=row_size, ref_offset=ref)
+    rows = np.arange(50, dtype=np.int64)
+    dst = np.zeros(51, np.int64)
+    np.cumsum([len(p) for p in payloads], out=dst[1:])
+    strided = np.zeros(2 * int(dst[-1]), np.uint8)[::2]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.gather_heap(src, row_size, ref, rows, 50, np.array([0]), np.array([len(heap)]), np.array([0]),
+                            heap, strided, dst)
+    path = tmp_path / "heap.bin"
+    path.write_bytes(heap.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="C-contiguous"):
+            kernels.pread_heap(fd, src, row_size, ref, rows, np.zeros(50, np.int64), np.full(50, len(heap), np.int64),
+                               np.array([0], np.int64), max(len(heap), 1), strided, dst)
     finally:
         os.close(fd)

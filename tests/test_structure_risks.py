@@ -156,3 +156,18 @@ def test_close_while_a_read_is_in_flight_defers_closing_the_descriptor(images):
     with pytest.raises(OSError):
         os.fstat(fd)  # closed by the last read that used it
     r.close()
+
+
+def test_errors_pickle_with_their_context():
+    """Errors raised in worker processes cross a pickle: their context must survive it (a
+    kernel error's keyword-only constructor could not be replayed from its args)."""
+    from rowstore import kernels
+
+    err = kernels.KernelError("'/x.h5': block 3: bad", code=4, index=1, detail=7, path="/x.h5", block=3)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is kernels.KernelError and str(back) == str(err)
+    assert (back.code, back.index, back.detail, back.path, back.block) == (4, 1, 7, "/x.h5", 3)
+    fe = pickle.loads(pickle.dumps(FormatError("bad", path="/p", block=2, field="f", row=9)))
+    assert (fe.path, fe.block, fe.field, fe.row) == ("/p", 2, "f", 9)
+    ve = pickle.loads(pickle.dumps(rowstore.RowValidationError("row 3: bad", field="x", row=3)))
+    assert isinstance(ve, TypeError) and (ve.field, ve.row) == ("x", 3)

@@ -176,7 +176,7 @@ class Blosc2(BlockCompression):
     def decompress_into(self, stored: Any, out: np.ndarray) -> None:
         from rowstore import kernels
 
-        kernels.decompress_frame(np.frombuffer(stored, np.uint8), out.reshape(-1).view(np.uint8))
+        kernels.decompress_frame(np.frombuffer(stored, np.uint8), out.reshape(-1).view(np.uint8), codec=self.frame_check())
 
     def frame_check(self) -> tuple[int, int]:
         return spec.BLOSC2_CODECS[self.cname], spec.BLOSC2_SHUFFLES[self.shuffle]

@@ -216,7 +216,7 @@ class Layout:
         from rowstore import kernels
 
         arr = self.arrays()
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             for what, offs, stored, checks, raw in (
                 ("block", arr["offset"], arr["stored"], arr["checksum"], self.block_raw_bytes),
@@ -230,12 +230,12 @@ class Layout:
                 for i in range(0, len(offs), step):
                     j = min(i + step, len(offs))
                     try:
-                        kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], compressed=self.compressed,
+                        kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], codec=self.frame_check(),
                                             verify=True, dst=dst[: (j - i) * raw], raw_size=raw, scratch=scratch, what=what)
                     except kernels.KernelError as exc:
                         exc.args = (f"{self.path!r}: {what} {i + exc.index}: {exc}",)
                         exc.path = self.path
-                        exc.block = i + exc.index
+                        exc.block = i + exc.index if what == "block" else None
                         raise
         finally:
             os.close(fd)

@@ -1,0 +1,349 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, nonecheck=False
+"""Stored chunks: read, verify (CRC-32), check the Blosc2 header, decompress; and compress.
+
+Everything here that needs libblosc2 (linked statically, this module only). A compressed chunk
+is a single-chunk Blosc2 frame (what HDF5 filter 32026 stores): a msgpack header, one ordinary
+Blosc2 chunk, a trailer. Before a chunk reaches ``blosc2_decompress_ctx`` its header is compared
+with the compression the file declares (:func:`_check_chunk`): c-blosc2 resolves user-defined
+codec and filter ids by loading plugins, so the bytes of a file must not choose them. Failures
+are return codes (``_common.KernelCode``) in ``err``; ``rowstore/kernels.py`` words them.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memcpy
+
+from _common cimport (
+    E_CHECKSUM, E_CODEC, E_DECOMPRESS, E_DEST, E_FRAME, E_NOMEM, E_SIZE, _errbuf, _fail, _fits,
+    _pread_full,
+)
+from libblosc2 cimport (
+    BLOSC2_CHUNK_BLOCKSIZE, BLOSC2_CHUNK_BLOSC2_FLAGS, BLOSC2_CHUNK_BLOSC2_FLAGS2, BLOSC2_CHUNK_CBYTES,
+    BLOSC2_CHUNK_FILTER_CODES, BLOSC2_CHUNK_FILTER_META, BLOSC2_CHUNK_FLAGS, BLOSC2_CHUNK_NBYTES,
+    BLOSC2_CHUNK_VERSION, BLOSC2_CHUNK_VERSIONLZ, BLOSC2_CPARAMS_DEFAULTS, BLOSC2_DPARAMS_DEFAULTS,
+    BLOSC2_MAX_FILTERS, BLOSC2_MAXBLOCKSIZE, BLOSC2_STORAGE_DEFAULTS, BLOSC2_VERSION_FORMAT,
+    BLOSC2_VERSION_FORMAT_STABLE, BLOSC_BITSHUFFLE, BLOSC_BLOSCLZ, BLOSC_BLOSCLZ_FORMAT, BLOSC_DODELTA,
+    BLOSC_DOBITSHUFFLE, BLOSC_DOSHUFFLE, BLOSC_EXTENDED_HEADER_LENGTH, BLOSC_LZ4, BLOSC_LZ4_FORMAT,
+    BLOSC_LZ4HC, BLOSC_MEMCPYED, BLOSC_NOSHUFFLE, BLOSC_SHUFFLE, BLOSC_ZLIB, BLOSC_ZLIB_FORMAT, BLOSC_ZSTD,
+    BLOSC_ZSTD_FORMAT, blosc2_context, blosc2_cparams, blosc2_create_dctx, blosc2_decompress_ctx,
+    blosc2_dparams, blosc2_free_ctx, blosc2_init, blosc2_schunk, blosc2_schunk_append_buffer,
+    blosc2_schunk_free, blosc2_schunk_new, blosc2_schunk_to_buffer, blosc2_storage, c_bool, zng_crc32,
+)
+
+blosc2_init()
+
+#: The frame's msgpack magic ("b2frame\0").
+BLOSC2_FRAME_MAGIC = b"b2frame\x00"
+
+
+cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline uint64_t _be64(const uint8_t* p) noexcept nogil:
+    return (<uint64_t>_be32(p) << 32) | <uint64_t>_be32(p + 4)
+
+
+cdef inline int32_t _le32(const uint8_t* p) noexcept nogil:
+    return <int32_t>((<uint32_t>p[3] << 24) | (<uint32_t>p[2] << 16) | (<uint32_t>p[1] << 8) | <uint32_t>p[0])
+
+
+cdef inline int _codec_format(int compcode) noexcept nogil:
+    """The compressor format (bits 5..7 of a chunk's flags) of a Blosc2 compressor code, or -1
+    for any code that is not one of the codecs shipped in libblosc2 (lz4 and lz4hc share LZ4)."""
+    if compcode == BLOSC_BLOSCLZ:
+        return BLOSC_BLOSCLZ_FORMAT
+    if compcode == BLOSC_LZ4 or compcode == BLOSC_LZ4HC:
+        return BLOSC_LZ4_FORMAT
+    if compcode == BLOSC_ZLIB:
+        return BLOSC_ZLIB_FORMAT
+    if compcode == BLOSC_ZSTD:
+        return BLOSC_ZSTD_FORMAT
+    return -1
+
+
+cdef int _check_codec(int compcode, int shuffle) except -1:
+    """Refuse (ValueError) a declared compression that is not one our writer produces."""
+    if _codec_format(compcode) < 0:
+        raise ValueError(f"unknown Blosc2 compressor code {compcode} (expected 0, 1, 2, 4 or 5)")
+    if shuffle != BLOSC_NOSHUFFLE and shuffle != BLOSC_SHUFFLE and shuffle != BLOSC_BITSHUFFLE:
+        raise ValueError(f"unknown Blosc2 shuffle code {shuffle} (expected 0, 1 or 2)")
+    return 0
+
+
+cdef int _check_chunk(const uint8_t* c, int64_t avail, int compcode, int shuffle, int64_t raw_size,
+                      int64_t* err, int64_t index) noexcept nogil:
+    """Accept only a Blosc2 chunk header that our writer makes for the declared compression.
+
+    ``c`` is the chunk, ``avail`` the bytes the frame has from it on (README_CHUNK_FORMAT.rst of
+    c-blosc2 for the layout). Refused with ``E_CODEC``, detail the offending header byte:
+
+    - a format version outside stable..what this library reads, a codec format version not 1;
+    - no extended header (the filter pipeline), or delta coding in the flags;
+    - a compressor format other than the declared compressor's (lz4 and lz4hc share one); a
+      memcpy'd chunk may name format 0 instead (no codec runs for it);
+    - a user-defined codec byte other than the declared compressor code, codec metadata;
+    - filters other than ``[0, 0, 0, 0, 0, shuffle]`` or ``[shuffle, 0, 0, 0, 0, 0]``, any
+      filter metadata;
+    - any secondary flag (variable-length blocks) and any Blosc2 flag (dictionary, lazy chunk,
+      special values, big-endian, instrumented codec).
+
+    ``E_SIZE`` when nbytes is not ``raw_size``; ``E_FRAME`` when cbytes does not lie within the
+    frame (or disagrees with a memcpy'd chunk's size) or blocksize is out of range. 0 or -1.
+    """
+    cdef int flags, fmt, first, last, i, extended
+    cdef int32_t nbytes, blocksize, cbytes
+    if avail < BLOSC_EXTENDED_HEADER_LENGTH:
+        return _fail(err, E_FRAME, index, avail)
+    if not BLOSC2_VERSION_FORMAT_STABLE <= c[BLOSC2_CHUNK_VERSION] <= BLOSC2_VERSION_FORMAT:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_VERSION)
+    if c[BLOSC2_CHUNK_VERSIONLZ] != 1:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_VERSIONLZ)
+    flags = c[BLOSC2_CHUNK_FLAGS]
+    fmt = flags >> 5
+    # Both shuffle bits together mean "extended header": the filters are in bytes 16..21.
+    extended = BLOSC_DOSHUFFLE | BLOSC_DOBITSHUFFLE
+    if (flags & (extended | BLOSC_DODELTA)) != extended:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FLAGS)
+    if fmt != _codec_format(compcode) and not (flags & BLOSC_MEMCPYED and fmt == BLOSC_BLOSCLZ_FORMAT):
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FLAGS)
+    # The declared shuffle sits in the last filter slot (compress_frame: c-blosc2 puts it there)
+    # or in the first (files written through python-blosc2 before compress_frame existed, such as
+    # the format-v1 golden file); every other slot is empty, every filter's metadata 0.
+    first = c[BLOSC2_CHUNK_FILTER_CODES]
+    last = c[BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS - 1]
+    if first != 0 or shuffle == BLOSC_NOSHUFFLE:
+        if first != shuffle:
+            return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_CODES)
+        if last != 0:
+            return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS - 1)
+    elif last != shuffle:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS - 1)
+    for i in range(BLOSC2_MAX_FILTERS):
+        if 0 < i < BLOSC2_MAX_FILTERS - 1 and c[BLOSC2_CHUNK_FILTER_CODES + i] != 0:
+            return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_CODES + i)
+        if c[BLOSC2_CHUNK_FILTER_META + i] != 0:
+            return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_META + i)
+    # Bytes 22 and 23: the user-defined codec slot (our writer puts the compressor code there)
+    # and the codec's metadata.
+    if c[BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS] != compcode:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS)
+    if c[BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS + 1] != 0:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_FILTER_CODES + BLOSC2_MAX_FILTERS + 1)
+    if c[BLOSC2_CHUNK_BLOSC2_FLAGS2] != 0:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_BLOSC2_FLAGS2)
+    if c[BLOSC2_CHUNK_BLOSC2_FLAGS] != 0:
+        return _fail(err, E_CODEC, index, BLOSC2_CHUNK_BLOSC2_FLAGS)
+    nbytes = _le32(c + BLOSC2_CHUNK_NBYTES)
+    blocksize = _le32(c + BLOSC2_CHUNK_BLOCKSIZE)
+    cbytes = _le32(c + BLOSC2_CHUNK_CBYTES)
+    if nbytes != raw_size:
+        return _fail(err, E_SIZE, index, nbytes)
+    if cbytes < BLOSC_EXTENDED_HEADER_LENGTH or cbytes > avail:
+        return _fail(err, E_FRAME, index, cbytes)
+    if blocksize <= 0 or blocksize > BLOSC2_MAXBLOCKSIZE:
+        return _fail(err, E_FRAME, index, blocksize)
+    if flags & BLOSC_MEMCPYED and cbytes != <int64_t>nbytes + BLOSC_EXTENDED_HEADER_LENGTH:
+        return _fail(err, E_FRAME, index, cbytes)
+    return 0
+
+
+cdef int _frame_decompress(blosc2_context* ctx, const uint8_t* src, int64_t size, int compcode,
+                           int shuffle, uint8_t* dst, int64_t raw_size, int64_t* err,
+                           int64_t index) noexcept nogil:
+    """Decompress a single-chunk Blosc2 frame into exactly ``raw_size`` bytes at ``dst``.
+
+    Of the frame only the msgpack fields locating the chunk are read (fixarray, the magic, int32
+    header_len, uint64 frame_len) and its int64 uncompressed size, which must be ``raw_size``
+    (one chunk). The frame's own codec and filter bytes, metalayers and trailer are never
+    handed to c-blosc2, so they are not checked; the chunk's header is (:func:`_check_chunk`).
+    """
+    cdef int64_t hlen, flen
+    cdef int32_t cbytes
+    cdef int rc, i
+    cdef const char* magic = b"b2frame\x00"
+    # msgpack: fixarray, fixstr(8) "b2frame\0", int32 header_len, uint64 frame_len, then the
+    # flags (fixstr(4)) and int64 uncompressed_size at 0x1D.
+    if size < 0x26 or src[0] & 0xF0 != 0x90 or src[1] != 0xA8 or src[10] != 0xD2 or src[15] != 0xCF:
+        return _fail(err, E_FRAME, index, 0)
+    for i in range(8):
+        if src[2 + i] != <uint8_t>magic[i]:
+            return _fail(err, E_FRAME, index, 2 + i)
+    hlen = _be32(src + 11)
+    flen = <int64_t>_be64(src + 16)
+    if hlen < 0x26 or flen > size or flen < hlen + BLOSC_EXTENDED_HEADER_LENGTH:
+        return _fail(err, E_FRAME, index, hlen)
+    if src[0x1D] != 0xD3:
+        return _fail(err, E_FRAME, index, 0x1D)
+    if <int64_t>_be64(src + 0x1E) != raw_size:
+        return _fail(err, E_SIZE, index, <int64_t>_be64(src + 0x1E))
+    if _check_chunk(src + hlen, flen - hlen, compcode, shuffle, raw_size, err, index) < 0:
+        return -1
+    cbytes = _le32(src + hlen + BLOSC2_CHUNK_CBYTES)  # checked to lie within the frame
+    rc = blosc2_decompress_ctx(ctx, src + hlen, cbytes, dst, <int32_t>raw_size)
+    if rc != raw_size:
+        return _fail(err, E_DECOMPRESS, index, rc)
+    return 0
+
+
+cdef blosc2_context* _new_dctx() noexcept nogil:
+    """A single-threaded decompression context (NULL when it cannot be allocated)."""
+    cdef blosc2_dparams dparams = BLOSC2_DPARAMS_DEFAULTS
+    dparams.nthreads = 1
+    return blosc2_create_dctx(dparams)
+
+
+def crc32(const uint8_t[::1] data not None, unsigned int value=0):
+    """CRC-32 of ``data`` (the per-chunk checksum of format v1; equals ``zlib.crc32``).
+    Releases the GIL."""
+    cdef unsigned int h
+    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+    with nogil:
+        h = zng_crc32(value, p, <size_t>data.shape[0])
+    return h
+
+
+def load_chunks(int fd,
+                const int64_t[::1] offsets not None,
+                const int64_t[::1] stored not None,
+                const uint64_t[::1] checksums not None,
+                int compcode, int shuffle, bint verify,
+                uint8_t[::1] dst not None, int64_t raw_size,
+                uint8_t[::1] scratch not None,
+                int64_t[::1] err not None):
+    """Read chunk i (``stored[i]`` bytes at file ``offsets[i]``) into ``dst[i*raw_size:]``.
+
+    ``compcode < 0``: chunks are stored raw, each exactly ``raw_size`` bytes. Else chunks are
+    single-chunk Blosc2 frames compressed with Blosc2 compressor ``compcode`` and shuffle filter
+    ``shuffle`` (the file's declared compression), staged in ``scratch``, their chunk header
+    checked against that declaration and decompressed to exactly ``raw_size`` bytes.
+    ``verify``: check the CRC-32 of the stored bytes against ``checksums[i]`` first.
+    Returns 0, or -1 with ``err = [code, chunk index, detail]``.
+    """
+    cdef int64_t* e = _errbuf(err)
+    cdef Py_ssize_t n = offsets.shape[0]
+    cdef int rc
+    cdef blosc2_context* ctx = NULL
+    if stored.shape[0] != n or checksums.shape[0] != n:
+        raise ValueError("load_chunks: argument lengths differ")
+    if compcode >= 0:
+        _check_codec(compcode, shuffle)
+    if raw_size <= 0 or not _fits(n, raw_size, dst.shape[0]):
+        return _fail(e, E_DEST, 0, dst.shape[0])
+    if n == 0:
+        return 0
+    with nogil:
+        if compcode >= 0:
+            ctx = _new_dctx()
+        if compcode >= 0 and ctx == NULL:
+            rc = _fail(e, E_NOMEM, 0, 0)
+        else:
+            rc = _load(fd, n, &offsets[0], &stored[0], &checksums[0], ctx, compcode, shuffle, verify,
+                       &dst[0], raw_size, &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], e)
+        if ctx != NULL:
+            blosc2_free_ctx(ctx)
+    return rc
+
+
+cdef int _load(int fd, Py_ssize_t n, const int64_t* offsets, const int64_t* stored,
+               const uint64_t* checksums, blosc2_context* ctx, int compcode, int shuffle, bint verify,
+               uint8_t* dst, int64_t raw_size, uint8_t* scratch, int64_t scratch_size,
+               int64_t* err) noexcept nogil:
+    """The loop of :func:`load_chunks` (arguments checked there; ``ctx`` NULL: stored raw)."""
+    cdef Py_ssize_t i
+    cdef uint8_t* target
+    for i in range(n):
+        if stored[i] <= 0 or offsets[i] < 0:
+            return _fail(err, E_SIZE, i, stored[i])
+        if ctx != NULL:
+            if stored[i] > scratch_size:
+                return _fail(err, E_DEST, i, stored[i])
+            target = scratch
+        else:
+            if stored[i] != raw_size:
+                return _fail(err, E_SIZE, i, stored[i])
+            target = dst + i * raw_size
+        if _pread_full(fd, target, stored[i], offsets[i], err, i) < 0:
+            return -1
+        if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
+            return _fail(err, E_CHECKSUM, i, 0)
+        if ctx != NULL and _frame_decompress(ctx, target, stored[i], compcode, shuffle,
+                                             dst + i * raw_size, raw_size, err, i) < 0:
+            return -1
+    return 0
+
+
+def decompress_frame(const uint8_t[::1] src not None, uint8_t[::1] dst not None, int compcode,
+                     int shuffle, int64_t[::1] err not None):
+    """Decompress one single-chunk Blosc2 frame, declared compressed with Blosc2 compressor
+    ``compcode`` and shuffle filter ``shuffle``, into all of ``dst`` (its header checked as in
+    :func:`load_chunks`). Returns 0 or -1 (see ``err``)."""
+    cdef int64_t* e = _errbuf(err)
+    cdef int rc
+    cdef blosc2_context* ctx
+    _check_codec(compcode, shuffle)
+    if src.shape[0] == 0 or dst.shape[0] == 0:
+        return _fail(e, E_SIZE, 0, dst.shape[0])
+    with nogil:
+        ctx = _new_dctx()
+        if ctx == NULL:
+            rc = _fail(e, E_NOMEM, 0, 0)
+        else:
+            rc = _frame_decompress(ctx, &src[0], src.shape[0], compcode, shuffle, &dst[0], dst.shape[0], e, 0)
+            blosc2_free_ctx(ctx)
+    return rc
+
+
+def compress_frame(const uint8_t[::1] src not None, uint8_t[::1] dst not None, int compcode, int clevel,
+                   int shuffle, int typesize, int64_t[::1] err not None):
+    """Compress ``src`` into a single-chunk Blosc2 frame (what HDF5 filter 32026 stores) in
+    ``dst`` with Blosc2 compressor ``compcode`` and shuffle filter ``shuffle``; returns the
+    frame's length, or -1 (``err``). Runs without the GIL, so a writer compresses blocks on
+    several threads. An all-zero ``src`` is stored memcpy'd (clevel 0): Blosc2 would make it a
+    "special" chunk that a frame records only in its index."""
+    cdef int64_t* e = _errbuf(err)
+    cdef blosc2_cparams cparams = BLOSC2_CPARAMS_DEFAULTS
+    cdef blosc2_dparams dparams = BLOSC2_DPARAMS_DEFAULTS
+    cdef blosc2_storage storage = BLOSC2_STORAGE_DEFAULTS
+    cdef blosc2_schunk* sc = NULL
+    cdef uint8_t* frame = NULL
+    cdef c_bool needs_free = False
+    cdef int64_t n = src.shape[0], length = -1, i
+    cdef bint zero = True
+    _check_codec(compcode, shuffle)
+    if n <= 0 or n > 0x7FFF0000 or typesize < 1 or typesize > 255 or not 0 <= clevel <= 9:
+        raise ValueError("compress_frame: bad arguments")
+    with nogil:
+        for i in range(n):
+            if src[i] != 0:
+                zero = False
+                break
+        cparams.compcode = <uint8_t>compcode
+        cparams.clevel = 0 if zero else <uint8_t>clevel
+        cparams.typesize = typesize
+        cparams.nthreads = 1
+        cparams.filters[BLOSC2_MAX_FILTERS - 1] = <uint8_t>shuffle
+        dparams.nthreads = 1
+        storage.contiguous = True
+        storage.cparams = &cparams
+        storage.dparams = &dparams
+        sc = blosc2_schunk_new(&storage)
+        if sc == NULL:
+            _fail(e, E_NOMEM, 0, 0)
+        elif blosc2_schunk_append_buffer(sc, &src[0], <int32_t>n) < 0:
+            _fail(e, E_FRAME, 0, 0)
+        else:
+            length = blosc2_schunk_to_buffer(sc, &frame, &needs_free)
+            if length < 0:
+                _fail(e, E_FRAME, 0, length)
+            elif length > dst.shape[0]:
+                _fail(e, E_DEST, 0, length)
+                length = -1
+            else:
+                memcpy(&dst[0], frame, <size_t>length)
+            if needs_free:
+                free(frame)
+        if sc != NULL:
+            blosc2_schunk_free(sc)
+    return length

@@ -187,7 +187,7 @@ class Writer:
                 # Block size not known yet: with heap payloads, go row by row so the first block
                 # closes as soon as it holds block_bytes (a batch may be far larger).
                 take = 1 if self._heap_fields else n - done
-            self._packer.add_columns([values[done : done + take] for values in parts], take)
+            self._packer.add_columns(parts if take == n else [values[done : done + take] for values in parts], take)
             done += take
             self._after_rows()
 
@@ -285,11 +285,10 @@ class Writer:
                     raise RowValidationError(f"row {first}: field {f.name!r} is missing from the batch", field=f.name, row=first)
                 parts.append([None] * n)
                 continue
-            values, _ = check_column(f, columns[f.name], n, first)
-            if not f.inline:
-                for i, v in enumerate(values):
-                    check_value_size(f, v, first + i)
-            parts.append(values)
+            parts.append(check_column(f, columns[f.name], n, first)[0])
+        for k, f in self._heap_fields:
+            for i, v in enumerate(parts[k]):
+                check_value_size(f, v, first + i)
         return n, parts
 
     # -- blocks ----------------------------------------------------------------------------
@@ -316,8 +315,8 @@ class Writer:
         packer.pop_block(block, rpb)
 
     def _flush_heap(self, final: bool) -> None:
-        if self._file is None:
-            return  # pending heap bytes wait for the first block, which creates the file
+        if self._file is None or not (final or len(self._packer.heap) >= self._heap_chunk_bytes):
+            return  # nothing to cut (pending heap bytes wait for the first block, which creates the file)
         for chunk, extent in self._packer.heap_chunks(self._heap_chunk_bytes, final=final):
             self._file.write_heap_chunk(memoryview(chunk), extent=extent)
 

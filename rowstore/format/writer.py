@@ -20,7 +20,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
@@ -36,6 +36,9 @@ from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
 from rowstore.format.validate import check_column, check_value
 from rowstore.schema import Schema
+
+if TYPE_CHECKING:
+    from rowstore.format.index import Layout
 
 __all__ = ["Writer"]
 
@@ -330,7 +333,7 @@ class Writer:
                                    heap_chunk_bytes=self._heap_chunk_bytes, with_heap=bool(self._heap_fields),
                                    compressor=self._compressor)  # fmt: skip
 
-    def _open_for_append(self, layout) -> None:
+    def _open_for_append(self, layout: Layout) -> None:
         """Copy the file, reopen the copy, and reload its partial last block and heap chunk so
         that appended rows continue them (the copy is renamed over the original at close)."""
         self._atomic = AtomicFile(self.path, copy_from=self.path)
@@ -377,7 +380,7 @@ def _check_destination(path: str, mode: str) -> None:
         raise FileExistsError(f"{path!r} exists (mode='x')")
 
 
-def _check_append(path: str, layout, schema: Schema | None, compression: Any) -> Schema:
+def _check_append(path: str, layout: Layout, schema: Schema | None, compression: Any) -> Schema:
     """The schema to append with: the file's; a schema or compression given must equal it."""
     if schema is not None and Schema.from_json(schema.to_json()) != layout.schema:
         raise SchemaError(f"cannot append to {path!r}: its schema differs from the one given:\n{layout.schema}\nvs\n{schema}")

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from rowstore.format._index_builder import block_index, heap_chunk_index
 from rowstore.format._pack import PackerTail
 from rowstore.format.compression import BlockCompression
 from rowstore.schema import Schema
+
+if TYPE_CHECKING:
+    from rowstore.format.index import Layout
 
 __all__ = ["ChunkStream", "Compressor", "H5File", "file_attributes"]
 
@@ -187,7 +190,7 @@ class H5File:
         return cls(f, rows, heap, [])
 
     @classmethod
-    def reopen(cls, path: str, layout, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
+    def reopen(cls, path: str, layout: Layout, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
         """Open ``path`` (a copy of the file that ``layout`` describes) to append to it.
 
         Returns the file, positioned to rewrite the partial last block and heap chunk, and their
@@ -219,7 +222,7 @@ class H5File:
                            stored=[int(x) for x in index["stored_nbytes"]],
                            checksums=[int(x) for x in index["checksum"]])  # fmt: skip
 
-    def _reopen_last_block(self, g, layout) -> tuple[np.ndarray, int, int]:
+    def _reopen_last_block(self, g, layout: Layout) -> tuple[np.ndarray, int, int]:
         """A partial last block goes back to pending (its chunk is rewritten by the next block
         written): returns its rows, the rows before it, and where its payloads start."""
         blocks, rpb = layout.blocks, layout.rows_per_block
@@ -231,7 +234,7 @@ class H5File:
         heap_start, _ = self._block_heap.pop()
         return g[spec.ROWS][first : layout.num_rows], first, heap_start
 
-    def _reopen_last_heap_chunk(self, g, layout) -> tuple[bytes, int]:
+    def _reopen_last_heap_chunk(self, g, layout: Layout) -> tuple[bytes, int]:
         """A partial last heap chunk: its bytes and its logical offset (rewritten, like a block)."""
         assert self.heap is not None  # reopened just before
         H, n = layout.heap_chunk_bytes, len(layout.heap_chunks)

@@ -20,7 +20,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
@@ -36,6 +36,9 @@ from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
 from rowstore.format.validate import check_column, check_value
 from rowstore.schema import Schema
+
+if TYPE_CHECKING:
+    from rowstore.format.index import Layout
 
 __all__ = ["Writer"]
 
@@ -187,7 +190,7 @@ class Writer:
                 # Block size not known yet: with heap payloads, go row by row so the first block
                 # closes as soon as it holds block_bytes (a batch may be far larger).
                 take = 1 if self._heap_fields else n - done
-            self._packer.add_columns([values[done : done + take] for values in parts], take)
+            self._packer.add_columns(parts if take == n else [values[done : done + take] for values in parts], take)
             done += take
             self._after_rows()
 
@@ -285,11 +288,10 @@ class Writer:
                     raise RowValidationError(f"row {first}: field {f.name!r} is missing from the batch", field=f.name, row=first)
                 parts.append([None] * n)
                 continue
-            values, _ = check_column(f, columns[f.name], n, first)
-            if not f.inline:
-                for i, v in enumerate(values):
-                    check_value_size(f, v, first + i)
-            parts.append(values)
+            parts.append(check_column(f, columns[f.name], n, first)[0])
+        for k, f in self._heap_fields:
+            for i, v in enumerate(parts[k]):
+                check_value_size(f, v, first + i)
         return n, parts
 
     # -- blocks ----------------------------------------------------------------------------
@@ -316,8 +318,8 @@ class Writer:
         packer.pop_block(block, rpb)
 
     def _flush_heap(self, final: bool) -> None:
-        if self._file is None:
-            return  # pending heap bytes wait for the first block, which creates the file
+        if self._file is None or not (final or len(self._packer.heap) >= self._heap_chunk_bytes):
+            return  # nothing to cut (pending heap bytes wait for the first block, which creates the file)
         for chunk, extent in self._packer.heap_chunks(self._heap_chunk_bytes, final=final):
             self._file.write_heap_chunk(memoryview(chunk), extent=extent)
 
@@ -331,7 +333,7 @@ class Writer:
                                    heap_chunk_bytes=self._heap_chunk_bytes, with_heap=bool(self._heap_fields),
                                    compressor=self._compressor)  # fmt: skip
 
-    def _open_for_append(self, layout) -> None:
+    def _open_for_append(self, layout: Layout) -> None:
         """Copy the file, reopen the copy, and reload its partial last block and heap chunk so
         that appended rows continue them (the copy is renamed over the original at close)."""
         self._atomic = AtomicFile(self.path, copy_from=self.path)
@@ -378,7 +380,7 @@ def _check_destination(path: str, mode: str) -> None:
         raise FileExistsError(f"{path!r} exists (mode='x')")
 
 
-def _check_append(path: str, layout, schema: Schema | None, compression: Any) -> Schema:
+def _check_append(path: str, layout: Layout, schema: Schema | None, compression: Any) -> Schema:
     """The schema to append with: the file's; a schema or compression given must equal it."""
     if schema is not None and Schema.from_json(schema.to_json()) != layout.schema:
         raise SchemaError(f"cannot append to {path!r}: its schema differs from the one given:\n{layout.schema}\nvs\n{schema}")

@@ -148,11 +148,12 @@ def test_close_while_a_read_is_in_flight_defers_closing_the_descriptor(images):
     that read (the next open file would get it, and the read would read that file)."""
     r = rowstore.open(images)
     store = r._store
-    with store._descriptor() as fd:  # a read in flight on "another thread"
-        r.close()
-        os.fstat(fd)  # still this file's descriptor
-        assert not store.is_open
-        assert r.take([3])["id"].tolist() == [3]  # new reads open a new descriptor
+    fd = store._acquire()  # a read in flight on "another thread"
+    r.close()
+    os.fstat(fd)  # still this file's descriptor
+    assert not store.is_open
+    assert r.take([3])["id"].tolist() == [3]  # new reads open a new descriptor
+    store._release(fd)
     with pytest.raises(OSError):
         os.fstat(fd)  # closed by the last read that used it
     r.close()

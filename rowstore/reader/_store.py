@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -90,24 +88,23 @@ class LocalStore:
         """Whether this process holds a descriptor of the file now."""
         return self._fd is not None and self._fd_pid == os.getpid()
 
-    @contextmanager
-    def _descriptor(self) -> Iterator[int]:
-        """This process's descriptor (opened on first use), held for the duration of a read."""
+    def _acquire(self) -> int:
+        """This process's descriptor (opened on first use), held until :meth:`_release`."""
         pid = os.getpid()
         with self._lock:
             if self._fd is None or self._fd_pid != pid:
                 self._fd, self._fd_pid = self._open(), pid
             fd = self._fd
             self._users[fd] = self._users.get(fd, 0) + 1
-        try:
-            yield fd
-        finally:
-            with self._lock:
-                self._users[fd] -= 1
-                if not self._users[fd] and fd in self._retired:  # closed meanwhile: the last reader closes it
-                    del self._users[fd]
-                    self._retired.discard(fd)
-                    os.close(fd)
+        return fd
+
+    def _release(self, fd: int) -> None:
+        with self._lock:
+            self._users[fd] -= 1
+            if not self._users[fd] and fd in self._retired:  # closed meanwhile: the last reader closes it
+                del self._users[fd]
+                self._retired.discard(fd)
+                os.close(fd)
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -136,25 +133,37 @@ class LocalStore:
                     codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
                     scratch: np.ndarray, what: str) -> None:
         """Whole stored chunks, checked and decompressed into ``dst`` (see kernels.load_chunks)."""
-        with self._descriptor() as fd:
+        fd = self._acquire()  # (not a context manager: this is per request on the hot path)
+        try:
             kernels.load_chunks(fd, offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
                                 raw_size=raw_size, scratch=scratch, what=what)
+        finally:
+            self._release(fd)
 
     def read_rows(self, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
         """Single rows into ``dst`` (``direct`` stores only)."""
-        with self._descriptor() as fd:
+        fd = self._acquire()
+        try:
             kernels.pread_rows(fd, file_offsets, row_size, dst)
+        finally:
+            self._release(fd)
 
     def read_rows_into(self, file_offsets: np.ndarray, row_size: int,
                        segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray) -> None:
         """Single rows cut straight into per-field arrays (``direct`` stores only)."""
-        with self._descriptor() as fd:
+        fd = self._acquire()
+        try:
             kernels.preadv_rows(fd, file_offsets, row_size, segments, sink)
+        finally:
+            self._release(fd)
 
     def read_payloads(self, rowbuf: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray,
                       lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_bytes: int,
                       out: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only)."""
-        with self._descriptor() as fd:
+        fd = self._acquire()
+        try:
             kernels.pread_heap(fd, rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, out,
                                dst_offsets)
+        finally:
+            self._release(fd)

@@ -75,6 +75,10 @@ class Half(Codec):
         if field.dtype != np.float32 or field.is_variable:
             raise rowstore.SchemaError(f"{self.codec_id} stores fixed-shape float32", field=field.name)
 
+    def check_value(self, value, field):
+        if np.abs(value).max(initial=0) > 65504:
+            raise CodecError(f"field {field.name!r}: values beyond float16's range", codec=self.codec_id, field=field.name)
+
     def encode(self, value, field):
         return np.ascontiguousarray(value, np.float16).tobytes()
 
@@ -250,3 +254,19 @@ def test_entry_point_registration(plugin_file, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["clip", "4:", *(["ünïcode"] * 4), str(int(_row(4)["grid"].sum())), "rs_plugin_test"]
+
+
+def test_write_batch_checks_each_value_of_an_in_row_codec(tmp_path):
+    """A column given as one ndarray skips per-value work for raw fields only: an in-row codec's
+    own check (here: float16 range) still runs on every value, and the batch is refused whole."""
+    schema = Schema([Field("id", "int64"), Field("half", "float32", (5,), codec="test-half")])
+    path = str(tmp_path / "h.h5")
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch({"id": np.arange(3), "half": np.ones((3, 5), np.float32)})
+        bad = np.ones((4, 5), np.float32)
+        bad[2, 1] = 1e6
+        with pytest.raises(rowstore.RowValidationError) as ei:
+            w.write_batch({"id": np.arange(3, 7), "half": bad})
+        assert ei.value.field == "half" and ei.value.row == 5
+    with rowstore.open(path) as r:
+        assert len(r) == 3 and r.take([2])["half"].tolist() == [[1.0] * 5]

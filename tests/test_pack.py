@@ -188,7 +188,6 @@ class Q16(rowstore.Codec):
     """float32 values of a fixed shape, stored inline as big-endian int16 hundredths."""
 
     codec_id = "test_q16"
-    inline = True  # the placement flag of the codec contract before stored_nbytes
 
     def check_field(self, field):
         if field.dtype != np.float32 or field.is_variable:

@@ -591,7 +591,6 @@ class BigEndian(rowstore.Codec):
     """Fixed-shape numbers stored inline as big-endian bytes (a non-raw inline codec)."""
 
     codec_id = "test_big_endian"
-    inline = True  # the placement flag of the codec contract before stored_nbytes
 
     def check_field(self, field):
         if field.is_variable or field.dtype in ("str", "bytes"):

@@ -156,7 +156,7 @@ class RowPacker:
             if not f.inline:
                 shape = col["shape"] if f.variable_dims else None
                 plan.append((_HEAP, f, null, col["offset"], col["nbytes"], shape))
-            elif f.codec["id"] == "raw":
+            elif f.codec_obj.raw_bytes:
                 plan.append((_RAW, f, null, col))
             else:
                 plan.append((_CODEC, f, null, col))

@@ -122,19 +122,19 @@ def heap_ref_dtype(field: Field) -> np.dtype:
 def row_dtype(schema: Schema) -> np.dtype:
     """The packed (unaligned), little-endian compound dtype of one stored row.
 
-    Columns follow the schema's order: an inline ``raw`` field is stored as its value
+    Columns follow the schema's order: an inline field whose codec stores ``raw_bytes`` (``raw``) is stored as its value
     (``(name, dtype, shape)``), an inline field of another codec as its encoded bytes
-    (``(name, "u1", (codec.stored_nbytes(field),))``), a heap field as :func:`heap_ref_dtype`;
+    (``(name, "u1", (field.stored_nbytes,))``), a heap field as :func:`heap_ref_dtype`;
     every nullable field adds a ``<name>__null`` boolean column right after it.
     """
     parts: list[tuple] = []
     for f in schema:
         if not f.inline:
             parts.append((f.name, heap_ref_dtype(f)))
-        elif f.codec["id"] == "raw":
+        elif f.codec_obj.raw_bytes:  # the value's own little-endian bytes
             parts.append((f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype))
         else:  # an inline codec that is not raw: its encoded bytes, always the same number
-            parts.append((f.name, "u1", (f.codec_obj.stored_nbytes(f),)))
+            parts.append((f.name, "u1", (f.stored_nbytes,)))
         if f.nullable:
             parts.append((f.name + NULL_SUFFIX, "|b1"))
     return np.dtype(parts)

@@ -135,6 +135,7 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
     """
     if (
         field.inline
+        and field.codec_obj.raw_bytes  # other in-row codecs check each value (check_value)
         and isinstance(column, np.ndarray)
         and column.dtype != object
         and column.dtype.kind not in "USVMm"

@@ -23,6 +23,7 @@ import numpy as np
 
 import rowstore
 from rowstore.demo import demo_schema
+from rowstore.format._commit import fsync_path
 from rowstore.format.spec import row_dtype
 
 
@@ -30,14 +31,6 @@ def rows_for(name: str, n: int, rng) -> dict[str, np.ndarray]:
     if name == "tiny":
         return {"x": rng.standard_normal((n, 16), dtype=np.float32), "label": rng.integers(0, 10, n)}
     return {"foo": rng.standard_normal((n, 9, 9, 27)), "bar": rng.integers(0, 1000, (n, 9, 27)), "baz": rng.standard_normal(n)}
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_rowstore(path, schema, cols, batch, compression=None):

@@ -14,21 +14,29 @@ __all__ = ["register_codec", "get_codec", "registered_codecs", "ENTRY_POINT_GROU
 
 ENTRY_POINT_GROUP = "rowstore.codecs"
 
+def add_to_registry(registry: dict[str, type], cls: Any, *, base: type, id_attr: str, what: str,
+                    replace: bool = False) -> Any:
+    """Enter ``cls`` (a ``base`` subclass) in ``registry`` under its ``id_attr``; refuse a second
+    class under a taken id unless ``replace``. The rule of every rowstore registry (codecs here,
+    block compressions in ``rowstore.format.compression``)."""
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise CodecError(f"{cls!r} is not a {base.__name__} subclass")
+    cid = getattr(cls, id_attr, None)
+    if not isinstance(cid, str) or not cid:
+        raise CodecError(f"{cls.__name__} has no {id_attr}")
+    if cid in registry and registry[cid] is not cls and not replace:
+        raise CodecError(f"{what} id {cid!r} is already registered by {registry[cid].__name__}", codec=cid)
+    registry[cid] = cls
+    return cls
+
+
 _REGISTRY: dict[str, type[Codec]] = {}
 _entry_points_loaded = False
 
 
 def register_codec(cls: type[Codec], *, replace: bool = False) -> type[Codec]:
     """Register a :class:`Codec` subclass under its ``codec_id`` (usable as a decorator)."""
-    if not (isinstance(cls, type) and issubclass(cls, Codec)):
-        raise CodecError(f"{cls!r} is not a Codec subclass")
-    cid = getattr(cls, "codec_id", None)
-    if not isinstance(cid, str) or not cid:
-        raise CodecError(f"{cls.__name__} has no codec_id")
-    if cid in _REGISTRY and _REGISTRY[cid] is not cls and not replace:
-        raise CodecError(f"codec id {cid!r} is already registered by {_REGISTRY[cid].__name__}", codec=cid)
-    _REGISTRY[cid] = cls
-    return cls
+    return add_to_registry(_REGISTRY, cls, base=Codec, id_attr="codec_id", what="codec", replace=replace)
 
 
 def _load_entry_points() -> None:

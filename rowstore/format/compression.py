@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rowstore.codecs.registry import add_to_registry
 from rowstore.errors import CodecError, FormatError
 from rowstore.format import spec
 
@@ -189,15 +190,8 @@ _REGISTRY: dict[str, type[BlockCompression]] = {}
 def register_block_compression(cls: type[BlockCompression], *, replace: bool = False) -> type[BlockCompression]:
     """Register a :class:`BlockCompression` subclass under its ``compression_id`` (usable as a
     decorator). Registering another class under a taken id needs ``replace=True``."""
-    if not (isinstance(cls, type) and issubclass(cls, BlockCompression)):
-        raise CodecError(f"{cls!r} is not a BlockCompression subclass")
-    cid = getattr(cls, "compression_id", None)
-    if not isinstance(cid, str) or not cid:
-        raise CodecError(f"{cls.__name__} has no compression_id")
-    if cid in _REGISTRY and _REGISTRY[cid] is not cls and not replace:
-        raise CodecError(f"block compression id {cid!r} is already registered by {_REGISTRY[cid].__name__}")
-    _REGISTRY[cid] = cls
-    return cls
+    return add_to_registry(_REGISTRY, cls, base=BlockCompression, id_attr="compression_id", what="block compression",
+                           replace=replace)
 
 
 def registered_block_compressions() -> dict[str, type[BlockCompression]]:

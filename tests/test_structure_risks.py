@@ -172,3 +172,24 @@ def test_errors_pickle_with_their_context():
     assert (fe.path, fe.block, fe.field, fe.row) == ("/p", 2, "f", 9)
     ve = pickle.loads(pickle.dumps(rowstore.RowValidationError("row 3: bad", field="x", row=3)))
     assert isinstance(ve, TypeError) and (ve.field, ve.row) == ("x", 3)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_closes_its_copy_of_the_parents_descriptor(images):
+    r = rowstore.open(images)
+    r.take([0])
+    parent_fd = r._store._fd
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.fstat(parent_fd)
+            leaked = True
+        except OSError:
+            leaked = False
+        ok = not leaked and r.take([5])["id"].tolist() == [5]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    os.fstat(parent_fd)  # the parent's stays open
+    assert r.take([6])["id"].tolist() == [6]
+    r.close()

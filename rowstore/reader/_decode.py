@@ -71,10 +71,11 @@ class Decoder:
                 self._workers, self._pid = threads, os.getpid()
             return self._pool
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the decode threads (``wait=False`` from a finaliser, which may run on one)."""
         with self._lock:
             if self._pool is not None and self._pid == os.getpid():
-                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
 
     # -- decoding ----------------------------------------------------------------------------

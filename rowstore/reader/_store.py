@@ -31,9 +31,16 @@ _STORES: weakref.WeakSet[LocalStore] = weakref.WeakSet()
 
 def _after_fork() -> None:
     # A fork copies only the forking thread: a lock another thread held stays locked forever in
-    # the child. Give every store a new lock; the inherited descriptor is the parent's business.
+    # the child. Give every store a new lock; the child's copies of the parent's descriptors are
+    # closed (the child opens its own on first use; closing a copy leaves the parent's open).
     for store in list(_STORES):
+        inherited = set(store._retired) | ({store._fd} if store._fd is not None else set())
         store._reset()
+        for fd in inherited:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -124,9 +124,9 @@ class Reader:
         self.close()
 
     def __del__(self) -> None:
-        store = getattr(self, "_store", None)  # absent when __init__ failed
-        if store is not None:
-            self.close()
+        if hasattr(self, "_store"):  # absent when __init__ failed
+            self._store.close()
+            self._decoder.close(wait=False)  # the collector may run this on a decode thread
 
     # -- basic access ----------------------------------------------------------------------
     def __len__(self) -> int:

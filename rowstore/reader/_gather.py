@@ -120,9 +120,15 @@ class Gatherer:
         self.scratch = _Scratch()
         stored, hstored = self.arr["stored"], self.arr["hc_stored"]
         self.max_stored = int(max(stored.max() if len(stored) else 0, hstored.max() if len(hstored) else 0))
-        # Single rows and payloads only where the store serves them cheaply and every byte
-        # handed out need not have been checksummed.
+        # Single rows and payloads only where the store serves them cheaply, from uncompressed
+        # chunks, and not under verify="always" (whole chunks only).
         self.direct_ok = store.direct and codec is None and verify != "always"
+        # verify=True: a chunk is checksummed whole the first time a direct read touches it (per
+        # process; a few ms per MiB-block once per reader at 60 GB/s of CRC), so that no byte
+        # handed out comes from an unchecked chunk. Races between threads only verify twice.
+        self._checked = np.zeros(layout.num_blocks, np.bool_) if verify is True else None
+        self._hchecked = np.zeros(len(self.arr["hc_offset"]), np.bool_) if verify is True else None
+        self._check_lock = threading.Lock()  # one thread checks a chunk; the others wait for it
 
     # -- the request -------------------------------------------------------------------------
     def gather(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
@@ -136,6 +142,8 @@ class Gatherer:
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
+        if strategy != "blocks":
+            self._check_first_touch(r.ublocks, "block")
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
             # straight into the batch arrays, one preadv per row, no intermediate buffer.
@@ -276,6 +284,8 @@ class Gatherer:
             direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
             if not direct:
                 heap_ctx = self._heap_context(r.ublocks)
+        if direct:
+            self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
         for p in plans:
             name = p.field.name
             dst_off = np.zeros(r.n + 1, np.int64)
@@ -321,9 +331,8 @@ class Gatherer:
                 shapes[:, d] = s
         return shapes
 
-    def _heap_context(self, ublocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Load every heap chunk the loaded blocks' heap ranges touch: (heap buffer, per-slot
-        lo, hi, base) for ``gather_heap``."""
+    def _heap_chunks_of(self, ublocks: np.ndarray) -> np.ndarray:
+        """The heap chunks (sorted ids) that the heap ranges of ``ublocks`` touch."""
         H = self.layout.heap_chunk_bytes
         lo_b, hi_b = self.arr["heap_start"][ublocks], self.arr["heap_end"][ublocks]
         c_lo = lo_b // H
@@ -331,9 +340,36 @@ class Gatherer:
         present = np.zeros(len(self.arr["hc_offset"]) + 1, np.bool_)
         for a, b in zip(c_lo, c_hi):
             present[a : b + 1] = True
-        need = np.flatnonzero(present[:-1]).astype(np.int64)
+        return np.flatnonzero(present[:-1]).astype(np.int64)
+
+    def _heap_context(self, ublocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Load every heap chunk the loaded blocks' heap ranges touch: (heap buffer, per-slot
+        lo, hi, base) for ``gather_heap``."""
+        H = self.layout.heap_chunk_bytes
+        lo_b, hi_b = self.arr["heap_start"][ublocks], self.arr["heap_end"][ublocks]
+        need = self._heap_chunks_of(ublocks)
         heap = self.scratch.get("heap", len(need) * H)
         if len(need):
             self._load(need, "heap chunk", heap, H, ("hc_offset", "hc_stored", "hc_checksum"))
-        base = np.searchsorted(need, c_lo) * H - c_lo * H
+        base = np.searchsorted(need, lo_b // H) * H - (lo_b // H) * H
         return heap, lo_b, hi_b, base
+
+    def _check_first_touch(self, which: np.ndarray, what: str) -> None:
+        """verify=True before a direct read: checksum, whole, each chunk of ``which`` (blocks or
+        heap chunks) not yet checked by this reader in this process (a chunk touched again is
+        read directly, without a check)."""
+        checked = self._checked if what == "block" else self._hchecked
+        if checked is None or not len(which) or checked[which].all():
+            return
+        with self._check_lock:
+            self._check_chunks(which[~checked[which]], what, checked)
+
+    def _check_chunks(self, todo: np.ndarray, what: str, checked: np.ndarray) -> None:
+        raw = self.layout.block_raw_bytes if what == "block" else self.layout.heap_chunk_bytes
+        cols = ("offset", "stored", "checksum") if what == "block" else ("hc_offset", "hc_stored", "hc_checksum")
+        step = max(1, (16 << 20) // raw)
+        buf = self.scratch.get("check", min(step, len(todo)) * raw)
+        for a in range(0, len(todo), step):
+            part = todo[a : a + step]
+            self._load(part, what, buf[: len(part) * raw], raw, cols)
+            checked[part] = True

@@ -42,11 +42,13 @@ class Reader:
     path : str or os.PathLike
         A ``.h5`` file written by :class:`rowstore.Writer`.
     verify : bool or "always"
-        ``True`` (default): check the CRC-32 of every chunk that is read whole (at tens of GB/s,
-        cheap beside decompression); a mismatch raises :class:`~rowstore.errors.ChecksumError`.
-        Rows and payloads of uncompressed files that are read directly (when that is cheaper
-        than whole blocks) are bounds-checked but not checksummed. ``"always"`` reads whole
-        chunks only, so every byte handed out was checksummed; ``False`` checks nothing.
+        ``True`` (default): no byte is handed out from a chunk whose CRC-32 was not checked; a
+        mismatch raises :class:`~rowstore.errors.ChecksumError`. Chunks read whole are checked
+        every time (at tens of GB/s, cheap beside decompression); uncompressed files may be read
+        row by row or payload by payload where that is cheaper, and each chunk such a read
+        touches is checked whole the first time (once per reader and process: the first epoch
+        of a uniform shuffle reads the data once more). ``"always"``: whole chunks only, checked
+        on every read. ``False``: no checks (bounds are still checked).
         ``rowstore verify PATH`` checks a whole file once.
     varlen : {"ragged", "padded"}
         Default output of variable-shape fields: a :class:`~rowstore.reader.buffers.Ragged`

@@ -365,7 +365,7 @@ class Schema(Sequence[Field]):
         if isinstance(obj, (str, bytes)):
             try:
                 obj = json.loads(obj)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
                 raise SchemaError(f"schema is not valid JSON: {exc}") from exc
         if not isinstance(obj, Mapping) or not isinstance(obj.get("fields"), list):
             raise SchemaError("schema JSON must be an object with a 'fields' list")

@@ -132,28 +132,35 @@ class Layout:
                 if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
                     raise
                 raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
-            except (KeyError, ValueError, TypeError) as exc:
-                raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
+            except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, RecursionError, OverflowError) as exc:
+                # h5py's errors for damaged metadata (RuntimeError), objects of the wrong kind
+                # (AttributeError), sizes numpy cannot represent (OverflowError, ValueError).
+                raise FormatError(f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path) from exc
         if verify:
             layout.verify()
         return layout
 
     @classmethod
     def _read(cls, f, path: str, file_size: int) -> Layout:
+        import h5py
+
         def bad(msg: str) -> FormatError:
             return FormatError(f"{path!r}: {msg}", path=path)
 
-        if spec.GROUP not in f or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
+        if spec.GROUP not in f or not isinstance(f[spec.GROUP], h5py.Group) \
+                or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
         a = g.attrs
         version = _version(a, path, bad)
         schema = _schema(a, path, bad)
         try:
-            compression = spec.compression_config(json.loads(_text(a.get(spec.ATTR_COMPRESSION, '{"id": "none"}'))))
+            compression = spec.compression_config(_json(a, spec.ATTR_COMPRESSION, '{"id": "none"}', bad))
         except RowstoreError as exc:  # a CodecError: unknown or malformed compression
             raise bad(f"invalid compression attribute: {exc}") from exc
-        user_attrs = json.loads(_text(a.get(spec.ATTR_USER, "{}")))
+        user_attrs = _json(a, spec.ATTR_USER, "{}", bad)
+        if not isinstance(user_attrs, dict):
+            raise bad(f"user attributes must be a JSON object, got {type(user_attrs).__name__}")
         num_rows, rpb, H, heap_nbytes = (_int(a, k, bad) for k in (
             spec.ATTR_NUM_ROWS, spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES))
         if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):
@@ -162,7 +169,7 @@ class Layout:
             raise bad("negative or zero sizes in the attributes")
         row_dtype = spec.row_dtype(schema)
         _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
-        rows = g[spec.ROWS]
+        rows = _dataset(g, spec.ROWS, bad)
         if rows.dtype != row_dtype:
             raise bad(f"row table dtype {rows.dtype} does not match the schema's {row_dtype}")
         if rows.shape != (num_rows,) or rows.chunks != (rpb,):
@@ -205,6 +212,7 @@ class Layout:
             if len(h) != -(-self.heap_nbytes // H):
                 raise bad(f"heap chunk index has {len(h)} entries for {self.heap_nbytes} heap bytes")
             _check_ranges(h["offset"], h["stored_nbytes"], self.file_size, bad, "heap chunk")
+            _check_disjoint(b["offset"], b["stored_nbytes"], h["offset"], h["stored_nbytes"], bad)
             if not self.compressed and len(h) and (h["stored_nbytes"] != np.uint64(H)).any():
                 raise bad("an uncompressed heap chunk's stored size is not heap_chunk_bytes")
 
@@ -270,10 +278,29 @@ def _check_limits(bad, row_size: int, rpb: int, H: int, heap_nbytes: int, num_ro
         raise bad(f"heap_nbytes={heap_nbytes} needs a heap chunk index larger than the file ({file_size} bytes)")
 
 
+def _json(attrs, name: str, default: str, bad) -> Any:
+    try:
+        return json.loads(_text(attrs.get(name, default)))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; nesting too deep
+        raise bad(f"attribute {name!r} is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _dataset(g, name: str, bad):
+    """``g[name]``, which must be a 1-D dataset."""
+    import h5py
+
+    if name not in g:
+        raise bad(f"/{spec.GROUP}/{name} is missing")
+    ds = g[name]
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape or ()) != 1:
+        raise bad(f"/{spec.GROUP}/{name} is not a 1-D dataset")
+    return ds
+
+
 def _read_index(g, name: str, expected: int, dtype: np.dtype, bad) -> np.ndarray:
     """An index dataset of ``expected`` entries, its length checked before it is read (an
     unallocated HDF5 dataset can declare any length without storing it)."""
-    ds = g[name]
+    ds = _dataset(g, name, bad)
     if ds.shape != (expected,):
         raise bad(f"{name} index has shape {ds.shape}, expected ({expected},)")
     if ds.dtype != dtype:
@@ -288,7 +315,7 @@ def _heap_index(g, schema: Schema, heap_nbytes: int, H: int, bad) -> np.ndarray:
             raise bad("heap_nbytes is not 0 for a schema without heap fields")
         return np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
     heap_chunks = _read_index(g, spec.HEAP_CHUNKS, -(-heap_nbytes // H), spec.HEAP_CHUNK_DTYPE, bad)
-    heap = g[spec.HEAP]
+    heap = _dataset(g, spec.HEAP, bad)
     if heap.shape != (heap_nbytes,) or heap.chunks != (H,):
         raise bad(f"heap shape {heap.shape}/chunks {heap.chunks} disagree with heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}")
     return heap_chunks
@@ -321,6 +348,23 @@ def _schema(a, path: str, bad) -> Schema:
         raise bad(f"invalid schema: {exc}") from exc
     except (RowstoreError, KeyError) as exc:
         raise bad(f"invalid schema: {exc}") from exc
+
+
+def _check_disjoint(b_off: np.ndarray, b_size: np.ndarray, h_off: np.ndarray, h_size: np.ndarray, bad) -> None:
+    """Stored chunks are disjoint byte ranges of the file: entries that share bytes (so a small
+    file could claim a huge dataset, every block pointing at one chunk) are refused."""
+    off = np.concatenate([b_off, h_off]).astype(np.uint64)
+    end = off + np.concatenate([b_size, h_size]).astype(np.uint64)  # in the file: no overflow (checked)
+    if len(off) < 2:
+        return
+    order = np.argsort(off, kind="stable")
+    overlap = end[order][:-1] > off[order][1:]
+    if overlap.any():
+        i = int(np.argmax(overlap))
+        a, z = (int(order[i]), int(order[i + 1]))
+        name = lambda k: f"block {k}" if k < len(b_off) else f"heap chunk {k - len(b_off)}"  # noqa: E731
+        raise bad(f"{name(a)} and {name(z)} share bytes of the file (offsets {int(off[a])} and {int(off[z])}): "
+                  f"the index is corrupt")
 
 
 def _check_ranges(offsets: np.ndarray, sizes: np.ndarray, file_size: int, bad, what: str) -> None:

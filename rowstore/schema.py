@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -218,7 +219,7 @@ class Field:
         """Bytes of one value for fully fixed shapes (0 for str/bytes/variable)."""
         if self.dtype in (STR, BYTES) or self.is_variable:
             return 0
-        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+        return math.prod(self.shape) * self.itemsize  # Python ints: no wrap-around for huge shapes
 
     # -- rendering --------------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -87,3 +87,28 @@ def test_image_of_two_to_the_forty_pixels_is_refused_before_decoding(tmp_path, c
     e = ei.value
     assert e.field == "img" and e.row == 5 and e.block == 1 and e.path == path
     assert ("limit" in str(e)) if codec == "png" else ("disagrees" in str(e))
+
+
+def test_stored_shape_whose_product_wraps_int64_is_refused(tmp_path):
+    """Dimensions whose int64 product wraps around (2**22 * 2**21 * 2**21 * 8 bytes = 2**67)
+    must not slip past the size checks as a small number."""
+    schema = Schema([Field("i", "int64"), Field("v", "float64", (None, None, None))])
+    rows = [{"i": i, "v": np.zeros((1, 1, 1))} for i in range(8)]
+    path = _small(str(tmp_path / "wrap.h5"), schema, rows)
+    with h5py.File(path, "r") as f:
+        ds = f["rowstore/rows"]
+        info = ds.id.get_chunk_info(0)
+        dt = ds.dtype
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + 2 * dt.itemsize + dt.fields["v"][1] + 16)  # row 2's shape
+        fh.write(np.array([1 << 22, 1 << 21, 1 << 21], "<u4").tobytes())
+        fh.seek(info.byte_offset)
+        crc = zlib.crc32(fh.read(info.size))
+    with h5py.File(path, "r+") as f:
+        b = f["rowstore/blocks"][()]
+        b["checksum"][0] = crc
+        f["rowstore/blocks"][...] = b
+    with rowstore.open(path) as r, pytest.raises(FormatError) as ei:
+        r.take([2])
+    assert ei.value.row == 2
+    assert Field("big", "float64", (1 << 31, 1 << 31, 1 << 31)).fixed_nbytes == 8 << 93

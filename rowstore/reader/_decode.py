@@ -127,13 +127,15 @@ class Decoder:
         per-value limit (a hostile shape must not size an allocation)."""
         f = p.field
         assert col.shapes is not None  # variable shapes come with their shapes
-        counts = np.prod(col.shapes, axis=1)
         item = f.dtype.itemsize
+        # Sizes in float64 first: an int64 product of hostile dimensions can wrap around to any
+        # value (also one that matches the payload); float64 is exact below 2**53 bytes.
+        nbytes = np.prod(col.shapes.astype(np.float64), axis=1) * item
         if f.codec_obj.raw_bytes:
-            bad = counts * item != np.diff(col.offsets)
+            bad = nbytes != np.diff(col.offsets)
             why = "payload size disagrees with its stored shape"
         else:
-            bad = (col.shapes > spec.MAX_VALUE_BYTES).any(axis=1) | (counts > spec.MAX_VALUE_BYTES // item)
+            bad = nbytes > spec.MAX_VALUE_BYTES
             why = f"stored shape exceeds the format's limit of {spec.MAX_VALUE_BYTES} bytes per value"
         if bad.any():
             i = int(np.argmax(bad))
@@ -141,7 +143,7 @@ class Decoder:
             raise FormatError(f"{self.path!r}: field {f.name!r}: row {row}: {why} (shape {tuple(col.shapes[i])}; corrupt file)",
                               path=self.path, block=row // self.rpb, field=f.name, row=row)
         elems = np.zeros(len(col) + 1, np.int64)
-        np.cumsum(counts, out=elems[1:])
+        np.cumsum(np.prod(col.shapes, axis=1), out=elems[1:])  # bounded now: no wrap-around
         return elems
 
     def _corrupt(self, p: FieldPlan, col: Payloads, g: Gathered, exc: Exception) -> FormatError:

@@ -133,7 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "verify":
             from rowstore.format.index import Layout
 
-            L = Layout.open(args.path, verify=True)
+            L = Layout.open(args.path)
+            damage = L.damage()
+            for err in damage:
+                first, end = err.rows or (0, 0)
+                print(f"rowstore verify: damaged: {err} (rows {first}..{end - 1})", file=sys.stderr)
+            if damage:
+                print(f"{args.path}: {len(damage)} damaged chunk(s) of {L.num_blocks + len(L.heap_chunks)}", file=sys.stderr)
+                return 1
             print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks, checksums match)")
     except (RowstoreError, OSError) as exc:
         print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)

@@ -85,15 +85,18 @@ class FormatError(RowstoreError, ValueError):
         The field whose stored value is bad, when known.
     row : int or None
         The row (dataset row number) whose stored value is bad, when known.
+    rows : (int, int) or None
+        The ``[first, end)`` rows whose values a damaged chunk holds (``Layout.damage``).
     """
 
     def __init__(self, message: str, *, path: str | None = None, block: int | None = None,
-                 field: str | None = None, row: int | None = None):
+                 field: str | None = None, row: int | None = None, rows: tuple[int, int] | None = None):
         super().__init__(message)
         self.path = path
         self.block = block
         self.field = field
         self.row = row
+        self.rows = rows
 
 
 class FormatVersionError(FormatError):

@@ -112,3 +112,28 @@ def test_stored_shape_whose_product_wraps_int64_is_refused(tmp_path):
         r.take([2])
     assert ei.value.row == 2
     assert Field("big", "float64", (1 << 31, 1 << 31, 1 << 31)).fixed_nbytes == 8 << 93
+
+
+def test_verify_reports_every_damaged_chunk_with_rows_and_fails(tmp_path, capsys):
+    from rowstore.cli import main
+
+    schema = Schema([Field("i", "int64"), Field("s", "str")])
+    path = str(tmp_path / "d.h5")
+    with rowstore.Writer(path, schema, rows_per_block=10, heap_chunk_bytes=64) as w:
+        for i in range(50):
+            w.write({"i": i, "s": f"value {i:04d}"})
+    L = rowstore.Layout.open(path)
+    with open(path, "r+b") as fh:
+        for off in (int(L.blocks["offset"][1]) + 3, int(L.blocks["offset"][3]) + 3, int(L.heap_chunks["offset"][2]) + 1):
+            fh.seek(off)
+            b = fh.read(1)
+            fh.seek(off)
+            fh.write(bytes([b[0] ^ 1]))
+    damage = rowstore.Layout.open(path).damage()
+    assert [(e.block, e.rows) for e in damage[:2]] == [(1, (10, 20)), (3, (30, 40))]
+    assert damage[2].block is None and damage[2].rows[0] <= 20 and len(damage) == 3
+    assert main(["verify", path]) == 1
+    err = capsys.readouterr().err
+    assert "rows 10..19" in err and "rows 30..39" in err and "3 damaged chunk(s)" in err
+    with pytest.raises(rowstore.ChecksumError):
+        rowstore.Layout.open(path, verify=True)

@@ -219,34 +219,65 @@ class Layout:
     def verify(self) -> None:
         """Read every row block and heap chunk and check checksums and decompression.
 
-        Raises :class:`~rowstore.errors.ChecksumError`/:class:`FormatError` naming the block.
+        Raises the first :class:`~rowstore.errors.ChecksumError`/:class:`FormatError` found,
+        naming the chunk (see :meth:`damage` for all of them).
         """
-        from rowstore import kernels
+        for err in self.damage():
+            raise err
 
+    def damage(self, *, limit: int | None = None) -> list[FormatError]:
+        """Every damaged block and heap chunk (checksum, decompression or size), in file order,
+        as errors with ``block`` (blocks) and ``rows``: the ``(first, end)`` dataset rows whose
+        values it holds (a heap chunk: the rows of the blocks whose payloads it holds). Reads
+        the whole file, 64 MiB at a time; stops after ``limit`` errors."""
         arr = self.arrays()
+        found: list[FormatError] = []
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            for what, offs, stored, checks, raw in (
-                ("block", arr["offset"], arr["stored"], arr["checksum"], self.block_raw_bytes),
-                ("heap chunk", arr["hc_offset"], arr["hc_stored"], arr["hc_checksum"], self.heap_chunk_bytes),
-            ):
-                if not len(offs):
-                    continue
-                step = max(1, (64 << 20) // raw)
-                dst = np.empty(min(step, len(offs)) * raw, np.uint8)
-                scratch = np.empty(int(stored.max()), np.uint8)
-                for i in range(0, len(offs), step):
-                    j = min(i + step, len(offs))
-                    try:
-                        kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], codec=self.frame_check(),
-                                            verify=True, dst=dst[: (j - i) * raw], raw_size=raw, scratch=scratch, what=what)
-                    except kernels.KernelError as exc:
-                        exc.args = (f"{self.path!r}: {what} {i + exc.index}: {exc}",)
-                        exc.path = self.path
-                        exc.block = i + exc.index if what == "block" else None
-                        raise
+            for what, cols, raw in (("block", ("offset", "stored", "checksum"), self.block_raw_bytes),
+                                    ("heap chunk", ("hc_offset", "hc_stored", "hc_checksum"), self.heap_chunk_bytes)):
+                for k, exc in self._check_all(fd, what, [arr[c] for c in cols], raw):
+                    exc.args = (f"{self.path!r}: {what} {k}: {exc}",)
+                    exc.path, exc.block = self.path, k if what == "block" else None
+                    exc.rows = self._rows_of(what, k)
+                    found.append(exc)
+                    if limit is not None and len(found) >= limit:
+                        return found
         finally:
             os.close(fd)
+        return found
+
+    def _check_all(self, fd: int, what: str, index: list[np.ndarray], raw: int):
+        """``(position, error)`` of every chunk of one index that fails to load."""
+        from rowstore import kernels
+
+        offs, stored, checks = index
+        if not len(offs):
+            return
+        step = max(1, (64 << 20) // raw)
+        dst = np.empty(min(step, len(offs)) * raw, np.uint8)
+        scratch = np.empty(int(stored.max()), np.uint8)
+        i = 0
+        while i < len(offs):
+            j = min(i + step, len(offs))
+            try:
+                kernels.load_chunks(fd, offs[i:j], stored[i:j], checks[i:j], codec=self.frame_check(), verify=True,
+                                    dst=dst[: (j - i) * raw], raw_size=raw, scratch=scratch, what=what)
+                i = j
+            except kernels.KernelError as exc:
+                yield i + exc.index, exc
+                i += exc.index + 1  # go on after the damaged chunk
+
+    def _rows_of(self, what: str, k: int) -> tuple[int, int]:
+        b = self.blocks
+        if what == "block":
+            return int(b["first_row"][k]), int(b["first_row"][k] + b["num_rows"][k])
+        H = self.heap_chunk_bytes
+        lo, hi = np.uint64(k * H), np.uint64((k + 1) * H)
+        hit = np.flatnonzero((b["heap_start"] < hi) & (b["heap_end"] > lo))
+        if not len(hit):
+            return (0, 0)
+        return int(b["first_row"][hit[0]]), int(b["first_row"][hit[-1]] + b["num_rows"][hit[-1]])
 
 
 def file_identity(st: os.stat_result) -> tuple:

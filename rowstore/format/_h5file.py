@@ -108,7 +108,13 @@ class ChunkStream:
     def _store(self, k: int, extent: int, data, crc: int) -> None:
         if extent > self.ds.shape[0]:
             self.ds.resize((extent,))
-        self.ds.id.write_direct_chunk((k * self.chunk_len,), data)
+        from h5py._objects import phil
+
+        # h5py <= 3.15 runs DatasetID.write_direct_chunk without phil, its global lock around
+        # libhdf5 (h5py PR 2764): h5py work on another thread (a reader opening a file, another
+        # Writer) then ran inside the non-thread-safe libhdf5 alongside it. phil is reentrant.
+        with phil:
+            self.ds.id.write_direct_chunk((k * self.chunk_len,), data)
         if k < len(self.stored):  # rewriting the partial last chunk of an appended file
             self.stored[k] = len(data)
             self.checksums[k] = crc

@@ -16,6 +16,7 @@ import pytest
 
 import rowstore
 from rowstore import Field, Schema
+from rowstore.cli import main as cli_main
 
 SCHEMA = Schema([Field("i", "int64"), Field("t", "str")])
 INLINE = Schema([Field("i", "int64"), Field("x", "float32", (4,))])
@@ -213,6 +214,37 @@ def test_new_writer_removes_stale_temporaries_of_its_target_only(tmp_path):
     assert open(path, "rb").read() != before
     left = temporaries(tmp_path)
     assert sorted(left) == sorted([n for n in stale if n.startswith(".other.h5.")] + [".data.h5.notarandom.rowstore-tmp"])
+
+
+def test_gc_removes_stale_temporaries_but_not_a_live_writers(tmp_path, capsys):
+    path = str(tmp_path / "data.h5")
+    other = str(tmp_path / "other.h5")
+    write(path, 20)
+    write(other, 20)
+    kill_mid_write(path)
+    stale = temporaries(tmp_path)
+    live = spawn(other, 50)
+    try:
+        assert live.stdout.readline().startswith("ready"), live.stderr.read()
+        live_tmp = [n for n in temporaries(tmp_path) if n.startswith(".other.h5.")]
+        assert len(live_tmp) == 1
+        assert cli_main(["gc", "--dry-run", str(tmp_path)]) == 0
+        assert stale[0] in capsys.readouterr().out
+        assert sorted(temporaries(tmp_path)) == sorted(stale + live_tmp)
+        assert cli_main(["gc", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert f"removed: {tmp_path / stale[0]}" in out and f"kept (a writer is active): {tmp_path / live_tmp[0]}" in out
+        assert temporaries(tmp_path) == live_tmp
+        live.communicate("close\n", timeout=60)
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+    assert rowstore.Layout.open(other).num_rows == 70
+    kill_mid_write(path)
+    assert cli_main(["gc", path]) == 0  # a file path: its own temporaries
+    assert temporaries(tmp_path) == []
+    assert listing(tmp_path) == ["data.h5", "other.h5"]
 
 
 # -- 4. a directory as path -----------------------------------------------------------------

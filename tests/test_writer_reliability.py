@@ -4,7 +4,9 @@ directory as path is refused at construction."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -58,13 +60,13 @@ def test_append_refuses_corrupt_partial_tail(tmp_path, compression, dataset):
     assert layout.heap_nbytes % layout.heap_chunk_bytes, "the last heap chunk must be partial too"
     last = (layout.num_blocks if dataset == "rows" else len(layout.heap_chunks)) - 1
     flip_byte(path, dataset, last, at=3)
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     with pytest.raises(rowstore.ChecksumError) as info:
         rowstore.Writer(path, mode="a")
     assert path in str(info.value) and info.value.path == path
     if dataset == "rows":
         assert info.value.block == last
-    assert open(path, "rb").read() == before  # untouched, and nothing left beside it
+    assert pathlib.Path(path).read_bytes() == before  # untouched, and nothing left beside it
     assert listing(tmp_path) == ["data.h5"]
 
 
@@ -149,46 +151,42 @@ APPENDER = textwrap.dedent(
 )
 
 
-def spawn(path, n):
-    return subprocess.Popen([sys.executable, "-c", APPENDER, path, str(n)], stdin=subprocess.PIPE,
+@contextlib.contextmanager
+def appender(path, n):
+    """A child process that has appended ``n`` rows to ``path`` and holds its writer open
+    (send it "close" to commit); killed on the way out if still running."""
+    proc = subprocess.Popen([sys.executable, "-c", APPENDER, path, str(n)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().startswith("ready"), proc.stderr.read()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()
 
 
 def test_two_processes_appending_one_is_refused_none_lost(tmp_path):
     path = str(tmp_path / "data.h5")
     write(path, 1000)
-    a = spawn(path, 5000)
-    try:
-        assert a.stdout.readline().startswith("ready"), a.stderr.read()
-        b = spawn(path, 5000)
-        out, err = b.communicate(timeout=60)
-        assert b.returncode == 3 and out.startswith("busy") and "another writer" in out, (out, err)
+    with appender(path, 5000) as a:
+        b = subprocess.run([sys.executable, "-c", APPENDER, path, "5000"], capture_output=True, text=True, timeout=60)
+        assert b.returncode == 3 and b.stdout.startswith("busy") and "another writer" in b.stdout, (b.stdout, b.stderr)
         assert rowstore.Layout.open(path).num_rows == 1000  # readers see the old file meanwhile
         out, err = a.communicate("close\n", timeout=60)
         assert a.returncode == 0 and "closed" in out, err
-    finally:
-        if a.poll() is None:
-            a.kill()
-            a.wait()
     assert rowstore.Layout.open(path).num_rows == 6000
     assert listing(tmp_path) == ["data.h5"]
 
 
 # -- 3. stale temporaries -------------------------------------------------------------------
 def kill_mid_write(path, n=50):
-    """Start an appender, wait until it has written, SIGKILL it; return its temporary's name."""
-    proc = spawn(path, n)
-    try:
-        assert proc.stdout.readline().startswith("ready"), proc.stderr.read()
+    """SIGKILL an appender of ``path`` once it has written ``n`` rows: it leaves its temporary."""
+    with appender(path, n) as proc:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for s in (proc.stdin, proc.stdout, proc.stderr):
-            s.close()
-    assert proc.returncode == -signal.SIGKILL
+        assert proc.wait(timeout=30) == -signal.SIGKILL
 
 
 def temporaries(directory):
@@ -204,14 +202,14 @@ def test_new_writer_removes_stale_temporaries_of_its_target_only(tmp_path):
     stale = temporaries(tmp_path)
     assert len(stale) == 2 and any(n.startswith(".data.h5.") for n in stale)
     (tmp_path / ".data.h5.notarandom.rowstore-tmp").write_bytes(b"not ours")  # not the exact pattern
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     with rowstore.Writer(path, mode="a") as w:  # the dead writer's lock went with it
         now = temporaries(tmp_path)
         assert {n for n in stale if n.startswith(".data.h5.")}.isdisjoint(now)  # removed
         assert {n for n in stale if n.startswith(".other.h5.")} <= set(now)  # another target's: kept
         assert len([n for n in now if n.startswith(".data.h5.") and n not in stale and "notarandom" not in n]) == 1  # w's
         w.write(rows(20, 1)[0])
-    assert open(path, "rb").read() != before
+    assert pathlib.Path(path).read_bytes() != before
     left = temporaries(tmp_path)
     assert sorted(left) == sorted([n for n in stale if n.startswith(".other.h5.")] + [".data.h5.notarandom.rowstore-tmp"])
 
@@ -223,9 +221,7 @@ def test_gc_removes_stale_temporaries_but_not_a_live_writers(tmp_path, capsys):
     write(other, 20)
     kill_mid_write(path)
     stale = temporaries(tmp_path)
-    live = spawn(other, 50)
-    try:
-        assert live.stdout.readline().startswith("ready"), live.stderr.read()
+    with appender(other, 50) as live:
         live_tmp = [n for n in temporaries(tmp_path) if n.startswith(".other.h5.")]
         assert len(live_tmp) == 1
         assert cli_main(["gc", "--dry-run", str(tmp_path)]) == 0
@@ -236,10 +232,6 @@ def test_gc_removes_stale_temporaries_but_not_a_live_writers(tmp_path, capsys):
         assert f"removed: {tmp_path / stale[0]}" in out and f"kept (a writer is active): {tmp_path / live_tmp[0]}" in out
         assert temporaries(tmp_path) == live_tmp
         live.communicate("close\n", timeout=60)
-    finally:
-        if live.poll() is None:
-            live.kill()
-            live.wait()
     assert rowstore.Layout.open(other).num_rows == 70
     kill_mid_write(path)
     assert cli_main(["gc", path]) == 0  # a file path: its own temporaries

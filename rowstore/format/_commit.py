@@ -146,6 +146,9 @@ def remove_stale(path: str | os.PathLike, *, dry_run: bool = False, keep: str | 
             fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             continue
+        except PermissionError:
+            live.append(tmp)  # cannot take its lock: not ours to call stale
+            continue
         try:
             if not _lock(fd, tmp):
                 if os.path.exists(tmp):
@@ -258,7 +261,8 @@ class AtomicFile:
         self._unlock()
 
     def __del__(self) -> None:
-        self._unlock()  # dropped without commit or abort: its temporary file becomes stale
+        if getattr(self, "_fd", None) is not None:
+            self._unlock()  # dropped without commit or abort: its temporary file becomes stale
 
     def __enter__(self) -> AtomicFile:
         return self

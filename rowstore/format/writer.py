@@ -10,7 +10,9 @@ A dataset is written to a temporary file beside ``path`` and renamed onto ``path
 the writer closes successfully (after ``fsync``), so ``path`` is always either absent, the
 previous complete file, or the new complete file. Appending (``mode="a"``) works on a copy of
 the existing file (``copy_file_range``/reflink where the filesystem offers it) and renames it
-over the original at close: a crash mid-append leaves the old file untouched.
+over the original at close: a crash mid-append leaves the old file untouched. The temporary
+file exists from construction and its lock makes the writer the only one of ``path`` (see
+:mod:`._commit`).
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ class Writer:
 
     Notes
     -----
+    One writer per path: while one is open (in any process), constructing another for the same
+    path raises :class:`~rowstore.errors.ConcurrentWriterError` (an ``OSError``); readers are
+    not blocked. Construction also removes the temporary files that killed writers of ``path``
+    left. An append first checks the checksums of the partial last block and heap chunk it will
+    rewrite (:class:`~rowstore.errors.ChecksumError` otherwise, nothing written). A directory as
+    ``path`` raises :class:`IsADirectoryError`.
+
     Not thread-safe: one writer per thread or process. Rows are validated against the schema; a
     bad row raises :class:`~rowstore.errors.RowValidationError` (a ``SchemaError``) naming the
     field, the row and what was expected, writes nothing of that row (or batch), and leaves the

@@ -10,6 +10,7 @@ from rowstore.errors import (
     ChecksumError,
     CodecError,
     CodecNotAvailableError,
+    ConcurrentWriterError,
     FormatError,
     FormatVersionError,
     RowstoreError,
@@ -26,6 +27,7 @@ __all__ = [
     "Writer", "Layout", "open",
     "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
     "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
+    "ConcurrentWriterError",
 ]  # fmt: skip
 
 

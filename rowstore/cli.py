@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -113,6 +114,21 @@ def _count(text: str) -> int:
     return n
 
 
+def gc_text(path: str, *, dry_run: bool = False) -> str:
+    """Remove (or with ``dry_run`` only list) the stale temporary files of a dataset file or of
+    every dataset in a directory; temporaries of live writers are listed and kept."""
+    from rowstore.format._commit import remove_stale
+
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):  # a dataset file need not exist: its first writer may have died
+        raise FileNotFoundError(f"directory {directory!r} does not exist")
+    stale, live = remove_stale(path, dry_run=dry_run)
+    lines = [f"{'stale' if dry_run else 'removed'}: {p}" for p in stale]
+    lines += [f"kept (a writer is active): {p}" for p in live]
+    lines.append(f"{'would remove' if dry_run else 'removed'} {len(stale)} stale temporary file(s), kept {len(live)} in use")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -124,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fields", nargs="+", help="only these fields")
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")
+    p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds)")
+    p.add_argument("path", help="a dataset file (its temporaries) or a directory (all temporaries in it)")
+    p.add_argument("--dry-run", action="store_true", help="only list them")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "info":
@@ -142,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{args.path}: {len(damage)} damaged chunk(s) of {L.num_blocks + len(L.heap_chunks)}", file=sys.stderr)
                 return 1
             print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks, checksums match)")
+        elif args.cmd == "gc":
+            print(gc_text(args.path, dry_run=args.dry_run))
     except (RowstoreError, OSError) as exc:
         print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ __all__ = [
     "FormatVersionError",
     "ChecksumError",
     "WriterClosedError",
+    "ConcurrentWriterError",
 ]
 
 
@@ -109,3 +110,18 @@ class ChecksumError(FormatError):
 
 class WriterClosedError(RowstoreError, RuntimeError):
     """A writer was used after it was closed or aborted."""
+
+
+class ConcurrentWriterError(RowstoreError, BlockingIOError):
+    """Another writer (in this process or another) is writing the same path: one writer per
+    path at a time. A ``BlockingIOError`` (an ``OSError``): retry once that writer is done.
+
+    Attributes
+    ----------
+    path : str or None
+        The path being written.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path

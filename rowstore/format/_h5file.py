@@ -11,6 +11,7 @@ temporary file of an :class:`~rowstore.format._commit.AtomicFile`).
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -31,7 +32,7 @@ from rowstore.schema import Schema
 if TYPE_CHECKING:
     from rowstore.format.index import Layout
 
-__all__ = ["ChunkStream", "Compressor", "H5File", "file_attributes"]
+__all__ = ["ChunkStream", "Compressor", "H5File", "Tail", "file_attributes", "read_tail"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,59 @@ def file_attributes(*, schema: Schema, user_attrs: Mapping[str, Any], num_rows: 
     }
 
 
+@dataclass(frozen=True)
+class Tail:
+    """What an append continues: the valid rows of a partial last block (else none) and the
+    valid bytes of a partial last heap chunk (else empty), checksum-verified."""
+
+    rows: np.ndarray
+    heap: bytes
+
+
+def read_tail(layout: Layout) -> Tail:
+    """The partial last block and heap chunk of ``layout``'s file, read with the reader's
+    kernels, their CRC-32 checked and decompressed: an append rewrites them with fresh
+    checksums, so a corruption it did not check here would become "valid".
+
+    Raises :class:`~rowstore.errors.ChecksumError` or :class:`FormatError` naming the path and
+    the block (or heap chunk).
+    """
+    blocks, rpb, itemsize = layout.blocks, layout.rows_per_block, layout.row_dtype.itemsize
+    rows = np.zeros(0, dtype=layout.row_dtype)
+    if len(blocks) and int(blocks["num_rows"][-1]) < rpb:
+        raw = _load_chunk(layout, "block", len(blocks) - 1)
+        rows = raw[: int(blocks["num_rows"][-1]) * itemsize].view(layout.row_dtype).copy()
+    heap, H = b"", layout.heap_chunk_bytes
+    if layout.heap_nbytes % H:
+        n = len(layout.heap_chunks)
+        heap = _load_chunk(layout, "heap chunk", n - 1)[: layout.heap_nbytes - (n - 1) * H].tobytes()
+    return Tail(rows, heap)
+
+
+def _load_chunk(layout: Layout, what: str, k: int) -> np.ndarray:
+    """Chunk ``k`` of the row table (``what="block"``) or of the heap, verified, decompressed."""
+    from rowstore import kernels
+
+    arr = layout.arrays()
+    if what == "block":
+        offs, stored, checks, raw = arr["offset"], arr["stored"], arr["checksum"], layout.block_raw_bytes
+    else:
+        offs, stored, checks, raw = arr["hc_offset"], arr["hc_stored"], arr["hc_checksum"], layout.heap_chunk_bytes
+    dst = np.empty(raw, np.uint8)
+    fd = os.open(layout.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        kernels.load_chunks(fd, offs[k : k + 1], stored[k : k + 1], checks[k : k + 1], codec=layout.frame_check(),
+                            verify=True, dst=dst, raw_size=raw, scratch=np.empty(int(stored[k]), np.uint8),
+                            what=what)  # fmt: skip
+    except kernels.KernelError as exc:
+        exc.args = (f"cannot append to {layout.path!r}: {what} {k}: {exc}",)
+        exc.path, exc.block = layout.path, k if what == "block" else None
+        raise
+    finally:
+        os.close(fd)
+    return dst
+
+
 class H5File:
     """One rowstore file open for writing through h5py.
 
@@ -180,7 +234,9 @@ class H5File:
         """A new file at ``path`` (replaced) with empty, chunked ``rows`` (and ``heap``)."""
         import h5py
 
-        f = h5py.File(path, "w")  # default libver: PyTables and older HDF5 open it
+        # Default libver: PyTables and older HDF5 open it. No HDF5 file locking: the AtomicFile's
+        # own lock on this file excludes other writers (and HDF5's would conflict with it).
+        f = h5py.File(path, "w", locking=False)
         try:
             g = f.create_group(spec.GROUP)
             kw = compressor.compression.hdf5_filter_kwargs()
@@ -196,26 +252,27 @@ class H5File:
         return cls(f, rows, heap, [])
 
     @classmethod
-    def reopen(cls, path: str, layout: Layout, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
-        """Open ``path`` (a copy of the file that ``layout`` describes) to append to it.
+    def reopen(cls, path: str, layout: Layout, tail: Tail, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
+        """Open ``path`` (a copy of the file that ``layout`` describes) to append to it;
+        ``tail`` is :func:`read_tail` of the original.
 
         Returns the file, positioned to rewrite the partial last block and heap chunk, and their
         contents, which go back to the packer."""
         import h5py
-        import hdf5plugin  # noqa: F401 - registers the Blosc2 filter to read compressed chunks
+        import hdf5plugin  # noqa: F401 - registers the Blosc2 filter of compressed datasets
 
-        f = h5py.File(path, "r+")
+        f = h5py.File(path, "r+", locking=False)  # as in create
         try:
             g = f[spec.GROUP]
             rows = cls._reopen_stream(g[spec.ROWS], layout.blocks, layout.rows_per_block, layout.row_dtype.itemsize,
                                       spec.blosc_typesize(layout.row_dtype), compressor)  # fmt: skip
             block_heap = [(int(a), int(b)) for a, b in zip(layout.blocks["heap_start"], layout.blocks["heap_end"])]
             out = cls(f, rows, None, block_heap)
-            pending, rows_written, block_heap_start = out._reopen_last_block(g, layout)
+            pending, rows_written, block_heap_start = out._reopen_last_block(layout, tail)
             heap, heap_flushed = b"", 0
             if any(not fl.inline for fl in layout.schema):
                 out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, layout.heap_chunk_bytes, 1, 1, compressor)
-                heap, heap_flushed = out._reopen_last_heap_chunk(g, layout)
+                heap, heap_flushed = out._reopen_last_heap_chunk(layout, tail)
         except BaseException:
             f.close()
             raise
@@ -228,7 +285,7 @@ class H5File:
                            stored=[int(x) for x in index["stored_nbytes"]],
                            checksums=[int(x) for x in index["checksum"]])  # fmt: skip
 
-    def _reopen_last_block(self, g, layout: Layout) -> tuple[np.ndarray, int, int]:
+    def _reopen_last_block(self, layout: Layout, tail: Tail) -> tuple[np.ndarray, int, int]:
         """A partial last block goes back to pending (its chunk is rewritten by the next block
         written): returns its rows, the rows before it, and where its payloads start."""
         blocks, rpb = layout.blocks, layout.rows_per_block
@@ -238,16 +295,16 @@ class H5File:
         first = int(blocks["first_row"][-1])
         self.rows.next_chunk = len(blocks) - 1
         heap_start, _ = self._block_heap.pop()
-        return g[spec.ROWS][first : layout.num_rows], first, heap_start
+        return tail.rows, first, heap_start
 
-    def _reopen_last_heap_chunk(self, g, layout: Layout) -> tuple[bytes, int]:
+    def _reopen_last_heap_chunk(self, layout: Layout, tail: Tail) -> tuple[bytes, int]:
         """A partial last heap chunk: its bytes and its logical offset (rewritten, like a block)."""
         assert self.heap is not None  # reopened just before
         H, n = layout.heap_chunk_bytes, len(layout.heap_chunks)
         if layout.heap_nbytes % H == 0:
             return b"", n * H
         self.heap.next_chunk = n - 1
-        return g[spec.HEAP][(n - 1) * H : layout.heap_nbytes].tobytes(), (n - 1) * H
+        return tail.heap, (n - 1) * H
 
     # -- writing -----------------------------------------------------------------------------
     def write_block(self, raw: memoryview, *, extent: int, heap_range: tuple[int, int]) -> None:

@@ -10,7 +10,9 @@ A dataset is written to a temporary file beside ``path`` and renamed onto ``path
 the writer closes successfully (after ``fsync``), so ``path`` is always either absent, the
 previous complete file, or the new complete file. Appending (``mode="a"``) works on a copy of
 the existing file (``copy_file_range``/reflink where the filesystem offers it) and renames it
-over the original at close: a crash mid-append leaves the old file untouched.
+over the original at close: a crash mid-append leaves the old file untouched. The temporary
+file exists from construction and its lock makes the writer the only one of ``path`` (see
+:mod:`._commit`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
 from rowstore.format._commit import AtomicFile
-from rowstore.format._h5file import Compressor, H5File, file_attributes
+from rowstore.format._h5file import Compressor, H5File, file_attributes, read_tail
 from rowstore.format._pack import (
     RowPacker,
     check_value_size,
@@ -80,6 +82,13 @@ class Writer:
 
     Notes
     -----
+    One writer per path: while one is open (in any process), constructing another for the same
+    path raises :class:`~rowstore.errors.ConcurrentWriterError` (an ``OSError``); readers are
+    not blocked. Construction also removes the temporary files that killed writers of ``path``
+    left. An append first checks the checksums of the partial last block and heap chunk it will
+    rewrite (:class:`~rowstore.errors.ChecksumError` otherwise, nothing written). A directory as
+    ``path`` raises :class:`IsADirectoryError`.
+
     Not thread-safe: one writer per thread or process. Rows are validated against the schema; a
     bad row raises :class:`~rowstore.errors.RowValidationError` (a ``SchemaError``) naming the
     field, the row and what was expected, writes nothing of that row (or batch), and leaves the
@@ -107,8 +116,21 @@ class Writer:
         self.path = os.fspath(path)
         self.mode = mode
         _check_destination(self.path, mode)
+        # Created now, not at the first block: its lock makes this the only writer of path (and
+        # removes the temporary files that killed writers of path left).
+        self._atomic = AtomicFile(self.path, exclusive=mode == "x", sole=True)
+        try:
+            self._open(schema, block_bytes, rows_per_block, compression, heap_chunk_bytes, attrs, threads)
+        except BaseException:
+            self.abort()  # removes the temporary file, and with it the lock
+            raise
+        self._closed = False
+
+    def _open(self, schema: Schema | None, block_bytes: int, rows_per_block: int | None, compression: Any,
+              heap_chunk_bytes: int, attrs: Mapping[str, Any] | None, threads: int | None) -> None:
+        """The rest of the constructor, once the lock is held."""
         layout = None
-        if mode == "a" and os.path.exists(self.path):
+        if self.mode == "a" and os.path.exists(self.path):
             from rowstore.format.index import Layout
 
             layout = Layout.open(self.path, verify=False)
@@ -127,12 +149,7 @@ class Writer:
         self.schema: Schema = schema
         self._setup(rows_per_block, block_bytes, heap_chunk_bytes, threads)
         if layout is not None:
-            try:
-                self._open_for_append(layout)
-            except BaseException:
-                self.abort()  # removes the copy
-                raise
-        self._closed = False
+            self._open_for_append(layout)
 
     def _setup(self, rows_per_block: int | None, block_bytes: int, heap_chunk_bytes: int, threads: int | None) -> None:
         """Block sizing, the packer and the compression threads."""
@@ -328,17 +345,19 @@ class Writer:
         packer = self._packer
         if self._rpb is None:
             self._rpb = first_rows_per_block(packer.n, packer.pending_bytes(), packer.itemsize, self._block_bytes)
-        self._atomic = AtomicFile(self.path, exclusive=self.mode == "x")
+        assert self._atomic is not None  # created with the writer
         self._file = H5File.create(self._atomic.tmp, row_dtype=packer.row_dtype, rows_per_block=self._rpb,
                                    heap_chunk_bytes=self._heap_chunk_bytes, with_heap=bool(self._heap_fields),
                                    compressor=self._compressor)  # fmt: skip
 
     def _open_for_append(self, layout: Layout) -> None:
-        """Copy the file, reopen the copy, and reload its partial last block and heap chunk so
-        that appended rows continue them (the copy is renamed over the original at close)."""
-        self._atomic = AtomicFile(self.path, copy_from=self.path)
-        assert self._rpb is not None  # the file's rows_per_block
-        self._file, tail = H5File.reopen(self._atomic.tmp, layout, compressor=self._compressor)
+        """Reload the file's partial last block and heap chunk (checksums verified: they are
+        rewritten with fresh ones), copy the file, and reopen the copy so that appended rows
+        continue them (the copy is renamed over the original at close)."""
+        reloaded = read_tail(layout)  # before the copy: a corrupt file costs no copy
+        assert self._atomic is not None and self._rpb is not None  # the writer's, the file's rows_per_block
+        self._atomic.copy(self.path)
+        self._file, tail = H5File.reopen(self._atomic.tmp, layout, reloaded, compressor=self._compressor)
         self._packer.resume(tail, self._rpb)
 
     def _finish(self) -> None:
@@ -376,6 +395,8 @@ def _check_destination(path: str, mode: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"directory {directory!r} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path!r} is a directory; a Writer writes one .h5 file")
     if mode == "x" and os.path.exists(path):
         raise FileExistsError(f"{path!r} exists (mode='x')")
 

@@ -66,8 +66,9 @@ def test_decode_threads_are_reused_across_takes(images):
         for _ in range(5):
             r.take(np.arange(32))
         after = {t.ident for t in threading.enumerate() if t.name.startswith("rowstore-decode")}
-        assert before and after == before
-    assert not [t for t in threading.enumerate() if t.ident in before and t.is_alive()]
+        # The pool starts its threads lazily (up to num_threads), and never replaces them.
+        assert before and before <= after and len(after) <= 2
+    assert not [t for t in threading.enumerate() if t.ident in after and t.is_alive()]
 
 
 def test_num_threads_is_validated(images):

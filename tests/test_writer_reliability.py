@@ -245,3 +245,31 @@ def test_directory_as_path_is_refused_at_construction(tmp_path, mode):
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):
         rowstore.Writer(str(tmp_path), SCHEMA, mode=mode)
     assert listing(tmp_path) == []
+
+
+def test_schema_too_wide_for_hdf5_is_refused_before_any_row(tmp_path):
+    """~1,000+ scalar fields: HDF5 cannot store the row type in one object header message.
+    The writer used to accept rows and fail inside h5py at the first block."""
+    wide = rowstore.Schema([rowstore.Field(f"field_number_{i}", "float32") for i in range(2000)])
+    target = tmp_path / "wide.h5"
+    with pytest.raises(rowstore.SchemaError, match="array"):
+        rowstore.Writer(str(target), wide)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+    ok = rowstore.Schema([rowstore.Field(f"field_number_{i}", "float32") for i in range(500)])
+    with rowstore.Writer(str(target), ok) as w:
+        w.write({f"field_number_{i}": float(i) for i in range(500)})
+    assert rowstore.open(str(target))[0]["field_number_499"] == 499.0
+    with pytest.raises(rowstore.SchemaError, match="user attributes"):
+        rowstore.Writer(str(tmp_path / "a.h5"), ok, attrs={"notes": "x" * 70_000})
+
+
+def test_attributes_grown_too_large_are_refused_at_close_without_losing_rows(tmp_path):
+    target = str(tmp_path / "attrs.h5")
+    w = rowstore.Writer(target, Schema([Field("i", "int64")]))
+    w.write_batch({"i": np.arange(100)})
+    w.attrs["log"] = "x" * 70_000
+    with pytest.raises(rowstore.SchemaError, match="user attributes"):
+        w.close()
+    del w.attrs["log"]
+    w.close()
+    assert len(rowstore.open(target)) == 100

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rowstore._version import __version__
-from rowstore.errors import FormatError
+from rowstore.errors import FormatError, SchemaError
 from rowstore.format import spec
 from rowstore.format._index_builder import block_index, heap_chunk_index
 from rowstore.format._pack import PackerTail
@@ -140,6 +140,29 @@ class ChunkStream:
         if (offs < 0).any() or not np.array_equal(sizes, np.asarray(self.stored[:n], dtype=np.int64)):
             raise FormatError("internal: HDF5's chunk index disagrees with the chunks written", path=self.ds.file.filename)
         return offs
+
+
+#: libhdf5 keeps every object header message (a dataset's datatype, an attribute) below 64 KiB
+#: in the file layout PyTables and older HDF5 read (the writer's default libver).
+MAX_HEADER_MESSAGE = 64 * 1024 - 512
+
+
+def check_storable(schema: Schema, user_attrs_json: str) -> None:
+    """Refuse, before any row is accepted, a schema (or user attributes) that HDF5 cannot store:
+    its row type or its JSON would not fit one object header message (about 1,000 scalar fields
+    of 20-character names; h5py would fail at the first block or at close)."""
+    import h5py
+
+    type_bytes = len(h5py.h5t.py_create(spec.row_dtype(schema)).encode())
+    if type_bytes > MAX_HEADER_MESSAGE:
+        raise SchemaError(
+            f"a schema of {len(schema)} fields needs {type_bytes} bytes of HDF5 metadata for its row type, more than "
+            f"the {MAX_HEADER_MESSAGE} HDF5 allows in one object header message; group related fields into array "
+            f"fields (e.g. Field('features', 'float32', (n,)) instead of n scalar fields)")
+    for what, text in (("schema", schema.to_json_str()), ("user attributes", user_attrs_json)):
+        if len(text.encode("utf-8")) > MAX_HEADER_MESSAGE:
+            raise SchemaError(f"the {what} take {len(text.encode('utf-8'))} bytes as JSON, more than the "
+                              f"{MAX_HEADER_MESSAGE} an HDF5 attribute holds here")
 
 
 def file_attributes(*, schema: Schema, user_attrs: Mapping[str, Any], num_rows: int, rows_per_block: int,

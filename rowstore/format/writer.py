@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
 from rowstore.format._commit import AtomicFile
-from rowstore.format._h5file import Compressor, H5File, file_attributes, read_tail
+from rowstore.format._h5file import Compressor, H5File, check_storable, file_attributes, read_tail
 from rowstore.format._pack import (
     RowPacker,
     check_value_size,
@@ -145,8 +145,8 @@ class Writer:
             self.attrs = {}
         if attrs:
             self.attrs.update(attrs)
-        json.dumps(self.attrs)  # fail early on attributes that cannot be stored
         self.schema: Schema = schema
+        check_storable(schema, json.dumps(self.attrs, sort_keys=True))  # fail early, not at close
         self._setup(rows_per_block, block_bytes, heap_chunk_bytes, threads)
         if layout is not None:
             self._open_for_append(layout)
@@ -215,6 +215,9 @@ class Writer:
         """Flush the last block, write the index and atomically move the file into place."""
         if self._closed:
             return
+        # writer.attrs may have changed since the constructor: an attribute HDF5 cannot store
+        # is refused here, with the writer still open (fix attrs and close again), not in _finish.
+        check_storable(self.schema, json.dumps(self.attrs, sort_keys=True))
         try:
             self._finish()
         except BaseException:

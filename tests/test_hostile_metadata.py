@@ -163,14 +163,16 @@ def test_hostile_structure(valid, tmp_path, case):
 
 
 @pytest.mark.parametrize("case", [
-    "blocks-all-at-one-chunk", "heap-chunks-at-one-offset", "heap-chunks-on-blocks", "blocks-overlapping",
-    pytest.param("blocks-swapped", marks=pytest.mark.xfail(
-        strict=True, reason="two swapped whole chunks stay disjoint: only a v2 index binding chunks to places can tell")),
+    "blocks-all-at-one-chunk", "heap-chunks-at-one-offset", "heap-chunks-on-blocks", "blocks-overlapping", "blocks-swapped",
 ])  # fmt: skip
 def test_index_entries_that_share_or_overlap_bytes_are_refused_at_open(valid, tmp_path, case):
     """Chunks are disjoint byte ranges of the file: index entries that point several chunks at
     the same bytes (so a small file claims a huge dataset) or at each other's bytes are a
     FormatError at open, before a read allocates for them."""
     path = _edit(valid, tmp_path, STRUCTURE_CASES[case])
+    if case == "blocks-swapped" and not rowstore.Layout.open(valid).compressed:
+        # Chunks of equal size swapped whole stay disjoint (compressed ones, of different sizes,
+        # overlap and are caught): only a v2 index binding each chunk to its place can tell.
+        pytest.xfail("known gap until a v2 index (docs/reliability.md)")
     with pytest.raises(rowstore.FormatError):
         rowstore.open(path)

@@ -16,6 +16,24 @@ from rowstore.format import spec
 h5py = pytest.importorskip("h5py")
 
 
+def _set_stored_shape(path, field, *, block, row_in_block, dims):
+    """Overwrite the variable dimensions of one stored row, then fix up its block's CRC so
+    only the size checks can stop the hostile shape."""
+    with h5py.File(path, "r") as f:
+        ds = f["rowstore/rows"]
+        info = ds.id.get_chunk_info(block)
+        dt = ds.dtype
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + row_in_block * dt.itemsize + dt.fields[field][1] + 16)
+        fh.write(np.array(dims, "<u4").tobytes())
+        fh.seek(info.byte_offset)
+        crc = zlib.crc32(fh.read(info.size))
+    with h5py.File(path, "r+") as f:
+        b = f["rowstore/blocks"][()]
+        b["checksum"][block] = crc
+        f["rowstore/blocks"][...] = b
+
+
 def _small(path, schema, rows):
     with rowstore.Writer(path, schema, rows_per_block=4) as w:
         for r in rows:
@@ -64,20 +82,7 @@ def test_image_of_two_to_the_forty_pixels_is_refused_before_decoding(tmp_path, c
     schema = Schema([Field("i", "int64"), Field("img", "uint8", (None, None, 3), codec=codec)])
     rows = [{"i": i, "img": np.full((2, 3, 3), i, np.uint8)} for i in range(8)]
     path = _small(str(tmp_path / "img.h5"), schema, rows)
-    with h5py.File(path, "r") as f:
-        ds = f["rowstore/rows"]
-        info = ds.id.get_chunk_info(1)  # block 1: rows 4..7
-        dt = ds.dtype
-    shape_off = dt.fields["img"][1] + 16
-    with open(path, "r+b") as fh:
-        fh.seek(info.byte_offset + 1 * dt.itemsize + shape_off)  # row 5
-        fh.write(np.array([1 << 20, 1 << 20], "<u4").tobytes())
-        fh.seek(info.byte_offset)
-        crc = zlib.crc32(fh.read(info.size))
-    with h5py.File(path, "r+") as f:
-        b = f["rowstore/blocks"][()]
-        b["checksum"][1] = crc
-        f["rowstore/blocks"][...] = b
+    _set_stored_shape(path, "img", block=1, row_in_block=1, dims=[1 << 20, 1 << 20])  # row 5
     with rowstore.open(path) as r:
         assert r[4]["i"] == 4
         with pytest.raises(FormatError) as ei:
@@ -95,19 +100,7 @@ def test_stored_shape_whose_product_wraps_int64_is_refused(tmp_path):
     schema = Schema([Field("i", "int64"), Field("v", "float64", (None, None, None))])
     rows = [{"i": i, "v": np.zeros((1, 1, 1))} for i in range(8)]
     path = _small(str(tmp_path / "wrap.h5"), schema, rows)
-    with h5py.File(path, "r") as f:
-        ds = f["rowstore/rows"]
-        info = ds.id.get_chunk_info(0)
-        dt = ds.dtype
-    with open(path, "r+b") as fh:
-        fh.seek(info.byte_offset + 2 * dt.itemsize + dt.fields["v"][1] + 16)  # row 2's shape
-        fh.write(np.array([1 << 22, 1 << 21, 1 << 21], "<u4").tobytes())
-        fh.seek(info.byte_offset)
-        crc = zlib.crc32(fh.read(info.size))
-    with h5py.File(path, "r+") as f:
-        b = f["rowstore/blocks"][()]
-        b["checksum"][0] = crc
-        f["rowstore/blocks"][...] = b
+    _set_stored_shape(path, "v", block=0, row_in_block=2, dims=[1 << 22, 1 << 21, 1 << 21])
     with rowstore.open(path) as r, pytest.raises(FormatError) as ei:
         r.take([2])
     assert ei.value.row == 2

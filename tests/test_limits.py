@@ -4,6 +4,7 @@ multi-terabyte allocation (issue 9)."""
 
 from __future__ import annotations
 
+import json
 import zlib
 
 import numpy as np
@@ -130,3 +131,19 @@ def test_verify_reports_every_damaged_chunk_with_rows_and_fails(tmp_path, capsys
     assert "rows 10..19" in err and "rows 30..39" in err and "3 damaged chunk(s)" in err
     with pytest.raises(rowstore.ChecksumError):
         rowstore.Layout.open(path, verify=True)
+
+
+def test_schema_of_a_huge_fixed_shape_decoded_field_is_refused_before_allocating(tmp_path):
+    """The schema comes from the file: a PNG field edited to (2**20, 2**20, 3) must not size
+    an allocation of n x 3 TiB."""
+    pytest.importorskip("imagecodecs")
+    schema = Schema([Field("i", "int64"), Field("img", "uint8", (2, 3, 3), codec="png")])
+    path = _small(str(tmp_path / "s.h5"), schema, [{"i": i, "img": np.zeros((2, 3, 3), np.uint8)} for i in range(8)])
+    with h5py.File(path, "r+") as f:
+        js = schema.to_json()
+        js["fields"][1]["shape"] = [1 << 20, 1 << 20, 3]
+        f["rowstore"].attrs["schema"] = json.dumps(js)
+    with rowstore.open(path) as r:
+        with pytest.raises(FormatError, match="limit"):
+            r.take([1])
+        assert r.take([1], fields=["i"])["i"].tolist() == [1]

@@ -105,6 +105,9 @@ class Decoder:
         elif f.numpy_dtype.kind == "O":
             dst = np.empty(n, object)
         else:
+            if f.fixed_nbytes > spec.MAX_VALUE_BYTES:  # a schema (from the file) asking for too much
+                raise FormatError(f"{self.path!r}: field {f.name!r}: values of shape {f.shape} exceed the format's limit "
+                                  f"of {spec.MAX_VALUE_BYTES} bytes per value", path=self.path, field=f.name)
             given = out.get(f.name) if out else None
             dst = given[out_start : out_start + n] if given is not None else np.empty((n,) + f.shape, f.dtype)
             if col.nulls is not None:

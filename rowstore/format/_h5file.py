@@ -216,11 +216,7 @@ def _load_chunk(layout: Layout, what: str, k: int) -> np.ndarray:
     """Chunk ``k`` of the row table (``what="block"``) or of the heap, verified, decompressed."""
     from rowstore import kernels
 
-    arr = layout.arrays()
-    if what == "block":
-        offs, stored, checks, raw = arr["offset"], arr["stored"], arr["checksum"], layout.block_raw_bytes
-    else:
-        offs, stored, checks, raw = arr["hc_offset"], arr["hc_stored"], arr["hc_checksum"], layout.heap_chunk_bytes
+    offs, stored, checks, raw = layout.chunk_index(what)
     dst = np.empty(raw, np.uint8)
     fd = os.open(layout.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:

@@ -230,13 +230,12 @@ class Layout:
         as errors with ``block`` (blocks) and ``rows``: the ``(first, end)`` dataset rows whose
         values it holds (a heap chunk: the rows of the blocks whose payloads it holds). Reads
         the whole file, 64 MiB at a time; stops after ``limit`` errors."""
-        arr = self.arrays()
         found: list[FormatError] = []
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            for what, cols, raw in (("block", ("offset", "stored", "checksum"), self.block_raw_bytes),
-                                    ("heap chunk", ("hc_offset", "hc_stored", "hc_checksum"), self.heap_chunk_bytes)):
-                for k, exc in self._check_all(fd, what, [arr[c] for c in cols], raw):
+            for what in ("block", "heap chunk"):
+                *index, raw = self.chunk_index(what)
+                for k, exc in self._check_all(fd, what, index, raw):
                     exc.args = (f"{self.path!r}: {what} {k}: {exc}",)
                     exc.path, exc.block = self.path, k if what == "block" else None
                     exc.rows = self._rows_of(what, k)
@@ -246,6 +245,14 @@ class Layout:
         finally:
             os.close(fd)
         return found
+
+    def chunk_index(self, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """``(offsets, stored sizes, checksums, raw chunk size)`` of the blocks (``"block"``) or
+        the heap chunks (``"heap chunk"``), as the kernels take them."""
+        arr = self.arrays()
+        if what == "block":
+            return arr["offset"], arr["stored"], arr["checksum"], self.block_raw_bytes
+        return arr["hc_offset"], arr["hc_stored"], arr["hc_checksum"], self.heap_chunk_bytes
 
     def _check_all(self, fd: int, what: str, index: list[np.ndarray], raw: int):
         """``(position, error)`` of every chunk of one index that fails to load."""

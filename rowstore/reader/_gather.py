@@ -244,16 +244,17 @@ class Gatherer:
             return rowbuf, np.arange(r.n, dtype=np.int64)
         raw = self.layout.block_raw_bytes
         rowbuf = self.scratch.get("rows", len(r.ublocks) * raw)
-        self._load(r.ublocks, "block", rowbuf, raw, ("offset", "stored", "checksum"))
+        self._load(r.ublocks, "block", rowbuf)
         if r.local is not None:
             return rowbuf, r.local  # the segment's rows, already as positions in the loaded blocks
         lookup = np.empty(self.layout.num_blocks, np.int64)
         lookup[r.ublocks] = np.arange(len(r.ublocks), dtype=np.int64) * self.rpb
         return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
 
-    def _load(self, which: np.ndarray, what: str, dst: np.ndarray, raw: int, cols: tuple[str, str, str]) -> None:
+    def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
         """Whole chunks ``which`` (blocks or heap chunks) into ``dst``, checked and decompressed."""
-        off, stored, check = (self.arr[c][which] for c in cols)
+        *index, raw = self.layout.chunk_index(what)
+        off, stored, check = (a[which] for a in index)
         scratch = self.scratch.get("stage", self.max_stored if self.codec is not None else 1)
         try:
             self.store.load_chunks(off, stored, check, codec=self.codec, verify=bool(self.verify), dst=dst, raw_size=raw,
@@ -350,7 +351,7 @@ class Gatherer:
         need = self._heap_chunks_of(ublocks)
         heap = self.scratch.get("heap", len(need) * H)
         if len(need):
-            self._load(need, "heap chunk", heap, H, ("hc_offset", "hc_stored", "hc_checksum"))
+            self._load(need, "heap chunk", heap)
         base = np.searchsorted(need, lo_b // H) * H - (lo_b // H) * H
         return heap, lo_b, hi_b, base
 
@@ -365,11 +366,10 @@ class Gatherer:
             self._check_chunks(which[~checked[which]], what, checked)
 
     def _check_chunks(self, todo: np.ndarray, what: str, checked: np.ndarray) -> None:
-        raw = self.layout.block_raw_bytes if what == "block" else self.layout.heap_chunk_bytes
-        cols = ("offset", "stored", "checksum") if what == "block" else ("hc_offset", "hc_stored", "hc_checksum")
+        raw = self.layout.chunk_index(what)[3]
         step = max(1, (16 << 20) // raw)
         buf = self.scratch.get("check", min(step, len(todo)) * raw)
         for a in range(0, len(todo), step):
             part = todo[a : a + step]
-            self._load(part, what, buf[: len(part) * raw], raw, cols)
+            self._load(part, what, buf[: len(part) * raw])
             checked[part] = True

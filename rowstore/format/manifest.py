@@ -1,0 +1,368 @@
+"""Dataset manifest v1, declared once: a directory of shard files named by versioned manifests.
+
+``docs/format.md`` ("Dataset manifest v1") specifies it in prose; keep both in step.
+
+::
+
+    DATASET/
+      rowstore.json                 the pointer: which manifest is current (replaced atomically)
+      _manifests/v00000003.json     manifest of version 3 (immutable once written)
+      _manifests/v00000003.index    its block-index sidecar (immutable)
+      _manifests/.lock              held (flock) by a commit in progress
+      shards/<name>.h5              shard files: ordinary format-v1 files, never rewritten
+
+A commit writes the sidecar and the manifest of version k+1 (each atomically), then replaces the
+pointer. A reader reads the pointer, the manifest it names and that manifest's sidecar (three
+small reads, never a shard's HDF5 metadata): what it opened stays readable while later versions
+are committed (shards are never modified; only ``gc`` removes what no kept version names).
+
+Everything a reader trusts is checksummed: the pointer holds the manifest's CRC-32, the manifest
+the sidecar's and, per shard, the CRC-32 of that shard's block and heap chunk index as the shard
+file stores them (so a commit can check a shard file against its entry, and ``verify`` can check
+a shard's own index against the manifest).
+
+The sidecar is ``INDEX_MAGIC`` followed by every shard's block index (:data:`spec.BLOCK_DTYPE`
+records, shards in manifest order, shard-local values exactly as in the shard file), then every
+shard's heap chunk index (:data:`spec.HEAP_CHUNK_DTYPE`), in the same order.
+
+This module reads and writes those objects and checks their structure; what the numbers mean
+(block ranges within each file, and so on) is checked by :mod:`rowstore.format.shards`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rowstore._version import __version__
+from rowstore.errors import FormatError, FormatVersionError, RowstoreError
+from rowstore.format import spec
+from rowstore.format._commit import AtomicFile, fsync_directory
+from rowstore.schema import Schema
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "POINTER", "MANIFEST_DIR", "SHARD_DIR", "INDEX_MAGIC",
+    "Manifest", "is_dataset", "index_crc32", "shard_entry", "read_pointer", "load", "versions", "publish",
+    "commit_lock", "manifest_path", "index_path",
+]  # fmt: skip
+
+FORMAT_NAME = "rowstore-dataset"
+FORMAT_VERSION = 1
+READABLE_VERSIONS = (1,)
+#: Kinds of manifest. "shards": rows are the shards' rows, in shard order. (Room for later kinds,
+#: e.g. weighted mixtures of datasets, which a reader of this version refuses by name.)
+KINDS = ("shards",)
+
+POINTER = "rowstore.json"
+MANIFEST_DIR = "_manifests"
+SHARD_DIR = "shards"
+LOCK = ".lock"
+INDEX_MAGIC = b"RSDXIDX1"
+#: A manifest larger than this is refused before parsing (10,000 shards take about 2.5 MB).
+MAX_MANIFEST_BYTES = 1 << 30
+_POINTER_MAX = 1 << 16
+
+#: Keys of a shard entry and their meaning (all ints but ``path``).
+SHARD_KEYS = ("path", "rows", "blocks", "rows_per_block", "heap_nbytes", "heap_chunks", "file_size", "index_crc32")
+
+
+def manifest_path(version: int) -> str:
+    """The manifest of ``version``, relative to the dataset directory."""
+    return f"{MANIFEST_DIR}/v{version:08d}.json"
+
+
+def index_path(version: int) -> str:
+    """The block-index sidecar of ``version``, relative to the dataset directory."""
+    return f"{MANIFEST_DIR}/v{version:08d}.index"
+
+
+_VERSION_FILE = re.compile(r"v(\d{8})\.json")
+
+
+def is_dataset(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a dataset directory (holds a pointer file)."""
+    return os.path.isfile(os.path.join(os.fspath(path), POINTER))
+
+
+def index_crc32(blocks: np.ndarray, heap_chunks: np.ndarray) -> int:
+    """CRC-32 of a shard's block index followed by its heap chunk index (little-endian records)."""
+    b = np.ascontiguousarray(blocks, dtype=spec.BLOCK_DTYPE)
+    h = np.ascontiguousarray(heap_chunks, dtype=spec.HEAP_CHUNK_DTYPE)
+    return zlib.crc32(h.tobytes(), zlib.crc32(b.tobytes()))
+
+
+def shard_entry(rel_path: str, layout: Any) -> dict[str, Any]:
+    """The manifest entry of a shard file whose :class:`~rowstore.format.index.Layout` is given."""
+    return {
+        "path": rel_path, "rows": layout.num_rows, "blocks": layout.num_blocks, "rows_per_block": layout.rows_per_block,
+        "heap_nbytes": layout.heap_nbytes, "heap_chunks": len(layout.heap_chunks), "file_size": layout.file_size,
+        "index_crc32": index_crc32(layout.blocks, layout.heap_chunks),
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One version of a dataset, as read (and structurally checked) from its manifest and sidecar.
+
+    ``shards`` holds one column per key of :data:`SHARD_KEYS` (``path``: a list of str, relative
+    to ``root``; the others int64 arrays); ``blocks`` and ``heap_chunks`` are every shard's index,
+    concatenated in shard order (views of the sidecar; do not modify).
+    """
+
+    root: str
+    version: int
+    schema: Schema
+    attrs: dict
+    compression: dict
+    heap_chunk_bytes: int
+    shards: dict[str, Any]
+    blocks: np.ndarray
+    heap_chunks: np.ndarray
+    created: str = ""
+    writer: str = ""
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards["path"])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.shards["rows"].sum())
+
+
+def _bad(path: str, msg: str) -> FormatError:
+    return FormatError(f"{path!r}: {msg}", path=path)
+
+
+def _read_small(path: str, limit: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise FormatError(f"{path!r} is missing", path=path) from None
+    if len(data) > limit:
+        raise _bad(path, f"larger than {limit} bytes: not a rowstore dataset manifest")
+    return data
+
+
+def _json_object(path: str, data: bytes) -> dict:
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _bad(path, f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(obj, dict):
+        raise _bad(path, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _check_format(path: str, obj: dict) -> None:
+    if obj.get("format") != FORMAT_NAME:
+        raise _bad(path, f"not a rowstore dataset (format {obj.get('format')!r}, expected {FORMAT_NAME!r})")
+    v = obj.get("format_version")
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _bad(path, f"format_version is missing or not an int: {v!r}")
+    if v not in READABLE_VERSIONS:
+        raise FormatVersionError(
+            f"{path!r} uses rowstore dataset manifest v{v}; this rowstore reads v"
+            + ", v".join(map(str, READABLE_VERSIONS)) + (" (upgrade rowstore to read it)" if v > max(READABLE_VERSIONS) else ""),
+            path=path)  # fmt: skip
+
+
+def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
+    v = obj.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or v >= 1 << 63:
+        raise _bad(path, f"{key!r} must be an int >= {lo}, got {v!r}")
+    return v
+
+
+def read_pointer(root: str | os.PathLike) -> tuple[int, int]:
+    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``."""
+    root = os.fspath(root)
+    p = os.path.join(root, POINTER)
+    obj = _json_object(p, _read_small(p, _POINTER_MAX))
+    _check_format(p, obj)
+    version = _int(p, obj, "version", 1)
+    if obj.get("manifest") != manifest_path(version):
+        raise _bad(p, f"names manifest {obj.get('manifest')!r}, expected {manifest_path(version)!r} for version {version}")
+    return version, _int(p, obj, "manifest_crc32")
+
+
+def versions(root: str | os.PathLike) -> list[int]:
+    """The versions whose manifest exists under ``root``, ascending."""
+    try:
+        names = os.listdir(os.path.join(os.fspath(root), MANIFEST_DIR))
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_VERSION_FILE.fullmatch, names) if m)
+
+
+def _safe_relpath(where: str, rel: Any) -> str:
+    """A shard path inside the dataset: relative, normalised, no ``..``, no NUL."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise _bad(where, f"shard path {rel!r} is not a relative path")
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise _bad(where, f"shard path {rel!r} must be a plain relative path inside the dataset")
+    return rel
+
+
+def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
+    """Read and structurally check a version (default: the current one) of the dataset at
+    ``root``: pointer, manifest and sidecar, with their checksums. Raises :class:`FormatError`
+    (:class:`FormatVersionError` for a newer format) naming the object and what was expected."""
+    root = os.fspath(root)
+    expected_crc = None
+    if version is None:
+        version, expected_crc = read_pointer(root)
+    mpath = os.path.join(root, manifest_path(version))
+    data = _read_small(mpath, MAX_MANIFEST_BYTES)
+    if expected_crc is not None and zlib.crc32(data) != expected_crc:
+        raise _bad(mpath, f"CRC-32 {zlib.crc32(data)} does not match the {expected_crc} recorded in {POINTER} (corrupt manifest)")
+    m = _json_object(mpath, data)
+    _check_format(mpath, m)
+    if m.get("version") != version:
+        raise _bad(mpath, f"holds version {m.get('version')!r}, expected {version}")
+    if m.get("kind") not in KINDS:
+        raise _bad(mpath, f"manifest kind {m.get('kind')!r} is not one this rowstore reads ({', '.join(KINDS)})")
+    if not isinstance(m.get("schema"), dict):
+        raise _bad(mpath, "'schema' must be a JSON object")
+    try:
+        schema = Schema.from_json(m["schema"])
+    except RowstoreError as exc:
+        if type(exc).__name__ == "CodecError" and getattr(exc, "codec", None):
+            raise
+        raise _bad(mpath, f"invalid schema: {exc}") from exc
+    attrs = m.get("attrs", {})
+    if not isinstance(attrs, dict):
+        raise _bad(mpath, f"attrs must be a JSON object, got {type(attrs).__name__}")
+    try:
+        compression = spec.compression_config(m.get("compression"))
+    except RowstoreError as exc:
+        raise _bad(mpath, f"invalid compression: {exc}") from exc
+    H = _int(mpath, m, "heap_chunk_bytes", 1)
+    entries = m.get("shards")
+    if not isinstance(entries, list):
+        raise _bad(mpath, "'shards' must be a list")
+    cols: dict[str, Any] = {k: [] for k in SHARD_KEYS}
+    for i, e in enumerate(entries):
+        where = f"{mpath} shard {i}"
+        if not isinstance(e, dict):
+            raise _bad(where, "a shard entry must be a JSON object")
+        cols["path"].append(_safe_relpath(where, e.get("path")))
+        for k in SHARD_KEYS[1:]:
+            cols[k].append(_int(where, e, k, 1 if k in ("rows_per_block", "file_size") else 0))
+    if len(set(cols["path"])) != len(entries):
+        raise _bad(mpath, "two shard entries name the same file")
+    shards = {"path": cols["path"], **{k: np.array(cols[k], dtype=np.int64).reshape(-1) for k in SHARD_KEYS[1:]}}
+    blocks, heap_chunks = _read_index(root, m, shards, mpath)
+    return Manifest(root=root, version=version, schema=schema, attrs=attrs, compression=compression,
+                    heap_chunk_bytes=H, shards=shards, blocks=blocks, heap_chunks=heap_chunks,
+                    created=str(m.get("created", "")), writer=str(m.get("writer", "")))  # fmt: skip
+
+
+def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarray, np.ndarray]:
+    idx = m.get("index")
+    if not isinstance(idx, dict) or idx.get("path") != index_path(m["version"]):
+        raise _bad(mpath, f"'index' must name the sidecar {index_path(m['version'])!r}")
+    nbytes, crc = _int(mpath, idx, "nbytes"), _int(mpath, idx, "crc32")
+    nb, nh = int(shards["blocks"].sum()), int(shards["heap_chunks"].sum())
+    expect = len(INDEX_MAGIC) + nb * spec.BLOCK_DTYPE.itemsize + nh * spec.HEAP_CHUNK_DTYPE.itemsize
+    ipath = os.path.join(root, idx["path"])
+    if nbytes != expect:
+        raise _bad(mpath, f"sidecar size {nbytes} disagrees with the {nb} blocks and {nh} heap chunks of its shards ({expect} bytes)")
+    try:
+        size = os.stat(ipath).st_size
+    except FileNotFoundError:
+        raise FormatError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
+    if size != expect:
+        raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
+    with open(ipath, "rb") as f:
+        raw = f.read(expect)
+    if len(raw) != expect or raw[: len(INDEX_MAGIC)] != INDEX_MAGIC:
+        raise _bad(ipath, "not a rowstore block-index sidecar (bad magic or short read)")
+    if zlib.crc32(raw) != crc:
+        raise _bad(ipath, f"CRC-32 {zlib.crc32(raw)} does not match the {crc} its manifest records (corrupt sidecar)")
+    buf = memoryview(raw)[len(INDEX_MAGIC) :]
+    split = nb * spec.BLOCK_DTYPE.itemsize
+    blocks = np.frombuffer(buf[:split], dtype=spec.BLOCK_DTYPE)
+    heap_chunks = np.frombuffer(buf[split:], dtype=spec.HEAP_CHUNK_DTYPE)
+    # Each shard's slice against its entry's CRC (what commit checked against the shard file).
+    b_end, h_end = np.cumsum(shards["blocks"]), np.cumsum(shards["heap_chunks"])
+    for i in range(len(shards["path"])):
+        b0, h0 = int(b_end[i] - shards["blocks"][i]), int(h_end[i] - shards["heap_chunks"][i])
+        got = zlib.crc32(heap_chunks[h0 : int(h_end[i])].tobytes(), zlib.crc32(blocks[b0 : int(b_end[i])].tobytes()))
+        if got != int(shards["index_crc32"][i]):
+            raise _bad(ipath, f"index of shard {shards['path'][i]!r} does not match its CRC-32 in the manifest")
+    return blocks, heap_chunks
+
+
+@contextlib.contextmanager
+def commit_lock(root: str | os.PathLike) -> Iterator[None]:
+    """Hold the dataset's commit lock (``flock``, waits for another commit; dropped by the OS when
+    the process dies): commits of one dataset run one at a time."""
+    d = os.path.join(os.fspath(root), MANIFEST_DIR)
+    os.makedirs(d, exist_ok=True)
+    fd = os.open(os.path.join(d, LOCK), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(target: str, data: bytes, *, exclusive: bool) -> None:
+    with AtomicFile(target, exclusive=exclusive) as af:
+        with open(af.tmp, "wb") as f:
+            f.write(data)
+
+
+def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression: dict, heap_chunk_bytes: int,
+            shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray], heap_chunks: Sequence[np.ndarray],
+            parent: int | None = None) -> int:
+    """Write the next version of the dataset at ``root`` and make it current; returns it.
+
+    ``shards`` are entries as :func:`shard_entry` makes them (checked by the caller against the
+    files), ``blocks``/``heap_chunks`` each shard's index in the same order. The caller holds
+    :func:`commit_lock`. Sidecar, manifest, then pointer are each written atomically: a crash
+    leaves the previous version current (and at most an unreferenced manifest behind).
+    """
+    root = os.fspath(root)
+    os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
+    have = versions(root)
+    version = (max(have) if have else 0) + 1
+    parts = [INDEX_MAGIC]
+    parts += [np.ascontiguousarray(b, dtype=spec.BLOCK_DTYPE).tobytes() for b in blocks]
+    parts += [np.ascontiguousarray(h, dtype=spec.HEAP_CHUNK_DTYPE).tobytes() for h in heap_chunks]
+    sidecar = b"".join(parts)
+    manifest = {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version, "parent": parent, "kind": "shards",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "writer": f"rowstore {__version__}", "file_format_version": spec.FORMAT_VERSION,
+        "schema": schema.to_json(), "attrs": attrs, "compression": compression,
+        "heap_chunk_bytes": heap_chunk_bytes, "num_rows": int(sum(s["rows"] for s in shards)),
+        "index": {"path": index_path(version), "nbytes": len(sidecar), "crc32": zlib.crc32(sidecar)},
+        "shards": [{k: s[k] for k in SHARD_KEYS} for s in shards],
+    }  # fmt: skip
+    text = json.dumps(manifest, indent=1).encode()
+    _write_atomic(os.path.join(root, index_path(version)), sidecar, exclusive=True)
+    _write_atomic(os.path.join(root, manifest_path(version)), text, exclusive=True)
+    pointer = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version,
+               "manifest": manifest_path(version), "manifest_crc32": zlib.crc32(text)}  # fmt: skip
+    _write_atomic(os.path.join(root, POINTER), json.dumps(pointer, indent=1).encode() + b"\n", exclusive=False)
+    fsync_directory(root)
+    return version

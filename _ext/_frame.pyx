@@ -211,8 +211,9 @@ def load_chunks(int fd,
                 int compcode, int shuffle, bint verify,
                 uint8_t[::1] dst not None, int64_t raw_size,
                 uint8_t[::1] scratch not None,
-                int64_t[::1] err not None):
-    """Read chunk i (``stored[i]`` bytes at file ``offsets[i]``) into ``dst[i*raw_size:]``.
+                int64_t[::1] err not None, int64_t dst_stride=0):
+    """Read chunk i (``stored[i]`` bytes at file ``offsets[i]``) into ``dst[i*dst_stride:]``
+    (``dst_stride`` 0: ``raw_size``; a larger stride leaves each chunk's slot a gap after it).
 
     ``compcode < 0``: chunks are stored raw, each exactly ``raw_size`` bytes. Else chunks are
     single-chunk Blosc2 frames compressed with Blosc2 compressor ``compcode`` and shuffle filter
@@ -229,7 +230,9 @@ def load_chunks(int fd,
         raise ValueError("load_chunks: argument lengths differ")
     if compcode >= 0:
         _check_codec(compcode, shuffle)
-    if raw_size <= 0 or not _fits(n, raw_size, dst.shape[0]):
+    if dst_stride == 0:
+        dst_stride = raw_size
+    if raw_size <= 0 or dst_stride < raw_size or n and not _fits(n - 1, dst_stride, dst.shape[0] - raw_size):
         return _fail(e, E_DEST, 0, dst.shape[0])
     if n == 0:
         return 0
@@ -240,7 +243,8 @@ def load_chunks(int fd,
             rc = _fail(e, E_NOMEM, 0, 0)
         else:
             rc = _load(fd, n, &offsets[0], &stored[0], &checksums[0], ctx, compcode, shuffle, verify,
-                       &dst[0], raw_size, &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], e)
+                       &dst[0], raw_size, dst_stride, &scratch[0] if scratch.shape[0] else NULL,
+                       scratch.shape[0], e)
         if ctx != NULL:
             blosc2_free_ctx(ctx)
     return rc
@@ -248,7 +252,7 @@ def load_chunks(int fd,
 
 cdef int _load(int fd, Py_ssize_t n, const int64_t* offsets, const int64_t* stored,
                const uint64_t* checksums, blosc2_context* ctx, int compcode, int shuffle, bint verify,
-               uint8_t* dst, int64_t raw_size, uint8_t* scratch, int64_t scratch_size,
+               uint8_t* dst, int64_t raw_size, int64_t dst_stride, uint8_t* scratch, int64_t scratch_size,
                int64_t* err) noexcept nogil:
     """The loop of :func:`load_chunks` (arguments checked there; ``ctx`` NULL: stored raw)."""
     cdef Py_ssize_t i
@@ -263,13 +267,13 @@ cdef int _load(int fd, Py_ssize_t n, const int64_t* offsets, const int64_t* stor
         else:
             if stored[i] != raw_size:
                 return _fail(err, E_SIZE, i, stored[i])
-            target = dst + i * raw_size
+            target = dst + i * dst_stride
         if _pread_full(fd, target, stored[i], offsets[i], err, i) < 0:
             return -1
         if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
             return _fail(err, E_CHECKSUM, i, 0)
         if ctx != NULL and _frame_decompress(ctx, target, stored[i], compcode, shuffle,
-                                             dst + i * raw_size, raw_size, err, i) < 0:
+                                             dst + i * dst_stride, raw_size, err, i) < 0:
             return -1
     return 0
 

@@ -2,7 +2,9 @@
 
     rowstore info PATH        schema, rows, blocks, sizes, compression, format version
     rowstore head PATH -n N   the first N rows, arrays summarised
-    rowstore verify PATH      read every block and check checksums
+    rowstore verify PATH      read every block (of every shard) and check checksums
+
+PATH is a ``.h5`` file or a dataset directory.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def info_text(path: str) -> str:
-    from rowstore.format.index import Layout
+    from rowstore.format.shards import DatasetLayout
 
-    L = Layout.open(path)
+    L = DatasetLayout.open(path)
     rows = []
     for f in L.schema:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
@@ -51,17 +53,26 @@ def info_text(path: str) -> str:
     comp = L.compression
     comp_s = "none" if comp["id"] == "none" else f"blosc2 {comp['cname']} level {comp['clevel']} shuffle={comp['shuffle']}"
     raw, stored = L.raw_nbytes, L.stored_nbytes
-    lines = [
-        f"file            {path}",
-        f"format          rowstore v{L.version} (written by {L.writer or 'unknown'})",
+    if L.shard_layouts is not None and L.num_shards == 1:
+        F = L.shard_layouts[0]
+        head = [f"file            {path}", f"format          rowstore v{F.version} (written by {F.writer or 'unknown'})"]
+    else:
+        from rowstore.format import manifest
+
+        head = [f"dataset         {path}",
+                f"format          rowstore dataset manifest v{manifest.FORMAT_VERSION}, version {L.version}, "
+                f"{L.num_shards:,} shard files"]  # fmt: skip
+    lo, hi = (int(L.shard_rpb.min()), int(L.shard_rpb.max())) if L.num_shards else (0, 0)
+    per = f"{hi:,} rows ({_human(L.block_raw_bytes)} of rows each)" if lo == hi else f"{lo:,}..{hi:,} rows (per shard)"
+    lines = head + [
         f"rows            {L.num_rows:,}",
-        f"blocks          {L.num_blocks:,} x {L.rows_per_block:,} rows ({_human(L.block_raw_bytes)} of rows each)",
+        f"blocks          {L.num_blocks:,} x {per}",
         f"row size        {L.row_dtype.itemsize:,} bytes in the row table",
         f"heap            {_human(L.heap_nbytes)} in {len(L.heap_chunks):,} chunks of {_human(L.heap_chunk_bytes)}" if len(L.heap_chunks) else "heap            none",
         f"compression     {comp_s}",
         f"decoded bytes   {_human(raw)} (rows + heap payloads)",
         f"stored bytes    {_human(stored)}" + (f" (ratio {raw / stored:.2f}x)" if stored else ""),
-        f"file size       {_human(L.file_size)}",
+        f"file size       {_human(L.file_size)}" + (f" in {L.num_shards:,} shards" if L.num_shards > 1 else ""),
     ]
     if L.user_attrs:
         lines.append(f"attributes      {json.dumps(L.user_attrs, sort_keys=True)}")
@@ -150,17 +161,21 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "head":
             print(head_text(args.path, args.n, args.fields))
         elif args.cmd == "verify":
-            from rowstore.format.index import Layout
+            from rowstore.format.shards import DatasetLayout
 
-            L = Layout.open(args.path)
-            damage = L.damage()
+            L = DatasetLayout.open(args.path)  # a dataset's manifest and sidecar are checked here
+            damage = L.damage(shard_indexes=True)
             for err in damage:
-                first, end = err.rows or (0, 0)
-                print(f"rowstore verify: damaged: {err} (rows {first}..{end - 1})", file=sys.stderr)
+                span = getattr(err, "rows", None)
+                rows = f" (rows {span[0]}..{span[1] - 1})" if span else ""
+                print(f"rowstore verify: damaged: {err}{rows}", file=sys.stderr)
+            shards = f" in {L.num_shards} shards" if L.num_shards > 1 else ""
             if damage:
-                print(f"{args.path}: {len(damage)} damaged chunk(s) of {L.num_blocks + len(L.heap_chunks)}", file=sys.stderr)
+                bad = len({e.path for e in damage})
+                print(f"{args.path}: {len(damage)} damaged chunk(s) or shard(s) of {L.num_blocks + len(L.heap_chunks)} "
+                      f"chunks{shards}; {bad} shard file(s) affected", file=sys.stderr)
                 return 1
-            print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks, checksums match)")
+            print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks{shards}, checksums match)")
         elif args.cmd == "gc":
             print(gc_text(args.path, dry_run=args.dry_run))
     except (RowstoreError, OSError) as exc:

@@ -85,6 +85,15 @@ def _codec(codec: tuple[int, int] | None) -> tuple[int, int]:
     return int(compcode), int(shuffle)
 
 
+def _fds(fds) -> np.ndarray:
+    """Descriptors as the kernels take them: one ``int`` for every item, or an array of one per item."""
+    return np.ascontiguousarray(np.atleast_1d(np.asarray(fds)), dtype=np.int32)
+
+
+def _base(chunk_base) -> np.ndarray:
+    return np.ascontiguousarray(np.atleast_1d(np.asarray(chunk_base)), dtype=np.int64)
+
+
 def crc32(data) -> int:
     """CRC-32 (zlib's; equals ``zlib.crc32``) of a bytes-like object, without the GIL."""
     arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
@@ -92,8 +101,8 @@ def crc32(data) -> int:
 
 
 def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] | None, verify: bool,
-                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk") -> None:
-    """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * raw_size``).
+                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk", dst_stride: int = 0) -> None:
+    """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * dst_stride``; 0: ``raw_size``).
 
     ``codec`` is None for chunks stored raw, else ``(compcode, shuffle)``: the Blosc2 compressor
     and shuffle filter codes (blosc2.h) the file declares. A chunk header that asks for anything
@@ -102,7 +111,8 @@ def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] |
     """
     compcode, shuffle_ = _codec(codec)
     err = _err()
-    if _frame.load_chunks(fd, offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err) != 0:
+    if _frame.load_chunks(fd, offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err,
+                          dst_stride) != 0:
         _raise(err, f"{what} {int(err[1])}")
 
 
@@ -145,21 +155,24 @@ def gather_heap(src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarra
         _raise(err, f"row {int(err[1])}")
 
 
-def pread_rows(fd: int, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
-    """Read rows straight from the file (uncompressed files): row i to ``dst[i*row_size:]``."""
+def pread_rows(fds, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
+    """Read rows straight from the files (uncompressed files): row i, from descriptor ``fds[i]``
+    (``fds``: one int for all rows, or one per row), to ``dst[i*row_size:]``."""
     err = _err()
-    if _io.pread_rows(fd, file_offsets, row_size, dst, err) != 0:
+    if _io.pread_rows(_fds(fds), file_offsets, row_size, dst, err) != 0:
         _raise(err, f"row read {int(err[1])}")
 
 
-def pread_heap(fd: int, src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+def pread_heap(fds, src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                chunk_offsets: np.ndarray, chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray,
-               pad_stride: int = 0) -> None:
+               pad_stride: int = 0, chunk_base=0) -> None:
     """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
-    ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference."""
+    ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference.
+    ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in ``chunk_offsets``) are
+    one value for all rows, or one per row."""
     err = _err()
     flat = _flat_bytes(out, "pread_heap")
-    if _io.pread_heap(fd, src, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, flat,
+    if _io.pread_heap(_fds(fds), src, row_size, ref_offset, rows, lo, hi, chunk_offsets, _base(chunk_base), chunk_bytes, flat,
                       dst_offsets, pad_stride, err) != 0:
         _raise(err, f"row {int(err[1])}")
 
@@ -184,9 +197,10 @@ def gather_rows(src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[t
         _raise(err, f"row {int(err[1])}")
 
 
-def preadv_rows(fd: int, file_offsets: np.ndarray, row_size: int, segments: list[tuple[int, np.ndarray | None]],
+def preadv_rows(fds, file_offsets: np.ndarray, row_size: int, segments: list[tuple[int, np.ndarray | None]],
                 sink: np.ndarray) -> None:
-    """Read rows from the file straight into per-field arrays (one ``preadv`` per row).
+    """Read rows from the files straight into per-field arrays (one ``preadv`` per row; row i
+    from descriptor ``fds[i]``, or ``fds`` for all rows when it is one int).
 
     ``segments`` cut the row into consecutive ``(size, out)`` pieces covering it exactly; row
     i's piece goes to row i of ``out`` (C-contiguous, ``len(file_offsets) * size`` bytes), or
@@ -196,7 +210,7 @@ def preadv_rows(fd: int, file_offsets: np.ndarray, row_size: int, segments: list
     sizes = np.array([s[0] for s in segments], np.int64)
     outs = [None if out is None else _flat(out, n * size, f"preadv_rows: out {j}") for j, (size, out) in enumerate(segments)]
     err = _err()
-    if _io.preadv_rows(fd, file_offsets, row_size, sizes, outs, sink, err) != 0:
+    if _io.preadv_rows(_fds(fds), file_offsets, row_size, sizes, outs, sink, err) != 0:
         _raise(err, f"row read {int(err[1])}")
 
 

@@ -378,16 +378,17 @@ def test_kernels_check_err_and_destinations_themselves(tmp_path):
     with open(path, "wb") as f:
         f.write(bytes(range(256)) * 4)
     fd = os.open(path, os.O_RDONLY)
+    fds = np.array([fd], np.int32)
     calls = {
         "gather_fixed": lambda out, err: _gather.gather_fixed(src, 8, 0, 8, rows, out, err),
         "gather_rows": lambda out, err: _gather.gather_rows(src, 8, rows, np.array([4, 0], np.int64), np.array([4, 8], np.int64),
                                                             [np.empty(12, np.uint8), out], err),
         "gather_heap": lambda out, err: _gather.gather_heap(np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), 1, i64, i64, i64,
                                                             np.zeros(0, np.uint8), out, np.array([0], np.int64), 8, err),
-        "pread_rows": lambda out, err: _io.pread_rows(fd, rows * 8, 8, out, err),
-        "pread_heap": lambda out, err: _io.pread_heap(fd, np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), i64, i64,
-                                                      np.array([0], np.int64), 16, out, np.array([0], np.int64), 8, err),
-        "preadv_rows": lambda out, err: _io.preadv_rows(fd, rows * 8, 8, np.array([8], np.int64), [out], np.empty(0, np.uint8), err),
+        "pread_rows": lambda out, err: _io.pread_rows(fds, rows * 8, 8, out, err),
+        "pread_heap": lambda out, err: _io.pread_heap(fds, np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), i64, i64,
+                                                      np.array([0], np.int64), i64, 16, out, np.array([0], np.int64), 8, err),
+        "preadv_rows": lambda out, err: _io.preadv_rows(fds, rows * 8, 8, np.array([8], np.int64), [out], np.empty(0, np.uint8), err),
         "load_chunks": lambda out, err: _frame.load_chunks(fd, rows * 8, np.full(3, 8, np.int64), np.zeros(3, np.uint64), -1, 0, False,
                                                            out, 8, np.empty(1, np.uint8), err),
     }
@@ -401,7 +402,7 @@ def test_kernels_check_err_and_destinations_themselves(tmp_path):
             assert call(big[:7] if name.endswith("heap") else big[:-1], err) == -1, name  # heap: pad stride 8
             assert err[0] == kernels.KernelCode.E_DEST, (name, err)
         err = np.zeros(3, np.int64)  # the sink of a segment not asked for
-        assert _io.preadv_rows(fd, rows * 8, 8, np.array([2, 6], np.int64), [None, big[:18]], np.empty(1, np.uint8), err) == -1
+        assert _io.preadv_rows(fds, rows * 8, 8, np.array([2, 6], np.int64), [None, big[:18]], np.empty(1, np.uint8), err) == -1
         assert err[0] == kernels.KernelCode.E_DEST
         assert calls["gather_rows"](bytearray(24), np.zeros(3, np.int64)) == 0  # any writeable buffer of bytes
         with pytest.raises((ValueError, BufferError)):  # not C-contiguous

@@ -149,12 +149,12 @@ def test_close_while_a_read_is_in_flight_defers_closing_the_descriptor(images):
     that read (the next open file would get it, and the read would read that file)."""
     r = rowstore.open(images)
     store = r._store
-    fd = store._acquire()  # a read in flight on "another thread"
+    (fd,) = store._acquire([0])  # a read in flight on "another thread"
     r.close()
     os.fstat(fd)  # still this file's descriptor
     assert not store.is_open
     assert r.take([3])["id"].tolist() == [3]  # new reads open a new descriptor
-    store._release(fd)
+    store._release([fd])
     with pytest.raises(OSError):
         os.fstat(fd)  # closed by the last read that used it
     r.close()
@@ -179,7 +179,7 @@ def test_errors_pickle_with_their_context():
 def test_forked_child_closes_its_copy_of_the_parents_descriptor(images):
     r = rowstore.open(images)
     r.take([0])
-    parent_fd = r._store._fd
+    (parent_fd,) = r._store._fds.values()
     pid = os.fork()
     if pid == 0:
         try:

@@ -36,9 +36,9 @@ class Decoder:
     made it (a forked child makes its own) and ends with :meth:`close`.
     """
 
-    def __init__(self, path: str, rows_per_block: int):
-        self.path = path
-        self.rpb = rows_per_block
+    def __init__(self, path: str, where: Callable[[int], tuple[str, int, int]]):
+        self.path = path  # the dataset's, for errors that concern no row
+        self.where = where  # row id -> (shard path, block in the shard, dataset row), for errors
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._workers = 0
@@ -142,9 +142,9 @@ class Decoder:
             why = f"stored shape exceeds the format's limit of {spec.MAX_VALUE_BYTES} bytes per value"
         if bad.any():
             i = int(np.argmax(bad))
-            row = int(g.row_ids()[i])
-            raise FormatError(f"{self.path!r}: field {f.name!r}: row {row}: {why} (shape {tuple(col.shapes[i])}; corrupt file)",
-                              path=self.path, block=row // self.rpb, field=f.name, row=row)
+            path, blk, row = self.where(int(g.row_ids()[i]))
+            raise FormatError(f"{path!r}: field {f.name!r}: row {row}: {why} (shape {tuple(col.shapes[i])}; corrupt file)",
+                              path=path, block=blk, field=f.name, row=row)
         elems = np.zeros(len(col) + 1, np.int64)
         np.cumsum(np.prod(col.shapes, axis=1), out=elems[1:])  # bounded now: no wrap-around
         return elems
@@ -154,10 +154,10 @@ class Decoder:
         value by value, on this error path only)."""
         f = p.field
         i = _first_failure(f, col)
-        row = int(g.row_ids()[i]) if i is not None else None
+        path, blk, row = self.where(int(g.row_ids()[i])) if i is not None else (self.path, None, None)
         where = f"row {row}: " if row is not None else ""
-        return FormatError(f"{self.path!r}: field {f.name!r}: {where}stored value does not decode ({exc}; corrupt file?)",
-                           path=self.path, block=None if row is None else row // self.rpb, field=f.name, row=row)
+        return FormatError(f"{path!r}: field {f.name!r}: {where}stored value does not decode ({exc}; corrupt file?)",
+                           path=path, block=blk, field=f.name, row=row)
 
 
 def _first_failure(f: Any, col: Payloads) -> int | None:

@@ -23,7 +23,7 @@ from rowstore import kernels
 from rowstore.codecs import Payloads
 from rowstore.errors import FormatError
 from rowstore.format import spec
-from rowstore.format.index import Layout
+from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import NULL_KEY
 from rowstore.schema import Field, Schema
@@ -106,15 +106,15 @@ class _Rows:
 
 
 class Gatherer:
-    """Reads rows of one file through a store (one per reader; thread-safe)."""
+    """Reads rows of a dataset's shards through a store (one per reader; thread-safe)."""
 
-    def __init__(self, layout: Layout, store: Any, verify: bool | str, codec: tuple[int, int] | None):
+    def __init__(self, layout: DatasetLayout, store: Any, verify: bool | str, codec: tuple[int, int] | None):
         self.layout = layout
         self.store = store
         self.verify = verify
         self.codec = codec
-        self.path = layout.path
         self.arr = layout.arrays()
+        self.multi = layout.num_shards > 1
         self.rs = layout.row_dtype.itemsize
         self.rpb = layout.rows_per_block
         self.scratch = _Scratch()
@@ -147,7 +147,8 @@ class Gatherer:
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
             # straight into the batch arrays, one preadv per row, no intermediate buffer.
-            self.store.read_rows_into(self._file_offsets(r), self.rs, self._pieces(fixed), self.scratch.get("sink", self.rs))
+            self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
+                                      self.scratch.get("sink", self.rs))
         else:
             rowbuf, idx = self._load_rows(r, strategy == "rows")
             if fixed:
@@ -233,6 +234,10 @@ class Gatherer:
             segs.append((self.rs - pos, None))
         return segs
 
+    def _shards(self, r: _Rows) -> np.ndarray | None:
+        """The shard of each requested row (None for a one-file dataset)."""
+        return self.layout.block_shard[r.blk] if self.multi else None
+
     def _file_offsets(self, r: _Rows) -> np.ndarray:
         return self.arr["offset"][r.blk] + (r.rows - r.blk * self.rpb) * self.rs
 
@@ -240,7 +245,7 @@ class Gatherer:
         """The stored rows in a buffer, and each requested row's position in it."""
         if direct:
             rowbuf = self.scratch.get("rows", r.n * self.rs)
-            self.store.read_rows(self._file_offsets(r), self.rs, rowbuf)
+            self.store.read_rows(self._shards(r), self._file_offsets(r), self.rs, rowbuf)
             return rowbuf, np.arange(r.n, dtype=np.int64)
         raw = self.layout.block_raw_bytes
         rowbuf = self.scratch.get("rows", len(r.ublocks) * raw)
@@ -252,27 +257,50 @@ class Gatherer:
         return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
 
     def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
-        """Whole chunks ``which`` (blocks or heap chunks) into ``dst``, checked and decompressed."""
-        *index, raw = self.layout.chunk_index(what)
-        off, stored, check = (a[which] for a in index)
+        """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of
+        ``dst`` (a block's slot is ``layout.block_raw_bytes``, a heap chunk's
+        ``heap_chunk_bytes``), checked and decompressed: one kernel call per shard."""
+        a = self.arr
+        if what == "block":
+            off, stored, check, stride = a["offset"], a["stored"], a["checksum"], self.layout.block_raw_bytes
+        else:
+            off, stored, check, stride = a["hc_offset"], a["hc_stored"], a["hc_checksum"], self.layout.heap_chunk_bytes
         scratch = self.scratch.get("stage", self.max_stored if self.codec is not None else 1)
-        try:
-            self.store.load_chunks(off, stored, check, codec=self.codec, verify=bool(self.verify), dst=dst, raw_size=raw,
-                                   scratch=scratch, what=what)
-        except kernels.KernelError as exc:
-            k = int(which[exc.index]) if 0 <= exc.index < len(which) else None
-            raise self.located(exc, f"{what} {k}", k if what == "block" else None) from None
+        for shard, i, j in self.layout.runs(which, what):
+            part = which[i:j]
+            raw = int(self.layout.shard_rpb[shard]) * self.rs if what == "block" else stride
+            try:
+                self.store.load_chunks(shard, off[part], stored[part], check[part], codec=self.codec,
+                                       verify=bool(self.verify), dst=dst[i * stride : (j - 1) * stride + raw],
+                                       raw_size=raw, scratch=scratch, what=what, dst_stride=stride)
+            except kernels.KernelError as exc:
+                k = int(part[exc.index]) if 0 <= exc.index < len(part) else None
+                raise self.located(exc, what, k) from None
 
-    def located(self, exc: kernels.KernelError, where: str, block: int | None = None) -> FormatError:
-        """The kernel error re-raised with the file and the block or chunk it concerns."""
+    def located(self, exc: kernels.KernelError, what: str, k: int | None = None) -> FormatError:
+        """The kernel error re-raised with the shard file and its block (``what`` "block") or
+        heap chunk ``k`` (dataset-wide numbers), or with a field name (``what`` "field 'x'",
+        ``k`` the block)."""
         msg = str(exc).split(": ", 1)[-1]
-        return type(exc)(f"{self.path!r}: {where}: {msg}", code=exc.code, index=exc.index, detail=exc.detail,
-                         path=self.path, block=block)
+        blk = None
+        L = self.layout
+        if k is None:
+            path, where = (L.shard_paths[0] if L.num_shards == 1 else L.path), what
+        elif what == "heap chunk":
+            sh = int(L.chunk_shard[k])
+            path, where = L.shard_paths[sh], f"heap chunk {k - L.shard_block0(sh, what)}"
+        else:
+            sh = int(L.block_shard[k])
+            path, blk = L.shard_paths[sh], k - L.shard_block0(sh)
+            where = f"block {blk}" if what == "block" else what
+        return type(exc)(f"{path!r}: {where}: {msg}", code=exc.code, index=exc.index, detail=exc.detail,
+                         path=path, block=blk)
 
     # -- heap payloads -----------------------------------------------------------------------
     def _gather_heap(self, r: _Rows, plans: list[FieldPlan], rowbuf: np.ndarray, idx: np.ndarray, direct: bool,
                      columns: dict[str, Any]) -> None:
         heap_lo, heap_hi = self.arr["heap_start"][r.blk], self.arr["heap_end"][r.blk]
+        chunk_base = self.arr["chunk_base"][r.blk] if self.multi else 0
         sizes = {p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_hi - heap_lo) for p in plans}
         heap_ctx = None
         if not direct:
@@ -294,8 +322,9 @@ class Gatherer:
             payload = np.empty(int(dst_off[-1]), np.uint8)
             try:
                 if heap_ctx is None:
-                    self.store.read_payloads(rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi, self.arr["hc_offset"],
-                                             self.layout.heap_chunk_bytes, payload, dst_off)
+                    self.store.read_payloads(self._shards(r), rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi,
+                                             self.arr["hc_offset"], chunk_base, self.layout.heap_chunk_bytes, payload,
+                                             dst_off)
                 else:
                     heap, lo, hi, base = heap_ctx
                     kernels.gather_heap(rowbuf, self.rs, p.offset, idx, self.rpb, lo, hi, base, heap, payload, dst_off)
@@ -312,9 +341,10 @@ class Gatherer:
         bad = (nbytes < 0) | (nbytes > heap_span)
         if bad.any():
             i = int(np.argmax(bad))
-            raise FormatError(f"{self.path!r}: field {p.field.name!r}: row {int(r.rows[i])}: payload size {int(nbytes[i])} "
-                              f"exceeds its block's heap range (corrupt file)", path=self.path, block=int(r.blk[i]),
-                              field=p.field.name, row=int(r.rows[i]))
+            path, blk, row = self.layout.where(int(r.rows[i]))
+            raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload size {int(nbytes[i])} "
+                              f"exceeds its block's heap range (corrupt file)", path=path, block=blk,
+                              field=p.field.name, row=row)
         return nbytes
 
     def _shapes(self, p: FieldPlan, rowbuf: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
@@ -336,8 +366,9 @@ class Gatherer:
         """The heap chunks (sorted ids) that the heap ranges of ``ublocks`` touch."""
         H = self.layout.heap_chunk_bytes
         lo_b, hi_b = self.arr["heap_start"][ublocks], self.arr["heap_end"][ublocks]
-        c_lo = lo_b // H
-        c_hi = np.where(hi_b > lo_b, (hi_b - 1) // H, c_lo - 1)
+        base = self.arr["chunk_base"][ublocks]
+        c_lo = base + lo_b // H
+        c_hi = np.where(hi_b > lo_b, base + (hi_b - 1) // H, c_lo - 1)
         present = np.zeros(len(self.arr["hc_offset"]) + 1, np.bool_)
         for a, b in zip(c_lo, c_hi):
             present[a : b + 1] = True
@@ -352,7 +383,8 @@ class Gatherer:
         heap = self.scratch.get("heap", len(need) * H)
         if len(need):
             self._load(need, "heap chunk", heap)
-        base = np.searchsorted(need, lo_b // H) * H - (lo_b // H) * H
+        first = self.arr["chunk_base"][ublocks] + lo_b // H  # each block's first chunk, dataset-wide
+        base = np.searchsorted(need, first) * H - (lo_b // H) * H
         return heap, lo_b, hi_b, base
 
     def _check_first_touch(self, which: np.ndarray, what: str) -> None:
@@ -366,7 +398,7 @@ class Gatherer:
             self._check_chunks(which[~checked[which]], what, checked)
 
     def _check_chunks(self, todo: np.ndarray, what: str, checked: np.ndarray) -> None:
-        raw = self.layout.chunk_index(what)[3]
+        raw = self.layout.block_raw_bytes if what == "block" else self.layout.heap_chunk_bytes
         step = max(1, (16 << 20) // raw)
         buf = self.scratch.get("check", min(step, len(todo)) * raw)
         for a in range(0, len(todo), step):

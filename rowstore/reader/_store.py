@@ -5,9 +5,10 @@ can afford many small reads, single rows and payloads). The reader's gather laye
 these methods, so a store for another medium (object storage, by ranged requests) plugs in
 beside :class:`LocalStore` without touching the gather, decode or stream layers.
 
-:class:`LocalStore` is a local file read with ``pread``/``preadv`` on a plain descriptor,
-opened lazily in each process: it survives ``fork`` (torch DataLoader workers) and pickling,
-and the kernels it calls release the GIL.
+:class:`LocalStore` reads local shard files with ``pread``/``preadv`` on plain descriptors,
+opened lazily in each process and bounded in number (a dataset of 10,000 shards works under the
+default ``ulimit -n``): it survives ``fork`` (torch DataLoader workers) and pickling, and the
+kernels it calls release the GIL.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +26,7 @@ from rowstore import kernels
 from rowstore.errors import FormatError
 from rowstore.format.index import file_identity
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalStore", "default_max_open"]
 
 #: Every live store, so that a forked child starts each one afresh (see _after_fork).
 _STORES: weakref.WeakSet[LocalStore] = weakref.WeakSet()
@@ -34,7 +37,7 @@ def _after_fork() -> None:
     # the child. Give every store a new lock; the child's copies of the parent's descriptors are
     # closed (the child opens its own on first use; closing a copy leaves the parent's open).
     for store in list(_STORES):
-        inherited = set(store._retired) | ({store._fd} if store._fd is not None else set())
+        inherited = set(store._retired) | set(store._fds.values())
         store._reset()
         for fd in inherited:
             try:
@@ -46,131 +49,219 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def default_max_open() -> int:
+    """Descriptors one store keeps open at most: a quarter of the soft ``RLIMIT_NOFILE``
+    (256 under the usual 1024), at least 16."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY or soft <= 0:
+            soft = 1 << 16
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        soft = 1024
+    return max(16, soft // 4)
+
+
 class LocalStore:
-    """The stored bytes of one local file.
+    """The stored bytes of a dataset's shard files on a local filesystem.
 
     Parameters
     ----------
-    path : str
-    file_id : tuple
-        :func:`rowstore.format.index.file_identity` of the file when its layout was read; a
-        descriptor opened later must see the same file (an atomic rewrite replaces the inode),
-        else :class:`~rowstore.errors.FormatError`. Empty: not checked.
+    paths : sequence of str
+        The shard files (one for a single file).
+    file_ids : sequence of tuple
+        Per shard, what a descriptor opened later must see: a full
+        :func:`rowstore.format.index.file_identity` (an atomic rewrite replaces the inode), or
+        ``(size,)`` (a shard named by a manifest); else :class:`~rowstore.errors.FormatError`.
+        Empty tuple: not checked.
+    max_open : int, optional
+        Descriptors kept open at once (least recently used ones are closed first); default
+        :func:`default_max_open`. A request needing more shards at once opens them for its
+        duration only.
 
     Notes
     -----
     ``direct`` is True: single rows and payloads can be read where that moves fewer bytes
-    than whole chunks (a few microseconds per ``pread`` from the page cache). Thread-safe; the
-    methods release the GIL in the kernels.
+    than whole chunks (a few microseconds per ``pread`` from the page cache). Descriptors are
+    opened lazily in each process, so the store survives ``fork`` (torch DataLoader workers)
+    and pickling. Thread-safe; the kernels it calls release the GIL.
     """
 
     direct = True
 
-    def __init__(self, path: str, file_id: tuple = ()):
-        self.path = path
-        self.file_id = file_id
+    def __init__(self, paths: Sequence[str], file_ids: Sequence[tuple] = (), max_open: int | None = None):
+        self.paths = tuple(paths)
+        self.file_ids = tuple(file_ids) or ((),) * len(self.paths)
+        self.max_open = max_open or default_max_open()
         self._reset()
         _STORES.add(self)
 
+    @property
+    def path(self) -> str:
+        return self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} shard files"
+
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._fd_pid: int | None = None
-        # Reads in flight per descriptor: close() must not free a number another thread is
-        # still reading from (the OS would hand it to the next file opened).
+        self._pid = os.getpid()
+        # shard -> descriptor, least recently used first.
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        # Reads in flight per descriptor: close() or an eviction must not free a number another
+        # thread is still reading from (the OS would hand it to the next file opened).
         self._users: dict[int, int] = {}
         self._retired: set[int] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "file_id": self.file_id}
+        return {"paths": self.paths, "file_ids": self.file_ids, "max_open": self.max_open}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path = state["path"]
-        self.file_id = state["file_id"]
+        self.paths, self.file_ids, self.max_open = state["paths"], state["file_ids"], state["max_open"]
         self._reset()
         _STORES.add(self)
 
     @property
     def is_open(self) -> bool:
-        """Whether this process holds a descriptor of the file now."""
-        return self._fd is not None and self._fd_pid == os.getpid()
+        """Whether this process holds a descriptor of any shard now."""
+        return self._pid == os.getpid() and bool(self._fds)
 
-    def _acquire(self) -> int:
-        """This process's descriptor (opened on first use), held until :meth:`_release`."""
-        pid = os.getpid()
-        with self._lock:
-            if self._fd is None or self._fd_pid != pid:
-                self._fd, self._fd_pid = self._open(), pid
-            fd = self._fd
-            self._users[fd] = self._users.get(fd, 0) + 1
-        return fd
+    def open_count(self) -> int:
+        """Descriptors this process holds now (cached and in use)."""
+        return len(self._fds) + len(self._retired) if self._pid == os.getpid() else 0
 
-    def _release(self, fd: int) -> None:
+    def _acquire(self, shards: Sequence[int]) -> list[int]:
+        """This process's descriptors of ``shards`` (distinct; opened on first use), held until
+        :meth:`_release`."""
+        out = []
         with self._lock:
+            if self._pid != os.getpid():  # pragma: no cover - _after_fork resets; belt and braces
+                self._reset_locked()
+            try:
+                for s in shards:
+                    fd = self._fds.get(s)
+                    if fd is None:
+                        fd = self._fds[s] = self._open(s)
+                    else:
+                        self._fds.move_to_end(s)
+                    self._users[fd] = self._users.get(fd, 0) + 1
+                    out.append(fd)
+            except BaseException:
+                self._release_locked(out)
+                raise
+            self._evict_locked()
+        return out
+
+    def _reset_locked(self) -> None:
+        self._pid = os.getpid()
+        self._fds = OrderedDict()
+        self._users = {}
+        self._retired = set()
+
+    def _release(self, fds: Sequence[int]) -> None:
+        with self._lock:
+            self._release_locked(fds)
+            self._evict_locked()
+
+    def _release_locked(self, fds: Sequence[int]) -> None:
+        for fd in fds:
             self._users[fd] -= 1
-            if not self._users[fd] and fd in self._retired:  # closed meanwhile: the last reader closes it
+            if not self._users[fd]:
                 del self._users[fd]
-                self._retired.discard(fd)
+                if fd in self._retired:  # closed meanwhile: the last reader closes it
+                    self._retired.discard(fd)
+                    os.close(fd)
+
+    def _evict_locked(self) -> None:
+        """Close the least recently used idle descriptors beyond ``max_open``."""
+        if len(self._fds) <= self.max_open:
+            return
+        for s in list(self._fds):
+            if len(self._fds) <= self.max_open:
+                break
+            fd = self._fds[s]
+            if fd not in self._users:
+                del self._fds[s]
                 os.close(fd)
 
-    def _open(self) -> int:
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        if self.file_id and file_identity(os.fstat(fd)) != self.file_id:
-            os.close(fd)
-            raise FormatError(
-                f"{self.path!r} changed since it was opened (replaced, appended to or modified); "
-                f"open it again to read the new version", path=self.path)
+    def _open(self, s: int) -> int:
+        path = self.paths[s]
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise FormatError(f"{path!r} is missing (a shard of the dataset: removed or moved since it was opened)",
+                              path=path) from None
+        want = self.file_ids[s]
+        if want:
+            st = os.fstat(fd)
+            have = file_identity(st) if len(want) == 4 else (st.st_size,)
+            if have != want:
+                os.close(fd)
+                if len(want) == 1:
+                    raise FormatError(f"{path!r} has {st.st_size} bytes, the dataset's manifest records {want[0]} "
+                                      f"(a shard was replaced, truncated or appended to)", path=path)
+                raise FormatError(
+                    f"{path!r} changed since it was opened (replaced, appended to or modified); "
+                    f"open it again to read the new version", path=path)
         return fd
 
     def close(self) -> None:
-        """Close this process's descriptor (reopened on next use); reads still in flight on
-        other threads finish first, the last of them closes it."""
+        """Close this process's descriptors (reopened on next use); reads still in flight on
+        other threads finish first, the last of them closes theirs."""
         with self._lock:
-            fd, self._fd = self._fd, None
-            if fd is None or self._fd_pid != os.getpid():
+            if self._pid != os.getpid():
                 return
-            if self._users.get(fd):
-                self._retired.add(fd)
-            else:
-                self._users.pop(fd, None)
-                os.close(fd)
+            fds, self._fds = list(self._fds.values()), OrderedDict()
+            for fd in fds:
+                if fd in self._users:
+                    self._retired.add(fd)
+                else:
+                    os.close(fd)
+
+    def _per_item(self, shards: np.ndarray | None) -> tuple[Any, list[int]]:
+        """Descriptors for items of ``shards`` (one per item; None: all of shard 0)."""
+        if shards is None or len(self.paths) == 1:
+            fds = self._acquire([0])
+            return fds[0], fds
+        uniq, inverse = np.unique(shards, return_inverse=True)
+        fds = self._acquire(uniq.tolist())
+        return np.asarray(fds, np.int32)[inverse], fds
 
     # -- reads (each raises kernels.KernelError with the failing item's index) ----------------
-    def load_chunks(self, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *,
+    def load_chunks(self, shard: int, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *,
                     codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
-                    scratch: np.ndarray, what: str) -> None:
-        """Whole stored chunks, checked and decompressed into ``dst`` (see kernels.load_chunks)."""
-        fd = self._acquire()  # (not a context manager: this is per request on the hot path)
+                    scratch: np.ndarray, what: str, dst_stride: int = 0) -> None:
+        """Whole stored chunks of one shard, checked and decompressed into ``dst`` (see
+        kernels.load_chunks)."""
+        fds = self._acquire([shard])  # (not a context manager: this is per request on the hot path)
         try:
-            kernels.load_chunks(fd, offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
-                                raw_size=raw_size, scratch=scratch, what=what)
+            kernels.load_chunks(fds[0], offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
+                                raw_size=raw_size, scratch=scratch, what=what, dst_stride=dst_stride)
         finally:
-            self._release(fd)
+            self._release(fds)
 
-    def read_rows(self, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
-        """Single rows into ``dst`` (``direct`` stores only)."""
-        fd = self._acquire()
+    def read_rows(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
+        """Single rows (row i of shard ``shards[i]``) into ``dst`` (``direct`` stores only)."""
+        fd, held = self._per_item(shards)
         try:
             kernels.pread_rows(fd, file_offsets, row_size, dst)
         finally:
-            self._release(fd)
+            self._release(held)
 
-    def read_rows_into(self, file_offsets: np.ndarray, row_size: int,
+    def read_rows_into(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
                        segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray) -> None:
         """Single rows cut straight into per-field arrays (``direct`` stores only)."""
-        fd = self._acquire()
+        fd, held = self._per_item(shards)
         try:
             kernels.preadv_rows(fd, file_offsets, row_size, segments, sink)
         finally:
-            self._release(fd)
+            self._release(held)
 
-    def read_payloads(self, rowbuf: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray,
-                      lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_bytes: int,
-                      out: np.ndarray, dst_offsets: np.ndarray) -> None:
+    def read_payloads(self, shards: np.ndarray | None, rowbuf: np.ndarray, row_size: int, ref_offset: int,
+                      rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_base: Any,
+                      chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only)."""
-        fd = self._acquire()
+        fd, held = self._per_item(shards)
         try:
             kernels.pread_heap(fd, rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, out,
-                               dst_offsets)
+                               dst_offsets, chunk_base=chunk_base)
         finally:
-            self._release(fd)
+            self._release(held)

@@ -1,8 +1,9 @@
-"""The reader: random access and shuffled batches, through the compiled kernels.
+"""The reader: random access and shuffled batches over a dataset's shards, through the kernels.
 
-On open, :class:`~rowstore.format.index.Layout` reads the schema and block index once through
-libhdf5; afterwards reads are ``pread`` calls on a plain file descriptor, opened lazily in each
-process (so a reader survives ``fork`` and pickling), and the kernels release the GIL.
+On open, :class:`~rowstore.format.shards.DatasetLayout` reads the schema and block index once: a
+dataset's manifest and block-index sidecar, or a single file's HDF5 metadata through libhdf5.
+Afterwards reads are ``pread`` calls on plain file descriptors, opened lazily in each process
+(so a reader survives ``fork`` and pickling), and the kernels release the GIL.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.format.index import Layout
+from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader._decode import Decoder
@@ -39,8 +40,12 @@ class Reader:
 
     Parameters
     ----------
-    path : str or os.PathLike
-        A ``.h5`` file written by :class:`rowstore.Writer`.
+    path : str, os.PathLike, or a list of them
+        A dataset directory (written by :class:`rowstore.DatasetWriter` or
+        :func:`rowstore.commit`), a ``.h5`` file written by :class:`rowstore.Writer`, or a list
+        of those read as one dataset (same schema, compression and heap chunk size), in order.
+        Rows are numbered across all shards in shard order; ``block`` shuffling permutes blocks
+        across shards and ``full`` shuffling rows across shards.
     verify : bool or "always"
         ``True`` (default): no byte is handed out from a chunk whose CRC-32 was not checked; a
         mismatch raises :class:`~rowstore.errors.ChecksumError`. Chunks read whole are checked
@@ -56,6 +61,12 @@ class Reader:
         int64, the variable dimensions of each row).
     num_threads : int
         Default number of threads for :meth:`batches` (default: ``min(4, os.cpu_count())``).
+    version : int, optional
+        A dataset directory's manifest version to read (default: the current one). A reader
+        keeps reading the version it opened while later versions are committed.
+    max_open_files : int, optional
+        Shard files kept open at once per process (default: a quarter of ``ulimit -n``);
+        requests that touch more shards are split.
 
     Notes
     -----
@@ -79,43 +90,51 @@ class Reader:
 
     def __init__(
         self,
-        path: str | bytes | os.PathLike,
+        path: str | bytes | os.PathLike | Sequence[str | bytes | os.PathLike],
         *,
         verify: bool | str = True,
         varlen: str = "ragged",
         num_threads: int | None = None,
+        version: int | None = None,
+        max_open_files: int | None = None,
     ):
         _check_varlen(varlen)
-        self.path = os.fsdecode(path)  # str, also for a bytes path: errors carry it as their path
+        if isinstance(path, (list, tuple)):
+            source: str | list[str] = [os.fsdecode(p) for p in path]
+        else:
+            source = os.fsdecode(path)  # type: ignore[arg-type]  # str, also for a bytes path: errors carry it
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify
         self.varlen = varlen
         self.num_threads = positive_int("num_threads", num_threads, optional=True) or min(4, os.cpu_count() or 1)
-        self._init_state(Layout.open(self.path))
+        self.max_open_files = positive_int("max_open_files", max_open_files, optional=True)
+        self._init_state(DatasetLayout.open(source, version=version))
 
-    def _init_state(self, layout: Layout) -> None:
+    def _init_state(self, layout: DatasetLayout) -> None:
         self.layout = layout
+        self.path: str = layout.path
         self.schema: Schema = layout.schema
         self._plans = plan_fields(layout.schema, layout.row_dtype)
         self._rpb = layout.rows_per_block
-        self._store = LocalStore(self.path, layout.file_id)
+        self._store = LocalStore(layout.shard_paths, layout.shard_ids, self.max_open_files)
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
-        self._decoder = Decoder(self.path, self._rpb)
+        self._decoder = Decoder(self.path, layout.where)
 
     # -- pickling / fork -------------------------------------------------------------------
     def __getstate__(self) -> dict:
-        return {"path": self.path, "verify": self.verify, "varlen": self.varlen, "num_threads": self.num_threads, "layout": self.layout}
+        return {"verify": self.verify, "varlen": self.varlen, "num_threads": self.num_threads,
+                "max_open_files": self.max_open_files, "layout": self.layout}
 
     def __setstate__(self, state: dict) -> None:
-        self.path = state["path"]
         self.verify = state["verify"]
         self.varlen = state["varlen"]
         self.num_threads = state["num_threads"]
+        self.max_open_files = state["max_open_files"]
         self._init_state(state["layout"])
 
     def close(self) -> None:
-        """Close this process's file descriptor and decode threads (both come back on next use)."""
+        """Close this process's file descriptors and decode threads (both come back on next use)."""
         self._store.close()
         self._decoder.close()
 
@@ -135,7 +154,9 @@ class Reader:
         return self.layout.num_rows
 
     def __repr__(self) -> str:
-        return f"<rowstore.Reader {self.path!r}: {len(self)} rows, fields {self.schema.names}>"
+        n = self.layout.num_shards
+        shards = f" in {n} shards" if n > 1 else ""
+        return f"<rowstore.Reader {self.path!r}: {len(self)} rows{shards}, fields {self.schema.names}>"
 
     @property
     def num_rows(self) -> int:
@@ -155,7 +176,8 @@ class Reader:
         return row
 
     def _global_rows(self, indices: Any) -> np.ndarray:
-        """Dataset row numbers -> global row ids (block * rows_per_block + row in block)."""
+        """Dataset row numbers -> row ids (block * rows_per_block + row in block; see
+        :mod:`rowstore.format.shards`)."""
         idx = np.asarray(indices)
         if idx.dtype == bool:
             raise TypeError("boolean masks are not supported; pass indices")
@@ -168,8 +190,7 @@ class Reader:
             bad = (idx < 0) | (idx >= n)
             if bad.any():
                 raise IndexError(f"row index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of range for {n} rows")
-        # Every block but the last is full, so row number == global row id.
-        return idx
+        return self.layout.ids(idx)
 
     def take(self, indices: Sequence[int] | np.ndarray, *, fields: Sequence[str] | None = None,
              out: dict[str, np.ndarray] | None = None, varlen: str | None = None) -> dict[str, Any]:
@@ -191,7 +212,16 @@ class Reader:
 
     def _read(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
               out_start: int = 0, threads: int = 1) -> dict[str, Any]:
-        """Gather then decode one request (rows or a segment); thread-safe."""
+        """Gather then decode one request (rows or a segment); thread-safe. A request touching
+        more shards than the store keeps open is read in parts."""
+        if self.layout.num_shards > self._store.max_open and (
+                not isinstance(request, _order.Segment) or request.blocks is None):
+            rows = request.rows() if isinstance(request, _order.Segment) else request
+            shards = np.unique(self.layout.block_shard[rows // self._rpb])
+            if len(shards) > self._store.max_open and len(rows) > 1:
+                h = len(rows) // 2
+                return concat_batches([self._read(rows[:h], plans, out, out_start, threads),
+                                       self._read(rows[h:], plans, out, out_start + h, threads)])
         return self._decoder.decode(self._gatherer.gather(request, plans, out, out_start), plans, out, out_start, threads)
 
     def _pieces(self, rows: np.ndarray) -> list[tuple[int, int]]:
@@ -246,6 +276,11 @@ class Reader:
     def epoch_order(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
                     shard: tuple[int, int] = (0, 1), even: bool = False) -> np.ndarray:
         """The row numbers of one epoch of ``batches`` with these arguments, in order."""
+        return self.layout.rows_of(self._epoch_ids(shuffle=shuffle, seed=seed, epoch=epoch, window=window, shard=shard,
+                                                   even=even))
+
+    def _epoch_ids(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
+                   shard: tuple[int, int] = (0, 1), even: bool = False) -> np.ndarray:
         return _order.epoch_order(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
                                   window=window, rank=shard[0], world=shard[1], even=even)
 
@@ -264,7 +299,7 @@ class Reader:
 
     def shuffle_quality(self, batch_size: int, **order_kwargs) -> float:
         """:func:`rowstore.reader.order.shuffle_quality` of the epoch order these arguments give."""
-        order = self.epoch_order(**order_kwargs)
+        order = self._epoch_ids(**order_kwargs)  # row ids: id // rows_per_block is the block
         return _order.shuffle_quality(order, self._rpb, self.layout.num_blocks, batch_size)
 
     def batches(

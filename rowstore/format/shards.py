@@ -1,0 +1,408 @@
+"""What a reader works from: the validated block index of a dataset of one or more shard files.
+
+A :class:`DatasetLayout` comes from a dataset directory (its manifest and block-index sidecar:
+two small reads, no shard's HDF5 metadata is parsed), from one ``.h5`` file (its
+:class:`~rowstore.format.index.Layout`: a file is a dataset of one shard), or from several of
+those concatenated. Every number the kernels will trust is checked here, for all shards at once.
+
+**Row ids.** Dataset rows are numbered ``0 .. num_rows - 1`` in shard order. Inside the reader,
+a row is addressed by its *row id* ``block * rows_per_block + row_in_block``, where ``block``
+counts the blocks of all shards in order and ``rows_per_block`` is the largest block of any
+shard (shards may differ). Blocks that hold fewer rows (each shard's last block, the blocks of
+shards with smaller blocks) leave ids unused, so ids are not dense: :meth:`ids` and
+:meth:`rows_of` convert. For one file the two numberings are equal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import FormatError, SchemaError
+from rowstore.format import manifest as _manifest
+from rowstore.format import spec
+from rowstore.format.compression import block_compression
+from rowstore.format.index import Layout, check_indexes, scan_chunks
+from rowstore.schema import Schema
+
+__all__ = ["DatasetLayout"]
+
+
+@dataclass(frozen=True)
+class DatasetLayout:
+    """The shards of a dataset and their concatenated, validated block index.
+
+    Attributes are plain values and numpy arrays owned by the layout (do not modify). Per
+    shard: ``shard_paths`` (absolute), ``shard_ids`` (what a descriptor opened later must
+    match: ``(size,)`` from a manifest, :func:`~rowstore.format.index.file_identity` for a file
+    opened directly), ``shard_rows``, ``shard_rpb``. Per block (``num_blocks``, all shards):
+    ``blocks`` (:data:`spec.BLOCK_DTYPE`, shard-local values as the shard stores them) and the
+    columns of :meth:`arrays`. Per heap chunk: ``heap_chunks``.
+    """
+
+    path: str
+    schema: Schema
+    user_attrs: dict
+    compression: dict
+    heap_chunk_bytes: int
+    row_dtype: np.dtype
+    shard_paths: tuple[str, ...]
+    shard_ids: tuple[tuple, ...]
+    shard_rows: np.ndarray
+    shard_rpb: np.ndarray
+    shard_heap_nbytes: np.ndarray
+    shard_file_size: np.ndarray
+    blocks: np.ndarray
+    heap_chunks: np.ndarray
+    block_shard: np.ndarray  # int32, the shard of each block
+    chunk_shard: np.ndarray  # int32, the shard of each heap chunk
+    #: Manifest version read (None: opened from files).
+    version: int | None = None
+    #: Each shard's Layout when opened from files (None from a manifest: nothing was parsed).
+    shard_layouts: tuple | None = None
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_paths)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.shard_rows.sum())
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def rows_per_block(self) -> int:
+        """The row-id stride: the largest block of any shard."""
+        return int(self.shard_rpb.max()) if len(self.shard_rpb) else 1
+
+    @property
+    def uniform(self) -> bool:
+        """Whether row ids are dense (== dataset row numbers): one shard, or every shard but the
+        last holding only full blocks of the same size."""
+        if "uniform" not in self._cache:
+            rpb = self.rows_per_block
+            full = self.blocks["num_rows"][:-1] == rpb if self.num_blocks else np.zeros(0, bool)
+            self._cache["uniform"] = bool(full.all())
+        return self._cache["uniform"]
+
+    @property
+    def compressed(self) -> bool:
+        return self.compression["id"] != "none"
+
+    def frame_check(self) -> tuple[int, int] | None:
+        """What the kernels require of every compressed chunk's header (None: uncompressed)."""
+        return block_compression(self.compression).frame_check()
+
+    @property
+    def block_raw_bytes(self) -> int:
+        """Bytes of a block's slot in the reader's buffers (the largest block of any shard)."""
+        return self.rows_per_block * self.row_dtype.itemsize
+
+    @property
+    def heap_nbytes(self) -> int:
+        return int(self.shard_heap_nbytes.sum())
+
+    @property
+    def file_size(self) -> int:
+        return int(self.shard_file_size.sum())
+
+    @property
+    def stored_nbytes(self) -> int:
+        return int(self.blocks["stored_nbytes"].sum() + self.heap_chunks["stored_nbytes"].sum())
+
+    @property
+    def raw_nbytes(self) -> int:
+        return int(self.num_rows * self.row_dtype.itemsize + self.heap_nbytes)
+
+    def block_rows(self) -> np.ndarray:
+        """Valid rows per block (int64)."""
+        return self.arrays()["num_rows"]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Contiguous int64/uint64 index columns as the kernels take them (cached): per block
+        ``offset, stored, checksum, heap_start, heap_end`` (shard-local), ``num_rows``,
+        ``first`` (its first dataset row), ``raw`` (raw bytes of its chunk), ``chunk_base``
+        (the index of its shard's first heap chunk among all heap chunks); per heap chunk
+        ``hc_offset, hc_stored, hc_checksum``."""
+        c = self._cache
+        if "offset" not in c:
+            b, h = self.blocks, self.heap_chunks
+            i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+            num_rows = i64(b["num_rows"])
+            shard_chunk0 = np.cumsum(np.bincount(self.chunk_shard, minlength=self.num_shards)) - np.bincount(
+                self.chunk_shard, minlength=self.num_shards)
+            c.update(
+                offset=i64(b["offset"]), stored=i64(b["stored_nbytes"]),
+                checksum=np.ascontiguousarray(b["checksum"], dtype=np.uint64),
+                heap_start=i64(b["heap_start"]), heap_end=i64(b["heap_end"]), num_rows=num_rows,
+                first=np.cumsum(num_rows) - num_rows, raw=self.shard_rpb[self.block_shard] * self.row_dtype.itemsize,
+                chunk_base=i64(shard_chunk0[self.block_shard]) if self.num_shards else np.zeros(0, np.int64),
+                hc_offset=i64(h["offset"]), hc_stored=i64(h["stored_nbytes"]),
+                hc_checksum=np.ascontiguousarray(h["checksum"], dtype=np.uint64),
+            )  # fmt: skip
+        return c
+
+    # -- row numbers <-> row ids -------------------------------------------------------------
+    def ids(self, rows: np.ndarray) -> np.ndarray:
+        """Row ids of dataset rows (int64, in range: checked by the caller)."""
+        if self.uniform:
+            return rows
+        first = self.arrays()["first"]
+        blk = np.searchsorted(first, rows, side="right") - 1
+        return blk * self.rows_per_block + (rows - first[blk])
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Dataset rows of row ids."""
+        if self.uniform:
+            return ids
+        blk = ids // self.rows_per_block
+        return self.arrays()["first"][blk] + (ids - blk * self.rows_per_block)
+
+    def where(self, row_id: int) -> tuple[str, int, int]:
+        """``(shard path, block within the shard, dataset row)`` of a row id, for errors."""
+        blk = int(row_id) // self.rows_per_block
+        s = int(self.block_shard[blk]) if 0 <= blk < self.num_blocks else 0
+        return self.shard_paths[s], blk - self.shard_block0(s), int(self.rows_of(np.array([row_id]))[0])
+
+    def shard_block0(self, s: int, what: str = "block") -> int:
+        """The dataset-wide index of shard ``s``'s first block (or first heap chunk)."""
+        key = "block0" if what == "block" else "chunk0"
+        if key not in self._cache:
+            counts = np.bincount(self.block_shard if what == "block" else self.chunk_shard, minlength=self.num_shards)
+            self._cache[key] = np.cumsum(counts) - counts
+        return int(self._cache[key][s]) if self.num_shards else 0
+
+    def runs(self, which: np.ndarray, what: str) -> list[tuple[int, int, int]]:
+        """Cut sorted blocks (``"block"``) or heap chunks ``which`` into runs of one shard:
+        ``(shard, start, end)`` positions in ``which``."""
+        owner = (self.block_shard if what == "block" else self.chunk_shard)[which]
+        if self.num_shards == 1 or not len(owner):
+            return [(int(owner[0]) if len(owner) else 0, 0, len(which))]
+        cut = np.flatnonzero(owner[1:] != owner[:-1]) + 1
+        starts = np.concatenate(([0], cut))
+        ends = np.concatenate((cut, [len(which)]))
+        return [(int(owner[a]), int(a), int(z)) for a, z in zip(starts, ends)]
+
+    def shard_layout(self, s: int) -> Layout:
+        """Shard ``s``'s own :class:`Layout`, opened from its file (for ``info``/``verify``)."""
+        if self.shard_layouts is not None:
+            return self.shard_layouts[s]
+        return Layout.open(self.shard_paths[s])
+
+    # -- checking ----------------------------------------------------------------------------
+    def verify(self) -> None:
+        """Read every block and heap chunk of every shard and check them; raises the first
+        error :meth:`damage` finds."""
+        for err in self.damage(limit=1):
+            raise err
+
+    def damage(self, *, limit: int | None = None, shard_indexes: bool = False) -> list[FormatError]:
+        """Every damaged block and heap chunk of every shard (checksum, decompression, size),
+        and every shard that is missing or of the wrong size, in shard order, as errors with
+        ``path`` (the shard file), ``block`` (within it) and ``rows`` (the dataset rows whose
+        values it holds). ``shard_indexes``: also parse each shard file's own index (libhdf5)
+        and report a shard whose index disagrees with the manifest's. Stops after ``limit``."""
+        from rowstore.format.manifest import index_crc32
+
+        found: list[FormatError] = []
+        a = self.arrays()
+        codec = self.frame_check()
+        for s in range(self.num_shards):
+            path = self.shard_paths[s]
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
+                if limit is not None and len(found) >= limit:
+                    return found
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                if size != int(self.shard_file_size[s]):
+                    found.append(FormatError(f"{path!r}: shard {s} has {size} bytes, expected {int(self.shard_file_size[s])}",
+                                             path=path))
+                    continue
+                if shard_indexes and self.shard_layouts is None:
+                    err = self._check_shard_index(s, index_crc32)
+                    if err is not None:
+                        found.append(err)
+                b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")
+                nb, nh = int(np.sum(self.block_shard == s)), int(np.sum(self.chunk_shard == s))
+                for what, lo, n, cols, raw in (
+                        ("block", b0, nb, ("offset", "stored", "checksum"), int(self.shard_rpb[s]) * self.row_dtype.itemsize),
+                        ("heap chunk", h0, nh, ("hc_offset", "hc_stored", "hc_checksum"), self.heap_chunk_bytes)):
+                    idx = [a[c][lo : lo + n] for c in cols]
+                    for k, err in scan_chunks(fd, *idx, raw_size=raw, codec=codec, what=what):
+                        err.args = (f"{path!r}: {what} {k}: {err}",)
+                        err.path, err.block = path, k if what == "block" else None
+                        err.rows = self._rows_of(what, lo + k)
+                        found.append(err)
+                        if limit is not None and len(found) >= limit:
+                            return found
+            finally:
+                os.close(fd)
+            if limit is not None and len(found) >= limit:
+                return found
+        return found
+
+    def _check_shard_index(self, s: int, index_crc32) -> FormatError | None:
+        path = self.shard_paths[s]
+        try:
+            L = Layout.open(path)
+        except FormatError as exc:
+            return exc
+        b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")
+        mine = index_crc32(self.blocks[b0 : b0 + L.num_blocks], self.heap_chunks[h0 : h0 + len(L.heap_chunks)])
+        if L.num_rows != int(self.shard_rows[s]) or index_crc32(L.blocks, L.heap_chunks) != mine:
+            return FormatError(f"{path!r}: shard {s}'s own index disagrees with the dataset's manifest", path=path)
+        if L.schema != self.schema:
+            return FormatError(f"{path!r}: shard {s}'s schema differs from the dataset's", path=path)
+        return None
+
+    def _rows_of(self, what: str, k: int) -> tuple[int, int]:
+        """The dataset rows whose values block (or heap chunk) ``k`` holds."""
+        a = self.arrays()
+        if what == "block":
+            return int(a["first"][k]), int(a["first"][k] + a["num_rows"][k])
+        s = int(self.chunk_shard[k])
+        H = self.heap_chunk_bytes
+        local = k - self.shard_block0(s, what)
+        lo, hi = local * H, (local + 1) * H
+        mine = np.flatnonzero((self.block_shard == s) & (a["heap_start"] < hi) & (a["heap_end"] > lo))
+        if not len(mine):
+            return (0, 0)
+        return int(a["first"][mine[0]]), int(a["first"][mine[-1]] + a["num_rows"][mine[-1]])
+
+    # -- opening ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *, version: int | None = None) -> DatasetLayout:
+        """The layout of a dataset directory (its current manifest, or ``version``), a ``.h5``
+        file, or a list of those read as one (same schema, compression and heap chunk size)."""
+        if isinstance(path, (list, tuple)):
+            if not path:
+                raise ValueError("no datasets given")
+            if version is not None:
+                raise ValueError("version= applies to one dataset, not a list")
+            return cls.concat([cls.open(p) for p in path])
+        p = os.fsdecode(path)  # type: ignore[arg-type]  # a list was handled above
+        if os.path.isdir(p):
+            if not _manifest.is_dataset(p):
+                raise FormatError(f"{p!r} is a directory but not a rowstore dataset (no {_manifest.POINTER}; "
+                                  f"an unfinished or uncommitted write leaves none)", path=p)
+            return cls.from_manifest(_manifest.load(p, version))
+        if version is not None:
+            raise ValueError(f"{p!r} is a file: version= applies to dataset directories")
+        return cls.from_files([Layout.open(p)], path=p)
+
+    @classmethod
+    def from_files(cls, layouts: Sequence[Layout], *, path: str | None = None) -> DatasetLayout:
+        """A dataset of these files (already validated by :meth:`Layout.open`), in order."""
+        first = layouts[0]
+        for L in layouts[1:]:
+            _check_same(first.path, first.schema, first.compression, first.heap_chunk_bytes, L.path, L.schema,
+                        L.compression, L.heap_chunk_bytes)
+        i64 = lambda vals: np.array(vals, np.int64).reshape(-1)  # noqa: E731
+        return cls(
+            path=path or " + ".join(L.path for L in layouts), schema=first.schema, user_attrs=first.user_attrs,
+            compression=first.compression, heap_chunk_bytes=first.heap_chunk_bytes, row_dtype=first.row_dtype,
+            shard_paths=tuple(os.path.abspath(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
+            shard_rows=i64([L.num_rows for L in layouts]), shard_rpb=i64([L.rows_per_block for L in layouts]),
+            shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]), shard_file_size=i64([L.file_size for L in layouts]),
+            blocks=np.concatenate([L.blocks for L in layouts]), heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),
+            block_shard=np.repeat(np.arange(len(layouts), dtype=np.int32), [L.num_blocks for L in layouts]),
+            chunk_shard=np.repeat(np.arange(len(layouts), dtype=np.int32), [len(L.heap_chunks) for L in layouts]),
+            shard_layouts=tuple(layouts),
+        )  # fmt: skip
+
+    @classmethod
+    def from_manifest(cls, m: _manifest.Manifest) -> DatasetLayout:
+        """A dataset from its manifest: every shard's index checked here, vectorized (no shard
+        file is opened; each is checked against its recorded size when first read)."""
+        sh = m.shards
+        row_dtype = spec.row_dtype(m.schema)
+        rs = row_dtype.itemsize
+        paths = [os.path.join(m.root, p) for p in sh["path"]]
+
+        def bad(s: int, msg: str) -> FormatError:
+            where = paths[s] if paths else m.root
+            return FormatError(f"{where!r} (shard {s} of dataset {m.root!r}, version {m.version}): {msg}", path=where)
+
+        rpb = sh["rows_per_block"]
+        H = m.heap_chunk_bytes
+        big = np.flatnonzero(rpb * rs > spec.MAX_CHUNK_BYTES)
+        if len(big):
+            raise bad(int(big[0]), f"a block of {int(rpb[big[0]])} rows of {rs} bytes exceeds the format's limit of "
+                                   f"{spec.MAX_CHUNK_BYTES} bytes per block")
+        if H > spec.MAX_CHUNK_BYTES:
+            raise FormatError(f"{m.root!r}: heap_chunk_bytes {H} exceeds the format's limit of {spec.MAX_CHUNK_BYTES}",
+                              path=m.root)
+        if (sh["heap_nbytes"] > spec.MAX_HEAP_BYTES).any():
+            raise bad(int(np.argmax(sh["heap_nbytes"] > spec.MAX_HEAP_BYTES)), "heap_nbytes exceeds the format's limit")
+        if all(f.inline for f in m.schema) and (sh["heap_nbytes"] != 0).any():
+            raise bad(int(np.argmax(sh["heap_nbytes"] != 0)), "heap_nbytes is not 0 for a schema without heap fields")
+        check_indexes(bad, blocks=m.blocks, heap_chunks=m.heap_chunks, rows=sh["rows"], rows_per_block=rpb,
+                      heap_nbytes=sh["heap_nbytes"], file_size=sh["file_size"], block_counts=sh["blocks"],
+                      heap_chunk_counts=sh["heap_chunks"], heap_chunk_bytes=H, row_size=rs,
+                      compressed=m.compression["id"] != "none")  # fmt: skip
+        S = m.num_shards
+        return cls(
+            path=m.root, schema=m.schema, user_attrs=m.attrs, compression=m.compression, heap_chunk_bytes=H,
+            row_dtype=row_dtype, shard_paths=tuple(os.path.abspath(p) for p in paths),
+            shard_ids=tuple((int(n),) for n in sh["file_size"]), shard_rows=sh["rows"], shard_rpb=rpb,
+            shard_heap_nbytes=sh["heap_nbytes"], shard_file_size=sh["file_size"], blocks=m.blocks,
+            heap_chunks=m.heap_chunks, block_shard=np.repeat(np.arange(S, dtype=np.int32), sh["blocks"]),
+            chunk_shard=np.repeat(np.arange(S, dtype=np.int32), sh["heap_chunks"]), version=m.version,
+        )  # fmt: skip
+
+    @classmethod
+    def concat(cls, parts: Sequence[DatasetLayout]) -> DatasetLayout:
+        """Datasets read one after the other as one (same schema, compression, heap chunk size)."""
+        if len(parts) == 1:
+            return parts[0]
+        a = parts[0]
+        for b in parts[1:]:
+            _check_same(a.path, a.schema, a.compression, a.heap_chunk_bytes, b.path, b.schema, b.compression,
+                        b.heap_chunk_bytes)
+        shard0 = np.cumsum([p.num_shards for p in parts]) - np.array([p.num_shards for p in parts])
+        cat = np.concatenate
+        layouts = [p.shard_layouts for p in parts]
+        return cls(
+            path=" + ".join(p.path for p in parts), schema=a.schema, user_attrs=a.user_attrs, compression=a.compression,
+            heap_chunk_bytes=a.heap_chunk_bytes, row_dtype=a.row_dtype,
+            shard_paths=sum((p.shard_paths for p in parts), ()), shard_ids=sum((p.shard_ids for p in parts), ()),
+            shard_rows=cat([p.shard_rows for p in parts]), shard_rpb=cat([p.shard_rpb for p in parts]),
+            shard_heap_nbytes=cat([p.shard_heap_nbytes for p in parts]),
+            shard_file_size=cat([p.shard_file_size for p in parts]),
+            blocks=cat([p.blocks for p in parts]), heap_chunks=cat([p.heap_chunks for p in parts]),
+            block_shard=cat([p.block_shard + k for p, k in zip(parts, shard0)]).astype(np.int32),
+            chunk_shard=cat([p.chunk_shard + k for p, k in zip(parts, shard0)]).astype(np.int32),
+            shard_layouts=sum((x for x in layouts if x is not None), ()) if all(x is not None for x in layouts) else None,
+        )  # fmt: skip
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def _check_same(pa: str, sa: Schema, ca: dict, ha: int, pb: str, sb: Schema, cb: dict, hb: int) -> None:
+    if sa != sb:
+        raise SchemaError(f"{pb!r} cannot be read with {pa!r} as one dataset: their schemas differ:\n{sa}\nvs\n{sb}")
+    if ca != cb:
+        raise FormatError(f"{pb!r} cannot be read with {pa!r} as one dataset: compression {cb} differs from {ca}", path=pb)
+    if ha != hb:
+        raise FormatError(f"{pb!r} cannot be read with {pa!r} as one dataset: heap_chunk_bytes {hb} differs from {ha}",
+                          path=pb)
+

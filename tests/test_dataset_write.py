@@ -156,13 +156,28 @@ def test_modes(tmp_path):
         DatasetWriter(str(f), SCHEMA)
 
 
-def test_append_keeps_the_shards_rows_per_block(tmp_path):
+def test_append_keeps_the_datasets_settings(tmp_path):
     root = str(tmp_path / "ds")
-    with DatasetWriter(root, SCHEMA, rows_per_block=7, shard_bytes=1000) as w:
+    with DatasetWriter(root, SCHEMA, rows_per_block=7, shard_bytes=1000, compression="lz4", heap_chunk_bytes=256) as w:
         w.write_batch(cols(0, 100))
     with DatasetWriter(root, mode="a", shard_bytes=1000) as w:
         w.write_batch(cols(100, 200))
-    assert set(manifest.load(root).shards["rows_per_block"].tolist()) == {7}
+    m = manifest.load(root)
+    assert set(m.shards["rows_per_block"].tolist()) == {7} and m.heap_chunk_bytes == 256
+    assert m.compression == spec.compression_config("lz4")
+    assert np.array_equal(xs_of(root), np.arange(200))
+
+
+def test_bad_attrs_at_close_keep_the_writer_open(tmp_path):
+    root = str(tmp_path / "ds")
+    w = DatasetWriter(root, SCHEMA, shard_bytes=1000)
+    w.write_batch(cols(0, 100))
+    w.attrs["bad"] = object()
+    with pytest.raises(ValueError, match="JSON"):
+        w.close()
+    del w.attrs["bad"]
+    w.write_batch(cols(100, 110))
+    assert w.close() == 1 and np.array_equal(xs_of(root), np.arange(110))
 
 
 class Boom(Exception):
@@ -271,6 +286,7 @@ def test_commit_modes(tmp_path):
     assert manifest.load(root).attrs == {} and np.array_equal(xs_of(root, 2), np.arange(20))
     with pytest.raises(ValueError, match="nothing to commit"):
         commit(str(tmp_path / "other"), [], mode="a")
+    assert not os.path.exists(tmp_path / "other")
     with pytest.raises(ValueError, match="JSON"):
         commit(root, [b], mode="a", attrs={"x": object()})
     assert manifest.versions(root) == [1, 2, 3]
@@ -473,3 +489,41 @@ def test_sigkill_leaves_the_previous_version_or_the_new_one(tmp_path):
     assert sorted(os.listdir(os.path.join(root, "_manifests"))) == sorted(
         [".lock", os.path.basename(manifest.manifest_path(v)), os.path.basename(manifest.index_path(v))])
     assert sorted(os.listdir(root)) == ["_manifests", "rowstore.json", "shards"]
+
+
+def test_a_killed_commits_leftovers_block_nothing(tmp_path):
+    """A commit killed after its sidecar (or its manifest) but before the pointer: the next commit
+    takes the next free version; gc removes the leftover manifest, its shards only past the grace."""
+    root = str(tmp_path / "ds")
+    commit(root, [write_shard(root, SCHEMA, cols(0, 10))])
+    left = write_shard(root, SCHEMA, cols(10, 20))
+    with open(os.path.join(root, manifest.index_path(2)), "wb") as f:  # sidecar written, then killed
+        f.write(manifest.INDEX_MAGIC)
+    assert commit(root, [write_shard(root, SCHEMA, cols(20, 30))], mode="a") == 3
+    assert not os.path.exists(os.path.join(root, manifest.index_path(2)))  # removed by the clean-up
+    with manifest.commit_lock(root):  # a manifest published but never made current
+        manifest.publish(root, schema=SCHEMA, attrs={}, compression={"id": "none"}, heap_chunk_bytes=left.heap_chunk_bytes,
+                         shards=[left.entry()], blocks=[Layout_of(root, left).blocks],
+                         heap_chunks=[Layout_of(root, left).heap_chunks], parent=3)  # fmt: skip
+    with open(os.path.join(root, manifest.POINTER), "w") as f:  # ...as if the pointer never moved
+        f.write(pointer_of(root, 3))
+    assert manifest.read_pointer(root)[0] == 3 and manifest.versions(root) == [1, 3, 4]
+    r = gc(root, dry_run=False)
+    assert r.kept_versions == [3] and "_manifests/v00000004.json" in r.manifests and r.young == [left.path]
+    assert manifest.versions(root) == [3] and np.array_equal(xs_of(root), np.r_[np.arange(10), np.arange(20, 30)])
+    assert commit(root, [left], mode="a") == 4  # the killed commit, retried (4 was never current)
+    assert np.array_equal(xs_of(root), np.r_[np.arange(10), np.arange(20, 30), np.arange(10, 20)])
+
+
+def Layout_of(root, info):
+    return rowstore.Layout.open(os.path.join(root, info.path))
+
+
+def pointer_of(root, version):
+    import json
+    import zlib
+
+    with open(os.path.join(root, manifest.manifest_path(version)), "rb") as f:
+        crc = zlib.crc32(f.read())
+    return json.dumps({"format": manifest.FORMAT_NAME, "format_version": 1, "version": version,
+                       "manifest": manifest.manifest_path(version), "manifest_crc32": crc})  # fmt: skip

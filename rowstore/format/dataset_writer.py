@@ -272,8 +272,9 @@ def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: s
     if not os.path.isdir(root):
         if os.path.exists(root):
             raise NotADirectoryError(f"{root!r} is a file; a dataset is a directory")
-        if infos:  # shards written to a directory that does not exist: their check fails below
+        if infos:
             raise FormatError(f"shard {infos[0].path!r} is missing: dataset directory {root!r} does not exist", path=root)
+        raise ValueError(f"nothing to commit to {root!r}: no shards and no current version to append to")
     with manifest.commit_lock(root):
         exists = manifest.is_dataset(root)
         if mode == "x" and exists:
@@ -373,15 +374,22 @@ class GCReport:
         return self.manifests + self.shards + self.temporaries
 
 
-def _shard_paths(root: str, version: int) -> list[str]:
-    """The shard paths a manifest names (read without its sidecar: cheap, for gc)."""
+def _read_names(root: str, version: int) -> tuple[list[str], int | None]:
+    """The shard paths a manifest names and its parent version (read without its sidecar:
+    cheap, for gc)."""
     mpath = os.path.join(root, manifest.manifest_path(version))
     m = manifest._json_object(mpath, manifest._read_small(mpath, manifest.MAX_MANIFEST_BYTES))
     entries = m.get("shards")
     if not isinstance(entries, list):
         raise FormatError(f"{mpath!r}: 'shards' must be a list", path=mpath)
     where = f"{mpath} shard entry"
-    return [manifest._safe_relpath(where, e.get("path") if isinstance(e, dict) else None) for e in entries]
+    paths = [manifest._safe_relpath(where, e.get("path") if isinstance(e, dict) else None) for e in entries]
+    parent = m.get("parent")
+    return paths, parent if isinstance(parent, int) and not isinstance(parent, bool) else None
+
+
+def _shard_paths(root: str, version: int) -> list[str]:
+    return _read_names(root, version)[0]
 
 
 _SIDE_FILE = re.compile(r"v(\d{8})\.(json|index)")
@@ -396,25 +404,32 @@ def _collect(root: str, *, keep: int | None, grace_s: float, dry_run: bool) -> G
     have = manifest.versions(root)
     if current is not None and current not in have:
         raise FormatError(f"{root!r}: the current version {current} has no manifest; not collecting", path=root)
-    if keep is None:
-        kept = [v for v in have if current is None or v <= current]
+    names: dict[int, list[str]] = {}
+    if keep is None:  # a commit's clean-up removes no version
+        kept, chain = list(have), set(have)
     else:
-        older = [v for v in have if current is not None and v <= current]
-        kept = older[-keep:] if keep else []
-    # Versions above the current one were never made current (a commit killed before its pointer
-    # was written; publish never reuses them): their manifests are leftovers too.
+        # The versions that were current once: the current one and its parents. A manifest
+        # outside that chain was left by a commit killed before its pointer was written.
+        order: list[int] = []
+        v: int | None = current
+        while v is not None and v in have and v not in order:
+            try:
+                names[v], parent = _read_names(root, v)
+            except FormatError:
+                if len(order) < keep:
+                    raise  # a version to keep that cannot be read: remove nothing
+                break  # its shards then stay under the grace rule
+            order.append(v)
+            v = parent
+        kept, chain = sorted(order[:keep]), set(order)
     named_kept: set[str] = set()
     for v in kept:
-        named_kept.update(_shard_paths(root, v))  # unreadable: raise, not guess what to keep
-    # Shards named only by a version above the current one stay under the grace rule: a commit of
-    # them that was killed may be retried.
+        named_kept.update(names[v] if v in names else _shard_paths(root, v))  # unreadable: raise
+    # Shards named only by versions that were current once go with them; those named only by a
+    # never-current manifest stay under the grace rule (a killed commit of them may be retried).
     named_removed: set[str] = set()
-    for v in have:
-        if v not in kept and current is not None and v <= current:
-            try:
-                named_removed.update(_shard_paths(root, v))
-            except FormatError:
-                pass  # its shards are then treated as named by no version (the grace applies)
+    for v in chain.difference(kept):
+        named_removed.update(names[v])
     report.kept_versions = kept
     mdir = os.path.join(root, manifest.MANIFEST_DIR)
     try:
@@ -423,9 +438,8 @@ def _collect(root: str, *, keep: int | None, grace_s: float, dry_run: bool) -> G
         side = []
     for n in sorted(side, key=lambda n: n.endswith(".index")):  # manifests before their sidecars
         m = _SIDE_FILE.fullmatch(n)
-        if m and int(m.group(1)) not in kept and (keep is not None or int(m.group(1)) > (current or 0)
-                                                  or m.group(2) == "index" and int(m.group(1)) not in have):
-            report.manifests.append(f"{manifest.MANIFEST_DIR}/{n}")
+        if m and int(m.group(1)) not in kept and (keep is not None or int(m.group(1)) not in have):
+            report.manifests.append(f"{manifest.MANIFEST_DIR}/{n}")  # (a sidecar without manifest: a killed commit's)
     sdir = os.path.join(root, manifest.SHARD_DIR)
     try:
         files = sorted(os.listdir(sdir))
@@ -675,6 +689,9 @@ class DatasetWriter:
         """
         if self._closed:
             return None
+        # writer.attrs may have changed: a bad value is refused with the writer still open (fix
+        # attrs and close again), not after its shards were discarded.
+        attrs = _check_attrs(self.attrs)
         try:
             # One shard at least for a new dataset (an empty one carries the schema).
             need_one = not self._infos and (self.mode != "a" or not manifest.is_dataset(self.path))
@@ -683,7 +700,7 @@ class DatasetWriter:
             elif self._writer is not None:
                 self._writer.abort()  # an empty trailing shard: not worth a file
                 self._writer = None
-            version = commit(self.path, self._infos, mode=self.mode, attrs=self.attrs)
+            version = commit(self.path, self._infos, mode=self.mode, attrs=attrs)
         except BaseException:
             if not self._published():
                 self.abort()

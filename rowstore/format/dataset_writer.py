@@ -477,11 +477,12 @@ def gc(path: str | os.PathLike, *, dry_run: bool = True, keep_versions: int = 1,
     """Remove what the dataset at ``path`` no longer needs (exported as ``rowstore.gc_dataset``).
 
     Keeps the current version and the ``keep_versions - 1`` versions before it (their manifests,
-    sidecars and every shard they name). Removes the manifests and sidecars of older versions
-    (and of versions above the current one, which a killed commit left and no pointer ever
-    named), the shard files named only by removed versions, the shard files named by no version
-    at all once not modified for ``orphan_grace_s`` seconds (younger ones may belong to a job
-    still writing), and the stale temporary files of killed writers.
+    sidecars and every shard they name; "before" follows the manifests' ``parent`` links).
+    Removes the manifests and sidecars of older versions and of manifests that were never current
+    (left by a commit killed before its pointer moved), the shard files named only by removed
+    versions that were current once, the other shard files no kept version names once not
+    modified for ``orphan_grace_s`` seconds (younger ones may belong to a job still writing, or
+    to a killed commit that will be retried), and the stale temporary files of killed writers.
 
     Parameters
     ----------

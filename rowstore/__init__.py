@@ -1,7 +1,9 @@
 """rowstore: schema-defined, row-oriented HDF5 datasets, read by compiled kernels.
 
-Write with :class:`Writer`, read with :func:`open`; adapters live in ``rowstore.torch`` and
-``rowstore.tf`` (importing ``rowstore`` imports neither framework).
+Write a file with :class:`Writer`, a dataset of many files with :class:`DatasetWriter` (or
+:func:`write_shard` on workers and one :func:`commit`; :func:`gc_dataset` removes what old
+versions left), read with :func:`open`; adapters live in ``rowstore.torch`` and ``rowstore.tf``
+(importing ``rowstore`` imports neither framework).
 """
 
 from rowstore._version import __version__
@@ -18,13 +20,23 @@ from rowstore.errors import (
     SchemaError,
     WriterClosedError,
 )
-from rowstore.format import FORMAT_VERSION, Layout, Writer
+from rowstore.format import (
+    FORMAT_VERSION,
+    DatasetWriter,
+    Layout,
+    ShardInfo,
+    Writer,
+    commit,
+    gc_dataset,
+    write_shard,
+)
 from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = [
     "__version__", "FORMAT_VERSION",
     "Schema", "Field", "STR", "BYTES", "Codec", "register_codec",
     "Writer", "Layout", "open",
+    "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset",
     "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
     "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
     "ConcurrentWriterError",

@@ -3,6 +3,8 @@
     rowstore info PATH        schema, rows, blocks, sizes, compression, format version
     rowstore head PATH -n N   the first N rows, arrays summarised
     rowstore verify PATH      read every block (of every shard) and check checksums
+    rowstore gc PATH          remove killed writers' temporary files; for a dataset directory,
+                              list (with --delete: remove) old versions and unreferenced shards
 
 PATH is a ``.h5`` file or a dataset directory.
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 from rowstore.errors import RowstoreError
 
-__all__ = ["main", "info_text", "head_text"]
+__all__ = ["main", "info_text", "head_text", "gc_text", "gc_dataset_text"]
 
 
 def _human(n: float) -> str:
@@ -140,6 +142,36 @@ def gc_text(path: str, *, dry_run: bool = False) -> str:
     return "\n".join(lines)
 
 
+def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1, grace_s: float = 3600.0) -> str:
+    """Garbage-collect the dataset directory ``path`` (:func:`rowstore.gc_dataset`): only list
+    what would go unless ``delete``."""
+    from rowstore.format.dataset_writer import gc
+
+    r = gc(path, dry_run=not delete, keep_versions=keep_versions, orphan_grace_s=grace_s)
+    verb = "removed" if delete else "would remove"
+    lines = [f"current version {r.current}; keeping versions {', '.join(map(str, r.kept_versions)) or 'none'}"]
+    lines += [f"{verb}: {p}" for p in r.manifests + r.shards + r.temporaries]
+    lines += [f"kept (named by no version, younger than {grace_s:g} s): {p}" for p in r.young]
+    lines += [f"kept (a writer is active): {p}" for p in r.live]
+    lines.append(f"{verb} {len(r.manifests)} manifest file(s), {len(r.shards)} shard(s), "
+                 f"{len(r.temporaries)} stale temporary file(s)" + ("" if delete else " (dry run: pass --delete to remove)"))
+    return "\n".join(lines)
+
+
+def _seconds(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text}")
+    return v
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -151,9 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fields", nargs="+", help="only these fields")
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")
-    p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds)")
-    p.add_argument("path", help="a dataset file (its temporaries) or a directory (all temporaries in it)")
-    p.add_argument("--dry-run", action="store_true", help="only list them")
+    p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds); "
+                                  "for a dataset directory, list old versions and unreferenced shards (--delete removes them)")
+    p.add_argument("path", help="a file (its temporaries), a directory (all temporaries in it), or a dataset directory "
+                                "(one with rowstore.json: old manifest versions, the shards only they name, orphan "
+                                "shards, temporaries)")
+    p.add_argument("--dry-run", action="store_true", help="only list them (the default for a dataset directory)")
+    p.add_argument("--delete", action="store_true", help="dataset directory: remove what is listed (without it, "
+                                                        "nothing is removed)")
+    p.add_argument("--keep-versions", type=_positive, default=1, metavar="N",
+                   help="dataset directory: keep the current version and the N-1 before it (default 1)")
+    p.add_argument("--grace", type=_seconds, default=3600.0, metavar="SECONDS",
+                   help="dataset directory: keep shards that no version names if modified within SECONDS "
+                        "(a job may still commit them; default 3600)")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "info":
@@ -177,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks{shards}, checksums match)")
         elif args.cmd == "gc":
-            print(gc_text(args.path, dry_run=args.dry_run))
+            from rowstore.format import manifest
+
+            if manifest.is_dataset(args.path) or os.path.isdir(os.path.join(args.path, manifest.MANIFEST_DIR)):
+                print(gc_dataset_text(args.path, delete=args.delete and not args.dry_run,
+                                      keep_versions=args.keep_versions, grace_s=args.grace))  # fmt: skip
+            else:
+                print(gc_text(args.path, dry_run=args.dry_run))
     except (RowstoreError, OSError) as exc:
         print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
         return 1

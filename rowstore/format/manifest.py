@@ -343,7 +343,10 @@ def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression
     """
     root = os.fspath(root)
     os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
-    have = versions(root)
+    # Past every manifest and every sidecar: a commit killed between its sidecar and its manifest
+    # leaves a sidecar that the exclusive write below would collide with.
+    taken = re.compile(r"v(\d{8})\.(?:json|index)")
+    have = [int(m.group(1)) for m in map(taken.fullmatch, os.listdir(os.path.join(root, MANIFEST_DIR))) if m]
     version = (max(have) if have else 0) + 1
     parts = [INDEX_MAGIC]
     parts += [np.ascontiguousarray(b, dtype=spec.BLOCK_DTYPE).tobytes() for b in blocks]

@@ -179,6 +179,13 @@ class Writer:
         """Rows accepted so far (including those of an appended-to file)."""
         return self._packer.num_rows
 
+    @property
+    def raw_nbytes(self) -> int:
+        """Bytes of the rows accepted so far as stored before compression: rows times the row
+        size plus their heap payloads (including an appended-to file's); what
+        :class:`~rowstore.format.dataset_writer.DatasetWriter` sizes its shards by."""
+        return self._packer.num_rows * self._packer.itemsize + self._packer.heap_pos
+
     def write(self, row: Mapping[str, Any]) -> None:
         """Validate and add one row (a mapping of field name to value; ``None`` for nulls).
 

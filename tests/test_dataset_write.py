@@ -43,7 +43,8 @@ def rows(lo, hi):
 
 
 def _read_all(root, version=None):
-    """Every row of a version (default current) of the dataset, shards in manifest order."""
+    """Every row of a version (default current) of the dataset, through one reader over all
+    shards (and, as a cross-check, shard by shard in manifest order)."""
     m = manifest.load(root, version)
     xs, ts = [np.zeros(0, np.int64)], []
     for p in m.shards["path"]:
@@ -52,6 +53,11 @@ def _read_all(root, version=None):
                 b = r.take(np.arange(len(r)))
                 xs.append(b["x"])
                 ts += [bytes(v) for v in b["t"]] if "t" in b else []
+    with rowstore.open(root, version=version) as r:
+        b = r.take(np.arange(len(r)))
+        assert np.array_equal(b["x"], np.concatenate(xs))
+        if "t" in b:
+            assert [bytes(v) for v in b["t"]] == ts
     return np.concatenate(xs), ts
 
 

@@ -204,7 +204,7 @@ def crc32(const uint8_t[::1] data not None, unsigned int value=0):
     return h
 
 
-def load_chunks(int fd,
+def load_chunks(const int32_t[::1] fds not None,
                 const int64_t[::1] offsets not None,
                 const int64_t[::1] stored not None,
                 const uint64_t[::1] checksums not None,
@@ -212,7 +212,8 @@ def load_chunks(int fd,
                 uint8_t[::1] dst not None, int64_t raw_size,
                 uint8_t[::1] scratch not None,
                 int64_t[::1] err not None, int64_t dst_stride=0):
-    """Read chunk i (``stored[i]`` bytes at file ``offsets[i]``) into ``dst[i*dst_stride:]``
+    """Read chunk i (``stored[i]`` bytes at offset ``offsets[i]`` of descriptor ``fds[i]``, or of
+    ``fds[0]`` when it holds one) into ``dst[i*dst_stride:]``
     (``dst_stride`` 0: ``raw_size``; a larger stride leaves each chunk's slot a gap after it).
 
     ``compcode < 0``: chunks are stored raw, each exactly ``raw_size`` bytes. Else chunks are
@@ -226,8 +227,11 @@ def load_chunks(int fd,
     cdef Py_ssize_t n = offsets.shape[0]
     cdef int rc
     cdef blosc2_context* ctx = NULL
+    cdef Py_ssize_t fd_step = 0 if fds.shape[0] == 1 else 1
     if stored.shape[0] != n or checksums.shape[0] != n:
         raise ValueError("load_chunks: argument lengths differ")
+    if fds.shape[0] != 1 and fds.shape[0] != n:
+        raise ValueError("load_chunks: fds must hold one descriptor, or one per chunk")
     if compcode >= 0:
         _check_codec(compcode, shuffle)
     if dst_stride == 0:
@@ -242,18 +246,18 @@ def load_chunks(int fd,
         if compcode >= 0 and ctx == NULL:
             rc = _fail(e, E_NOMEM, 0, 0)
         else:
-            rc = _load(fd, n, &offsets[0], &stored[0], &checksums[0], ctx, compcode, shuffle, verify,
-                       &dst[0], raw_size, dst_stride, &scratch[0] if scratch.shape[0] else NULL,
+            rc = _load(&fds[0], fd_step, n, &offsets[0], &stored[0], &checksums[0], ctx, compcode, shuffle,
+                       verify, &dst[0], raw_size, dst_stride, &scratch[0] if scratch.shape[0] else NULL,
                        scratch.shape[0], e)
         if ctx != NULL:
             blosc2_free_ctx(ctx)
     return rc
 
 
-cdef int _load(int fd, Py_ssize_t n, const int64_t* offsets, const int64_t* stored,
-               const uint64_t* checksums, blosc2_context* ctx, int compcode, int shuffle, bint verify,
-               uint8_t* dst, int64_t raw_size, int64_t dst_stride, uint8_t* scratch, int64_t scratch_size,
-               int64_t* err) noexcept nogil:
+cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64_t* offsets,
+               const int64_t* stored, const uint64_t* checksums, blosc2_context* ctx, int compcode,
+               int shuffle, bint verify, uint8_t* dst, int64_t raw_size, int64_t dst_stride,
+               uint8_t* scratch, int64_t scratch_size, int64_t* err) noexcept nogil:
     """The loop of :func:`load_chunks` (arguments checked there; ``ctx`` NULL: stored raw)."""
     cdef Py_ssize_t i
     cdef uint8_t* target
@@ -268,7 +272,7 @@ cdef int _load(int fd, Py_ssize_t n, const int64_t* offsets, const int64_t* stor
             if stored[i] != raw_size:
                 return _fail(err, E_SIZE, i, stored[i])
             target = dst + i * dst_stride
-        if _pread_full(fd, target, stored[i], offsets[i], err, i) < 0:
+        if _pread_full(fds[i * fd_step], target, stored[i], offsets[i], err, i) < 0:
             return -1
         if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
             return _fail(err, E_CHECKSUM, i, 0)

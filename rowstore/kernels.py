@@ -100,9 +100,10 @@ def crc32(data) -> int:
     return int(_frame.crc32(arr))
 
 
-def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] | None, verify: bool,
+def load_chunks(fds, offsets, stored, checksums, *, codec: tuple[int, int] | None, verify: bool,
                 dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk", dst_stride: int = 0) -> None:
-    """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * dst_stride``; 0: ``raw_size``).
+    """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * dst_stride``; 0: ``raw_size``)
+    from descriptor ``fds[i]`` (``fds``: one int for every chunk, or one per chunk).
 
     ``codec`` is None for chunks stored raw, else ``(compcode, shuffle)``: the Blosc2 compressor
     and shuffle filter codes (blosc2.h) the file declares. A chunk header that asks for anything
@@ -111,7 +112,7 @@ def load_chunks(fd: int, offsets, stored, checksums, *, codec: tuple[int, int] |
     """
     compcode, shuffle_ = _codec(codec)
     err = _err()
-    if _frame.load_chunks(fd, offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err,
+    if _frame.load_chunks(_fds(fds), offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err,
                           dst_stride) != 0:
         _raise(err, f"{what} {int(err[1])}")
 

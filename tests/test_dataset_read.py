@@ -333,3 +333,23 @@ def test_directory_without_manifest_is_not_a_dataset(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FormatError, match="not a rowstore dataset"):
         rowstore.open(tmp_path / "empty")
+
+
+def test_many_uniform_shards_under_a_small_descriptor_bound(tmp_path, rs):
+    """Shards of one block size load in one kernel call, each chunk from its own descriptor;
+    a request touching more shards than the bound is split, and descriptors stay bounded."""
+    schema = rs.all_kinds_schema()
+    rows = rs.make_rows(schema, 60, seed=4)
+    root = str(tmp_path / "ds")
+    e, b, c, L = build(root, schema, rows, shards=[(5, 2)] * 12)
+    publish(root, schema, e, b, c, L)
+    with rowstore.open(root, max_open_files=3) as r:
+        assert r.layout.uniform_blocks and not r.layout.uniform
+        perm = np.random.default_rng(1).permutation(60)
+        rs.assert_batch_equal(schema, [rows[i] for i in perm], r.take(perm))
+        assert r._store.open_count() <= 3
+        for shuffle in ("block", "full"):
+            order = r.epoch_order(shuffle=shuffle, seed=3, window=5)
+            got = rowstore.reader.buffers.concat_batches(list(r.batches(7, shuffle=shuffle, seed=3, window=5)))
+            rs.assert_batch_equal(schema, [rows[i] for i in order], got)
+            assert r._store.open_count() <= 3

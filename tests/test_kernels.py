@@ -389,7 +389,7 @@ def test_kernels_check_err_and_destinations_themselves(tmp_path):
         "pread_heap": lambda out, err: _io.pread_heap(fds, np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), i64, i64,
                                                       np.array([0], np.int64), i64, 16, out, np.array([0], np.int64), 8, err),
         "preadv_rows": lambda out, err: _io.preadv_rows(fds, rows * 8, 8, np.array([8], np.int64), [out], np.empty(0, np.uint8), err),
-        "load_chunks": lambda out, err: _frame.load_chunks(fd, rows * 8, np.full(3, 8, np.int64), np.zeros(3, np.uint64), -1, 0, False,
+        "load_chunks": lambda out, err: _frame.load_chunks(fds, rows * 8, np.full(3, 8, np.int64), np.zeros(3, np.uint64), -1, 0, False,
                                                            out, 8, np.empty(1, np.uint8), err),
     }
     try:

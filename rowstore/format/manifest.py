@@ -149,13 +149,17 @@ def _bad(path: str, msg: str) -> FormatError:
 
 
 def _read_small(path: str, limit: int) -> bytes:
+    """The bytes of ``path``, refused (before reading) above ``limit`` bytes."""
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise _bad(path, f"has {size} bytes, more than the {limit} a manifest may hold: not a rowstore dataset manifest")
+            data = f.read(size + 1)  # sized by the file, not the limit (read(n) allocates n bytes)
     except FileNotFoundError:
         raise FormatError(f"{path!r} is missing", path=path) from None
-    if len(data) > limit:
-        raise _bad(path, f"larger than {limit} bytes: not a rowstore dataset manifest")
+    if len(data) > size:
+        raise _bad(path, "grew while being read")
     return data
 
 

@@ -95,6 +95,11 @@ class DatasetLayout:
         return self._cache["uniform"]
 
     @property
+    def uniform_blocks(self) -> bool:
+        """Whether every shard has the same rows per block."""
+        return bool((self.shard_rpb == self.shard_rpb[0]).all()) if len(self.shard_rpb) else True
+
+    @property
     def compressed(self) -> bool:
         return self.compression["id"] != "none"
 

@@ -259,18 +259,26 @@ class Gatherer:
     def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
         """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of
         ``dst`` (a block's slot is ``layout.block_raw_bytes``, a heap chunk's
-        ``heap_chunk_bytes``), checked and decompressed: one kernel call per shard."""
+        ``heap_chunk_bytes``), checked and decompressed: one kernel call (one per shard when
+        the shards' blocks differ in size)."""
         a = self.arr
         if what == "block":
             off, stored, check, stride = a["offset"], a["stored"], a["checksum"], self.layout.block_raw_bytes
         else:
             off, stored, check, stride = a["hc_offset"], a["hc_stored"], a["hc_checksum"], self.layout.heap_chunk_bytes
         scratch = self.scratch.get("stage", self.max_stored if self.codec is not None else 1)
-        for shard, i, j in self.layout.runs(which, what):
-            part = which[i:j]
-            raw = int(self.layout.shard_rpb[shard]) * self.rs if what == "block" else stride
+        L = self.layout
+        if what == "block" and not L.uniform_blocks:
+            # Shards of different block sizes: one call per run of one shard (raw sizes differ).
+            runs = [(L.block_shard[which[i:j]], which[i:j], int(L.shard_rpb[sh]) * self.rs, i, j)
+                    for sh, i, j in L.runs(which, what)]
+        else:  # one call, each chunk read from its own shard's descriptor
+            raw = int(L.shard_rpb[0]) * self.rs if what == "block" else stride
+            owner = (L.block_shard if what == "block" else L.chunk_shard)[which] if self.multi else None
+            runs = [(owner, which, raw, 0, len(which))]
+        for owner, part, raw, i, j in runs:
             try:
-                self.store.load_chunks(shard, off[part], stored[part], check[part], codec=self.codec,
+                self.store.load_chunks(owner, off[part], stored[part], check[part], codec=self.codec,
                                        verify=bool(self.verify), dst=dst[i * stride : (j - 1) * stride + raw],
                                        raw_size=raw, scratch=scratch, what=what, dst_stride=stride)
             except kernels.KernelError as exc:

@@ -171,16 +171,19 @@ class LocalStore:
                     os.close(fd)
 
     def _evict_locked(self) -> None:
-        """Close the least recently used idle descriptors beyond ``max_open``."""
-        if len(self._fds) <= self.max_open:
-            return
-        for s in list(self._fds):
-            if len(self._fds) <= self.max_open:
-                break
-            fd = self._fds[s]
-            if fd not in self._users:
-                del self._fds[s]
-                os.close(fd)
+        """Close the least recently used idle descriptors beyond ``max_open`` (those in use go
+        to the back: they are being used now)."""
+        excess = len(self._fds) - self.max_open
+        tries = len(self._fds)
+        while excess > 0 and tries > 0:
+            tries -= 1
+            s, fd = next(iter(self._fds.items()))
+            if fd in self._users:
+                self._fds.move_to_end(s)
+                continue
+            del self._fds[s]
+            os.close(fd)
+            excess -= 1
 
     def _open(self, s: int) -> int:
         path = self.paths[s]
@@ -226,17 +229,17 @@ class LocalStore:
         return np.asarray(fds, np.int32)[inverse], fds
 
     # -- reads (each raises kernels.KernelError with the failing item's index) ----------------
-    def load_chunks(self, shard: int, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *,
-                    codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
+    def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray,
+                    *, codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
                     scratch: np.ndarray, what: str, dst_stride: int = 0) -> None:
-        """Whole stored chunks of one shard, checked and decompressed into ``dst`` (see
-        kernels.load_chunks)."""
-        fds = self._acquire([shard])  # (not a context manager: this is per request on the hot path)
+        """Whole stored chunks (chunk i of shard ``shards[i]``; None: all of shard 0), checked and
+        decompressed into ``dst`` (see kernels.load_chunks)."""
+        fd, held = self._per_item(shards)  # (not a context manager: this is per request on the hot path)
         try:
-            kernels.load_chunks(fds[0], offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
+            kernels.load_chunks(fd, offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
                                 raw_size=raw_size, scratch=scratch, what=what, dst_stride=dst_stride)
         finally:
-            self._release(fds)
+            self._release(held)
 
     def read_rows(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
         """Single rows (row i of shard ``shards[i]``) into ``dst`` (``direct`` stores only)."""

@@ -543,3 +543,71 @@ def test_heap_kernels_refuse_a_non_contiguous_out(tmp_path):
                                np.array([0], np.int64), max(len(heap), 1), strided, dst)
     finally:
         os.close(fd)
+
+
+def test_per_item_descriptors_chunk_bases_and_strides_match_reference(tmp_path):
+    """Several files at once (a dataset's shards): rows, payloads and chunks each read from their
+    own descriptor, heap chunk tables concatenated with a per-row base, chunk slots wider than
+    the chunks; every result against numpy on the files' bytes."""
+    row_size, ref, H = 24, 4, 16
+    files, fds, tables, srcs, pays = [], [], [], [], []
+    try:
+        for k in range(3):
+            src, heap, payloads, _ = make_heap_case(row_size=row_size, ref_offset=ref)
+            nchunks = -(-len(heap) // H)
+            path = str(tmp_path / f"f{k}.bin")
+            with open(path, "wb") as f:
+                f.write(bytes(k * 7))  # each file's rows start elsewhere
+                f.write(src.tobytes())
+                table = np.zeros(nchunks, np.int64)
+                for c in reversed(range(nchunks)):
+                    table[c] = f.tell()
+                    f.write(heap[c * H : (c + 1) * H].tobytes().ljust(H, b"\0"))
+            files.append(path)
+            fds.append(os.open(path, os.O_RDONLY))
+            tables.append(table)
+            srcs.append(src.reshape(50, row_size))
+            pays.append(payloads)
+        which = RNG.integers(0, 3, 80)
+        rows = RNG.integers(0, 50, 80).astype(np.int64)
+        per_fd = np.array(fds, np.int32)[which]
+        buf = np.empty(len(rows) * row_size, np.uint8)
+        kernels.pread_rows(per_fd, which * 7 + rows * row_size, row_size, buf)
+        assert np.array_equal(buf.reshape(-1, row_size), np.stack([srcs[w][r] for w, r in zip(which, rows)]))
+        # preadv straight into two column arrays
+        a, b = np.empty((80, 10), np.uint8), np.empty((80, 14), np.uint8)
+        kernels.preadv_rows(per_fd, which * 7 + rows * row_size, row_size, [(10, a), (14, b)], np.empty(1, np.uint8))
+        assert np.array_equal(np.hstack([a, b]), buf.reshape(-1, row_size))
+        # payloads: one concatenated chunk table, each row's file's chunks from its base
+        allt = np.concatenate(tables)
+        base = (np.cumsum([len(t) for t in tables]) - [len(t) for t in tables])[which]
+        expect = [pays[w][r] for w, r in zip(which, rows)]
+        dst = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum([len(p) for p in expect], out=dst[1:])
+        out = np.empty(int(dst[-1]), np.uint8)
+        lo, hi = np.zeros(80, np.int64), np.full(80, 50 * 1000, np.int64)
+        kernels.pread_heap(per_fd, buf, row_size, ref, np.arange(80, dtype=np.int64), lo, hi, allt, H, out, dst,
+                           chunk_base=base)  # fmt: skip
+        assert np.array_equal(out, np.concatenate(expect))
+        with pytest.raises(FormatError):  # a base beyond the table
+            kernels.pread_heap(per_fd, buf, row_size, ref, np.arange(80, dtype=np.int64), lo, hi, allt, H, out, dst,
+                               chunk_base=base + len(allt))  # fmt: skip
+        # whole chunks: 16-byte rows of the files as "chunks", each from its own descriptor, in
+        # 40-byte slots (the gap is left alone)
+        offs = (which * 7 + rows * row_size).astype(np.int64)
+        sizes = np.full(80, 16, np.int64)
+        checks = np.array([kernels.crc32(srcs[w][r][:16].tobytes()) for w, r in zip(which, rows)], np.uint64)
+        slots = np.full(80 * 40, 0xAB, np.uint8)
+        kernels.load_chunks(per_fd, offs, sizes, checks, codec=None, verify=True, dst=slots[: 79 * 40 + 16], raw_size=16,
+                            scratch=np.empty(1, np.uint8), dst_stride=40)  # fmt: skip
+        got = slots.reshape(80, 40)
+        assert np.array_equal(got[:, :16], buf.reshape(-1, row_size)[:, :16]) and (got[:-1, 16:] == 0xAB).all()
+        with pytest.raises(FormatError, match="destination"):  # the last slot must fit
+            kernels.load_chunks(per_fd, offs, sizes, checks, codec=None, verify=True, dst=slots[: 79 * 40 + 15],
+                                raw_size=16, scratch=np.empty(1, np.uint8), dst_stride=40)  # fmt: skip
+        with pytest.raises(ValueError, match="fds"):
+            kernels.load_chunks(per_fd[:3], offs, sizes, checks, codec=None, verify=True, dst=slots, raw_size=16,
+                                scratch=np.empty(1, np.uint8), dst_stride=40)  # fmt: skip
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -353,3 +353,37 @@ def test_many_uniform_shards_under_a_small_descriptor_bound(tmp_path, rs):
             got = rowstore.reader.buffers.concat_batches(list(r.batches(7, shuffle=shuffle, seed=3, window=5)))
             rs.assert_batch_equal(schema, [rows[i] for i in order], got)
             assert r._store.open_count() <= 3
+
+
+def test_many_shards_under_a_low_ulimit(tmp_path, rs):
+    """600 shard files read in a process allowed 256 descriptors: the default bound (a quarter
+    of the limit) keeps every read under it (full shuffle touches hundreds of shards per
+    request: those requests are split)."""
+    schema = rowstore.Schema({"x": "int64"})
+    root = tmp_path / "many"
+    (root / M.SHARD_DIR).mkdir(parents=True)
+    one = rs.write_file(tmp_path / "one.h5", schema, [{"x": i} for i in range(5)], rows_per_block=2)
+    L = Layout.open(one)
+    n = 600
+    entries = []
+    for k in range(n):  # hard links: many shard files, cheaply
+        rel = f"{M.SHARD_DIR}/p{k:04d}.h5"
+        os.link(one, root / rel)
+        entries.append(M.shard_entry(rel, L))
+    publish(str(root), schema, entries, [L.blocks] * n, [L.heap_chunks] * n, L)
+    code = f"""
+        import resource, numpy as np, rowstore
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        r = rowstore.open({str(root)!r})
+        total = 0
+        for shuffle in ("full", "block"):
+            xs = np.concatenate([b["x"] for b in r.batches(1000, shuffle=shuffle, seed=1, num_threads=2)])
+            assert sorted(xs.tolist()) == sorted(list(range(5)) * {n}), shuffle
+            total += len(xs)
+        assert r.take(np.arange(len(r)))["x"].tolist() == list(range(5)) * {n}
+        print(total, r._store.max_open, r._store.open_count())
+    """
+    proc = rs.run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    total, bound, held = map(int, proc.stdout.split())
+    assert total == 2 * 5 * n and bound == 64 and held <= bound

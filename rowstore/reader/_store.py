@@ -224,9 +224,16 @@ class LocalStore:
         if shards is None or len(self.paths) == 1:
             fds = self._acquire([0])
             return fds[0], fds
-        uniq, inverse = np.unique(shards, return_inverse=True)
+        S = len(self.paths)
+        if len(shards) * 8 < S:  # a few items over many shards: sort them
+            uniq, inverse = np.unique(shards, return_inverse=True)
+            fds = self._acquire(uniq.tolist())
+            return np.asarray(fds, np.int32)[inverse], fds
+        uniq = np.flatnonzero(np.bincount(shards, minlength=S))  # O(items + shards), no sort
         fds = self._acquire(uniq.tolist())
-        return np.asarray(fds, np.int32)[inverse], fds
+        table = np.empty(S, np.int32)
+        table[uniq] = fds
+        return table[shards], fds
 
     # -- reads (each raises kernels.KernelError with the failing item's index) ----------------
     def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray,

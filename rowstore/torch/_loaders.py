@@ -156,7 +156,10 @@ class _Loader(_OwnsReader):
         pass
 
     def _order_state(self) -> dict:
-        return {"shard": list(self.shard), "even": self.even, "num_rows": len(self.reader)}
+        # A dataset directory's manifest version: another version of the same number of rows
+        # (a rewrite) would give another order. None for files.
+        return {"shard": list(self.shard), "even": self.even, "num_rows": len(self.reader),
+                "dataset_version": self.reader.layout.version}
 
     def state_dict(self) -> dict:
         """Where this loader stands: epoch, rows handed out in it, and what the order depends
@@ -298,7 +301,8 @@ class BatchedDataLoader(_Loader, _EpochReader):
 
     Parameters
     ----------
-    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
     batch_size : int
     shuffle : {"block", "full", "none"} or bool
         Epoch order mode (True is "block"); see :mod:`rowstore.reader.order`.
@@ -455,7 +459,8 @@ class InMemBatchedDataLoader(_Loader):
 
     Parameters
     ----------
-    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
     batch_size : int
     num_epochs : int, optional
         Epochs one iteration yields (``None``: endless, as in Petastorm).

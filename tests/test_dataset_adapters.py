@@ -228,9 +228,11 @@ def test_cli_info_head_verify_on_a_dataset(tmp_path, capsys):
     root = str(tmp_path / "ds")
     files = build_dataset(root)
     assert main(["info", root]) == 0
-    assert "4" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "version 1, 4 shard files" in text and f"rows            {N}" in text
     assert main(["head", root, "-n", "3"]) == 0
-    assert "row-2" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "'row-2'" in text and f"(3 of {N} rows)" in text
     assert main(["verify", root]) == 0
     capsys.readouterr()
     L = Layout.open(files[1])

@@ -469,7 +469,7 @@ class InMemBatchedDataLoader(_Loader):
     seed : int
     fields : sequence of str, optional
     shard : (rank, world), optional
-        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the file (with
+        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the dataset (with
         ``even``: ``N // world`` rows each); default from torch.distributed.
     device, pin_memory, transform, drop_last, varlen, prefetch
         As in :class:`BatchedDataLoader`; ``transform`` runs on every batch (augmentations
@@ -563,7 +563,7 @@ class InMemBatchedDataLoader(_Loader):
         return self._per_epoch(pos) + (stop - epoch - 1) * self._per_epoch()
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """Row numbers (in the file) of ``epoch``'s order on this rank."""
+        """Row numbers (of the dataset: all its files) of ``epoch``'s order on this rank."""
         return self._lo + self._order(epoch)
 
     def _order(self, epoch: int) -> np.ndarray:

@@ -21,6 +21,7 @@ This module is the only one in rowstore that imports tensorflow.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -229,6 +230,20 @@ def _reshape_rows_fn(fields: list[Field]) -> Callable[[dict], dict]:
 
 
 # -- datasets --------------------------------------------------------------------------------
+#: What the dataset functions read: a ``.h5`` file, a dataset directory, a list of those read as
+#: one dataset, or an open Reader.
+_Source = str | os.PathLike | Sequence[str | os.PathLike] | Reader
+
+
+class _Fresh:
+    """A reader to be copied for each dataset made from it: the copy has the same layout (so a
+    dataset directory's same manifest version, and a list's same shards) and its own
+    descriptors, which the dataset closes."""
+
+    def __init__(self, reader: Reader):
+        self.reader = reader
+
+
 class _ReaderLease:
     """The reader of one dataset and the generators running on it.
 
@@ -239,8 +254,13 @@ class _ReaderLease:
     never closed.
     """
 
-    def __init__(self, path_or_reader: str | os.PathLike | Reader):
-        self.reader, self.owned = as_reader(path_or_reader)
+    def __init__(self, path_or_reader: Any):
+        if isinstance(path_or_reader, _Fresh):  # a copy for this dataset alone, owned by it
+            self.reader, self.owned = copy.copy(path_or_reader.reader), True
+        elif isinstance(path_or_reader, (list, tuple)):  # files and dataset directories read as one
+            self.reader, self.owned = Reader(list(path_or_reader)), True
+        else:
+            self.reader, self.owned = as_reader(path_or_reader)
         self._lock = threading.Lock()
         self._running = 0
 
@@ -256,7 +276,7 @@ class _ReaderLease:
 
 
 def make_dataset(
-    path_or_reader: str | os.PathLike | Reader,
+    path_or_reader: _Source,
     *,
     batch_size: int | None = None,
     shuffle: str = "block",
@@ -278,8 +298,9 @@ def make_dataset(
 
     Parameters
     ----------
-    path_or_reader : path or Reader
-        A rowstore file, or an open :class:`~rowstore.reader.Reader` (to choose ``verify`` or
+    path_or_reader : path, list of paths, or Reader
+        A ``.h5`` file, a dataset directory, or a list of those read as one dataset (opened
+        here), or an open :class:`~rowstore.reader.Reader` (to choose ``verify`` or
         ``num_threads``).
     batch_size : int, optional
         Rows per element. Batches come straight from :meth:`Reader.batches` (compiled gather,
@@ -433,7 +454,7 @@ def make_dataset(
 
 
 def repeat_epochs(
-    path_or_reader: str | os.PathLike | Reader, num_epochs: int | None, **kwargs: Any
+    path_or_reader: _Source, num_epochs: int | None, **kwargs: Any
 ) -> tf.data.Dataset:
     """One dataset covering ``num_epochs`` epochs (``epoch, epoch + 1, ...``), each in a new
     order: ``make_dataset(path_or_reader, num_epochs=num_epochs, **kwargs)``; the keywords are
@@ -446,7 +467,7 @@ def repeat_epochs(
 
 
 def distribute_dataset_fn(
-    path_or_reader: str | os.PathLike | Reader,
+    path_or_reader: _Source,
     *,
     global_batch_size: int,
     even: bool = True,
@@ -470,10 +491,12 @@ def distribute_dataset_fn(
                 f"distribute_dataset_fn sets {key!r} from the input context; do not pass it"
             )
     positive_int("global_batch_size", global_batch_size)
-    reader, owned = as_reader(path_or_reader)  # a bad path fails here, not inside the strategy
-    # Each pipeline's dataset opens (and closes) its own reader of a path: readers are not shared
-    # between datasets that would close them under one another.
-    source = reader.path if owned else reader
+    opened = _ReaderLease(path_or_reader)  # a bad path fails here, not inside the strategy
+    reader, owned = opened.reader, opened.owned
+    # Each pipeline's dataset owns (and closes) its own copy of a reader opened here: readers are
+    # not shared between datasets that would close them under one another. A copy, not the path
+    # reopened: a list of paths has no one path, and a dataset directory may have a newer version.
+    source: Any = _Fresh(reader) if owned else reader
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return make_dataset(

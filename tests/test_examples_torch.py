@@ -27,3 +27,17 @@ def test_train_torch_example(tmp_path):
     assert len(losses) == 3, out.stdout
     for first, last in losses:
         assert float(last) < float(first), out.stdout
+
+
+def test_dataset_example(tmp_path):
+    # PYTHONPATH: the rowstore of this checkout, also where the environment installs another one.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "dataset.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "6700 rows in 3 shards" in out.stdout
+    losses = re.findall(r"(\d+) batches, loss (\d+\.\d+) -> (\d+\.\d+)", out.stdout)
+    assert [int(n) for n, _, _ in losses] == [27, 27], out.stdout
+    assert float(losses[-1][2]) < float(losses[0][1]), out.stdout

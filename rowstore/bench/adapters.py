@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rowstore.errors import RowstoreError
-from rowstore.format.index import Layout
+from rowstore.format.shards import DatasetLayout
 
 __all__ = ["rowstore_source", "check_mode", "ModeUnavailableError"]
 
@@ -68,7 +68,7 @@ def _accepted(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
-def rowstore_source(layout: Layout, names: list[str], opts: dict[str, Any]):
+def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any]):
     """A :class:`~rowstore.bench.sources.Source` reading through rowstore in ``opts["mode"]``."""
     from rowstore.bench.sources import MODES, Source, var_dims_of
     from rowstore.reader import Reader
@@ -77,7 +77,8 @@ def rowstore_source(layout: Layout, names: list[str], opts: dict[str, Any]):
     B = opts["batch_size"]
     threads = opts.get("threads") or None
     shuffle, seed, window = opts.get("shuffle", "block"), opts.get("seed", 0), opts.get("window", 16)
-    reader = Reader(layout.path, verify=opts.get("verify", True), num_threads=threads)
+    # opts["path"], not layout.path: that of a list of paths is their names joined, not a path.
+    reader = Reader(opts["path"], verify=opts.get("verify", True), num_threads=threads)
     threads = reader.num_threads
     label = f"rowstore {shuffle}"
     if mode != "numpy":
@@ -143,8 +144,11 @@ def rowstore_source(layout: Layout, names: list[str], opts: dict[str, Any]):
             from rowstore.reader import order as _order
 
             if shuffle == "none":
-                return _order.shuffle_quality(reader.epoch_order(shuffle="none"), layout.rows_per_block, layout.num_blocks, B)
-            return _order.shuffle_quality(uniform_order(len(reader), seed, 0), layout.rows_per_block, layout.num_blocks, B)
+                return reader.shuffle_quality(B, shuffle="none")
+            # shuffle_quality takes row ids (id // rows_per_block is the block), not row numbers:
+            # they differ on a dataset whose shards have partial or smaller blocks.
+            ids = reader.layout.ids(uniform_order(len(reader), seed, 0))
+            return _order.shuffle_quality(ids, reader.layout.rows_per_block, reader.layout.num_blocks, B)
 
         def epoch(k: int) -> Iterator[dict]:
             import torch

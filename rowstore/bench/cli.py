@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  rowstore-bench --demo tiny --compare\n  rowstore-bench data.h5 --threads 2 --batch-size 256"
                "\n  rowstore-bench data.h5 --sweep threads=1,2 batch=64,256 window=4,16 --plot sweep.png",
     )  # fmt: skip
-    p.add_argument("path", nargs="?", help="a rowstore .h5 file")
+    p.add_argument("path", nargs="?", help="a rowstore .h5 file or dataset directory")
     p.add_argument("--demo", metavar="NAME", help="generate (once, cached) and measure a demo dataset: tiny, patch, image, speech, hello")
     p.add_argument("--rows", type=int, help="rows of the demo dataset (default: the demo's default size)")
     p.add_argument("-m", "--warmup", type=int, default=10, help="warm-up batches per repeat, not timed (default 10)")
@@ -162,14 +162,17 @@ class _Progress:
 
 
 def _dataset_info(path: str) -> dict[str, Any]:
-    from rowstore.format.index import Layout
+    """What the report says of the dataset: a ``.h5`` file or a dataset directory (its manifest:
+    ``rows_per_block`` is the largest block of any shard, ``version`` the manifest read)."""
+    from rowstore.format.shards import DatasetLayout
 
-    L = Layout.open(path)
+    L = DatasetLayout.open(path)
     return {
         "path": os.path.abspath(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
         "rows_per_block": L.rows_per_block, "blocks": L.num_blocks, "block_bytes": L.block_raw_bytes,
         "heap_bytes": L.heap_nbytes, "raw_bytes": L.raw_nbytes, "stored_bytes": L.stored_nbytes,
         "file_bytes": L.file_size, "compression": L.compression, "demo": L.user_attrs.get("demo"),
+        "shards": L.num_shards, "version": L.version,
     }  # fmt: skip
 
 
@@ -181,7 +184,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     else:
         path = args.path
     if not os.path.exists(path):
-        raise SystemExit(f"rowstore-bench: no such file: {path}")
+        raise SystemExit(f"rowstore-bench: no such file or dataset: {path}")
     for name, v in (("--batch-size", args.batch_size), ("--repeats", args.repeats), ("--window", args.window)):
         if v < 1:
             raise SystemExit(f"rowstore-bench: {name} must be >= 1, got {v}")
@@ -189,9 +192,9 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         raise SystemExit("rowstore-bench: -m must be >= 0 and -n >= 1")
 
     info = _dataset_info(path)
-    from rowstore.format.index import Layout
+    from rowstore.format.shards import DatasetLayout
 
-    fields = list(Layout.open(path).schema.select(args.fields).names) if args.fields else None
+    fields = list(DatasetLayout.open(path).schema.select(args.fields).names) if args.fields else None
     configs = parse_sweep(args.sweep) if args.sweep else [{}]
     modes = {c.get("mode", args.mode) for c in configs}
     for mode in modes:
@@ -215,7 +218,11 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
 
     baseline_specs = []
     npy_dir = None
-    if args.compare:
+    one_file = not os.path.isdir(path)
+    if args.compare and not one_file:
+        notes.append(f"baselines skipped: they read one HDF5 file, and {path} is a dataset directory "
+                     f"({info['shards']} shards); rowstore and memcpy were measured.")
+    if args.compare and one_file:
         for kind in args.baselines:
             s = dict(base, kind=kind, threads=None, mode="numpy")
             if kind == "h5py-row":
@@ -345,7 +352,8 @@ def _header(info: dict, args, warmed: int, warm_s: float) -> str:
         f"dataset  {info['path']}\n"
         f"         {info['rows']:,} rows x {info['row_bytes']} B in the row table"
         + (f" + {info['heap_bytes'] / 1e6:,.0f} MB heap" if info["heap_bytes"] else "")
-        + f"; {info['blocks']:,} blocks of {info['rows_per_block']:,} rows; {comp_s}\n"
+        + f"; {info['blocks']:,} blocks of {'up to ' if info['shards'] > 1 else ''}{info['rows_per_block']:,} rows"
+        + (f" in {info['shards']:,} shards" if info["shards"] > 1 else "") + f"; {comp_s}\n"
         f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)\n"
         f"method   fresh process per config; {args.repeats} repeats, medians; {args.warmup} warm-up batches per repeat "
         f"not timed; timed: {'the rest of the epoch' if args.measure is None else f'{args.measure} batches'} "

@@ -23,6 +23,7 @@ import numpy as np
 from rowstore.errors import RowstoreError
 from rowstore.format import spec
 from rowstore.format.index import Layout, open_h5
+from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.schema import BYTES, STR, Field
 
@@ -460,7 +461,7 @@ _BASELINE_FACTORIES = {
 
 
 # -- rowstore ------------------------------------------------------------------------------------
-def _rowstore(layout: Layout, fields: list[Field], opts: dict) -> Source:
+def _rowstore(layout: DatasetLayout, fields: list[Field], opts: dict) -> Source:
     from rowstore.bench import adapters
 
     return adapters.rowstore_source(layout, [f.name for f in fields], opts)
@@ -471,18 +472,22 @@ def open_source(opts: dict[str, Any]) -> Source:
 
     Keys: ``kind`` (``"rowstore"`` or a :data:`BASELINES` key), ``path``, ``fields``,
     ``batch_size``, ``shuffle``, ``window``, ``seed``, and for rowstore ``mode``, ``threads``,
-    ``workers``, ``verify``; ``npy_dir`` for the memmap baseline.
+    ``workers``, ``verify``; ``npy_dir`` for the memmap baseline. rowstore reads any dataset
+    (``path`` a file, a dataset directory or a list); the baselines read one ``.h5`` file.
     """
+    kind = opts["kind"]
+    if kind == "rowstore":  # a file, a dataset directory or a list of those
+        dl = DatasetLayout.open(opts["path"])
+        return _rowstore(dl, list(dl.schema.select(opts.get("fields"))), opts)
+    if kind not in _BASELINE_FACTORIES:
+        raise ValueError(f"unknown source {kind!r}; expected 'rowstore' or one of {sorted(_BASELINE_FACTORIES)}")
+    if not isinstance(opts["path"], str) or os.path.isdir(opts["path"]):
+        raise ValueError(f"the {kind} baseline reads one HDF5 file, not a dataset of shards: {opts['path']!r}")
     layout = Layout.open(opts["path"])
     fields = list(layout.schema.select(opts.get("fields")))
     names = [f.name for f in fields]
-    kind = opts["kind"]
     B = opts["batch_size"]
     nblocks = layout.num_blocks
-    if kind == "rowstore":
-        return _rowstore(layout, fields, opts)
-    if kind not in _BASELINE_FACTORIES:
-        raise ValueError(f"unknown source {kind!r}; expected 'rowstore' or one of {sorted(_BASELINE_FACTORIES)}")
     epoch, close = _BASELINE_FACTORIES[kind](layout, fields, opts)
     label, desc = BASELINES[kind]
     if kind == "tables-block":

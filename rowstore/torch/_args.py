@@ -6,15 +6,12 @@ closing it. Counts are checked by :mod:`rowstore.reader._args`."""
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from rowstore.reader import order as _order
-from rowstore.reader.dataset import as_reader
-
-if TYPE_CHECKING:
-    from rowstore.reader.dataset import Reader
+from rowstore.reader.dataset import Reader, as_reader
 
 _Self = TypeVar("_Self", bound="_OwnsReader")
 
@@ -82,6 +79,14 @@ class _EpochReader:
         )  # fmt: skip
 
 
+def _as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
+    """``as_reader``, and a list (or tuple) of files and dataset directories read as one dataset
+    (``as_reader`` takes one path only)."""
+    if isinstance(path_or_reader, (list, tuple)):
+        return Reader(list(path_or_reader)), True
+    return as_reader(path_or_reader)
+
+
 class _OwnsReader:
     """Mixin of the datasets and loaders: their reader, and closing it.
 
@@ -94,7 +99,8 @@ class _OwnsReader:
     _owns_reader: bool
 
     def _open_reader(self, path_or_reader: Any) -> None:
-        self.reader, self._owns_reader = as_reader(path_or_reader)
+        self.reader, self._owns_reader = _as_reader(path_or_reader)
+
 
     def _stop(self) -> None:
         """Stop this object's iterations that are still running (their reader threads read the

@@ -24,8 +24,9 @@ class Dataset(_tud.Dataset, _OwnsReader):
 
     Parameters
     ----------
-    path_or_reader : str, os.PathLike or rowstore.reader.Reader
-        A path (opened here) or an open :class:`~rowstore.reader.Reader`. Readers pickle by path
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        A ``.h5`` file, a dataset directory, or a list of those read as one dataset (opened
+        here), or an open :class:`~rowstore.reader.Reader`. Readers pickle by path
         and open their file descriptor lazily in each process, so either works with any
         ``num_workers``, ``persistent_workers``, and the ``fork``/``spawn``/``forkserver``
         start methods (no HDF5 handle is held open).
@@ -87,7 +88,8 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
 
     Parameters
     ----------
-    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        As in :class:`Dataset`.
     batch_size : int, optional
         Yield whole collated batches of this many rows (use ``DataLoader(ds, batch_size=None)``);
         ``None`` yields :class:`Row`\\ s (use ``collate_fn=rowstore.torch.collate``).

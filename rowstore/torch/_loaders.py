@@ -156,7 +156,10 @@ class _Loader(_OwnsReader):
         pass
 
     def _order_state(self) -> dict:
-        return {"shard": list(self.shard), "even": self.even, "num_rows": len(self.reader)}
+        # A dataset directory's manifest version: another version of the same number of rows
+        # (a rewrite) would give another order. None for files.
+        return {"shard": list(self.shard), "even": self.even, "num_rows": len(self.reader),
+                "dataset_version": self.reader.layout.version}
 
     def state_dict(self) -> dict:
         """Where this loader stands: epoch, rows handed out in it, and what the order depends
@@ -298,7 +301,8 @@ class BatchedDataLoader(_Loader, _EpochReader):
 
     Parameters
     ----------
-    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
     batch_size : int
     shuffle : {"block", "full", "none"} or bool
         Epoch order mode (True is "block"); see :mod:`rowstore.reader.order`.
@@ -455,7 +459,8 @@ class InMemBatchedDataLoader(_Loader):
 
     Parameters
     ----------
-    path_or_reader : str, os.PathLike or rowstore.reader.Reader
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
     batch_size : int
     num_epochs : int, optional
         Epochs one iteration yields (``None``: endless, as in Petastorm).
@@ -464,7 +469,7 @@ class InMemBatchedDataLoader(_Loader):
     seed : int
     fields : sequence of str, optional
     shard : (rank, world), optional
-        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the file (with
+        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the dataset (with
         ``even``: ``N // world`` rows each); default from torch.distributed.
     device, pin_memory, transform, drop_last, varlen, prefetch
         As in :class:`BatchedDataLoader`; ``transform`` runs on every batch (augmentations
@@ -558,7 +563,7 @@ class InMemBatchedDataLoader(_Loader):
         return self._per_epoch(pos) + (stop - epoch - 1) * self._per_epoch()
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """Row numbers (in the file) of ``epoch``'s order on this rank."""
+        """Row numbers (of the dataset: all its files) of ``epoch``'s order on this rank."""
         return self._lo + self._order(epoch)
 
     def _order(self, epoch: int) -> np.ndarray:

@@ -257,9 +257,7 @@ class _ReaderLease:
     def __init__(self, path_or_reader: Any):
         if isinstance(path_or_reader, _Fresh):  # a copy for this dataset alone, owned by it
             self.reader, self.owned = copy.copy(path_or_reader.reader), True
-        elif isinstance(path_or_reader, (list, tuple)):  # files and dataset directories read as one
-            self.reader, self.owned = Reader(list(path_or_reader)), True
-        else:
+        else:  # a reader, a path, or a list of paths read as one
             self.reader, self.owned = as_reader(path_or_reader)
         self._lock = threading.Lock()
         self._running = 0

@@ -378,10 +378,14 @@ class Reader:
 
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
     """``(reader, owned)``: ``path_or_reader`` itself if it is a :class:`Reader` (``owned`` is
-    False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``; ``owned``
-    is True: the caller may close it). For the adapters, which take either."""
+    False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``: a file or
+    a dataset directory; or a list or tuple of them, read as one; ``owned`` is True: the caller
+    may close it). For the adapters, which take either."""
     if isinstance(path_or_reader, Reader):
         return path_or_reader, False
     if isinstance(path_or_reader, (str, bytes, os.PathLike)):
         return Reader(path_or_reader), True
+    if isinstance(path_or_reader, (list, tuple)) and path_or_reader \
+            and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_reader):
+        return Reader(list(path_or_reader)), True
     raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")

@@ -79,14 +79,6 @@ class _EpochReader:
         )  # fmt: skip
 
 
-def _as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
-    """``as_reader``, and a list (or tuple) of files and dataset directories read as one dataset
-    (``as_reader`` takes one path only)."""
-    if isinstance(path_or_reader, (list, tuple)):
-        return Reader(list(path_or_reader)), True
-    return as_reader(path_or_reader)
-
-
 class _OwnsReader:
     """Mixin of the datasets and loaders: their reader, and closing it.
 
@@ -99,7 +91,7 @@ class _OwnsReader:
     _owns_reader: bool
 
     def _open_reader(self, path_or_reader: Any) -> None:
-        self.reader, self._owns_reader = _as_reader(path_or_reader)
+        self.reader, self._owns_reader = as_reader(path_or_reader)
 
 
     def _stop(self) -> None:

@@ -164,7 +164,6 @@ def bench_write(d: str, repeats: int, shard_mb: int) -> dict:
         return {"skipped": "no DatasetWriter in this checkout"}
     out = {}
     for name, (schema, n, _batch) in WORKLOADS.items():
-        n = n // 2
         batches = [columns(schema, a, min(n, a + 5000)) for a in range(0, n, 5000)]
         nbytes = n * rowstore.format.spec.row_dtype(schema).itemsize
         ta, tb = [], []
@@ -196,7 +195,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--open-shards", type=int, default=10_000)
-    ap.add_argument("--shard-mb", type=int, default=16)
+    ap.add_argument("--shard-mb", type=int, default=64)
     ap.add_argument("--only", nargs="+", choices=["epoch", "open", "write"], default=["epoch", "open", "write"])
     ap.add_argument("--dir", help="where to write the datasets (default: a temporary directory)")
     ap.add_argument("--out", help="write the results as JSON")

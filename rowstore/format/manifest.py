@@ -188,7 +188,7 @@ def _check_format(path: str, obj: dict) -> None:
 
 def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
     v = obj.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo or v >= 1 << 63:
+    if not _int_ok(v, lo):
         raise _bad(path, f"{key!r} must be an int >= {lo}, got {v!r}")
     return v
 
@@ -222,6 +222,39 @@ def _safe_relpath(where: str, rel: Any) -> str:
     if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise _bad(where, f"shard path {rel!r} must be a plain relative path inside the dataset")
     return rel
+
+
+_PLAIN_PATH = re.compile(r"(?:(?!\.\.?/)[^/\\\x00]+/)*(?!\.\.?$)[^/\\\x00]+")
+
+
+def _shard_columns(mpath: str, entries: list) -> dict[str, Any]:
+    """The shard entries as columns, checked column by column (10,000 entries in a few ms); on
+    a failure, the first bad entry is found and named."""
+    if not all(type(e) is dict for e in entries):
+        i = next(i for i, e in enumerate(entries) if type(e) is not dict)
+        raise _bad(f"{mpath} shard {i}", "a shard entry must be a JSON object")
+    paths = [e.get("path") for e in entries]
+    if not all(type(p) is str and _PLAIN_PATH.fullmatch(p) for p in paths):
+        i = next(i for i, p in enumerate(paths) if not (type(p) is str and _PLAIN_PATH.fullmatch(p)))
+        _safe_relpath(f"{mpath} shard {i}", paths[i])  # raises, naming what is wrong
+        raise _bad(f"{mpath} shard {i}", f"shard path {paths[i]!r} must be a plain relative path inside the dataset")
+    if len(set(paths)) != len(paths):
+        raise _bad(mpath, "two shard entries name the same file")
+    cols: dict[str, Any] = {"path": paths}
+    for k in SHARD_KEYS[1:]:
+        lo = 1 if k in ("rows_per_block", "file_size") else 0
+        vals = [e.get(k) for e in entries]
+        ok = all(type(v) is int for v in vals)
+        arr = np.array(vals, dtype=np.int64) if ok and (not vals or -(1 << 63) <= min(vals) and max(vals) < 1 << 63) else None
+        if arr is None or (arr < lo).any():
+            i = next(i for i, e in enumerate(entries) if _int_ok(e.get(k), lo) is False)
+            _int(f"{mpath} shard {i}", entries[i], k, lo)  # raises
+        cols[k] = arr.reshape(-1) if arr is not None else arr
+    return cols
+
+
+def _int_ok(v: Any, lo: int) -> bool:
+    return type(v) is int and lo <= v < 1 << 63
 
 
 def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
@@ -261,17 +294,7 @@ def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
     entries = m.get("shards")
     if not isinstance(entries, list):
         raise _bad(mpath, "'shards' must be a list")
-    cols: dict[str, Any] = {k: [] for k in SHARD_KEYS}
-    for i, e in enumerate(entries):
-        where = f"{mpath} shard {i}"
-        if not isinstance(e, dict):
-            raise _bad(where, "a shard entry must be a JSON object")
-        cols["path"].append(_safe_relpath(where, e.get("path")))
-        for k in SHARD_KEYS[1:]:
-            cols[k].append(_int(where, e, k, 1 if k in ("rows_per_block", "file_size") else 0))
-    if len(set(cols["path"])) != len(entries):
-        raise _bad(mpath, "two shard entries name the same file")
-    shards = {"path": cols["path"], **{k: np.array(cols[k], dtype=np.int64).reshape(-1) for k in SHARD_KEYS[1:]}}
+    shards = _shard_columns(mpath, entries)
     blocks, heap_chunks = _read_index(root, m, shards, mpath)
     return Manifest(root=root, version=version, schema=schema, attrs=attrs, compression=compression,
                     heap_chunk_bytes=H, shards=shards, blocks=blocks, heap_chunks=heap_chunks,
@@ -304,12 +327,16 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarra
     split = nb * spec.BLOCK_DTYPE.itemsize
     blocks = np.frombuffer(buf[:split], dtype=spec.BLOCK_DTYPE)
     heap_chunks = np.frombuffer(buf[split:], dtype=spec.HEAP_CHUNK_DTYPE)
-    # Each shard's slice against its entry's CRC (what commit checked against the shard file).
-    b_end, h_end = np.cumsum(shards["blocks"]), np.cumsum(shards["heap_chunks"])
-    for i in range(len(shards["path"])):
-        b0, h0 = int(b_end[i] - shards["blocks"][i]), int(h_end[i] - shards["heap_chunks"][i])
-        got = zlib.crc32(heap_chunks[h0 : int(h_end[i])].tobytes(), zlib.crc32(blocks[b0 : int(b_end[i])].tobytes()))
-        if got != int(shards["index_crc32"][i]):
+    # Each shard's slice against its entry's CRC (what commit checked against the shard file),
+    # straight from the sidecar's bytes.
+    B, Hs = spec.BLOCK_DTYPE.itemsize, spec.HEAP_CHUNK_DTYPE.itemsize
+    b_at = (len(INDEX_MAGIC) + np.concatenate(([0], np.cumsum(shards["blocks"]))) * B).tolist()
+    h_at = (len(INDEX_MAGIC) + split + np.concatenate(([0], np.cumsum(shards["heap_chunks"]))) * Hs).tolist()
+    whole = memoryview(raw)
+    crc = zlib.crc32
+    want = shards["index_crc32"].tolist()
+    for i in range(len(want)):
+        if crc(whole[h_at[i] : h_at[i + 1]], crc(whole[b_at[i] : b_at[i + 1]])) != want[i]:
             raise _bad(ipath, f"index of shard {shards['path'][i]!r} does not match its CRC-32 in the manifest")
     return blocks, heap_chunks
 

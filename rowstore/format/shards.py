@@ -335,7 +335,8 @@ class DatasetLayout:
         sh = m.shards
         row_dtype = spec.row_dtype(m.schema)
         rs = row_dtype.itemsize
-        paths = [os.path.join(m.root, p) for p in sh["path"]]
+        base = os.path.abspath(m.root) + os.sep
+        paths = [base + p for p in sh["path"]]  # plain relative paths (checked): no join needed
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root
@@ -361,7 +362,7 @@ class DatasetLayout:
         S = m.num_shards
         return cls(
             path=m.root, schema=m.schema, user_attrs=m.attrs, compression=m.compression, heap_chunk_bytes=H,
-            row_dtype=row_dtype, shard_paths=tuple(os.path.abspath(p) for p in paths),
+            row_dtype=row_dtype, shard_paths=tuple(paths),
             shard_ids=tuple((int(n),) for n in sh["file_size"]), shard_rows=sh["rows"], shard_rpb=rpb,
             shard_heap_nbytes=sh["heap_nbytes"], shard_file_size=sh["file_size"], blocks=m.blocks,
             heap_chunks=m.heap_chunks, block_shard=np.repeat(np.arange(S, dtype=np.int32), sh["blocks"]),

@@ -406,7 +406,8 @@ def _check_destination(path: str, mode: str) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"directory {directory!r} does not exist")
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{path!r} is a directory; a Writer writes one .h5 file")
+        raise IsADirectoryError(f"{path!r} is a directory; a Writer writes one .h5 file (rowstore.DatasetWriter writes "
+                                f"and appends to dataset directories)")
     if mode == "x" and os.path.exists(path):
         raise FileExistsError(f"{path!r} exists (mode='x')")
 

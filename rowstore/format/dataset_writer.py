@@ -38,7 +38,7 @@ from rowstore.errors import FormatError, RowValidationError, SchemaError, Writer
 from rowstore.format import manifest, spec
 from rowstore.format._commit import remove_stale
 from rowstore.format.index import Layout
-from rowstore.format.writer import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Writer
+from rowstore.format.writer import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
 from rowstore.schema import Schema
 
 __all__ = ["ShardInfo", "write_shard", "commit", "DatasetWriter", "gc", "GCReport", "DEFAULT_SHARD_BYTES"]
@@ -531,7 +531,7 @@ def _renumber(exc: RowValidationError, offset: int) -> RowValidationError:
     return new
 
 
-class DatasetWriter:
+class DatasetWriter(Closing):
     """Write rows into a dataset of shard files, with the :class:`.Writer` API.
 
     Parameters
@@ -729,20 +729,6 @@ class DatasetWriter:
                 pass  # not empty (someone else's files) or gone
         self._created = []
 
-    def __enter__(self) -> DatasetWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            warnings.warn(f"rowstore.DatasetWriter for {self.path!r} was never closed; its rows are discarded",
-                          ResourceWarning, stacklevel=2)  # fmt: skip
-            self.abort()
 
     def __repr__(self) -> str:
         return f"DatasetWriter({self.path!r}, mode={self.mode!r}, rows={self.num_rows}, shards={len(self._infos)})"

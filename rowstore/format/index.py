@@ -20,7 +20,7 @@ from rowstore.format import spec
 from rowstore.format.compression import block_compression
 from rowstore.schema import Schema
 
-__all__ = ["Layout", "open_h5", "check_indexes", "scan_chunks", "file_identity"]
+__all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks", "file_identity"]
 
 
 def open_h5(path: str):
@@ -36,8 +36,40 @@ def open_h5(path: str):
         raise FormatError(f"{path!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=path) from exc
 
 
+class IndexSizes:
+    """What a file's and a dataset's layout compute alike from ``blocks``, ``heap_chunks``,
+    ``compression``, ``num_rows``, ``row_dtype`` and ``heap_nbytes`` (a mixin: no state)."""
+
+    blocks: np.ndarray
+    heap_chunks: np.ndarray
+    compression: dict
+    row_dtype: np.dtype
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def compressed(self) -> bool:
+        return self.compression["id"] != "none"
+
+    def frame_check(self) -> tuple[int, int] | None:
+        """What the kernels require of every compressed chunk's header: the Blosc2 codec and
+        shuffle codes declared (None: uncompressed)."""
+        return block_compression(self.compression).frame_check()
+
+    @property
+    def stored_nbytes(self) -> int:
+        return int(self.blocks["stored_nbytes"].sum() + self.heap_chunks["stored_nbytes"].sum())
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Bytes of the rows and heap payloads as stored before compression."""
+        return int(self.num_rows * self.row_dtype.itemsize + self.heap_nbytes)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class Layout:
+class Layout(IndexSizes):
     """Everything the reader needs about one file, validated.
 
     Attributes are plain values and numpy arrays (owned by the layout; do not modify).
@@ -63,30 +95,8 @@ class Layout:
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def compressed(self) -> bool:
-        return self.compression["id"] != "none"
-
-    def frame_check(self) -> tuple[int, int] | None:
-        """What the kernels require of every compressed chunk's header: the Blosc2 codec and
-        shuffle codes the file declares (None: uncompressed)."""
-        return block_compression(self.compression).frame_check()
-
-    @property
     def block_raw_bytes(self) -> int:
         return self.rows_per_block * self.row_dtype.itemsize
-
-    @property
-    def stored_nbytes(self) -> int:
-        return int(self.blocks["stored_nbytes"].sum() + self.heap_chunks["stored_nbytes"].sum())
-
-    @property
-    def raw_nbytes(self) -> int:
-        """Bytes of the rows and heap payloads as stored before compression."""
-        return int(self.num_rows * self.row_dtype.itemsize + self.heap_nbytes)
 
     def block_rows(self) -> np.ndarray:
         """Valid rows per block (int64)."""

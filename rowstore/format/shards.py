@@ -25,15 +25,14 @@ import numpy as np
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
-from rowstore.format.compression import block_compression
-from rowstore.format.index import Layout, check_indexes, scan_chunks
+from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks
 from rowstore.schema import Schema
 
 __all__ = ["DatasetLayout"]
 
 
 @dataclass(frozen=True)
-class DatasetLayout:
+class DatasetLayout(IndexSizes):
     """The shards of a dataset and their concatenated, validated block index.
 
     Attributes are plain values and numpy arrays owned by the layout (do not modify). Per
@@ -76,10 +75,6 @@ class DatasetLayout:
         return int(self.shard_rows.sum())
 
     @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    @property
     def rows_per_block(self) -> int:
         """The row-id stride: the largest block of any shard."""
         return int(self.shard_rpb.max()) if len(self.shard_rpb) else 1
@@ -100,14 +95,6 @@ class DatasetLayout:
         return bool((self.shard_rpb == self.shard_rpb[0]).all()) if len(self.shard_rpb) else True
 
     @property
-    def compressed(self) -> bool:
-        return self.compression["id"] != "none"
-
-    def frame_check(self) -> tuple[int, int] | None:
-        """What the kernels require of every compressed chunk's header (None: uncompressed)."""
-        return block_compression(self.compression).frame_check()
-
-    @property
     def block_raw_bytes(self) -> int:
         """Bytes of a block's slot in the reader's buffers (the largest block of any shard)."""
         return self.rows_per_block * self.row_dtype.itemsize
@@ -119,14 +106,6 @@ class DatasetLayout:
     @property
     def file_size(self) -> int:
         return int(self.shard_file_size.sum())
-
-    @property
-    def stored_nbytes(self) -> int:
-        return int(self.blocks["stored_nbytes"].sum() + self.heap_chunks["stored_nbytes"].sum())
-
-    @property
-    def raw_nbytes(self) -> int:
-        return int(self.num_rows * self.row_dtype.itemsize + self.heap_nbytes)
 
     def block_rows(self) -> np.ndarray:
         """Valid rows per block (int64)."""

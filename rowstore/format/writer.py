@@ -22,7 +22,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import spec
@@ -48,7 +48,38 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 DEFAULT_HEAP_CHUNK_BYTES = 1 << 20
 
 
-class Writer:
+class Closing:
+    """The lifecycle of :class:`Writer` and :class:`~rowstore.format.dataset_writer.DatasetWriter`:
+    ``with`` closes on success and aborts on an exception; a writer collected unclosed warns
+    (``ResourceWarning``) and aborts. Subclasses define ``close``, ``abort``, ``path`` and
+    ``_closed``."""
+
+    path: str
+    _closed: bool
+
+    def close(self) -> Any:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            warnings.warn(f"rowstore.{type(self).__name__} for {self.path!r} was never closed; its rows are discarded",
+                          ResourceWarning, stacklevel=2)  # fmt: skip
+            self.abort()
+
+
+class Writer(Closing):
     """Write rows into a rowstore file.
 
     Parameters
@@ -248,19 +279,6 @@ class Writer:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            warnings.warn(f"rowstore.Writer for {self.path!r} was never closed; its rows are discarded", ResourceWarning, stacklevel=2)
-            self.abort()
 
     # -- validation ------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -10,6 +10,8 @@
 * ``open``: opening a dataset of ``--open-shards`` (10,000) small shards: median wall time of
   ``rowstore.open`` and the peak Python memory it allocates (tracemalloc), then one full
   epoch over all shards under the default descriptor bound.
+* ``scale``: a million blocks (1,000 shards of 1,000 one-row blocks): open time, RSS growth,
+  a block-shuffled epoch.
 * ``write``: ``DatasetWriter`` (rolling over every ``--shard-mb``) against ``Writer`` on the
   same batches, alternating, median MB/s and ratio.
 
@@ -159,6 +161,51 @@ def bench_open(d: str, repeats: int, nshards: int) -> dict:
     return res
 
 
+def bench_scale(d: str, repeats: int, nshards: int = 1000, blocks_per_shard: int = 1000) -> dict:
+    """A million blocks: ``nshards`` hard links of one file of ``blocks_per_shard`` one-row
+    blocks. Open time, the process's peak RSS growth (the index is numpy arrays: ~100 bytes per
+    block), and a block-shuffled epoch."""
+    import psutil
+
+    schema = WORKLOADS["tiny"][0]
+    root = os.path.join(d, "million")
+    os.makedirs(os.path.join(root, manifest.SHARD_DIR))
+    one = os.path.join(d, "one_row_blocks.h5")
+    with rowstore.Writer(one, schema, rows_per_block=1) as w:
+        w.write_batch(columns(schema, 0, blocks_per_shard))
+    L = Layout.open(one)
+    entries = []
+    for k in range(nshards):
+        rel = f"{manifest.SHARD_DIR}/part-{k:05d}.h5"
+        os.link(one, os.path.join(root, rel))
+        entries.append(manifest.shard_entry(rel, L))
+    with manifest.commit_lock(root):
+        manifest.publish(root, schema=schema, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
+                         shards=entries, blocks=[L.blocks] * nshards, heap_chunks=[L.heap_chunks] * nshards)  # fmt: skip
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        r = rowstore.open(root)
+        times.append(time.perf_counter() - t)
+    rss1 = proc.memory_info().rss
+    t = time.perf_counter()
+    n = sum(len(b["y"]) for b in r.batches(4096, shuffle="block", seed=0, window=256))
+    epoch_s = time.perf_counter() - t
+    rss2 = proc.memory_info().rss
+    res = {"blocks": r.layout.num_blocks, "shards": nshards, "open_s_median": statistics.median(times),
+           "rss_growth_open_bytes": rss1 - rss0, "rss_growth_after_epoch_bytes": rss2 - rss0, "block_epoch_s": epoch_s,
+           "sidecar_bytes": os.path.getsize(os.path.join(root, manifest.index_path(1)))}  # fmt: skip
+    assert n == len(r)
+    r.close()
+    print(f"scale: {res['blocks']:,} blocks in {nshards:,} shards: open {res['open_s_median']:.2f} s (median of {repeats}), "
+          f"RSS +{(rss1 - rss0) / 2**20:.0f} MiB after opening {repeats}x, +{(rss2 - rss0) / 2**20:.0f} MiB after a block "
+          f"epoch ({epoch_s:.1f} s); sidecar {res['sidecar_bytes'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
+    shutil.rmtree(root)
+    return res
+
+
 def bench_write(d: str, repeats: int, shard_mb: int) -> dict:
     if not hasattr(rowstore, "DatasetWriter"):
         return {"skipped": "no DatasetWriter in this checkout"}
@@ -196,7 +243,8 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--open-shards", type=int, default=10_000)
     ap.add_argument("--shard-mb", type=int, default=64)
-    ap.add_argument("--only", nargs="+", choices=["epoch", "open", "write"], default=["epoch", "open", "write"])
+    ap.add_argument("--only", nargs="+", choices=["epoch", "open", "write", "scale"],
+                    default=["epoch", "open", "write", "scale"])
     ap.add_argument("--dir", help="where to write the datasets (default: a temporary directory)")
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args()
@@ -210,6 +258,8 @@ def main() -> int:
             res["open"] = bench_open(d, args.repeats, args.open_shards)
         if "write" in args.only:
             res["write"] = bench_write(d, args.repeats, args.shard_mb)
+        if "scale" in args.only:
+            res["scale"] = bench_scale(d, min(args.repeats, 3))
     finally:
         if not args.dir:
             shutil.rmtree(d, ignore_errors=True)

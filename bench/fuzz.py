@@ -2,6 +2,7 @@
 
     python bench/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
     python bench/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
+    python bench/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
 
 Seed files: small valid rowstore files (uncompressed and lz4; int64, float32[4], nullable str,
 variable int16 (None, 2), an 8x8x3 PNG when imagecodecs is present; 50 rows, rows_per_block=8,
@@ -24,6 +25,19 @@ Each case applies one to three mutations (see ``KINDS``) and runs the oracle in 
 
 Every case other than ok/rowstore-error is saved under ``bench/results/fuzz-cases/`` (the mutated
 file and a JSON of its mutations); ``--out`` gets counts per outcome and per mutation kind.
+
+Dataset targets (``--region manifest|sealed|shard|datasets|alias``): seeds are two datasets
+(raw, lz4) of the same 50 rows in four shards of 4, 8, 3 and 5 rows per block, the fourth
+appended as version 2. ``manifest``: bytes of the pointer, manifest and sidecar as stored
+(flip, set, zero, truncate, extend). ``sealed``: structure-aware edits of manifest fields (shard
+counts and sizes, paths, schema, compression, header keys, deleted keys, wrong JSON types), of the
+pointer and of sidecar records, each followed by :func:`reseal` (every CRC recomputed) so the
+semantic checks are what refuse it. ``shard``: the chunk and index mutations above, in one shard
+file. ``datasets``: those three. ``alias``: sealed schema edits that leave a consistent dataset
+of other values (same-size dtype, renamed field): no reader can refute them from the manifest,
+only ``rowstore verify`` (each shard's own schema); run apart, its WRONG-DATA is the design's
+limit. The oracle is the same, on the directory, plus ``layout.damage()``; the expected rows are
+the committed rows in order. Saved cases are directories; ``--replay`` takes them.
 """
 
 from __future__ import annotations

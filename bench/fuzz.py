@@ -689,10 +689,16 @@ def _sidecar_edit(files, dmap, m, rng) -> dict | None:
     if new == v:
         new = (v + 1) % (1 << 64)
     arr[name][k] = new
+    op = {"op": "sealed-sidecar", "record": what, "index": k, "field": name, "old": v, "value": new}
+    if rng.random() < 0.25:  # the owning shard's file_size inflated too: it bounds offsets and sizes
+        counts = np.cumsum([e["heap_chunks" if what == "heap chunk" else "blocks"] for e in m["shards"]])
+        s = int(np.searchsorted(counts, k, side="right"))
+        m["shards"][s]["file_size"] = 1 << 62
+        op["file_size"] = {"shard": s, "value": 1 << 62}
     files[dmap["sidecar"]] = mf.INDEX_MAGIC + blocks.tobytes() + heap.tobytes()
     files[dmap["manifest"]] = json.dumps(m, indent=1).encode()
     reseal(files, dmap)
-    return {"op": "sealed-sidecar", "record": what, "index": k, "field": name, "old": v, "value": new}
+    return op
 
 
 def mutate_dataset(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | None:

@@ -281,7 +281,8 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
     values); the other arrays hold one value per file. ``bad(file, message)`` makes the error
     raised for file number ``file``. Checked: entry counts, consecutive ``first_row``,
     ``num_rows``, chunk byte ranges inside their file and disjoint within it, uncompressed
-    chunk sizes, contiguous block heap ranges within the heap.
+    chunk sizes, compressed chunk sizes within raw size + :data:`spec.MAX_FRAME_OVERHEAD`,
+    contiguous block heap ranges within the heap.
     """
     S = len(rows)
     rows, rpb, hn, fs = (np.asarray(a, np.int64) for a in (rows, rows_per_block, heap_nbytes, file_size))
@@ -326,6 +327,12 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
             first_bad(blocks["stored_nbytes"] != (rpb[fb] * row_size).astype(u), fb,
                       "an uncompressed block's stored size is not rows_per_block * row size")
             first_bad(heap_chunks["stored_nbytes"] != u(H), fh, "an uncompressed heap chunk's stored size is not heap_chunk_bytes")
+        else:  # the scratch a reader stages compressed chunks in is sized by the largest of them
+            slack = u(spec.MAX_FRAME_OVERHEAD)
+            first_bad(blocks["stored_nbytes"] > (rpb[fb] * row_size).astype(u) + slack, fb,
+                      "a compressed block's stored size exceeds its raw size plus the Blosc2 frame overhead")
+            first_bad(heap_chunks["stored_nbytes"] > u(H) + slack, fh,
+                      "a compressed heap chunk's stored size exceeds heap_chunk_bytes plus the Blosc2 frame overhead")
         hs, he = blocks["heap_start"], blocks["heap_end"]
         is_first = local == 0
         prev_end = np.concatenate(([u(0)], he[:-1])) if len(he) else he

@@ -95,3 +95,17 @@ def test_incompressible_chunks_stay_within_the_frame_overhead(tmp_path):
             L = r.layout
             assert int(L.heap_chunks["stored_nbytes"].max()) > L.heap_chunk_bytes  # stored as is, framed
             assert int(L.heap_chunks["stored_nbytes"].max()) - L.heap_chunk_bytes < spec.MAX_FRAME_OVERHEAD
+
+
+def test_a_schema_whose_row_layout_numpy_cannot_build_is_a_format_error(tmp_path):
+    """Found by the fuzzer (sealed schema edits): a shape of (2**40, 2**40) passed the schema's
+    checks and ``numpy.dtype`` raised a bare ``ValueError`` from ``rowstore.open``."""
+    root = str(tmp_path / "ds")
+    _dataset(root)
+
+    def edit(m, blocks, heap):
+        m["schema"]["fields"][0]["shape"] = [1 << 40, 1 << 40]
+
+    _reseal(root, edit)
+    with pytest.raises(FormatError, match="row layout"):
+        rowstore.open(root)

@@ -167,7 +167,7 @@ class Layout:
             raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
         if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
             raise bad("negative or zero sizes in the attributes")
-        row_dtype = spec.row_dtype(schema)
+        row_dtype = schema_row_dtype(schema, bad)
         _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
         rows = _dataset(g, spec.ROWS, bad)
         if rows.dtype != row_dtype:
@@ -359,6 +359,15 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
 
                 raise bad(int(owner[a]), f"{name(a)} and {name(z)} share bytes of the file (offsets {int(off[a])} and "
                                          f"{int(off[z])}): the index is corrupt")
+
+
+def schema_row_dtype(schema: Schema, bad) -> np.dtype:
+    """:func:`spec.row_dtype` of a schema read from a file or manifest; a row layout numpy
+    cannot build (a dimension beyond a C int, a row beyond its size limits) is ``bad(msg)``."""
+    try:
+        return spec.row_dtype(schema)
+    except (ValueError, OverflowError, MemoryError) as exc:
+        raise bad(f"the schema's row layout cannot be built ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def file_identity(st: os.stat_result) -> tuple:

@@ -26,7 +26,7 @@ from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
 from rowstore.format.compression import block_compression
-from rowstore.format.index import Layout, check_indexes, scan_chunks
+from rowstore.format.index import Layout, check_indexes, scan_chunks, schema_row_dtype
 from rowstore.schema import Schema
 
 __all__ = ["DatasetLayout"]
@@ -333,13 +333,15 @@ class DatasetLayout:
         """A dataset from its manifest: every shard's index checked here, vectorized (no shard
         file is opened; each is checked against its recorded size when first read)."""
         sh = m.shards
-        row_dtype = spec.row_dtype(m.schema)
-        rs = row_dtype.itemsize
         paths = [os.path.join(m.root, p) for p in sh["path"]]
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root
             return FormatError(f"{where!r} (shard {s} of dataset {m.root!r}, version {m.version}): {msg}", path=where)
+
+        row_dtype = schema_row_dtype(m.schema, lambda msg: FormatError(f"{m.root!r} (version {m.version}): {msg}",
+                                                                       path=m.root))  # fmt: skip
+        rs = row_dtype.itemsize
 
         rpb = sh["rows_per_block"]
         H = m.heap_chunk_bytes

@@ -495,7 +495,7 @@ def _schema_edit(rng, schema: dict, alias: bool) -> dict:
                                  {}, "raw", None, {"id": "png", "level": 99}))  # fmt: skip
         return {"field": f["name"], "codec": f["codec"]}
     if what == "name":  # a duplicate or invalid name (a valid new one is an alias)
-        f["name"] = _pick(rng, (fields[(i + 1) % len(fields)]["name"], "", "x" * 300, "a b", fields[0]["name"] + "__null", 7))
+        f["name"] = _pick(rng, (fields[(i + 1) % len(fields)]["name"], "", "a b", "1x", fields[0]["name"] + "__null", 7))
         return {"field": i, "name": f["name"]}
     if what == "drop":
         del fields[i]

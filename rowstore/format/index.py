@@ -177,7 +177,7 @@ class Layout(IndexSizes):
             raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
         if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
             raise bad("negative or zero sizes in the attributes")
-        row_dtype = spec.row_dtype(schema)
+        row_dtype = schema_row_dtype(schema, bad)
         _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
         rows = _dataset(g, spec.ROWS, bad)
         if rows.dtype != row_dtype:
@@ -291,7 +291,8 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
     values); the other arrays hold one value per file. ``bad(file, message)`` makes the error
     raised for file number ``file``. Checked: entry counts, consecutive ``first_row``,
     ``num_rows``, chunk byte ranges inside their file and disjoint within it, uncompressed
-    chunk sizes, contiguous block heap ranges within the heap.
+    chunk sizes, compressed chunk sizes within raw size + :data:`spec.MAX_FRAME_OVERHEAD`,
+    contiguous block heap ranges within the heap.
     """
     S = len(rows)
     rows, rpb, hn, fs = (np.asarray(a, np.int64) for a in (rows, rows_per_block, heap_nbytes, file_size))
@@ -341,6 +342,12 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
             first_bad(B["stored_nbytes"] != rpb_b * u(row_size), fb,
                       "an uncompressed block's stored size is not rows_per_block * row size")
             first_bad(C["stored_nbytes"] != u(H), fh, "an uncompressed heap chunk's stored size is not heap_chunk_bytes")
+        else:  # the scratch a reader stages compressed chunks in is sized by the largest of them
+            slack = u(spec.MAX_FRAME_OVERHEAD)
+            first_bad(B["stored_nbytes"] > rpb_b * u(row_size) + slack, fb,
+                      "a compressed block's stored size exceeds its raw size plus the Blosc2 frame overhead")
+            first_bad(C["stored_nbytes"] > u(H) + slack, fh,
+                      "a compressed heap chunk's stored size exceeds heap_chunk_bytes plus the Blosc2 frame overhead")
         hs, he = B["heap_start"], B["heap_end"]
         is_first = local == 0
         prev_end = np.concatenate(([u(0)], he[:-1])) if len(he) else he
@@ -370,6 +377,15 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
 
                 raise bad(int(owner[a]), f"{name(a)} and {name(z)} share bytes of the file (offsets {int(off[a])} and "
                                          f"{int(off[z])}): the index is corrupt")
+
+
+def schema_row_dtype(schema: Schema, bad) -> np.dtype:
+    """:func:`spec.row_dtype` of a schema read from a file or manifest; a row layout numpy
+    cannot build (a dimension beyond a C int, a row beyond its size limits) is ``bad(msg)``."""
+    try:
+        return spec.row_dtype(schema)
+    except (ValueError, OverflowError, MemoryError) as exc:
+        raise bad(f"the schema's row layout cannot be built ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def file_identity(st: os.stat_result) -> tuple:

@@ -25,7 +25,7 @@ import numpy as np
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
-from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks
+from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks, schema_row_dtype
 from rowstore.schema import Schema
 
 __all__ = ["DatasetLayout"]
@@ -312,14 +312,16 @@ class DatasetLayout(IndexSizes):
         """A dataset from its manifest: every shard's index checked here, vectorized (no shard
         file is opened; each is checked against its recorded size when first read)."""
         sh = m.shards
-        row_dtype = spec.row_dtype(m.schema)
-        rs = row_dtype.itemsize
         base = os.path.abspath(m.root) + os.sep
         paths = [base + p for p in sh["path"]]  # plain relative paths (checked): no join needed
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root
             return FormatError(f"{where!r} (shard {s} of dataset {m.root!r}, version {m.version}): {msg}", path=where)
+
+        row_dtype = schema_row_dtype(m.schema, lambda msg: FormatError(f"{m.root!r} (version {m.version}): {msg}",
+                                                                       path=m.root))  # fmt: skip
+        rs = row_dtype.itemsize
 
         rpb = sh["rows_per_block"]
         H = m.heap_chunk_bytes

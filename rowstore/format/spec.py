@@ -99,6 +99,11 @@ def compression_config(compression: Any) -> dict[str, Any]:
 #: Largest raw (uncompressed) chunk in bytes: a block of rows (``rows_per_block * row size``) or
 #: a heap chunk (``heap_chunk_bytes``). Also keeps Blosc2 chunks below their 2 GiB limit.
 MAX_CHUNK_BYTES = 1 << 30
+#: Most bytes a stored (Blosc2-framed) chunk may hold beyond its raw size: frame header, chunk
+#: header, offsets and trailer take about 200 bytes; incompressible data is stored as is. Bounds
+#: what a reader allocates for a compressed chunk by its raw size, not by a size the index
+#: claims (a dataset manifest's file sizes are only checked when a shard is first read).
+MAX_FRAME_OVERHEAD = 1 << 16
 #: Largest value of one field in one row, in bytes: the decoded value (array bytes, text as UTF-8,
 #: bytes) and its stored payload (``nbytes`` of a heap reference). A reader may size one value's
 #: buffer from a row's reference once it has checked it against this.

@@ -200,3 +200,48 @@ def test_top_level_names_are_lazy():
     assert rowstore.from_pandas is from_pandas and rowstore.read_pandas is read_pandas
     with pytest.raises(AttributeError):
         rowstore.no_such_name  # noqa: B018
+
+
+# -- the fixes found on the way (plain Writer and Schema, used with DataFrames) ----------------
+def test_writer_write_batch_takes_a_dataframe(tmp_path):
+    df = pd.DataFrame({"wave": [np.ones(k, np.float32) for k in (3, 0, 5)],
+                       "speaker": pd.Series(["a", None, "c"], dtype="str"),
+                       "note": pd.Series([pd.NA, "x", np.nan], dtype=object), "y": [1, 2, 3]})  # fmt: skip
+    schema = rowstore.Schema([rowstore.Field("wave", "float32", (None,)), rowstore.Field("speaker", "str", nullable=True),
+                              rowstore.Field("note", "str", nullable=True), rowstore.Field("y", "int64")])  # fmt: skip
+    path = str(tmp_path / "w.h5")
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch(df)
+    with rowstore.open(path) as r:
+        assert r[1]["speaker"] is None and r[0]["note"] is None and r[2]["note"] is None and r[1]["note"] == "x"
+        assert r[2]["wave"].shape == (5,)
+    with rowstore.DatasetWriter(str(tmp_path / "ds"), schema) as w:
+        w.write_batch(df)
+    info = rowstore.write_shard(str(tmp_path / "ds2"), schema, df)
+    assert info.rows == 3
+
+
+def test_write_batch_says_what_to_pass(tmp_path):
+    schema = rowstore.Schema([rowstore.Field("y", "int64")])
+    with rowstore.Writer(str(tmp_path / "w.h5"), schema) as w:
+        with pytest.raises(RowValidationError, match="a mapping .* or a DataFrame, got list"):
+            w.write_batch([{"y": 1}])
+
+
+def test_nan_in_a_non_nullable_str_field_is_named(tmp_path):
+    schema = rowstore.Schema([rowstore.Field("t", "str")])
+    with rowstore.Writer(str(tmp_path / "w.h5"), schema) as w:
+        with pytest.raises(RowValidationError, match="row 1: field 't' is not nullable; got float nan"):
+            w.write_batch(pd.DataFrame({"t": ["a", None]}))
+
+
+def test_schema_infer_rows_finds_variable_dims_and_nulls():
+    rows = [{"wave": np.zeros(5, np.float32), "t": "a", "g": np.zeros((2, 3))},
+            {"wave": np.zeros(9, np.float32), "t": None, "g": np.zeros((2, 3))},
+            {"wave": np.zeros(0, np.float32), "g": np.zeros((2, 3))}]  # fmt: skip
+    s = rowstore.Schema.infer_rows(rows)
+    assert s["wave"].shape == (None,) and not s["wave"].nullable
+    assert s["t"].nullable and s["t"].dtype == "str" and s["g"].shape == (2, 3)
+    with pytest.raises(SchemaError, match="field 'wave', row 1: float64"):
+        rowstore.Schema.infer_rows([{"wave": np.zeros(2, np.float32)}, {"wave": np.zeros(2)}])
+    assert rowstore.Schema.infer(rows[0])["wave"].shape == (5,)  # one row: fixed, as documented

@@ -202,10 +202,11 @@ def _json_scalar(v: Any, name: Any) -> Any:
     raise SchemaError(f"column {name!r}: category {v!r} cannot be stored in the attributes (JSON)")
 
 
-def frame_columns(df: pd.DataFrame, *, index: bool = True) -> list[tuple[Any, str, pd.Series, str]]:
+def frame_columns(df: pd.DataFrame, *, index: bool = True, range_index: bool = True
+                  ) -> list[tuple[Any, str, pd.Series, str]]:  # fmt: skip
     """The frame's parts to store, in order: ``(name, field name, series, role)``; role is
     ``"column"`` or ``"index"`` (index levels first, unless ``index`` is False or the index is
-    a ``RangeIndex``)."""
+    a ``RangeIndex`` and ``range_index`` keeps it in the attributes)."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"expected a pandas DataFrame, got {type(df).__name__}")
     if isinstance(df.columns, pd.MultiIndex):
@@ -217,7 +218,7 @@ def frame_columns(df: pd.DataFrame, *, index: bool = True) -> list[tuple[Any, st
     for c in df.columns:
         _json_name(c, "column")
     names = [_field_name(c, taken) for c in df.columns]
-    if index and not isinstance(df.index, pd.RangeIndex):
+    if index and not (range_index and isinstance(df.index, pd.RangeIndex)):
         for level in range(df.index.nlevels):
             idx = df.index.get_level_values(level)
             lname = _json_name(idx.name, "index level")
@@ -227,7 +228,7 @@ def frame_columns(df: pd.DataFrame, *, index: bool = True) -> list[tuple[Any, st
     return parts
 
 
-def _describe(df: pd.DataFrame, parts, index: bool) -> tuple[Schema, dict]:
+def _describe(df: pd.DataFrame, parts, index: bool, range_index: bool = True) -> tuple[Schema, dict]:
     fields, cols, levels = [], [], []
     for name, fname, s, role in parts:
         field, meta = _plan(name, fname, s)
@@ -236,11 +237,12 @@ def _describe(df: pd.DataFrame, parts, index: bool) -> tuple[Schema, dict]:
         (levels if role == "index" else cols).append(meta)
     if not index:
         idx: dict[str, Any] | None = None
-    elif isinstance(df.index, pd.RangeIndex):
+    elif range_index and isinstance(df.index, pd.RangeIndex):
         r = df.index
         idx = {"kind": "range", "start": int(r.start), "step": int(r.step), "name": _json_name(r.name, "index")}
     else:
-        idx = {"kind": "levels", "levels": levels, "multi": isinstance(df.index, pd.MultiIndex)}
+        idx = {"kind": "levels", "levels": levels, "multi": isinstance(df.index, pd.MultiIndex),
+               "range": isinstance(df.index, pd.RangeIndex)}  # stored per row (Dask partitions): a RangeIndex again if it still is one
     if not fields:
         raise SchemaError("a frame without columns (and no index stored) has nothing to store")
     meta = {"version": _META_VERSION, "pandas_version": pd.__version__, "columns": cols, "index": idx}
@@ -391,6 +393,17 @@ def _masked(dtype: np.dtype, values: np.ndarray, mask: np.ndarray, name: str | N
     return pdt.construct_array_type()(values.astype(pdt.numpy_dtype, copy=False), mask.copy())
 
 
+def _as_range(index: pd.Index) -> pd.Index:
+    """``index`` as a RangeIndex when its values are an increasing arithmetic progression."""
+    v = index.to_numpy()
+    if len(v) == 0:
+        return pd.RangeIndex(0, name=index.name)
+    step = int(v[1] - v[0]) if len(v) > 1 else 1
+    if step > 0 and (len(v) < 3 or bool((np.diff(v) == step).all())):
+        return pd.RangeIndex(int(v[0]), int(v[-1]) + step, step, name=index.name)
+    return index
+
+
 def _rows_arg(rows: Any, n: int) -> np.ndarray:
     if rows is None:
         return np.arange(n, dtype=np.int64)
@@ -435,13 +448,17 @@ def to_pandas(reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None 
     if levels:
         arrays = [pd.Index(restored(m), name=m["name"], tupleize_cols=False) for m in levels]
         index: Any = pd.MultiIndex.from_arrays(arrays) if idx_meta["multi"] else arrays[0]
+        if idx_meta.get("range") and not idx_meta["multi"]:
+            index = _as_range(index)
     elif idx_meta and idx_meta["kind"] == "range":
         start, step = idx_meta["start"], idx_meta["step"]
         index = pd.RangeIndex(start, start + step * len(reader), step, name=idx_meta["name"])
         if rows is not None:
             index = index[idx] if not isinstance(rows, slice) else index[rows]
+    elif isinstance(rows, slice) or rows is None:
+        index = pd.RangeIndex(len(reader))[rows if rows is not None else slice(None)]  # the row numbers
     else:
-        index = pd.RangeIndex(len(idx))
+        index = pd.Index(idx)
     data = {}
     for m in col_meta:
         v = restored(m)

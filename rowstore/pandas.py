@@ -106,7 +106,9 @@ _SENTINELS = {"None": None, "NA": pd.NA, "nan": np.nan, "NaT": pd.NaT}
 def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict]:
     """Look at every cell of an object column: str, bytes or ndarrays (one dtype and rank)."""
     kind = None  # "str", "bytes" or "array"
-    dtype = ndim = shape = None
+    dtype: Any = None
+    ndim: Any = None
+    shape: Any = None
     first = {}  # what decided the kind / dtype / rank: the row that did
     missing: set[str] = set()
     for i, v in enumerate(values):
@@ -229,7 +231,9 @@ def frame_columns(df: pd.DataFrame, *, index: bool = True, range_index: bool = T
 
 
 def _describe(df: pd.DataFrame, parts, index: bool, range_index: bool = True) -> tuple[Schema, dict]:
-    fields, cols, levels = [], [], []
+    fields: list[Field] = []
+    cols: list[dict] = []
+    levels: list[dict] = []
     for name, fname, s, role in parts:
         field, meta = _plan(name, fname, s)
         meta["name"] = _json_name(name, role)
@@ -352,7 +356,7 @@ def _cells(v: Any, n: int) -> np.ndarray:
     return out
 
 
-def _restore(meta: dict | None, field: Field, batch: dict, index: Any) -> Any:
+def _restore(meta: Any, field: Field, batch: dict, index: Any) -> Any:
     """A column (Series values) from a batch, as ``meta`` says (generic when None)."""
     v = batch[field.name]
     nulls = batch.get(field.name + NULL_KEY)
@@ -423,7 +427,8 @@ def to_pandas(reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None 
     :func:`from_pandas` reads too: numbers as numpy (nullable ones as pandas' masked dtypes),
     str/bytes and arrays as object columns (``None`` for nulls).
     """
-    meta = reader.layout.user_attrs.get(META_KEY)
+    meta: Any = reader.layout.user_attrs.get(META_KEY)
+    idx_meta: Any
     idx = _rows_arg(rows, len(reader))
     if meta is None:
         col_meta = [{"name": f.name, "field": f.name, "kind": None} for f in reader.schema]

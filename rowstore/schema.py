@@ -434,6 +434,8 @@ class Schema(Sequence[Field]):
                 if value is None or type(value).__name__ == "NAType":
                     nulls.add(name)
                     continue
+                dt: Any
+                shp: tuple
                 if isinstance(value, str):
                     dt, shp = STR, ()
                 elif isinstance(value, (bytes, bytearray, memoryview)):

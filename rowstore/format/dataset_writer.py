@@ -157,7 +157,7 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     with Writer(target, schema, mode="x", block_bytes=block_bytes, rows_per_block=rows_per_block,
                 compression=compression, heap_chunk_bytes=heap_chunk_bytes, threads=threads) as w:  # fmt: skip
         if isinstance(data, Mapping) or hasattr(data, "columns"):  # columns, or a DataFrame-like object
-            w.write_batch(data)
+            w.write_batch(data)  # type: ignore[arg-type]  # a DataFrame-like object is not a Mapping
         else:
             for row in data:
                 w.write(row)

@@ -190,7 +190,7 @@ def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
     v = obj.get(key)
     if not _int_ok(v, lo):
         raise _bad(path, f"{key!r} must be an int >= {lo}, got {v!r}")
-    return v
+    return int(v)  # type: ignore[arg-type]  # _int_ok checked it
 
 
 def read_pointer(root: str | os.PathLike) -> tuple[int, int]:
@@ -333,10 +333,10 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarra
     b_at = (len(INDEX_MAGIC) + np.concatenate(([0], np.cumsum(shards["blocks"]))) * B).tolist()
     h_at = (len(INDEX_MAGIC) + split + np.concatenate(([0], np.cumsum(shards["heap_chunks"]))) * Hs).tolist()
     whole = memoryview(raw)
-    crc = zlib.crc32
+    crc32 = zlib.crc32
     want = shards["index_crc32"].tolist()
     for i in range(len(want)):
-        if crc(whole[h_at[i] : h_at[i + 1]], crc(whole[b_at[i] : b_at[i + 1]])) != want[i]:
+        if crc32(whole[h_at[i] : h_at[i + 1]], crc32(whole[b_at[i] : b_at[i + 1]])) != want[i]:
             raise _bad(ipath, f"index of shard {shards['path'][i]!r} does not match its CRC-32 in the manifest")
     return blocks, heap_chunks
 

@@ -3,7 +3,9 @@
 Write a file with :class:`Writer`, a dataset of many files with :class:`DatasetWriter` (or
 :func:`write_shard` on workers and one :func:`commit`; :func:`gc_dataset` removes what old
 versions left), read with :func:`open`; adapters live in ``rowstore.torch`` and ``rowstore.tf``
-(importing ``rowstore`` imports neither framework).
+(importing ``rowstore`` imports neither framework); DataFrames go in and out through
+``rowstore.pandas`` (``rowstore.from_pandas``/``read_pandas``, imported on first use) and
+``rowstore.dask``.
 """
 
 from rowstore._version import __version__
@@ -41,6 +43,18 @@ __all__ = [
     "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
     "ConcurrentWriterError",
 ]  # fmt: skip
+
+
+_LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas"}
+
+
+def __getattr__(name):
+    """``rowstore.from_pandas`` and ``rowstore.read_pandas`` import pandas on first use only."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rowstore' has no attribute {name!r}")
 
 
 def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zarr.open

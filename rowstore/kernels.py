@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rowstore import _frame, _gather, _io, _shuffle  # type: ignore[attr-defined]  # compiled from _ext/; no stubs
+from rowstore import _frame, _gather, _io, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
 from rowstore._common import KernelCode
 from rowstore.errors import ChecksumError, FormatError
 

@@ -388,11 +388,13 @@ class Schema(Sequence[Field]):
     # -- inference -------------------------------------------------------------------------
     @classmethod
     def infer(cls, example: Mapping[str, Any], *, nullable: Sequence[str] = ()) -> Schema:
-        """Build a schema from one example row: arrays keep their dtype and (fixed) shape,
+        """Build a schema from ONE example row: arrays keep their dtype and (fixed) shape,
         Python ints become int64, floats float64, bools bool, str and bytes stay so.
 
-        Pass ``nullable=[...]`` for fields that may be None later; edit shapes to ``None`` for
-        dimensions that vary between rows.
+        One row cannot tell which dimensions vary (a waveform's length): every shape comes out
+        fixed. Use :meth:`infer_rows` to look at many rows (variable dimensions and nulls found),
+        or :func:`rowstore.pandas.infer_schema` for a DataFrame; or pass ``nullable=[...]`` and
+        edit shapes to ``None`` for dimensions that vary between rows.
         """
         fields = []
         for name, value in example.items():
@@ -410,6 +412,58 @@ class Schema(Sequence[Field]):
                     raise SchemaError(f"field {name!r}: cannot infer a dtype from {type(value).__name__}", field=name)
                 fields.append(Field(name, arr.dtype, arr.shape, nullable=name in nullable))
         return cls(fields)
+
+
+    @classmethod
+    def infer_rows(cls, rows: Any) -> Schema:
+        """Build a schema from every row of ``rows`` (an iterable of mappings, e.g. a sample of
+        a dataset): a dimension whose size differs between rows becomes variable (``None``), a
+        field that is ``None`` (or missing) in some row nullable; values of one field must agree
+        on their kind, dtype and rank (:class:`SchemaError` naming field and row otherwise).
+        """
+        seen: dict[str, tuple[Any, tuple]] = {}  # name -> (dtype, shape so far)
+        nulls: set[str] = set()
+        first: dict[str, int] = {}
+        count = 0
+        for i, row in enumerate(rows):
+            count += 1
+            for name in seen:
+                if name not in row:
+                    nulls.add(name)
+            for name, value in row.items():
+                if value is None or type(value).__name__ == "NAType":
+                    nulls.add(name)
+                    continue
+                dt: Any
+                shp: tuple
+                if isinstance(value, str):
+                    dt, shp = STR, ()
+                elif isinstance(value, (bytes, bytearray, memoryview)):
+                    dt, shp = BYTES, ()
+                else:
+                    arr = np.asarray(value)
+                    if arr.dtype == np.dtype(object) or arr.dtype.kind in "US":
+                        raise SchemaError(f"field {name!r}, row {i}: cannot infer a dtype from {type(value).__name__}",
+                                          field=name, row=i)  # fmt: skip
+                    dt, shp = arr.dtype, arr.shape
+                if name not in seen:
+                    seen[name], first[name] = (dt, shp), i
+                    if i:
+                        nulls.add(name)  # missing from the rows before
+                    continue
+                gdt, gshape = seen[name]
+                if gdt != dt or len(gshape) != len(shp):
+                    raise SchemaError(
+                        f"field {name!r}, row {i}: {dt} of shape {shp}, but row {first[name]} holds "
+                        f"{gdt} of shape {gshape}", field=name, row=i)  # fmt: skip
+                seen[name] = (gdt, tuple(a if a == b else None for a, b in zip(gshape, shp)))
+        if not count:
+            raise SchemaError("cannot infer a schema from no rows")
+        untyped = [n for n in nulls if n not in seen]
+        if untyped:
+            raise SchemaError(f"cannot infer the type of field {untyped[0]!r}: it is None in every row", field=untyped[0])
+        return cls([Field(name, dt, tuple(None if d == 0 else d for d in shape), nullable=name in nulls)
+                    for name, (dt, shape) in seen.items()])  # fmt: skip
 
 
 def _as_tuple(spec: Any) -> tuple:

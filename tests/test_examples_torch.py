@@ -41,3 +41,14 @@ def test_dataset_example(tmp_path):
     losses = re.findall(r"(\d+) batches, loss (\d+\.\d+) -> (\d+\.\d+)", out.stdout)
     assert [int(n) for n, _, _ in losses] == [27, 27], out.stdout
     assert float(losses[-1][2]) < float(losses[0][1]), out.stdout
+
+
+def test_pandas_speech_example(tmp_path):
+    pytest.importorskip("pandas")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "pandas_speech.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "('wave', 'float32', (None,))" in out.stdout
+    assert "round trip exact: True" in out.stdout
+    assert "epoch done: 13 batches" in out.stdout
+    assert re.search(r"max length (\d+) == padded width \1", out.stdout)

@@ -20,6 +20,7 @@ LAYERS = [
     ("format", ["rowstore.format"]),
     ("reader", ["rowstore.reader"]),
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
+    ("integrations", ["rowstore.pandas", "rowstore.dask"]),
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 

@@ -38,6 +38,7 @@ from rowstore.errors import FormatError, RowValidationError, SchemaError, Writer
 from rowstore.format import manifest, spec
 from rowstore.format._commit import remove_stale
 from rowstore.format.index import Layout
+from rowstore.format.validate import as_columns
 from rowstore.format.writer import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
 from rowstore.schema import Schema
 
@@ -155,8 +156,8 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     target = os.path.join(shards, fname)
     with Writer(target, schema, mode="x", block_bytes=block_bytes, rows_per_block=rows_per_block,
                 compression=compression, heap_chunk_bytes=heap_chunk_bytes, threads=threads) as w:  # fmt: skip
-        if isinstance(data, Mapping):
-            w.write_batch(data)
+        if isinstance(data, Mapping) or hasattr(data, "columns"):  # columns, or a DataFrame-like object
+            w.write_batch(data)  # type: ignore[arg-type]  # a DataFrame-like object is not a Mapping
         else:
             for row in data:
                 w.write(row)
@@ -657,9 +658,7 @@ class DatasetWriter(Closing):
         (it is validated whole first, then written in slices that keep shards near ``shard_bytes``).
         """
         w = self._current()
-        if not isinstance(columns, Mapping):
-            raise RowValidationError(f"row {self.num_rows}: write_batch expects a mapping of field names to columns",
-                                     row=self.num_rows)  # fmt: skip
+        columns = as_columns(columns, self.num_rows)  # a mapping, or a DataFrame-like object's columns
         n = len(next(iter(columns.values()))) if columns else 0
         est = self._estimate(columns)
         if n == 0 or w.raw_nbytes + n * est < self.shard_bytes:

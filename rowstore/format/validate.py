@@ -8,6 +8,7 @@ is an error that names the field, the row and what was expected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,37 @@ import numpy as np
 from rowstore.errors import CodecError, RowValidationError
 from rowstore.schema import BYTES, STR, Field
 
-__all__ = ["check_value", "check_column", "describe"]
+__all__ = ["check_value", "check_column", "describe", "as_columns"]
+
+
+def as_columns(data: Any, first_row: int) -> Mapping[str, Any]:
+    """``data`` as a mapping of columns: a mapping as is, a DataFrame-like object (``.columns``
+    and ``data[name].to_numpy()``, e.g. pandas) column by column, else an error saying what
+    to pass. Cells of object columns go through unchanged (ndarrays, str, missing values)."""
+    if isinstance(data, Mapping):
+        return data
+    cols = getattr(data, "columns", None)
+    if cols is not None and hasattr(data, "__getitem__"):
+        out = {}
+        for name in cols:
+            col = data[name]
+            to_numpy = getattr(col, "to_numpy", None)
+            out[str(name)] = to_numpy() if callable(to_numpy) else col
+        return out
+    raise RowValidationError(
+        f"row {first_row}: write_batch expects columns, a mapping {{field name: array or sequence}} or a "
+        f"DataFrame, got {type(data).__name__} (for rows, call write() per row; for a pandas frame with "
+        f"its index and dtypes kept, use rowstore.from_pandas)",
+        row=first_row,
+    )
+
+
+def _missing(field: Field, value: Any) -> bool:
+    """A missing value: None, pandas' NA, and for str/bytes fields a float NaN (pandas marks
+    missing text that way)."""
+    if value is None or type(value).__name__ == "NAType":
+        return True
+    return field.dtype in (STR, BYTES) and isinstance(value, float) and value != value
 
 
 def describe(value: Any) -> str:
@@ -78,12 +109,13 @@ def _values_fit(arr: np.ndarray, dst: np.dtype) -> bool:
 
 def check_value(field: Field, value: Any, row: int) -> Any:
     """Return the value normalised for storage (ndarray of the field's dtype, str or bytes),
-    ``None`` for a null, or raise :class:`RowValidationError`."""
-    if value is None:
+    ``None`` for a null, or raise :class:`RowValidationError`. pandas' ``pd.NA`` is a null,
+    and so is a float NaN in a ``str``/``bytes`` field (in numeric fields NaN is a value)."""
+    if value is None or (not isinstance(value, (np.ndarray, str, bytes)) and _missing(field, value)):
         if field.nullable:
             return None
         raise RowValidationError(
-            f"row {row}: field {field.name!r} is not nullable; got None (declare Field(..., nullable=True) to allow it)",
+            f"row {row}: field {field.name!r} is not nullable; got {describe(value)} (declare Field(..., nullable=True) to allow it)",
             field=field.name,
             row=row,
         )

@@ -36,7 +36,7 @@ from rowstore.format._pack import (
 )
 from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
-from rowstore.format.validate import check_column, check_value
+from rowstore.format.validate import as_columns, check_column, check_value
 from rowstore.schema import Schema
 
 if TYPE_CHECKING:
@@ -230,7 +230,9 @@ class Writer(Closing):
         self._after_rows()
 
     def write_batch(self, columns: Mapping[str, Any]) -> None:
-        """Validate and add many rows given as columns: ``{name: array (n, *shape) or sequence}``.
+        """Validate and add many rows given as columns: ``{name: array (n, *shape) or sequence}``,
+        or a DataFrame (pandas or alike: ``.columns`` and ``df[name].to_numpy()``; cells of object
+        columns as they are; :func:`rowstore.pandas.from_pandas` also keeps dtypes and index).
 
         Inline (fixed-shape) fields given as arrays are checked and copied without per-row
         Python work. The batch is all-or-nothing: a bad value rejects the whole batch.
@@ -317,8 +319,7 @@ class Writer(Closing):
     def _check_columns(self, columns: Mapping[str, Any], first: int) -> tuple[int, list[Any]]:
         """The batch's row count and its columns in schema order, validated (an ndarray for an
         inline field given as one, else a list of values)."""
-        if not isinstance(columns, Mapping):
-            raise RowValidationError(f"row {first}: write_batch expects a mapping of field names to columns", row=first)
+        columns = as_columns(columns, first)
         self._check_names(columns, first)
         lengths = {name: len(col) for name, col in columns.items()}
         n = next(iter(lengths.values()), 0)

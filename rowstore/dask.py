@@ -1,0 +1,220 @@
+"""Dask DataFrames in and out of rowstore datasets, written in parallel on the workers.
+
+:func:`to_rowstore` writes each partition as a shard **on the worker that computed it**
+(:func:`rowstore.write_shard`: no lock, nothing collected to the client but the small
+:class:`~rowstore.ShardInfo`) and publishes them all with a single :func:`rowstore.commit` once
+every partition succeeded: a failed task leaves the previous version (or nothing) visible; the
+shards already written are orphans that a later ``commit`` or :func:`rowstore.gc_dataset`
+removes after their grace period. Works on any scheduler (threads, processes,
+``dask.distributed``) whose workers see the dataset's directory.
+
+:func:`read_rowstore` gives a lazy ``dask.dataframe`` with one partition per shard (or per group
+of blocks), divisions known when the stored index is sorted (always for row numbers).
+
+Column kinds, nulls and the index are handled as by :mod:`rowstore.pandas`; a partition's
+``RangeIndex`` is stored as a field (each partition has its own), unless ``index=False``.
+
+.. warning::
+   Dask converts object columns to strings by default (``dataframe.convert-string``), also
+   object columns of ndarrays, which ``dd.from_pandas`` then turns into their ``repr``: build
+   such frames under ``dask.config.set({"dataframe.convert-string": False})``.
+   :func:`read_rowstore` switches it off for the graphs it builds.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+
+from rowstore.errors import SchemaError
+from rowstore.format import commit, write_shard
+from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
+from rowstore.pandas import META_KEY, _columns_for, _describe, frame_columns, read_pandas, to_pandas
+from rowstore.reader import Reader
+from rowstore.schema import Schema
+
+__all__ = ["to_rowstore", "read_rowstore"]
+
+
+# -- schema over all partitions -----------------------------------------------------------------
+def _describe_part(df: pd.DataFrame, index: bool) -> tuple[dict, dict]:
+    schema, meta = _describe(df, frame_columns(df, index=index, range_index=False), index, range_index=False)
+    return schema.to_json(), meta
+
+
+def _merge(parts: list[tuple[dict, dict]]) -> tuple[Schema, dict]:
+    """One schema for every partition's: variable where shapes differ, nullable where any is;
+    a dtype or kind that differs between partitions is an error naming the column and partition."""
+    schema0, meta0 = parts[0]
+    fields = {f["name"]: dict(f) for f in schema0["fields"]}
+    metas = {m["field"]: m for m in _all_meta(meta0)}
+    for p, (schema, meta) in enumerate(parts[1:], 1):
+        for f, m in zip(schema["fields"], _all_meta(meta)):
+            g, gm = fields[f["name"]], metas[f["name"]]
+            differs = (g["dtype"] != f["dtype"] or len(g["shape"]) != len(f["shape"]) or gm["kind"] != m["kind"]
+                       or gm.get("categories") != m.get("categories") or gm.get("unit") != m.get("unit"))  # fmt: skip
+            if differs:
+                raise SchemaError(f"column {m['name']!r}: partition {p} holds {m['dtype']} ({f['dtype']} of shape "
+                                  f"{tuple(f['shape'])}), partition 0 {gm['dtype']} ({g['dtype']} of shape "
+                                  f"{tuple(g['shape'])}); cast the column (ddf.categorize() for categories) or pass "
+                                  "schema=", field=f["name"])  # fmt: skip
+            g["shape"] = [a if a == b else None for a, b in zip(g["shape"], f["shape"])]
+            g["nullable"] = g["nullable"] or f["nullable"]
+            if gm.get("na") != m.get("na") and gm["kind"] == "object":
+                gm["na"] = "None"
+    return Schema.from_json({"fields": list(fields.values())}), meta0
+
+
+def _all_meta(meta: dict) -> list[dict]:
+    idx = meta["index"]
+    return (idx["levels"] if idx and idx["kind"] == "levels" else []) + meta["columns"]
+
+
+def _infer(ddf: dd.DataFrame, index: bool) -> tuple[Schema, dict]:
+    """From ``meta`` when no column is of object dtype (dtypes say everything); else one pass
+    that describes each partition on the workers and merges the descriptions here."""
+    head = ddf._meta
+    if not any(getattr(dt, "kind", None) == "O" for dt in list(head.dtypes) + [head.index.dtype]):
+        return _merge([_describe_part(head, index)])
+    parts = dask.compute(*[dask.delayed(_describe_part)(p, index) for p in ddf.to_delayed()])
+    return _merge(list(parts))
+
+
+# -- writing ----------------------------------------------------------------------------------
+def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, index: bool, options: dict) -> list:
+    if len(df) == 0:
+        return []
+    schema = Schema.from_json(schema_json)
+    columns = _columns_for(schema, meta, frame_columns(df, index=index, range_index=False))
+    return [write_shard(path, schema, columns, **options)]
+
+
+def _commit(infos: list[list], path: str, mode: str, attrs: dict) -> int:
+    return commit(path, [i for part in infos for i in part], mode=mode, attrs=attrs)
+
+
+def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | None = None, index: bool = True,
+                shard_bytes: int = DEFAULT_SHARD_BYTES, compute: bool = True, mode: str = "w",
+                attrs: dict | None = None, **writer_kwargs: Any) -> Any:
+    """Write a Dask DataFrame as a rowstore dataset directory, one shard per non-empty partition.
+
+    Parameters
+    ----------
+    ddf : dask.dataframe.DataFrame
+        Columns of the kinds :mod:`rowstore.pandas` stores.
+    path : str or os.PathLike
+        The dataset directory; every worker must see it (a shared filesystem for a cluster).
+    schema : Schema, optional
+        The fields (names as :func:`rowstore.pandas.infer_schema` gives them). Default: inferred
+        from ``ddf._meta`` when no column is of object dtype, else by one pass over the
+        partitions (each described on its worker; only the descriptions travel).
+    index : bool
+        Store each partition's index as a field (restored by :func:`read_rowstore` and
+        :func:`rowstore.read_pandas`).
+    shard_bytes : int
+        Not a split size: partitions are written whole, one shard each (repartition with
+        ``ddf.repartition(partition_size=...)`` to size shards); recorded for symmetry with
+        :class:`~rowstore.DatasetWriter` and checked.
+    compute : bool
+        ``True``: write now and return the new manifest version. ``False``: return a
+        ``dask.delayed`` whose computation writes the shards and then commits (in the task that
+        runs last, on a worker), like Dask's own ``to_parquet``.
+    mode : {"w", "x", "a"}
+        As for :func:`rowstore.commit`.
+    attrs : dict, optional
+        User attributes of the new version (beside the ``"pandas"`` entry).
+    **writer_kwargs
+        ``block_bytes``, ``rows_per_block``, ``compression``, ``heap_chunk_bytes`` for
+        :func:`rowstore.write_shard`.
+
+    Returns
+    -------
+    int or dask.delayed.Delayed
+        The version committed, or the delayed that commits it.
+    """
+    if not isinstance(shard_bytes, int) or shard_bytes < 1:
+        raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
+    path = os.fspath(path)
+    inferred, meta = _infer(ddf, index)
+    if schema is None:
+        schema = inferred
+    elif sorted(schema.names) != sorted(inferred.names):
+        raise SchemaError(f"schema fields {schema.names} differ from the frame's {inferred.names}")
+    user = dict(attrs or {})
+    user[META_KEY] = meta
+    sj = schema.to_json()
+    tasks = [dask.delayed(_write_part, pure=False)(p, path, sj, meta, index, writer_kwargs) for p in ddf.to_delayed()]
+    if not compute:
+        return dask.delayed(_commit, pure=False)(tasks, path, mode, user)
+    infos = dask.compute(*tasks)  # raises if any partition failed: nothing is committed
+    return _commit(list(infos), path, mode, user)
+
+
+# -- reading ----------------------------------------------------------------------------------
+def _bounds(reader: Reader, blocks_per_partition: int | None) -> list[tuple[int, int]]:
+    """Row ranges of the partitions: one per shard, or per ``blocks_per_partition`` blocks of a shard."""
+    L = reader.layout
+    if blocks_per_partition is None:
+        ends = np.cumsum(L.shard_rows)
+        starts = ends - L.shard_rows
+        return [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
+    if not isinstance(blocks_per_partition, int) or blocks_per_partition < 1:
+        raise ValueError(f"blocks_per_partition must be a positive int, got {blocks_per_partition!r}")
+    rows = L.block_rows()
+    first = np.concatenate([[0], np.cumsum(rows)])
+    out, b = [], 0
+    shard = L.block_shard
+    while b < len(rows):
+        e = b
+        while e < len(rows) and e - b < blocks_per_partition and shard[e] == shard[b]:
+            e += 1
+        if first[e] > first[b]:
+            out.append((int(first[b]), int(first[e])))
+        b = e
+    return out
+
+
+def _read_part(bounds: tuple[int, int], path: str, fields: list | None, version: int | None) -> pd.DataFrame:
+    return read_pandas(path, rows=slice(*bounds), fields=fields, version=version)
+
+
+def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks_per_partition: int | None = None,
+                  version: int | None = None) -> dd.DataFrame:
+    """A lazy Dask DataFrame of a rowstore dataset (or file), as :func:`rowstore.read_pandas` reads it.
+
+    One partition per shard, or per ``blocks_per_partition`` blocks (never across shards). The
+    divisions are known when the index is sorted: always for row numbers (a frame written
+    without its index, or with a ``RangeIndex`` by :func:`rowstore.from_pandas`), and for a
+    stored index that is monotonic (checked by reading the index fields once). ``version``
+    pins the manifest version (default: the current one, fixed when this is called).
+    """
+    path = os.fspath(path)
+    with Reader(path, version=version) as r:
+        version = r.layout.version
+        bounds = _bounds(r, blocks_per_partition)
+        meta_df = to_pandas(r, rows=[], fields=fields)
+        divisions: Any = None
+        info = r.layout.user_attrs.get(META_KEY)
+        idx = info["index"] if info else None
+        if not bounds:
+            pass
+        elif idx is None or idx["kind"] == "range":
+            start, step = (idx["start"], idx["step"]) if idx else (0, 1)
+            if step > 0:
+                divisions = [start + a * step for a, _ in bounds] + [start + (bounds[-1][1] - 1) * step]
+        elif not idx["multi"]:
+            values = to_pandas(r, fields=[]).index
+            if values.is_monotonic_increasing and not values.hasnans:
+                divisions = [values[a] for a, _ in bounds] + [values[bounds[-1][1] - 1]]
+    # Dask's "dataframe.convert-string" (on by default) would turn object columns, ndarray cells
+    # included, into strings: off for this graph (it is decided when the graph is built).
+    with dask.config.set({"dataframe.convert-string": False}):
+        if not bounds:
+            return dd.from_pandas(meta_df, npartitions=1)
+        return dd.from_map(_read_part, bounds, path=path, fields=fields, version=version, meta=meta_df,
+                           divisions=divisions, enforce_metadata=False)  # fmt: skip

@@ -1,0 +1,114 @@
+"""Dask writes shards on the workers and commits once; reads back lazily with known divisions."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pd = pytest.importorskip("pandas")
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+
+import dask  # noqa: E402
+from dask.delayed import Delayed  # noqa: E402
+from test_pandas import assert_frames_equal, speech_frame  # noqa: E402
+
+import rowstore  # noqa: E402
+from rowstore.dask import read_rowstore, to_rowstore  # noqa: E402
+from rowstore.errors import RowValidationError, SchemaError  # noqa: E402
+from rowstore.pandas import from_pandas, read_pandas  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    """One LocalCluster with 2 worker processes for the module (starting one takes seconds)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as c:  # fmt: skip
+        yield c
+
+
+def frame(n=60):
+    df = speech_frame(n)
+    df["transcript"] = df["transcript"].astype(object)  # object column: one describing pass
+    return df
+
+
+def to_ddf(df, npartitions):
+    """Without dask's string conversion, which would make ndarray cells strings."""
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_pandas(df, npartitions=npartitions)
+
+
+def manifests(path):
+    """The manifest versions' files, and the pointer's bytes (what a reader opens)."""
+    d = os.path.join(path, "_manifests")
+    pointer = os.path.join(path, "rowstore.json")
+    return (sorted(os.listdir(d)) if os.path.isdir(d) else [],
+            open(pointer, "rb").read() if os.path.exists(pointer) else None)  # fmt: skip
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "sync"])
+def test_local_schedulers_round_trip(tmp_path, scheduler):
+    df = frame()
+    path = str(tmp_path / "ds")
+    with dask.config.set(scheduler=scheduler):
+        version = to_rowstore(to_ddf(df, 4), path, rows_per_block=4)
+        assert version == 1
+        with rowstore.open(path) as r:
+            assert r.layout.num_shards == 4
+        assert_frames_equal(df, read_pandas(path))
+        back = read_rowstore(path)
+        assert back.npartitions == 4 and back.known_divisions
+        assert_frames_equal(df, back.compute())
+        by_blocks = read_rowstore(path, blocks_per_partition=2, fields=["wave", "dur"])
+        assert by_blocks.npartitions > 4 and by_blocks.known_divisions
+        assert_frames_equal(df[["wave", "dur"]], by_blocks.compute())
+        assert by_blocks.loc[10:20].compute()["dur"].tolist() == df.loc[10:20, "dur"].tolist()
+
+
+def test_distributed_cluster_same_rows_as_sequential(tmp_path, client):
+    df = frame(90)
+    seq = str(tmp_path / "seq.h5")
+    from_pandas(df, seq)
+    path = str(tmp_path / "ds")
+    to_rowstore(to_ddf(df, 6), path)
+    assert_frames_equal(read_pandas(seq), read_pandas(path))
+    assert_frames_equal(read_pandas(path), read_rowstore(path).compute())
+    lazy = to_rowstore(to_ddf(df, 3), path, compute=False, mode="a")
+    assert isinstance(lazy, Delayed) and manifests(path)[0][-1] == "v00000001.json"
+    assert lazy.compute() == 2
+    assert len(read_pandas(path)) == 180
+
+
+def _explode(df):
+    if (df["dur"] > 2).any():
+        raise RuntimeError("injected failure")
+    return df
+
+
+def test_failed_partition_leaves_no_new_manifest(tmp_path, client):
+    df = frame(40)
+    path = str(tmp_path / "ds")
+    to_rowstore(to_ddf(df, 2), path)
+    before = manifests(path)
+    bad = df.copy()
+    bad.loc[35, "dur"] = 5.0
+    ddf = to_ddf(bad, 4).map_partitions(_explode, meta=bad.iloc[:0])
+    with pytest.raises(RuntimeError, match="injected"):
+        to_rowstore(ddf, path)
+    assert manifests(path) == before
+    assert_frames_equal(df, read_pandas(path))  # the previous version, whole
+
+
+def test_bad_cells_and_partition_conflicts(tmp_path):
+    df = pd.DataFrame({"w": pd.Series([np.zeros(2, np.float32)] * 3 + [np.zeros(2, np.float64)] * 3, dtype=object)})
+    with dask.config.set(scheduler="sync"):
+        with pytest.raises(SchemaError, match="column 'w': partition 1 holds"):
+            to_rowstore(to_ddf(df, 2), str(tmp_path / "a"))
+        schema = rowstore.Schema([rowstore.Field("w", "float32", (2,)), rowstore.Field("index", "int64")])
+        with pytest.raises(RowValidationError, match="field 'w'"):
+            to_rowstore(to_ddf(df.iloc[:3], 1), str(tmp_path / "b"),
+                        schema=rowstore.Schema([rowstore.Field("w", "int8", (2,)), schema["index"]]))
+        assert manifests(str(tmp_path / "b")) == ([], None)

@@ -226,9 +226,10 @@ def test_missing_or_resized_shard_is_a_format_error_naming_it(tmp_path, rs):
             r.take([15])
         assert ei.value.path == os.path.abspath(shard)
         os.remove(shard)
-        with pytest.raises(FormatError, match="s001.h5.*missing"):
-            list(rowstore.open(root).batches(4))
-    damage = rowstore.open(root).layout.damage()
+        with rowstore.open(root) as r2, pytest.raises(FormatError, match="s001.h5.*missing"):
+            list(r2.batches(4))
+    with rowstore.open(root) as r:
+        damage = r.layout.damage()
     assert len(damage) == 1 and "s001.h5" in str(damage[0])
 
 

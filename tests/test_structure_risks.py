@@ -60,12 +60,16 @@ def test_fork_while_another_thread_holds_the_descriptor_lock(images):
 
 def test_decode_threads_are_reused_across_takes(images):
     """A new decode pool per take() (per torch batch on images) started threads every call."""
+    def mine(r):  # this reader's decode threads (other tests' readers may have theirs alive)
+        pool = r._decoder._pool
+        return {t.ident for t in (pool._threads if pool is not None else ())}
+
     with rowstore.open(images, num_threads=2) as r:
         r.take(np.arange(32))
-        before = {t.ident for t in threading.enumerate() if t.name.startswith("rowstore-decode")}
+        before = mine(r)
         for _ in range(5):
             r.take(np.arange(32))
-        after = {t.ident for t in threading.enumerate() if t.name.startswith("rowstore-decode")}
+        after = mine(r)
         # The pool starts its threads lazily (up to num_threads), and never replaces them.
         assert before and before <= after and len(after) <= 2
     assert not [t for t in threading.enumerate() if t.ident in after and t.is_alive()]

@@ -336,6 +336,18 @@ def run_trial(scenario: str, template: str, work: str, compression: str, n: int,
     return rec
 
 
+def run_inline(scenario: str, template: str, work: str, compression: str, n: int) -> float:
+    """The child's operation run (and checked) in this process: its duration."""
+    shutil.copytree(template, work, symlinks=True)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        child(scenario, target_of(scenario, work), compression, n)
+    dt = time.perf_counter() - t0
+    if check(scenario, work, compression, n)[0] != "new":
+        raise SystemExit(f"calibration run of {scenario}/{compression} did not leave the new content")
+    return dt
+
+
 def campaign(kills: int, seed: int, scenarios: list[str], n: int, workdir: str | None, keep: str | None,
              calibration_runs: int = 2, log=print) -> dict:  # fmt: skip
     rng = random.Random(seed)
@@ -359,6 +371,9 @@ def campaign(kills: int, seed: int, scenarios: list[str], n: int, workdir: str |
                 if rec["outcome"] == "VIOLATION":
                     raise SystemExit(f"calibration run of {scenario}/{comp} failed: {rec['error']}\n{rec['traceback']}")
                 runs.append(rec["run_s"])
+            if not runs:  # --calibration-runs 0: the operation timed in this process (no interpreter start)
+                runs.append(run_inline(scenario, tpl, os.path.join(base, "calibrate"), comp, n))
+                shutil.rmtree(os.path.join(base, "calibrate"), ignore_errors=True)
             calibration[f"{scenario}/{comp}"] = T = max(runs)
             log(f"calibrated {scenario}/{comp}: {T * 1000:.0f} ms from ready to done")
         for i, (scenario, comp) in enumerate(plan):
@@ -431,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="where the trials' directories go (default: the system's temporary directory)")
     p.add_argument("--keep-violations", metavar="DIR", help="copy the directory of each violating trial here")
     p.add_argument("--calibration-runs", type=int, default=2, metavar="K",
-                   help="unkilled runs per scenario and compression; the longest sets the run time T (default 2)")
+                   help="unkilled child runs per scenario and compression; the longest sets the run time T (default 2; "
+                        "0: time the operation once in this process instead, faster)")
     p.add_argument("--only-trial", type=int, metavar="I",
                    help="replay: the same plan and delays, but run (and report) trial I only")
     args = p.parse_args(argv)
@@ -441,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_trial is not None:
         return replay(args, scenarios)
     res = campaign(args.kills, args.seed, scenarios, args.rows, args.workdir, args.keep_violations,
-                   max(1, args.calibration_runs), log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+                   max(0, args.calibration_runs), log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
     summary = summarize(res["trials"], scenarios)
     print(table(summary))
     print(f"{args.kills} kills in {res['elapsed_s']:.0f} s, seed {args.seed}, {args.rows} rows a child; "

@@ -35,8 +35,10 @@ Outcomes: ``old``, ``new`` (killed after the new content was published), ``not-k
 child printed "done" before the signal: must be ``new``), ``VIOLATION`` (anything else: details,
 with the seed, trial and delay that reproduce it, in the JSON's ``violations``). For ``gc`` both
 contents are version 2's rows; there ``new`` means the kill found nothing left to collect and
-``old`` that something was (partly done gc included). ``leftovers`` counts kills that left
-temporaries or unnamed shard files for the recovery to remove. Exit status 1 if any violation.
+``old`` that something was (partly done gc included). ``leftovers`` counts trials after which
+the target held a temporary, a shard file the current version does not name, or a manifest other
+than the current one's (for datasets that includes the previous version's, which a commit keeps:
+there it is every trial). Exit status 1 if any violation.
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""The SIGKILL campaign of ``bench/kill_campaign.py`` (issue 17), small: 12 kills over its six
+scenarios (Writer modes w and a, DatasetWriter modes a and w, write_shard + commit, gc_dataset),
+raw and lz4, each leaving exactly the old or the new content and a target that recovers without
+temporaries or orphans. The published campaign (300+ kills) is in
+``bench/results/kill_campaign.json``."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "kill_campaign.py")
+SCENARIOS = ["writer_w", "writer_a", "ds_append", "ds_replace", "two_phase", "gc"]
+
+
+def test_kill_campaign_finds_no_violation(tmp_path):
+    out = tmp_path / "kills.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, SCRIPT, "--kills", "12", "--seed", "17", "--rows", "2000",
+                           "--calibration-runs", "0", "--workdir", str(tmp_path), "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr + json.dumps(doc["violations"], indent=1)
+    assert doc["violations"] == []
+    assert list(doc["summary"]) == SCENARIOS
+    for name, s in doc["summary"].items():
+        assert s["kills"] == 2 and s["violations"] == 0, (name, s)
+        assert s["old"] + s["new"] + s["not_killed"] == 2, (name, s)
+    assert {(t["scenario"], t["compression"]) for t in doc["trials"]} == {(s, c) for s in SCENARIOS for c in ("raw", "lz4")}
+    assert sum(s["old"] for s in doc["summary"].values()) >= 1  # some kills did land mid-write
+    for name in SCENARIOS:
+        assert name in proc.stdout  # the table
+    assert sorted(os.listdir(tmp_path)) == ["kills.json"]  # the trials' directories are removed

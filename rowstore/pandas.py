@@ -23,8 +23,9 @@ object: ndarray (or list) cells             array field: dtype of the cells (all
                                             is missing; read back as ndarray cells
 ``category``                                its integer codes (``-1`` for missing); categories and
                                             ``ordered`` are kept in the file's attributes
-``datetime64[unit]`` (tz-naive or aware),   ``int64`` of the ``unit`` (UTC for tz-aware; ``NaT`` is the
-``timedelta64[unit]``                       int64 minimum, as in numpy); unit and tz in the attributes
+``datetime64[unit]`` (tz-naive or aware),   ``datetime64[unit]`` / ``timedelta64[unit]`` field (``NaT`` is
+``timedelta64[unit]``                       a value, kept as is); tz-aware columns stored in UTC, the tz in
+                                            the attributes and restored
 ==========================================  ==============================================================
 
 The index is stored as one field per level (named after the level, or ``index``) unless
@@ -133,7 +134,7 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
         if k != "array":
             continue
         arr = v if isinstance(v, np.ndarray) else np.asarray(v)
-        if arr.dtype == object or arr.dtype.kind in "USVMm":
+        if arr.dtype == object or arr.dtype.kind in "USV":
             raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array cell cannot be stored; expected numbers",
                               field=fname, row=i)  # fmt: skip
         if dtype is None:
@@ -174,10 +175,10 @@ def _plan(name: Any, fname: str, s: pd.Series) -> tuple[Field, dict]:
         return Field(fname, s.cat.codes.dtype), meta
     if isinstance(dt, pd.DatetimeTZDtype):
         meta.update(kind="datetime", unit=dt.unit, tz=str(dt.tz))
-        return Field(fname, "int64"), meta
+        return Field(fname, f"datetime64[{dt.unit}]"), meta  # UTC
     if isinstance(dt, np.dtype) and dt.kind in "Mm":
         meta.update(kind="datetime" if dt.kind == "M" else "timedelta", unit=np.datetime_data(dt)[0], tz=None)
-        return Field(fname, "int64"), meta
+        return Field(fname, dt), meta
     if isinstance(dt, pd.StringDtype):
         meta.update(kind="string", storage=dt.storage, na="NA" if dt.na_value is pd.NA else "nan")
         return Field(fname, STR, nullable=True), meta
@@ -270,7 +271,9 @@ def _column_values(field: Field, meta: dict, s: pd.Series) -> Any:
     if kind in ("datetime", "timedelta"):
         if meta.get("tz") is not None:
             s = s.dt.tz_convert("UTC").dt.tz_localize(None)
-        return s.to_numpy().view(np.int64)
+        vals = s.to_numpy()
+        # Files of rowstore 0.x before native time fields stored int64 counts (appending to one).
+        return vals.view(np.int64) if not field.is_time else vals
     if kind == "masked":
         mask = s.isna().to_numpy()
         vals = s.to_numpy(dtype=field.dtype.newbyteorder("="), na_value=0)
@@ -364,6 +367,12 @@ def _restore(meta: Any, field: Field, batch: dict, index: Any) -> Any:
     n = len(v)
     kind = meta["kind"] if meta else None
     if kind is None:
+        if field.shape == () and field.is_time:  # a plain file's time field: nulls as NaT
+            if nulls is None:
+                return v
+            out = v.copy()
+            out[nulls] = np.datetime64("NaT") if field.dtype.kind == "M" else np.timedelta64("NaT")
+            return out
         if field.shape == () and field.dtype not in (STR, BYTES):
             return _masked(field.dtype, v, nulls if nulls is not None else np.zeros(n, bool)) if field.nullable else v
         kind, meta = ("object", {"na": "None"}) if field.dtype in (STR, BYTES) else ("ndarray", {"na": "None"})
@@ -373,7 +382,8 @@ def _restore(meta: Any, field: Field, batch: dict, index: Any) -> Any:
         cats = pd.Index(meta["categories"], dtype=meta["categories_dtype"])
         return pd.Categorical.from_codes(v, categories=cats, ordered=meta["ordered"])
     if kind in ("datetime", "timedelta"):
-        arr = v.view(f"{'M' if kind == 'datetime' else 'm'}8[{meta['unit']}]")
+        # A native time field; int64 counts in files written before there were any.
+        arr = v if field.is_time else v.view(f"{'M' if kind == 'datetime' else 'm'}8[{meta['unit']}]")
         if meta.get("tz") is not None:
             return pd.Series(arr, copy=False).dt.tz_localize("UTC").dt.tz_convert(meta["tz"]).array
         return arr

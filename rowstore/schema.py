@@ -30,6 +30,18 @@ STR = "str"
 BYTES = "bytes"
 
 _NUMERIC_KINDS = {"b", "i", "u", "f", "c"}
+#: Kinds of the time dtypes: ``datetime64[unit]`` ("M") and ``timedelta64[unit]`` ("m").
+TIME_KINDS = {"M", "m"}
+#: Units a time field may have (``D`` for datetimes only: a timedelta of days is ``"s"`` * 86400).
+DATETIME_UNITS = ("D", "s", "ms", "us", "ns")
+TIMEDELTA_UNITS = ("s", "ms", "us", "ns")
+
+
+def storage_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of a field's stored bytes: the field's own dtype, except for datetime64 and
+    timedelta64 fields, which are stored as little-endian ``int64`` counts of their unit (HDF5
+    has no datetime type; the unit is in the schema's dtype string, e.g. ``"<M8[ns]"``)."""
+    return np.dtype("<i8") if dtype.kind in TIME_KINDS else dtype
 
 
 def _normalize_dtype(dtype: Any, name: str) -> np.dtype | str:
@@ -45,10 +57,21 @@ def _normalize_dtype(dtype: Any, name: str) -> np.dtype | str:
         return STR
     if dt.kind == "S":
         return BYTES
+    if dt.kind in TIME_KINDS and dt.fields is None and dt.subdtype is None:
+        unit, count = np.datetime_data(dt)
+        units = DATETIME_UNITS if dt.kind == "M" else TIMEDELTA_UNITS
+        if unit not in units or count != 1:
+            what = "datetime64" if dt.kind == "M" else "timedelta64"
+            raise SchemaError(
+                f"field {name!r}: {dt} has no supported unit; expected {what}[unit] with unit one of "
+                f"{', '.join(units)}",
+                field=name,
+            )
+        return dt.newbyteorder("<")
     if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise SchemaError(
-            f"field {name!r}: dtype {dt} is not supported; expected a bool, integer, float or "
-            f"complex scalar dtype, 'str' or 'bytes'",
+            f"field {name!r}: dtype {dt} is not supported; expected a bool, integer, float, "
+            f"complex, datetime64[unit] or timedelta64[unit] scalar dtype, 'str' or 'bytes'",
             field=name,
         )
     if dt.kind == "f" and dt.itemsize > 8:
@@ -90,7 +113,9 @@ class Field:
     name : str
         A Python identifier, unique in the schema, without a double underscore.
     dtype : numpy dtype-like, ``"str"`` or ``"bytes"``
-        Element type. Multi-byte numbers are stored little-endian.
+        Element type. Multi-byte numbers are stored little-endian. ``datetime64[unit]`` (units
+        ``D``, ``s``, ``ms``, ``us``, ``ns``) and ``timedelta64[unit]`` (``s``, ``ms``, ``us``,
+        ``ns``) are stored as int64 counts of the unit; NaT is a value (not a null).
     shape : tuple of int or None
         Shape of one row's value; ``()`` for scalars, ``None`` marks a variable dimension,
         e.g. ``(None,)`` for a waveform or ``(None, 128, 30, None)``.
@@ -211,6 +236,18 @@ class Field:
         return self.dtype
 
     @property
+    def is_time(self) -> bool:
+        """True for datetime64 and timedelta64 fields."""
+        return not isinstance(self.dtype, str) and self.dtype.kind in TIME_KINDS
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """dtype of the stored elements (int64 for datetime64/timedelta64 fields)."""
+        if self.dtype in (STR, BYTES):
+            return np.dtype(object)
+        return storage_dtype(self.dtype)
+
+    @property
     def itemsize(self) -> int:
         return 0 if self.dtype in (STR, BYTES) else self.dtype.itemsize
 
@@ -247,7 +284,8 @@ class Field:
             raise SchemaError(f"field description {dict(obj)!r} lacks {exc.args[0]!r}") from exc
 
     def torch_dtype(self):
-        """The torch dtype of this field's tensors (imports torch)."""
+        """The torch dtype of this field's tensors (imports torch); ``torch.int64`` for
+        datetime64/timedelta64 fields (the count of the field's unit)."""
         import torch
 
         if self.dtype in (STR, BYTES):
@@ -256,7 +294,7 @@ class Field:
                 f"returned as Python lists",
                 field=self.name,
             )
-        dt = self.dtype
+        dt = self.storage_dtype  # datetime64/timedelta64: int64 counts of the unit (torch has no time dtype)
         mapping = {
             "b1": torch.bool, "i1": torch.int8, "u1": torch.uint8, "i2": torch.int16,
             "u2": torch.uint16, "i4": torch.int32, "u4": torch.uint32, "i8": torch.int64,
@@ -276,7 +314,8 @@ class Field:
         if self.dtype == STR or self.dtype == BYTES:
             dtype = tf.string
         else:
-            dtype = tf.as_dtype(self.dtype.newbyteorder("="))
+            # datetime64/timedelta64: int64 counts of the unit (tf has no time dtype)
+            dtype = tf.as_dtype(self.storage_dtype.newbyteorder("="))
         if self.is_variable and ragged:
             # Ragged up to the last variable dimension; fixed dimensions after it stay dense in
             # ``flat_values`` (``(None, 80)`` batched: ragged_rank 1, flat_values ``(n, 80)``).

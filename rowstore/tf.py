@@ -89,7 +89,8 @@ def output_signature(
         to the last variable dimension, the fixed dimensions after it dense), or a padded
         ``tf.TensorSpec`` with ``None`` for variable dimensions plus ``"<name>__shape"`` (int64
         ``(batch, k)``, the k variable dimensions of each row). Each nullable field adds
-        ``"<name>__null"`` (bool).
+        ``"<name>__null"`` (bool). ``datetime64``/``timedelta64`` fields are ``tf.int64`` (the
+        count of the field's unit; NaT is the int64 minimum).
     """
     if isinstance(schema, Reader):
         schema = schema.schema
@@ -151,6 +152,13 @@ def ragged_to_tf(r: Ragged, field: Field) -> tf.RaggedTensor:
     return rt
 
 
+def _int64_view(v: Any) -> Any:
+    """A datetime64/timedelta64 array (or Ragged of them) as int64 counts of its unit."""
+    if isinstance(v, Ragged):
+        return Ragged(v.values.view(np.dtype(np.int64).newbyteorder(v.values.dtype.byteorder)), v.offsets, v.shapes)
+    return v.view(np.dtype(np.int64).newbyteorder(v.dtype.byteorder))
+
+
 class _BatchConverter:
     """Turns reader batch dicts into what the generators yield (see ``_Pipeline``)."""
 
@@ -170,6 +178,8 @@ class _BatchConverter:
         for f, kind in self.plan:
             name = f.name
             v = batch[name]
+            if f.is_time:  # tf has no datetime dtype: int64 counts of the field's unit (views)
+                v = _int64_view(v)
             if kind == "text":
                 if f.nullable:
                     # The reader gives None for nulls; "<name>__null" says which rows they were.

@@ -89,10 +89,45 @@ def test_every_kind_with_missing_values(tmp_path):
     schema = infer_schema(df)
     assert schema["fixed"].shape == (4,) and schema["grid"].shape == (2, None, 3)
     assert schema["maybe"].nullable and schema["Int64"].nullable and not schema["f32"].nullable
+    # Native time fields (NaT is a value, not a null); tz-aware columns in UTC, tz in the attributes.
+    assert schema["when"].dtype == df["when"].dtype.newbyteorder("<") and not schema["when"].nullable
+    assert schema["when_tz"].dtype == np.dtype(f"<M8[{df['when_tz'].dtype.unit}]")
+    assert schema["delta"].dtype == df["delta"].dtype.newbyteorder("<")
     back = roundtrip(df, tmp_path)
     assert_frames_equal(df, back)
     assert np.isnan(back["f32"][1])  # NaN stays NaN, not null
     assert back["obj_str_nan"].dtype == object and back["obj_str_none"][1] is None
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_time_columns_are_native_fields(tmp_path, unit):
+    when = pd.Series(pd.to_datetime(["2020-01-01 12:00", None, "1999-12-31 00:00"]).as_unit(unit))
+    df = pd.DataFrame({
+        "when": when, "when_tz": when.dt.tz_localize("America/New_York"),
+        "delta": pd.Series(pd.to_timedelta([1, None, -3], unit="s").as_unit(unit)),
+        "cells": [np.array(["2020-01-01", "NaT"], f"M8[{unit}]"), None, np.array([], f"M8[{unit}]")],
+    })  # fmt: skip
+    path = str(tmp_path / "t.h5")
+    from_pandas(df, path)
+    with rowstore.open(path) as r:
+        s = r.schema
+        assert s["when"].dtype == np.dtype(f"<M8[{unit}]") and s["delta"].dtype == np.dtype(f"<m8[{unit}]")
+        assert s["when_tz"].dtype == np.dtype(f"<M8[{unit}]") and s["cells"].shape == (None,)
+        b = r.take([0, 1, 2])
+        assert b["when"].dtype == np.dtype(f"M8[{unit}]") and np.isnat(b["when"][1])
+        # tz-aware: stored as UTC wall time
+        assert b["when_tz"][0] == np.datetime64("2020-01-01T17:00")
+    back = read_pandas(path)
+    assert_frames_equal(df, back)
+    assert str(back["when_tz"].dtype) == f"datetime64[{unit}, America/New_York]"
+
+
+def test_plain_file_time_field_reads_with_nat_for_nulls(tmp_path):
+    path = str(tmp_path / "p.h5")
+    with rowstore.Writer(path, rowstore.Schema([rowstore.Field("t", "M8[s]", nullable=True)])) as w:
+        w.write_batch({"t": [np.datetime64("2020-01-01", "s"), None, np.datetime64("NaT")]})
+    back = read_pandas(path)
+    assert back["t"].dtype == np.dtype("M8[s]") and back["t"].isna().tolist() == [False, True, True]
 
 
 @pytest.mark.parametrize("index", [

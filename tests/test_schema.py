@@ -106,7 +106,8 @@ def test_duplicate_names():
 @pytest.mark.parametrize(
     "dtype",
     [
-        "notatype", "object", object, "datetime64[s]", "timedelta64[ms]", "V8",
+        "notatype", "object", object, "datetime64", "datetime64[Y]", "datetime64[10s]", "timedelta64[D]",
+        "timedelta64", "V8",
         np.dtype([("a", "<i4"), ("b", "<f4")]), np.dtype(("<f4", (3,))), 3.5, np.longdouble,
     ],
 )  # fmt: skip

@@ -128,7 +128,7 @@ def row_dtype(schema: Schema) -> np.dtype:
     """The packed (unaligned), little-endian compound dtype of one stored row.
 
     Columns follow the schema's order: an inline field whose codec stores ``raw_bytes`` (``raw``) is stored as its value
-    (``(name, dtype, shape)``), an inline field of another codec as its encoded bytes
+    (``(name, dtype, shape)``; ``<i8`` for datetime64/timedelta64 fields), an inline field of another codec as its encoded bytes
     (``(name, "u1", (field.stored_nbytes,))``), a heap field as :func:`heap_ref_dtype`;
     every nullable field adds a ``<name>__null`` boolean column right after it.
     """
@@ -137,7 +137,8 @@ def row_dtype(schema: Schema) -> np.dtype:
         if not f.inline:
             parts.append((f.name, heap_ref_dtype(f)))
         elif f.codec_obj.raw_bytes:  # the value's own little-endian bytes
-            parts.append((f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype))
+            dt = f.storage_dtype  # datetime64/timedelta64: their int64 counts (HDF5 has no such type)
+            parts.append((f.name, dt, f.shape) if f.shape else (f.name, dt))
         else:  # an inline codec that is not raw: its encoded bytes, always the same number
             parts.append((f.name, "u1", (f.stored_nbytes,)))
         if f.nullable:

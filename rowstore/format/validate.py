@@ -4,10 +4,18 @@ Casting policy: a value whose dtype casts *safely* to the field's dtype is accep
 narrow to a smaller float (float64 -> float32, the common case in preprocessing); integers may
 narrow when every value fits; anything else (float -> int, int -> bool, complex -> float, ...)
 is an error that names the field, the row and what was expected.
+
+Time fields (``datetime64[unit]``, ``timedelta64[unit]``): values of the same kind in another unit
+are converted when no value changes (``s`` -> ``ns`` when it does not overflow, ``ns`` -> ``s`` for
+whole seconds); a lossy conversion is refused naming the row. NaT is a value (stored as is); a
+null needs ``nullable=True``. Integers (and other kinds) are refused: counts of the unit are
+passed explicitly as ``np.asarray(counts).astype("datetime64[ns]")`` (or ``.view``).
+Python ``datetime``/``timedelta`` and pandas ``Timestamp``/``Timedelta`` scalars are accepted.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,6 +88,68 @@ def _fail(field: Field, row: int, value: Any, why: str = "") -> RowValidationErr
     )
 
 
+def _time_value(field: Field, value: Any) -> Any:
+    """For a time field, Python/pandas datetime and timedelta scalars as numpy scalars (NaT
+    included); anything else unchanged."""
+    for attr in ("to_datetime64", "to_timedelta64"):  # pandas Timestamp/Timedelta (NaT has both)
+        conv = getattr(value, attr, None)
+        if callable(conv) and not isinstance(value, np.ndarray):
+            try:
+                return conv()
+            except Exception:
+                return value
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.timedelta)):
+        if isinstance(value, _dt.datetime) and value.tzinfo is not None:
+            value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)  # stored as UTC
+        return np.datetime64(value) if isinstance(value, _dt.date) else np.timedelta64(value)
+    if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (int, float)):
+        try:
+            return np.asarray([_time_value(field, v) for v in value])
+        except Exception:
+            return value
+    return value
+
+
+def _time_fail(field: Field, row: int, value: Any) -> RowValidationError:
+    unit = np.datetime_data(field.dtype)[0]
+    what = "datetime64" if field.dtype.kind == "M" else "timedelta64"
+    hint = ""
+    if isinstance(value, (int, np.integer)) or (isinstance(value, np.ndarray) and value.dtype.kind in "iub"):
+        hint = (f"; integers are not taken as times implicitly: pass np.asarray(counts).astype('{what}[{unit}]') "
+                f"for counts of {unit}")
+    return _fail(field, row, value, f"{describe_kind(value)} is not a {what}{hint}")
+
+
+def describe_kind(value: Any) -> str:
+    return f"{value.dtype} values" if isinstance(value, np.ndarray) else type(value).__name__
+
+
+def _time_cast(field: Field, arr: np.ndarray, first_row: int, per_row: bool) -> np.ndarray:
+    """``arr`` (of the field's kind) in the field's unit, or an error naming the first row
+    whose value changes in the conversion (precision lost or out of range)."""
+    dst = field.dtype
+    if arr.dtype == dst:
+        return arr
+    with np.errstate(all="ignore"):
+        out = arr.astype(dst)
+        nat = np.isnat(arr)
+        bad = ((out.astype(arr.dtype) != arr) & ~nat) | (np.isnat(out) != nat)  # NaT != NaT
+    if bad.any():
+        if per_row:
+            i = 0
+        else:
+            flat = bad.reshape(len(bad), -1).any(axis=1) if bad.ndim > 1 else bad
+            i = int(np.argmax(flat))
+        row = first_row + i
+        raise RowValidationError(
+            f"row {row}: field {field.name!r}: {arr.dtype} values do not convert to {dst} without loss "
+            f"(precision or range); convert them explicitly (e.g. with .astype('{dst}'), after rounding)",
+            field=field.name,
+            row=row,
+        )
+    return out
+
+
 def _cast_ok(src: np.dtype, dst: np.dtype) -> bool | None:
     """True: cast ok; False: refuse; None: ok if values fit (integer narrowing)."""
     if src == dst or np.can_cast(src, dst, "safe"):
@@ -134,10 +204,20 @@ def check_value(field: Field, value: Any, row: int) -> Any:
         raise _fail(field, row, value)
     if isinstance(value, (str, bytes)):
         raise _fail(field, row, value)
+    if field.is_time:
+        value = _time_value(field, value)
     try:
         arr = np.asarray(value)
     except Exception:  # ragged nested lists and the like
         raise _fail(field, row, value) from None
+    if field.is_time:
+        if arr.dtype.kind != field.dtype.kind:
+            raise _time_fail(field, row, value)
+        if arr.ndim != len(field.shape) or any(d is not None and d != s for d, s in zip(field.shape, arr.shape)):
+            raise _fail(field, row, arr, "wrong shape")
+        if not field.inline and any(s > 0xFFFFFFFF for s in arr.shape):
+            raise _fail(field, row, arr, "a dimension exceeds 2**32-1")
+        return _time_cast(field, arr, row, per_row=True)
     if arr.dtype == object or arr.dtype.kind in "USVMm":
         raise _fail(field, row, value)
     if arr.ndim != len(field.shape) or any(d is not None and d != s for d, s in zip(field.shape, arr.shape)):
@@ -166,7 +246,24 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
     ``null_mask`` is a bool array or None when there are no nulls.
     """
     if (
+        field.is_time
+        and field.inline
+        and isinstance(column, np.ndarray)
+        and column.dtype.kind == field.dtype.kind
+    ):
+        if column.shape != (n,) + tuple(field.shape):
+            raise RowValidationError(
+                f"row {first_row}: field {field.name!r}: expected a column of shape "
+                f"{(n,) + tuple(field.shape)} ({expected(field)} per row), got {column.dtype} array of shape {column.shape}",
+                field=field.name,
+                row=first_row,
+            )
+        return _time_cast(field, column, first_row, per_row=False), None
+    if field.is_time and isinstance(column, np.ndarray) and column.dtype.kind in "iubfc":
+        raise _time_fail(field, first_row, column)
+    if (
         field.inline
+        and not field.is_time
         and field.codec_obj.raw_bytes  # other in-row codecs check each value (check_value)
         and isinstance(column, np.ndarray)
         and column.dtype != object

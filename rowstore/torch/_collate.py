@@ -83,7 +83,8 @@ class _Collator:
                     self._plan.append((f.name, "dense", None))
             if f.nullable:
                 self._plan.append((f.name + NULL_KEY, "dense", None))
-        self.dense_only = all(kind == "dense" for _, kind, _ in self._plan)
+        # The fast path hands the reader's arrays to from_numpy: time fields need their int64 view first.
+        self.dense_only = all(kind == "dense" for _, kind, _ in self._plan) and not any(f.is_time for f in schema)
         self.has_var = any(kind in ("jagged", "strided", "list") for _, kind, _ in self._plan)
 
     def __getstate__(self):
@@ -110,7 +111,7 @@ class _Collator:
             elif kind == "objects":
                 out[key] = v.tolist() if isinstance(v, np.ndarray) else list(v)
             elif kind == "padded":
-                out[key] = torch.from_numpy(pad_ragged(v))
+                out[key] = _tensor(pad_ragged(v))
                 out[key + SHAPE_KEY] = torch.from_numpy(
                     np.ascontiguousarray(v.shapes[:, list(f.variable_dims)])
                 )

@@ -44,7 +44,10 @@ def _castable(src: np.dtype, dst: np.dtype) -> bool:
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
     """``torch.from_numpy`` (a view), copying only what torch cannot view: read-only arrays,
-    negative strides, non-native byte order."""
+    negative strides, non-native byte order. datetime64/timedelta64 arrays (torch has no such
+    dtypes) become int64 tensors of the counts of their unit (a view: NaT is the int64 minimum)."""
+    if a.dtype.kind in "Mm":
+        a = a.view(np.dtype(np.int64).newbyteorder(a.dtype.byteorder))
     if not a.flags.writeable:
         a = a.copy()
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -156,3 +158,17 @@ def test_failure_in_a_later_slice_removes_the_partitions_shards(tmp_path):
     assert manifests(path) == ([], None)
     assert os.listdir(os.path.join(path, "shards")) == []
 
+
+def test_process_scheduler_round_trip(tmp_path):
+    """Dask's multiprocessing scheduler: the partitions pickled to spawned processes, the
+    ShardInfos back (one pool for both writes: starting one takes seconds)."""
+    df = frame(40)
+    path = str(tmp_path / "ds")
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with dask.config.set(scheduler="processes", pool=pool):
+            assert to_rowstore(to_ddf(df, 4), path) == 1
+        lazy = to_rowstore(to_ddf(df, 2), path, mode="a", compute=False, shard_bytes=2000)
+        assert lazy.compute(scheduler="processes", pool=pool) == 2
+    with rowstore.open(path) as r:
+        assert r.layout.num_shards > 6
+    assert_frames_equal(pd.concat([df, df]), read_pandas(path))

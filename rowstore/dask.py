@@ -208,7 +208,8 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     user = dict(attrs or {})
     user[META_KEY] = meta
     sj = schema.to_json()
-    tasks = [dask.delayed(_write_part, pure=False)(p, path, sj, meta, index, shard_bytes, writer_kwargs) for p in ddf.to_delayed()]
+    write = dask.delayed(_write_part, pure=False)
+    tasks = [write(p, path, sj, meta, index, shard_bytes, writer_kwargs) for p in ddf.to_delayed()]
     if not compute:
         return dask.delayed(_commit, pure=False)(tasks, path, mode, user)
     infos = dask.compute(*tasks)  # raises if any partition failed: nothing is committed

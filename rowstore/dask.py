@@ -1,6 +1,6 @@
 """Dask DataFrames in and out of rowstore datasets, written in parallel on the workers.
 
-:func:`to_rowstore` writes each partition as a shard **on the worker that computed it**
+:func:`to_rowstore` writes each partition as shards (of about ``shard_bytes``) **on the worker that computed it**
 (:func:`rowstore.write_shard`: no lock, nothing collected to the client but the small
 :class:`~rowstore.ShardInfo`) and publishes them all with a single :func:`rowstore.commit` once
 every partition succeeded: a failed task leaves the previous version (or nothing) visible; the
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from rowstore.errors import SchemaError
-from rowstore.format import commit, write_shard
+from rowstore.format import commit, spec, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
 from rowstore.pandas import META_KEY, _columns_for, _describe, frame_columns, read_pandas, to_pandas
 from rowstore.reader import Reader
@@ -86,12 +86,70 @@ def _infer(ddf: dd.DataFrame, index: bool) -> tuple[Schema, dict]:
 
 
 # -- writing ----------------------------------------------------------------------------------
-def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, index: bool, options: dict) -> list:
+def _row_nbytes(schema: Schema, columns: dict[str, Any], n: int) -> np.ndarray:
+    """Raw bytes of each row as a shard stores it before compression (what ``shard_bytes``
+    counts): the packed row plus the heap payloads of its cells (ndarrays' ``nbytes``, the
+    UTF-8 lengths of ``str``, lengths of ``bytes``)."""
+    sizes = np.full(n, spec.row_dtype(schema).itemsize, dtype=np.int64)
+    for f in schema:
+        if f.inline:
+            continue
+        col = columns.get(f.name)
+        if col is None:
+            continue
+        if isinstance(col, np.ndarray) and col.dtype != object:
+            sizes += col.nbytes // max(1, len(col))
+            continue
+        sizes += np.fromiter((_cell_nbytes(v) for v in col), dtype=np.int64, count=n)
+    return sizes
+
+
+def _cell_nbytes(v: Any) -> int:
+    if isinstance(v, np.ndarray):
+        return v.nbytes
+    if isinstance(v, str):
+        return len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
+    if isinstance(v, (bytes, bytearray)):
+        return len(v)
+    return memoryview(v).nbytes if isinstance(v, memoryview) else 0
+
+
+def _slices(sizes: np.ndarray, shard_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges of at most ``shard_bytes`` each (one row at least)."""
+    ends = np.cumsum(sizes)
+    out, start, n = [], 0, len(sizes)
+    while start < n:
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + shard_bytes, side="right")))
+        out.append((start, min(stop, n)))
+        start = stop
+    return out
+
+
+def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, index: bool, shard_bytes: int,
+                options: dict) -> list:
+    """Write one partition as shards of about ``shard_bytes`` (consecutive rows, in order); on an
+    error the shards this task already wrote are removed (none is committed)."""
     if len(df) == 0:
         return []
     schema = Schema.from_json(schema_json)
     columns = _columns_for(schema, meta, frame_columns(df, index=index, range_index=False))
-    return [write_shard(path, schema, columns, **options)]
+    n = len(df)
+    bounds = _slices(_row_nbytes(schema, columns, n), shard_bytes)
+    if len(bounds) == 1:
+        return [write_shard(path, schema, columns, **options)]
+    infos: list = []
+    try:
+        for a, b in bounds:
+            infos.append(write_shard(path, schema, {k: v[a:b] for k, v in columns.items()}, **options))
+    except BaseException:
+        for info in infos:
+            try:
+                os.remove(os.path.join(path, info.path))
+            except OSError:
+                pass
+        raise
+    return infos
 
 
 def _commit(infos: list[list], path: str, mode: str, attrs: dict) -> int:
@@ -101,7 +159,8 @@ def _commit(infos: list[list], path: str, mode: str, attrs: dict) -> int:
 def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | None = None, index: bool = True,
                 shard_bytes: int = DEFAULT_SHARD_BYTES, compute: bool = True, mode: str = "w",
                 attrs: dict | None = None, **writer_kwargs: Any) -> Any:
-    """Write a Dask DataFrame as a rowstore dataset directory, one shard per non-empty partition.
+    """Write a Dask DataFrame as a rowstore dataset directory: each non-empty partition as one shard
+    or more (of about ``shard_bytes``), in partition order.
 
     Parameters
     ----------
@@ -117,9 +176,10 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
         Store each partition's index as a field (restored by :func:`read_rowstore` and
         :func:`rowstore.read_pandas`).
     shard_bytes : int
-        Not a split size: partitions are written whole, one shard each (repartition with
-        ``ddf.repartition(partition_size=...)`` to size shards); recorded for symmetry with
-        :class:`~rowstore.DatasetWriter` and checked.
+        Largest shard, in raw bytes before compression (packed rows plus heap payloads, as
+        :class:`~rowstore.DatasetWriter` counts them): a larger partition is written as several
+        shards of consecutive rows, committed in order. Partitions are not merged: repartition
+        (``ddf.repartition(partition_size=...)``) to avoid many small shards.
     compute : bool
         ``True``: write now and return the new manifest version. ``False``: return a
         ``dask.delayed`` whose computation writes the shards and then commits (in the task that
@@ -137,7 +197,7 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     int or dask.delayed.Delayed
         The version committed, or the delayed that commits it.
     """
-    if not isinstance(shard_bytes, int) or shard_bytes < 1:
+    if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
         raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
     path = os.fspath(path)
     inferred, meta = _infer(ddf, index)
@@ -148,7 +208,8 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     user = dict(attrs or {})
     user[META_KEY] = meta
     sj = schema.to_json()
-    tasks = [dask.delayed(_write_part, pure=False)(p, path, sj, meta, index, writer_kwargs) for p in ddf.to_delayed()]
+    write = dask.delayed(_write_part, pure=False)
+    tasks = [write(p, path, sj, meta, index, shard_bytes, writer_kwargs) for p in ddf.to_delayed()]
     if not compute:
         return dask.delayed(_commit, pure=False)(tasks, path, mode, user)
     infos = dask.compute(*tasks)  # raises if any partition failed: nothing is committed

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -112,3 +115,60 @@ def test_bad_cells_and_partition_conflicts(tmp_path):
             to_rowstore(to_ddf(df.iloc[:3], 1), str(tmp_path / "b"),
                         schema=rowstore.Schema([rowstore.Field("w", "int8", (2,)), schema["index"]]))
         assert manifests(str(tmp_path / "b")) == ([], None)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_large_partition_split_into_shards_in_order(tmp_path, scheduler):
+    df = frame(200)
+    path = str(tmp_path / "ds")
+    with dask.config.set(scheduler=scheduler):
+        to_rowstore(to_ddf(df, 2), path, shard_bytes=3000, rows_per_block=8)
+    infos = json.load(open(os.path.join(path, "_manifests", "v00000001.json")))["shards"]
+    assert len(infos) > 4
+    from rowstore.format import spec
+
+    with rowstore.open(path) as r:
+        itemsize = spec.row_dtype(r.schema).itemsize
+        assert sum(r.layout.shard_rows) == 200
+    for s in infos:
+        assert s["rows"] * itemsize + s["heap_nbytes"] <= 3000 or s["rows"] == 1
+    assert_frames_equal(df, read_pandas(path))  # the same rows, in order
+    back = read_rowstore(path)
+    assert back.npartitions == len(infos) and back.known_divisions
+    assert_frames_equal(df, back.compute())
+
+
+def test_shard_bytes_below_one_row_gives_a_shard_per_row(tmp_path):
+    df = frame(7)
+    path = str(tmp_path / "ds")
+    with dask.config.set(scheduler="sync"):
+        to_rowstore(to_ddf(df, 1), path, shard_bytes=1)
+    with rowstore.open(path) as r:
+        assert list(r.layout.shard_rows) == [1] * 7
+    assert_frames_equal(df, read_pandas(path))
+
+
+def test_failure_in_a_later_slice_removes_the_partitions_shards(tmp_path):
+    w = [np.zeros(2, np.float32)] * 30 + [np.zeros(3, np.float32)]
+    df = pd.DataFrame({"w": pd.Series(w, dtype=object)})
+    schema = rowstore.Schema([rowstore.Field("w", "float32", (2,)), rowstore.Field("index", "int64")])
+    path = str(tmp_path / "ds")
+    with dask.config.set(scheduler="sync"), pytest.raises(RowValidationError, match="field 'w'"):
+        to_rowstore(to_ddf(df, 1), path, schema=schema, shard_bytes=64)
+    assert manifests(path) == ([], None)
+    assert os.listdir(os.path.join(path, "shards")) == []
+
+
+def test_process_scheduler_round_trip(tmp_path):
+    """Dask's multiprocessing scheduler: the partitions pickled to spawned processes, the
+    ShardInfos back (one pool for both writes: starting one takes seconds)."""
+    df = frame(40)
+    path = str(tmp_path / "ds")
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with dask.config.set(scheduler="processes", pool=pool):
+            assert to_rowstore(to_ddf(df, 4), path) == 1
+        lazy = to_rowstore(to_ddf(df, 2), path, mode="a", compute=False, shard_bytes=2000)
+        assert lazy.compute(scheduler="processes", pool=pool) == 2
+    with rowstore.open(path) as r:
+        assert r.layout.num_shards > 6
+    assert_frames_equal(pd.concat([df, df]), read_pandas(path))

@@ -81,6 +81,22 @@ def write_shards(root: str, schema, n: int, shards: int) -> None:
                          shards=entries, blocks=blocks, heap_chunks=chunks)  # fmt: skip
 
 
+def linked_dataset(root: str, one: str, schema, nshards: int, *, rows: int, rows_per_block: int) -> None:
+    """A dataset of ``nshards`` hard links of one shard file of ``rows`` rows: many shard files
+    without writing as many HDF5 files."""
+    with rowstore.Writer(one, schema, rows_per_block=rows_per_block) as w:
+        w.write_batch(columns(schema, 0, rows))
+    L = Layout.open(one)
+    entries = []
+    for k in range(nshards):
+        rel = f"{manifest.SHARD_DIR}/part-{k:05d}.h5"
+        os.link(one, os.path.join(root, rel))
+        entries.append(manifest.shard_entry(rel, L))
+    with manifest.commit_lock(root):
+        manifest.publish(root, schema=schema, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
+                         shards=entries, blocks=[L.blocks] * nshards, heap_chunks=[L.heap_chunks] * nshards)  # fmt: skip
+
+
 def epoch_rate(reader, batch: int, shuffle: str, epoch: int) -> float:
     t = time.perf_counter()
     n = 0
@@ -122,18 +138,7 @@ def bench_open(d: str, repeats: int, nshards: int) -> dict:
     schema = WORKLOADS["tiny"][0]
     root = os.path.join(d, "many")
     os.makedirs(os.path.join(root, manifest.SHARD_DIR))
-    one = os.path.join(d, "one.h5")
-    with rowstore.Writer(one, schema, rows_per_block=32) as w:
-        w.write_batch(columns(schema, 0, 100))
-    L = Layout.open(one)
-    entries = []
-    for k in range(nshards):  # hard links: 10,000 shard files without writing 10,000 HDF5 files
-        rel = f"{manifest.SHARD_DIR}/part-{k:05d}.h5"
-        os.link(one, os.path.join(root, rel))
-        entries.append(manifest.shard_entry(rel, L))
-    with manifest.commit_lock(root):
-        manifest.publish(root, schema=schema, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
-                         shards=entries, blocks=[L.blocks] * nshards, heap_chunks=[L.heap_chunks] * nshards)  # fmt: skip
+    linked_dataset(root, os.path.join(d, "one.h5"), schema, nshards, rows=100, rows_per_block=32)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -170,18 +175,7 @@ def bench_scale(d: str, repeats: int, nshards: int = 1000, blocks_per_shard: int
     schema = WORKLOADS["tiny"][0]
     root = os.path.join(d, "million")
     os.makedirs(os.path.join(root, manifest.SHARD_DIR))
-    one = os.path.join(d, "one_row_blocks.h5")
-    with rowstore.Writer(one, schema, rows_per_block=1) as w:
-        w.write_batch(columns(schema, 0, blocks_per_shard))
-    L = Layout.open(one)
-    entries = []
-    for k in range(nshards):
-        rel = f"{manifest.SHARD_DIR}/part-{k:05d}.h5"
-        os.link(one, os.path.join(root, rel))
-        entries.append(manifest.shard_entry(rel, L))
-    with manifest.commit_lock(root):
-        manifest.publish(root, schema=schema, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
-                         shards=entries, blocks=[L.blocks] * nshards, heap_chunks=[L.heap_chunks] * nshards)  # fmt: skip
+    linked_dataset(root, os.path.join(d, "one_row_blocks.h5"), schema, nshards, rows=blocks_per_shard, rows_per_block=1)
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     times = []

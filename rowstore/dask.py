@@ -75,12 +75,19 @@ def _all_meta(meta: dict) -> list[dict]:
     return (idx["levels"] if idx and idx["kind"] == "levels" else []) + meta["columns"]
 
 
-def _infer(ddf: dd.DataFrame, index: bool) -> tuple[Schema, dict]:
-    """From ``meta`` when no column is of object dtype (dtypes say everything); else one pass
+def _infer(ddf: dd.DataFrame, index: bool, schema: Schema | None = None) -> tuple[Schema, dict]:
+    """From ``meta`` when no column is of object dtype (dtypes say everything) or when a schema
+    is given (it says what object columns hold: ndarray cells for numeric fields); else one pass
     that describes each partition on the workers and merges the descriptions here."""
     head = ddf._meta
     if not any(getattr(dt, "kind", None) == "O" for dt in list(head.dtypes) + [head.index.dtype]):
         return _merge([_describe_part(head, index)])
+    if schema is not None:  # no pass over the data (which would compute every partition twice)
+        sj, meta = _describe_part(head, index)  # object columns of an empty frame look like str
+        for m in _all_meta(meta):
+            if m.get("kind") == "object" and m["field"] in schema.names and schema[m["field"]].numpy_dtype.kind != "O":
+                m["kind"] = "ndarray"
+        return Schema.from_json(sj), meta
     parts = dask.compute(*[dask.delayed(_describe_part)(p, index) for p in ddf.to_delayed()])
     return _merge(list(parts))
 
@@ -169,9 +176,11 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     path : str or os.PathLike
         The dataset directory; every worker must see it (a shared filesystem for a cluster).
     schema : Schema, optional
-        The fields (names as :func:`rowstore.pandas.infer_schema` gives them). Default: inferred
-        from ``ddf._meta`` when no column is of object dtype, else by one pass over the
-        partitions (each described on its worker; only the descriptions travel).
+        The fields (names as :func:`rowstore.pandas.infer_schema` gives them); given, the data is
+        read once (object columns hold ndarray cells for numeric fields, str/bytes otherwise).
+        Default: inferred from ``ddf._meta`` when no column is of object dtype, else by one pass
+        over the partitions (each described on its worker; only the descriptions travel: the
+        partitions are computed twice unless persisted).
     index : bool
         Store each partition's index as a field (restored by :func:`read_rowstore` and
         :func:`rowstore.read_pandas`).
@@ -200,7 +209,7 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
         raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
     path = os.fspath(path)
-    inferred, meta = _infer(ddf, index)
+    inferred, meta = _infer(ddf, index, schema)
     if schema is None:
         schema = inferred
     elif sorted(schema.names) != sorted(inferred.names):

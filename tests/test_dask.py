@@ -172,3 +172,27 @@ def test_process_scheduler_round_trip(tmp_path):
     with rowstore.open(path) as r:
         assert r.layout.num_shards > 6
     assert_frames_equal(pd.concat([df, df]), read_pandas(path))
+
+
+def test_a_given_schema_writes_without_the_describing_pass(tmp_path):
+    """With schema= the partitions are computed once: each is counted when it is built."""
+    df = frame(40)
+    calls = []
+
+    def part(i):
+        calls.append(i)
+        return df.iloc[i * 10 : (i + 1) * 10]
+
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_map(part, range(4), meta=df.iloc[:0], enforce_metadata=False)
+    inferred, given = str(tmp_path / "inferred"), str(tmp_path / "given")
+    with dask.config.set(scheduler="sync"):
+        to_rowstore(ddf, inferred)
+        assert sorted(calls) == [0, 0, 1, 1, 2, 2, 3, 3]  # described, then written
+        with rowstore.open(inferred) as r:
+            schema = r.schema
+        calls.clear()
+        assert to_rowstore(ddf, given, schema=schema) == 1
+    assert sorted(calls) == [0, 1, 2, 3]  # once each
+    assert_frames_equal(df, read_pandas(given))
+    assert_frames_equal(read_pandas(inferred), read_pandas(given))

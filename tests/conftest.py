@@ -207,6 +207,17 @@ def run_python(code: str, *args: str, timeout: float = 120, **kwargs: Any) -> su
                           text=True, timeout=timeout, **kwargs)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(name: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """Run ``examples/<name>`` with this interpreter, this checkout's rowstore first on
+    ``PYTHONPATH`` (worker processes the example starts import it too), extra ``env`` set."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path, **env})  # fmt: skip
+
+
 # -- fixtures -------------------------------------------------------------------------------
 @pytest.fixture
 def h5path(tmp_path) -> str:
@@ -239,6 +250,7 @@ class _Helpers:
     assert_rows_equal = staticmethod(assert_rows_equal)
     assert_batch_equal = staticmethod(assert_batch_equal)
     run_python = staticmethod(run_python)
+    run_example = staticmethod(run_example)
     files_in = staticmethod(files_in)
 
 

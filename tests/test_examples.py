@@ -8,9 +8,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_quickstart_example(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py"), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+def test_quickstart_example(tmp_path, rs):
+    out = rs.run_example("quickstart.py", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "refused: row 1000: field 'image'" in out.stdout
     assert "epoch 1: 1000 rows" in out.stdout

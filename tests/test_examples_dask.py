@@ -2,8 +2,6 @@
 that rowstore.open and read_rowstore read back whole."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -11,16 +9,10 @@ pytest.importorskip("pandas")
 pytest.importorskip("dask.dataframe")
 pytest.importorskip("distributed")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_dask_cluster_example(tmp_path):
-    # PYTHONPATH: the rowstore of this checkout (the worker processes import it too).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "dask_cluster.py"), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+def test_dask_cluster_example(tmp_path, rs):
+    out = rs.run_example("dask_cluster.py", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "wrote 16 partitions as version 1" in out.stdout
     assert "2400 rows in 32 shards" in out.stdout  # each ~5 MB partition split at shard_bytes=4 MB

@@ -1,24 +1,15 @@
 """examples/train_torch.py runs as written (CPU) and its models learn."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_train_torch_example(tmp_path):
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "train_torch.py"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_train_torch_example(tmp_path, rs):
+    out = rs.run_example("train_torch.py", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "output schema: ['x', 'label']" in out.stdout
     assert "resumed at epoch 1, row 2560: 22 batches left" in out.stdout
@@ -29,13 +20,8 @@ def test_train_torch_example(tmp_path):
         assert float(last) < float(first), out.stdout
 
 
-def test_dataset_example(tmp_path):
-    # PYTHONPATH: the rowstore of this checkout, also where the environment installs another one.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "dataset.py"), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+def test_dataset_example(tmp_path, rs):
+    out = rs.run_example("dataset.py", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "6700 rows in 3 shards" in out.stdout
     losses = re.findall(r"(\d+) batches, loss (\d+\.\d+) -> (\d+\.\d+)", out.stdout)
@@ -43,10 +29,9 @@ def test_dataset_example(tmp_path):
     assert float(losses[-1][2]) < float(losses[0][1]), out.stdout
 
 
-def test_pandas_speech_example(tmp_path):
+def test_pandas_speech_example(tmp_path, rs):
     pytest.importorskip("pandas")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "pandas_speech.py"), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = rs.run_example("pandas_speech.py", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "('wave', 'float32', (None,))" in out.stdout
     assert "round trip exact: True" in out.stdout

@@ -45,11 +45,14 @@ __all__ = [
 ]  # fmt: skip
 
 
-_LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas"}
+_LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas",
+         # global shuffle (rowstore.global_shuffle) and dataset-order figures (rowstore.quality)
+         "shuffle": "rowstore.global_shuffle", "order_quality": "rowstore.quality"}
 
 
 def __getattr__(name):
-    """``rowstore.from_pandas`` and ``rowstore.read_pandas`` import pandas on first use only."""
+    """``rowstore.from_pandas`` and ``rowstore.read_pandas`` import pandas on first use only
+    (``rowstore.shuffle`` and ``rowstore.order_quality`` likewise import their modules)."""
     if name in _LAZY:
         import importlib
 

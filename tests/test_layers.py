@@ -19,6 +19,7 @@ LAYERS = [
     ("kernels", ["rowstore.kernels", "rowstore._"]),  # the compiled modules rowstore._<name>
     ("format", ["rowstore.format"]),
     ("reader", ["rowstore.reader"]),
+    ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
     ("integrations", ["rowstore.pandas", "rowstore.dask"]),
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),

@@ -211,6 +211,25 @@ class RowPacker:
             raise
         self.n += take
 
+    def add_raw(self, rows: np.ndarray, heap: np.ndarray, origin: int) -> None:
+        """Add stored rows as they are (a :class:`~rowstore.format._raw.RawRows`' parts): their
+        heap references, which address ``heap`` from reference value ``origin`` on, are moved to
+        the end of this heap, where ``heap`` is appended."""
+        m = len(rows)
+        if len(heap) and self.heap_pos + len(heap) > spec.MAX_HEAP_BYTES:
+            raise _too_big(self.schema[self.heap_fields[0]], self.num_rows, f"the heap with these rows ({self.heap_pos + len(heap)} bytes)",
+                           "MAX_HEAP_BYTES")  # fmt: skip
+        self.ensure_capacity(m)
+        lo = self.n
+        self.rows[lo : lo + m] = rows
+        for name in self.heap_fields:
+            ref = self.rows[name]["offset"][lo : lo + m]
+            ref -= np.uint64(origin)  # references lie at or past origin (RawRows), so no wrap
+            ref += np.uint64(self.heap_pos)
+        self.heap += heap.data.cast("B") if heap.ndim == 1 and heap.flags.c_contiguous else bytes(heap)
+        self.heap_pos += len(heap)
+        self.n += m
+
     def _undo(self, heap_len: int, heap_pos: int, count: int) -> None:
         """Drop what rows being added stored (heap bytes, partly filled slots)."""
         del self.heap[heap_len:]

@@ -34,6 +34,7 @@ from rowstore.format._pack import (
     first_rows_per_block,
     max_rows_per_block,
 )
+from rowstore.format._raw import RawRows
 from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
 from rowstore.format.validate import as_columns, check_column, check_value
@@ -248,6 +249,29 @@ class Writer(Closing):
                 # closes as soon as it holds block_bytes (a batch may be far larger).
                 take = 1 if self._heap_fields else n - done
             self._packer.add_columns(parts if take == n else [values[done : done + take] for values in parts], take)
+            done += take
+            self._after_rows()
+
+    def write_raw(self, raw: RawRows) -> None:
+        """Add stored rows as they are, undecoded (:class:`~rowstore.format._raw.RawRows` of a
+        file with this schema, e.g. from :func:`~rowstore.format._raw.take_raw`): row records are
+        copied, heap payloads appended and their references rewritten. Nothing is validated
+        again: the rows must come from a rowstore file of the same schema (whose reader checked
+        every reference)."""
+        self._check_open()
+        if raw.rows.dtype != self._packer.row_dtype:
+            raise ValueError(f"write_raw: rows of dtype {raw.rows.dtype} do not match this file's row dtype "
+                             f"{self._packer.row_dtype}")  # fmt: skip
+        n = len(raw)
+        if self._rpb is None and n:
+            avg = max(1, raw.nbytes // n)
+            self._rpb = int(min(max(1, self._block_bytes // avg), max_rows_per_block(self._packer.itemsize)))
+        done = 0
+        while done < n:  # in slices that fit the pending block (the packer's buffer stays one block)
+            assert self._rpb is not None
+            take = min(self._rpb - self._packer.n, n - done) if self._packer.n < self._rpb else n - done
+            part = raw.slice(done, done + take)
+            self._packer.add_raw(part.rows, part.heap, part.origin)
             done += take
             self._after_rows()
 

@@ -1,0 +1,311 @@
+"""Out-of-core global shuffle: a uniform random permutation of a file or dataset larger than
+memory, written as a new dataset, moving stored rows undecoded.
+
+Two passes (see :mod:`._passes`): pass 1 streams the input block by block and appends each row,
+raw, to the pile of its random key's range; pass 2 loads one pile at a time, sorts it by key and
+writes output shards (a pile larger than the budget is scattered again, never loaded whole).
+The order is the input sorted by per-row random keys (:mod:`._plan`): uniform, a function of
+the seed and the input only (not of the memory budget, the number of piles or of workers).
+
+The output appears only at the end: shards are written into a locked staging directory beside
+it, committed there as a dataset, and the directory is renamed onto ``out_path``. Temporary
+directories are removed on success and on failure; those of a killed run are removed by the next
+run (:mod:`._work`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rowstore.format import manifest
+from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo, commit
+from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
+from rowstore.global_shuffle._passes import (
+    Counters,
+    OutputOptions,
+    Pile,
+    input_feed,
+    peak_rss,
+    scatter,
+    write_pile,
+)
+from rowstore.global_shuffle._plan import (
+    KEY_SPACE,
+    MIN_MEMORY,
+    ROW_OVERHEAD,
+    Plan,
+    key_bounds,
+    make_plan,
+    parse_bytes,
+)
+from rowstore.global_shuffle._progress import Progress
+from rowstore.global_shuffle._work import LockedDir, remove_stale
+from rowstore.reader._args import nonneg_int
+from rowstore.reader.raw import RawSource
+from rowstore.schema import Schema
+
+__all__ = ["shuffle", "ShuffleReport", "PassReport", "parse_bytes"]
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """One pass: rows and raw bytes (row records + payloads) moved, file bytes read and
+    written, seconds."""
+
+    rows: int
+    nbytes: int
+    file_read: int
+    file_written: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / max(self.seconds, 1e-9)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.nbytes / 1e6 / max(self.seconds, 1e-9)
+
+
+@dataclass(frozen=True)
+class ShuffleReport:
+    """What :func:`shuffle` did.
+
+    ``passes`` counts passes over the data (2, plus the deepest re-split of a pile);
+    ``peak_rss`` is the peak resident memory of the processes that ran the passes (this one, or
+    the largest Dask worker's), ``rss_before`` this process's RSS when the shuffle started.
+    """
+
+    output: str
+    rows: int
+    nbytes: int
+    passes: int
+    piles: int
+    splits: int
+    memory: int
+    peak_rss: int
+    rss_before: int
+    seconds: float
+    pass1: PassReport
+    pass2: PassReport
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        mib = 2**20
+        lines = [
+            f"shuffled {self.rows:,} rows ({self.nbytes / mib:,.1f} MiB) into {self.output} in {self.seconds:.2f} s",
+            f"passes {self.passes} ({self.piles} piles, {self.splits} split again), memory budget "
+            f"{self.memory / mib:,.0f} MiB, peak RSS {self.peak_rss / mib:,.0f} MiB",
+        ]
+        for name, p in (("pass 1 (scatter)", self.pass1), ("pass 2 (sort + write)", self.pass2)):
+            lines.append(f"{name}: {p.seconds:.2f} s, {p.rows_per_s:,.0f} rows/s, {p.mb_per_s:,.1f} MB/s; "
+                         f"read {p.file_read / mib:,.1f} MiB, wrote {p.file_written / mib:,.1f} MiB")  # fmt: skip
+        return "\n".join(lines)
+
+
+def _rss_now() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+# -- tasks (module-level: they pickle to Dask workers) ------------------------------------------
+def scatter_task(in_path: str, seed: int, blocks: tuple[int, int], bounds: list[int], directory: str, tag: str,
+                 block_bytes: int, verify: bool | str = True,
+                 progress: Callable[[int, int], None] | None = None) -> tuple[list[str | None], Counters]:
+    """Pass 1 over input blocks ``[blocks[0], blocks[1])``: the pile parts written (one per key
+    range, None where empty) and what was moved."""
+    c = Counters()
+    with RawSource(in_path, verify=verify) as src:
+        parts = scatter(input_feed(src, seed, range(*blocks)), bounds, directory, tag, src.schema, block_bytes, c,
+                        progress)  # fmt: skip
+        a = src.layout.arrays()
+        c.file_read += int(a["stored"][blocks[0] : blocks[1]].sum())
+    c.peak_rss = peak_rss()
+    return parts, c
+
+
+def pile_task(pile: Pile, root: str, schema_json: str, plan: Plan, opts: OutputOptions, split_dir: str,
+              progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardInfo], Counters]:
+    """Pass 2 for one pile: its output shards, in order, and what was moved."""
+    c = Counters()
+    infos = write_pile(pile, root, Schema.from_json(schema_json), plan, opts, c, split_dir, progress)
+    c.peak_rss = peak_rss()
+    return infos, c
+
+
+Mapper = Callable[[Callable[..., Any], Sequence[tuple], Sequence[int], Progress], list]
+
+
+def serial_map(fn: Callable[..., Any], args: Sequence[tuple], weights: Sequence[int], progress: Progress) -> list:
+    """Run tasks here, one after the other, with live progress."""
+    return [fn(*a, progress=progress.update) for a in args]
+
+
+# -- the run -----------------------------------------------------------------------------------
+def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str]:
+    if not os.path.exists(in_path):
+        raise FileNotFoundError(f"shuffle: input {in_path!r} does not exist")
+    if os.path.lexists(out_path):
+        raise FileExistsError(f"shuffle: output {out_path!r} exists; shuffle writes a new dataset (remove it first)")
+    parent = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"shuffle: the output's directory {parent!r} does not exist")
+    work = parent if tmp is None else os.fspath(tmp)
+    if not os.path.isdir(work):
+        raise NotADirectoryError(f"shuffle: tmp {work!r} is not a directory")
+    return parent, work
+
+
+def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
+        tmp: str | os.PathLike | None, shard_bytes: int | str, block_bytes: int, compression: Any,
+        verify: bool | str, progress: bool, tasks: int, mapper: Mapper, info: Callable[[], dict] | None = None
+        ) -> ShuffleReport:  # fmt: skip
+    """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
+    t0 = time.perf_counter()
+    rss0 = _rss_now()
+    nonneg_int("seed", seed)
+    budget = parse_bytes(memory, "memory")
+    if budget < MIN_MEMORY:
+        raise ValueError(f"memory must be at least {MIN_MEMORY >> 20} MiB, got {memory!r}")
+    shard_limit = parse_bytes(shard_bytes, "shard_bytes")
+    if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or not 1 <= block_bytes <= 1 << 30:
+        raise ValueError(f"block_bytes must be an int in 1..{1 << 30}, got {block_bytes!r}")
+    src_path, dst_path = os.fspath(in_path), os.fspath(out_path)
+    parent, work = _check_paths(src_path, dst_path, None if tmp is None else os.fspath(tmp))
+    with RawSource(src_path, verify=verify) as src:
+        L = src.layout
+        schema = L.schema
+        rows, rs = L.num_rows, L.row_dtype.itemsize
+        data = rows * rs + L.heap_nbytes
+        nblocks = L.num_blocks
+        comp = dict(L.compression) if compression == "same" else compression
+        opts = OutputOptions(shard_limit, block_bytes, comp, L.heap_chunk_bytes)
+        attrs = dict(L.user_attrs)
+        in_stored = L.stored_nbytes
+    for d in {parent, work}:
+        remove_stale(d)
+    plan = make_plan(budget, data + ROW_OVERHEAD * rows, block_bytes=block_bytes)
+    bounds = key_bounds(0, KEY_SPACE, plan.num_piles)
+    piles_dir = LockedDir(work, "piles")
+    staging = LockedDir(parent, "out")
+    try:
+        # pass 1
+        ntasks = max(1, min(tasks, nblocks))
+        ranges = [(nblocks * t // ntasks, nblocks * (t + 1) // ntasks) for t in range(ntasks)]
+        p1 = Progress("pass 1: scatter", data, enabled=progress)
+        args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, verify)
+                 for t, r in enumerate(ranges)]  # fmt: skip
+        weights1 = [r[1] - r[0] for r in ranges]
+        results1 = mapper(scatter_task, args1, weights1, p1)
+        p1.close()
+        c1 = Counters()
+        for _, c in results1:
+            c1.add(c)
+        c1.file_read = in_stored
+        s1 = p1.seconds
+        piles = [Pile(f"p{q:06d}", bounds[q], bounds[q + 1], tuple(parts[q] for parts, _ in results1 if parts[q]))
+                 for q in range(plan.num_piles)]  # fmt: skip
+        # pass 2
+        os.makedirs(os.path.join(staging.path, manifest.SHARD_DIR))
+        p2 = Progress("pass 2: sort + write", data, enabled=progress)
+        args2 = [(pile, staging.path, schema.to_json_str(), plan, opts, piles_dir.path) for pile in piles]
+        results2 = mapper(pile_task, args2, [len(p.parts) for p in piles], p2)
+        p2.close()
+        c2 = Counters()
+        infos: list[ShardInfo] = []
+        for shard_infos, c in results2:
+            infos += shard_infos
+            c2.add(c)
+        s2 = p2.seconds
+        if not infos:  # an empty input: one empty shard (a dataset names at least one)
+            rel = f"{manifest.SHARD_DIR}/empty.h5"
+            with Writer(os.path.join(staging.path, rel), schema, mode="x", compression=comp,
+                        heap_chunk_bytes=L.heap_chunk_bytes):  # fmt: skip
+                pass
+            from rowstore.format.index import Layout
+
+            infos = [ShardInfo.from_layout(rel, Layout.open(os.path.join(staging.path, rel)))]
+        commit(staging.path, infos, mode="x", attrs=attrs)
+        os.rename(staging.path, dst_path)  # the output appears, whole
+        _fsync_dir(parent)
+    except BaseException:
+        staging.remove()
+        piles_dir.remove()
+        raise
+    staging.release()
+    piles_dir.remove()
+    extra = info() if info is not None else {}
+    return ShuffleReport(
+        output=dst_path, rows=rows, nbytes=data, passes=2 + max(c1.depth, c2.depth), piles=plan.num_piles,
+        splits=c2.splits, memory=budget, peak_rss=max(c1.peak_rss, c2.peak_rss), rss_before=rss0,
+        seconds=time.perf_counter() - t0,
+        pass1=PassReport(c1.rows, c1.nbytes, c1.file_read, c1.file_written, s1),
+        pass2=PassReport(c2.rows, c2.nbytes, c2.file_read, c2.file_written, s2), extra=extra,
+    )  # fmt: skip
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
+            tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+            block_bytes: int = DEFAULT_BLOCK_BYTES, compression: Any = "same", verify: bool | str = True,
+            progress: bool = False) -> ShuffleReport:  # fmt: skip
+    """Write a uniformly shuffled copy of a file or dataset as a new dataset, through bounded memory.
+
+    Parameters
+    ----------
+    in_path : str or os.PathLike
+        A ``.h5`` file or a dataset directory.
+    out_path : str or os.PathLike
+        The dataset directory to create (must not exist). It appears only when complete.
+    memory : int or str
+        Memory budget: ``"2GB"``, ``"256MiB"`` or bytes (at least 4 MiB). Peak RSS stays within
+        it plus a constant (the interpreter, libraries, the input's index: see
+        docs/performance.md).
+    seed : int
+        The permutation is a pure function of ``seed`` and the input's rows: the same for any
+        ``memory``, ``tmp`` or number of workers (:func:`rowstore.dask.shuffle` gives the same
+        output as this function).
+    tmp : str or os.PathLike, optional
+        Directory for the piles (about the input's size, consumed pile by pile in pass 2);
+        default: the output's directory.
+    shard_bytes : int or str
+        Target raw bytes of an output shard (each pile's rows start a new shard).
+    block_bytes : int
+        Target bytes of an output block.
+    compression : "same", None, str or dict
+        The output's block compression; ``"same"`` (default): the input's.
+    verify : bool or "always"
+        Checksum every input chunk read (default).
+    progress : bool
+        Show a progress bar per pass on stderr (tqdm if installed). Quiet by default.
+
+    Returns
+    -------
+    ShuffleReport
+        Rows, bytes, passes, piles, peak memory, seconds per pass; ``.summary()`` as text.
+
+    Notes
+    -----
+    Stored rows move as bytes: encoded images stay encoded, variable-length values and strings
+    are copied as stored. Disk: the input, the output and the piles (about one input size at
+    the start of pass 2, then shrinking as the output grows: at most input + output + one pile
+    at any time). The piles' and staging directories are removed on success and on failure; a
+    killed run leaves them locked-free, and the next shuffle into the same directories removes
+    them. User attributes are copied.
+    """
+    return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
+               compression=compression, verify=verify, progress=progress, tasks=1, mapper=serial_map)

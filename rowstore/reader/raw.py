@@ -1,0 +1,108 @@
+"""Stored rows of a file or dataset, undecoded: what a global shuffle moves between files.
+
+:class:`RawSource` loads one block at a time (or a whole small file) through the reader's
+gatherer, so every chunk is checksummed and decompressed as a read would, and returns
+:class:`~rowstore.format._raw.RawRows`: row records and heap payloads as bytes, references
+checked against their block's heap range and rewritten to the copied payloads.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from rowstore.format._raw import RawRows, heap_refs, take_raw
+from rowstore.reader.dataset import Reader
+
+__all__ = ["RawSource"]
+
+
+class RawSource:
+    """A file or dataset read as stored rows.
+
+    Parameters
+    ----------
+    path : str, os.PathLike or list of them
+        As :func:`rowstore.open` takes.
+    verify : bool or "always"
+        As for :class:`~rowstore.reader.Reader` (chunks are always read whole here, so with
+        ``True`` every chunk read is checksummed).
+
+    Not thread-safe (one reusable block buffer); cheap to create in each worker.
+    """
+
+    def __init__(self, path: str | os.PathLike | list, *, verify: bool | str = True):
+        self.reader = Reader(path, verify=verify, num_threads=1)
+        self.layout = self.reader.layout
+        self.schema = self.layout.schema
+        self.row_dtype = self.layout.row_dtype
+        self.refs = heap_refs(self.schema, self.row_dtype)
+        self._g = self.reader._gatherer
+        self._buf = np.empty(0, np.uint8)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> RawSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.layout.num_blocks
+
+    def block_rows(self, k: int) -> tuple[int, int]:
+        """``(first dataset row, rows)`` of block ``k``."""
+        a = self.layout.arrays()
+        return int(a["first"][k]), int(a["num_rows"][k])
+
+    def block_nbytes(self, k: int) -> int:
+        """Raw bytes of block ``k``'s valid rows plus its heap range."""
+        a = self.layout.arrays()
+        return int(a["num_rows"][k]) * self.row_dtype.itemsize + int(a["heap_end"][k] - a["heap_start"][k])
+
+    def block(self, k: int, order: np.ndarray | None = None) -> RawRows:
+        """The rows of block ``k`` (all, in order; or ``order``: positions within the block),
+        with their payloads, checked."""
+        a = self.layout.arrays()
+        n = int(a["num_rows"][k])
+        if self._buf.nbytes < self.layout.block_raw_bytes:
+            self._buf = np.empty(self.layout.block_raw_bytes, np.uint8)
+        which = np.array([k], np.int64)
+        self._g._load(which, "block", self._buf)
+        idx = np.arange(n, dtype=np.int64) if order is None else order
+        sh = int(self.layout.block_shard[k])
+        where = f"{self.layout.shard_paths[sh]!r}: block {k - self.layout.shard_block0(sh)}"
+        if not self.refs:
+            return take_raw(self._buf[: n * self.row_dtype.itemsize], self.row_dtype, [], idx, self._buf[:0],
+                            base=0, lo=0, hi=0, where=where)  # fmt: skip
+        heap, lo, hi, base = self._g._heap_context(which)
+        return take_raw(self._buf[: n * self.row_dtype.itemsize], self.row_dtype, self.refs, idx, heap,
+                        base=int(base[0]), lo=int(lo[0]), hi=int(hi[0]), where=where)  # fmt: skip
+
+    @property
+    def rows_nbytes(self) -> int:
+        """Bytes :meth:`load_into` needs for the rows (whole blocks)."""
+        return self.layout.num_blocks * self.layout.block_raw_bytes
+
+    @property
+    def heap_nbytes(self) -> int:
+        """Bytes :meth:`load_into` needs for the heap (whole heap chunks)."""
+        return len(self.layout.heap_chunks) * self.layout.heap_chunk_bytes
+
+    def load_into(self, rows: np.ndarray, heap: np.ndarray) -> None:
+        """Load a one-file source whole (for files that fit in memory: a shuffle's piles):
+        its blocks into ``rows`` (``rows_nbytes``; row ``i`` at byte ``i * row size``) and
+        its heap chunks into ``heap`` (``heap_nbytes``; heap references address it directly)."""
+        L = self.layout
+        if L.num_shards != 1:
+            raise ValueError("load_into reads a single file")
+        if rows.nbytes != self.rows_nbytes or heap.nbytes != self.heap_nbytes:
+            raise ValueError("load_into: destinations of the wrong size")
+        if L.num_blocks:
+            self._g._load(np.arange(L.num_blocks, dtype=np.int64), "block", rows)
+        if len(L.heap_chunks):
+            self._g._load(np.arange(len(L.heap_chunks), dtype=np.int64), "heap chunk", heap)

@@ -38,7 +38,7 @@ from rowstore.pandas import META_KEY, _columns_for, _describe, frame_columns, re
 from rowstore.reader import Reader
 from rowstore.schema import Schema
 
-__all__ = ["to_rowstore", "read_rowstore"]
+__all__ = ["to_rowstore", "read_rowstore", "shuffle"]
 
 
 # -- schema over all partitions -----------------------------------------------------------------
@@ -288,3 +288,58 @@ def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks
             return dd.from_pandas(meta_df, npartitions=1)
         return dd.from_map(_read_part, bounds, path=path, fields=fields, version=version, meta=meta_df,
                            divisions=divisions, enforce_metadata=False)  # fmt: skip
+
+
+# -- global shuffle on a cluster (issue 13) -----------------------------------------------------
+def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
+            tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+            block_bytes: int = 1 << 20, compression: Any = "same", verify: bool | str = True, progress: bool = False,
+            client: Any = None, tasks: int | None = None) -> Any:  # fmt: skip
+    """:func:`rowstore.shuffle` with both passes run as tasks on a ``dask.distributed`` cluster.
+
+    Pass 1: ``tasks`` tasks (default: two per worker thread) each scatter a contiguous range of
+    input blocks to their own pile files; pass 2: one task per pile (its parts from every pass-1
+    task, in input order) sorts it and writes its output shards; the client commits once and
+    renames the dataset into place. The output is *the same* as :func:`rowstore.shuffle`'s for
+    the same seed (rows and their order; shard boundaries follow the piles, which depend on
+    ``memory``).
+
+    ``memory`` is the budget of one task (a worker running T threads may use T budgets). The
+    workers must see ``in_path``, ``tmp`` and the output's directory at the same paths (a
+    shared filesystem). ``client``: a ``distributed.Client`` (default: the current one).
+    Returns a :class:`rowstore.global_shuffle.ShuffleReport` (``peak_rss``: the largest
+    worker's).
+    """
+    import distributed
+
+    from rowstore.global_shuffle import run
+
+    if client is None:
+        try:
+            client = distributed.get_client()
+        except ValueError:
+            raise ValueError("rowstore.dask.shuffle needs a dask.distributed Client (pass client=, or create one "
+                             "first); for one machine without Dask use rowstore.shuffle") from None  # fmt: skip
+    if tasks is None:
+        threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
+        tasks = 2 * max(1, threads)
+    elif not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1:
+        raise ValueError(f"tasks must be a positive int, got {tasks!r}")
+
+    def mapper(fn, args, weights, bar):
+        futures = [client.submit(fn, *a, pure=False) for a in args]
+        where = {f.key: i for i, f in enumerate(futures)}
+        results: list = [None] * len(futures)
+        try:
+            for fut in distributed.as_completed(futures):
+                res = fut.result()
+                results[where[fut.key]] = res
+                bar.update(res[1].rows, res[1].nbytes)
+        except BaseException:
+            client.cancel(futures)
+            distributed.wait(futures, timeout=60, return_when="ALL_COMPLETED")  # before the caller removes the piles
+            raise
+        return results
+
+    return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
+               compression=compression, verify=verify, progress=progress, tasks=tasks, mapper=mapper)

@@ -5,6 +5,8 @@
     rowstore verify PATH      read every block (of every shard) and check checksums
     rowstore gc PATH          remove killed writers' temporary files; for a dataset directory,
                               list (with --delete: remove) old versions and unreferenced shards
+    rowstore shuffle IN OUT --memory 2GB --seed N   a globally shuffled copy (a new dataset)
+    rowstore quality PATH     how ordered it is (rank correlation, batch spread, block mixing)
 
 PATH is a ``.h5`` file or a dataset directory.
 """
@@ -172,6 +174,62 @@ def _positive(text: str) -> int:
     return n
 
 
+# -- shuffle and quality (issue 13) ------------------------------------------------------------
+def _add_shuffle_commands(sub: Any) -> None:
+    p = sub.add_parser("shuffle", help="write a globally shuffled copy as a new dataset, through bounded memory "
+                                       "(two passes over raw stored rows)")
+    p.add_argument("input", help="a .h5 file or a dataset directory")
+    p.add_argument("output", help="the dataset directory to create (must not exist; appears only when complete)")
+    p.add_argument("--memory", default="2GB", help="memory budget, e.g. 2GB, 512MiB (default 2GB)")
+    p.add_argument("--seed", type=int, default=0, help="the permutation's seed (default 0)")
+    p.add_argument("--tmp", help="directory for the piles (default: the output's directory)")
+    p.add_argument("--shard-bytes", default="256MiB", help="target raw bytes of an output shard (default 256MiB)")
+    p.add_argument("--compression", default="same",
+                   help="output compression: same (the input's, default), none, lz4, zstd, ...")
+    p.add_argument("--dask-scheduler", metavar="ADDR", help="run both passes on this dask.distributed scheduler")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, no quality figures")
+    p.add_argument("--field", help="field for the before/after order figures (default: the first scalar numeric)")
+    p.add_argument("--batch-size", type=_positive, default=64, help="batch size of the order figures (default 64)")
+    p = sub.add_parser("quality", help="how ordered a dataset is: rank correlation of a field with position, "
+                                       "batch spread, block-shuffle mixing")
+    p.add_argument("path")
+    p.add_argument("--field", help="a scalar numeric field (default: the first one)")
+    p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
+    p.add_argument("--window", type=_positive, default=16, help="block-shuffle window (default 16)")
+
+
+def _shuffle_command(args: argparse.Namespace) -> int:
+    from rowstore.quality import order_quality
+
+    if args.cmd == "quality":
+        print(order_quality(args.path, field=args.field, batch_size=args.batch_size, window=args.window).text())
+        return 0
+    from rowstore.global_shuffle import check_arguments
+
+    comp = None if args.compression == "none" else args.compression
+    check_arguments(args.input, args.output, memory=args.memory, seed=args.seed, tmp=args.tmp,
+                    shard_bytes=args.shard_bytes)  # before the figures of the input: bad arguments fail at once
+    if not args.quiet:
+        print("before: " + order_quality(args.input, field=args.field, batch_size=args.batch_size).text())
+    kwargs = dict(memory=args.memory, seed=args.seed, tmp=args.tmp, shard_bytes=args.shard_bytes, compression=comp,
+                  progress=not args.quiet)  # fmt: skip
+    if args.dask_scheduler:
+        import distributed
+
+        from rowstore.dask import shuffle as dask_shuffle
+
+        with distributed.Client(args.dask_scheduler) as client:
+            report = dask_shuffle(args.input, args.output, client=client, **kwargs)  # type: ignore[arg-type]
+    else:
+        from rowstore.global_shuffle import shuffle
+
+        report = shuffle(args.input, args.output, **kwargs)  # type: ignore[arg-type]
+    print(report.summary())
+    if not args.quiet:
+        print("after:  " + order_quality(args.output, field=args.field, batch_size=args.batch_size).text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -196,8 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=_seconds, default=3600.0, metavar="SECONDS",
                    help="dataset directory: keep shards that no version names if modified within SECONDS "
                         "(a job may still commit them; default 3600)")
+    _add_shuffle_commands(sub)
     args = parser.parse_args(argv)
     try:
+        if args.cmd in ("shuffle", "quality"):
+            return _shuffle_command(args)
         if args.cmd == "info":
             print(info_text(args.path))
         elif args.cmd == "head":
@@ -226,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                                       keep_versions=args.keep_versions, grace_s=args.grace))  # fmt: skip
             else:
                 print(gc_text(args.path, dry_run=args.dry_run))
-    except (RowstoreError, OSError) as exc:
+    except (RowstoreError, OSError, ValueError) as exc:
         print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -175,6 +175,9 @@ class AtomicFile:
         caller's business).
     copy_from : str or os.PathLike, optional
         Start :attr:`tmp` as a copy of this file (see :meth:`copy`).
+    durable : bool
+        ``False`` skips the ``fsync`` calls of :meth:`commit` (still atomic, not durable across
+        a power loss: for temporary files, such as a shuffle's piles).
     sole : bool
         Be the target's only writer: remove its stale temporary files (listed in
         :attr:`removed`) and raise :class:`~rowstore.errors.ConcurrentWriterError` if another
@@ -195,9 +198,10 @@ class AtomicFile:
     """
 
     def __init__(self, target: str | os.PathLike, *, exclusive: bool = False, copy_from: str | os.PathLike | None = None,
-                 sole: bool = False):
+                 sole: bool = False, durable: bool = True):
         self.target = _resolve(os.fspath(target))
         self.exclusive = exclusive
+        self.durable = durable
         self.removed: list[str] = []
         self._fd: int | None = None
         self._tmp: str | None
@@ -235,7 +239,8 @@ class AtomicFile:
         """fsync :attr:`tmp`, move it onto :attr:`target` (``rename``, or ``link`` when
         exclusive), and fsync the directory. On an error :attr:`tmp` is left for :meth:`abort`."""
         tmp = self.tmp
-        fsync_path(tmp)
+        if self.durable:
+            fsync_path(tmp)
         if self.exclusive:
             os.link(tmp, self.target)  # fails if the target appeared meanwhile: never overwrite
             os.unlink(tmp)
@@ -243,7 +248,8 @@ class AtomicFile:
             os.replace(tmp, self.target)
         self._tmp = None
         self._unlock()
-        fsync_directory(os.path.dirname(os.path.abspath(self.target)))
+        if self.durable:
+            fsync_directory(os.path.dirname(os.path.abspath(self.target)))
 
     def _unlock(self) -> None:
         fd, self._fd = self._fd, None

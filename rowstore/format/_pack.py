@@ -221,7 +221,9 @@ class RowPacker:
                            "MAX_HEAP_BYTES")  # fmt: skip
         self.ensure_capacity(m)
         lo = self.n
-        self.rows[lo : lo + m] = rows
+        if m:  # as bytes: a structured assignment copies field by field
+            dst = self.rows[lo : lo + m].view(np.uint8).reshape(m, self.itemsize)
+            dst[...] = np.ascontiguousarray(rows).view(np.uint8).reshape(m, self.itemsize)
         for name in self.heap_fields:
             ref = self.rows[name]["offset"][lo : lo + m]
             ref -= np.uint64(origin)  # references lie at or past origin (RawRows), so no wrap

@@ -90,7 +90,8 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     m = len(idx)
     if m and (int(idx.min()) < 0 or int(idx.max()) >= nsrc):
         raise ValueError(f"take_raw: row index outside the {nsrc} loaded rows")
-    rows = src.view(row_dtype)[idx]  # a copy: the new row records
+    # The new row records, copied as bytes (a structured fancy index copies field by field).
+    rows = src[: nsrc * rs].reshape(nsrc, rs)[idx].reshape(-1).view(row_dtype)
     nf = len(refs)
     if not nf or not m:
         return RawRows(rows, np.zeros(0, np.uint8), np.zeros(m + 1, np.int64))

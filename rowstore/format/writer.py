@@ -111,6 +111,9 @@ class Writer(Closing):
         Threads that compress and checksum blocks while rows are packed (compressed files
         only; default ``min(4, os.cpu_count())``; 1 compresses on the calling thread). Chunks
         are still written in order, by the calling thread.
+    durable : bool
+        ``False``: no ``fsync`` at close (the file still appears only complete, but a power loss
+        may lose it): for temporary files, such as the piles of :func:`rowstore.shuffle`.
 
     Notes
     -----
@@ -139,6 +142,7 @@ class Writer(Closing):
         heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES,
         attrs: Mapping[str, Any] | None = None,
         threads: int | None = None,
+        durable: bool = True,
     ):
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
         self._pool: ThreadPoolExecutor | None = None
@@ -150,7 +154,7 @@ class Writer(Closing):
         _check_destination(self.path, mode)
         # Created now, not at the first block: its lock makes this the only writer of path (and
         # removes the temporary files that killed writers of path left).
-        self._atomic = AtomicFile(self.path, exclusive=mode == "x", sole=True)
+        self._atomic = AtomicFile(self.path, exclusive=mode == "x", sole=True, durable=durable)
         try:
             self._open(schema, block_bytes, rows_per_block, compression, heap_chunk_bytes, attrs, threads)
         except BaseException:

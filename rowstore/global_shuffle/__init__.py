@@ -163,13 +163,11 @@ def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str
     return parent, work
 
 
-def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
-        tmp: str | os.PathLike | None, shard_bytes: int | str, block_bytes: int, compression: Any,
-        verify: bool | str, progress: bool, tasks: int, mapper: Mapper, info: Callable[[], dict] | None = None
-        ) -> ShuffleReport:  # fmt: skip
-    """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
-    t0 = time.perf_counter()
-    rss0 = _rss_now()
+def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
+                    tmp: str | os.PathLike | None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+                    block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[int, int, str, str]:  # fmt: skip
+    """Check a shuffle's arguments before any work: ``(memory, shard_bytes, output's directory,
+    piles' directory)``; ``ValueError``/``OSError`` subclasses saying what was expected."""
     nonneg_int("seed", seed)
     budget = parse_bytes(memory, "memory")
     if budget < MIN_MEMORY:
@@ -177,8 +175,23 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
     shard_limit = parse_bytes(shard_bytes, "shard_bytes")
     if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or not 1 <= block_bytes <= 1 << 30:
         raise ValueError(f"block_bytes must be an int in 1..{1 << 30}, got {block_bytes!r}")
+    src, dst = os.fspath(in_path), os.fspath(out_path)
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError(f"shuffle: the output {dst!r} is the input")
+    parent, work = _check_paths(src, dst, None if tmp is None else os.fspath(tmp))
+    return budget, shard_limit, parent, work
+
+
+def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
+        tmp: str | os.PathLike | None, shard_bytes: int | str, block_bytes: int, compression: Any,
+        verify: bool | str, progress: bool, tasks: int, mapper: Mapper, info: Callable[[], dict] | None = None
+        ) -> ShuffleReport:  # fmt: skip
+    """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
+    t0 = time.perf_counter()
+    rss0 = _rss_now()
+    budget, shard_limit, parent, work = check_arguments(in_path, out_path, memory=memory, seed=seed, tmp=tmp,
+                                                        shard_bytes=shard_bytes, block_bytes=block_bytes)  # fmt: skip
     src_path, dst_path = os.fspath(in_path), os.fspath(out_path)
-    parent, work = _check_paths(src_path, dst_path, None if tmp is None else os.fspath(tmp))
     with RawSource(src_path, verify=verify) as src:
         L = src.layout
         schema = L.schema

@@ -118,7 +118,8 @@ class _PileFiles:
         w = self.writers[q]
         if w is None:
             w = self.writers[q] = Writer(self.path(q), self.schema, block_bytes=self.block_bytes,
-                                         heap_chunk_bytes=max(64, self.block_bytes), threads=1)  # fmt: skip
+                                         heap_chunk_bytes=max(64, self.block_bytes), threads=1,
+                                         durable=False)  # fmt: skip
             self.keys[q] = open(self.path(q) + KEYS_SUFFIX, "wb", buffering=min(self.block_bytes, 1 << 16))
         w.write_raw(raw)
         self.keys[q].write(keys.astype("<u8", copy=False).tobytes())
@@ -220,12 +221,14 @@ class _Shards:
 
 
 def _estimate(pile: Pile) -> tuple[int, int]:
-    """(rows, bytes in memory once loaded) of a pile, from its files' layouts."""
+    """(rows, bytes of its rows, payloads and sort keys) of a pile, from its files' layouts.
+    Loading it also takes the zero padding of each part's last block and heap chunk (at most
+    two pile blocks a part), which splitting again would not remove."""
     rows = nbytes = 0
     for part in pile.parts:
         L = Layout.open(part)
         rows += L.num_rows
-        nbytes += L.num_blocks * L.rows_per_block * L.row_dtype.itemsize + len(L.heap_chunks) * L.heap_chunk_bytes
+        nbytes += L.num_rows * L.row_dtype.itemsize + L.heap_nbytes
     return rows, nbytes + ROW_OVERHEAD * rows
 
 
@@ -326,7 +329,15 @@ def _sort_and_write(pile: Pile, root: str, schema: Schema, plan: Plan, opts: Out
 
 
 def peak_rss() -> int:
-    """This process's peak resident set size so far, in bytes (Linux: ru_maxrss is KiB)."""
+    """This process's peak resident set size so far, in bytes: ``VmHWM`` of /proc (ru_maxrss
+    would count the parent's memory at fork for a process started by a large one)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -81,6 +81,9 @@ MIN_MEMORY = 4 << 20
 MAX_PILES = 512
 #: Bytes a row costs in memory in pass 2 beyond its stored bytes: its key, its place in the sort.
 ROW_OVERHEAD = 24
+#: Memory an open HDF5 file being written costs, whatever its size (measured: ~550 KiB, mostly
+#: libhdf5's metadata cache index): pass 1 holds one per pile.
+OPEN_FILE_BYTES = 640 << 10
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,16 @@ def make_plan(memory: int, data_bytes: int, *, block_bytes: int) -> Plan:
     Pass 2 holds one pile (up to ``pile_limit``) plus fixed buffers: a gathered chunk (twice:
     gathered, then packed) and the output writer's block, heap chunk and compressed frames
     (``4 * block_bytes``): ``pile_limit = 0.75 * memory - those``. Piles are sized at 0.6 of
-    the limit, so binomial spread rarely triggers a split. Pass 1 holds one block and one heap
-    chunk per pile, at most a quarter of the memory in all.
+    the limit, so binomial spread rarely triggers a split. Pass 1 holds an open file, one
+    block and one heap chunk per pile, at most half the memory in all: a larger input gets
+    fewer, larger piles that pass 2 splits again (one more pass over those rows).
     """
     chunk = int(min(16 << 20, memory // 32))
     fixed = 2 * chunk + 4 * block_bytes
     limit = max(1 << 20, int(0.75 * memory) - fixed)
     target = max(1, int(0.6 * limit))
-    piles = int(min(MAX_PILES, max(1, math.ceil(data_bytes / target))))
-    pile_block = int(min(1 << 20, max(16 << 10, memory // (8 * piles))))
+    want = max(1, math.ceil(data_bytes / target))
+    pile_block = int(min(1 << 20, max(16 << 10, memory // (16 * want))))
+    fit = max(1, (memory // 2) // (OPEN_FILE_BYTES + 2 * pile_block))
+    piles = int(min(MAX_PILES, want, fit))
     return Plan(memory, piles, limit, target, pile_block, chunk)

@@ -219,11 +219,11 @@ def _shuffle_command(args: argparse.Namespace) -> int:
         from rowstore.dask import shuffle as dask_shuffle
 
         with distributed.Client(args.dask_scheduler) as client:
-            report = dask_shuffle(args.input, args.output, client=client, **kwargs)  # type: ignore[arg-type]
+            report = dask_shuffle(args.input, args.output, client=client, **kwargs)
     else:
         from rowstore.global_shuffle import shuffle
 
-        report = shuffle(args.input, args.output, **kwargs)  # type: ignore[arg-type]
+        report = shuffle(args.input, args.output, **kwargs)
     print(report.summary())
     if not args.quiet:
         print("after:  " + order_quality(args.output, field=args.field, batch_size=args.batch_size).text())

@@ -336,8 +336,13 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
                 results[where[fut.key]] = res
                 bar.update(res[1].rows, res[1].nbytes)
         except BaseException:
+            # Let the tasks still running end (they write into the directories the caller is
+            # about to remove), then release them all.
+            try:
+                distributed.wait(futures, timeout=600, return_when="ALL_COMPLETED")
+            except Exception:  # noqa: S110 - a timeout or cancelled futures: nothing more to wait for
+                pass
             client.cancel(futures)
-            distributed.wait(futures, timeout=60, return_when="ALL_COMPLETED")  # before the caller removes the piles
             raise
         return results
 

@@ -73,14 +73,16 @@ class RawRows:
 
 
 def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], idx: np.ndarray, heap: np.ndarray,
-             *, base: int, lo: int, hi: int, where: str = "rows") -> RawRows:
+             *, base, lo, hi, rows_per_slot: int | None = None, where: str = "rows") -> RawRows:
     """Rows ``idx`` of the loaded rows ``src`` (``uint8``, a whole number of rows) with their
     payloads copied out of ``heap``, as a :class:`RawRows` (references rewritten, origin 0).
 
-    Every reference must lie in the heap range ``[lo, hi)`` of the loaded rows; its payload is
-    at ``heap[base + offset]``. Sizes are bounded by the range before they size anything, and
-    the ``gather_heap`` kernel checks each reference and destination while copying; a bad one is
-    a :class:`~rowstore.errors.FormatError` (``where`` names the rows in its message).
+    ``src`` holds slots of ``rows_per_slot`` rows (loaded blocks; default: one slot of all of
+    them); a reference of a row in slot ``s`` must lie in ``[lo[s], hi[s])``, its payload at
+    ``heap[base[s] + offset]`` (``base``, ``lo``, ``hi``: one int each for one slot, or arrays).
+    Sizes are bounded by their slot's range before they size anything, and the ``gather_heap``
+    kernel checks each reference and destination while copying; a bad one is a
+    :class:`~rowstore.errors.FormatError` (``where`` names the rows in its message).
     """
     rs = row_dtype.itemsize
     nsrc = len(src) // rs
@@ -95,25 +97,30 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     nf = len(refs)
     if not nf or not m:
         return RawRows(rows, np.zeros(0, np.uint8), np.zeros(m + 1, np.int64))
+    lo_a, hi_a, base_a = (np.ascontiguousarray(np.atleast_1d(v), dtype=np.int64) for v in (lo, hi, base))
+    per = rows_per_slot if rows_per_slot is not None else max(nsrc, 1)
+    slot = idx // per
+    if int(slot.max()) >= len(lo_a):
+        raise ValueError(f"take_raw: rows in slot {int(slot.max())}, {len(lo_a)} slot ranges given")
+    span = (hi_a - lo_a)[slot]
     sizes = np.empty((m, nf), np.int64)
     col = np.empty(m, np.int64)
     for j, (_name, off) in enumerate(refs):
         kernels.gather_fixed(src, rs, off + 8, 8, idx, col)  # uint64 nbytes, read as int64
         sizes[:, j] = col
-    bad = (sizes < 0) | (sizes > hi - lo)
+    bad = (sizes < 0) | (sizes > span[:, None])
     if bad.any():
         i, j = np.argwhere(bad)[0]
         raise FormatError(f"{where}: field {refs[j][0]!r}: row {int(idx[i])}: payload size {int(sizes[i, j])} exceeds "
-                          f"the heap range of its block ({hi - lo} bytes; corrupt file)", field=refs[j][0])  # fmt: skip
+                          f"the heap range of its block ({int(span[i])} bytes; corrupt file)", field=refs[j][0])  # fmt: skip
     flat = np.zeros(m * nf + 1, np.int64)
     np.cumsum(sizes.reshape(-1), out=flat[1:])
     out = np.empty(int(flat[-1]), np.uint8)
     dst = flat[:-1].reshape(m, nf)  # row-major: row i's payloads in schema order, after row i-1's
-    one = lambda v: np.array([v], np.int64)  # noqa: E731
     for j, (name, off) in enumerate(refs):
         d = np.ascontiguousarray(dst[:, j])
         try:
-            kernels.gather_heap(src, rs, off, idx, max(nsrc, 1), one(lo), one(hi), one(base), heap, out, d)
+            kernels.gather_heap(src, rs, off, idx, per, lo_a, hi_a, base_a, heap, out, d)
         except kernels.KernelError as exc:
             row = int(idx[exc.index]) if 0 <= exc.index < m else None
             raise FormatError(f"{where}: field {name!r}: row {row}: {str(exc).split(': ', 1)[-1]}", field=name,

@@ -117,14 +117,15 @@ def _rss_now() -> int:
 
 # -- tasks (module-level: they pickle to Dask workers) ------------------------------------------
 def scatter_task(in_path: str, seed: int, blocks: tuple[int, int], bounds: list[int], directory: str, tag: str,
-                 block_bytes: int, verify: bool | str = True,
+                 block_bytes: int, group_bytes: int, verify: bool | str = True,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[str | None], Counters]:
-    """Pass 1 over input blocks ``[blocks[0], blocks[1])``: the pile parts written (one per key
-    range, None where empty) and what was moved."""
+    """Pass 1 over input blocks ``[blocks[0], blocks[1])``, read in runs of about
+    ``group_bytes``: the pile parts written (one per key range, None where empty) and what was
+    moved."""
     c = Counters()
     with RawSource(in_path, verify=verify) as src:
-        parts = scatter(input_feed(src, seed, range(*blocks)), bounds, directory, tag, src.schema, block_bytes, c,
-                        progress)  # fmt: skip
+        parts = scatter(input_feed(src, seed, range(*blocks), group_bytes), bounds, directory, tag, src.schema,
+                        block_bytes, c, progress)  # fmt: skip
         a = src.layout.arrays()
         c.file_read += int(a["stored"][blocks[0] : blocks[1]].sum())
     c.peak_rss = peak_rss()
@@ -213,7 +214,7 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         ntasks = max(1, min(tasks, nblocks))
         ranges = [(nblocks * t // ntasks, nblocks * (t + 1) // ntasks) for t in range(ntasks)]
         p1 = Progress("pass 1: scatter", data, enabled=progress)
-        args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, verify)
+        args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, plan.chunk_bytes, verify)
                  for t, r in enumerate(ranges)]  # fmt: skip
         weights1 = [r[1] - r[0] for r in ranges]
         results1 = mapper(scatter_task, args1, weights1, p1)

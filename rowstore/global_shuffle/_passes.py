@@ -76,17 +76,37 @@ class OutputOptions:
 
 
 # -- pass 1 ------------------------------------------------------------------------------------
-Feed = Iterator[tuple[RawSource, int, np.ndarray]]  # (source, block, the block's row keys)
+Feed = Iterator[tuple[RawSource, int, int, np.ndarray]]  # (source, blocks [k0, k1), their rows' keys)
 
 
-def input_feed(src: RawSource, seed: int, blocks: range) -> Feed:
-    """The input's blocks with their keys (computed from the seed and dataset row numbers)."""
+def _groups(src: RawSource, blocks: range, group_bytes: int) -> Iterator[tuple[int, int]]:
+    """Runs of consecutive blocks of about ``group_bytes`` (rows + heap ranges; at least one)."""
+    k0, acc = blocks.start, 0
     for k in blocks:
-        first, n = src.block_rows(k)
-        yield src, k, row_keys(seed, first, n)
+        acc += src.block_nbytes(k)
+        if acc >= group_bytes:
+            yield k0, k + 1
+            k0, acc = k + 1, 0
+    if k0 < blocks.stop:
+        yield k0, blocks.stop
 
 
-def _pile_feed(pile: Pile) -> Feed:
+def _group_rows(src: RawSource, k0: int, k1: int) -> tuple[int, int]:
+    """(first dataset row, rows) of blocks ``k0 .. k1 - 1`` (their rows are consecutive)."""
+    first, _ = src.block_rows(k0)
+    last, n = src.block_rows(k1 - 1)
+    return first, last + n - first
+
+
+def input_feed(src: RawSource, seed: int, blocks: range, group_bytes: int = 8 << 20) -> Feed:
+    """The input's blocks, in runs of about ``group_bytes``, with their keys (computed from the
+    seed and the dataset row numbers)."""
+    for k0, k1 in _groups(src, blocks, group_bytes):
+        first, n = _group_rows(src, k0, k1)
+        yield src, k0, k1, row_keys(seed, first, n)
+
+
+def _pile_feed(pile: Pile, group_bytes: int) -> Feed:
     """A pile's blocks with their stored keys."""
     for part in pile.parts:
         with RawSource(part) as src:
@@ -96,11 +116,11 @@ def _pile_feed(pile: Pile) -> Feed:
             if size != 8 * n:
                 raise FormatError(f"{keys_path!r}: {size} bytes of keys for {n} rows (expected {8 * n})", path=keys_path)
             with open(keys_path, "rb") as f:
-                for k in range(src.num_blocks):
-                    first, nk = src.block_rows(k)
+                for k0, k1 in _groups(src, range(src.num_blocks), group_bytes):
+                    first, nk = _group_rows(src, k0, k1)
                     f.seek(8 * first)
                     keys = np.frombuffer(f.read(8 * nk), dtype="<u8").astype(np.uint64)
-                    yield src, k, keys
+                    yield src, k0, k1, keys
 
 
 class _PileFiles:
@@ -148,10 +168,10 @@ def scatter(feed: Feed, bounds: list[int], directory: str, tag: str, schema: Sch
     written for each range (None for an empty one), named ``<directory>/<tag><range>.h5``."""
     files = _PileFiles(directory, tag, schema, len(bounds) - 1, block_bytes)
     try:
-        for src, k, keys in feed:
+        for src, k0, k1, keys in feed:
             piles = pile_of(keys, bounds)
             order = np.argsort(piles, kind="stable")  # by pile, input order within one
-            raw = src.block(k, order)
+            raw = src.blocks(k0, k1, order)
             cuts = np.zeros(len(bounds), np.int64)
             np.cumsum(np.bincount(piles, minlength=len(bounds) - 1), out=cuts[1:])
             sorted_keys = keys[order]
@@ -255,7 +275,7 @@ def _split(pile: Pile, root: str, schema: Schema, plan: Plan, opts: OutputOption
     q = plan.splits(est)
     bounds = key_bounds(pile.lo, pile.hi, q)
     sub_counters = Counters()
-    parts = scatter(_pile_feed(pile), bounds, split_dir, f"{pile.name}.", schema, plan.pile_block_bytes, sub_counters)
+    parts = scatter(_pile_feed(pile, plan.chunk_bytes), bounds, split_dir, f"{pile.name}.", schema, plan.pile_block_bytes, sub_counters)
     counters.file_read += sum(_file_bytes(p) for p in pile.parts)
     counters.file_written += sub_counters.file_written
     counters.splits += 1

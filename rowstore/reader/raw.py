@@ -67,21 +67,35 @@ class RawSource:
     def block(self, k: int, order: np.ndarray | None = None) -> RawRows:
         """The rows of block ``k`` (all, in order; or ``order``: positions within the block),
         with their payloads, checked."""
-        a = self.layout.arrays()
-        n = int(a["num_rows"][k])
-        if self._buf.nbytes < self.layout.block_raw_bytes:
-            self._buf = np.empty(self.layout.block_raw_bytes, np.uint8)
-        which = np.array([k], np.int64)
-        self._g._load(which, "block", self._buf)
-        idx = np.arange(n, dtype=np.int64) if order is None else order
-        sh = int(self.layout.block_shard[k])
-        where = f"{self.layout.shard_paths[sh]!r}: block {k - self.layout.shard_block0(sh)}"
+        return self.blocks(k, k + 1, order)
+
+    def blocks(self, k0: int, k1: int, order: np.ndarray | None = None) -> RawRows:
+        """The rows of blocks ``k0 .. k1 - 1`` (all, in order; or ``order``: positions among
+        their valid rows), with their payloads, checked. The heap chunks under consecutive
+        blocks are loaded once (a block's payloads often straddle a chunk boundary)."""
+        L, a = self.layout, self.layout.arrays()
+        which = np.arange(k0, k1, dtype=np.int64)
+        stride = L.block_raw_bytes
+        need = len(which) * stride
+        if self._buf.nbytes < need:
+            self._buf = np.empty(need, np.uint8)
+        self._g._load(which, "block", self._buf[:need])
+        rpb = L.rows_per_block
+        counts = a["num_rows"][which]
+        pos = np.repeat(np.arange(len(which), dtype=np.int64) * rpb - np.cumsum(counts) + counts, counts)
+        pos += np.arange(len(pos), dtype=np.int64)  # valid row i of slot s at s * rpb + i
+        idx = pos if order is None else pos[order]
+        sh = int(L.block_shard[k0])
+        where = f"{L.shard_paths[sh]!r}: blocks {k0 - L.shard_block0(sh)}.." if k1 - k0 > 1 else \
+            f"{L.shard_paths[sh]!r}: block {k0 - L.shard_block0(sh)}"
+        rs = self.row_dtype.itemsize
         if not self.refs:
-            return take_raw(self._buf[: n * self.row_dtype.itemsize], self.row_dtype, [], idx, self._buf[:0],
-                            base=0, lo=0, hi=0, where=where)  # fmt: skip
+            return take_raw(self._buf[:need], self.row_dtype, [], idx, self._buf[:0], base=0, lo=0, hi=0,
+                            rows_per_slot=rpb, where=where)  # fmt: skip
         heap, lo, hi, base = self._g._heap_context(which)
-        return take_raw(self._buf[: n * self.row_dtype.itemsize], self.row_dtype, self.refs, idx, heap,
-                        base=int(base[0]), lo=int(lo[0]), hi=int(hi[0]), where=where)  # fmt: skip
+        assert need % rs == 0
+        return take_raw(self._buf[:need], self.row_dtype, self.refs, idx, heap, base=base, lo=lo, hi=hi,
+                        rows_per_slot=rpb, where=where)  # fmt: skip
 
     @property
     def rows_nbytes(self) -> int:

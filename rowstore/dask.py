@@ -326,7 +326,7 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
     elif not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1:
         raise ValueError(f"tasks must be a positive int, got {tasks!r}")
 
-    def mapper(fn, args, weights, bar):
+    def mapper(fn, args, bar):
         futures = [client.submit(fn, *a, pure=False) for a in args]
         where = {f.key: i for i, f in enumerate(futures)}
         results: list = [None] * len(futures)

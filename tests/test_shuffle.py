@@ -243,6 +243,25 @@ def test_take_raw_refuses_references_outside_the_block():
             take_raw(bad.view(np.uint8), dt, refs, np.array([0, 1]), heap, base=0, lo=0, hi=12)
 
 
+def test_take_raw_checks_each_slot_against_its_own_block_range():
+    schema = Schema([Field("b", rowstore.BYTES)])
+    dt = rowstore.format.spec.row_dtype(schema)
+    rows = np.zeros(4, dt)  # two loaded blocks (slots) of two rows: heap ranges [0, 4) and [4, 8)
+    rows["b"]["offset"] = [0, 2, 4, 6]
+    rows["b"]["nbytes"] = 2
+    heap = np.arange(8, dtype=np.uint8)
+    args = dict(base=[0, 0], lo=[0, 4], hi=[4, 8], rows_per_slot=2)
+    refs = heap_refs(schema, dt)
+    raw = take_raw(rows.view(np.uint8), dt, refs, np.array([3, 0]), heap, **args)
+    assert raw.heap.tolist() == [6, 7, 0, 1] and raw.starts.tolist() == [0, 2, 4]
+    bad = rows.copy()
+    bad["b"]["offset"][2] = 1  # slot 1's row pointing into slot 0's range: in the heap, not in its block
+    with pytest.raises(rowstore.FormatError, match="row 2"):
+        take_raw(bad.view(np.uint8), dt, refs, np.array([2]), heap, **args)
+    with pytest.raises(ValueError, match="slot"):
+        take_raw(rows.view(np.uint8), dt, refs, np.array([3]), heap, base=0, lo=0, hi=8, rows_per_slot=1)
+
+
 def test_corrupt_input_fails_cleanly(tmp_path):
     src = write_sorted(tmp_path / "in.h5", 2000, dataset=False)
     off = int(rowstore.Layout.open(src).blocks["offset"][3])

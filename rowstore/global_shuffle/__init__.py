@@ -141,10 +141,10 @@ def pile_task(pile: Pile, root: str, schema_json: str, plan: Plan, opts: OutputO
     return infos, c
 
 
-Mapper = Callable[[Callable[..., Any], Sequence[tuple], Sequence[int], Progress], list]
+Mapper = Callable[[Callable[..., Any], Sequence[tuple], Progress], list]
 
 
-def serial_map(fn: Callable[..., Any], args: Sequence[tuple], weights: Sequence[int], progress: Progress) -> list:
+def serial_map(fn: Callable[..., Any], args: Sequence[tuple], progress: Progress) -> list:
     """Run tasks here, one after the other, with live progress."""
     return [fn(*a, progress=progress.update) for a in args]
 
@@ -216,8 +216,7 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         p1 = Progress("pass 1: scatter", data, enabled=progress)
         args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, plan.chunk_bytes, verify)
                  for t, r in enumerate(ranges)]  # fmt: skip
-        weights1 = [r[1] - r[0] for r in ranges]
-        results1 = mapper(scatter_task, args1, weights1, p1)
+        results1 = mapper(scatter_task, args1, p1)
         p1.close()
         c1 = Counters()
         for _, c in results1:
@@ -230,7 +229,7 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         os.makedirs(os.path.join(staging.path, manifest.SHARD_DIR))
         p2 = Progress("pass 2: sort + write", data, enabled=progress)
         args2 = [(pile, staging.path, schema.to_json_str(), plan, opts, piles_dir.path) for pile in piles]
-        results2 = mapper(pile_task, args2, [len(p.parts) for p in piles], p2)
+        results2 = mapper(pile_task, args2, p2)
         p2.close()
         c2 = Counters()
         infos: list[ShardInfo] = []
@@ -318,7 +317,7 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
     are copied as stored. Disk: the input, the output and the piles (about one input size at
     the start of pass 2, then shrinking as the output grows: at most input + output + one pile
     at any time). The piles' and staging directories are removed on success and on failure; a
-    killed run leaves them locked-free, and the next shuffle into the same directories removes
+    killed run's stay behind unlocked, and the next shuffle using the same directories removes
     them. User attributes are copied.
     """
     return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,

@@ -416,6 +416,19 @@ def test_sigkill_at_random_points_leaves_no_output_and_the_next_run_cleans_up(tm
     assert sorted(os.listdir(out)) == ["_manifests", "rowstore.json", "shards"]
 
 
+def test_remove_stale_takes_only_unlocked_shuffle_directories(tmp_path):
+    from rowstore.global_shuffle._work import LockedDir, remove_stale
+
+    live = LockedDir(str(tmp_path), "piles")
+    os.makedirs(tmp_path / f"{PREFIX}piles.dead" / "sub")
+    os.mkdir(tmp_path / "mine")
+    (tmp_path / f"{PREFIX}file").write_text("not a directory")
+    assert remove_stale(str(tmp_path)) == [str(tmp_path / f"{PREFIX}piles.dead")]
+    assert os.path.isdir(live.path) and os.path.isdir(tmp_path / "mine") and os.path.exists(tmp_path / f"{PREFIX}file")
+    live.release()  # as if its run died
+    assert remove_stale(str(tmp_path)) == [live.path]
+
+
 # -- command line --------------------------------------------------------------------------------
 def test_cli_shuffle_prints_before_after_and_summary_quality_command(tmp_path, capsys):
     src = write_sorted(tmp_path / "in", 3000)

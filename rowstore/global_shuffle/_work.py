@@ -25,9 +25,19 @@ class LockedDir:
     :meth:`release` (or the process's end)."""
 
     def __init__(self, parent: str, kind: str):
-        self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}.", dir=parent)
-        self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._fd: int | None = None
+        for _ in range(100):
+            path = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}.", dir=parent)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.path.samestat(os.stat(path), os.fstat(fd)):
+                    self.path, self._fd = path, fd
+                    return
+            except (BlockingIOError, FileNotFoundError):
+                pass  # another run's clean-up took it between mkdtemp and flock: a new one
+            os.close(fd)
+        raise OSError(f"could not create a locked temporary directory in {parent!r}")
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

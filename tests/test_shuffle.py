@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -324,6 +325,24 @@ def test_bad_arguments_say_what_was_expected(tmp_path):
         rowstore.shuffle(src, tmp_path / "out", memory="4MiB", compression="snappy-ish")
     assert not os.path.exists(tmp_path / "out") and leftovers(tmp_path) == []
     assert check_arguments(src, tmp_path / "out", memory="2GB", seed=0, tmp=None)[0] == 2_000_000_000
+
+
+def test_not_enough_disk_is_refused_before_any_work_and_big_blocks_warn(tmp_path):
+    from rowstore.global_shuffle import _check_space
+
+    with pytest.raises(OSError, match="MB free") as e:
+        _check_space(str(tmp_path), str(tmp_path), piles=1 << 62, output=1)
+    assert e.value.errno == 28
+    _check_space(str(tmp_path), str(tmp_path), piles=1000, output=1000)
+    src = write_sorted(tmp_path / "in.h5", 3000, dataset=False, block_bytes=1 << 20)
+    with rowstore.Writer(tmp_path / "big.h5", ID_SCHEMA, rows_per_block=20_000) as w:
+        w.write_batch({"id": np.arange(20_000), "x": np.zeros((20_000, 3), np.float32),
+                       "wave": [np.zeros(1, np.uint8)] * 20_000, "name": ["a"] * 20_000})  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="blocks"):
+        rowstore.shuffle(tmp_path / "big.h5", tmp_path / "out", memory="4MiB", seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        rowstore.shuffle(src, tmp_path / "out2", memory="64MiB", seed=0)  # 1 MiB blocks, 64 MiB: no warning
 
 
 # -- memory and kills, in subprocesses ------------------------------------------------------------

@@ -15,8 +15,10 @@ run (:mod:`._work`).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -203,9 +205,15 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         opts = OutputOptions(shard_limit, block_bytes, comp, L.heap_chunk_bytes)
         attrs = dict(L.user_attrs)
         in_stored = L.stored_nbytes
+        biggest_block = L.block_raw_bytes
     for d in {parent, work}:
         remove_stale(d)
     plan = make_plan(budget, data + ROW_OVERHEAD * rows, block_bytes=block_bytes)
+    if biggest_block > budget // 8:
+        warnings.warn(f"shuffle: the input's blocks ({biggest_block} bytes of rows) are large for a memory budget of "
+                      f"{budget} bytes: a block is read whole, so peak memory may exceed the budget by a few "
+                      "blocks", RuntimeWarning, stacklevel=3)  # fmt: skip
+    _check_space(work, parent, piles=data, output=in_stored)
     bounds = key_bounds(0, KEY_SPACE, plan.num_piles)
     piles_dir = LockedDir(work, "piles")
     staging = LockedDir(parent, "out")
@@ -262,6 +270,24 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         pass1=PassReport(c1.rows, c1.nbytes, c1.file_read, c1.file_written, s1),
         pass2=PassReport(c2.rows, c2.nbytes, c2.file_read, c2.file_written, s2), extra=extra,
     )  # fmt: skip
+
+
+def _check_space(work: str, parent: str, *, piles: int, output: int) -> None:
+    """``OSError(ENOSPC)`` before any work when the piles (about the input's raw bytes, in
+    ``work``) and the output (about the input's stored bytes, beside it) cannot fit."""
+    need: dict[int, int] = {}
+    free: dict[int, int] = {}
+    for d, n in ((work, piles), (parent, output)):
+        st = os.statvfs(d)
+        dev = os.stat(d).st_dev
+        need[dev] = need.get(dev, 0) + n
+        free[dev] = st.f_bavail * st.f_frsize
+    for dev, n in need.items():
+        if n > free[dev]:
+            where = work if os.stat(work).st_dev == dev else parent
+            raise OSError(errno.ENOSPC, f"shuffle needs about {n / 1e6:,.0f} MB free for its piles and output on the "
+                                        f"filesystem of {where!r}; {free[dev] / 1e6:,.0f} MB are free (pass tmp= "
+                                        "to put the piles elsewhere)")  # fmt: skip
 
 
 def _fsync_dir(path: str) -> None:

@@ -243,6 +243,27 @@ def test_take_raw_refuses_references_outside_the_block():
             take_raw(bad.view(np.uint8), dt, refs, np.array([0, 1]), heap, base=0, lo=0, hi=12)
 
 
+def test_write_raw_copies_stored_rows_also_when_appending(tmp_path, rs):
+    schema = rs.all_kinds_schema(nullable=True)
+    rows = rs.make_rows(schema, 120, seed=5, max_len=30)
+    rs.write_file(tmp_path / "a.h5", schema, rows, block_bytes=2048, compression="lz4")
+    rs.write_file(tmp_path / "b.h5", schema, rows[:7])
+    expected = list(rows[:7])
+    with RawSource(tmp_path / "a.h5") as src, rowstore.Writer(tmp_path / "b.h5", mode="a", block_bytes=1500) as w:
+        for k0 in range(0, src.num_blocks, 3):  # runs of blocks, the rows reversed within each
+            k1 = min(src.num_blocks, k0 + 3)
+            first, _ = src.block_rows(k0)
+            last, n = src.block_rows(k1 - 1)
+            part = src.blocks(k0, k1, np.arange(last + n - first)[::-1])
+            w.write_raw(part)
+            w.write_raw(part.slice(0, 0))
+            expected += rows[first : last + n][::-1]
+    assert len(expected) == 127
+    rs.assert_rows_equal(schema, expected, rs.read_rows(tmp_path / "b.h5"))
+    with pytest.raises(ValueError, match="row dtype"), rowstore.Writer(tmp_path / "c.h5", ID_SCHEMA) as w:
+        w.write_raw(part)
+
+
 def test_take_raw_checks_each_slot_against_its_own_block_range():
     schema = Schema([Field("b", rowstore.BYTES)])
     dt = rowstore.format.spec.row_dtype(schema)

@@ -131,6 +131,20 @@ def test_stored_bytes_identical_all_kinds_png_varlen_nulls(tmp_path, rs, tiny_pl
     rs.assert_rows_equal(schema, [rows[int(g["id"])] for g in got], got)  # decoded: the images too
 
 
+def test_shards_of_different_block_sizes_and_an_empty_shard(tmp_path):
+    def cols(a, b):
+        return {"id": np.arange(a, b), "x": np.zeros((b - a, 3), np.float32),
+                "wave": [np.full(i % 9, i % 7, np.uint8) for i in range(a, b)], "name": [f"n{i}" for i in range(a, b)]}  # fmt: skip
+
+    infos = [rowstore.write_shard(tmp_path / "in", ID_SCHEMA, cols(a, b), rows_per_block=rpb)
+             for a, b, rpb in ((0, 300, 10), (300, 300, 5), (300, 1000, 37), (1000, 1333, 64))]  # fmt: skip
+    rowstore.commit(tmp_path / "in", infos)
+    assert not rowstore.open(tmp_path / "in").layout.uniform_blocks
+    rowstore.shuffle(tmp_path / "in", tmp_path / "out", memory="4MiB", seed=2)
+    assert np.array_equal(ids_of(tmp_path / "out"), expected_order(2, 1333))
+    assert stored_by_id(tmp_path / "out") == stored_by_id(tmp_path / "in")
+
+
 def test_single_file_input_compression_choice_and_empty_input(tmp_path):
     src = write_sorted(tmp_path / "in.h5", 700, dataset=False, compression="zstd")
     rowstore.shuffle(src, tmp_path / "out", memory="4MiB", seed=1, compression=None)

@@ -20,7 +20,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rowstore.format import manifest
@@ -94,7 +94,6 @@ class ShuffleReport:
     seconds: float
     pass1: PassReport
     pass2: PassReport
-    extra: dict = field(default_factory=dict)
 
     def summary(self) -> str:
         mib = 2**20
@@ -187,8 +186,7 @@ def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, 
 
 def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
         tmp: str | os.PathLike | None, shard_bytes: int | str, block_bytes: int, compression: Any,
-        verify: bool | str, progress: bool, tasks: int, mapper: Mapper, info: Callable[[], dict] | None = None
-        ) -> ShuffleReport:  # fmt: skip
+        verify: bool | str, progress: bool, tasks: int, mapper: Mapper) -> ShuffleReport:  # fmt: skip
     """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
     t0 = time.perf_counter()
     rss0 = _rss_now()
@@ -205,7 +203,7 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         opts = OutputOptions(shard_limit, block_bytes, comp, L.heap_chunk_bytes)
         attrs = dict(L.user_attrs)
         in_stored = L.stored_nbytes
-        biggest_block = L.block_raw_bytes
+        biggest_block = int(L.arrays()["raw"].max()) if nblocks else 0
     for d in {parent, work}:
         remove_stale(d)
     plan = make_plan(budget, data + ROW_OVERHEAD * rows, block_bytes=block_bytes)
@@ -254,7 +252,9 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
 
             infos = [ShardInfo.from_layout(rel, Layout.open(os.path.join(staging.path, rel)))]
         commit(staging.path, infos, mode="x", attrs=attrs)
-        os.rename(staging.path, dst_path)  # the output appears, whole
+        # The output appears, whole. (rename would also replace an empty directory created at
+        # out_path since the check at the start; anything else there makes it fail.)
+        os.rename(staging.path, dst_path)
         _fsync_dir(parent)
     except BaseException:
         staging.remove()
@@ -262,13 +262,12 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         raise
     staging.release()
     piles_dir.remove()
-    extra = info() if info is not None else {}
     return ShuffleReport(
         output=dst_path, rows=rows, nbytes=data, passes=2 + max(c1.depth, c2.depth), piles=plan.num_piles,
         splits=c2.splits, memory=budget, peak_rss=max(c1.peak_rss, c2.peak_rss), rss_before=rss0,
         seconds=time.perf_counter() - t0,
         pass1=PassReport(c1.rows, c1.nbytes, c1.file_read, c1.file_written, s1),
-        pass2=PassReport(c2.rows, c2.nbytes, c2.file_read, c2.file_written, s2), extra=extra,
+        pass2=PassReport(c2.rows, c2.nbytes, c2.file_read, c2.file_written, s2),
     )  # fmt: skip
 
 

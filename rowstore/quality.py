@@ -48,12 +48,13 @@ class OrderQuality:
         spread = ", ".join(f"{k} {v:.3f}" for k, v in self.batch_spread.items() if v is not None) or "-"
         mix = "-" if self.block_mixing is None else f"{self.block_mixing:.3f}"
         what = f"field {self.field!r}" if self.field else "no scalar numeric field"
-        return "\n".join([
-            f"{self.path}: {self.rows:,} rows; {what}",
-            f"  rank correlation with position (Spearman)   {f}   (|1| sorted, ~0 no trend)",
-            f"  batch spread, batch {self.batch_size}                    {spread}   (1 = batches as varied as the data)",
-            f"  block shuffle mixing (window {self.window})           {mix}   (1 = as mixed as a uniform shuffle)",
-        ])  # fmt: skip
+        rows = [
+            ("rank correlation with position (Spearman)", f, "|1|: sorted, ~0: no trend"),
+            (f"batch spread, batch {self.batch_size}", spread, "1: batches as varied as the data"),
+            (f"block shuffle mixing, window {self.window}", mix, "1: as mixed as a uniform shuffle"),
+        ]
+        return "\n".join([f"{self.path}: {self.rows:,} rows; {what}"]
+                         + [f"  {a:<44}{b:<24}({c})" for a, b, c in rows])
 
 
 def default_field(schema: Schema) -> str | None:

@@ -235,6 +235,7 @@ def test_plan_sizes_piles_from_memory_and_data():
     assert make_plan(2 << 30, 1 << 40, block_bytes=1 << 20).num_piles == _plan.MAX_PILES
     small = make_plan(16 << 20, 1 << 40, block_bytes=1 << 20)  # open files bound the piles: split again later
     assert small.num_piles * (_plan.OPEN_FILE_BYTES + 2 * small.pile_block_bytes) <= 8 << 20
+    assert small.splits(1 << 40) == small.max_open == small.num_piles  # a re-split too
     assert p.splits(10 * p.pile_target) == 10 and p.splits(1) == 2
 
 

@@ -96,10 +96,11 @@ class Plan:
     pile_target: int  # what a pile is sized for
     pile_block_bytes: int  # block and heap chunk size of the piles (pass 1 buffers one of each per pile)
     chunk_bytes: int  # rows gathered at once in pass 2
+    max_open: int = MAX_PILES  # pile files written at once that the memory allows
 
     def splits(self, estimate: int) -> int:
-        """Sub-piles for a pile estimated at ``estimate`` bytes."""
-        return int(max(2, min(MAX_PILES, math.ceil(estimate / self.pile_target))))
+        """Sub-piles for a pile estimated at ``estimate`` bytes (at most ``max_open``, at least 2)."""
+        return int(max(2, min(MAX_PILES, self.max_open, math.ceil(estimate / self.pile_target))))
 
 
 def make_plan(memory: int, data_bytes: int, *, block_bytes: int) -> Plan:
@@ -120,4 +121,4 @@ def make_plan(memory: int, data_bytes: int, *, block_bytes: int) -> Plan:
     pile_block = int(min(1 << 20, max(16 << 10, memory // (16 * want))))
     fit = max(1, (memory // 2) // (OPEN_FILE_BYTES + 2 * pile_block))
     piles = int(min(MAX_PILES, want, fit))
-    return Plan(memory, piles, limit, target, pile_block, chunk)
+    return Plan(memory, piles, limit, target, pile_block, chunk, int(min(MAX_PILES, fit)))

@@ -27,7 +27,7 @@ import numpy as np
 from rowstore.reader._args import nonneg_int, positive_int
 
 __all__ = [
-    "MODES", "Segment", "EpochOrder", "EpochPlan", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
+    "MODES", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
     "shuffle_quality",
 ]
 

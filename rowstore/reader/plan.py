@@ -228,3 +228,44 @@ def pad_ids(order: Any, n: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     first = order.ids(0, m)
     return np.resize(first, n)
+
+
+# -- resumable states (shared by the torch and tf adapters) -----------------------------------
+STATE_KIND = "rowstore.epoch"
+STATE_VERSION = 2
+
+
+def subset_key(keep: np.ndarray | None) -> int | None:
+    """A checksum of a row subset (None: all rows), so a state is not resumed on another subset."""
+    if keep is None:
+        return None
+    import zlib
+
+    return zlib.crc32(np.packbits(np.asarray(keep, bool)).tobytes())
+
+
+def make_state(epoch: int, order: dict[str, Any], plan: EpochPlan | None) -> dict[str, Any]:
+    """A resumable state: the epoch, what its order depends on (``order``), and the plan's
+    remaining batches (``plan`` None: the epoch starts from its beginning). Plain Python
+    values (``json``, ``torch.save`` and ``tf`` friendly); the same on every consumer that
+    took the same number of steps, and resumable on any world."""
+    st = {"kind": STATE_KIND, "version": STATE_VERSION, "epoch": int(epoch), **order}
+    st["remaining"] = None if plan is None or plan.fresh else plan.remaining
+    return st
+
+
+def read_state(state: Any, order: dict[str, Any]) -> tuple[int, list | None]:
+    """``(epoch, remaining)`` of a state from :func:`make_state`; ``ValueError`` if it is not
+    one, or if the order it was saved for differs from ``order`` (another seed, dataset,
+    batch size...: resuming would not give the remaining rows)."""
+    if not isinstance(state, dict) or state.get("kind") != STATE_KIND or state.get("version") != STATE_VERSION:
+        got = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a rowstore epoch state (kind {STATE_KIND!r}, version {STATE_VERSION}): got {got!r}")
+    for k, v in order.items():
+        saved = state.get(k)
+        if (list(saved) if isinstance(saved, tuple) else saved) != v:
+            raise ValueError(f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
+                             f"(the epoch order would differ)")
+    epoch = nonneg_int("epoch", state.get("epoch"))
+    remaining = state.get("remaining")
+    return epoch, None if remaining is None else [list(map(int, r)) for r in remaining]

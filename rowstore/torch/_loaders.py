@@ -467,8 +467,11 @@ class BatchedDataLoader(_Loader, _EpochReader):
     @property
     def shard_size(self) -> int:
         """Rows this rank reads in a whole epoch (padding included)."""
-        return int(self._plan(None).steps(self.shard[1], self._unit_for(self.batch_size))[self.shard[0]]) \
-            * self.batch_size
+        plan = self._plan(None)
+        g = plan.batches(self.shard[0], self.shard[1], self._unit_for(self.batch_size))
+        last = plan.rows_of_batch(plan.num_batches - 1) if plan.num_batches else (0, 0)
+        short = self.batch_size - (last[1] - last[0])
+        return len(g) * self.batch_size - (short if not self.pad and (g == plan.num_batches - 1).any() else 0)
 
     def _epoch_steps(self, epoch: int) -> int:
         rank, world = self.shard

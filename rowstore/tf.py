@@ -36,8 +36,10 @@ from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_le
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.order import check_args
 from rowstore.reader.plan import (
+    EXTRA_KEYS,
     ID_KEY,
     PAD_KEY,
+    SOURCE_KEY,
     default_unit,
     make_state,
     rank_steps_taken,
@@ -672,6 +674,8 @@ class Loader(tf.Module):
             sig[ID_KEY] = tf.TensorSpec((None,), tf.int64)
         if self.pad:
             sig[PAD_KEY] = tf.TensorSpec((None,), tf.bool)
+        if getattr(self.reader, "with_source", False):  # a rowstore.mix Mixture
+            sig[SOURCE_KEY] = tf.TensorSpec((None,), tf.int64)
         sig["__epoch"] = tf.TensorSpec((), tf.int64)
         sig["__step"] = tf.TensorSpec((), tf.int64)
         convert = _BatchConverter(schema, modes, False)
@@ -703,7 +707,7 @@ class Loader(tf.Module):
                 try:
                     for b in it:
                         out = convert(b)
-                        for k in (ID_KEY, PAD_KEY):
+                        for k in EXTRA_KEYS:
                             if k in b:
                                 out[k] = b[k]
                         step += 1

@@ -21,8 +21,8 @@ from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
 from rowstore.reader._stream import cut_batches, prefetched
-from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, concat_batches, pad_ragged
+from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
 from rowstore.schema import Schema
 
 __all__ = ["Reader"]
@@ -519,8 +519,8 @@ def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
     False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``: a file or
     a dataset directory; or a list or tuple of them, read as one; ``owned`` is True: the caller
     may close it). For the adapters, which take either."""
-    if isinstance(path_or_reader, Reader):
-        return path_or_reader, False
+    if isinstance(path_or_reader, Reader) or getattr(type(path_or_reader), "_rowstore_source", False):
+        return path_or_reader, False  # a Reader, or what reads like one (a rowstore.mix Mixture)
     if isinstance(path_or_reader, (str, bytes, os.PathLike)):
         return Reader(path_or_reader), True
     if isinstance(path_or_reader, (list, tuple)) and path_or_reader \

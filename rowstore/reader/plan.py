@@ -33,12 +33,16 @@ import numpy as np
 
 from rowstore.reader._args import nonneg_int, positive_int
 
-__all__ = ["EpochPlan", "PAD_KEY", "ID_KEY", "default_unit", "rank_steps_taken"]
+__all__ = ["EpochPlan", "PAD_KEY", "ID_KEY", "SOURCE_KEY", "EXTRA_KEYS", "default_unit", "rank_steps_taken"]
 
 #: Column marking rows repeated to even out steps (``pad=True``): True for a repeated row.
 PAD_KEY = "__pad"
 #: Column of each row's dataset row number (``with_ids=True``).
 ID_KEY = "__id"
+#: Column of each row's source in a mixture (``rowstore.mix(..., with_source=True)``).
+SOURCE_KEY = "__source"
+#: The columns a dealt batch may add to the schema's fields.
+EXTRA_KEYS = (ID_KEY, PAD_KEY, SOURCE_KEY)
 
 
 def default_unit(shuffle: str, window: int, rows_per_block: int, batch_size: int) -> int:

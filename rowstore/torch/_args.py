@@ -15,8 +15,7 @@ from rowstore.reader import order as _order
 from rowstore.reader._args import positive_int
 from rowstore.reader.dataset import Reader, as_reader
 from rowstore.reader.plan import (
-    ID_KEY,
-    PAD_KEY,
+    EXTRA_KEYS,
     EpochPlan,
     default_unit,
     make_state,
@@ -158,12 +157,12 @@ class _EpochReader:
 
 
 def _split_extras(b: dict) -> tuple[dict, dict]:
-    """A reader batch without its ``__id``/``__pad`` columns (transforms and collation see the
+    """A reader batch without its ``__id``/``__pad``/``__source`` columns (transforms and collation see the
     schema's fields only), and those columns."""
-    if ID_KEY not in b and PAD_KEY not in b:
+    if not any(k in b for k in EXTRA_KEYS):
         return b, {}
     b = dict(b)
-    return b, {k: b.pop(k) for k in (ID_KEY, PAD_KEY) if k in b}
+    return b, {k: b.pop(k) for k in EXTRA_KEYS if k in b}
 
 
 class _OwnsReader:

@@ -11,7 +11,7 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths, pad_ragged
-from rowstore.reader.plan import ID_KEY, PAD_KEY
+from rowstore.reader.plan import EXTRA_KEYS
 from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.torch._convert import _columns_of, _resolve_varlen, _tensor, torch_dtype
 
@@ -66,7 +66,7 @@ class _Var:
         return torch.nested.nested_tensor(views, dtype=self.values.dtype, device=self.values.device)
 
 
-_EXTRA_KEYS = (ID_KEY, PAD_KEY)
+_EXTRA_KEYS = EXTRA_KEYS
 
 
 class _Collator:

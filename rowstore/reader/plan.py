@@ -9,8 +9,9 @@ it. The plan deals it to ``C`` consumers (DDP ranks x DataLoader workers):
   (consumer ``c`` gets units ``c, c + C, ...``). A unit is a contiguous range of the order, so
   a consumer reads windows of blocks it mostly uses (``unit * B`` rows about one window: see
   ``docs/order.md`` for the measured read cost).
-- **Tail**: what is left after the last full round of units (fewer than ``C * unit`` batches)
-  is dealt one batch at a time, so consumers' step counts differ by at most one.
+- **Tail**: what is left after the last full round of units (``T < C * unit`` batches) is
+  dealt as one round of shorter units (``T // C`` batches each), then the last ``T % C``
+  batches one at a time, so consumers' step counts differ by at most one.
 - **Equal steps** (the policy is explicit): ``drop_last=True`` leaves out the last partial
   batch and the last ``T % C`` tail batches; ``pad=True`` completes the partial batch and gives
   the consumers one short a batch of repeated rows, marked by the ``"__pad"`` column (True for
@@ -154,8 +155,13 @@ class EpochPlan:
         fk, tail, base = self._counts(C, k)
         j = np.arange(fk, dtype=np.int64)
         full = ((j // k) * C + c) * k + j % k
-        extra = base + c + C * np.arange(max(0, -(-(tail - c) // C)), dtype=np.int64)
-        seq = np.concatenate((full, extra))
+        # The tail: one round of shorter units (tail // C batches each), then the last
+        # tail % C batches one each.
+        k2 = tail // C
+        mid = base + c * k2 + np.arange(k2, dtype=np.int64)
+        base2 = base + C * k2
+        extra = np.array([base2 + c] if c < tail - C * k2 else [], dtype=np.int64)
+        seq = np.concatenate((full, mid, extra))
         want = int(self.steps(C, k)[c])
         if len(seq) > want:
             seq = seq[:want]

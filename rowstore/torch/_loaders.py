@@ -434,8 +434,12 @@ class BatchedDataLoader(_Loader, _EpochReader):
 
     @property
     def position(self) -> int:
-        """Rows handed out (to this rank) in this epoch, or since the state it resumed from."""
-        return self._position * self.batch_size
+        """Rows of the current epoch delivered by the job: the batches delivered before the
+        state it resumed from, plus ``steps`` batches on each of the ``world`` ranks (capped
+        at the epoch's rows). With one rank: the rows this loader handed out in the epoch."""
+        plan = self._plan(self._remaining(self._epoch))
+        before = plan.num_batches - plan.num_positions
+        return min((before + self._position * self.shard[1]) * self.batch_size, plan.num_rows)
 
     @property
     def steps(self) -> int:

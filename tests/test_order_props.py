@@ -183,3 +183,53 @@ def test_reader_deal_reads_what_the_plan_says(ids_path, shuffle, policy):
                 assert b["__pad"].tolist() == mask.tolist()
             else:
                 assert "__pad" not in b
+
+
+@pytest.fixture(scope="module")
+def mix_sources(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mixprops")
+    out = []
+    for k, (n, rpb) in enumerate([(97, 8), (40, 5), (23, 16)]):
+        p = str(d / f"s{k}.h5")
+        with rowstore.Writer(p, Schema([Field("id", "int64"), Field("src", "int64")]), rows_per_block=rpb) as w:
+            w.write_batch({"id": np.arange(n), "src": np.full(n, k)})
+        out.append(p)
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(weights=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(lambda w: sum(w) > 0),
+       seed=st.integers(0, 1000), replacement=st.booleans(), bs=st.integers(1, 9), world=st.integers(1, 4),
+       world2=st.integers(1, 4), policy=policies, at=st.floats(0, 1))
+def test_mixtures_deal_and_resume_like_a_dataset(mix_sources, weights, seed, replacement, bs, world, world2, policy,
+                                                  at):
+    m = rowstore.mix(list(zip(mix_sources, weights)), seed=seed, replacement=replacement,
+                     epoch_rows=150 if replacement else None)
+    kw = dict(seed=seed + 1, window=2, drop_last=policy == "drop", pad=policy == "pad", unit=2)
+    plan = _plan(m.epoch_rows, bs, policy)
+    n = int(plan.steps(world, 2).min() * at)
+
+    def rows(batches):
+        out = []
+        for b in batches:
+            keep = ~b["__pad"] if "__pad" in b else np.ones(len(b["id"]), bool)
+            out += list(zip(b["src"][keep].tolist(), b["id"][keep].tolist()))
+        return out
+
+    first = [r for c in range(world) for r in rows(list(m.deal(bs, consumer=(c, world), **kw))[:n])]
+    left = plan.after([n] * world, 2)
+    rest = [] if left is None else [r for c in range(world2)
+                                    for r in rows(m.deal(bs, consumer=(c, world2), remaining=left.remaining, **kw))]
+    got = first + rest
+    counts = np.bincount([s for s, _ in got], minlength=3)
+    if policy != "drop":
+        assert counts.tolist() == m.counts.tolist()  # exactly the mixture's counts
+    assert (counts <= m.counts).all()
+    if not replacement:
+        assert len(got) == len(set(got))  # no row twice without replacement
+        assert (m.counts <= m.sizes).all()
+    else:  # with replacement, a row repeats only across passes over its source
+        for k in range(3):
+            ids = [i for s, i in got if s == k]
+            assert max(np.bincount(ids, minlength=1)) <= -(-m.counts[k] // m.sizes[k]) if ids else True

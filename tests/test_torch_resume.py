@@ -161,9 +161,11 @@ def test_map_style_sampler_resumes_on_another_world(ids_path):
     assert len(got) == len(set(got)) and N - len(got) < 8 * 3
 
 
-def test_resumable_loader_continues_and_moves_on(ids_path):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resumable_loader_continues_and_moves_on(ids_path, persistent):
     ds = rst.IterableDataset(ids_path, batch_size=10, seed=1)
-    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                                 persistent_workers=persistent)
     n = len(dl)
     got = []
     for k, b in enumerate(dl):

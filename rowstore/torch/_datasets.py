@@ -24,6 +24,9 @@ from rowstore.torch._collate import Row, RowBatch, _Collator, collate
 from rowstore.torch._transform import _as_spec, _process, _schemas
 
 
+_MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
+
+
 class _Indices(list):
     """A batch of dataset row numbers from :class:`ElasticBatchSampler`, with its padding mask
     (None without ``pad``) and whether to add ``"__id"``."""
@@ -161,7 +164,8 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     lives in shared memory, so persistent workers see it at their next epoch.
 
     Resume: :class:`ResumableDataLoader` gives a state that resumes on any world and number
-    of workers (:meth:`load_state_dict` it before the workers start). Under
+    of workers (a loaded state lives in shared memory, as the epoch does: persistent workers
+    see it at their next iteration). Under
     ``torchdata.stateful_dataloader.StatefulDataLoader``, :meth:`state_dict` and
     :meth:`load_state_dict` run in each worker (its own progress: same number of workers).
 
@@ -214,7 +218,9 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self._collator = _Collator(self.output_schema, varlen)
         # Shared memory: persistent DataLoader workers (fork or spawn) see set_epoch.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._resume: tuple[int, list | None] | None = None  # (epoch, remaining) of a loaded state
+        # (epoch, remaining) of a loaded state, in shared memory too, so that persistent workers
+        # see a state loaded after they started: [epoch + 1 (0: none), has remaining, n, a0, b0, ...].
+        self._shared_resume = torch.zeros(3 + 2 * _MAX_RANGES, dtype=torch.int64).share_memory_()
         self._skip: tuple[tuple[int, int], int, int] | None = None  # a worker state: (consumer, taken, row)
         self._progress: dict | None = None  # this process's iteration: where it stands
         self._iterations: weakref.WeakSet = weakref.WeakSet()  # this process's, still open
@@ -231,6 +237,33 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     @property
     def epoch(self) -> int:
         return int(self._epoch[0])
+
+    @property
+    def _resume(self) -> tuple[int, list | None] | None:
+        sh = self._shared_resume
+        if int(sh[0]) == 0:
+            return None
+        if not int(sh[1]):
+            return int(sh[0]) - 1, None
+        n = int(sh[2])
+        return int(sh[0]) - 1, sh[3 : 3 + 2 * n].view(n, 2).tolist()
+
+    @_resume.setter
+    def _resume(self, value: tuple[int, list | None] | None) -> None:
+        sh = self._shared_resume
+        if value is None:
+            sh[0] = 0
+            return
+        epoch, remaining = value
+        if remaining is not None:
+            if len(remaining) > _MAX_RANGES:
+                raise ValueError(f"this state has {len(remaining)} ranges of remaining batches, more than the "
+                                 f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first")
+            sh[2] = len(remaining)
+            if remaining:
+                sh[3 : 3 + 2 * len(remaining)] = torch.tensor(remaining, dtype=torch.int64).reshape(-1)
+        sh[1] = remaining is not None
+        sh[0] = epoch + 1
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (call before ``iter(loader)``).

@@ -82,9 +82,8 @@ class ResumableDataLoader(_tud.DataLoader):
     of *another* world size and number of workers resumes with exactly the batches not yet
     delivered. Like :class:`~rowstore.torch.BatchedDataLoader`, a completed iteration moves to
     the next epoch; breaking out of a loop and iterating again continues where it stopped.
-    ``len(loader)`` is this rank's number of batches in the next iteration. With
-    ``persistent_workers=True``, load a state before the first iteration (workers keep the
-    dataset they started with, except for the epoch).
+    ``len(loader)`` is this rank's number of batches in the next iteration. Persistent
+    workers see a state loaded at any time (the IterableDataset keeps it in shared memory).
     """
 
     def __init__(self, dataset: Any, *args: Any, **kwargs: Any):

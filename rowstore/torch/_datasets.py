@@ -23,7 +23,6 @@ from rowstore.torch._args import (
 from rowstore.torch._collate import Row, RowBatch, _Collator, collate
 from rowstore.torch._transform import _as_spec, _process, _schemas
 
-
 _MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
 
 

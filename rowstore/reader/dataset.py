@@ -422,10 +422,10 @@ class Reader:
               keep: np.ndarray | None = None) -> _order.EpochOrder:
         """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with ``keep``)."""
         return _order.EpochOrder(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
-                                 window=window, keep=None if keep is None else self.layout_keep(keep))
+                                 window=window, keep=None if keep is None else self._check_keep(keep))
 
-    def layout_keep(self, keep: np.ndarray) -> np.ndarray:
-        """``keep`` (per dataset row) as the order's mask (per dataset row as well: the same)."""
+    def _check_keep(self, keep: np.ndarray) -> np.ndarray:
+        """``keep`` as a bool array of one value per dataset row, checked."""
         keep = np.asarray(keep, dtype=bool)
         if keep.shape != (self.num_rows,):
             raise ValueError(f"keep must hold one bool per row ({self.num_rows}), got shape {keep.shape}")
@@ -434,7 +434,7 @@ class Reader:
     def plan(self, batch_size: int, *, drop_last: bool = False, pad: bool = False,
              remaining: Sequence[Sequence[int]] | None = None, keep: np.ndarray | None = None) -> EpochPlan:
         """The :class:`~rowstore.reader.plan.EpochPlan` of an epoch (or what is left of it)."""
-        n = self.num_rows if keep is None else int(np.count_nonzero(self.layout_keep(keep)))
+        n = self.num_rows if keep is None else int(np.count_nonzero(self._check_keep(keep)))
         return EpochPlan(n, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
 
     def deal(

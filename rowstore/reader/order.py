@@ -232,9 +232,35 @@ class EpochOrder:
                               keep=self.keep, first=self._first)
 
     def ids(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """Row ids at positions ``[lo, hi)`` of the order."""
-        parts = [seg.rows() for seg in self.segments(lo, self.num_rows if hi is None else hi)]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        """Row ids at positions ``[lo, hi)`` of the order. Windows are computed once and the
+        last few kept, so many short ranges of one window (a batch sampler's batches) cost one
+        window shuffle, not one each."""
+        lo, hi = max(0, int(lo)), min(self.num_rows if hi is None else int(hi), self.num_rows)
+        if lo >= hi:
+            return np.zeros(0, np.int64)
+        if self.shuffle == "full":
+            return self._full()[lo:hi]
+        parts = []
+        w = int(np.searchsorted(self._win_end, lo, side="right"))
+        while lo < hi:
+            start = int(self._win_end[w - 1]) if w else 0
+            ids = self._window_ids(w)
+            a, z = lo - start, min(hi - start, len(ids))
+            parts.append(ids[a:z])
+            lo, w = start + z, w + 1
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _window_ids(self, w: int) -> np.ndarray:
+        cache = self.__dict__.setdefault("_wcache", {})
+        if w not in cache:
+            if len(cache) >= 4:
+                cache.pop(next(iter(cache)))
+            m = int(self._win_rows[w])
+            wb = self.blocks[self._win_starts[w] : self._win_starts[w] + self.window]
+            wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
+            cache[w] = Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=0, z=m,
+                               keep=self.keep, first=self._first).rows()
+        return cache[w]
 
 
 def iter_segments(

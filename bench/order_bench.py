@@ -38,7 +38,7 @@ from rowstore.demo import make_demo  # noqa: E402
 from rowstore.reader.order import EpochOrder  # noqa: E402
 from rowstore.reader.proof import batch_blocks, read_cost  # noqa: E402
 
-WORKLOADS = {"tiny": 400_000, "patch": 3_000, "image": 600, "speech": 1_500}
+WORKLOADS = {"tiny": 2_000_000, "patch": 6_000, "image": 600, "speech": 3_000}
 NBLOCKS = 4096  # the layouts of the locality and quality figures: 4 GiB of 1 MiB blocks
 BATCH = 64
 

@@ -89,3 +89,17 @@ def test_checkpoint_restores_the_position(ids_path, tmp_path):
         rtf.Loader(ids_path, batch_size=10, seed=2).load_state_dict(loader.state_dict())
     with pytest.raises(ValueError, match="choose one"):
         rtf.Loader(ids_path, batch_size=10, pad=True, drop_last=True)
+
+
+def test_loader_reads_a_mixture(ids_path, tmp_path):
+    other = str(tmp_path / "o.h5")
+    schema = rowstore.open(ids_path).schema
+    with rowstore.Writer(other, schema, rows_per_block=8) as w:
+        w.write_batch({"id": np.arange(1000, 1050), "x": np.zeros((50, 3), np.float32),
+                       "w": [np.zeros(1, np.float32)] * 50})
+    m = rowstore.mix({ids_path: 0.5, other: 0.5}, seed=2, with_source=True)
+    got = list(rtf.Loader(m, batch_size=10, seed=1, fields=["id"]).dataset())
+    src = np.concatenate([b["__source"].numpy() for b in got])
+    ids = np.concatenate([b["id"].numpy() for b in got])
+    assert len(ids) == m.epoch_rows == 100 and (src == 1).sum() == 50
+    assert ((ids >= 1000) == (src == 1)).all() and len(set(ids.tolist())) == 100

@@ -222,3 +222,15 @@ def test_row_mode_ids_and_len(ids_path):
     assert len(ds) == 100 and len(DataLoader(ds, batch_size=16, collate_fn=rst.collate)) == 7
     with pytest.raises(TypeError, match="num_workers"):
         len(rst.IterableDataset(ids_path))
+
+
+def test_quality_reported_by_the_dataset_and_sampler(ids_path, caplog):
+    seen = []
+    ds = rst.IterableDataset(ids_path, batch_size=10, num_epochs=2, quality=lambda e, q: seen.append((e, q)))
+    assert len(list(DataLoader(ds, batch_size=None))) == 2 * -(-N // 10)
+    assert [e for e, _ in seen] == [0, 1] and all(0 < q <= 1 for _, q in seen)
+    with caplog.at_level("INFO", logger="rowstore"):
+        list(rst.ElasticBatchSampler(rst.Dataset(ids_path), batch_size=10, quality="log"))
+    assert "shuffle quality" in caplog.text
+    with pytest.raises(ValueError, match="quality"):
+        rst.IterableDataset(ids_path, quality="print")

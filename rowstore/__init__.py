@@ -42,6 +42,7 @@ __all__ = [
     "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
     "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
     "ConcurrentWriterError",
+    "mix",
 ]  # fmt: skip
 
 
@@ -65,3 +66,11 @@ def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zar
     from rowstore.reader import Reader
 
     return Reader(path, **kwargs)
+
+
+# -- weighted mixtures (rowstore.reader.mix) --------------------------------------------------
+def mix(sources, **kwargs):
+    """A weighted mixture of datasets read as one stream; see :func:`rowstore.reader.mix.mix`."""
+    from rowstore.reader.mix import mix as _mix
+
+    return _mix(sources, **kwargs)

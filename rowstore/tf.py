@@ -35,10 +35,22 @@ from rowstore.reader._args import positive_int, varlen_modes
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.order import check_args
+from rowstore.reader.plan import (
+    EXTRA_KEYS,
+    ID_KEY,
+    PAD_KEY,
+    SOURCE_KEY,
+    default_unit,
+    make_state,
+    rank_steps_taken,
+    read_state,
+    subset_key,
+)
 from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = [
     "make_dataset",
+    "Loader",
     "repeat_epochs",
     "distribute_dataset_fn",
     "output_signature",
@@ -513,3 +525,210 @@ def distribute_dataset_fn(
         )  # fmt: skip
 
     return dataset_fn
+
+
+# -- resumable input (rowstore.reader.plan) -----------------------------------------------------
+class Loader(tf.Module):
+    """A resumable ``tf.data`` input: this worker's part of each epoch's global batches, dealt
+    as the torch loaders deal them (:mod:`rowstore.reader.plan`), with a state that resumes on
+    another number of workers.
+
+    ``loader = rowstore.tf.Loader(path, batch_size=64, seed=0, shard=(i, n))``; ``ds =
+    loader.dataset(num_epochs=...)`` reads from where the loader stands. The loader is a
+    ``tf.Module``: its progress lives in ``tf.Variable``\\ s, so ``tf.train.Checkpoint(model=m,
+    data=loader)`` saves and restores it beside the model; :meth:`state_dict` /
+    :meth:`load_state_dict` give the same state as plain Python (JSON), which
+    :class:`rowstore.torch.BatchedDataLoader` reads too. The state is the same on every worker
+    that took the same number of steps and resumes on any ``shard`` count.
+
+    Progress counts the batches the dataset hands out: the dataset's last step records it, and
+    tf.data's automatic prefetch at the end is turned off (``inject_prefetch=False``), so a
+    batch counts when your loop receives it. Keras ``fit`` and distribution strategies read
+    ahead of the step they train; there, save the state returned by :meth:`state_at` for the
+    step you trained (``batch["__step"]``).
+
+    Parameters
+    ----------
+    path_or_reader, batch_size, shuffle, seed, window, fields, varlen, num_threads
+        As in :func:`make_dataset`.
+    shard : (index, count), optional
+        This worker's part (default (0, 1)).
+    drop_last, pad : bool
+        Equal steps on every worker, by leaving rows out or repeating them (``"__pad"``: True
+        for a repeated row); neither: step counts may differ by one.
+    unit : int, optional
+        Global batches dealt at a time (default: about a window of rows).
+    with_ids : bool
+        Add ``"__id"`` (int64), each row's dataset row number.
+    rows, predicate : optional
+        A row subset (see :meth:`Reader.keep_mask <rowstore.reader.Reader.keep_mask>`).
+    quality : None, "log" or callable
+        Report each epoch's shuffle quality when its first batch is read.
+
+    Elements also hold ``"__epoch"`` and ``"__step"`` (int64 scalars: the epoch and this
+    worker's steps taken in it once the batch is handed out).
+    """
+
+    def __init__(self, path_or_reader: _Source, *, batch_size: int, shuffle: str = "block", seed: int = 0,
+                 window: int = 16, shard: tuple[int, int] | None = None, drop_last: bool = False, pad: bool = False,
+                 unit: int | None = None, with_ids: bool = False, rows: Any = None, predicate: Any = None,
+                 fields: Sequence[str] | None = None, varlen: str | Mapping[str, str] = "ragged",
+                 num_threads: int | None = None, quality: Any = None):
+        super().__init__(name="rowstore_loader")
+        self.reader, _ = as_reader(path_or_reader)
+        self.batch_size = positive_int("batch_size", batch_size)
+        self.shard = (0, 1) if shard is None else (int(shard[0]), int(shard[1]))
+        check_args(shuffle, seed, 0, window, *self.shard)
+        if drop_last and pad:
+            raise ValueError("drop_last and pad are two equal-steps policies: choose one")
+        self.shuffle, self.seed, self.window = shuffle, seed, window
+        self.drop_last, self.pad, self.with_ids = bool(drop_last), bool(pad), bool(with_ids)
+        self.unit = positive_int("unit", unit, optional=True) or default_unit(
+            shuffle, window, self.reader.layout.rows_per_block, self.batch_size)
+        self.fields = fields
+        self.num_threads = positive_int("num_threads", num_threads, optional=True)
+        self._keep = self.reader.keep_mask(rows, predicate)
+        self.quality = quality
+        self._schema = self.reader.schema.select(fields)
+        self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
+        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        self._base_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="base_epoch")
+        self._base = tf.Variable("", dtype=tf.string, trainable=False, name="base")  # JSON: remaining
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.numpy())
+
+    @property
+    def steps(self) -> int:
+        """Batches handed out in the current epoch (since the state it resumed from)."""
+        return int(self._steps.numpy())
+
+    def _remaining(self, epoch: int) -> list | None:
+        if int(self._base_epoch.numpy()) != epoch:
+            return None
+        import json
+
+        text = self._base.numpy().decode()
+        return json.loads(text) if text else None
+
+    def _plan(self, remaining: list | None):
+        return self.reader.plan(self.batch_size, drop_last=self.drop_last, pad=self.pad, remaining=remaining,
+                                keep=self._keep)
+
+    def _order_key(self) -> dict:
+        plan = self._plan(None)
+        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window,
+                "dataset_rows": len(self.reader), "dataset_version": self.reader.layout.version,
+                "subset": subset_key(self._keep), "batch_size": self.batch_size, "num_rows": plan.num_rows,
+                "drop_last": plan.drop_last, "pad": plan.pad}
+
+    def state_at(self, epoch: int, steps: int) -> dict:
+        """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
+        plan = self._plan(self._remaining(int(epoch)))
+        left = plan.after(rank_steps_taken(plan, int(steps), self.shard[1], 1, self.unit), self.unit)
+        if left is None:
+            return make_state(int(epoch) + 1, self._order_key(), None)
+        return make_state(int(epoch), self._order_key(), left)
+
+    def state_dict(self) -> dict:
+        """Where the input stands (see the class): plain Python values, JSON friendly."""
+        return self.state_at(self.epoch, self.steps)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state of any worker of any worker count: the next :meth:`dataset`
+        deals exactly the batches not yet delivered."""
+        import json
+
+        epoch, remaining = read_state(dict(state), self._order_key())
+        self._epoch.assign(epoch)
+        self._steps.assign(0)
+        self._base_epoch.assign(epoch)
+        self._base.assign("" if remaining is None else json.dumps(remaining))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""
+        self._epoch.assign(int(epoch))
+        self._steps.assign(0)
+        self._base_epoch.assign(-1)
+
+    def __len__(self) -> int:
+        """Steps of the current epoch still to take (this worker)."""
+        plan = self._plan(self._remaining(self.epoch))
+        return int(plan.steps(self.shard[1], self.unit)[self.shard[0]]) - self.steps
+
+    # -- the dataset ---------------------------------------------------------------------------
+    def dataset(self, num_epochs: int | None = 1) -> tf.data.Dataset:
+        """Batches from where the loader stands, for ``num_epochs`` epochs (the current one
+        counts; None: endless). Recording progress is the dataset's last step."""
+        positive_int("num_epochs", num_epochs, optional=True)
+        schema, modes = self._schema, self._modes
+        variable = [f for f in schema if f.is_variable]
+        padded = [f for f in variable if modes[f.name] == "padded"]
+        sig = output_signature(schema, batch_size=self.batch_size, varlen=modes)
+        for f in variable:
+            sig[f.name] = f.tf_spec(-1, ragged=True)
+        if self.with_ids:
+            sig[ID_KEY] = tf.TensorSpec((None,), tf.int64)
+        if self.pad:
+            sig[PAD_KEY] = tf.TensorSpec((None,), tf.bool)
+        if getattr(self.reader, "with_source", False):  # a rowstore.mix Mixture
+            sig[SOURCE_KEY] = tf.TensorSpec((None,), tf.int64)
+        sig["__epoch"] = tf.TensorSpec((), tf.int64)
+        sig["__step"] = tf.TensorSpec((), tf.int64)
+        convert = _BatchConverter(schema, modes, False)
+        e0, s0 = self.epoch, self.steps
+        stop = None if num_epochs is None else e0 + num_epochs
+        names = schema.names
+        reported: set[int] = set()
+
+        def generate():
+            epoch, skip = e0, s0
+            while stop is None or epoch < stop:
+                if self.quality is not None and epoch not in reported:
+                    reported.add(epoch)
+                    q = self.reader.shuffle_quality(self.batch_size, shuffle=self.shuffle, seed=self.seed,
+                                                    epoch=epoch, window=self.window)
+                    if self.quality == "log":
+                        import logging
+
+                        logging.getLogger("rowstore").info("rowstore epoch %d: shuffle quality %.3f", epoch, q)
+                    else:
+                        self.quality(epoch, q)
+                it = self.reader.deal(
+                    self.batch_size, consumer=self.shard, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                    window=self.window, unit=self.unit, drop_last=self.drop_last, pad=self.pad,
+                    remaining=self._remaining(epoch), skip=skip, keep=self._keep, fields=names,
+                    with_ids=self.with_ids, num_threads=self.num_threads, varlen="ragged",
+                )  # fmt: skip
+                step = skip
+                try:
+                    for b in it:
+                        out = convert(b)
+                        for k in EXTRA_KEYS:
+                            if k in b:
+                                out[k] = b[k]
+                        step += 1
+                        out["__epoch"] = np.int64(epoch)
+                        out["__step"] = np.int64(step)
+                        yield out
+                finally:
+                    it.close()
+                epoch, skip = epoch + 1, 0
+
+        ds = tf.data.Dataset.from_generator(generate, output_signature=sig)
+        if padded:
+            ds = ds.map(_pad_fn(padded))
+        ds = ds.prefetch(2)
+        epoch_v, steps_v = self._epoch, self._steps
+
+        def record(el):
+            epoch_v.assign(el["__epoch"])
+            steps_v.assign(el["__step"])
+            return el
+
+        opts = tf.data.Options()
+        opts.experimental_optimization.inject_prefetch = False
+        return ds.map(record).with_options(opts)

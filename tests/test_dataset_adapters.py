@@ -114,8 +114,8 @@ def test_ddp_shards_are_disjoint_and_complete(source, shuffle, even):
         assert ids_of(list(DataLoader(it, batch_size=None))).tolist() == parts[-1].tolist()
     allids = np.concatenate(parts)
     assert len(set(allids.tolist())) == len(allids)  # disjoint
-    if even:
-        assert all(len(p) == N // world for p in parts)
+    if even:  # equal steps of whole batches on every rank (the epoch is dealt in batches)
+        assert len({len(p) for p in parts}) == 1 and N - len(allids) < 5 * world
     else:
         assert sorted(allids.tolist()) == list(range(N))  # complete
 
@@ -130,7 +130,7 @@ def test_batched_loader_resumes_mid_epoch(source, shuffle):
         head = [next(it) for _ in range(3)]
         state = json.loads(json.dumps(dl.state_dict()))
         it.close()
-    assert state["position"] == 12 and state["dataset_version"] == (1 if isinstance(source, str) else None)
+    assert state["remaining"][0][0] == 3 and state["dataset_version"] == (1 if isinstance(source, str) else None)
     with rst.BatchedDataLoader(source, batch_size=4, shuffle=shuffle, seed=5, window=2) as dl2:
         dl2.load_state_dict(state)
         rest = ids_of(list(dl2))

@@ -126,12 +126,10 @@ def test_iterable_workers_batches_and_rows(ids_path):
     batches = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
     _assert_once(_ids(batches))
     assert all(len(b["id"]) <= 10 for b in batches)
-    # the union of worker shards is the epoch; each worker's part is its shard of the order
+    # the union of worker parts is the epoch; each worker's part is its dealt part (consumer w of 2)
     r = rowstore.open(ids_path)
-    assert (
-        _ids(batches[0::2]) == r.epoch_order(seed=3, shard=(0, 2)).tolist()
-    )  # worker 0 (in-order round robin)
-    assert _ids(batches[1::2]) == r.epoch_order(seed=3, shard=(1, 2)).tolist()
+    assert _ids(batches[0::2]) == _ids(r.deal(10, consumer=(0, 2), seed=3))  # worker 0 (in-order round robin)
+    assert _ids(batches[1::2]) == _ids(r.deal(10, consumer=(1, 2), seed=3))
     # rows, collated by rowstore.torch.collate
     rows_ds = rst.IterableDataset(ids_path, shuffle="full", seed=1)
     batches = list(
@@ -144,21 +142,22 @@ def test_iterable_workers_batches_and_rows(ids_path):
         )
     )
     _assert_once(_ids(batches))
-    # even: every worker gets exactly N // 2 rows
+    # even: every worker takes the same number of whole batches: 25 of 8 rows dealt to 2 -> 12 each
     even = rst.IterableDataset(ids_path, batch_size=8, even=True)
-    ids = _ids(DataLoader(even, batch_size=None, num_workers=2, multiprocessing_context="fork"))
-    assert len(ids) == (N // 2) * 2 and len(set(ids)) == len(ids)
-    assert even.num_items(num_workers=2) == 2 * -(-(N // 2) // 8)
+    batches = list(DataLoader(even, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    ids = _ids(batches)
+    assert len(ids) == 24 * 8 and len(set(ids)) == len(ids) and {len(b["id"]) for b in batches} == {8}
+    assert even.num_items(num_workers=2) == 24
 
 
 def test_iterable_matches_reader_order_and_set_epoch(ids_path):
     r = rowstore.open(ids_path)
     ds = rst.IterableDataset(ids_path, batch_size=32, seed=5, shard=(1, 3))
     e0 = _ids(ds)
-    assert e0 == r.epoch_order(seed=5, shard=(1, 3)).tolist()
+    assert e0 == _ids(r.deal(32, consumer=(1, 3), seed=5))
     ds.set_epoch(1)
     e1 = _ids(ds)
-    assert e1 == r.epoch_order(seed=5, epoch=1, shard=(1, 3)).tolist() and e1 != e0
+    assert e1 == _ids(r.deal(32, consumer=(1, 3), seed=5, epoch=1)) and e1 != e0
     ds.set_epoch(0)
     assert _ids(ds) == e0
     rows = list(rst.IterableDataset(ids_path, shuffle="none"))
@@ -243,7 +242,8 @@ def test_batched_matches_reader_and_resumes(ids_path, shuffle):
     kw = dict(batch_size=16, shuffle=shuffle, seed=11, shard=(1, 2), window=3)
     dl = rst.BatchedDataLoader(ids_path, **kw)
     dl.set_epoch(2)
-    expect = r.epoch_order(shuffle=shuffle, seed=11, epoch=2, window=3, shard=(1, 2)).tolist()
+    # rank 1 of 2 gets its dealt part of the epoch's global batches (rowstore.reader.plan)
+    expect = _ids(r.deal(16, consumer=(1, 2), shuffle=shuffle, seed=11, epoch=2, window=3))
     assert len(dl) == -(-len(expect) // 16)
     it = iter(dl)
     head = [next(it) for _ in range(3)]
@@ -260,6 +260,65 @@ def test_batched_matches_reader_and_resumes(ids_path, shuffle):
     resumed = list(dl2)
     assert _ids(resumed) == _ids(tail)
     assert all(torch.equal(a["x"], b["x"]) for a, b in zip(resumed, tail))
+
+
+@pytest.mark.parametrize("policy", [dict(drop_last=True), dict(pad=True), {}])
+def test_batched_elastic_resume_on_another_world(ids_path, policy):
+    """2 ranks take 3 steps each and save (both states equal); 3 ranks resume from one of them
+    and deliver exactly the rows not yet delivered; equal steps under drop_last/pad."""
+    kw = dict(batch_size=8, seed=3, window=2, with_ids=True, **policy)
+
+    def real(b):
+        ids = b["__id"]
+        return ids[~b["__pad"]].tolist() if "__pad" in b else ids.tolist()
+
+    first, states = [], []
+    for rank in range(2):
+        dl = rst.BatchedDataLoader(ids_path, shard=(rank, 2), **kw)
+        it = iter(dl)
+        first += [i for _ in range(3) for i in real(next(it))]
+        states.append(json.loads(json.dumps(dl.state_dict())))
+        it.close()
+    assert states[0] == states[1] and states[0]["remaining"]
+    rest, steps = [], []
+    for rank in range(3):
+        dl = rst.BatchedDataLoader(ids_path, shard=(rank, 3), **kw)
+        dl.load_state_dict(states[1])
+        n = len(dl)
+        got = list(dl)
+        assert len(got) == n
+        steps.append(n)
+        rest += [i for b in got for i in real(b)]
+        assert dl.epoch == 1 and dl.steps == 0
+    assert len(first) + len(rest) == len(set(first) | set(rest))
+    if policy:
+        assert len(set(steps)) == 1
+    if "drop_last" in policy:
+        assert N - len(first + rest) < 8 * 3
+    else:
+        _assert_once(first + rest)
+
+
+def test_batched_ids_subsets_predicate_epochs_quality(ids_path, caplog):
+    rows = np.arange(0, N, 3)
+    dl = rst.BatchedDataLoader(ids_path, batch_size=10, rows=rows, with_ids=True, num_epochs=2, seed=1)
+    assert len(dl) == 2 * -(-len(rows) // 10)
+    ids = _ids(dl)
+    assert sorted(ids) == sorted(rows.tolist() * 2) and ids[: len(rows)] != ids[len(rows):]
+    pred = rst.BatchedDataLoader(ids_path, batch_size=10, predicate=lambda b: b["id"] % 3 == 0, fields=["x"],
+                                 with_ids=True, seed=1)
+    assert sorted(i for b in pred for i in b["__id"].tolist()) == rows.tolist()
+    seen = []
+    with caplog.at_level("INFO", logger="rowstore"):
+        dl = rst.BatchedDataLoader(ids_path, batch_size=10, quality="log", num_epochs=2)
+        list(dl)
+        list(rst.BatchedDataLoader(ids_path, batch_size=10, quality=lambda e, q: seen.append((e, q))))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["rowstore epoch 0", "rowstore epoch 1"]
+    assert len(seen) == 1 and seen[0][0] == 0 and 0 < seen[0][1] <= 1
+    with pytest.raises(ValueError, match="num_threads"):
+        rst.BatchedDataLoader(ids_path, batch_size=10, num_workers=2)
+    with pytest.raises(ValueError, match="choose one"):
+        rst.BatchedDataLoader(ids_path, batch_size=10, pad=True, drop_last=True)
 
 
 def test_batched_epochs_break_and_restart(ids_path):

@@ -22,6 +22,7 @@ from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, concat_batches, pad_ragged
+from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
 from rowstore.schema import Schema
 
 __all__ = ["Reader"]
@@ -376,13 +377,150 @@ class Reader:
         return cut_batches(prefetched(segments, produce, threads, prefetch), batch_size, drop_last, finish)
 
 
+    # -- dealt epochs: elastic resume and equal steps (rowstore.reader.plan) ----------------------
+    def keep_mask(self, rows: Any = None, predicate: Any = None, *, fields: Sequence[str] | None = None) -> np.ndarray | None:
+        """A row subset as one bool per dataset row (None: every row).
+
+        ``rows``: dataset row numbers (any order, repeats ignored). ``predicate``: a function of
+        a batch dict (the ``fields`` it needs, default all) returning one bool per row; it is
+        called once per block, reading the dataset once in file order. Both: their intersection.
+        """
+        if rows is None and predicate is None:
+            return None
+        n = self.num_rows
+        keep = np.ones(n, bool)
+        if rows is not None:
+            idx = np.asarray(rows)
+            if idx.dtype == bool:
+                raise TypeError("rows= takes row numbers, not a boolean mask")
+            if idx.size and idx.dtype.kind not in "iu":
+                raise TypeError(f"rows= must be integers, got {idx.dtype}")
+            idx = idx.astype(np.int64).reshape(-1)
+            bad = (idx < 0) | (idx >= n)
+            if bad.any():
+                raise IndexError(f"rows=: row {int(idx[np.argmax(bad)])} out of range for {n} rows")
+            keep[:] = False
+            keep[idx] = True
+        if predicate is not None:
+            if not callable(predicate):
+                raise TypeError(f"predicate must be a callable on a batch dict, got {type(predicate).__name__}")
+            first = self.layout.arrays()["first"]
+            counts = self.layout.block_rows()
+            for b in range(self.layout.num_blocks):
+                lo, m = int(first[b]), int(counts[b])
+                if m == 0:
+                    continue
+                batch = self.take(np.arange(lo, lo + m), fields=fields)
+                got = np.asarray(predicate(batch))
+                if got.dtype != bool or got.shape != (m,):
+                    raise ValueError(f"predicate must return a bool array of shape ({m},) for block {b}, got "
+                                     f"{got.dtype} {got.shape}")
+                keep[lo : lo + m] &= got
+        return keep
+
+    def epoch(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
+              keep: np.ndarray | None = None) -> _order.EpochOrder:
+        """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with ``keep``)."""
+        return _order.EpochOrder(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
+                                 window=window, keep=None if keep is None else self._check_keep(keep))
+
+    def _check_keep(self, keep: np.ndarray) -> np.ndarray:
+        """``keep`` as a bool array of one value per dataset row, checked."""
+        keep = np.asarray(keep, dtype=bool)
+        if keep.shape != (self.num_rows,):
+            raise ValueError(f"keep must hold one bool per row ({self.num_rows}), got shape {keep.shape}")
+        return keep
+
+    def plan(self, batch_size: int, *, drop_last: bool = False, pad: bool = False,
+             remaining: Sequence[Sequence[int]] | None = None, keep: np.ndarray | None = None) -> EpochPlan:
+        """The :class:`~rowstore.reader.plan.EpochPlan` of an epoch (or what is left of it)."""
+        n = self.num_rows if keep is None else int(np.count_nonzero(self._check_keep(keep)))
+        return EpochPlan(n, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+
+    def deal(
+        self,
+        batch_size: int,
+        *,
+        consumer: tuple[int, int] = (0, 1),
+        shuffle: str = "block",
+        seed: int = 0,
+        epoch: int = 0,
+        window: int = 16,
+        unit: int | None = None,
+        drop_last: bool = False,
+        pad: bool = False,
+        remaining: Sequence[Sequence[int]] | None = None,
+        skip: int = 0,
+        keep: np.ndarray | None = None,
+        fields: Sequence[str] | None = None,
+        with_ids: bool = False,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        varlen: str | None = None,
+    ) -> Generator[dict[str, Any], None, None]:
+        """Yield consumer ``c``'s batches of an epoch dealt to ``C`` consumers (``consumer=(c, C)``).
+
+        The epoch's global batches (``batch_size`` rows of the order each) are dealt in units
+        of ``unit`` batches round-robin (see :mod:`rowstore.reader.plan`): every batch has
+        ``batch_size`` rows (except the epoch's last without ``drop_last``/``pad``); ``pad``
+        adds ``"__pad"`` (True for rows repeated to even out steps); ``with_ids`` adds
+        ``"__id"`` (each row's dataset row number). ``remaining`` (from a saved state) deals
+        only those global batches; ``skip`` skips this consumer's first steps. ``keep``: a row
+        subset (:meth:`keep_mask`). Other arguments as in :meth:`batches`.
+        """
+        positive_int("batch_size", batch_size)
+        positive_int("prefetch", prefetch)
+        positive_int("num_threads", num_threads, optional=True)
+        nonneg_int("skip", skip)
+        c, C = consumer
+        _order.check_args(shuffle, seed, epoch, window, c, C)
+        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self._rpb, batch_size)
+        eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep)
+        plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+        gids = plan.batches(c, C, unit)[skip:]
+        plans = self._select(fields)
+        varlen = _check_varlen(varlen or self.varlen)
+        seg_rows = None
+        if shuffle == "full":
+            seg_rows = window if self.layout.compressed else max(batch_size, 4096)
+        B = batch_size
+
+        def segments():
+            real = gids[gids >= 0]
+            if len(real):
+                cut = np.flatnonzero(np.diff(real) != 1) + 1
+                for run in np.split(real, cut):
+                    lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
+                    yield from eo.segments(lo, hi, seg_rows)
+                    if pad and (hi - lo) < len(run) * B:
+                        yield _order.Segment(pad_ids(eo, len(run) * B - (hi - lo)), pad=True)
+            for _ in range(int((gids < 0).sum())):
+                yield _order.Segment(pad_ids(eo, B), pad=True)
+
+        threads = num_threads or self.num_threads
+        rows_of = self.layout.rows_of
+
+        def produce(seg: _order.Segment) -> dict:
+            b = self._read(seg, plans, None, 0, threads)
+            if with_ids:
+                b[ID_KEY] = rows_of(seg.rows())
+            if pad:
+                b[PAD_KEY] = np.full(len(seg), seg.pad, bool)
+            return b
+
+        def finish(batch: dict) -> dict:
+            return self._finish_varlen(batch, plans, varlen)
+
+        return cut_batches(prefetched(segments(), produce, threads, prefetch), batch_size, drop_last, finish)
+
+
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
     """``(reader, owned)``: ``path_or_reader`` itself if it is a :class:`Reader` (``owned`` is
     False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``: a file or
     a dataset directory; or a list or tuple of them, read as one; ``owned`` is True: the caller
     may close it). For the adapters, which take either."""
-    if isinstance(path_or_reader, Reader):
-        return path_or_reader, False
+    if isinstance(path_or_reader, Reader) or getattr(type(path_or_reader), "_rowstore_source", False):
+        return path_or_reader, False  # a Reader, or what reads like one (a rowstore.mix Mixture)
     if isinstance(path_or_reader, (str, bytes, os.PathLike)):
         return Reader(path_or_reader), True
     if isinstance(path_or_reader, (list, tuple)) and path_or_reader \

@@ -27,7 +27,7 @@ import numpy as np
 from rowstore.reader._args import nonneg_int, positive_int
 
 __all__ = [
-    "MODES", "Segment", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
+    "MODES", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
     "shuffle_quality",
 ]
 
@@ -117,13 +117,16 @@ class Segment:
     needs to gather from whole blocks, without mapping rows to slots again.
     """
 
-    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z")
+    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z", "_keep", "_first", "pad")
 
-    def __init__(self, rows=None, *, blocks=None, block_rows=None, rpb=0, seed=None, a=0, z=0):
+    def __init__(self, rows=None, *, blocks=None, block_rows=None, rpb=0, seed=None, a=0, z=0, keep=None, first=None,
+                 pad=False):
         self.blocks = blocks
         self._rows = rows
         self._local = None
         self._block_rows, self._rpb, self._seed, self._a, self._z = block_rows, rpb, seed, a, z
+        self._keep, self._first = keep, first
+        self.pad = pad  # rows repeated to even out steps (see EpochPlan), marked "__pad"
 
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else self._z - self._a
@@ -140,6 +143,9 @@ class Segment:
             loc = np.repeat(slot_start - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
             if self._seed is not None:
                 kernels.shuffle(loc, self._seed)
+            if self._keep is not None:  # a row subset: the window's order without the other rows
+                slot = loc // self._rpb
+                loc = loc[self._keep[self._first[self.blocks[slot]] + (loc - slot * self._rpb)]]
             self._local = loc[self._a : self._z]
         return self._local
 
@@ -149,6 +155,112 @@ class Segment:
             slot = loc // self._rpb
             self._rows = self.blocks[slot] * self._rpb + (loc - slot * self._rpb)
         return self._rows
+
+
+class EpochOrder:
+    """One epoch's order of a layout, computed once and cut into :class:`Segment`\\ s of any
+    position range ``[lo, hi)`` (the dealt plans read many short ranges of one epoch).
+
+    ``keep`` (bool per dataset row, optional) restricts the epoch to a row subset: the order is
+    the full epoch order with the other rows left out (so a subset's order is a pure function
+    of the same arguments, and positions count kept rows only).
+    """
+
+    def __init__(self, block_rows: np.ndarray, rows_per_block: int, *, shuffle: str = "block", seed: int = 0,
+                 epoch: int = 0, window: int = 16, keep: np.ndarray | None = None):
+        check_args(shuffle, seed, epoch, window, 0, 1)
+        self.block_rows = br = np.asarray(block_rows, dtype=np.int64)
+        self.rpb, self.shuffle, self.seed, self.epoch, self.window = rows_per_block, shuffle, seed, epoch, window
+        nblocks = len(br)
+        self._first = np.cumsum(br) - br  # each block's first dataset row
+        self.keep = None if keep is None else np.asarray(keep, dtype=bool)
+        if self.keep is not None and len(self.keep) != int(br.sum()):
+            raise ValueError(f"keep must hold one bool per row ({int(br.sum())}), got {len(self.keep)}")
+        if self.keep is None:
+            self._kept = br
+        else:
+            c = np.concatenate(([0], np.cumsum(self.keep, dtype=np.int64)))
+            self._kept = c[self._first + br] - c[self._first]
+        self.num_rows = int(self._kept.sum())
+        self._perm: np.ndarray | None = None
+        if shuffle == "full":
+            return
+        if shuffle == "block":
+            self.blocks = permutation(nblocks, seed64(seed, epoch, _STREAM_BLOCKS))
+        else:
+            self.blocks = np.arange(nblocks, dtype=np.int64)
+        self._win_starts = np.arange(0, nblocks, window)
+        self._win_rows = np.add.reduceat(self._kept[self.blocks], self._win_starts) if nblocks else np.zeros(0, np.int64)
+        self._win_end = np.cumsum(self._win_rows)
+
+    def _full(self) -> np.ndarray:
+        """``full`` mode: the epoch's permutation as row ids (computed once)."""
+        if self._perm is None:
+            n = int(self.block_rows.sum())
+            perm = permutation(n, seed64(self.seed, self.epoch, _STREAM_FULL))
+            if self.keep is not None:
+                perm = perm[self.keep[perm]]
+            b = np.searchsorted(self._first, perm, side="right") - 1
+            self._perm = np.arange(len(self.block_rows), dtype=np.int64)[b] * self.rpb + (perm - self._first[b])
+        return self._perm
+
+    def segments(self, lo: int, hi: int, segment_rows: int | None = None) -> Iterator[Segment]:
+        """The order's positions ``[lo, hi)`` as consecutive segments (windows, or slices of
+        ``segment_rows`` rows of the permutation in ``full`` mode)."""
+        lo, hi = max(0, int(lo)), min(int(hi), self.num_rows)
+        if lo >= hi:
+            return
+        if self.shuffle == "full":
+            part = self._full()[lo:hi]
+            step = segment_rows or max(1, self.window * self.rpb)
+            for i in range(0, len(part), step):
+                yield Segment(part[i : i + step])
+            return
+        win_end, win_rows, window = self._win_end, self._win_rows, self.window
+        first_win = int(np.searchsorted(win_end, lo, side="right"))
+        pos = int(win_end[first_win - 1]) if first_win else 0
+        for w in range(first_win, len(self._win_starts)):
+            if pos >= hi:
+                break
+            wb = self.blocks[self._win_starts[w] : self._win_starts[w] + window]
+            m = int(win_rows[w])
+            a, z = max(lo - pos, 0), min(hi - pos, m)
+            pos += m
+            if a < z:
+                wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
+                yield Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=a, z=z,
+                              keep=self.keep, first=self._first)
+
+    def ids(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Row ids at positions ``[lo, hi)`` of the order. Windows are computed once and the
+        last few kept, so many short ranges of one window (a batch sampler's batches) cost one
+        window shuffle, not one each."""
+        lo, hi = max(0, int(lo)), min(self.num_rows if hi is None else int(hi), self.num_rows)
+        if lo >= hi:
+            return np.zeros(0, np.int64)
+        if self.shuffle == "full":
+            return self._full()[lo:hi]
+        parts = []
+        w = int(np.searchsorted(self._win_end, lo, side="right"))
+        while lo < hi:
+            start = int(self._win_end[w - 1]) if w else 0
+            ids = self._window_ids(w)
+            a, z = lo - start, min(hi - start, len(ids))
+            parts.append(ids[a:z])
+            lo, w = start + z, w + 1
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _window_ids(self, w: int) -> np.ndarray:
+        cache = self.__dict__.setdefault("_wcache", {})
+        if w not in cache:
+            if len(cache) >= 4:
+                cache.pop(next(iter(cache)))
+            m = int(self._win_rows[w])
+            wb = self.blocks[self._win_starts[w] : self._win_starts[w] + self.window]
+            wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
+            cache[w] = Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=0, z=m,
+                               keep=self.keep, first=self._first).rows()
+        return cache[w]
 
 
 def iter_segments(
@@ -164,52 +276,18 @@ def iter_segments(
     even: bool = False,
     start: int = 0,
     segment_rows: int | None = None,
+    keep: np.ndarray | None = None,
 ) -> Iterator[Segment]:
     """Yield this shard's epoch order as consecutive :class:`Segment`\\ s.
 
     In ``block``/``none`` mode a segment is (the shard's part of) one window of blocks; in
     ``full`` mode, ``segment_rows`` rows of the permutation. ``start`` skips that many rows of
-    the shard's order (resuming mid-epoch).
+    the shard's order (resuming mid-epoch). ``keep``: see :class:`EpochOrder`.
     """
     check_args(shuffle, seed, epoch, window, rank, world)
-    block_rows = np.asarray(block_rows, dtype=np.int64)
-    nblocks = len(block_rows)
-    num_rows = int(block_rows.sum())
-    lo, hi = shard_bounds(num_rows, rank, world, even)
-    lo = min(lo + max(0, int(start)), hi)
-    if lo >= hi:
-        return
-    if shuffle == "full":
-        perm = permutation(num_rows, seed64(seed, epoch, _STREAM_FULL))
-        # Positions in the compact order map to global ids (block * rows_per_block + row).
-        first = np.arange(nblocks, dtype=np.int64) * rows_per_block
-        starts = np.concatenate(([0], np.cumsum(block_rows)[:-1]))
-        part = perm[lo:hi]
-        b = np.searchsorted(starts, part, side="right") - 1
-        part = first[b] + (part - starts[b])
-        step = segment_rows or max(1, window * rows_per_block)
-        for i in range(0, len(part), step):
-            yield Segment(part[i : i + step])
-        return
-    if shuffle == "block":
-        blocks = permutation(nblocks, seed64(seed, epoch, _STREAM_BLOCKS))
-    else:
-        blocks = np.arange(nblocks, dtype=np.int64)
-    win_starts = np.arange(0, nblocks, window)
-    win_rows = np.add.reduceat(block_rows[blocks], win_starts) if nblocks else np.zeros(0, np.int64)
-    win_end = np.cumsum(win_rows)
-    first_win = int(np.searchsorted(win_end, lo, side="right"))
-    pos = int(win_end[first_win - 1]) if first_win else 0
-    for w in range(first_win, len(win_starts)):
-        if pos >= hi:
-            break
-        wb = blocks[win_starts[w] : win_starts[w] + window]
-        m = int(win_rows[w])
-        a, z = max(lo - pos, 0), min(hi - pos, m)
-        pos += m
-        if a < z:
-            wseed = seed64(seed, epoch, _STREAM_WINDOW, w) if shuffle == "block" else None
-            yield Segment(blocks=np.sort(wb), block_rows=block_rows, rpb=rows_per_block, seed=wseed, a=a, z=z)
+    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep)
+    lo, hi = shard_bounds(eo.num_rows, rank, world, even)
+    yield from eo.segments(min(lo + max(0, int(start)), hi), hi, segment_rows)
 
 
 def epoch_order(block_rows: np.ndarray, rows_per_block: int, **kwargs) -> np.ndarray:

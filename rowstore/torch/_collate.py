@@ -11,6 +11,7 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths, pad_ragged
+from rowstore.reader.plan import EXTRA_KEYS
 from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.torch._convert import _columns_of, _resolve_varlen, _tensor, torch_dtype
 
@@ -63,6 +64,9 @@ class _Var:
         if self.kind == "list":
             return views
         return torch.nested.nested_tensor(views, dtype=self.values.dtype, device=self.values.device)
+
+
+_EXTRA_KEYS = EXTRA_KEYS
 
 
 class _Collator:
@@ -146,7 +150,11 @@ class _Collator:
 
     def rows(self, rows: Sequence[Mapping]) -> dict:
         """Collate a list of rows (tensors, arrays, str/bytes, ``None``) into a batch."""
-        return self.to_torch(_columns_of(rows, self.schema))
+        out = self.to_torch(_columns_of(rows, self.schema))
+        for k in _EXTRA_KEYS:  # "__id" / "__pad" of row-mode IterableDataset rows
+            if rows and k in rows[0]:
+                out[k] = torch.stack([r[k] for r in rows])
+        return out
 
 
 class Row(dict):
@@ -185,7 +193,11 @@ class RowBatch(Sequence):
         return self.collator.row(self.columns, i)
 
     def collate(self) -> dict:
-        return self.collator.to_torch(self.columns)
+        out = self.collator.to_torch(self.columns)
+        for k in _EXTRA_KEYS:  # "__id" / "__pad" from an ElasticBatchSampler's indices
+            if k in self.columns:
+                out[k] = torch.from_numpy(np.asarray(self.columns[k]))
+        return out
 
 
 def collate(batch: Any) -> Any:

@@ -18,7 +18,7 @@ import torch
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
-from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
+from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
 from rowstore.torch._transform import _as_spec, _schemas
@@ -118,9 +118,12 @@ class _Loader(_OwnsReader):
         return bool(pin_memory)
 
     def _convert_general(self, b: dict) -> dict:
+        b, extras = _split_extras(b)
         if self._tf is not None:
             b = self._tf.batch(b)
-        return self._collator.host(b)
+        out = self._collator.host(b)
+        out.update({k: torch.from_numpy(v) for k, v in extras.items()})
+        return out
 
     def _post_host(self, out: dict) -> dict:
         if self._collator.has_var:
@@ -327,13 +330,35 @@ class BatchedDataLoader(_Loader, _EpochReader):
     prefetch : int
         Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
     even : bool
-        Every rank gets exactly ``len // world`` rows, so DDP ranks stay in step.
+        Equal steps on every rank by leaving rows out (the same as ``drop_last=True``).
     varlen : {"padded", "nested", "list"} or dict
+    pad : bool
+        Equal steps on every rank by repeating rows instead: batches get ``"__pad"`` (bool,
+        True for a repeated row, to mask out of the loss). Not with ``drop_last``/``even``.
+    unit : int, optional
+        Global batches dealt to a rank at a time (default: about one window of rows); see
+        :mod:`rowstore.reader.plan`.
+    with_ids : bool
+        Add ``"__id"`` (int64): each row's dataset row number.
+    rows, predicate : optional
+        Read a row subset: row numbers, or a function of a batch dict returning one bool per
+        row (evaluated once per block when the loader is made); see :meth:`Reader.keep_mask`.
+    num_epochs : int or None
+        Epochs one iteration yields (default 1: the rest of the current epoch); ``None``: endless.
+    quality : None, "log" or callable
+        Report each epoch's shuffle quality: ``"log"`` logs it (logger ``"rowstore"``, INFO),
+        a callable gets ``(epoch, quality)``.
+    num_workers : int, optional
+        Not supported (0 or None only): the loader reads with ``num_threads`` threads in this
+        process. For worker processes use :class:`IterableDataset` with torch's ``DataLoader``.
 
     Notes
     -----
-    The epoch order is the reader's (a pure function of seed, epoch, layout and shard). One
-    iteration yields the rest of the current epoch; when it completes, the loader moves to the
+    The epoch order is the reader's (a pure function of seed, epoch, layout). Its global
+    batches are dealt to the ranks (:mod:`rowstore.reader.plan`), so every rank knows its
+    steps before the epoch (``len(loader)``) and a state saved on any rank resumes the whole
+    job on another world size: :meth:`state_dict` is the same on every rank that took the
+    same number of steps. One iteration yields the rest of the current epoch; when it completes, the loader moves to the
     next epoch, so ``for _ in range(n): for b in loader`` sees ``n`` different epochs.
     :meth:`set_epoch` picks an epoch explicitly. Breaking out of a loop and iterating again
     continues where it stopped; :meth:`state_dict`/:meth:`load_state_dict` do the same across
@@ -368,7 +393,21 @@ class BatchedDataLoader(_Loader, _EpochReader):
         prefetch: int = 2,
         even: bool = False,
         varlen: str | Mapping[str, str] = "padded",
+        pad: bool = False,
+        unit: int | None = None,
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        num_epochs: int | None = 1,
+        quality: Any = None,
+        num_workers: int | None = None,
     ):
+        if num_workers:
+            raise ValueError(
+                f"BatchedDataLoader(num_workers={num_workers!r}): it has no worker processes; it reads with "
+                f"num_threads threads in this process (kernels run without the GIL). For worker processes use "
+                f"torch's DataLoader(rowstore.torch.IterableDataset(...), num_workers=...)"
+            )
         super().__init__(
             path_or_reader,
             batch_size=batch_size,
@@ -383,44 +422,93 @@ class BatchedDataLoader(_Loader, _EpochReader):
             even=even,
         )
         self.num_threads = num_threads
-        self._init_order(shuffle, seed, window)
+        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
+        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
+                         predicate=predicate, quality=quality)
+        self._base: tuple[int, list | None] = (0, None)  # (epoch, its remaining batches when resumed)
+        self._run_stop = 0
 
-    def _order_state(self) -> dict:
-        return {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "window": self.window,
-            **super()._order_state(),
-        }
+    # -- state: the position is the number of steps (batches) handed out since _base --------------
+    def _remaining(self, epoch: int) -> list | None:
+        return self._base[1] if self._base[0] == epoch else None
+
+    @property
+    def position(self) -> int:
+        """Rows of the current epoch delivered by the job: the batches delivered before the
+        state it resumed from, plus ``steps`` batches on each of the ``world`` ranks (capped
+        at the epoch's rows). With one rank: the rows this loader handed out in the epoch."""
+        plan = self._plan(self._remaining(self._epoch))
+        before = plan.num_batches - plan.num_positions
+        return min((before + self._position * self.shard[1]) * self.batch_size, plan.num_rows)
+
+    @property
+    def steps(self) -> int:
+        """Batches handed out (to this rank) in this epoch, or since the state it resumed from."""
+        return self._position
+
+    def _reset_run(self) -> None:
+        self._base = (self._epoch, None)
+
+    def state_dict(self) -> dict:
+        """The epoch in progress and the global batches not yet delivered, assuming every rank
+        handed out as many batches as this one (as DDP ranks do): the same state on every rank,
+        resumable on any world size and by any rowstore loader with the same order arguments
+        (:mod:`rowstore.reader.plan`). Plain Python values. Call it between batches (inside the
+        loop is fine): it counts batches handed out, not prefetched."""
+        epoch = self._epoch
+        return self._state_after(epoch, self._remaining(epoch), self._position, 1, self.batch_size)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state (:meth:`state_dict` of any rank, any world size): the next
+        iteration yields this rank's part of exactly the batches not yet delivered. Raises
+        ``ValueError`` if the state is for another order (seed, dataset, batch size...)."""
+        epoch, remaining = self._load(dict(state), self.batch_size)
+        self._stop()
+        self._epoch, self._position = epoch, 0
+        self._base = (epoch, remaining)
+        self._resume_pending = True
 
     @property
     def shard_size(self) -> int:
-        """Rows this rank reads per epoch."""
-        return self.reader.shard_size(shard=self.shard, even=self.even)
+        """Rows this rank reads in a whole epoch (padding included)."""
+        plan = self._plan(None)
+        g = plan.batches(self.shard[0], self.shard[1], self._unit_for(self.batch_size))
+        last = plan.rows_of_batch(plan.num_batches - 1) if plan.num_batches else (0, 0)
+        short = self.batch_size - (last[1] - last[0])
+        return len(g) * self.batch_size - (short if not self.pad and (g == plan.num_batches - 1).any() else 0)
+
+    def _epoch_steps(self, epoch: int) -> int:
+        rank, world = self.shard
+        return int(self._plan(self._remaining(epoch)).steps(world, self._unit_for(self.batch_size))[rank])
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current (running or next) iteration of this epoch."""
-        start = self._running[1] if self._running is not None else self._position
-        return self.reader.num_batches(
-            self.batch_size, shard=self.shard, even=self.even, drop_last=self.drop_last, start=start
-        )
+        """Batches this rank yields in the current (running or next) iteration: the same on every
+        rank under ``drop_last``/``even``/``pad``."""
+        if self.num_epochs is None:
+            raise TypeError("an endless BatchedDataLoader (num_epochs=None) has no length")
+        epoch, steps = self._running if self._running is not None else (self._epoch, self._position)
+        return self._epoch_steps(epoch) - steps + (self.num_epochs - 1) * self._epoch_steps(epoch + 1)
 
-    def _reader_batches(self, epoch: int, pos: int) -> Generator[dict, None, None]:
+    def _reader_batches(self, epoch: int, steps: int) -> Generator[dict, None, None]:
         return self._read_epoch(
             self.batch_size, epoch=epoch, shard=self.shard, drop_last=self.drop_last,
-            num_threads=self.num_threads, start=pos,
+            num_threads=self.num_threads, remaining=self._remaining(epoch), skip=steps,
         )  # fmt: skip
 
     def _source(self):
-        epoch, pos = self._epoch, self._position
-        end, bs = self.shard_size, self.batch_size
-        it = self._reader_batches(epoch, pos)
-        try:
-            for b in it:
-                pos = min(pos + bs, end)
-                yield b, (epoch, pos)
-        finally:
-            it.close()
+        epoch, steps = self._epoch, self._position
+        stop = None if self.num_epochs is None else epoch + self.num_epochs
+        self._run_stop = stop if stop is not None else epoch
+        while stop is None or epoch < stop:
+            self._report_quality(epoch, self.batch_size)
+            it = self._reader_batches(epoch, steps)
+            try:
+                for b in it:
+                    steps += 1
+                    yield b, (epoch, steps)
+            finally:
+                it.close()
+            epoch, steps = epoch + 1, 0
 
     def __iter__(self) -> Iterator[dict]:
         if self._cuda or self._convert is not _Collator.dense or self._post is not None:
@@ -434,24 +522,22 @@ class BatchedDataLoader(_Loader, _EpochReader):
         """The raw fast path (fixed-shape numeric fields, no transform, CPU): what
         :meth:`_run` does, with the per-batch work cut to one ``from_numpy`` per array."""
         self._resume_pending = False
-        epoch, pos = self._epoch, self._position
-        self._running = (epoch, pos)
-        end, bs = self.shard_size, self.batch_size
-        it = self._reader_batches(epoch, pos)
+        self._running = (self._epoch, self._position)
+        source = self._source()
         from_numpy = torch.from_numpy
         try:
-            for b in it:
+            for b, st in source:
                 out = {k: from_numpy(v) for k, v in b.items()}
-                pos += bs
-                self._position = pos if pos < end else end
+                self._epoch, self._position = st
                 yield out
         finally:
             self._running = None
-            it.close()
-        self._epoch, self._position = epoch + 1, 0
+            source.close()
+        self._epoch, self._position = self._end_state()
 
     def _end_state(self) -> tuple[int, int]:
-        return self._epoch + 1, 0
+        self._base = (self._run_stop, None)
+        return self._run_stop, 0
 
 
 class InMemBatchedDataLoader(_Loader):

@@ -1,0 +1,359 @@
+"""Weighted mixtures of datasets: :func:`mix` reads several datasets as one stream whose epoch
+is dealt, resumed and checked like a single dataset's (:mod:`rowstore.reader.plan`).
+
+An epoch of a mixture has ``L`` positions. Source ``k`` fills ``c_k = round(L * w_k)`` of them
+(weights normalized); which positions is a permutation of that multiset, a pure function of
+(seed, epoch), so every batch holds the weights' proportions on average (exactly
+hypergeometric per batch). Source ``k``'s rows are its own epoch order, read in order: the
+positions ``[lo, hi)`` of the mixture need one contiguous range of each source's order, so
+reads keep each source's locality. Two explicit modes:
+
+- ``replacement=False`` (exhaust the smallest): ``L`` is the largest length at which no source
+  gives more rows than it has (the scarcest source, relative to its weight, is read whole);
+  every row at most once per epoch.
+- ``replacement=True``: ``L = epoch_rows`` (default: all sources' rows); a source that runs out
+  starts another pass over itself in a new order (rows repeat; each pass holds each row once).
+
+Source ``k``'s pass ``p`` of mixture epoch ``e`` uses source epoch ``e * 2**20 + p`` and seed
+``seed64(seed, 0, MIX, k)``. A mixture can be written to a small JSON file (``kind:
+"mixture"``, ``docs/format.md``) and opened again with :func:`mix`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import SchemaError
+from rowstore.reader import order as _order
+from rowstore.reader._args import nonneg_int, positive_int
+from rowstore.reader._stream import cut_batches, prefetched
+from rowstore.reader.buffers import Ragged, concat_batches
+from rowstore.reader.dataset import Reader, as_reader
+from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY, EpochPlan, default_unit
+
+__all__ = ["Mixture", "mix", "SOURCE_KEY"]
+
+_MIX = 0x313  # key of the mixture's streams in order.seed64
+_PASS = 1 << 20  # source epochs per mixture epoch (passes over a source in replacement mode)
+_CKPT = 4096  # positions between stored prefix counts
+
+
+class _MixLayout:
+    """What the loaders ask of a reader's layout."""
+
+    def __init__(self, rows_per_block: int):
+        self.rows_per_block = rows_per_block
+        self.version = None
+
+
+class _MixOrder:
+    """One mixture epoch: each position's source, and prefix counts to map positions to rows."""
+
+    def __init__(self, counts: np.ndarray, seed: int):
+        src = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        from rowstore import kernels
+
+        kernels.shuffle(src, seed)
+        self.src = src.astype(np.int16)
+        K = len(counts)
+        ck = np.zeros((len(src) // _CKPT + 1, K), np.int64)
+        for j in range(1, len(ck)):
+            ck[j] = ck[j - 1] + np.bincount(self.src[(j - 1) * _CKPT : j * _CKPT], minlength=K)
+        self._ck = ck
+
+    def count(self, p: int) -> np.ndarray:
+        """Positions before ``p`` taken by each source."""
+        j = p // _CKPT
+        return self._ck[j] + np.bincount(self.src[j * _CKPT : p], minlength=self._ck.shape[1])
+
+
+class Mixture:
+    """Several datasets read as one weighted stream (see the module). Made by :func:`mix`.
+
+    It offers what the loaders use of a :class:`~rowstore.reader.Reader` (``deal``, ``plan``,
+    ``schema``...), so ``rowstore.torch.BatchedDataLoader(mixture, ...)``,
+    ``IterableDataset``, ``ElasticBatchSampler`` and ``rowstore.tf.Loader`` read it, with
+    their resume, equal steps and shuffle guarantees. ``with_source=True`` adds ``"__source"``
+    (int64, the source's index); ``with_ids`` gives ``"__id"`` as row numbers *within* each
+    source.
+    """
+
+    _rowstore_source = True  # as_reader passes it through
+
+    def __init__(self, sources: Sequence[Reader], weights: Sequence[float], *, seed: int = 0,
+                 replacement: bool = False, epoch_rows: int | None = None, with_source: bool = False,
+                 paths: Sequence[str] | None = None, owned: Sequence[bool] | None = None):
+        if not sources:
+            raise ValueError("a mixture needs at least one source")
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(sources),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"weights must be finite, >= 0 and not all 0, one per source; got {list(weights)}")
+        self.sources = list(sources)
+        self.weights = w / w.sum()
+        self.seed = nonneg_int("seed", seed)
+        self.replacement = bool(replacement)
+        self.with_source = bool(with_source)
+        self._paths = list(paths) if paths is not None else [r.path for r in sources]
+        self._owned = list(owned) if owned is not None else [False] * len(sources)
+        first = self.sources[0].schema
+        for i, r in enumerate(self.sources[1:], 1):
+            if r.schema != first:
+                raise SchemaError(f"mixture source {i} ({r.path!r}) has schema {r.schema.names}, source 0 "
+                                  f"({self.sources[0].path!r}) {first.names}: sources must share one schema")
+        self.schema = first
+        sizes = np.array([len(r) for r in self.sources], np.int64)
+        self.sizes = sizes
+        if self.replacement:
+            L = positive_int("epoch_rows", epoch_rows, optional=True) or int(sizes.sum())
+        else:
+            if epoch_rows is not None:
+                raise ValueError("epoch_rows is for replacement=True; without replacement the epoch ends when the "
+                                 "scarcest source is read whole")
+            pos = self.weights > 0
+            L = int(np.floor(np.min(sizes[pos] / self.weights[pos]) + 1e-9)) if pos.any() else 0
+        self.counts = self._counts(L)
+        if not self.replacement:
+            while (self.counts > sizes).any():  # rounding up past a source's size
+                L -= 1
+                self.counts = self._counts(L)
+        self.epoch_rows = int(self.counts.sum())
+        self.layout = _MixLayout(max(r.layout.rows_per_block for r in self.sources))
+        self.path = f"mix({', '.join(self._paths)})"
+        self._cache: tuple[int, int, _MixOrder] | None = None
+
+    def _counts(self, L: int) -> np.ndarray:
+        raw = self.weights * L
+        c = np.floor(raw).astype(np.int64)
+        short = L - int(c.sum())  # largest remainders first (ties by source index)
+        if short > 0:
+            c[np.argsort(-(raw - c), kind="stable")[:short]] += 1
+        return c
+
+    # -- what the loaders use of a Reader ----------------------------------------------------------
+    def __len__(self) -> int:
+        return self.epoch_rows
+
+    @property
+    def num_rows(self) -> int:
+        return self.epoch_rows
+
+    def __repr__(self) -> str:
+        ws = ", ".join(f"{p!r}: {w:.3g}" for p, w in zip(self._paths, self.weights))
+        return f"<rowstore.Mixture {{{ws}}}: {self.epoch_rows} rows per epoch, replacement={self.replacement}>"
+
+    def close(self) -> None:
+        for r, own in zip(self.sources, self._owned):
+            if own:
+                r.close()
+
+    def __enter__(self) -> Mixture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def keep_mask(self, rows: Any = None, predicate: Any = None, **_: Any) -> None:
+        if rows is not None or predicate is not None:
+            raise ValueError("rows=/predicate= select rows of one dataset; subset each source of a mixture instead")
+        return None
+
+    def plan(self, batch_size: int, *, drop_last: bool = False, pad: bool = False,
+             remaining: Sequence[Sequence[int]] | None = None, keep: Any = None) -> EpochPlan:
+        return EpochPlan(self.epoch_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+
+    def shuffle_quality(self, batch_size: int, **order_kwargs: Any) -> float:
+        """The sources' shuffle qualities, weighted (a mixture batch draws from every source)."""
+        qs = [r.shuffle_quality(max(1, int(round(batch_size * w))), **order_kwargs) if w > 0 else 0.0
+              for r, w in zip(self.sources, self.weights)]
+        return float(np.dot(qs, self.weights))
+
+    def source_order(self, epoch: int) -> np.ndarray:
+        """Each position's source in ``epoch`` (int16)."""
+        return self._order(epoch).src
+
+    def _order(self, epoch: int) -> _MixOrder:
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, 0, _MixOrder(self.counts, _order.seed64(self.seed, epoch, _MIX)))
+        return self._cache[2]
+
+    def _source_ids(self, k: int, a: int, b: int, orders: dict, shuffle: str, seed: int, epoch: int,
+                    window: int) -> np.ndarray:
+        """Row ids of positions ``[a, b)`` of source ``k``'s stream (passes back to back)."""
+        n = int(self.sizes[k])
+        out = []
+        while a < b:
+            p, off = divmod(a, n)
+            key = (k, p)
+            if key not in orders:
+                orders[key] = self.sources[k].epoch(
+                    shuffle=shuffle, seed=_order.seed64(seed, 0, _MIX, k) >> 1, epoch=epoch * _PASS + p, window=window)
+            stop = min(b, (p + 1) * n)
+            out.append(orders[key].ids(off, off + stop - a))
+            a = stop
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def deal(self, batch_size: int, *, consumer: tuple[int, int] = (0, 1), shuffle: str = "block", seed: int = 0,
+             epoch: int = 0, window: int = 16, unit: int | None = None, drop_last: bool = False, pad: bool = False,
+             remaining: Sequence[Sequence[int]] | None = None, skip: int = 0, keep: Any = None,
+             fields: Sequence[str] | None = None, with_ids: bool = False, num_threads: int | None = None,
+             prefetch: int = 2, varlen: str | None = None) -> Generator[dict[str, Any], None, None]:
+        """Consumer ``c``'s batches of a mixture epoch dealt to ``C`` consumers: as
+        :meth:`Reader.deal <rowstore.reader.Reader.deal>`. ``seed`` is the sources' order seed
+        (the mixture's own seed picks which source fills each position)."""
+        positive_int("batch_size", batch_size)
+        nonneg_int("skip", skip)
+        c, C = consumer
+        _order.check_args(shuffle, seed, epoch, window, c, C)
+        if keep is not None:
+            raise ValueError("row subsets of a mixture: subset each source instead")
+        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self.layout.rows_per_block,
+                                                                          batch_size)
+        mo = self._order(epoch)
+        plan = self.plan(batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+        gids = plan.batches(c, C, unit)[skip:]
+        B = batch_size
+        r0 = self.sources[0]
+        plans = r0._select(fields)
+        varlen = varlen or r0.varlen
+        orders: dict = {}
+
+        def items():
+            real = gids[gids >= 0]
+            if len(real):
+                for run in np.split(real, np.flatnonzero(np.diff(real) != 1) + 1):
+                    lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
+                    for a in range(lo, hi, 4096):  # bounded pieces
+                        yield a, min(hi, a + 4096), False
+                    if pad and hi - lo < len(run) * B:
+                        yield 0, len(run) * B - (hi - lo), True
+            for _ in range(int((gids < 0).sum())):
+                yield 0, B, True
+
+        def produce(item) -> dict:
+            lo, hi, is_pad = item
+            n = hi - lo
+            if is_pad:  # padding repeats the epoch's first positions
+                lo, hi = 0, min(n, self.epoch_rows)
+            src = mo.src[lo:hi].astype(np.int64)
+            first, last = mo.count(lo), mo.count(hi)
+            parts, got_src, got_ids = [], [], []
+            for k in range(len(self.sources)):
+                if last[k] > first[k]:
+                    ids = self._source_ids(k, int(first[k]), int(last[k]), orders, shuffle, seed, epoch, window)
+                    rk = self.sources[k]
+                    parts.append(rk._read(ids, rk._select(fields), None, 0, num_threads or rk.num_threads))
+                    got_src.append(np.full(len(ids), k, np.int64))
+                    got_ids.append(rk.layout.rows_of(ids))
+            batch = concat_batches(parts)
+            # Concatenated source by source; position j is source s[j]'s next row.
+            take = np.argsort(np.argsort(src, kind="stable"), kind="stable")
+            take = take[np.arange(n) % len(src)] if is_pad else take
+            out = {k: (v.take(take) if isinstance(v, Ragged) else v[take]) for k, v in batch.items()}
+            if self.with_source:
+                out[SOURCE_KEY] = np.concatenate(got_src)[take]
+            if with_ids:
+                out[ID_KEY] = np.concatenate(got_ids)[take]
+            if pad:
+                out[PAD_KEY] = np.full(n, is_pad, bool)
+            return out
+
+        def finish(b: dict) -> dict:
+            return r0._finish_varlen(b, plans, varlen)
+
+        return cut_batches(prefetched(items(), produce, 1, prefetch), B, drop_last, finish)
+
+    # -- a mixture file ---------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The mixture as a manifest (``kind: "mixture"``, see ``docs/format.md``)."""
+        from rowstore.format import manifest
+
+        return {"format": manifest.FORMAT_NAME, "format_version": manifest.FORMAT_VERSION, "kind": "mixture",
+                "sources": [{"path": p, "weight": float(w)} for p, w in zip(self._paths, self.weights)],
+                "seed": self.seed, "replacement": self.replacement,
+                "epoch_rows": self.epoch_rows if self.replacement else None, "with_source": self.with_source}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_json` to ``path`` (source paths relative to its directory when they
+        are inside it), atomically."""
+        path = os.fspath(path)
+        base = os.path.dirname(os.path.abspath(path))
+        obj = self.to_json()
+        for s in obj["sources"]:
+            ap = os.path.abspath(s["path"])
+            if ap.startswith(base + os.sep):
+                s["path"] = os.path.relpath(ap, base)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)
+
+
+def _load(path: str) -> dict:
+    from rowstore.errors import FormatError
+    from rowstore.format import manifest
+
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except ValueError as exc:
+        raise FormatError(f"{path}: not a mixture manifest (JSON: {exc})", path=path) from None
+    if not isinstance(obj, dict) or obj.get("format") != manifest.FORMAT_NAME or obj.get("kind") != "mixture":
+        raise FormatError(f"{path}: not a rowstore mixture manifest (format {manifest.FORMAT_NAME!r}, kind 'mixture')",
+                          path=path)
+    if obj.get("format_version") != manifest.FORMAT_VERSION:
+        raise FormatError(f"{path}: mixture format_version {obj.get('format_version')!r}, this rowstore reads "
+                          f"{manifest.FORMAT_VERSION}", path=path)
+    srcs = obj.get("sources")
+    if not isinstance(srcs, list) or not srcs or not all(isinstance(s, dict) and isinstance(s.get("path"), str)
+                                                        and isinstance(s.get("weight"), (int, float)) for s in srcs):
+        raise FormatError(f"{path}: mixture sources must be a list of {{'path': str, 'weight': number}}", path=path)
+    base = os.path.dirname(os.path.abspath(path))
+    obj["sources"] = [dict(s, path=os.path.join(base, s["path"])) for s in srcs]
+    return obj
+
+
+def mix(sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.PathLike, *, seed: int | None = None,
+        replacement: bool | None = None, epoch_rows: int | None = None, with_source: bool | None = None) -> Mixture:
+    """A weighted :class:`Mixture` of datasets: ``rowstore.mix({"a": 0.7, "b": 0.3}, seed=0)``.
+
+    Parameters
+    ----------
+    sources : dict {path_or_reader: weight}, list of (path_or_reader, weight), or a path
+        Datasets (paths, lists of paths, or open Readers) sharing one schema, with
+        non-negative weights (normalized); or a mixture manifest written by
+        :meth:`Mixture.save` (its settings are the defaults of the other arguments).
+    seed : int
+        Which source fills each position (a pure function of seed and epoch; default 0).
+    replacement : bool
+        False (default): the epoch ends when the scarcest source (relative to its weight) is
+        read whole, every row at most once. True: sources that run out start another pass.
+    epoch_rows : int, optional
+        With replacement: rows per epoch (default: all sources' rows).
+    with_source : bool
+        Add ``"__source"`` to batches (the source's index).
+    """
+    saved: dict = {}
+    if isinstance(sources, (str, os.PathLike)):
+        saved = _load(os.fspath(sources))
+        pairs: list[tuple[Any, float]] = [(s["path"], float(s["weight"])) for s in saved["sources"]]
+    elif isinstance(sources, Mapping):
+        pairs = list(sources.items())
+    else:
+        pairs = [tuple(p) for p in sources]
+    readers, owned, paths = [], [], []
+    for src, _ in pairs:
+        r, own = as_reader(src)
+        readers.append(r)
+        owned.append(own)
+        paths.append(r.path)
+    return Mixture(readers, [float(w) for _, w in pairs],
+                   seed=saved.get("seed", 0) if seed is None else seed,
+                   replacement=saved.get("replacement", False) if replacement is None else replacement,
+                   epoch_rows=saved.get("epoch_rows") if epoch_rows is None else epoch_rows,
+                   with_source=saved.get("with_source", False) if with_source is None else with_source,
+                   paths=paths, owned=owned)

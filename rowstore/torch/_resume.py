@@ -1,0 +1,154 @@
+"""Elastic resume with torch's ``DataLoader``: :class:`ResumableDataLoader` counts the batches
+it hands out and turns them into a state that resumes on any world size and number of workers;
+:class:`ElasticBatchSampler` deals an epoch's batches to ranks for the map-style
+:class:`~rowstore.torch.Dataset` (see :mod:`rowstore.reader.plan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch.utils.data as _tud
+
+from rowstore.reader._args import nonneg_int, positive_int
+from rowstore.reader.plan import make_state, step_rows
+from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
+from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
+
+__all__ = ["ElasticBatchSampler", "ResumableDataLoader"]
+
+
+class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
+    """Batches of row numbers for :class:`~rowstore.torch.Dataset`: this rank's part of the
+    epoch's global batches, dealt as :class:`~rowstore.torch.BatchedDataLoader` deals them.
+
+    ``DataLoader(ds, batch_sampler=ElasticBatchSampler(ds, batch_size=64, seed=0),
+    collate_fn=rst.collate)``; wrap it in :class:`ResumableDataLoader` to resume on any world.
+    The order arguments (``shuffle``, ``seed``, ``window``, ``shard``, ``drop_last``/``even``,
+    ``pad``, ``unit``, ``with_ids``, ``rows``/``predicate``) are those of
+    :class:`~rowstore.torch.BatchedDataLoader`; with ``pad``, batches get ``"__pad"``. The
+    sampler holds no state of its own (the same epoch gives the same batches), so
+    ``torchdata``'s ``StatefulDataLoader`` resumes it by fast-forwarding.
+    """
+
+    def __init__(self, dataset: Any, *, batch_size: int, shuffle: Any = "block", seed: int = 0, window: int = 16,
+                 shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False, pad: bool = False,
+                 unit: int | None = None, with_ids: bool = False, rows: Any = None, predicate: Any = None,
+                 quality: Any = None):
+        self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
+        self.batch_size: int = positive_int("batch_size", batch_size)
+        self.shard = _resolve_shard(shard)
+        self.drop_last, self.even, self.prefetch, self._fields = bool(drop_last), bool(even), 1, None
+        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
+                         predicate=predicate, quality=quality)
+        self.epoch = 0
+        self._resume: tuple[int, list | None] | None = None
+
+    def _remaining(self, epoch: int) -> list | None:
+        return self._resume[1] if self._resume is not None and self._resume[0] == epoch else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Deal epoch ``epoch`` from the next iteration on (keeps a loaded state of that epoch)."""
+        self.epoch = nonneg_int("epoch", epoch)
+        if self._resume is not None and self._resume[0] != self.epoch:
+            self._resume = None
+
+    def resume_from(self, state: Mapping[str, Any]) -> None:
+        """Deal only the batches a job state (:meth:`ResumableDataLoader.state_dict`) has left."""
+        self.epoch, remaining = self._load(dict(state), self.batch_size)
+        self._resume = (self.epoch, remaining)
+
+    def __len__(self) -> int:
+        rank, world = self.shard
+        return int(self._plan(self._remaining(self.epoch)).steps(world, self._unit_for(self.batch_size))[rank])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = self.epoch
+        self._report_quality(epoch, self.batch_size)
+        eo = self.reader.epoch(shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window, keep=self._keep)
+        plan = self._plan(self._remaining(epoch))
+        rows_of = self.reader.layout.rows_of
+        for ids, mask in step_rows(eo, plan, *self.shard, self._unit_for(self.batch_size)):
+            yield _Indices(rows_of(ids).tolist(), mask if self.pad else None, self.with_ids)
+
+
+class ResumableDataLoader(_tud.DataLoader):
+    """torch's ``DataLoader`` over a rowstore :class:`~rowstore.torch.IterableDataset` (with
+    ``batch_size``; the loader's ``batch_size=None``) or a :class:`~rowstore.torch.Dataset` with
+    an :class:`ElasticBatchSampler`, that knows where the job stands.
+
+    It counts the batches it hands out: :meth:`state_dict` is the state once every rank handed
+    out as many (as DDP ranks do), the same on every rank; :meth:`load_state_dict` on loaders
+    of *another* world size and number of workers resumes with exactly the batches not yet
+    delivered. Like :class:`~rowstore.torch.BatchedDataLoader`, a completed iteration moves to
+    the next epoch; breaking out of a loop and iterating again continues where it stopped.
+    ``len(loader)`` is this rank's number of batches in the next iteration. Persistent
+    workers see a state loaded at any time (the IterableDataset keeps it in shared memory).
+    """
+
+    def __init__(self, dataset: Any, *args: Any, **kwargs: Any):
+        super().__init__(dataset, *args, **kwargs)
+        if isinstance(dataset, IterableDataset):
+            if dataset.batch_size is None or self.batch_size is not None:
+                raise ValueError("ResumableDataLoader over an IterableDataset needs IterableDataset(batch_size=B) "
+                                 "and DataLoader batch_size=None (whole batches are what it counts)")
+            dataset.num_workers = self.num_workers
+            self._source: Any = dataset
+        elif isinstance(self.batch_sampler, ElasticBatchSampler):
+            self._source = self.batch_sampler
+        else:
+            raise TypeError("ResumableDataLoader takes a rowstore IterableDataset, or a Dataset with "
+                            "batch_sampler=ElasticBatchSampler(...)")
+        self._steps = 0
+        self._done = False
+
+    def _workers(self) -> int:
+        return max(1, self.num_workers) if isinstance(self._source, IterableDataset) else 1
+
+    @property
+    def epoch(self) -> int:
+        return self._source.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` (from its start, unless a state of that epoch was just loaded)."""
+        src = self._source
+        pending = not self._steps and not self._done and src._resume is not None and src._resume[0] == epoch
+        if not pending:
+            src._resume = None
+        src.set_epoch(epoch)
+        self._steps, self._done = 0, False
+
+    def state_dict(self) -> dict:
+        """The job's state (see the class): plain Python values."""
+        src = self._source
+        epoch = src.epoch
+        if self._done:
+            return make_state(epoch + 1, src._order_key(src.batch_size), None)
+        return src._state_after(epoch, src._remaining(epoch), self._steps, self._workers(), src.batch_size)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a :meth:`state_dict` of any rank of any world."""
+        if isinstance(self._source, IterableDataset):
+            self._source.load_state_dict(dict(state, consumer=None))
+        else:
+            self._source.resume_from(state)
+        self._steps, self._done = 0, False
+
+    def __len__(self) -> int:
+        src = self._source
+        if isinstance(src, IterableDataset):
+            return src.num_items(self.num_workers)
+        return len(src)
+
+    def __iter__(self):
+        if self._done:
+            self._source.set_epoch(self.epoch + 1)
+            self._steps, self._done = 0, False
+        elif self._steps:  # an iteration was left: continue from where it stopped
+            self.load_state_dict(self.state_dict())
+        it = super().__iter__()
+        for b in it:
+            self._steps += 1
+            yield b
+        self._done = True
+

@@ -37,7 +37,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,6 +144,10 @@ class Manifest:
         return int(self.shards["rows"].sum())
 
 
+#: ``read(path, limit) -> bytes``: how :func:`load` fetches the pointer, manifest and sidecar.
+Reader = Callable[[str, int], bytes]
+
+
 def _bad(path: str, msg: str) -> FormatError:
     return FormatError(f"{path!r}: {msg}", path=path)
 
@@ -193,11 +197,12 @@ def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
     return int(v)  # type: ignore[arg-type]  # checked: an int
 
 
-def read_pointer(root: str | os.PathLike) -> tuple[int, int]:
-    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``."""
+def read_pointer(root: str | os.PathLike, *, read: Reader | None = None) -> tuple[int, int]:
+    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``
+    (``read``: as in :func:`load`)."""
     root = os.fspath(root)
     p = os.path.join(root, POINTER)
-    obj = _json_object(p, _read_small(p, _POINTER_MAX))
+    obj = _json_object(p, (read or _read_small)(p, _POINTER_MAX))
     _check_format(p, obj)
     version = _int(p, obj, "version", 1)
     if obj.get("manifest") != manifest_path(version):
@@ -257,16 +262,21 @@ def _int_ok(v: Any, lo: int) -> bool:
     return type(v) is int and lo <= v < 1 << 63
 
 
-def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
+def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | None = None) -> Manifest:
     """Read and structurally check a version (default: the current one) of the dataset at
     ``root``: pointer, manifest and sidecar, with their checksums. Raises :class:`FormatError`
-    (:class:`FormatVersionError` for a newer format) naming the object and what was expected."""
+    (:class:`FormatVersionError` for a newer format) naming the object and what was expected.
+
+    ``read(path, limit)`` returns an object's bytes, refusing one larger than ``limit`` with a
+    :class:`FormatError` (a missing one: :class:`FormatError` "is missing"); default: local
+    files. A remote store passes its own (``root`` is then a URL: one request per object)."""
     root = os.fspath(root)
+    read = read or _read_small
     expected_crc = None
     if version is None:
-        version, expected_crc = read_pointer(root)
+        version, expected_crc = read_pointer(root, read=read)
     mpath = os.path.join(root, manifest_path(version))
-    data = _read_small(mpath, MAX_MANIFEST_BYTES)
+    data = read(mpath, MAX_MANIFEST_BYTES)
     if expected_crc is not None and zlib.crc32(data) != expected_crc:
         raise _bad(mpath, f"CRC-32 {zlib.crc32(data)} does not match the {expected_crc} recorded in {POINTER} (corrupt manifest)")
     m = _json_object(mpath, data)
@@ -295,13 +305,13 @@ def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
     if not isinstance(entries, list):
         raise _bad(mpath, "'shards' must be a list")
     shards = _shard_columns(mpath, entries)
-    blocks, heap_chunks = _read_index(root, m, shards, mpath)
+    blocks, heap_chunks = _read_index(root, m, shards, mpath, read)
     return Manifest(root=root, version=version, schema=schema, attrs=attrs, compression=compression,
                     heap_chunk_bytes=H, shards=shards, blocks=blocks, heap_chunks=heap_chunks,
                     created=str(m.get("created", "")), writer=str(m.get("writer", "")))  # fmt: skip
 
 
-def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> tuple[np.ndarray, np.ndarray]:
     idx = m.get("index")
     if not isinstance(idx, dict) or idx.get("path") != index_path(m["version"]):
         raise _bad(mpath, f"'index' must name the sidecar {index_path(m['version'])!r}")
@@ -311,14 +321,19 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarra
     ipath = os.path.join(root, idx["path"])
     if nbytes != expect:
         raise _bad(mpath, f"sidecar size {nbytes} disagrees with the {nb} blocks and {nh} heap chunks of its shards ({expect} bytes)")
-    try:
-        size = os.stat(ipath).st_size
-    except FileNotFoundError:
-        raise FormatError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
-    if size != expect:
-        raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
-    with open(ipath, "rb") as f:
-        raw = f.read(expect)
+    if read is _read_small:
+        try:
+            size = os.stat(ipath).st_size
+        except FileNotFoundError:
+            raise FormatError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
+        if size != expect:
+            raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
+        with open(ipath, "rb") as f:
+            raw = f.read(expect)
+    else:  # one request; a larger object is refused by read() before it is fetched
+        raw = read(ipath, expect)
+        if len(raw) != expect:
+            raise _bad(ipath, f"has {len(raw)} bytes, the manifest records {expect} (truncated or replaced sidecar)")
     if len(raw) != expect or raw[: len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise _bad(ipath, "not a rowstore block-index sidecar (bad magic or short read)")
     if zlib.crc32(raw) != crc:

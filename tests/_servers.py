@@ -267,10 +267,17 @@ class FaultProxy:
                 pass
 
     def close(self) -> None:
+        """Stop listening, end every connection (a stall too), then the loop (left open: a
+        transport collected later must not find it closed)."""
         async def stop() -> None:
             self.server.close()
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 

@@ -276,3 +276,64 @@ def test_access_refused_at_open(http):
     with pytest.raises(RemoteError, match="refused") as ei:
         rowstore.open(http.url + "/private/x.h5")
     assert ei.value.attempts == 1
+
+
+# -- faults ------------------------------------------------------------------------------------
+@pytest.fixture
+def proxy_factory():
+    from _servers import FaultProxy
+
+    made = []
+
+    def make(upstream_url: str, **kw):
+        p = FaultProxy(upstream_url.split("://", 1)[1], **kw)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def _cycle(n: int, head: bytes) -> str | None:
+    """Every third ranged GET fails: a 503, a reset connection, a stall, in turn."""
+    return (None, None, "503", None, None, "reset", None, None, "stall")[n % 9]
+
+
+FAST = {"timeout": 0.5, "backoff": 0.01, "retries": 4}
+
+
+@pytest.mark.parametrize("kind", ["s3", "http"])
+def test_transient_faults_are_retried(remote_data, s3, http, s3_server, proxy_factory, kind):
+    """503s, reset connections and stalled responses on a third of the ranged GETs: the
+    epoch still equals the local read."""
+    if kind == "s3":
+        proxy = proxy_factory(s3_server[0], fault=_cycle, stall=3)
+        from _servers import s3_options
+
+        url, opts = "s3://rowstore/data/lz4.h5", s3_options(proxy.url)
+    else:
+        proxy = proxy_factory(http.url, fault=_cycle, stall=3)
+        url, opts = proxy.url + "/lz4.h5", None
+    remote = rowstore.open(url, storage_options=opts, remote=FAST)
+    local = rowstore.open(os.path.join(remote_data, "lz4.h5"))
+    same_epochs(local.batches(200, seed=1, window=4), remote.batches(200, seed=1, window=4))
+    assert proxy.injected >= 3
+
+
+def test_persistent_faults_are_reported(http, proxy_factory):
+    """A range that keeps failing: an error naming the URL, the byte range and the attempts."""
+    armed = {"fault": None}  # faults start after the open
+    proxy = proxy_factory(http.url, fault=lambda n, head: armed["fault"], stall=2)
+    r = rowstore.open(proxy.url + "/plain.h5", remote={"retries": 2, "backoff": 0.01})
+    armed["fault"] = "503"
+    with pytest.raises(RemoteError) as ei:
+        r.take([0])
+    err = ei.value
+    assert err.attempts == 3 and err.url == proxy.url + "/plain.h5" and err.end > err.start >= 0
+    assert "plain.h5" in str(err) and f"bytes {err.start}-{err.end - 1}" in str(err) and "3 attempts" in str(err)
+    armed["fault"] = None
+    r = rowstore.open(proxy.url + "/plain.h5", remote={"retries": 1, "backoff": 0.01, "timeout": 0.3})
+    armed["fault"] = "stall"
+    with pytest.raises(RemoteError, match="stalled past the timeout"):
+        r.take([0])

@@ -30,28 +30,65 @@ from typing import Any
 
 
 @contextmanager
-def moto_s3(bucket: str = "rowstore"):
-    """``(endpoint_url, storage_options)`` of a moto S3 server with ``bucket`` created."""
-    from moto.server import ThreadedMotoServer
-
+def moto_s3(bucket: str = "rowstore", *, process: bool = False):
+    """``(endpoint_url, storage_options)`` of a moto S3 server with ``bucket`` created: in this
+    process (threads), or with ``process`` in a child process of its own (``moto_server``; the
+    bench, so that the server's GIL is not the client's)."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    if process:
+        with _moto_process() as endpoint:
+            _make_bucket(endpoint, bucket)
+            yield endpoint, s3_options(endpoint)
+        return
     import logging
+
+    from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    try:
+        _make_bucket(endpoint, bucket)
+        yield endpoint, s3_options(endpoint)
+    finally:
+        server.stop()
+
+
+@contextmanager
+def _moto_process():
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _make_bucket(endpoint: str, bucket: str) -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket=bucket)
-    try:
-        yield endpoint, s3_options(endpoint)
-    finally:
-        server.stop()
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:

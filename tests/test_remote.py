@@ -337,3 +337,15 @@ def test_persistent_faults_are_reported(http, proxy_factory):
     armed["fault"] = "stall"
     with pytest.raises(RemoteError, match="stalled past the timeout"):
         r.take([0])
+
+
+def test_rowstore_bench_reads_a_url(s3, capsys):
+    """``rowstore-bench URL --storage-options JSON`` measures a remote dataset."""
+    import json
+
+    from rowstore.bench import cli
+
+    rc = cli.main(["s3://rowstore/data/ds", "--storage-options", json.dumps(s3), "-q", "--repeats", "1", "-m", "0",
+                   "--compare", "--baselines", "h5py-row", "--memcpy-mib", "8"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "rowstore" in out and "baselines skipped for a URL" in out

@@ -139,9 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(json.loads(args.child))))
         return 0
 
-    import fsspec
-
     import _servers
+    import fsspec
 
     tmp = tempfile.mkdtemp(prefix="rowstore-remote-bench-")
     ds = write_patch(tmp, args.mb)
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_child(spec)
             results["cases"][name] = res
             print(f"{name:24s} " + (f"{res['mb_per_s']:8.1f} MB/s  peak RSS {res['peak_rss_mb']:6.0f} MB"
-                                    f"  times {['%.2f' % t for t in res['times_s']]}" if "error" not in res
+                                    f"  times {[f'{t:.2f}' for t in res['times_s']]}" if "error" not in res
                                     else "ERROR " + res["error"][-400:]), flush=True)
         for px in list(proxies.values()) + list(hproxies.values()):
             px.close()

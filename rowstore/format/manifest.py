@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover - not POSIX
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "POINTER", "MANIFEST_DIR", "SHARD_DIR", "INDEX_MAGIC",
     "Manifest", "is_dataset", "index_crc32", "shard_entry", "read_pointer", "load", "versions", "publish",
-    "commit_lock", "manifest_path", "index_path",
+    "commit_lock", "manifest_path", "index_path", "next_version", "version_objects",
 ]  # fmt: skip
 
 FORMAT_NAME = "rowstore-dataset"
@@ -389,11 +389,31 @@ def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression
     """
     root = os.fspath(root)
     os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
-    # Past every manifest and every sidecar: a commit killed between its sidecar and its manifest
-    # leaves a sidecar that the exclusive write below would collide with.
+    version = next_version(os.listdir(os.path.join(root, MANIFEST_DIR)))
+    sidecar, text, pointer = version_objects(version, schema=schema, attrs=attrs, compression=compression,
+                                             heap_chunk_bytes=heap_chunk_bytes, shards=shards, blocks=blocks,
+                                             heap_chunks=heap_chunks, parent=parent)  # fmt: skip
+    _write_atomic(os.path.join(root, index_path(version)), sidecar, exclusive=True)
+    _write_atomic(os.path.join(root, manifest_path(version)), text, exclusive=True)
+    _write_atomic(os.path.join(root, POINTER), pointer, exclusive=False)
+    fsync_directory(root)
+    return version
+
+
+def next_version(names: Sequence[str]) -> int:
+    """The version a commit publishes, given the names in the ``_manifests`` directory: past
+    every manifest and every sidecar (a commit killed between its sidecar and its manifest
+    leaves a sidecar that an exclusive write would collide with)."""
     taken = re.compile(r"v(\d{8})\.(?:json|index)")
-    have = [int(m.group(1)) for m in map(taken.fullmatch, os.listdir(os.path.join(root, MANIFEST_DIR))) if m]
-    version = (max(have) if have else 0) + 1
+    have = [int(m.group(1)) for m in map(taken.fullmatch, names) if m]
+    return (max(have) if have else 0) + 1
+
+
+def version_objects(version: int, *, schema: Schema, attrs: dict, compression: dict, heap_chunk_bytes: int,
+                    shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray], heap_chunks: Sequence[np.ndarray],
+                    parent: int | None = None) -> tuple[bytes, bytes, bytes]:
+    """The bytes of version ``version``'s sidecar, manifest and pointer (what :func:`publish`
+    writes, in that order; a remote commit uploads them in that order too)."""
     parts = [INDEX_MAGIC]
     parts += [np.ascontiguousarray(b, dtype=spec.BLOCK_DTYPE).tobytes() for b in blocks]
     parts += [np.ascontiguousarray(h, dtype=spec.HEAP_CHUNK_DTYPE).tobytes() for h in heap_chunks]
@@ -408,10 +428,6 @@ def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression
         "shards": [{k: s[k] for k in SHARD_KEYS} for s in shards],
     }  # fmt: skip
     text = json.dumps(manifest, indent=1).encode()
-    _write_atomic(os.path.join(root, index_path(version)), sidecar, exclusive=True)
-    _write_atomic(os.path.join(root, manifest_path(version)), text, exclusive=True)
     pointer = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version,
                "manifest": manifest_path(version), "manifest_crc32": zlib.crc32(text)}  # fmt: skip
-    _write_atomic(os.path.join(root, POINTER), json.dumps(pointer, indent=1).encode() + b"\n", exclusive=False)
-    fsync_directory(root)
-    return version
+    return sidecar, text, json.dumps(pointer, indent=1).encode() + b"\n"

@@ -180,6 +180,12 @@ class _RangeHandler(SimpleHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     request_queue_size = 256  # many connections at once (the default backlog of 5 refuses some)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):  # a client that hung up is normal
+            super().handle_error(request, client_address)
+
 
 class RangeHTTPServer:
     """Serves ``root`` on ``http://127.0.0.1:PORT`` (threads; ``requests`` counts requests)."""

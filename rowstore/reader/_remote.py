@@ -101,6 +101,16 @@ def open_file_layout(client: Client, url: str, meta: dict) -> Layout:
 _STORES: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
 
 
+def _after_fork() -> None:
+    # A forked child inherits the parent's schedule (futures of a loop thread it does not have)
+    # and client: every store starts afresh, its client made on first use.
+    for store in list(_STORES):
+        store._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class RemoteStore:
     """The stored bytes of a dataset's shard objects, by ranged requests (the
     :class:`~rowstore.reader._store.LocalStore` interface, ``load_chunks`` only).
@@ -222,6 +232,8 @@ class RemoteStore:
         """Whole stored chunks, fetched (prefetched ones first, or from the cache), CRC-checked
         always, decompressed into ``dst`` (see :meth:`LocalStore.load_chunks`); ``scratch`` is
         not needed. A chunk is cached only once its CRC matched the index."""
+        if self._pid != os.getpid():  # pragma: no cover - _after_fork resets; belt and braces
+            self._reset()
         n = len(offsets)
         stride = dst_stride or raw_size
         sh = np.zeros(n, np.int64) if shards is None else np.asarray(shards, np.int64)

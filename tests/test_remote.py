@@ -213,6 +213,9 @@ def test_pickled_and_forked_readers_read_their_shards(remote_data, s3):
         parts = pool.starmap(_epoch_labels, [(r, k, 3) for k in range(3)])
     got = np.sort(np.concatenate(parts))
     assert np.array_equal(got, np.sort(rowstore.open(os.path.join(remote_data, "ds")).take(np.arange(N))["label"]))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a spawned worker: unpickled, its own client
+        part = pool.apply(_epoch_labels, (r, 1, 3))
+    assert np.array_equal(part, parts[1])
 
 
 def test_missing_and_not_rowstore(remote_data, s3, http):

@@ -272,10 +272,11 @@ class Reader:
         n = len(rows)
         if n == 0:
             return []
-        if not self.layout.compressed:
+        if not self.layout.compressed and self._store.direct:
             step = 1 << 16
             return [(a, min(a + step, n)) for a in range(0, n, step)]
-        # Compressed: a piece loads each block it touches whole; cap blocks per piece at 64.
+        # Compressed (or a remote store): a piece loads each block it touches whole; cap blocks
+        # per piece at 64.
         out, a, cap = [], 0, 64
         blocks = rows // self._rpb
         while a < n:

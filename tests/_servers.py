@@ -214,16 +214,17 @@ class FaultProxy:
 
     ``latency`` seconds are added before each request is forwarded (first-byte latency,
     per request, without blocking other connections). ``fault(n, head)`` is asked for every
-    ranged GET (``n`` counts them from 1, ``head`` is the request's first bytes) and returns
+    ranged GET (with ``every_request``, every request; ``n`` counts them from 1, ``head`` is the
+    request's first bytes) and returns
     None, ``"503"``, ``"reset"`` (a TCP RST) or ``"stall"`` (nothing sent for ``stall`` seconds,
     then closed). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
     """
 
     def __init__(self, upstream: str, *, latency: float = 0.0, stall: float = 30.0,
-                 fault: Callable[[int, bytes], str | None] | None = None):
+                 fault: Callable[[int, bytes], str | None] | None = None, every_request: bool = False):
         self.up_host, up_port = upstream.rsplit(":", 1)
         self.up_port = int(up_port)
-        self.latency, self.stall, self.fault = latency, stall, fault
+        self.latency, self.stall, self.fault, self.every_request = latency, stall, fault, every_request
         self.ranged = 0
         self.injected = 0
         self._lock = threading.Lock()
@@ -242,7 +243,8 @@ class FaultProxy:
         self.loop.run_forever()
 
     def _decide(self, head: bytes) -> str | None:
-        if not head.startswith(b"GET ") or b"\r\nrange:" not in head.lower():
+        ranged = head.startswith(b"GET ") and b"\r\nrange:" in head.lower()
+        if not ranged and not (self.every_request and head[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST")):
             return None
         with self._lock:
             self.ranged += 1

@@ -82,3 +82,30 @@ def test_shards_from_several_processes_then_commit(s3_server):
     assert r.layout.version == 1 and np.array_equal(_labels(r), np.arange(600))
     assert rowstore.commit(url, [more], mode="a", storage_options=so) == 2
     assert np.array_equal(_labels(rowstore.open(url, storage_options=so)), np.arange(800))
+
+
+def test_commit_failing_at_the_pointer_leaves_the_previous_version(s3_server):
+    """A proxy refusing (503) every PUT of the pointer: the commit fails after its retries with
+    the new sidecar and manifest uploaded, the previous version stays current and readable, and
+    the next commit publishes past the orphaned version."""
+    from _servers import FaultProxy, s3_options
+
+    endpoint, so = s3_server
+    url = "s3://rowstore/w/fail"
+    first = rowstore.write_shard(url, SCHEMA, _cols(0, 100), storage_options=so)
+    assert rowstore.commit(url, [first], storage_options=so) == 1
+    proxy = FaultProxy(endpoint.split("://", 1)[1], every_request=True,
+                       fault=lambda n, head: "503" if head.startswith(b"PUT ") and b"rowstore.json" in head else None)
+    try:
+        second = rowstore.write_shard(url, SCHEMA, _cols(100, 50), storage_options=s3_options(proxy.url))
+        with pytest.raises(rowstore.RowstoreError, match="rowstore.json"):
+            rowstore.commit(url, [second], mode="a", storage_options=s3_options(proxy.url))
+        assert proxy.injected >= 2
+    finally:
+        proxy.close()
+    fs = fsspec.filesystem("s3", **so)
+    assert fs.exists("rowstore/w/fail/_manifests/v00000002.json")  # uploaded before the pointer failed
+    r = rowstore.open(url, storage_options=so)
+    assert r.layout.version == 1 and np.array_equal(_labels(r), np.arange(100))
+    assert rowstore.commit(url, [second], mode="a", storage_options=so) == 3
+    assert np.array_equal(_labels(rowstore.open(url, storage_options=so)), np.arange(150))

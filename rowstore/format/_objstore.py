@@ -20,7 +20,7 @@ from typing import Any
 
 from rowstore.errors import FormatError, ObjectChangedError, RemoteError
 
-__all__ = ["RemoteOptions", "Client", "RangeFile"]
+__all__ = ["RemoteOptions", "Client", "RangeFile", "remote_file_layout"]
 
 
 @dataclass(frozen=True)
@@ -248,6 +248,8 @@ class Client:
         fs = self.fs
         self.requests += 1
         proto = url.split("://", 1)[0]
+        if etag and etag.startswith("W/"):  # a weak ETag never matches If-Match (RFC 9110 13.1.1)
+            etag = None
         if proto in ("s3", "s3a") and etag and hasattr(fs, "_call_s3"):
             bucket, key, _ = fs.split_path(self.path(url))
             resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
@@ -394,3 +396,26 @@ class RangeFile:
 
     def close(self) -> None:
         self._have.clear()
+
+
+def remote_file_layout(client: Client, url: str) -> Any:
+    """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
+    etag)``), parsed by h5py from an in-memory image of the byte ranges its HDF5 metadata
+    occupies (:class:`RangeFile`: a HEAD and, for our writer's files, two ranged GETs); no block
+    is read and libhdf5 never sees the network."""
+    import h5py
+
+    from rowstore.format.index import Layout
+
+    meta = client.info(url)
+    rf = RangeFile(client, url, meta["size"], meta["etag"])
+    try:
+        with h5py.File(rf, "r") as f:
+            return Layout.from_h5(f, url, meta["size"], (meta["size"], meta["etag"]))
+    except OSError as exc:
+        if isinstance(exc, (RemoteError, FormatError)):
+            raise
+        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
+    finally:
+        rf.close()
+

@@ -19,7 +19,7 @@ from typing import Any
 
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest
-from rowstore.format._objstore import Client, RangeFile, RemoteOptions
+from rowstore.format._objstore import Client, RemoteOptions, remote_file_layout
 from rowstore.format._url import join
 from rowstore.format.index import Layout
 
@@ -47,19 +47,7 @@ def put_bytes(c: Client, data: bytes, url: str) -> None:
 
 def remote_layout(c: Client, url: str) -> Layout:
     """The :class:`Layout` of a remote file, from its HDF5 metadata's byte ranges (no block read)."""
-    import h5py
-
-    meta = c.info(url)
-    rf = RangeFile(c, url, meta["size"], meta["etag"])
-    try:
-        with h5py.File(rf, "r") as f:
-            return Layout.from_h5(f, url, meta["size"], (meta["size"], meta["etag"]))
-    except OSError as exc:
-        if isinstance(exc, FormatError) or getattr(exc, "url", None):
-            raise
-        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
-    finally:
-        rf.close()
+    return remote_file_layout(c, url)
 
 
 def _exists(c: Client, url: str) -> bool:

@@ -22,10 +22,12 @@ adjacent chunks of one object merge into one request up to ``merge_bytes``.
 Each process makes its own fsspec client on first use (fork- and spawn-safe; the store pickles
 by URL and options). Transient failures (5xx, throttling, reset connections, short bodies, a
 request stalled past ``timeout``) are retried with exponential backoff and jitter, then raised
-as :class:`~rowstore.errors.RemoteError` naming the URL, byte range and attempts. Every object's
-size (and ETag, where the protocol has one) is recorded when first used; requests carry
-``If-Match`` (S3, HTTP), and a changed object is refused with
-:class:`~rowstore.errors.ObjectChangedError`, never mixed with the index read at open.
+as :class:`~rowstore.errors.RemoteError` naming the URL, byte range and attempts. A single
+file's size and ETag are recorded at open and every request carries ``If-Match`` (S3, HTTP): a
+replaced object is refused with :class:`~rowstore.errors.ObjectChangedError`, never mixed with
+the index read at open. A dataset's shards are immutable by the format; the manifest records
+their sizes, every chunk's CRC is checked, and a failed CRC makes the store look again (one
+HEAD) so that a replaced shard is named as such.
 """
 
 from __future__ import annotations
@@ -36,17 +38,15 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from rowstore import kernels
-from rowstore.errors import FormatError, ObjectChangedError, RemoteError
+from rowstore.errors import FormatError, ObjectChangedError
 from rowstore.format import manifest as _manifest
-from rowstore.format._objstore import Client, RangeFile, RemoteOptions
+from rowstore.format._objstore import Client, RangeFile, RemoteOptions, remote_file_layout
 from rowstore.format._url import is_url
-from rowstore.format.index import Layout
 from rowstore.format.shards import DatasetLayout
 
 __all__ = ["RemoteOptions", "RemoteStore", "RangeFile", "Client", "open_layout", "is_url"]
@@ -75,26 +75,9 @@ def open_layout(url: str, options: RemoteOptions, version: int | None = None) ->
             return DatasetLayout.from_manifest(m), {"etags": {}, "requests": client.requests}
     if version is not None:
         raise ValueError(f"{url!r} is a file: version= applies to datasets")
-    meta = client.info(url)
-    layout = open_file_layout(client, url, meta)
-    return DatasetLayout.from_files([layout], path=url), {"etags": {0: meta["etag"]}, "requests": client.requests}
-
-
-def open_file_layout(client: Client, url: str, meta: dict) -> Layout:
-    """A single remote file's :class:`Layout`, parsed by h5py from an in-memory image of the
-    byte ranges its metadata occupies (:class:`RangeFile`); no block is read."""
-    import h5py
-
-    rf = RangeFile(client, url, meta["size"], meta["etag"])
-    try:
-        with h5py.File(rf, "r") as f:
-            return Layout.from_h5(f, url, meta["size"], (meta["size"], meta["etag"]))
-    except OSError as exc:
-        if isinstance(exc, RemoteError):
-            raise
-        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
-    finally:
-        rf.close()
+    layout = remote_file_layout(client, url)
+    etag = layout.file_id[1] if len(layout.file_id) > 1 else None
+    return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
 
 
 # -- the store -----------------------------------------------------------------------------------
@@ -120,8 +103,8 @@ class RemoteStore:
     paths : sequence of str
         The shard URLs.
     file_ids : sequence of tuple
-        Per shard ``(size,)`` (from a manifest) or ``(size, etag)`` (a file opened directly):
-        checked against the object before its first read in each process.
+        Per shard ``(size,)`` (from a manifest) or ``(size, etag)`` (a file opened directly:
+        every request is conditional on that ETag).
     options : RemoteOptions
     etags : dict, optional
         ETags already learnt (shard -> etag), kept through pickling so that workers compare
@@ -454,10 +437,6 @@ def epoch_plan(segments: Iterable[Any], keys_of: Callable[[Any], list[Key]]) -> 
     """The chunks of each segment, in order (``keys_of(segment)``), for :meth:`RemoteStore.schedule`."""
     for seg in segments:
         yield keys_of(seg)
-
-
-def with_options(options: RemoteOptions, **changes: Any) -> RemoteOptions:
-    return replace(options, **changes)
 
 
 def scheduled(store: RemoteStore, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],

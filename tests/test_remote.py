@@ -352,3 +352,31 @@ def test_rowstore_bench_reads_a_url(s3, capsys):
                    "--compare", "--baselines", "h5py-row", "--memcpy-mib", "8"])
     out = capsys.readouterr().out
     assert rc == 0 and "rowstore" in out and "baselines skipped for a URL" in out
+
+
+def test_file_urls_and_full_shuffle_coalescing(remote_data):
+    """file:// goes through the same store (a synchronous fsspec filesystem: a thread pool); in
+    ``full`` mode consecutive segments share blocks, and a block asked for again while held is
+    not fetched again (fewer requests than chunks taken)."""
+    local = rowstore.open(os.path.join(remote_data, "lz4.h5"))
+    r = rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))
+    sched = None
+    got = []
+    for b in r.batches(100, shuffle="full", seed=2, window=8):
+        sched = r._store.scheduler or sched
+        got.append(b)
+    same_epochs(local.batches(100, shuffle="full", seed=2, window=8), got)
+    assert sched is not None and sched.issued < sched.hits
+
+
+def test_torch_dataloader_workers_over_http(remote_data, http):
+    """A torch DataLoader with 2 forked workers over a remote reader: every row once."""
+    torch = pytest.importorskip("torch")
+    from rowstore.torch import IterableDataset
+
+    ds = IterableDataset(rowstore.open(http.url + "/ds"), batch_size=100, fields=["label"], seed=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    labels = np.sort(np.concatenate([np.asarray(b["label"]) for b in loader]))
+    want = np.sort(rowstore.open(os.path.join(remote_data, "ds")).take(np.arange(N))["label"])
+    assert np.array_equal(labels, want)

@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--latency-ms", type=float, default=30.0)
     p.add_argument("--h5py-seconds", type=float, default=8.0, help="time limit of an h5py epoch (rate extrapolated)")
+    p.add_argument("--in-flight", default="", help="also rowstore over HTTP at +latency with these max_in_flight "
+                                                 "values, e.g. 1,4,8 (the window's effect)")
     p.add_argument("--json", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         shard_names = sorted(os.listdir(os.path.join(ds, "shards")))
         for ms, px in hproxies.items():
             cases.append((f"rowstore http +{ms} ms", {"kind": "rowstore", "url": px.url + "/patch"}))
+            for w in [int(v) for v in args.in_flight.split(",") if v] if ms else []:
+                cases.append((f"rowstore http +{ms} ms in flight {w}",
+                              {"kind": "rowstore", "url": px.url + "/patch", "remote": {"max_in_flight": w}}))
             cases.append((f"h5py/fsspec http +{ms} ms", {"kind": "h5py", "url": px.url + "/patch", "shards": shard_names,
                                                          "time_limit": args.h5py_seconds}))
         for name, spec in cases:

@@ -380,3 +380,41 @@ def test_torch_dataloader_workers_over_http(remote_data, http):
     labels = np.sort(np.concatenate([np.asarray(b["label"]) for b in loader]))
     want = np.sort(rowstore.open(os.path.join(remote_data, "ds")).take(np.arange(N))["label"])
     assert np.array_equal(labels, want)
+
+
+def test_hostile_remote_objects_are_refused(remote_data, tmp_path, http_factory):
+    """Damaged pointer, sidecar, shard or file served over HTTP: FormatError (or, for a shard
+    cut short, an error naming it), never a crash, a hang or an unbounded allocation."""
+    root = tmp_path / "h"
+    shutil.copytree(remote_data, root)
+    srv = http_factory(str(root))
+    ds = root / "ds"
+    pointer = (ds / "rowstore.json").read_bytes()
+    (ds / "rowstore.json").write_bytes(b"{not json")
+    with pytest.raises(FormatError, match="JSON"):
+        rowstore.open(srv.url + "/ds")
+    (ds / "rowstore.json").write_bytes(b" " * (1 << 17))
+    with pytest.raises(FormatError, match="more than"):
+        rowstore.open(srv.url + "/ds")
+    (ds / "rowstore.json").write_bytes(pointer)
+    sidecar = next((ds / "_manifests").glob("*.index"))
+    good = sidecar.read_bytes()
+    sidecar.write_bytes(good[:-5])
+    with pytest.raises(FormatError, match="bytes"):
+        rowstore.open(srv.url + "/ds")
+    sidecar.write_bytes(good + b"x" * 100)
+    with pytest.raises(FormatError):
+        rowstore.open(srv.url + "/ds")
+    sidecar.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+    with pytest.raises(FormatError, match="CRC"):
+        rowstore.open(srv.url + "/ds")
+    sidecar.write_bytes(good)
+    r = rowstore.open(srv.url + "/ds", remote={"retries": 1, "backoff": 0.01})
+    shard = root / "ds" / r.layout.shard_paths[-1].split("/ds/", 1)[1]
+    shard.write_bytes(shard.read_bytes()[:2000])
+    with pytest.raises((FormatError, RemoteError)) as ei:
+        r.take(np.arange(N))
+    assert shard.name in str(ei.value)
+    (root / "junk.h5").write_bytes(os.urandom(5000))
+    with pytest.raises(FormatError, match="not an HDF5 file|malformed"):
+        rowstore.open(srv.url + "/junk.h5")

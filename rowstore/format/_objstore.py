@@ -212,8 +212,8 @@ class Client:
         :func:`rowstore.format.manifest.load`'s ``read``."""
         data = self.submit(url, 0, limit + 1, short_ok=True).result()
         if len(data) > limit:
-            raise FormatError(f"{url!r}: has more than the {limit} bytes a manifest may hold: not a rowstore dataset "
-                              f"manifest", path=url)
+            raise FormatError(f"{url!r}: has more than the {limit} bytes expected of it (not a rowstore dataset "
+                              f"object, or a replaced one)", path=url)
         return data
 
     # -- ranged reads ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Reading from object storage: rowstore over S3 vs h5py over an fsspec file vs a local read.
 
-Starts moto's S3 server in this process (127.0.0.1, port 0) and two proxies in front of it
+Starts moto's S3 server and a Range HTTP server, each in a process of its own (127.0.0.1), and
+two proxies in front of each
 (``tests/_servers.py``): one adding nothing, one adding first-byte latency to every request
 (default +30 ms). Writes the *patch* workload (``foo float64[9,9,27]``, ``bar int64[9,27]``,
 ``baz float64``: 19,448-byte rows, ~1 MiB blocks) as a dataset of 4 MiB shards (stock moto copies
@@ -159,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             cases.append((f"rowstore s3 +{ms} ms", {"kind": "rowstore", "url": "s3://rowstore/patch", "so": pso}))
             cases.append((f"h5py/fsspec s3 +{ms} ms", {"kind": "h5py", "url": "s3://rowstore/patch", "so": pso,
                                                        "time_limit": args.h5py_seconds}))
-        # The same over plain HTTP (tests/_servers.py's Range server: lighter than moto).
-        http = _servers.RangeHTTPServer(tmp)
-        hproxies = {0: _servers.FaultProxy(http.url.split("://")[1]),
-                    int(args.latency_ms): _servers.FaultProxy(http.url.split("://")[1], latency=args.latency_ms / 1e3)}
+        # The same over plain HTTP (tests/_servers.py's Range server, in its own process: lighter than moto).
+        http_cm = _servers.http_process(tmp)
+        http_url = http_cm.__enter__()
+        hproxies = {0: _servers.FaultProxy(http_url.split("://")[1]),
+                    int(args.latency_ms): _servers.FaultProxy(http_url.split("://")[1], latency=args.latency_ms / 1e3)}
         shard_names = sorted(os.listdir(os.path.join(ds, "shards")))
         for ms, px in hproxies.items():
             cases.append((f"rowstore http +{ms} ms", {"kind": "rowstore", "url": px.url + "/patch"}))
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                     else "ERROR " + res["error"][-400:]), flush=True)
         for px in list(proxies.values()) + list(hproxies.values()):
             px.close()
-        http.close()
+        http_cm.__exit__(None, None, None)
     c = results["cases"]
     lat = int(args.latency_ms)
 

@@ -208,6 +208,25 @@ class RangeHTTPServer:
         self.httpd.server_close()
 
 
+@contextmanager
+def http_process(root: str):
+    """The URL of a :class:`RangeHTTPServer` serving ``root`` from a child process of its own
+    (the bench: the server's GIL is not the proxy's or the client's)."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys, time; sys.path.insert(0, {here!r}); import _servers; "
+            f"s = _servers.RangeHTTPServer({root!r}); print(s.url, flush=True); time.sleep(1e9)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 # -- fault-injecting proxy -----------------------------------------------------------------------
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``upstream`` ("host:port"), on its own event loop.

@@ -131,3 +131,21 @@ def test_size_limit(served, tmp_path):
     ref = rowstore.open(local)
     assert all(np.array_equal(a, b) for a, b in zip(_epoch(ref), _epoch(r)))
     assert 0 < r._store._cache.size() <= limit
+
+
+def test_a_single_files_metadata_is_cached(tmp_path, http_factory):
+    """A single remote file's HDF5 metadata pages go to the cache: the next open of the same
+    object (same size and ETag) makes one request (the HEAD), and reads the same."""
+    d = tmp_path / "srv"
+    d.mkdir()
+    with rowstore.Writer(str(d / "f.h5"), SCHEMA, block_bytes=8 << 10) as w:
+        w.write_batch({"x": np.ones((500, 16), np.float32), "label": np.arange(500), "text": ["a"] * 500})
+    srv = http_factory(str(d))
+    cache = str(tmp_path / "c")
+    before = srv.requests
+    a = rowstore.open(srv.url + "/f.h5", cache=cache)
+    assert 2 <= srv.requests - before <= 3  # the HEAD, then head and tail (one GET: a small file)
+    before = srv.requests
+    b = rowstore.open(srv.url + "/f.h5", cache=cache)
+    assert srv.requests - before == 1
+    assert np.array_equal(a.take(np.arange(500))["label"], b.take(np.arange(500))["label"])

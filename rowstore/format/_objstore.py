@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -333,12 +334,14 @@ class RangeFile:
     """
 
     def __init__(self, client: Client, url: str, size: int, etag: str | None, *, head: int = 1 << 18,
-                 tail: int = 1 << 20, page: int = 1 << 16):
+                 tail: int = 1 << 20, page: int = 1 << 16, image: bytes | None = None):
         self.client, self.url, self.size, self.etag, self.page = client, url, size, etag, page
         self.pos = 0
         self.requests = 0
         self.fetched = 0
         self._have: dict[int, bytes] = {}  # page number -> bytes
+        if image is not None and self._load_image(image):
+            return  # pages of an earlier open (a local cache): no request
         spans = [(0, min(size, head))]
         t0 = max(0, size - tail) // page * page
         if t0 < spans[0][1]:
@@ -355,6 +358,30 @@ class RangeFile:
             self.fetched += len(data)
             for k in range(0, len(data), self.page):
                 self._have[(a + k) // self.page] = data[k : k + self.page]
+
+    def image(self) -> bytes:
+        """The pages read so far, as one blob (``<u8 page, <u4 length`` then the bytes, per
+        page) that :class:`RangeFile` takes back as ``image=``."""
+        out = []
+        for k in sorted(self._have):
+            v = self._have[k]
+            out.append(struct.pack("<QI", k, len(v)) + v)
+        return b"".join(out)
+
+    def _load_image(self, image: bytes) -> bool:
+        pages: dict[int, bytes] = {}
+        at = 0
+        while at < len(image):
+            if at + 12 > len(image):
+                return False
+            k, n = struct.unpack_from("<QI", image, at)
+            at += 12
+            if n > self.page or at + n > len(image) or k * self.page + n > self.size:
+                return False
+            pages[k] = image[at : at + n]
+            at += n
+        self._have = pages
+        return True
 
     def readable(self) -> bool:
         return True
@@ -398,20 +425,27 @@ class RangeFile:
         self._have.clear()
 
 
-def remote_file_layout(client: Client, url: str) -> Any:
+def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
     """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
     etag)``), parsed by h5py from an in-memory image of the byte ranges its HDF5 metadata
     occupies (:class:`RangeFile`: a HEAD and, for our writer's files, two ranged GETs); no block
-    is read and libhdf5 never sees the network."""
+    is read and libhdf5 never sees the network. With a ``cache``
+    (:class:`rowstore.reader._cache.BlockCache`), that image is kept and a later open of the same
+    object (same size and ETag) makes the HEAD only."""
     import h5py
 
     from rowstore.format.index import Layout
 
     meta = client.info(url)
-    rf = RangeFile(client, url, meta["size"], meta["etag"])
+    ident = (meta["size"], meta["etag"])
+    image = cache.get_meta(url, ident) if cache is not None and meta["etag"] else None
+    rf = RangeFile(client, url, meta["size"], meta["etag"], image=image)
     try:
         with h5py.File(rf, "r") as f:
-            return Layout.from_h5(f, url, meta["size"], (meta["size"], meta["etag"]))
+            layout = Layout.from_h5(f, url, meta["size"], ident)
+        if cache is not None and meta["etag"] and rf.requests:
+            cache.put_meta(url, ident, rf.image())
+        return layout
     except OSError as exc:
         if isinstance(exc, (RemoteError, FormatError)):
             raise

@@ -56,18 +56,33 @@ class BlockCache:
 
     def get(self, key: tuple[int, int, int], url: str, file_id: tuple) -> bytes | None:
         """The chunk's bytes, or None (absent, or damaged: then removed)."""
-        p = self._path(key, url, file_id)
+        return self._get(self._path(key, url, file_id), key[2])
+
+    def _meta_path(self, url: str, file_id: tuple) -> str:
+        obj = hashlib.sha1(f"{url}\0{file_id!r}".encode()).hexdigest()[:24]
+        return os.path.join(self.root, obj[:2], f"{obj}-meta.blk")
+
+    def get_meta(self, url: str, file_id: tuple, limit: int = 64 << 20) -> bytes | None:
+        """A single file's cached metadata image (see :meth:`put_meta`), or None."""
+        return self._get(self._meta_path(url, file_id), None, limit)
+
+    def put_meta(self, url: str, file_id: tuple, data: bytes) -> None:
+        """Cache the metadata image of a single remote file (the byte pages h5py read to open
+        it): a later open of the same object (same size and ETag) needs no GET."""
+        self._put(self._meta_path(url, file_id), data)
+
+    def _get(self, p: str, size: int | None, limit: int = 0) -> bytes | None:
         try:
             with open(p, "rb") as f:
-                data = f.read(_HEAD.size + key[2] + 1)
+                data = f.read(_HEAD.size + (size if size is not None else limit) + 1)
         except OSError:
             self.misses += 1
             return None
-        ok = len(data) == _HEAD.size + key[2]
+        ok = len(data) >= _HEAD.size
         if ok:
             magic, n, crc = _HEAD.unpack_from(data)
             payload = memoryview(data)[_HEAD.size :]
-            ok = magic == _MAGIC and n == key[2] and zlib.crc32(payload) == crc
+            ok = magic == _MAGIC and n == len(payload) and (size is None or n == size) and zlib.crc32(payload) == crc
         if not ok:
             self._remove(p)
             self.misses += 1
@@ -85,7 +100,9 @@ class BlockCache:
     def put(self, key: tuple[int, int, int], url: str, file_id: tuple, data: Any) -> None:
         """Store a chunk (complete and checked by the caller) atomically; errors are ignored (a
         cache that cannot write is a cache that misses)."""
-        p = self._path(key, url, file_id)
+        self._put(self._path(key, url, file_id), data)
+
+    def _put(self, p: str, data: Any) -> None:
         if os.path.exists(p):
             return
         d = os.path.dirname(p)

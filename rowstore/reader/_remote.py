@@ -75,7 +75,12 @@ def open_layout(url: str, options: RemoteOptions, version: int | None = None) ->
             return DatasetLayout.from_manifest(m), {"etags": {}, "requests": client.requests}
     if version is not None:
         raise ValueError(f"{url!r} is a file: version= applies to datasets")
-    layout = remote_file_layout(client, url)
+    cache = None
+    if options.cache:
+        from rowstore.reader._cache import BlockCache
+
+        cache = BlockCache(options.cache, options.cache_bytes)
+    layout = remote_file_layout(client, url, cache)
     etag = layout.file_id[1] if len(layout.file_id) > 1 else None
     return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
 

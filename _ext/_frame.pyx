@@ -15,7 +15,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 from _common cimport (
-    E_CHECKSUM, E_CODEC, E_DECOMPRESS, E_DEST, E_FRAME, E_NOMEM, E_SIZE, _errbuf, _fail, _fits,
+    E_CHECKSUM, E_CODEC, E_DECOMPRESS, E_DEST, E_FRAME, E_NOMEM, E_SHORT, E_SIZE, _errbuf, _fail, _fits,
     _pread_full,
 )
 from libblosc2 cimport (
@@ -278,6 +278,71 @@ cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64
             return _fail(err, E_CHECKSUM, i, 0)
         if ctx != NULL and _frame_decompress(ctx, target, stored[i], compcode, shuffle,
                                              dst + i * dst_stride, raw_size, err, i) < 0:
+            return -1
+    return 0
+
+
+def decode_chunks(const uint8_t[::1] src not None,
+                  const int64_t[::1] src_offsets not None,
+                  const int64_t[::1] stored not None,
+                  const uint64_t[::1] checksums not None,
+                  int compcode, int shuffle, bint verify,
+                  uint8_t[::1] dst not None, int64_t raw_size,
+                  int64_t[::1] err not None, int64_t dst_stride=0):
+    """:func:`load_chunks` for bytes already in memory (fetched by ranged requests): chunk i is
+    ``stored[i]`` bytes at ``src_offsets[i]`` of ``src``; it goes, checked and decompressed, to
+    ``dst[i*dst_stride:]`` exactly as :func:`load_chunks` puts it (same codes, same checks: a
+    range outside ``src`` is ``E_SHORT`` with detail the bytes ``src`` holds from the offset).
+    Compressed chunks are decompressed straight from ``src`` (no staging). Returns 0 or -1
+    (``err``)."""
+    cdef int64_t* e = _errbuf(err)
+    cdef Py_ssize_t n = src_offsets.shape[0]
+    cdef int rc
+    cdef blosc2_context* ctx = NULL
+    if stored.shape[0] != n or checksums.shape[0] != n:
+        raise ValueError("decode_chunks: argument lengths differ")
+    if compcode >= 0:
+        _check_codec(compcode, shuffle)
+    if dst_stride == 0:
+        dst_stride = raw_size
+    if raw_size <= 0 or dst_stride < raw_size or n and not _fits(n - 1, dst_stride, dst.shape[0] - raw_size):
+        return _fail(e, E_DEST, 0, dst.shape[0])
+    if n == 0:
+        return 0
+    with nogil:
+        if compcode >= 0:
+            ctx = _new_dctx()
+        if compcode >= 0 and ctx == NULL:
+            rc = _fail(e, E_NOMEM, 0, 0)
+        else:
+            rc = _decode(&src[0] if src.shape[0] else NULL, src.shape[0], n, &src_offsets[0], &stored[0],
+                         &checksums[0], ctx, compcode, shuffle, verify, &dst[0], raw_size, dst_stride, e)
+        if ctx != NULL:
+            blosc2_free_ctx(ctx)
+    return rc
+
+
+cdef int _decode(const uint8_t* src, int64_t src_len, Py_ssize_t n, const int64_t* src_offsets,
+                 const int64_t* stored, const uint64_t* checksums, blosc2_context* ctx, int compcode,
+                 int shuffle, bint verify, uint8_t* dst, int64_t raw_size, int64_t dst_stride,
+                 int64_t* err) noexcept nogil:
+    """The loop of :func:`decode_chunks` (arguments checked there; ``ctx`` NULL: stored raw)."""
+    cdef Py_ssize_t i
+    cdef const uint8_t* chunk
+    for i in range(n):
+        if stored[i] <= 0 or src_offsets[i] < 0:
+            return _fail(err, E_SIZE, i, stored[i])
+        if src_offsets[i] > src_len or stored[i] > src_len - src_offsets[i]:
+            return _fail(err, E_SHORT, i, src_len - src_offsets[i] if src_offsets[i] <= src_len else 0)
+        if ctx == NULL and stored[i] != raw_size:
+            return _fail(err, E_SIZE, i, stored[i])
+        chunk = src + src_offsets[i]
+        if verify and <uint64_t>zng_crc32(0, chunk, <size_t>stored[i]) != checksums[i]:
+            return _fail(err, E_CHECKSUM, i, 0)
+        if ctx == NULL:
+            memcpy(dst + i * dst_stride, chunk, <size_t>raw_size)
+        elif _frame_decompress(ctx, chunk, stored[i], compcode, shuffle, dst + i * dst_stride, raw_size,
+                               err, i) < 0:
             return -1
     return 0
 

@@ -62,7 +62,9 @@ def __getattr__(name):
 
 
 def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zarr.open
-    """Open a dataset for reading; see :class:`rowstore.reader.Reader` for the options."""
+    """Open a dataset for reading: a path, or a URL (``s3://``, ``http(s)://``, ``gs://``,
+    ``file://``... with ``storage_options=``, ``cache=``, ``remote=``); see
+    :class:`rowstore.reader.Reader` for the options."""
     from rowstore.reader import Reader
 
     return Reader(path, **kwargs)

@@ -18,6 +18,8 @@ __all__ = [
     "ChecksumError",
     "WriterClosedError",
     "ConcurrentWriterError",
+    "RemoteError",
+    "ObjectChangedError",
 ]
 
 
@@ -125,3 +127,32 @@ class ConcurrentWriterError(RowstoreError, BlockingIOError):
     def __init__(self, message: str, *, path: str | None = None):
         super().__init__(message)
         self.path = path
+
+
+# -- object storage (rowstore.reader._remote) -----------------------------------------------
+class RemoteError(RowstoreError, OSError):
+    """A read from object storage failed: a transient error that persisted through every retry,
+    or one that no retry can fix (credentials refused, access denied).
+
+    Attributes
+    ----------
+    url : str or None
+        The object.
+    start, end : int or None
+        The byte range ``[start, end)`` requested, when the failure was a ranged read.
+    attempts : int
+        Requests made (1 when the error was not retried).
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, start: int | None = None, end: int | None = None,
+                 attempts: int = 1):
+        super().__init__(message)
+        self.url = url
+        self.start = start
+        self.end = end
+        self.attempts = attempts
+
+
+class ObjectChangedError(FormatError):
+    """A remote object differs (size or ETag) from the one the reader opened: it was replaced,
+    and its bytes are refused rather than mixed with the old version's index."""

@@ -18,7 +18,7 @@ from rowstore._common import KernelCode
 from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [
-    "crc32", "load_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
+    "crc32", "load_chunks", "decode_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
     "pread_heap", "preadv_rows", "shuffle", "compress_frame",
     "KernelCode", "KernelError", "KernelChecksumError",
 ]
@@ -114,6 +114,19 @@ def load_chunks(fds, offsets, stored, checksums, *, codec: tuple[int, int] | Non
     err = _err()
     if _frame.load_chunks(_fds(fds), offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err,
                           dst_stride) != 0:
+        _raise(err, f"{what} {int(err[1])}")
+
+
+def decode_chunks(src: np.ndarray, src_offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *,
+                  codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int, what: str = "chunk",
+                  dst_stride: int = 0) -> None:
+    """:func:`load_chunks` for chunks already in memory: chunk i is ``stored[i]`` bytes at
+    ``src_offsets[i]`` of the flat ``uint8`` array ``src`` (bytes a remote store fetched), checked
+    and decompressed into ``dst`` the same way, with the same bounds and codes."""
+    compcode, shuffle_ = _codec(codec)
+    err = _err()
+    if _frame.decode_chunks(src, src_offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, err,
+                            dst_stride) != 0:
         _raise(err, f"{what} {int(err[1])}")
 
 

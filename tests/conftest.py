@@ -259,3 +259,7 @@ def rs() -> _Helpers:
     """Shared helpers (see :class:`_Helpers`)."""
     return _Helpers()
 
+
+
+# -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
+from _servers import http_factory, s3_server  # noqa: E402, F401

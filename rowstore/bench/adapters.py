@@ -78,7 +78,8 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
     threads = opts.get("threads") or None
     shuffle, seed, window = opts.get("shuffle", "block"), opts.get("seed", 0), opts.get("window", 16)
     # opts["path"], not layout.path: that of a list of paths is their names joined, not a path.
-    reader = Reader(opts["path"], verify=opts.get("verify", True), num_threads=threads)
+    remote = {"storage_options": opts["storage_options"]} if opts.get("storage_options") is not None else {}
+    reader = Reader(opts["path"], verify=opts.get("verify", True), num_threads=threads, **remote)
     threads = reader.num_threads
     label = f"rowstore {shuffle}"
     if mode != "numpy":

@@ -23,6 +23,7 @@ from typing import Any
 
 from rowstore.bench import adapters, measure, report, runner, sources
 from rowstore.errors import RowstoreError
+from rowstore.format._url import is_url
 
 __all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path"]
 
@@ -96,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  rowstore-bench --demo tiny --compare\n  rowstore-bench data.h5 --threads 2 --batch-size 256"
                "\n  rowstore-bench data.h5 --sweep threads=1,2 batch=64,256 window=4,16 --plot sweep.png",
     )  # fmt: skip
-    p.add_argument("path", nargs="?", help="a rowstore .h5 file or dataset directory")
+    p.add_argument("path", nargs="?", help="a rowstore .h5 file or dataset directory, or a URL (s3://, http(s)://, "
+                                           "gs://... read by ranged requests)")
+    p.add_argument("--storage-options", metavar="JSON", type=json.loads, default=None,
+                   help="fsspec storage_options for a URL, as JSON (e.g. '{\"anon\": true}')")
     p.add_argument("--demo", metavar="NAME", help="generate (once, cached) and measure a demo dataset: tiny, patch, image, speech, hello")
     p.add_argument("--rows", type=int, help="rows of the demo dataset (default: the demo's default size)")
     p.add_argument("-m", "--warmup", type=int, default=10, help="warm-up batches per repeat, not timed (default 10)")
@@ -161,14 +165,15 @@ class _Progress:
             self.bar.stop()
 
 
-def _dataset_info(path: str) -> dict[str, Any]:
+def _dataset_info(path: str, storage_options: dict | None = None) -> dict[str, Any]:
     """What the report says of the dataset: a ``.h5`` file or a dataset directory (its manifest:
-    ``rows_per_block`` is the largest block of any shard, ``version`` the manifest read)."""
-    from rowstore.format.shards import DatasetLayout
+    ``rows_per_block`` is the largest block of any shard, ``version`` the manifest read), local
+    or at a URL."""
+    from rowstore.bench.sources import open_layout
 
-    L = DatasetLayout.open(path)
+    L = open_layout(path, storage_options)
     return {
-        "path": os.path.abspath(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
+        "path": path if is_url(path) else os.path.abspath(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
         "rows_per_block": L.rows_per_block, "blocks": L.num_blocks, "block_bytes": L.block_raw_bytes,
         "heap_bytes": L.heap_nbytes, "raw_bytes": L.raw_nbytes, "stored_bytes": L.stored_nbytes,
         "file_bytes": L.file_size, "compression": L.compression, "demo": L.user_attrs.get("demo"),
@@ -183,7 +188,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         path = ensure_demo(args.demo, args.rows, cache_dir, log=log)
     else:
         path = args.path
-    if not os.path.exists(path):
+    remote = is_url(path)
+    if not remote and not os.path.exists(path):
         raise SystemExit(f"rowstore-bench: no such file or dataset: {path}")
     for name, v in (("--batch-size", args.batch_size), ("--repeats", args.repeats), ("--window", args.window)):
         if v < 1:
@@ -191,10 +197,11 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     if args.warmup < 0 or (args.measure is not None and args.measure < 1):
         raise SystemExit("rowstore-bench: -m must be >= 0 and -n >= 1")
 
-    info = _dataset_info(path)
-    from rowstore.format.shards import DatasetLayout
+    so = getattr(args, "storage_options", None)
+    info = _dataset_info(path, so)
+    from rowstore.bench.sources import open_layout
 
-    fields = list(DatasetLayout.open(path).schema.select(args.fields).names) if args.fields else None
+    fields = list(open_layout(path, so).schema.select(args.fields).names) if args.fields else None
     configs = parse_sweep(args.sweep) if args.sweep else [{}]
     modes = {c.get("mode", args.mode) for c in configs}
     for mode in modes:
@@ -208,6 +215,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         "seed": args.seed, "threads": args.threads, "workers": args.workers, "mode": args.mode, "verify": args.verify,
         "warmup": args.warmup, "measure": args.measure, "repeats": args.repeats, "time_limit": args.time_limit,
     }  # fmt: skip
+    if remote:
+        base["storage_options"] = so
     specs = []
     for c in configs:
         s = dict(base, kind="rowstore", **c)
@@ -218,8 +227,11 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
 
     baseline_specs = []
     npy_dir = None
-    one_file = not os.path.isdir(path)
-    if args.compare and not one_file:
+    one_file = not remote and not os.path.isdir(path)
+    if args.compare and remote:
+        notes.append("baselines skipped for a URL (bench/remote_bench.py compares h5py over fsspec); rowstore and "
+                     "memcpy were measured.")
+    elif args.compare and not one_file:
         notes.append(f"baselines skipped: they read one HDF5 file, and {path} is a dataset directory "
                      f"({info['shards']} shards); rowstore and memcpy were measured.")
     if args.compare and one_file:
@@ -240,7 +252,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
 
     # Warm cache: the file (and the .npy export) read once before any measurement.
     t = time.perf_counter()
-    warmed = measure.warm_cache([path] + ([npy_dir] if npy_dir else []))
+    warmed = 0 if remote else measure.warm_cache([path] + ([npy_dir] if npy_dir else []))
     warm_s = time.perf_counter() - t
 
     log(_header(info, args, warmed, warm_s))

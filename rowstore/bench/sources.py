@@ -22,6 +22,7 @@ import numpy as np
 
 from rowstore.errors import RowstoreError
 from rowstore.format import spec
+from rowstore.format._url import is_url
 from rowstore.format.index import Layout, open_h5
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
@@ -467,6 +468,15 @@ def _rowstore(layout: DatasetLayout, fields: list[Field], opts: dict) -> Source:
     return adapters.rowstore_source(layout, [f.name for f in fields], opts)
 
 
+def open_layout(path: Any, storage_options: dict | None = None) -> DatasetLayout:
+    """The layout of a local path (or list), or of a URL (opened as a reader opens it)."""
+    if isinstance(path, str) and is_url(path):
+        from rowstore.reader import Reader
+
+        return Reader(path, storage_options=storage_options).layout
+    return DatasetLayout.open(path)
+
+
 def open_source(opts: dict[str, Any]) -> Source:
     """Build the source that ``opts`` describe (the spec a bench child process receives).
 
@@ -476,8 +486,8 @@ def open_source(opts: dict[str, Any]) -> Source:
     (``path`` a file, a dataset directory or a list); the baselines read one ``.h5`` file.
     """
     kind = opts["kind"]
-    if kind == "rowstore":  # a file, a dataset directory or a list of those
-        dl = DatasetLayout.open(opts["path"])
+    if kind == "rowstore":  # a file, a dataset directory or a list of those, or a URL
+        dl = open_layout(opts["path"], opts.get("storage_options"))
         return _rowstore(dl, list(dl.schema.select(opts.get("fields"))), opts)
     if kind not in _BASELINE_FACTORIES:
         raise ValueError(f"unknown source {kind!r}; expected 'rowstore' or one of {sorted(_BASELINE_FACTORIES)}")

@@ -37,6 +37,7 @@ import numpy as np
 from rowstore.errors import FormatError, RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import manifest, spec
 from rowstore.format._commit import remove_stale
+from rowstore.format._url import is_url, join
 from rowstore.format.index import Layout
 from rowstore.format.validate import as_columns
 from rowstore.format.writer import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
@@ -119,7 +120,7 @@ def _prepare_dir(root: str) -> str:
 def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any] | Iterable[Mapping[str, Any]], *,
                 block_bytes: int = DEFAULT_BLOCK_BYTES, rows_per_block: int | None = None, compression: Any = None,
                 heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES, name: str | None = None,
-                threads: int | None = None) -> ShardInfo:
+                threads: int | None = None, storage_options: Mapping[str, Any] | None = None) -> ShardInfo:
     """Write one shard file of the dataset at ``path``; :func:`commit` makes it part of a version.
 
     Parameters
@@ -151,6 +152,18 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     by a later :func:`commit` or :func:`gc` once older than their grace period.
     """
     root = os.fspath(path)
+    if is_url(root):  # written locally, then uploaded whole (one PUT) under the dataset's URL
+        from rowstore.format import _remote_write
+
+        tmp = _remote_write.local_temp()
+        try:
+            info = write_shard(tmp, schema, data, block_bytes=block_bytes, rows_per_block=rows_per_block,
+                               compression=compression, heap_chunk_bytes=heap_chunk_bytes, name=name, threads=threads)
+            _remote_write.upload(_remote_write.client(root, storage_options), os.path.join(tmp, info.path),
+                                 join(root, info.path))
+        finally:
+            _remote_write.remove_tree(tmp)
+        return info
     shards = _prepare_dir(root)
     fname = (f"part-{uuid.uuid4().hex}" if name is None else _check_name(name)) + ".h5"
     target = os.path.join(shards, fname)
@@ -216,7 +229,8 @@ def _check_attrs(attrs: Any) -> dict:
 
 
 def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: str = "w",
-           attrs: Mapping[str, Any] | None = None, orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S) -> int:
+           attrs: Mapping[str, Any] | None = None, orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+           storage_options: Mapping[str, Any] | None = None) -> int:
     """Publish the next version of the dataset at ``path``, made of shards written by :func:`write_shard`.
 
     Parameters
@@ -259,6 +273,10 @@ def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: s
     shard's HDF5 metadata is read once (``Layout.open``).
     """
     root = os.fspath(path)
+    if is_url(root):  # sidecar, manifest, then pointer uploaded (no lock: one committer at a time)
+        from rowstore.format import _remote_write
+
+        return _remote_write.commit_remote(root, shard_infos, mode=mode, attrs=attrs, storage_options=storage_options)
     if mode not in ("w", "x", "a"):
         raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
     infos = list(shard_infos)
@@ -574,8 +592,11 @@ class DatasetWriter(Closing):
     def __init__(self, path: str | os.PathLike, schema: Schema | None = None, *, mode: str = "w",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
                  rows_per_block: int | None = None, compression: Any = None, heap_chunk_bytes: int | None = None,
-                 attrs: Mapping[str, Any] | None = None, threads: int | None = None):  # fmt: skip
+                 attrs: Mapping[str, Any] | None = None, threads: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None):  # fmt: skip
         self._closed = True
+        self.url: str | None = None  # a URL: shards written locally, each uploaded when complete
+        self._client: Any = None
         self._writer: Writer | None = None
         self._infos: list[ShardInfo] = []
         self._created: list[str] = []  # directories this writer made (removed again on abort if empty)
@@ -584,6 +605,16 @@ class DatasetWriter(Closing):
         if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
             raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
         self.path = os.fspath(path)
+        if is_url(self.path):
+            from rowstore.format import _remote_write
+
+            self.url = self.path.rstrip("/")
+            self._client = _remote_write.client(self.url, storage_options)
+            self.path = _remote_write.local_temp()
+            exists = _remote_write.download_manifests(self._client, self.url, self.path) if mode in ("a", "x") else False
+            if mode == "x" and exists:
+                _remote_write.remove_tree(self.path)
+                raise FileExistsError(f"{self.url!r} already holds a dataset (mode='x')")
         self.mode = mode
         self.shard_bytes = shard_bytes
         self.attrs: dict[str, Any] = {}
@@ -700,7 +731,7 @@ class DatasetWriter(Closing):
             elif self._writer is not None:
                 self._writer.abort()  # an empty trailing shard: not worth a file
                 self._writer = None
-            version = commit(self.path, self._infos, mode=self.mode, attrs=attrs)
+            version = self._commit(attrs)
         except BaseException:
             if not self._published():
                 self.abort()
@@ -709,12 +740,33 @@ class DatasetWriter(Closing):
         self._closed = True
         return version
 
+    def _commit(self, attrs: dict) -> int:
+        if self.url is None:
+            return commit(self.path, self._infos, mode=self.mode, attrs=attrs)
+        from rowstore.format import _remote_write
+
+        layouts = [Layout.open(os.path.join(self.path, i.path)) for i in self._infos]
+        version = _remote_write.commit_remote(self.url, self._infos, mode=self.mode, attrs=attrs,
+                                              storage_options=self._client.options.storage_options, layouts=layouts)
+        _remote_write.remove_tree(self.path)
+        return version
+
     def abort(self) -> None:
-        """Discard everything written; ``path`` is left as it was."""
+        """Discard everything written; ``path`` is left as it was (a URL: the uploaded shards are
+        removed, the dataset's versions untouched)."""
         self._closed = True
         w, self._writer = self._writer, None
         if w is not None:
             w.abort()
+        if self.url is not None:
+            from rowstore.format import _remote_write
+
+            for info in self._infos:
+                try:
+                    self._client.fs.rm_file(self._client.path(join(self.url, info.path)))
+                except (OSError, FormatError):
+                    pass
+            _remote_write.remove_tree(self.path)
         for info in self._infos:
             try:
                 os.unlink(os.path.join(self.path, info.path))
@@ -764,6 +816,10 @@ class DatasetWriter(Closing):
         w.close()
         rel = f"{manifest.SHARD_DIR}/{os.path.basename(w.path)}"
         info = ShardInfo.from_layout(rel, Layout.open(w.path))
+        if self.url is not None:  # complete: uploaded now (the commit names it later)
+            from rowstore.format import _remote_write
+
+            _remote_write.upload(self._client, w.path, join(self.url, rel))
         self._infos.append(info)
         if self._options["rows_per_block"] is None:
             self._options["rows_per_block"] = info.rows_per_block  # later shards: the same blocks

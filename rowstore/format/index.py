@@ -131,23 +131,30 @@ class Layout(IndexSizes):
         if os.path.isdir(path):
             raise FormatError(f"{path!r} is a directory, not a rowstore file (a dataset directory opens with rowstore.open)", path=path)
         st = os.stat(path)
-        file_size = st.st_size
         with open_h5(path) as f:
-            try:
-                layout = cls._read(f, path, file_size)
-                object.__setattr__(layout, "file_id", file_identity(st))
-            except RowstoreError:
-                raise
-            except OSError as exc:
-                if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
-                    raise
-                raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
-            except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, RecursionError, OverflowError) as exc:
-                # h5py's errors for damaged metadata (RuntimeError), objects of the wrong kind
-                # (AttributeError), sizes numpy cannot represent (OverflowError, ValueError).
-                raise FormatError(f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path) from exc
+            layout = cls.from_h5(f, path, st.st_size, file_identity(st))
         if verify:
             layout.verify()
+        return layout
+
+    @classmethod
+    def from_h5(cls, f, path: str, file_size: int, file_id: tuple = ()) -> Layout:
+        """Read and check the layout of an open ``h5py.File`` ``f`` of ``file_size`` bytes (a
+        local file, or an in-memory image of a remote file's metadata); ``path`` names it in
+        errors, ``file_id`` is what a store checks before reading it."""
+        try:
+            layout = cls._read(f, path, file_size)
+            object.__setattr__(layout, "file_id", file_id)
+        except RowstoreError:
+            raise
+        except OSError as exc:
+            if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
+                raise
+            raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
+        except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, RecursionError, OverflowError) as exc:
+            # h5py's errors for damaged metadata (RuntimeError), objects of the wrong kind
+            # (AttributeError), sizes numpy cannot represent (OverflowError, ValueError).
+            raise FormatError(f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path) from exc
         return layout
 
     @classmethod

@@ -37,7 +37,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover - not POSIX
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "POINTER", "MANIFEST_DIR", "SHARD_DIR", "INDEX_MAGIC",
     "Manifest", "is_dataset", "index_crc32", "shard_entry", "read_pointer", "load", "versions", "publish",
-    "commit_lock", "manifest_path", "index_path",
+    "commit_lock", "manifest_path", "index_path", "next_version", "version_objects",
 ]  # fmt: skip
 
 FORMAT_NAME = "rowstore-dataset"
@@ -144,6 +144,10 @@ class Manifest:
         return int(self.shards["rows"].sum())
 
 
+#: ``read(path, limit) -> bytes``: how :func:`load` fetches the pointer, manifest and sidecar.
+Reader = Callable[[str, int], bytes]
+
+
 def _bad(path: str, msg: str) -> FormatError:
     return FormatError(f"{path!r}: {msg}", path=path)
 
@@ -193,11 +197,12 @@ def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
     return int(v)  # type: ignore[arg-type]  # checked: an int
 
 
-def read_pointer(root: str | os.PathLike) -> tuple[int, int]:
-    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``."""
+def read_pointer(root: str | os.PathLike, *, read: Reader | None = None) -> tuple[int, int]:
+    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``
+    (``read``: as in :func:`load`)."""
     root = os.fspath(root)
     p = os.path.join(root, POINTER)
-    obj = _json_object(p, _read_small(p, _POINTER_MAX))
+    obj = _json_object(p, (read or _read_small)(p, _POINTER_MAX))
     _check_format(p, obj)
     version = _int(p, obj, "version", 1)
     if obj.get("manifest") != manifest_path(version):
@@ -257,16 +262,21 @@ def _int_ok(v: Any, lo: int) -> bool:
     return type(v) is int and lo <= v < 1 << 63
 
 
-def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
+def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | None = None) -> Manifest:
     """Read and structurally check a version (default: the current one) of the dataset at
     ``root``: pointer, manifest and sidecar, with their checksums. Raises :class:`FormatError`
-    (:class:`FormatVersionError` for a newer format) naming the object and what was expected."""
+    (:class:`FormatVersionError` for a newer format) naming the object and what was expected.
+
+    ``read(path, limit)`` returns an object's bytes, refusing one larger than ``limit`` with a
+    :class:`FormatError` (a missing one: :class:`FormatError` "is missing"); default: local
+    files. A remote store passes its own (``root`` is then a URL: one request per object)."""
     root = os.fspath(root)
+    read = read or _read_small
     expected_crc = None
     if version is None:
-        version, expected_crc = read_pointer(root)
+        version, expected_crc = read_pointer(root, read=read)
     mpath = os.path.join(root, manifest_path(version))
-    data = _read_small(mpath, MAX_MANIFEST_BYTES)
+    data = read(mpath, MAX_MANIFEST_BYTES)
     if expected_crc is not None and zlib.crc32(data) != expected_crc:
         raise _bad(mpath, f"CRC-32 {zlib.crc32(data)} does not match the {expected_crc} recorded in {POINTER} (corrupt manifest)")
     m = _json_object(mpath, data)
@@ -295,13 +305,13 @@ def load(root: str | os.PathLike, version: int | None = None) -> Manifest:
     if not isinstance(entries, list):
         raise _bad(mpath, "'shards' must be a list")
     shards = _shard_columns(mpath, entries)
-    blocks, heap_chunks = _read_index(root, m, shards, mpath)
+    blocks, heap_chunks = _read_index(root, m, shards, mpath, read)
     return Manifest(root=root, version=version, schema=schema, attrs=attrs, compression=compression,
                     heap_chunk_bytes=H, shards=shards, blocks=blocks, heap_chunks=heap_chunks,
                     created=str(m.get("created", "")), writer=str(m.get("writer", "")))  # fmt: skip
 
 
-def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> tuple[np.ndarray, np.ndarray]:
     idx = m.get("index")
     if not isinstance(idx, dict) or idx.get("path") != index_path(m["version"]):
         raise _bad(mpath, f"'index' must name the sidecar {index_path(m['version'])!r}")
@@ -311,14 +321,19 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str) -> tuple[np.ndarra
     ipath = os.path.join(root, idx["path"])
     if nbytes != expect:
         raise _bad(mpath, f"sidecar size {nbytes} disagrees with the {nb} blocks and {nh} heap chunks of its shards ({expect} bytes)")
-    try:
-        size = os.stat(ipath).st_size
-    except FileNotFoundError:
-        raise FormatError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
-    if size != expect:
-        raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
-    with open(ipath, "rb") as f:
-        raw = f.read(expect)
+    if read is _read_small:
+        try:
+            size = os.stat(ipath).st_size
+        except FileNotFoundError:
+            raise FormatError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
+        if size != expect:
+            raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
+        with open(ipath, "rb") as f:
+            raw = f.read(expect)
+    else:  # one request; a larger object is refused by read() before it is fetched
+        raw = read(ipath, expect)
+        if len(raw) != expect:
+            raise _bad(ipath, f"has {len(raw)} bytes, the manifest records {expect} (truncated or replaced sidecar)")
     if len(raw) != expect or raw[: len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise _bad(ipath, "not a rowstore block-index sidecar (bad magic or short read)")
     if zlib.crc32(raw) != crc:
@@ -374,11 +389,31 @@ def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression
     """
     root = os.fspath(root)
     os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
-    # Past every manifest and every sidecar: a commit killed between its sidecar and its manifest
-    # leaves a sidecar that the exclusive write below would collide with.
+    version = next_version(os.listdir(os.path.join(root, MANIFEST_DIR)))
+    sidecar, text, pointer = version_objects(version, schema=schema, attrs=attrs, compression=compression,
+                                             heap_chunk_bytes=heap_chunk_bytes, shards=shards, blocks=blocks,
+                                             heap_chunks=heap_chunks, parent=parent)  # fmt: skip
+    _write_atomic(os.path.join(root, index_path(version)), sidecar, exclusive=True)
+    _write_atomic(os.path.join(root, manifest_path(version)), text, exclusive=True)
+    _write_atomic(os.path.join(root, POINTER), pointer, exclusive=False)
+    fsync_directory(root)
+    return version
+
+
+def next_version(names: Sequence[str]) -> int:
+    """The version a commit publishes, given the names in the ``_manifests`` directory: past
+    every manifest and every sidecar (a commit killed between its sidecar and its manifest
+    leaves a sidecar that an exclusive write would collide with)."""
     taken = re.compile(r"v(\d{8})\.(?:json|index)")
-    have = [int(m.group(1)) for m in map(taken.fullmatch, os.listdir(os.path.join(root, MANIFEST_DIR))) if m]
-    version = (max(have) if have else 0) + 1
+    have = [int(m.group(1)) for m in map(taken.fullmatch, names) if m]
+    return (max(have) if have else 0) + 1
+
+
+def version_objects(version: int, *, schema: Schema, attrs: dict, compression: dict, heap_chunk_bytes: int,
+                    shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray], heap_chunks: Sequence[np.ndarray],
+                    parent: int | None = None) -> tuple[bytes, bytes, bytes]:
+    """The bytes of version ``version``'s sidecar, manifest and pointer (what :func:`publish`
+    writes, in that order; a remote commit uploads them in that order too)."""
     parts = [INDEX_MAGIC]
     parts += [np.ascontiguousarray(b, dtype=spec.BLOCK_DTYPE).tobytes() for b in blocks]
     parts += [np.ascontiguousarray(h, dtype=spec.HEAP_CHUNK_DTYPE).tobytes() for h in heap_chunks]
@@ -393,10 +428,6 @@ def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression
         "shards": [{k: s[k] for k in SHARD_KEYS} for s in shards],
     }  # fmt: skip
     text = json.dumps(manifest, indent=1).encode()
-    _write_atomic(os.path.join(root, index_path(version)), sidecar, exclusive=True)
-    _write_atomic(os.path.join(root, manifest_path(version)), text, exclusive=True)
     pointer = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version,
                "manifest": manifest_path(version), "manifest_crc32": zlib.crc32(text)}  # fmt: skip
-    _write_atomic(os.path.join(root, POINTER), json.dumps(pointer, indent=1).encode() + b"\n", exclusive=False)
-    fsync_directory(root)
-    return version
+    return sidecar, text, json.dumps(pointer, indent=1).encode() + b"\n"

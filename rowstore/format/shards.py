@@ -25,6 +25,7 @@ import numpy as np
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
+from rowstore.format._url import is_url
 from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks, schema_row_dtype
 from rowstore.schema import Schema
 
@@ -298,7 +299,7 @@ class DatasetLayout(IndexSizes):
         return cls(
             path=path or " + ".join(L.path for L in layouts), schema=first.schema, user_attrs=first.user_attrs,
             compression=first.compression, heap_chunk_bytes=first.heap_chunk_bytes, row_dtype=first.row_dtype,
-            shard_paths=tuple(os.path.abspath(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
+            shard_paths=tuple(L.path if is_url(L.path) else os.path.abspath(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
             shard_rows=i64([L.num_rows for L in layouts]), shard_rpb=i64([L.rows_per_block for L in layouts]),
             shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]), shard_file_size=i64([L.file_size for L in layouts]),
             blocks=np.concatenate([L.blocks for L in layouts]), heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),
@@ -312,7 +313,7 @@ class DatasetLayout(IndexSizes):
         """A dataset from its manifest: every shard's index checked here, vectorized (no shard
         file is opened; each is checked against its recorded size when first read)."""
         sh = m.shards
-        base = os.path.abspath(m.root) + os.sep
+        base = m.root.rstrip("/") + "/" if is_url(m.root) else os.path.abspath(m.root) + os.sep
         paths = [base + p for p in sh["path"]]  # plain relative paths (checked): no join needed
 
         def bad(s: int, msg: str) -> FormatError:

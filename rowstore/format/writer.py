@@ -35,6 +35,7 @@ from rowstore.format._pack import (
     max_rows_per_block,
 )
 from rowstore.format._raw import RawRows
+from rowstore.format._url import is_url
 from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
 from rowstore.format.validate import as_columns, check_column, check_value
@@ -143,12 +144,24 @@ class Writer(Closing):
         attrs: Mapping[str, Any] | None = None,
         threads: int | None = None,
         durable: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ):
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
         self._pool: ThreadPoolExecutor | None = None
         self._file: H5File | None = None  # the file being written: the temporary one
         self._atomic: AtomicFile | None = None  # that temporary file, moved onto path at close
         _check_arguments(mode, block_bytes, heap_chunk_bytes, rows_per_block)
+        self.url: str | None = None  # a URL: written locally, uploaded (one PUT) at close
+        self._upload: tuple | None = None
+        if is_url(os.fspath(path)):
+            if mode != "w":
+                raise ValueError(f"writing to a URL takes mode='w' (the object is uploaded whole at close), got {mode!r}")
+            from rowstore.format import _remote_write
+
+            self.url = os.fspath(path)
+            tmp = _remote_write.local_temp()
+            self._upload = (_remote_write.client(self.url, storage_options), tmp)
+            path = os.path.join(tmp, "upload.h5")
         self.path = os.fspath(path)
         self.mode = mode
         _check_destination(self.path, mode)
@@ -288,6 +301,11 @@ class Writer(Closing):
         check_storable(self.schema, json.dumps(self.attrs, sort_keys=True))
         try:
             self._finish()
+            if self._upload is not None and self.url is not None:
+                from rowstore.format import _remote_write
+
+                _remote_write.upload(self._upload[0], self.path, self.url)
+                _remote_write.remove_tree(self._upload[1])
         except BaseException:
             self.abort()
             raise
@@ -303,6 +321,10 @@ class Writer(Closing):
         atomic, self._atomic = self._atomic, None
         if atomic is not None:
             atomic.abort()
+        if getattr(self, "_upload", None) is not None:
+            from rowstore.format import _remote_write
+
+            _remote_write.remove_tree(self._upload[1])  # type: ignore[index]
 
     def _stop_pool(self) -> None:
         pool, self._pool = self._pool, None

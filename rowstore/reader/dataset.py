@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.format._url import is_url
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
@@ -68,6 +69,18 @@ class Reader:
     max_open_files : int, optional
         Shard files kept open at once per process (default: a quarter of ``ulimit -n``);
         requests that touch more shards are split.
+    storage_options : dict, optional
+        For a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``, any fsspec
+        protocol): passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
+        A remote dataset is read by ranged requests, many in flight in epoch order; every
+        remote chunk's CRC-32 is checked whatever ``verify`` says (see docs/api.md, "Object
+        storage").
+    cache : str or os.PathLike, optional
+        A local directory caching whole remote blocks (size limit ``remote={"cache_bytes": n}``,
+        least recently used evicted first; safe for several processes); None: no cache.
+    remote : dict, optional
+        Further options of remote reads (:class:`rowstore.reader._remote.RemoteOptions`):
+        ``max_in_flight``, ``merge_bytes``, ``retries``, ``backoff``, ``timeout``, ``cache_bytes``.
 
     Notes
     -----
@@ -98,6 +111,9 @@ class Reader:
         num_threads: int | None = None,
         version: int | None = None,
         max_open_files: int | None = None,
+        storage_options: dict | None = None,
+        cache: str | os.PathLike | None = None,
+        remote: dict | None = None,
     ):
         _check_varlen(varlen)
         if isinstance(path, (list, tuple)):
@@ -110,7 +126,27 @@ class Reader:
         self.varlen = varlen
         self.num_threads = positive_int("num_threads", num_threads, optional=True) or min(4, os.cpu_count() or 1)
         self.max_open_files = positive_int("max_open_files", max_open_files, optional=True)
+        self._remote: Any = None  # RemoteOptions for a URL
+        self._etags: dict[int, Any] = {}
+        urls = [source] if isinstance(source, str) else source
+        if any(is_url(u) for u in urls) or storage_options is not None or cache is not None or remote is not None:
+            self._init_state(self._open_remote(urls, version, storage_options, cache, remote))
+            return
         self._init_state(DatasetLayout.open(source, version=version))
+
+    def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote) -> DatasetLayout:
+        from rowstore.reader import _remote
+
+        if not all(is_url(u) for u in urls):
+            raise ValueError("storage_options, cache and remote apply to URLs (s3://, http://, file://...); "
+                             f"got {urls[0] if len(urls) == 1 else urls}")
+        self._remote = _remote.RemoteOptions.make(storage_options, cache, remote)
+        parts = [_remote.open_layout(u, self._remote, version) for u in urls]
+        shard0 = 0
+        for layout, learnt in parts:
+            self._etags.update({shard0 + k: v for k, v in learnt["etags"].items()})
+            shard0 += layout.num_shards
+        return DatasetLayout.concat([p[0] for p in parts])
 
     def _init_state(self, layout: DatasetLayout) -> None:
         self.layout = layout
@@ -118,20 +154,27 @@ class Reader:
         self.schema: Schema = layout.schema
         self._plans = plan_fields(layout.schema, layout.row_dtype)
         self._rpb = layout.rows_per_block
-        self._store = LocalStore(layout.shard_paths, layout.shard_ids, self.max_open_files)
+        if self._remote is not None:
+            from rowstore.reader._remote import RemoteStore
+
+            self._store: Any = RemoteStore(layout.shard_paths, layout.shard_ids, self._remote, self._etags)
+        else:
+            self._store = LocalStore(layout.shard_paths, layout.shard_ids, self.max_open_files)
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
         self._decoder = Decoder(self.path, layout.where)
 
     # -- pickling / fork -------------------------------------------------------------------
     def __getstate__(self) -> dict:
         return {"verify": self.verify, "varlen": self.varlen, "num_threads": self.num_threads,
-                "max_open_files": self.max_open_files, "layout": self.layout}
+                "max_open_files": self.max_open_files, "layout": self.layout, "remote": self._remote,
+                "etags": getattr(self._store, "_etags", {})}
 
     def __setstate__(self, state: dict) -> None:
         self.verify = state["verify"]
         self.varlen = state["varlen"]
         self.num_threads = state["num_threads"]
         self.max_open_files = state["max_open_files"]
+        self._remote, self._etags = state.get("remote"), dict(state.get("etags", {}))
         self._init_state(state["layout"])
 
     def close(self) -> None:
@@ -230,10 +273,11 @@ class Reader:
         n = len(rows)
         if n == 0:
             return []
-        if not self.layout.compressed:
+        if not self.layout.compressed and self._store.direct:
             step = 1 << 16
             return [(a, min(a + step, n)) for a in range(0, n, step)]
-        # Compressed: a piece loads each block it touches whole; cap blocks per piece at 64.
+        # Compressed (or a remote store): a piece loads each block it touches whole; cap blocks
+        # per piece at 64.
         out, a, cap = [], 0, 64
         blocks = rows // self._rpb
         while a < n:
@@ -284,6 +328,22 @@ class Reader:
                    shard: tuple[int, int] = (0, 1), even: bool = False) -> np.ndarray:
         return _order.epoch_order(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
                                   window=window, rank=shard[0], world=shard[1], even=even)
+
+    def _chunk_keys(self, plans: list[FieldPlan]):
+        """``keys_of(segment)``: the (shard, offset, stored bytes) of the chunks the gather will
+        load for a segment, in the order it loads them (blocks, then heap chunks)."""
+        L, a, g = self.layout, self.layout.arrays(), self._gatherer
+        heap = any(not p.inline for p in plans)
+
+        def keys_of(seg: _order.Segment) -> list[tuple[int, int, int]]:
+            blocks = seg.blocks if seg.blocks is not None else np.unique(seg.rows() // self._rpb)
+            keys = list(zip(L.block_shard[blocks].tolist(), a["offset"][blocks].tolist(), a["stored"][blocks].tolist()))
+            if heap:
+                ch = g._heap_chunks_of(blocks)
+                keys += zip(L.chunk_shard[ch].tolist(), a["hc_offset"][ch].tolist(), a["hc_stored"][ch].tolist())
+            return keys
+
+        return keys_of
 
     def shard_size(self, *, shard: tuple[int, int] = (0, 1), even: bool = False) -> int:
         """Rows of ``shard``'s part of an epoch."""
@@ -361,11 +421,19 @@ class Reader:
         if shuffle == "full":
             # Compressed: a segment must not touch more than `window` blocks; uncompressed
             # rows are read directly, so segments can be large.
-            seg_rows = window if self.layout.compressed else max(batch_size, 4096)
-        segments = _order.iter_segments(
-            self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
-            rank=rank, world=world, even=even, start=start, segment_rows=seg_rows,
-        )  # fmt: skip
+            seg_rows = window if self.layout.compressed or not self._store.direct else max(batch_size, 4096)
+
+        def order() -> Any:
+            return _order.iter_segments(
+                self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
+                rank=rank, world=world, even=even, start=start, segment_rows=seg_rows,
+            )  # fmt: skip
+
+        segments = order()
+        if self._remote is not None:  # the store fetches ahead, in this epoch's order
+            from rowstore.reader._remote import scheduled
+
+            segments = scheduled(self._store, segments, order, self._chunk_keys(plans))
         threads = num_threads or self.num_threads
 
         def produce(seg: _order.Segment) -> dict:

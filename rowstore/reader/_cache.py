@@ -1,0 +1,168 @@
+"""A local disk cache of whole remote chunks (blocks and heap chunks), shared by processes.
+
+``rowstore.open(url, cache=DIR)``: epochs after the first read the chunks from ``DIR`` instead
+of the network. Safe for several processes on one machine and against being killed:
+
+* a chunk's file is written under a temporary name (``.tmp-<pid>-<random>``) in its final
+  directory, then renamed onto its final name (atomic): a reader sees a complete file or none;
+  two processes filling the same chunk each rename a complete copy (the last one stays);
+* each file holds a header (magic, length, CRC-32 of the payload) that :meth:`BlockCache.get`
+  checks: a damaged or foreign file is removed and counts as a miss, never trusted (and the
+  store checks the chunk's CRC from the dataset's index again, as for every remote chunk);
+* temporary files a killed process left are never read, and are removed by eviction once older
+  than a minute.
+
+Size: ``max_bytes`` (default 10 GiB), least recently used first (a hit touches the file's
+mtime); eviction scans the directory when this process's estimate passes the limit, so several
+processes keep the total near the limit. The cache holds copies only: it never deletes anything
+but its own files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+import time
+import zlib
+from typing import Any
+
+__all__ = ["BlockCache"]
+
+_MAGIC = b"RSBLKC01"
+_HEAD = struct.Struct("<8sQI")  # magic, payload length, CRC-32 of the payload
+_TMP_AGE_S = 60.0
+
+
+class BlockCache:
+    """Chunks of remote objects, keyed by (object URL, its identity, offset, size)."""
+
+    def __init__(self, root: str, max_bytes: int):
+        self.root = os.path.abspath(os.fspath(root))
+        self.max_bytes = int(max_bytes)
+        os.makedirs(self.root, exist_ok=True)
+        self._lock = threading.Lock()
+        self._estimate = 0  # bytes this process added since its last scan
+        self.hits = 0
+        self.misses = 0
+
+    def _path(self, key: tuple[int, int, int], url: str, file_id: tuple) -> str:
+        obj = hashlib.sha1(f"{url}\0{file_id!r}".encode()).hexdigest()[:24]
+        return os.path.join(self.root, obj[:2], f"{obj}-{key[1]}-{key[2]}.blk")
+
+    def has(self, key: tuple[int, int, int], url: str, file_id: tuple) -> bool:
+        return os.path.exists(self._path(key, url, file_id))
+
+    def get(self, key: tuple[int, int, int], url: str, file_id: tuple) -> bytes | None:
+        """The chunk's bytes, or None (absent, or damaged: then removed)."""
+        return self._get(self._path(key, url, file_id), key[2])
+
+    def _meta_path(self, url: str, file_id: tuple) -> str:
+        obj = hashlib.sha1(f"{url}\0{file_id!r}".encode()).hexdigest()[:24]
+        return os.path.join(self.root, obj[:2], f"{obj}-meta.blk")
+
+    def get_meta(self, url: str, file_id: tuple, limit: int = 64 << 20) -> bytes | None:
+        """A single file's cached metadata image (see :meth:`put_meta`), or None."""
+        return self._get(self._meta_path(url, file_id), None, limit)
+
+    def put_meta(self, url: str, file_id: tuple, data: bytes) -> None:
+        """Cache the metadata image of a single remote file (the byte pages h5py read to open
+        it): a later open of the same object (same size and ETag) needs no GET."""
+        self._put(self._meta_path(url, file_id), data)
+
+    def _get(self, p: str, size: int | None, limit: int = 0) -> bytes | None:
+        try:
+            with open(p, "rb") as f:
+                data = f.read(_HEAD.size + (size if size is not None else limit) + 1)
+        except OSError:
+            self.misses += 1
+            return None
+        ok = len(data) >= _HEAD.size
+        if ok:
+            magic, n, crc = _HEAD.unpack_from(data)
+            payload = memoryview(data)[_HEAD.size :]
+            ok = magic == _MAGIC and n == len(payload) and (size is None or n == size) and zlib.crc32(payload) == crc
+        if not ok:
+            self._remove(p)
+            self.misses += 1
+            return None
+        try:
+            os.utime(p)  # recently used
+        except OSError:
+            pass
+        self.hits += 1
+        return bytes(payload)
+
+    def drop(self, key: tuple[int, int, int], url: str, file_id: tuple) -> None:
+        self._remove(self._path(key, url, file_id))
+
+    def put(self, key: tuple[int, int, int], url: str, file_id: tuple, data: Any) -> None:
+        """Store a chunk (complete and checked by the caller) atomically; errors are ignored (a
+        cache that cannot write is a cache that misses)."""
+        self._put(self._path(key, url, file_id), data)
+
+    def _put(self, p: str, data: Any) -> None:
+        if os.path.exists(p):
+            return
+        d = os.path.dirname(p)
+        tmp = os.path.join(d, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            os.makedirs(d, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(_HEAD.pack(_MAGIC, len(data), zlib.crc32(data)))
+                f.write(data)
+            os.replace(tmp, p)
+        except OSError:
+            self._remove(tmp)
+            return
+        with self._lock:
+            self._estimate += len(data) + _HEAD.size
+            full = self._estimate > self.max_bytes // 8
+            if full:
+                self._estimate = 0
+        if full:
+            self.evict()
+
+    def size(self) -> int:
+        """Bytes of the cache's complete files now."""
+        return sum(st.st_size for _, st in self._files())
+
+    def _files(self) -> list[tuple[str, os.stat_result]]:
+        out = []
+        now = time.time()
+        for sub in os.scandir(self.root):
+            if not sub.is_dir():
+                continue
+            for e in os.scandir(sub.path):
+                try:
+                    st = e.stat()
+                except OSError:
+                    continue
+                if e.name.startswith(".tmp-"):
+                    if now - st.st_mtime > _TMP_AGE_S:  # left by a killed process
+                        self._remove(e.path)
+                    continue
+                out.append((e.path, st))
+        return out
+
+    def evict(self) -> None:
+        """Remove least recently used files until the cache is within 90% of its limit."""
+        files = self._files()
+        total = sum(st.st_size for _, st in files)
+        if total <= self.max_bytes:
+            return
+        files.sort(key=lambda t: t[1].st_mtime)
+        goal = self.max_bytes * 9 // 10
+        for path, st in files:
+            if total <= goal:
+                break
+            self._remove(path)
+            total -= st.st_size
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -1,0 +1,457 @@
+"""Object storage: a store that fetches the block index's byte ranges by ranged requests.
+
+Any fsspec URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...) opens here;
+libhdf5 never touches a remote file's data:
+
+* a **dataset** is opened from its pointer, manifest and block-index sidecar: three requests
+  (:func:`open_layout`);
+* a **single file** is opened by reading the few byte ranges holding its HDF5 metadata (the
+  superblock and group at the head, the indexes and attributes the writer puts at the tail)
+  into memory, and parsing them with h5py on that in-memory image (:class:`RangeFile`: two
+  requests for the files our writer makes, counted by ``RangeFile.requests``).
+
+:class:`RemoteStore` serves ``load_chunks`` (the only read a remote store offers: ``direct`` is
+False, so the gather always reads whole chunks) from bytes fetched into memory and decoded by
+``kernels.decode_chunks``, the in-memory twin of ``load_chunks`` (same bounds, CRC-32 checked
+always, whatever ``verify`` says). Its :class:`Scheduler` receives the epoch's chunks in order
+(``Reader.batches`` hands it the same pure-function order the reader follows) and keeps a
+bounded number of ranged GETs in flight ahead of the reader: memory is bounded by
+``max_in_flight`` requests of at most ``merge_bytes`` each. Requests for one chunk coalesce;
+adjacent chunks of one object merge into one request up to ``merge_bytes``.
+
+Each process makes its own fsspec client on first use (fork- and spawn-safe; the store pickles
+by URL and options). Transient failures (5xx, throttling, reset connections, short bodies, a
+request stalled past ``timeout``) are retried with exponential backoff and jitter, then raised
+as :class:`~rowstore.errors.RemoteError` naming the URL, byte range and attempts. A single
+file's size and ETag are recorded at open and every request carries ``If-Match`` (S3, HTTP): a
+replaced object is refused with :class:`~rowstore.errors.ObjectChangedError`, never mixed with
+the index read at open. A dataset's shards are immutable by the format; the manifest records
+their sizes, every chunk's CRC is checked, and a failed CRC makes the store look again (one
+HEAD) so that a replaced shard is named as such.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from rowstore import kernels
+from rowstore.errors import FormatError, ObjectChangedError
+from rowstore.format import manifest as _manifest
+from rowstore.format._objstore import Client, RangeFile, RemoteOptions, remote_file_layout
+from rowstore.format._url import is_url
+from rowstore.format.shards import DatasetLayout
+
+__all__ = ["RemoteOptions", "RemoteStore", "RangeFile", "Client", "open_layout", "is_url"]
+
+#: Chunk key: (shard, byte offset, stored bytes).
+Key = tuple[int, int, int]
+
+
+# -- opening -------------------------------------------------------------------------------------
+def _looks_like_file(url: str) -> bool:
+    return url.lower().rstrip("/").endswith((".h5", ".hdf5", ".hdf"))
+
+
+def open_layout(url: str, options: RemoteOptions, version: int | None = None) -> tuple[DatasetLayout, dict]:
+    """The layout of the dataset or single file at ``url``, and what was learnt about its
+    objects (``{"etags": {shard: etag}, "requests": n}``)."""
+    client = Client(url, options)
+    url = url.rstrip("/") if not _looks_like_file(url) else url
+    if not _looks_like_file(url):
+        try:
+            m = _manifest.load(url, version, read=client.cat_small)
+        except FormatError as exc:
+            if version is not None or "is missing" not in str(exc) or _manifest.POINTER not in str(exc):
+                raise
+        else:
+            return DatasetLayout.from_manifest(m), {"etags": {}, "requests": client.requests}
+    if version is not None:
+        raise ValueError(f"{url!r} is a file: version= applies to datasets")
+    cache = None
+    if options.cache:
+        from rowstore.reader._cache import BlockCache
+
+        cache = BlockCache(options.cache, options.cache_bytes)
+    layout = remote_file_layout(client, url, cache)
+    etag = layout.file_id[1] if len(layout.file_id) > 1 else None
+    return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
+
+
+# -- the store -----------------------------------------------------------------------------------
+_STORES: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # A forked child inherits the parent's schedule (futures of a loop thread it does not have)
+    # and client: every store starts afresh, its client made on first use.
+    for store in list(_STORES):
+        store._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class RemoteStore:
+    """The stored bytes of a dataset's shard objects, by ranged requests (the
+    :class:`~rowstore.reader._store.LocalStore` interface, ``load_chunks`` only).
+
+    Parameters
+    ----------
+    paths : sequence of str
+        The shard URLs.
+    file_ids : sequence of tuple
+        Per shard ``(size,)`` (from a manifest) or ``(size, etag)`` (a file opened directly:
+        every request is conditional on that ETag).
+    options : RemoteOptions
+    etags : dict, optional
+        ETags already learnt (shard -> etag), kept through pickling so that workers compare
+        against what the parent saw.
+
+    Notes
+    -----
+    ``direct`` is False: rows and payloads are always cut from whole chunks, each fetched,
+    CRC-checked and decompressed (``kernels.decode_chunks``, GIL released). Thread-safe; the
+    fsspec client is made per process on first use, so the store survives fork and pickling.
+    """
+
+    direct = False
+    max_open = 1 << 30
+
+    def __init__(self, paths: Sequence[str], file_ids: Sequence[tuple], options: RemoteOptions,
+                 etags: Mapping[int, str | None] | None = None):
+        self.paths = tuple(paths)
+        self.file_ids = tuple(file_ids) or ((),) * len(self.paths)
+        self.options = options
+        self._etags: dict[int, str | None] = dict(etags or {})
+        self._reset()
+        _STORES.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._client = Client(self.paths[0] if self.paths else "file://", self.options)
+        self.scheduler: Scheduler | None = None
+        self._cache = None
+        if self.options.cache:
+            from rowstore.reader._cache import BlockCache
+
+            self._cache = BlockCache(self.options.cache, self.options.cache_bytes)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"paths": self.paths, "file_ids": self.file_ids, "options": self.options, "etags": dict(self._etags)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["paths"], state["file_ids"], state["options"], state["etags"])  # type: ignore[misc]
+
+    @property
+    def path(self) -> str:
+        return self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} shard objects"
+
+    @property
+    def client(self) -> Client:
+        if self._pid != os.getpid():
+            self._reset()
+        return self._client
+
+    @property
+    def requests(self) -> int:
+        """Ranged GETs this process made so far."""
+        return self.client.requests
+
+    @property
+    def is_open(self) -> bool:
+        return False
+
+    def open_count(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Stop prefetching (what is in flight finishes and is dropped)."""
+        sched, self.scheduler = self.scheduler, None
+        if sched is not None:
+            sched.stop()
+
+    # -- object identity ---------------------------------------------------------------------
+    def etag(self, s: int) -> str | None:
+        """The ETag recorded when shard ``s`` was opened (a single file: its HEAD at open), sent
+        as ``If-Match`` with every request; None for a dataset's shards (immutable by the
+        format; the manifest records their sizes and every block's CRC is checked)."""
+        want = self.file_ids[s]
+        return self._etags.get(s) or (want[1] if len(want) > 1 else None)
+
+    def check_unchanged(self, s: int) -> None:
+        """After a failed CRC: raise :class:`ObjectChangedError` when shard ``s``'s object no
+        longer has the size (or ETag) recorded at open (one HEAD request), so that a replaced
+        object is named as such rather than as corrupt."""
+        url = self.paths[s]
+        meta = self.client.info(url)
+        want = self.file_ids[s]
+        if want and meta["size"] != want[0]:
+            raise ObjectChangedError(f"{url!r} has {meta['size']} bytes, {want[0]} when it was opened (the object was "
+                                     f"replaced); open it again to read the new version", path=url)
+        known = self.etag(s)
+        if known and meta["etag"] and known != meta["etag"]:
+            raise ObjectChangedError(f"{url!r} changed since it was opened (ETag {meta['etag']} instead of {known}); "
+                                     f"open it again to read the new version", path=url)
+
+    def submit(self, s: int, start: int, end: int) -> Future:
+        return self.client.submit(self.paths[s], start, end, self.etag(s))
+
+    # -- epoch order ---------------------------------------------------------------------------
+    def schedule(self, plan: Iterable[list[Key]]) -> Scheduler:
+        """Prefetch the chunks of ``plan`` (lists of keys, one list per segment, in the order
+        the reader will ask for them), replacing any earlier schedule."""
+        self.close()
+        self.scheduler = Scheduler(self, iter(plan))
+        return self.scheduler
+
+    # -- reads ---------------------------------------------------------------------------------
+    def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray,
+                    *, codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
+                    scratch: np.ndarray, what: str, dst_stride: int = 0) -> None:
+        """Whole stored chunks, fetched (prefetched ones first, or from the cache), CRC-checked
+        always, decompressed into ``dst`` (see :meth:`LocalStore.load_chunks`); ``scratch`` is
+        not needed. A chunk is cached only once its CRC matched the index."""
+        if self._pid != os.getpid():  # pragma: no cover - _after_fork resets; belt and braces
+            self._reset()
+        n = len(offsets)
+        stride = dst_stride or raw_size
+        sh = np.zeros(n, np.int64) if shards is None else np.asarray(shards, np.int64)
+        keys = [(int(s), int(o), int(z)) for s, o, z in zip(sh.tolist(), offsets.tolist(), stored.tolist())]
+        pieces = self._pieces(keys)
+        for i, (buf, at, source) in enumerate(pieces):
+            k = keys[i]
+            for attempt in (0, 1):
+                try:
+                    kernels.decode_chunks(np.frombuffer(buf, np.uint8), np.array([at], np.int64), stored[i : i + 1],
+                                          checksums[i : i + 1], codec=codec, verify=True,
+                                          dst=dst[i * stride : i * stride + raw_size], raw_size=raw_size, what=what)
+                except kernels.KernelChecksumError:
+                    if source == "cache" and attempt == 0 and self._cache is not None:
+                        # A cached copy that is not the indexed chunk: dropped, fetched again.
+                        self._cache.drop(k, self.paths[k[0]], self.file_ids[k[0]])
+                        buf, at, source = self.submit(k[0], k[1], k[1] + k[2]).result(), 0, "fetched"
+                        continue
+                    # A different object under the same name fails its CRC: say so when that is why.
+                    self.check_unchanged(k[0])
+                    raise
+                except kernels.KernelError as exc:
+                    exc.index = i
+                    raise
+                break
+            if source == "fetched" and self._cache is not None:
+                self._cache.put(k, self.paths[k[0]], self.file_ids[k[0]], memoryview(buf)[at : at + k[2]])
+
+    def _pieces(self, keys: list[Key]) -> list[tuple[Any, int, str]]:
+        """Each key's bytes ``(buffer, the chunk's offset in it, "fetched" or "cache")``: from
+        the scheduler when it fetched them, the cache, else fetched now, all at once, adjacent
+        ones merged."""
+        out: list[Any] = [None] * len(keys)
+        sched = self.scheduler
+        todo = []
+        for i, k in enumerate(keys):
+            got = sched.take(k) if sched is not None else None
+            if got is None and self._cache is not None:
+                data = self._cache.get(k, self.paths[k[0]], self.file_ids[k[0]])
+                if data is not None:
+                    out[i] = (data, 0, "cache")
+                    continue
+            if got is None:
+                todo.append(i)
+            else:
+                out[i] = (got[0], got[1], "fetched")
+        if todo:
+            for piece, members in _merge([keys[i] for i in todo], self.options.merge_bytes):
+                s, start, end = piece
+                fut = self.submit(s, start, end)
+                for j in members:
+                    out[todo[j]] = (fut, keys[todo[j]][1] - start, "fetched")
+        return [(src.result() if isinstance(src, Future) else src, at, how) for src, at, how in out]
+
+    def read_rows(self, *args: Any, **kw: Any) -> None:  # pragma: no cover - direct is False
+        raise NotImplementedError("a remote store reads whole chunks only (direct is False)")
+
+    read_rows_into = read_payloads = read_rows
+
+
+def _merge(keys: list[Key], limit: int) -> list[tuple[tuple[int, int, int], list[int]]]:
+    """Group keys (in any order) into requests: ``((shard, start, end), [positions])``;
+    adjacent or overlapping ranges of one shard merge up to ``limit`` bytes, a key asked twice
+    is fetched once."""
+    order = sorted(range(len(keys)), key=lambda i: keys[i][:2])
+    out: list[tuple[tuple[int, int, int], list[int]]] = []
+    for i in order:
+        s, off, size = keys[i]
+        if out:
+            (ps, pa, pz), members = out[-1]
+            if ps == s and pa <= off and off + size <= pz:  # inside the previous request
+                members.append(i)
+                continue
+            if ps == s and off == pz and off + size - pa <= limit:
+                out[-1] = ((s, pa, off + size), members + [i])
+                continue
+        out.append(((s, off, off + size), [i]))
+    return out
+
+
+class Scheduler:
+    """Ranged GETs in flight ahead of the reader, in the epoch's order.
+
+    The plan (the reader's segments' chunks, in order) is consumed lazily; at most
+    ``max_in_flight`` requests (each up to ``merge_bytes``: adjacent chunks of one segment
+    merge) are held at once, counting those fetched but not yet taken. :meth:`take` hands a
+    chunk's bytes to the reader (waiting for its request) and lets the next request start. A
+    chunk the reader asks for that was not scheduled is fetched by the store directly; planned
+    entries the reader has passed (an abandoned epoch) are dropped after a while, so a plan out
+    of step with the reader costs requests, never memory or correctness.
+    """
+
+    def __init__(self, store: RemoteStore, plan: Iterator[list[Key]]):
+        self.store = store
+        self.plan = plan
+        self.limit = store.options.max_in_flight
+        self._lock = threading.Lock()
+        self._ahead: deque[Key] = deque()  # planned keys not yet issued
+        self._entries: dict[Key, deque] = {}  # key -> [request, seq] entries, oldest first
+        self._requests: dict[int, list] = {}  # request id -> [future, keys left to take]
+        self._seq = 0
+        self._taken_seq = 0
+        self._stopped = False
+        self._exhausted = False
+        self.issued = 0
+        self.hits = 0
+        self._fill()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for req in self._requests.values():
+                req[0].cancel()
+            self._requests.clear()
+            self._entries.clear()
+            self._ahead.clear()
+
+    def in_flight(self) -> int:
+        """Requests held now (in flight, or done and not yet taken)."""
+        return len(self._requests)
+
+    def _refill_ahead(self) -> None:
+        while not self._exhausted and len(self._ahead) < 4 * self.limit:
+            try:
+                part = next(self.plan)
+            except StopIteration:
+                self._exhausted = True
+                break
+            self._ahead.extend(part)
+
+    def _fill(self) -> None:
+        """Issue requests while fewer than ``limit`` are held (called with or without the lock)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._refill_ahead()
+            cache = self.store._cache
+            while self._ahead and len(self._requests) < self.limit:
+                key = self._ahead[0]
+                if cache is not None and cache.has(key, self.store.paths[key[0]], self.store.file_ids[key[0]]):
+                    self._ahead.popleft()  # the reader finds it in the local cache
+                    continue
+                q = self._entries.get(key)
+                if q:  # asked for again while held: share its request (coalesced, no new GET)
+                    self._ahead.popleft()
+                    rid, _, at = q[-1]
+                    self._requests[rid][1] += 1
+                    self._seq += 1
+                    q.append((rid, self._seq, at))
+                    continue
+                # One request: the next key and the keys adjacent to it that follow in the plan.
+                s, off, size = self._ahead.popleft()
+                keys = [(s, off, size)]
+                end = off + size
+                while self._ahead and self._ahead[0][0] == s and self._ahead[0][1] == end \
+                        and end + self._ahead[0][2] - off <= self.store.options.merge_bytes \
+                        and self._ahead[0] not in self._entries:
+                    k = self._ahead.popleft()
+                    keys.append(k)
+                    end += k[2]
+                self._refill_ahead()
+                try:
+                    fut = self.store.submit(s, off, end)
+                except BaseException:  # noqa: BLE001 - the reader's own request will raise it
+                    return
+                rid = self.issued
+                self.issued += 1
+                self._requests[rid] = [fut, len(keys)]
+                for k in keys:
+                    self._seq += 1
+                    self._entries.setdefault(k, deque()).append((rid, self._seq, k[1] - off))
+            self._drop_passed()
+
+    def _drop_passed(self) -> None:
+        """Forget entries far behind what the reader takes (it went past them)."""
+        horizon = self._taken_seq - 8 * self.limit
+        if horizon <= 0:
+            return
+        for k in list(self._entries):
+            q = self._entries[k]
+            while q and q[0][1] < horizon:
+                rid, _, _ = q.popleft()
+                self._release(rid)
+            if not q:
+                del self._entries[k]
+
+    def _release(self, rid: int) -> None:
+        req = self._requests.get(rid)
+        if req is not None:
+            req[1] -= 1
+            if req[1] <= 0:
+                del self._requests[rid]
+
+    def take(self, key: Key) -> tuple[Any, int] | None:
+        """``(future of the request's bytes, the chunk's offset in them)`` for a scheduled
+        chunk, or None when the plan does not hold it (now)."""
+        with self._lock:
+            q = self._entries.get(key)
+            if not q:
+                # Not issued yet: drop it from the plan ahead (the reader fetches it itself).
+                try:
+                    self._ahead.remove(key)
+                except ValueError:
+                    pass
+                return None
+            rid, seq, at = q.popleft()
+            if not q:
+                del self._entries[key]
+            fut = self._requests[rid][0]
+            self._release(rid)
+            self._taken_seq = max(self._taken_seq, seq)
+            self.hits += 1
+        self._fill()
+        return fut, at
+
+
+def epoch_plan(segments: Iterable[Any], keys_of: Callable[[Any], list[Key]]) -> Iterator[list[Key]]:
+    """The chunks of each segment, in order (``keys_of(segment)``), for :meth:`RemoteStore.schedule`."""
+    for seg in segments:
+        yield keys_of(seg)
+
+
+def scheduled(store: RemoteStore, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],
+              keys_of: Callable[[Any], list[Key]]) -> Iterator[Any]:
+    """``segments``, with the store prefetching their chunks from a second, identical iteration
+    of the (pure-function) order, started when the first segment is asked for; the schedule
+    stops with the iteration."""
+    sched = store.schedule(epoch_plan(plan_segments(), keys_of))
+    try:
+        yield from segments
+    finally:
+        if store.scheduler is sched:
+            store.close()

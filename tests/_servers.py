@@ -1,0 +1,377 @@
+"""Real servers on 127.0.0.1 for the object-storage tests and bench (no mocks of the client):
+
+* :func:`moto_s3` - moto's S3 server in this process (``ThreadedMotoServer``, port 0), with a
+  bucket; objects are kept to a few MB (stock moto copies the whole object per ranged GET);
+* :class:`RangeHTTPServer` - a directory over HTTP/1.1 with ``Range``, ``ETag`` and ``If-Match``
+  (``http.server`` does not do ranges);
+* :class:`FaultProxy` - a TCP proxy in front of either, adding first-byte latency per request
+  and injecting faults on ranged GETs: 503 responses, reset connections, stalls.
+
+``tests/conftest.py`` exposes them as session fixtures; ``bench/remote_bench.py`` imports this
+module too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import hashlib
+import os
+import re
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# -- S3 (moto) --------------------------------------------------------------------------------
+
+
+@contextmanager
+def moto_s3(bucket: str = "rowstore", *, process: bool = False):
+    """``(endpoint_url, storage_options)`` of a moto S3 server with ``bucket`` created: in this
+    process (threads), or with ``process`` in a child process of its own (``moto_server``; the
+    bench, so that the server's GIL is not the client's)."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    if process:
+        with _moto_process() as endpoint:
+            _make_bucket(endpoint, bucket)
+            yield endpoint, s3_options(endpoint)
+        return
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        _make_bucket(endpoint, bucket)
+        yield endpoint, s3_options(endpoint)
+    finally:
+        server.stop()
+
+
+@contextmanager
+def _moto_process():
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _make_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """fsspec storage_options for a moto endpoint (or a proxy in front of it)."""
+    return {"key": "testing", "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+
+
+# -- HTTP with Range ---------------------------------------------------------------------------
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+
+
+class _RangeHandler(SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _etag(self, path: str) -> str:
+        st = os.stat(path)
+        return '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'
+
+    def _target(self) -> str | None:
+        path = self.translate_path(self.path.split("?", 1)[0])
+        return path if os.path.isfile(path) else None
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def _serve(self, body: bool) -> None:
+        self.server.requests += 1  # type: ignore[attr-defined]
+        path = self._target()
+        if self.path.startswith("/private/"):  # what a server refusing the credentials answers
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if path is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        etag = self._etag(path)
+        match = self.headers.get("If-Match")
+        if match and match != etag and match != "*":
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        size = os.path.getsize(path)
+        start, end = 0, size
+        rng = self.headers.get("Range")
+        status = 200
+        if rng:
+            m = _RANGE.match(rng.strip())
+            if not m or int(m.group(1)) >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            start = int(m.group(1))
+            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+            status = 206
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
+        self.send_header("Last-Modified", email.utils.formatdate(os.path.getmtime(path), usegmt=True))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        if body:
+            with open(path, "rb") as f:
+                f.seek(start)
+                left = end - start
+                while left:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    self.wfile.write(chunk)
+                    left -= len(chunk)
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many connections at once (the default backlog of 5 refuses some)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):  # a client that hung up is normal
+            super().handle_error(request, client_address)
+
+
+class RangeHTTPServer:
+    """Serves ``root`` on ``http://127.0.0.1:PORT`` (threads; ``requests`` counts requests)."""
+
+    def __init__(self, root: str):
+        handler = lambda *a, **kw: _RangeHandler(*a, directory=root, **kw)  # noqa: E731
+        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.httpd.requests = 0  # type: ignore[attr-defined]
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def requests(self) -> int:
+        return self.httpd.requests  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextmanager
+def http_process(root: str):
+    """The URL of a :class:`RangeHTTPServer` serving ``root`` from a child process of its own
+    (the bench: the server's GIL is not the proxy's or the client's)."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys, time; sys.path.insert(0, {here!r}); import _servers; "
+            f"s = _servers.RangeHTTPServer({root!r}); print(s.url, flush=True); time.sleep(1e9)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+# -- fault-injecting proxy -----------------------------------------------------------------------
+class FaultProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``upstream`` ("host:port"), on its own event loop.
+
+    ``latency`` seconds are added before each request is forwarded (first-byte latency,
+    per request, without blocking other connections). ``fault(n, head)`` is asked for every
+    ranged GET (with ``every_request``, every request; ``n`` counts them from 1, ``head`` is the
+    request's first bytes) and returns
+    None, ``"503"``, ``"reset"`` (a TCP RST) or ``"stall"`` (nothing sent for ``stall`` seconds,
+    then closed). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
+    """
+
+    def __init__(self, upstream: str, *, latency: float = 0.0, stall: float = 30.0,
+                 fault: Callable[[int, bytes], str | None] | None = None, every_request: bool = False):
+        self.up_host, up_port = upstream.rsplit(":", 1)
+        self.up_port = int(up_port)
+        self.latency, self.stall, self.fault, self.every_request = latency, stall, fault, every_request
+        self.ranged = 0
+        self.injected = 0
+        self._lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._conn, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    def _decide(self, head: bytes) -> str | None:
+        ranged = head.startswith(b"GET ") and b"\r\nrange:" in head.lower()
+        if not ranged and not (self.every_request and head[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST")):
+            return None
+        with self._lock:
+            self.ranged += 1
+            n = self.ranged
+        action = self.fault(n, head) if self.fault else None
+        if action:
+            with self._lock:
+                self.injected += 1
+        return action
+
+    async def _conn(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        try:
+            ureader, uwriter = await asyncio.open_connection(self.up_host, self.up_port)
+        except OSError:
+            cwriter.close()
+            return
+        back = asyncio.ensure_future(self._pump(ureader, cwriter))
+        try:
+            while True:
+                data = await creader.read(1 << 16)
+                if not data:
+                    break
+                action = self._decide(data)
+                if action == "503":
+                    cwriter.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    await cwriter.drain()
+                    break
+                if action == "reset":
+                    sock = cwriter.get_extra_info("socket")
+                    if sock is not None:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    break
+                if action == "stall":
+                    await asyncio.sleep(self.stall)
+                    break
+                if self.latency and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
+                    await asyncio.sleep(self.latency)
+                uwriter.write(data)
+                await uwriter.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            back.cancel()
+            for w in (uwriter, cwriter):
+                try:
+                    w.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    pass
+
+    @staticmethod
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                data = await reader.read(1 << 18)
+                if not data:
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        """Stop listening, end every connection (a stall too), then the loop (left open: a
+        transport collected later must not find it closed)."""
+        async def stop() -> None:
+            self.server.close()
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+# -- pytest fixtures (imported by tests/conftest.py) --------------------------------------------
+def _fixtures():
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def s3_server():
+        """``(endpoint_url, storage_options)`` of one moto S3 server for the session (bucket
+        ``rowstore``)."""
+        with moto_s3() as got:
+            yield got
+
+    @pytest.fixture(scope="session")
+    def http_factory():
+        """``http_factory(root)``: a :class:`RangeHTTPServer` serving ``root`` (closed at the end)."""
+        servers: list[RangeHTTPServer] = []
+
+        def make(root: str) -> RangeHTTPServer:
+            srv = RangeHTTPServer(root)
+            servers.append(srv)
+            return srv
+
+        yield make
+        for srv in servers:
+            srv.close()
+
+    return s3_server, http_factory
+
+
+s3_server, http_factory = _fixtures()

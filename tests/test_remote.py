@@ -197,6 +197,22 @@ def test_scheduler_bounds_requests_in_flight(remote_data, s3):
     assert merged._store.requests < r.layout.num_blocks / 2
 
 
+def test_dealt_epochs_fetch_ahead(remote_data, s3):
+    """The dealt epochs of the loaders (Reader.deal) are scheduled ahead like batches(), and
+    give the local read's rows."""
+    r = rowstore.open("s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3})
+    local = rowstore.open(os.path.join(remote_data, "plain.h5"))
+    kw = dict(consumer=(1, 2), seed=1, window=4, with_ids=True, fields=["label"])
+    sched, got = None, []
+    for batch in r.deal(64, **kw):
+        sched = r._store.scheduler or sched
+        got.append(batch)
+    want = list(local.deal(64, **kw))
+    assert sched is not None and sched.hits > 0
+    assert np.array_equal(np.concatenate([b["__id"] for b in got]), np.concatenate([b["__id"] for b in want]))
+    assert np.array_equal(np.concatenate([b["label"] for b in got]), np.concatenate([b["label"] for b in want]))
+
+
 def _epoch_labels(reader, rank, world):
     return np.concatenate([b["label"] for b in reader.batches(100, seed=9, shard=(rank, world))])
 

@@ -9,7 +9,7 @@ Afterwards reads are ``pread`` calls on plain file descriptors, opened lazily in
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -417,11 +417,7 @@ class Reader:
         _order.check_args(shuffle, seed, epoch, window, rank, world)
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
-        seg_rows = None
-        if shuffle == "full":
-            # Compressed: a segment must not touch more than `window` blocks; uncompressed
-            # rows are read directly, so segments can be large.
-            seg_rows = window if self.layout.compressed or not self._store.direct else max(batch_size, 4096)
+        seg_rows = self._segment_rows(shuffle, window, batch_size)
 
         def order() -> Any:
             return _order.iter_segments(
@@ -429,11 +425,7 @@ class Reader:
                 rank=rank, world=world, even=even, start=start, segment_rows=seg_rows,
             )  # fmt: skip
 
-        segments = order()
-        if self._remote is not None:  # the store fetches ahead, in this epoch's order
-            from rowstore.reader._remote import scheduled
-
-            segments = scheduled(self._store, segments, order, self._chunk_keys(plans))
+        segments = self._fetch_ahead(order, plans)
         threads = num_threads or self.num_threads
 
         def produce(seg: _order.Segment) -> dict:
@@ -443,6 +435,24 @@ class Reader:
             return self._finish_varlen(batch, plans, varlen)
 
         return cut_batches(prefetched(segments, produce, threads, prefetch), batch_size, drop_last, finish)
+
+    def _segment_rows(self, shuffle: str, window: int, batch_size: int) -> int | None:
+        """Rows per segment of a ``full`` shuffle (None for the other orders): compressed (or
+        remote) data decompresses a whole block per row, so a segment touches at most ``window``
+        blocks; uncompressed rows are read directly, so segments can be large."""
+        if shuffle != "full":
+            return None
+        return window if self.layout.compressed or not self._store.direct else max(batch_size, 4096)
+
+    def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:
+        """``order()``'s segments; from object storage, with the store fetching their chunks
+        ahead in that (pure-function) order, which it iterates a second time."""
+        segments = order()
+        if self._remote is None:
+            return segments
+        from rowstore.reader._remote import scheduled
+
+        return scheduled(self._store, segments, order, self._chunk_keys(plans))
 
 
     # -- dealt epochs: elastic resume and equal steps (rowstore.reader.plan) ----------------------
@@ -548,9 +558,7 @@ class Reader:
         gids = plan.batches(c, C, unit)[skip:]
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
-        seg_rows = None
-        if shuffle == "full":
-            seg_rows = window if self.layout.compressed else max(batch_size, 4096)
+        seg_rows = self._segment_rows(shuffle, window, batch_size)
         B = batch_size
 
         def segments():
@@ -579,7 +587,8 @@ class Reader:
         def finish(batch: dict) -> dict:
             return self._finish_varlen(batch, plans, varlen)
 
-        return cut_batches(prefetched(segments(), produce, threads, prefetch), batch_size, drop_last, finish)
+        segs = self._fetch_ahead(segments, plans)
+        return cut_batches(prefetched(segs, produce, threads, prefetch), batch_size, drop_last, finish)
 
 
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:

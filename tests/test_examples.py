@@ -34,7 +34,9 @@ def test_readme_python_blocks_run(tmp_path):
 
 
 def test_api_guide_blocks_run(tmp_path):
-    """docs/api.md's blocks build on each other: run them as one script."""
+    """docs/api.md's blocks build on each other: run them as one script. (```py blocks are
+    illustrative, with placeholders such as an S3 endpoint, and are not run; what they show is
+    tested against real servers in tests/test_remote*.py.)"""
     code = "\n\n".join(python_blocks(os.path.join("docs", "api.md")))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

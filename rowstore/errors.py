@@ -18,6 +18,7 @@ __all__ = [
     "ChecksumError",
     "WriterClosedError",
     "ConcurrentWriterError",
+    "AttrsError",
 ]
 
 
@@ -106,6 +107,11 @@ class FormatVersionError(FormatError):
 
 class ChecksumError(FormatError):
     """The stored bytes of a block do not match the checksum in the block index."""
+
+
+class AttrsError(RowstoreError, TypeError, ValueError):
+    """A user attribute cannot be stored (not a JSON value, numpy array or numpy scalar); the
+    message names it (``attrs['a'][2]``). Both a ``TypeError`` and a ``ValueError``."""
 
 
 class WriterClosedError(RowstoreError, RuntimeError):

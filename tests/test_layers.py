@@ -20,7 +20,7 @@ LAYERS = [
     ("format", ["rowstore.format"]),
     ("reader", ["rowstore.reader"]),
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
-    ("integrations", ["rowstore.pandas", "rowstore.dask"]),
+    ("integrations", ["rowstore.pandas", "rowstore.dask", "rowstore.xarray"]),
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 

@@ -28,7 +28,6 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from rowstore.errors import SchemaError
-from rowstore.format import attrs as attrs_json
 from rowstore.format import commit, manifest, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo
 from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
@@ -337,7 +336,7 @@ class RowstoreBackendEntrypoint(BackendEntrypoint):
     url = "https://github.com/rowstore/rowstore"
     open_dataset_parameters = ("filename_or_obj", "drop_variables", "version")
 
-    def open_dataset(self, filename_or_obj: Any, *, drop_variables: Any = None,  # type: ignore[override]
+    def open_dataset(self, filename_or_obj: Any, *, drop_variables: Any = None,
                      version: int | None = None) -> xr.Dataset:
         reader = Reader(os.fspath(filename_or_obj), version=version)
         drop = [drop_variables] if isinstance(drop_variables, str) else list(drop_variables or [])
@@ -489,7 +488,8 @@ class _Plan:
 
     def metadata(self, stats: dict) -> dict:
         sd = self.sample_dim
-        variables, static = [], []
+        variables: list[dict] = []
+        static: list[dict] = []
         for v in self.variables:
             if v not in self.stacked:
                 variables.append({"name": v, "field": self.field[v], "dims": [sd, *self.sdims[v]], "coord": False,
@@ -497,7 +497,7 @@ class _Plan:
         if self.stacked:
             dims = ["channel", *self.spatial] if self.channels == "first" else [*self.spatial, "channel"]
             variables.append({"name": self.stack_name, "field": self.field[self.stack_name], "dims": [sd, *dims],
-                              "coord": False, "attrs": {}, "encoding": {}, "dtype": self.stack_dtype.str})  # fmt: skip
+                              "coord": False, "attrs": {}, "encoding": {}, "dtype": np.dtype(self.stack_dtype).str})  # fmt: skip
         coords = [("sample_index", self.index_field, [sd])]
         for d in self.moving:
             coords.append((f"{d}_origin", self.origin_field[d], [sd]))
@@ -528,7 +528,7 @@ def _extract(plan: _Plan, v: str, arr: np.ndarray, counts: Mapping[str, int]) ->
     vd = plan.vdims[v]
     mov = [d for d in vd if d in plan.size]
     nv = len(vd)
-    view = np.lib.stride_tricks.sliding_window_view(arr, [plan.size[d] for d in mov], axis=[vd.index(d) for d in mov]) \
+    view = np.lib.stride_tricks.sliding_window_view(arr, [plan.size[d] for d in mov], axis=tuple(vd.index(d) for d in mov)) \
         if mov else arr  # fmt: skip
     sl = [slice(None)] * view.ndim
     for d in mov:
@@ -638,7 +638,7 @@ def _combine_stats(plan: _Plan, parts: Iterable[dict]) -> dict:
         for k, (c, s, q) in p.items():
             t = total.setdefault(k, [0, 0.0, 0.0])
             t[0], t[1], t[2] = t[0] + np.asarray(c), t[1] + np.asarray(s), t[2] + np.asarray(q)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for k, (c, s, q) in total.items():
         c = np.asarray(c, np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -851,7 +851,7 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
     preds = dict(predictions) if isinstance(predictions, Mapping) else {name: predictions}
     idx = np.arange(len(reader)) if rows is None else np.arange(len(reader))[rows]
     origins = reader.take(idx, fields=[P["origin_fields"][d] for d in dims]) if len(idx) else {}
-    coords = {d: np.asarray(P["coords"][d]) for d in P["coords"]}
+    coords: dict[str, Any] = {d: np.asarray(P["coords"][d]) for d in P["coords"]}
     if like is not None:
         for d in dims:
             if d not in like.dims or like.sizes[d] != grid[d]:
@@ -867,11 +867,10 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
         v = np.asarray(values)
         if len(v) != len(idx):
             raise ValueError(f"predictions {key!r}: {len(v)} rows, expected {len(idx)} (one per sample)")
+        index: list[np.ndarray] = []
         if v.shape[1:] == ():
-            at = [origins[P["origin_fields"][d]] + (size[d] // 2) for d in dims]
-            index = tuple(a for a in at)
+            index = [np.asarray(origins[P["origin_fields"][d]], np.int64) + (size[d] // 2) for d in dims]
         elif v.shape[1:] == fshape:
-            index = []
             for d in dims:
                 o = np.asarray(origins[P["origin_fields"][d]], np.int64)
                 shape = [len(v)] + [1] * len(foot)
@@ -881,7 +880,6 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
                 else:
                     o = o.reshape(shape)
                 index.append(np.broadcast_to(o, v.shape))
-            index = tuple(index)
         else:
             raise ValueError(f"predictions {key!r}: a sample's shape is {v.shape[1:]}, expected {fshape} (the "
                              f"footprint over {foot}) or () (one value per sample)")  # fmt: skip

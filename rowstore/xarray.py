@@ -571,7 +571,11 @@ def _stats(x: np.ndarray, axes: tuple[int, ...] | None = None) -> list:
     """[count, sum, sum of squares] of the non-NaN values (float64), over ``axes`` (default all)."""
     if x.dtype.kind not in "biuf":
         return [0, 0.0, 0.0]
-    f = x.astype(np.float64, copy=False)
+    total = np.sum(x, axis=axes, dtype=np.float64)
+    if x.dtype.kind != "f" or np.isfinite(total).all():  # no NaN: no mask, no float64 copy of x
+        count = np.full(np.shape(total), x.size // max(1, np.size(total)), np.int64)
+        return [count if axes else int(count), total, np.sum(np.square(x, dtype=np.float64), axis=axes)]
+    f = x.astype(np.float64)
     ok = ~np.isnan(f)
     return [np.count_nonzero(ok, axis=axes), np.nansum(f, axis=axes), np.nansum(f * f, axis=axes)]
 

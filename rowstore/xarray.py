@@ -27,7 +27,7 @@ import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
-from rowstore.errors import SchemaError
+from rowstore.errors import FormatError, SchemaError
 from rowstore.format import commit, manifest, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo
 from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
@@ -259,6 +259,16 @@ class RowstoreArray(BackendArray):
 
 
 def _build(reader: Reader, meta: dict, drop: Iterable[str] = ()) -> xr.Dataset:
+    try:
+        return _build_unchecked(reader, meta, drop)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        if isinstance(exc, SchemaError):
+            raise
+        raise FormatError(f"{reader.layout.path!r}: malformed {META_KEY!r} metadata ({type(exc).__name__}: {exc})",
+                          path=reader.layout.path) from exc  # fmt: skip
+
+
+def _build_unchecked(reader: Reader, meta: dict, drop: Iterable[str]) -> xr.Dataset:
     sample_dim = meta["sample_dim"]
     drop = set(drop)
     variables: dict[str, xr.Variable] = {}
@@ -784,6 +794,8 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
     path = os.fspath(path)
     import dask
 
+    if mode not in ("w", "x"):
+        raise ValueError(f"mode must be 'w' or 'x', got {mode!r}")
     plan = _Plan(ds, patch={"lat": 9, "lon": 9} if patch is None else patch, stride=stride, window=window,
                  sample_over=sample_over, keep=keep, variables=variables, stack=stack, channels=channels,
                  stack_name=stack_name, dtype=dtype, sample_dim=sample_dim)  # fmt: skip

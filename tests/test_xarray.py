@@ -89,6 +89,25 @@ def test_lazy_indexing_reads_what_is_asked(tmp_path):
         xr.testing.assert_identical(lazy.t.isel(sample=4, x=[1, 0]).load(), ds.t.isel(sample=4, x=[1, 0]))
 
 
+def test_compute_false_and_malformed_metadata(tmp_path):
+    import json
+
+    import h5py
+
+    ds = sample_ds()
+    delayed = to_rowstore(ds.chunk(sample=4), str(tmp_path / "ds"), compute=False)
+    assert not os.path.exists(tmp_path / "ds" / "rowstore.json")  # nothing until computed
+    assert delayed.compute() == 1
+    xr.testing.assert_identical(open_dataset(str(tmp_path / "ds")), ds)
+    to_rowstore(ds, str(tmp_path / "a.h5"))
+    with h5py.File(tmp_path / "a.h5", "r+") as f:
+        user = json.loads(f["rowstore"].attrs["user_attrs"])
+        user["xarray"]["variables"][0]["dims"] = 5
+        f["rowstore"].attrs["user_attrs"] = json.dumps(user)
+    with pytest.raises(rowstore.FormatError, match="malformed 'xarray' metadata"):
+        open_dataset(str(tmp_path / "a.h5"))
+
+
 def test_guess_can_open_and_errors(tmp_path):
     from rowstore.xarray import RowstoreBackendEntrypoint
 
@@ -283,6 +302,17 @@ def test_channel_stacking_and_stats(tmp_path, channels):
     np.testing.assert_allclose(meta["stats"]["t"]["std"], t_values.std(), rtol=1e-8)
     back = open_dataset(str(tmp_path / "p"))
     assert back.x.dims == (("sample", "channel", "lat", "lon") if channels == "first" else ("sample", "lat", "lon", "channel"))
+
+
+def test_stats_ignore_nan_and_compute_false(tmp_path):
+    ds = grid_ds(nan_at=(0, 1, 2, 3))
+    delayed = write_patches(ds.chunk({"time": 2}), str(tmp_path / "p"), patch={"lat": 13, "lon": 11}, variables=["t"],
+                            compute=False)  # fmt: skip
+    assert not os.path.exists(tmp_path / "p" / "rowstore.json")
+    delayed.compute()
+    st = rowstore.open(str(tmp_path / "p")).layout.user_attrs["xarray"]["patches"]["stats"]["t"]
+    assert st["count"] == ds.t.size - 1  # one patch per time step covers the grid: every value but the NaN
+    np.testing.assert_allclose([st["mean"], st["std"]], [float(ds.t.mean()), float(ds.t.std())], rtol=1e-12)
 
 
 # -- to_grid -----------------------------------------------------------------------------------------

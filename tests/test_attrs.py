@@ -123,3 +123,22 @@ def test_hostile_tags_are_format_errors(tmp_path, user):
         f["rowstore"].attrs["user_attrs"] = json.dumps(user)
     with pytest.raises(rowstore.FormatError, match="user attribute attrs\\['v'\\]"):
         rowstore.open(path)
+
+
+def test_hostile_tags_in_a_manifest_are_format_errors(tmp_path):
+    root = str(tmp_path / "ds")
+    with rowstore.DatasetWriter(root, SCHEMA, attrs={"a": np.arange(3)}) as w:
+        w.write({"x": 1})
+    mpath = tmp_path / "ds" / "_manifests" / "v00000001.json"
+    m = json.loads(mpath.read_text())
+    m["attrs"]["a"]["$ndarray"]["shape"] = [4]
+    text = json.dumps(m, indent=1).encode()
+    mpath.chmod(0o644)
+    mpath.write_bytes(text)
+    pointer = json.loads((tmp_path / "ds" / "rowstore.json").read_text())
+    import zlib
+
+    pointer["manifest_crc32"] = zlib.crc32(text)
+    (tmp_path / "ds" / "rowstore.json").write_text(json.dumps(pointer))
+    with pytest.raises(rowstore.FormatError, match="user attribute attrs\\['a'\\]"):
+        rowstore.open(root)

@@ -315,6 +315,34 @@ def test_stats_ignore_nan_and_compute_false(tmp_path):
     np.testing.assert_allclose([st["mean"], st["std"]], [float(ds.t.mean()), float(ds.t.std())], rtol=1e-12)
 
 
+def test_stacking_flattens_window_steps_into_channels(tmp_path):
+    ds = grid_ds()
+    write_patches(ds.chunk({"lat": 7}), str(tmp_path / "p"), patch={"lat": 5, "lon": 4}, window={"time": 2},
+                  stack=True, variables=["t", "sfc"], channels="last")  # fmt: skip
+    b = read_all(str(tmp_path / "p"))
+    assert b["stack"].shape[1:] == (5, 4, 2 * 3 + 2) and b["stack"].dtype == np.float64
+    _, ref = reference(ds, {"time": 2, "lat": 5, "lon": 4}, {"time": 1, "lat": 5, "lon": 4},
+                       {"time": "window", "lat": "patch", "lon": "patch"}, ["t", "sfc"])  # fmt: skip
+    for i, o in enumerate(zip(b["time_origin"], b["lat_origin"], b["lon_origin"])):
+        want = np.concatenate([ref[o]["t"].reshape(6, 5, 4), ref[o]["sfc"]], axis=0)  # (time, altitude) flattened
+        np.testing.assert_array_equal(b["stack"][i], np.moveaxis(want, 0, -1))
+    meta = rowstore.open(str(tmp_path / "p")).layout.user_attrs["xarray"]["patches"]["stack"]
+    assert meta["channels"]["t"]["dims"] == ["time", "altitude"] and meta["channels"]["sfc"]["start"] == 6
+
+
+def test_distributed_cluster_writes_the_same_samples(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    ds = grid_ds().chunk({"time": 2, "lat": 6})
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster):  # fmt: skip
+        write_patches(ds, str(tmp_path / "p"), patch={"lat": 5, "lon": 4}, stride={"lat": 2, "lon": 3})
+        to_rowstore(sample_ds().chunk(sample=3), str(tmp_path / "r"))
+    check_against_reference(str(tmp_path / "p"), grid_ds(), {"time": 1, "lat": 5, "lon": 4},
+                            {"time": 1, "lat": 2, "lon": 3}, {"time": "over", "lat": "patch", "lon": "patch"},
+                            ["t", "sfc", "land"])  # fmt: skip
+    xr.testing.assert_identical(open_dataset(str(tmp_path / "r")), sample_ds())
+
+
 # -- to_grid -----------------------------------------------------------------------------------------
 def test_to_grid_inverts_tiles_exactly(tmp_path):
     ds = grid_ds()

@@ -29,7 +29,7 @@ def _threads():
 
 def sample_ds(n=7):
     rng = np.random.default_rng(0)
-    return xr.Dataset(
+    ds = xr.Dataset(
         {"t": (("sample", "alt", "x"), rng.random((n, 3, 2)).astype("f4"),
                {"units": "K", "valid_range": np.array([0.0, 1.0]), "scale": np.float32(0.5)}),
          "flag": (("x", "sample"), rng.random((2, n)) > 0.5),  # the sample dimension not first
@@ -44,6 +44,9 @@ def sample_ds(n=7):
                 "station id": ("sample", np.arange(n) + 100)},  # not an identifier: a sanitized field name
         attrs={"title": "test", "scale": np.float32(2.5), "levels": np.arange(4), "nested": {"a": [1, 2]}},
     )  # fmt: skip
+    ds.t.encoding = {"dtype": np.dtype("int16"), "scale_factor": 0.01, "_FillValue": np.int16(-999), "units": "K",
+                     "chunksizes": (1, 3, 2), "source": "/elsewhere.nc"}  # the last two mean nothing here: dropped
+    return ds
 
 
 def assert_identical_dtypes(a, b):
@@ -68,6 +71,7 @@ def test_round_trip_identical(tmp_path, kind):
     assert_identical_dtypes(back, ds)
     assert back.t.attrs["scale"].dtype == np.float32
     assert back.time.dtype == np.dtype("M8[ns]") and back.lead.dtype == np.dtype("m8[s]")
+    assert back.t.encoding == {"dtype": "int16", "scale_factor": 0.01, "_FillValue": np.int16(-999), "units": "K"}
     lazy = open_dataset(path, chunks={"sample": 3})
     assert lazy.t.chunks == ((3, 3, 1), (3,), (2,))
     assert_identical_dtypes(lazy.compute(), ds)

@@ -425,6 +425,8 @@ class _Plan:
         self.variables = [str(v) for v in names]
         self.sample_dim = sample_dim
         self.vdims = {v: [str(d) for d in ds[v].dims] for v in self.variables}
+        self.in_itemsize = {v: ds[v].dtype.itemsize for v in self.variables}
+        self.sizes = {str(d): int(n) for d, n in ds.sizes.items()}
         self.sdims = {v: [d for d in self.vdims[v] if self.kind.get(d) != "over"] for v in self.variables}
         self.sshape = {v: tuple(self.size[d] if d in self.size else int(ds.sizes[d]) for d in self.sdims[v])
                        for v in self.variables}  # fmt: skip
@@ -689,9 +691,11 @@ def _shuffle_output(path: str, infos: list[ShardInfo], plan: _Plan, *, shuffle: 
     return commit(path, infos, mode=mode, attrs=attrs)
 
 
-def _regions(plan: _Plan, chunks: Mapping[Hashable, tuple[int, ...]]) -> list[tuple[dict, dict, dict]]:
+def _regions(plan: _Plan, chunks: Mapping[Hashable, tuple[int, ...]], task_bytes: int | None = None) -> list[tuple[dict, dict, dict]]:
     """Per task: (origin grid start, origin counts, input slices with the halo) for each chunk of
-    the input along the moving dimensions that holds at least one patch origin."""
+    the input along the moving dimensions that holds at least one patch origin; consecutive
+    chunks along the first moving dimension are merged while the task's input and samples stay
+    within ``task_bytes``."""
     per_dim = []
     for d in plan.moving:
         s, p, cnt = plan.stride[d], plan.size[d], plan.counts[d]
@@ -703,6 +707,21 @@ def _regions(plan: _Plan, chunks: Mapping[Hashable, tuple[int, ...]]) -> list[tu
                 out.append((j0, j1 - j0, slice(j0 * s, (j1 - 1) * s + p)))
             a = b
         per_dim.append(out)
+    if task_bytes is not None and per_dim and per_dim[0]:
+        d0 = plan.moving[0]
+        other = math.prod(max((it[1] for it in items), default=0) for items in per_dim[1:])
+        most = max(1, task_bytes // max(1, other * plan.row_nbytes))  # origins along the first dim per task
+        span = {d: max((it[2].stop - it[2].start for it in items), default=0) for d, items in zip(plan.moving, per_dim)}
+        step_in = sum(plan.in_itemsize[v] * math.prod(span.get(d, plan.sizes[d]) for d in plan.vdims[v] if d != d0)
+                      for v in plan.variables)  # fmt: skip  # input bytes of one index of the first dim
+        merged = [per_dim[0][0]]
+        for it in per_dim[0][1:]:
+            j0, n0, sl0 = merged[-1]
+            if n0 + it[1] <= most and (it[2].stop - sl0.start) * step_in <= task_bytes:
+                merged[-1] = (j0, n0 + it[1], slice(sl0.start, it[2].stop))
+            else:
+                merged.append(it)
+        per_dim[0] = merged
     regions = []
     for combo in np.ndindex(*[len(x) for x in per_dim]):
         items = [per_dim[i][k] for i, k in enumerate(combo)]
@@ -717,8 +736,8 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
                   variables: Sequence[str] | None = None, where: str | Callable[[dict], Any] | None = None,
                   shuffle: bool = True, seed: int = 0, stack: bool | Sequence[str] | None = None,
                   channels: str = "last", stack_name: str = "stack", dtype: Any = None, sample_dim: str = "sample",
-                  shard_bytes: int = 64 << 20, block_bytes: int = DEFAULT_BLOCK_BYTES, compression: Any = None,
-                  mode: str = "w", compute: bool = True) -> Any:
+                  shard_bytes: int = 64 << 20, task_bytes: int = 16 << 20, block_bytes: int = DEFAULT_BLOCK_BYTES,
+                  compression: Any = None, mode: str = "w", compute: bool = True) -> Any:
     """Cut samples out of a gridded Dataset into a rowstore dataset directory, one row per sample.
 
     Parameters
@@ -763,6 +782,11 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
         The sample dimension :func:`open_dataset` gives the result.
     shard_bytes, block_bytes, compression
         Shard and block sizes, block compression (as for :class:`~rowstore.DatasetWriter`).
+    task_bytes : int
+        Consecutive input chunks along the first moving dimension are merged into one task
+        while its input region and its samples each stay within this many bytes (fewer, larger
+        shards from finely chunked inputs); with the chunks of the other dimensions it bounds a
+        task's memory.
     mode : {"w", "x"}
         As for :func:`~rowstore.commit`.
     compute : bool
@@ -784,12 +808,13 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
     ``std`` and ``count`` of the values written (NaN ignored), computed in the same pass.
 
     Dask-backed inputs are processed chunk by chunk: one task per input chunk (along the moving
-    dimensions) that holds patch origins, reading that chunk plus the ``patch - stride`` halo it
-    needs from the next chunks; each task writes its samples as shards on the worker
+    dimensions; consecutive ones merged up to ``task_bytes``) that holds patch origins, reading
+    that chunk plus the ``patch - stride`` halo it needs from the next chunks; each task writes
+    its samples as shards on the worker
     (:func:`~rowstore.write_shard`), and one :func:`~rowstore.commit` publishes them. Memory
     per task: its input region and its samples (overlapping patches multiply the input).
     Numpy-backed inputs are cut into regions along the first moving dimension of about
-    ``shard_bytes`` of samples each, on the active scheduler too.
+    ``task_bytes`` of samples each, on the active scheduler too.
     """
     path = os.fspath(path)
     import dask
@@ -805,14 +830,14 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
     if not sub.chunks and plan.moving:
         d0 = plan.moving[0]
         per_step = max(1, plan.row_nbytes * math.prod(plan.counts[d] for d in plan.moving[1:]))
-        origins = max(1, shard_bytes // per_step)
+        origins = max(1, task_bytes // per_step)
         sub = sub.chunk({d0: max(1, origins * plan.stride[d0])})
     sub = sub.unify_chunks()
     chunks = dict(sub.chunks) if sub.chunks else {}
     options = dict(block_bytes=block_bytes, compression=compression)
     task = dask.delayed(_patch_task, pure=False)
     tasks = [task(sub.isel(sl), plan, start, counts, i, path, where, shuffle, seed, shard_bytes, options)
-             for i, (start, counts, sl) in enumerate(_regions(plan, chunks))]  # fmt: skip
+             for i, (start, counts, sl) in enumerate(_regions(plan, chunks, task_bytes))]  # fmt: skip
     if not compute:
         return dask.delayed(_finish_patches, pure=False)(path, tasks, plan, shuffle, seed, mode, options)
     return _finish_patches(path, list(dask.compute(*tasks)), plan, shuffle, seed, mode, options)

@@ -374,8 +374,6 @@ def _is_rowstore_file(path: str) -> bool:
         return False
 
 
-
-
 # -- write_patches ---------------------------------------------------------------------------------
 class _Plan:
     """What every task of :func:`write_patches` needs (plain values: it pickles to workers)."""
@@ -836,7 +834,8 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
     chunks = dict(sub.chunks) if sub.chunks else {}
     options = dict(block_bytes=block_bytes, compression=compression)
     task = dask.delayed(_patch_task, pure=False)
-    tasks = [task(sub.isel(sl), plan, start, counts, i, path, where, shuffle, seed, shard_bytes, options)
+    shared = dask.delayed(plan, traverse=False)  # one key in the graph (it holds the grid's coordinates), not one copy per task
+    tasks = [task(sub.isel(sl), shared, start, counts, i, path, where, shuffle, seed, shard_bytes, options)
              for i, (start, counts, sl) in enumerate(_regions(plan, chunks, task_bytes))]  # fmt: skip
     if not compute:
         return dask.delayed(_finish_patches, pure=False)(path, tasks, plan, shuffle, seed, mode, options)

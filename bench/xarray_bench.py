@@ -23,9 +23,11 @@ from the rowstore dataset (``Reader.batches(shuffle="block")``) and from the Zar
 ``xarray.open_zarr(...).isel(sample=idx)`` per batch (random ``idx``, the approach pangeo users
 try first; 20 batches).
 
-Channel stacking: the three variables of 4,096 samples ``(n, 8, 9, 9)`` concatenated into one
-channel field, channel-first ``(n, 24, 9, 9)`` (``np.concatenate(axis=1)``) vs channel-last
-``(n, 9, 9, 24)`` (``moveaxis`` then ``np.concatenate(axis=-1)``), median of 15.
+Channel stacking: 4,096 samples of 24 channels, channel-first ``(n, 24, 9, 9)``
+(``np.concatenate(axis=1)``) vs channel-last ``(n, 9, 9, 24)`` (``moveaxis`` then
+``np.concatenate(axis=-1)``, or channel-first then one transpose copy, and what
+``write_patches`` picks), median of 15, from three variables of 8 levels ``(n, 8, 9, 9)`` and
+from 24 single-level variables ``(n, 1, 9, 9)``.
 
 Medians of ``--repeats`` runs after a warm-up of each. The machine is shared: ratios within the
 run matter, absolute figures less.
@@ -154,10 +156,10 @@ def read_side(root: str, T: int) -> dict:
     return res
 
 
-def stacking(n: int = 4096, repeats: int = 15) -> dict:
-    rng = np.random.default_rng(0)
-    parts = [rng.random((n, A, P, P), dtype=np.float32) for _ in VARS]
-    first, last = [], []
+def _stack_case(parts: list, repeats: int) -> dict:
+    from rowstore.xarray import _concat_channels
+
+    first, last, via, used = [], [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         np.concatenate(parts, axis=1)
@@ -165,9 +167,24 @@ def stacking(n: int = 4096, repeats: int = 15) -> dict:
         t0 = time.perf_counter()
         np.concatenate([np.moveaxis(p, 1, -1) for p in parts], axis=-1)
         last.append(time.perf_counter() - t0)
-    f, la = statistics.median(first), statistics.median(last)
-    mb = sum(p.nbytes for p in parts) / 1e6
-    return {"samples": n, "mb": mb, "channel_first_ms": f * 1e3, "channel_last_ms": la * 1e3, "last_over_first": la / f}
+        t0 = time.perf_counter()
+        np.ascontiguousarray(np.moveaxis(np.concatenate(parts, axis=1), 1, -1))
+        via.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _concat_channels(parts, "last", np.float32)
+        used.append(time.perf_counter() - t0)
+    f, la, v, u = (statistics.median(x) for x in (first, last, via, used))
+    return {"shape": list(parts[0].shape), "pieces": len(parts), "mb": sum(p.nbytes for p in parts) / 1e6,
+            "channel_first_ms": f * 1e3, "channel_last_direct_ms": la * 1e3, "channel_last_via_first_ms": v * 1e3,
+            "write_patches_channel_last_ms": u * 1e3, "direct_last_over_first": la / f}  # fmt: skip
+
+
+def stacking(n: int = 4096, repeats: int = 15) -> dict:
+    """Two cases: 3 variables of 8 levels (8 channels each), and 24 single-level variables."""
+    rng = np.random.default_rng(0)
+    levels = [rng.random((n, A, P, P), dtype=np.float32) for _ in VARS]
+    single = [rng.random((n, 1, P, P), dtype=np.float32) for _ in range(len(VARS) * A)]
+    return {"samples": n, "levels": _stack_case(levels, repeats), "single_level": _stack_case(single, repeats)}
 
 
 def main() -> None:

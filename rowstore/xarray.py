@@ -572,9 +572,23 @@ def _stack(plan: _Plan, parts: Mapping[str, np.ndarray]) -> np.ndarray:
             if d not in sd:
                 x = np.expand_dims(x, 2 + i)
         pieces.append(np.broadcast_to(x, (n, nc, *sp)))
-    if plan.channels == "first":
-        return np.concatenate(pieces, axis=1, dtype=plan.stack_dtype)
-    return np.concatenate([np.moveaxis(p, 1, -1) for p in pieces], axis=-1, dtype=plan.stack_dtype)
+    return _concat_channels(pieces, plan.channels, plan.stack_dtype)
+
+
+#: Channel-last stacking of pieces with fewer channels than this concatenates channel-first and
+#: transposes once (measured in bench/xarray_bench.py: 24 single-channel pieces 3x faster that
+#: way; 3 pieces of 8 channels 3x faster directly).
+MIN_DIRECT_CHANNELS = 4
+
+
+def _concat_channels(pieces: Sequence[np.ndarray], channels: str, dtype: Any) -> np.ndarray:
+    """Pieces ``(n, C_i, *spatial)`` as one ``(n, sum C_i, *spatial)`` (``"first"``) or
+    ``(n, *spatial, sum C_i)`` (``"last"``) array."""
+    if channels == "first":
+        return np.concatenate(pieces, axis=1, dtype=dtype)
+    if min(p.shape[1] for p in pieces) < MIN_DIRECT_CHANNELS:  # short runs: one strided pass, not one per piece
+        return np.ascontiguousarray(np.moveaxis(np.concatenate(pieces, axis=1, dtype=dtype), 1, -1))
+    return np.concatenate([np.moveaxis(p, 1, -1) for p in pieces], axis=-1, dtype=dtype)
 
 
 def _stats(x: np.ndarray, axes: tuple[int, ...] | None = None) -> list:

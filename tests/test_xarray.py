@@ -366,6 +366,20 @@ def test_distributed_cluster_writes_the_same_samples(tmp_path):
     xr.testing.assert_identical(open_dataset(str(tmp_path / "r")), sample_ds())
 
 
+@pytest.mark.parametrize("channels", [(5, 4), (1, 3, 8), (6,)])
+def test_concat_channels_both_strategies(channels):
+    from rowstore.xarray import _concat_channels
+
+    rng = np.random.default_rng(0)
+    pieces = [rng.random((7, c, 3, 2)) for c in channels]
+    first = _concat_channels(pieces, "first", np.float32)
+    last = _concat_channels(pieces, "last", np.float32)  # direct when every piece has >= 4 channels
+    want = np.concatenate(pieces, axis=1).astype(np.float32)
+    np.testing.assert_array_equal(first, want)
+    np.testing.assert_array_equal(last, np.moveaxis(want, 1, -1))
+    assert last.flags.c_contiguous and last.dtype == np.float32
+
+
 # -- to_grid -----------------------------------------------------------------------------------------
 def test_to_grid_inverts_tiles_exactly(tmp_path):
     ds = grid_ds()

@@ -750,7 +750,7 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
                   variables: Sequence[str] | None = None, where: str | Callable[[dict], Any] | None = None,
                   shuffle: bool = True, seed: int = 0, stack: bool | Sequence[str] | None = None,
                   channels: str = "last", stack_name: str = "stack", dtype: Any = None, sample_dim: str = "sample",
-                  shard_bytes: int = 64 << 20, task_bytes: int = 16 << 20, block_bytes: int = DEFAULT_BLOCK_BYTES,
+                  shard_bytes: int = 64 << 20, task_bytes: int = 8 << 20, block_bytes: int = DEFAULT_BLOCK_BYTES,
                   compression: Any = None, mode: str = "w", compute: bool = True) -> Any:
     """Cut samples out of a gridded Dataset into a rowstore dataset directory, one row per sample.
 

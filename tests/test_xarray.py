@@ -429,7 +429,8 @@ def test_to_grid_averages_overlaps_and_places_scalars(tmp_path):
 def test_dask_input_larger_than_memory_budget_is_streamed(tmp_path, rs):
     """A lazily generated 384 MiB input (8 MiB chunks) cut into patches: peak RSS must stay far
     below the input size (generous bound: half of it, 192 MiB, above the interpreter's baseline,
-    against 100-120 MiB measured with 2 threads and the default task_bytes of 16 MiB)."""
+    against 56-75 MiB measured with 2 threads and the default task_bytes of 8 MiB, 105-117 MiB
+    with task_bytes of 16 MiB)."""
     code = textwrap.dedent("""
         import resource, sys
         import dask, dask.array as da, numpy as np, xarray as xr

@@ -874,16 +874,17 @@ def _patch_meta(reader: Reader) -> dict:
 
 
 def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, like: xr.Dataset | xr.DataArray | None = None,
-            rows: Any = None, name: str = "prediction") -> xr.Dataset:
+            rows: Any = None, name: str = "prediction", window_step: int | None = None) -> xr.Dataset:
     """Put per-sample predictions back onto the grid :func:`write_patches` cut the samples from.
 
     Parameters
     ----------
     predictions : array or mapping of name to array
         One entry per row (in dataset row order, or of ``rows``): shaped like a sample's
-        footprint (its ``window`` and ``patch`` dimensions, in the dataset's dimension order,
-        e.g. ``(n, 9, 9)``), or one value per sample (``(n,)``), placed at the footprint's
-        centre (index ``origin + size // 2``).
+        footprint (its ``window`` and ``patch`` dimensions, in the dataset's dimension order),
+        like its patch only (e.g. ``(n, 9, 9)`` for samples of ``window={"time": 2}``: placed at
+        one step of the window), or one value per sample (``(n,)``). Dimensions a prediction
+        does not span place it at the centre (index ``origin + size // 2``).
     path_or_reader : str, os.PathLike or Reader
         The dataset written by :func:`write_patches` (its ``<dim>_origin`` fields are read).
     like : xarray.Dataset or DataArray, optional
@@ -893,6 +894,9 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
         The rows the predictions are for (default all, in order).
     name : str
         The variable name for an array given as ``predictions``.
+    window_step : int, optional
+        Where in a window a prediction that does not span it lands (``-1``: the last step, as
+        for a forecast from a pair); default the centre.
 
     Returns
     -------
@@ -918,27 +922,35 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
         coords = {d: like[d].variable for d in dims if d in like.coords}
     foot = [d for d in dims if kind[d] != "over"]
     fshape = tuple(size[d] for d in foot)
+    patch_dims = [d for d in foot if kind[d] == "patch"]
+    pshape = tuple(size[d] for d in patch_dims)
     out = xr.Dataset(coords={d: (d, c) if isinstance(c, np.ndarray) else c for d, c in coords.items()})
     for key, values in preds.items():
         v = np.asarray(values)
         if len(v) != len(idx):
             raise ValueError(f"predictions {key!r}: {len(v)} rows, expected {len(idx)} (one per sample)")
-        index: list[np.ndarray] = []
-        if v.shape[1:] == ():
-            index = [np.asarray(origins[P["origin_fields"][d]], np.int64) + (size[d] // 2) for d in dims]
-        elif v.shape[1:] == fshape:
-            for d in dims:
-                o = np.asarray(origins[P["origin_fields"][d]], np.int64)
-                shape = [len(v)] + [1] * len(foot)
-                if kind[d] != "over":
-                    shape[1 + foot.index(d)] = size[d]
-                    o = o.reshape(-1, *[1] * len(foot)) + np.arange(size[d]).reshape(shape[1:])
-                else:
-                    o = o.reshape(shape)
-                index.append(np.broadcast_to(o, v.shape))
+        if v.shape[1:] == fshape:
+            spread = foot
+        elif v.shape[1:] == pshape:
+            spread = patch_dims
+        elif v.shape[1:] == ():
+            spread = []
         else:
             raise ValueError(f"predictions {key!r}: a sample's shape is {v.shape[1:]}, expected {fshape} (the "
-                             f"footprint over {foot}) or () (one value per sample)")  # fmt: skip
+                             f"footprint over {foot}), {pshape} (over {patch_dims}) or () (one value per "
+                             "sample)")  # fmt: skip
+        index: list[np.ndarray] = []
+        for d in dims:
+            o = np.asarray(origins[P["origin_fields"][d]], np.int64).reshape(-1, *[1] * len(spread))
+            if d in spread:
+                at = [1] * len(spread)
+                at[spread.index(d)] = size[d]
+                o = o + np.arange(size[d]).reshape(at)
+            elif kind[d] == "window" and window_step is not None:
+                o = o + window_step % size[d]
+            elif kind[d] != "over":
+                o = o + size[d] // 2
+            index.append(np.broadcast_to(o, v.shape))
         total = np.zeros([grid[d] for d in dims], np.float64)
         count = np.zeros(total.shape, np.int64)
         ok = ~np.isnan(v) if v.dtype.kind == "f" else np.ones(v.shape, bool)

@@ -421,6 +421,15 @@ def test_to_grid_averages_overlaps_and_places_scalars(tmp_path):
     for i in range(n):
         want[b["time_origin"][i] + 1, b["lat_origin"][i] + 1, b["lon_origin"][i] + 1] = i
     np.testing.assert_array_equal(s.prediction.values, want)
+    last = to_grid(values[:, 0], str(tmp_path / "p"), window_step=-1)  # patch-shaped, at the window's last step
+    total, count = np.zeros((2, 8, 7)), np.zeros((2, 8, 7))
+    for i in range(n):
+        t, y, x = b["time_origin"][i] + 1, b["lat_origin"][i], b["lon_origin"][i]
+        total[t, y : y + 3, x : x + 3] += values[i, 0]
+        count[t, y : y + 3, x : x + 3] += 1
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(last.prediction.values, total / count)
+    assert np.isnan(last.prediction.values[0]).all()  # time 0 is never a pair's last step
     part = to_grid(values[:3], str(tmp_path / "p"), rows=[0, 1, 2])
     assert np.isfinite(part.prediction.values).sum() <= 3 * 18
 

@@ -392,6 +392,8 @@ def test_to_grid_inverts_tiles_exactly(tmp_path):
     assert g.prediction.dtype == np.float32
     assert g.prediction.isel(lat=12).isnull().all() and g.prediction.isel(lon=slice(10, None)).isnull().all()
     xr.testing.assert_identical(g.time, ds.time)
+    with xr.open_dataset(str(tmp_path / "p"), engine="rowstore") as lazy:  # patch datasets open as Datasets too
+        xr.testing.assert_identical(lazy.load(), open_dataset(str(tmp_path / "p")))
     alone = to_grid({"p": b["sfc"]}, str(tmp_path / "p"))  # coordinates from the stored metadata
     xr.testing.assert_identical(alone.p.rename("prediction"), g.prediction)
     with pytest.raises(rowstore.SchemaError, match="'lat' differs"):

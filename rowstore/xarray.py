@@ -531,10 +531,11 @@ class _Plan:
                 "static": static, "patches": patches}  # fmt: skip
 
 
-def _extract(plan: _Plan, v: str, arr: np.ndarray, counts: Mapping[str, int]) -> np.ndarray:
+def _extract(plan: _Plan, v: str, arr: np.ndarray, counts: Mapping[str, int], select: np.ndarray | None = None) -> np.ndarray:
     """The samples of variable ``v`` in one region: ``(n, *sample shape)``, samples in row-major
     order of the region's origins over ``plan.moving`` (the naive reference is
-    ``arr[o_d : o_d + size_d, ...]`` for every origin)."""
+    ``arr[o_d : o_d + size_d, ...]`` for every origin), or only those numbered ``select``, in
+    that order (one copy: gathered straight from the window view)."""
     vd = plan.vdims[v]
     mov = [d for d in vd if d in plan.size]
     nv = len(vd)
@@ -551,9 +552,11 @@ def _extract(plan: _Plan, v: str, arr: np.ndarray, counts: Mapping[str, int]) ->
     for i, d in enumerate(plan.moving):  # a dimension the variable lacks: the same values at every origin
         if d not in vd:
             x = np.expand_dims(x, i)
-    full = tuple(counts[d] for d in plan.moving) + plan.sshape[v]
-    x = np.broadcast_to(x, full)
-    return x.reshape((math.prod(full[: len(plan.moving)]), *plan.sshape[v]))
+    grid = tuple(counts[d] for d in plan.moving)
+    x = np.broadcast_to(x, grid + plan.sshape[v])
+    if select is not None:
+        return x[np.unravel_index(select, grid)] if grid else x[np.zeros(len(select), np.intp)]
+    return x.reshape((math.prod(grid), *plan.sshape[v]))
 
 
 def _stack(plan: _Plan, parts: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -606,6 +609,22 @@ def _stats(x: np.ndarray, axes: tuple[int, ...] | None = None) -> list:
     return [np.count_nonzero(ok, axis=axes), np.nansum(f, axis=axes), np.nansum(f * f, axis=axes)]
 
 
+def _where(where: Any, parts: Mapping[str, np.ndarray], columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """The numbers of the samples ``where`` keeps, in order."""
+    if where == "notnull":
+        keep = np.ones(n, bool)
+        for x in parts.values():
+            if x.dtype.kind in "fc":
+                keep &= ~np.isnan(x.reshape(n, -1)).any(axis=1)
+            elif x.dtype.kind in "mM":
+                keep &= ~np.isnat(x.reshape(n, -1)).any(axis=1)
+    else:
+        keep = np.asarray(where({**parts, **columns}), dtype=bool)
+        if keep.shape != (n,):
+            raise ValueError(f"where must return one bool per sample, shape ({n},); got shape {keep.shape}")
+    return np.flatnonzero(keep)
+
+
 def _patch_task(sub: xr.Dataset, plan: _Plan, start: Mapping[str, int], counts: Mapping[str, int], task: int,
                 path: str, where: Any, shuffle: bool, seed: int, shard_bytes: int, options: dict) -> tuple[list, dict]:
     """Cut, filter, stack, shuffle and write the samples whose origins lie in one region; returns
@@ -613,8 +632,7 @@ def _patch_task(sub: xr.Dataset, plan: _Plan, start: Mapping[str, int], counts: 
     n = math.prod(counts[d] for d in plan.moving)
     if n == 0:
         return [], {}
-    parts = {v: _extract(plan, v, np.asarray(sub[v].values), counts).astype(plan.dtype[v], copy=False)
-             for v in plan.variables}  # fmt: skip
+    arrays = {v: np.asarray(sub[v].values) for v in plan.variables}
     grids = np.meshgrid(*[start[d] + np.arange(counts[d]) for d in plan.moving], indexing="ij")
     j = {d: g.reshape(-1) for d, g in zip(plan.moving, grids)}  # origin grid positions per sample
     columns: dict[str, np.ndarray] = {}
@@ -627,24 +645,18 @@ def _patch_task(sub: xr.Dataset, plan: _Plan, start: Mapping[str, int], counts: 
             c = plan.coords[d]
             columns[plan.coord_field[d]] = c[origin] if plan.kind[d] == "over" else c[origin[:, None] + np.arange(plan.size[d])]
     columns[plan.index_field] = flat
-    keep = None
-    if where is not None:
-        if where == "notnull":
-            keep = np.ones(n, bool)
-            for x in parts.values():
-                if x.dtype.kind in "fc":
-                    keep &= ~np.isnan(x.reshape(n, -1)).any(axis=1)
-                elif x.dtype.kind in "mM":
-                    keep &= ~np.isnat(x.reshape(n, -1)).any(axis=1)
-        else:
-            keep = np.asarray(where({**parts, **columns}), dtype=bool)
-            if keep.shape != (n,):
-                raise ValueError(f"where must return one bool per sample, shape ({n},); got shape {keep.shape}")
-    order = np.arange(n) if keep is None else np.flatnonzero(keep)
-    if shuffle:
-        order = np.random.default_rng(np.random.SeedSequence([seed, task])).permutation(order)
-    parts = {v: x[order] for v, x in parts.items()}
-    columns = {k: c[order] for k, c in columns.items()}
+    rng = np.random.default_rng(np.random.SeedSequence([seed, task]))
+    if where is None:  # every sample: gathered in their final order straight from the window views
+        order = rng.permutation(n) if shuffle else np.arange(n)
+        parts = {v: _extract(plan, v, a, counts, order).astype(plan.dtype[v], copy=False) for v, a in arrays.items()}
+        columns = {k: c[order] for k, c in columns.items()}
+    else:
+        parts = {v: _extract(plan, v, a, counts).astype(plan.dtype[v], copy=False) for v, a in arrays.items()}
+        order = _where(where, parts, columns, n)
+        if shuffle:
+            order = rng.permutation(order)
+        parts = {v: x[order] for v, x in parts.items()}
+        columns = {k: c[order] for k, c in columns.items()}
     stats = {v: _stats(parts[v]) for v in plan.variables}
     for v in plan.variables:
         if v not in plan.stacked:

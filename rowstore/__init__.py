@@ -11,6 +11,7 @@ versions left), read with :func:`open`; adapters live in ``rowstore.torch`` and 
 from rowstore._version import __version__
 from rowstore.codecs import Codec, register_codec
 from rowstore.errors import (
+    AttrsError,
     ChecksumError,
     CodecError,
     CodecNotAvailableError,
@@ -41,7 +42,7 @@ __all__ = [
     "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset",
     "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
     "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
-    "ConcurrentWriterError",
+    "ConcurrentWriterError", "AttrsError",
     "mix",
 ]  # fmt: skip
 

@@ -79,9 +79,14 @@ def info_text(path: str) -> str:
         f"file size       {_human(L.file_size)}" + (f" in {L.num_shards:,} shards" if L.num_shards > 1 else ""),
     ]
     if L.user_attrs:
-        lines.append(f"attributes      {json.dumps(L.user_attrs, sort_keys=True)}")
+        lines.append(f"attributes      {json.dumps(L.user_attrs, sort_keys=True, default=_plain)}")
     lines += ["", _table(rows, ["field", "dtype", "shape", "codec", "stored in", "nullable"])]
     return "\n".join(lines)
+
+
+def _plain(v: Any) -> Any:
+    """numpy attribute values (rowstore.format.attrs) as JSON lists/numbers for display."""
+    return v.tolist() if hasattr(v, "tolist") else repr(v)
 
 
 def _summary(v: Any) -> str:

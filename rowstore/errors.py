@@ -20,6 +20,7 @@ __all__ = [
     "ConcurrentWriterError",
     "RemoteError",
     "ObjectChangedError",
+    "AttrsError",
 ]
 
 
@@ -108,6 +109,11 @@ class FormatVersionError(FormatError):
 
 class ChecksumError(FormatError):
     """The stored bytes of a block do not match the checksum in the block index."""
+
+
+class AttrsError(RowstoreError, TypeError, ValueError):
+    """A user attribute cannot be stored (not a JSON value, numpy array or numpy scalar); the
+    message names it (``attrs['a'][2]``). Both a ``TypeError`` and a ``ValueError``."""
 
 
 class WriterClosedError(RowstoreError, RuntimeError):

@@ -21,7 +21,7 @@ LAYERS = [
     ("reader", ["rowstore.reader"]),
     ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
-    ("integrations", ["rowstore.pandas", "rowstore.dask"]),
+    ("integrations", ["rowstore.pandas", "rowstore.dask", "rowstore.xarray"]),
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 

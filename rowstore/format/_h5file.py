@@ -23,6 +23,7 @@ import numpy as np
 
 from rowstore._version import __version__
 from rowstore.errors import FormatError, SchemaError
+from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.format._index_builder import block_index, heap_chunk_index
 from rowstore.format._pack import PackerTail
@@ -176,7 +177,7 @@ def file_attributes(*, schema: Schema, user_attrs: Mapping[str, Any], num_rows: 
         spec.ATTR_FORMAT: spec.FORMAT_NAME,
         spec.ATTR_VERSION: spec.FORMAT_VERSION,
         spec.ATTR_SCHEMA: schema.to_json_str(),
-        spec.ATTR_USER: json.dumps(dict(user_attrs), sort_keys=True),
+        spec.ATTR_USER: attrs_json.dumps(user_attrs),
         spec.ATTR_NUM_ROWS: num_rows,
         spec.ATTR_ROWS_PER_BLOCK: rows_per_block,
         spec.ATTR_HEAP_CHUNK_BYTES: heap_chunk_bytes,

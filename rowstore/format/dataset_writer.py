@@ -22,7 +22,6 @@ older than the grace period (so that the shards of jobs still writing survive).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from rowstore.errors import FormatError, RowValidationError, SchemaError, WriterClosedError
+from rowstore.format import attrs as attrs_json
 from rowstore.format import manifest, spec
 from rowstore.format._commit import remove_stale
 from rowstore.format._url import is_url, join
@@ -220,12 +220,7 @@ def _check_same(first: tuple[str, Schema, dict, int], info: ShardInfo, layout: L
 
 
 def _check_attrs(attrs: Any) -> dict:
-    if not isinstance(attrs, Mapping):
-        raise TypeError(f"attrs must be a mapping, got {type(attrs).__name__}")
-    try:
-        return json.loads(json.dumps(dict(attrs)))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"attrs must be JSON-serialisable: {exc}") from None
+    return attrs_json.check(attrs)
 
 
 def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: str = "w",

@@ -16,6 +16,7 @@ import numpy as np
 
 from rowstore.codecs import registered_codecs
 from rowstore.errors import CodecError, FormatError, FormatVersionError, RowstoreError
+from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.format.compression import block_compression
 from rowstore.schema import Schema
@@ -178,6 +179,10 @@ class Layout(IndexSizes):
         user_attrs = _json(a, spec.ATTR_USER, "{}", bad)
         if not isinstance(user_attrs, dict):
             raise bad(f"user attributes must be a JSON object, got {type(user_attrs).__name__}")
+        try:
+            user_attrs = attrs_json.decode(user_attrs)
+        except FormatError as exc:
+            raise bad(str(exc)) from None
         num_rows, rpb, H, heap_nbytes = (_int(a, k, bad) for k in (
             spec.ATTR_NUM_ROWS, spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES))
         if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):

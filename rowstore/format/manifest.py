@@ -45,6 +45,7 @@ import numpy as np
 
 from rowstore._version import __version__
 from rowstore.errors import FormatError, FormatVersionError, RowstoreError
+from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.format._commit import AtomicFile, fsync_directory
 from rowstore.schema import Schema
@@ -297,6 +298,10 @@ def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | 
     if not isinstance(attrs, dict):
         raise _bad(mpath, f"attrs must be a JSON object, got {type(attrs).__name__}")
     try:
+        attrs = attrs_json.decode(attrs)
+    except FormatError as exc:
+        raise _bad(mpath, str(exc)) from None
+    try:
         compression = spec.compression_config(m.get("compression"))
     except RowstoreError as exc:
         raise _bad(mpath, f"invalid compression: {exc}") from exc
@@ -422,7 +427,7 @@ def version_objects(version: int, *, schema: Schema, attrs: dict, compression: d
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version, "parent": parent, "kind": "shards",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "writer": f"rowstore {__version__}", "file_format_version": spec.FORMAT_VERSION,
-        "schema": schema.to_json(), "attrs": attrs, "compression": compression,
+        "schema": schema.to_json(), "attrs": attrs_json.encode(attrs), "compression": compression,
         "heap_chunk_bytes": heap_chunk_bytes, "num_rows": int(sum(s["rows"] for s in shards)),
         "index": {"path": index_path(version), "nbytes": len(sidecar), "crc32": zlib.crc32(sidecar)},
         "shards": [{k: s[k] for k in SHARD_KEYS} for s in shards],

@@ -17,7 +17,6 @@ file exists from construction and its lock makes the writer the only one of ``pa
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Self
 
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
+from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.format._commit import AtomicFile
 from rowstore.format._h5file import Compressor, H5File, check_storable, file_attributes, read_tail
@@ -107,7 +107,9 @@ class Writer(Closing):
     heap_chunk_bytes : int
         Chunk size of the heap of variable-size payloads.
     attrs : mapping, optional
-        User attributes (JSON-serialisable), stored in the file; also editable as ``writer.attrs``.
+        User attributes, stored in the file; also editable as ``writer.attrs``. JSON values, numpy
+        arrays and numpy scalars (restored exactly: dtype, shape, bytes; see
+        :mod:`rowstore.format.attrs`); anything else raises :class:`~rowstore.errors.AttrsError`.
     threads : int, optional
         Threads that compress and checksum blocks while rows are packed (compressed files
         only; default ``min(4, os.cpu_count())``; 1 compresses on the calling thread). Chunks
@@ -195,7 +197,7 @@ class Writer(Closing):
         if attrs:
             self.attrs.update(attrs)
         self.schema: Schema = schema
-        check_storable(schema, json.dumps(self.attrs, sort_keys=True))  # fail early, not at close
+        check_storable(schema, attrs_json.dumps(self.attrs))  # fail early, not at close
         self._setup(rows_per_block, block_bytes, heap_chunk_bytes, threads)
         if layout is not None:
             self._open_for_append(layout)
@@ -298,7 +300,7 @@ class Writer(Closing):
             return
         # writer.attrs may have changed since the constructor: an attribute HDF5 cannot store
         # is refused here, with the writer still open (fix attrs and close again), not in _finish.
-        check_storable(self.schema, json.dumps(self.attrs, sort_keys=True))
+        check_storable(self.schema, attrs_json.dumps(self.attrs))
         try:
             self._finish()
             if self._upload is not None and self.url is not None:

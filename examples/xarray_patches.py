@@ -4,7 +4,7 @@
    at the surface), Dask-chunked like an archive on disk.
 2. ``write_patches``: 9x9 patches (tiles) at every time step, all altitudes stacked channel-first
    (float32, with per-channel mean/std in the metadata), precipitation as the target; chunk by
-   chunk on the Dask scheduler, shards written in parallel, shuffled.
+   chunk on the Dask scheduler, shards written in parallel, then shuffled globally (rowstore.shuffle).
 3. A small convolutional network trained for a few steps from ``rowstore.torch.BatchedDataLoader``.
 4. ``to_grid``: its predictions for every patch put back on the grid, and a PNG of one time step.
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import uuid
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -626,9 +627,10 @@ def _where(where: Any, parts: Mapping[str, np.ndarray], columns: Mapping[str, np
 
 
 def _patch_task(sub: xr.Dataset, plan: _Plan, start: Mapping[str, int], counts: Mapping[str, int], task: int,
-                path: str, where: Any, shuffle: bool, seed: int, shard_bytes: int, options: dict) -> tuple[list, dict]:
-    """Cut, filter, stack, shuffle and write the samples whose origins lie in one region; returns
-    the shards' infos and the partial statistics."""
+                path: str, where: Any, shard_bytes: int, options: dict) -> tuple[list, dict]:
+    """Cut, filter, stack and write the samples whose origins lie in one region (in grid order:
+    the shuffle comes after, over all of them); returns the shards' infos and the partial
+    statistics."""
     n = math.prod(counts[d] for d in plan.moving)
     if n == 0:
         return [], {}
@@ -645,16 +647,13 @@ def _patch_task(sub: xr.Dataset, plan: _Plan, start: Mapping[str, int], counts: 
             c = plan.coords[d]
             columns[plan.coord_field[d]] = c[origin] if plan.kind[d] == "over" else c[origin[:, None] + np.arange(plan.size[d])]
     columns[plan.index_field] = flat
-    rng = np.random.default_rng(np.random.SeedSequence([seed, task]))
-    if where is None:  # every sample: gathered in their final order straight from the window views
-        order = rng.permutation(n) if shuffle else np.arange(n)
+    if where is None:  # every sample: gathered straight from the window views
+        order = np.arange(n)
         parts = {v: _extract(plan, v, a, counts, order).astype(plan.dtype[v], copy=False) for v, a in arrays.items()}
         columns = {k: c[order] for k, c in columns.items()}
     else:
         parts = {v: _extract(plan, v, a, counts).astype(plan.dtype[v], copy=False) for v, a in arrays.items()}
         order = _where(where, parts, columns, n)
-        if shuffle:
-            order = rng.permutation(order)
         parts = {v: x[order] for v, x in parts.items()}
         columns = {k: c[order] for k, c in columns.items()}
     stats = {v: _stats(parts[v]) for v in plan.variables}
@@ -693,28 +692,60 @@ def _combine_stats(plan: _Plan, parts: Iterable[dict]) -> dict:
     return out
 
 
-def _shuffle_output(path: str, infos: list[ShardInfo], plan: _Plan, *, shuffle: bool, seed: int, mode: str,
+def _shuffle_output(path: str, infos: list[ShardInfo], plan: _Plan, *, shuffle: dict | None, mode: str,
                     attrs: dict, options: dict) -> int:
-    """Commit the shards written by the tasks as one version, in a shuffled order: the shuffle step
-    of :func:`write_patches`, in one place.
+    """Commit the shards the tasks wrote as one version of ``path``: the shuffle step of
+    :func:`write_patches`, in one place.
 
-    The scheme today (bounded: nothing is read back or rewritten): every task permutes its own
-    samples (``SeedSequence([seed, task])``), and this function commits the shards in a random
-    order (``default_rng(seed)``); every row carries its ``sample_index`` (the row-major position
-    of its origin on the grid), so readers mixing blocks (``Reader.batches(shuffle="block",
-    window=W)`` or ``"full"``) draw batches across chunks of the input. Deterministic for a seed
-    (given the same input chunks).
-
-    This will switch to the two-pass out-of-core global shuffle ``rowstore.shuffle(in_path,
-    out_path, *, memory=..., seed=..., tmp=None)`` once it is available: the tasks write into a
-    temporary dataset, which is committed there and shuffled into ``path``.
+    ``shuffle`` None: the tasks wrote into ``path``; their shards are committed in task order.
+    Otherwise the tasks wrote into a temporary dataset (``shuffle["work"]``): it is committed
+    there, globally shuffled by the two-pass out-of-core shuffle (:func:`rowstore.shuffle`, or
+    :func:`rowstore.dask.shuffle` on the current ``dask.distributed`` client: the same output)
+    through ``shuffle["memory"]`` into a staging dataset beside ``path``, whose shard files are
+    then moved into ``path`` and committed there (``mode``); both temporaries are removed,
+    whatever happens. The order is a uniform permutation of the samples, a pure function of
+    ``seed`` and the input's chunking.
     """
     if not infos:  # every sample dropped: an empty shard carries the schema
-        infos = [write_shard(path, plan.schema, {f.name: np.empty((0, *f.shape), f.numpy_dtype) for f in plan.schema},
+        root = path if shuffle is None else shuffle["work"]
+        infos = [write_shard(root, plan.schema, {f.name: np.empty((0, *f.shape), f.numpy_dtype) for f in plan.schema},
                              **options)]  # fmt: skip
-    elif shuffle:
-        infos = [infos[i] for i in np.random.default_rng(seed).permutation(len(infos))]
-    return commit(path, infos, mode=mode, attrs=attrs)
+    if shuffle is None:
+        return commit(path, infos, mode=mode, attrs=attrs)
+    import shutil
+
+    from rowstore.global_shuffle import shuffle as local_shuffle
+
+    work, staged = shuffle["work"], shuffle["staged"]
+    try:
+        commit(work, infos, mode="x", attrs=attrs)
+        kwargs = dict(memory=shuffle["memory"], seed=shuffle["seed"], tmp=shuffle["tmp"], shard_bytes=shuffle["shard_bytes"],
+                      block_bytes=options["block_bytes"], compression="same")  # fmt: skip
+        client = _distributed_client() if shuffle["cluster"] else None
+        if client is not None:
+            from rowstore.dask import shuffle as dask_shuffle
+
+            dask_shuffle(work, staged, client=client, **kwargs)
+        else:
+            local_shuffle(work, staged, **kwargs)
+        moved = ShardInfo.committed(staged)
+        os.makedirs(os.path.join(path, "shards"), exist_ok=True)
+        for info in moved:  # part-<32 hex> names: unique, so they never overwrite a shard of path
+            os.replace(os.path.join(staged, info.path), os.path.join(path, info.path))
+        return commit(path, moved, mode=mode, attrs=attrs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _distributed_client() -> Any:
+    """The current ``dask.distributed`` client, or None (no cluster in use)."""
+    try:
+        import distributed
+
+        return distributed.get_client()
+    except (ImportError, ValueError):
+        return None
 
 
 def _regions(plan: _Plan, chunks: Mapping[Hashable, tuple[int, ...]], task_bytes: int | None = None) -> list[tuple[dict, dict, dict]]:
@@ -763,7 +794,8 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
                   shuffle: bool = True, seed: int = 0, stack: bool | Sequence[str] | None = None,
                   channels: str = "last", stack_name: str = "stack", dtype: Any = None, sample_dim: str = "sample",
                   shard_bytes: int = 64 << 20, task_bytes: int = 8 << 20, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                  compression: Any = None, mode: str = "w", compute: bool = True) -> Any:
+                  compression: Any = None, mode: str = "w", memory: int | str = "1GB",
+                  tmp: str | os.PathLike | None = None, compute: bool = True) -> Any:
     """Cut samples out of a gridded Dataset into a rowstore dataset directory, one row per sample.
 
     Parameters
@@ -795,7 +827,15 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
         stacking, plus the origin/coordinate fields) and returns ``n`` bools (True = keep),
         e.g. ``lambda s: s["land"].all(axis=(1, 2))``.
     shuffle, seed : bool, int
-        Shuffle the output (see :func:`_shuffle_output` for the scheme), deterministically.
+        Shuffle the output globally (a uniform permutation of all samples, deterministic for a
+        seed and the input's chunking): the samples are written to a temporary dataset beside
+        ``path`` and shuffled by the two-pass out-of-core shuffle (:func:`rowstore.shuffle`;
+        :func:`rowstore.dask.shuffle` when a ``dask.distributed`` client is current), which
+        costs about two more passes over the samples on disk (see :func:`_shuffle_output`).
+    memory : int or str
+        The shuffle's memory budget (as for :func:`rowstore.shuffle`).
+    tmp : str or os.PathLike, optional
+        Directory of the shuffle's piles (default: beside ``path``).
     stack : True or sequence of str, optional
         Stack these variables (True: all) into one field ``stack_name`` with a channel
         dimension: each variable's non-patch dimensions (kept levels, window steps) are
@@ -863,18 +903,36 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
     options = dict(block_bytes=block_bytes, compression=compression)
     task = dask.delayed(_patch_task, pure=False)
     shared = dask.delayed(plan, traverse=False)  # one key in the graph (it holds the grid's coordinates), not one copy per task
-    tasks = [task(sub.isel(sl), shared, start, counts, i, path, where, shuffle, seed, shard_bytes, options)
+    if mode == "x" and (manifest.is_dataset(path) or os.path.exists(path)):
+        raise FileExistsError(f"{path!r} exists (mode='x')")
+    glob: dict | None = None  # the global shuffle's settings; the tasks then write into glob["work"]
+    if shuffle:
+        parent, name = os.path.split(os.path.abspath(path))
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        glob = dict(work=os.path.join(parent, f".{name}.patches-{tag}"), staged=os.path.join(parent, f".{name}.shuffled-{tag}"),
+                    memory=memory, seed=seed, tmp=None if tmp is None else os.fspath(tmp), shard_bytes=shard_bytes,
+                    cluster=compute)  # fmt: skip
+    target = path if glob is None else glob["work"]
+    tasks = [task(sub.isel(sl), shared, start, counts, i, target, where, shard_bytes, options)
              for i, (start, counts, sl) in enumerate(_regions(plan, chunks, task_bytes))]  # fmt: skip
     if not compute:
-        return dask.delayed(_finish_patches, pure=False)(path, tasks, plan, shuffle, seed, mode, options)
-    return _finish_patches(path, list(dask.compute(*tasks)), plan, shuffle, seed, mode, options)
+        return dask.delayed(_finish_patches, pure=False)(path, tasks, plan, glob, mode, options)
+    try:
+        results = list(dask.compute(*tasks))
+    except BaseException:
+        if glob is not None:
+            import shutil
+
+            shutil.rmtree(glob["work"], ignore_errors=True)
+        raise
+    return _finish_patches(path, results, plan, glob, mode, options)
 
 
-def _finish_patches(path: str, results: list, plan: _Plan, shuffle: bool, seed: int, mode: str, options: dict) -> int:
+def _finish_patches(path: str, results: list, plan: _Plan, glob: dict | None, mode: str, options: dict) -> int:
     infos = [i for r in results for i in r[0]]
     stats = _combine_stats(plan, [r[1] for r in results])
-    return _shuffle_output(path, infos, plan, shuffle=shuffle, seed=seed, mode=mode,
-                           attrs={META_KEY: plan.metadata(stats)}, options=options)  # fmt: skip
+    return _shuffle_output(path, infos, plan, shuffle=glob, mode=mode, attrs={META_KEY: plan.metadata(stats)},
+                           options=options)  # fmt: skip
 
 
 # -- to_grid ----------------------------------------------------------------------------------------

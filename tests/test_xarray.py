@@ -248,7 +248,7 @@ def test_tasks_follow_chunks_merged_along_the_first_dimension():
     assert len(whole) == 2 and whole[0][2]["time"] == slice(0, 5)
 
 
-def test_shuffle_is_seeded_and_spans_shards(tmp_path):
+def test_shuffle_is_global_and_seeded(tmp_path):
     ds = grid_ds().chunk({"time": 1})
     orders = {}
     for name, seed, shuffle in (("a", 0, True), ("b", 0, True), ("c", 1, True), ("d", 0, False)):
@@ -259,8 +259,13 @@ def test_shuffle_is_seeded_and_spans_shards(tmp_path):
     assert not np.array_equal(orders["a"], orders["c"])
     assert np.array_equal(orders["d"], np.arange(len(orders["d"])))  # unshuffled: grid order, task by task
     assert sorted(orders["a"]) == list(orders["d"])
-    first = orders["a"][:12] // 12  # 12 patches per time step: the first shard is not time 0
-    assert rowstore.open(str(tmp_path / "a")).layout.num_shards == 5 and len(set(first)) == 1 and first[0] != 0
+    # The global two-pass shuffle of the unshuffled samples, with the same seed: the same order.
+    rowstore.shuffle(str(tmp_path / "d"), str(tmp_path / "e"), memory="8MiB", seed=0)
+    assert np.array_equal(orders["a"], read_all(str(tmp_path / "e"))["sample_index"])
+    assert len(set(orders["a"][:12] // 12)) > 1  # 12 patches per time step: the first 12 rows mix time steps
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "c", "d", "e"]  # no temporaries left behind
+    meta_a, meta_d = (rowstore.open(str(tmp_path / n)).layout.user_attrs["xarray"] for n in "ad")
+    assert meta_a.keys() == meta_d.keys() and meta_a["kind"] == meta_d["kind"] == "patches"  # the metadata is kept
 
 
 def test_where_drops_samples(tmp_path):

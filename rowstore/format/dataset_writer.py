@@ -93,6 +93,18 @@ class ShardInfo:
         return cls(**{k: e[k] for k in manifest.SHARD_KEYS}, schema=layout.schema.to_json_str(),
                    compression=dict(layout.compression), heap_chunk_bytes=layout.heap_chunk_bytes)  # fmt: skip
 
+    @classmethod
+    def committed(cls, root: str | os.PathLike, version: int | None = None) -> list[ShardInfo]:
+        """The infos of the shards of a committed version (default: the current one) of the
+        dataset at ``root``, in order: to commit those files again elsewhere (moved into another
+        dataset's directory, under the same relative paths)."""
+        m = manifest.load(os.fspath(root), version)
+        common = dict(schema=m.schema.to_json_str(), compression=dict(m.compression),
+                      heap_chunk_bytes=int(m.heap_chunk_bytes))  # fmt: skip
+        cols = m.shards
+        return [cls(path=str(cols["path"][i]), **{k: int(cols[k][i]) for k in manifest.SHARD_KEYS[1:]}, **common)
+                for i in range(m.num_shards)]  # fmt: skip
+
     def entry(self) -> dict[str, Any]:
         """Its manifest entry (the keys of :data:`.manifest.SHARD_KEYS`)."""
         return {k: getattr(self, k) for k in manifest.SHARD_KEYS}

@@ -5,6 +5,8 @@
     rowstore verify PATH      read every block (of every shard) and check checksums
     rowstore gc PATH          remove killed writers' temporary files; for a dataset directory,
                               list (with --delete: remove) old versions and unreferenced shards
+    rowstore import-petastorm URL OUT
+                              convert a Petastorm dataset (petastorm not needed) to a dataset
 
 PATH is a ``.h5`` file or a dataset directory.
 """
@@ -196,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=_seconds, default=3600.0, metavar="SECONDS",
                    help="dataset directory: keep shards that no version names if modified within SECONDS "
                         "(a job may still commit them; default 3600)")
+    # -- import-petastorm (rowstore.petastorm; needs pyarrow) --
+    p = sub.add_parser("import-petastorm", help="convert a Petastorm dataset (a Parquet directory with a Unischema) "
+                                                "to a rowstore dataset directory; petastorm need not be installed")
+    p.add_argument("url", help="the Petastorm dataset: a directory or a file:// URL")
+    p.add_argument("out", help="the rowstore dataset directory to write (or a .h5 file with --file)")
+    p.add_argument("--file", action="store_true", help="write one .h5 file rather than a dataset directory")
+    p.add_argument("--fields", nargs="+", help="only these fields, in this order")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "info":
@@ -226,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                                       keep_versions=args.keep_versions, grace_s=args.grace))  # fmt: skip
             else:
                 print(gc_text(args.path, dry_run=args.dry_run))
-    except (RowstoreError, OSError) as exc:
+        elif args.cmd == "import-petastorm":
+            from rowstore.petastorm import import_petastorm
+
+            schema = import_petastorm(args.url, args.out, dataset=not args.file, columns=args.fields)
+            print(f"{args.out}: {len(schema)} fields written from {args.url}")
+    except (RowstoreError, OSError, ValueError) as exc:
         print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
         return 1
     return 0

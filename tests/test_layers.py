@@ -20,7 +20,8 @@ LAYERS = [
     ("format", ["rowstore.format"]),
     ("reader", ["rowstore.reader"]),
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
-    ("integrations", ["rowstore.pandas", "rowstore.dask"]),
+    ("integrations", ["rowstore.pandas", "rowstore.dask",
+                      "rowstore.arrow", "rowstore.petastorm", "rowstore.spark"]),  # Arrow/Parquet, Petastorm, Spark
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 

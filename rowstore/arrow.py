@@ -416,8 +416,28 @@ def _columns(src: _Source, schema: Schema | None, decode: Mapping[str, Any] | No
             d = _as_decode(af.name, f)
         elif kind != f.dtype and (kind in (STR, BYTES) or f.dtype in (STR, BYTES)):
             raise SchemaError(f"column {af.name!r} is {af.type}, but field {f.name!r} is {f.dtype}", field=f.name)
+        elif kind not in (STR, BYTES):
+            _check_numeric(af, f)
         out.append(_Column(af.name, f, af, d))
     return out
+
+
+def _check_numeric(af: pa.Field, f: Field) -> None:
+    """A numeric column against the field given for it: the same rank, and a dtype the writer
+    can take (a float column for an int field is refused here, not on the first row)."""
+    dtype, shape = _leaf(af.type, af.name)
+    if len(shape) != len(f.shape):
+        raise SchemaError(f"column {af.name!r} ({af.type}) holds values of {len(shape)} dimensions, but field "
+                          f"{f.name!r} has shape {f.shape}", field=f.name)  # fmt: skip
+    src, dst = np.dtype(dtype), f.dtype
+    if src.kind in "Mm" or dst.kind in "Mm":
+        ok = src.kind == dst.kind
+    elif dst.kind == "b":
+        ok = src.kind == "b"
+    else:
+        ok = np.can_cast(src, dst, "same_kind") or (src.kind in "biu" and dst.kind in "iuf")
+    if not ok:
+        raise SchemaError(f"column {af.name!r} is {af.type}, which field {f.name!r} ({dst}) cannot store", field=f.name)
 
 
 def _attrs(cols: list[_Column], attrs: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None) -> dict:
@@ -508,6 +528,52 @@ def from_arrow(data: Any, path: str | os.PathLike, *, schema: Schema | None = No
     """
     src = _source(data, batch_rows)
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
+
+
+def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatch], *, shard_bytes: int,
+                 name_prefix: str, **writer_kwargs: Any) -> list:  # fmt: skip
+    """Write a stream of record batches as shards of about ``shard_bytes`` (Arrow bytes of the
+    batches) with :func:`rowstore.write_shard` (named ``<name_prefix>-<k>``), consecutive rows in
+    order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
+    error the shards already written are removed."""
+    from rowstore.format import write_shard
+
+    schema = Schema([c.field for c in cols])
+    it = iter(batches)
+    infos: list = []
+    pending: list[pa.RecordBatch] = []
+    row = [0]
+
+    def shard_batches() -> Iterator[dict]:
+        size = 0
+        while size < shard_bytes:
+            b = pending.pop() if pending else next(it, None)
+            if b is None:
+                return
+            if b.num_rows == 0:
+                continue
+            yield {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            row[0] += b.num_rows
+            size += b.nbytes
+
+    try:
+        while True:
+            first = next(it, None)
+            while first is not None and first.num_rows == 0:
+                first = next(it, None)
+            if first is None:
+                break
+            pending.append(first)
+            infos.append(write_shard(path, schema, shard_batches(), name=f"{name_prefix}-{len(infos):04d}",
+                                     batches=True, **writer_kwargs))  # fmt: skip
+    except BaseException:
+        for info in infos:
+            try:
+                os.remove(os.path.join(path, info.path))
+            except OSError:
+                pass
+        raise
+    return infos
 
 
 # -- Parquet ----------------------------------------------------------------------------------------

@@ -259,3 +259,14 @@ def rs() -> _Helpers:
     """Shared helpers (see :class:`_Helpers`)."""
     return _Helpers()
 
+
+
+# -- Spark (rowstore.spark): one local[2] session for the whole test session ----------------
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """The shared SparkSession (tests/_spark.py); skips without pyspark or Java."""
+    from _spark import make_session
+
+    session = make_session(str(tmp_path_factory.mktemp("spark")))
+    yield session
+    session.stop()

@@ -46,10 +46,14 @@ __all__ = [
 
 
 _LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas"}
+# Arrow/Parquet (pyarrow) and Petastorm's reading idioms, imported on first use.
+_LAZY.update({"from_arrow": "rowstore.arrow", "from_parquet": "rowstore.arrow",
+              "make_reader": "rowstore.reader.make_reader", "make_batch_reader": "rowstore.reader.make_reader"})
 
 
 def __getattr__(name):
-    """``rowstore.from_pandas`` and ``rowstore.read_pandas`` import pandas on first use only."""
+    """``rowstore.from_pandas``/``read_pandas`` (pandas), ``from_arrow``/``from_parquet``
+    (pyarrow) and ``make_reader``/``make_batch_reader`` are imported on first use only."""
     if name in _LAZY:
         import importlib
 

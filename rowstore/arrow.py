@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +49,7 @@ import pyarrow.parquet as pq
 
 from rowstore.errors import FormatError, RowValidationError, SchemaError
 from rowstore.format import DatasetWriter, Writer
+from rowstore.reader._args import local_path as _local_path
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 
 __all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODERS", "local_path"]
@@ -61,19 +61,8 @@ DEFAULT_BATCH_ROWS = 4096
 
 
 def local_path(url: str | os.PathLike) -> str:
-    """A local path for ``url``: a path as is, ``file:///abs/path`` as ``/abs/path``; other
-    schemes raise ``ValueError`` (only local files are read here)."""
-    s = os.fspath(url)
-    if isinstance(s, bytes):
-        s = os.fsdecode(s)
-    if s.startswith("file://"):
-        rest = s[len("file://"):]
-        if rest and not rest.startswith("/"):
-            raise ValueError(f"{s!r}: a file:// URL must name an absolute path (file:///data/x)")
-        return rest or "/"
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", s):
-        raise ValueError(f"{s!r}: only local paths and file:// URLs are supported here")
-    return s
+    """``url`` as a local path (``file://`` URLs accepted; see :func:`rowstore.reader._args.local_path`)."""
+    return os.fsdecode(_local_path(url))
 
 
 # -- decoders of binary payloads ------------------------------------------------------------------

@@ -401,11 +401,13 @@ class Schema(Sequence[Field]):
         return [f.name for f in self._fields]
 
     def select(self, names: Sequence[str] | None) -> Schema:
-        """The sub-schema of the named fields, in the given order (all fields for None)."""
+        """The sub-schema of the named fields (names or :class:`Field` objects), in the given
+        order (all fields for None)."""
         if names is None:
             return self
-        if isinstance(names, str):
+        if isinstance(names, (str, Field)):
             names = [names]
+        names = [n.name if isinstance(n, Field) else n for n in names]
         unknown = [n for n in names if n not in self._by_name]
         if unknown:
             raise SchemaError(f"unknown field(s) {unknown}; the schema has {self.names}", field=unknown[0])

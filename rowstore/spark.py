@@ -285,14 +285,14 @@ def _bind(fn: Any, *args: Any) -> Any:
 
 
 # -- the converter ----------------------------------------------------------------------------------
-def _plan_key(df: DataFrame) -> str:
-    """A key of the DataFrame's analyzed plan (``semanticHash``: expression ids normalized) and
-    schema, stable across sessions of one Spark version."""
+def _plan_key(df: DataFrame, schema: Schema | None) -> str:
+    """A key of the DataFrame's analyzed plan (``semanticHash``: expression ids normalized), its
+    schema and the rowstore schema asked for, stable across sessions of one Spark version."""
     import pyspark
 
     jdf = df._jdf
     h = jdf.queryExecution().analyzed().semanticHash()
-    text = f"{pyspark.__version__}|{h}|{df.schema.json()}"
+    text = f"{pyspark.__version__}|{h}|{df.schema.json()}|{schema.to_json_str() if schema is not None else ''}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -409,8 +409,9 @@ class _Epochs:
         return getattr(self.loader, name)
 
 
-def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None, nullable: str = "data",
-                   shard_bytes: int = 64 << 20, **writer_kwargs: Any) -> SparkDatasetConverter:  # fmt: skip
+def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None, schema: Schema | None = None,
+                   nullable: str = "data", shard_bytes: int = 64 << 20,
+                   **writer_kwargs: Any) -> SparkDatasetConverter:  # fmt: skip
     """Materialize ``df`` once as a rowstore dataset under ``cache_dir`` and return a converter
     (Petastorm's ``make_spark_converter``).
 
@@ -418,7 +419,8 @@ def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None,
     Spark conf :data:`CACHE_DIR_CONF` (``rowstore.spark.cacheDir``). The copy is named after the
     DataFrame's analyzed plan and schema: converting the same plan again (the same DataFrame,
     or the same query built again) reuses it without a Spark job. A plan over files that later
-    change keeps its key: :meth:`SparkDatasetConverter.delete` the stale copy. ``nullable``
+    change keeps its key: :meth:`SparkDatasetConverter.delete` the stale copy. ``schema``
+    (e.g. for :func:`to_row` cells) is :func:`write`'s and part of the key; ``nullable``
     defaults to ``"data"`` (fields nullable only where a null occurs); the rest is
     :func:`write`'s."""
     if cache_dir is None:
@@ -427,8 +429,8 @@ def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None,
             raise ValueError(f"make_converter needs cache_dir= or the Spark conf {CACHE_DIR_CONF!r} "
                              "(spark.conf.set(rowstore.spark.CACHE_DIR_CONF, 'file:///tmp/cache'))")  # fmt: skip
     parent = os.path.abspath(local_path(cache_dir))
-    path = os.path.join(parent, f"rowstore-{_plan_key(df)}")
+    path = os.path.join(parent, f"rowstore-{_plan_key(df, schema)}")
     if manifest.is_dataset(path):
         return SparkDatasetConverter(path, cached=True)
-    write(df, path, nullable=nullable, shard_bytes=shard_bytes, **writer_kwargs)
+    write(df, path, schema=schema, nullable=nullable, shard_bytes=shard_bytes, **writer_kwargs)
     return SparkDatasetConverter(path, cached=False)

@@ -16,7 +16,7 @@ import numpy as np
 
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader._args import nonneg_int, positive_int
+from rowstore.reader._args import local_path, nonneg_int, positive_int, select_fields, shuffle_mode
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
@@ -99,10 +99,11 @@ class Reader:
         max_open_files: int | None = None,
     ):
         _check_varlen(varlen)
+        path = [local_path(p) for p in path] if isinstance(path, (list, tuple)) else local_path(path)  # file:// URLs
         if isinstance(path, (list, tuple)):
             source: str | list[str] = [os.fsdecode(p) for p in path]
         else:
-            source = os.fsdecode(path)  # type: ignore[arg-type]  # str, also for a bytes path: errors carry it
+            source = os.fsdecode(path)  # str, also for a bytes path: errors carry it
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify
@@ -243,8 +244,8 @@ class Reader:
             a = b
         return out
 
-    def _select(self, fields: Sequence[str] | None) -> list[FieldPlan]:
-        return [self._plans[f.name] for f in self.schema.select(fields)]
+    def _select(self, fields: Sequence[Any] | None) -> list[FieldPlan]:
+        return [self._plans[f.name] for f in self.schema.select(select_fields(self.schema, fields))]
 
     def _check_out(self, out: dict, plans: list[FieldPlan], n: int) -> None:
         for name, arr in out.items():
@@ -306,11 +307,11 @@ class Reader:
         self,
         batch_size: int,
         *,
-        shuffle: str = "block",
+        shuffle: str | bool = "block",
         seed: int = 0,
         epoch: int = 0,
         window: int = 16,
-        fields: Sequence[str] | None = None,
+        fields: Sequence[Any] | None = None,
         shard: tuple[int, int] = (0, 1),
         even: bool = False,
         drop_last: bool = False,
@@ -323,8 +324,9 @@ class Reader:
 
         Parameters
         ----------
-        shuffle : {"block", "full", "none"}
-            See :mod:`rowstore.reader.order`. ``block`` reads whole blocks (fastest); ``full`` is
+        shuffle : {"block", "full", "none"} or bool
+            See :mod:`rowstore.reader.order`; ``True`` is ``"block"``, ``False`` ``"none"`` (as
+            the loaders take it). ``block`` reads whole blocks (fastest); ``full`` is
             a uniform permutation (uncompressed files read such rows directly; compressed
             files must decompress a block per row, so prefer ``block`` for them).
         seed, epoch : int
@@ -352,6 +354,7 @@ class Reader:
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
         positive_int("num_threads", num_threads, optional=True)
+        shuffle = shuffle_mode(shuffle)
         rank, world = shard
         _order.check_args(shuffle, seed, epoch, window, rank, world)
         plans = self._select(fields)

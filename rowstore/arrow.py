@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rowstore.errors import FormatError, RowValidationError, SchemaError
-from rowstore.format import DatasetWriter, Writer
+from rowstore.format import DatasetWriter, Writer, spec
 from rowstore.reader._args import local_path as _local_path
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 
@@ -67,15 +67,39 @@ def local_path(url: str | os.PathLike) -> str:
 
 # -- decoders of binary payloads ------------------------------------------------------------------
 def _npy(b: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(b), allow_pickle=False)
+    """An ``.npy`` payload, its header checked before anything is allocated: the data it
+    declares must be in the payload (a hostile header cannot make it allocate more)."""
+    f = io.BytesIO(b)
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise ValueError(f"npy version {version} is not supported")
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    if dtype.hasobject:
+        raise ValueError("an npy payload of Python objects is refused (pickles are never loaded)")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    start = f.tell()
+    if nbytes > len(b) - start or nbytes > spec.MAX_VALUE_BYTES:
+        raise ValueError(f"the npy header declares {shape} of {dtype} ({nbytes} bytes), the payload holds "
+                         f"{len(b) - start}")  # fmt: skip
+    a = np.frombuffer(b, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0, offset=start)
+    return a.reshape(shape, order="F" if fortran else "C").copy()
 
 
 def _npz(b: bytes) -> np.ndarray:
-    with np.load(io.BytesIO(b), allow_pickle=False) as z:
-        names = z.files
-        if len(names) != 1:
-            raise ValueError(f"an npz payload holds one array, this one {len(names)} ({names[:5]})")
-        return z[names[0]]
+    """The one array of an ``.npz`` payload (``numpy.savez``/``savez_compressed``), its
+    uncompressed size checked first (no zip bomb)."""
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(b)) as z:
+        infos = z.infolist()
+        if len(infos) != 1:
+            raise ValueError(f"an npz payload holds one array, this one {len(infos)}")
+        if infos[0].file_size > spec.MAX_VALUE_BYTES:
+            raise ValueError(f"the npz member declares {infos[0].file_size} bytes")
+        with z.open(infos[0]) as member:
+            data = member.read(spec.MAX_VALUE_BYTES + 1)
+    return _npy(data)
 
 
 def _image(kind: str) -> Callable[[bytes], np.ndarray]:

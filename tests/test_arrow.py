@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import os
 
 import numpy as np
 import pytest
@@ -191,6 +192,17 @@ def test_decode_binary_columns(tmp_path, rs):
     bad = pa.table({"arr": [_npy(arrays[0]), b"not npy"]})
     with pytest.raises(RowValidationError, match=r"column 'arr', row 1: the npy payload does not decode"):
         from_arrow(bad, str(tmp_path / "f.h5"), decode={"arr": "npy"})
+    # a hostile header declaring a terabyte is refused before anything is allocated
+    h = io.BytesIO()
+    np.lib.format.write_array_header_1_0(h, {"descr": "<f4", "fortran_order": False, "shape": (2, 10**12)})
+    huge = pa.table({"arr": [_npy(arrays[0]), h.getvalue() + b"x" * 64]})
+    with pytest.raises(RowValidationError, match=r"row 1: the npy payload does not decode: the npy header declares"):
+        from_arrow(huge, str(tmp_path / "g.h5"), decode={"arr": Field("arr", "float32", (2, None))})
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(RowValidationError, match="pickles are never loaded"):
+        from_arrow(pa.table({"arr": [pickled.getvalue()]}), str(tmp_path / "h.h5"),
+                   decode={"arr": Field("arr", "float32", (None,))})
 
 
 def test_bad_input_names_column_and_row(tmp_path):
@@ -213,3 +225,28 @@ def test_bad_input_names_column_and_row(tmp_path):
         from_arrow({"x": [1]}, p)
     with pytest.raises(ValueError, match="only local paths and file:// URLs"):
         from_parquet("s3://bucket/x", p)
+
+
+def test_write_shards_rolls_over_and_cleans_up(tmp_path):
+    """The executor side of rowstore.spark.write: a batch stream as shards of ~shard_bytes, in
+    order, nothing committed; an error mid-stream removes the shards already written."""
+    from rowstore.arrow import _columns, _source, write_shards
+
+    t = pa.table({"k": np.arange(100), "v": [np.arange(k % 7, dtype=np.float64).tolist() for k in range(100)]})
+    src = _source(t, 10)
+    cols = _columns(src, None, None)
+    path = str(tmp_path / "ds")
+    infos = write_shards(path, cols, src.batches, shard_bytes=500, name_prefix="part-x")
+    assert len(infos) > 3 and [i.path for i in infos] == sorted(i.path for i in infos)
+    assert not os.path.exists(os.path.join(path, "rowstore.json"))
+    rowstore.commit(path, infos)
+    with rowstore.open(path) as r:
+        np.testing.assert_array_equal(r.take(np.arange(100))["k"], np.arange(100))
+
+    def failing():
+        yield from t.to_batches(max_chunksize=10)[:5]
+        raise RuntimeError("the task died")
+
+    with pytest.raises(RuntimeError, match="the task died"):
+        write_shards(path, cols, failing(), shard_bytes=1500, name_prefix="part-y")
+    assert not [n for n in os.listdir(os.path.join(path, "shards")) if n.startswith("part-y")]

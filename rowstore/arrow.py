@@ -303,13 +303,13 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
             continue
         lo, hi = i, i + 1
         dims: list[int] = []
-        for kind, spec in levels:
+        for kind, level in levels:
             if kind == "fixed":
-                off, size = spec
+                off, size = level
                 dims.append(size)
                 lo, hi = (off + lo) * size, (off + hi) * size
             else:
-                starts = spec[lo : hi + 1]
+                starts = level[lo : hi + 1]
                 lens = np.diff(starts)
                 if len(lens) and (lens != lens[0]).any():
                     raise RowValidationError(f"column {col!r}, row {first_row + i}: sub-lists of lengths "

@@ -1,7 +1,7 @@
 """rowstore.spark.write against Petastorm's materialize_dataset + Parquet write, and reading the
 results: rowstore's torch loader against petastorm.pytorch.BatchedDataLoader (issue 15).
 
-    python bench/spark_bench.py [--rows 96] [--repeats 3] [--petastorm-python /tmp/petastorm-venv/bin/python]
+    python bench/spark_bench.py [--rows 192] [--repeats 3] [--petastorm-python /tmp/petastorm-venv/bin/python]
                                 [--out bench/results/spark_bench.json]
 
 Both sides write the same rows of Petastorm's hello-world schema (an int32 id, a 128x256x3 uint8
@@ -17,8 +17,10 @@ generator, from a Spark DataFrame on ``local[2]`` that is cached and counted bef
 Writing: median wall time of ``--repeats`` writes (one warm-up first), rows/s. Reading: one epoch
 of batches of 32 over the fields ``id`` and ``image1`` (Petastorm's BatchedDataLoader cannot batch
 the variable-shape array), PNG decoding included: ``rowstore.torch.BatchedDataLoader`` (block
-shuffle) vs ``petastorm.pytorch.BatchedDataLoader(make_reader(..., shuffle_row_groups=True))``;
-median of ``--repeats`` epochs after a warm-up, rows/s. Spark start-up is not timed. The two
+shuffle) vs ``petastorm.pytorch.BatchedDataLoader(make_reader(..., shuffle_row_groups=True))``
+and, since that loader converts a row reader's rows one by one, also Petastorm's
+``DataLoader`` on the same reader; each epoch opens its reader; median of ``--repeats`` epochs
+after a warm-up, rows/s. Spark start-up is not timed. The two
 sides run one after the other on the same 2-core machine; other load on it shows in the figures.
 """
 
@@ -73,7 +75,7 @@ def petastorm_side(rows: int, repeats: int, work: str) -> dict:
     from petastorm import make_reader
     from petastorm.codecs import CompressedImageCodec, NdarrayCodec, ScalarCodec
     from petastorm.etl.dataset_metadata import materialize_dataset
-    from petastorm.pytorch import BatchedDataLoader
+    from petastorm.pytorch import BatchedDataLoader, DataLoader
     from petastorm.unischema import Unischema, UnischemaField, dict_to_spark_row
     from pyspark.sql.types import IntegerType
 
@@ -95,21 +97,22 @@ def petastorm_side(rows: int, repeats: int, work: str) -> dict:
     w, wt = _median(write, repeats)
     spark.stop()
 
-    def read():
+    def read(loader=BatchedDataLoader):
         n = 0
         with make_reader(url, schema_fields=["id", "image1"], num_epochs=1, shuffle_row_groups=True,
                          workers_count=2) as reader:  # fmt: skip
-            for b in BatchedDataLoader(reader, batch_size=BATCH):
+            for b in loader(reader, batch_size=BATCH):
                 n += len(b["id"])
         assert n == rows, n
 
     r, rt = _median(read, repeats)
+    d, dt = _median(lambda: read(DataLoader), repeats)
     import petastorm
     import pyarrow
     import pyspark
 
-    return {"write_s": w, "write_times": wt, "read_s": r, "read_times": rt,
-            "versions": {"petastorm": petastorm.__version__, "pyspark": pyspark.__version__,
+    return {"write_s": w, "write_times": wt, "read_s": r, "read_times": rt, "read_dataloader_s": d,
+            "read_dataloader_times": dt, "versions": {"petastorm": petastorm.__version__, "pyspark": pyspark.__version__,
                          "pyarrow": pyarrow.__version__, "numpy": np.__version__}}  # fmt: skip
 
 
@@ -149,7 +152,7 @@ def rowstore_side(rows: int, repeats: int, work: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=96)
+    ap.add_argument("--rows", type=int, default=192)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--petastorm-python", default="/tmp/petastorm-venv/bin/python")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -178,14 +181,16 @@ def main() -> None:
                     "load_avg_at_end": os.getloadavg()},
         "rowstore": ours, "petastorm": theirs,
         "write_rows_per_s": {"rowstore": n / ours["write_s"], "petastorm": n / theirs["write_s"]},
-        "read_rows_per_s": {"rowstore": n / ours["read_s"], "petastorm": n / theirs["read_s"]},
+        "read_rows_per_s": {"rowstore": n / ours["read_s"], "petastorm": n / theirs["read_s"],
+                            "petastorm_DataLoader": n / theirs["read_dataloader_s"]},
         "write_speedup": theirs["write_s"] / ours["write_s"], "read_speedup": theirs["read_s"] / ours["read_s"],
+        "read_speedup_vs_DataLoader": theirs["read_dataloader_s"] / ours["read_s"],
     }  # fmt: skip
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(json.dumps({k: result[k] for k in ("write_rows_per_s", "read_rows_per_s", "write_speedup",
-                                             "read_speedup")}, indent=2))  # fmt: skip
+    print(json.dumps({k: result[k] for k in ("write_rows_per_s", "read_rows_per_s", "write_speedup", "read_speedup",
+                                             "read_speedup_vs_DataLoader")}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -231,7 +231,8 @@ def write(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None = Non
         Default: from the Spark types.
     shard_bytes : int
         Largest shard (Arrow bytes of its rows); a partition is one shard or more, never merged
-        with another.
+        with another. Shards roll over between the record batches Spark hands over
+        (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, 10,000 by default).
     mode : {"w", "x", "a"}
         As for :func:`rowstore.commit`.
     nullable : {"spark", "data"}

@@ -111,7 +111,12 @@ def _image_rows(rs, n: int = 12) -> list[dict]:
 def test_to_row_cells_decode_exactly(tmp_path, spark, rsp, rs):
     rows = _image_rows(rs)
     df = spark.createDataFrame([rsp.to_row(IMAGE, r) for r in rows], rsp.spark_schema(IMAGE), verifySchema=False)
-    rsp.write(df.coalesce(2), str(tmp_path / "img"), schema=IMAGE, shard_bytes=4000)  # several shards a partition
+    # Shards roll over between record batches: small batches, several shards a partition.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")
+    try:
+        rsp.write(df.coalesce(2), str(tmp_path / "img"), schema=IMAGE, shard_bytes=300)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     with rowstore.open(str(tmp_path / "img")) as r:
         assert r.schema == IMAGE and r.layout.num_shards > 2
         rs.assert_rows_equal(IMAGE, rows, [r[i] for i in range(len(r))])

@@ -10,7 +10,9 @@ Samples: 9x9 tiles at every time step with all altitudes (16 x 32 per step, 7.8 
 Write side (each run in a fresh subprocess: wall time, samples/s, MB/s of sample bytes, peak RSS):
 
 * ``rowstore``: :func:`rowstore.xarray.write_patches` (one task per input chunk, shards written
-  on the threaded scheduler with 2 workers, shuffled, origins and coordinates stored);
+  on the threaded scheduler with 2 workers, then globally shuffled by ``rowstore.shuffle``
+  through 256 MiB, origins and coordinates stored); ``rowstore_unshuffled``: the same with
+  ``shuffle=False`` (the cost of the global shuffle is the difference);
 * ``xbatcher``: the hand-written alternative: ``xbatcher.BatchGenerator(ds, input_dims={altitude:
   8, lat: 9, lon: 9}, batch_dims={time: 1}, concat_input_dims=True)``, each batch loaded and
   written with ``DatasetWriter.write_batch`` (one process, in grid order: no shuffle); on
@@ -70,10 +72,15 @@ def grid(T: int):
                                     "lon": np.linspace(0, 359, X)})  # fmt: skip
 
 
-def write_rowstore(ds, path):
+def write_rowstore(ds, path, shuffle=True):
     from rowstore.xarray import write_patches
 
-    write_patches(ds, path, patch={"lat": P, "lon": P}, keep=["altitude"], shard_bytes=32 << 20)
+    write_patches(ds, path, patch={"lat": P, "lon": P}, keep=["altitude"], shard_bytes=32 << 20, shuffle=shuffle,
+                  memory="256MiB")  # fmt: skip
+
+
+def write_rowstore_unshuffled(ds, path):
+    write_rowstore(ds, path, shuffle=False)
 
 
 def write_xbatcher(ds, path):
@@ -115,7 +122,8 @@ def child(method: str, T: int, path: str) -> None:
     ds = grid(XBATCHER_TIME if method == "xbatcher" else T)
     t0 = time.perf_counter()
     with dask.config.set(scheduler="threads", num_workers=2):
-        {"rowstore": write_rowstore, "xbatcher": write_xbatcher, "zarr": write_zarr}[method](ds, path)
+        {"rowstore": write_rowstore, "rowstore_unshuffled": write_rowstore_unshuffled, "xbatcher": write_xbatcher,
+         "zarr": write_zarr}[method](ds, path)
     dt = time.perf_counter() - t0
     print(json.dumps({"seconds": dt, "samples": ds.sizes["time"] * (Y // P) * (X // P),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -202,7 +210,7 @@ def main() -> None:
     samples = T * (Y // P) * (X // P)
     sample_mb = samples * len(VARS) * A * P * P * 4 / 1e6
     root = a.dir or tempfile.mkdtemp(prefix="xarray_bench_")
-    methods = ("rowstore", "xbatcher", "zarr")
+    methods = ("rowstore", "rowstore_unshuffled", "xbatcher", "zarr")
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     try:
         for m in methods:  # warm-up

@@ -50,11 +50,15 @@ __all__ = [
 _LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas",
          # global shuffle (rowstore.global_shuffle) and dataset-order figures (rowstore.quality)
          "shuffle": "rowstore.global_shuffle", "order_quality": "rowstore.quality"}
+# Arrow/Parquet (pyarrow) and Petastorm's reading idioms, imported on first use.
+_LAZY.update({"from_arrow": "rowstore.arrow", "from_parquet": "rowstore.arrow",
+              "make_reader": "rowstore.reader.make_reader", "make_batch_reader": "rowstore.reader.make_reader"})
 
 
 def __getattr__(name):
-    """``rowstore.from_pandas`` and ``rowstore.read_pandas`` import pandas on first use only
-    (``rowstore.shuffle`` and ``rowstore.order_quality`` likewise import their modules)."""
+    """``rowstore.from_pandas``/``read_pandas`` (pandas), ``shuffle`` and ``order_quality``,
+    ``from_arrow``/``from_parquet`` (pyarrow) and ``make_reader``/``make_batch_reader`` import
+    their modules on first use only."""
     if name in _LAZY:
         import importlib
 

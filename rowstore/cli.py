@@ -7,6 +7,8 @@
                               list (with --delete: remove) old versions and unreferenced shards
     rowstore shuffle IN OUT --memory 2GB --seed N   a globally shuffled copy (a new dataset)
     rowstore quality PATH     how ordered it is (rank correlation, batch spread, block mixing)
+    rowstore import-petastorm URL OUT
+                              convert a Petastorm dataset (petastorm not needed) to a dataset
 
 PATH is a ``.h5`` file or a dataset directory.
 """
@@ -391,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
                         "(a job may still commit them; default 3600)")
     _add_shuffle_commands(sub)
     _add_order_commands(sub)
+    # -- import-petastorm (rowstore.petastorm; needs pyarrow) --
+    p = sub.add_parser("import-petastorm", help="convert a Petastorm dataset (a Parquet directory with a Unischema) "
+                                                "to a rowstore dataset directory; petastorm need not be installed")
+    p.add_argument("url", help="the Petastorm dataset: a directory or a file:// URL")
+    p.add_argument("out", help="the rowstore dataset directory to write (or a .h5 file with --file)")
+    p.add_argument("--file", action="store_true", help="write one .h5 file rather than a dataset directory")
+    p.add_argument("--fields", nargs="+", help="only these fields, in this order")
     args = parser.parse_args(argv)
     try:
         if args.cmd in ("shuffle", "quality"):
@@ -435,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             if not ok:
                 return 1
+        elif args.cmd == "import-petastorm":
+            from rowstore.petastorm import import_petastorm
+
+            schema = import_petastorm(args.url, args.out, dataset=not args.file, columns=args.fields)
+            print(f"{args.out}: {len(schema)} fields written from {args.url}")
     except (RowstoreError, OSError, ValueError) as exc:
         print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
         return 1

@@ -37,10 +37,8 @@ entry of the file's user attributes (a JSON object, see ``_META_VERSION``).
 
 from __future__ import annotations
 
-import keyword
 import math
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +50,7 @@ from rowstore.format import DatasetWriter, Writer
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY
 from rowstore.schema import BYTES, STR, Field, Schema
+from rowstore.schema import field_name as _field_name
 
 __all__ = ["from_pandas", "read_pandas", "to_pandas", "infer_schema", "frame_columns"]
 
@@ -61,22 +60,6 @@ META_KEY = "pandas"
 
 
 # -- names ------------------------------------------------------------------------------------
-def _field_name(name: Any, taken: set[str]) -> str:
-    """A field name for a column or index level: an identifier without ``__``, unique in ``taken``."""
-    base = re.sub(r"\W", "_", str(name)) if name is not None else "index"
-    base = re.sub(r"_{2,}", "_", base) or "_"
-    if base[0].isdigit():
-        base = "c" + base if base.startswith("_") else "c_" + base
-    if keyword.iskeyword(base):
-        base += "_"
-    out, k = base, 1
-    while out in taken:
-        out = f"{base.rstrip('_')}_{k}"
-        k += 1
-    taken.add(out)
-    return out
-
-
 def _json_name(name: Any, what: str) -> Any:
     if name is None or isinstance(name, (str, bool)):
         return name

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import keyword
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -35,6 +36,23 @@ TIME_KINDS = {"M", "m"}
 #: Units a time field may have (``D`` for datetimes only: a timedelta of days is ``"s"`` * 86400).
 DATETIME_UNITS = ("D", "s", "ms", "us", "ns")
 TIMEDELTA_UNITS = ("s", "ms", "us", "ns")
+
+
+def field_name(name: Any, taken: set[str]) -> str:
+    """A field name for a column name of a DataFrame or an Arrow table (or ``None``: ``"index"``):
+    an identifier without ``__``, unique in ``taken`` (which it is added to)."""
+    base = re.sub(r"\W", "_", str(name)) if name is not None else "index"
+    base = re.sub(r"_{2,}", "_", base) or "_"
+    if base[0].isdigit():
+        base = "c" + base if base.startswith("_") else "c_" + base
+    if keyword.iskeyword(base):
+        base += "_"
+    out, k = base, 1
+    while out in taken:
+        out = f"{base.rstrip('_')}_{k}"
+        k += 1
+    taken.add(out)
+    return out
 
 
 def storage_dtype(dtype: np.dtype) -> np.dtype:
@@ -383,11 +401,13 @@ class Schema(Sequence[Field]):
         return [f.name for f in self._fields]
 
     def select(self, names: Sequence[str] | None) -> Schema:
-        """The sub-schema of the named fields, in the given order (all fields for None)."""
+        """The sub-schema of the named fields (names or :class:`Field` objects), in the given
+        order (all fields for None)."""
         if names is None:
             return self
-        if isinstance(names, str):
+        if isinstance(names, (str, Field)):
             names = [names]
+        names = [n.name if isinstance(n, Field) else n for n in names]
         unknown = [n for n in names if n not in self._by_name]
         if unknown:
             raise SchemaError(f"unknown field(s) {unknown}; the schema has {self.names}", field=unknown[0])

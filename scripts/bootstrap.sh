@@ -26,3 +26,6 @@ fi
 
 # Rebuilds only kernels whose sources changed.
 "$VENV/bin/python" setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|skipping)|SetuptoolsDeprecationWarning|^\s*$|^\s*!!|^\s*\*+|Please|See https|^\s*\*\*\*" || true
+
+# Spark tests (rowstore.spark) need Java 17; without it they skip.
+command -v java >/dev/null 2>&1 || echo "bootstrap: no java found: the Spark tests will skip (apt-get install openjdk-17-jre-headless)"

@@ -263,3 +263,12 @@ def rs() -> _Helpers:
 
 # -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
 from _servers import http_factory, s3_server  # noqa: E402, F401
+# -- Spark (rowstore.spark): one local[2] session for the whole test session ----------------
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """The shared SparkSession (tests/_spark.py); skips without pyspark or Java."""
+    from _spark import make_session
+
+    session = make_session(str(tmp_path_factory.mktemp("spark")))
+    yield session
+    session.stop()

@@ -21,7 +21,8 @@ LAYERS = [
     ("reader", ["rowstore.reader"]),
     ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
-    ("integrations", ["rowstore.pandas", "rowstore.dask", "rowstore.xarray"]),
+    ("integrations", ["rowstore.pandas", "rowstore.dask", "rowstore.xarray",
+                      "rowstore.arrow", "rowstore.petastorm", "rowstore.spark"]),  # Arrow/Parquet, Petastorm, Spark
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 

@@ -371,11 +371,13 @@ def test_rowstore_bench_reads_a_url(s3, capsys):
 
 
 def test_file_urls_and_full_shuffle_coalescing(remote_data):
-    """file:// goes through the same store (a synchronous fsspec filesystem: a thread pool); in
-    ``full`` mode consecutive segments share blocks, and a block asked for again while held is
-    not fetched again (fewer requests than chunks taken)."""
+    """file:// with remote options goes through the same store (a synchronous fsspec filesystem:
+    a thread pool; without options it is read as a local file); in ``full`` mode consecutive
+    segments share blocks, and a block asked for again while held is not fetched again (fewer
+    requests than chunks taken)."""
     local = rowstore.open(os.path.join(remote_data, "lz4.h5"))
-    r = rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))
+    assert rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))._remote is None  # the local store
+    r = rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"), remote={})
     sched = None
     got = []
     for b in r.batches(100, shuffle="full", seed=2, window=8):

@@ -132,7 +132,8 @@ def _prepare_dir(root: str) -> str:
 def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any] | Iterable[Mapping[str, Any]], *,
                 block_bytes: int = DEFAULT_BLOCK_BYTES, rows_per_block: int | None = None, compression: Any = None,
                 heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES, name: str | None = None,
-                threads: int | None = None, storage_options: Mapping[str, Any] | None = None) -> ShardInfo:
+                threads: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                batches: bool = False) -> ShardInfo:
     """Write one shard file of the dataset at ``path``; :func:`commit` makes it part of a version.
 
     Parameters
@@ -150,6 +151,9 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     name : str, optional
         File name without ``.h5`` (a plain name, unique in the dataset); default
         ``part-<uuid4 hex>``.
+    batches : bool
+        ``data`` is an iterable of column mappings, each written with ``write_batch`` (a stream
+        of record batches, e.g. a Spark partition, held one batch at a time).
 
     Returns
     -------
@@ -170,7 +174,8 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
         tmp = _remote_write.local_temp()
         try:
             info = write_shard(tmp, schema, data, block_bytes=block_bytes, rows_per_block=rows_per_block,
-                               compression=compression, heap_chunk_bytes=heap_chunk_bytes, name=name, threads=threads)
+                               compression=compression, heap_chunk_bytes=heap_chunk_bytes, name=name, threads=threads,
+                               batches=batches)  # fmt: skip
             _remote_write.upload(_remote_write.client(root, storage_options), os.path.join(tmp, info.path),
                                  join(root, info.path))
         finally:
@@ -181,7 +186,10 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     target = os.path.join(shards, fname)
     with Writer(target, schema, mode="x", block_bytes=block_bytes, rows_per_block=rows_per_block,
                 compression=compression, heap_chunk_bytes=heap_chunk_bytes, threads=threads) as w:  # fmt: skip
-        if isinstance(data, Mapping) or hasattr(data, "columns"):  # columns, or a DataFrame-like object
+        if batches:
+            for columns in data:
+                w.write_batch(columns)  # type: ignore[arg-type]  # each item is a column mapping
+        elif isinstance(data, Mapping) or hasattr(data, "columns"):  # columns, or a DataFrame-like object
             w.write_batch(data)  # type: ignore[arg-type]  # a DataFrame-like object is not a Mapping
         else:
             for row in data:

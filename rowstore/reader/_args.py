@@ -67,3 +67,85 @@ def varlen_modes(
     if bad:
         raise ValueError(f"varlen modes must be one of {modes}, got {bad}")
     return {f.name: varlen.get(f.name, default) for f in schema}
+
+
+# -- Petastorm-style arguments: file:// URLs, shuffle=True/False, fields as Field objects or regexes --
+def file_url_path(url: Any) -> Any:
+    """``file:///abs/path`` as ``/abs/path``; anything else as is (paths, other URLs)."""
+    import os
+
+    if isinstance(url, (str, bytes, os.PathLike)):
+        s = os.fspath(url)
+        s = os.fsdecode(s) if isinstance(s, bytes) else s
+        if s.startswith("file://"):
+            return local_path(s)
+    return url
+
+
+def local_path(url: Any) -> Any:
+    """A local path for ``url``: a path as is (``str``, ``bytes``, ``os.PathLike``),
+    ``file:///abs/path`` as ``/abs/path``; other URL schemes raise ``ValueError`` (only local
+    files are read here)."""
+    import os
+    import re
+
+    if not isinstance(url, (str, bytes, os.PathLike)):
+        return url
+    s = os.fspath(url)
+    s = os.fsdecode(s) if isinstance(s, bytes) else s
+    if s.startswith("file://"):
+        rest = s[len("file://"):]
+        if rest and not rest.startswith("/"):
+            raise ValueError(f"{s!r}: a file:// URL must name an absolute path (file:///data/x)")
+        return rest or "/"
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", s):
+        raise ValueError(f"{s!r}: only local paths and file:// URLs are supported here")
+    return url
+
+
+def shuffle_mode(shuffle: Any) -> str:
+    """The epoch order mode of a ``shuffle`` argument: ``True`` is ``"block"`` (the loaders'
+    and Petastorm's meaning: shuffled blocks, rows mixed within a window), ``False``/``None``
+    is ``"none"``, a mode name of :mod:`rowstore.reader.order` is itself."""
+    from rowstore.reader import order as _order
+
+    if shuffle is True:
+        return "block"
+    if shuffle is False or shuffle is None:
+        return "none"
+    if shuffle not in _order.MODES:
+        raise ValueError(f"shuffle must be one of {_order.MODES} (or True/False), got {shuffle!r}")
+    return shuffle
+
+
+def select_fields(schema: Schema, fields: Any, *, regex: bool = False) -> list[str] | None:
+    """Field names from a ``fields``/``schema_fields`` argument: None (all), a name or a
+    :class:`~rowstore.Field`, or a sequence of them; with ``regex``, an entry that is not a
+    field name is a regular expression selecting every field it fully matches (Petastorm's
+    ``schema_fields``), in schema order. Unknown names raise :class:`SchemaError`."""
+    import re
+
+    from rowstore.schema import Field
+
+    if fields is None:
+        return None
+    items = [fields] if isinstance(fields, (str, Field)) else list(fields)
+    out: list[str] = []
+    for item in items:
+        name = item.name if isinstance(item, Field) else item
+        if not isinstance(name, str):
+            raise TypeError(f"fields must be names or Field objects, got {type(item).__name__}")
+        if name in schema or not regex:
+            hits = [name]
+        else:
+            try:
+                pattern = re.compile(name)
+            except re.error as exc:
+                raise SchemaError(f"schema_fields entry {name!r} is neither a field nor a regular expression: {exc}",
+                                  field=name) from None  # fmt: skip
+            hits = [f.name for f in schema if pattern.fullmatch(f.name)]
+            if not hits:
+                raise SchemaError(f"schema_fields entry {name!r} matches no field of {schema.names}", field=name)
+        out += [h for h in hits if h not in out]
+    schema.select(out)  # unknown names: SchemaError naming them
+    return out

@@ -17,7 +17,7 @@ import numpy as np
 from rowstore.format._url import is_url
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader._args import nonneg_int, positive_int
+from rowstore.reader._args import file_url_path, nonneg_int, positive_int, select_fields, shuffle_mode
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
@@ -116,10 +116,12 @@ class Reader:
         remote: dict | None = None,
     ):
         _check_varlen(varlen)
+        if storage_options is None and cache is None and remote is None:  # file:// URLs read as local files
+            path = [file_url_path(p) for p in path] if isinstance(path, (list, tuple)) else file_url_path(path)
         if isinstance(path, (list, tuple)):
             source: str | list[str] = [os.fsdecode(p) for p in path]
         else:
-            source = os.fsdecode(path)  # type: ignore[arg-type]  # str, also for a bytes path: errors carry it
+            source = os.fsdecode(path)  # str, also for a bytes path: errors carry it
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify
@@ -288,8 +290,8 @@ class Reader:
             a = b
         return out
 
-    def _select(self, fields: Sequence[str] | None) -> list[FieldPlan]:
-        return [self._plans[f.name] for f in self.schema.select(fields)]
+    def _select(self, fields: Sequence[Any] | None) -> list[FieldPlan]:
+        return [self._plans[f.name] for f in self.schema.select(select_fields(self.schema, fields))]
 
     def _check_out(self, out: dict, plans: list[FieldPlan], n: int) -> None:
         for name, arr in out.items():
@@ -367,11 +369,11 @@ class Reader:
         self,
         batch_size: int,
         *,
-        shuffle: str = "block",
+        shuffle: str | bool = "block",
         seed: int = 0,
         epoch: int = 0,
         window: int = 16,
-        fields: Sequence[str] | None = None,
+        fields: Sequence[Any] | None = None,
         shard: tuple[int, int] = (0, 1),
         even: bool = False,
         drop_last: bool = False,
@@ -384,8 +386,9 @@ class Reader:
 
         Parameters
         ----------
-        shuffle : {"block", "full", "none"}
-            See :mod:`rowstore.reader.order`. ``block`` reads whole blocks (fastest); ``full`` is
+        shuffle : {"block", "full", "none"} or bool
+            See :mod:`rowstore.reader.order`; ``True`` is ``"block"``, ``False`` ``"none"`` (as
+            the loaders take it). ``block`` reads whole blocks (fastest); ``full`` is
             a uniform permutation (uncompressed files read such rows directly; compressed
             files must decompress a block per row, so prefer ``block`` for them).
         seed, epoch : int
@@ -413,6 +416,7 @@ class Reader:
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
         positive_int("num_threads", num_threads, optional=True)
+        shuffle = shuffle_mode(shuffle)
         rank, world = shard
         _order.check_args(shuffle, seed, epoch, window, rank, world)
         plans = self._select(fields)

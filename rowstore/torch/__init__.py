@@ -15,6 +15,8 @@ This package is the only part of rowstore that imports torch. Use it as
   removes or adds, so every loader knows its ``output_schema``.
 - :class:`ResumableDataLoader` and :class:`ElasticBatchSampler`: torch's ``DataLoader`` with a
   state that resumes on another world size and number of workers.
+- :class:`DataLoader`: Petastorm's ``DataLoader(reader, batch_size=...)`` over a
+  :func:`rowstore.make_reader` reader (or a path).
 - :func:`collate`: the ``collate_fn`` for :class:`Dataset` and row-mode :class:`IterableDataset`.
 
 Variable-shape fields are collated per field (``varlen=``): ``"padded"`` (a zero-padded tensor
@@ -33,10 +35,11 @@ from rowstore.torch._datasets import Dataset, IterableDataset
 from rowstore.torch._device import _CudaStage  # noqa: F401  (tests subclass it as rst._CudaStage)
 from rowstore.torch._loaders import BatchedDataLoader, InMemBatchedDataLoader
 from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
+from rowstore.torch._petastorm import DataLoader
 from rowstore.torch._transform import TransformSpec
 
 __all__ = [
     "Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader", "TransformSpec",
-    "collate", "Row", "RowBatch", "torch_dtype", "VARLEN_MODES",
+    "collate", "Row", "RowBatch", "torch_dtype", "VARLEN_MODES", "DataLoader",
     "ResumableDataLoader", "ElasticBatchSampler",  # elastic resume (rowstore.reader.plan)
 ]  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from rowstore.reader import order as _order
-from rowstore.reader._args import positive_int
+from rowstore.reader._args import positive_int, shuffle_mode
 from rowstore.reader.dataset import Reader, as_reader
 from rowstore.reader.plan import (
     EXTRA_KEYS,
@@ -46,14 +46,7 @@ def _resolve_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
     return rank, world
 
 
-def _shuffle_mode(shuffle: Any) -> str:
-    if shuffle is True:
-        return "block"
-    if shuffle is False or shuffle is None:
-        return "none"
-    if shuffle not in _order.MODES:
-        raise ValueError(f"shuffle must be one of {_order.MODES} (or True/False), got {shuffle!r}")
-    return shuffle
+_shuffle_mode = shuffle_mode  # one definition (True is "block"), in rowstore.reader._args
 
 
 class _EpochReader:

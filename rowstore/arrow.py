@@ -1,0 +1,696 @@
+"""Arrow and Parquet into rowstore: tables, record-batch streams and Parquet files or directories.
+
+:func:`from_arrow` and :func:`from_parquet` write their rows as a file or a dataset directory,
+one record batch at a time (memory stays bounded by a batch, whatever the source's size). This
+module is the only one that imports pyarrow (``pip install rowstore[parquet]``); ``import
+rowstore`` does not. :mod:`rowstore.spark` writes Spark DataFrames through the same mapping
+(Spark hands each partition over as Arrow record batches).
+
+How Arrow types are stored (:func:`arrow_field`):
+
+=============================================  ====================================================
+Arrow type                                     rowstore field
+=============================================  ====================================================
+bool, int8..uint64, float16/32/64              scalar of that dtype
+string, large_string, string_view              ``str``
+binary, large_binary, fixed_size_binary        ``bytes`` (or a typed field, ``decode=``)
+date32 / date64                                ``datetime64[D]`` / ``datetime64[ms]``
+timestamp[unit, tz]                            ``datetime64[unit]`` (UTC for a tz; the tz is in
+                                               the attributes under ``"arrow"``)
+duration[unit]                                 ``timedelta64[unit]``
+list / large_list of the above numbers         variable dimension (``None``); nested lists are
+                                               n-D arrays (each row's sub-lists of one length)
+fixed_size_list[n]                             fixed dimension ``n``
+=============================================  ====================================================
+
+A field is nullable when its column holds nulls (a :class:`pyarrow.Table`: its null counts;
+Parquet: the row groups' statistics) or, for streams that cannot be looked at ahead, when the
+Arrow field is nullable. A null *inside* a list is an error naming the column and row.
+
+``decode={column: how}`` turns binary columns into typed fields: ``how`` is ``"npy"`` (bytes
+of ``numpy.save``), ``"npz"`` (``numpy.savez``: its only array), ``"png"`` or ``"jpeg"``, or a
+:class:`~rowstore.Field` giving the dtype, shape and codec to store with (the name is the
+column's). With a name only, the dtype and the shape come from the first batch's values
+(dimensions that differ there are variable; a later value that does not fit names its row and
+asks for a ``Field``); PNG fields are stored as PNG again, the others raw.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rowstore.errors import FormatError, RowValidationError, SchemaError
+from rowstore.format import DatasetWriter, Writer, spec
+from rowstore.reader._args import local_path as _local_path
+from rowstore.schema import BYTES, STR, Field, Schema, field_name
+
+__all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODERS", "local_path"]
+
+#: Key of the writer attributes this module adds (column names, time zones, decoded columns).
+META_KEY = "arrow"
+#: Rows per record batch read from Parquet (a batch is converted and written at once).
+DEFAULT_BATCH_ROWS = 4096
+
+
+def local_path(url: str | os.PathLike) -> str:
+    """``url`` as a local path (``file://`` URLs accepted; see :func:`rowstore.reader._args.local_path`)."""
+    return os.fsdecode(_local_path(url))
+
+
+# -- decoders of binary payloads ------------------------------------------------------------------
+def _npy(b: bytes) -> np.ndarray:
+    """An ``.npy`` payload, its header checked before anything is allocated: the data it
+    declares must be in the payload (a hostile header cannot make it allocate more)."""
+    f = io.BytesIO(b)
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise ValueError(f"npy version {version} is not supported")
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    if dtype.hasobject:
+        raise ValueError("an npy payload of Python objects is refused (pickles are never loaded)")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    start = f.tell()
+    if nbytes > len(b) - start or nbytes > spec.MAX_VALUE_BYTES:
+        raise ValueError(f"the npy header declares {shape} of {dtype} ({nbytes} bytes), the payload holds "
+                         f"{len(b) - start}")  # fmt: skip
+    a = np.frombuffer(b, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0, offset=start)
+    return a.reshape(shape, order="F" if fortran else "C").copy()
+
+
+def _npz(b: bytes) -> np.ndarray:
+    """The one array of an ``.npz`` payload (``numpy.savez``/``savez_compressed``), its
+    uncompressed size checked first (no zip bomb)."""
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(b)) as z:
+        infos = z.infolist()
+        if len(infos) != 1:
+            raise ValueError(f"an npz payload holds one array, this one {len(infos)}")
+        if infos[0].file_size > spec.MAX_VALUE_BYTES:
+            raise ValueError(f"the npz member declares {infos[0].file_size} bytes")
+        with z.open(infos[0]) as member:
+            data = member.read(spec.MAX_VALUE_BYTES + 1)
+    return _npy(data)
+
+
+def _image(kind: str) -> Callable[[bytes], np.ndarray]:
+    def decode(b: bytes) -> np.ndarray:
+        import imagecodecs
+
+        return imagecodecs.png_decode(b) if kind == "png" else imagecodecs.jpeg8_decode(b)
+
+    return decode
+
+
+#: Decoders of binary payloads by name: bytes -> ndarray.
+DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {
+    "npy": _npy, "npz": _npz, "png": _image("png"), "jpeg": _image("jpeg"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Decode:
+    """How one binary column becomes a typed field: a decoder name of :data:`DECODERS` and an
+    optional target field (dtype, shape, codec)."""
+
+    how: str
+    field: Field | None = None
+
+    def __call__(self, b: bytes) -> np.ndarray:
+        return DECODERS[self.how](b)
+
+
+def _as_decode(col: str, spec: Any) -> Decode:
+    if isinstance(spec, Decode):
+        return spec
+    if isinstance(spec, Field):
+        how = {"png": "png", "jpeg": "jpeg"}.get(spec.codec["id"], "npy")
+        return Decode(how, spec)
+    if isinstance(spec, str) and spec in DECODERS:
+        return Decode(spec)
+    raise ValueError(f"decode[{col!r}] must be one of {sorted(DECODERS)} or a rowstore.Field, got {spec!r}")
+
+
+# -- types ------------------------------------------------------------------------------------------
+def _leaf(t: pa.DataType, col: str) -> tuple[Any, tuple[int | None, ...]]:
+    """(dtype, shape) of a value of Arrow type ``t`` (lists become dimensions)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or _is_list_view(t):
+        dtype, shape = _leaf(t.value_type, col)
+        _numeric(dtype, col, t)
+        return dtype, (None, *shape)
+    if pa.types.is_fixed_size_list(t):
+        dtype, shape = _leaf(t.value_type, col)
+        _numeric(dtype, col, t)
+        return dtype, (t.list_size or None, *shape)
+    if pa.types.is_boolean(t):
+        return np.dtype(bool), ()
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return np.dtype(t.to_pandas_dtype()), ()
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or _is(t, "is_string_view"):
+        return STR, ()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or _is(t, "is_binary_view"):  # fmt: skip
+        return BYTES, ()
+    if pa.types.is_date32(t):
+        return np.dtype("datetime64[D]"), ()
+    if pa.types.is_date64(t):
+        return np.dtype("datetime64[ms]"), ()
+    if pa.types.is_timestamp(t):
+        return np.dtype(f"datetime64[{t.unit}]"), ()
+    if pa.types.is_duration(t):
+        return np.dtype(f"timedelta64[{t.unit}]"), ()
+    if pa.types.is_dictionary(t):
+        return _leaf(t.value_type, col)
+    raise SchemaError(f"column {col!r}: Arrow type {t} is not supported (cast it, e.g. decimals to float64 or str, "
+                      "structs to separate columns)", field=col)  # fmt: skip
+
+
+def _is(t: pa.DataType, pred: str) -> bool:
+    f = getattr(pa.types, pred, None)
+    return bool(f and f(t))
+
+
+def _is_list_view(t: pa.DataType) -> bool:
+    return _is(t, "is_list_view") or _is(t, "is_large_list_view")
+
+
+def _numeric(dtype: Any, col: str, t: pa.DataType) -> None:
+    if dtype in (STR, BYTES):
+        raise SchemaError(f"column {col!r}: {t} holds {dtype} values; only lists of numbers, bools and times "
+                          "become arrays", field=col)  # fmt: skip
+
+
+def arrow_field(af: pa.Field, *, name: str | None = None, nullable: bool | None = None) -> Field:
+    """The rowstore field that stores Arrow field ``af`` (see the module's table).
+
+    ``name``: the field's name (default: ``af.name``, which must then be an identifier);
+    ``nullable``: default the Arrow field's own flag."""
+    dtype, shape = _leaf(af.type, af.name)
+    if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
+        shape = tuple(None if s == 0 else s for s in shape)
+    return Field(name or af.name, dtype, shape, nullable=af.nullable if nullable is None else bool(nullable))
+
+
+@dataclass
+class _Column:
+    """One source column: its name, field, decoder and the Arrow field."""
+
+    source: str
+    field: Field
+    arrow: pa.Field
+    decode: Decode | None = None
+
+
+def _plan(arrow_schema: pa.Schema, decode: Mapping[str, Any] | None, has_nulls: Callable[[str], bool | None],
+          first: pa.RecordBatch | None) -> list[_Column]:  # fmt: skip
+    decode = dict(decode or {})
+    unknown = [c for c in decode if c not in arrow_schema.names]
+    if unknown:
+        raise SchemaError(f"decode names column(s) {unknown} that are not in the data ({arrow_schema.names})",
+                          field=unknown[0])  # fmt: skip
+    taken: set[str] = set()
+    out = []
+    for af in arrow_schema:
+        fname = field_name(af.name, taken)
+        known = has_nulls(af.name)
+        nullable = af.nullable if known is None else (known and af.nullable) or known
+        if af.name in decode:
+            d = _as_decode(af.name, decode[af.name])
+            if _leaf(af.type, af.name)[0] != BYTES:
+                raise SchemaError(f"decode[{af.name!r}]: the column is {af.type}, not binary", field=af.name)
+            if d.field is not None:
+                f = d.field
+                field = Field(fname, f.dtype, f.shape, codec=f.codec, nullable=nullable or f.nullable)
+            else:
+                field = _infer_decoded(fname, af.name, d, first, nullable)
+            out.append(_Column(af.name, field, af, d))
+        else:
+            out.append(_Column(af.name, arrow_field(af, name=fname, nullable=nullable), af))
+    if not out:
+        raise SchemaError("the data has no columns: nothing to store")
+    return out
+
+
+def _infer_decoded(fname: str, col: str, d: Decode, first: pa.RecordBatch | None, nullable: bool) -> Field:
+    """Dtype and shape of a decoded column from the first batch's values."""
+    values = [] if first is None else [v for v in first.column(col).to_pylist() if v is not None]
+    if not values:
+        raise SchemaError(f"decode[{col!r}]: no value in the first batch to learn the dtype and shape from; pass a "
+                          "rowstore.Field (decode={col: Field(...)})", field=col)  # fmt: skip
+    arrays = [_decoded(d, v, col, i) for i, v in enumerate(values)]
+    a0 = arrays[0]
+    shape: list[int | None] = list(a0.shape)
+    for a in arrays[1:]:
+        if a.dtype != a0.dtype or a.ndim != a0.ndim:
+            raise SchemaError(f"decode[{col!r}]: values of {a0.dtype} {a0.shape} and {a.dtype} {a.shape} in one "
+                              "column; pass a rowstore.Field", field=col)  # fmt: skip
+        shape = [s if s == t else None for s, t in zip(shape, a.shape)]
+    shape = [None if s == 0 else s for s in shape]
+    codec = {"id": "png", "level": 1} if d.how == "png" else None
+    return Field(fname, a0.dtype, tuple(shape), codec=codec, nullable=nullable)
+
+
+def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
+    try:
+        return d(v)
+    except Exception as exc:  # a payload the decoder rejects: name it
+        raise RowValidationError(f"column {col!r}, row {row}: the {d.how} payload does not decode: {exc}",
+                                 field=col, row=row) from exc  # fmt: skip
+
+
+# -- values ---------------------------------------------------------------------------------------
+def _cells(arr: pa.Array, col: str, first_row: int) -> list:
+    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``."""
+    if _is_list_view(arr.type):  # offsets may overlap: rebuild as a plain list array
+        arr = pa.array(arr.to_pylist(), pa.large_list(arr.type.value_type))
+    # Per level: ("list", logical offsets) or ("fixed", (array offset, size)). List offsets
+    # index the logical positions of `.values`; a fixed-size level's `.values` ignores the
+    # array's own offset.
+    levels: list[tuple[str, Any]] = []
+    a = arr
+    while pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type):
+        if pa.types.is_fixed_size_list(a.type):
+            levels.append(("fixed", (a.offset, a.type.list_size)))
+        else:
+            levels.append(("list", np.asarray(a.offsets).astype(np.int64, copy=False)))
+        a = a.values
+        if a.null_count:
+            raise RowValidationError(f"column {col!r} (rows {first_row}..{first_row + len(arr) - 1}): a null inside "
+                                     "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
+                                     field=col, row=first_row)  # fmt: skip
+    values = a.to_numpy(zero_copy_only=False)
+    valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
+    n = len(arr)
+    if len(levels) == 1 and levels[0][0] == "list":  # the common case: 1-D variable arrays
+        offs = levels[0][1]
+        out: list = [values[offs[i]:offs[i + 1]] for i in range(n)]
+        if valid is not None:
+            out = [v if ok else None for v, ok in zip(out, valid)]
+        return out
+    out = []
+    for i in range(n):
+        if valid is not None and not valid[i]:
+            out.append(None)
+            continue
+        lo, hi = i, i + 1
+        dims: list[int] = []
+        for kind, level in levels:
+            if kind == "fixed":
+                off, size = level
+                dims.append(size)
+                lo, hi = (off + lo) * size, (off + hi) * size
+            else:
+                starts = level[lo : hi + 1]
+                lens = np.diff(starts)
+                if len(lens) and (lens != lens[0]).any():
+                    raise RowValidationError(f"column {col!r}, row {first_row + i}: sub-lists of lengths "
+                                             f"{sorted(set(lens.tolist()))[:5]} do not make an n-D array",
+                                             field=col, row=first_row + i)  # fmt: skip
+                dims.append(int(lens[0]) if len(lens) else 0)
+                lo, hi = int(starts[0]), int(starts[-1])
+        out.append(values[lo:hi].reshape(dims))
+    return out
+
+
+def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -> Any:
+    """The values of one column of a batch as :meth:`Writer.write_batch` takes them."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if c.decode is not None:
+        out: list = []
+        for i, v in enumerate(arr.to_pylist()):
+            out.append(None if v is None else _decoded(c.decode, v, c.source, first_row + i))
+        return out
+    f = c.field
+    if f.dtype in (STR, BYTES):
+        vals = arr.to_pylist()
+        if pa.types.is_fixed_size_binary(arr.type) or f.dtype == BYTES:
+            return [None if v is None else bytes(v) for v in vals]
+        return vals
+    if f.shape:
+        return _cells(arr, c.source, first_row)
+    if arr.null_count == 0:
+        return arr.to_numpy(zero_copy_only=False)
+    mask = np.asarray(arr.is_null())
+    zero = pa.scalar(False if pa.types.is_boolean(arr.type) else 0, type=arr.type)
+    vals = arr.fill_null(zero).to_numpy(zero_copy_only=False)
+    cells = np.empty(len(vals), dtype=object)
+    cells[:] = list(vals)  # numpy scalars (datetime64 stays datetime64, not an int)
+    cells[mask] = None
+    return cells
+
+
+# -- sources --------------------------------------------------------------------------------------
+@dataclass
+class _Source:
+    schema: pa.Schema
+    batches: Iterator[pa.RecordBatch]
+    has_nulls: Callable[[str], bool | None]
+    first: pa.RecordBatch | None = None
+
+
+def _peek(it: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
+    first = next(it, None)
+    if first is None:
+        return None, iter(())
+
+    def chain() -> Iterator[pa.RecordBatch]:
+        yield first
+        yield from it
+
+    return first, chain()
+
+
+def _source(data: Any, batch_rows: int) -> _Source:
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        table = data
+        return _Source(table.schema, iter(table.to_batches(max_chunksize=batch_rows)),
+                       lambda c: table.column(c).null_count > 0)  # fmt: skip
+    if isinstance(data, pa.RecordBatchReader):
+        return _Source(data.schema, iter(data), lambda c: None)
+    try:
+        import pyarrow.dataset as pads
+    except ImportError:  # pragma: no cover - part of every pyarrow wheel
+        pads = None
+    if pads is not None and isinstance(data, pads.Dataset):
+        return _Source(data.schema, iter(data.to_batches(batch_size=batch_rows)), lambda c: None)
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes, Mapping)):
+        first, it = _peek(iter(data))
+        if first is None:
+            raise ValueError("from_arrow: the iterable of record batches is empty (nothing tells the schema)")
+        if not isinstance(first, pa.RecordBatch):
+            raise TypeError(f"from_arrow: expected record batches, got a {type(first).__name__}")
+        return _Source(first.schema, it, lambda c: None)
+    raise TypeError(f"from_arrow takes a pyarrow Table, RecordBatch, RecordBatchReader, pyarrow.dataset.Dataset or "
+                    f"an iterable of RecordBatches, got {type(data).__name__}")  # fmt: skip
+
+
+def _columns(src: _Source, schema: Schema | None, decode: Mapping[str, Any] | None) -> list[_Column]:
+    """The plan of every column: inferred, or the fields of ``schema`` (matched by field name;
+    a binary column for a numeric field is decoded as its codec says: png, jpeg, else npy)."""
+    first = None
+    needs_first = any(not isinstance(v, (Field, Decode)) for v in (decode or {}).values())
+    if needs_first:
+        first, src.batches = _peek(src.batches)
+    cols = _plan(src.schema, decode if schema is None else None, src.has_nulls, first) if schema is None else None
+    if cols is not None:
+        return cols
+    assert schema is not None
+    if not isinstance(schema, Schema):
+        raise TypeError(f"schema must be a rowstore.Schema, got {type(schema).__name__}")
+    taken: set[str] = set()
+    names = {field_name(af.name, taken): af for af in src.schema}
+    if sorted(names) != sorted(schema.names):
+        raise SchemaError(f"schema fields {schema.names} differ from the data's columns {list(names)} (as field "
+                          "names)")  # fmt: skip
+    out = []
+    decode = dict(decode or {})
+    for f in schema:
+        af = names[f.name]
+        kind = _leaf(af.type, af.name)[0]
+        d = decode.get(af.name)
+        if d is not None:
+            d = _as_decode(af.name, d)
+            d = Decode(d.how, f)
+        elif kind == BYTES and f.dtype != BYTES:
+            d = _as_decode(af.name, f)
+        elif kind != f.dtype and (kind in (STR, BYTES) or f.dtype in (STR, BYTES)):
+            raise SchemaError(f"column {af.name!r} is {af.type}, but field {f.name!r} is {f.dtype}", field=f.name)
+        elif kind not in (STR, BYTES):
+            _check_numeric(af, f)
+        out.append(_Column(af.name, f, af, d))
+    return out
+
+
+def _check_numeric(af: pa.Field, f: Field) -> None:
+    """A numeric column against the field given for it: the same rank, and a dtype the writer
+    can take (a float column for an int field is refused here, not on the first row)."""
+    dtype, shape = _leaf(af.type, af.name)
+    if len(shape) != len(f.shape):
+        raise SchemaError(f"column {af.name!r} ({af.type}) holds values of {len(shape)} dimensions, but field "
+                          f"{f.name!r} has shape {f.shape}", field=f.name)  # fmt: skip
+    src, dst = np.dtype(dtype), f.dtype
+    if src.kind in "Mm" or dst.kind in "Mm":
+        ok = src.kind == dst.kind
+    elif dst.kind == "b":
+        ok = src.kind == "b"
+    else:
+        ok = np.can_cast(src, dst, "same_kind") or (src.kind in "biu" and dst.kind in "iuf")
+    if not ok:
+        raise SchemaError(f"column {af.name!r} is {af.type}, which field {f.name!r} ({dst}) cannot store", field=f.name)
+
+
+def _attrs(cols: list[_Column], attrs: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None) -> dict:
+    user = dict(attrs or {})
+    meta: dict[str, Any] = {"columns": {c.field.name: c.source for c in cols}}
+    tz = {c.field.name: c.arrow.type.tz for c in cols if pa.types.is_timestamp(c.arrow.type) and c.arrow.type.tz}
+    if tz:
+        meta["timezones"] = tz
+    dec = {c.field.name: c.decode.how for c in cols if c.decode is not None}
+    if dec:
+        meta["decoded"] = dec
+    meta.update(extra or {})
+    user[META_KEY] = meta
+    return user
+
+
+def write_batches(writer: Any, cols: list[_Column], batches: Iterable[pa.RecordBatch], first_row: int = 0) -> int:
+    """Convert and write each record batch with ``writer.write_batch``; the rows written."""
+    row = first_row
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        writer.write_batch({c.field.name: column_values(c, b.column(c.source), row) for c in cols})
+        row += b.num_rows
+    return row - first_row
+
+
+def _write(path: str | os.PathLike, src: _Source, cols: list[_Column], dataset: bool, attrs: Any,
+           extra: Mapping[str, Any] | None, writer_kwargs: dict) -> Schema:  # fmt: skip
+    schema = Schema([c.field for c in cols])
+    cls = DatasetWriter if dataset else Writer
+    with cls(path, schema, attrs=_attrs(cols, attrs, extra), **writer_kwargs) as w:
+        write_batches(w, cols, src.batches)
+    return schema
+
+
+def infer_schema(data: Any, *, decode: Mapping[str, Any] | None = None) -> Schema:
+    """The schema :func:`from_arrow` would write ``data`` (a Table, RecordBatch or
+    ``pyarrow.Schema``) with."""
+    if isinstance(data, pa.Schema):
+        return Schema([c.field for c in _plan(data, decode, lambda c: None, None)])
+    src = _source(data, DEFAULT_BATCH_ROWS)
+    return Schema([c.field for c in _columns(src, None, decode)])
+
+
+def from_arrow(data: Any, path: str | os.PathLike, *, schema: Schema | None = None,
+               decode: Mapping[str, Any] | None = None, dataset: bool = False, attrs: Mapping[str, Any] | None = None,
+               batch_rows: int = DEFAULT_BATCH_ROWS, **writer_kwargs: Any) -> Schema:  # fmt: skip
+    """Write Arrow data to ``path``: one ``.h5`` file, or a dataset directory with ``dataset=True``.
+
+    Parameters
+    ----------
+    data : pyarrow.Table, RecordBatch, RecordBatchReader, pyarrow.dataset.Dataset, or an iterable of RecordBatches
+        Read one record batch at a time (a Table in chunks of ``batch_rows``); only the batch
+        being converted is held, so a reader or dataset of any size streams through.
+    path : str or os.PathLike
+        The file or directory to write; it appears only when complete.
+    schema : Schema, optional
+        The fields to store (names as :func:`infer_schema` gives them, i.e. sanitized column
+        names); binary columns of numeric fields are decoded as the field's codec says
+        (``png``, ``jpeg``, else ``npy``). Default: inferred (see the module's table).
+    decode : dict, optional
+        ``{column: "npy" | "npz" | "png" | "jpeg" | Field}``: binary columns decoded into typed
+        fields (see the module's notes).
+    dataset : bool
+        Write a dataset directory (:class:`~rowstore.DatasetWriter`, ``shard_bytes=``...).
+    attrs : dict, optional
+        User attributes; an ``"arrow"`` entry (source column names, time zones, decoded
+        columns) is added.
+    batch_rows : int
+        Rows per chunk of a Table.
+    **writer_kwargs
+        For the writer: ``block_bytes``, ``compression``, ``rows_per_block``, ``mode``,
+        ``shard_bytes`` (datasets)...
+
+    Returns
+    -------
+    Schema
+        The schema written.
+
+    Raises
+    ------
+    SchemaError
+        A type that cannot be stored, or ``schema``/``decode`` naming columns the data lacks.
+    RowValidationError
+        A value that does not fit (a null in a non-nullable field, a null inside a list,
+        sub-lists of different lengths, a payload that does not decode), naming column and row.
+    """
+    src = _source(data, batch_rows)
+    return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
+
+
+def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatch], *, shard_bytes: int,
+                 name_prefix: str, **writer_kwargs: Any) -> list:  # fmt: skip
+    """Write a stream of record batches as shards of about ``shard_bytes`` (Arrow bytes of the
+    batches) with :func:`rowstore.write_shard` (named ``<name_prefix>-<k>``), consecutive rows in
+    order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
+    error the shards already written are removed."""
+    from rowstore.format import write_shard
+
+    schema = Schema([c.field for c in cols])
+    it = iter(batches)
+    infos: list = []
+    pending: list[pa.RecordBatch] = []
+    row = [0]
+
+    def shard_batches() -> Iterator[dict]:
+        size = 0
+        while size < shard_bytes:
+            b = pending.pop() if pending else next(it, None)
+            if b is None:
+                return
+            if b.num_rows == 0:
+                continue
+            yield {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            row[0] += b.num_rows
+            size += b.nbytes
+
+    try:
+        while True:
+            first = next(it, None)
+            while first is not None and first.num_rows == 0:
+                first = next(it, None)
+            if first is None:
+                break
+            pending.append(first)
+            infos.append(write_shard(path, schema, shard_batches(), name=f"{name_prefix}-{len(infos):04d}",
+                                     batches=True, **writer_kwargs))  # fmt: skip
+    except BaseException:
+        for info in infos:
+            try:
+                os.remove(os.path.join(path, info.path))
+            except OSError:
+                pass
+        raise
+    return infos
+
+
+# -- Parquet ----------------------------------------------------------------------------------------
+def parquet_files(root: str) -> list[str]:
+    """The Parquet files of a file or directory, in row order: sorted by relative path (Spark's
+    ``part-00000...`` names sort in partition order); names starting with ``_`` or ``.``
+    (``_SUCCESS``, ``_common_metadata``, ``.crc`` files) are skipped."""
+    if os.path.isfile(root):
+        return [root]
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"no Parquet file or directory at {root!r}")
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(("_", ".")))
+        out += [os.path.join(d, f) for f in files if not f.startswith(("_", ".")) and not f.endswith(".crc")]
+    out.sort(key=lambda p: os.path.relpath(p, root))
+    if not out:
+        raise FileNotFoundError(f"no Parquet file under {root!r}")
+    return out
+
+
+def _parquet_nulls(files: list[str], schema: pa.Schema) -> Callable[[str], bool | None]:
+    """Per top-level primitive column: whether any row group's statistics count a null (None
+    where a file has no statistics for it: the Arrow flag decides)."""
+    counts: dict[str, int | None] = {}
+    for f in files:
+        md = pq.read_metadata(f)
+        paths = {md.schema.column(j).path: j for j in range(md.num_columns)}
+        for name in schema.names:
+            j = paths.get(name)
+            if j is None:  # nested: leaves are "name.list.element"...
+                counts[name] = None
+                continue
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(j).statistics
+                if st is None or not st.has_null_count:
+                    counts[name] = None
+                    break
+                if counts.get(name, 0) is not None:
+                    counts[name] = (counts.get(name) or 0) + st.null_count
+    return lambda c: None if counts.get(c) is None else counts[c] > 0  # type: ignore[operator]
+
+
+def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema, batch_rows: int
+                     ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    for f in files:
+        pf = pq.ParquetFile(f)
+        try:
+            got = pf.schema_arrow
+            names = columns or ref.names
+            for n in names:
+                if got.get_field_index(n) < 0 or not got.field(n).type.equals(ref.field(n).type):
+                    raise FormatError(f"Parquet file {f!r}: column {n!r} is {got.field(n).type if n in got.names else 'missing'}, "
+                                      f"expected {ref.field(n).type} (as in {files[0]!r})", path=f)  # fmt: skip
+            # One row group at a time (measured: pyarrow 26's iter_batches held the whole file).
+            for g in range(pf.num_row_groups):
+                group = pf.read_row_group(g, columns=names, use_pandas_metadata=False)
+                yield from group.to_batches(max_chunksize=batch_rows)
+                del group
+        finally:
+            pf.close()
+
+
+def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
+                 schema: Schema | None = None, decode: Mapping[str, Any] | None = None, petastorm: bool | str = "auto",
+                 dataset: bool = False, attrs: Mapping[str, Any] | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+                 **writer_kwargs: Any) -> Schema:  # fmt: skip
+    """Convert a Parquet file or directory (Spark, Dask, pandas or Petastorm output) to rowstore.
+
+    Files are read in sorted order (a directory recursively, skipping ``_*`` and ``.*``), one
+    row group at a time, converted in record batches of ``batch_rows`` rows, so memory stays
+    bounded by a row group (Spark writes them of about 128 MB; Petastorm of ``row_group_size_mb``). ``columns`` picks
+    and orders columns; ``schema``, ``decode``, ``dataset``, ``attrs`` and ``writer_kwargs`` are
+    as for :func:`from_arrow`; nullability comes from the row groups' null counts.
+
+    ``petastorm``: ``"auto"`` (default) reads a Petastorm dataset (a ``_common_metadata`` file
+    holding a Unischema) as Petastorm would: its fields, dtypes, shapes and nullability, its
+    codecs decoded (see :mod:`rowstore.petastorm`; petastorm itself is not needed); ``True``
+    requires one; ``False`` reads the plain Parquet columns (binary payloads stay bytes).
+    ``source`` may be a ``file://`` URL.
+    """
+    root = local_path(source)
+    extra: dict[str, Any] | None = None
+    if petastorm not in (True, False, "auto"):
+        raise ValueError(f"petastorm must be True, False or 'auto', got {petastorm!r}")
+    if petastorm:
+        from rowstore.petastorm import read_unischema
+
+        uni = read_unischema(root, required=petastorm is True)
+        if uni is not None:
+            if schema is not None or decode is not None:
+                raise ValueError("a Petastorm dataset brings its own schema and codecs: pass petastorm=False to give "
+                                 "schema= or decode=")  # fmt: skip
+            uni = uni.select(columns)
+            decode, columns = uni.decode, uni.columns
+            extra = {"petastorm": uni.describe()}
+    files = parquet_files(root)
+    ref = pq.read_schema(files[0]).remove_metadata()
+    if columns is not None:
+        missing = [c for c in columns if c not in ref.names]
+        if missing:
+            raise SchemaError(f"columns {missing} are not in {files[0]!r} ({ref.names})", field=missing[0])
+        ref = pa.schema([ref.field(c) for c in columns])
+    if extra is not None and uni is not None:
+        schema = uni.resolve(ref)
+    src = _Source(ref, _parquet_batches(files, list(ref.names), ref, batch_rows), _parquet_nulls(files, ref))
+    return _write(path, src, _columns(src, schema, decode), dataset, attrs, extra, writer_kwargs)

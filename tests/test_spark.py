@@ -1,0 +1,207 @@
+"""rowstore.spark on local[2] (one SparkSession for the test session, tests/_spark.py): every
+supported Spark type round-trips equal to ``df.collect()``, to_row cells decode exactly, a task
+that raises commits nothing, and the converter caches, reuses, deletes and feeds torch and tf."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+import rowstore  # noqa: E402
+from rowstore import Field, RowValidationError, Schema, SchemaError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rsp(spark):
+    import rowstore.spark as rsp
+
+    return rsp
+
+
+def _all_types(spark):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    schema = T.StructType([
+        T.StructField("id", T.LongType(), False),
+        T.StructField("i8", T.ByteType()), T.StructField("i16", T.ShortType()), T.StructField("i32", T.IntegerType()),
+        T.StructField("f32", T.FloatType()), T.StructField("f64", T.DoubleType()), T.StructField("ok", T.BooleanType()),
+        T.StructField("text", T.StringType()), T.StructField("blob", T.BinaryType()), T.StructField("day", T.DateType()),
+        T.StructField("ts", T.TimestampType()), T.StructField("ntz", T.TimestampNTZType()),
+        T.StructField("ints", T.ArrayType(T.IntegerType())), T.StructField("grid", T.ArrayType(T.ArrayType(T.DoubleType()))),
+        T.StructField("vec", VectorUDT()),
+    ])  # fmt: skip
+    rows = []
+    for i in range(30):
+        null = i % 7 == 3
+        rows.append((
+            i, None if null else i - 128, -i * 300, i * 70_000, i / 4, i / 3, None if null else bool(i % 2),
+            None if null else f"ü{i}" * (i % 4), bytes(range(i % 5)), dt.date(1999, 12, 31) + dt.timedelta(days=i),
+            dt.datetime(2024, 2, 29, 23, 59, 59, 999_999 - i, tzinfo=dt.timezone.utc) if not null else None,
+            dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=i * 12_345_678),
+            list(range(i % 4)), [[float(i), -0.0]] * (i % 3),
+            Vectors.dense([i, 0.5, -1.0]) if i % 2 else Vectors.sparse(4, [1, 3], [float(i), 2.0]),
+        ))  # fmt: skip
+    return spark.createDataFrame(rows, schema).repartition(3, "id").sortWithinPartitions("id")
+
+
+def _spark_value(v, field: Field):
+    """A collected Spark value as rowstore returns it."""
+    if v is None:
+        return None
+    if hasattr(v, "toArray"):
+        return v.toArray()
+    if field.is_time:
+        if isinstance(v, dt.datetime) and v.tzinfo is not None:
+            v = v.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return np.datetime64(v, np.datetime_data(field.dtype)[0])
+    if field.shape:
+        return np.asarray(v, dtype=field.dtype).reshape((len(v), len(v[0])) if field.shape == (None, None) and v else
+                                                        (0, 0) if field.shape == (None, None) else (len(v),))  # fmt: skip
+    return v
+
+
+def test_every_type_round_trips_equal_to_collect(tmp_path, spark, rsp, rs):
+    df = _all_types(spark)
+    path = str(tmp_path / "all")
+    version = rsp.write(df, "file://" + path, shard_bytes=1 << 20)
+    expected = df.collect()
+    assert version == 1
+    with rowstore.open(path) as r:
+        s = r.schema
+        got = [r[i] for i in range(len(r))]
+        assert r.layout.num_shards == 3  # one per non-empty partition, in partition order
+        assert r.layout.user_attrs["arrow"]["spark"] == {"vectors": ["vec"]}
+    assert [f.dtype.name if f.dtype not in ("str", "bytes") else f.dtype for f in s] == [
+        "int64", "int8", "int16", "int32", "float32", "float64", "bool", "str", "bytes", "datetime64[D]",
+        "datetime64[us]", "datetime64[us]", "int32", "float64", "float64"]  # fmt: skip
+    assert [f.shape for f in s][12:] == [(None,), (None, None), (None,)]
+    assert s["i8"].nullable and not s["id"].nullable  # Spark's flags (nullable="spark")
+    assert len(got) == len(expected) == 30
+    for k, (row, want) in enumerate(zip(got, expected)):
+        for f in s:
+            rs.assert_value_equal(_spark_value(want[f.name], f), row[f.name], f, f"row {k}: ")
+    # the shards of the job are all committed (none left over)
+    with rowstore.open(path) as r:
+        assert sorted(os.listdir(os.path.join(path, "shards"))) == sorted(os.path.basename(p) for p in r.layout.shard_paths)
+
+
+IMAGE = Schema([
+    Field("id", "int64"),
+    Field("image", "uint8", (16, 32, 3), codec="png"),
+    Field("blob", "float32", (None, 3, None, 2)),
+    Field("label", "uint8"),
+    Field("when", "datetime64[us]", nullable=True),
+])
+
+
+def _image_rows(rs, n: int = 12) -> list[dict]:
+    rng = np.random.default_rng(5)
+    return [{"id": i, "image": rs.smooth_image(rng, (16, 32, 3)),
+             "blob": rng.standard_normal((1 + i % 3, 3, i % 2, 2)).astype(np.float32), "label": 200 + i % 50,
+             "when": None if i % 4 == 0 else np.datetime64(1_700_000_000_000_000 + i, "us")} for i in range(n)]  # fmt: skip
+
+
+def test_to_row_cells_decode_exactly(tmp_path, spark, rsp, rs):
+    rows = _image_rows(rs)
+    df = spark.createDataFrame([rsp.to_row(IMAGE, r) for r in rows], rsp.spark_schema(IMAGE), verifySchema=False)
+    # Shards roll over between record batches: small batches, several shards a partition.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")
+    try:
+        rsp.write(df.coalesce(2), str(tmp_path / "img"), schema=IMAGE, shard_bytes=300)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    with rowstore.open(str(tmp_path / "img")) as r:
+        assert r.schema == IMAGE and r.layout.num_shards > 2
+        rs.assert_rows_equal(IMAGE, rows, [r[i] for i in range(len(r))])
+
+
+def test_to_row_and_schema_errors_name_the_field(spark, rsp, rs):
+    from pyspark.sql import types as T
+
+    row = _image_rows(rs, 1)[0]
+    with pytest.raises(RowValidationError, match="'image'"):
+        rsp.to_row(IMAGE, {**row, "image": np.zeros((16, 32), np.uint8)})
+    with pytest.raises(SchemaError, match=r"row lacks field\(s\) \['label'\]"):
+        rsp.to_row(IMAGE, {k: v for k, v in row.items() if k != "label"})
+    with pytest.raises(SchemaError, match=r"field\(s\) \['extra'\] that the schema lacks"):
+        rsp.to_row(IMAGE, {**row, "extra": 1})
+    df = spark.createDataFrame([], T.StructType([T.StructField("x", T.DoubleType()), T.StructField("s", T.StringType())]))
+    with pytest.raises(SchemaError, match=r"column 'x' is double, which field 'x' \(int64\) cannot store"):
+        rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "int64"), Field("s", "str")]))
+    with pytest.raises(SchemaError, match=r"column 's' is string, but field 's' is float32"):
+        rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64"), Field("s", "float32")]))
+    with pytest.raises(SchemaError, match="schema fields"):
+        rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
+    m = spark.createDataFrame([({"a": 1},)], "m map<string,int>")
+    with pytest.raises(SchemaError, match="column 'm'"):
+        rsp.write(m, "/nonexistent/never")
+    assert not os.path.exists("/nonexistent/never")
+
+
+def test_a_task_raising_mid_write_commits_nothing(tmp_path, spark, rsp):
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    path = str(tmp_path / "ds")
+    foreign = rowstore.write_shard(path, Schema([Field("id", "int64"), Field("v", "int64")]), {"id": [1], "v": [2]})
+
+    @F.udf(T.LongType())
+    def boom(i):
+        if i == 37:  # the second partition, after its first rows went into a shard
+            raise ValueError("boom at 37")
+        return i
+
+    df = spark.range(0, 40, numPartitions=2).withColumn("v", boom("id"))
+    with pytest.raises(Exception, match="boom at 37"):
+        rsp.write(df, path, shard_bytes=64)
+    assert not os.path.exists(os.path.join(path, "rowstore.json"))  # no manifest, no version
+    # the shards the job's tasks wrote are removed; a shard of another writer is left alone
+    assert os.listdir(os.path.join(path, "shards")) == [os.path.basename(foreign.path)]
+
+
+def test_converter_caches_reuses_deletes_and_loads(tmp_path, spark, rsp):
+    torch = pytest.importorskip("torch")
+    cache = "file://" + str(tmp_path / "cache")
+
+    def frame():  # the same query built twice: the same analyzed plan
+        return spark.range(0, 45, numPartitions=2).selectExpr("id", "cast(id * 2 as float) as x",
+                                                              "array(id, id + 1) as pair")  # fmt: skip
+
+    conv = rsp.make_converter(frame(), cache_dir=cache)
+    assert not conv.cached and len(conv) == 45 and conv.dataset_size == 45
+    spark.conf.set(rsp.CACHE_DIR_CONF, cache)
+    try:
+        again = rsp.make_converter(frame())  # no Spark job: the cached copy
+    finally:
+        spark.conf.unset(rsp.CACHE_DIR_CONF)
+    assert again.cached and again.path == conv.path
+    other = rsp.make_converter(frame().where("id < 10"), cache_dir=cache)
+    assert not other.cached and other.path != conv.path and len(other) == 10
+
+    with conv.make_torch_dataloader(batch_size=8, num_epochs=2, seed=3) as loader:
+        ids = [b["id"] for b in loader]
+    assert all(isinstance(t, torch.Tensor) for t in ids) and len(ids) == 2 * 6
+    first, second = torch.cat(ids[:6]).tolist(), torch.cat(ids[6:]).tolist()
+    assert sorted(first) == sorted(second) == list(range(45)) and first != second  # every row once per epoch
+    with conv.make_torch_dataloader(batch_size=10, num_epochs=1, cur_shard=1, shard_count=2, shuffle=False) as loader:
+        half = torch.cat([b["x"] for b in loader]).tolist()
+    assert len(half) in (22, 23) and set(half) <= {2.0 * i for i in range(45)}
+
+    tf = pytest.importorskip("tensorflow")
+    with conv.make_tf_dataset(batch_size=16, num_epochs=1) as ds:
+        got = np.concatenate([b["id"].numpy() for b in ds])
+        assert isinstance(ds, tf.data.Dataset)
+    assert sorted(got.tolist()) == list(range(45))
+
+    conv.delete()
+    assert not os.path.exists(conv.path)
+    assert not rsp.make_converter(frame(), cache_dir=cache).cached  # written again
+    with pytest.raises(ValueError, match="needs cache_dir="):
+        rsp.make_converter(frame())

@@ -263,6 +263,8 @@ def rs() -> _Helpers:
 
 # -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
 from _servers import http_factory, s3_server  # noqa: E402, F401
+
+
 # -- Spark (rowstore.spark): one local[2] session for the whole test session ----------------
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):

@@ -99,11 +99,13 @@ class ShardInfo:
         dataset at ``root``, in order: to commit those files again elsewhere (moved into another
         dataset's directory, under the same relative paths)."""
         m = manifest.load(os.fspath(root), version)
-        common = dict(schema=m.schema.to_json_str(), compression=dict(m.compression),
-                      heap_chunk_bytes=int(m.heap_chunk_bytes))  # fmt: skip
         cols = m.shards
-        return [cls(path=str(cols["path"][i]), **{k: int(cols[k][i]) for k in manifest.SHARD_KEYS[1:]}, **common)
-                for i in range(m.num_shards)]  # fmt: skip
+        out = []
+        for i in range(m.num_shards):
+            entry: dict[str, Any] = {k: int(cols[k][i]) for k in manifest.SHARD_KEYS[1:]}
+            out.append(cls(path=str(cols["path"][i]), **entry, schema=m.schema.to_json_str(),
+                           compression=dict(m.compression), heap_chunk_bytes=int(m.heap_chunk_bytes)))  # fmt: skip
+        return out
 
     def entry(self) -> dict[str, Any]:
         """Its manifest entry (the keys of :data:`.manifest.SHARD_KEYS`)."""

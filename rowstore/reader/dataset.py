@@ -17,7 +17,13 @@ import numpy as np
 from rowstore.format._url import is_url
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader._args import file_url_path, nonneg_int, positive_int, select_fields, shuffle_mode
+from rowstore.reader._args import (
+    file_url_path,
+    nonneg_int,
+    positive_int,
+    select_fields,
+    shuffle_mode,
+)
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
@@ -116,12 +122,13 @@ class Reader:
         remote: dict | None = None,
     ):
         _check_varlen(varlen)
+        given: Any = path
         if storage_options is None and cache is None and remote is None:  # file:// URLs read as local files
-            path = [file_url_path(p) for p in path] if isinstance(path, (list, tuple)) else file_url_path(path)
-        if isinstance(path, (list, tuple)):
-            source: str | list[str] = [os.fsdecode(p) for p in path]
+            given = [file_url_path(p) for p in given] if isinstance(given, (list, tuple)) else file_url_path(given)
+        if isinstance(given, (list, tuple)):
+            source: str | list[str] = [os.fsdecode(p) for p in given]
         else:
-            source = os.fsdecode(path)  # str, also for a bytes path: errors carry it
+            source = os.fsdecode(given)  # str, also for a bytes path: errors carry it
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify

@@ -34,8 +34,8 @@ from rowstore.torch._convert import VARLEN_MODES, torch_dtype
 from rowstore.torch._datasets import Dataset, IterableDataset
 from rowstore.torch._device import _CudaStage  # noqa: F401  (tests subclass it as rst._CudaStage)
 from rowstore.torch._loaders import BatchedDataLoader, InMemBatchedDataLoader
-from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
 from rowstore.torch._petastorm import DataLoader
+from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
 from rowstore.torch._transform import TransformSpec
 
 __all__ = [

@@ -8,9 +8,10 @@ setup:
 demo: setup
 	@.venv/bin/rowstore-bench --demo tiny --compare --plot .cache/rowstore/demo-tiny.png
 
-# The whole test suite (examples included).
+# The whole test suite (examples included), on both cores; tests sharing the Spark session or
+# the Dask cluster are grouped on one worker each (xdist_group + --dist loadgroup).
 test: setup
-	@.venv/bin/python -m pytest -q
+	@.venv/bin/python -m pytest -q -n 2 --dist loadgroup
 
 lint: setup
 	@.venv/bin/ruff check rowstore tests bench examples

@@ -274,3 +274,15 @@ def spark(tmp_path_factory):
     session = make_session(str(tmp_path_factory.mktemp("spark")))
     yield session
     session.stop()
+
+
+# -- Dask: one LocalCluster (2 worker processes) for the whole test session -----------------------
+@pytest.fixture(scope="session")
+def dask_cluster():
+    """The shared ``distributed.LocalCluster``: started on first use (seconds), once per test
+    process. Its users are marked ``xdist_group("dask")`` so that under ``-n 2 --dist loadgroup``
+    one worker runs them all; each module makes its own ``Client`` of it."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster:  # fmt: skip
+        yield cluster

@@ -23,12 +23,13 @@ from rowstore.dask import read_rowstore, to_rowstore  # noqa: E402
 from rowstore.errors import RowValidationError, SchemaError  # noqa: E402
 from rowstore.pandas import from_pandas, read_pandas  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("dask")
+
 
 @pytest.fixture(scope="module")
-def client():
-    """One LocalCluster with 2 worker processes for the module (starting one takes seconds)."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=40) as cluster, distributed.Client(cluster) as c:  # fmt: skip
+def client(dask_cluster):
+    """A client of the session's LocalCluster (conftest.py) for the module."""
+    with distributed.Client(dask_cluster) as c:
         yield c
 
 

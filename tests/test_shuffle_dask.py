@@ -16,13 +16,13 @@ import rowstore  # noqa: E402
 import rowstore.dask as rdask  # noqa: E402
 from rowstore.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("dask")
+
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One LocalCluster with 2 worker processes for the module (starting one takes seconds)."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=40) as c:  # fmt: skip
-        yield c
+def cluster(dask_cluster):
+    """The session's LocalCluster (conftest.py)."""
+    return dask_cluster
 
 
 @pytest.fixture(scope="module")

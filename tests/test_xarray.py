@@ -358,11 +358,11 @@ def test_stacking_flattens_window_steps_into_channels(tmp_path):
     assert meta["channels"]["t"]["dims"] == ["time", "altitude"] and meta["channels"]["sfc"]["start"] == 6
 
 
-def test_distributed_cluster_writes_the_same_samples(tmp_path):
+@pytest.mark.xdist_group("dask")
+def test_distributed_cluster_writes_the_same_samples(tmp_path, dask_cluster):
     distributed = pytest.importorskip("distributed")
     ds = grid_ds().chunk({"time": 2, "lat": 6})
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=40) as cluster, distributed.Client(cluster):  # fmt: skip
+    with distributed.Client(dask_cluster):  # the global shuffle then runs on the cluster too (rowstore.dask.shuffle)
         write_patches(ds, str(tmp_path / "p"), patch={"lat": 5, "lon": 4}, stride={"lat": 2, "lon": 3})
         to_rowstore(sample_ds().chunk(sample=3), str(tmp_path / "r"))
     check_against_reference(str(tmp_path / "p"), grid_ds(), {"time": 1, "lat": 5, "lon": 4},

@@ -550,6 +550,7 @@ def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatc
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
     error the shards already written are removed."""
     from rowstore.format import write_shard
+    from rowstore.format.dataset_writer import discard
 
     schema = Schema([c.field for c in cols])
     it = iter(batches)
@@ -580,11 +581,7 @@ def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatc
             infos.append(write_shard(path, schema, shard_batches(), name=f"{name_prefix}-{len(infos):04d}",
                                      batches=True, **writer_kwargs))  # fmt: skip
     except BaseException:
-        for info in infos:
-            try:
-                os.remove(os.path.join(path, info.path))
-            except OSError:
-                pass
+        discard(path, infos)
         raise
     return infos
 

@@ -33,7 +33,7 @@ import pandas as pd
 
 from rowstore.errors import SchemaError
 from rowstore.format import commit, spec, write_shard
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
+from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, discard
 from rowstore.pandas import META_KEY, _columns_for, _describe, frame_columns, read_pandas, to_pandas
 from rowstore.reader import Reader
 from rowstore.schema import Schema
@@ -150,11 +150,7 @@ def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, inde
         for a, b in bounds:
             infos.append(write_shard(path, schema, {k: v[a:b] for k, v in columns.items()}, **options))
     except BaseException:
-        for info in infos:
-            try:
-                os.remove(os.path.join(path, info.path))
-            except OSError:
-                pass
+        discard(path, infos)
         raise
     return infos
 

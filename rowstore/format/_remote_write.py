@@ -80,7 +80,7 @@ def commit_remote(url: str, infos: Sequence[Any], *, mode: str, attrs: Mapping[s
     """Publish the next version of the remote dataset at ``url`` naming these shards (already
     uploaded under ``url``; checked against their infos unless their local ``layouts`` are
     given); see :func:`~rowstore.format.dataset_writer.commit`."""
-    from rowstore.format.dataset_writer import ShardInfo, _base_shards, _check_attrs, _check_same
+    from rowstore.format.dataset_writer import ShardInfo, _check_attrs, next_version
 
     c = client(url, storage_options)
     url = url.rstrip("/")
@@ -118,24 +118,7 @@ def commit_remote(url: str, infos: Sequence[Any], *, mode: str, attrs: Mapping[s
             if got.schema != info.schema:
                 raise SchemaError(f"shard {info.path!r}: the object's schema differs from its ShardInfo's")
             layouts.append(layout)
-    if base is not None:
-        ref = (f"dataset {url!r}", base.schema, base.compression, base.heap_chunk_bytes)
-        have = set(base.shards["path"])
-        for info in infos:
-            if info.path in have:
-                raise ValueError(f"shard {info.path!r} is already in version {base.version} of {url!r}")
-    elif layouts:
-        ref = (f"shard {infos[0].path!r}", layouts[0].schema, layouts[0].compression, layouts[0].heap_chunk_bytes)
-    else:
-        raise ValueError(f"nothing to commit to {url!r}: no shards and no current version to append to")
-    for info, layout in zip(infos, layouts):
-        _check_same(ref, info, layout)
-    entries, blocks, heap_chunks = _base_shards(base)
-    entries += [info.entry() for info in infos]
-    blocks += [layout.blocks for layout in layouts]
-    heap_chunks += [layout.heap_chunks for layout in layouts]
-    if attrs is None:
-        attrs = dict(base.attrs) if base is not None else {}
+    ref, entries, blocks, heap_chunks, attrs = next_version(url, base, infos, layouts, attrs)
     try:
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in c.fs.ls(c.path(join(url, manifest.MANIFEST_DIR)), detail=False)]
     except FileNotFoundError:

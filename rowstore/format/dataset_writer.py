@@ -199,6 +199,17 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     return ShardInfo.from_layout(f"{manifest.SHARD_DIR}/{fname}", Layout.open(target))
 
 
+def discard(path: str | os.PathLike, infos: Iterable[ShardInfo]) -> None:
+    """Remove the (uncommitted) shard files of ``infos`` from the dataset directory ``path``:
+    what a writer that fails part-way leaves behind (a later :func:`gc` would, after its grace
+    period)."""
+    for info in infos:
+        try:
+            os.remove(os.path.join(os.fspath(path), info.path))
+        except OSError:
+            pass
+
+
 # -- commit ----------------------------------------------------------------------------------------
 def _bad_shard(info: ShardInfo, msg: str) -> FormatError:
     return FormatError(f"shard {info.path!r}: {msg}", path=info.path)
@@ -318,24 +329,7 @@ def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: s
         base = manifest.load(root) if mode == "a" and exists else None
         parent = _current_version(root) if exists else None
         layouts = [_check_info(root, info) for info in infos]
-        if base is not None:
-            ref = (f"dataset {root!r}", base.schema, base.compression, base.heap_chunk_bytes)
-            have = set(base.shards["path"])
-            for info in infos:
-                if info.path in have:
-                    raise ValueError(f"shard {info.path!r} is already in version {base.version} of {root!r}")
-        elif layouts:
-            ref = (f"shard {infos[0].path!r}", layouts[0].schema, layouts[0].compression, layouts[0].heap_chunk_bytes)
-        else:
-            raise ValueError(f"nothing to commit to {root!r}: no shards and no current version to append to")
-        for info, layout in zip(infos, layouts):
-            _check_same(ref, info, layout)
-        entries, blocks, heap_chunks = _base_shards(base)
-        entries += [info.entry() for info in infos]
-        blocks += [layout.blocks for layout in layouts]
-        heap_chunks += [layout.heap_chunks for layout in layouts]
-        if attrs is None:
-            attrs = dict(base.attrs) if base is not None else {}
+        ref, entries, blocks, heap_chunks, attrs = next_version(root, base, infos, layouts, attrs)
         version = manifest.publish(root, schema=ref[1], attrs=attrs, compression=ref[2], heap_chunk_bytes=ref[3],
                                    shards=entries, blocks=blocks, heap_chunks=heap_chunks,
                                    parent=parent)  # fmt: skip
@@ -346,6 +340,33 @@ def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: s
             warnings.warn(f"rowstore: version {version} of {root!r} is committed, but removing leftovers "
                           f"failed: {exc}", RuntimeWarning, stacklevel=2)  # fmt: skip
     return version
+
+
+def next_version(where: str, base: manifest.Manifest | None, infos: Sequence[ShardInfo], layouts: Sequence[Layout],
+                 attrs: Mapping[str, Any] | None) -> tuple[tuple, list[dict], list[np.ndarray], list[np.ndarray], dict]:
+    """What a commit publishes, from its checked shards (``layouts``, one per info) and the
+    version it appends to (``base``, None for a new dataset): ``(ref, entries, blocks,
+    heap_chunks, attrs)``, ``ref`` being ``(what, schema, compression, heap_chunk_bytes)`` every
+    shard agrees with. Shared by the local commit and the object-storage one."""
+    if base is not None:
+        ref: tuple = (f"dataset {where!r}", base.schema, base.compression, base.heap_chunk_bytes)
+        have = set(base.shards["path"])
+        for info in infos:
+            if info.path in have:
+                raise ValueError(f"shard {info.path!r} is already in version {base.version} of {where!r}")
+    elif layouts:
+        ref = (f"shard {infos[0].path!r}", layouts[0].schema, layouts[0].compression, layouts[0].heap_chunk_bytes)
+    else:
+        raise ValueError(f"nothing to commit to {where!r}: no shards and no current version to append to")
+    for info, layout in zip(infos, layouts):
+        _check_same(ref, info, layout)
+    entries, blocks, heap_chunks = _base_shards(base)
+    entries += [info.entry() for info in infos]
+    blocks += [layout.blocks for layout in layouts]
+    heap_chunks += [layout.heap_chunks for layout in layouts]
+    if attrs is None:
+        attrs = dict(base.attrs) if base is not None else {}
+    return ref, entries, blocks, heap_chunks, dict(attrs)
 
 
 def _current_version(root: str) -> int | None:

@@ -290,7 +290,7 @@ def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks
 def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
             tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
             block_bytes: int = 1 << 20, compression: Any = "same", verify: bool | str = True, progress: bool = False,
-            client: Any = None, tasks: int | None = None) -> Any:  # fmt: skip
+            client: Any = None, tasks: int | None = None, storage_options: dict | None = None) -> Any:  # fmt: skip
     """:func:`rowstore.shuffle` with both passes run as tasks on a ``dask.distributed`` cluster.
 
     Pass 1: ``tasks`` tasks (default: two per worker thread) each scatter a contiguous range of
@@ -343,4 +343,5 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
         return results
 
     return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
-               compression=compression, verify=verify, progress=progress, tasks=tasks, mapper=mapper)
+               compression=compression, verify=verify, progress=progress, tasks=tasks, mapper=mapper,
+               storage_options=storage_options)

@@ -213,6 +213,22 @@ def test_dealt_epochs_fetch_ahead(remote_data, s3):
     assert np.array_equal(np.concatenate([b["label"] for b in got]), np.concatenate([b["label"] for b in want]))
 
 
+@pytest.mark.parametrize("kind", ["s3", "http"])
+def test_global_shuffle_of_a_remote_dataset(remote_data, s3, http, kind, tmp_path):
+    """rowstore.shuffle reads its input by byte ranges: the output equals the local input's
+    shuffle (the permutation is a function of the seed and the rows only)."""
+    base, opts = _urls(kind, s3, http)
+    rowstore.shuffle(base + "/ds", str(tmp_path / "remote"), memory="8MiB", seed=5, storage_options=opts)
+    rowstore.shuffle(os.path.join(remote_data, "ds"), str(tmp_path / "local"), memory="8MiB", seed=5)
+    got, want = (rowstore.open(str(tmp_path / n)) for n in ("remote", "local"))
+    assert len(got) == len(want) == N
+    for f in SCHEMA.names:
+        a, b = got.take(np.arange(N), fields=[f])[f], want.take(np.arange(N), fields=[f])[f]
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), f
+    with pytest.raises(ValueError, match="output must be a local directory"):
+        rowstore.shuffle(base + "/ds", base + "/out", memory="8MiB", storage_options=opts)
+
+
 def _epoch_labels(reader, rank, world):
     return np.concatenate([b["label"] for b in reader.batches(100, seed=9, shard=(rank, world))])
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rowstore.format import manifest
+from rowstore.format._url import is_url
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo, commit
 from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
 from rowstore.global_shuffle._passes import (
@@ -118,13 +119,13 @@ def _rss_now() -> int:
 
 # -- tasks (module-level: they pickle to Dask workers) ------------------------------------------
 def scatter_task(in_path: str, seed: int, blocks: tuple[int, int], bounds: list[int], directory: str, tag: str,
-                 block_bytes: int, group_bytes: int, verify: bool | str = True,
+                 block_bytes: int, group_bytes: int, verify: bool | str = True, storage_options: dict | None = None,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[str | None], Counters]:
     """Pass 1 over input blocks ``[blocks[0], blocks[1])``, read in runs of about
     ``group_bytes``: the pile parts written (one per key range, None where empty) and what was
     moved."""
     c = Counters()
-    with RawSource(in_path, verify=verify) as src:
+    with RawSource(in_path, verify=verify, storage_options=storage_options) as src:
         parts = scatter(input_feed(src, seed, range(*blocks), group_bytes), bounds, directory, tag, src.schema,
                         block_bytes, c, progress)  # fmt: skip
         a = src.layout.arrays()
@@ -152,7 +153,9 @@ def serial_map(fn: Callable[..., Any], args: Sequence[tuple], progress: Progress
 
 # -- the run -----------------------------------------------------------------------------------
 def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str]:
-    if not os.path.exists(in_path):
+    if is_url(out_path):
+        raise ValueError(f"shuffle: the output must be a local directory, got the URL {out_path!r}")
+    if not is_url(in_path) and not os.path.exists(in_path):  # (a URL is checked when opened)
         raise FileNotFoundError(f"shuffle: input {in_path!r} does not exist")
     if os.path.lexists(out_path):
         raise FileExistsError(f"shuffle: output {out_path!r} exists; shuffle writes a new dataset (remove it first)")
@@ -178,7 +181,7 @@ def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, 
     if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or not 1 <= block_bytes <= 1 << 30:
         raise ValueError(f"block_bytes must be an int in 1..{1 << 30}, got {block_bytes!r}")
     src, dst = os.fspath(in_path), os.fspath(out_path)
-    if os.path.abspath(src) == os.path.abspath(dst):
+    if not is_url(src) and os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError(f"shuffle: the output {dst!r} is the input")
     parent, work = _check_paths(src, dst, None if tmp is None else os.fspath(tmp))
     return budget, shard_limit, parent, work
@@ -186,14 +189,15 @@ def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, 
 
 def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
         tmp: str | os.PathLike | None, shard_bytes: int | str, block_bytes: int, compression: Any,
-        verify: bool | str, progress: bool, tasks: int, mapper: Mapper) -> ShuffleReport:  # fmt: skip
+        verify: bool | str, progress: bool, tasks: int, mapper: Mapper,
+        storage_options: dict | None = None) -> ShuffleReport:  # fmt: skip
     """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
     t0 = time.perf_counter()
     rss0 = _rss_now()
     budget, shard_limit, parent, work = check_arguments(in_path, out_path, memory=memory, seed=seed, tmp=tmp,
                                                         shard_bytes=shard_bytes, block_bytes=block_bytes)  # fmt: skip
     src_path, dst_path = os.fspath(in_path), os.fspath(out_path)
-    with RawSource(src_path, verify=verify) as src:
+    with RawSource(src_path, verify=verify, storage_options=storage_options) as src:
         L = src.layout
         schema = L.schema
         rows, rs = L.num_rows, L.row_dtype.itemsize
@@ -220,8 +224,8 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         ntasks = max(1, min(tasks, nblocks))
         ranges = [(nblocks * t // ntasks, nblocks * (t + 1) // ntasks) for t in range(ntasks)]
         p1 = Progress("pass 1: scatter", data, enabled=progress)
-        args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, plan.chunk_bytes, verify)
-                 for t, r in enumerate(ranges)]  # fmt: skip
+        args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, plan.chunk_bytes, verify,
+              storage_options) for t, r in enumerate(ranges)]  # fmt: skip
         results1 = mapper(scatter_task, args1, p1)
         p1.close()
         c1 = Counters()
@@ -300,15 +304,16 @@ def _fsync_dir(path: str) -> None:
 def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
             tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
             block_bytes: int = DEFAULT_BLOCK_BYTES, compression: Any = "same", verify: bool | str = True,
-            progress: bool = False) -> ShuffleReport:  # fmt: skip
+            progress: bool = False, storage_options: dict | None = None) -> ShuffleReport:  # fmt: skip
     """Write a uniformly shuffled copy of a file or dataset as a new dataset, through bounded memory.
 
     Parameters
     ----------
     in_path : str or os.PathLike
-        A ``.h5`` file or a dataset directory.
+        A ``.h5`` file or a dataset directory, local or a URL (``s3://``, ``http(s)://``, any
+        fsspec protocol: read by byte ranges, see "Object storage" in docs/api.md).
     out_path : str or os.PathLike
-        The dataset directory to create (must not exist). It appears only when complete.
+        The local dataset directory to create (must not exist). It appears only when complete.
     memory : int or str
         Memory budget: ``"2GB"``, ``"256MiB"`` or bytes (at least 4 MiB). Peak RSS stays within
         it plus a constant (the interpreter, libraries, the input's index: see
@@ -330,6 +335,8 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
         Checksum every input chunk read (default).
     progress : bool
         Show a progress bar per pass on stderr (tqdm if installed). Quiet by default.
+    storage_options : dict, optional
+        For a URL input, as for :func:`rowstore.open`.
 
     Returns
     -------
@@ -346,4 +353,5 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
     them. User attributes are copied.
     """
     return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
-               compression=compression, verify=verify, progress=progress, tasks=1, mapper=serial_map)
+               compression=compression, verify=verify, progress=progress, tasks=1, mapper=serial_map,
+               storage_options=storage_options)

@@ -28,12 +28,15 @@ class RawSource:
     verify : bool or "always"
         As for :class:`~rowstore.reader.Reader` (chunks are always read whole here, so with
         ``True`` every chunk read is checksummed).
+    storage_options : dict, optional
+        For a URL, as for :class:`~rowstore.reader.Reader`.
 
     Not thread-safe (one reusable block buffer); cheap to create in each worker.
     """
 
-    def __init__(self, path: str | os.PathLike | list, *, verify: bool | str = True):
-        self.reader = Reader(path, verify=verify, num_threads=1)
+    def __init__(self, path: str | os.PathLike | list, *, verify: bool | str = True,
+                 storage_options: dict | None = None):
+        self.reader = Reader(path, verify=verify, num_threads=1, storage_options=storage_options)
         self.layout = self.reader.layout
         self.schema = self.layout.schema
         self.row_dtype = self.layout.row_dtype

@@ -194,6 +194,8 @@ def _add_shuffle_commands(sub: Any) -> None:
     p.add_argument("--compression", default="same",
                    help="output compression: same (the input's, default), none, lz4, zstd, ...")
     p.add_argument("--dask-scheduler", metavar="ADDR", help="run both passes on this dask.distributed scheduler")
+    p.add_argument("--storage-options", metavar="JSON", type=json.loads, default=None,
+                   help="fsspec options of a URL input, e.g. '{\"anon\": true}'")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no quality figures")
     p.add_argument("--field", help="field for the before/after order figures (default: the first scalar numeric)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size of the order figures (default 64)")
@@ -216,10 +218,12 @@ def _shuffle_command(args: argparse.Namespace) -> int:
     comp = None if args.compression == "none" else args.compression
     check_arguments(args.input, args.output, memory=args.memory, seed=args.seed, tmp=args.tmp,
                     shard_bytes=args.shard_bytes)  # before the figures of the input: bad arguments fail at once
+    opts = args.storage_options
     if not args.quiet:
-        print("before: " + order_quality(args.input, field=args.field, batch_size=args.batch_size).text())
+        before = order_quality(args.input, field=args.field, batch_size=args.batch_size, storage_options=opts)
+        print("before: " + before.text())
     kwargs = dict(memory=args.memory, seed=args.seed, tmp=args.tmp, shard_bytes=args.shard_bytes, compression=comp,
-                  progress=not args.quiet)  # fmt: skip
+                  progress=not args.quiet, storage_options=opts)  # fmt: skip
     if args.dask_scheduler:
         import distributed
 

@@ -94,13 +94,15 @@ def _spread(r: Reader, field: str, order: np.ndarray, batch_size: int, max_batch
 
 
 def order_quality(path: str | os.PathLike, *, field: str | None = None, batch_size: int = 64, window: int = 16,
-                  seed: int = 0, max_rows: int = 1_000_000, max_batches: int = 256) -> OrderQuality:
-    """Order figures of the file or dataset at ``path`` (see :class:`OrderQuality`).
+                  seed: int = 0, max_rows: int = 1_000_000, max_batches: int = 256,
+                  storage_options: dict | None = None) -> OrderQuality:
+    """Order figures of the file or dataset at ``path`` (see :class:`OrderQuality`; a URL with
+    ``storage_options`` as for :func:`rowstore.open`).
 
     ``field`` must be a scalar numeric field (default: :func:`default_field`). Reads at most
     ``max_rows + max_batches * batch_size * 2`` values of that field.
     """
-    with Reader(path) as r:
+    with Reader(path, storage_options=storage_options) as r:
         n = len(r)
         name = default_field(r.schema) if field is None else field
         if name is not None:

@@ -5,6 +5,7 @@ Objects stay a few hundred KB (stock moto copies a whole object per ranged GET).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import pickle
@@ -227,6 +228,12 @@ def test_global_shuffle_of_a_remote_dataset(remote_data, s3, http, kind, tmp_pat
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), f
     with pytest.raises(ValueError, match="output must be a local directory"):
         rowstore.shuffle(base + "/ds", base + "/out", memory="8MiB", storage_options=opts)
+    from rowstore.cli import main  # the command, with the order figures before and after
+
+    flags = [] if opts is None else ["--storage-options", json.dumps(opts)]
+    assert main(["shuffle", base + "/ds", str(tmp_path / "cli"), "--memory", "8MiB", "--seed", "5", *flags]) == 0
+    cli = rowstore.open(str(tmp_path / "cli"))
+    assert np.array_equal(cli.take(np.arange(N), fields=["label"])["label"], want.take(np.arange(N), fields=["label"])["label"])
 
 
 def _epoch_labels(reader, rank, world):

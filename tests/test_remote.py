@@ -236,6 +236,26 @@ def test_global_shuffle_of_a_remote_dataset(remote_data, s3, http, kind, tmp_pat
     assert np.array_equal(cli.take(np.arange(N), fields=["label"])["label"], want.take(np.arange(N), fields=["label"])["label"])
 
 
+def test_a_request_cancelled_by_a_stopping_schedule_is_fetched_again(remote_data, http):
+    """A reader thread holding a scheduled request when the schedule stops (its epoch's
+    iteration ended while the last segments were still being read) gets the chunk all the
+    same: the store fetches it itself instead of failing with CancelledError."""
+    from concurrent.futures import Future
+
+    r = rowstore.open(http.url + "/plain.h5", remote={"max_in_flight": 2})
+    a = r.layout.arrays()
+    key = (0, int(a["offset"][0]), int(a["stored"][0]))
+    sched = r._store.schedule(iter([[key]]))
+    assert sched._entries[key]  # scheduled: one request in flight
+    rid = sched._entries[key][0][0]
+    cancelled = Future()
+    cancelled.cancel()  # what stop() leaves to a thread that took a pending request
+    sched._requests[rid][0] = cancelled
+    got = r.take(np.arange(64), fields=["label"])["label"]
+    want = rowstore.open(os.path.join(remote_data, "plain.h5")).take(np.arange(64), fields=["label"])["label"]
+    assert np.array_equal(got, want) and sched.hits == 1
+
+
 def _epoch_labels(reader, rank, world):
     return np.concatenate([b["label"] for b in reader.batches(100, seed=9, shard=(rank, world))])
 

@@ -37,7 +37,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 import numpy as np
@@ -274,7 +274,18 @@ class RemoteStore:
                 fut = self.submit(s, start, end)
                 for j in members:
                     out[todo[j]] = (fut, keys[todo[j]][1] - start, "fetched")
-        return [(src.result() if isinstance(src, Future) else src, at, how) for src, at, how in out]
+        done = []
+        for i, (src, at, how) in enumerate(out):
+            if isinstance(src, Future):
+                try:
+                    src = src.result()
+                except CancelledError:
+                    # The schedule stopped (its epoch's iteration ended, or a new one began)
+                    # while this reader thread still held one of its requests: fetch it now.
+                    s_, off, size = keys[i]
+                    src, at = self.submit(s_, off, off + size).result(), 0
+            done.append((src, at, how))
+        return done
 
     def read_rows(self, *args: Any, **kw: Any) -> None:  # pragma: no cover - direct is False
         raise NotImplementedError("a remote store reads whole chunks only (direct is False)")

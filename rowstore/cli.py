@@ -247,25 +247,25 @@ def _unit_frac(text: str) -> float:
     return v
 
 
-def _add_order_commands(sub: Any) -> None:
-    p = sub.add_parser("order", help="shuffle quality of an epoch order: distinct blocks per batch, a histogram, "
-                                     "read cost per rank (reads no rows)")
+def _epoch_arguments(p: argparse.ArgumentParser) -> None:
+    """PATH and the arguments of an epoch order, shared by ``order`` and ``check-order``."""
     p.add_argument("path")
     p.add_argument("--batch-size", type=_positive, default=64)
     p.add_argument("--shuffle", choices=["block", "full", "none"], default="block")
     p.add_argument("--window", type=_positive, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
+
+
+def _add_order_commands(sub: Any) -> None:
+    p = sub.add_parser("order", help="shuffle quality of an epoch order: distinct blocks per batch, a histogram, "
+                                     "read cost per rank (reads no rows)")
+    _epoch_arguments(p)
     p.add_argument("--world", type=_positive, default=1, help="consumers (ranks x workers) to deal the epoch to")
     p.add_argument("--plot", metavar="PNG", help="write the histogram and where batch rows come from to a PNG")
     p = sub.add_parser("check-order", help="simulate an epoch on a world, interrupted and resumed on another, and "
                                            "check exactly-once delivery, equal steps and determinism (reads no rows)")
-    p.add_argument("path")
-    p.add_argument("--batch-size", type=_positive, default=64)
-    p.add_argument("--shuffle", choices=["block", "full", "none"], default="block")
-    p.add_argument("--window", type=_positive, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
+    _epoch_arguments(p)
     p.add_argument("--world", type=_positive, default=1)
     p.add_argument("--workers", type=_positive, default=1, help="DataLoader workers per rank")
     p.add_argument("--unit", type=_positive, help="global batches dealt at a time (default: about a window)")

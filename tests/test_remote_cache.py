@@ -149,3 +149,19 @@ def test_a_single_files_metadata_is_cached(tmp_path, http_factory):
     b = rowstore.open(srv.url + "/f.h5", cache=cache)
     assert srv.requests - before == 1
     assert np.array_equal(a.take(np.arange(500))["label"], b.take(np.arange(500))["label"])
+
+
+def test_one_process_keeps_the_cache_within_its_limit(tmp_path):
+    """After every write the cache holds at most max_bytes (evicting down to 90%, oldest
+    first), also when it starts from files an earlier process left."""
+    from rowstore.reader._cache import BlockCache
+
+    limit = 10_000
+    first = BlockCache(str(tmp_path / "c"), limit)
+    for k in range(15):
+        first.put((0, k * 500, 500), "http://h/x.h5", (1,), bytes([k]) * 500)
+    again = BlockCache(str(tmp_path / "c"), limit)  # a new process: starts from what is there
+    for k in range(15, 100):
+        again.put((0, k * 500, 500), "http://h/x.h5", (1,), bytes([k % 256]) * 500)
+        assert again.size() <= limit, k
+    assert again.get((0, 99 * 500, 500), "http://h/x.h5", (1,)) == bytes([99]) * 500  # the newest stay

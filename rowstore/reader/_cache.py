@@ -13,8 +13,10 @@ of the network. Safe for several processes on one machine and against being kill
   than a minute.
 
 Size: ``max_bytes`` (default 10 GiB), least recently used first (a hit touches the file's
-mtime); eviction scans the directory when this process's estimate passes the limit, so several
-processes keep the total near the limit. The cache holds copies only: it never deletes anything
+mtime). Each process keeps an estimate of the cache's total (a directory scan at its first
+write, then what it adds); when a write takes the estimate past the limit it scans again and
+evicts down to 90%: one process alone keeps the cache within the limit, several processes
+writing at once keep it near it (each evicts on what it sees). The cache holds copies only: it never deletes anything
 but its own files.
 """
 
@@ -43,7 +45,7 @@ class BlockCache:
         self.max_bytes = int(max_bytes)
         os.makedirs(self.root, exist_ok=True)
         self._lock = threading.Lock()
-        self._estimate = 0  # bytes this process added since its last scan
+        self._estimate: int | None = None  # the cache's total as of this process's last scan, plus its writes
         self.hits = 0
         self.misses = 0
 
@@ -117,12 +119,12 @@ class BlockCache:
             self._remove(tmp)
             return
         with self._lock:
-            self._estimate += len(data) + _HEAD.size
-            full = self._estimate > self.max_bytes // 8
-            if full:
-                self._estimate = 0
-        if full:
-            self.evict()
+            if self._estimate is None:
+                self._estimate = self.size()  # (this file included)
+            else:
+                self._estimate += len(data) + _HEAD.size
+            if self._estimate > self.max_bytes:
+                self._estimate = self.evict()
 
     def size(self) -> int:
         """Bytes of the cache's complete files now."""
@@ -146,12 +148,13 @@ class BlockCache:
                 out.append((e.path, st))
         return out
 
-    def evict(self) -> None:
-        """Remove least recently used files until the cache is within 90% of its limit."""
+    def evict(self) -> int:
+        """Remove least recently used files until the cache is within 90% of its limit (when
+        it is over the limit); the bytes left."""
         files = self._files()
         total = sum(st.st_size for _, st in files)
         if total <= self.max_bytes:
-            return
+            return total
         files.sort(key=lambda t: t[1].st_mtime)
         goal = self.max_bytes * 9 // 10
         for path, st in files:
@@ -159,6 +162,7 @@ class BlockCache:
                 break
             self._remove(path)
             total -= st.st_size
+        return total
 
     @staticmethod
     def _remove(path: str) -> None:

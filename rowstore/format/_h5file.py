@@ -24,7 +24,7 @@ import numpy as np
 from rowstore._version import __version__
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import attrs as attrs_json
-from rowstore.format import spec
+from rowstore.format import footer, spec
 from rowstore.format._index_builder import block_index, heap_chunk_index
 from rowstore.format._pack import PackerTail
 from rowstore.format.compression import BlockCompression
@@ -285,6 +285,8 @@ class H5File:
         import h5py
         import hdf5plugin  # noqa: F401 - registers the Blosc2 filter of compressed datasets
 
+        if layout.footer_offset:  # libhdf5 would cut it at close; a new one is written by finish
+            footer.cut(path, layout.footer_offset)
         f = h5py.File(path, "r+", locking=False)  # as in create
         try:
             g = f[spec.GROUP]
@@ -355,6 +357,7 @@ class H5File:
             if name in g:
                 del g[name]
         g.create_dataset(spec.BLOCKS, data=blocks)
+        chunks = np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
         if self.heap is not None:
             heap, n = self.heap, self.heap.next_chunk
             chunks = heap_chunk_index(offsets=heap.offsets(), stored=heap.stored[:n], checksums=heap.checksums[:n])
@@ -365,6 +368,9 @@ class H5File:
             g.attrs[key] = value
         self._h5.close()
         self._h5 = None
+        with open(self.path, "r+b") as fh:  # the v2 footer, after the HDF5 end of file
+            end = fh.seek(0, os.SEEK_END)
+            fh.write(footer.encode(attrs, blocks, chunks, end))
 
     def abort(self) -> None:
         """Drop the chunks in flight and close the file (what is in it no longer matters)."""

@@ -333,17 +333,26 @@ class RangeFile:
     ``requests`` counts them. Memory: the pages read (the metadata), never the blocks.
     """
 
-    def __init__(self, client: Client, url: str, size: int, etag: str | None, *, head: int = 1 << 18,
-                 tail: int = 1 << 20, page: int = 1 << 16, image: bytes | None = None):
-        self.client, self.url, self.size, self.etag, self.page = client, url, size, etag, page
+    HEAD = 1 << 18
+    TAIL = 1 << 20
+    PAGE = 1 << 16
+
+    def __init__(self, client: Client, url: str, size: int, etag: str | None, *, image: bytes | None = None,
+                 tail_data: bytes | None = None):
+        self.client, self.url, self.size, self.etag, self.page = client, url, size, etag, self.PAGE
         self.pos = 0
         self.requests = 0
         self.fetched = 0
         self._have: dict[int, bytes] = {}  # page number -> bytes
         if image is not None and self._load_image(image):
             return  # pages of an earlier open (a local cache): no request
-        spans = [(0, min(size, head))]
-        t0 = max(0, size - tail) // page * page
+        page = self.PAGE
+        t0 = max(0, size - self.TAIL) // page * page
+        if tail_data is not None and len(tail_data) == size - t0:  # the tail, already fetched (by the footer check)
+            self._store(t0, tail_data)
+            self._fetch([(0, min(size, self.HEAD, t0))])
+            return
+        spans = [(0, min(size, self.HEAD))]
         if t0 < spans[0][1]:
             spans = [(0, size)]
         elif size:
@@ -356,8 +365,11 @@ class RangeFile:
             data = fut.result()
             self.requests += 1
             self.fetched += len(data)
-            for k in range(0, len(data), self.page):
-                self._have[(a + k) // self.page] = data[k : k + self.page]
+            self._store(a, data)
+
+    def _store(self, a: int, data: bytes) -> None:
+        for k in range(0, len(data), self.page):
+            self._have[(a + k) // self.page] = data[k : k + self.page]
 
     def image(self) -> bytes:
         """The pages read so far, as one blob (``<u8 page, <u4 length`` then the bytes, per
@@ -425,25 +437,46 @@ class RangeFile:
         self._have.clear()
 
 
+#: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
+_FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
+
+
 def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
     """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
-    etag)``), parsed by h5py from an in-memory image of the byte ranges its HDF5 metadata
-    occupies (:class:`RangeFile`: a HEAD and, for our writer's files, two ranged GETs); no block
-    is read and libhdf5 never sees the network. With a ``cache``
-    (:class:`rowstore.reader._cache.BlockCache`), that image is kept and a later open of the same
-    object (same size and ETag) makes the HEAD only."""
+    etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
+    (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
+    and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
+    the byte ranges its HDF5 metadata occupies (:class:`RangeFile`: that tail and, for our
+    writer's files, one more GET of the head); no block is read and libhdf5 never sees the
+    network. With a ``cache`` (:class:`rowstore.reader._cache.BlockCache`), the footer or the
+    image is kept and a later open of the same object (same size and ETag) makes the HEAD only."""
     import h5py
 
+    from rowstore.format import footer
     from rowstore.format.index import Layout
 
     meta = client.info(url)
-    ident = (meta["size"], meta["etag"])
-    image = cache.get_meta(url, ident) if cache is not None and meta["etag"] else None
-    rf = RangeFile(client, url, meta["size"], meta["etag"], image=image)
+    size, etag = meta["size"], meta["etag"]
+    ident = (size, etag)
+    image = cache.get_meta(url, ident) if cache is not None and etag else None
+    first = None
+    if image is not None and image.startswith(_FOOTER_IMAGE):
+        first, image = image[len(_FOOTER_IMAGE) :], None
+    if first is None and image is None:
+        t0 = max(0, size - RangeFile.TAIL) // RangeFile.PAGE * RangeFile.PAGE
+        first = client.get(url, t0, size, etag) if size else b""
+    if first is not None:
+        ft = footer.read(lambda a, b: client.get(url, a, b, etag), size, url, first=first)
+        if ft is not None:
+            layout = Layout.from_footer(ft, url, size, ident)
+            if cache is not None and etag and image is None:
+                cache.put_meta(url, ident, _FOOTER_IMAGE + ft.raw)
+            return layout
+    rf = RangeFile(client, url, size, etag, image=image, tail_data=first)
     try:
         with h5py.File(rf, "r") as f:
-            layout = Layout.from_h5(f, url, meta["size"], ident)
-        if cache is not None and meta["etag"] and rf.requests:
+            layout = Layout.from_h5(f, url, size, ident)
+        if cache is not None and etag and rf.requests:
             cache.put_meta(url, ident, rf.image())
         return layout
     except OSError as exc:
@@ -452,4 +485,3 @@ def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
         raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
     finally:
         rf.close()
-

@@ -7,8 +7,10 @@ calls libhdf5 again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +19,7 @@ import numpy as np
 from rowstore.codecs import registered_codecs
 from rowstore.errors import CodecError, FormatError, FormatVersionError, RowstoreError
 from rowstore.format import attrs as attrs_json
-from rowstore.format import spec
+from rowstore.format import footer, spec
 from rowstore.format.compression import block_compression
 from rowstore.schema import Schema
 
@@ -93,6 +95,9 @@ class Layout(IndexSizes):
     #: the file they read is still this one (an atomic rewrite replaces the inode).
     file_id: tuple = ()
     writer: str = ""
+    #: Where a v2 file's footer starts (the HDF5 end of file, which every chunk lies before);
+    #: 0 for a v1 file.
+    footer_offset: int = 0
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -131,9 +136,17 @@ class Layout(IndexSizes):
         path = os.fspath(path)
         if os.path.isdir(path):
             raise FormatError(f"{path!r} is a directory, not a rowstore file (a dataset directory opens with rowstore.open)", path=path)
-        st = os.stat(path)
-        with open_h5(path) as f:
-            layout = cls.from_h5(f, path, st.st_size, file_identity(st))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            ft = footer.read_local(fd, st.st_size, path)
+        finally:
+            os.close(fd)
+        if ft is not None:  # v2: the footer alone, never libhdf5
+            layout = cls.from_footer(ft, path, st.st_size, file_identity(st))
+        else:
+            with open_h5(path) as f:
+                layout = cls.from_h5(f, path, st.st_size, file_identity(st))
         if verify:
             layout.verify()
         return layout
@@ -143,19 +156,9 @@ class Layout(IndexSizes):
         """Read and check the layout of an open ``h5py.File`` ``f`` of ``file_size`` bytes (a
         local file, or an in-memory image of a remote file's metadata); ``path`` names it in
         errors, ``file_id`` is what a store checks before reading it."""
-        try:
+        with _malformed(path):
             layout = cls._read(f, path, file_size)
             object.__setattr__(layout, "file_id", file_id)
-        except RowstoreError:
-            raise
-        except OSError as exc:
-            if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
-                raise
-            raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
-        except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, RecursionError, OverflowError) as exc:
-            # h5py's errors for damaged metadata (RuntimeError), objects of the wrong kind
-            # (AttributeError), sizes numpy cannot represent (OverflowError, ValueError).
-            raise FormatError(f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path) from exc
         return layout
 
     @classmethod
@@ -169,41 +172,50 @@ class Layout(IndexSizes):
                 or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
-        a = g.attrs
-        version = _version(a, path, bad)
-        schema = _schema(a, path, bad)
-        try:
-            compression = spec.compression_config(_json(a, spec.ATTR_COMPRESSION, '{"id": "none"}', bad))
-        except RowstoreError as exc:  # a CodecError: unknown or malformed compression
-            raise bad(f"invalid compression attribute: {exc}") from exc
-        user_attrs = _json(a, spec.ATTR_USER, "{}", bad)
-        if not isinstance(user_attrs, dict):
-            raise bad(f"user attributes must be a JSON object, got {type(user_attrs).__name__}")
-        try:
-            user_attrs = attrs_json.decode(user_attrs)
-        except FormatError as exc:
-            raise bad(str(exc)) from None
-        num_rows, rpb, H, heap_nbytes = (_int(a, k, bad) for k in (
-            spec.ATTR_NUM_ROWS, spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES))
-        if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):
-            raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
-        if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
-            raise bad("negative or zero sizes in the attributes")
-        row_dtype = schema_row_dtype(schema, bad)
-        _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
+        # A v2 file whose footer is gone (cut off, bytes appended after it, or the file edited with h5py,
+        # which writes over it) is read like a v1 file: its HDF5 part is complete. footer_offset stays 0.
+        h = _header(g.attrs, path, bad, file_size)
+        schema, num_rows, rpb, H, heap_nbytes = h["schema"], h["num_rows"], h["rows_per_block"], \
+            h["heap_chunk_bytes"], h["heap_nbytes"]
         rows = _dataset(g, spec.ROWS, bad)
-        if rows.dtype != row_dtype:
-            raise bad(f"row table dtype {rows.dtype} does not match the schema's {row_dtype}")
+        if rows.dtype != h["row_dtype"]:
+            raise bad(f"row table dtype {rows.dtype} does not match the schema's {h['row_dtype']}")
         if rows.shape != (num_rows,) or rows.chunks != (rpb,):
             raise bad(f"row table shape {rows.shape}/chunks {rows.chunks} disagree with num_rows={num_rows}, rows_per_block={rpb}")
         blocks = _read_index(g, spec.BLOCKS, -(-num_rows // rpb), spec.BLOCK_DTYPE, bad)
         heap_chunks = _heap_index(g, schema, heap_nbytes, H, bad)
-        layout = cls(
-            path=path, version=version, schema=schema, user_attrs=user_attrs, num_rows=num_rows,
-            rows_per_block=rpb, row_dtype=row_dtype, compression=compression, heap_chunk_bytes=H,
-            heap_nbytes=heap_nbytes, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size,
-            writer=_text(a.get(spec.ATTR_WRITER, "")),
-        )  # fmt: skip
+        layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, **h)
+        layout._check_indexes(bad)
+        return layout
+
+    @classmethod
+    def from_footer(cls, ft: footer.Footer, path: str, file_size: int, file_id: tuple = ()) -> Layout:
+        """The layout of a v2 file from its footer (:func:`rowstore.format.footer.read`) alone:
+        the same checks as :meth:`from_h5`, without libhdf5. Chunks must lie before the footer."""
+        with _malformed(path):
+            return cls._from_footer(ft, path, file_size, file_id)
+
+    @classmethod
+    def _from_footer(cls, ft: footer.Footer, path: str, file_size: int, file_id: tuple) -> Layout:
+
+        def bad(msg: str) -> FormatError:
+            return FormatError(f"{path!r}: v2 footer: {msg}", path=path)
+
+        a = ft.header
+        if a.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
+            raise bad(f"format is {a.get(spec.ATTR_FORMAT)!r}, expected {spec.FORMAT_NAME!r}")
+        if a.get(footer.KEY_EOF) != ft.offset or isinstance(a.get(footer.KEY_EOF), bool):
+            raise bad(f"{footer.KEY_EOF} {a.get(footer.KEY_EOF)!r} disagrees with the trailer's footer offset {ft.offset}")
+        h = _header(a, path, bad, file_size)
+        if h["version"] < 2:
+            raise bad(f"declares format v{h['version']}, which has no footer")
+        nb = -(-h["num_rows"] // h["rows_per_block"])
+        nh = 0 if all(fl.inline for fl in h["schema"]) else -(-h["heap_nbytes"] // h["heap_chunk_bytes"])
+        if nh == 0 and h["heap_nbytes"]:
+            raise bad("heap_nbytes is not 0 for a schema without heap fields")
+        blocks, heap_chunks = ft.indexes(nb, nh, bad)
+        layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, footer_offset=ft.offset, **h)
+        object.__setattr__(layout, "file_id", file_id)
         layout._check_indexes(bad)
         return layout
 
@@ -212,7 +224,7 @@ class Layout(IndexSizes):
         one = lambda v: np.array([v], np.int64)  # noqa: E731
         check_indexes(lambda _s, msg: bad(msg), blocks=self.blocks, heap_chunks=self.heap_chunks,
                       rows=one(self.num_rows), rows_per_block=one(self.rows_per_block), heap_nbytes=one(self.heap_nbytes),
-                      file_size=one(self.file_size), block_counts=one(len(self.blocks)),
+                      file_size=one(self.footer_offset or self.file_size), block_counts=one(len(self.blocks)),
                       heap_chunk_counts=one(len(self.heap_chunks)), heap_chunk_bytes=self.heap_chunk_bytes,
                       row_size=self.row_dtype.itemsize, compressed=self.compressed)  # fmt: skip
 
@@ -406,14 +418,65 @@ def file_identity(st: os.stat_result) -> tuple:
 
 
 def _text(v: Any) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, str):
+        return v
+    raise ValueError(f"expected text, got {type(v).__name__}")
 
 
 def _int(attrs, name: str, bad) -> int:
     v = attrs.get(name)
-    if not isinstance(v, (int, np.integer)):
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
         raise bad(f"attribute {name!r} is missing or not an int: {v!r}")
     return int(v)
+
+
+@contextlib.contextmanager
+def _malformed(path: str) -> Iterator[None]:
+    """Turn what parsing hostile metadata may raise (h5py's errors for damaged metadata, values
+    of the wrong type, sizes numpy cannot represent) into a :class:`FormatError`."""
+    try:
+        yield
+    except RowstoreError:
+        raise
+    except OSError as exc:
+        if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
+            raise
+        raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, RecursionError, OverflowError) as exc:
+        # h5py's errors for damaged metadata (RuntimeError), objects of the wrong kind
+        # (AttributeError), sizes numpy cannot represent (OverflowError, ValueError).
+        raise FormatError(f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path) from exc
+
+
+def _header(a, path: str, bad, file_size: int) -> dict[str, Any]:
+    """The attributes of a file (``a``: the ``/rowstore`` attributes, or a v2 footer's header,
+    which holds the same keys and values), checked, as :class:`Layout` fields."""
+    version = _version(a, path, bad)
+    schema = _schema(a, path, bad)
+    try:
+        compression = spec.compression_config(_json(a, spec.ATTR_COMPRESSION, '{"id": "none"}', bad))
+    except RowstoreError as exc:  # a CodecError: unknown or malformed compression
+        raise bad(f"invalid compression attribute: {exc}") from exc
+    user_attrs = _json(a, spec.ATTR_USER, "{}", bad)
+    if not isinstance(user_attrs, dict):
+        raise bad(f"user attributes must be a JSON object, got {type(user_attrs).__name__}")
+    try:
+        user_attrs = attrs_json.decode(user_attrs)
+    except FormatError as exc:
+        raise bad(str(exc)) from None
+    num_rows, rpb, H, heap_nbytes = (_int(a, k, bad) for k in (
+        spec.ATTR_NUM_ROWS, spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES))
+    if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):
+        raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
+    if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
+        raise bad("negative or zero sizes in the attributes")
+    row_dtype = schema_row_dtype(schema, bad)
+    _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
+    return dict(version=version, schema=schema, user_attrs=user_attrs, num_rows=num_rows, rows_per_block=rpb,
+                row_dtype=row_dtype, compression=compression, heap_chunk_bytes=H, heap_nbytes=heap_nbytes,
+                writer=_text(a.get(spec.ATTR_WRITER, "")))  # fmt: skip
 
 
 def _check_limits(bad, row_size: int, rpb: int, H: int, heap_nbytes: int, num_rows: int, file_size: int) -> None:

@@ -7,6 +7,10 @@ Format v1 (one HDF5 file):
 ``/rowstore/heap``            1-D ``uint8`` dataset of variable-size payloads (absent if unused)
 ``/rowstore/blocks``          block index, :data:`BLOCK_DTYPE`, one entry per row chunk
 ``/rowstore/heap_chunks``     heap chunk index, :data:`HEAP_CHUNK_DTYPE` (absent if no heap)
+
+Format v2 is the same HDF5 file (``format_version`` 2) followed by a footer: the attributes and
+both indexes again, checksummed, which a reader opens the file from without libhdf5 (declared
+in :mod:`rowstore.format.footer`).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import numpy as np
 from rowstore.schema import Field, Schema
 
 FORMAT_NAME = "rowstore"
-FORMAT_VERSION = 1
-#: Versions this code reads.
-READABLE_VERSIONS = (1,)
+#: Format v2 = the v1 HDF5 file followed by a checksummed footer (:mod:`rowstore.format.footer`)
+#: that readers open it from without libhdf5.
+FORMAT_VERSION = 2
+#: Versions this code reads (v1 files, without a footer, through h5py).
+READABLE_VERSIONS = (1, 2)
 
 GROUP = "rowstore"
 ROWS = "rows"

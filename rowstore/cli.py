@@ -61,7 +61,9 @@ def info_text(path: str) -> str:
     raw, stored = L.raw_nbytes, L.stored_nbytes
     if L.shard_layouts is not None and L.num_shards == 1:
         F = L.shard_layouts[0]
-        head = [f"file            {path}", f"format          rowstore v{F.version} (written by {F.writer or 'unknown'})"]
+        footer = "" if F.version < 2 else ", checksummed footer" if F.footer_offset else \
+            ", its footer missing (cut off or edited with h5py): read through libhdf5"
+        head = [f"file            {path}", f"format          rowstore v{F.version} (written by {F.writer or 'unknown'}{footer})"]
     else:
         from rowstore.format import manifest
 

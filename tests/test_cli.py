@@ -37,7 +37,7 @@ def test_info(dataset, capsys):
     assert main(["info", dataset]) == 0
     out = capsys.readouterr().out
     assert dataset in out
-    assert "rowstore v1" in out and "written by rowstore" in out
+    assert "rowstore v2" in out and "written by rowstore" in out and "checksummed footer" in out
     assert "rows            25" in out
     assert "7 x 4 rows" in out
     assert '"source": "cli test"' in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import shutil
 import signal
 import threading
 
@@ -96,16 +97,27 @@ def test_field_is_hashable_and_immutable():
     assert Field("y", "float32", (3,), codec=f.codec) == Field("y", "float32", (3,))  # a codec mapping is accepted
 
 
-def test_os_errors_are_not_labelled_malformed(images, monkeypatch):
-    """An I/O or permission error while opening is the system's error, not 'malformed file'."""
+def test_os_errors_are_not_labelled_malformed(images, tmp_path, monkeypatch):
+    """An I/O or permission error while opening is the system's error, not 'malformed file':
+    reading a v2 file's footer, and h5py opening a v1 file."""
     import h5py
+
+    from rowstore.format import footer
 
     def refuse(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied", images)
 
+    with monkeypatch.context() as m:
+        m.setattr(footer.os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+        with pytest.raises(OSError) as ei:
+            rowstore.open(images)
+        assert ei.value.errno == errno.EIO and not isinstance(ei.value, FormatError)
+    v1 = str(tmp_path / "v1.h5")
+    shutil.copyfile(images, v1)
+    footer.cut(v1, rowstore.Layout.open(images).footer_offset)  # what the v1 writer left
     monkeypatch.setattr(h5py, "File", refuse)
     with pytest.raises(PermissionError) as ei:
-        rowstore.open(images)
+        rowstore.open(v1)
     assert not isinstance(ei.value, FormatError)
 
 

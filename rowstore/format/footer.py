@@ -69,12 +69,16 @@ class Footer:
     ``heap_chunks`` (index records, not yet checked against the header), ``offset`` (where the
     footer starts: the HDF5 end of file, which every chunk lies before)."""
 
-    __slots__ = ("header", "index", "offset", "raw")
+    __slots__ = ("header", "index", "offset", "_data", "_trailer")
 
-    def __init__(self, header: dict, index: memoryview, offset: int, raw: bytes = b""):
+    def __init__(self, header: dict, index: memoryview, offset: int, data: bytes = b"", trailer: bytes = b""):
         self.header, self.index, self.offset = header, index, offset
-        #: The footer's and trailer's bytes (what :func:`read` takes back as ``first``, without a read).
-        self.raw = raw
+        self._data, self._trailer = data, trailer
+
+    @property
+    def raw(self) -> bytes:
+        """The footer's and trailer's bytes (what :func:`read` takes back as ``first``, without a read)."""
+        return self._data + self._trailer
 
     def indexes(self, num_blocks: int, num_heap_chunks: int, bad) -> tuple[np.ndarray, np.ndarray]:
         """The block and heap chunk index, which must hold exactly the counts given."""
@@ -82,8 +86,9 @@ class Footer:
         if len(self.index) != nb + nh:
             raise bad(f"the footer's index holds {len(self.index)} bytes, expected {nb + nh} for {num_blocks} blocks and "
                       f"{num_heap_chunks} heap chunks")
-        blocks = np.frombuffer(self.index[:nb], dtype=spec.BLOCK_DTYPE).copy()
-        heap_chunks = np.frombuffer(self.index[nb:], dtype=spec.HEAP_CHUNK_DTYPE).copy()
+        # Read-only views of the footer's bytes (as a dataset's index is of its sidecar's).
+        blocks = np.frombuffer(self.index[:nb], dtype=spec.BLOCK_DTYPE)
+        heap_chunks = np.frombuffer(self.index[nb:], dtype=spec.HEAP_CHUNK_DTYPE)
         return blocks, heap_chunks
 
 
@@ -138,7 +143,7 @@ def parse_footer(data: bytes, offset: int, crc: int, path: str, trailer: bytes =
     at += n
     if data[at : at + len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise _bad(path, "the v2 footer's index does not start with its magic")
-    return Footer(header, memoryview(data)[at + len(INDEX_MAGIC) :], offset, data + trailer)
+    return Footer(header, memoryview(data)[at + len(INDEX_MAGIC) :], offset, data, trailer)
 
 
 def read(read_range: Callable[[int, int], bytes], size: int, path: str, *, first: bytes | None = None) -> Footer | None:
@@ -158,6 +163,8 @@ def read(read_range: Callable[[int, int], bytes], size: int, path: str, *, first
     have = len(first) - TRAILER_SIZE  # bytes of the file before the trailer that `first` holds
     if nbytes <= have:
         data = bytes(first[have - nbytes : have])
+    elif have <= 0:
+        data = read_range(offset, end)
     else:
         data = read_range(offset, end - have) + bytes(first[:have])
         if len(data) != nbytes:
@@ -174,7 +181,8 @@ def read_local(fd: int, size: int, path: str) -> Footer | None:
             raise _bad(path, f"short read of bytes {a}-{b} (the file shrank while opened?)")
         return out
 
-    return read(pread, size, path)
+    # The trailer, then exactly the footer it names: two reads whatever the footer's size.
+    return read(pread, size, path, first=pread(size - TRAILER_SIZE, size) if size >= TRAILER_SIZE else b"")
 
 
 def cut(path: str, offset: int) -> None:

@@ -4,6 +4,12 @@
     python bench/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
     python bench/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
 
+Seed files are format v2 (a checksummed footer after the HDF5 file; ``--format v1`` cuts it off
+and sets ``format_version`` 1, as the v1 writer left files). ``--region footer``: the footer's and
+trailer's bytes as stored (bit flips, set and zeroed bytes: the CRCs must refuse them) and sealed
+edits (a header value or an index record field changed, both CRCs recomputed: the semantic checks
+must); ``all`` includes them, and truncation at the footer's inner boundaries.
+
 Seed files: small valid rowstore files (uncompressed and lz4; int64, float32[4], nullable str,
 variable int16 (None, 2), an 8x8x3 PNG when imagecodecs is present; 50 rows, rows_per_block=8,
 heap_chunk_bytes=256) built in a temporary directory. Their structures (block chunks, heap
@@ -118,6 +124,18 @@ def build_seeds(tmp: str, with_image: bool) -> dict[str, str]:
     return out
 
 
+def as_v1(path: str) -> None:
+    """Make a v2 file what the v1 writer left: the footer cut off, ``format_version`` 1."""
+    import h5py
+
+    from rowstore import Layout
+    from rowstore.format import footer
+
+    footer.cut(path, Layout.open(path).footer_offset)
+    with h5py.File(path, "r+") as f:
+        f["rowstore"].attrs["format_version"] = 1
+
+
 def structure_map(path: str) -> dict:
     """Byte ranges of every structure: block chunks, heap chunks, index datasets; the rest is
     metadata. Also the positions of heap-reference columns inside a row and the row size."""
@@ -150,6 +168,19 @@ def structure_map(path: str) -> dict:
                     refs.append((base + poff, pdt.itemsize, f"{fname}.{part}"))
         row_size = dt.itemsize
     size = os.path.getsize(path)
+    from rowstore import Layout
+
+    footer_offset = Layout.open(path).footer_offset
+    footer = None
+    if footer_offset:  # v2: the footer (header + index) and the trailer are regions of their own
+        with open(path, "rb") as fh:
+            fh.seek(footer_offset)
+            tail = fh.read()
+        hlen = int.from_bytes(tail[8:12], "little")
+        regions.append(("footer", footer_offset, size - 32))
+        regions.append(("trailer", size - 32, size))
+        footer = {"offset": footer_offset, "header": (footer_offset + 12, footer_offset + 12 + hlen),
+                  "index": footer_offset + 20 + hlen}  # fmt: skip
     regions.sort(key=lambda r: r[1])
     meta, pos = [], 0
     for _, a, b in regions:
@@ -159,7 +190,7 @@ def structure_map(path: str) -> dict:
     if pos < size:
         meta.append(("metadata", pos, size))
     return {"size": size, "compressed": compressed, "regions": regions, "metadata": meta,
-            "refs": refs, "row_size": row_size}  # fmt: skip
+            "refs": refs, "row_size": row_size, "footer": footer}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- mutations
@@ -170,8 +201,11 @@ META_KINDS = ("meta-bitflip", "meta-setbyte", "meta-zero")
 INDEX_KINDS = ("index-bitflip", "index-setbyte")
 FILE_KINDS = ("bitflip", "setbyte", "zero-range", "insert-garbage", "truncate-random", "truncate-boundary",
               "append-garbage")  # fmt: skip
-KINDS = {"chunks": CHUNK_KINDS, "metadata": META_KINDS, "index": INDEX_KINDS,
-         "all": CHUNK_KINDS + META_KINDS + INDEX_KINDS + FILE_KINDS}  # fmt: skip
+#: Format v2 footer: its bytes as stored (the CRCs must refuse them), and sealed edits (a header
+#: value or an index record field changed, both CRCs recomputed: the semantic checks must).
+FOOTER_KINDS = ("footer-bitflip", "footer-setbyte", "footer-zero", "footer-sealed")
+KINDS = {"chunks": CHUNK_KINDS, "metadata": META_KINDS, "index": INDEX_KINDS, "footer": FOOTER_KINDS,
+         "all": CHUNK_KINDS + META_KINDS + INDEX_KINDS + FOOTER_KINDS + FILE_KINDS}  # fmt: skip
 
 
 def _pick_region(rng, smap, kinds):
@@ -251,8 +285,58 @@ def _chunk_mutation(kind, data, rng, smap):
     raise AssertionError(kind)
 
 
+def _footer_sealed(data: bytearray, rng, smap) -> tuple[bytearray, dict | None]:
+    """Change one header value or one index record field of a v2 footer and recompute its CRCs."""
+    from rowstore.format import footer, spec
+
+    ft = smap["footer"]
+    if ft is None:
+        return data, None
+    off = ft["offset"]
+    h0, h1 = ft["header"]
+    header = json.loads(bytes(data[h0:h1]))
+    index = bytearray(data[ft["index"] + 8 : len(data) - footer.TRAILER_SIZE])
+    nb = -(-int(header["num_rows"]) // int(header["rows_per_block"]))
+    if rng.random() < 0.4:
+        key = _pick(rng, ["num_rows", "rows_per_block", "heap_chunk_bytes", "heap_nbytes", "format_version",
+                          footer.KEY_EOF])  # fmt: skip
+        old = header[key]
+        header[key] = _odd_int(rng, int(old))
+        op = {"op": "footer-sealed", "key": key, "old": old, "value": header[key]}
+    else:
+        heap = rng.random() < 0.3 and len(index) > nb * spec.BLOCK_DTYPE.itemsize
+        dt = spec.HEAP_CHUNK_DTYPE if heap else spec.BLOCK_DTYPE
+        base = nb * spec.BLOCK_DTYPE.itemsize if heap else 0
+        count = (len(index) - base) // dt.itemsize if heap else nb
+        if not count:
+            return data, None
+        rec = np.frombuffer(bytes(index[base : base + count * dt.itemsize]), dt).copy()
+        k, field = int(rng.integers(count)), _pick(rng, list(dt.names))
+        old = int(rec[field][k])
+        rec[field][k] = _odd_int(rng, old) % (1 << 64)
+        index[base : base + count * dt.itemsize] = rec.tobytes()
+        op = {"op": "footer-sealed", "record": ("heap chunk " if heap else "block ") + str(k), "field": field,
+              "old": old, "value": int(rec[field][k])}  # fmt: skip
+    text = json.dumps(header, sort_keys=True).encode()
+    body = footer.FOOTER_MAGIC + len(text).to_bytes(4, "little") + text + bytes(data[ft["index"] : ft["index"] + 8]) + bytes(index)
+    head = footer.TRAILER_MAGIC + off.to_bytes(8, "little") + len(body).to_bytes(8, "little") + \
+        zlib.crc32(body).to_bytes(4, "little")
+    return data[:off] + body + head + zlib.crc32(head).to_bytes(4, "little"), op
+
+
 def mutate(kind: str, data: bytearray, rng, smap) -> tuple[bytearray, dict | None]:
     n = len(data)
+    if kind == "footer-sealed":
+        try:
+            return _footer_sealed(data, rng, smap)
+        except (ValueError, KeyError, TypeError, OverflowError):  # an earlier mutation of this case broke the footer
+            return data, None
+    if kind in FOOTER_KINDS:
+        reg = _pick_region(rng, smap, ("footer", "trailer"))
+        if reg is None:
+            return data, None
+        fn = {"bitflip": _flip, "setbyte": _set, "zero": _zero}[kind.split("-", 1)[1]]
+        return data, fn(data, rng, reg[1], reg[2])
     if kind in CHUNK_KINDS:
         return data, _chunk_mutation(kind, data, rng, smap)
     if kind in META_KINDS or kind in INDEX_KINDS:
@@ -280,6 +364,9 @@ def mutate(kind: str, data: bytearray, rng, smap) -> tuple[bytearray, dict | Non
         return data[:p], {"op": "truncate", "at": p}
     if kind == "truncate-boundary":
         bounds = sorted({x for r in smap["regions"] for x in (r[1], r[2])} | {p for r in smap["regions"] for p in (r[1] + 1, r[2] - 1)})
+        if smap.get("footer"):
+            ft = smap["footer"]
+            bounds += [ft["offset"] + 8, ft["offset"] + 12, ft["header"][1], ft["index"], ft["index"] + 8, n - 32 + 8, n - 4]
         bounds = [x for x in bounds if 0 < x < n]
         p = int(bounds[int(rng.integers(len(bounds)))])
         return data[:p], {"op": "truncate", "at": p, "boundary": True}
@@ -1006,6 +1093,8 @@ def main(argv=None) -> int:
     ap.add_argument("--per-child", type=int, default=50, help="cases per child process")
     ap.add_argument("--mem-gib", type=float, default=4.0, help="RLIMIT_AS of the child")
     ap.add_argument("--no-image", action="store_true", help="leave the PNG field out")
+    ap.add_argument("--format", choices=("v1", "v2"), default="v2",
+                    help="seed files as written (v2, with a footer) or as the v1 writer left them")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--replay", nargs="+", metavar="FILE", help="run the oracle on these files (.h5 or .h5.gz) or dataset directories and print the outcomes")
     args = ap.parse_args(argv)
@@ -1026,6 +1115,9 @@ def main(argv=None) -> int:
             smaps = {k: dataset_map(p) for k, p in seeds.items()}
         else:
             seeds = build_seeds(tmp, with_image)
+            if args.format == "v1":
+                for p in seeds.values():
+                    as_v1(p)
             blobs = {k: bytes(open(p, "rb").read()) for k, p in seeds.items()}
             smaps = {k: structure_map(p) for k, p in seeds.items()}
         mem = int(args.mem_gib * 2**30)
@@ -1070,7 +1162,7 @@ def main(argv=None) -> int:
                         op["kind"] = kind
                         ops.append(op)
                         case_kinds.append(kind)
-                    if kind.startswith(("truncate", "insert")):
+                    if kind.startswith(("truncate", "insert", "footer-sealed")):
                         break  # later offsets would no longer mean the seed's structures
                 if not ops or data == blobs[seed_name]:
                     continue  # nothing applied, or a no-op (zeros over zeros)
@@ -1116,7 +1208,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - t0
     report = {
-        "seed": args.seed, "region": args.region, "cases": i, "seconds": round(elapsed, 1), "with_image": with_image,
+        "seed": args.seed, "region": args.region, "format": args.format if not dataset else None, "cases": i, "seconds": round(elapsed, 1), "with_image": with_image,
         "seed_files": {k: sum(map(len, v.values())) if dataset else len(v) for k, v in blobs.items()},
         "by_outcome": {o: by_outcome[o] for o in OUTCOMES},
         "by_kind": {k: {o: c[o] for o in OUTCOMES if c[o]} for k, c in sorted(by_kind.items())},

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import RowstoreError
+from rowstore.errors import FormatError, RowstoreError
 
 __all__ = ["main", "info_text", "head_text", "gc_text", "gc_dataset_text"]
 
@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fields", nargs="+", help="only these fields")
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")
+    p.add_argument("--no-hdf5-check", action="store_true",
+                   help="a v2 file: do not check (with libhdf5, in a child process) that its HDF5 part agrees with its footer")
     p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds); "
                                   "for a dataset directory, list old versions and unreferenced shards (--delete removes them)")
     p.add_argument("path", help="a file (its temporaries), a directory (all temporaries in it), or a dataset directory "
@@ -424,6 +426,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows = f" (rows {span[0]}..{span[1] - 1})" if span else ""
                 print(f"rowstore verify: damaged: {err}{rows}", file=sys.stderr)
             shards = f" in {L.num_shards} shards" if L.num_shards > 1 else ""
+            if L.shard_layouts is not None and L.num_shards == 1 and L.shard_layouts[0].footer_offset \
+                    and not args.no_hdf5_check:  # a v2 file: what h5py users see must be what rowstore reads
+                from rowstore.format._hdf5_check import hdf5_disagreement
+
+                why = hdf5_disagreement(L.shard_layouts[0])
+                if why:
+                    print(f"rowstore verify: {args.path}: the footer and the HDF5 part disagree: {why}", file=sys.stderr)
+                    damage = [*damage, FormatError(why, path=args.path)]
             if damage:
                 bad = len({e.path for e in damage})
                 print(f"{args.path}: {len(damage)} damaged chunk(s) or shard(s) of {L.num_blocks + len(L.heap_chunks)} "

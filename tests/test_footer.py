@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 import rowstore
-from rowstore import ChecksumError, Field, FormatError, FormatVersionError, Layout, RowstoreError, Schema
+from rowstore import (
+    ChecksumError,
+    Field,
+    FormatError,
+    FormatVersionError,
+    Layout,
+    RowstoreError,
+    Schema,
+)
 from rowstore.format import footer
 
 h5py = pytest.importorskip("h5py")

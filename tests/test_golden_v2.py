@@ -13,12 +13,12 @@ import subprocess
 
 import numpy as np
 import pytest
+from test_golden import expected_rows
 
 import rowstore
 from rowstore import Layout, Schema
 from rowstore.cli import main as cli_main
 from rowstore.format import footer, spec
-from test_golden import expected_rows
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 GOLDEN = os.path.join(DATA, "golden_v2.h5")

@@ -506,3 +506,26 @@ def test_verify_cross_checks_the_hdf5_part(valid, tmp_path, capsys):
     assert "libhdf5 failed" in capsys.readouterr().err
     with rowstore.open(garbled) as r:  # rowstore reads it from its footer all the same
         assert r.take(np.arange(N))["id"].tolist() == list(range(N))
+
+
+def test_remote_open_with_a_cache_keeps_the_footer(valid, tmp_path, http_factory):
+    """With cache=, the footer is kept: a second open of the same object makes only the HEAD."""
+    d = str(tmp_path / "srv")
+    os.makedirs(d)
+    shutil.copyfile(valid, os.path.join(d, "v2.h5"))
+    srv = http_factory(d)
+    cache = str(tmp_path / "cache")
+    counts = []
+    for _ in range(2):
+        before = srv.requests
+        with rowstore.open(srv.url + "/v2.h5", cache=cache) as r:
+            counts.append(srv.requests - before)
+            assert r.take(np.arange(N))["id"].tolist() == list(range(N))
+            assert r.layout.num_rows == N
+    assert counts[0] >= 2
+    with rowstore.open(srv.url + "/v2.h5", cache=cache) as r:
+        pass
+    before = srv.requests
+    with rowstore.open(srv.url + "/v2.h5", cache=cache) as r:
+        assert srv.requests - before == 1  # the HEAD: footer from the cache
+        assert r.layout.num_rows == N

@@ -14,10 +14,12 @@ import os
 import pickle
 import random
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ import pytest
 import rowstore
 from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
-from rowstore.format import manifest, spec
+from rowstore.format import footer, manifest, spec
 from rowstore.format.dataset_writer import DatasetWriter, ShardInfo, commit, gc, write_shard
 
 SCHEMA = Schema([Field("x", "int64"), Field("t", BYTES)])
@@ -320,13 +322,19 @@ def test_commit_checks_every_shard(tmp_path):
     _expect_refused(root, [dataclasses.replace(tampered, index_crc32=tampered.index_crc32 ^ 1)],
                     rowstore.FormatError, "index CRC-32", mode="a")  # fmt: skip
     _expect_refused(root, [dataclasses.replace(tampered, rows=11)], rowstore.FormatError, "rows of the file", mode="a")
-    import h5py  # the file's own block index changed in place (same size): its CRC no longer matches
-
-    with h5py.File(os.path.join(root, tampered.path), "r+") as f:
-        blocks = f[spec.GROUP][spec.BLOCKS]
-        rec = blocks[0]
-        rec["checksum"] ^= 1
-        blocks[0] = rec
+    # The file's own block index (in its v2 footer, CRCs recomputed) changed in place (same size):
+    # its CRC no longer matches the one recorded for the shard.
+    p = os.path.join(root, tampered.path)
+    L = rowstore.Layout.open(p)
+    data = bytearray(open(p, "rb").read())
+    at = L.footer_offset + bytes(data[L.footer_offset :]).index(L.blocks.tobytes())
+    b = L.blocks.copy()
+    b["checksum"][0] ^= 1
+    data[at : at + b.nbytes] = b.tobytes()
+    head = struct.pack("<8sQQI", footer.TRAILER_MAGIC, L.footer_offset, len(data) - 32 - L.footer_offset,
+                       zlib.crc32(bytes(data[L.footer_offset : -32])))  # fmt: skip
+    data[-32:] = head + struct.pack("<I", zlib.crc32(head))
+    open(p, "wb").write(bytes(data))
     assert os.path.getsize(os.path.join(root, tampered.path)) == tampered.file_size
     _expect_refused(root, [tampered], rowstore.FormatError, "index CRC-32", mode="a")
     other = write_shard(root, INLINE, {"x": np.arange(3)})

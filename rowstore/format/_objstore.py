@@ -428,6 +428,15 @@ class RangeFile:
         self.pos = b
         return out[off : off + (b - a)]
 
+    def read_range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` (fetched if missing), the position unchanged."""
+        pos = self.pos
+        self.pos = start
+        try:
+            return self.read(end - start)
+        finally:
+            self.pos = pos
+
     def readinto(self, buf: Any) -> int:
         data = self.read(len(memoryview(buf).cast("B")))
         memoryview(buf).cast("B")[: len(data)] = data
@@ -474,6 +483,7 @@ def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
             return layout
     rf = RangeFile(client, url, size, etag, image=image, tail_data=first)
     try:
+        footer.check_no_footer(rf.read_range, size, url)
         with h5py.File(rf, "r") as f:
             layout = Layout.from_h5(f, url, size, ident)
         if cache is not None and etag and rf.requests:

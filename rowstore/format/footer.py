@@ -46,8 +46,8 @@ from rowstore.errors import ChecksumError, FormatError
 from rowstore.format import spec
 from rowstore.format.manifest import INDEX_MAGIC, _json_object
 
-__all__ = ["FOOTER_MAGIC", "TRAILER_MAGIC", "TRAILER_SIZE", "FIRST_READ", "Footer", "encode", "read", "cut",
-           "parse_trailer", "parse_footer"]  # fmt: skip
+__all__ = ["FOOTER_MAGIC", "TRAILER_MAGIC", "TRAILER_SIZE", "FIRST_READ", "Footer", "encode", "read", "read_local",
+           "cut", "parse_trailer", "parse_footer", "hdf5_end", "check_no_footer"]  # fmt: skip
 
 FOOTER_MAGIC = b"RSFOOTR2"
 TRAILER_MAGIC = b"RSTRAIL2"
@@ -172,6 +172,43 @@ def read(read_range: Callable[[int, int], bytes], size: int, path: str, *, first
     return parse_footer(data, offset, crc, path, bytes(first[-TRAILER_SIZE:]))
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def hdf5_end(head: bytes) -> int | None:
+    """The end-of-file address that the HDF5 superblock at the start of ``head`` (the file's
+    first 48 bytes) records; None for a superblock this does not parse (a user block, offsets
+    of another size, an unknown version)."""
+    if len(head) < 48 or head[:8] != _HDF5_SIGNATURE:
+        return None
+    version = head[8]
+    if version in (0, 1) and head[13] == 8:
+        at = 24 if version == 0 else 28  # base address, then free-space, end-of-file addresses
+    elif version in (2, 3) and head[9] == 8:
+        at = 12  # base address, superblock extension, end-of-file addresses
+    else:
+        return None
+    base, _, end = struct.unpack_from("<QQQ", head, at)
+    return end if base == 0 else None
+
+
+def check_no_footer(read_range: Callable[[int, int], bytes], size: int, path: str) -> None:
+    """For a file without a trailer (:func:`read` returned None), before libhdf5 sees it: a file
+    shorter than its HDF5 superblock says is truncated, and a file whose HDF5 part is followed by
+    a footer without its trailer was truncated in the footer or had bytes appended after it;
+    both are a :class:`FormatError`. (A v2 file edited with h5py, which writes over the footer,
+    passes: it is read as a v1 file.)"""
+    end = hdf5_end(read_range(0, min(size, 48)))
+    if end is None:
+        return
+    if end > size:
+        raise _bad(path, f"truncated: its HDF5 superblock records {end} bytes, the file has {size}")
+    after = read_range(end, min(size, end + len(FOOTER_MAGIC))) if end < size else b""
+    if after and FOOTER_MAGIC.startswith(after):  # the footer's magic, or the start of it
+        raise _bad(path, f"a v2 footer starts at offset {end} (the HDF5 end of file) but the file does not end with its "
+                         f"trailer: truncated in the footer, or bytes appended after it")
+
+
 def read_local(fd: int, size: int, path: str) -> Footer | None:
     """:func:`read` of an open local file."""
 
@@ -182,7 +219,10 @@ def read_local(fd: int, size: int, path: str) -> Footer | None:
         return out
 
     # The trailer, then exactly the footer it names: two reads whatever the footer's size.
-    return read(pread, size, path, first=pread(size - TRAILER_SIZE, size) if size >= TRAILER_SIZE else b"")
+    found = read(pread, size, path, first=pread(size - TRAILER_SIZE, size) if size >= TRAILER_SIZE else b"")
+    if found is None:
+        check_no_footer(pread, size, path)
+    return found
 
 
 def cut(path: str, offset: int) -> None:

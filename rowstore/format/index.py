@@ -1,5 +1,6 @@
-"""Opening a file: read the attributes, schema and indexes once (through libhdf5) and check
-every number that the hot path will trust.
+"""Opening a file: read the attributes, schema and indexes once (a v2 file from its footer,
+:mod:`rowstore.format.footer`, without libhdf5; a v1 file through libhdf5) and check every
+number that the hot path will trust.
 
 :class:`Layout` is what the reader and the kernels work from; after it is built, reading never
 calls libhdf5 again.
@@ -172,8 +173,8 @@ class Layout(IndexSizes):
                 or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
-        # A v2 file whose footer is gone (cut off, bytes appended after it, or the file edited with h5py,
-        # which writes over it) is read like a v1 file: its HDF5 part is complete. footer_offset stays 0.
+        # A v2 file without its footer (h5py wrote over it, or the file was cut exactly where it
+        # started: see footer.check_no_footer) is read like a v1 file: its HDF5 part is complete.
         h = _header(g.attrs, path, bad, file_size)
         schema, num_rows, rpb, H, heap_nbytes = h["schema"], h["num_rows"], h["rows_per_block"], \
             h["heap_chunk_bytes"], h["heap_nbytes"]
@@ -197,7 +198,6 @@ class Layout(IndexSizes):
 
     @classmethod
     def _from_footer(cls, ft: footer.Footer, path: str, file_size: int, file_id: tuple) -> Layout:
-
         def bad(msg: str) -> FormatError:
             return FormatError(f"{path!r}: v2 footer: {msg}", path=path)
 

@@ -429,12 +429,17 @@ class Reader:
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
         seg_rows = self._segment_rows(shuffle, window, batch_size)
+        step = self._aligned_step(shuffle, window, batch_size, plans)
 
         def order() -> Any:
-            return _order.iter_segments(
-                self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
-                rank=rank, world=world, even=even, start=start, segment_rows=seg_rows,
-            )  # fmt: skip
+            if step is None:
+                return _order.iter_segments(
+                    self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
+                    rank=rank, world=world, even=even, start=start, segment_rows=seg_rows,
+                )  # fmt: skip
+            eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window)
+            lo, hi = _order.shard_bounds(eo.num_rows, rank, world, even)
+            return eo.aligned(min(lo + start, hi), hi, step)
 
         segments = self._fetch_ahead(order, plans)
         threads = num_threads or self.num_threads
@@ -453,7 +458,29 @@ class Reader:
         blocks; uncompressed rows are read directly, so segments can be large."""
         if shuffle != "full":
             return None
-        return window if self.layout.compressed or not self._store.direct else max(batch_size, 4096)
+        if self.layout.compressed or not self._store.direct:
+            return window
+        return batch_size * -(-4096 // batch_size)  # whole batches: none straddles two segments
+
+    def _aligned_step(self, shuffle: str, window: int, batch_size: int, plans: list[FieldPlan]) -> int | None:
+        """Rows per segment cut at batch boundaries (:meth:`EpochOrder.aligned`) where the
+        gather reads the rows of a ``block``/``none`` window directly (uncompressed local
+        files: large fixed-size rows by ``preadv``, heap payloads by ``pread``), else None
+        (window segments: compressed or remote files, small rows gathered from loaded blocks).
+
+        A window segment of such a file loads nothing whole, so cutting the same order at
+        multiples of the batch size costs no reads, and saves what a window cut costs: the
+        batch across each window boundary concatenated (a copy of its bytes; every batch
+        once a batch holds more rows than a window), and fixed per-segment costs on windows
+        of few rows. About a window of rows per segment, so memory stays as documented."""
+        if shuffle == "full" or not self._gatherer.direct_ok:
+            return None
+        rows = window * self._rpb
+        heap = any(not p.inline for p in plans)
+        nfixed = 2 * len(plans)
+        if not heap and self._gatherer._strategy(rows, window, False, nfixed) == "blocks":
+            return None
+        return batch_size * max(1, -(-rows // batch_size))
 
     def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:
         """``order()``'s segments; from object storage, with the store fetching their chunks
@@ -570,6 +597,7 @@ class Reader:
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
         seg_rows = self._segment_rows(shuffle, window, batch_size)
+        step = self._aligned_step(shuffle, window, batch_size, plans)
         B = batch_size
 
         def segments():
@@ -578,7 +606,7 @@ class Reader:
                 cut = np.flatnonzero(np.diff(real) != 1) + 1
                 for run in np.split(real, cut):
                     lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
-                    yield from eo.segments(lo, hi, seg_rows)
+                    yield from (eo.segments(lo, hi, seg_rows) if step is None else eo.aligned(lo, hi, step))
                     if pad and (hi - lo) < len(run) * B:
                         yield _order.Segment(pad_ids(eo, len(run) * B - (hi - lo)), pad=True)
             for _ in range(int((gids < 0).sum())):

@@ -20,6 +20,7 @@ that epoch (different rows each epoch, since the order changes), which keeps DDP
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -117,12 +118,14 @@ class Segment:
     needs to gather from whole blocks, without mapping rows to slots again.
     """
 
-    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z", "_keep", "_first", "pad")
+    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z", "_keep", "_first", "pad",
+                 "_eo")
 
     def __init__(self, rows=None, *, blocks=None, block_rows=None, rpb=0, seed=None, a=0, z=0, keep=None, first=None,
-                 pad=False):
+                 pad=False, order=None):
         self.blocks = blocks
         self._rows = rows
+        self._eo = order  # a position range [a, z) of this EpochOrder, its rows computed when asked
         self._local = None
         self._block_rows, self._rpb, self._seed, self._a, self._z = block_rows, rpb, seed, a, z
         self._keep, self._first = keep, first
@@ -150,6 +153,8 @@ class Segment:
         return self._local
 
     def rows(self) -> np.ndarray:
+        if self._rows is None and self._eo is not None:
+            self._rows = self._eo.ids(self._a, self._z)
         if self._rows is None:
             loc = self.local()
             slot = loc // self._rpb
@@ -183,6 +188,7 @@ class EpochOrder:
             self._kept = c[self._first + br] - c[self._first]
         self.num_rows = int(self._kept.sum())
         self._perm: np.ndarray | None = None
+        self._lock = threading.Lock()  # reader threads share the window cache of ids()
         if shuffle == "full":
             return
         if shuffle == "block":
@@ -192,6 +198,16 @@ class EpochOrder:
         self._win_starts = np.arange(0, nblocks, window)
         self._win_rows = np.add.reduceat(self._kept[self.blocks], self._win_starts) if nblocks else np.zeros(0, np.int64)
         self._win_end = np.cumsum(self._win_rows)
+
+    def __getstate__(self) -> dict:
+        st = dict(self.__dict__)
+        st.pop("_lock", None)
+        st.pop("_wcache", None)
+        return st
+
+    def __setstate__(self, st: dict) -> None:
+        self.__dict__.update(st)
+        self._lock = threading.Lock()
 
     def _full(self) -> np.ndarray:
         """``full`` mode: the epoch's permutation as row ids (computed once)."""
@@ -231,6 +247,20 @@ class EpochOrder:
                 yield Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=a, z=z,
                               keep=self.keep, first=self._first)
 
+    def aligned(self, lo: int, hi: int, step: int) -> Iterator[Segment]:
+        """The order's positions ``[lo, hi)`` as segments of ``step`` rows (the last shorter),
+        each a position range whose rows are computed when first asked (by a reader thread).
+
+        The same rows in the same order as :meth:`segments`, cut elsewhere: where the reader
+        reads rows directly (no window of blocks to load), cutting at multiples of the batch
+        size means no batch straddles two segments, so none is concatenated (a copy of its
+        bytes) and a segment's fixed costs are spread over whole batches.
+        """
+        lo, hi = max(0, int(lo)), min(int(hi), self.num_rows)
+        step = positive_int("step", step)
+        for a in range(lo, hi, step):
+            yield Segment(order=self, a=a, z=min(a + step, hi))
+
     def ids(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Row ids at positions ``[lo, hi)`` of the order. Windows are computed once and the
         last few kept, so many short ranges of one window (a batch sampler's batches) cost one
@@ -252,15 +282,19 @@ class EpochOrder:
 
     def _window_ids(self, w: int) -> np.ndarray:
         cache = self.__dict__.setdefault("_wcache", {})
-        if w not in cache:
-            if len(cache) >= 4:
-                cache.pop(next(iter(cache)))
+        with self._lock:
+            ids = cache.get(w)
+        if ids is None:  # two threads may compute one window twice: the same pure result
             m = int(self._win_rows[w])
             wb = self.blocks[self._win_starts[w] : self._win_starts[w] + self.window]
             wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
-            cache[w] = Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=0, z=m,
-                               keep=self.keep, first=self._first).rows()
-        return cache[w]
+            ids = Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=0, z=m,
+                          keep=self.keep, first=self._first).rows()
+            with self._lock:
+                if len(cache) >= 4:
+                    cache.pop(next(iter(cache)))
+                cache[w] = ids
+        return ids
 
 
 def iter_segments(

@@ -143,3 +143,50 @@ def test_full_segments_are_whole_batches(tmp_path):
             assert r._segment_rows("full", 16, B) % B == 0
         bs = list(r.batches(100, shuffle="full", seed=2))
         assert np.array_equal(np.concatenate([b["i"] for b in bs]), r.epoch_order(shuffle="full", seed=2))
+
+
+# -- the buffer pool (issue 18.7) -------------------------------------------------------------
+def test_pool_reuses_only_dropped_buffers():
+    import sys
+
+    from rowstore.reader.buffers import BufferPool
+
+    pool = BufferPool(cap=3, min_bytes=0)
+    spec = [("a", (16,), np.float32), ("b", (), np.int64)]
+    c1 = pool.columns(spec, 5000)
+    c1["a"][:] = 1
+    keep = c1["a"][10:20]  # a view the caller keeps
+    del c1
+    c2 = pool.columns(spec, 5000)
+    assert len(pool._bufs) == 2 and not np.shares_memory(c2["a"], keep)
+    del c2
+    c3 = pool.columns(spec, 4000)  # the dropped buffer, not the kept one
+    assert len(pool._bufs) == 2 and not np.shares_memory(c3["a"], keep)
+    assert (keep == 1).all()
+    assert c3["a"].ctypes.data % 64 == 0 and c3["b"].ctypes.data % 64 == 0
+    held = [pool.columns(spec, 5000) for _ in range(5)]  # past the cap: plain arrays, never shared
+    assert len(pool._bufs) == 3
+    bases = [h["a"].base for h in held] + [c3["a"].base, keep.base]
+    assert all(not np.shares_memory(x, y) for i, x in enumerate(bases) for y in bases[i + 1:])
+    assert sys.getrefcount(pool._bufs[0]) >= 2
+
+
+@pytest.mark.parametrize("kind", ["large", "small"])
+@pytest.mark.parametrize("shuffle", ["block", "full"])
+def test_batches_kept_by_the_caller_are_never_overwritten(tmp_path, kind, shuffle):
+    path = _write(str(tmp_path / f"{kind}.h5"), kind)
+    with Reader(path) as r:
+        ref = r.take(np.arange(len(r)))
+        kept = []
+        for k, b in enumerate(r.batches(32, shuffle=shuffle, seed=1, num_threads=2, prefetch=1)):
+            if k % 3 == 0:
+                kept.append(b)  # the others are dropped, their buffers reused
+            elif k % 3 == 1:
+                kept.append({"x": b["x"][2:5], "i": b["i"][2:5]})  # a view of part of it
+        for b in kept:
+            assert np.array_equal(b["x"], ref["x"][b["i"]])
+        # a torch tensor sharing the memory holds it too
+        torch = pytest.importorskip("torch")
+        ts = [(torch.from_numpy(b["x"]), b["i"].copy()) for b in r.batches(32, shuffle=shuffle, seed=2)]
+        for t, i in ts:
+            assert np.array_equal(t.numpy(), ref["x"][i])

@@ -28,7 +28,7 @@ from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
 from rowstore.reader._stream import cut_batches, prefetched
-from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, concat_batches, pad_ragged
+from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, BufferPool, Ragged, concat_batches, pad_ragged
 from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
 from rowstore.schema import Schema
 
@@ -443,9 +443,10 @@ class Reader:
 
         segments = self._fetch_ahead(order, plans)
         threads = num_threads or self.num_threads
+        columns = self._pooled_columns(plans, threads, prefetch)
 
         def produce(seg: _order.Segment) -> dict:
-            return self._read(seg, plans, None, 0, threads)
+            return self._read(seg, plans, columns(len(seg)), 0, threads)
 
         def finish(batch: dict) -> dict:
             return self._finish_varlen(batch, plans, varlen)
@@ -481,6 +482,15 @@ class Reader:
         if not heap and self._gatherer._strategy(rows, window, False, nfixed) == "blocks":
             return None
         return batch_size * max(1, -(-rows // batch_size))
+
+    def _pooled_columns(self, plans: list[FieldPlan], threads: int, prefetch: int):
+        """``columns(n)``: the ``out=`` arrays of a segment's raw fields, from a
+        :class:`~rowstore.reader.buffers.BufferPool` of this iteration (None: no raw field)."""
+        raw = [(p.field.name, tuple(p.field.shape), p.field.dtype) for p in plans if p.raw]
+        if not raw:
+            return lambda n: None
+        pool = BufferPool(max(1, threads) * prefetch + 3)
+        return lambda n: pool.columns(raw, n)
 
     def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:
         """``order()``'s segments; from object storage, with the store fetching their chunks
@@ -614,9 +624,10 @@ class Reader:
 
         threads = num_threads or self.num_threads
         rows_of = self.layout.rows_of
+        columns = self._pooled_columns(plans, threads, prefetch)
 
         def produce(seg: _order.Segment) -> dict:
-            b = self._read(seg, plans, None, 0, threads)
+            b = self._read(seg, plans, columns(len(seg)), 0, threads)
             if with_ids:
                 b[ID_KEY] = rows_of(seg.rows())
             if pad:

@@ -52,7 +52,7 @@ def child(spec: dict[str, Any]) -> None:
     out: list[dict[str, Any]] = []
     bufs: dict[str, Any] = {}
     for B in spec["batches"]:
-        def run(c: tuple, ep: int) -> tuple[int, int, float, float]:
+        def run(c: tuple, ep: int, B: int = B) -> tuple[int, int, float, float]:
             shuffle, window, pieces = c
             if shuffle == "memcpy":
                 t, c0 = time.perf_counter(), cpu()
@@ -89,6 +89,33 @@ def child(spec: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """Tables of a run: per workload and batch, each configuration's medians over the rounds
+    (rows/s, % of the same process's memcpy, rows per CPU second, quality), before and after."""
+    from collections import defaultdict
+
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for d in doc["results"]:
+        groups[(d["workload"], d["batch"], d["shuffle"], d["window"], d["pieces"], d["tree"])].append(d)
+
+    def med(rs: list[dict], k: str) -> float:
+        return statistics.median(r[k] for r in rs)
+
+    lines = []
+    keys = sorted({(w, b) for w, b, *_ in groups}, key=lambda t: (list(WORKLOADS).index(t[0]), t[1]))
+    for w, b in keys:
+        lines += [f"**{w}, batch {b}**", "",
+                  "| config | tree | rows/s | % memcpy | rows per CPU s | quality |", "|---|---|---:|---:|---:|---:|"]
+        for (w2, b2, sh, win, k, tree), rs in sorted(groups.items(), key=lambda t: (t[0][5] != "before", t[0][2:5])):
+            if (w2, b2) != (w, b) or sh == "memcpy":
+                continue
+            cfg = "full" if sh == "full" else f"block W={win}" + (f" pieces={k}" if k > 1 else "")
+            lines.append(f"| {cfg} | {tree} | {med(rs, 'rows_per_s'):,.0f} | {100 * med(rs, 'fraction_of_memcpy'):.1f}% "
+                         f"| {med(rs, 'rows_per_cpu_s'):,.0f} | {rs[0]['quality']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", default=None, help="a checkout of the code to compare with (its built kernels)")
@@ -100,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache", "rowstore")))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "block_bench.json"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--report", default=None, help="print the markdown tables of a JSON result and exit")
     args = ap.parse_args(argv)
+    if args.report:
+        with open(args.report) as fh:
+            print(markdown(json.load(fh)))
+        return 0
     if args.child:
         child(json.loads(args.child))
         return 0
@@ -137,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
+    print(markdown(doc))
     print("written", args.out)
     return 0
 

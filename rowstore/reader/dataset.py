@@ -424,7 +424,8 @@ class Reader:
             Threads reading ahead (kernels and image decoders release the GIL).
         prefetch : int
             Segments (windows) read ahead per thread; memory ~ ``num_threads * prefetch *
-            window * block_bytes``.
+            window * block_bytes``. The output buffers of up to ``num_threads * prefetch + 3``
+            segments are reused during the epoch, each once no batch cut from it is referred to.
         start : int
             Skip this many rows of the shard's epoch (resume mid-epoch).
 

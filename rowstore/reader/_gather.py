@@ -96,6 +96,8 @@ class _Rows:
     blk: Any
     ublocks: np.ndarray
     local: np.ndarray | None
+    units: np.ndarray | None = None  # a window of pieces loaded piece by piece: its sorted units
+    pieces: int = 1
 
     def ensure_rows(self, seg: _order.Segment | None, rpb: int) -> None:
         if self.rows is None:
@@ -135,10 +137,15 @@ class Gatherer:
                out_start: int = 0) -> Gathered:
         """Read ``request`` (global row ids, or a Segment) and return its fields' columns."""
         seg = request if isinstance(request, _order.Segment) else None
-        r = self._locate(request)
         heap_plans = [p for p in plans if not p.inline]
-        strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
-        if strategy != "blocks" or heap_plans or r.local is None:
+        if seg is not None and seg.units is not None and seg.pieces > 1 and self.direct_ok and not heap_plans:
+            # A window of pieces of an uncompressed local file: load only its pieces.
+            r = _Rows(len(seg), None, None, seg.blocks, seg.piece_local(), seg.units, seg.pieces)
+            strategy = "pieces"
+        else:
+            r = self._locate(request)
+            strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
+        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None:
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
@@ -150,7 +157,10 @@ class Gatherer:
             self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
                                       self.scratch.get("sink", self.rs))
         else:
-            rowbuf, idx = self._load_rows(r, strategy == "rows")
+            if strategy == "pieces":
+                rowbuf, idx = self._load_pieces(r)
+            else:
+                rowbuf, idx = self._load_rows(r, strategy == "rows")
             if fixed:
                 # One pass over the rows for all fields: one cache miss per row, not per field.
                 kernels.gather_rows(rowbuf, self.rs, idx, fixed)
@@ -255,6 +265,40 @@ class Gatherer:
         lookup = np.empty(self.layout.num_blocks, np.int64)
         lookup[r.ublocks] = np.arange(len(r.ublocks), dtype=np.int64) * self.rpb
         return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
+
+    def _load_pieces(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
+        """A window of pieces (uncompressed local file): each unit's rows read into a slot of
+        ``piece_rows`` rows (checksummed at first touch by :meth:`gather`, as every direct read).
+        Full pieces go to the first slots in one ``pread_rows`` call; the short pieces at the
+        ends of blocks to the slots after them, one read each; ``r.local`` (positions among the
+        units in sorted order) is mapped to those slots."""
+        assert r.units is not None and r.local is not None
+        P = -(-self.rpb // r.pieces)
+        blk = r.units // r.pieces
+        start = (r.units % r.pieces) * P
+        counts = np.minimum(np.maximum(self.layout.block_rows()[blk] - start, 0), P)
+        rowbuf = self.scratch.get("rows", len(r.units) * P * self.rs)
+        offsets = self.arr["offset"][blk] + start * self.rs
+        shards = self.layout.block_shard[blk] if self.multi else None
+        full = counts == P
+        if full.all():
+            self.store.read_rows(shards, offsets, P * self.rs, rowbuf)
+            return rowbuf, r.local
+        order = np.concatenate((np.flatnonzero(full), np.flatnonzero(~full)))  # load slot -> unit slot
+        nfull = int(full.sum())
+        if nfull:
+            sel = order[:nfull]
+            self.store.read_rows(None if shards is None else shards[sel], offsets[sel], P * self.rs,
+                                 rowbuf[: nfull * P * self.rs])
+        for k in range(nfull, len(order)):
+            i = int(order[k])
+            if counts[i]:
+                at = k * P * self.rs
+                self.store.read_rows(None if shards is None else shards[i : i + 1], offsets[i : i + 1],
+                                     int(counts[i]) * self.rs, rowbuf[at : at + int(counts[i]) * self.rs])
+        shift = np.empty(len(order), np.int64)
+        shift[order] = (np.arange(len(order), dtype=np.int64) - order) * P
+        return rowbuf, r.local + shift[r.local // P]
 
     def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
         """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of

@@ -28,7 +28,14 @@ from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore
 from rowstore.reader._stream import cut_batches, prefetched
-from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, concat_batches, pad_ragged
+from rowstore.reader.buffers import (
+    NULL_KEY,
+    SHAPE_KEY,
+    BufferPool,
+    Ragged,
+    concat_batches,
+    pad_ragged,
+)
 from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
 from rowstore.schema import Schema
 
@@ -328,15 +335,15 @@ class Reader:
 
     # -- epochs ----------------------------------------------------------------------------
     def epoch_order(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-                    shard: tuple[int, int] = (0, 1), even: bool = False) -> np.ndarray:
+                    shard: tuple[int, int] = (0, 1), even: bool = False, pieces: int = 1) -> np.ndarray:
         """The row numbers of one epoch of ``batches`` with these arguments, in order."""
         return self.layout.rows_of(self._epoch_ids(shuffle=shuffle, seed=seed, epoch=epoch, window=window, shard=shard,
-                                                   even=even))
+                                                   even=even, pieces=pieces))
 
     def _epoch_ids(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-                   shard: tuple[int, int] = (0, 1), even: bool = False) -> np.ndarray:
+                   shard: tuple[int, int] = (0, 1), even: bool = False, pieces: int = 1) -> np.ndarray:
         return _order.epoch_order(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
-                                  window=window, rank=shard[0], world=shard[1], even=even)
+                                  window=window, rank=shard[0], world=shard[1], even=even, pieces=pieces)
 
     def _chunk_keys(self, plans: list[FieldPlan]):
         """``keys_of(segment)``: the (shard, offset, stored bytes) of the chunks the gather will
@@ -388,6 +395,7 @@ class Reader:
         prefetch: int = 2,
         varlen: str | None = None,
         start: int = 0,
+        pieces: int = 1,
     ) -> Generator[dict[str, Any], None, None]:
         """Yield one epoch of batches (dicts of per-field arrays with ``batch_size`` rows).
 
@@ -401,7 +409,13 @@ class Reader:
         seed, epoch : int
             The order is a pure function of (seed, epoch, layout, shard).
         window : int
-            Blocks whose rows are mixed together in ``block`` mode; memory grows with it.
+            Blocks (pieces, with ``pieces``) whose rows are mixed together in ``block`` mode;
+            memory grows with it.
+        pieces : int
+            ``block`` mode: cut each block into this many pieces, the unit of the permutation and
+            of ``window`` (see :mod:`rowstore.reader.order`): the same memory mixes rows of
+            ``pieces`` times more blocks. Uncompressed local files load only the pieces;
+            1 (the default) is the order of earlier versions.
         shard : (rank, world)
             This consumer's part of the epoch (DDP rank x DataLoader worker).
         even : bool
@@ -410,7 +424,8 @@ class Reader:
             Threads reading ahead (kernels and image decoders release the GIL).
         prefetch : int
             Segments (windows) read ahead per thread; memory ~ ``num_threads * prefetch *
-            window * block_bytes``.
+            window * block_bytes``. The output buffers of up to ``num_threads * prefetch + 3``
+            segments are reused during the epoch, each once no batch cut from it is referred to.
         start : int
             Skip this many rows of the shard's epoch (resume mid-epoch).
 
@@ -422,6 +437,7 @@ class Reader:
         positive_int("batch_size", batch_size)
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
+        positive_int("pieces", pieces)
         positive_int("num_threads", num_threads, optional=True)
         shuffle = shuffle_mode(shuffle)
         rank, world = shard
@@ -429,18 +445,24 @@ class Reader:
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
         seg_rows = self._segment_rows(shuffle, window, batch_size)
+        step = self._aligned_step(shuffle, window, batch_size, plans, pieces)
 
         def order() -> Any:
-            return _order.iter_segments(
-                self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
-                rank=rank, world=world, even=even, start=start, segment_rows=seg_rows,
-            )  # fmt: skip
+            if step is None:
+                return _order.iter_segments(
+                    self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
+                    rank=rank, world=world, even=even, start=start, segment_rows=seg_rows, pieces=pieces,
+                )  # fmt: skip
+            eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
+            lo, hi = _order.shard_bounds(eo.num_rows, rank, world, even)
+            return eo.aligned(min(lo + start, hi), hi, step)
 
         segments = self._fetch_ahead(order, plans)
         threads = num_threads or self.num_threads
+        columns = self._pooled_columns(plans, threads, prefetch)
 
         def produce(seg: _order.Segment) -> dict:
-            return self._read(seg, plans, None, 0, threads)
+            return self._read(seg, plans, columns(len(seg)), 0, threads)
 
         def finish(batch: dict) -> dict:
             return self._finish_varlen(batch, plans, varlen)
@@ -453,7 +475,40 @@ class Reader:
         blocks; uncompressed rows are read directly, so segments can be large."""
         if shuffle != "full":
             return None
-        return window if self.layout.compressed or not self._store.direct else max(batch_size, 4096)
+        if self.layout.compressed or not self._store.direct:
+            return window
+        return batch_size * -(-4096 // batch_size)  # whole batches: none straddles two segments
+
+    def _aligned_step(self, shuffle: str, window: int, batch_size: int, plans: list[FieldPlan],
+                      pieces: int = 1) -> int | None:
+        """Rows per segment cut at batch boundaries (:meth:`EpochOrder.aligned`) where the
+        gather reads the rows of a ``block``/``none`` window directly (uncompressed local
+        files: large fixed-size rows by ``preadv``, heap payloads by ``pread``), else None
+        (window segments: compressed or remote files, small rows gathered from loaded blocks).
+
+        A window segment of such a file loads nothing whole, so cutting the same order at
+        multiples of the batch size costs no reads, and saves what a window cut costs: the
+        batch across each window boundary concatenated (a copy of its bytes; every batch
+        once a batch holds more rows than a window), and fixed per-segment costs on windows
+        of few rows. About a window of rows per segment, so memory stays as documented."""
+        if shuffle == "full" or not self._gatherer.direct_ok:
+            return None
+        pieces = min(pieces, max(1, self._rpb)) if shuffle == "block" else 1
+        rows = window * -(-self._rpb // pieces)
+        heap = any(not p.inline for p in plans)
+        nfixed = 2 * len(plans)
+        if not heap and self._gatherer._strategy(rows, -(-window // pieces), False, nfixed) == "blocks":
+            return None
+        return batch_size * max(1, -(-rows // batch_size))
+
+    def _pooled_columns(self, plans: list[FieldPlan], threads: int, prefetch: int):
+        """``columns(n)``: the ``out=`` arrays of a segment's raw fields, from a
+        :class:`~rowstore.reader.buffers.BufferPool` of this iteration (None: no raw field)."""
+        raw = [(p.field.name, tuple(p.field.shape), p.field.dtype) for p in plans if p.raw]
+        if not raw:
+            return lambda n: None
+        pool = BufferPool(max(1, threads) * prefetch + 3)
+        return lambda n: pool.columns(raw, n)
 
     def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:
         """``order()``'s segments; from object storage, with the store fetching their chunks
@@ -508,10 +563,10 @@ class Reader:
         return keep
 
     def epoch(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-              keep: np.ndarray | None = None) -> _order.EpochOrder:
+              keep: np.ndarray | None = None, pieces: int = 1) -> _order.EpochOrder:
         """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with ``keep``)."""
         return _order.EpochOrder(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
-                                 window=window, keep=None if keep is None else self._check_keep(keep))
+                                 window=window, keep=None if keep is None else self._check_keep(keep), pieces=pieces)
 
     def _check_keep(self, keep: np.ndarray) -> np.ndarray:
         """``keep`` as a bool array of one value per dataset row, checked."""
@@ -546,6 +601,7 @@ class Reader:
         num_threads: int | None = None,
         prefetch: int = 2,
         varlen: str | None = None,
+        pieces: int = 1,
     ) -> Generator[dict[str, Any], None, None]:
         """Yield consumer ``c``'s batches of an epoch dealt to ``C`` consumers (``consumer=(c, C)``).
 
@@ -563,13 +619,16 @@ class Reader:
         nonneg_int("skip", skip)
         c, C = consumer
         _order.check_args(shuffle, seed, epoch, window, c, C)
-        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self._rpb, batch_size)
-        eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep)
+        positive_int("pieces", pieces)
+        P = -(-self._rpb // min(pieces, max(1, self._rpb)))
+        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, P, batch_size)
+        eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep, pieces=pieces)
         plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
         gids = plan.batches(c, C, unit)[skip:]
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
         seg_rows = self._segment_rows(shuffle, window, batch_size)
+        step = self._aligned_step(shuffle, window, batch_size, plans, pieces)
         B = batch_size
 
         def segments():
@@ -578,7 +637,7 @@ class Reader:
                 cut = np.flatnonzero(np.diff(real) != 1) + 1
                 for run in np.split(real, cut):
                     lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
-                    yield from eo.segments(lo, hi, seg_rows)
+                    yield from (eo.segments(lo, hi, seg_rows) if step is None else eo.aligned(lo, hi, step))
                     if pad and (hi - lo) < len(run) * B:
                         yield _order.Segment(pad_ids(eo, len(run) * B - (hi - lo)), pad=True)
             for _ in range(int((gids < 0).sum())):
@@ -586,9 +645,10 @@ class Reader:
 
         threads = num_threads or self.num_threads
         rows_of = self.layout.rows_of
+        columns = self._pooled_columns(plans, threads, prefetch)
 
         def produce(seg: _order.Segment) -> dict:
-            b = self._read(seg, plans, None, 0, threads)
+            b = self._read(seg, plans, columns(len(seg)), 0, threads)
             if with_ids:
                 b[ID_KEY] = rows_of(seg.rows())
             if pad:

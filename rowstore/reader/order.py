@@ -8,6 +8,13 @@ Modes
 ``"block"``: permute the blocks, group them into windows of ``window`` consecutive blocks of
     that permutation, and permute the rows inside each window. Reads are whole blocks; memory
     is one window; each batch mixes rows of about ``window`` blocks.
+    With ``pieces=k`` (default 1) the unit is a piece, ``ceil(rows_per_block / k)``
+    consecutive rows of a block, instead of the block: the pieces of all blocks are permuted,
+    grouped into windows of ``window`` pieces, and the rows inside each window permuted. The
+    same memory per window holds rows of up to ``k`` times more blocks, so batches are that
+    much more mixed (issue 18.6; ``pieces=1`` is the order above, unchanged). The reader loads
+    only the pieces of uncompressed local files; a compressed block is decompressed whole, so
+    there ``pieces > 1`` costs up to ``k`` times the decompression per row.
 ``"full"``: a uniform permutation of all rows (memory: 8 bytes per row of the shard's epoch).
 ``"none"``: rows in file order.
 
@@ -20,6 +27,7 @@ that epoch (different rows each epoch, since the order changes), which keeps DDP
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -117,10 +125,19 @@ class Segment:
     needs to gather from whole blocks, without mapping rows to slots again.
     """
 
-    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z", "_keep", "_first", "pad")
+    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z", "_keep", "_first", "pad",
+                 "_eo", "units", "pieces", "_ulocal")
 
     def __init__(self, rows=None, *, blocks=None, block_rows=None, rpb=0, seed=None, a=0, z=0, keep=None, first=None,
-                 pad=False):
+                 pad=False, order=None, units=None, pieces=1):
+        self._eo = order  # a position range [a, z) of this EpochOrder, its rows computed when asked
+        # Pieces (pieces > 1): the window is made of ``units`` (sorted; unit u is piece u % pieces
+        # of block u // pieces), and ``blocks`` are the blocks they lie in.
+        self.units, self.pieces, self._ulocal = units, pieces, None
+        if units is not None and pieces > 1:
+            blocks = np.unique(units // pieces)
+        elif units is not None:
+            blocks = units
         self.blocks = blocks
         self._rows = rows
         self._local = None
@@ -131,25 +148,57 @@ class Segment:
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else self._z - self._a
 
-    def local(self) -> np.ndarray | None:
-        """Window segments: slot-local row positions (see the class); None otherwise."""
-        if self._local is None and self._block_rows is not None:
+    @property
+    def piece_rows(self) -> int:
+        """Rows per piece (the block's rows for ``pieces=1``)."""
+        return -(-self._rpb // self.pieces)
+
+    def piece_local(self) -> np.ndarray | None:
+        """Window segments: each row's position among the window's units loaded in sorted
+        order, ``unit slot * piece_rows + row in the piece`` (for ``pieces=1`` the same as
+        :meth:`local`); None otherwise."""
+        if self._ulocal is None and self._block_rows is not None:
             from rowstore import kernels
 
-            counts = self._block_rows[self.blocks]
-            slot_start = np.arange(len(self.blocks), dtype=np.int64) * self._rpb
+            units, P = (self.units if self.units is not None else self.blocks), self.piece_rows
+            counts, start = self.unit_rows()
+            slot_start = np.arange(len(units), dtype=np.int64) * P
             first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            # The window's rows, block after block in sorted order, then shuffled in place.
+            # The window's rows, unit after unit in sorted order, then shuffled in place.
             loc = np.repeat(slot_start - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
             if self._seed is not None:
                 kernels.shuffle(loc, self._seed)
             if self._keep is not None:  # a row subset: the window's order without the other rows
-                slot = loc // self._rpb
-                loc = loc[self._keep[self._first[self.blocks[slot]] + (loc - slot * self._rpb)]]
-            self._local = loc[self._a : self._z]
+                slot = loc // P
+                blk = units[slot] // self.pieces
+                loc = loc[self._keep[self._first[blk] + start[slot] + (loc - slot * P)]]
+            self._ulocal = loc[self._a : self._z]
+        return self._ulocal
+
+    def unit_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of each unit of the window and its first row in its block."""
+        units, P = (self.units if self.units is not None else self.blocks), self.piece_rows
+        start = (units % self.pieces) * P
+        counts = np.minimum(np.maximum(self._block_rows[units // self.pieces] - start, 0), P)
+        return counts, start
+
+    def local(self) -> np.ndarray | None:
+        """Window segments: slot-local row positions (see the class); None otherwise."""
+        if self._local is None and self._block_rows is not None:
+            loc = self.piece_local()
+            assert loc is not None
+            units = self.units
+            if self.pieces > 1 and units is not None:  # unit slots -> block slots
+                P = self.piece_rows
+                slot = loc // P
+                bslot = np.searchsorted(self.blocks, units // self.pieces)
+                loc = (bslot * self._rpb + (units % self.pieces) * P - np.arange(len(units)) * P)[slot] + loc
+            self._local = loc
         return self._local
 
     def rows(self) -> np.ndarray:
+        if self._rows is None and self._eo is not None:
+            self._rows = self._eo.ids(self._a, self._z)
         if self._rows is None:
             loc = self.local()
             slot = loc // self._rpb
@@ -161,16 +210,20 @@ class EpochOrder:
     """One epoch's order of a layout, computed once and cut into :class:`Segment`\\ s of any
     position range ``[lo, hi)`` (the dealt plans read many short ranges of one epoch).
 
-    ``keep`` (bool per dataset row, optional) restricts the epoch to a row subset: the order is
+    ``pieces`` (block mode): pieces per block, the unit of the permutation and of ``window``
+    (see the module). ``keep`` (bool per dataset row, optional) restricts the epoch to a row subset: the order is
     the full epoch order with the other rows left out (so a subset's order is a pure function
     of the same arguments, and positions count kept rows only).
     """
 
     def __init__(self, block_rows: np.ndarray, rows_per_block: int, *, shuffle: str = "block", seed: int = 0,
-                 epoch: int = 0, window: int = 16, keep: np.ndarray | None = None):
+                 epoch: int = 0, window: int = 16, keep: np.ndarray | None = None, pieces: int = 1):
         check_args(shuffle, seed, epoch, window, 0, 1)
+        positive_int("pieces", pieces)
         self.block_rows = br = np.asarray(block_rows, dtype=np.int64)
         self.rpb, self.shuffle, self.seed, self.epoch, self.window = rows_per_block, shuffle, seed, epoch, window
+        # Pieces per block (block mode): the unit of the permutation and of the window.
+        self.pieces = pieces = min(pieces, max(1, rows_per_block)) if shuffle == "block" else 1
         nblocks = len(br)
         self._first = np.cumsum(br) - br  # each block's first dataset row
         self.keep = None if keep is None else np.asarray(keep, dtype=bool)
@@ -183,15 +236,40 @@ class EpochOrder:
             self._kept = c[self._first + br] - c[self._first]
         self.num_rows = int(self._kept.sum())
         self._perm: np.ndarray | None = None
+        self._lock = threading.Lock()  # reader threads share the window cache of ids()
         if shuffle == "full":
             return
-        if shuffle == "block":
-            self.blocks = permutation(nblocks, seed64(seed, epoch, _STREAM_BLOCKS))
+        nunits = nblocks * pieces
+        if pieces == 1:
+            unit_kept = self._kept
         else:
-            self.blocks = np.arange(nblocks, dtype=np.int64)
-        self._win_starts = np.arange(0, nblocks, window)
-        self._win_rows = np.add.reduceat(self._kept[self.blocks], self._win_starts) if nblocks else np.zeros(0, np.int64)
+            P = -(-rows_per_block // pieces)
+            u = np.arange(nunits, dtype=np.int64)
+            lo = np.minimum((u % pieces) * P, br[u // pieces])
+            hi = np.minimum(lo + P, br[u // pieces])
+            if self.keep is None:
+                unit_kept = hi - lo
+            else:
+                base = self._first[u // pieces]
+                unit_kept = c[base + hi] - c[base + lo]
+        # ``blocks``: the permuted units (blocks when pieces == 1), windows of ``window`` of them.
+        if shuffle == "block":
+            self.blocks = permutation(nunits, seed64(seed, epoch, _STREAM_BLOCKS))
+        else:
+            self.blocks = np.arange(nunits, dtype=np.int64)
+        self._win_starts = np.arange(0, nunits, window)
+        self._win_rows = np.add.reduceat(unit_kept[self.blocks], self._win_starts) if nunits else np.zeros(0, np.int64)
         self._win_end = np.cumsum(self._win_rows)
+
+    def __getstate__(self) -> dict:
+        st = dict(self.__dict__)
+        st.pop("_lock", None)
+        st.pop("_wcache", None)
+        return st
+
+    def __setstate__(self, st: dict) -> None:
+        self.__dict__.update(st)
+        self._lock = threading.Lock()
 
     def _full(self) -> np.ndarray:
         """``full`` mode: the epoch's permutation as row ids (computed once)."""
@@ -216,20 +294,31 @@ class EpochOrder:
             for i in range(0, len(part), step):
                 yield Segment(part[i : i + step])
             return
-        win_end, win_rows, window = self._win_end, self._win_rows, self.window
+        win_end, win_rows = self._win_end, self._win_rows
         first_win = int(np.searchsorted(win_end, lo, side="right"))
         pos = int(win_end[first_win - 1]) if first_win else 0
         for w in range(first_win, len(self._win_starts)):
             if pos >= hi:
                 break
-            wb = self.blocks[self._win_starts[w] : self._win_starts[w] + window]
             m = int(win_rows[w])
             a, z = max(lo - pos, 0), min(hi - pos, m)
             pos += m
             if a < z:
-                wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
-                yield Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=a, z=z,
-                              keep=self.keep, first=self._first)
+                yield self._window(w, a, z)
+
+    def aligned(self, lo: int, hi: int, step: int) -> Iterator[Segment]:
+        """The order's positions ``[lo, hi)`` as segments of ``step`` rows (the last shorter),
+        each a position range whose rows are computed when first asked (by a reader thread).
+
+        The same rows in the same order as :meth:`segments`, cut elsewhere: where the reader
+        reads rows directly (no window of blocks to load), cutting at multiples of the batch
+        size means no batch straddles two segments, so none is concatenated (a copy of its
+        bytes) and a segment's fixed costs are spread over whole batches.
+        """
+        lo, hi = max(0, int(lo)), min(int(hi), self.num_rows)
+        step = positive_int("step", step)
+        for a in range(lo, hi, step):
+            yield Segment(order=self, a=a, z=min(a + step, hi))
 
     def ids(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Row ids at positions ``[lo, hi)`` of the order. Windows are computed once and the
@@ -250,17 +339,24 @@ class EpochOrder:
             lo, w = start + z, w + 1
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
+    def _window(self, w: int, a: int, z: int) -> Segment:
+        """Positions ``[a, z)`` of window ``w`` as a segment."""
+        wb = np.sort(self.blocks[self._win_starts[w] : self._win_starts[w] + self.window])
+        wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
+        return Segment(units=wb, pieces=self.pieces, block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=a, z=z,
+                       keep=self.keep, first=self._first)
+
     def _window_ids(self, w: int) -> np.ndarray:
         cache = self.__dict__.setdefault("_wcache", {})
-        if w not in cache:
-            if len(cache) >= 4:
-                cache.pop(next(iter(cache)))
-            m = int(self._win_rows[w])
-            wb = self.blocks[self._win_starts[w] : self._win_starts[w] + self.window]
-            wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
-            cache[w] = Segment(blocks=np.sort(wb), block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=0, z=m,
-                               keep=self.keep, first=self._first).rows()
-        return cache[w]
+        with self._lock:
+            ids = cache.get(w)
+        if ids is None:  # two threads may compute one window twice: the same pure result
+            ids = self._window(w, 0, int(self._win_rows[w])).rows()
+            with self._lock:
+                if len(cache) >= 4:
+                    cache.pop(next(iter(cache)))
+                cache[w] = ids
+        return ids
 
 
 def iter_segments(
@@ -277,15 +373,17 @@ def iter_segments(
     start: int = 0,
     segment_rows: int | None = None,
     keep: np.ndarray | None = None,
+    pieces: int = 1,
 ) -> Iterator[Segment]:
     """Yield this shard's epoch order as consecutive :class:`Segment`\\ s.
 
     In ``block``/``none`` mode a segment is (the shard's part of) one window of blocks; in
     ``full`` mode, ``segment_rows`` rows of the permutation. ``start`` skips that many rows of
-    the shard's order (resuming mid-epoch). ``keep``: see :class:`EpochOrder`.
+    the shard's order (resuming mid-epoch). ``keep``, ``pieces``: see :class:`EpochOrder`.
     """
     check_args(shuffle, seed, epoch, window, rank, world)
-    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep)
+    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep,
+                    pieces=pieces)
     lo, hi = shard_bounds(eo.num_rows, rank, world, even)
     yield from eo.segments(min(lo + max(0, int(start)), hi), hi, segment_rows)
 

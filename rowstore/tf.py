@@ -251,6 +251,28 @@ def _reshape_rows_fn(fields: list[Field]) -> Callable[[dict], dict]:
     return reshape
 
 
+def _stack_batches(chunks: Any, batch_size: int, drop_last: bool) -> Any:
+    """Converted chunks (dicts of arrays of equal length) as stacks of whole batches: dicts of
+    arrays shaped ``(n, batch_size, ...)`` (views), then the last partial batch as a stack of
+    one (``(1, rows, ...)``) unless ``drop_last``. A chunk whose length is not a multiple of
+    ``batch_size`` carries its last rows into the next one, so batch boundaries are those of
+    the concatenated stream."""
+    carry: dict[str, np.ndarray] | None = None
+    for out in chunks:
+        if carry is not None:
+            out = {key: np.concatenate([carry[key], v]) for key, v in out.items()}
+            carry = None
+        n = len(next(iter(out.values())))
+        whole, rest = divmod(n, batch_size)
+        if whole:
+            end = whole * batch_size
+            yield {key: v[:end].reshape((whole, batch_size) + v.shape[1:]) for key, v in out.items()}
+        if rest:
+            carry = {key: v[n - rest :] for key, v in out.items()}
+    if carry is not None and not drop_last:
+        yield {key: v[None] for key, v in carry.items()}
+
+
 # -- datasets --------------------------------------------------------------------------------
 #: What the dataset functions read: a ``.h5`` file, a dataset directory, a list of those read as
 #: one dataset, or an open Reader.
@@ -408,9 +430,25 @@ def make_dataset(
     else:
         chunk = int(batch_size) * max(1, min(per_chunk, _MAX_CHUNK_ROWS) // int(batch_size))
     rebatch = not rows and (chunk != batch_size or drop_last)
+    # Batches without variable fields: each chunk goes to tf.data as a stack of whole batches,
+    # shape (chunk // batch_size, batch_size, ...) (a numpy reshape, no copy), which
+    # ``Dataset.unbatch`` (C++) hands out one batch per element: one slice per batch and
+    # component, where ``rebatch`` copied rows into each new batch. Same rows, same order, same
+    # batch boundaries. Variable (ragged) fields keep ``rebatch``.
+    stacked = rebatch and not variable
+    if stacked:
+        rebatch = False
 
-    # What generators yield: batches (leading dimension None), variable fields ragged.
+    # What generators yield: batches (leading dimension None), variable fields ragged; stacked:
+    # batches of batches.
     gen_sig = output_signature(schema, batch_size=chunk, varlen="ragged" if rows else modes)
+    if stacked:
+        gen_sig = {
+            key: tf.TensorSpec((None,) + tuple(spec.shape), spec.dtype)
+            for key, spec in output_signature(
+                schema, batch_size=batch_size, drop_last=drop_last, varlen=modes
+            ).items()
+        }
     for f in variable:
         if rows:
             gen_sig[f.name] = tf.RaggedTensorSpec(
@@ -427,12 +465,16 @@ def make_dataset(
         try:
             it = reader.batches(
                 chunk, shuffle=shuffle, seed=seed, epoch=int(e), window=window, fields=names,
-                shard=parts[int(i)], even=even, drop_last=drop_last and not rebatch and not rows,
+                shard=parts[int(i)], even=even,
+                drop_last=drop_last and not rebatch and not stacked and not rows,
                 num_threads=threads, varlen="ragged",
             )  # fmt: skip
             try:
-                for b in it:
-                    yield convert(b)
+                if stacked:
+                    yield from _stack_batches(map(convert, it), int(batch_size), drop_last)
+                else:
+                    for b in it:
+                        yield convert(b)
             finally:
                 it.close()  # joins its reader threads before the reader may close
         finally:
@@ -440,7 +482,9 @@ def make_dataset(
 
     def one_part(e, i):
         ds = tf.data.Dataset.from_generator(generate, args=(e, i), output_signature=gen_sig)
-        if rebatch:
+        if stacked:
+            ds = ds.unbatch()
+        elif rebatch:
             ds = ds.rebatch(int(batch_size), drop_remainder=drop_last)
         return ds
 

@@ -312,3 +312,81 @@ def test_read_bench_quick(tmp_path):
     assert any(line.startswith(("PASS", "MISS")) for line in p.stdout.splitlines())
     with open(doc["plot"], "rb") as fh:
         assert fh.read(4) == b"\x89PNG"
+
+
+# -- the command's cache, plots without matplotlib, dataset directories (issue 18.9) ------------
+def test_plot_without_matplotlib_says_what_to_install(user_file, tmp_path):
+    # matplotlib blocked in a fresh interpreter (None in sys.modules: its import fails as if it
+    # were not installed): a one-line error naming the package, before anything is measured.
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from rowstore.bench import main\n"
+            f"sys.exit(main([{user_file!r}, '--plot', {str(tmp_path / 'p.png')!r}, '--quiet', '--repeats', '1']))")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))  # fmt: skip
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr and "ModuleNotFoundError" not in p.stderr
+    assert "--plot needs matplotlib" in p.stderr and "pip install matplotlib" in p.stderr
+    assert "samples/s" not in p.stdout  # nothing was measured first
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_compare_exports_go_to_the_bench_cache(user_file, tmp_path, monkeypatch, capsys):
+    # No --cache-dir: the .npy export lands in $XDG_CACHE_HOME/rowstore/bench, not in the
+    # current directory; it is reused by the next run and removed by --clean-cache.
+    work, xdg = tmp_path / "work", tmp_path / "xdg"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for var in ("ROWSTORE_BENCH_CACHE", "ROWSTORE_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    assert cli.bench_cache_dir() == str(xdg / "rowstore" / "bench")
+    argv = [user_file, "--compare", "--baselines", "memmap", "-m", "0", "-b", "32", "--repeats", "1",
+            "--memcpy-mib", "8", "--json", str(tmp_path / "a.json")]  # fmt: skip
+    doc, text = bench(argv, capsys)
+    export = cli.npy_export_dir(user_file)
+    assert export.startswith(str(xdg / "rowstore" / "bench" / "npy") + os.sep)
+    assert os.path.exists(os.path.join(export, sources.NPY_DONE)) and export in text
+    assert not os.listdir(work)  # nothing written where the command ran
+    assert doc["baselines"][0]["repeats"][0]["rows"] == 150
+    stamp = os.stat(os.path.join(export, sources.NPY_DONE)).st_mtime_ns
+    bench(argv, capsys)  # reused, not exported again
+    assert os.stat(os.path.join(export, sources.NPY_DONE)).st_mtime_ns == stamp
+    # A file of the same name elsewhere gets its own export directory.
+    other = tmp_path / "elsewhere" / os.path.basename(user_file)
+    other.parent.mkdir()
+    other.write_bytes(open(user_file, "rb").read())
+    assert cli.npy_export_dir(str(other)) != export
+    # --clean-cache alone: removes the exports (not the demos), says how much.
+    assert cli.main(["--clean-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 1 .npy export" in out and "MB" in out
+    assert not os.path.exists(export)
+    assert cli.main(["--clean-cache"]) == 0 and "removed 0 .npy exports" in capsys.readouterr().out
+    # With a run: measured, then removed; the variable and --cache-dir override the default.
+    mine = tmp_path / "mine"
+    monkeypatch.setenv("ROWSTORE_BENCH_CACHE", str(mine))
+    assert cli.main(argv + ["--quiet", "--clean-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "samples/s" in out and "removed 1 .npy export (" in out and str(mine) in out
+    assert not os.path.exists(cli.npy_export_dir(user_file))
+    there = tmp_path / "there"
+    bench(argv + ["--cache-dir", str(there)], capsys)
+    assert os.path.exists(os.path.join(cli.npy_export_dir(user_file, str(there)), sources.NPY_DONE))
+    assert cli.npy_export_dir(user_file, str(there)).startswith(str(there / "npy"))
+
+
+def test_dataset_directory(tmp_path, capsys):
+    # `rowstore-bench DIR` on a dataset of several shards: every row counted, the dataset
+    # described from its manifest; --compare measures memcpy and says why the baselines are not.
+    d = str(tmp_path / "ds")
+    schema = rowstore.Schema([rowstore.Field("x", "float32", (4,)), rowstore.Field("y", "int64")])
+    with rowstore.DatasetWriter(d, schema, shard_bytes=8192, block_bytes=2048) as w:
+        w.write_batch({"x": np.ones((1000, 4), np.float32), "y": np.arange(1000)})
+    out = str(tmp_path / "d.json")
+    doc, text = bench([d, "--compare", "-m", "0", "-b", "64", "--repeats", "1", "--memcpy-mib", "8",
+                       "--cache-dir", str(tmp_path / "c"), "--json", out], capsys)  # fmt: skip
+    (r,) = doc["results"]
+    check_result(r, 64, expect_rows=1000)
+    assert doc["dataset"]["rows"] == 1000 and doc["dataset"]["shards"] > 1
+    assert doc["memcpy"]["gb_per_s"] > 0 and doc["baselines"] == []
+    assert any("dataset directory" in n for n in doc["notes"])

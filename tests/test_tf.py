@@ -454,3 +454,64 @@ def test_import_rowstore_does_not_import_tensorflow():
     code = "import sys, rowstore, rowstore.reader; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- batches of fixed-shape fields: chunks handed to tf.data as stacks of batches -----------------
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("k", [1, 2])
+def test_fixed_fields_batches_are_the_readers(data, drop_last, k):
+    # No variable field (strings, bytes, nulls, images and every dtype are there): each chunk
+    # is reshaped to (n, batch, ...) and unbatched in tf.data; the values, the signature and
+    # the batch boundaries must be those of Reader.batches over the same rows.
+    path, rows = data
+    r = rowstore.open(path)
+    names = [f.name for f in r.schema if not f.is_variable]
+    schema = r.schema.select(names)
+    ds = rtf.make_dataset(path, batch_size=16, fields=names, seed=3, drop_last=drop_last,
+                          num_parallel_reads=k)  # fmt: skip
+    assert ds.element_spec == rtf.output_signature(
+        schema, batch_size=16, drop_last=drop_last, fields=names
+    )
+    els = list(ds)
+    assert len(els) == int(ds.cardinality())
+    seen = sum(_check_rows_batch(el, rows, schema, {}) for el in els)
+    parts = [(i, k) for i in range(k)]
+    want = [
+        b["id"].tolist()
+        for p in parts
+        for b in r.batches(16, seed=3, shard=p, fields=names, drop_last=drop_last)
+    ]
+    got = [el["id"].numpy().tolist() for el in els]
+    if k == 1:
+        assert got == want
+    else:  # parts interleaved batch by batch: the same batches
+        assert sorted(got) == sorted(want)
+    assert seen == sum(len(b) for b in want) == (N_ROWS if not drop_last else seen)
+    if drop_last:
+        assert {len(b) for b in got} == {16}
+
+
+def test_stack_batches_carries_rows_across_chunks():
+    # Chunks whose lengths are not multiples of the batch size: batch boundaries are those
+    # of the concatenated stream, text included.
+    from rowstore.tf import _stack_batches
+
+    lengths = [10, 7, 9, 3]
+    ids = np.arange(sum(lengths))
+    text = np.array([f"t{i}" for i in ids], dtype=object)
+    chunks, a = [], 0
+    for n in lengths:
+        part = ids[a : a + n]
+        chunks.append({"id": part, "t": text[a : a + n], "x": np.stack([part, part], 1)})
+        a += n
+    for drop_last in (False, True):
+        got = []
+        for stack in _stack_batches(iter(chunks), 4, drop_last):
+            assert stack["x"].shape == stack["id"].shape + (2,)
+            for j in range(len(stack["id"])):
+                assert stack["t"][j].tolist() == [f"t{i}" for i in stack["id"][j]]
+                got.append(stack["id"][j].tolist())
+        want = [ids[i : i + 4].tolist() for i in range(0, len(ids), 4)]
+        if drop_last:
+            want = [b for b in want if len(b) == 4]
+        assert got == want

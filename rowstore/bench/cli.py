@@ -25,7 +25,8 @@ from rowstore.bench import adapters, measure, report, runner, sources
 from rowstore.errors import RowstoreError
 from rowstore.format._url import is_url
 
-__all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path"]
+__all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path", "bench_cache_dir", "npy_export_dir",
+           "clean_cache"]
 
 DEFAULT_BASELINES = ("h5py-row", "tables-block", "memmap")
 #: Rows timed for the h5py per-row baseline (at a few thousand rows/s, an epoch would take long).
@@ -33,6 +34,59 @@ PER_ROW_ROWS = 5_000
 _SWEEP_KEYS = {"threads": "threads", "t": "threads", "batch": "batch_size", "batch_size": "batch_size",
                "b": "batch_size", "window": "window", "w": "window", "shuffle": "shuffle",
                "workers": "workers", "mode": "mode"}  # fmt: skip
+
+
+def bench_cache_dir(cache_dir: str | None = None) -> str:
+    """Where ``rowstore-bench`` keeps what it generates (demo datasets, ``.npy`` exports), reused
+    from run to run: ``cache_dir`` (``--cache-dir``), else ``$ROWSTORE_BENCH_CACHE``, else
+    ``$ROWSTORE_CACHE`` (the demo cache of :func:`rowstore.demo.default_cache_dir`), else
+    ``$XDG_CACHE_HOME/rowstore/bench``, else ``~/.cache/rowstore/bench``; never the current
+    directory unless asked."""
+    if cache_dir:
+        return cache_dir
+    for var in ("ROWSTORE_BENCH_CACHE", "ROWSTORE_CACHE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rowstore", "bench")
+
+
+def npy_export_dir(path: str, cache_dir: str | None = None) -> str:
+    """The ``.npy`` export directory of the file ``path`` for the memmap baseline:
+    ``<cache>/npy/<stem>-<hash of the absolute path>`` (two files of one name do not share it)."""
+    import hashlib
+
+    stem = os.path.splitext(os.path.basename(path))[0]
+    key = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:10]
+    return os.path.join(bench_cache_dir(cache_dir), "npy", f"{stem}-{key}")
+
+
+def clean_cache(cache_dir: str | None = None) -> tuple[int, int, str]:
+    """Remove every ``.npy`` export (and unfinished one) under the bench cache; demo datasets
+    stay. Returns ``(exports removed, bytes freed, the npy directory)``."""
+    import shutil
+
+    root = os.path.join(bench_cache_dir(cache_dir), "npy")
+    count = freed = 0
+    if not os.path.isdir(root):
+        return 0, 0, root
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if not os.path.isdir(d) or os.path.islink(d):
+            continue
+        if not (os.path.exists(os.path.join(d, sources.NPY_DONE)) or name.endswith(".tmp")):
+            continue  # not an export of ours
+        for dirpath, _, files in os.walk(d):
+            for fn in files:
+                try:
+                    freed += os.lstat(os.path.join(dirpath, fn)).st_size
+                except OSError:
+                    pass
+        shutil.rmtree(d)
+        count += 1
+    if not os.listdir(root):
+        os.rmdir(root)
+    return count, freed, root
 
 
 def demo_path(name: str, rows: int | None = None, cache_dir: str | None = None) -> str:
@@ -124,7 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="a grid, e.g. threads=1,2 batch=64,256 window=4,16")
     p.add_argument("--json", metavar="OUT", help="write all figures as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar chart of throughput per configuration")
-    p.add_argument("--cache-dir", help="where demo datasets and .npy exports go (default: rowstore.demo.default_cache_dir())")
+    p.add_argument("--cache-dir", help="where demo datasets and .npy exports go, reused from run to run (default: "
+                                       "$ROWSTORE_BENCH_CACHE, $ROWSTORE_CACHE, $XDG_CACHE_HOME/rowstore/bench or "
+                                       "~/.cache/rowstore/bench)")
+    p.add_argument("--clean-cache", action="store_true",
+                   help="remove the .npy exports of --compare from the cache (after the run if there is one; "
+                        "alone, without PATH or --demo, just that)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return p
 
@@ -183,7 +242,9 @@ def _dataset_info(path: str, storage_options: dict | None = None) -> dict[str, A
 
 def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     """Run the benchmark that ``args`` describe; return the JSON document (also printed)."""
-    cache_dir = args.cache_dir
+    cache_dir = bench_cache_dir(args.cache_dir)
+    if args.plot:  # before measuring anything: say what to install
+        report.require_matplotlib()
     if args.demo:
         path = ensure_demo(args.demo, args.rows, cache_dir, log=log)
     else:
@@ -241,11 +302,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
                 s["max_rows"] = PER_ROW_ROWS
             baseline_specs.append(_clamp(s, info["rows"]))
         if "memmap" in args.baselines:
-            from rowstore.demo import default_cache_dir
-
-            stem = os.path.splitext(os.path.basename(path))[0]
-            npy_dir = os.path.join(cache_dir or default_cache_dir(), "npy", stem)
-            log(f"exporting fields to .npy for the memmap baseline: {npy_dir}")
+            npy_dir = npy_export_dir(path, cache_dir)
+            log(f"exporting fields to .npy for the memmap baseline: {npy_dir} (reused; --clean-cache removes it)")
             sources.export_npy(path, npy_dir, fields=fields)
             for s in baseline_specs:
                 s["npy_dir"] = npy_dir
@@ -411,6 +469,8 @@ def _print_report(doc: dict, *, console=None, log=print) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.clean_cache and not args.path and not args.demo:
+        return _clean(args)
     if bool(args.path) == bool(args.demo):
         parser.error("give a PATH or --demo NAME (one of them)")
     if args.rows is not None and not args.demo:
@@ -421,4 +481,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rowstore-bench: error: {exc}", file=sys.stderr)
         return 1
     failed = [r for r in doc["results"] + doc.get("baselines", []) if r.get("error")]
+    if args.clean_cache:
+        _clean(args)
     return 1 if failed else 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    try:
+        count, freed, root = clean_cache(args.cache_dir)
+    except OSError as exc:
+        print(f"rowstore-bench: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"removed {count} .npy export{'s' if count != 1 else ''} ({freed / 1e6:,.1f} MB) from {root}")
+    return 0

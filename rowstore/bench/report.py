@@ -6,7 +6,26 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["fmt_rate", "fmt_bytes_rate", "table_rows", "COLUMNS", "render_table", "markdown_table", "plot"]
+from rowstore.errors import RowstoreError
+
+__all__ = ["fmt_rate", "fmt_bytes_rate", "table_rows", "COLUMNS", "render_table", "markdown_table", "plot",
+           "PlotUnavailableError", "require_matplotlib"]
+
+
+class PlotUnavailableError(RowstoreError, ImportError):
+    """``--plot`` without matplotlib installed."""
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`PlotUnavailableError` (what to install) when matplotlib is not importable."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise PlotUnavailableError(
+            f"--plot needs matplotlib, which is not installed here ({exc}); install it with "
+            "pip install matplotlib (or pip install 'rowstore[bench]'), or leave out --plot"
+        ) from None
+
 
 #: (key, heading, meaning) of the table's columns; docs/bench.md explains them too.
 COLUMNS = [
@@ -120,6 +139,7 @@ def plot(groups: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str, *, m
     logarithmic when values span more than 30x. The memcpy bandwidth is a dashed line on the
     MB/s panel. Written with matplotlib's Agg backend (no display needed).
     """
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg", force=True)

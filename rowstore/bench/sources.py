@@ -324,7 +324,8 @@ def _tables_block(layout: Layout, fields: list[Field], opts: dict) -> tuple[Call
 
 
 # -- numpy memmap ------------------------------------------------------------------------------
-_NPY_DONE = "export.json"
+#: The file that marks a finished .npy export (and records what it exported).
+NPY_DONE = "export.json"
 
 
 def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) -> str:
@@ -341,7 +342,7 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
     names = layout.schema.select(fields).names
     st = os.stat(path)
     stamp = {"source": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "fields": names}
-    done = os.path.join(out_dir, _NPY_DONE)
+    done = os.path.join(out_dir, NPY_DONE)
     if os.path.exists(done):
         try:
             with open(done) as fh:
@@ -404,7 +405,7 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
         outs.clear()
     finally:
         h5.close()
-    with open(os.path.join(tmp, _NPY_DONE), "w") as fh:
+    with open(os.path.join(tmp, NPY_DONE), "w") as fh:
         json.dump(stamp, fh)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
@@ -413,7 +414,7 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
 
 def _memmap(layout: Layout, fields: list[Field], opts: dict) -> tuple[Callable, Callable]:
     d = opts.get("npy_dir")
-    if not d or not os.path.exists(os.path.join(d, _NPY_DONE)):
+    if not d or not os.path.exists(os.path.join(d, NPY_DONE)):
         raise RowstoreError(f"the memmap baseline needs an .npy export (export_npy) in {d!r}")
 
     def load(name: str) -> np.ndarray:

@@ -40,7 +40,8 @@ cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
 
 
 cdef inline int _is(const uint8_t* t, const char* name) noexcept nogil:
-    return t[0] == <uint8_t>name[0] and t[1] == <uint8_t>name[1] and t[2] == <uint8_t>name[2] and t[3] == <uint8_t>name[3]
+    return (t[0] == <uint8_t>name[0] and t[1] == <uint8_t>name[1] and t[2] == <uint8_t>name[2]
+            and t[3] == <uint8_t>name[3])
 
 
 cdef inline int _paeth(int a, int b, int c) noexcept nogil:
@@ -96,8 +97,8 @@ cdef int _unfilter(const uint8_t* raw, uint8_t* out, int64_t height, int64_t str
 
 
 cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, int64_t width,
-                     int64_t channels, int64_t depth, uint8_t* zbuf, uint8_t* raw, const uint8_t* zero,
-                     int64_t* used) noexcept nogil:
+                     int64_t channels, int64_t depth, uint8_t* zbuf, uint8_t* raw,
+                     const uint8_t* zero) noexcept nogil:
     """One PNG of ``n`` bytes at ``p`` into ``out`` (``height * width * channels`` samples of
     ``depth`` bits, native byte order). ``zbuf`` holds at least ``n`` bytes (the IDAT data),
     ``raw`` ``height * (1 + stride)`` (the inflated rows). Returns a status code."""
@@ -107,7 +108,6 @@ cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, 
     cdef int ctype, seen_end = 0
     cdef size_t dlen, slen
     cdef uint8_t tmp
-    used[0] = 0
     if n < 8 + 25 + 12:
         return S_CORRUPT
     for i in range(8):
@@ -159,20 +159,20 @@ cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, 
             tmp = out[i]
             out[i] = out[i + 1]
             out[i + 1] = tmp
-    used[0] = 1
     return S_OK
 
 
-def png_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offsets not None, const uint8_t[::1] nulls,
+def png_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offsets not None,
+                     const uint8_t[::1] nulls,
                      uint8_t[::1] out not None, int64_t height, int64_t width, int64_t channels,
                      int64_t depth, Py_ssize_t lo, Py_ssize_t hi, uint8_t[::1] status not None):
     """Decode images ``lo..hi`` of a batch: image i is ``data[offsets[i]:offsets[i + 1]]``
     and goes to ``out[i * value_bytes:]`` (``value_bytes = height * width * channels * depth /
     8``; ``out`` holds the whole batch). Null images (``nulls[i]`` nonzero; ``nulls`` the null
-    flags as uint8, or None) are skipped. ``status[i]`` receives a code per image (``PNG_OK`` ...); an image not
-    decoded leaves its slot unspecified. Returns the number of images not decoded."""
+    flags as uint8, or None) are skipped. ``status[i]`` receives a code per image (``PNG_OK``
+    ...); an image not decoded leaves its slot unspecified. Returns the number of images not decoded."""
     cdef Py_ssize_t n = offsets.shape[0] - 1, i
-    cdef int64_t value_bytes, stride, rawsize, biggest = 0, a, b, used
+    cdef int64_t value_bytes, stride, rawsize, biggest = 0, a, b
     cdef int64_t data_len = data.shape[0]
     cdef const uint8_t* nul = NULL
     cdef uint8_t* zbuf = NULL
@@ -225,7 +225,7 @@ def png_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offset
                     continue
                 a, b = offsets[i], offsets[i + 1]
                 s = _decode_one(&data[0] + a if data_len else NULL, b - a, &out[0] + i * value_bytes, height,
-                                width, channels, depth, zbuf, raw, zero, &used)
+                                width, channels, depth, zbuf, raw, zero)
                 status[i] = <uint8_t>s
                 if s != S_OK:
                     failed += 1
@@ -233,4 +233,3 @@ def png_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offset
         free(raw)
         free(zero)
     return failed
-

@@ -86,3 +86,12 @@ cdef extern from *:
     unsigned int zng_crc32(unsigned int crc, const unsigned char* buf, size_t len);
     """
     unsigned int zng_crc32(unsigned int crc, const unsigned char* buf, size_t len) nogil
+
+
+cdef extern from *:
+    # zlib-ng's one-shot inflate of a zlib stream (Adler-32 checked), inside libblosc2.a: the
+    # IDAT data of PNG images (_png.pyx). Returns Z_OK (0) when the stream ended exactly there.
+    """
+    int32_t zng_uncompress2(uint8_t* dest, size_t* destLen, const uint8_t* source, size_t* sourceLen);
+    """
+    int32_t zng_uncompress2(uint8_t* dest, size_t* destLen, const uint8_t* source, size_t* sourceLen) nogil

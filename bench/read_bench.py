@@ -290,15 +290,16 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_section(doc_path: str, section: str) -> None:
-    """Replace the generated section of ``doc_path`` (other sections kept), or append it."""
+def write_section(doc_path: str, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the generated section of ``doc_path`` between ``begin`` and ``end`` (other
+    sections kept), or append it."""
     text = ""
     if os.path.exists(doc_path):
         with open(doc_path) as fh:
             text = fh.read()
-    if BEGIN in text and END in text:
-        a = text.index(BEGIN)
-        b = text.index(END) + len(END)
+    if begin in text and end in text:
+        a = text.index(begin)
+        b = text.index(end) + len(end)
         text = text[:a] + section + text[b:]
     else:
         if not text:

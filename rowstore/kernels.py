@@ -1,5 +1,5 @@
 """The only importer of the compiled kernels (``rowstore._io``, ``_gather``, ``_frame``,
-``_shuffle``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
+``_shuffle``, ``_png``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
 
 Each wrapper validates its arguments, calls one kernel (which releases the GIL) and turns its
 return code into a :class:`~rowstore.errors.FormatError` with context. Arrays passed in are
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from rowstore import _frame, _gather, _io, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
+from rowstore import _frame, _gather, _io, _png, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
 from rowstore._common import KernelCode
 from rowstore.errors import ChecksumError, FormatError
 
 __all__ = [
     "crc32", "load_chunks", "decode_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
-    "pread_heap", "preadv_rows", "shuffle", "compress_frame",
+    "pread_heap", "preadv_rows", "shuffle", "compress_frame", "png_decode_batch", "PNG_OK", "PNG_UNSUPPORTED",
+    "PNG_CORRUPT", "PNG_NOMEM",
     "KernelCode", "KernelError", "KernelChecksumError",
 ]
 
@@ -240,3 +241,26 @@ def compress_frame(raw, *, compcode: int, clevel: int, shuffle: int, typesize: i
     if n < 0:
         _raise(err, "blosc2 compression")
     return dst[:n]
+
+
+#: ``png_decode_batch`` status codes, one per image: decoded (or null); a PNG of a kind the
+#: kernel leaves to the reference decoder; bytes that are not a PNG of the expected size;
+#: no memory for the kernel's scratch buffers. Every code but PNG_OK means "not decoded".
+PNG_OK, PNG_UNSUPPORTED, PNG_CORRUPT, PNG_NOMEM = _png.PNG_OK, _png.PNG_UNSUPPORTED, _png.PNG_CORRUPT, _png.PNG_NOMEM
+
+
+def png_decode_batch(data: np.ndarray, offsets: np.ndarray, nulls: np.ndarray | None, out: np.ndarray,
+                     lo: int, hi: int, status: np.ndarray) -> int:
+    """Decode PNG images ``lo..hi`` of a batch into ``out`` (``(n, H, W[, C])`` uint8 or
+    uint16, C-contiguous): image i is ``data[offsets[i]:offsets[i + 1]]``, null images
+    (``nulls``) are skipped; the GIL is released for the whole range. ``status[i]`` gets one of
+    the ``PNG_*`` codes; returns the number of images left undecoded (their slots unspecified),
+    which the caller decodes with the reference decoder. Several threads may decode disjoint
+    ranges of one batch at once."""
+    if out.dtype not in (np.uint8, np.uint16) or out.ndim not in (3, 4):
+        raise ValueError(f"png_decode_batch: out must be (n, H, W[, C]) uint8 or uint16, got {out.dtype} {out.shape}")
+    flat = _flat_bytes(out, "png_decode_batch")
+    h, w = out.shape[1], out.shape[2]
+    c = out.shape[3] if out.ndim == 4 else 1
+    nul = None if nulls is None else nulls.view(np.uint8)
+    return int(_png.png_decode_batch(data, offsets, nul, flat, h, w, c, 8 * out.dtype.itemsize, lo, hi, status))

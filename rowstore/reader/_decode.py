@@ -4,7 +4,9 @@ Raw bytes in the row are already final (the kernels put them in their batch arra
 variable-shape field becomes a :class:`~rowstore.reader.buffers.Ragged` view of its payload
 bytes; every other field is decoded by its codec's ``decode_batch`` into an array allocated
 here from the schema (or the caller's ``out=``), on the decode pool when the codec releases
-the GIL. Sizes that come from the file are checked against the limits of
+the GIL. PNG images of a fixed shape (the built-in ``png`` codec) are decoded by a kernel
+instead, a range of images per call and thread without the GIL (:func:`_png_batch`); the
+images it leaves undecoded go through the codec. Sizes that come from the file are checked against the limits of
 :mod:`rowstore.format.spec` before they size an allocation.
 """
 
@@ -18,14 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.codecs import Payloads
-from rowstore.codecs.abc import ParallelMap, serial
+from rowstore import kernels
+from rowstore.codecs import Payloads, Png
+from rowstore.codecs.abc import Codec, ParallelMap, serial
 from rowstore.errors import CodecError, CodecNotAvailableError, FormatError
 from rowstore.format import spec
 from rowstore.reader._gather import FieldPlan, Gathered
 from rowstore.reader.buffers import Ragged
 
 __all__ = ["Decoder"]
+
+#: Decode ``png`` fields of fixed shape with ``kernels.png_decode_batch`` (False: through the
+#: codec, image by image with imagecodecs; for A/B benchmarks and tests).
+PNG_KERNEL = True
 
 
 class Decoder:
@@ -113,7 +120,10 @@ class Decoder:
             if col.nulls is not None:
                 dst[col.nulls] = 0
         try:
-            codec.decode_batch(col, dst, par if codec.releases_gil else serial)
+            if col.shapes is None and _png_kernel_fits(codec, dst):
+                _png_batch(codec, col, dst, par)
+            else:
+                codec.decode_batch(col, dst, par if codec.releases_gil else serial)
         except CodecNotAvailableError:
             raise
         except (CodecError, ValueError) as exc:
@@ -158,6 +168,28 @@ class Decoder:
         where = f"row {row}: " if row is not None else ""
         return FormatError(f"{path!r}: field {f.name!r}: {where}stored value does not decode ({exc}; corrupt file?)",
                            path=path, block=blk, field=f.name, row=row)
+
+
+def _png_kernel_fits(codec: Codec, dst: np.ndarray) -> bool:
+    """Whether the PNG kernel decodes into ``dst``: the built-in ``png`` codec (a codec
+    registered in its place decodes itself), a native uint8/uint16 C-contiguous array."""
+    return (PNG_KERNEL and type(codec) is Png and dst.dtype in (np.uint8, np.uint16) and dst.ndim in (3, 4)
+            and dst.flags.c_contiguous and dst.flags.writeable)
+
+
+def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -> None:
+    """Decode a batch of PNG images into ``dst`` (``n x shape``): each range of images in one
+    kernel call without the GIL, on the decode threads; an image the kernel leaves undecoded
+    (another kind of PNG, or damaged bytes) goes through ``codec.decode_into``, which decodes it
+    or raises the CodecError that names it."""
+    status = np.zeros(len(col), np.uint8)
+
+    def run(lo: int, hi: int) -> None:
+        if kernels.png_decode_batch(col.data, col.offsets, col.nulls, dst, lo, hi, status):
+            for i in lo + np.flatnonzero(status[lo:hi]):
+                codec.decode_into(col.payload(int(i)), dst[i])
+
+    par(run, len(col))
 
 
 def _first_failure(f: Any, col: Payloads) -> int | None:

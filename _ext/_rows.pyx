@@ -157,7 +157,8 @@ cdef class RowPlan:
         PyObject_GetBuffer(rows, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
         if view.len % self._row_size:
             PyBuffer_Release(&view)
-            raise ValueError(f"RowPlan.set_rows: {view.len} bytes is not a whole number of {self._row_size}-byte rows")
+            raise ValueError(f"RowPlan.set_rows: {view.len} bytes is not a whole number of "
+                             f"{self._row_size}-byte rows")
         if self._held:
             PyBuffer_Release(&self._rows)
         self._rows = view
@@ -193,8 +194,8 @@ cdef int _check_field(FieldPlan* p, cnp.npy_intp* dims, Py_ssize_t row_size, Py_
     cdef Py_ssize_t width
     if p.kind in (K_INT, K_UINT, K_FLOAT, K_BOOL):
         width = p.size
-        ok = (p.size in (1, 2, 4, 8) and (p.kind != K_FLOAT or p.size in (4, 8)) and (p.kind != K_BOOL or p.size == 1)
-              and p.ndim == 0 and <object>p.scalar_type is not None)
+        ok = (p.size in (1, 2, 4, 8) and (p.kind != K_FLOAT or p.size in (4, 8))
+              and (p.kind != K_BOOL or p.size == 1) and p.ndim == 0 and <object>p.scalar_type is not None)
     elif p.kind == K_ARRAY:
         width = p.size
         ok = p.size > 0 and p.ndim >= 1 and <object>p.descr is not None
@@ -282,8 +283,8 @@ cdef inline bint _same_array(FieldPlan* p, cnp.npy_intp* dims, object v, bint va
     return True
 
 
-cdef inline long long _heap_append(bytearray heap, const char* data, Py_ssize_t n, uint8_t* ref, long long pos,
-                                   long long max_value, long long max_heap) except -2:
+cdef inline long long _heap_append(bytearray heap, const char* data, Py_ssize_t n, uint8_t* ref,
+                                   long long pos, long long max_value, long long max_heap) except -2:
     """Append a payload to the heap and store its reference; the new heap position, or -1."""
     cdef uint64_t off = <uint64_t>pos
     cdef uint64_t nb = <uint64_t>n
@@ -332,24 +333,27 @@ cdef long long _pack_value(FieldPlan* p, cnp.npy_intp* dims, object row, uint8_t
             return -1
         if PyUnicode_IS_ASCII(v):  # its own bytes (nothing cached in the str)
             data = PyUnicode_AsUTF8AndSize(v, &n)
-            return -1 if data == NULL else _heap_append(heap, data, n, dst + p.offset, pos, max_value, max_heap)
+            if data == NULL:
+                return -1
+            return _heap_append(heap, data, n, dst + p.offset, pos, max_value, max_heap)
         enc = PyUnicode_AsUTF8String(v)  # NULL for lone surrogates: the Python path words it
         if enc == NULL:
             return -1
-        pos = _heap_append(heap, PyBytes_AS_STRING(<object>enc), PyBytes_GET_SIZE(<object>enc), dst + p.offset, pos,
-                           max_value, max_heap)
+        pos = _heap_append(heap, PyBytes_AS_STRING(<object>enc), PyBytes_GET_SIZE(<object>enc),
+                           dst + p.offset, pos, max_value, max_heap)
         Py_DECREF(enc)
         return pos
     if p.kind == K_BYTES:
         if not PyBytes_CheckExact(v):
             return -1
-        return _heap_append(heap, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), dst + p.offset, pos, max_value, max_heap)
+        return _heap_append(heap, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), dst + p.offset, pos,
+                            max_value, max_heap)
     if p.kind == K_VARRAY:
         if not _same_array(p, dims, v, True):
             return -1
         arr = <cnp.ndarray>v
-        pos = _heap_append(heap, <const char*>cnp.PyArray_DATA(arr), cnp.PyArray_NBYTES(arr), dst + p.offset, pos,
-                           max_value, max_heap)
+        pos = _heap_append(heap, <const char*>cnp.PyArray_DATA(arr), cnp.PyArray_NBYTES(arr),
+                           dst + p.offset, pos, max_value, max_heap)
         if pos < 0:
             return -1
         j = 0

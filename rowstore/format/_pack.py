@@ -25,11 +25,10 @@ can store exactly as validation and :meth:`RowPacker.add_row` would, and otherwi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import sys
 
 import numpy as np
 
@@ -114,28 +113,30 @@ def _fast_kind(f: Field) -> tuple[int, int, int] | None:
     return None
 
 
-def fast_plan(schema: Schema, row_dtype: np.dtype) -> RowPlan | None:
+def fast_plan(schema: Schema, row_dtype: np.dtype) -> Any:
     """The compiled plan of :meth:`RowPacker.add_row_fast` for ``schema``, or None when some
     field has no fast path (then every row takes the Python path) or the host is big-endian
     (the plan stores native bytes, which are the file's little-endian ones only on a
-    little-endian host)."""
-    if sys.byteorder != "little" or not len(schema):
+    little-endian host). (Typed ``Any``: the compiled ``RowPlan`` has no stubs.)"""
+    columns = row_dtype.fields
+    if sys.byteorder != "little" or not len(schema) or columns is None:
         return None
     descriptors = []
+    dims: tuple[int, ...]
     for f in schema:
         kind = _fast_kind(f)
         if kind is None:
             return None
-        offset = row_dtype.fields[f.name][1]
-        null = row_dtype.fields[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
+        offset = columns[f.name][1]
+        null = columns[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
         if f.dtype in (STR, BYTES):
             size, dtype, scalar, dims, shape_offset = 0, None, None, (), -1
         else:
             dims = tuple(-1 if d is None else d for d in f.shape)
             dtype, scalar = np.dtype(f.dtype), np.dtype(f.dtype).type
             size = f.fixed_nbytes if f.inline else dtype.itemsize
-            ref = row_dtype.fields[f.name][0]
-            shape_offset = offset + ref.fields["shape"][1] if not f.inline else -1
+            ref = columns[f.name][0].fields
+            shape_offset = offset + ref["shape"][1] if ref is not None and not f.inline and f.variable_dims else -1
         descriptors.append((f.name, int(kind[0]), offset, null, size, kind[1], kind[2], dtype, scalar, dims, shape_offset))
     return RowPlan(descriptors, row_dtype.itemsize, spec.MAX_VALUE_BYTES, spec.MAX_HEAP_BYTES)
 

@@ -142,7 +142,7 @@ def per_row_pytables(path: str, schema, rows: list[dict]) -> None:
 
 
 def per_row_main(args) -> int:
-    n = 20_000 if args.quick else 200_000
+    n = args.rows or (20_000 if args.quick else 200_000)
     repeats = 1 if args.quick else args.repeats
     rng = np.random.default_rng(0)
     results = []
@@ -200,6 +200,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON results (default bench/results/write_bench.json, "
                     "or write_bench_per_row.json with --per-row)")
     ap.add_argument("--per-row", action="store_true", help="per-row Writer.write(dict) against PyTables row.append()")
+    ap.add_argument("--rows", type=int, default=None, help="rows per --per-row case (default 200,000; 20,000 with --quick)")
     ap.add_argument("--docs", default=None, help="update the write_bench section of this markdown file")
     args = ap.parse_args(argv)
     if args.per_row:

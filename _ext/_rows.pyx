@@ -43,6 +43,7 @@ cnp.import_array()
 cdef extern from "Python.h":
     # Declared here without Cython's error checks: a failure declines (the error is cleared).
     PyObject* PyDict_GetItem(object d, object key)
+    int PyDict_Next(object d, Py_ssize_t* ppos, PyObject** key, PyObject** value)
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size)
     long long PyLong_AsLongLongAndOverflow(object v, int* overflow)
     int PyByteArray_Resize(object ba, Py_ssize_t size)
@@ -176,9 +177,27 @@ cdef class RowPlan:
         cdef uint8_t* dst = <uint8_t*>self._rows.buf + slot * self._row_size
         cdef Py_ssize_t heap_len = PyByteArray_GET_SIZE(heap)
         cdef long long pos = heap_pos
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, it = 0
+        cdef PyObject* key
+        cdef PyObject* item
+        cdef bint in_order = True
         for i in range(self._n):
-            pos = _pack_value(&self._f[i], self._dims, row, dst, heap, pos, self._max_value, self._max_heap)
+            # A dict built in schema order with the schema's (interned) names as keys is read in
+            # order, without a lookup; any other key order falls back to lookups.
+            item = NULL
+            if in_order:
+                if PyDict_Next(row, &it, &key, &item) and key == self._f[i].name:
+                    pass
+                else:
+                    in_order = False
+                    item = NULL
+            if item == NULL:
+                item = PyDict_GetItem(row, <object>self._f[i].name)
+            if item == NULL:
+                pos = -1
+            else:
+                pos = _pack_value(&self._f[i], self._dims, <object>item, dst, heap, pos, self._max_value,
+                                  self._max_heap)
             if pos < 0:
                 if PyErr_Occurred() != NULL:
                     PyErr_Clear()
@@ -301,13 +320,9 @@ cdef inline long long _heap_append(bytearray heap, const char* data, Py_ssize_t 
     return pos + n
 
 
-cdef long long _pack_value(FieldPlan* p, cnp.npy_intp* dims, object row, uint8_t* dst, bytearray heap,
+cdef long long _pack_value(FieldPlan* p, cnp.npy_intp* dims, object v, uint8_t* dst, bytearray heap,
                            long long pos, long long max_value, long long max_heap) except -2:
-    """Store one field's value of ``row``: the new heap position, or -1 to decline."""
-    cdef PyObject* item = PyDict_GetItem(row, <object>p.name)
-    if item == NULL:
-        return -1
-    cdef object v = <object>item
+    """Store one field's value ``v``: the new heap position, or -1 to decline."""
     cdef Py_ssize_t n
     cdef const char* data
     cdef cnp.ndarray arr

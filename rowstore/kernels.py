@@ -1,5 +1,5 @@
 """The only importer of the compiled kernels (``rowstore._io``, ``_gather``, ``_frame``,
-``_shuffle``, ``_png``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
+``_shuffle``, ``_png``, ``_rows``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
 
 Each wrapper validates its arguments, calls one kernel (which releases the GIL) and turns its
 return code into a :class:`~rowstore.errors.FormatError` with context. Arrays passed in are
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rowstore import _frame, _gather, _io, _png, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
+from rowstore import _frame, _gather, _io, _png, _rows, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
 from rowstore._common import KernelCode
 from rowstore.errors import ChecksumError, FormatError
 
@@ -21,8 +21,15 @@ __all__ = [
     "crc32", "load_chunks", "decode_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
     "pread_heap", "preadv_rows", "shuffle", "compress_frame", "png_decode_batch", "PNG_OK", "PNG_UNSUPPORTED",
     "PNG_CORRUPT", "PNG_NOMEM",
-    "KernelCode", "KernelError", "KernelChecksumError",
+    "KernelCode", "KernelError", "KernelChecksumError", "RowKind", "RowPlan",
 ]
+
+#: The per-row fast path of ``Writer.write`` (``_ext/_rows.pyx``): used as it is, without a
+#: wrapper, since a wrapper would cost as much as the packing of a row. ``RowPlan`` checks its
+#: descriptors itself; ``RowPlan.pack`` never raises for a value: it stores the row or declines
+#: (returns -1, nothing kept) and the caller validates it in Python (``rowstore/format/_pack.py``).
+RowPlan = _rows.RowPlan
+RowKind = _rows.RowKind
 
 _MESSAGES = {
     KernelCode.E_IO: "read failed (errno {detail})",

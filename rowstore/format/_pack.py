@@ -16,23 +16,31 @@ A stored row holds, per field (see :func:`spec.row_dtype`):
   current heap offset (heap).
 
 Values must already be validated (:func:`rowstore.format.validate.check_value`) and within the
-size limit (:func:`check_value_size`).
+size limit (:func:`check_value_size`), except for :meth:`RowPacker.add_row_fast`: the per-row
+fast path of ``Writer.write``, which stores a ``dict`` of plain values in one compiled call
+(``_ext/_rows.pyx``, planned once per schema by :func:`fast_plan`) when every value is one it
+can store exactly as validation and :meth:`RowPacker.add_row` would, and otherwise declines
+(nothing kept), leaving the row to that Python path.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rowstore.codecs.raw import Raw
+from rowstore.codecs.text import Bytes, Utf8
 from rowstore.errors import CodecError, RowValidationError
 from rowstore.format import spec
-from rowstore.schema import Field, Schema
+from rowstore.kernels import RowKind, RowPlan
+from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = ["RowPacker", "PackedBlock", "PackerTail", "check_value_size", "value_nbytes",
-           "max_rows_per_block", "first_rows_per_block"]  # fmt: skip
+           "max_rows_per_block", "first_rows_per_block", "fast_plan"]  # fmt: skip
 
 # How each field is stored (the first item of a plan entry).
 _RAW, _CODEC, _HEAP = range(3)
@@ -78,6 +86,59 @@ def first_rows_per_block(nrows: int, pending_bytes: int, itemsize: int, block_by
     ``block_bytes`` rows, which later appends padded to ``block_bytes`` times the row size)."""
     avg = pending_bytes / nrows if nrows else itemsize
     return int(min(max(nrows, block_bytes // max(1, int(avg)), 1), max_rows_per_block(itemsize)))
+
+
+def _fast_kind(f: Field) -> tuple[int, int, int] | None:
+    """``(kind, lo, hi)`` of the fast path for ``f``, or None where only the Python path stores
+    its values (time fields, float16/complex scalars, codecs other than raw/utf8/bytes)."""
+    codec = type(f.codec_obj)
+    if f.dtype == STR:
+        return (RowKind.K_STR, 0, 0) if codec is Utf8 else None
+    if f.dtype == BYTES:
+        return (RowKind.K_BYTES, 0, 0) if codec is Bytes else None
+    if codec is not Raw or f.is_time:
+        return None
+    if not f.inline:
+        return RowKind.K_VARRAY, 0, 0
+    if f.shape:
+        return RowKind.K_ARRAY, 0, 0
+    dt = f.dtype
+    if dt.kind == "b":
+        return RowKind.K_BOOL, 0, 1
+    if dt.kind == "f" and dt.itemsize in (4, 8):
+        return RowKind.K_FLOAT, 0, 0
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return (RowKind.K_INT if dt.kind == "i" else RowKind.K_UINT), int(info.min), min(int(info.max), (1 << 63) - 1)
+    return None
+
+
+def fast_plan(schema: Schema, row_dtype: np.dtype) -> Any:
+    """The compiled plan of :meth:`RowPacker.add_row_fast` for ``schema``, or None when some
+    field has no fast path (then every row takes the Python path) or the host is big-endian
+    (the plan stores native bytes, which are the file's little-endian ones only on a
+    little-endian host). (Typed ``Any``: the compiled ``RowPlan`` has no stubs.)"""
+    columns = row_dtype.fields
+    if sys.byteorder != "little" or not len(schema) or columns is None:
+        return None
+    descriptors = []
+    dims: tuple[int, ...]
+    for f in schema:
+        kind = _fast_kind(f)
+        if kind is None:
+            return None
+        offset = columns[f.name][1]
+        null = columns[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
+        if f.dtype in (STR, BYTES):
+            size, dtype, scalar, dims, shape_offset = 0, None, None, (), -1
+        else:
+            dims = tuple(-1 if d is None else d for d in f.shape)
+            dtype, scalar = np.dtype(f.dtype), np.dtype(f.dtype).type
+            size = f.fixed_nbytes if f.inline else dtype.itemsize
+            ref = columns[f.name][0].fields
+            shape_offset = offset + ref["shape"][1] if ref is not None and not f.inline and f.variable_dims else -1
+        descriptors.append((f.name, int(kind[0]), offset, null, size, kind[1], kind[2], dtype, scalar, dims, shape_offset))
+    return RowPlan(descriptors, row_dtype.itemsize, spec.MAX_VALUE_BYTES, spec.MAX_HEAP_BYTES)
 
 
 @dataclass(frozen=True)
@@ -134,6 +195,7 @@ class RowPacker:
         self.heap_flushed = 0
         self.heap_pos = 0
         self.block_heap_start = 0
+        self._fast = fast_plan(schema, self.row_dtype)
         self._set_buffer(np.zeros(max(1, capacity), dtype=self.row_dtype))
 
     @property
@@ -149,6 +211,8 @@ class RowPacker:
     def _set_buffer(self, buf: np.ndarray) -> None:
         """Use ``buf`` for the pending rows; caches its column views per field (the plan)."""
         self.rows = buf
+        if self._fast is not None:
+            self._fast.set_rows(buf)
         plan: list[tuple] = []
         for f in self.schema:
             col = buf[f.name]
@@ -183,6 +247,24 @@ class RowPacker:
             self._undo(*undo, 1)
             raise
         self.n += 1
+
+    def add_row_fast(self, row: Any) -> bool:
+        """Add one row given as a ``dict`` of plain values in one compiled call, if every value
+        is one the fast path stores exactly as :func:`~rowstore.format.validate.check_value`
+        and :meth:`add_row` would; False otherwise, with nothing kept (validate the row and
+        call :meth:`add_row`, which words any error)."""
+        plan = self._fast
+        if plan is None:
+            return False
+        i = self.n
+        if i >= len(self.rows):
+            self.ensure_capacity(1)
+        pos = plan.pack(row, i, self.heap, self.heap_pos)
+        if pos < 0:
+            return False
+        self.heap_pos = pos
+        self.n = i + 1
+        return True
 
     def add_columns(self, parts: Sequence[Any], take: int) -> None:
         """Add ``take`` rows given per field in schema order: an ndarray ``(take, *shape)`` of

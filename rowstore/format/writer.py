@@ -241,12 +241,23 @@ class Writer(Closing):
         """Validate and add one row (a mapping of field name to value; ``None`` for nulls).
 
         Raises :class:`~rowstore.errors.RowValidationError` for a bad row; nothing of it is kept.
+
+        A ``dict`` of plain values (``int``, ``float``, ``bool``, ``str``, ``bytes``, the
+        field's numpy scalar type, C-contiguous ndarrays of the field's dtype and shape) is
+        stored by one compiled call; any other row, and every bad one, goes through the full
+        validation in Python (same rules, same errors).
         """
-        self._check_open()
-        rownum = self.num_rows
-        if not isinstance(row, Mapping):
-            raise RowValidationError(f"row {rownum}: expected a mapping of field names to values, got {type(row).__name__}", row=rownum)
-        self._packer.add_row(self._check_row(row, rownum))
+        if self._closed:
+            self._check_open()
+        packer = self._packer
+        if not packer.add_row_fast(row):
+            rownum = self.num_rows
+            if not isinstance(row, Mapping):
+                raise RowValidationError(f"row {rownum}: expected a mapping of field names to values, got {type(row).__name__}", row=rownum)
+            packer.add_row(self._check_row(row, rownum))
+        rpb = self._rpb
+        if rpb is not None and packer.n < rpb and len(packer.heap) < self._heap_chunk_bytes:
+            return  # nothing to write yet (what _after_rows would find)
         self._after_rows()
 
     def write_batch(self, columns: Mapping[str, Any]) -> None:

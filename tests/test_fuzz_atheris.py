@@ -1,0 +1,103 @@
+"""The coverage-guided fuzzer's target (``bench/fuzz_atheris.py``, issue 17) without atheris:
+the committed corpus and every crasher found replay through the normal build (each input in a
+child process with a timeout, the fuzzer's oracle: a ``RowstoreError`` or the rows read), and
+the structure-aware inputs do what the campaign relies on (a resealed mutation gets past the
+chunk CRCs into the kernels; the exact oracle catches changed values)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("h5py")
+
+import rowstore  # noqa: E402
+from rowstore.errors import ChecksumError, RowstoreError  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data", "atheris")
+
+
+@pytest.fixture(scope="module")
+def fa():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import fuzz_atheris
+    finally:
+        sys.path.pop(0)
+    return fuzz_atheris
+
+
+def _write(tmp_path, blob: bytes) -> str:
+    path = str(tmp_path / "case.h5")
+    with open(path, "wb") as fh:
+        fh.write(blob)
+    return path
+
+
+def _read_all(path: str) -> None:
+    with rowstore.open(path) as r:
+        r.take(np.arange(len(r)), varlen="ragged")
+        r.layout.verify()
+
+
+def test_committed_corpus_and_crashers_replay():
+    dirs = [d for d in (os.path.join(DATA, "corpus"), os.path.join(DATA, "crashers")) if os.path.isdir(d)]
+    n = sum(len([f for f in glob.glob(os.path.join(d, "*")) if not f.endswith((".md", ".json"))]) for d in dirs)
+    assert n >= 20, "the committed atheris corpus is missing"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "fuzz_atheris.py"), "--replay", *dirs, "--timeout", "20"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert report["inputs"] == n
+    assert report["bad"] == [], json.dumps(report["bad"], indent=1)[:4000]
+    assert proc.returncode == 0
+    counts = report["by_outcome"]
+    assert counts["ok"] > 0 and counts["rowstore-error"] > 0, counts
+
+
+def test_seeds_read_back_as_written(fa):
+    seeds = fa.seeds()
+    assert [s["name"] for s in seeds] == ["seed-lz4.h5", "seed-raw.h5"]
+    for s in seeds:
+        assert fa.one_input(b"\x00" + s["data"]) == "ok"  # raw mode: the file as it is
+
+
+def _blosc_header_input(seed_index: int, mode: int) -> bytes:
+    # mode, seed, 1 operation: code 3 (Blosc2 header byte), chunk 0, frame header, byte 14 := 0xFF
+    return bytes([mode, seed_index, 0, 3, 0, 0, 14, 0xFF])
+
+
+def test_a_resealed_mutation_reaches_the_frame_checks(fa, tmp_path):
+    """Mode 1 recomputes the CRC of the damaged chunk: the frame check refuses it (not the
+    checksum); mode 7 leaves the CRC as written and the checksum refuses it."""
+    lz4 = [s["name"] for s in fa.seeds()].index("seed-lz4.h5")
+    resealed, ops = fa.build_case(_blosc_header_input(lz4, 1))
+    assert ops[0]["reseal"] and ops[1]["op"] == "blosc-header"
+    with pytest.raises(RowstoreError) as err:
+        _read_all(_write(tmp_path, resealed))
+    assert not isinstance(err.value, ChecksumError), err.value
+    plain, ops = fa.build_case(_blosc_header_input(lz4, 7))
+    assert not ops[0]["reseal"]
+    with pytest.raises(ChecksumError):
+        _read_all(_write(tmp_path, plain))
+    assert fa.one_input(_blosc_header_input(lz4, 1)) == "rowstore-error"
+
+
+def test_the_exact_oracle_catches_changed_values(fa, tmp_path):
+    """A resealed edit of a row's bytes reads back as other values: the consistency oracle of
+    resealed inputs accepts it, the exact one raises a finding (the oracle can fail)."""
+    raw = [s["name"] for s in fa.seeds()].index("seed-raw.h5")
+    # mode 1, raw seed, 1 operation: code 0 (set bytes in a chunk), chunk 0, at 0, 1 byte := 0x7F
+    data = bytes([1, raw, 0, 0, 0, 0, 0, 0, 0x7F])
+    blob, _ = fa.build_case(data)
+    path = _write(tmp_path, blob)
+    assert fa.check_file(path, exact=False) == "ok"
+    with pytest.raises(fa.Finding, match="WRONG-DATA"):
+        fa.check_file(path, exact=True)

@@ -443,9 +443,18 @@ def campaign(args) -> int:
     else:
         env["PYTHONPATH"] = ROOT
     malloc_mb = (1 << 30) // (1 << 20) + 64  # MAX_CHUNK_BYTES (one block) and some slack
+    if args.merge:  # minimize the working corpus into the committed one (libFuzzer -merge=1)
+        os.makedirs(args.merge, exist_ok=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", os.path.abspath(args.merge),
+               *[d for d in dirs if os.path.abspath(d) != os.path.abspath(args.merge)], "-merge=1",
+               f"-timeout={int(args.timeout)}", f"-rss_limit_mb={args.rss_mb}", "-max_len=32768"]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=build if native else ROOT, env=env, capture_output=True, text=True, errors="replace")
+        print(proc.stdout[-1500:] + proc.stderr[-1500:], file=sys.stderr)
+        print(f"{len(os.listdir(args.merge))} inputs in {args.merge}")
+        return proc.returncode
     t_end = time.monotonic() + 60 * args.minutes
     runs, execs, cov, ft, findings, log_lines = 0, 0, 0, 0, [], []
-    log = open(os.path.join(work, "libfuzzer.log"), "a")
+    log = open(os.path.join(work, "libfuzzer.log"), "a", buffering=1)
     while True:
         left = int(t_end - time.monotonic())
         if left < 5:
@@ -505,7 +514,10 @@ def worker(argv: list[str]) -> None:
     def target(data: bytes) -> None:
         one_input(data)
 
-    atheris.Setup([sys.argv[0], *argv], target)
+    # libFuzzer re-runs argv[0] through the shell for -merge=1 (and -fork): make it this worker
+    import shlex
+
+    atheris.Setup([f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))} --worker", *argv], target)
     atheris.Fuzz()
 
 
@@ -527,6 +539,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-native", action="store_true", help="the normal build: Python coverage only")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--merge", metavar="DIR", help="merge the working corpus into DIR (tests/data/atheris/corpus), keeping only inputs that add coverage")
     args = ap.parse_args(argv)
     if args.make_seeds:
         build_seed_files(SEEDS)
@@ -535,8 +548,8 @@ def main(argv=None) -> int:
         rep = replay(args.replay, args.timeout)
         print(json.dumps(rep, indent=1, default=repr))
         return 1 if rep["bad"] else 0
-    if args.minutes is None:
-        ap.error("give --minutes, --replay or --make-seeds")
+    if args.minutes is None and not args.merge:
+        ap.error("give --minutes, --merge, --replay or --make-seeds")
     return campaign(args)
 
 

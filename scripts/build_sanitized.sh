@@ -30,6 +30,13 @@ esac
 command -v "$CC" >/dev/null || { echo "$0: $CC not found (apt-get install -y clang)" >&2; exit 1; }
 
 out=build/$kind
+# Up to date (every module newer than every kernel source)? Then nothing to do; FORCE=1 rebuilds.
+if [[ -z "${FORCE:-}" ]] && [[ $(ls "$out"/rowstore/*.so 2>/dev/null | wc -l) -eq $(ls _ext/*.pyx | wc -l) ]]; then
+    oldest=$(ls -t "$out"/rowstore/*.so | tail -1)
+    if [[ -z $(find _ext setup.py -newer "$oldest" \( -name '*.pyx' -o -name '*.pxd' -o -name setup.py \)) ]]; then
+        echo "$kind build up to date in $out/rowstore"; exit 0
+    fi
+fi
 # -g: file:line in reports; -fno-sanitize-recover: the first UBSan finding aborts (with
 # UBSAN_OPTIONS=halt_on_error=1 it would anyway); -fno-sanitize=function,vptr: C only.
 flags="$san -fno-omit-frame-pointer -fno-sanitize-recover=all -g -O1"

@@ -101,3 +101,25 @@ def test_the_exact_oracle_catches_changed_values(fa, tmp_path):
     assert fa.check_file(path, exact=False) == "ok"
     with pytest.raises(fa.Finding, match="WRONG-DATA"):
         fa.check_file(path, exact=True)
+
+
+def test_asan_reports_are_classified(tmp_path):
+    """bench/asan_check.py fails the run on a sanitizer report with a frame in rowstore's
+    extension modules, and only lists those elsewhere (libhdf5's known crash)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import asan_check
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "asan.python.1").write_text(
+        "==1==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x6020\n"
+        "    #0 0x7f01 in __asan_memcpy (/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so+0xeb)\n"
+        "    #1 0x7f02 in __pyx_f_7_gather__gather_rows /w/build/asan/rowstore/_gather.cpython-311-x86_64-linux-gnu.so+0x12\n"
+    )  # fmt: skip
+    (tmp_path / "asan.python.2").write_text(
+        "==2==ERROR: AddressSanitizer: SEGV on unknown address 0x000000000008\n"
+        "    #0 0x7f03 in H5VL_blob_put (/x/h5py.libs/libhdf5-8c29085d.so.310.5.1+0x2e7996)\n"
+    )  # fmt: skip
+    found = {r["file"]: r for r in asan_check.reports(str(tmp_path))}
+    assert found["asan.python.1"]["kernel"] and "heap-buffer-overflow" in found["asan.python.1"]["summary"]
+    assert not found["asan.python.2"]["kernel"] and "SEGV" in found["asan.python.2"]["summary"]

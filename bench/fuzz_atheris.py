@@ -112,13 +112,30 @@ class Bytes:
 _SEEDS: list[dict] | None = None
 
 
+#: The seed files, in the order an input's seed byte picks them: ``bench/fuzz.py``'s two
+#: (rows_per_block=8, raw and lz4) and an uncompressed one of 256 rows per block (a block larger
+#: than the reader's cost model takes for single rows, so single-row reads use the direct
+#: kernels of ``_io``: ``pread_rows``, ``preadv_rows``, ``pread_heap``).
+SEED_NAMES = ("seed-lz4.h5", "seed-raw.h5", "seed-raw-direct.h5")
+
+
 def build_seed_files(out: str) -> None:
-    """Write the seed files (committed in tests/data/atheris/seeds: lz4 output is not byte-stable
-    across runs, and the corpus' structure-aware inputs mean offsets in these exact bytes)."""
+    """Write the seed files that are missing (committed in tests/data/atheris/seeds: lz4 output
+    is not byte-stable across runs, and the corpus' structure-aware inputs mean offsets in these
+    exact bytes, so existing seeds are never rewritten)."""
+    import rowstore
+
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path in fuzz.build_seeds(tmp, with_image=False).items():
-            shutil.copyfile(path, os.path.join(out, name + ".h5"))
+        built = {name + ".h5": path for name, path in fuzz.build_seeds(tmp, with_image=False).items()}
+        path = built["seed-raw-direct.h5"] = os.path.join(tmp, "seed-raw-direct.h5")
+        with rowstore.Writer(path, fuzz.seed_schema(False), compression=None, rows_per_block=256,
+                             heap_chunk_bytes=4096) as w:  # fmt: skip
+            for r in fuzz.seed_rows(False):
+                w.write(r)
+        for name in SEED_NAMES:
+            if not os.path.exists(os.path.join(out, name)):
+                shutil.copyfile(built[name], os.path.join(out, name))
 
 
 def _seed_info(path: str) -> dict:
@@ -141,9 +158,10 @@ def _seed_info(path: str) -> dict:
 def seeds() -> list[dict]:
     global _SEEDS
     if _SEEDS is None:
-        _SEEDS = [_seed_info(p) for p in sorted(glob.glob(os.path.join(SEEDS, "*.h5")))]
-        if not _SEEDS:
-            raise SystemExit(f"no seed files in {SEEDS} (bench/fuzz_atheris.py --make-seeds)")
+        missing = [n for n in SEED_NAMES if not os.path.exists(os.path.join(SEEDS, n))]
+        if missing:
+            raise SystemExit(f"seed files {missing} missing from {SEEDS} (bench/fuzz_atheris.py --make-seeds)")
+        _SEEDS = [_seed_info(os.path.join(SEEDS, n)) for n in SEED_NAMES]
     return _SEEDS
 
 
@@ -281,10 +299,24 @@ def check_file(path: str, exact: bool = True) -> str:
                 raise Finding(f"WRONG-DATA: open: {n} rows, fields {[f.name for f in r.schema]}")
             names = [f.name for f in r.schema]
             nullable = {f.name for f in r.schema if f.nullable}
+            fixed = [f.name for f in r.schema if f.dtype not in ("str", "bytes") and None not in f.shape and not f.nullable]
+            # Single rows first, while no block is loaded: the direct reads (large blocks of an
+            # uncompressed file), all fields (pread_rows + pread_heap) and fixed ones (preadv_rows).
+            single = []
+            for i in sorted({0, n // 2, n - 1}) if n else ():
+                one = fuzz._batch_rows(r.take([i], varlen="ragged"), names, nullable)
+                part = fuzz._batch_rows(r.take([i], fields=fixed, varlen="ragged"), fixed, set()) if fixed else None
+                single.append((i, one, part))
             k = min(n, MAX_CHECKED_ROWS)
             t = fuzz._batch_rows(r.take(np.arange(k), varlen="ragged"), names, nullable) if k else []
             if exact:
                 fuzz._check_rows(t, expected, True, "take")
+            for i, one, part in single:
+                if i < k:
+                    fuzz._check_rows(one, t[i : i + 1], True, f"take([{i}]) vs take")
+                    if part is not None:
+                        cols = [names.index(c) for c in fixed]
+                        fuzz._check_rows(part, [tuple(t[i][c] for c in cols)], True, f"take([{i}], fields) vs take")
             if n <= MAX_CHECKED_ROWS:
                 got = []
                 for bt in r.batches(16, shuffle="none", num_threads=1, varlen="ragged"):

@@ -64,9 +64,34 @@ def test_committed_corpus_and_crashers_replay():
 
 def test_seeds_read_back_as_written(fa):
     seeds = fa.seeds()
-    assert [s["name"] for s in seeds] == ["seed-lz4.h5", "seed-raw.h5"]
+    assert [s["name"] for s in seeds] == ["seed-lz4.h5", "seed-raw.h5", "seed-raw-direct.h5"]
     for s in seeds:
         assert fa.one_input(b"\x00" + s["data"]) == "ok"  # raw mode: the file as it is
+
+
+def test_the_direct_read_kernels_are_reached(fa, monkeypatch):
+    """The seed of 256-row blocks makes the oracle's single-row reads use the direct kernels of
+    ``_io`` (so the campaign covers them, and damage in front of them)."""
+    from rowstore import kernels
+
+    calls: dict[str, int] = {}
+    for name in ("pread_rows", "pread_heap", "preadv_rows"):
+        real = getattr(kernels, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(kernels, name, counted)
+    direct = [s["name"] for s in fa.seeds()].index("seed-raw-direct.h5")
+    assert fa.one_input(b"\x00" + fa.seeds()[direct]["data"]) == "ok"
+    assert set(calls) == {"pread_rows", "pread_heap", "preadv_rows"}, calls
+    # a resealed heap reference pointing past its block's range: refused by the direct kernel
+    # mode 1 (resealed), 1 operation: heap-ref (code 2), block 0, row 3, ref 0 (s.offset), ODD[19] = 2^64-1
+    data = bytes([1, direct, 0, 2, 0, 3, 0, 0, 19])
+    blob, ops = fa.build_case(data)
+    assert ops[1]["op"] == "heap-ref" and ops[1]["field"] == "s.offset", ops
+    assert fa.one_input(data) == "rowstore-error"
 
 
 def _blosc_header_input(seed_index: int, mode: int) -> bytes:

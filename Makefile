@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything they need (scripts/bootstrap.sh).
-.PHONY: demo test lint bench setup
+.PHONY: demo test lint bench setup asan fuzz
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -18,3 +18,15 @@ lint: setup
 
 bench: setup
 	@.venv/bin/python bench/read_bench.py
+
+# The kernels under AddressSanitizer + UBSan (clang; build/asan, the normal build untouched): the
+# fuzz reproducers and corpus, new fuzz cases and the kernel tests (docs/reliability.md).
+asan: setup
+	@.venv/bin/python bench/asan_check.py
+
+# Coverage-guided fuzzing with atheris in its own venv (.fuzz-venv), kernels built with libFuzzer
+# coverage and ASan + UBSan (build/fuzz); MINUTES=10 by default. Crashers go to
+# bench/results/atheris-work/crashers (commit them to tests/data/atheris/crashers).
+fuzz: setup
+	@bash scripts/fuzz_venv.sh && bash scripts/build_sanitized.sh fuzz && \
+		.fuzz-venv/bin/python bench/fuzz_atheris.py --minutes $(or $(MINUTES),10)

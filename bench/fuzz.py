@@ -994,7 +994,10 @@ def _leak(step, exc):
             "where": f"{last.filename}:{last.lineno} in {last.name}" if last else None}  # fmt: skip
 
 
-def child_main(conn, mem_limit: int):
+def child_main(conn, mem_limit: int, target: str | None = None):
+    """Runs cases sent by :class:`Child`; ``target`` ("module:function", same signature as
+    :func:`run_oracle`) replaces the oracle (``bench/fuzz_atheris.py`` replays with its own)."""
+    import importlib
     import resource
 
     if mem_limit:
@@ -1004,6 +1007,10 @@ def child_main(conn, mem_limit: int):
     faulthandler.disable()
     import rowstore  # noqa: F401 - import once, before the first case
 
+    oracle = run_oracle
+    if target is not None:
+        mod, _, fn = target.partition(":")
+        oracle = getattr(importlib.import_module(mod), fn)
     conn.send(("ready", None))
     while True:
         msg = conn.recv()
@@ -1012,17 +1019,17 @@ def child_main(conn, mem_limit: int):
         cid, path, with_image = msg
         conn.send(("start", cid))
         try:
-            res = run_oracle(path, with_image, lambda step: conn.send(("step", step)))
+            res = oracle(path, with_image, lambda step: conn.send(("step", step)))
         except BaseException as exc:  # noqa: BLE001
             res = {"outcome": "LEAKED", "steps": [_leak("oracle", exc)]}
         conn.send(("done", (cid, res)))
 
 
 class Child:
-    def __init__(self, mem_limit: int):
+    def __init__(self, mem_limit: int, target: str | None = None):
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=child_main, args=(child_conn, mem_limit), daemon=True)
+        self.proc = ctx.Process(target=child_main, args=(child_conn, mem_limit, target), daemon=True)
         self.proc.start()
         child_conn.close()
         if not self.conn.poll(120):

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from multiprocessing.reduction import ForkingPickler  # noqa: E402
 
-import torch.multiprocessing  # noqa: E402,F401  (registers the tensor reductions with ForkingPickler)
+from torch.multiprocessing import reductions  # noqa: E402,F401  (registers the tensor reductions)
 from torch.utils.data import DataLoader  # noqa: E402
 
 import rowstore  # noqa: E402

@@ -9,7 +9,7 @@ straddles two segments is concatenated.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +18,7 @@ from rowstore.reader.buffers import Ragged, concat_batches, slice_batch
 __all__ = ["prefetched", "cut_batches"]
 
 
-def prefetched(segments: Iterable[Any], produce: Callable[[Any], dict], threads: int, prefetch: int) -> Iterator[dict]:
+def prefetched(segments: Iterable[Any], produce: Callable[[Any], dict], threads: int, prefetch: int) -> Generator[dict, None, None]:
     """``produce(seg)`` of every segment, in order, computed up to ``threads * prefetch``
     ahead on ``threads`` threads (inline for 1). The pool ends with the generator."""
     if threads <= 1:

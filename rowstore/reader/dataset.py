@@ -602,6 +602,7 @@ class Reader:
         prefetch: int = 2,
         varlen: str | None = None,
         pieces: int = 1,
+        parts: bool = False,
     ) -> Generator[dict[str, Any], None, None]:
         """Yield consumer ``c``'s batches of an epoch dealt to ``C`` consumers (``consumer=(c, C)``).
 
@@ -611,7 +612,9 @@ class Reader:
         adds ``"__pad"`` (True for rows repeated to even out steps); ``with_ids`` adds
         ``"__id"`` (each row's dataset row number). ``remaining`` (from a saved state) deals
         only those global batches; ``skip`` skips this consumer's first steps. ``keep``: a row
-        subset (:meth:`keep_mask`). Other arguments as in :meth:`batches`.
+        subset (:meth:`keep_mask`). ``parts``: yield the reads as they come (whole segments, in
+        order, any number of rows each, variable shapes as ``Ragged``) for the caller to cut into
+        ``batch_size``-row batches (the torch loader cuts tensors). Other arguments as in :meth:`batches`.
         """
         positive_int("batch_size", batch_size)
         positive_int("prefetch", prefetch)
@@ -659,6 +662,8 @@ class Reader:
             return self._finish_varlen(batch, plans, varlen)
 
         segs = self._fetch_ahead(segments, plans)
+        if parts:
+            return prefetched(segs, produce, threads, prefetch)
         return cut_batches(prefetched(segs, produce, threads, prefetch), batch_size, drop_last, finish)
 
 

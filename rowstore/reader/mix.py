@@ -201,9 +201,9 @@ class Mixture:
              epoch: int = 0, window: int = 16, unit: int | None = None, drop_last: bool = False, pad: bool = False,
              remaining: Sequence[Sequence[int]] | None = None, skip: int = 0, keep: Any = None,
              fields: Sequence[str] | None = None, with_ids: bool = False, num_threads: int | None = None,
-             prefetch: int = 2, varlen: str | None = None) -> Generator[dict[str, Any], None, None]:
+             prefetch: int = 2, varlen: str | None = None, parts: bool = False) -> Generator[dict[str, Any], None, None]:
         """Consumer ``c``'s batches of a mixture epoch dealt to ``C`` consumers: as
-        :meth:`Reader.deal <rowstore.reader.Reader.deal>`. ``seed`` is the sources' order seed
+        :meth:`Reader.deal <rowstore.reader.Reader.deal>` (``parts`` too). ``seed`` is the sources' order seed
         (the mixture's own seed picks which source fills each position)."""
         positive_int("batch_size", batch_size)
         nonneg_int("skip", skip)
@@ -265,6 +265,8 @@ class Mixture:
         def finish(b: dict) -> dict:
             return r0._finish_varlen(b, plans, varlen)
 
+        if parts:
+            return prefetched(items(), produce, 1, prefetch)
         return cut_batches(prefetched(items(), produce, 1, prefetch), B, drop_last, finish)
 
     # -- a mixture file ---------------------------------------------------------------------------

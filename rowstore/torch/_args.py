@@ -137,15 +137,16 @@ class _EpochReader:
         num_threads: int | None,
         remaining: list | None = None,
         skip: int = 0,
+        parts: bool = False,
     ) -> Generator[dict, None, None]:
         """Consumer ``shard``'s batches of ``epoch`` (dealt from ``remaining``, its first
         ``skip`` steps skipped); variable-shape fields as ``Ragged`` (collation turns them into
-        the ``varlen`` modes)."""
+        the ``varlen`` modes); with ``parts``, the reads uncut (see ``Reader.deal``)."""
         return self.reader.deal(
             batch_size, consumer=shard, shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window,
             unit=self._unit_for(batch_size), drop_last=drop_last or self.even, pad=self.pad, remaining=remaining,
             skip=skip, keep=self._keep, fields=self._fields, with_ids=self.with_ids, num_threads=num_threads,
-            prefetch=self.prefetch, varlen="ragged",
+            prefetch=self.prefetch, varlen="ragged", parts=parts,
         )  # fmt: skip
 
 

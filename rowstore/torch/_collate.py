@@ -200,6 +200,56 @@ class RowBatch(Sequence):
         return out
 
 
+#: A batch a DataLoader worker hands to the main process goes by value (numpy arrays pickled
+#: into the worker's result pipe) up to this many tensor bytes; above it, as torch sends it (each
+#: tensor's storage moved into its own shared-memory segment, whose descriptor the main process
+#: receives over a socket: about a millisecond per tensor, whatever its size).
+SHIP_BYTES = 4 << 20
+
+
+def _plain(v: Any) -> bool:
+    return (isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type == "cpu"
+            and not v.requires_grad and not v.is_nested)  # fmt: skip
+
+
+def _unship(items: list) -> dict:
+    """The main process's side of :class:`_Shipped`: numpy arrays back into tensors (views)."""
+    return {k: (torch.from_numpy(v) if t else v) for k, v, t in items}
+
+
+class _Shipped(dict):
+    """A collated batch built inside a DataLoader worker: a plain dict there, and pickled by
+    value on its way to the main process (which gets a plain ``dict`` of tensors), unless its
+    tensors hold more than :data:`SHIP_BYTES`. torch's own way (a shared-memory segment and a
+    descriptor passed over a socket per tensor) costs far more than copying small batches."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> _Shipped:  # default_convert copies a batch of an IterableDataset
+        return _Shipped(self)
+
+    def __reduce_ex__(self, protocol):
+        items, nbytes = [], 0
+        for k, v in self.items():
+            if _plain(v):
+                try:
+                    a = v.numpy()
+                except (TypeError, RuntimeError):  # a dtype numpy lacks: torch's way
+                    return dict, (dict(self),)
+                nbytes += a.nbytes
+                items.append((k, a, True))
+            else:
+                items.append((k, v, False))
+        if nbytes > SHIP_BYTES:
+            return dict, (dict(self),)
+        return _unship, (items,)
+
+
+def _for_worker(out: dict) -> dict:
+    """``out``, shipped by value when this is a DataLoader worker (see :class:`_Shipped`)."""
+    return _Shipped(out) if _tud.get_worker_info() is not None else out
+
+
 def collate(batch: Any) -> Any:
     """``collate_fn`` for rowstore datasets: ``DataLoader(ds, collate_fn=rowstore.torch.collate)``.
 
@@ -211,9 +261,9 @@ def collate(batch: Any) -> Any:
     ``default_collate``.
     """
     if isinstance(batch, RowBatch):
-        return batch.collate()
+        return _for_worker(batch.collate())
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], Row):
         collator = getattr(batch[0], "collator", None)  # unset on a Row rebuilt by torch
         if collator is not None:
-            return collator.rows(batch)
+            return _for_worker(collator.rows(batch))
     return _tud.default_collate(batch)

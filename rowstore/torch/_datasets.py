@@ -20,7 +20,7 @@ from rowstore.torch._args import (
     _resolve_shard,
     _split_extras,
 )
-from rowstore.torch._collate import Row, RowBatch, _Collator, collate
+from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
 from rowstore.torch._transform import _as_spec, _process, _schemas
 
 _MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
@@ -377,7 +377,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
                         out = col.to_torch(b)
                         out.update({k: torch.from_numpy(v) for k, v in extras.items()})
                         p["taken"] += 1
-                        yield out
+                        yield out if info is None else _Shipped(out)  # a worker's: by value
                         continue
                     n = len(b[self.output_schema.names[0]])
                     for i in range(skip_rows, n):

@@ -489,19 +489,20 @@ class BatchedDataLoader(_Loader, _EpochReader):
         epoch, steps = self._running if self._running is not None else (self._epoch, self._position)
         return self._epoch_steps(epoch) - steps + (self.num_epochs - 1) * self._epoch_steps(epoch + 1)
 
-    def _reader_batches(self, epoch: int, steps: int) -> Generator[dict, None, None]:
-        return self._read_epoch(
+    def _reader_batches(self, epoch: int, steps: int, dense: bool = False) -> Generator[dict, None, None]:
+        parts = self._read_epoch(
             self.batch_size, epoch=epoch, shard=self.shard, drop_last=self.drop_last,
-            num_threads=self.num_threads, remaining=self._remaining(epoch), skip=steps,
+            num_threads=self.num_threads, remaining=self._remaining(epoch), skip=steps, parts=dense,
         )  # fmt: skip
+        return _cut_tensors(parts, self.batch_size, self.drop_last) if dense else parts
 
-    def _source(self):
+    def _source(self, dense: bool = False):
         epoch, steps = self._epoch, self._position
         stop = None if self.num_epochs is None else epoch + self.num_epochs
         self._run_stop = stop if stop is not None else epoch
         while stop is None or epoch < stop:
             self._report_quality(epoch, self.batch_size)
-            it = self._reader_batches(epoch, steps)
+            it = self._reader_batches(epoch, steps, dense)
             try:
                 for b in it:
                     steps += 1
@@ -520,14 +521,12 @@ class BatchedDataLoader(_Loader, _EpochReader):
 
     def _run_dense(self) -> Iterator[dict]:
         """The raw fast path (fixed-shape numeric fields, no transform, CPU): what
-        :meth:`_run` does, with the per-batch work cut to one ``from_numpy`` per array."""
+        :meth:`_run` does, with tensors cut from each read (:func:`_cut_tensors`)."""
         self._resume_pending = False
         self._running = (self._epoch, self._position)
-        source = self._source()
-        from_numpy = torch.from_numpy
+        source = self._source(dense=True)
         try:
-            for b, st in source:
-                out = {k: from_numpy(v) for k, v in b.items()}
+            for out, st in source:
                 self._epoch, self._position = st
                 yield out
         finally:
@@ -538,6 +537,52 @@ class BatchedDataLoader(_Loader, _EpochReader):
     def _end_state(self) -> tuple[int, int]:
         self._base = (self._run_stop, None)
         return self._run_stop, 0
+
+
+def _cut_tensors(parts: Iterator[dict], batch_size: int, drop_last: bool) -> Generator[dict, None, None]:
+    """Batches of tensors cut from the reader's reads (dicts of fixed-shape numeric arrays, any
+    number of rows each) as ``cut_batches`` cuts arrays, with one ``from_numpy`` per array of a
+    read and one ``Tensor.split`` for all its whole batches: a torch tensor costs about as much
+    to create as the reader spends on a small batch, and per-batch numpy views plus their
+    ``from_numpy`` would cost half as much again. A batch straddling two reads is
+    concatenated (a copy), as the reader does."""
+    from_numpy = torch.from_numpy
+    carry: list[dict] = []
+    carry_n = 0
+
+    def joined() -> dict:
+        if len(carry) == 1:
+            return carry[0]
+        return {k: torch.cat([c[k] for c in carry]) for k in carry[0]}
+
+    try:
+        for part in parts:
+            keys = list(part)
+            cols = [from_numpy(part[k]) for k in keys]
+            m = len(cols[0]) if cols else 0
+            pos = 0
+            if carry_n and m:
+                pos = min(batch_size - carry_n, m)
+                carry.append(dict(zip(keys, (c[:pos] for c in cols))))
+                carry_n += pos
+                if carry_n == batch_size:
+                    yield joined()
+                    carry, carry_n = [], 0
+            whole = (m - pos) // batch_size
+            if whole:
+                end = pos + whole * batch_size
+                for vals in zip(*[c[pos:end].split(batch_size) for c in cols]):
+                    yield dict(zip(keys, vals))
+                pos = end
+            if pos < m:
+                carry.append(dict(zip(keys, (c[pos:] for c in cols))))
+                carry_n += m - pos
+        if carry_n and not drop_last:
+            yield joined()
+    finally:
+        close = getattr(parts, "close", None)
+        if close is not None:
+            close()
 
 
 class InMemBatchedDataLoader(_Loader):

@@ -2,7 +2,7 @@
 local write scenarios (Writer modes w and a, DatasetWriter modes a and w, write_shard + commit,
 gc_dataset), raw and lz4, each leaving exactly the old or the new content and a target that
 recovers without temporaries or orphans; then one kill each of ``rowstore shuffle``, a Dask
-``to_rowstore`` and a commit to S3 (moto). The published campaign (460+ kills) is in
+``to_rowstore`` and a commit to S3 (moto). The published campaign (440+ kills) is in
 ``bench/results/kill_campaign.json``."""
 
 import json

@@ -12,6 +12,17 @@ Scenarios (each a child process, this script with ``--child``, killed by SIGKILL
     two_phase    four ``write_shard`` and one ``commit(mode="a", orphan_grace_s=0)``
     gc           ``gc_dataset(dry_run=False, orphan_grace_s=0)`` after an overwrite: version 1
                  (many shards), version 2 current, uncommitted shards and a stale temporary
+    shuffle      ``rowstore shuffle IN OUT --memory 4MiB --tmp WORK`` (the CLI) of a dataset of the
+                 new rows: *old* is no ``OUT``, *new* a complete shuffled copy (the permutation
+                 of an unkilled reference run); recovery is the next shuffle with the same
+                 directories, which must remove every ``.rowstore-shuffle-*`` the killed run left
+    dask         ``rowstore.dask.to_rowstore(ddf, mode="a")`` of 4 partitions on a
+                 ``LocalCluster`` (2 worker threads in the child: killing it kills the driver
+                 mid-write or before its commit, and its workers with it)
+    remote       four ``write_shard`` + ``commit(mode="a")`` to ``s3://`` (a moto server this
+                 process runs; every trial its own prefix): the bucket's current version must
+                 read whole. There is no remote gc: uncommitted shard objects and the local
+                 upload staging directories a killed child leaves are counted as leftovers
 
 Rows are int64 ``x``, a str ``s`` of varying length and a float32[16] ``a``, all computed from
 ``x`` (:func:`rows`), so both possible results of a kill can be recomputed: the *old* content
@@ -68,13 +79,17 @@ from rowstore.format import manifest
 from rowstore.format._commit import TMP_SUFFIX, remove_stale
 
 SCHEMA = Schema([Field("x", "int64"), Field("s", STR), Field("a", "float32", (16,))])
-SCENARIOS = ("writer_w", "writer_a", "ds_append", "ds_replace", "two_phase", "gc")
+SCENARIOS = ("writer_w", "writer_a", "ds_append", "ds_replace", "two_phase", "gc", "shuffle", "dask", "remote")
 FILE_SCENARIOS = ("writer_w", "writer_a")
 COMPRESSIONS = ("raw", "lz4")
 NEW_BASE = 1_000_000  # the child's rows: x in [NEW_BASE, NEW_BASE + rows)
 BATCH = 2000
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results", "kill_campaign.json")
+BUCKET = "rowstore"
+S3_ENV = "ROWSTORE_KILL_CAMPAIGN_S3"  # the moto endpoint, for the children of remote trials
+REFERENCE: dict = {}  # compression -> the rows of an unkilled shuffle (its permutation is a function of the seed)
+SHUFFLE_ARGS = ["--memory", "4MiB", "--seed", "5", "--shard-bytes", "256KiB", "--quiet"]
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -106,7 +121,22 @@ def _shard_bytes(n: int) -> int:
 
 
 def target_of(scenario: str, work: str) -> str:
+    if scenario == "remote":  # the trial's own prefix in the bucket
+        return f"s3://{BUCKET}/{os.path.basename(work)}/ds"
+    if scenario == "shuffle":
+        return os.path.join(work, "out")
     return os.path.join(work, "data.h5" if scenario in FILE_SCENARIOS else "ds")
+
+
+def s3_options() -> dict | None:
+    endpoint = os.environ.get(S3_ENV)
+    if not endpoint:
+        return None
+    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+
+
+def _opts(scenario: str) -> dict:
+    return {"storage_options": s3_options()} if scenario == "remote" else {}
 
 
 def expected(scenario: str, n: int) -> tuple[dict, dict]:
@@ -114,6 +144,8 @@ def expected(scenario: str, n: int) -> tuple[dict, dict]:
     old, new = rows(0, n // 2), rows(NEW_BASE, NEW_BASE + n)
     if scenario in ("writer_w", "ds_replace"):
         return old, new
+    if scenario == "shuffle":
+        return {}, new  # no output, or the new rows (in the shuffled order: see check_shuffle)
     if scenario == "gc":
         return new, new
     return old, concat(old, new)
@@ -129,6 +161,21 @@ def setup(scenario: str, work: str, compression: str, n: int) -> None:
             for b in batches(old):
                 w.write_batch(b)
         return
+    if scenario == "shuffle":  # the input; the reference output (unkilled) beside the template
+        with rowstore.DatasetWriter(os.path.join(work, "in"), SCHEMA, mode="w", compression=comp,
+                                    shard_bytes=_shard_bytes(n), block_bytes=64 << 10) as w:  # fmt: skip
+            for b in batches(rows(NEW_BASE, NEW_BASE + n)):
+                w.write_batch(b)
+        ref = work + ".reference"
+        shutil.rmtree(ref, ignore_errors=True)
+        with contextlib.redirect_stdout(io.StringIO()):
+            if cli_main(["shuffle", os.path.join(work, "in"), ref, *SHUFFLE_ARGS]) != 0:
+                raise SystemExit("the reference shuffle failed")
+        REFERENCE[compression] = read_all(ref)
+        shutil.rmtree(ref)
+        return
+    if scenario == "remote":
+        return  # written per trial (setup_remote): a bucket prefix is not copied with the template
     if scenario != "gc":
         with rowstore.DatasetWriter(path, SCHEMA, mode="w", compression=comp, shard_bytes=_shard_bytes(n)) as w:
             for b in batches(old):
@@ -148,12 +195,51 @@ def setup(scenario: str, work: str, compression: str, n: int) -> None:
         f.write(b"left by a killed writer")
 
 
+def setup_remote(url: str, compression: str, n: int) -> None:
+    with rowstore.DatasetWriter(url, SCHEMA, mode="w", compression=_comp(compression), shard_bytes=_shard_bytes(n),
+                                storage_options=s3_options()) as w:  # fmt: skip
+        for b in batches(rows(0, n // 2)):
+            w.write_batch(b)
+
+
 def child(scenario: str, path: str, compression: str, n: int) -> None:
     """The operation that is killed (run as ``--child``); prints "ready" before and "done" after."""
     comp = _comp(compression)
     new = rows(NEW_BASE, NEW_BASE + n)
+    if scenario == "dask":  # the cluster is up before "ready": kills land in the write and commit
+        import dask
+
+        dask.config.set({"dataframe.convert-string": False})  # keep the ndarray cells of "a"
+        import dask.dataframe as dd
+        import distributed
+        import pandas as pd
+
+        from rowstore.dask import to_rowstore
+
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                                           silence_logs=40)  # fmt: skip
+        client = distributed.Client(cluster)
+        frame = pd.DataFrame({"x": new["x"], "s": new["s"], "a": list(new["a"])})
+        ddf = dd.from_pandas(frame, npartitions=4, sort=False)
     print("ready", flush=True)
-    if scenario in FILE_SCENARIOS:
+    if scenario == "dask":
+        to_rowstore(ddf, path, schema=SCHEMA, index=False, mode="a", compression=comp,
+                                  shard_bytes=_shard_bytes(n))  # fmt: skip
+        client.close()
+        cluster.close()
+    elif scenario == "shuffle":
+        work = os.path.dirname(path)
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = cli_main(["shuffle", os.path.join(work, "in"), path, "--tmp", work, *SHUFFLE_ARGS])
+        if rc != 0:
+            raise SystemExit(f"rowstore shuffle: exit {rc}")
+    elif scenario == "remote":
+        step = -(-n // 4)
+        opts = s3_options()
+        infos = [rowstore.write_shard(path, SCHEMA, {k: v[lo : lo + step] for k, v in new.items()}, compression=comp,
+                                      storage_options=opts) for lo in range(0, n, step)]  # fmt: skip
+        rowstore.commit(path, infos, mode="a", storage_options=opts)
+    elif scenario in FILE_SCENARIOS:
         with rowstore.Writer(path, SCHEMA, mode="w" if scenario == "writer_w" else "a", compression=comp) as w:
             for b in batches(new):
                 w.write_batch(b)
@@ -179,8 +265,8 @@ class Violation(Exception):
     pass
 
 
-def read_all(path: str) -> dict:
-    with rowstore.open(path) as r:
+def read_all(path: str, **kwargs) -> dict:
+    with rowstore.open(path, **kwargs) as r:
         b = r.take(np.arange(len(r)))
     return {"x": np.asarray(b["x"]), "s": [str(v) for v in b["s"]], "a": np.asarray(b["a"])}
 
@@ -235,9 +321,80 @@ def leftovers(scenario: str, work: str) -> list[str]:
     return left
 
 
+SHUFFLE_PREFIX = ".rowstore-shuffle-"
+
+
+def shuffle_leftovers(work: str) -> list[str]:
+    return sorted(n for n in os.listdir(work) if n.startswith(SHUFFLE_PREFIX)) + temporaries_under(work)
+
+
+def check_shuffle(work: str, compression: str, n: int) -> tuple[str, list[str]]:
+    """No output, or the complete output of the reference run; the next shuffle with the same
+    directories removes what the killed one left."""
+    out, ref = os.path.join(work, "out"), REFERENCE[compression]
+    outcome = "old"
+    if os.path.exists(out):
+        try:
+            got = read_all(out)
+        except Exception as exc:
+            raise Violation(f"reading {out}: {type(exc).__name__}: {exc}") from exc
+        if not same(got, ref):
+            raise Violation(f"a visible output that is not the complete shuffle: {describe(got, ref)}")
+        verify_cli(out)
+        outcome = "new"
+    left = shuffle_leftovers(work)
+    again = os.path.join(work, "again")
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = cli_main(["shuffle", os.path.join(work, "in"), again, "--tmp", work, *SHUFFLE_ARGS])
+    if rc != 0:
+        raise Violation(f"the next shuffle failed: exit {rc}")
+    if shuffle_leftovers(work):
+        raise Violation(f"left after the next shuffle: {shuffle_leftovers(work)}")
+    if not same(read_all(again), ref):
+        raise Violation("the next shuffle's output is not the reference")
+    return outcome, left
+
+
+def check_remote(work: str, compression: str, n: int) -> tuple[str, list[str]]:
+    """The bucket's current version reads whole (old or new); a next commit works. Uncommitted
+    shard objects and local upload staging directories are leftovers (no remote gc)."""
+    import fsspec
+
+    url, opts = target_of("remote", work), s3_options()
+    old, new = expected("remote", n)
+    try:
+        got = read_all(url, storage_options=opts)
+    except Exception as exc:
+        raise Violation(f"reading {url}: {type(exc).__name__}: {exc}") from exc
+    if same(got, new):
+        outcome = "new"
+    elif same(got, old):
+        outcome = "old"
+    else:
+        raise Violation(f"a mix: {describe(got, new)} vs the new content; {describe(got, old)} vs the old")
+    fs = fsspec.filesystem("s3", **opts)
+    with rowstore.open(url, storage_options=opts) as r:
+        named = {p.rstrip("/").rsplit("/", 1)[-1] for p in r.layout.shard_paths}
+    objects = [p.rsplit("/", 1)[-1] for p in fs.ls(url.split("://", 1)[1] + "/" + manifest.SHARD_DIR, refresh=True)]
+    staging = work + ".tmp"
+    left = [f"{manifest.SHARD_DIR}/{o}" for o in sorted(objects) if o not in named]
+    left += [f"(local) {d}" for d in sorted(os.listdir(staging)) if d.startswith("rowstore-upload-")] if os.path.isdir(staging) else []
+    extra = rows(-100, 0)
+    rowstore.commit(url, [rowstore.write_shard(url, SCHEMA, extra, compression=_comp(compression), storage_options=opts)],
+                    mode="a", storage_options=opts)  # fmt: skip
+    after = read_all(url, storage_options=opts)
+    if not same(after, concat(got, extra)):
+        raise Violation(f"after recovery: {describe(after, concat(got, extra))}")
+    return outcome, left
+
+
 def check(scenario: str, work: str, compression: str, n: int) -> tuple[str, list[str]]:
     """The invariant after a kill: ``(outcome, leftovers)``, outcome "old" or "new"; raises
     :class:`Violation` (or anything else) when it does not hold."""
+    if scenario == "shuffle":
+        return check_shuffle(work, compression, n)
+    if scenario == "remote":
+        return check_remote(work, compression, n)
     path = target_of(scenario, work)
     old, new = expected(scenario, n)
     try:
@@ -289,16 +446,20 @@ def check(scenario: str, work: str, compression: str, n: int) -> tuple[str, list
 
 
 # -- running children ------------------------------------------------------------------------------
-def spawn(scenario: str, path: str, compression: str, n: int) -> subprocess.Popen:
+def spawn(scenario: str, path: str, compression: str, n: int, tmpdir: str) -> subprocess.Popen:
+    os.makedirs(tmpdir, exist_ok=True)  # the child's TMPDIR (upload staging, dask scratch): counted, then removed
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", scenario, path, compression, str(n)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": tmpdir})  # fmt: skip
 
 
 def run_trial(scenario: str, template: str, work: str, compression: str, n: int, delay: float | None) -> dict:
     """Copy the template to ``work``, run the child, kill it after ``delay`` s (None: let it
     finish) and check. A dict of what happened."""
     shutil.copytree(template, work, symlinks=True)
-    proc = spawn(scenario, target_of(scenario, work), compression, n)
+    if scenario == "remote":
+        setup_remote(target_of(scenario, work), compression, n)
+    proc = spawn(scenario, target_of(scenario, work), compression, n, work + ".tmp")
     rec: dict = {}
     try:
         line = proc.stdout.readline()
@@ -335,16 +496,30 @@ def run_trial(scenario: str, template: str, work: str, compression: str, n: int,
             rec["files"] = listing(work)
         except OSError:
             pass
+    shutil.rmtree(work + ".tmp", ignore_errors=True)
     return rec
+
+
+class _Timed(io.StringIO):
+    """stdout that notes when "ready" was printed (the child's clock starts there)."""
+
+    ready = 0.0
+
+    def write(self, text: str) -> int:
+        if text.startswith("ready"):
+            self.ready = time.perf_counter()
+        return super().write(text)
 
 
 def run_inline(scenario: str, template: str, work: str, compression: str, n: int) -> float:
     """The child's operation run (and checked) in this process: its duration."""
     shutil.copytree(template, work, symlinks=True)
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
+    if scenario == "remote":
+        setup_remote(target_of(scenario, work), compression, n)
+    out = _Timed()
+    with contextlib.redirect_stdout(out):
         child(scenario, target_of(scenario, work), compression, n)
-    dt = time.perf_counter() - t0
+    dt = time.perf_counter() - out.ready
     if check(scenario, work, compression, n)[0] != "new":
         raise SystemExit(f"calibration run of {scenario}/{compression} did not leave the new content")
     return dt
@@ -450,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-runs", type=int, default=2, metavar="K",
                    help="unkilled child runs per scenario and compression; the longest sets the run time T (default 2; "
                         "0: time the operation once in this process instead, faster)")
+    p.add_argument("--merge", action="store_true",
+                   help="merge into the JSON at --out: its scenarios not run now are kept (with their runs)")
     p.add_argument("--only-trial", type=int, metavar="I",
                    help="replay: the same plan and delays, but run (and report) trial I only")
     args = p.parse_args(argv)
@@ -457,26 +634,66 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--kills must be >= 1 and --rows >= 8")
     scenarios = list(dict.fromkeys(args.scenarios))
     if args.only_trial is not None:
-        return replay(args, scenarios)
-    res = campaign(args.kills, args.seed, scenarios, args.rows, args.workdir, args.keep_violations,
-                   max(0, args.calibration_runs), log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+        with s3_server(scenarios):
+            return replay(args, scenarios)
+    with s3_server(scenarios):
+        res = campaign(args.kills, args.seed, scenarios, args.rows, args.workdir, args.keep_violations,
+                       max(0, args.calibration_runs), log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
     summary = summarize(res["trials"], scenarios)
     print(table(summary))
     print(f"{args.kills} kills in {res['elapsed_s']:.0f} s, seed {args.seed}, {args.rows} rows a child; "
           f"{len(res['violations'])} violation(s)")  # fmt: skip
     if args.out != "-":
-        doc = {"tool": "bench/kill_campaign.py", "seed": args.seed, "kills": args.kills, "rows": args.rows,
-               "scenarios": scenarios, "elapsed_s": res["elapsed_s"], "python": platform.python_version(),
-               "platform": platform.platform(), "cpus": os.cpu_count(), "rowstore": rowstore.__version__,
-               "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "calibration_s": res["calibration_s"],
-               "summary": summary, "violations": res["violations"],
-               "trials": [{k: t.get(k) for k in ("trial", "scenario", "compression", "delay_s", "fraction", "outcome",
-                                                  "not_killed", "leftovers", "returncode")} for t in res["trials"]]}  # fmt: skip
+        run = {"seed": args.seed, "kills": args.kills, "rows": args.rows, "scenarios": scenarios,
+               "elapsed_s": res["elapsed_s"], "python": platform.python_version(), "platform": platform.platform(),
+               "cpus": os.cpu_count(), "rowstore": rowstore.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+               "calibration_s": res["calibration_s"]}  # fmt: skip
+        trials = [{k: t.get(k) for k in ("trial", "scenario", "compression", "delay_s", "fraction", "outcome",
+                                          "not_killed", "leftovers", "returncode")} for t in res["trials"]]  # fmt: skip
+        doc = merge(args.out if args.merge else None, run, summary, res["violations"], trials)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
     return 1 if res["violations"] else 0
+
+
+@contextlib.contextmanager
+def s3_server(scenarios: list[str]):
+    """A moto S3 server (tests/_servers.py) for the remote scenario, its endpoint in the
+    environment the children inherit; nothing without it."""
+    if "remote" not in scenarios or os.environ.get(S3_ENV):
+        yield
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    import _servers
+
+    with _servers.moto_s3(BUCKET) as (endpoint, _):
+        os.environ[S3_ENV] = endpoint
+        try:
+            yield
+        finally:
+            del os.environ[S3_ENV]
+
+
+def merge(path: str | None, run: dict, summary: dict, violations: list, trials: list) -> dict:
+    """The results document: with ``path`` (an earlier one), its scenarios not in ``summary``
+    are kept with their trials and the runs that made them."""
+    old: dict = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    ran = set(summary)
+    old_runs = old.get("runs") or ([{k: old[k] for k in ("seed", "kills", "rows", "scenarios", "elapsed_s", "python",
+                                                          "platform", "cpus", "rowstore", "date", "calibration_s")
+                                     if k in old}] if old else [])  # fmt: skip
+    kept_runs = [r for r in old_runs if set(r.get("scenarios", ())) - ran]
+    merged = {k: v for k, v in old.get("summary", {}).items() if k not in ran}
+    merged.update(summary)
+    return {"tool": "bench/kill_campaign.py", "kills": sum(v["kills"] for v in merged.values()),
+            "scenarios": list(merged), "runs": [*kept_runs, run], "summary": merged,
+            "violations": [v for v in old.get("violations", []) if v.get("scenario") not in ran] + violations,
+            "trials": [t for t in old.get("trials", []) if t.get("scenario") not in ran] + trials}  # fmt: skip
 
 
 def replay(args, scenarios: list[str]) -> int:

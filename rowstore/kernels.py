@@ -11,6 +11,9 @@ the names are the format's (``rowstore.format.spec``).
 
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 
 from rowstore import _frame, _gather, _io, _png, _rows, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
@@ -21,7 +24,7 @@ __all__ = [
     "crc32", "load_chunks", "decode_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
     "pread_heap", "preadv_rows", "shuffle", "compress_frame", "png_decode_batch", "PNG_OK", "PNG_UNSUPPORTED",
     "PNG_CORRUPT", "PNG_NOMEM",
-    "KernelCode", "KernelError", "KernelChecksumError", "RowKind", "RowPlan",
+    "KernelCode", "KernelError", "KernelChecksumError", "KernelIOError", "RowKind", "RowPlan",
 ]
 
 #: The per-row fast path of ``Writer.write`` (``_ext/_rows.pyx``): used as it is, without a
@@ -63,6 +66,39 @@ class KernelChecksumError(KernelError, ChecksumError):
     pass
 
 
+class KernelIOError(KernelError, OSError):
+    """A ``pread``/``preadv`` the kernel made failed (a failing disk: ``EIO``; a descriptor
+    gone: ``EBADF``...): also the system's :class:`OSError`, ``errno`` the call's (``detail``),
+    ``filename`` the file once known. ``except OSError`` catches it; it is not damage (a later
+    read may succeed: nothing about the failure is kept)."""
+
+    def __init__(self, message: str, *, code: int = 1, index: int = -1, detail: int | None = None, path=None,
+                 block=None):  # fmt: skip
+        if detail is None:  # rebuilt from its message alone (torch re-raises a worker's error so)
+            found = re.search(r"read failed \(errno (\d+)", str(message))
+            detail = int(found.group(1)) if found else 0
+        super().__init__(message, code=code, index=index, detail=detail, path=path, block=block)
+        if detail:  # OSError's own fields (its constructor did not see them: ours comes first)
+            self.errno, self.strerror = detail, os.strerror(detail)
+        self.filename = path
+
+    def __str__(self) -> str:  # our message, not OSError's "[Errno 5] ..." (it names the block too)
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        state = {**self.__dict__, "errno": self.errno, "strerror": self.strerror, "filename": self.filename}
+        return (_restore_io, (type(self), self.args, state))
+
+
+def _restore_io(cls: type[KernelIOError], args: tuple, state: dict) -> KernelIOError:
+    err = OSError.__new__(cls)
+    err.args = args
+    for k in ("errno", "strerror", "filename"):
+        setattr(err, k, state.pop(k, None))
+    err.__dict__.update(state)
+    return err
+
+
 def _err() -> np.ndarray:
     """The ``err`` array a kernel fills on failure: code, index, detail."""
     return np.zeros(3, np.int64)
@@ -71,9 +107,12 @@ def _err() -> np.ndarray:
 def _raise(err: np.ndarray, what: str) -> None:
     code, index, detail = (int(x) for x in err[:3])
     msg = _MESSAGES.get(code, "kernel error {code}").format(detail=detail, code=code)
+    if code == KernelCode.E_IO and detail > 0:
+        msg = f"read failed (errno {detail}: {os.strerror(detail)})"
     if code == KernelCode.E_NOMEM:
         raise MemoryError(f"{what}: {msg}")
-    cls = KernelChecksumError if code == KernelCode.E_CHECKSUM else KernelError
+    classes: dict[int, type[KernelError]] = {KernelCode.E_CHECKSUM: KernelChecksumError, KernelCode.E_IO: KernelIOError}
+    cls = classes.get(code, KernelError)
     raise cls(f"{what}: {msg}", code=_CODES.get(code, code), index=index, detail=detail)
 
 

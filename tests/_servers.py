@@ -235,15 +235,19 @@ class FaultProxy:
     per request, without blocking other connections). ``fault(n, head)`` is asked for every
     ranged GET (with ``every_request``, every request; ``n`` counts them from 1, ``head`` is the
     request's first bytes) and returns
-    None, ``"503"``, ``"reset"`` (a TCP RST) or ``"stall"`` (nothing sent for ``stall`` seconds,
-    then closed). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
+    None, ``"503"``, ``"reset"`` (a TCP RST), ``"stall"`` (nothing sent for ``stall`` seconds,
+    then closed) or ``"cut"`` (the request is forwarded and the response's status line, headers
+    and first ``cut`` bytes of its body pass, then a TCP RST: a connection lost mid-read of a
+    block). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
     """
 
     def __init__(self, upstream: str, *, latency: float = 0.0, stall: float = 30.0,
-                 fault: Callable[[int, bytes], str | None] | None = None, every_request: bool = False):
+                 fault: Callable[[int, bytes], str | None] | None = None, every_request: bool = False,
+                 cut: int = 100):
         self.up_host, up_port = upstream.rsplit(":", 1)
         self.up_port = int(up_port)
         self.latency, self.stall, self.fault, self.every_request = latency, stall, fault, every_request
+        self.cut = cut
         self.ranged = 0
         self.injected = 0
         self._lock = threading.Lock()
@@ -280,7 +284,8 @@ class FaultProxy:
         except OSError:
             cwriter.close()
             return
-        back = asyncio.ensure_future(self._pump(ureader, cwriter))
+        conn: dict[str, Any] = {"cut": None}  # body bytes still let through before a reset
+        back = asyncio.ensure_future(self._pump(ureader, cwriter, conn))
         try:
             while True:
                 data = await creader.read(1 << 16)
@@ -299,6 +304,8 @@ class FaultProxy:
                 if action == "stall":
                     await asyncio.sleep(self.stall)
                     break
+                if action == "cut":
+                    conn.update(cut=self.cut, body=False, tail=b"")
                 if self.latency and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
                     await asyncio.sleep(self.latency)
                 uwriter.write(data)
@@ -314,11 +321,20 @@ class FaultProxy:
                     pass
 
     @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict | None = None) -> None:
         try:
             while True:
                 data = await reader.read(1 << 18)
                 if not data:
+                    break
+                keep = FaultProxy._cut(conn, data) if conn is not None and conn["cut"] is not None else None
+                if keep is not None:  # a "cut" response: its first bytes, then a TCP RST
+                    writer.write(data[:keep])
+                    await writer.drain()
+                    sock = writer.get_extra_info("socket")
+                    if sock is not None:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
                     break
                 writer.write(data)
                 await writer.drain()
@@ -329,6 +345,24 @@ class FaultProxy:
                 writer.close()
             except Exception:  # noqa: BLE001
                 pass
+
+    @staticmethod
+    def _cut(conn: dict, data: bytes) -> int | None:
+        """For a "cut" response: None to let ``data`` through, else how many of its bytes to
+        send before the reset (the headers, then ``conn["cut"]`` bytes of body)."""
+        start = 0
+        if not conn["body"]:
+            seen = conn["tail"] + data
+            end = seen.find(b"\r\n\r\n")
+            if end < 0:
+                conn["tail"] = seen[-3:]
+                return None
+            conn["body"] = True
+            start = end + 4 - len(conn["tail"])
+        if len(data) - start <= conn["cut"]:
+            conn["cut"] -= len(data) - start
+            return None
+        return start + conn["cut"]
 
     def close(self) -> None:
         """Stop listening, end every connection (a stall too), then the loop (left open: a

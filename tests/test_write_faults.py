@@ -96,3 +96,191 @@ rowstore.write_shard({root!r}, schema, {{"x": np.ones((5000, 64), np.float32), "
     with rowstore.open(root) as r:
         assert len(r) == 10
     assert not _temporaries(root)
+
+
+# -- EIO on write and on fsync, injected by libfiu (a failing disk) -----------------------------
+# A child under ``fiu-run -x`` counts the write-family calls (write, pwrite, writev, pwritev) or
+# the fsync/fdatasync calls of one clean operation, then repeats the operation from the same
+# starting state (in a forked child: a crash is an outcome too) with one of those calls failing
+# with EIO: the first three, the last three and some between. Each time: the operation raises
+# OSError errno EIO, the target reads as exactly its old content (or, for an fsync failing after
+# the rename, the new one: the data was already synced; the error says durability is in doubt),
+# no temporary is left, and a next writer works.
+FIU_RUN = __import__("shutil").which("fiu-run")
+
+FIU_CHILD = r'''
+import ctypes, errno, json, os, shutil, sys
+import numpy as np
+import rowstore
+
+fiu = ctypes.CDLL("libfiu.so.0")
+CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
+                      ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint))
+fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, CB]
+S = {"on": False, "n": 0, "fail": 0}
+family = sys.argv[3]
+
+@CB
+def decide(name, failnum, failinfo, flags):
+    if not S["on"]:
+        return 0
+    S["n"] += 1
+    return 1 if S["n"] == S["fail"] else 0
+
+points = ([b"posix/io/rw/write", b"posix/io/rw/pwrite", b"posix/io/rw/writev", b"posix/io/rw/pwritev"]
+          if family == "write" else [b"posix/io/sync/fsync", b"posix/io/sync/fdatasync"])
+for p in points:
+    assert fiu.fiu_enable_external(p, 1, errno.EIO, 0, decide) == 0
+
+template, scenario = sys.argv[1], sys.argv[2]
+schema = rowstore.Schema({"x": "int64", "t": rowstore.STR})
+def rows(lo, hi):
+    return {"x": np.arange(lo, hi), "t": [f"r{i}" for i in range(lo, hi)]}
+target = "f.h5" if scenario == "append" else "ds"
+
+def operation(work):
+    path = os.path.join(work, target)
+    if scenario == "append":
+        with rowstore.Writer(path, mode="a", rows_per_block=200) as w:
+            for lo in range(100, 1600, 500):
+                w.write_batch(rows(lo, lo + 500))
+    elif scenario == "dataset":
+        with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=8000, rows_per_block=200) as w:
+            for lo in range(100, 1600, 500):
+                w.write_batch(rows(lo, lo + 500))
+    else:  # two-phase: two shards, then one commit
+        infos = [rowstore.write_shard(path, schema, rows(lo, lo + 750)) for lo in (100, 850)]
+        rowstore.commit(path, infos, mode="a", orphan_grace_s=0)
+
+def content(work):
+    with rowstore.open(os.path.join(work, target)) as r:
+        b = r.take(np.arange(len(r)))
+    x = np.asarray(b["x"])
+    ok = [str(t) for t in b["t"]] == [f"r{i}" for i in x.tolist()]
+    if ok and np.array_equal(x, np.arange(100)):
+        return "old"
+    if ok and np.array_equal(x, np.arange(1600)):
+        return "new"
+    return f"MIX {len(x)} rows"
+
+def temporaries(work):
+    return [n for _, _, ns in os.walk(work) for n in ns if n.endswith(".rowstore-tmp")]
+
+def attempt(work, k):
+    """The operation with call k failing, in a forked child (a crash of the writer is one of
+    the outcomes): what it raised, or how it died."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        S.update(on=True, n=0, fail=k)
+        try:
+            operation(work)
+            err = None
+        except BaseException as exc:
+            err = exc
+        S["on"] = False
+        rec = {"calls": S["n"], "error": None if err is None else type(err).__name__,
+               "oserror": isinstance(err, OSError), "errno": getattr(err, "errno", None),
+               "msg": "" if err is None else str(err)[:300]}
+        os.write(wfd, json.dumps(rec).encode())
+        os._exit(0)
+    os.close(wfd)
+    data = b""
+    while True:
+        chunk = os.read(rfd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(rfd)
+    status = os.waitpid(pid, 0)[1]
+    if os.WIFSIGNALED(status):
+        return {"calls": None, "error": f"signal {os.WTERMSIG(status)}", "oserror": False, "errno": None, "msg": ""}
+    return json.loads(data)
+
+def trial(k):
+    work = os.path.join(os.path.dirname(template), f"trial-{k}")
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(template, work)
+    rec = {"k": k, **attempt(work, k)}
+    rec["content"] = content(work)
+    rec["temporaries"] = temporaries(work)
+    # the next writer of the same target works, and gc leaves nothing of the failed one
+    path = os.path.join(work, target)
+    if scenario == "append":
+        with rowstore.Writer(path, mode="a") as w:
+            w.write_batch(rows(5000, 5010))
+        from rowstore.format._commit import remove_stale
+        remove_stale(work)
+    else:
+        rowstore.commit(path, [rowstore.write_shard(path, schema, rows(5000, 5010))], mode="a", orphan_grace_s=0)
+        rowstore.gc_dataset(path, dry_run=False, orphan_grace_s=0)
+        from rowstore.format import manifest
+        named = set(manifest.load(path).shards["path"])
+        rec["orphans"] = [n for n in os.listdir(os.path.join(path, "shards")) if "shards/" + n not in named]
+    with rowstore.open(path) as r:
+        rec["after"] = len(r)
+    rec["left_after_recovery"] = temporaries(work)
+    shutil.rmtree(work)
+    return rec
+
+clean = trial(0)  # fail = 0: nothing fails; counts the calls
+n = clean["calls"]
+ks = sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 2, n - 1, n} & set(range(1, n + 1)))  # the last: after the rename
+print("RESULT " + json.dumps({"clean": clean, "trials": [trial(k) for k in ks]}))
+'''
+
+
+@pytest.mark.skipif(not FIU_RUN or not os.path.exists("/usr/lib/fiu/fiu_posix_preload.so"),
+                    reason="needs libfiu (apt: fiu-utils, libfiu-dev)")  # fmt: skip
+@pytest.mark.parametrize("scenario", ["append", "dataset", "two_phase"])
+@pytest.mark.parametrize("family", ["write", "fsync"])
+def test_eio_on_write_and_fsync(tmp_path, scenario, family):
+    import json
+    import subprocess
+
+    template = tmp_path / "template"
+    template.mkdir()
+    old = {"x": np.arange(100), "t": [f"r{i}" for i in range(100)]}
+    schema = rowstore.Schema({"x": "int64", "t": rowstore.STR})
+    if scenario == "append":
+        with rowstore.Writer(str(template / "f.h5"), schema) as w:
+            w.write_batch(old)
+    else:
+        with rowstore.DatasetWriter(str(template / "ds"), schema) as w:
+            w.write_batch(old)
+    script = tmp_path / "child.py"
+    script.write_text(FIU_CHILD)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([FIU_RUN, "-x", "-f", "", sys.executable, str(script), str(template), scenario, family],
+                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    clean = out["clean"]
+    assert clean["error"] is None and clean["content"] == "new" and clean["calls"] >= 1, clean
+    assert len(out["trials"]) >= min(clean["calls"], 6)
+    leaks = []
+    for t in out["trials"]:
+        # What must hold whatever the error: the target whole (old, or new only when an fsync
+        # failed after the rename), nothing left once the next writer and gc ran.
+        assert t["content"] in ("old", "new"), t
+        if t["content"] == "new":
+            assert family == "fsync", t
+        assert t["left_after_recovery"] == [] and t.get("orphans", []) == [], t
+        assert t["after"] == (1610 if t["content"] == "new" else 110), t
+        assert t["error"] is not None, f"call {t['k']} of {clean['calls']} failed with EIO and nothing was raised: {t}"
+        if t["oserror"] and t["errno"] == errno.EIO:
+            assert t["temporaries"] == [], t  # the writer's abort removed its temporary
+            continue
+        # Known (issue 17): an EIO while libhdf5 flushes its metadata in File.close surfaces as
+        # h5py's RuntimeError (the errno only in its message), or crashes the process inside
+        # h5py's close; the data stays safe either way (checked above).
+        assert t["error"].startswith("signal") or (t["error"] == "RuntimeError" and "errno = 5" in t["msg"]), t
+        leaks.append(t)
+    # the old content survives most of them (the failure came before the rename)
+    assert sum(t["content"] == "old" for t in out["trials"]) >= len(out["trials"]) // 2
+    if leaks:
+        pytest.xfail(f"{len(leaks)} of {len(out['trials'])} EIOs inside libhdf5's close: "
+                     + ", ".join(sorted({t['error'] for t in leaks})) + " instead of OSError (data safe)")

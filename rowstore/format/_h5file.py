@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -366,8 +367,11 @@ class H5File:
                 g[spec.HEAP].resize((max(g[spec.HEAP].shape[0], heap_nbytes),))
         for key, value in attrs.items():
             g.attrs[key] = value
-        self._h5.close()
-        self._h5 = None
+        h5, self._h5 = self._h5, None  # never closed twice: not even by abort() after a failed close
+        try:
+            h5.close()
+        except RuntimeError as exc:
+            raise _close_error(self.path, exc) from exc
         with open(self.path, "r+b") as fh:  # the v2 footer, after the HDF5 end of file
             end = fh.seek(0, os.SEEK_END)
             fh.write(footer.encode(attrs, blocks, chunks, end))
@@ -385,3 +389,15 @@ class H5File:
                 # The file is being discarded (its temporary file is removed next): a close that
                 # fails, e.g. on a full disk, must not hide the error that caused the abort.
                 warnings.warn(f"rowstore: closing the discarded file {self.path!r} failed: {exc}", RuntimeWarning, stacklevel=3)
+
+
+def _close_error(path: str, exc: RuntimeError) -> Exception:
+    """The error of a failed ``h5py.File.close``: libhdf5 flushes its metadata there, and h5py
+    reports a write the system refused (``EIO``, ``ENOSPC``) as a ``RuntimeError`` whose text
+    names the errno; it becomes the system's ``OSError`` with that errno (as every other failed
+    write is), anything else stays the ``RuntimeError``."""
+    m = re.search(r"errno\s*=\s*(\d+)", str(exc))
+    if m is None or int(m.group(1)) == 0:
+        return exc
+    err = int(m.group(1))
+    return OSError(err, f"{os.strerror(err)} (libhdf5 flushing {path!r} at close: {exc})", path)

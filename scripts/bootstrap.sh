@@ -29,3 +29,16 @@ fi
 
 # Spark tests (rowstore.spark) need Java 17; without it they skip.
 command -v java >/dev/null 2>&1 || echo "bootstrap: no java found: the Spark tests will skip (apt-get install openjdk-17-jre-headless)"
+
+# The fault-injection tests (tests/test_read_faults.py, test_write_faults.py) run their children
+# under libfiu's fiu-run; installed here when we may (root with apt), else those tests skip.
+if ! command -v fiu-run >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing libfiu (fiu-utils, libfiu-dev) for the fault-injection tests"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q fiu-utils libfiu-dev >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q fiu-utils libfiu-dev >/dev/null 2>&1; } \
+            || echo "bootstrap: could not install libfiu: the fault-injection tests will skip"
+    else
+        echo "bootstrap: no fiu-run found: the fault-injection tests will skip (apt-get install fiu-utils libfiu-dev)"
+    fi
+fi

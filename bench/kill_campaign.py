@@ -355,6 +355,15 @@ def check_shuffle(work: str, compression: str, n: int) -> tuple[str, list[str]]:
     return outcome, left
 
 
+def outcome_of(got, old, new) -> str:
+    """"old" or "new": which whole content ``got`` is; a :class:`Violation` when it is neither."""
+    if same(got, new):
+        return "new"
+    if same(got, old):
+        return "old"
+    raise Violation(f"a mix: {describe(got, new)} vs the new content; {describe(got, old)} vs the old")
+
+
 def check_remote(work: str, compression: str, n: int) -> tuple[str, list[str]]:
     """The bucket's current version reads whole (old or new); a next commit works. Uncommitted
     shard objects and local upload staging directories are leftovers (no remote gc)."""
@@ -366,12 +375,7 @@ def check_remote(work: str, compression: str, n: int) -> tuple[str, list[str]]:
         got = read_all(url, storage_options=opts)
     except Exception as exc:
         raise Violation(f"reading {url}: {type(exc).__name__}: {exc}") from exc
-    if same(got, new):
-        outcome = "new"
-    elif same(got, old):
-        outcome = "old"
-    else:
-        raise Violation(f"a mix: {describe(got, new)} vs the new content; {describe(got, old)} vs the old")
+    outcome = outcome_of(got, old, new)
     fs = fsspec.filesystem("s3", **opts)
     with rowstore.open(url, storage_options=opts) as r:
         named = {p.rstrip("/").rsplit("/", 1)[-1] for p in r.layout.shard_paths}
@@ -401,12 +405,7 @@ def check(scenario: str, work: str, compression: str, n: int) -> tuple[str, list
         got = read_all(path)
     except Exception as exc:
         raise Violation(f"reading {path}: {type(exc).__name__}: {exc}") from exc
-    if same(got, new):
-        outcome = "new"
-    elif same(got, old):
-        outcome = "old"
-    else:
-        raise Violation(f"a mix: {describe(got, new)} vs the new content; {describe(got, old)} vs the old")
+    outcome = outcome_of(got, old, new)
     verify_cli(path)
     left = leftovers(scenario, work)
     if scenario == "gc":

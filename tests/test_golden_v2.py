@@ -9,11 +9,10 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from test_golden import expected_rows
+from test_golden import assert_unchanged_in_git, expected_rows
 
 import rowstore
 from rowstore import Layout, Schema
@@ -87,11 +86,4 @@ def test_golden_v2_hdf5_part_is_the_same_file(expected, tmp_path):
 
 
 def test_golden_v2_files_are_committed_and_unchanged():
-    try:
-        proc = subprocess.run(["git", "status", "--porcelain", "--", GOLDEN, EXPECTED], capture_output=True, text=True,
-                              cwd=DATA, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        pytest.skip("git not available")
-    if proc.returncode != 0:
-        pytest.skip("not a git checkout")
-    assert proc.stdout.strip() == "", f"golden files modified or untracked:\n{proc.stdout}"
+    assert_unchanged_in_git(GOLDEN, EXPECTED)

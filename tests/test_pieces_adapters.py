@@ -176,6 +176,15 @@ def test_mixture_takes_pieces(ids_path, tmp_path):
     assert got != [i for b in m.deal(10, fields=["id"], seed=3, window=3) for i in b["id"].tolist()]
 
 
+def test_petastorm_style_reader_and_loader(ids_path):
+    with Reader(ids_path) as reader:
+        order = reader.epoch_order(**KW).tolist()
+    with rowstore.make_reader(ids_path, schema_fields=["id"], batch_size=8, **KW) as r:
+        assert [row.id for row in r] == order
+    with rowstore.make_reader(ids_path, schema_fields=["id"], **KW) as r:
+        assert [i for b in rst.DataLoader(r, batch_size=8) for i in b["id"].tolist()] == order
+
+
 # -- CLI --------------------------------------------------------------------------------------
 def test_cli_pieces(ids_path, capsys):
     def quality(*extra):

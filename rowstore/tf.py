@@ -647,11 +647,11 @@ class Loader(tf.Module):
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self._base_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="base_epoch")
-        self._base = tf.Variable("", dtype=tf.string, trainable=False, name="base")  # JSON: remaining
-        # JSON: what the order depends on, saved with a tf.train.Checkpoint so that restoring one
-        # of another order (seed, window, pieces...) is refused, as load_state_dict refuses it. A
-        # checkpoint saved before it existed leaves this loader's own value (accepted).
-        self._order = tf.Variable(self._order_json(), dtype=tf.string, trainable=False, name="order")
+        # JSON {"order": what the order depends on, "remaining": the resumed epoch's remaining
+        # batches}: a tf.train.Checkpoint holds the order key, so restoring one of another order
+        # (seed, window, pieces...) is refused as load_state_dict refuses it. Checkpoints saved
+        # before the order key was kept here hold "" or the bare remaining list (accepted).
+        self._base = tf.Variable(self._base_json(None), dtype=tf.string, trainable=False, name="base")
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -669,7 +669,8 @@ class Loader(tf.Module):
         import json
 
         text = self._base.numpy().decode()
-        return json.loads(text) if text else None
+        v = json.loads(text) if text else None
+        return v["remaining"] if isinstance(v, dict) else v
 
     def _plan(self, remaining: list | None):
         return self.reader.plan(self.batch_size, drop_last=self.drop_last, pad=self.pad, remaining=remaining,
@@ -682,18 +683,23 @@ class Loader(tf.Module):
                 "subset": subset_key(self._keep), "batch_size": self.batch_size, "num_rows": plan.num_rows,
                 "drop_last": plan.drop_last, "pad": plan.pad}
 
-    def _order_json(self) -> str:
+    def _base_json(self, remaining: list | None) -> str:
         import json
 
-        return json.dumps(self._order_key(), sort_keys=True)
+        return json.dumps({"order": self._order_key(), "remaining": remaining}, sort_keys=True)
 
     def _check_order(self) -> None:
-        """``ValueError`` if a restored ``tf.train.Checkpoint`` was saved for another order."""
+        """``ValueError`` if a restored ``tf.train.Checkpoint`` was saved for another order; a
+        checkpoint from before the order key was saved is taken as this loader's order."""
         import json
 
-        saved = self._order.numpy().decode()
-        if saved != self._order_json():
-            read_state(make_state(0, json.loads(saved), None), self._order_key())
+        text = self._base.numpy().decode()
+        v = json.loads(text) if text else None
+        if isinstance(v, dict):
+            if json.dumps(v["order"], sort_keys=True) != json.dumps(self._order_key(), sort_keys=True):
+                read_state(make_state(0, v["order"], None), self._order_key())
+        else:  # an old checkpoint: from now on the variable holds this loader's order key
+            self._base.assign(self._base_json(v))
 
     def state_at(self, epoch: int, steps: int) -> dict:
         """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
@@ -711,14 +717,11 @@ class Loader(tf.Module):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of any worker of any worker count: the next :meth:`dataset`
         deals exactly the batches not yet delivered."""
-        import json
-
         epoch, remaining = read_state(dict(state), self._order_key())
-        self._order.assign(self._order_json())
         self._epoch.assign(epoch)
         self._steps.assign(0)
         self._base_epoch.assign(epoch)
-        self._base.assign("" if remaining is None else json.dumps(remaining))
+        self._base.assign(self._base_json(remaining))
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""

@@ -220,6 +220,7 @@ def test_tf_make_dataset_and_loader(ids_path, tmp_path):
         states.append(loader.state_dict())
         ck = tf.train.Checkpoint(data=loader).write(str(tmp_path / f"ck{r}"))
     assert states[0] == states[1] and states[0]["pieces"] == 4
+    state = states[0]
     rest = []
     for r in range(3):
         loader = rtf.Loader(ids_path, batch_size=8, shard=(r, 3), fields=["id"], **KW)
@@ -239,5 +240,19 @@ def test_tf_make_dataset_and_loader(ids_path, tmp_path):
         other.dataset()
     plain = rtf.Loader(ids_path, batch_size=8, seed=3, window=3)
     plain.load_state_dict(_old(plain.state_dict()))  # an old state: pieces=1
+    # a checkpoint saved before the loader kept its order key (its "base": "" or the remaining list)
+    for base, epoch, tail in (("", -1, whole[2:]), (json.dumps(state["remaining"]), 0, None)):
+        old = tf.Module()
+        old._epoch, old._steps = tf.Variable(0, dtype=tf.int64), tf.Variable(2, dtype=tf.int64)
+        old._base_epoch, old._base = tf.Variable(epoch, dtype=tf.int64), tf.Variable(base, dtype=tf.string)
+        path = tf.train.Checkpoint(data=old).write(str(tmp_path / "old"))
+        back = rtf.Loader(ids_path, batch_size=8, fields=["id"], **KW)
+        tf.train.Checkpoint(data=back).read(path).assert_consumed()
+        got = [b["id"].numpy().tolist() for b in back.dataset()]
+        if tail is not None:
+            assert got == tail
+        else:  # the remaining batches of the saved state, less 2 steps of this worker
+            assert len(got) == len(_dealt(ids_path, 8, remaining=state["remaining"], **KW)) - 2
+        assert json.loads(back._base.numpy().decode())["order"]["pieces"] == 4  # kept from now on
     with pytest.raises(ValueError, match="pieces"):
         rtf.Loader(ids_path, batch_size=8, **KW).load_state_dict(_old(plain.state_dict()))

@@ -207,13 +207,16 @@ def _add_shuffle_commands(sub: Any) -> None:
     p.add_argument("--field", help="a scalar numeric field (default: the first one)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
     p.add_argument("--window", type=_positive, default=16, help="block-shuffle window (default 16)")
+    p.add_argument("--pieces", type=_positive, default=1,
+                   help="block shuffle of pieces: cut each block into this many (default 1: whole blocks)")
 
 
 def _shuffle_command(args: argparse.Namespace) -> int:
     from rowstore.quality import order_quality
 
     if args.cmd == "quality":
-        print(order_quality(args.path, field=args.field, batch_size=args.batch_size, window=args.window).text())
+        print(order_quality(args.path, field=args.field, batch_size=args.batch_size, window=args.window,
+                            pieces=args.pieces).text())
         return 0
     from rowstore.global_shuffle import check_arguments
 
@@ -255,6 +258,8 @@ def _epoch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=_positive, default=64)
     p.add_argument("--shuffle", choices=["block", "full", "none"], default="block")
     p.add_argument("--window", type=_positive, default=16)
+    p.add_argument("--pieces", type=_positive, default=1,
+                   help="block shuffle of pieces: cut each block into this many (default 1: whole blocks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
 
@@ -280,7 +285,7 @@ def _add_order_commands(sub: Any) -> None:
 
 
 def order_text(path: str, *, batch_size: int = 64, shuffle: str = "block", window: int = 16, seed: int = 0,
-               epoch: int = 0, world: int = 1, plot: str | None = None) -> str:
+               epoch: int = 0, world: int = 1, plot: str | None = None, pieces: int = 1) -> str:
     """What ``rowstore order`` prints (see docs/order.md)."""
     import numpy as np
 
@@ -290,7 +295,7 @@ def order_text(path: str, *, batch_size: int = 64, shuffle: str = "block", windo
 
     L = DatasetLayout.open(path)
     br, rpb = L.block_rows(), L.rows_per_block
-    eo = EpochOrder(br, rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window)
+    eo = EpochOrder(br, rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
     ids = eo.ids()
     bb = batch_blocks(ids, rpb, batch_size)
     nblocks = int((br > 0).sum())
@@ -298,6 +303,7 @@ def order_text(path: str, *, batch_size: int = 64, shuffle: str = "block", windo
     quality = min(1.0, bb.mean() / uniform) if len(bb) and nblocks > 1 else 1.0
     lines = [
         f"{path}: {eo.num_rows} rows in {nblocks} blocks of up to {rpb} rows; shuffle={shuffle} window={window} "
+        + (f"pieces={pieces} " if pieces > 1 else "") +
         f"batch_size={batch_size} seed={seed} epoch={epoch}",
         f"shuffle quality: {quality:.3f} (1.0 = as mixed as a uniform shuffle)",
         f"distinct blocks per batch: mean {bb.mean() if len(bb) else 0:.2f}, expected for a uniform shuffle "
@@ -450,13 +456,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(gc_text(args.path, dry_run=args.dry_run))
         elif args.cmd == "order":
             print(order_text(args.path, batch_size=args.batch_size, shuffle=args.shuffle, window=args.window,
-                             seed=args.seed, epoch=args.epoch, world=args.world, plot=args.plot))
+                             seed=args.seed, epoch=args.epoch, world=args.world, plot=args.plot, pieces=args.pieces))
         elif args.cmd == "check-order":
             text, ok = check_order_text(
                 args.path, batch_size=args.batch_size, shuffle=args.shuffle, window=args.window, seed=args.seed,
                 epoch=args.epoch, world=args.world, workers=args.workers, unit=args.unit, drop_last=args.drop_last,
                 pad=args.pad, resume_at=args.resume_at, resume_world=args.resume_world,
-                resume_workers=args.resume_workers)
+                resume_workers=args.resume_workers, pieces=args.pieces)
             print(text)
             if not ok:
                 return 1

@@ -42,16 +42,18 @@ class OrderQuality:
     window: int
     batch_spread: dict
     block_mixing: float | None
+    pieces: int = 1
 
     def text(self) -> str:
         f = "-" if self.spearman is None else f"{self.spearman:+.3f}"
         spread = ", ".join(f"{k} {v:.3f}" for k, v in self.batch_spread.items() if v is not None) or "-"
         mix = "-" if self.block_mixing is None else f"{self.block_mixing:.3f}"
+        unit = f"window {self.window}" + (f", pieces {self.pieces}" if self.pieces > 1 else "")
         what = f"field {self.field!r}" if self.field else "no scalar numeric field"
         rows = [
             ("rank correlation with position (Spearman)", f, "|1|: sorted, ~0: no trend"),
             (f"batch spread, batch {self.batch_size}", spread, "1: batches as varied as the data"),
-            (f"block shuffle mixing, window {self.window}", mix, "1: as mixed as a uniform shuffle"),
+            (f"block shuffle mixing, {unit}", mix, "1: as mixed as a uniform shuffle"),
         ]
         return "\n".join([f"{self.path}: {self.rows:,} rows; {what}"]
                          + [f"  {a:<44}{b:<24}({c})" for a, b, c in rows])
@@ -95,9 +97,10 @@ def _spread(r: Reader, field: str, order: np.ndarray, batch_size: int, max_batch
 
 def order_quality(path: str | os.PathLike, *, field: str | None = None, batch_size: int = 64, window: int = 16,
                   seed: int = 0, max_rows: int = 1_000_000, max_batches: int = 256,
-                  storage_options: dict | None = None) -> OrderQuality:
+                  storage_options: dict | None = None, pieces: int = 1) -> OrderQuality:
     """Order figures of the file or dataset at ``path`` (see :class:`OrderQuality`; a URL with
-    ``storage_options`` as for :func:`rowstore.open`).
+    ``storage_options`` as for :func:`rowstore.open`); ``window`` and ``pieces`` are the block
+    shuffle's (:meth:`Reader.batches <rowstore.reader.Reader.batches>`).
 
     ``field`` must be a scalar numeric field (default: :func:`default_field`). Reads at most
     ``max_rows + max_batches * batch_size * 2`` values of that field.
@@ -120,7 +123,7 @@ def order_quality(path: str | os.PathLike, *, field: str | None = None, batch_si
             rho = spearman(pos, vals)
             sd = float(np.nanstd(vals))
             spread["none"] = _spread(r, name, np.arange(n, dtype=np.int64), batch_size, max_batches, sd)
-            block = r.epoch_order(shuffle="block", seed=seed, epoch=0, window=window)
+            block = r.epoch_order(shuffle="block", seed=seed, epoch=0, window=window, pieces=pieces)
             spread["block"] = _spread(r, name, np.asarray(block, np.int64), batch_size, max_batches, sd)
-        mixing = r.shuffle_quality(batch_size, shuffle="block", window=window) if n >= batch_size else None
-        return OrderQuality(os.fspath(path), n, name, rho, batch_size, window, spread, mixing)
+        mixing = r.shuffle_quality(batch_size, shuffle="block", window=window, pieces=pieces) if n >= batch_size else None
+        return OrderQuality(os.fspath(path), n, name, rho, batch_size, window, spread, mixing, pieces)

@@ -335,6 +335,7 @@ def make_dataset(
     varlen: str | Mapping[str, str] = "ragged",
     deterministic: bool = True,
     prefetch: int | None = tf.data.AUTOTUNE,
+    pieces: int = 1,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of dicts read from a rowstore dataset.
 
@@ -378,6 +379,10 @@ def make_dataset(
         (``batch_size``).
     window : int
         Blocks mixed together in ``block`` shuffling.
+    pieces : int
+        ``block`` shuffling: permute pieces of ``ceil(rows_per_block / pieces)`` rows instead
+        of whole blocks (``window`` counts pieces): far better mixed batches for the same
+        memory; see :meth:`Reader.batches` and docs/order.md. Default 1 (whole blocks).
     varlen : "ragged", "padded", or dict {field: mode}
         Variable-shape fields in batches: ``tf.RaggedTensor``, or zero-padded to the batch's
         largest shape plus ``"<name>__shape"`` (int64 ``(batch, k)``). A dict sets the mode
@@ -409,6 +414,7 @@ def make_dataset(
     positive_int("num_epochs", num_epochs, optional=True)
     rank, world = (0, 1) if shard is None else shard
     check_args(shuffle, seed, epoch, window, rank, world)
+    positive_int("pieces", pieces)
     schema = reader.schema.select(fields)
     modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="ragged")
     k = int(num_parallel_reads or 1)
@@ -465,7 +471,7 @@ def make_dataset(
         try:
             it = reader.batches(
                 chunk, shuffle=shuffle, seed=seed, epoch=int(e), window=window, fields=names,
-                shard=parts[int(i)], even=even,
+                shard=parts[int(i)], even=even, pieces=pieces,
                 drop_last=drop_last and not rebatch and not stacked and not rows,
                 num_threads=threads, varlen="ragged",
             )  # fmt: skip
@@ -593,8 +599,10 @@ class Loader(tf.Module):
 
     Parameters
     ----------
-    path_or_reader, batch_size, shuffle, seed, window, fields, varlen, num_threads
-        As in :func:`make_dataset`.
+    path_or_reader, batch_size, shuffle, seed, window, pieces, fields, varlen, num_threads
+        As in :func:`make_dataset`; ``pieces`` is part of the order, so a state (or a
+        ``tf.train.Checkpoint``) resumes only with the same ``pieces`` (one saved before
+        ``pieces`` existed is a ``pieces=1`` state).
     shard : (index, count), optional
         This worker's part (default (0, 1)).
     drop_last, pad : bool
@@ -617,7 +625,7 @@ class Loader(tf.Module):
                  window: int = 16, shard: tuple[int, int] | None = None, drop_last: bool = False, pad: bool = False,
                  unit: int | None = None, with_ids: bool = False, rows: Any = None, predicate: Any = None,
                  fields: Sequence[str] | None = None, varlen: str | Mapping[str, str] = "ragged",
-                 num_threads: int | None = None, quality: Any = None):
+                 num_threads: int | None = None, quality: Any = None, pieces: int = 1):
         super().__init__(name="rowstore_loader")
         self.reader, _ = as_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size)
@@ -626,9 +634,10 @@ class Loader(tf.Module):
         if drop_last and pad:
             raise ValueError("drop_last and pad are two equal-steps policies: choose one")
         self.shuffle, self.seed, self.window = shuffle, seed, window
+        self.pieces = positive_int("pieces", pieces)
         self.drop_last, self.pad, self.with_ids = bool(drop_last), bool(pad), bool(with_ids)
         self.unit = positive_int("unit", unit, optional=True) or default_unit(
-            shuffle, window, self.reader.layout.rows_per_block, self.batch_size)
+            shuffle, window, self.reader.layout.rows_per_block, self.batch_size, self.pieces)
         self.fields = fields
         self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self._keep = self.reader.keep_mask(rows, predicate)
@@ -638,7 +647,11 @@ class Loader(tf.Module):
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self._base_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="base_epoch")
-        self._base = tf.Variable("", dtype=tf.string, trainable=False, name="base")  # JSON: remaining
+        # JSON {"order": what the order depends on, "remaining": the resumed epoch's remaining
+        # batches}: a tf.train.Checkpoint holds the order key, so restoring one of another order
+        # (seed, window, pieces...) is refused as load_state_dict refuses it. Checkpoints saved
+        # before the order key was kept here hold "" or the bare remaining list (accepted).
+        self._base = tf.Variable(self._base_json(None), dtype=tf.string, trainable=False, name="base")
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -656,7 +669,8 @@ class Loader(tf.Module):
         import json
 
         text = self._base.numpy().decode()
-        return json.loads(text) if text else None
+        v = json.loads(text) if text else None
+        return v["remaining"] if isinstance(v, dict) else v
 
     def _plan(self, remaining: list | None):
         return self.reader.plan(self.batch_size, drop_last=self.drop_last, pad=self.pad, remaining=remaining,
@@ -664,13 +678,32 @@ class Loader(tf.Module):
 
     def _order_key(self) -> dict:
         plan = self._plan(None)
-        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window,
+        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window, "pieces": self.pieces,
                 "dataset_rows": len(self.reader), "dataset_version": self.reader.layout.version,
                 "subset": subset_key(self._keep), "batch_size": self.batch_size, "num_rows": plan.num_rows,
                 "drop_last": plan.drop_last, "pad": plan.pad}
 
+    def _base_json(self, remaining: list | None) -> str:
+        import json
+
+        return json.dumps({"order": self._order_key(), "remaining": remaining}, sort_keys=True)
+
+    def _check_order(self) -> None:
+        """``ValueError`` if a restored ``tf.train.Checkpoint`` was saved for another order; a
+        checkpoint from before the order key was saved is taken as this loader's order."""
+        import json
+
+        text = self._base.numpy().decode()
+        v = json.loads(text) if text else None
+        if isinstance(v, dict):
+            if json.dumps(v["order"], sort_keys=True) != json.dumps(self._order_key(), sort_keys=True):
+                read_state(make_state(0, v["order"], None), self._order_key())
+        else:  # an old checkpoint: from now on the variable holds this loader's order key
+            self._base.assign(self._base_json(v))
+
     def state_at(self, epoch: int, steps: int) -> dict:
         """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
+        self._check_order()
         plan = self._plan(self._remaining(int(epoch)))
         left = plan.after(rank_steps_taken(plan, int(steps), self.shard[1], 1, self.unit), self.unit)
         if left is None:
@@ -684,13 +717,11 @@ class Loader(tf.Module):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of any worker of any worker count: the next :meth:`dataset`
         deals exactly the batches not yet delivered."""
-        import json
-
         epoch, remaining = read_state(dict(state), self._order_key())
         self._epoch.assign(epoch)
         self._steps.assign(0)
         self._base_epoch.assign(epoch)
-        self._base.assign("" if remaining is None else json.dumps(remaining))
+        self._base.assign(self._base_json(remaining))
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""
@@ -700,6 +731,7 @@ class Loader(tf.Module):
 
     def __len__(self) -> int:
         """Steps of the current epoch still to take (this worker)."""
+        self._check_order()
         plan = self._plan(self._remaining(self.epoch))
         return int(plan.steps(self.shard[1], self.unit)[self.shard[0]]) - self.steps
 
@@ -708,6 +740,7 @@ class Loader(tf.Module):
         """Batches from where the loader stands, for ``num_epochs`` epochs (the current one
         counts; None: endless). Recording progress is the dataset's last step."""
         positive_int("num_epochs", num_epochs, optional=True)
+        self._check_order()
         schema, modes = self._schema, self._modes
         variable = [f for f in schema if f.is_variable]
         padded = [f for f in variable if modes[f.name] == "padded"]
@@ -734,7 +767,7 @@ class Loader(tf.Module):
                 if self.quality is not None and epoch not in reported:
                     reported.add(epoch)
                     q = self.reader.shuffle_quality(self.batch_size, shuffle=self.shuffle, seed=self.seed,
-                                                    epoch=epoch, window=self.window)
+                                                    epoch=epoch, window=self.window, pieces=self.pieces)
                     if self.quality == "log":
                         import logging
 
@@ -745,7 +778,7 @@ class Loader(tf.Module):
                     self.batch_size, consumer=self.shard, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
                     window=self.window, unit=self.unit, drop_last=self.drop_last, pad=self.pad,
                     remaining=self._remaining(epoch), skip=skip, keep=self._keep, fields=names,
-                    with_ids=self.with_ids, num_threads=self.num_threads, varlen="ragged",
+                    with_ids=self.with_ids, num_threads=self.num_threads, varlen="ragged", pieces=self.pieces,
                 )  # fmt: skip
                 step = skip
                 try:

@@ -623,8 +623,7 @@ class Reader:
         c, C = consumer
         _order.check_args(shuffle, seed, epoch, window, c, C)
         positive_int("pieces", pieces)
-        P = -(-self._rpb // min(pieces, max(1, self._rpb)))
-        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, P, batch_size)
+        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self._rpb, batch_size, pieces)
         eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep, pieces=pieces)
         plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
         gids = plan.batches(c, C, unit)[skip:]

@@ -55,7 +55,7 @@ class PetastormStyleReader:
     def __init__(self, url: Any, *, batched: bool, batch_size: int, schema_fields: Any, num_epochs: int | None,
                  shuffle: Any, seed: int, cur_shard: int | None, shard_count: int | None,
                  predicate: Callable[[dict], Any] | None, predicate_fields: Any, transform_spec: Any, window: int,
-                 num_threads: int | None, verify: Any) -> None:  # fmt: skip
+                 num_threads: int | None, verify: Any, pieces: int = 1) -> None:  # fmt: skip
         self.reader = url if isinstance(url, Reader) else Reader(url, verify=verify, num_threads=num_threads)
         self._owned = not isinstance(url, Reader)
         names = select_fields(self.reader.schema, schema_fields, regex=True)
@@ -70,6 +70,7 @@ class PetastormStyleReader:
         self.shard = (0, 1) if cur_shard is None else (int(cur_shard), int(shard_count))  # type: ignore[arg-type]
         self.shuffle = shuffle_mode(shuffle)
         self.seed, self.window, self.batch_size = int(seed), window, positive_int("batch_size", batch_size)
+        self.pieces = positive_int("pieces", pieces)
         self.num_epochs = num_epochs
         self.predicate, self.transform_spec, self.batched = predicate, transform_spec, batched
         self._transform = getattr(transform_spec, "func", transform_spec)
@@ -97,7 +98,8 @@ class PetastormStyleReader:
     def iter_batches(self, epoch: int = 0) -> Iterator[dict]:
         """One epoch of (filtered, transformed) batches as dicts of arrays."""
         for b in self.reader.batches(self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                                     window=self.window, fields=self._read_fields, shard=self.shard):  # fmt: skip
+                                     window=self.window, fields=self._read_fields, shard=self.shard,
+                                     pieces=self.pieces):  # fmt: skip
             b = self.filter(b)
             if b and len(next(iter(b.values()))):
                 yield b
@@ -137,7 +139,7 @@ def make_reader(url: str | os.PathLike | Reader, *, schema_fields: Sequence[Any]
                 predicate: Callable[[dict], Any] | None = None, predicate_fields: Sequence[Any] | None = None,
                 transform_spec: Any = None, batch_size: int = 1024, window: int = 16,
                 workers_count: int | None = None, reader_pool_type: str | None = None,
-                verify: bool | str = True) -> PetastormStyleReader:  # fmt: skip
+                verify: bool | str = True, pieces: int = 1) -> PetastormStyleReader:  # fmt: skip
     """Rows of a rowstore dataset as named tuples (Petastorm's ``make_reader``).
 
     Parameters
@@ -164,6 +166,8 @@ def make_reader(url: str | os.PathLike | Reader, *, schema_fields: Sequence[Any]
         Rows read per batch (rows are still yielded one by one).
     window, workers_count, verify
         Blocks mixed together, reader threads (Petastorm's ``workers_count``), checksums.
+    pieces : int
+        Block shuffle of pieces of blocks (see :meth:`Reader.batches`; default 1).
     reader_pool_type : str, optional
         Accepted and ignored: reading always runs on the reader's threads without the GIL.
     """
@@ -173,7 +177,7 @@ def make_reader(url: str | os.PathLike | Reader, *, schema_fields: Sequence[Any]
                                 shuffle=shuffle if shuffle_row_groups is None else shuffle_row_groups,
                                 seed=seed or 0, cur_shard=cur_shard, shard_count=shard_count, predicate=predicate,
                                 predicate_fields=predicate_fields, transform_spec=transform_spec, window=window,
-                                num_threads=workers_count, verify=verify)  # fmt: skip
+                                num_threads=workers_count, verify=verify, pieces=pieces)  # fmt: skip
 
 
 def make_batch_reader(url: str | os.PathLike | Reader, *, batch_size: int = 1024, **kwargs: Any

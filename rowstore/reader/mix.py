@@ -182,7 +182,7 @@ class Mixture:
         return self._cache[2]
 
     def _source_ids(self, k: int, a: int, b: int, orders: dict, shuffle: str, seed: int, epoch: int,
-                    window: int) -> np.ndarray:
+                    window: int, pieces: int = 1) -> np.ndarray:
         """Row ids of positions ``[a, b)`` of source ``k``'s stream (passes back to back)."""
         n = int(self.sizes[k])
         out = []
@@ -191,7 +191,8 @@ class Mixture:
             key = (k, p)
             if key not in orders:
                 orders[key] = self.sources[k].epoch(
-                    shuffle=shuffle, seed=_order.seed64(seed, 0, _MIX, k) >> 1, epoch=epoch * _PASS + p, window=window)
+                    shuffle=shuffle, seed=_order.seed64(seed, 0, _MIX, k) >> 1, epoch=epoch * _PASS + p, window=window,
+                    pieces=pieces)
             stop = min(b, (p + 1) * n)
             out.append(orders[key].ids(off, off + stop - a))
             a = stop
@@ -201,18 +202,21 @@ class Mixture:
              epoch: int = 0, window: int = 16, unit: int | None = None, drop_last: bool = False, pad: bool = False,
              remaining: Sequence[Sequence[int]] | None = None, skip: int = 0, keep: Any = None,
              fields: Sequence[str] | None = None, with_ids: bool = False, num_threads: int | None = None,
-             prefetch: int = 2, varlen: str | None = None, parts: bool = False) -> Generator[dict[str, Any], None, None]:
+             prefetch: int = 2, varlen: str | None = None, parts: bool = False,
+             pieces: int = 1) -> Generator[dict[str, Any], None, None]:
         """Consumer ``c``'s batches of a mixture epoch dealt to ``C`` consumers: as
         :meth:`Reader.deal <rowstore.reader.Reader.deal>` (``parts`` too). ``seed`` is the sources' order seed
-        (the mixture's own seed picks which source fills each position)."""
+        (the mixture's own seed picks which source fills each position); ``pieces`` is each
+        source's (see :meth:`Reader.batches <rowstore.reader.Reader.batches>`)."""
         positive_int("batch_size", batch_size)
         nonneg_int("skip", skip)
         c, C = consumer
         _order.check_args(shuffle, seed, epoch, window, c, C)
+        positive_int("pieces", pieces)
         if keep is not None:
             raise ValueError("row subsets of a mixture: subset each source instead")
         unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self.layout.rows_per_block,
-                                                                          batch_size)
+                                                                          batch_size, pieces)
         mo = self._order(epoch)
         plan = self.plan(batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
         gids = plan.batches(c, C, unit)[skip:]
@@ -244,7 +248,7 @@ class Mixture:
             parts, got_src, got_ids = [], [], []
             for k in range(len(self.sources)):
                 if last[k] > first[k]:
-                    ids = self._source_ids(k, int(first[k]), int(last[k]), orders, shuffle, seed, epoch, window)
+                    ids = self._source_ids(k, int(first[k]), int(last[k]), orders, shuffle, seed, epoch, window, pieces)
                     rk = self.sources[k]
                     parts.append(rk._read(ids, rk._select(fields), None, 0, num_threads or rk.num_threads))
                     got_src.append(np.full(len(ids), k, np.int64))

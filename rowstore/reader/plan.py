@@ -52,12 +52,14 @@ EXTRA_KEYS = (ID_KEY, PAD_KEY, SOURCE_KEY)
 UNIT_WINDOWS = 4
 
 
-def default_unit(shuffle: str, window: int, rows_per_block: int, batch_size: int) -> int:
+def default_unit(shuffle: str, window: int, rows_per_block: int, batch_size: int, pieces: int = 1) -> int:
     """Global batches per dealt unit: about ``UNIT_WINDOWS`` windows of rows (1 for ``full``
-    shuffling, whose batches come from anywhere anyway)."""
+    shuffling, whose batches come from anywhere anyway); with ``pieces``, a window holds
+    ``window`` pieces of ``ceil(rows_per_block / pieces)`` rows."""
     if shuffle == "full":
         return 1
-    return max(1, -(-UNIT_WINDOWS * window * rows_per_block // batch_size))
+    rows = -(-rows_per_block // min(pieces, max(1, rows_per_block)))
+    return max(1, -(-UNIT_WINDOWS * window * rows // batch_size))
 
 
 def _intervals(ids: np.ndarray) -> list[list[int]]:
@@ -270,6 +272,11 @@ def make_state(epoch: int, order: dict[str, Any], plan: EpochPlan | None) -> dic
     return st
 
 
+#: Order keys added after states were first saved, and the value a state without them was saved
+#: with (a state from before ``pieces`` existed is a ``pieces=1`` order).
+ORDER_DEFAULTS: dict[str, Any] = {"pieces": 1}
+
+
 def read_state(state: Any, order: dict[str, Any]) -> tuple[int, list | None]:
     """``(epoch, remaining)`` of a state from :func:`make_state`; ``ValueError`` if it is not
     one, or if the order it was saved for differs from ``order`` (another seed, dataset,
@@ -278,7 +285,7 @@ def read_state(state: Any, order: dict[str, Any]) -> tuple[int, list | None]:
         got = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"not a rowstore epoch state (kind {STATE_KIND!r}, version {STATE_VERSION}): got {got!r}")
     for k, v in order.items():
-        saved = state.get(k)
+        saved = state.get(k, ORDER_DEFAULTS.get(k))
         if (list(saved) if isinstance(saved, tuple) else saved) != v:
             raise ValueError(f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
                              f"(the epoch order would differ)")

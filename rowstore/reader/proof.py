@@ -48,7 +48,7 @@ def read_cost(eo: EpochOrder, batch_size: int, consumer: int, world: int, *, uni
         lo, hi = shard_bounds(eo.num_rows, consumer, world)
         return _segment_blocks(eo, lo, hi), hi - lo
     plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last)
-    unit = unit or default_unit(eo.shuffle, eo.window, eo.rpb, batch_size)
+    unit = unit or default_unit(eo.shuffle, eo.window, eo.rpb, batch_size, eo.pieces)
     g = plan.batches(consumer, world, unit)
     g = g[g >= 0]
     blocks = rows = 0
@@ -79,15 +79,15 @@ def check_order(block_rows: np.ndarray, rows_per_block: int, *, batch_size: int,
                 seed: int = 0, epoch: int = 0, window: int = 16, world: int = 1, workers: int = 1,
                 unit: int | None = None, drop_last: bool = False, pad: bool = False, resume_at: float | None = None,
                 resume_world: int | None = None, resume_workers: int | None = None,
-                resume_unit: int | None = None) -> dict[str, Any]:
+                resume_unit: int | None = None, pieces: int = 1) -> dict[str, Any]:
     """Simulate one epoch (see the module) and return the checks and figures as a dict
     (``ok`` is True when every check passed)."""
-    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window)
+    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
     ids = eo.ids()
     valid = np.concatenate([b * rows_per_block + np.arange(n) for b, n in enumerate(np.asarray(block_rows))]) \
         if len(block_rows) else np.zeros(0, np.int64)
     checks: dict[str, bool] = {"order is a permutation of the rows": bool(np.array_equal(np.sort(ids), valid))}
-    unit = unit or default_unit(shuffle, window, rows_per_block, batch_size)
+    unit = unit or default_unit(shuffle, window, rows_per_block, batch_size, pieces)
     plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad)
     first, steps1, left = _deal(plan, world, workers, unit, resume_at)
     rw, rk = resume_world or world, resume_workers or workers
@@ -107,9 +107,10 @@ def check_order(block_rows: np.ndarray, rows_per_block: int, *, batch_size: int,
     if drop_last or pad:
         checks["equal steps on every rank"] = bool(len(set(steps1.tolist())) <= 1 and len(set(steps2.tolist())) <= 1)
     again = check_digest(block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit,
-                         drop_last, pad)
+                         drop_last, pad, pieces)
     checks["deterministic (same arguments, same delivery)"] = again == check_digest(
-        block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit, drop_last, pad)
+        block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit, drop_last, pad,
+        pieces)
     bb = batch_blocks(ids, rows_per_block, batch_size)
     nblocks = int((np.asarray(block_rows) > 0).sum())
     uniform = nblocks * (1.0 - (1.0 - 1.0 / max(nblocks, 1)) ** batch_size) if nblocks else 0.0
@@ -123,9 +124,9 @@ def check_order(block_rows: np.ndarray, rows_per_block: int, *, batch_size: int,
 
 
 def check_digest(block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit,
-                 drop_last, pad) -> str:
+                 drop_last, pad, pieces=1) -> str:
     """A hash of what every consumer delivers (its rows, step by step)."""
-    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window)
+    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
     ids = eo.ids()
     plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad)
     h = hashlib.sha256()

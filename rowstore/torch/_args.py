@@ -51,7 +51,7 @@ _shuffle_mode = shuffle_mode  # one definition (True is "block"), in rowstore.re
 
 class _EpochReader:
     """Mixin of :class:`IterableDataset`, :class:`BatchedDataLoader` and the elastic batch
-    sampler: their order arguments (shuffle, seed, window, the equal-steps policy, unit, row
+    sampler: their order arguments (shuffle, seed, window, pieces, the equal-steps policy, unit, row
     subset), checked once when the object is made; the dealt epoch (``Reader.deal``) of one
     consumer; and the resumable state (:mod:`rowstore.reader.plan`). The class sets
     ``reader``, ``shard``, ``even``, ``prefetch``, ``batch_size``, ``drop_last`` and
@@ -66,11 +66,13 @@ class _EpochReader:
     _fields: list[str] | None
 
     def _init_order(self, shuffle: Any, seed: int, window: int, *, pad: bool = False, unit: int | None = None,
-                    with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None) -> None:
+                    with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None,
+                    pieces: int = 1) -> None:
         self.shuffle = _shuffle_mode(shuffle)
         self.seed = seed
         self.window = window
         _order.check_args(self.shuffle, seed, 0, window, *self.shard)
+        self.pieces = positive_int("pieces", pieces)
         self.pad = bool(pad)
         if self.pad and (self.drop_last or self.even):
             raise ValueError("pad=True and drop_last/even=True are two equal-steps policies: choose one")
@@ -90,12 +92,13 @@ class _EpochReader:
                                 remaining=remaining, keep=self._keep)
 
     def _unit_for(self, batch_size: int) -> int:
-        return self.unit or default_unit(self.shuffle, self.window, self.reader.layout.rows_per_block, batch_size)
+        return self.unit or default_unit(self.shuffle, self.window, self.reader.layout.rows_per_block, batch_size,
+                                         self.pieces)
 
     def _order_key(self, batch_size: int) -> dict:
         """What a state's order depends on (checked when it is loaded)."""
         plan = self._plan(None, batch_size)
-        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window,
+        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window, "pieces": self.pieces,
                 "dataset_rows": len(self.reader), "dataset_version": self.reader.layout.version,
                 "subset": subset_key(self._keep), "batch_size": batch_size, "num_rows": plan.num_rows,
                 "drop_last": plan.drop_last, "pad": plan.pad}
@@ -120,10 +123,10 @@ class _EpochReader:
             return
         self._quality_done = epoch
         q = self.reader.shuffle_quality(batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                                        window=self.window)
+                                        window=self.window, pieces=self.pieces)
         if self.quality == "log":
-            _log.info("rowstore epoch %d: shuffle quality %.3f (shuffle=%r, window=%d, batch_size=%d)",
-                      epoch, q, self.shuffle, self.window, batch_size)
+            _log.info("rowstore epoch %d: shuffle quality %.3f (shuffle=%r, window=%d, pieces=%d, batch_size=%d)",
+                      epoch, q, self.shuffle, self.window, self.pieces, batch_size)
         else:
             self.quality(epoch, q)
 
@@ -146,7 +149,7 @@ class _EpochReader:
             batch_size, consumer=shard, shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window,
             unit=self._unit_for(batch_size), drop_last=drop_last or self.even, pad=self.pad, remaining=remaining,
             skip=skip, keep=self._keep, fields=self._fields, with_ids=self.with_ids, num_threads=num_threads,
-            prefetch=self.prefetch, varlen="ragged", parts=parts,
+            prefetch=self.prefetch, varlen="ragged", parts=parts, pieces=self.pieces,
         )  # fmt: skip
 
 

@@ -133,6 +133,11 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         Equal steps by repeating rows instead, marked ``"__pad"`` (True for a repeated row).
     window : int
         Blocks mixed together in ``block`` mode.
+    pieces : int
+        ``block`` mode: permute pieces of ``ceil(rows_per_block / pieces)`` rows instead of
+        whole blocks (``window`` counts pieces): far better mixed batches for the same memory
+        (see ``Reader.batches`` and docs/order.md). Part of the order: a saved state resumes
+        only with the same ``pieces``. Default 1 (whole blocks).
     unit : int, optional
         Global batches dealt to a consumer at a time (see :mod:`rowstore.reader.plan`).
     with_ids : bool
@@ -198,6 +203,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         num_epochs: int = 1,
         num_workers: int | None = None,
         quality: Any = None,
+        pieces: int = 1,
     ):
         self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
@@ -209,7 +215,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self.num_epochs = positive_int("num_epochs", num_epochs)
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
         self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality)
+                         predicate=predicate, quality=quality, pieces=pieces)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]

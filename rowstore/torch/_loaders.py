@@ -325,6 +325,11 @@ class BatchedDataLoader(_Loader, _EpochReader):
         Drop this rank's last partial batch.
     window : int
         Blocks mixed together in "block" mode.
+    pieces : int
+        ``block`` mode: permute pieces of ``ceil(rows_per_block / pieces)`` rows instead of
+        whole blocks (``window`` counts pieces): far better mixed batches for the same memory
+        (see ``Reader.batches`` and docs/order.md). Part of the order: a saved state resumes
+        only with the same ``pieces``. Default 1 (whole blocks).
     num_threads : int, optional
         Reader threads (kernels and image decoders run without the GIL).
     prefetch : int
@@ -400,6 +405,7 @@ class BatchedDataLoader(_Loader, _EpochReader):
         predicate: Any = None,
         num_epochs: int | None = 1,
         quality: Any = None,
+        pieces: int = 1,
         num_workers: int | None = None,
     ):
         if num_workers:
@@ -424,7 +430,7 @@ class BatchedDataLoader(_Loader, _EpochReader):
         self.num_threads = num_threads
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
         self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality)
+                         predicate=predicate, quality=quality, pieces=pieces)
         self._base: tuple[int, list | None] = (0, None)  # (epoch, its remaining batches when resumed)
         self._run_stop = 0
 

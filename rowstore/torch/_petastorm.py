@@ -31,6 +31,7 @@ class DataLoader(BatchedDataLoader):
             self._petastorm = reader
             transform = reader.filter if reader.predicate is not None or reader._transform is not None else None
             kwargs = {"shuffle": reader.shuffle, "seed": reader.seed, "shard": reader.shard, "window": reader.window,
+                      "pieces": reader.pieces,
                       "fields": reader._read_fields, "transform": transform, **kwargs}  # fmt: skip
             reader = reader.reader
         super().__init__(reader, batch_size=batch_size, **kwargs)

@@ -24,7 +24,7 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
 
     ``DataLoader(ds, batch_sampler=ElasticBatchSampler(ds, batch_size=64, seed=0),
     collate_fn=rst.collate)``; wrap it in :class:`ResumableDataLoader` to resume on any world.
-    The order arguments (``shuffle``, ``seed``, ``window``, ``shard``, ``drop_last``/``even``,
+    The order arguments (``shuffle``, ``seed``, ``window``, ``pieces``, ``shard``, ``drop_last``/``even``,
     ``pad``, ``unit``, ``with_ids``, ``rows``/``predicate``) are those of
     :class:`~rowstore.torch.BatchedDataLoader`; with ``pad``, batches get ``"__pad"``. The
     sampler holds no state of its own (the same epoch gives the same batches), so
@@ -34,13 +34,13 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
     def __init__(self, dataset: Any, *, batch_size: int, shuffle: Any = "block", seed: int = 0, window: int = 16,
                  shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False, pad: bool = False,
                  unit: int | None = None, with_ids: bool = False, rows: Any = None, predicate: Any = None,
-                 quality: Any = None):
+                 quality: Any = None, pieces: int = 1):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
         self.shard = _resolve_shard(shard)
         self.drop_last, self.even, self.prefetch, self._fields = bool(drop_last), bool(even), 1, None
         self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality)
+                         predicate=predicate, quality=quality, pieces=pieces)
         self.epoch = 0
         self._resume: tuple[int, list | None] | None = None
 
@@ -65,7 +65,8 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
         self._report_quality(epoch, self.batch_size)
-        eo = self.reader.epoch(shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window, keep=self._keep)
+        eo = self.reader.epoch(shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window, keep=self._keep,
+                               pieces=self.pieces)
         plan = self._plan(self._remaining(epoch))
         rows_of = self.reader.layout.rows_of
         for ids, mask in step_rows(eo, plan, *self.shard, self._unit_for(self.batch_size)):

@@ -99,7 +99,7 @@ def user_file(tmp_path_factory, rs) -> str:
 def test_user_file_compare_all_baselines(user_file, tmp_path, capsys):
     """--compare: every baseline reads the same rows and decodes the same bytes as rowstore
     over a whole epoch (so the baselines are faithful readers of the format)."""
-    out, png = str(tmp_path / "c.json"), str(tmp_path / "c.png")
+    out, png = str(tmp_path / "c.json"), str(tmp_path / "plots" / "c.png")  # a directory not there yet
     doc, text = bench([user_file, "--compare", "--baselines", *sources.BASELINES, "-m", "0", "-b", "16",
                        "--repeats", "1", "--memcpy-mib", "8", "--cache-dir", str(tmp_path), "--json", out,
                        "--plot", png], capsys)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -202,6 +203,7 @@ def plot(groups: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str, *, m
     if subtitle or any(it[5] for it in items):
         note = subtitle + ("   * partial epoch, rate extrapolated" if any(it[5] for it in items) else "")
         fig.supxlabel(note.strip(), x=0.01, ha="left", fontsize=8, color="#555555")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # e.g. make demo's .cache/rowstore/
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

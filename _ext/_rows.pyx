@@ -99,15 +99,13 @@ cdef class RowPlan:
     cdef bint _held
     cdef Py_ssize_t _nslots
 
-    def __cinit__(self):
-        self._f = NULL
-        self._dims = NULL
-        self._held = False
-        self._nslots = 0
-
     def __init__(self, list fields, Py_ssize_t row_size, long long max_value, long long max_heap):
         cdef Py_ssize_t i, k, ndims = 0
         cdef FieldPlan* p
+        # No __cinit__: the object's memory starts zeroed (NULL pointers, nothing held), and
+        # Cython's argument-less __cinit__ wrapper computes NULL + 0 (UBSan reports it).
+        if self._f != NULL:
+            raise TypeError("RowPlan: already initialised")
         if row_size <= 0 or max_value < 0 or max_heap < 0:
             raise ValueError("RowPlan: row_size must be positive, the limits non-negative")
         for t in fields:

@@ -41,7 +41,8 @@ BUILD = os.path.join(ROOT, "build", "asan")
 PY = sys.executable
 
 KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_limits.py", "tests/test_bad_input.py", "tests/test_hostile_metadata.py",
-                "tests/test_default_integrity.py", "tests/test_fuzz_atheris.py", "tests/test_compression.py")  # fmt: skip
+                "tests/test_default_integrity.py", "tests/test_fuzz_atheris.py", "tests/test_compression.py",
+                "tests/test_png_kernel.py", "tests/test_write_fast.py")  # fmt: skip
 
 
 def runtime() -> str:

@@ -94,6 +94,13 @@ class Reader:
     remote : dict, optional
         Further options of remote reads (:class:`rowstore.reader._remote.RemoteOptions`):
         ``max_in_flight``, ``merge_bytes``, ``retries``, ``backoff``, ``timeout``, ``cache_bytes``.
+    allow_outside_links : bool
+        A dataset directory's manifest, sidecar and shard paths must resolve inside it (the real
+        paths, symlinks followed, of the directory and of each shard): by default a path that
+        leads out of it, through a symlinked shard or ``shards/``, raises
+        :class:`~rowstore.errors.FormatError` at open (a downloaded dataset cannot make the
+        reader return another file's bytes). ``True`` follows such links (shards linked in from
+        another disk). ``..`` and absolute paths are refused either way; URLs are not affected.
 
     Notes
     -----
@@ -127,6 +134,7 @@ class Reader:
         storage_options: dict | None = None,
         cache: str | os.PathLike | None = None,
         remote: dict | None = None,
+        allow_outside_links: bool = False,
     ):
         _check_varlen(varlen)
         given: Any = path
@@ -148,7 +156,10 @@ class Reader:
         if any(is_url(u) for u in urls) or storage_options is not None or cache is not None or remote is not None:
             self._init_state(self._open_remote(urls, version, storage_options, cache, remote))
             return
-        self._init_state(DatasetLayout.open(source, version=version))
+        if not isinstance(allow_outside_links, bool):
+            raise TypeError(f"allow_outside_links must be a bool, got {allow_outside_links!r}")
+        self._init_state(DatasetLayout.open(source, version=version,
+                                            allow_outside_links=allow_outside_links))
 
     def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote) -> DatasetLayout:
         from rowstore.reader import _remote

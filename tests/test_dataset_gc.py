@@ -263,6 +263,10 @@ def test_a_shard_linked_out_of_the_dataset_is_refused(tmp_path, capsys, how):
         assert "outside the dataset directory" in capsys.readouterr().err
     assert np.array_equal(xs(root, allow_outside_links=True), np.arange(10))
     assert cli_main(["verify", root, "--allow-outside-links"]) == 0
+    url = "file://" + os.path.abspath(root)  # read through fsspec's local filesystem: the same rule
+    with pytest.raises(FormatError, match="outside the dataset directory"):
+        rowstore.open(url, storage_options={})
+    assert np.array_equal(xs(url, storage_options={}, allow_outside_links=True), np.arange(10))
 
 
 def test_links_inside_the_dataset_are_followed(tmp_path):

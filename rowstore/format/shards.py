@@ -25,7 +25,7 @@ import numpy as np
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
-from rowstore.format._url import is_url
+from rowstore.format._url import is_url, local_root
 from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks, schema_row_dtype
 from rowstore.schema import Schema
 
@@ -324,13 +324,15 @@ class DatasetLayout(IndexSizes):
         A local dataset's manifest, sidecar and shard paths must resolve (symlinks followed)
         inside its directory: one that leads out of it raises :class:`FormatError`, unless
         ``allow_outside_links`` (a dataset is data that may come from elsewhere; a link out of
-        it could make a reader return any file's bytes). A URL's paths are plain relative
-        paths under its prefix (checked by the manifest), so they stay inside it."""
+        it could make a reader return any file's bytes); so must a ``file://`` URL's. Other
+        URLs' paths are plain relative keys under their prefix (checked by the manifest), so
+        they stay inside it."""
         sh = m.shards
-        if not allow_outside_links and not is_url(m.root):
+        local = local_root(m.root)
+        if not allow_outside_links and local is not None:
             own = [_manifest.manifest_path(m.version), _manifest.index_path(m.version)]
-            _manifest.check_inside(m.root, own, what="manifest file")
-            _manifest.check_inside(m.root, sh["path"], what="shard path")
+            _manifest.check_inside(local, own, what="manifest file")
+            _manifest.check_inside(local, sh["path"], what="shard path")
         base = m.root.rstrip("/") + "/" if is_url(m.root) else os.path.abspath(m.root) + os.sep
         paths = [base + p for p in sh["path"]]  # plain relative paths (checked): no join needed
 

@@ -31,6 +31,7 @@ from rowstore.format import (
     Writer,
     commit,
     gc_dataset,
+    restore_pointer,
     write_shard,
 )
 from rowstore.schema import BYTES, STR, Field, Schema
@@ -39,7 +40,7 @@ __all__ = [
     "__version__", "FORMAT_VERSION",
     "Schema", "Field", "STR", "BYTES", "Codec", "register_codec",
     "Writer", "Layout", "open",
-    "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset",
+    "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset", "restore_pointer",
     "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
     "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
     "ConcurrentWriterError", "AttrsError",

@@ -3,8 +3,10 @@
     rowstore info PATH        schema, rows, blocks, sizes, compression, format version
     rowstore head PATH -n N   the first N rows, arrays summarised
     rowstore verify PATH      read every block (of every shard) and check checksums
-    rowstore gc PATH          remove killed writers' temporary files; for a dataset directory,
-                              list (with --delete: remove) old versions and unreferenced shards
+    rowstore gc PATH          remove killed writers' temporary files (and killed shuffles' work
+                              directories); for a dataset directory, list (with --delete: remove)
+                              old versions and unreferenced shards
+    rowstore repair DIR       a dataset whose pointer is lost: make its newest sound version current
     rowstore shuffle IN OUT --memory 2GB --seed N   a globally shuffled copy (a new dataset)
     rowstore quality PATH     how ordered it is (rank correlation, batch spread, block mixing)
     rowstore import-petastorm URL OUT
@@ -16,6 +18,7 @@ PATH is a ``.h5`` file or a dataset directory.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -25,7 +28,7 @@ import numpy as np
 
 from rowstore.errors import FormatError, RowstoreError
 
-__all__ = ["main", "info_text", "head_text", "gc_text", "gc_dataset_text"]
+__all__ = ["main", "info_text", "head_text", "gc_text", "gc_dataset_text", "repair_text"]
 
 
 def _human(n: float) -> str:
@@ -44,10 +47,10 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def info_text(path: str) -> str:
+def info_text(path: str, *, allow_outside_links: bool = False) -> str:
     from rowstore.format.shards import DatasetLayout
 
-    L = DatasetLayout.open(path)
+    L = DatasetLayout.open(path, allow_outside_links=allow_outside_links)
     rows = []
     for f in L.schema:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
@@ -112,10 +115,12 @@ def _summary(v: Any) -> str:
     return repr(v)
 
 
-def head_text(path: str, n: int = 5, fields: list[str] | None = None) -> str:
+def head_text(path: str, n: int = 5, fields: list[str] | None = None, *,
+              allow_outside_links: bool = False) -> str:
     from rowstore.reader import Reader
 
-    with Reader(path) as r:  # closed also when reading fails (a kept traceback keeps r)
+    # closed also when reading fails (a kept traceback keeps r)
+    with Reader(path, allow_outside_links=allow_outside_links) as r:
         names = r.schema.select(fields).names
         k = max(0, min(n, len(r)))
         batch = r.take(np.arange(k), fields=names) if k else {}
@@ -140,33 +145,84 @@ def _count(text: str) -> int:
 
 def gc_text(path: str, *, dry_run: bool = False) -> str:
     """Remove (or with ``dry_run`` only list) the stale temporary files of a dataset file or of
-    every dataset in a directory; temporaries of live writers are listed and kept."""
-    from rowstore.format._commit import remove_stale
+    every dataset in a directory, and in a directory the work directories of killed shuffles
+    (``.rowstore-shuffle-*``); those of live writers and runs are listed and kept."""
+    from rowstore.format._commit import remove_stale, temporaries
+    from rowstore.global_shuffle._work import PREFIX, sweep
 
-    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):  # a dataset file need not exist: its first writer may have died
-        raise FileNotFoundError(f"directory {directory!r} does not exist")
+    is_dir = os.path.isdir(path)
+    directory = path if is_dir else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, f"directory {directory!r} does not exist")
+    if not is_dir and not os.path.lexists(path) and not temporaries(path):
+        # (a file that does not exist may still have a killed first writer's temporaries)
+        hint = ""
+        if any(n.startswith(PREFIX) for n in os.listdir(directory)):
+            hint = f"; for the work directories of a killed shuffle there: `rowstore gc {directory}`"
+        raise FileNotFoundError(errno.ENOENT,
+                                f"{path!r} does not exist and has no temporary files{hint}")
+    verb = "would remove" if dry_run else "removed"
     stale, live = remove_stale(path, dry_run=dry_run)
     lines = [f"{'stale' if dry_run else 'removed'}: {p}" for p in stale]
     lines += [f"kept (a writer is active): {p}" for p in live]
-    lines.append(f"{'would remove' if dry_run else 'removed'} {len(stale)} stale temporary file(s), kept {len(live)} in use")
+    runs: list[str] = []
+    running: list[str] = []
+    sizes: dict[str, int] = {}
+    if is_dir:
+        runs, running = sweep(directory, dry_run=dry_run, sizes=sizes)
+        lines += [f"{'stale' if dry_run else 'removed'}: {p} (a killed shuffle's, "
+                  f"{sizes[p] / 1e6:,.1f} MB)" for p in runs]
+        lines += [f"kept (a shuffle is running): {p}" for p in running]
+    lines.append(f"{verb} {len(stale)} stale temporary file(s), kept {len(live)} in use"
+                 + (f"; {verb} {len(runs)} killed shuffle director(ies) "
+                    f"({sum(sizes.values()) / 1e6:,.1f} MB), kept {len(running)} running"
+                    if runs or running else ""))  # fmt: skip
     return "\n".join(lines)
 
 
-def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1, grace_s: float = 3600.0) -> str:
+def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
+                    grace_s: float = 3600.0, allow_outside_links: bool = False) -> str:
     """Garbage-collect the dataset directory ``path`` (:func:`rowstore.gc_dataset`): only list
     what would go unless ``delete``."""
     from rowstore.format.dataset_writer import gc
 
-    r = gc(path, dry_run=not delete, keep_versions=keep_versions, orphan_grace_s=grace_s)
+    r = gc(path, dry_run=not delete, keep_versions=keep_versions, orphan_grace_s=grace_s,
+           allow_outside_links=allow_outside_links)
     verb = "removed" if delete else "would remove"
     lines = [f"current version {r.current}; keeping versions {', '.join(map(str, r.kept_versions)) or 'none'}"]
+    if r.spared is not None:
+        lines.append(f"keeping version {r.spared} too: the newest manifest that loads, never "
+                     "current (a commit killed before its pointer moved, or a pointer put back)")
     lines += [f"{verb}: {p}" for p in r.manifests + r.shards + r.temporaries]
     lines += [f"kept (named by no version, younger than {grace_s:g} s): {p}" for p in r.young]
     lines += [f"kept (a writer is active): {p}" for p in r.live]
     lines.append(f"{verb} {len(r.manifests)} manifest file(s), {len(r.shards)} shard(s), "
                  f"{len(r.temporaries)} stale temporary file(s)" + ("" if delete else " (dry run: pass --delete to remove)"))
     return "\n".join(lines)
+
+
+def repair_text(path: str, *, dry_run: bool = False, verify: bool = False,
+                allow_outside_links: bool = False) -> str:
+    """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`)."""
+    from rowstore.format.dataset_writer import restore_pointer
+
+    r = restore_pointer(path, dry_run=dry_run, verify=verify,
+                        allow_outside_links=allow_outside_links)
+    if r.version is None:
+        return (f"{path}: the pointer reads (version {r.current}); nothing to repair "
+                "(rowstore verify checks the shards)")
+    lines = [f"{path}: {r.problem}"]
+    lines += [f"skipped version {v}: {why}" for v, why in r.skipped]
+    lines.append(f"{path}: {'would make' if dry_run else 'made'} version {r.version} current"
+                 + (" (dry run: nothing written)" if dry_run else ""))
+    return "\n".join(lines)
+
+
+def _add_outside_links(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-outside-links", action="store_true",
+                   help="follow symlinks (of shards, shards/, _manifests/) that lead out of the "
+                        "dataset directory (refused by default: a downloaded dataset could point "
+                        "at any file)")
 
 
 def _seconds(text: str) -> float:
@@ -384,12 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="schema, rows, blocks, sizes, compression, format version")
     p.add_argument("path")
+    _add_outside_links(p)
     p = sub.add_parser("head", help="print the first rows")
     p.add_argument("path")
     p.add_argument("-n", type=_count, default=5, help="rows to print (default 5)")
     p.add_argument("--fields", nargs="+", help="only these fields")
+    _add_outside_links(p)
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")
+    _add_outside_links(p)
     p.add_argument("--no-hdf5-check", action="store_true",
                    help="a v2 file: do not check (with libhdf5, in a child process) that its HDF5 part agrees with its footer")
     p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds); "
@@ -405,6 +464,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=_seconds, default=3600.0, metavar="SECONDS",
                    help="dataset directory: keep shards that no version names if modified within SECONDS "
                         "(a job may still commit them; default 3600)")
+    _add_outside_links(p)
+    p = sub.add_parser("repair", help="a dataset directory whose pointer (rowstore.json) is "
+                                      "missing or does not load: make the newest version whose "
+                                      "manifest, sidecar and shards check current again")
+    p.add_argument("path", help="the dataset directory")
+    p.add_argument("--dry-run", action="store_true",
+                   help="only say which version would be made current")
+    p.add_argument("--verify", action="store_true",
+                   help="also read every chunk of the chosen version's shards")
+    _add_outside_links(p)
     _add_shuffle_commands(sub)
     _add_order_commands(sub)
     # -- import-petastorm (rowstore.petastorm; needs pyarrow) --
@@ -419,13 +488,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("shuffle", "quality"):
             return _shuffle_command(args)
         if args.cmd == "info":
-            print(info_text(args.path))
+            print(info_text(args.path, allow_outside_links=args.allow_outside_links))
         elif args.cmd == "head":
-            print(head_text(args.path, args.n, args.fields))
+            print(head_text(args.path, args.n, args.fields,
+                            allow_outside_links=args.allow_outside_links))
+        elif args.cmd == "repair":
+            print(repair_text(args.path, dry_run=args.dry_run, verify=args.verify,
+                              allow_outside_links=args.allow_outside_links))
         elif args.cmd == "verify":
             from rowstore.format.shards import DatasetLayout
 
-            L = DatasetLayout.open(args.path)  # a dataset's manifest and sidecar are checked here
+            # a dataset's manifest and sidecar are checked here
+            L = DatasetLayout.open(args.path, allow_outside_links=args.allow_outside_links)
             damage = L.damage(shard_indexes=True)
             for err in damage:
                 span = getattr(err, "rows", None)
@@ -451,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
 
             if manifest.is_dataset(args.path) or os.path.isdir(os.path.join(args.path, manifest.MANIFEST_DIR)):
                 print(gc_dataset_text(args.path, delete=args.delete and not args.dry_run,
-                                      keep_versions=args.keep_versions, grace_s=args.grace))  # fmt: skip
+                                      keep_versions=args.keep_versions, grace_s=args.grace,
+                                      allow_outside_links=args.allow_outside_links))  # fmt: skip
             else:
                 print(gc_text(args.path, dry_run=args.dry_run))
         elif args.cmd == "order":

@@ -409,6 +409,7 @@ def test_gc_removes_only_what_no_kept_version_names(tmp_path, capsys):
     assert "removed: _manifests/v00000002.json" in out and f"removed: {young.path}" in out
     assert manifest.versions(root) == [3] and shard_files(root) == named(root)
     assert np.array_equal(xs_of(root), np.arange(10, 30))
+    open(tmp_path / "file.h5", "wb").close()
     assert cli_main(["gc", str(tmp_path / "file.h5")]) == 0  # not a dataset: the file behaviour, unchanged
     assert "stale temporary file(s), kept 0 in use" in capsys.readouterr().out
 
@@ -507,7 +508,8 @@ def test_sigkill_leaves_the_previous_version_or_the_new_one(tmp_path):
 
 def test_a_killed_commits_leftovers_block_nothing(tmp_path):
     """A commit killed after its sidecar (or its manifest) but before the pointer: the next commit
-    takes the next free version; gc removes the leftover manifest, its shards only past the grace."""
+    takes the next free version; gc keeps the leftover manifest while it is the newest one that
+    loads, and removes it once a later commit supersedes it."""
     root = str(tmp_path / "ds")
     commit(root, [write_shard(root, SCHEMA, cols(0, 10))])
     left = write_shard(root, SCHEMA, cols(10, 20))
@@ -522,11 +524,17 @@ def test_a_killed_commits_leftovers_block_nothing(tmp_path):
     with open(os.path.join(root, manifest.POINTER), "w") as f:  # ...as if the pointer never moved
         f.write(pointer_of(root, 3))
     assert manifest.read_pointer(root)[0] == 3 and manifest.versions(root) == [1, 3, 4]
-    r = gc(root, dry_run=False)
-    assert r.kept_versions == [3] and "_manifests/v00000004.json" in r.manifests and r.young == [left.path]
-    assert manifest.versions(root) == [3] and np.array_equal(xs_of(root), np.r_[np.arange(10), np.arange(20, 30)])
-    assert commit(root, [left], mode="a") == 4  # the killed commit, retried (4 was never current)
+    r = gc(root, dry_run=False, orphan_grace_s=0)
+    # The newest manifest that loads is kept, with its shard, though never current.
+    assert r.kept_versions == [3] and r.spared == 4 and r.shards == [] and r.young == []
+    assert "_manifests/v00000004.json" not in r.manifests
+    assert os.path.exists(os.path.join(root, left.path)) and manifest.versions(root) == [3, 4]
+    assert np.array_equal(xs_of(root), np.r_[np.arange(10), np.arange(20, 30)])
+    assert commit(root, [left], mode="a") == 5  # the killed commit, retried (4 is never reused)
     assert np.array_equal(xs_of(root), np.r_[np.arange(10), np.arange(20, 30), np.arange(10, 20)])
+    r = gc(root, dry_run=False)  # 4 is no longer the newest: it goes as never current
+    assert r.spared is None and "_manifests/v00000004.json" in r.manifests
+    assert manifest.versions(root) == [5]
 
 
 def Layout_of(root, info):

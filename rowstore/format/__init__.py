@@ -8,7 +8,15 @@ from rowstore.format.compression import (
     block_compression,
     register_block_compression,
 )
-from rowstore.format.dataset_writer import DatasetWriter, GCReport, ShardInfo, commit, write_shard
+from rowstore.format.dataset_writer import (
+    DatasetWriter,
+    GCReport,
+    PointerRepair,
+    ShardInfo,
+    commit,
+    restore_pointer,
+    write_shard,
+)
 from rowstore.format.dataset_writer import gc as gc_dataset
 from rowstore.format.index import Layout
 from rowstore.format.spec import FORMAT_VERSION
@@ -17,4 +25,5 @@ from rowstore.format.writer import Writer
 __all__ = [
     "Layout", "Writer", "FORMAT_VERSION", "BlockCompression", "block_compression", "register_block_compression",
     "DatasetWriter", "ShardInfo", "GCReport", "write_shard", "commit", "gc_dataset",
+    "restore_pointer", "PointerRepair",
 ]  # fmt: skip

@@ -59,6 +59,7 @@ __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "POINTER", "MANIFEST_DIR", "SHARD_DIR", "INDEX_MAGIC",
     "Manifest", "is_dataset", "index_crc32", "shard_entry", "read_pointer", "load", "versions", "publish",
     "commit_lock", "manifest_path", "index_path", "next_version", "version_objects",
+    "pointer_bytes", "outside_links", "check_inside",
 ]  # fmt: skip
 
 FORMAT_NAME = "rowstore-dataset"
@@ -97,6 +98,48 @@ _VERSION_FILE = re.compile(r"v(\d{8})\.json")
 def is_dataset(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a dataset directory (holds a pointer file)."""
     return os.path.isfile(os.path.join(os.fspath(path), POINTER))
+
+
+def outside_links(root: str | os.PathLike, rels: Sequence[str]) -> list[tuple[str, str]]:
+    """``(rel, real path)`` of each of ``rels`` (plain relative paths under the local directory
+    ``root``) whose real path, symlinks resolved, is not inside the real path of ``root``.
+
+    One ``realpath`` per distinct directory and one ``lstat`` per path (a shard that is itself
+    a symlink is resolved); a missing path is not outside (its absence is reported where it is
+    read)."""
+    root = os.fspath(root)
+    real_root = os.path.realpath(root)
+    prefix = real_root if real_root.endswith(os.sep) else real_root + os.sep
+    dirs: dict[str, str] = {}
+    out: list[tuple[str, str]] = []
+    for rel in rels:
+        d, _, name = rel.rpartition("/")
+        rd = dirs.get(d)
+        if rd is None:
+            rd = dirs[d] = os.path.realpath(os.path.join(root, d)) if d else real_root
+        p = os.path.join(rd, name)
+        if rd != real_root and not rd.startswith(prefix):
+            out.append((rel, p))
+        elif os.path.islink(p):
+            rp = os.path.realpath(p)
+            if not rp.startswith(prefix):
+                out.append((rel, rp))
+    return out
+
+
+def check_inside(root: str | os.PathLike, rels: Sequence[str], *, what: str) -> None:
+    """Raise :class:`FormatError` for the first of ``rels`` that :func:`outside_links` finds
+    (``what``: the objects, for the message)."""
+    bad = outside_links(root, rels)
+    if bad:
+        rel, real = bad[0]
+        root = os.fspath(root)
+        where = os.path.join(root, rel)
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise FormatError(f"{where!r}: {what} {rel!r} of dataset {root!r} resolves to {real!r}, "
+                          f"outside the dataset directory {os.path.realpath(root)!r} (a symlink)"
+                          f"{more}; refused: pass allow_outside_links=True (CLI: "
+                          "--allow-outside-links) to follow links out of it", path=where)
 
 
 def index_crc32(blocks: np.ndarray, heap_chunks: np.ndarray) -> int:
@@ -433,6 +476,12 @@ def version_objects(version: int, *, schema: Schema, attrs: dict, compression: d
         "shards": [{k: s[k] for k in SHARD_KEYS} for s in shards],
     }  # fmt: skip
     text = json.dumps(manifest, indent=1).encode()
+    return sidecar, text, pointer_bytes(version, text)
+
+
+def pointer_bytes(version: int, manifest_text: bytes) -> bytes:
+    """The pointer that makes ``version`` current, its manifest's bytes being ``manifest_text``."""
     pointer = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version,
-               "manifest": manifest_path(version), "manifest_crc32": zlib.crc32(text)}  # fmt: skip
-    return sidecar, text, json.dumps(pointer, indent=1).encode() + b"\n"
+               "manifest": manifest_path(version),
+               "manifest_crc32": zlib.crc32(manifest_text)}  # fmt: skip
+    return json.dumps(pointer, indent=1).encode() + b"\n"

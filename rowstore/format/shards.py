@@ -25,7 +25,7 @@ import numpy as np
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
-from rowstore.format._url import is_url
+from rowstore.format._url import is_url, local_root
 from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks, schema_row_dtype
 from rowstore.schema import Schema
 
@@ -190,12 +190,14 @@ class DatasetLayout(IndexSizes):
         for err in self.damage(limit=1):
             raise err
 
-    def damage(self, *, limit: int | None = None, shard_indexes: bool = False) -> list[FormatError]:
+    def damage(self, *, limit: int | None = None, shard_indexes: bool = False,
+               chunks: bool = True) -> list[FormatError]:
         """Every damaged block and heap chunk of every shard (checksum, decompression, size),
         and every shard that is missing or of the wrong size, in shard order, as errors with
         ``path`` (the shard file), ``block`` (within it) and ``rows`` (the dataset rows whose
         values it holds). ``shard_indexes``: also parse each shard file's own index (libhdf5)
-        and report a shard whose index disagrees with the manifest's. Stops after ``limit``."""
+        and report a shard whose index disagrees with the manifest's. ``chunks=False``: read
+        no chunk (only sizes and, with ``shard_indexes``, indexes). Stops after ``limit``."""
         from rowstore.format.manifest import index_crc32
 
         found: list[FormatError] = []
@@ -220,6 +222,8 @@ class DatasetLayout(IndexSizes):
                     err = self._check_shard_index(s, index_crc32)
                     if err is not None:
                         found.append(err)
+                if not chunks:
+                    continue
                 b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")
                 nb, nh = int(np.sum(self.block_shard == s)), int(np.sum(self.chunk_shard == s))
                 for what, lo, n, cols, raw in (
@@ -269,21 +273,24 @@ class DatasetLayout(IndexSizes):
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *, version: int | None = None) -> DatasetLayout:
+    def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *,
+             version: int | None = None, allow_outside_links: bool = False) -> DatasetLayout:
         """The layout of a dataset directory (its current manifest, or ``version``), a ``.h5``
-        file, or a list of those read as one (same schema, compression and heap chunk size)."""
+        file, or a list of those read as one (same schema, compression and heap chunk size).
+        ``allow_outside_links``: see :meth:`from_manifest`."""
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ValueError("no datasets given")
             if version is not None:
                 raise ValueError("version= applies to one dataset, not a list")
-            return cls.concat([cls.open(p) for p in path])
+            return cls.concat([cls.open(p, allow_outside_links=allow_outside_links) for p in path])
         p = os.fsdecode(path)  # type: ignore[arg-type]  # a list was handled above
         if os.path.isdir(p):
             if not _manifest.is_dataset(p):
                 raise FormatError(f"{p!r} is a directory but not a rowstore dataset (no {_manifest.POINTER}; "
                                   f"an unfinished or uncommitted write leaves none)", path=p)
-            return cls.from_manifest(_manifest.load(p, version))
+            return cls.from_manifest(_manifest.load(p, version),
+                                     allow_outside_links=allow_outside_links)
         if version is not None:
             raise ValueError(f"{p!r} is a file: version= applies to dataset directories")
         return cls.from_files([Layout.open(p)], path=p)
@@ -309,10 +316,23 @@ class DatasetLayout(IndexSizes):
         )  # fmt: skip
 
     @classmethod
-    def from_manifest(cls, m: _manifest.Manifest) -> DatasetLayout:
+    def from_manifest(cls, m: _manifest.Manifest, *,
+                      allow_outside_links: bool = False) -> DatasetLayout:
         """A dataset from its manifest: every shard's index checked here, vectorized (no shard
-        file is opened; each is checked against its recorded size when first read)."""
+        file is opened; each is checked against its recorded size when first read).
+
+        A local dataset's manifest, sidecar and shard paths must resolve (symlinks followed)
+        inside its directory: one that leads out of it raises :class:`FormatError`, unless
+        ``allow_outside_links`` (a dataset is data that may come from elsewhere; a link out of
+        it could make a reader return any file's bytes); so must a ``file://`` URL's. Other
+        URLs' paths are plain relative keys under their prefix (checked by the manifest), so
+        they stay inside it."""
         sh = m.shards
+        local = local_root(m.root)
+        if not allow_outside_links and local is not None:
+            own = [_manifest.manifest_path(m.version), _manifest.index_path(m.version)]
+            _manifest.check_inside(local, own, what="manifest file")
+            _manifest.check_inside(local, sh["path"], what="shard path")
         base = m.root.rstrip("/") + "/" if is_url(m.root) else os.path.abspath(m.root) + os.sep
         paths = [base + p for p in sh["path"]]  # plain relative paths (checked): no join needed
 

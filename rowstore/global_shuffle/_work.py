@@ -5,7 +5,7 @@ A run creates ``.rowstore-shuffle-piles.<random>`` (in ``tmp``) and
 ``.rowstore-shuffle-out.<random>`` (beside the output, renamed onto it at the end) and holds an
 exclusive ``flock`` on each directory while it runs; the OS drops the lock when the process
 dies. Any run, on start, removes the directories of that pattern in both places whose lock it
-can take: their runs are dead.
+can take: their runs are dead; ``rowstore gc DIR`` lists and removes them too (:func:`sweep`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["PREFIX", "LockedDir", "remove_stale"]
+__all__ = ["PREFIX", "LockedDir", "remove_stale", "sweep", "tree_bytes"]
 
 PREFIX = ".rowstore-shuffle-"
 
@@ -52,11 +52,21 @@ class LockedDir:
 
 def remove_stale(parent: str) -> list[str]:
     """Remove the shuffle directories in ``parent`` that no live run holds; their paths."""
-    removed: list[str] = []
+    return sweep(parent)[0]
+
+
+def sweep(parent: str, *, dry_run: bool = False,
+          sizes: dict[str, int] | None = None) -> tuple[list[str], list[str]]:
+    """``(stale, live)``: the shuffle directories in ``parent`` whose lock can be taken (their
+    run is dead; removed unless ``dry_run``) and those a live run holds (left alone). A symlink
+    of that name is neither (never followed); removal does not follow links inside either.
+    ``sizes``: filled with each stale directory's bytes (:func:`tree_bytes`), measured first."""
+    stale: list[str] = []
+    live: list[str] = []
     try:
-        names = os.listdir(parent)
+        names = sorted(os.listdir(parent))
     except FileNotFoundError:
-        return removed
+        return stale, live
     for name in names:
         if not name.startswith(PREFIX):
             continue
@@ -66,13 +76,28 @@ def remove_stale(parent: str) -> list[str]:
         except OSError:
             continue  # gone meanwhile, or not a directory
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue  # a live run
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                live.append(path)
+                continue
+            if sizes is not None:
+                sizes[path] = tree_bytes(path)
+            if not dry_run:
+                shutil.rmtree(path, ignore_errors=True)
+            stale.append(path)
         finally:
             os.close(fd)
-    return removed
+    return stale, live
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes of the files under ``path`` (links not followed): what removing it frees."""
+    total = 0
+    for top, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(top, f)).st_size
+            except OSError:
+                pass
+    return total

@@ -60,9 +60,11 @@ def _looks_like_file(url: str) -> bool:
     return url.lower().rstrip("/").endswith((".h5", ".hdf5", ".hdf"))
 
 
-def open_layout(url: str, options: RemoteOptions, version: int | None = None) -> tuple[DatasetLayout, dict]:
+def open_layout(url: str, options: RemoteOptions, version: int | None = None, *,
+                allow_outside_links: bool = False) -> tuple[DatasetLayout, dict]:
     """The layout of the dataset or single file at ``url``, and what was learnt about its
-    objects (``{"etags": {shard: etag}, "requests": n}``)."""
+    objects (``{"etags": {shard: etag}, "requests": n}``); ``allow_outside_links``: as for
+    :meth:`DatasetLayout.from_manifest` (a ``file://`` dataset's links)."""
     client = Client(url, options)
     url = url.rstrip("/") if not _looks_like_file(url) else url
     if not _looks_like_file(url):
@@ -72,7 +74,8 @@ def open_layout(url: str, options: RemoteOptions, version: int | None = None) ->
             if version is not None or "is missing" not in str(exc) or _manifest.POINTER not in str(exc):
                 raise
         else:
-            return DatasetLayout.from_manifest(m), {"etags": {}, "requests": client.requests}
+            layout = DatasetLayout.from_manifest(m, allow_outside_links=allow_outside_links)
+            return layout, {"etags": {}, "requests": client.requests}
     if version is not None:
         raise ValueError(f"{url!r} is a file: version= applies to datasets")
     cache = None

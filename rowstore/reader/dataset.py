@@ -94,6 +94,13 @@ class Reader:
     remote : dict, optional
         Further options of remote reads (:class:`rowstore.reader._remote.RemoteOptions`):
         ``max_in_flight``, ``merge_bytes``, ``retries``, ``backoff``, ``timeout``, ``cache_bytes``.
+    allow_outside_links : bool
+        A dataset directory's manifest, sidecar and shard paths must resolve inside it (the real
+        paths, symlinks followed, of the directory and of each shard): by default a path that
+        leads out of it, through a symlinked shard or ``shards/``, raises
+        :class:`~rowstore.errors.FormatError` at open (a downloaded dataset cannot make the
+        reader return another file's bytes). ``True`` follows such links (shards linked in from
+        another disk). ``..`` and absolute paths are refused either way; URLs are not affected.
 
     Notes
     -----
@@ -127,6 +134,7 @@ class Reader:
         storage_options: dict | None = None,
         cache: str | os.PathLike | None = None,
         remote: dict | None = None,
+        allow_outside_links: bool = False,
     ):
         _check_varlen(varlen)
         given: Any = path
@@ -144,20 +152,26 @@ class Reader:
         self.max_open_files = positive_int("max_open_files", max_open_files, optional=True)
         self._remote: Any = None  # RemoteOptions for a URL
         self._etags: dict[int, Any] = {}
+        if not isinstance(allow_outside_links, bool):
+            raise TypeError(f"allow_outside_links must be a bool, got {allow_outside_links!r}")
         urls = [source] if isinstance(source, str) else source
         if any(is_url(u) for u in urls) or storage_options is not None or cache is not None or remote is not None:
-            self._init_state(self._open_remote(urls, version, storage_options, cache, remote))
+            self._init_state(self._open_remote(urls, version, storage_options, cache, remote,
+                                               allow_outside_links))
             return
-        self._init_state(DatasetLayout.open(source, version=version))
+        self._init_state(DatasetLayout.open(source, version=version,
+                                            allow_outside_links=allow_outside_links))
 
-    def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote) -> DatasetLayout:
+    def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote,
+                     allow_outside_links: bool = False) -> DatasetLayout:
         from rowstore.reader import _remote
 
         if not all(is_url(u) for u in urls):
             raise ValueError("storage_options, cache and remote apply to URLs (s3://, http://, file://...); "
                              f"got {urls[0] if len(urls) == 1 else urls}")
         self._remote = _remote.RemoteOptions.make(storage_options, cache, remote)
-        parts = [_remote.open_layout(u, self._remote, version) for u in urls]
+        parts = [_remote.open_layout(u, self._remote, version,
+                                     allow_outside_links=allow_outside_links) for u in urls]
         shard0 = 0
         for layout, learnt in parts:
             self._etags.update({shard0 + k: v for k, v in learnt["etags"].items()})

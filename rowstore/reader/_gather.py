@@ -23,6 +23,7 @@ from rowstore import kernels
 from rowstore.codecs import Payloads
 from rowstore.errors import FormatError
 from rowstore.format import spec
+from rowstore.format._raw import first_overlap
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import NULL_KEY
@@ -409,7 +410,7 @@ class Gatherer:
                                       "outside its block's heap range (corrupt file)",
                                       code=kernels.KernelCode.E_BOUNDS, index=i, detail=int(r.rows[i]))
             raise self.located(exc, f"field {p.field.name!r}", int(r.blk[i])) from None
-        i = _first_overlap(r.rows, r.blk, starts, nbytes, inside & (nbytes > 0))
+        i = first_overlap(r.rows, r.blk, starts, nbytes, inside & (nbytes > 0))
         if i is not None:
             path, blk, row = self.layout.where(int(r.rows[i]))
             raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload overlaps another "
@@ -476,22 +477,3 @@ class Gatherer:
             self._load(part, what, buf[: len(part) * raw])
             checked[part] = True
 
-
-def _first_overlap(rows: np.ndarray, blk: np.ndarray, starts: np.ndarray, nbytes: np.ndarray,
-                   inside: np.ndarray) -> int | None:
-    """The position of a row whose payload overlaps another row's in the same block, or None
-    (among the rows ``inside``: non-empty payloads within their block's heap range).
-
-    A writer stores each payload once, so the non-empty payloads of distinct rows of a block
-    are disjoint: what a batch copies out of a block's heap is then bounded by that block's
-    heap range, whatever its rows reference (a file whose rows all point at one payload would
-    otherwise make a batch of n rows copy n times the file). A row asked for twice is one row.
-    """
-    _, first = np.unique(rows, return_index=True)
-    keep = first[inside[first]]
-    if len(keep) < 2:
-        return None
-    order = keep[np.lexsort((starts[keep], blk[keep]))]
-    b, s = blk[order], starts[order]
-    bad = (b[1:] == b[:-1]) & (s[1:] < s[:-1] + nbytes[order[:-1]])
-    return int(order[1:][np.argmax(bad)]) if bad.any() else None

@@ -252,9 +252,10 @@ class FaultProxy:
     ranged GET (with ``every_request``, every request; ``n`` counts them from 1, ``head`` is the
     request's first bytes) and returns
     None, ``"503"``, ``"reset"`` (a TCP RST), ``"stall"`` (nothing sent for ``stall`` seconds,
-    then closed) or ``"cut"`` (the request is forwarded and the response's status line, headers
+    then closed), ``"cut"`` (the request is forwarded and the response's status line, headers
     and first ``cut`` bytes of its body pass, then a TCP RST: a connection lost mid-read of a
-    block). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
+    block) or ``"drop-range"`` (forwarded without its ``Range`` header: what a proxy or server
+    ignoring Range answers). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
     """
 
     def __init__(self, upstream: str, *, latency: float = 0.0, stall: float = 30.0,
@@ -322,6 +323,8 @@ class FaultProxy:
                     break
                 if action == "cut":
                     conn.update(cut=self.cut, body=False, tail=b"")
+                if action == "drop-range":  # the server then answers 200 with the whole object
+                    data = re.sub(rb"\r\nrange:[^\r]*", b"", data, count=1, flags=re.IGNORECASE)
                 if self.latency and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
                     await asyncio.sleep(self.latency)
                 uwriter.write(data)

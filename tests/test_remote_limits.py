@@ -74,3 +74,27 @@ def test_opening_through_a_server_that_ignores_range_is_refused(root, http_facto
         assert r.take([5])["x"].tolist() == [5]
     with pytest.raises(RemoteError, match="ignores Range"):
         rowstore.open(f"{bad.url}/d.h5", remote=FAST)
+
+
+def test_s3_answers_past_the_range_are_refused_unbuffered(root, s3_server):
+    """The S3 path reads bodies with the same cap: a proxy in front of S3 that drops ``Range``
+    (S3 then sends the whole object) is refused by its Content-Length, before the body is read,
+    and not retried. (No peak is measured here: the moto server runs in this process and
+    builds the whole object's answer.)"""
+    import fsspec
+    from _servers import FaultProxy, s3_options
+
+    from rowstore.format._objstore import Client, RemoteOptions
+
+    endpoint, opts = s3_server
+    fsspec.filesystem("s3", **opts).put(f"{root}/big.bin", "rowstore/limits/big.bin")
+    proxy = FaultProxy(endpoint.split("://", 1)[1], fault=lambda n, head: "drop-range")
+    try:
+        url = "s3://rowstore/limits/big.bin"
+        client = Client(url, RemoteOptions(storage_options=s3_options(proxy.url), **FAST))
+        for etag in (None, client.info(url)["etag"]):
+            with pytest.raises(RemoteError, match="Content-Length 50331648.*refused unread"):
+                client.get(url, 1 << 20, (1 << 20) + 65536, etag)
+        assert proxy.injected == 2  # one request each: not retried
+    finally:
+        proxy.close()

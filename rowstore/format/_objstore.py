@@ -300,7 +300,8 @@ class Client:
     async def _read_capped(self, read: Callable[[int], Any], url: str, start: int, end: int) -> bytes:
         """A response body through ``read(n)`` (at most ``n`` bytes; empty at its end), refused
         as soon as it is longer than ``[start, end)``."""
-        cap, parts, got = end - start, [], 0
+        cap, got = end - start, 0
+        parts: list[bytes] = []
         while True:
             chunk = await read(cap + 1 - got)
             if not chunk:

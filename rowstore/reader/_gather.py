@@ -410,9 +410,9 @@ class Gatherer:
                                       "outside its block's heap range (corrupt file)",
                                       code=kernels.KernelCode.E_BOUNDS, index=i, detail=int(r.rows[i]))
             raise self.located(exc, f"field {p.field.name!r}", int(r.blk[i])) from None
-        i = first_overlap(r.rows, r.blk, starts, nbytes, inside & (nbytes > 0))
-        if i is not None:
-            path, blk, row = self.layout.where(int(r.rows[i]))
+        k = first_overlap(r.rows, r.blk, starts, nbytes, inside & (nbytes > 0))
+        if k is not None:
+            path, blk, row = self.layout.where(int(r.rows[k]))
             raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload overlaps another "
                               f"row's payload in its block's heap range (corrupt file)", path=path,
                               block=blk, field=p.field.name, row=row)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rowstore.errors import FormatError, RowValidationError, SchemaError
+from rowstore.errors import FormatError, RowstoreError, RowValidationError, SchemaError
 from rowstore.format import DatasetWriter, Writer, spec
 from rowstore.reader._args import local_path as _local_path
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
@@ -58,6 +59,9 @@ __all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODER
 META_KEY = "arrow"
 #: Rows per record batch read from Parquet (a batch is converted and written at once).
 DEFAULT_BATCH_ROWS = 4096
+#: What one Parquet row group may need once read, by its footer (``from_parquet``'s
+#: ``max_row_group_bytes``): Spark writes row groups of about 128 MB, Petastorm of 256 MB.
+DEFAULT_MAX_ROW_GROUP_BYTES = 4 << 30
 
 
 def local_path(url: str | os.PathLike) -> str:
@@ -117,15 +121,90 @@ DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {
 }  # fmt: skip
 
 
+def _be(b: bytes, i: int, n: int) -> int:
+    if i + n > len(b):
+        raise ValueError("the payload ends inside its header")
+    return int.from_bytes(b[i : i + n], "big")
+
+
+def _declared(how: str, b: bytes) -> tuple[float | None, float] | None:
+    """``(values, bytes)`` a payload's header declares its decoded array to hold (values None
+    where the header does not tell), read without decoding; None for a decoder not built in."""
+    if how == "png":  # the IHDR chunk comes first: width, height, bit depth, colour type
+        if b[:8] != b"\x89PNG\r\n\x1a\n" or b[12:16] != b"IHDR":
+            raise ValueError("not a PNG (no IHDR header)")
+        w, h, depth, colour = _be(b, 16, 4), _be(b, 20, 4), _be(b, 24, 1), _be(b, 25, 1)
+        values = float(w) * h * {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour, 4)
+        return values, values * (2 if depth == 16 else 1)
+    if how == "jpeg":  # the first SOFn segment: precision, height, width, components
+        if b[:2] != b"\xff\xd8":
+            raise ValueError("not a JPEG (no SOI marker)")
+        i = 2
+        while True:
+            if _be(b, i, 1) != 0xFF:
+                raise ValueError(f"not a JPEG marker at byte {i}")
+            marker = _be(b, i + 1, 1)
+            if marker == 0xFF:  # fill byte
+                i += 1
+            elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                bits, h, w, comps = _be(b, i + 4, 1), _be(b, i + 5, 2), _be(b, i + 7, 2), _be(b, i + 9, 1)
+                values = float(h) * w * comps
+                return values, values * (2 if bits > 8 else 1)
+            elif marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:
+                i += 2
+            else:
+                i += 2 + _be(b, i + 2, 2)
+    if how == "npy":
+        f = io.BytesIO(b)
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+        values = float(np.prod(shape, dtype=np.float64))
+        return values, values * dtype.itemsize
+    if how == "npz":  # the member's declared size, which also bounds what zipfile inflates
+        import zipfile
+
+        with zipfile.ZipFile(io.BytesIO(b)) as z:
+            return None, float(sum(i.file_size for i in z.infolist()))
+    return None
+
+
+#: Bytes an ``.npy`` header may take besides the values (numpy pads it to 64; version 2 allows
+#: up to 4 GiB, which no array of ours needs).
+_NPY_HEADER_BYTES = 1 << 16
+
+
 @dataclass(frozen=True)
 class Decode:
     """How one binary column becomes a typed field: a decoder name of :data:`DECODERS` and an
-    optional target field (dtype, shape, codec)."""
+    optional target field (dtype, shape, codec).
+
+    Before a payload is decoded, the size its header declares is bounded: by the field's
+    shape where all its dimensions are fixed (as many values, whatever their dtype), else by
+    the format's limit per value (``spec.MAX_VALUE_BYTES``); a payload declaring more is
+    refused unallocated (a PNG header may declare gigapixels, an npz member gigabytes).
+    """
 
     how: str
     field: Field | None = None
 
     def __call__(self, b: bytes) -> np.ndarray:
+        declared = _declared(self.how, b)
+        if declared is not None:
+            values, nbytes = declared
+            if nbytes > spec.MAX_VALUE_BYTES:
+                raise ValueError(f"the {self.how} header declares {nbytes:.0f} bytes of values, more than the format's limit "
+                                 f"of {spec.MAX_VALUE_BYTES} per value")
+            f = self.field
+            if f is not None and f.shape and None not in f.shape:
+                want = float(np.prod(f.shape, dtype=np.float64))
+                if values is not None and values > want:
+                    raise ValueError(f"the {self.how} header declares {values:.0f} values, the field {f.shape} holds "
+                                     f"{want:.0f}")
+                cap = want * max(16, getattr(f.dtype, "itemsize", 16)) + _NPY_HEADER_BYTES
+                if values is None and nbytes > cap:
+                    raise ValueError(f"the {self.how} payload declares {nbytes:.0f} bytes, more than the field {f.shape} "
+                                     f"can hold")
         return DECODERS[self.how](b)
 
 
@@ -334,7 +413,11 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
         return out
     f = c.field
     if f.dtype in (STR, BYTES):
-        vals = arr.to_pylist()
+        try:
+            vals = arr.to_pylist()
+        except UnicodeDecodeError as exc:  # a string column's bytes (Arrow does not check them)
+            raise RowValidationError(f"column {c.source!r} (rows {first_row}..{first_row + len(arr) - 1}): a string "
+                                     f"that is not UTF-8 ({exc})", field=c.source, row=first_row) from None
         if pa.types.is_fixed_size_binary(arr.type) or f.dtype == BYTES:
             return [None if v is None else bytes(v) for v in vals]
         return vals
@@ -605,34 +688,82 @@ def parquet_files(root: str) -> list[str]:
     return out
 
 
+@contextmanager
+def _parquet_read(f: str) -> Iterator[None]:
+    """pyarrow's errors reading Parquet file ``f`` as ours: a corrupt or truncated file (pyarrow's
+    ``ArrowInvalid``, an ``OSError`` without an errno, a ``UnicodeDecodeError`` of its metadata)
+    is a :class:`FormatError` naming it; an ``OSError`` with an errno stays one (I/O)."""
+    try:
+        yield
+    except RowstoreError:
+        raise
+    except OSError as exc:
+        if exc.errno is not None:
+            raise
+        raise FormatError(f"Parquet file {f!r} is corrupt or truncated ({type(exc).__name__}: {exc})", path=f) from exc
+    except (pa.ArrowException, ValueError, KeyError, IndexError, OverflowError) as exc:
+        raise FormatError(f"Parquet file {f!r} is corrupt or truncated ({type(exc).__name__}: {exc})", path=f) from exc
+
+
+def _min_row_bytes(t: pa.DataType) -> int:
+    """A lower bound of the bytes pyarrow allocates per row of a column of type ``t`` (at least 1)."""
+    if pa.types.is_fixed_size_list(t):
+        return max(1, t.list_size * _min_row_bytes(t.value_type))
+    try:
+        return max(1, t.bit_width // 8)
+    except ValueError:  # not fixed-width: offsets of at least 4 bytes
+        return 4
+
+
+def _check_row_groups(f: str, md: Any, schema: pa.Schema, limit: int) -> None:
+    """Refuse, from the footer alone, a row group whose declared rows would make pyarrow
+    allocate more than ``limit`` bytes for the columns of ``schema`` (a footer claiming 10**10
+    rows in a file of a few KiB made it allocate 32 GiB)."""
+    per_row = sum(_min_row_bytes(t) for t in schema.types)
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if n < 0 or n * per_row > limit:
+            raise FormatError(f"Parquet file {f!r}: row group {g} declares {n} rows, at least {n * per_row} bytes "
+                              f"of columns, more than max_row_group_bytes={limit} (corrupt file, or raise the "
+                              f"limit)", path=f)
+
+
 def _parquet_nulls(files: list[str], schema: pa.Schema) -> Callable[[str], bool | None]:
     """Per top-level primitive column: whether any row group's statistics count a null (None
     where a file has no statistics for it: the Arrow flag decides)."""
     counts: dict[str, int | None] = {}
     for f in files:
-        md = pq.read_metadata(f)
-        paths = {md.schema.column(j).path: j for j in range(md.num_columns)}
-        for name in schema.names:
-            j = paths.get(name)
-            if j is None:  # nested: leaves are "name.list.element"...
-                counts[name] = None
-                continue
-            for g in range(md.num_row_groups):
-                st = md.row_group(g).column(j).statistics
-                if st is None or not st.has_null_count:
-                    counts[name] = None
-                    break
-                if counts.get(name, 0) is not None:
-                    counts[name] = (counts.get(name) or 0) + st.null_count
+        with _parquet_read(f):
+            _null_counts(pq.read_metadata(f), schema, counts)
     return lambda c: None if counts.get(c) is None else counts[c] > 0  # type: ignore[operator]
 
 
-def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema, batch_rows: int
-                     ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def _null_counts(md: Any, schema: pa.Schema, counts: dict[str, int | None]) -> None:
+    """Add one file's null counts (its footer ``md``) to ``counts`` (None: not known)."""
+    paths = {md.schema.column(j).path: j for j in range(md.num_columns)}
+    for name in schema.names:
+        j = paths.get(name)
+        if j is None:  # nested: leaves are "name.list.element"...
+            counts[name] = None
+            continue
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(j).statistics
+            if st is None or not st.has_null_count:
+                counts[name] = None
+                break
+            if counts.get(name, 0) is not None:
+                counts[name] = (counts.get(name) or 0) + st.null_count
+
+
+def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema, batch_rows: int,
+                     max_row_group_bytes: int) -> Iterator[pa.RecordBatch]:  # fmt: skip
     for f in files:
-        pf = pq.ParquetFile(f)
+        with _parquet_read(f):
+            pf = pq.ParquetFile(f)
         try:
-            got = pf.schema_arrow
+            with _parquet_read(f):
+                got = pf.schema_arrow
+                _check_row_groups(f, pf.metadata, ref, max_row_group_bytes)
             names = columns or ref.names
             for n in names:
                 if got.get_field_index(n) < 0 or not got.field(n).type.equals(ref.field(n).type):
@@ -640,9 +771,12 @@ def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema
                                       f"expected {ref.field(n).type} (as in {files[0]!r})", path=f)  # fmt: skip
             # One row group at a time (measured: pyarrow 26's iter_batches held the whole file).
             for g in range(pf.num_row_groups):
-                group = pf.read_row_group(g, columns=names, use_pandas_metadata=False)
-                yield from group.to_batches(max_chunksize=batch_rows)
+                with _parquet_read(f):
+                    group = pf.read_row_group(g, columns=names, use_pandas_metadata=False)
+                    batches = group.to_batches(max_chunksize=batch_rows)
                 del group
+                yield from batches
+                del batches
         finally:
             pf.close()
 
@@ -650,7 +784,7 @@ def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema
 def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
                  schema: Schema | None = None, decode: Mapping[str, Any] | None = None, petastorm: bool | str = "auto",
                  dataset: bool = False, attrs: Mapping[str, Any] | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-                 **writer_kwargs: Any) -> Schema:  # fmt: skip
+                 max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES, **writer_kwargs: Any) -> Schema:  # fmt: skip
     """Convert a Parquet file or directory (Spark, Dask, pandas or Petastorm output) to rowstore.
 
     Files are read in sorted order (a directory recursively, skipping ``_*`` and ``.*``), one
@@ -664,6 +798,11 @@ def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns:
     codecs decoded (see :mod:`rowstore.petastorm`; petastorm itself is not needed); ``True``
     requires one; ``False`` reads the plain Parquet columns (binary payloads stay bytes).
     ``source`` may be a ``file://`` URL.
+
+    ``max_row_group_bytes`` (4 GiB) bounds what one row group may need once read, as its
+    footer declares it (rows times the columns' fixed bytes per row), before pyarrow allocates
+    it. A corrupt or truncated Parquet file is a :class:`~rowstore.FormatError` naming it; an
+    I/O failure an ``OSError`` with its errno.
     """
     root = local_path(source)
     extra: dict[str, Any] | None = None
@@ -680,8 +819,11 @@ def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns:
             uni = uni.select(columns)
             decode, columns = uni.decode, uni.columns
             extra = {"petastorm": uni.describe()}
+    if not isinstance(max_row_group_bytes, int) or isinstance(max_row_group_bytes, bool) or max_row_group_bytes < 1:
+        raise ValueError(f"max_row_group_bytes must be an int >= 1, got {max_row_group_bytes!r}")
     files = parquet_files(root)
-    ref = pq.read_schema(files[0]).remove_metadata()
+    with _parquet_read(files[0]):
+        ref = pq.read_schema(files[0]).remove_metadata()
     if columns is not None:
         missing = [c for c in columns if c not in ref.names]
         if missing:
@@ -689,5 +831,6 @@ def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns:
         ref = pa.schema([ref.field(c) for c in columns])
     if extra is not None and uni is not None:
         schema = uni.resolve(ref)
-    src = _Source(ref, _parquet_batches(files, list(ref.names), ref, batch_rows), _parquet_nulls(files, ref))
+    src = _Source(ref, _parquet_batches(files, list(ref.names), ref, batch_rows, max_row_group_bytes),
+                  _parquet_nulls(files, ref))
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, extra, writer_kwargs)

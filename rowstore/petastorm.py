@@ -165,8 +165,10 @@ def _dtype_name(v: Any, where: str, field: str) -> str:
     if isinstance(v, _Described) and v.qualname == "numpy.dtype" and v.args and isinstance(v.args[0], str):
         try:
             dt = np.dtype(v.args[0])  # a dtype string such as "i4", "f8", "U0"
-        except TypeError:
+        except (TypeError, ValueError, OverflowError, MemoryError):  # "(2**40,)f8": numpy's C-int limits
             raise _bad(where, f"field {field!r}: unknown dtype {v.args[0]!r}") from None
+        if dt.fields is not None or dt.subdtype is not None or dt.kind not in "biufcUSMm":
+            raise _bad(where, f"field {field!r}: dtype {v.args[0]!r} is not a scalar numpy type")
         return STR if dt.kind == "U" else BYTES if dt.kind == "S" else dt.name
     raise _bad(where, f"field {field!r}: numpy_dtype {v!r} is not a numpy type")
 

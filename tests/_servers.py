@@ -156,6 +156,11 @@ class _RangeHandler(SimpleHTTPRequestHandler):
             start = int(m.group(1))
             end = min(size, int(m.group(2)) + 1) if m.group(2) else size
             status = 206
+        mode = self.server.misbehave  # type: ignore[attr-defined]
+        if rng and mode == "ignore-range":
+            status, start, end = 200, 0, size
+        elif rng and mode in ("long-body", "unsized-body"):
+            end = size  # the rest of the object, whatever the range asked for
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "bytes")
@@ -163,7 +168,11 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         self.send_header("Last-Modified", email.utils.formatdate(os.path.getmtime(path), usegmt=True))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
-        self.send_header("Content-Length", str(end - start))
+        if rng and mode == "unsized-body":  # no length: the body ends when the connection does
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        else:
+            self.send_header("Content-Length", str(end - start))
         self.end_headers()
         if body:
             with open(path, "rb") as f:
@@ -188,13 +197,20 @@ class _Server(ThreadingHTTPServer):
 
 
 class RangeHTTPServer:
-    """Serves ``root`` on ``http://127.0.0.1:PORT`` (threads; ``requests`` counts requests)."""
+    """Serves ``root`` on ``http://127.0.0.1:PORT`` (threads; ``requests`` counts requests).
 
-    def __init__(self, root: str):
+    ``misbehave`` makes it answer ranged GETs wrongly: ``"ignore-range"`` (200 and the whole
+    object), ``"long-body"`` (206, and the object from the range's start to its end, with that
+    Content-Length) or ``"unsized-body"`` (the same without a Content-Length, the body ending
+    when the connection closes).
+    """
+
+    def __init__(self, root: str, *, misbehave: str | None = None):
         handler = lambda *a, **kw: _RangeHandler(*a, directory=root, **kw)  # noqa: E731
         self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.requests = 0  # type: ignore[attr-defined]
+        self.httpd.misbehave = misbehave  # type: ignore[attr-defined]
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -236,9 +252,10 @@ class FaultProxy:
     ranged GET (with ``every_request``, every request; ``n`` counts them from 1, ``head`` is the
     request's first bytes) and returns
     None, ``"503"``, ``"reset"`` (a TCP RST), ``"stall"`` (nothing sent for ``stall`` seconds,
-    then closed) or ``"cut"`` (the request is forwarded and the response's status line, headers
+    then closed), ``"cut"`` (the request is forwarded and the response's status line, headers
     and first ``cut`` bytes of its body pass, then a TCP RST: a connection lost mid-read of a
-    block). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
+    block) or ``"drop-range"`` (forwarded without its ``Range`` header: what a proxy or server
+    ignoring Range answers). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
     """
 
     def __init__(self, upstream: str, *, latency: float = 0.0, stall: float = 30.0,
@@ -306,6 +323,8 @@ class FaultProxy:
                     break
                 if action == "cut":
                     conn.update(cut=self.cut, body=False, tail=b"")
+                if action == "drop-range":  # the server then answers 200 with the whole object
+                    data = re.sub(rb"\r\nrange:[^\r]*", b"", data, count=1, flags=re.IGNORECASE)
                 if self.latency and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
                     await asyncio.sleep(self.latency)
                 uwriter.write(data)
@@ -393,11 +412,12 @@ def _fixtures():
 
     @pytest.fixture(scope="session")
     def http_factory():
-        """``http_factory(root)``: a :class:`RangeHTTPServer` serving ``root`` (closed at the end)."""
+        """``http_factory(root, **kw)``: a :class:`RangeHTTPServer` serving ``root`` (closed at
+        the end)."""
         servers: list[RangeHTTPServer] = []
 
-        def make(root: str) -> RangeHTTPServer:
-            srv = RangeHTTPServer(root)
+        def make(root: str, **kw: Any) -> RangeHTTPServer:
+            srv = RangeHTTPServer(root, **kw)
             servers.append(srv)
             return srv
 

@@ -14,7 +14,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import rowstore  # noqa: E402
 from rowstore import Field, RowValidationError, Schema, SchemaError  # noqa: E402
-from rowstore.arrow import from_arrow, from_parquet, infer_schema  # noqa: E402
+from rowstore.arrow import Decode, from_arrow, from_parquet, infer_schema  # noqa: E402
 
 N = 23
 
@@ -250,3 +250,133 @@ def test_write_shards_rolls_over_and_cleans_up(tmp_path):
     with pytest.raises(RuntimeError, match="the task died"):
         write_shards(path, cols, failing(), shard_bytes=1500, name_prefix="part-y")
     assert not [n for n in os.listdir(os.path.join(path, "shards")) if n.startswith("part-y")]
+
+
+def _png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width x height`` RGBA pixels, with a few bytes of data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def _npz_declaring(nbytes: int) -> bytes:
+    """An npz of one small array whose zip directory declares ``nbytes`` uncompressed."""
+    import struct
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, np.zeros((4, 4)))
+    b = bytearray(buf.getvalue())
+    cd = b.index(b"PK\x01\x02")
+    b[cd + 24 : cd + 28] = struct.pack("<I", nbytes)
+    return bytes(b)
+
+
+def _peak(call):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - returned for the test to check
+            return exc, tracemalloc.get_traced_memory()[1]
+        return None, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("case", ["png of the field", "png of the format", "npz of the field", "npz of the format"])
+def test_a_cell_header_declaring_more_than_the_field_is_refused_unallocated(tmp_path, case):
+    """A PNG header (or an npz member) may declare gigabytes in a few bytes: the size is bounded
+    by the field's shape (fixed), else by the format's per-value limit, before decoding."""
+    pytest.importorskip("imagecodecs")
+    kind, bound = case.split(" of the ")
+    if kind == "png":
+        good = __import__("imagecodecs").png_encode(np.zeros((8, 6, 4), np.uint8))
+        bad = _png_declaring(8, 8) if bound == "field" else _png_declaring(60000, 60000)  # 14.4 GB
+        field = Field("c", "uint8", (8, 6, 4) if bound == "field" else (None, None, 4), codec="png")
+    else:
+        buf = io.BytesIO()
+        np.savez(buf, np.zeros((8, 6)))
+        good = buf.getvalue()
+        if bound == "field":  # a zip bomb: 128 MiB of zeros in about 130 KiB
+            buf = io.BytesIO()
+            np.savez_compressed(buf, np.zeros((4096, 4096)))
+            bad = buf.getvalue()
+        else:
+            bad = _npz_declaring(3 << 30)
+        # (a Petastorm CompressedNdarrayCodec column is decoded so; a plain field means npy)
+        field = Decode("npz", Field("c", "float64", (8, 6))) if bound == "field" else "npz"
+    pq.write_table(pa.table({"c": [good, bad]}), tmp_path / "cells.parquet")
+    err, peak = _peak(lambda: from_parquet(str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"),
+                                           decode={"c": field}))
+    assert isinstance(err, RowValidationError), err
+    assert "column 'c', row 1" in str(err) and "declares" in str(err), err
+    assert peak < 64 << 20, peak
+
+
+def _claim_rows(path: str, rows: int, claim: int) -> None:
+    """Rewrite the footer of a Parquet file of ``rows`` rows (one row group) so that it declares
+    ``claim`` rows (file, row group and column chunks), as a corrupt or hostile footer may."""
+    def varint(n: int) -> bytes:  # Thrift compact protocol: zigzag varint of an i64 after its field header
+        out = bytearray()
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out.append(b | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    data = open(path, "rb").read()
+    n = int.from_bytes(data[-8:-4], "little")
+    foot = data[-8 - n : -8]
+    assert foot.count(b"\x16" + varint(2 * rows)) >= 2
+    foot = foot.replace(b"\x16" + varint(2 * rows), b"\x16" + varint(2 * claim))
+    open(path, "wb").write(data[: -8 - n] + foot + len(foot).to_bytes(4, "little") + b"PAR1")
+
+
+def test_a_footer_claiming_billions_of_rows_is_refused_before_reading(tmp_path):
+    p = str(tmp_path / "claim.parquet")
+    pq.write_table(pa.table({"id": np.arange(777), "f": np.ones(777, np.float32)}), p, compression="none")
+    _claim_rows(p, 777, 10**10)
+    assert pq.read_metadata(p).row_group(0).num_rows == 10**10
+    err, peak = _peak(lambda: from_parquet(p, str(tmp_path / "c.h5")))
+    assert isinstance(err, rowstore.FormatError) and "declares 10000000000 rows" in str(err), err
+    assert peak < 64 << 20, peak
+    # the limit is the caller's to set
+    ok = str(tmp_path / "ok.parquet")
+    pq.write_table(pa.table({"id": np.arange(777)}), ok)
+    with pytest.raises(rowstore.FormatError, match="max_row_group_bytes=1000"):
+        from_parquet(ok, str(tmp_path / "d.h5"), max_row_group_bytes=1000)
+    assert from_parquet(ok, str(tmp_path / "e.h5"), max_row_group_bytes=777 * 8).names == ["id"]
+
+
+def test_a_truncated_or_corrupt_parquet_file_is_a_format_error(tmp_path):
+    """pyarrow's ArrowInvalid and its errno-less OSError (thrift, snappy, end of stream) come out
+    as FormatError naming the file; no other exception leaks."""
+    src = str(tmp_path / "t.parquet")
+    t = pa.table({"id": np.arange(3000), "s": [f"x{i}" for i in range(3000)],
+                  "v": pa.array([[1.0, 2.0]] * 3000, pa.list_(pa.float64()))})
+    pq.write_table(t, src, row_group_size=500)
+    data = open(src, "rb").read()
+    rng = np.random.default_rng(5)
+    cases = [data[:cut] for cut in (0, 3, len(data) // 3, len(data) // 2, len(data) - 9, len(data) - 1)]
+    for _ in range(40):
+        b = bytearray(data)
+        for k in rng.integers(4, len(data) - 8, 3):
+            b[int(k)] ^= 0xFF
+        cases.append(bytes(b))
+    kinds = set()
+    for k, b in enumerate(cases):
+        p = str(tmp_path / f"bad{k}.parquet")
+        open(p, "wb").write(b)
+        try:
+            from_parquet(p, str(tmp_path / f"out{k}.h5"))
+        except rowstore.RowstoreError as exc:
+            kinds.add(type(exc.__cause__).__name__ if exc.__cause__ else type(exc).__name__)
+            assert isinstance(exc, (rowstore.FormatError, RowValidationError)), (k, exc)
+    assert {"ArrowInvalid", "OSError"} <= kinds, kinds

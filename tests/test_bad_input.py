@@ -463,3 +463,23 @@ def test_nullable_must_be_a_bool():
 
     with pytest.raises(rs_.SchemaError, match="nullable must be a bool"):
         rs_.Field("x", "int8", nullable="yes")
+
+
+def test_a_field_numpy_cannot_lay_out_in_a_row_is_a_schema_error(tmp_path):
+    """2**28 float64 values (2 GiB) in a row: numpy sizes a dtype in a C int, and its
+    ValueError came out of Writer and from_parquet (a fixed-size list of that many values)."""
+    schema = Schema([Field("id", "int64"), Field("x", "float64", (1 << 28,))])
+    with pytest.raises(SchemaError, match="'x'.*2147483648 bytes") as ei:
+        rowstore.Writer(str(tmp_path / "big.h5"), schema)
+    assert ei.value.field == "x"
+    with pytest.raises(SchemaError, match="'x'"):
+        rowstore.write_shard(str(tmp_path / "ds"), schema, [])
+    assert not os.path.exists(tmp_path / "big.h5")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from rowstore.arrow import from_parquet
+
+    t = pa.table({"id": pa.array([], pa.int64()), "v": pa.array([], pa.list_(pa.float64(), 1 << 28))})
+    pq.write_table(t, tmp_path / "big.parquet")
+    with pytest.raises(SchemaError, match="'v'"):
+        from_parquet(str(tmp_path / "big.parquet"), str(tmp_path / "fromparquet.h5"))

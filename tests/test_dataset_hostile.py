@@ -109,3 +109,22 @@ def test_a_schema_whose_row_layout_numpy_cannot_build_is_a_format_error(tmp_path
     _reseal(root, edit)
     with pytest.raises(FormatError, match="row layout"):
         rowstore.open(root)
+
+
+def test_a_manifest_version_that_is_not_an_int_is_a_format_error(tmp_path):
+    """``"version": 1.0`` equals the pointer's 1 in Python, and then sized a sidecar name with an
+    integer format: a ``ValueError`` from open, gc and append."""
+    root = str(tmp_path / "ds")
+    rows = _dataset(root)
+
+    def edit(m, blocks, heap):
+        m["version"] = float(m["version"])
+
+    _reseal(root, edit)
+    with pytest.raises(FormatError, match="holds version 1.0"):
+        rowstore.open(root)
+    with pytest.raises(FormatError, match="holds version 1.0"):
+        rowstore.gc_dataset(root)
+    info = rowstore.write_shard(root, Schema([Field("id", "int64"), Field("b", "bytes")]), rows[:3], name="more")
+    with pytest.raises(FormatError, match="holds version 1.0"):
+        rowstore.commit(root, [info], mode="a")

@@ -108,6 +108,10 @@ def _hostile_pickles(marker: str) -> dict[str, bytes]:
         "garbage": b"\x80\x04\x95garbage",
         "empty": b"",
         "bad shape": good.replace(b"K\x20K\x40K\x03\x87", b"K\x20J\xff\xff\xff\xffK\x03\x87"),
+        # numpy.dtype(s) for the first field's np.int32, three memo entries as before
+        **{f"dtype {s!r}": good.replace(b"\x8c\x05numpy\x94\x8c\x05int32\x94\x93\x94", b"\x8c\x05numpy\x94\x8c"
+                                        b"\x05dtype\x94\x93\x8c" + bytes([len(s)]) + s + b"\x85R\x94")
+           for s in (b"(1099511627776,)f8", b"(3,)f8", b"i4,i8", b"O")},
     }
 
 

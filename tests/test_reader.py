@@ -348,6 +348,50 @@ def test_hostile_heap_reference_is_caught_without_checksums(dataset, tmp_path):
                 pass
 
 
+def _point_rows_at(path, field, ref):
+    """Rewrite every row's reference of ``field`` in block 0 (uncompressed) to ``ref(i)``."""
+    L = rs.Layout.open(path)
+    rs_, off = L.row_dtype.itemsize, L.row_dtype.fields[field][1]
+    with open(path, "r+b") as f:
+        for i in range(L.rows_per_block):
+            f.seek(int(L.blocks["offset"][0]) + i * rs_ + off)
+            f.write(np.array(ref(L, i), "<u8").tobytes())
+
+
+@pytest.mark.parametrize("target", ["whole range", "one payload"])
+def test_rows_sharing_a_payload_cannot_multiply_memory(tmp_path, target):
+    """Rows whose references each lie in their block's heap range but overlap (all on the whole
+    range, or all on one payload) are refused before the batch allocates n times the heap."""
+    import tracemalloc
+
+    path = str(tmp_path / "shared.h5")
+    schema = rs.Schema([rs.Field("id", "int64"), rs.Field("blob", rs.BYTES)])
+    with rs.Writer(path, schema, rows_per_block=64) as w:
+        for i in range(128):
+            w.write({"id": i, "blob": bytes([i]) * 16384})
+    L = rs.Layout.open(path)
+    lo, hi = int(L.blocks["heap_start"][0]), int(L.blocks["heap_end"][0])
+    if target == "whole range":
+        _point_rows_at(path, "blob", lambda L, i: [lo, hi - lo])
+    else:
+        _point_rows_at(path, "blob", lambda L, i: [lo, 16384])
+    r = rs.open(path, verify=False)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="overlaps") as ei:
+            for _ in r.batches(64, fields=["blob"]):
+                pass
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ei.value.field == "blob" and ei.value.block == 0
+    assert peak < 8 * (hi - lo), peak  # a batch of 64 overlapping rows would need 64 times that
+    with pytest.raises(FormatError, match="overlaps"):
+        r.take(np.arange(64), fields=["blob"])
+    # rows of the other block, and a row asked for more than once, still read
+    assert r.take([64, 64, 65], fields=["blob"])["blob"].tolist() == [b"@" * 16384] * 2 + [b"A" * 16384]
+
+
 def test_hostile_index_offsets_rejected_at_open(dataset, tmp_path):
     def mutate(p):
         with h5py.File(p, "r+") as f:

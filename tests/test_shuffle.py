@@ -258,6 +258,24 @@ def test_take_raw_refuses_references_outside_the_block():
             take_raw(bad.view(np.uint8), dt, refs, np.array([0, 1]), heap, base=0, lo=0, hi=12)
 
 
+def test_take_raw_refuses_rows_sharing_payload_bytes():
+    """References each inside the block's range but overlapping (a hostile file's rows all on
+    one payload) would copy the heap once per row: refused before the copy is sized."""
+    schema = Schema([Field("b", rowstore.BYTES)])
+    dt = rowstore.format.spec.row_dtype(schema)
+    rows = np.zeros(3, dt)
+    rows["b"]["offset"], rows["b"]["nbytes"] = [0, 4, 8], 4
+    heap = np.arange(12, dtype=np.uint8)
+    refs = heap_refs(schema, dt)
+    assert take_raw(rows.view(np.uint8), dt, refs, np.array([1, 1, 0]), heap, base=0, lo=0, hi=12).heap.tolist() \
+        == [4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3]  # a row asked for twice is not an overlap
+    for offsets, sizes in (([0, 0, 0], [12, 12, 12]), ([0, 4, 6], [4, 4, 4]), ([0, 3, 8], [4, 4, 4])):
+        bad = rows.copy()
+        bad["b"]["offset"], bad["b"]["nbytes"] = offsets, sizes
+        with pytest.raises(rowstore.FormatError, match="field 'b': row .: a payload reference overlaps"):
+            take_raw(bad.view(np.uint8), dt, refs, np.array([0, 1, 2]), heap, base=0, lo=0, hi=12)
+
+
 def test_write_raw_copies_stored_rows_also_when_appending(tmp_path, rs):
     schema = rs.all_kinds_schema(nullable=True)
     rows = rs.make_rows(schema, 120, seed=5, max_len=30)

@@ -235,15 +235,24 @@ class Client:
                                                     thread_name_prefix="rowstore-fetch")
         def once() -> bytes:
             self.requests += 1
-            return self._check(fs.cat_file(self.path(url), start=start, end=end), start, end, short_ok)
+            return self._check(fs.cat_file(self.path(url), start=start, end=end), start, end, short_ok, url)
 
         return self._pool.submit(self._retrying, url, start, end, once)
 
-    @staticmethod
-    def _check(data: bytes, start: int, end: int, short_ok: bool = False) -> bytes:
-        if len(data) > end - start or len(data) < end - start and not short_ok:
+    def _check(self, data: bytes, start: int, end: int, short_ok: bool = False, url: str | None = None) -> bytes:
+        if len(data) > end - start:
+            raise self._oversized(url or self.url, start, end, f"a body of {len(data)} bytes")
+        if len(data) < end - start and not short_ok:
             raise _Short(len(data), end - start)
         return data
+
+    @staticmethod
+    def _oversized(url: str, start: int, end: int, what: str) -> RemoteError:
+        """The error for a response longer than the range asked for (not retried: a server that
+        ignores ``Range`` answers the same way again, and each answer would be buffered)."""
+        return RemoteError(f"{url!r} bytes {start}-{end - 1}: the server answered {what} for a range of "
+                           f"{end - start} bytes (it ignores Range, or the object is not what it claims); "
+                           f"refused unread", url=url, start=start, end=end)
 
     async def _get_once(self, url: str, start: int, end: int, etag: str | None, short_ok: bool) -> bytes:
         fs = self.fs
@@ -251,19 +260,56 @@ class Client:
         proto = url.split("://", 1)[0]
         if etag and etag.startswith("W/"):  # a weak ETag never matches If-Match (RFC 9110 13.1.1)
             etag = None
-        if proto in ("s3", "s3a") and etag and hasattr(fs, "_call_s3"):
-            bucket, key, _ = fs.split_path(self.path(url))
+        if start == end:
+            return b""
+        # The body is read at most one byte past the range: a server that ignores Range (200
+        # and the whole object) or sends more than asked costs no more memory than the range.
+        if proto in ("s3", "s3a") and hasattr(fs, "_call_s3"):
+            bucket, key, version = fs.split_path(self.path(url))
+            kw = {"VersionId": version} if version else {}
+            if etag:
+                kw["IfMatch"] = etag
             resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
-                                     IfMatch=etag)
+                                     **kw, **getattr(fs, "req_kw", {}))
             try:
-                data = await resp["Body"].read()
+                length = resp.get("ContentLength")
+                if isinstance(length, int) and length > end - start:
+                    raise self._oversized(url, start, end, f"Content-Length {length}")
+                data = await self._read_capped(resp["Body"].read, url, start, end)
             finally:
                 resp["Body"].close()
-        elif proto in ("http", "https") and etag:
-            data = await fs._cat_file(url, start=start, end=end, headers={"If-Match": etag})
+        elif proto in ("http", "https") and hasattr(fs, "set_session"):
+            kw = dict(getattr(fs, "kwargs", {}))
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Range"] = f"bytes={start}-{end - 1}"
+            if etag:
+                headers["If-Match"] = etag
+            session = await fs.set_session()
+            async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+                fs._raise_not_found_for_status(r, url)
+                if r.status == 200 and start > 0:
+                    raise self._oversized(url, start, end, "200 with the object from byte 0")
+                length = r.content_length
+                if length is not None and length > end - start:
+                    raise self._oversized(url, start, end, f"Content-Length {length}")
+                data = await self._read_capped(r.content.read, url, start, end)
         else:
             data = await fs._cat_file(self.path(url), start=start, end=end)
-        return self._check(data, start, end, short_ok)
+        return self._check(data, start, end, short_ok, url)
+
+    async def _read_capped(self, read: Callable[[int], Any], url: str, start: int, end: int) -> bytes:
+        """A response body through ``read(n)`` (at most ``n`` bytes; empty at its end), refused
+        as soon as it is longer than ``[start, end)``."""
+        cap, got = end - start, 0
+        parts: list[bytes] = []
+        while True:
+            chunk = await read(cap + 1 - got)
+            if not chunk:
+                return b"".join(parts)
+            got += len(chunk)
+            if got > cap:
+                raise self._oversized(url, start, end, "a longer body")
+            parts.append(chunk)
 
     async def _get_async(self, url: str, start: int, end: int, etag: str | None, short_ok: bool) -> bytes:
         o = self.options

@@ -19,7 +19,7 @@ from rowstore import kernels
 from rowstore.errors import FormatError
 from rowstore.schema import Schema
 
-__all__ = ["RawRows", "heap_refs", "take_raw"]
+__all__ = ["RawRows", "heap_refs", "take_raw", "first_overlap"]
 
 
 def heap_refs(schema: Schema, row_dtype: np.dtype) -> list[tuple[str, int]]:
@@ -80,7 +80,8 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     ``src`` holds slots of ``rows_per_slot`` rows (loaded blocks; default: one slot of all of
     them); a reference of a row in slot ``s`` must lie in ``[lo[s], hi[s])``, its payload at
     ``heap[base[s] + offset]`` (``base``, ``lo``, ``hi``: one int each for one slot, or arrays).
-    Sizes are bounded by their slot's range before they size anything, and the ``gather_heap``
+    Sizes and references are bounded by their slot's range, and the payloads of distinct rows
+    of a slot may not overlap (:func:`first_overlap`), before they size anything; the ``gather_heap``
     kernel checks each reference and destination while copying; a bad one is a
     :class:`~rowstore.errors.FormatError` (``where`` names the rows in its message).
     """
@@ -113,6 +114,16 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
         i, j = np.argwhere(bad)[0]
         raise FormatError(f"{where}: field {refs[j][0]!r}: row {int(idx[i])}: payload size {int(sizes[i, j])} exceeds "
                           f"the heap range of its block ({int(span[i])} bytes; corrupt file)", field=refs[j][0])  # fmt: skip
+    for j, (name, off) in enumerate(refs):  # each payload inside its block's range, apart from the others
+        kernels.gather_fixed(src, rs, off, 8, idx, col)
+        inside = (col >= lo_a[slot]) & (col <= hi_a[slot] - sizes[:, j])
+        outside = (sizes[:, j] > 0) & ~inside
+        i = int(np.argmax(outside)) if outside.any() else first_overlap(idx, slot, col, sizes[:, j],
+                                                                        inside & (sizes[:, j] > 0))
+        if i is not None:
+            why = "points outside" if outside.any() else "overlaps another row's payload in"
+            raise FormatError(f"{where}: field {name!r}: row {int(idx[i])}: a payload reference {why} the heap "
+                              f"range of its block (corrupt file)", field=name, row=int(idx[i]))
     flat = np.zeros(m * nf + 1, np.int64)
     np.cumsum(sizes.reshape(-1), out=flat[1:])
     out = np.empty(int(flat[-1]), np.uint8)
@@ -130,3 +141,23 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     starts[:m] = dst[:, 0]
     starts[m] = flat[-1]
     return RawRows(rows, out, starts)
+
+
+def first_overlap(rows: np.ndarray, blk: np.ndarray, starts: np.ndarray, nbytes: np.ndarray,
+                   inside: np.ndarray) -> int | None:
+    """The position of a row whose payload overlaps another row's in the same block, or None
+    (among the rows ``inside``: non-empty payloads within their block's heap range).
+
+    A writer stores each payload once, so the non-empty payloads of distinct rows of a block
+    are disjoint: what a batch copies out of a block's heap is then bounded by that block's
+    heap range, whatever its rows reference (a file whose rows all point at one payload would
+    otherwise make a batch of n rows copy n times the file). A row asked for twice is one row.
+    """
+    _, first = np.unique(rows, return_index=True)
+    keep = first[inside[first]]
+    if len(keep) < 2:
+        return None
+    order = keep[np.lexsort((starts[keep], blk[keep]))]
+    b, s = blk[order], starts[order]
+    bad = (b[1:] == b[:-1]) & (s[1:] < s[:-1] + nbytes[order[:-1]])
+    return int(order[1:][np.argmax(bad)]) if bad.any() else None

@@ -325,7 +325,7 @@ def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | 
         raise _bad(mpath, f"CRC-32 {zlib.crc32(data)} does not match the {expected_crc} recorded in {POINTER} (corrupt manifest)")
     m = _json_object(mpath, data)
     _check_format(mpath, m)
-    if m.get("version") != version:
+    if not _int_ok(m.get("version"), 1) or m["version"] != version:  # 1.0 == 1, but is no version
         raise _bad(mpath, f"holds version {m.get('version')!r}, expected {version}")
     if m.get("kind") not in KINDS:
         raise _bad(mpath, f"manifest kind {m.get('kind')!r} is not one this rowstore reads ({', '.join(KINDS)})")

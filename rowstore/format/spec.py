@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.errors import SchemaError
 from rowstore.schema import Field, Schema
 
 FORMAT_NAME = "rowstore"
@@ -120,6 +121,8 @@ MAX_HEAP_BYTES = 1 << 48
 
 
 # -- row layout ----------------------------------------------------------------------------
+#: numpy sizes a structured dtype, and each of its fields, in a C int.
+MAX_ROW_BYTES = (1 << 31) - 1
 def heap_ref_dtype(field: Field) -> np.dtype:
     """The in-row reference of a heap field: payload offset and size in the logical heap,
     plus the variable dimensions of the value (``uint32`` each) when it has any."""
@@ -149,7 +152,16 @@ def row_dtype(schema: Schema) -> np.dtype:
             parts.append((f.name, "u1", (f.stored_nbytes,)))
         if f.nullable:
             parts.append((f.name + NULL_SUFFIX, "|b1"))
-    return np.dtype(parts)
+    try:
+        return np.dtype(parts)
+    except (ValueError, OverflowError) as exc:  # numpy sizes a dtype (each field's, the row's) in a C int
+        def nbytes(p: tuple) -> float:
+            return float(np.prod(p[2] if len(p) == 3 else (), dtype=np.float64)) * np.dtype(p[1]).itemsize
+
+        big = max(parts, key=nbytes)
+        raise SchemaError(f"field {big[0]!r}: a value of {nbytes(big):.0f} bytes in the row; numpy limits a row, and "
+                          f"each value in it, to {MAX_ROW_BYTES} bytes ({exc}); store large arrays as "
+                          f"variable-shape fields (on the heap) or split them over rows", field=big[0]) from None
 
 
 def blosc_typesize(dtype: np.dtype) -> int:

@@ -23,6 +23,7 @@ from rowstore import kernels
 from rowstore.codecs import Payloads
 from rowstore.errors import FormatError
 from rowstore.format import spec
+from rowstore.format._raw import first_overlap
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import NULL_KEY
@@ -353,7 +354,7 @@ class Gatherer:
                      columns: dict[str, Any]) -> None:
         heap_lo, heap_hi = self.arr["heap_start"][r.blk], self.arr["heap_end"][r.blk]
         chunk_base = self.arr["chunk_base"][r.blk] if self.multi else 0
-        sizes = {p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_hi - heap_lo) for p in plans}
+        sizes = {p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_lo, heap_hi) for p in plans}
         heap_ctx = None
         if not direct:
             # Pread each payload into place when that moves fewer bytes than loading the heap
@@ -385,18 +386,36 @@ class Gatherer:
                 raise self.located(exc, f"field {name!r}", blk) from None
             columns[name] = Payloads(payload, dst_off, self._shapes(p, rowbuf, idx), columns.get(name + NULL_KEY))
 
-    def _payload_sizes(self, p: FieldPlan, r: _Rows, rowbuf: np.ndarray, idx: np.ndarray, heap_span: np.ndarray) -> np.ndarray:
+    def _payload_sizes(self, p: FieldPlan, r: _Rows, rowbuf: np.ndarray, idx: np.ndarray, heap_lo: np.ndarray,
+                       heap_hi: np.ndarray) -> np.ndarray:
         """Payload sizes of a heap field, bounded before they size any allocation: a payload
-        lies in its block's heap range (the kernels check the exact range while copying)."""
+        lies in its block's heap range, apart from the other rows' (the kernels check the exact
+        range again while copying)."""
         nbytes = np.empty(r.n, np.int64)
         kernels.gather_fixed(rowbuf, self.rs, p.offset + 8, 8, idx, nbytes)
-        bad = (nbytes < 0) | (nbytes > heap_span)
+        starts = np.empty(r.n, np.int64)
+        kernels.gather_fixed(rowbuf, self.rs, p.offset, 8, idx, starts)
+        bad = (nbytes < 0) | (nbytes > heap_hi - heap_lo)
         if bad.any():
             i = int(np.argmax(bad))
             path, blk, row = self.layout.where(int(r.rows[i]))
             raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload size {int(nbytes[i])} "
                               f"exceeds its block's heap range (corrupt file)", path=path, block=blk,
                               field=p.field.name, row=row)
+        inside = (starts >= heap_lo) & (starts <= heap_hi - nbytes)
+        outside = (nbytes > 0) & ~inside
+        if outside.any():  # what the kernels would report, before the payloads size a buffer
+            i = int(np.argmax(outside))
+            exc = kernels.KernelError(f"gather_heap: row {self.layout.where(int(r.rows[i]))[2]}: a payload reference points "
+                                      "outside its block's heap range (corrupt file)",
+                                      code=kernels.KernelCode.E_BOUNDS, index=i, detail=int(r.rows[i]))
+            raise self.located(exc, f"field {p.field.name!r}", int(r.blk[i])) from None
+        k = first_overlap(r.rows, r.blk, starts, nbytes, inside & (nbytes > 0))
+        if k is not None:
+            path, blk, row = self.layout.where(int(r.rows[k]))
+            raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload overlaps another "
+                              f"row's payload in its block's heap range (corrupt file)", path=path,
+                              block=blk, field=p.field.name, row=row)
         return nbytes
 
     def _shapes(self, p: FieldPlan, rowbuf: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
@@ -457,3 +476,4 @@ class Gatherer:
             part = todo[a : a + step]
             self._load(part, what, buf[: len(part) * raw])
             checked[part] = True
+

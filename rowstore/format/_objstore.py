@@ -118,6 +118,17 @@ def _permanent(exc: BaseException) -> bool:
     return status in (400, 401, 403, 404, 405, 416)
 
 
+def _no_credentials(exc: BaseException) -> bool:
+    """botocore found no (or partial) credentials: raised before any request, never transient."""
+    return any(c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__)
+
+
+def _no_bucket(exc: BaseException) -> bool:
+    """S3's NoSuchBucket (s3fs raises FileNotFoundError with S3's message, the cause kept)."""
+    return any("NoSuchBucket" in type(e).__name__ or "bucket does not exist" in str(e)
+               for e in (exc, exc.__cause__) if e is not None)
+
+
 class _Short(Exception):
     def __init__(self, got: int, want: int):
         super().__init__(f"a response of {got} bytes for a range of {want} (short body or the server ignored Range)")
@@ -307,6 +318,14 @@ class Client:
         if _changed(exc):
             return ObjectChangedError(f"{where}: the object changed since it was opened (its ETag no longer "
                                       f"matches); open it again to read the new version", path=url)
+        if _no_credentials(exc):
+            return RemoteError(f"{where}: no credentials found ({type(exc).__name__}: {exc}); pass them in "
+                               f"storage_options (key/secret, profile), the environment or a credentials file, "
+                               f"or anon=True for a public bucket", url=url, start=start, end=end, attempts=attempt)
+        if _no_bucket(exc):
+            bucket = url.split("://", 1)[-1].split("/", 1)[0]
+            return FormatError(f"{url!r}: the bucket {bucket!r} does not exist (check its name and the endpoint)",
+                               path=url)
         if isinstance(exc, FileNotFoundError) or _status(exc) == 404 or "NoSuchKey" in str(exc):
             return FormatError(f"{url!r} is missing", path=url)
         if _status(exc) == 416 or "InvalidRange" in str(exc):

@@ -340,6 +340,30 @@ def test_access_refused_at_open(http):
     assert ei.value.attempts == 1
 
 
+def test_no_credentials_fail_at_once(s3, s3_server, monkeypatch, tmp_path):
+    """S3 with no credentials anywhere (anon=False): one attempt, an error saying so."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    so = {"anon": False, "client_kwargs": s3_server[1]["client_kwargs"]}
+    with pytest.raises(RemoteError, match="no credentials found") as ei:
+        rowstore.open("s3://rowstore/data/plain.h5", storage_options=so)
+    assert ei.value.attempts == 1
+    client = _remote.Client("s3://rowstore/data/plain.h5", _remote.RemoteOptions.make(so, None, None))
+    with pytest.raises(RemoteError, match="no credentials found") as ei:
+        client.get("s3://rowstore/data/plain.h5", 0, 100)
+    assert ei.value.attempts == 1 and client.requests == 1
+
+
+def test_a_missing_bucket_is_named(s3):
+    with pytest.raises(FormatError, match="the bucket 'no-such-bucket' does not exist"):
+        rowstore.open("s3://no-such-bucket/data/plain.h5", storage_options=s3)
+    with pytest.raises(FormatError, match="the bucket 'no-such-bucket' does not exist"):
+        rowstore.open("s3://no-such-bucket/data/ds", storage_options=s3)
+
+
 # -- faults ------------------------------------------------------------------------------------
 @pytest.fixture
 def proxy_factory():

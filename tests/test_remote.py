@@ -437,6 +437,27 @@ def test_rowstore_bench_reads_a_url(s3, capsys):
     assert rc == 0 and "rowstore" in out and "baselines skipped for a URL" in out
 
 
+def test_rowstore_bench_labels_remote_epochs_and_times_their_first_request(s3, capsys, tmp_path):
+    """A URL's epochs are called remote (not "warm page cache"), and no warm-up batches are
+    left untimed: with them the timed batches would be ones the reader had prefetched."""
+    import json
+
+    from rowstore.bench import cli
+
+    out_json = str(tmp_path / "b.json")
+    rc = cli.main(["s3://rowstore/data/ds", "--storage-options", json.dumps(s3), "-q", "--repeats", "1", "-m", "5",
+                   "--json", out_json])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "warm page cache" not in out and "warm:" not in out
+    assert "remote epochs over the network" in out and "-m 5 not applied to a URL" in out
+    doc = json.load(open(out_json))
+    assert doc["cache"].startswith("remote:") and doc["settings"]["warmup"] == 0
+    (res,) = doc["results"]
+    assert res["config"]["warmup"] == 0 and res["repeats"][0]["warmup_batches"] == 0
+    assert res["repeats"][0]["rows"] == N  # the whole epoch timed, from before its first request
+
+
 def test_file_urls_and_full_shuffle_coalescing(remote_data):
     """file:// with remote options goes through the same store (a synchronous fsspec filesystem:
     a thread pool; without options it is read as a local file); in ``full`` mode consecutive

@@ -450,6 +450,48 @@ def test_peak_rss_stays_within_the_budget_on_data_four_times_larger(tmp_path):
     assert len(rowstore.open(tmp_path / "out")) == n
 
 
+_REMOTE_RSS_CHILD = r"""
+import json, os, sys
+import rowstore
+from rowstore.global_shuffle import shuffle
+url, out, mem, so = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+with rowstore.open(url, storage_options=so) as r:  # the modules and the S3 client a read needs
+    r.take([0, 1])
+with open("/proc/self/statm") as f:
+    base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+rep = shuffle(url, out, memory=mem, seed=3, storage_options=so)
+print(json.dumps({"base": base, "peak": rep.peak_rss, "scope": rep.peak_scope, "memory": rep.memory,
+                  "piles": rep.piles}))
+"""
+
+
+def test_remote_shuffle_stays_within_the_budget_too(tmp_path):
+    """A shuffle of an S3 dataset (moto in a process of its own, so that its objects are not
+    counted): the same bound as a local one (each S3 client used to parse its own copy of
+    botocore's service models, 17 MiB each, one per pass task)."""
+    fsspec = pytest.importorskip("fsspec")
+    pytest.importorskip("moto")
+    from _servers import moto_s3
+
+    n = 60_000  # ~48 MB raw through a 16 MiB budget
+    with rowstore.DatasetWriter(tmp_path / "in", ID_SCHEMA, shard_bytes=16 << 20) as w:
+        for a in range(0, n, 20_000):
+            w.write_batch({"id": np.arange(a, a + 20_000), "x": np.zeros((20_000, 3), np.float32),
+                           "wave": [np.full(600 + i % 400, i % 251, np.uint8) for i in range(a, a + 20_000)],
+                           "name": ["r"] * 20_000})  # fmt: skip
+    with moto_s3(process=True) as (_, so):
+        fsspec.filesystem("s3", **so).put(str(tmp_path / "in") + "/", "rowstore/in/", recursive=True)
+        p = subprocess.run([sys.executable, "-c", _REMOTE_RSS_CHILD, "s3://rowstore/in", str(tmp_path / "out"), "16MiB",
+                            json.dumps(so)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    m = json.loads(p.stdout.strip().splitlines()[-1])
+    over = m["peak"] - m["base"] - m["memory"]
+    print(m, over >> 20, "MiB over")
+    assert m["piles"] >= 3
+    assert over <= RSS_CONSTANT, f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
+    assert len(rowstore.open(tmp_path / "out")) == n
+
+
 _PEAK_CHILD = r"""
 import json, sys
 import numpy as np

@@ -12,7 +12,9 @@
     rowstore import-petastorm URL OUT
                               convert a Petastorm dataset (petastorm not needed) to a dataset
 
-PATH is a ``.h5`` file or a dataset directory.
+PATH is a ``.h5`` file or a dataset directory, local or at a URL (``s3://``, ``http(s)://``, any
+fsspec protocol; ``--storage-options JSON`` passes credentials and endpoints). ``rowstore
+--version`` prints the version; Ctrl-C stops any command with one line and exit status 130.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import numpy as np
 
 from rowstore.errors import FormatError, RowstoreError
 
-__all__ = ["main", "info_text", "head_text", "gc_text", "gc_dataset_text", "repair_text"]
+__all__ = ["main", "info_text", "head_text", "verify_command", "gc_text", "gc_dataset_text",
+           "repair_text"]
 
 
 def _human(n: float) -> str:
@@ -47,10 +50,31 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def info_text(path: str, *, allow_outside_links: bool = False) -> str:
+def _open_layout(path: str, storage_options: dict | None = None, *,
+                 allow_outside_links: bool = False) -> tuple[Any, Any]:
+    """The layout of the file or dataset at ``path`` (local, ``file://`` or any fsspec URL, as
+    :func:`rowstore.open` takes it), and the object-storage client that reads its shards (None
+    for local files)."""
+    from rowstore.format._url import is_url
     from rowstore.format.shards import DatasetLayout
+    from rowstore.reader._args import file_url_path
 
-    L = DatasetLayout.open(path, allow_outside_links=allow_outside_links)
+    if storage_options is None:
+        path = file_url_path(path)  # file:// URLs read as local files
+    if not is_url(path):
+        if storage_options is not None:
+            raise ValueError(f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}")
+        return DatasetLayout.open(path, allow_outside_links=allow_outside_links), None
+    from rowstore.reader import _remote
+
+    options = _remote.RemoteOptions.make(storage_options, None, None)
+    layout, _ = _remote.open_layout(path, options, allow_outside_links=allow_outside_links)
+    return layout, _remote.Client(path, options)
+
+
+def info_text(path: str, *, storage_options: dict | None = None,
+              allow_outside_links: bool = False) -> str:
+    L, _ = _open_layout(path, storage_options, allow_outside_links=allow_outside_links)
     rows = []
     for f in L.schema:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
@@ -116,11 +140,11 @@ def _summary(v: Any) -> str:
 
 
 def head_text(path: str, n: int = 5, fields: list[str] | None = None, *,
-              allow_outside_links: bool = False) -> str:
+              storage_options: dict | None = None, allow_outside_links: bool = False) -> str:
     from rowstore.reader import Reader
 
     # closed also when reading fails (a kept traceback keeps r)
-    with Reader(path, allow_outside_links=allow_outside_links) as r:
+    with Reader(path, storage_options=storage_options, allow_outside_links=allow_outside_links) as r:
         names = r.schema.select(fields).names
         k = max(0, min(n, len(r)))
         batch = r.take(np.arange(k), fields=names) if k else {}
@@ -252,8 +276,7 @@ def _add_shuffle_commands(sub: Any) -> None:
     p.add_argument("--compression", default="same",
                    help="output compression: same (the input's, default), none, lz4, zstd, ...")
     p.add_argument("--dask-scheduler", metavar="ADDR", help="run both passes on this dask.distributed scheduler")
-    p.add_argument("--storage-options", metavar="JSON", type=json.loads, default=None,
-                   help="fsspec options of a URL input, e.g. '{\"anon\": true}'")
+    _storage_options_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars, no quality figures")
     p.add_argument("--field", help="field for the before/after order figures (default: the first scalar numeric)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size of the order figures (default 64)")
@@ -265,6 +288,7 @@ def _add_shuffle_commands(sub: Any) -> None:
     p.add_argument("--window", type=_positive, default=16, help="block-shuffle window (default 16)")
     p.add_argument("--pieces", type=_positive, default=1,
                    help="block shuffle of pieces: cut each block into this many (default 1: whole blocks)")
+    _storage_options_argument(p)
 
 
 def _shuffle_command(args: argparse.Namespace) -> int:
@@ -272,7 +296,7 @@ def _shuffle_command(args: argparse.Namespace) -> int:
 
     if args.cmd == "quality":
         print(order_quality(args.path, field=args.field, batch_size=args.batch_size, window=args.window,
-                            pieces=args.pieces).text())
+                            pieces=args.pieces, storage_options=args.storage_options).text())
         return 0
     from rowstore.global_shuffle import check_arguments
 
@@ -318,6 +342,7 @@ def _epoch_arguments(p: argparse.ArgumentParser) -> None:
                    help="block shuffle of pieces: cut each block into this many (default 1: whole blocks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
+    _storage_options_argument(p)
 
 
 def _add_order_commands(sub: Any) -> None:
@@ -341,15 +366,15 @@ def _add_order_commands(sub: Any) -> None:
 
 
 def order_text(path: str, *, batch_size: int = 64, shuffle: str = "block", window: int = 16, seed: int = 0,
-               epoch: int = 0, world: int = 1, plot: str | None = None, pieces: int = 1) -> str:
+               epoch: int = 0, world: int = 1, plot: str | None = None, pieces: int = 1,
+               storage_options: dict | None = None) -> str:
     """What ``rowstore order`` prints (see docs/order.md)."""
     import numpy as np
 
-    from rowstore.format.shards import DatasetLayout
     from rowstore.reader.order import EpochOrder
     from rowstore.reader.proof import batch_blocks, read_cost
 
-    L = DatasetLayout.open(path)
+    L, _ = _open_layout(path, storage_options)
     br, rpb = L.block_rows(), L.rows_per_block
     eo = EpochOrder(br, rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
     ids = eo.ids()
@@ -407,12 +432,11 @@ def _order_plot(path: str, bb: Any, ids: Any, rpb: int, batch_size: int, title: 
     plt.close(fig)
 
 
-def check_order_text(path: str, **kwargs: Any) -> tuple[str, bool]:
+def check_order_text(path: str, *, storage_options: dict | None = None, **kwargs: Any) -> tuple[str, bool]:
     """What ``rowstore check-order`` prints, and whether every check passed."""
-    from rowstore.format.shards import DatasetLayout
     from rowstore.reader.proof import check_order
 
-    L = DatasetLayout.open(path)
+    L, _ = _open_layout(path, storage_options)
     r = check_order(L.block_rows(), L.rows_per_block, **kwargs)
     w, k = kwargs.get("world", 1), kwargs.get("workers", 1)
     lines = [f"{path}: {r['rows']} rows, {r['global_batches']} global batches of {kwargs['batch_size']}, dealt in "
@@ -435,27 +459,80 @@ def _span(v: list[int]) -> str:
     return f"{v[0]} each" if len(set(v)) == 1 else f"{min(v)}..{max(v)} ({v[:8]}{'...' if len(v) > 8 else ''})"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _json_object(text: str) -> dict:
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, e.g. '{{\"anon\": true}}': {exc}") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text}")
+    return v
+
+
+def _storage_options_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-options", metavar="JSON", type=_json_object, default=None,
+                   help="fsspec options of a URL (credentials, endpoint), e.g. '{\"anon\": true}'")
+
+
+def verify_command(path: str, *, storage_options: dict | None = None, hdf5_check: bool = True,
+                   allow_outside_links: bool = False) -> int:
+    """``rowstore verify``: print every damaged chunk or shard (stderr) or OK (stdout); the exit
+    status (0 or 1)."""
+    # a dataset's manifest and sidecar are checked here
+    L, client = _open_layout(path, storage_options, allow_outside_links=allow_outside_links)
+    damage = L.damage(shard_indexes=True, client=client)
+    for err in damage:
+        span = getattr(err, "rows", None)
+        rows = f" (rows {span[0]}..{span[1] - 1})" if span else ""
+        print(f"rowstore verify: damaged: {err}{rows}", file=sys.stderr)
+    shards = f" in {L.num_shards} shards" if L.num_shards > 1 else ""
+    one_v2 = L.shard_layouts is not None and L.num_shards == 1 and L.shard_layouts[0].footer_offset
+    skipped = ""
+    if one_v2 and hdf5_check and client is not None:
+        skipped = "; the HDF5 part was not compared with the footer (libhdf5 reads local files only)"
+    elif one_v2 and hdf5_check:  # a v2 file: what h5py users see must be what rowstore reads
+        from rowstore.format._hdf5_check import hdf5_disagreement
+
+        why = hdf5_disagreement(L.shard_layouts[0])
+        if why:
+            print(f"rowstore verify: {path}: the footer and the HDF5 part disagree: {why}", file=sys.stderr)
+            damage = [*damage, FormatError(why, path=path)]
+    if damage:
+        bad = len({e.path for e in damage})
+        print(f"{path}: {len(damage)} damaged chunk(s) or shard(s) of {L.num_blocks + len(L.heap_chunks)} "
+              f"chunks{shards}; {bad} shard file(s) affected", file=sys.stderr)
+        return 1
+    print(f"{path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks{shards}, checksums match{skipped})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rowstore._version import __version__
+
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
+    parser.add_argument("--version", action="version", version=f"rowstore {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="schema, rows, blocks, sizes, compression, format version")
     p.add_argument("path")
     _add_outside_links(p)
+    _storage_options_argument(p)
     p = sub.add_parser("head", help="print the first rows")
     p.add_argument("path")
     p.add_argument("-n", type=_count, default=5, help="rows to print (default 5)")
     p.add_argument("--fields", nargs="+", help="only these fields")
     _add_outside_links(p)
+    _storage_options_argument(p)
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")
     _add_outside_links(p)
     p.add_argument("--no-hdf5-check", action="store_true",
                    help="a v2 file: do not check (with libhdf5, in a child process) that its HDF5 part agrees with its footer")
+    _storage_options_argument(p)
     p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds); "
                                   "for a dataset directory, list old versions and unreferenced shards (--delete removes them)")
     p.add_argument("path", help="a file (its temporaries), a directory (all temporaries in it), or a dataset directory "
                                 "(one with rowstore.json: old manifest versions, the shards only they name, orphan "
-                                "shards, temporaries)")
+                                "shards, temporaries); local only")
     p.add_argument("--dry-run", action="store_true", help="only list them (the default for a dataset directory)")
     p.add_argument("--delete", action="store_true", help="dataset directory: remove what is listed (without it, "
                                                         "nothing is removed)")
@@ -483,72 +560,68 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="the rowstore dataset directory to write (or a .h5 file with --file)")
     p.add_argument("--file", action="store_true", help="write one .h5 file rather than a dataset directory")
     p.add_argument("--fields", nargs="+", help="only these fields, in this order")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``rowstore`` console script; returns the exit status (130 after Ctrl-C)."""
+    cmd = "rowstore"
     try:
-        if args.cmd in ("shuffle", "quality"):
-            return _shuffle_command(args)
-        if args.cmd == "info":
-            print(info_text(args.path, allow_outside_links=args.allow_outside_links))
-        elif args.cmd == "head":
-            print(head_text(args.path, args.n, args.fields,
-                            allow_outside_links=args.allow_outside_links))
-        elif args.cmd == "repair":
-            print(repair_text(args.path, dry_run=args.dry_run, verify=args.verify,
-                              allow_outside_links=args.allow_outside_links))
-        elif args.cmd == "verify":
-            from rowstore.format.shards import DatasetLayout
-
-            # a dataset's manifest and sidecar are checked here
-            L = DatasetLayout.open(args.path, allow_outside_links=args.allow_outside_links)
-            damage = L.damage(shard_indexes=True)
-            for err in damage:
-                span = getattr(err, "rows", None)
-                rows = f" (rows {span[0]}..{span[1] - 1})" if span else ""
-                print(f"rowstore verify: damaged: {err}{rows}", file=sys.stderr)
-            shards = f" in {L.num_shards} shards" if L.num_shards > 1 else ""
-            if L.shard_layouts is not None and L.num_shards == 1 and L.shard_layouts[0].footer_offset \
-                    and not args.no_hdf5_check:  # a v2 file: what h5py users see must be what rowstore reads
-                from rowstore.format._hdf5_check import hdf5_disagreement
-
-                why = hdf5_disagreement(L.shard_layouts[0])
-                if why:
-                    print(f"rowstore verify: {args.path}: the footer and the HDF5 part disagree: {why}", file=sys.stderr)
-                    damage = [*damage, FormatError(why, path=args.path)]
-            if damage:
-                bad = len({e.path for e in damage})
-                print(f"{args.path}: {len(damage)} damaged chunk(s) or shard(s) of {L.num_blocks + len(L.heap_chunks)} "
-                      f"chunks{shards}; {bad} shard file(s) affected", file=sys.stderr)
-                return 1
-            print(f"{args.path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks{shards}, checksums match)")
-        elif args.cmd == "gc":
-            from rowstore.format import manifest
-
-            if manifest.is_dataset(args.path) or os.path.isdir(os.path.join(args.path, manifest.MANIFEST_DIR)):
-                print(gc_dataset_text(args.path, delete=args.delete and not args.dry_run,
-                                      keep_versions=args.keep_versions, grace_s=args.grace,
-                                      allow_outside_links=args.allow_outside_links))  # fmt: skip
-            else:
-                print(gc_text(args.path, dry_run=args.dry_run))
-        elif args.cmd == "order":
-            print(order_text(args.path, batch_size=args.batch_size, shuffle=args.shuffle, window=args.window,
-                             seed=args.seed, epoch=args.epoch, world=args.world, plot=args.plot, pieces=args.pieces))
-        elif args.cmd == "check-order":
-            text, ok = check_order_text(
-                args.path, batch_size=args.batch_size, shuffle=args.shuffle, window=args.window, seed=args.seed,
-                epoch=args.epoch, world=args.world, workers=args.workers, unit=args.unit, drop_last=args.drop_last,
-                pad=args.pad, resume_at=args.resume_at, resume_world=args.resume_world,
-                resume_workers=args.resume_workers, pieces=args.pieces)
-            print(text)
-            if not ok:
-                return 1
-        elif args.cmd == "import-petastorm":
-            from rowstore.petastorm import import_petastorm
-
-            schema = import_petastorm(args.url, args.out, dataset=not args.file, columns=args.fields)
-            print(f"{args.out}: {len(schema)} fields written from {args.url}")
+        args = build_parser().parse_args(argv)
+        cmd = f"rowstore {args.cmd}"
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        return 130
     except (RowstoreError, OSError, ValueError) as exc:
-        print(f"rowstore {args.cmd}: error: {exc}", file=sys.stderr)
+        print(f"{cmd}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    so = getattr(args, "storage_options", None)
+    if args.cmd in ("shuffle", "quality"):
+        return _shuffle_command(args)
+    links = getattr(args, "allow_outside_links", False)
+    if args.cmd == "info":
+        print(info_text(args.path, storage_options=so, allow_outside_links=links))
+    elif args.cmd == "head":
+        print(head_text(args.path, args.n, args.fields, storage_options=so, allow_outside_links=links))
+    elif args.cmd == "repair":
+        print(repair_text(args.path, dry_run=args.dry_run, verify=args.verify, allow_outside_links=links))
+    elif args.cmd == "verify":
+        return verify_command(args.path, storage_options=so, hdf5_check=not args.no_hdf5_check,
+                              allow_outside_links=links)
+    elif args.cmd == "gc":
+        from rowstore.format import manifest
+        from rowstore.format._url import is_url
+
+        if is_url(args.path):
+            raise ValueError(f"gc removes local files only; {args.path!r} is a URL")
+        if manifest.is_dataset(args.path) or os.path.isdir(os.path.join(args.path, manifest.MANIFEST_DIR)):
+            print(gc_dataset_text(args.path, delete=args.delete and not args.dry_run,
+                                  keep_versions=args.keep_versions, grace_s=args.grace,
+                                  allow_outside_links=links))
+        else:
+            print(gc_text(args.path, dry_run=args.dry_run))
+    elif args.cmd == "order":
+        print(order_text(args.path, batch_size=args.batch_size, shuffle=args.shuffle, window=args.window,
+                         seed=args.seed, epoch=args.epoch, world=args.world, plot=args.plot, pieces=args.pieces,
+                         storage_options=so))
+    elif args.cmd == "check-order":
+        text, ok = check_order_text(
+            args.path, batch_size=args.batch_size, shuffle=args.shuffle, window=args.window, seed=args.seed,
+            epoch=args.epoch, world=args.world, workers=args.workers, unit=args.unit, drop_last=args.drop_last,
+            pad=args.pad, resume_at=args.resume_at, resume_world=args.resume_world,
+            resume_workers=args.resume_workers, pieces=args.pieces, storage_options=so)
+        print(text)
+        if not ok:
+            return 1
+    elif args.cmd == "import-petastorm":
+        from rowstore.petastorm import import_petastorm
+
+        schema = import_petastorm(args.url, args.out, dataset=not args.file, columns=args.fields)
+        print(f"{args.out}: {len(schema)} fields written from {args.url}")
     return 0
 
 

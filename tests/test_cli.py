@@ -161,3 +161,132 @@ def test_installed_console_script(rs, tmp_path):
     assert res.returncode == 1 and "checksum" in res.stderr
     mod = subprocess.run([sys.executable, "-m", "rowstore.cli", "verify", bad], capture_output=True, text=True, timeout=120)
     assert mod.returncode == 1 and "checksum" in mod.stderr
+
+
+# -- URLs (a real moto S3 server), --version, Ctrl-C ---------------------------------------------
+@pytest.fixture(scope="module")
+def s3_data(rs, tmp_path_factory, s3_server):
+    """A file, a 3-shard dataset and a copy of the file with a flipped byte, under
+    ``s3://rowstore/cli/``; returns the storage options as JSON."""
+    fsspec = pytest.importorskip("fsspec")
+    import json
+
+    import rowstore
+
+    d = tmp_path_factory.mktemp("cli-s3")
+    path = rs.write_file(str(d / "f.h5"), SCHEMA, rows(25), rows_per_block=4, heap_chunk_bytes=128)
+    flip(path, str(d / "bad.h5"), "block")
+    with rowstore.DatasetWriter(str(d / "ds"), SCHEMA, shard_bytes=2000, rows_per_block=4) as w:
+        for r in rows(25):
+            w.write(r)
+    _, so = s3_server
+    fsspec.filesystem("s3", **so).put(str(d) + "/", "rowstore/cli/", recursive=True)
+    return json.dumps(so)
+
+
+def test_every_reading_command_takes_a_url_and_storage_options(s3_data, capsys):
+    so = ["--storage-options", s3_data]
+    assert main(["info", "s3://rowstore/cli/ds", *so]) == 0
+    out = capsys.readouterr().out
+    assert "dataset         s3://rowstore/cli/ds" in out and "rows            25" in out and "shard files" in out
+    assert main(["info", "s3://rowstore/cli/f.h5", *so]) == 0
+    assert "rows            25" in capsys.readouterr().out
+    assert main(["head", "s3://rowstore/cli/f.h5", "-n", "2", *so]) == 0
+    assert "(2 of 25 rows)" in capsys.readouterr().out
+    for url in ("s3://rowstore/cli/ds", "s3://rowstore/cli/f.h5"):
+        assert main(["verify", url, *so]) == 0
+        out = capsys.readouterr().out
+        assert "OK" in out and "checksums match" in out
+    assert main(["order", "s3://rowstore/cli/ds", *so]) == 0
+    assert "s3://rowstore/cli/ds: 25 rows in 8 blocks" in capsys.readouterr().out
+    assert main(["check-order", "s3://rowstore/cli/ds", *so]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+    assert main(["quality", "s3://rowstore/cli/ds", *so]) == 0
+    assert "25 rows" in capsys.readouterr().out
+
+
+def test_verify_of_a_url_reports_a_damaged_block(s3_data, capsys):
+    assert main(["verify", "s3://rowstore/cli/bad.h5", "--storage-options", s3_data]) == 1
+    err = capsys.readouterr().err
+    assert "checksum" in err and "block 3" in err and "s3://rowstore/cli/bad.h5" in err
+
+
+def test_url_errors_name_the_bucket_and_local_paths_refuse_storage_options(s3_data, tmp_path, capsys):
+    so = ["--storage-options", s3_data]
+    assert main(["info", "s3://no-such-bucket/ds", *so]) == 1
+    err = capsys.readouterr().err
+    assert "bucket 'no-such-bucket' does not exist" in err and "is missing" not in err
+    assert main(["info", "s3://rowstore/cli/absent", *so]) == 1
+    assert "is missing" in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "x.h5"), *so]) == 1
+    assert "--storage-options applies to URLs" in capsys.readouterr().err
+    assert main(["gc", "s3://rowstore/cli/ds"]) == 1
+    assert "local files only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ei:
+        main(["info", "s3://rowstore/cli/ds", "--storage-options", "[1"])
+    assert ei.value.code == 2 and "JSON object" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import rowstore
+
+    with pytest.raises(SystemExit) as ei:
+        main(["--version"])
+    assert ei.value.code == 0 and capsys.readouterr().out.strip() == f"rowstore {rowstore.__version__}"
+
+
+class _SilentServer:
+    """A TCP server on 127.0.0.1 that accepts connections, reads what comes and never answers;
+    ``seen`` is set when the first request arrives."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.seen = threading.Event()
+        self.conns = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            try:
+                if conn.recv(65536):
+                    self.seen.set()
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("command", [["rowstore.cli", "info"], ["rowstore.cli", "verify"], ["rowstore.bench"]],
+                         ids=["info", "verify", "bench"])
+def test_ctrl_c_prints_one_line_and_exits_130(command):
+    """SIGINT while a command waits on a server that never answers: one line, status 130."""
+    import signal
+
+    srv = _SilentServer()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", *command, srv.url + "/data.h5"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert srv.seen.wait(120), "the command never reached the server"
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    finally:
+        srv.close()
+    name = "rowstore-bench" if command == ["rowstore.bench"] else f"rowstore {command[1]}"
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [f"{name}: interrupted"], err
+    assert "Traceback" not in out + err

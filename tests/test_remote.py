@@ -340,6 +340,30 @@ def test_access_refused_at_open(http):
     assert ei.value.attempts == 1
 
 
+def test_no_credentials_fail_at_once(s3, s3_server, monkeypatch, tmp_path):
+    """S3 with no credentials anywhere (anon=False): one attempt, an error saying so."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    so = {"anon": False, "client_kwargs": s3_server[1]["client_kwargs"]}
+    with pytest.raises(RemoteError, match="no credentials found") as ei:
+        rowstore.open("s3://rowstore/data/plain.h5", storage_options=so)
+    assert ei.value.attempts == 1
+    client = _remote.Client("s3://rowstore/data/plain.h5", _remote.RemoteOptions.make(so, None, None))
+    with pytest.raises(RemoteError, match="no credentials found") as ei:
+        client.get("s3://rowstore/data/plain.h5", 0, 100)
+    assert ei.value.attempts == 1 and client.requests == 1
+
+
+def test_a_missing_bucket_is_named(s3):
+    with pytest.raises(FormatError, match="the bucket 'no-such-bucket' does not exist"):
+        rowstore.open("s3://no-such-bucket/data/plain.h5", storage_options=s3)
+    with pytest.raises(FormatError, match="the bucket 'no-such-bucket' does not exist"):
+        rowstore.open("s3://no-such-bucket/data/ds", storage_options=s3)
+
+
 # -- faults ------------------------------------------------------------------------------------
 @pytest.fixture
 def proxy_factory():
@@ -411,6 +435,27 @@ def test_rowstore_bench_reads_a_url(s3, capsys):
                    "--compare", "--baselines", "h5py-row", "--memcpy-mib", "8"])
     out = capsys.readouterr().out
     assert rc == 0 and "rowstore" in out and "baselines skipped for a URL" in out
+
+
+def test_rowstore_bench_labels_remote_epochs_and_times_their_first_request(s3, capsys, tmp_path):
+    """A URL's epochs are called remote (not "warm page cache"), and no warm-up batches are
+    left untimed: with them the timed batches would be ones the reader had prefetched."""
+    import json
+
+    from rowstore.bench import cli
+
+    out_json = str(tmp_path / "b.json")
+    rc = cli.main(["s3://rowstore/data/ds", "--storage-options", json.dumps(s3), "-q", "--repeats", "1", "-m", "5",
+                   "--json", out_json])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "warm page cache" not in out and "warm:" not in out
+    assert "remote epochs over the network" in out and "-m 5 not applied to a URL" in out
+    doc = json.load(open(out_json))
+    assert doc["cache"].startswith("remote:") and doc["settings"]["warmup"] == 0
+    (res,) = doc["results"]
+    assert res["config"]["warmup"] == 0 and res["repeats"][0]["warmup_batches"] == 0
+    assert res["repeats"][0]["rows"] == N  # the whole epoch timed, from before its first request
 
 
 def test_file_urls_and_full_shuffle_coalescing(remote_data):

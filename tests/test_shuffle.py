@@ -8,6 +8,7 @@ after failures and SIGKILLs.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -349,6 +350,34 @@ def test_failure_in_pass_two_removes_everything(tmp_path, monkeypatch, tiny_plan
     assert leftovers(tmp_path, tmp_path / "tmp") == []
 
 
+def test_the_losing_one_of_two_runs_into_one_output_says_so(tmp_path, monkeypatch, capsys):
+    """A second shuffle into the same output finishes while the first works (run from inside
+    the first's commit): the first fails naming the other run, the winner's output stays."""
+    import rowstore.global_shuffle as gs
+
+    src = write_sorted(tmp_path / "in", 1500)
+    out = str(tmp_path / "out")
+    real = gs.commit
+    state = {"inner": False, "out": out}
+
+    def commit_after_another_run(*args, **kwargs):
+        real(*args, **kwargs)
+        if not state["inner"]:
+            state["inner"] = True
+            rowstore.shuffle(src, state["out"], memory="4MiB", seed=2)  # the other run wins the race
+
+    monkeypatch.setattr(gs, "commit", commit_after_another_run)
+    assert main(["shuffle", src, out, "--memory", "4MiB", "--seed", "1", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "was created by another run" in err and "Directory not empty" not in err
+    assert np.array_equal(ids_of(out), expected_order(2, 1500))  # the winner's, whole
+    assert leftovers(tmp_path) == []
+    state.update(inner=False, out=str(tmp_path / "out2"))
+    with pytest.raises(FileExistsError, match="created by another run") as ei:
+        rowstore.shuffle(src, state["out"], memory="4MiB", seed=1)
+    assert ei.value.errno == errno.EEXIST and leftovers(tmp_path) == []
+
+
 def test_bad_arguments_say_what_was_expected(tmp_path):
     src = write_sorted(tmp_path / "in", 10)
     cases = [
@@ -437,6 +466,77 @@ def test_peak_rss_stays_within_the_budget_on_data_four_times_larger(tmp_path):
     over = m["peak"] - m["base"] - m["memory"]
     assert over <= RSS_CONSTANT, f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
     assert len(rowstore.open(tmp_path / "out")) == n
+
+
+_REMOTE_RSS_CHILD = r"""
+import json, os, sys
+import rowstore
+from rowstore.global_shuffle import shuffle
+url, out, mem, so = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+with rowstore.open(url, storage_options=so) as r:  # the modules and the S3 client a read needs
+    r.take([0, 1])
+with open("/proc/self/statm") as f:
+    base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+rep = shuffle(url, out, memory=mem, seed=3, storage_options=so)
+print(json.dumps({"base": base, "peak": rep.peak_rss, "scope": rep.peak_scope, "memory": rep.memory,
+                  "piles": rep.piles}))
+"""
+
+
+def test_remote_shuffle_stays_within_the_budget_too(tmp_path):
+    """A shuffle of an S3 dataset (moto in a process of its own, so that its objects are not
+    counted): the same bound as a local one (each S3 client used to parse its own copy of
+    botocore's service models, 17 MiB each, one per pass task)."""
+    fsspec = pytest.importorskip("fsspec")
+    pytest.importorskip("moto")
+    from _servers import moto_s3
+
+    n = 60_000  # ~48 MB raw through a 16 MiB budget
+    with rowstore.DatasetWriter(tmp_path / "in", ID_SCHEMA, shard_bytes=16 << 20) as w:
+        for a in range(0, n, 20_000):
+            w.write_batch({"id": np.arange(a, a + 20_000), "x": np.zeros((20_000, 3), np.float32),
+                           "wave": [np.full(600 + i % 400, i % 251, np.uint8) for i in range(a, a + 20_000)],
+                           "name": ["r"] * 20_000})  # fmt: skip
+    with moto_s3(process=True) as (_, so):
+        fsspec.filesystem("s3", **so).put(str(tmp_path / "in") + "/", "rowstore/in/", recursive=True)
+        p = subprocess.run([sys.executable, "-c", _REMOTE_RSS_CHILD, "s3://rowstore/in", str(tmp_path / "out"), "16MiB",
+                            json.dumps(so)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    m = json.loads(p.stdout.strip().splitlines()[-1])
+    over = m["peak"] - m["base"] - m["memory"]
+    print(m, over >> 20, "MiB over")
+    assert m["piles"] >= 3
+    assert over <= RSS_CONSTANT, f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
+    assert len(rowstore.open(tmp_path / "out")) == n
+
+
+_PEAK_CHILD = r"""
+import json, sys
+import numpy as np
+from rowstore.global_shuffle import shuffle
+from rowstore.global_shuffle._passes import peak_rss
+big = np.ones(384 << 20, np.uint8)  # touched: the process's peak before the shuffle
+del big
+rep = shuffle(sys.argv[1], sys.argv[2], memory="8MiB", seed=1)
+print(json.dumps({"report": rep.peak_rss, "scope": rep.peak_scope, "summary": rep.summary()}))
+"""
+
+
+def test_the_report_gives_the_shuffles_own_peak_not_the_processs(tmp_path):
+    """A process that held 384 MiB before shuffling a small dataset: the report's peak is the
+    shuffle's (far below), and says so."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pytest.skip("this kernel does not let a process reset its VmHWM")
+    src = write_sorted(tmp_path / "in", 2000)
+    p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, src, str(tmp_path / "out")], capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    m = json.loads(p.stdout.strip().splitlines()[-1])
+    assert m["scope"] == "shuffle" and "(during the shuffle)" in m["summary"]
+    assert m["report"] < 256 << 20, f"reported peak {m['report'] >> 20} MiB includes memory freed before"
 
 
 _KILL_CHILD = r"""

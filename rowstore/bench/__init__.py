@@ -19,7 +19,14 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rowstore-bench`` console script (see :mod:`rowstore.bench.cli`)."""
-    from rowstore.bench.cli import main as _main
+    """Entry point of the ``rowstore-bench`` console script (see :mod:`rowstore.bench.cli`);
+    returns the exit status (130 after Ctrl-C, with one line on stderr)."""
+    import sys
 
-    return _main(argv)
+    try:
+        from rowstore.bench.cli import main as _main
+
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("rowstore-bench: interrupted", file=sys.stderr)
+        return 130

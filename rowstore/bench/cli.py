@@ -9,6 +9,11 @@ Each configuration runs in a fresh process (so its peak memory is its own) after
 read once (warm page cache). Per repeat: a fresh epoch iterator, ``-m`` warm-up batches not
 counted, then ``-n`` batches timed (default: the rest of the epoch), every batch touched;
 figures are medians of ``--repeats``.
+
+A URL is measured as remote epochs: nothing is read before measuring, no local cache, and the
+timed phase starts before the epoch's first request (``-m`` does not apply): the reader
+prefetches up to ``max_in_flight * merge_bytes`` ahead, so warm-up batches would let the timed
+batches come from memory fetched untimed, and a small dataset's "rate" would be a memcpy.
 """
 
 from __future__ import annotations
@@ -260,6 +265,12 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
 
     so = getattr(args, "storage_options", None)
     info = _dataset_info(path, so)
+    warmup = args.warmup
+    notes = []
+    if remote and warmup:
+        warmup = 0
+        notes.append(f"-m {args.warmup} not applied to a URL: every timed epoch starts before its first request "
+                     "(warm-up batches would time batches the reader had already prefetched)")
     from rowstore.bench.sources import open_layout
 
     fields = list(open_layout(path, so).schema.select(args.fields).names) if args.fields else None
@@ -274,7 +285,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     base = {
         "path": path, "fields": fields, "batch_size": args.batch_size, "shuffle": args.shuffle, "window": args.window,
         "seed": args.seed, "threads": args.threads, "workers": args.workers, "mode": args.mode, "verify": args.verify,
-        "warmup": args.warmup, "measure": args.measure, "repeats": args.repeats, "time_limit": args.time_limit,
+        "warmup": warmup, "measure": args.measure, "repeats": args.repeats, "time_limit": args.time_limit,
     }  # fmt: skip
     if remote:
         base["storage_options"] = so
@@ -282,7 +293,6 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     for c in configs:
         s = dict(base, kind="rowstore", **c)
         specs.append(_clamp(s, info["rows"]))
-    notes = []
     if any(s["_clamped"] for s in specs):
         notes.append("-m/-n were reduced to fit one epoch (batches are counted within one epoch).")
 
@@ -313,7 +323,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     warmed = 0 if remote else measure.warm_cache([path] + ([npy_dir] if npy_dir else []))
     warm_s = time.perf_counter() - t
 
-    log(_header(info, args, warmed, warm_s))
+    log(_header(info, args, warmed, warm_s, warmup=warmup, remote=remote))
     total = sum(s["repeats"] for s in specs + baseline_specs)
     progress = _Progress(total, enabled=not args.quiet and sys.stderr.isatty())
     results: list[dict[str, Any]] = []
@@ -339,7 +349,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "tool": "rowstore-bench", "version": _version(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": measure.machine_info(), "dataset": info,
-        "cache": f"warm: the file was read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)",
+        "cache": _REMOTE_CACHE if remote else
+                 f"warm: the file was read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)",
         "method": "fresh process per configuration; per repeat a fresh epoch iterator, warm-up batches "
                   "not timed, then the timed batches (every batch touched); medians of the repeats",
         "settings": {k: v for k, v in base.items() if k != "path"}, "results": rs_results,
@@ -366,7 +377,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         mg = memcpy.get("gb_per_s") if memcpy and not memcpy.get("error") else None
         name = args.demo or os.path.basename(path)
         report.plot([("", rs_results + bl_results)], args.plot, memcpy_gbps=mg,
-                    title=f"rowstore-bench: {name} ({info['rows']:,} rows), batch {args.batch_size}, warm cache",
+                    title=f"rowstore-bench: {name} ({info['rows']:,} rows), batch {args.batch_size}, "
+                          + ("remote epochs" if remote else "warm cache"),
                     subtitle=f"{os.cpu_count()} CPUs; median of {args.repeats} repeats; MB/s = decoded bytes of the fields")
         log(f"plot written to {args.plot}")
     return doc
@@ -415,7 +427,13 @@ def _compare(rs_results: list[dict], bl_results: list[dict], memcpy: dict | None
     return out
 
 
-def _header(info: dict, args, warmed: int, warm_s: float) -> str:
+#: What a URL's measurement reads (the report's ``cache``).
+_REMOTE_CACHE = ("remote: every epoch fetched over the network by ranged requests (nothing read before "
+                 "measuring, no local cache); timed from before the epoch's first request")
+
+
+def _header(info: dict, args, warmed: int, warm_s: float, *, warmup: int | None = None, remote: bool = False) -> str:
+    warmup = args.warmup if warmup is None else warmup
     comp = info["compression"]
     comp_s = "uncompressed" if comp.get("id") == "none" else f"blosc2 {comp.get('cname')}"
     return (
@@ -424,8 +442,9 @@ def _header(info: dict, args, warmed: int, warm_s: float) -> str:
         + (f" + {info['heap_bytes'] / 1e6:,.0f} MB heap" if info["heap_bytes"] else "")
         + f"; {info['blocks']:,} blocks of {'up to ' if info['shards'] > 1 else ''}{info['rows_per_block']:,} rows"
         + (f" in {info['shards']:,} shards" if info["shards"] > 1 else "") + f"; {comp_s}\n"
-        f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)\n"
-        f"method   fresh process per config; {args.repeats} repeats, medians; {args.warmup} warm-up batches per repeat "
+        + (f"remote   {_REMOTE_CACHE.split(': ', 1)[1]}\n" if remote else
+           f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)\n")
+        + f"method   fresh process per config; {args.repeats} repeats, medians; {warmup} warm-up batches per repeat "
         f"not timed; timed: {'the rest of the epoch' if args.measure is None else f'{args.measure} batches'} "
         f"(at most {args.time_limit:g} s per repeat); every batch touched"
     )
@@ -442,7 +461,9 @@ def _print_report(doc: dict, *, console=None, log=print) -> None:
             console = Console(width=None if sys.stdout.isatty() else 150)
         except ImportError:  # pragma: no cover
             console = None
-    report.render_table(results, mg, title="read throughput (warm page cache)", console=console)
+    remote = str(doc.get("cache", "")).startswith("remote")
+    report.render_table(results, mg, title="read throughput (" + ("remote epochs over the network" if remote else
+                                                                  "warm page cache") + ")", console=console)
     if mg:
         log(f"memcpy ceiling: {mg:.1f} GB/s (np.copyto of {memcpy['nbytes'] >> 20} MiB, median of {memcpy['repeats']})")
     cmp_ = doc.get("compare")

@@ -118,6 +118,17 @@ def _permanent(exc: BaseException) -> bool:
     return status in (400, 401, 403, 404, 405, 416)
 
 
+def _no_credentials(exc: BaseException) -> bool:
+    """botocore found no (or partial) credentials: raised before any request, never transient."""
+    return any(c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__)
+
+
+def _no_bucket(exc: BaseException) -> bool:
+    """S3's NoSuchBucket (s3fs raises FileNotFoundError with S3's message, the cause kept)."""
+    return any("NoSuchBucket" in type(e).__name__ or "bucket does not exist" in str(e)
+               for e in (exc, exc.__cause__) if e is not None)
+
+
 class _Short(Exception):
     def __init__(self, got: int, want: int):
         super().__init__(f"a response of {got} bytes for a range of {want} (short body or the server ignored Range)")
@@ -128,6 +139,20 @@ class _Changed(Exception):
 
 
 # -- the client: one per process ---------------------------------------------------------------
+#: This process's fsspec filesystems, by (pid, protocol, token of the storage options).
+_FS: dict[tuple[int, str, str], Any] = {}
+_FS_LOCK = threading.Lock()
+
+
+def _forget_filesystems() -> None:  # a forked child makes its own (the parent's loop is not running here)
+    global _FS_LOCK
+    _FS_LOCK = threading.Lock()
+    _FS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_filesystems)
+
+
 class Client:
     """An fsspec filesystem for one URL's protocol, made in this process on first use, with
     ranged GETs retried as :class:`RemoteOptions` says. Thread-safe."""
@@ -162,15 +187,28 @@ class Client:
         except ImportError:  # pragma: no cover - the remote extra is declared
             raise ImportError("reading URLs needs fsspec (and s3fs for s3://, aiohttp for http://): "
                               "pip install 'rowstore[remote]'") from None
+        from fsspec.utils import tokenize
+
         so = dict(self.options.storage_options)
         proto = self.url.split("://", 1)[0]
-        if proto in ("s3", "s3a") and "config_kwargs" not in so:
-            # One attempt per request in botocore and s3fs: the retries are ours (counted, jittered).
-            so["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
-        fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **so)
-        if proto in ("s3", "s3a"):
-            fs.retries = 1
-        return fs
+        # One filesystem per protocol and options in a process: each s3fs instance is a botocore
+        # session that parses its own copy of the service models (about 17 MiB of Python
+        # objects), so a client per store (a shuffle opens one per task) held that many.
+        key = (os.getpid(), proto, tokenize(so))
+        with _FS_LOCK:
+            fs = _FS.get(key)
+            if fs is not None:
+                return fs
+            if proto in ("s3", "s3a") and "config_kwargs" not in so:
+                # One attempt per request in botocore and s3fs: the retries are ours (counted, jittered).
+                so["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
+            fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **so)
+            if proto in ("s3", "s3a"):
+                fs.retries = 1
+            if len(_FS) >= 64:
+                _FS.clear()
+            _FS[key] = fs
+            return fs
 
     def path(self, url: str) -> str:
         """What the filesystem calls ``url`` (fsspec strips the protocol for most)."""
@@ -353,6 +391,14 @@ class Client:
         if _changed(exc):
             return ObjectChangedError(f"{where}: the object changed since it was opened (its ETag no longer "
                                       f"matches); open it again to read the new version", path=url)
+        if _no_credentials(exc):
+            return RemoteError(f"{where}: no credentials found ({type(exc).__name__}: {exc}); pass them in "
+                               f"storage_options (key/secret, profile), the environment or a credentials file, "
+                               f"or anon=True for a public bucket", url=url, start=start, end=end, attempts=attempt)
+        if _no_bucket(exc):
+            bucket = url.split("://", 1)[-1].split("/", 1)[0]
+            return FormatError(f"{url!r}: the bucket {bucket!r} does not exist (check its name and the endpoint)",
+                               path=url)
         if isinstance(exc, FileNotFoundError) or _status(exc) == 404 or "NoSuchKey" in str(exc):
             return FormatError(f"{url!r} is missing", path=url)
         if _status(exc) == 416 or "InvalidRange" in str(exc):

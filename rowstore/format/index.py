@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,27 +282,57 @@ class Layout(IndexSizes):
         return int(b["first_row"][hit[0]]), int(b["first_row"][hit[-1]] + b["num_rows"][hit[-1]])
 
 
-def scan_chunks(fd: int, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *, raw_size: int,
-                codec: tuple[int, int] | None, what: str):
+def scan_chunks(fd: int | Callable[[int, int], bytes], offsets: np.ndarray, stored: np.ndarray,
+                checksums: np.ndarray, *, raw_size: int, codec: tuple[int, int] | None, what: str):
     """Load every chunk of one file's index (64 MiB at a time) and yield ``(position, error)``
-    for each that fails (checksum, decompression, size); the scan goes on after a failure."""
+    for each that fails (checksum, decompression, size); the scan goes on after a failure.
+
+    ``fd`` is a file descriptor, or ``read(start, end) -> bytes`` for an object at a URL (one
+    ranged request per run of chunks, each request at most 8 MiB of stored bytes, or one chunk)."""
     from rowstore import kernels
 
     if not len(offsets):
         return
     step = max(1, (64 << 20) // raw_size)
     dst = np.empty(min(step, len(offsets)) * raw_size, np.uint8)
-    scratch = np.empty(int(stored.max()), np.uint8)
+    read = None if isinstance(fd, (int, np.integer)) else fd
+    scratch = np.empty(int(stored.max()) if read is None else 0, np.uint8)
     i = 0
     while i < len(offsets):
         j = min(i + step, len(offsets))
         try:
-            kernels.load_chunks(fd, offsets[i:j], stored[i:j], checksums[i:j], codec=codec, verify=True,
-                                dst=dst[: (j - i) * raw_size], raw_size=raw_size, scratch=scratch, what=what)
+            if read is None:
+                kernels.load_chunks(fd, offsets[i:j], stored[i:j], checksums[i:j], codec=codec, verify=True,
+                                    dst=dst[: (j - i) * raw_size], raw_size=raw_size, scratch=scratch, what=what)
+            else:
+                j = _fetch_and_decode(read, offsets, stored, checksums, i, j, dst, raw_size, codec, what)
             i = j
         except kernels.KernelError as exc:
             yield i + exc.index, exc
             i += exc.index + 1  # go on after the damaged chunk
+
+
+def _fetch_and_decode(read: Callable[[int, int], bytes], offsets: np.ndarray, stored: np.ndarray,
+                      checksums: np.ndarray, i: int, j: int, dst: np.ndarray, raw_size: int,
+                      codec: tuple[int, int] | None, what: str) -> int:
+    """Chunks ``i..`` (up to ``j``) fetched by one ranged read of at most 8 MiB (or one chunk)
+    and checked; returns where the next read starts."""
+    from rowstore import kernels
+
+    lo = int(offsets[i])
+    hi = lo + int(stored[i])
+    k = i + 1
+    while k < j and int(offsets[k]) >= lo and int(offsets[k]) + int(stored[k]) - lo <= _REMOTE_SCAN_BYTES:
+        hi = max(hi, int(offsets[k]) + int(stored[k]))
+        k += 1
+    src = np.frombuffer(read(lo, hi), np.uint8)
+    kernels.decode_chunks(src, offsets[i:k] - lo, stored[i:k], checksums[i:k], codec=codec, verify=True,
+                          dst=dst[: (k - i) * raw_size], raw_size=raw_size, what=what)
+    return k
+
+
+#: The most stored bytes one ranged read of :func:`scan_chunks` asks for (more for a larger chunk).
+_REMOTE_SCAN_BYTES = 8 << 20
 
 
 def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.ndarray, rows_per_block: np.ndarray,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import FormatError, SchemaError
+from rowstore.errors import FormatError, RemoteError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
 from rowstore.format._url import is_url, local_root
@@ -191,13 +191,15 @@ class DatasetLayout(IndexSizes):
             raise err
 
     def damage(self, *, limit: int | None = None, shard_indexes: bool = False,
-               chunks: bool = True) -> list[FormatError]:
+               chunks: bool = True, client: Any = None) -> list[FormatError]:
         """Every damaged block and heap chunk of every shard (checksum, decompression, size),
         and every shard that is missing or of the wrong size, in shard order, as errors with
         ``path`` (the shard file), ``block`` (within it) and ``rows`` (the dataset rows whose
         values it holds). ``shard_indexes``: also parse each shard file's own index (libhdf5)
         and report a shard whose index disagrees with the manifest's. ``chunks=False``: read
-        no chunk (only sizes and, with ``shard_indexes``, indexes). Stops after ``limit``."""
+        no chunk (only sizes and, with ``shard_indexes``, indexes). Stops after ``limit``.
+        ``client`` (:class:`rowstore.format._objstore.Client`) reads shards at URLs, by ranged
+        requests of at most 8 MiB; I/O failures other than a missing object are raised."""
         from rowstore.format.manifest import index_crc32
 
         found: list[FormatError] = []
@@ -206,20 +208,21 @@ class DatasetLayout(IndexSizes):
         for s in range(self.num_shards):
             path = self.shard_paths[s]
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as exc:
+                source, size, close = self._shard_source(path, client)
+            except (OSError, FormatError) as exc:
+                if isinstance(exc, RemoteError) or isinstance(exc, FormatError) and "is missing" not in str(exc):
+                    raise  # an I/O failure, not damage
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
                     return found
                 continue
             try:
-                size = os.fstat(fd).st_size
                 if size != int(self.shard_file_size[s]):
                     found.append(FormatError(f"{path!r}: shard {s} has {size} bytes, expected {int(self.shard_file_size[s])}",
                                              path=path))
                     continue
                 if shard_indexes and self.shard_layouts is None:
-                    err = self._check_shard_index(s, index_crc32)
+                    err = self._check_shard_index(s, index_crc32, client)
                     if err is not None:
                         found.append(err)
                 if not chunks:
@@ -230,7 +233,7 @@ class DatasetLayout(IndexSizes):
                         ("block", b0, nb, ("offset", "stored", "checksum"), int(self.shard_rpb[s]) * self.row_dtype.itemsize),
                         ("heap chunk", h0, nh, ("hc_offset", "hc_stored", "hc_checksum"), self.heap_chunk_bytes)):
                     idx = [a[c][lo : lo + n] for c in cols]
-                    for k, err in scan_chunks(fd, *idx, raw_size=raw, codec=codec, what=what):
+                    for k, err in scan_chunks(source, *idx, raw_size=raw, codec=codec, what=what):
                         err.args = (f"{path!r}: {what} {k}: {err}",)
                         err.path, err.block = path, k if what == "block" else None
                         err.rows = self._rows_of(what, lo + k)
@@ -238,15 +241,35 @@ class DatasetLayout(IndexSizes):
                         if limit is not None and len(found) >= limit:
                             return found
             finally:
-                os.close(fd)
+                close()
             if limit is not None and len(found) >= limit:
                 return found
         return found
 
-    def _check_shard_index(self, s: int, index_crc32) -> FormatError | None:
+    @staticmethod
+    def _shard_source(path: str, client: Any) -> tuple[Any, int, Any]:
+        """``(fd or read(start, end), size, close)`` of one shard, local or at a URL."""
+        if client is not None and is_url(path):
+            meta = client.info(path)
+            etag = meta["etag"]
+            return (lambda start, end: client.get(path, start, end, etag)), meta["size"], lambda: None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            os.close(fd)
+            raise
+        return fd, size, lambda: os.close(fd)
+
+    def _check_shard_index(self, s: int, index_crc32, client: Any = None) -> FormatError | None:
         path = self.shard_paths[s]
         try:
-            L = Layout.open(path)
+            if client is not None and is_url(path):
+                from rowstore.format._objstore import remote_file_layout
+
+                L = remote_file_layout(client, path)
+            else:
+                L = Layout.open(path)
         except FormatError as exc:
             return exc
         b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")

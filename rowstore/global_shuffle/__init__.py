@@ -33,6 +33,7 @@ from rowstore.global_shuffle._passes import (
     Pile,
     input_feed,
     peak_rss,
+    reset_peak_rss,
     scatter,
     write_pile,
 )
@@ -80,7 +81,10 @@ class ShuffleReport:
 
     ``passes`` counts passes over the data (2, plus the deepest re-split of a pile);
     ``peak_rss`` is the peak resident memory of the processes that ran the passes (this one, or
-    the largest Dask worker's), ``rss_before`` this process's RSS when the shuffle started.
+    the largest Dask worker's) while they ran them: each process's ``VmHWM`` is reset when a
+    shuffle (or a pass task) starts. ``peak_scope`` is ``"shuffle"`` when it was, ``"process"``
+    where the kernel refused the reset (``peak_rss`` then includes what the process held before).
+    ``rss_before`` is this process's RSS when the shuffle started.
     """
 
     output: str
@@ -95,13 +99,16 @@ class ShuffleReport:
     seconds: float
     pass1: PassReport
     pass2: PassReport
+    peak_scope: str = "shuffle"
 
     def summary(self) -> str:
         mib = 2**20
         lines = [
             f"shuffled {self.rows:,} rows ({self.nbytes / mib:,.1f} MiB) into {self.output} in {self.seconds:.2f} s",
             f"passes {self.passes} ({self.piles} piles, {self.splits} split again), memory budget "
-            f"{self.memory / mib:,.0f} MiB, peak RSS {self.peak_rss / mib:,.0f} MiB",
+            f"{self.memory / mib:,.0f} MiB, peak RSS {self.peak_rss / mib:,.0f} MiB"
+            + (" (during the shuffle)" if self.peak_scope == "shuffle" else
+               " (the process's lifetime peak: this kernel cannot reset it)"),
         ]
         for name, p in (("pass 1 (scatter)", self.pass1), ("pass 2 (sort + write)", self.pass2)):
             lines.append(f"{name}: {p.seconds:.2f} s, {p.rows_per_s:,.0f} rows/s, {p.mb_per_s:,.1f} MB/s; "
@@ -124,7 +131,7 @@ def scatter_task(in_path: str, seed: int, blocks: tuple[int, int], bounds: list[
     """Pass 1 over input blocks ``[blocks[0], blocks[1])``, read in runs of about
     ``group_bytes``: the pile parts written (one per key range, None where empty) and what was
     moved."""
-    c = Counters()
+    c = Counters(scoped=reset_peak_rss())
     with RawSource(in_path, verify=verify, storage_options=storage_options) as src:
         parts = scatter(input_feed(src, seed, range(*blocks), group_bytes), bounds, directory, tag, src.schema,
                         block_bytes, c, progress)  # fmt: skip
@@ -137,7 +144,7 @@ def scatter_task(in_path: str, seed: int, blocks: tuple[int, int], bounds: list[
 def pile_task(pile: Pile, root: str, schema_json: str, plan: Plan, opts: OutputOptions, split_dir: str,
               progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardInfo], Counters]:
     """Pass 2 for one pile: its output shards, in order, and what was moved."""
-    c = Counters()
+    c = Counters(scoped=reset_peak_rss())
     infos = write_pile(pile, root, Schema.from_json(schema_json), plan, opts, c, split_dir, progress)
     c.peak_rss = peak_rss()
     return infos, c
@@ -194,6 +201,7 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
     """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
     t0 = time.perf_counter()
     rss0 = _rss_now()
+    reset_peak_rss()  # peak_rss from here on: the shuffle's, not what this process held before
     budget, shard_limit, parent, work = check_arguments(in_path, out_path, memory=memory, seed=seed, tmp=tmp,
                                                         shard_bytes=shard_bytes, block_bytes=block_bytes)  # fmt: skip
     src_path, dst_path = os.fspath(in_path), os.fspath(out_path)
@@ -258,7 +266,14 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         commit(staging.path, infos, mode="x", attrs=attrs)
         # The output appears, whole. (rename would also replace an empty directory created at
         # out_path since the check at the start; anything else there makes it fail.)
-        os.rename(staging.path, dst_path)
+        try:
+            os.rename(staging.path, dst_path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR) and os.path.lexists(dst_path):
+                raise FileExistsError(errno.EEXIST, f"shuffle: output {dst_path!r} was created by another run (or "
+                                      f"process) while this one worked; this run's copy is discarded and "
+                                      f"{dst_path!r} left as that run made it", dst_path) from None
+            raise
         _fsync_dir(parent)
     except BaseException:
         staging.remove()
@@ -269,6 +284,7 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
     return ShuffleReport(
         output=dst_path, rows=rows, nbytes=data, passes=2 + max(c1.depth, c2.depth), piles=plan.num_piles,
         splits=c2.splits, memory=budget, peak_rss=max(c1.peak_rss, c2.peak_rss), rss_before=rss0,
+        peak_scope="shuffle" if c1.scoped and c2.scoped else "process",
         seconds=time.perf_counter() - t0,
         pass1=PassReport(c1.rows, c1.nbytes, c1.file_read, c1.file_written, s1),
         pass2=PassReport(c2.rows, c2.nbytes, c2.file_read, c2.file_written, s2),

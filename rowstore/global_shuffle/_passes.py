@@ -53,6 +53,7 @@ class Counters:
     splits: int = 0  # piles split again
     depth: int = 0  # deepest split (0: none)
     peak_rss: int = 0
+    scoped: bool = True  # peak_rss is since the task started (VmHWM reset), not the process's
 
     def add(self, other: Counters) -> None:
         self.rows += other.rows
@@ -62,6 +63,7 @@ class Counters:
         self.splits += other.splits
         self.depth = max(self.depth, other.depth)
         self.peak_rss = max(self.peak_rss, other.peak_rss)
+        self.scoped = self.scoped and other.scoped
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,18 @@ def _sort_and_write(pile: Pile, root: str, schema: Schema, plan: Plan, opts: Out
         raise
     counters.file_written += sum(i.file_size for i in infos)
     return infos
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS (``5`` to ``/proc/self/clear_refs``,
+    Linux 4.0+), so that :func:`peak_rss` then tells the peak of what runs after; False where
+    the kernel does not allow it (the peak is then the process's lifetime peak)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def peak_rss() -> int:

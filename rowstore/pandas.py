@@ -91,6 +91,7 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
     """Look at every cell of an object column: str, bytes or ndarrays (one dtype and rank)."""
     kind = None  # "str", "bytes" or "array"
     dtype: Any = None
+    fallback: Any = None  # the dtype numpy gives an empty list: used when no other cell has one
     ndim: Any = None
     shape: Any = None
     first = {}  # what decided the kind / dtype / rank: the row that did
@@ -120,21 +121,28 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
         if arr.dtype == object or arr.dtype.kind in "USV":
             raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array cell cannot be stored; expected numbers",
                               field=fname, row=i)  # fmt: skip
-        if dtype is None:
-            dtype, ndim, shape, first["dtype"] = arr.dtype, arr.ndim, list(arr.shape), i
-            continue
-        if arr.dtype != dtype:
+        # An empty list (or tuple) says nothing about the dtype (numpy makes it float64): the
+        # other cells decide it, and it is float64 only when every cell is one.
+        guessed = arr.size == 0 and not isinstance(v, (np.ndarray, np.generic))
+        if ndim is None:
+            ndim, shape, first["rank"] = arr.ndim, list(arr.shape), i
+        elif arr.ndim != ndim:
+            raise SchemaError(f"column {name!r}, row {i}: an array of {arr.ndim} dimensions, but row {first['rank']} "
+                              f"has {ndim}", field=fname, row=i)  # fmt: skip
+        if guessed:
+            fallback = arr.dtype if fallback is None else fallback
+        elif dtype is None:
+            dtype, first["dtype"] = arr.dtype, i
+        elif arr.dtype != dtype:
             raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array, but row {first['dtype']} holds {dtype} "
                               "(cast the column to one dtype, or pass schema=)", field=fname, row=i)  # fmt: skip
-        if arr.ndim != ndim:
-            raise SchemaError(f"column {name!r}, row {i}: an array of {arr.ndim} dimensions, but row {first['dtype']} "
-                              f"has {ndim}", field=fname, row=i)  # fmt: skip
         for d, s in enumerate(arr.shape):
             if shape[d] is not None and shape[d] != s:
                 shape[d] = None
     nullable = bool(missing)
     na = missing.pop() if len(missing) == 1 else "None"
     if kind == "array":
+        dtype = fallback if dtype is None else dtype
         if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
             shape = [None if s == 0 else s for s in shape]
         return Field(fname, dtype, tuple(shape), nullable=nullable), {"kind": "ndarray", "na": na}
@@ -267,9 +275,15 @@ def _column_values(field: Field, meta: dict, s: pd.Series) -> Any:
         return out
     vals = s.to_numpy(dtype=object)
     missing = [i for i, v in enumerate(vals) if _is_missing(v) is not None]
-    if missing:
+    # Empty list cells of an array column: numpy would make them float64 (see _object_plan).
+    empty = []
+    if kind == "ndarray":
+        empty = [i for i, v in enumerate(vals) if isinstance(v, (list, tuple)) and not len(v)]
+    if missing or empty:
         vals = vals.copy()
         vals[missing] = None
+        for i in empty:
+            vals[i] = np.asarray(vals[i], dtype=field.numpy_dtype)
     return vals
 
 

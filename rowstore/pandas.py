@@ -18,7 +18,8 @@ numpy bool / int / uint / float / complex   scalar field of that dtype (``NaN`` 
 object: ``str`` / ``bytes`` cells           ``str`` / ``bytes`` field, nullable if a cell is missing
                                             (``None``, ``NaN``, ``pd.NA``; restored as that sentinel when
                                             the column used only one, else ``None``)
-object: ndarray (or list) cells             array field: dtype of the cells (all must agree), shape with
+object: ndarray (or list) cells             array field: dtype of the cells (all must agree; an empty
+                                            list has none), shape with
                                             ``None`` wherever the cells' sizes differ, nullable if a cell
                                             is missing; read back as ndarray cells
 ``category``                                its integer codes (``-1`` for missing); categories and

@@ -40,7 +40,16 @@ import pandas as pd
 from rowstore.errors import SchemaError
 from rowstore.format import commit, spec, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, discard
-from rowstore.pandas import META_KEY, _columns_for, _describe, frame_columns, read_pandas, to_pandas
+from rowstore.pandas import (
+    GUESSED,
+    META_KEY,
+    _columns_for,
+    _describe,
+    frame_columns,
+    read_pandas,
+    stored_meta,
+    to_pandas,
+)
 from rowstore.reader import Reader
 from rowstore.schema import STR, Schema
 
@@ -137,6 +146,13 @@ def _merge(parts: list[tuple[dict, dict]]) -> tuple[Schema, dict]:
     for p, (schema, meta) in enumerate(parts[1:], 1):
         for f, m in zip(schema["fields"], _all_meta(meta)):
             g, gm = fields[f["name"]], metas[f["name"]]
+            guessed = gm.get(GUESSED) or m.get(GUESSED)
+            if g["dtype"] != f["dtype"] and gm["kind"] == m["kind"] == "ndarray" and guessed:
+                if gm.pop(GUESSED, None):  # empty lists only so far: this partition's cells decide
+                    g["dtype"] = f["dtype"]
+                f = {**f, "dtype": g["dtype"]}
+            elif not m.get(GUESSED):
+                gm.pop(GUESSED, None)
             differs = (g["dtype"] != f["dtype"] or len(g["shape"]) != len(f["shape"]) or gm["kind"] != m["kind"]
                        or gm.get("categories") != m.get("categories") or gm.get("unit") != m.get("unit"))  # fmt: skip
             if differs:
@@ -148,7 +164,7 @@ def _merge(parts: list[tuple[dict, dict]]) -> tuple[Schema, dict]:
             g["nullable"] = g["nullable"] or f["nullable"]
             if gm.get("na") != m.get("na") and gm["kind"] == "object":
                 gm["na"] = "None"
-    return Schema.from_json({"fields": list(fields.values())}), meta0
+    return Schema.from_json({"fields": list(fields.values())}), stored_meta(meta0)
 
 
 def _all_meta(meta: dict) -> list[dict]:

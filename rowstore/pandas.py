@@ -86,6 +86,17 @@ def _is_missing(v: Any) -> str | None:
 
 
 _SENTINELS = {"None": None, "NA": pd.NA, "nan": np.nan, "NaT": pd.NaT}
+#: Key of a column's description while inferring (never stored): its dtype came from empty lists.
+GUESSED = "dtype_guessed"
+
+
+def stored_meta(meta: dict) -> dict:
+    """``meta`` without what only inference uses (:data:`GUESSED`), as the attributes store it."""
+    idx = meta["index"]
+    levels = idx["levels"] if idx and idx["kind"] == "levels" else []
+    for m in levels + meta["columns"]:
+        m.pop(GUESSED, None)
+    return meta
 
 
 def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict]:
@@ -143,10 +154,12 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
     nullable = bool(missing)
     na = missing.pop() if len(missing) == 1 else "None"
     if kind == "array":
-        dtype = fallback if dtype is None else dtype
+        extra = {"kind": "ndarray", "na": na}
+        if dtype is None:  # empty lists only: a dtype another part of the data may decide (Dask)
+            dtype, extra[GUESSED] = fallback, True
         if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
             shape = [None if s == 0 else s for s in shape]
-        return Field(fname, dtype, tuple(shape), nullable=nullable), {"kind": "ndarray", "na": na}
+        return Field(fname, dtype, tuple(shape), nullable=nullable), extra
     if kind == "bytes":
         return Field(fname, BYTES, nullable=nullable), {"kind": "object", "na": na}
     # str, or no value at all (an empty or all-missing column): a nullable str field
@@ -341,7 +354,7 @@ def from_pandas(df: pd.DataFrame, path: str | os.PathLike, *, schema: Schema | N
         raise SchemaError(f"schema fields {schema.names} differ from the frame's {inferred.names} "
                           "(see rowstore.pandas.infer_schema)")  # fmt: skip
     user = dict(attrs or {})
-    user[META_KEY] = meta
+    user[META_KEY] = stored_meta(meta)
     columns = _columns_for(inferred, meta, parts)
     cls = DatasetWriter if dataset else Writer
     with cls(path, schema, attrs=user, **writer_kwargs) as w:

@@ -269,3 +269,17 @@ def test_from_pandas_keeps_object_columns(tmp_path):
         assert ddf.dtypes["foo"] == np.dtype(object) and ddf.npartitions == 3
         to_rowstore(ddf, str(tmp_path / "ds"))
     assert_seed_back(df, read_pandas(str(tmp_path / "ds")))
+
+
+def test_a_partition_of_empty_lists_takes_the_dtype_of_the_others(tmp_path):
+    """``[]`` fixes no dtype in a partition either: one holding only empty lists does not
+    conflict with another's int64 cells (in either order)."""
+    for cells in ([[], [], [1, 2], [3]], [[1, 2], [3], [], []]):
+        df = pd.DataFrame({"x": cells})
+        path = str(tmp_path / f"ds{len(os.listdir(tmp_path))}")
+        with dask.config.set(scheduler="sync"):
+            to_rowstore(to_ddf(df, 2), path)
+        back = read_pandas(path)
+        assert [c.tolist() for c in back["x"]] == cells and all(c.dtype == np.int64 for c in back["x"])
+        with rowstore.open(path) as r:
+            assert "dtype_guessed" not in json.dumps(r.layout.user_attrs)

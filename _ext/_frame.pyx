@@ -12,7 +12,7 @@ are return codes (``_common.KernelCode``) in ``err``; ``rowstore/kernels.py`` wo
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from _common cimport (
     E_CHECKSUM, E_CODEC, E_DECOMPRESS, E_DEST, E_FRAME, E_NOMEM, E_SHORT, E_SIZE, _errbuf, _fail, _fits,
@@ -216,7 +216,9 @@ def load_chunks(const int32_t[::1] fds not None,
     ``fds[0]`` when it holds one) into ``dst[i*dst_stride:]``
     (``dst_stride`` 0: ``raw_size``; a larger stride leaves each chunk's slot a gap after it).
 
-    ``compcode < 0``: chunks are stored raw, each exactly ``raw_size`` bytes. Else chunks are
+    ``compcode < 0``: chunks are stored raw, each at most ``raw_size`` bytes (a shorter one, a
+    file's trimmed last heap chunk, is zero-filled to ``raw_size``; the index checks say which
+    chunk may be short). Else chunks are
     single-chunk Blosc2 frames compressed with Blosc2 compressor ``compcode`` and shuffle filter
     ``shuffle`` (the file's declared compression), staged in ``scratch``, their chunk header
     checked against that declaration and decompressed to exactly ``raw_size`` bytes.
@@ -269,11 +271,13 @@ cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64
                 return _fail(err, E_DEST, i, stored[i])
             target = scratch
         else:
-            if stored[i] != raw_size:
+            if stored[i] > raw_size:
                 return _fail(err, E_SIZE, i, stored[i])
             target = dst + i * dst_stride
         if _pread_full(fds[i * fd_step], target, stored[i], offsets[i], err, i) < 0:
             return -1
+        if ctx == NULL and stored[i] < raw_size:
+            memset(target + stored[i], 0, <size_t>(raw_size - stored[i]))
         if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
             return _fail(err, E_CHECKSUM, i, 0)
         if ctx != NULL and _frame_decompress(ctx, target, stored[i], compcode, shuffle,
@@ -334,13 +338,15 @@ cdef int _decode(const uint8_t* src, int64_t src_len, Py_ssize_t n, const int64_
             return _fail(err, E_SIZE, i, stored[i])
         if src_offsets[i] > src_len or stored[i] > src_len - src_offsets[i]:
             return _fail(err, E_SHORT, i, src_len - src_offsets[i] if src_offsets[i] <= src_len else 0)
-        if ctx == NULL and stored[i] != raw_size:
+        if ctx == NULL and stored[i] > raw_size:
             return _fail(err, E_SIZE, i, stored[i])
         chunk = src + src_offsets[i]
         if verify and <uint64_t>zng_crc32(0, chunk, <size_t>stored[i]) != checksums[i]:
             return _fail(err, E_CHECKSUM, i, 0)
         if ctx == NULL:
-            memcpy(dst + i * dst_stride, chunk, <size_t>raw_size)
+            memcpy(dst + i * dst_stride, chunk, <size_t>stored[i])
+            if stored[i] < raw_size:
+                memset(dst + i * dst_stride + stored[i], 0, <size_t>(raw_size - stored[i]))
         elif _frame_decompress(ctx, chunk, stored[i], compcode, shuffle, dst + i * dst_stride, raw_size,
                                err, i) < 0:
             return -1

@@ -14,16 +14,22 @@ of blocks), divisions known when the stored index is sorted (always for row numb
 Column kinds, nulls and the index are handled as by :mod:`rowstore.pandas`; a partition's
 ``RangeIndex`` is stored as a field (each partition has its own), unless ``index=False``.
 
-.. warning::
-   Dask converts object columns to strings by default (``dataframe.convert-string``), also
-   object columns of ndarrays, which ``dd.from_pandas`` then turns into their ``repr``: build
-   such frames under ``dask.config.set({"dataframe.convert-string": False})``.
-   :func:`read_rowstore` switches it off for the graphs it builds.
+Dask converts object columns to strings by default (``dataframe.convert-string``), object
+columns of ndarrays or lists too: ``dd.from_pandas`` turns each such cell into its ``str``, and
+the arrays are gone. :func:`to_rowstore` keeps them where it can: a frame built by
+``dd.from_pandas`` still holds the pandas frame, and the graph is rebuilt from it without the
+conversion for the sources whose object columns hold anything but ``str``. Where the source is
+gone (a persisted frame, ``from_delayed``...), a string column whose every value reads like the
+``str`` of an array (``"[1. 2. 3.]"``, ``"[[1, 2], [3]]"``) is refused with a
+:class:`~rowstore.errors.SchemaError` naming it, never stored as text (``schema=`` with a
+``str`` field stores it as text on purpose). :func:`from_pandas` builds a frame without the
+conversion; :func:`read_rowstore` switches it off for the graphs it builds.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import dask
@@ -34,11 +40,95 @@ import pandas as pd
 from rowstore.errors import SchemaError
 from rowstore.format import commit, spec, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, discard
-from rowstore.pandas import META_KEY, _columns_for, _describe, frame_columns, read_pandas, to_pandas
+from rowstore.pandas import (
+    GUESSED,
+    META_KEY,
+    _columns_for,
+    _describe,
+    frame_columns,
+    read_pandas,
+    stored_meta,
+    to_pandas,
+)
 from rowstore.reader import Reader
-from rowstore.schema import Schema
+from rowstore.schema import STR, Schema
 
-__all__ = ["to_rowstore", "read_rowstore", "shuffle"]
+__all__ = ["from_pandas", "to_rowstore", "read_rowstore", "shuffle"]
+
+_CONVERT_STRING = "dataframe.convert-string"
+
+
+# -- Dask's string conversion -----------------------------------------------------------------
+def from_pandas(df: pd.DataFrame, npartitions: int | None = None, *, chunksize: int | None = None,
+                sort: bool = True) -> dd.DataFrame:
+    """``dd.from_pandas`` without Dask's string conversion (``dataframe.convert-string``),
+    which would turn the ndarray (or list) cells of object columns into their ``str``.
+
+    Parameters are those of :func:`dask.dataframe.from_pandas`; object columns stay object
+    columns (``str`` cells included), in the graph and in every partition it computes.
+    """
+    with dask.config.set({_CONVERT_STRING: False}):
+        return dd.from_pandas(df, npartitions=npartitions, chunksize=chunksize, sort=sort)
+
+
+def _converts_losslessly(frame: pd.DataFrame) -> bool:
+    """Whether Dask's string conversion keeps ``frame``'s values: its object columns (and
+    index) hold only ``str`` cells and missing values."""
+    cols = [frame[c] for c in frame.columns if frame[c].dtype == object]
+    if frame.index.dtype == object:
+        cols.append(pd.Series(frame.index, copy=False))
+    return all(isinstance(v, str) or v is None or v is pd.NA or (isinstance(v, float) and v != v)
+               for s in cols for v in s.to_numpy())  # fmt: skip
+
+
+def _keep_arrays(ddf: dd.DataFrame) -> dd.DataFrame:
+    """``ddf`` with its ``dd.from_pandas`` sources rebuilt without the string conversion where
+    it would lose cells (ndarrays, lists, bytes...); ``ddf`` itself when none would."""
+    try:
+        from dask._collections import new_collection
+        from dask.dataframe.dask_expr.io.io import FromPandas
+    except ImportError:  # a Dask without expressions: only the check of the values is left
+        return ddf
+    expr = getattr(ddf, "expr", None)
+    if expr is None:
+        return ddf
+    new = expr
+    for node in list(expr.find_operations(FromPandas)):
+        if node.operand("pyarrow_strings_enabled") and not _converts_losslessly(node.frame._data):
+            new = new.substitute(node, node.substitute_parameters({"pyarrow_strings_enabled": False}))
+    return ddf if new is expr else new_collection(new)
+
+
+# The str of an ndarray ("[1. 2.]", "[[0 1]\n [2 3]]", "[ True False]", "[1. ... 9.]") or of a
+# list ("[1, 2]", "[np.float64(1.0)]", "[array([1, 2])]"): brackets around numbers only.
+_ARRAY_TEXT = re.compile(r"\[[\s\d.,+\-eEj\[\]()]*(?:(?:nan|inf|True|False|array\(|dtype=\w+|np\.\w+\()"
+                         r"[\s\d.,+\-eEj\[\]()]*)*\]")
+
+
+def _check_not_array_text(df: pd.DataFrame, schema: Schema, meta: dict, user_schema: bool) -> None:
+    """Refuse the string columns (``StringDtype``: what Dask's conversion makes) that are the
+    ``str`` of array cells, or that a given schema stores as a non-string field."""
+    for m in meta["columns"]:
+        if m["kind"] != "string" or m["name"] not in df.columns:
+            continue
+        field = schema[m["field"]]
+        s = df[m["name"]]
+        if field.dtype != STR:
+            why = f"a string column, which schema= stores as a {field.dtype} field"
+        elif user_schema:
+            continue
+        else:
+            values = s.dropna()
+            if not len(values) or not _ARRAY_TEXT.fullmatch(str(values.iloc[0])):
+                continue
+            if not all(_ARRAY_TEXT.fullmatch(v) for v in values.astype(str)):
+                continue
+            why = f"text that reads as the str of arrays ({str(values.iloc[0])[:40]!r}...)"
+        raise SchemaError(f"column {m['name']!r} holds {why}: Dask's {_CONVERT_STRING!r} (on by default) turned "
+                          "its ndarray or list cells into strings when the frame was built, and they cannot "
+                          "be recovered; build the frame with rowstore.dask.from_pandas(df, ...) or under "
+                          f"dask.config.set({{{_CONVERT_STRING!r}: False}}) (or pass schema= with a str field "
+                          "to store the text as it is)", field=m["field"])  # fmt: skip
 
 
 # -- schema over all partitions -----------------------------------------------------------------
@@ -56,6 +146,13 @@ def _merge(parts: list[tuple[dict, dict]]) -> tuple[Schema, dict]:
     for p, (schema, meta) in enumerate(parts[1:], 1):
         for f, m in zip(schema["fields"], _all_meta(meta)):
             g, gm = fields[f["name"]], metas[f["name"]]
+            guessed = gm.get(GUESSED) or m.get(GUESSED)
+            if g["dtype"] != f["dtype"] and gm["kind"] == m["kind"] == "ndarray" and guessed:
+                if gm.pop(GUESSED, None):  # empty lists only so far: this partition's cells decide
+                    g["dtype"] = f["dtype"]
+                f = {**f, "dtype": g["dtype"]}
+            elif not m.get(GUESSED):
+                gm.pop(GUESSED, None)
             differs = (g["dtype"] != f["dtype"] or len(g["shape"]) != len(f["shape"]) or gm["kind"] != m["kind"]
                        or gm.get("categories") != m.get("categories") or gm.get("unit") != m.get("unit"))  # fmt: skip
             if differs:
@@ -67,7 +164,7 @@ def _merge(parts: list[tuple[dict, dict]]) -> tuple[Schema, dict]:
             g["nullable"] = g["nullable"] or f["nullable"]
             if gm.get("na") != m.get("na") and gm["kind"] == "object":
                 gm["na"] = "None"
-    return Schema.from_json({"fields": list(fields.values())}), meta0
+    return Schema.from_json({"fields": list(fields.values())}), stored_meta(meta0)
 
 
 def _all_meta(meta: dict) -> list[dict]:
@@ -134,12 +231,13 @@ def _slices(sizes: np.ndarray, shard_bytes: int) -> list[tuple[int, int]]:
 
 
 def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, index: bool, shard_bytes: int,
-                options: dict) -> list:
+                options: dict, user_schema: bool = False) -> list:
     """Write one partition as shards of about ``shard_bytes`` (consecutive rows, in order); on an
     error the shards this task already wrote are removed (none is committed)."""
     if len(df) == 0:
         return []
     schema = Schema.from_json(schema_json)
+    _check_not_array_text(df, schema, meta, user_schema)
     columns = _columns_for(schema, meta, frame_columns(df, index=index, range_index=False))
     n = len(df)
     bounds = _slices(_row_nbytes(schema, columns, n), shard_bytes)
@@ -205,6 +303,7 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
         raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
     path = os.fspath(path)
+    ddf = _keep_arrays(ddf)
     inferred, meta = _infer(ddf, index, schema)
     if schema is None:
         schema = inferred
@@ -214,7 +313,8 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     user[META_KEY] = meta
     sj = schema.to_json()
     write = dask.delayed(_write_part, pure=False)
-    tasks = [write(p, path, sj, meta, index, shard_bytes, writer_kwargs) for p in ddf.to_delayed()]
+    given = schema is not inferred
+    tasks = [write(p, path, sj, meta, index, shard_bytes, writer_kwargs, given) for p in ddf.to_delayed()]
     if not compute:
         return dask.delayed(_commit, pure=False)(tasks, path, mode, user)
     infos = dask.compute(*tasks)  # raises if any partition failed: nothing is committed

@@ -18,7 +18,8 @@ numpy bool / int / uint / float / complex   scalar field of that dtype (``NaN`` 
 object: ``str`` / ``bytes`` cells           ``str`` / ``bytes`` field, nullable if a cell is missing
                                             (``None``, ``NaN``, ``pd.NA``; restored as that sentinel when
                                             the column used only one, else ``None``)
-object: ndarray (or list) cells             array field: dtype of the cells (all must agree), shape with
+object: ndarray (or list) cells             array field: dtype of the cells (all must agree; an empty
+                                            list has none), shape with
                                             ``None`` wherever the cells' sizes differ, nullable if a cell
                                             is missing; read back as ndarray cells
 ``category``                                its integer codes (``-1`` for missing); categories and
@@ -85,12 +86,24 @@ def _is_missing(v: Any) -> str | None:
 
 
 _SENTINELS = {"None": None, "NA": pd.NA, "nan": np.nan, "NaT": pd.NaT}
+#: Key of a column's description while inferring (never stored): its dtype came from empty lists.
+GUESSED = "dtype_guessed"
+
+
+def stored_meta(meta: dict) -> dict:
+    """``meta`` without what only inference uses (:data:`GUESSED`), as the attributes store it."""
+    idx = meta["index"]
+    levels = idx["levels"] if idx and idx["kind"] == "levels" else []
+    for m in levels + meta["columns"]:
+        m.pop(GUESSED, None)
+    return meta
 
 
 def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict]:
     """Look at every cell of an object column: str, bytes or ndarrays (one dtype and rank)."""
     kind = None  # "str", "bytes" or "array"
     dtype: Any = None
+    fallback: Any = None  # the dtype numpy gives an empty list: used when no other cell has one
     ndim: Any = None
     shape: Any = None
     first = {}  # what decided the kind / dtype / rank: the row that did
@@ -120,24 +133,33 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
         if arr.dtype == object or arr.dtype.kind in "USV":
             raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array cell cannot be stored; expected numbers",
                               field=fname, row=i)  # fmt: skip
-        if dtype is None:
-            dtype, ndim, shape, first["dtype"] = arr.dtype, arr.ndim, list(arr.shape), i
-            continue
-        if arr.dtype != dtype:
+        # An empty list (or tuple) says nothing about the dtype (numpy makes it float64): the
+        # other cells decide it, and it is float64 only when every cell is one.
+        guessed = arr.size == 0 and not isinstance(v, (np.ndarray, np.generic))
+        if ndim is None:
+            ndim, shape, first["rank"] = arr.ndim, list(arr.shape), i
+        elif arr.ndim != ndim:
+            raise SchemaError(f"column {name!r}, row {i}: an array of {arr.ndim} dimensions, but row {first['rank']} "
+                              f"has {ndim}", field=fname, row=i)  # fmt: skip
+        if guessed:
+            fallback = arr.dtype if fallback is None else fallback
+        elif dtype is None:
+            dtype, first["dtype"] = arr.dtype, i
+        elif arr.dtype != dtype:
             raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array, but row {first['dtype']} holds {dtype} "
                               "(cast the column to one dtype, or pass schema=)", field=fname, row=i)  # fmt: skip
-        if arr.ndim != ndim:
-            raise SchemaError(f"column {name!r}, row {i}: an array of {arr.ndim} dimensions, but row {first['dtype']} "
-                              f"has {ndim}", field=fname, row=i)  # fmt: skip
         for d, s in enumerate(arr.shape):
             if shape[d] is not None and shape[d] != s:
                 shape[d] = None
     nullable = bool(missing)
     na = missing.pop() if len(missing) == 1 else "None"
     if kind == "array":
+        extra = {"kind": "ndarray", "na": na}
+        if dtype is None:  # empty lists only: a dtype another part of the data may decide (Dask)
+            dtype, extra[GUESSED] = fallback, True
         if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
             shape = [None if s == 0 else s for s in shape]
-        return Field(fname, dtype, tuple(shape), nullable=nullable), {"kind": "ndarray", "na": na}
+        return Field(fname, dtype, tuple(shape), nullable=nullable), extra
     if kind == "bytes":
         return Field(fname, BYTES, nullable=nullable), {"kind": "object", "na": na}
     # str, or no value at all (an empty or all-missing column): a nullable str field
@@ -267,9 +289,15 @@ def _column_values(field: Field, meta: dict, s: pd.Series) -> Any:
         return out
     vals = s.to_numpy(dtype=object)
     missing = [i for i, v in enumerate(vals) if _is_missing(v) is not None]
-    if missing:
+    # Empty list cells of an array column: numpy would make them float64 (see _object_plan).
+    empty = []
+    if kind == "ndarray":
+        empty = [i for i, v in enumerate(vals) if isinstance(v, (list, tuple)) and not len(v)]
+    if missing or empty:
         vals = vals.copy()
         vals[missing] = None
+        for i in empty:
+            vals[i] = np.asarray(vals[i], dtype=field.numpy_dtype)
     return vals
 
 
@@ -326,7 +354,7 @@ def from_pandas(df: pd.DataFrame, path: str | os.PathLike, *, schema: Schema | N
         raise SchemaError(f"schema fields {schema.names} differ from the frame's {inferred.names} "
                           "(see rowstore.pandas.infer_schema)")  # fmt: skip
     user = dict(attrs or {})
-    user[META_KEY] = meta
+    user[META_KEY] = stored_meta(meta)
     columns = _columns_for(inferred, meta, parts)
     cls = DatasetWriter if dataset else Writer
     with cls(path, schema, attrs=user, **writer_kwargs) as w:

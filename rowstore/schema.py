@@ -63,6 +63,9 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _normalize_dtype(dtype: Any, name: str) -> np.dtype | str:
+    if dtype is None:  # np.dtype(None) is float64: a missing dtype must not become one
+        raise SchemaError(f"field {name!r}: no dtype (got None); expected a numpy dtype name, "
+                          "'str' or 'bytes'", field=name)
     if dtype is str or dtype == STR:
         return STR
     if dtype is bytes or dtype == BYTES:

@@ -410,6 +410,11 @@ class _Plan:
                                  f"{self.size[d]} and {self.stride[d]}")  # fmt: skip
         self.keep = [d for d in keep if d in ds.dims and d not in named]
         self.grid = {d: int(ds.sizes[d]) for d in self.moving}
+        for d in self.moving:
+            if self.kind[d] != "over" and self.size[d] > self.grid[d]:  # no whole patch fits: no sample
+                what = self.kind[d]
+                raise ValueError(f"{what} dimension {d!r}: size {self.size[d]} is larger than the grid's "
+                                 f"{self.grid[d]}; no whole {what} fits (use a size <= {self.grid[d]})")
         self.counts = {d: max(0, (self.grid[d] - self.size[d]) // self.stride[d] + 1) for d in self.moving}
         names = list(ds.data_vars) if variables is None else list(variables)
         for v in names:
@@ -811,7 +816,8 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
         Step between patch origins per dimension; default the patch size for ``patch``
         dimensions (tiles), 1 for ``window`` and ``sample_over`` dimensions. A stride smaller
         than the size overlaps samples. Only whole patches are cut: origins ``0, s, 2s, ...`` up
-        to ``size - patch`` (a remainder at the far edge is not covered).
+        to ``size - patch`` (a remainder at the far edge is not covered); a patch larger than its
+        dimension is a ``ValueError``.
     window : mapping of dim to int, optional
         Runs of consecutive steps (``{"time": 2}`` for pairs), kept as a dimension of the sample.
     sample_over : sequence of dims, optional

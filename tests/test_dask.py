@@ -197,3 +197,89 @@ def test_a_given_schema_writes_without_the_describing_pass(tmp_path):
     assert sorted(calls) == [0, 1, 2, 3]  # once each
     assert_frames_equal(df, read_pandas(given))
     assert_frames_equal(read_pandas(inferred), read_pandas(given))
+
+
+# -- Dask's default string conversion ("dataframe.convert-string") ------------------------------
+def seed_frame(n=8):
+    """Weather-like rows: an ndarray-cell column, a list-cell column, scalars and text."""
+    return pd.DataFrame({"foo": [np.arange(6.0).reshape(2, 3) + i for i in range(n)],
+                         "bar": [list(range(i % 3 + 1)) for i in range(n)],
+                         "baz": np.arange(n, dtype=np.float64),
+                         "name": [f"row{i}" for i in range(n)]})  # fmt: skip
+
+
+def assert_seed_back(df, back):
+    assert back["foo"].dtype == object and back["bar"].dtype == object
+    for a, b in zip(df["foo"], back["foo"]):
+        assert isinstance(b, np.ndarray) and b.dtype == np.float64 and np.array_equal(a, b)
+    assert [list(b) for b in back["bar"]] == list(df["bar"])
+    assert back["baz"].tolist() == df["baz"].tolist() and list(back["name"]) == list(df["name"])
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "distributed"])
+def test_ndarray_cells_survive_default_string_conversion(tmp_path, scheduler, request):
+    """The plain recipe (``dd.from_pandas`` with Dask's defaults, which make ndarray and list
+    cells strings) writes the arrays, not their str."""
+    df = seed_frame()
+    path = str(tmp_path / "ds")
+    with dask.config.set({"dataframe.convert-string": True}):
+        ddf = dd.from_pandas(df, npartitions=2)
+        assert str(ddf.dtypes["foo"]) != "object"  # Dask's conversion is on for this frame
+        if scheduler == "distributed":
+            request.getfixturevalue("client")
+            to_rowstore(ddf, path)
+        else:
+            with dask.config.set(scheduler="sync"):
+                to_rowstore(ddf[["foo", "bar", "baz", "name"]].repartition(npartitions=1), path)
+    assert_seed_back(df, read_pandas(path))
+
+
+def test_array_text_without_its_source_is_refused(tmp_path):
+    """A converted frame whose pandas source is gone (persisted): its array text is refused,
+    naming the column and the setting, and nothing is committed."""
+    df = seed_frame()
+    path = str(tmp_path / "ds")
+    with dask.config.set({"dataframe.convert-string": True, "scheduler": "sync"}):
+        lost = dd.from_pandas(df, npartitions=2).persist()
+        with pytest.raises(SchemaError, match=r"column 'foo' holds text that reads as the str of arrays.*"
+                                              r"rowstore.dask.from_pandas.*'dataframe.convert-string': False"):
+            to_rowstore(lost[["baz", "foo"]], path)
+        assert manifests(path) == ([], None)
+        with pytest.raises(SchemaError, match="column 'bar'"):
+            to_rowstore(lost[["bar"]], path)
+        # A schema that stores the column as a number cannot take the text either...
+        schema = rowstore.Schema([rowstore.Field("baz", "float64"), rowstore.Field("foo", "float64", (2, 3))])
+        with pytest.raises(SchemaError, match="column 'foo' holds a string column, which schema= stores as"):
+            to_rowstore(lost[["baz", "foo"]], path, schema=schema, index=False)
+        # ...and one that says str stores it as the text it is.
+        schema = rowstore.Schema([rowstore.Field("baz", "float64"), rowstore.Field("foo", rowstore.STR, nullable=True)])
+        to_rowstore(lost[["baz", "foo"]], path, schema=schema, index=False)
+        assert list(read_pandas(path)["foo"]) == [str(a) for a in df["foo"]]
+        # Text that is not array-like passes as before.
+        to_rowstore(lost[["name"]], str(tmp_path / "names"))
+        assert list(read_pandas(str(tmp_path / "names"))["name"]) == list(df["name"])
+
+
+def test_from_pandas_keeps_object_columns(tmp_path):
+    from rowstore.dask import from_pandas as dask_from_pandas
+
+    df = seed_frame()
+    with dask.config.set({"dataframe.convert-string": True, "scheduler": "sync"}):
+        ddf = dask_from_pandas(df, npartitions=3).persist()  # persisted: no source to rebuild from
+        assert ddf.dtypes["foo"] == np.dtype(object) and ddf.npartitions == 3
+        to_rowstore(ddf, str(tmp_path / "ds"))
+    assert_seed_back(df, read_pandas(str(tmp_path / "ds")))
+
+
+def test_a_partition_of_empty_lists_takes_the_dtype_of_the_others(tmp_path):
+    """``[]`` fixes no dtype in a partition either: one holding only empty lists does not
+    conflict with another's int64 cells (in either order)."""
+    for cells in ([[], [], [1, 2], [3]], [[1, 2], [3], [], []]):
+        df = pd.DataFrame({"x": cells})
+        path = str(tmp_path / f"ds{len(os.listdir(tmp_path))}")
+        with dask.config.set(scheduler="sync"):
+            to_rowstore(to_ddf(df, 2), path)
+        back = read_pandas(path)
+        assert [c.tolist() for c in back["x"]] == cells and all(c.dtype == np.int64 for c in back["x"])
+        with rowstore.open(path) as r:
+            assert "dtype_guessed" not in json.dumps(r.layout.user_attrs)

@@ -171,6 +171,29 @@ def test_load_chunks_matches_reference(tmp_path, codec):
         # a destination or staging buffer too small
         with pytest.raises(FormatError, match="destination"):
             kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=False, dst=dst[:-1], raw_size=raw_size, scratch=scratch)
+        if codec is None:
+            # A raw chunk stored short (a trimmed heap): its bytes, then zeros to raw_size, by
+            # both kernels; one stored longer than raw_size is refused.
+            short = sizes.copy()
+            short[3] = 1000
+            short_checks = checks.copy()
+            short_checks[3] = kernels.crc32(raws[3][:1000])
+            want = b"".join(raws[:3]) + raws[3][:1000] + bytes(raw_size - 1000) + b"".join(raws[4:])
+            dst[:] = 7
+            kernels.load_chunks(fd, offs, short, short_checks, codec=None, verify=True, dst=dst, raw_size=raw_size,
+                                scratch=scratch)  # fmt: skip
+            assert dst.tobytes() == want
+            src = np.frombuffer(open(path, "rb").read(), np.uint8)
+            dst[:] = 7
+            kernels.decode_chunks(src, offs, short, short_checks, codec=None, verify=True, dst=dst, raw_size=raw_size)
+            assert dst.tobytes() == want
+            long = sizes.copy()
+            long[1] = raw_size + 1
+            with pytest.raises(FormatError):
+                kernels.load_chunks(fd, offs, long, checks, codec=None, verify=False, dst=dst, raw_size=raw_size,
+                                    scratch=scratch)  # fmt: skip
+            with pytest.raises(FormatError):
+                kernels.decode_chunks(src, offs, long, checks, codec=None, verify=False, dst=dst, raw_size=raw_size)
         if codec:
             with pytest.raises(FormatError, match="destination"):
                 kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch[:10])

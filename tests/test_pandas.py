@@ -170,6 +170,21 @@ def test_empty_frame_and_empty_arrays(tmp_path):
     assert_frames_equal(df, roundtrip(df, tmp_path))
 
 
+def test_empty_list_cells_take_the_dtype_of_the_others(tmp_path):
+    """``[]`` fixes no dtype (numpy would call it float64): the non-empty cells decide it; a
+    column of empty lists only is float64."""
+    df = pd.DataFrame({"x": [[], [1, 2], [3]], "y": [[], [], []]})
+    schema = infer_schema(df)
+    assert schema["x"].dtype == np.dtype("<i8") and schema["x"].shape == (None,)
+    assert schema["y"].dtype == np.dtype("<f8")
+    from_pandas(df, str(tmp_path / "e.h5"))
+    back = read_pandas(str(tmp_path / "e.h5"))
+    assert [c.tolist() for c in back["x"]] == [[], [1, 2], [3]]
+    assert back["x"][0].dtype == np.int64 and back["x"][1].dtype == np.int64
+    with pytest.raises(SchemaError, match=r"column 'x', row 2: a float64 array, but row 1 holds int64"):
+        infer_schema(pd.DataFrame({"x": [[], [1, 2], [0.5]]}))
+
+
 def test_dataset_round_trip(tmp_path):
     df = speech_frame(40)
     path = str(tmp_path / "ds")

@@ -167,13 +167,13 @@ def test_open_request_counts(remote_data, http_factory):
     assert srv.requests - before == 3
     big = os.path.join(remote_data, "big.h5")
     with rowstore.Writer(big, SCHEMA, block_bytes=8 << 10) as w:
-        for k in range(6):
+        for k in range(8):
             w.write_batch(_columns(N, seed=k))
     assert os.path.getsize(big) > 1 << 21
     before = srv.requests
     r = rowstore.open(srv.url + "/big.h5")
     assert srv.requests - before <= 3
-    assert same(r.take([0, 6 * N - 1]), rowstore.open(big).take([0, 6 * N - 1]))
+    assert same(r.take([0, 8 * N - 1]), rowstore.open(big).take([0, 8 * N - 1]))
 
 
 def test_scheduler_bounds_requests_in_flight(remote_data, s3):

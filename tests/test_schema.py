@@ -120,6 +120,16 @@ def test_unknown_or_unsupported_dtypes(dtype):
     assert "'v'" in str(ei.value)
 
 
+def test_missing_dtype_is_refused_not_float64():
+    """``"dtype": null`` in a schema's JSON (or ``Field(name, None)``) names the field; numpy
+    would read None as float64."""
+    with pytest.raises(SchemaError, match="'x'.*no dtype") as ei:
+        Schema.from_json({"fields": [{"name": "x", "dtype": None, "shape": [2]}]})
+    assert ei.value.field == "x"
+    with pytest.raises(SchemaError, match="'y'"):
+        Field("y", None)
+
+
 @pytest.mark.parametrize(
     ("shape", "expected"),
     [(None, ()), ((), ()), (5, (5,)), ([2, 3], (2, 3)), ((None,), (None,)), ((-1, 4), (None, 4)),

@@ -622,3 +622,111 @@ def test_inline_codec_that_is_not_raw_is_stored_encoded(rs, tmp_path):
             assert table["e__null"][k] and not table["e"][k].any()
         else:
             assert table["e"][k].tobytes() == r["e"].astype(">u2").tobytes()
+
+
+# -- a heap smaller than one chunk ---------------------------------------------------------------
+SMALL_HEAP_SCHEMA = Schema([Field("w", "float32", (None,)), Field("y", "int64")])
+
+
+def _small_rows(n, start=0, k=50):
+    return [{"w": np.arange((i % k) + 1, dtype=np.float32) + start, "y": start + i} for i in range(n)]
+
+
+def _assert_rows(path, rows):
+    with rowstore.open(path) as r:
+        b = r.take(np.arange(len(rows)))
+    assert b["y"].tolist() == [row["y"] for row in rows]
+    assert all(np.array_equal(a, row["w"]) for a, row in zip(b["w"], rows))
+
+
+def test_a_small_heap_is_stored_as_one_chunk_of_its_size(tmp_path):
+    """A file whose heap is smaller than heap_chunk_bytes (1 MiB by default) stored a 1 MiB
+    chunk of zeros: its heap is now one HDF5 chunk of the heap's own size; HDF5 (h5py) reads it
+    as ever, the index says ``stored_nbytes = heap_nbytes``, and appending continues it."""
+    p = str(tmp_path / "small.h5")
+    rows = _small_rows(100)
+    with rowstore.Writer(p, SMALL_HEAP_SCHEMA) as w:
+        for row in rows:
+            w.write(row)
+    lay = check_layout(p, 100)
+    H, hn = lay.heap_chunk_bytes, lay.heap_nbytes
+    assert H == 1 << 20 and 0 < hn < 64 << 10
+    assert lay.heap_chunks["stored_nbytes"].tolist() == [hn]
+    assert os.path.getsize(p) < H // 2  # no 1 MiB chunk of zeros
+    with h5py.File(p, "r") as f:
+        assert f["rowstore/heap"].chunks == (hn,) and f["rowstore/heap"].shape == (hn,)
+        heap = f["rowstore/heap"][()]
+    assert np.array_equal(heap[:8].view(np.float32), [0, 0])  # rows 0 and 1: [0.], [0., 1.][:1]
+    _assert_rows(p, rows)
+    from rowstore.cli import main
+
+    assert main(["verify", p]) == 0
+    # Appending: a few rows keep the heap below one chunk (trimmed again), many more grow it
+    # into heap_chunk_bytes chunks.
+    for n, k in ((10, 50), (3000, 500)):
+        more = _small_rows(n, start=len(rows), k=k)
+        with rowstore.Writer(p, mode="a") as w:
+            for row in more:
+                w.write(row)
+        rows += more
+        lay = check_layout(p, len(rows))
+        _assert_rows(p, rows)
+        assert main(["verify", p]) == 0
+    assert len(lay.heap_chunks) == 3 and lay.heap_chunks["stored_nbytes"].tolist() == [H] * 3
+    with h5py.File(p, "r") as f:
+        assert f["rowstore/heap"].chunks == (H,)
+
+
+def test_small_shards_share_the_dataset_heap_chunk_size(tmp_path):
+    """Nine small shards: each stores its heap at its size (9 x 1 MiB of zeros before), and
+    they still form one dataset (one heap_chunk_bytes)."""
+    root = str(tmp_path / "ds")
+    rows = _small_rows(900)
+    infos = [rowstore.write_shard(root, SMALL_HEAP_SCHEMA, rows[i : i + 100]) for i in range(0, 900, 100)]
+    rowstore.commit(root, infos)
+    shard_bytes = sum(os.path.getsize(os.path.join(root, i.path)) for i in infos)
+    assert shard_bytes < 9 * (1 << 20) // 4
+    _assert_rows(root, rows)
+    with rowstore.open(root) as r:
+        assert r.layout.heap_chunk_bytes == 1 << 20
+        for batch in r.batches(64, shuffle="block", seed=3):  # whole-chunk loads of the heap too
+            assert len(batch["y"]) <= 64
+
+
+def test_a_compressed_small_heap_keeps_its_chunk_size(tmp_path):
+    p = str(tmp_path / "c.h5")
+    with rowstore.Writer(p, SMALL_HEAP_SCHEMA, compression="lz4") as w:
+        w.write_batch({"w": [np.ones(3, np.float32)] * 10, "y": np.arange(10)})
+    with h5py.File(p, "r") as f:
+        assert f["rowstore/heap"].chunks == (1 << 20,)
+    assert os.path.getsize(p) < 1 << 17  # the zeros compress away
+
+
+def test_a_trimmed_heap_chunk_shorter_than_the_heap_is_refused():
+    """Only a heap of one chunk may store it short, and never shorter than the heap's bytes."""
+    from rowstore.errors import FormatError
+    from rowstore.format import spec
+    from rowstore.format.index import check_indexes
+
+    def check(stored, heap_nbytes, n_chunks):
+        blocks = np.zeros(1, spec.BLOCK_DTYPE)
+        blocks["num_rows"], blocks["offset"], blocks["stored_nbytes"] = 1, 0, 8
+        blocks["heap_end"] = heap_nbytes
+        hc = np.zeros(n_chunks, spec.HEAP_CHUNK_DTYPE)
+        hc["offset"] = 100 + np.arange(n_chunks) * 1000
+        hc["stored_nbytes"] = stored
+
+        def bad(_file, msg):
+            return FormatError(msg)
+
+        check_indexes(bad, blocks=blocks, heap_chunks=hc, rows=np.array([1]), rows_per_block=np.array([1]),
+                      heap_nbytes=np.array([heap_nbytes]), file_size=np.array([10_000]),
+                      block_counts=np.array([1]), heap_chunk_counts=np.array([n_chunks]), heap_chunk_bytes=1000,
+                      row_size=8, compressed=False)  # fmt: skip
+
+    check([500], 500, 1)  # trimmed to the heap
+    check([1000], 500, 1)  # the full chunk
+    with pytest.raises(FormatError, match="uncompressed heap chunk's stored size"):
+        check([499], 500, 1)  # shorter than the heap's bytes
+    with pytest.raises(FormatError, match="uncompressed heap chunk's stored size"):
+        check([1000, 700], 1700, 2)  # the last of two chunks: HDF5 chunks of one dataset are one size

@@ -295,6 +295,11 @@ def test_bad_plans_name_the_dimension(tmp_path):
         write_patches(ds, str(tmp_path / "p"), patch={"height": 3})
     with pytest.raises(rowstore.SchemaError, match="both patch and sample_over"):
         write_patches(ds, str(tmp_path / "p"), patch={"lat": 3, "lon": 3, "time": 2}, sample_over=["time"])
+    # A patch (or window) larger than the grid: no whole one fits, which would commit 0 rows.
+    with pytest.raises(ValueError, match="patch dimension 'lat': size 14 is larger than the grid's 13"):
+        write_patches(ds, str(tmp_path / "p"), patch={"lat": 14, "lon": 3})
+    with pytest.raises(ValueError, match="window dimension 'time': size 6 is larger than the grid's 5"):
+        write_patches(ds, str(tmp_path / "p"), patch={"lat": 3, "lon": 3}, window={"time": 6})
     assert not os.path.exists(tmp_path / "p")
 
 

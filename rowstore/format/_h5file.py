@@ -246,11 +246,17 @@ class H5File:
     :meth:`abort` (close, nothing more written). Not thread-safe.
     """
 
-    def __init__(self, h5, rows: ChunkStream, heap: ChunkStream | None, block_heap: list[tuple[int, int]]):
+    def __init__(self, h5, rows: ChunkStream, heap: ChunkStream | None, block_heap: list[tuple[int, int]], *,
+                 heap_chunk_bytes: int = 0, compressor: Compressor | None = None):
         self._h5 = h5
         self.path: str = h5.filename
         self.rows = rows
+        # The heap dataset is created by the first heap chunk written, whose size is its HDF5
+        # chunk size (heap_chunk_bytes, or fewer: a heap of one chunk trimmed to its bytes),
+        # or at finish when it stays empty; None until then.
         self.heap = heap
+        self._heap_chunk_bytes = heap_chunk_bytes
+        self._compressor = compressor
         self._block_heap = block_heap  # per written block: its range in the logical heap
 
     @classmethod
@@ -267,14 +273,10 @@ class H5File:
             kw = compressor.compression.hdf5_filter_kwargs()
             ds = g.create_dataset(spec.ROWS, shape=(0,), maxshape=(None,), chunks=(rows_per_block,), dtype=row_dtype, **kw)
             rows = ChunkStream(ds, rows_per_block, row_dtype.itemsize, compressor, typesize=spec.blosc_typesize(row_dtype))
-            heap = None
-            if with_heap:
-                ds = g.create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(heap_chunk_bytes,), dtype=np.uint8, **kw)
-                heap = ChunkStream(ds, heap_chunk_bytes, 1, compressor, typesize=1)
         except BaseException:
             f.close()
             raise
-        return cls(f, rows, heap, [])
+        return cls(f, rows, None, [], heap_chunk_bytes=heap_chunk_bytes if with_heap else 0, compressor=compressor)
 
     @classmethod
     def reopen(cls, path: str, layout: Layout, tail: Tail, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
@@ -294,11 +296,18 @@ class H5File:
             rows = cls._reopen_stream(g[spec.ROWS], layout.blocks, layout.rows_per_block, layout.row_dtype.itemsize,
                                       spec.blosc_typesize(layout.row_dtype), compressor)  # fmt: skip
             block_heap = [(int(a), int(b)) for a, b in zip(layout.blocks["heap_start"], layout.blocks["heap_end"])]
-            out = cls(f, rows, None, block_heap)
+            with_heap = any(not fl.inline for fl in layout.schema)
+            H = layout.heap_chunk_bytes
+            out = cls(f, rows, None, block_heap, heap_chunk_bytes=H if with_heap else 0, compressor=compressor)
             pending, rows_written, block_heap_start = out._reopen_last_block(layout, tail)
             heap, heap_flushed = b"", 0
-            if any(not fl.inline for fl in layout.schema):
-                out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, layout.heap_chunk_bytes, 1, 1, compressor)
+            if with_heap and g[spec.HEAP].chunks != (H,):
+                # A trimmed heap of one partial chunk: written again from its first byte, into a
+                # heap dataset created anew by the next chunk written.
+                del g[spec.HEAP]
+                heap = tail.heap
+            elif with_heap:
+                out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, H, 1, 1, compressor)
                 heap, heap_flushed = out._reopen_last_heap_chunk(layout, tail)
         except BaseException:
             f.close()
@@ -340,10 +349,26 @@ class H5File:
         self.rows.write(raw, extent=extent)
         self._block_heap.append(heap_range)
 
+    @property
+    def heap_started(self) -> bool:
+        """Whether a heap chunk was written (the heap dataset and its chunk size exist)."""
+        return self.heap is not None
+
     def write_heap_chunk(self, raw: memoryview, *, extent: int) -> None:
-        """Write the next heap chunk (``heap_chunk_bytes``); the heap grows to ``extent`` bytes."""
-        assert self.heap is not None, "internal: a heap chunk for a schema without heap fields"
+        """Write the next heap chunk (``heap_chunk_bytes``; fewer only as the first and last
+        chunk of a heap, its HDF5 chunk size then); the heap grows to ``extent`` bytes."""
+        assert self._heap_chunk_bytes, "internal: a heap chunk for a schema without heap fields"
+        if self.heap is None:
+            self._create_heap(len(raw))
+        assert self.heap is not None
         self.heap.write(raw, extent=extent)
+
+    def _create_heap(self, chunk_bytes: int) -> None:
+        assert self._compressor is not None and self._h5 is not None
+        kw = self._compressor.compression.hdf5_filter_kwargs()
+        ds = self._h5[spec.GROUP].create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(chunk_bytes,),
+                                                 dtype=np.uint8, **kw)  # fmt: skip
+        self.heap = ChunkStream(ds, chunk_bytes, 1, self._compressor, typesize=1)
 
     def finish(self, *, rows_per_block: int, num_rows: int, heap_nbytes: int, attrs: Mapping[str, Any]) -> None:
         """Wait for the chunks in flight, write both indexes and ``attrs`` (see
@@ -359,6 +384,8 @@ class H5File:
                 del g[name]
         g.create_dataset(spec.BLOCKS, data=blocks)
         chunks = np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
+        if self.heap is None and self._heap_chunk_bytes:  # heap fields, no heap byte
+            self._create_heap(self._heap_chunk_bytes)
         if self.heap is not None:
             heap, n = self.heap, self.heap.next_chunk
             chunks = heap_chunk_index(offsets=heap.offsets(), stored=heap.stored[:n], checksums=heap.checksums[:n])

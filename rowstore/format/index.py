@@ -395,7 +395,12 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
         if not compressed:
             first_bad(B["stored_nbytes"] != rpb_b * u(row_size), fb,
                       "an uncompressed block's stored size is not rows_per_block * row size")
-            first_bad(C["stored_nbytes"] != u(H), fh, "an uncompressed heap chunk's stored size is not heap_chunk_bytes")
+            # Each is heap_chunk_bytes, but a heap of one chunk may store it trimmed to the
+            # file's heap bytes (see the writer: no mostly empty chunk for a small file).
+            alone = (hc == 1)[fh]
+            short_ok = alone & (C["stored_nbytes"] >= hn[fh].astype(u)) & (C["stored_nbytes"] < u(H))
+            first_bad((C["stored_nbytes"] != u(H)) & ~short_ok, fh,
+                      "an uncompressed heap chunk's stored size is not heap_chunk_bytes")
         else:  # the scratch a reader stages compressed chunks in is sized by the largest of them
             slack = u(spec.MAX_FRAME_OVERHEAD)
             first_bad(B["stored_nbytes"] > rpb_b * u(row_size) + slack, fb,
@@ -560,7 +565,8 @@ def _heap_index(g, schema: Schema, heap_nbytes: int, H: int, bad) -> np.ndarray:
         return np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
     heap_chunks = _read_index(g, spec.HEAP_CHUNKS, -(-heap_nbytes // H), spec.HEAP_CHUNK_DTYPE, bad)
     heap = _dataset(g, spec.HEAP, bad)
-    if heap.shape != (heap_nbytes,) or heap.chunks != (H,):
+    trimmed = heap.chunks is not None and len(heap_chunks) == 1 and heap_nbytes <= heap.chunks[0] < H
+    if heap.shape != (heap_nbytes,) or (heap.chunks != (H,) and not trimmed):
         raise bad(f"heap shape {heap.shape}/chunks {heap.chunks} disagree with heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}")
     return heap_chunks
 

@@ -80,6 +80,9 @@ _POINTER_MAX = 1 << 16
 
 #: Keys of a shard entry and their meaning (all ints but ``path``).
 SHARD_KEYS = ("path", "rows", "blocks", "rows_per_block", "heap_nbytes", "heap_chunks", "file_size", "index_crc32")
+#: The global row number of an entry's first row, written with every entry and checked against
+#: the entries before it: it pins the shard order (optional on reading).
+FIRST_ROW = "first_row"
 
 
 def manifest_path(version: int) -> str:
@@ -353,10 +356,26 @@ def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | 
     if not isinstance(entries, list):
         raise _bad(mpath, "'shards' must be a list")
     shards = _shard_columns(mpath, entries)
+    _check_first_rows(mpath, entries, shards["rows"])
     blocks, heap_chunks = _read_index(root, m, shards, mpath, read)
     return Manifest(root=root, version=version, schema=schema, attrs=attrs, compression=compression,
                     heap_chunk_bytes=H, shards=shards, blocks=blocks, heap_chunks=heap_chunks,
                     created=str(m.get("created", "")), writer=str(m.get("writer", "")))  # fmt: skip
+
+
+def _check_first_rows(mpath: str, entries: list, rows: np.ndarray) -> None:
+    """Each entry's ``first_row`` against its place: the rows of the entries before it. The
+    entries and the sidecar can be reordered consistently, every CRC recomputed; the rows the
+    entries pin for themselves then no longer add up. A manifest whose entries have no
+    ``first_row`` (the key is optional) is not checked; one where only some have it is refused."""
+    firsts = [e.get(FIRST_ROW) for e in entries]
+    if all(f is None for f in firsts):
+        return
+    expected = np.concatenate(([0], np.cumsum(rows)[:-1])).tolist() if len(rows) else []
+    for i, (f, want) in enumerate(zip(firsts, expected)):
+        if type(f) is not int or f != want:
+            raise _bad(f"{mpath} shard {i}", f"{FIRST_ROW} {f!r}, but the shards before it hold {want} rows "
+                                             "(shards reordered, inserted or removed)")  # fmt: skip
 
 
 def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> tuple[np.ndarray, np.ndarray]:
@@ -457,6 +476,15 @@ def next_version(names: Sequence[str]) -> int:
     return (max(have) if have else 0) + 1
 
 
+def _entries(shards: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest's shard entries, each with its ``first_row``: its place in the row order."""
+    out, first = [], 0
+    for s in shards:
+        out.append({**{k: s[k] for k in SHARD_KEYS}, FIRST_ROW: first})
+        first += int(s["rows"])
+    return out
+
+
 def version_objects(version: int, *, schema: Schema, attrs: dict, compression: dict, heap_chunk_bytes: int,
                     shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray], heap_chunks: Sequence[np.ndarray],
                     parent: int | None = None) -> tuple[bytes, bytes, bytes]:
@@ -473,7 +501,7 @@ def version_objects(version: int, *, schema: Schema, attrs: dict, compression: d
         "schema": schema.to_json(), "attrs": attrs_json.encode(attrs), "compression": compression,
         "heap_chunk_bytes": heap_chunk_bytes, "num_rows": int(sum(s["rows"] for s in shards)),
         "index": {"path": index_path(version), "nbytes": len(sidecar), "crc32": zlib.crc32(sidecar)},
-        "shards": [{k: s[k] for k in SHARD_KEYS} for s in shards],
+        "shards": _entries(shards),
     }  # fmt: skip
     text = json.dumps(manifest, indent=1).encode()
     return sidecar, text, pointer_bytes(version, text)

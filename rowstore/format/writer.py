@@ -105,7 +105,8 @@ class Writer(Closing):
         ``"zlib"``, or ``{"cname": "zstd", "clevel": 5, "shuffle": "byte"}``. Stored through the
         Blosc2 HDF5 filter (id 32026) so h5py (with ``hdf5plugin``) and PyTables read it too.
     heap_chunk_bytes : int
-        Chunk size of the heap of variable-size payloads.
+        Chunk size of the heap of variable-size payloads. An uncompressed heap smaller than
+        one chunk is stored as one chunk of its own size (``docs/format.md``, section 4).
     attrs : mapping, optional
         User attributes, stored in the file; also editable as ``writer.attrs``. JSON values, numpy
         arrays and numpy scalars (restored exactly: dtype, shape, bytes; see
@@ -429,7 +430,12 @@ class Writer(Closing):
     def _flush_heap(self, final: bool) -> None:
         if self._file is None or not (final or len(self._packer.heap) >= self._heap_chunk_bytes):
             return  # nothing to cut (pending heap bytes wait for the first block, which creates the file)
-        for chunk, extent in self._packer.heap_chunks(self._heap_chunk_bytes, final=final):
+        size = self._heap_chunk_bytes
+        if final and not self._file.heap_started and not self._compression.compressed:
+            # A heap of less than one chunk is stored as one chunk of its own size, not as a
+            # mostly zero-filled heap_chunk_bytes (compressed chunks shrink the zeros anyway).
+            size = min(size, len(self._packer.heap)) or size
+        for chunk, extent in self._packer.heap_chunks(size, final=final):
             self._file.write_heap_chunk(memoryview(chunk), extent=extent)
 
     # -- the file --------------------------------------------------------------------------

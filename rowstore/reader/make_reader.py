@@ -61,17 +61,25 @@ def _flag(name: str, value: Any) -> bool | None:
     raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
-def order_mode(shuffle: Any = None, shuffle_row_groups: Any = None, shuffle_rows: Any = None) -> str:
+def order_mode(
+    shuffle: Any = None, shuffle_row_groups: Any = None, shuffle_rows: Any = None
+) -> str:
     """The epoch order mode of make_reader's arguments: rowstore's ``shuffle`` (True/False or a
     mode name of :mod:`rowstore.reader.order`), or Petastorm's pair ``shuffle_row_groups``
     (default True) / ``shuffle_rows`` (default False): either one True is ``"block"`` (blocks,
     Petastorm's row groups, in a permuted order, rows mixed within ``window`` blocks), both
     False is ``"none"`` (file order). Giving ``shuffle`` and a Petastorm flag is a ValueError."""
-    groups, rows = _flag("shuffle_row_groups", shuffle_row_groups), _flag("shuffle_rows", shuffle_rows)
+    groups, rows = (
+        _flag("shuffle_row_groups", shuffle_row_groups),
+        _flag("shuffle_rows", shuffle_rows),
+    )
     if shuffle is not None:
         if groups is not None or rows is not None:
-            raise ValueError(f"pass rowstore's shuffle= ({shuffle!r}) or Petastorm's shuffle_row_groups=/shuffle_rows=, "
-                             f"not both")  # fmt: skip
+            raise ValueError(
+                f"pass rowstore's shuffle= ({shuffle!r}) or Petastorm's "
+                f"shuffle_row_groups=/shuffle_rows=, "
+                f"not both"
+            )
         return shuffle_mode(shuffle)
     return "block" if (True if groups is None else groups) or bool(rows) else "none"
 
@@ -88,19 +96,41 @@ class PetastormStyleReader:
     the rows' schema (the transform's output schema), ``transform_spec`` the
     :class:`~rowstore.reader.transform.TransformSpec` (or None)."""
 
-    def __init__(self, url: Any, *, batched: bool, batch_size: int, schema_fields: Any, num_epochs: int | None,
-                 shuffle: Any, seed: int, cur_shard: int | None, shard_count: int | None,
-                 predicate: Callable[[dict], Any] | None, predicate_fields: Any, transform_spec: Any, window: int,
-                 num_threads: int | None, verify: Any, pieces: int = 1,
-                 storage_options: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: Any,
+        *,
+        batched: bool,
+        batch_size: int,
+        schema_fields: Any,
+        num_epochs: int | None,
+        shuffle: Any,
+        seed: int,
+        cur_shard: int | None,
+        shard_count: int | None,
+        predicate: Callable[[dict], Any] | None,
+        predicate_fields: Any,
+        transform_spec: Any,
+        window: int,
+        num_threads: int | None,
+        verify: Any,
+        pieces: int = 1,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         if isinstance(url, Reader):
             if storage_options is not None:
-                raise ValueError("storage_options apply to a URL; this Reader is open already (pass them to "
-                                 "rowstore.open)")  # fmt: skip
+                raise ValueError(
+                    "storage_options apply to a URL; this Reader is open already (pass them to "
+                    "rowstore.open)"
+                )
             self.reader = url
         else:
-            self.reader = Reader(url, verify=verify, num_threads=num_threads,
-                                 storage_options=None if storage_options is None else dict(storage_options))
+            self.reader = Reader(
+                url,
+                verify=verify,
+                num_threads=num_threads,
+                storage_options=None if storage_options is None else dict(storage_options),
+            )
         self._owned = not isinstance(url, Reader)
         names = select_fields(self.reader.schema, schema_fields, regex=True)
         self.fields: list[str] = names if names is not None else self.reader.schema.names
@@ -111,27 +141,40 @@ class PetastormStyleReader:
             positive_int("num_epochs", num_epochs)
         if (cur_shard is None) != (shard_count is None):
             raise ValueError("pass both cur_shard and shard_count, or neither")
-        self.shard = (0, 1) if cur_shard is None else (int(cur_shard), int(shard_count))  # type: ignore[arg-type]
+        self.shard = (
+            (0, 1) if cur_shard is None else (int(cur_shard), int(shard_count))  # type: ignore[arg-type]
+        )
         self.shuffle = shuffle_mode(shuffle)
-        self.seed, self.window, self.batch_size = int(seed), window, positive_int("batch_size", batch_size)
+        self.seed, self.window, self.batch_size = (
+            int(seed),
+            window,
+            positive_int("batch_size", batch_size),
+        )
         self.pieces = positive_int("pieces", pieces)
         self.num_epochs = num_epochs
         self.predicate, self.batched = predicate, batched
         if predicate is not None and not callable(predicate):
             raise TypeError(f"predicate must be a callable batch -> bool array, got {predicate!r}")
         self.transform_spec: TransformSpec | None = as_spec(transform_spec, "transform_spec")
-        self.schema = (self.input_schema if self.transform_spec is None
-                       else self.transform_spec.output_schema(self.input_schema))  # fmt: skip
+        self.schema = (
+            self.input_schema
+            if self.transform_spec is None
+            else self.transform_spec.output_schema(self.input_schema)
+        )
         self._tuple = collections.namedtuple("Row", self.schema.names)  # type: ignore[misc]
 
     # -- batches and rows ---------------------------------------------------------------------
     def select(self, batch: dict) -> dict:
-        """The predicate applied to one batch of the reader, and the fields read only for it dropped."""
+        """The predicate applied to one batch of the reader, and the fields read only for it
+        dropped."""
         if self.predicate is not None:
             keep = np.asarray(self.predicate(batch))
             n = len(next(iter(batch.values()))) if batch else 0
             if keep.dtype != np.bool_ or keep.shape != (n,):
-                raise ValueError(f"predicate must return a bool array of shape ({n},), got {keep.dtype} {keep.shape}")
+                raise ValueError(
+                    f"predicate must return a bool array of shape ({n},), "
+                    f"got {keep.dtype} {keep.shape}"
+                )
             batch = take_rows(batch, keep)
         if len(self._read_fields) > len(self.fields):
             batch = {k: v for k, v in batch.items() if k.split("__")[0] in self.fields}
@@ -142,13 +185,19 @@ class PetastormStyleReader:
         cols = [batch[k] for k in self.fields]
         nulls = [batch.get(k + NULL_KEY) for k in self.fields]
         for i in range(len(cols[0]) if cols else 0):
-            yield {k: None if m is not None and m[i] else c[i] for k, c, m in zip(self.fields, cols, nulls)}
+            yield {
+                k: None if m is not None and m[i] else c[i]
+                for k, c, m in zip(self.fields, cols, nulls)
+            }
 
     def _output(self, y: Any, what: str, companions: bool) -> dict:
         spec = self.transform_spec or TransformSpec()
         if not isinstance(y, Mapping):
-            raise TypeError(f"the transform_spec function must return a dict of the {what}'s fields (field name -> "
-                            f"value), got {type(y).__name__}")  # fmt: skip
+            raise TypeError(
+                f"the transform_spec function must return a dict of the {what}'s fields "
+                f"(field name -> "
+                f"value), got {type(y).__name__}"
+            )
         out_names = set(self.schema.names)
         drop = set(spec.removed_fields)
         for k in y:
@@ -157,15 +206,22 @@ class PetastormStyleReader:
                 base = k[: -len(NULL_KEY)] if k.endswith(NULL_KEY) else k[: -len(SHAPE_KEY)]
             if base in out_names or base in drop or spec.selected_fields is not None:
                 continue
-            raise SchemaError(f"the transform_spec function returned field {k!r}, which is not in the reader's output "
-                              f"schema {self.schema.names}; declare it in TransformSpec(edit_fields=[...]) or list it "
-                              f"in removed_fields", field=k)  # fmt: skip
+            raise SchemaError(
+                f"the transform_spec function returned field {k!r}, which is not in the "
+                f"reader's output schema {self.schema.names}; declare it in "
+                f"TransformSpec(edit_fields=[...]) or list it "
+                f"in removed_fields",
+                field=k,
+            )
         out: dict[str, Any] = {}
         for f in self.schema:
             if f.name not in y:
-                raise SchemaError(f"the transform_spec function's {what} lacks field {f.name!r} of the output schema "
-                                  f"{self.schema.names}; declare it in TransformSpec(removed_fields=[...])",
-                                  field=f.name)  # fmt: skip
+                raise SchemaError(
+                    f"the transform_spec function's {what} lacks field {f.name!r} of the "
+                    f"output schema "
+                    f"{self.schema.names}; declare it in TransformSpec(removed_fields=[...])",
+                    field=f.name,
+                )
             out[f.name] = y[f.name]
             if companions:
                 out.update({c: y[c] for c in _companions(f.name) if c in y})
@@ -195,9 +251,16 @@ class PetastormStyleReader:
         return self.transform_batch(batch) if self.batched else batch
 
     def _raw_batches(self, epoch: int) -> Iterator[dict]:
-        return self.reader.batches(self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                                   window=self.window, fields=self._read_fields, shard=self.shard,
-                                   pieces=self.pieces)  # fmt: skip
+        return self.reader.batches(
+            self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=epoch,
+            window=self.window,
+            fields=self._read_fields,
+            shard=self.shard,
+            pieces=self.pieces,
+        )
 
     def iter_batches(self, epoch: int = 0) -> Iterator[dict]:
         """One epoch of selected batches as dicts of arrays, transformed for a batch reader."""
@@ -233,14 +296,28 @@ class PetastormStyleReader:
         self.stop()
 
 
-def make_reader(url: str | os.PathLike | Reader, *, schema_fields: Sequence[Any] | None = None,
-                num_epochs: int | None = 1, shuffle: Any = None, shuffle_row_groups: bool | None = None,
-                shuffle_rows: bool | None = None, seed: int | None = None, cur_shard: int | None = None,
-                shard_count: int | None = None, predicate: Callable[[dict], Any] | None = None,
-                predicate_fields: Sequence[Any] | None = None, transform_spec: Any = None,
-                storage_options: Mapping[str, Any] | None = None, batch_size: int = 1024, window: int = 16,
-                workers_count: int | None = None, reader_pool_type: str | None = None,
-                verify: bool | str = True, pieces: int = 1) -> PetastormStyleReader:  # fmt: skip
+def make_reader(
+    url: str | os.PathLike | Reader,
+    *,
+    schema_fields: Sequence[Any] | None = None,
+    num_epochs: int | None = 1,
+    shuffle: Any = None,
+    shuffle_row_groups: bool | None = None,
+    shuffle_rows: bool | None = None,
+    seed: int | None = None,
+    cur_shard: int | None = None,
+    shard_count: int | None = None,
+    predicate: Callable[[dict], Any] | None = None,
+    predicate_fields: Sequence[Any] | None = None,
+    transform_spec: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
+    batch_size: int = 1024,
+    window: int = 16,
+    workers_count: int | None = None,
+    reader_pool_type: str | None = None,
+    verify: bool | str = True,
+    pieces: int = 1,
+) -> PetastormStyleReader:
     """Rows of a rowstore dataset as named tuples (Petastorm's ``make_reader``).
 
     Parameters
@@ -282,16 +359,33 @@ def make_reader(url: str | os.PathLike | Reader, *, schema_fields: Sequence[Any]
     reader_pool_type : str, optional
         Accepted and ignored: reading always runs on the reader's threads without the GIL.
     """
-    return _make(url, batched=False, schema_fields=schema_fields, num_epochs=num_epochs, shuffle=shuffle,
-                 shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows, seed=seed, cur_shard=cur_shard,
-                 shard_count=shard_count, predicate=predicate, predicate_fields=predicate_fields,
-                 transform_spec=transform_spec, storage_options=storage_options, batch_size=batch_size,
-                 window=window, workers_count=workers_count, reader_pool_type=reader_pool_type, verify=verify,
-                 pieces=pieces)  # fmt: skip
+    return _make(
+        url,
+        batched=False,
+        schema_fields=schema_fields,
+        num_epochs=num_epochs,
+        shuffle=shuffle,
+        shuffle_row_groups=shuffle_row_groups,
+        shuffle_rows=shuffle_rows,
+        seed=seed,
+        cur_shard=cur_shard,
+        shard_count=shard_count,
+        predicate=predicate,
+        predicate_fields=predicate_fields,
+        transform_spec=transform_spec,
+        storage_options=storage_options,
+        batch_size=batch_size,
+        window=window,
+        workers_count=workers_count,
+        reader_pool_type=reader_pool_type,
+        verify=verify,
+        pieces=pieces,
+    )
 
 
-def make_batch_reader(url: str | os.PathLike | Reader, *, batch_size: int = 1024, **kwargs: Any
-                      ) -> PetastormStyleReader:  # fmt: skip
+def make_batch_reader(
+    url: str | os.PathLike | Reader, *, batch_size: int = 1024, **kwargs: Any
+) -> PetastormStyleReader:
     """As :func:`make_reader` (the same keyword arguments), but iterating batches: named tuples
     of per-field arrays of up to ``batch_size`` rows (fewer where the predicate dropped rows)
     (Petastorm's ``make_batch_reader``). ``transform_spec``'s function gets each batch (a dict
@@ -300,20 +394,53 @@ def make_batch_reader(url: str | os.PathLike | Reader, *, batch_size: int = 1024
 
     unknown = sorted(set(kwargs) - set(inspect.signature(make_reader).parameters) - {"url"})
     if unknown:
-        raise TypeError(f"make_batch_reader() got unexpected keyword arguments {unknown}; it takes make_reader's")
+        raise TypeError(
+            f"make_batch_reader() got unexpected keyword arguments {unknown}; "
+            f"it takes make_reader's"
+        )
     return _make(url, batched=True, batch_size=batch_size, **kwargs)
 
 
-def _make(url: Any, *, batched: bool, schema_fields: Any = None, num_epochs: int | None = 1, shuffle: Any = None,
-          shuffle_row_groups: Any = None, shuffle_rows: Any = None, seed: int | None = None,
-          cur_shard: int | None = None, shard_count: int | None = None, predicate: Any = None,
-          predicate_fields: Any = None, transform_spec: Any = None, storage_options: Any = None,
-          batch_size: int = 1024, window: int = 16, workers_count: int | None = None,
-          reader_pool_type: str | None = None, verify: bool | str = True, pieces: int = 1) -> PetastormStyleReader:  # fmt: skip
+def _make(
+    url: Any,
+    *,
+    batched: bool,
+    schema_fields: Any = None,
+    num_epochs: int | None = 1,
+    shuffle: Any = None,
+    shuffle_row_groups: Any = None,
+    shuffle_rows: Any = None,
+    seed: int | None = None,
+    cur_shard: int | None = None,
+    shard_count: int | None = None,
+    predicate: Any = None,
+    predicate_fields: Any = None,
+    transform_spec: Any = None,
+    storage_options: Any = None,
+    batch_size: int = 1024,
+    window: int = 16,
+    workers_count: int | None = None,
+    reader_pool_type: str | None = None,
+    verify: bool | str = True,
+    pieces: int = 1,
+) -> PetastormStyleReader:
     del reader_pool_type
-    return PetastormStyleReader(url, batched=batched, batch_size=batch_size, schema_fields=schema_fields,
-                                num_epochs=num_epochs, shuffle=order_mode(shuffle, shuffle_row_groups, shuffle_rows),
-                                seed=0 if seed is None else seed, cur_shard=cur_shard, shard_count=shard_count,
-                                predicate=predicate, predicate_fields=predicate_fields, transform_spec=transform_spec,
-                                window=window, num_threads=workers_count, verify=verify, pieces=pieces,
-                                storage_options=storage_options)  # fmt: skip
+    return PetastormStyleReader(
+        url,
+        batched=batched,
+        batch_size=batch_size,
+        schema_fields=schema_fields,
+        num_epochs=num_epochs,
+        shuffle=order_mode(shuffle, shuffle_row_groups, shuffle_rows),
+        seed=0 if seed is None else seed,
+        cur_shard=cur_shard,
+        shard_count=shard_count,
+        predicate=predicate,
+        predicate_fields=predicate_fields,
+        transform_spec=transform_spec,
+        window=window,
+        num_threads=workers_count,
+        verify=verify,
+        pieces=pieces,
+        storage_options=storage_options,
+    )

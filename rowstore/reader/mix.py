@@ -324,16 +324,20 @@ def _load(path: str) -> dict:
 
 
 def _is_pair(entry: Any) -> bool:
-    return (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[1], (int, float, np.number))
-            and not isinstance(entry[1], (bool, np.bool_)))  # fmt: skip
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+        return False
+    w = entry[1]
+    return isinstance(w, (int, float, np.number)) and not isinstance(w, (bool, np.bool_))
 
 
 def _pairs(sources: Any) -> list[tuple[Any, float]]:
     """A sequence of sources as (source, weight) pairs: every entry a (source, weight) pair,
     or every entry a bare source (equal weights)."""
     if not isinstance(sources, Sequence):
-        raise TypeError(f"mix() takes a dict {{source: weight}}, a list of (source, weight) pairs, a list of "
-                        f"sources (equal weights) or a mixture manifest path; got {type(sources).__name__}")  # fmt: skip
+        raise TypeError(
+            f"mix() takes a dict {{source: weight}}, a list of (source, weight) pairs, a list "
+            f"of sources (equal weights) or a mixture manifest path; got {type(sources).__name__}"
+        )
     entries = list(sources)
     paired = [_is_pair(e) for e in entries]
     if all(paired):
@@ -341,9 +345,11 @@ def _pairs(sources: Any) -> list[tuple[Any, float]]:
     if not any(paired):
         return [(src, 1.0) for src in entries]
     pair, bare = paired.index(True), paired.index(False)
-    raise ValueError(f"mix() sources: entry {pair} is a (source, weight) pair but entry {bare} ({entries[bare]!r}) is "
-                     f"a bare source; give every entry as (source, weight), or every entry as a bare source (equal "
-                     f"weights)")  # fmt: skip
+    raise ValueError(
+        f"mix() sources: entry {pair} is a (source, weight) pair but entry {bare} "
+        f"({entries[bare]!r}) is a bare source; give every entry as (source, weight), or every "
+        f"entry as a bare source (equal weights)"
+    )
 
 
 def mix(sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.PathLike, *, seed: int | None = None,

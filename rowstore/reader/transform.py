@@ -28,7 +28,8 @@ def _as_field(spec: Any) -> Field:
         nullable = bool(rest[1]) if len(rest) > 1 else False
         return Field(name, dtype, () if shape is None else tuple(shape), nullable=nullable)
     raise TypeError(
-        f"edit_fields entries are rowstore.Field or (name, dtype, shape[, nullable]) tuples, got {spec!r}"
+        f"edit_fields entries are rowstore.Field or (name, dtype, shape[, nullable]) tuples, "
+        f"got {spec!r}"
     )
 
 
@@ -134,6 +135,4 @@ def as_spec(transform: Any, what: str = "transform") -> TransformSpec | None:
         )
     if callable(transform):
         return TransformSpec(transform)
-    raise TypeError(
-        f"{what} must be a callable or a TransformSpec, got {type(transform).__name__}"
-    )
+    raise TypeError(f"{what} must be a callable or a TransformSpec, got {type(transform).__name__}")

@@ -18,8 +18,12 @@ from rowstore.torch._loaders import BatchedDataLoader
 
 def _fits(a: np.ndarray, f: Field, rows: bool) -> bool:
     shape = a.shape[1:] if rows else a.shape
-    return (a.dtype.kind in "biufc" and _castable(a.dtype, np.dtype(f.dtype)) and len(shape) == len(f.shape)
-            and all(d is None or d == s for d, s in zip(f.shape, shape)))  # fmt: skip
+    return (
+        a.dtype.kind in "biufc"
+        and _castable(a.dtype, np.dtype(f.dtype))
+        and len(shape) == len(f.shape)
+        and all(d is None or d == s for d, s in zip(f.shape, shape))
+    )
 
 
 def _field_of(name: str, v: Any, f: Field, rows: bool) -> Field:
@@ -27,7 +31,11 @@ def _field_of(name: str, v: Any, f: Field, rows: bool) -> Field:
     if v is None or isinstance(v, Ragged):
         return f
     if isinstance(v, (str, bytes)):
-        return f if f.dtype in (STR, BYTES) else Field(name, STR if isinstance(v, str) else BYTES, nullable=f.nullable)
+        return (
+            f
+            if f.dtype in (STR, BYTES)
+            else Field(name, STR if isinstance(v, str) else BYTES, nullable=f.nullable)
+        )
     if f.dtype in (STR, BYTES) and isinstance(v, np.ndarray) and v.dtype == object:
         return f
     a = _np(v)
@@ -52,8 +60,12 @@ def _resolved_schema(reader: PetastormStyleReader) -> Schema:
         out = reader.transform_batch(sample)
     else:
         out = reader.transform_row(next(reader.rows_of(sample)))
-    return Schema([f if f.name in declared else _field_of(f.name, out[f.name], f, reader.batched)
-                   for f in reader.schema])  # fmt: skip
+    return Schema(
+        [
+            f if f.name in declared else _field_of(f.name, out[f.name], f, reader.batched)
+            for f in reader.schema
+        ]
+    )
 
 
 def _loader_transform(reader: PetastormStyleReader) -> TransformSpec | None:
@@ -61,13 +73,15 @@ def _loader_transform(reader: PetastormStyleReader) -> TransformSpec | None:
     if reader.predicate is None and reader.transform_spec is None:
         return None
     out = _resolved_schema(reader)
-    if reader.batched or reader.transform_spec is None:
-        func = reader.filter
-    else:
-        def func(b: dict) -> dict:
-            rows = [_conform_row(reader.transform_row(r), out, "make_reader's transform_spec")
-                    for r in reader.rows_of(reader.select(b))]  # fmt: skip
-            return _columns_of(rows, out)
+
+    def per_row(b: dict) -> dict:
+        rows = [
+            _conform_row(reader.transform_row(r), out, "make_reader's transform_spec")
+            for r in reader.rows_of(reader.select(b))
+        ]
+        return _columns_of(rows, out)
+
+    func = reader.filter if reader.batched or reader.transform_spec is None else per_row
     return TransformSpec(func, edit_fields=list(out), selected_fields=out.names)
 
 
@@ -90,17 +104,33 @@ class DataLoader(BatchedDataLoader):
     ``shuffling_queue_capacity`` is accepted and ignored (rows are mixed within the reader's
     window of blocks). Other keyword arguments are :class:`BatchedDataLoader`'s."""
 
-    def __init__(self, reader: Any, batch_size: int = 1, collate_fn: Any = None, shuffling_queue_capacity: int = 0,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reader: Any,
+        batch_size: int = 1,
+        collate_fn: Any = None,
+        shuffling_queue_capacity: int = 0,
+        **kwargs: Any,
+    ) -> None:
         if collate_fn is not None:
-            raise ValueError("rowstore.torch.DataLoader collates batches itself: pass transform= instead of collate_fn")
+            raise ValueError(
+                "rowstore.torch.DataLoader collates batches itself: pass transform= instead of "
+                "collate_fn"
+            )
         del shuffling_queue_capacity
         self._petastorm: PetastormStyleReader | None = None
         if isinstance(reader, PetastormStyleReader):
             self._petastorm = reader
-            kwargs = {"shuffle": reader.shuffle, "seed": reader.seed, "shard": reader.shard, "window": reader.window,
-                      "pieces": reader.pieces, "fields": reader._read_fields,
-                      "transform": _loader_transform(reader), **kwargs}  # fmt: skip
+            kwargs = {
+                "shuffle": reader.shuffle,
+                "seed": reader.seed,
+                "shard": reader.shard,
+                "window": reader.window,
+                "pieces": reader.pieces,
+                "fields": reader._read_fields,
+                "transform": _loader_transform(reader),
+                **kwargs,
+            }
             reader = reader.reader
         super().__init__(reader, batch_size=batch_size, **kwargs)
 
@@ -109,6 +139,8 @@ class DataLoader(BatchedDataLoader):
         if p is None:
             yield from super().__iter__()
             return
-        epochs = iter(int, 1) if p.num_epochs is None else range(p.num_epochs)  # iter(int, 1): without end
+        epochs = (
+            iter(int, 1) if p.num_epochs is None else range(p.num_epochs)
+        )  # iter(int, 1): without end
         for _ in epochs:
             yield from super().__iter__()

@@ -5,11 +5,14 @@ Reader.batches(shuffle=True)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import rowstore
 from rowstore import Field, Schema, SchemaError
+from rowstore.cli import main
 
 SCHEMA = Schema([
     Field("id", "int64"),
@@ -261,3 +264,90 @@ def test_table_tensorflow(ds):
     dataset = rtf.make_dataset(ds, batch_size=10, shuffle="block", num_epochs=2, fields=["id"])
     ids = [i for b in dataset for i in b["id"].numpy().tolist()]
     assert sorted(ids) == sorted(list(range(N)) * 2)
+
+
+# -- docs/petastorm.md, "Generating a dataset" and "The Spark dataset converter", as written -----
+def test_spark_sections_as_written(spark, tmp_path):
+    pytest.importorskip("pyarrow")
+    torch = pytest.importorskip("torch")
+    import rowstore.spark as rsp
+
+    sc = spark.sparkContext
+    url, n = "file://" + str(tmp_path / "hello_world_dataset"), 10
+
+    def row_generator(x):  # the README's
+        return {"id": x, "image1": np.random.randint(0, 255, dtype=np.uint8, size=(128, 256, 3)),  # noqa: NPY002
+                "array_4d": np.random.randint(0, 255, dtype=np.uint8, size=(4, 128, 30, 3))}  # noqa: NPY002
+
+    # the section's rowstore block
+    HelloWorldSchema = Schema([
+        Field("id", "int32"),
+        Field("image1", "uint8", (128, 256, 3), codec="png"),
+        Field("array_4d", "uint8", (None, 128, 30, None)),
+    ])  # fmt: skip
+    rows = sc.parallelize(range(n)).map(row_generator).map(lambda x: rsp.to_row(HelloWorldSchema, x))
+    df = spark.createDataFrame(rows, rsp.spark_schema(HelloWorldSchema))
+    rsp.write(df, url, schema=HelloWorldSchema, shard_bytes=1 << 20, compression="lz4")
+    with rowstore.make_reader(url, shuffle=False) as reader:
+        got = list(reader)
+    assert sorted(r.id for r in got) == list(range(n))
+    assert all(r.image1.shape == (128, 256, 3) and r.array_4d.shape == (4, 128, 30, 3) for r in got)
+
+    # the converter's rowstore block (make_converter(df, shard_bytes=..., compression=...))
+    spark.conf.set(rsp.CACHE_DIR_CONF, "file://" + str(tmp_path / "cache"))
+    try:
+        frame = spark.range(0, 30, numPartitions=2).selectExpr("id", "cast(id as float) as x")
+        converter = rsp.make_converter(frame, shard_bytes=1 << 16, compression="lz4")
+    finally:
+        spark.conf.unset(rsp.CACHE_DIR_CONF)
+    assert len(converter) == converter.dataset_size == 30
+    spec = rowstore.TransformSpec(lambda b: {**b, "x": b["x"] * 2})
+    with converter.make_torch_dataloader(batch_size=32, num_epochs=1, transform_spec=spec) as dataloader:
+        b = next(iter(dataloader))
+    assert torch.equal(b["x"], b["id"].float() * 2)
+    pytest.importorskip("tensorflow")
+    with converter.make_tf_dataset(batch_size=32, num_epochs=1) as dataset:
+        assert sorted(np.concatenate([t["id"].numpy() for t in dataset]).tolist()) == list(range(30))
+    converter.delete()
+    assert not os.path.exists(converter.path)
+
+
+# -- docs/petastorm.md, "Existing Petastorm datasets and other Parquet", as written ---------------
+def test_import_section_as_written(tmp_path):
+    pytest.importorskip("pyarrow")
+    import rowstore.petastorm
+
+    src = os.path.join(os.path.dirname(__file__), "data", "petastorm_hello")
+    hello, h5 = str(tmp_path / "hello_rowstore"), str(tmp_path / "hello.h5")
+    rowstore.petastorm.import_petastorm("file://" + src, hello)
+    rowstore.from_parquet(src, h5)  # recognises the Unischema too
+    with rowstore.make_reader(hello, shuffle=False) as a, rowstore.make_reader(h5, shuffle=False) as b:
+        assert a.schema == b.schema
+        ra, rb = list(a), list(b)
+    assert len(ra) == len(rb) > 0
+    assert all(np.array_equal(x, y) for p, q in zip(ra, rb) for x, y in zip(p, q))
+    assert main(["import-petastorm", "file://" + src, str(tmp_path / "cli_out")]) == 0
+
+
+def test_parquet_with_png_bytes_as_written(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    Image = pytest.importorskip("PIL.Image")
+    import io
+
+    def png(a):
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, format="PNG")
+        return buf.getvalue()
+
+    images = [np.full((4, 6, 3), i, np.uint8) for i in range(5)]
+    spark_output = tmp_path / "spark_output"
+    spark_output.mkdir()
+    pq.write_table(pa.table({"id": np.arange(5), "png_bytes": [png(a) for a in images]}),
+                   str(spark_output / "part-0.parquet"))  # fmt: skip
+    out = str(tmp_path / "out")
+    rowstore.from_parquet(str(spark_output), out, dataset=True, decode={"png_bytes": "png"})
+    with rowstore.make_reader(out, shuffle=False) as reader:
+        rows = list(reader)
+    assert [r.id for r in rows] == list(range(5))
+    assert all(np.array_equal(r.png_bytes, a) for r, a in zip(rows, images))

@@ -267,6 +267,7 @@ def test_table_tensorflow(ds):
 
 
 # -- docs/petastorm.md, "Generating a dataset" and "The Spark dataset converter", as written -----
+@pytest.mark.xdist_group("spark")  # the one SparkSession, on one worker (--dist loadgroup)
 def test_spark_sections_as_written(spark, tmp_path):
     pytest.importorskip("pyarrow")
     torch = pytest.importorskip("torch")

@@ -53,13 +53,14 @@ _LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas",
          "shuffle": "rowstore.global_shuffle", "order_quality": "rowstore.quality"}
 # Arrow/Parquet (pyarrow) and Petastorm's reading idioms, imported on first use.
 _LAZY.update({"from_arrow": "rowstore.arrow", "from_parquet": "rowstore.arrow",
-              "make_reader": "rowstore.reader.make_reader", "make_batch_reader": "rowstore.reader.make_reader"})
+              "make_reader": "rowstore.reader.make_reader", "make_batch_reader": "rowstore.reader.make_reader",
+              "TransformSpec": "rowstore.reader.transform"})
 
 
 def __getattr__(name):
     """``rowstore.from_pandas``/``read_pandas`` (pandas), ``shuffle`` and ``order_quality``,
-    ``from_arrow``/``from_parquet`` (pyarrow) and ``make_reader``/``make_batch_reader`` import
-    their modules on first use only."""
+    ``from_arrow``/``from_parquet`` (pyarrow), ``make_reader``/``make_batch_reader`` and
+    ``TransformSpec`` (Petastorm's) import their modules on first use only."""
     if name in _LAZY:
         import importlib
 

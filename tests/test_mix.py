@@ -128,3 +128,21 @@ def test_loaders_read_a_mixture(paths):
     dl.load_state_dict(states[0])
     rest = _rows(dl)
     assert len(first + rest) == len(set(first + rest)) == m.epoch_rows
+
+
+def test_a_list_of_sources_has_equal_weights(paths):
+    # the same source twice: two equal-weight sources, each read whole in its own order
+    m = rowstore.mix([paths[2], paths[2]], seed=5, with_source=True)
+    assert m.weights.tolist() == [0.5, 0.5] and m.counts.tolist() == [50, 50] and m.epoch_rows == 100
+    batches = list(m.deal(10, with_ids=True))
+    for k in range(2):
+        ids = [int(i) for b in batches for i, s in zip(b["id"], b["__source"]) if s == k]
+        assert sorted(ids) == list(range(50))
+    with rowstore.open(paths[0]) as r:  # open Readers and lists, alike
+        m = rowstore.mix([r, paths[1]], seed=1)
+        assert m.counts.tolist() == [120, 120]
+    assert rowstore.mix([(paths[0], 3), (paths[1], 1)]).weights.tolist() == [0.75, 0.25]
+    with pytest.raises(ValueError, match=r"entry 0 is a \(source, weight\) pair but entry 1 .* is a bare source"):
+        rowstore.mix([(paths[0], 1.0), paths[1]])
+    with pytest.raises(TypeError, match="mix\\(\\) takes a dict"):
+        rowstore.mix(7)

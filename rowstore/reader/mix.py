@@ -323,16 +323,47 @@ def _load(path: str) -> dict:
     return obj
 
 
+def _is_pair(entry: Any) -> bool:
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+        return False
+    w = entry[1]
+    return isinstance(w, (int, float, np.number)) and not isinstance(w, (bool, np.bool_))
+
+
+def _pairs(sources: Any) -> list[tuple[Any, float]]:
+    """A sequence of sources as (source, weight) pairs: every entry a (source, weight) pair,
+    or every entry a bare source (equal weights)."""
+    if not isinstance(sources, Sequence):
+        raise TypeError(
+            f"mix() takes a dict {{source: weight}}, a list of (source, weight) pairs, a list "
+            f"of sources (equal weights) or a mixture manifest path; got {type(sources).__name__}"
+        )
+    entries = list(sources)
+    paired = [_is_pair(e) for e in entries]
+    if all(paired):
+        return [(src, float(w)) for src, w in entries]
+    if not any(paired):
+        return [(src, 1.0) for src in entries]
+    pair, bare = paired.index(True), paired.index(False)
+    raise ValueError(
+        f"mix() sources: entry {pair} is a (source, weight) pair but entry {bare} "
+        f"({entries[bare]!r}) is a bare source; give every entry as (source, weight), or every "
+        f"entry as a bare source (equal weights)"
+    )
+
+
 def mix(sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.PathLike, *, seed: int | None = None,
         replacement: bool | None = None, epoch_rows: int | None = None, with_source: bool | None = None) -> Mixture:
     """A weighted :class:`Mixture` of datasets: ``rowstore.mix({"a": 0.7, "b": 0.3}, seed=0)``.
 
     Parameters
     ----------
-    sources : dict {path_or_reader: weight}, list of (path_or_reader, weight), or a path
+    sources : dict {path_or_reader: weight}, list of (path_or_reader, weight), list of sources, or a path
         Datasets (paths, lists of paths, or open Readers) sharing one schema, with
-        non-negative weights (normalized); or a mixture manifest written by
-        :meth:`Mixture.save` (its settings are the defaults of the other arguments).
+        non-negative weights (normalized); a list of bare sources has equal weights, and a
+        source listed twice is two sources (each with its own order, rows repeat); or a
+        mixture manifest written by :meth:`Mixture.save` (its settings are the defaults of
+        the other arguments).
     seed : int
         Which source fills each position (a pure function of seed and epoch; default 0).
     replacement : bool
@@ -350,7 +381,7 @@ def mix(sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.Pa
     elif isinstance(sources, Mapping):
         pairs = list(sources.items())
     else:
-        pairs = [tuple(p) for p in sources]
+        pairs = _pairs(sources)
     readers, owned, paths = [], [], []
     for src, _ in pairs:
         r, own = as_reader(src)

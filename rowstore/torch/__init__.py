@@ -29,6 +29,7 @@ See ``docs/torch.md``.
 
 from __future__ import annotations
 
+from rowstore.reader.transform import TransformSpec
 from rowstore.torch._collate import Row, RowBatch, collate
 from rowstore.torch._convert import VARLEN_MODES, torch_dtype
 from rowstore.torch._datasets import Dataset, IterableDataset
@@ -36,7 +37,6 @@ from rowstore.torch._device import _CudaStage  # noqa: F401  (tests subclass it 
 from rowstore.torch._loaders import BatchedDataLoader, InMemBatchedDataLoader
 from rowstore.torch._petastorm import DataLoader
 from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
-from rowstore.torch._transform import TransformSpec
 
 __all__ = [
     "Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader", "TransformSpec",

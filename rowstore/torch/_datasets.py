@@ -13,6 +13,7 @@ import torch.utils.data as _tud
 
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.plan import ID_KEY, PAD_KEY, make_state
+from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._args import (
     _ROW_BATCH,
     _EpochReader,
@@ -21,7 +22,7 @@ from rowstore.torch._args import (
     _split_extras,
 )
 from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
-from rowstore.torch._transform import _as_spec, _process, _schemas
+from rowstore.torch._transform import _process, _schemas
 
 _MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
 

@@ -18,10 +18,11 @@ import torch
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
+from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
-from rowstore.torch._transform import _as_spec, _schemas
+from rowstore.torch._transform import _schemas
 
 _STATE_VERSION = 1
 _INMEM_STREAM = 0x1A3E  # key of the in-memory loader's permutations in order.seed64

@@ -4,16 +4,18 @@
 
 ``pread``/``preadv`` with the GIL released. Each kernel checks the destinations it writes to
 itself (memory safety does not rest on ``rowstore/kernels.py``); failures are return codes in
-``err`` (``_common``).
+``err`` (``_common``). The page checks of format v3 (CRC-32 of a row's or a page's bytes, in
+the pass that reads them) use zlib-ng's CRC-32 inside libblosc2.a.
 """
 
 from libc.errno cimport EINTR, errno
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 from _common cimport (
-    E_BOUNDS, E_DEST, E_IO, E_OK, E_ROW, E_SIZE, _errbuf, _fail, _fits, _heap_payload, _hold, _pread_full,
-    _release,
+    E_BOUNDS, E_CHECKSUM, E_DEST, E_IO, E_OK, E_ROW, E_SIZE, _errbuf, _fail, _fits, _heap_payload, _hold,
+    _pread_full, _release,
 )
+from libblosc2 cimport zng_crc32
 
 
 cdef extern from "sys/uio.h" nogil:
@@ -125,15 +127,18 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
 
 def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets not None, int64_t row_size,
                 const int64_t[::1] seg_sizes not None, outs, uint8_t[::1] sink not None,
-                int64_t[::1] err not None):
+                int64_t[::1] err not None, const uint8_t[::1] check=None, const uint32_t[::1] expect=None):
     """Read rows straight from the file into per-field batch arrays, one ``preadv`` per row.
 
     The row is cut into consecutive segments of ``seg_sizes[j]`` bytes (1..64 of them, summing
     to ``row_size``); segment j of row i goes to row i of ``outs[j]``, a writeable C-contiguous
     buffer of at least ``len(file_offsets) * seg_sizes[j]`` bytes (checked here, held for the
-    call), or to ``sink`` when ``outs[j]`` is None (columns not asked for). Row i is read from
-    descriptor ``fds[i]`` (or ``fds[0]`` when it holds one). No intermediate copy: the direct
-    path for large uncompressed rows. Returns 0 or -1 (``err``).
+    call), or to ``sink`` (at the segment's offset in the row: ``sink`` holds at least a row)
+    when ``outs[j]`` is None (columns not asked for). Row i is read from descriptor ``fds[i]``
+    (or ``fds[0]`` when it holds one). No intermediate copy: the direct path for large
+    uncompressed rows. With ``check`` and ``expect`` (one per row): the CRC-32 of each row whose
+    ``check[i]`` is set, over its segments in row order right after they were read, must be
+    ``expect[i]`` (else ``E_CHECKSUM`` for row i). Returns 0 or -1 (``err``).
     """
     cdef int64_t* e = _errbuf(err)
     cdef Py_ssize_t n = file_offsets.shape[0], nseg = seg_sizes.shape[0], j, held = 0
@@ -150,11 +155,12 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
         total += seg_sizes[j]
     if total != row_size:
         raise ValueError("preadv_rows: segments do not cover the row")
+    if (check is None) != (expect is None) or check is not None and (check.shape[0] != n or expect.shape[0] != n):
+        raise ValueError("preadv_rows: check and expect must both be given, one per row")
     if n == 0:
         return 0
-    for j in range(nseg):
-        if outs[j] is None and seg_sizes[j] > sink.shape[0]:
-            return _fail(e, E_DEST, j, sink.shape[0])
+    if sink.shape[0] < row_size and any(o is None for o in outs):
+        return _fail(e, E_DEST, 0, sink.shape[0])
     try:
         for j in range(nseg):
             bases[j] = NULL
@@ -166,7 +172,9 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
                 bases[j] = <uint8_t*>views[held - 1].buf
         with nogil:
             rc = _preadv_rows(&fds[0], step, &file_offsets[0], n, row_size, &seg_sizes[0], bases, nseg,
-                              &sink[0] if sink.shape[0] else NULL, e)
+                              &sink[0] if sink.shape[0] else NULL, e,
+                              &check[0] if check is not None else NULL,
+                              &expect[0] if expect is not None else NULL)
     finally:
         _release(views, held)
     return rc
@@ -175,20 +183,24 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
 cdef int _preadv_rows(const int32_t* fds, Py_ssize_t step, const int64_t* file_offsets, Py_ssize_t n,
                       int64_t row_size,
                       const int64_t* seg_sizes, uint8_t** bases, Py_ssize_t nseg, uint8_t* sink,
-                      int64_t* e) noexcept nogil:
-    """The loop of :func:`preadv_rows` (``bases[j]`` NULL: segment j goes to ``sink``)."""
+                      int64_t* e, const uint8_t* check, const uint32_t* expect) noexcept nogil:
+    """The loop of :func:`preadv_rows` (``bases[j]`` NULL: segment j goes to ``sink``;
+    ``check`` NULL: no CRC)."""
     cdef Py_ssize_t i, j
-    cdef int64_t done, want
+    cdef int64_t done, want, at
     cdef ssize_t got
     cdef iovec iov[MAX_SEGMENTS]
     cdef int fd
+    cdef uint32_t crc
     for i in range(n):
         fd = fds[i * step]
         if file_offsets[i] < 0:
             return _fail(e, E_SIZE, i, file_offsets[i])
+        at = 0
         for j in range(nseg):
             iov[j].iov_len = <size_t>seg_sizes[j]
-            iov[j].iov_base = <void*>(sink if bases[j] == NULL else bases[j] + i * seg_sizes[j])
+            iov[j].iov_base = <void*>(sink + at if bases[j] == NULL else bases[j] + i * seg_sizes[j])
+            at += seg_sizes[j]
         got = preadv(fd, iov, <int>nseg, <long>file_offsets[i])
         while got < 0 and errno == EINTR:
             got = preadv(fd, iov, <int>nseg, <long>file_offsets[i])
@@ -207,4 +219,89 @@ cdef int _preadv_rows(const int32_t* fds, Py_ssize_t step, const int64_t* file_o
                     return -1
                 got += want - done
                 done = 0
+        if check != NULL and check[i]:
+            crc = 0
+            for j in range(nseg):
+                crc = zng_crc32(crc, <const uint8_t*>iov[j].iov_base, iov[j].iov_len)
+            if crc != expect[i]:
+                return _fail(e, E_CHECKSUM, i, 0)
+    return 0
+
+
+def check_ranges(const int32_t[::1] fds not None, const int64_t[::1] offsets not None,
+                 const int64_t[::1] sizes not None, int64_t page_len, const uint32_t[::1] expect not None,
+                 uint8_t[::1] scratch not None, int64_t[::1] err not None):
+    """Read range i (``sizes[i]`` bytes at ``offsets[i]`` of ``fds[i]``, or of ``fds[0]``: a
+    run of consecutive pages of one chunk) into ``scratch`` and check each of its pages
+    (``page_len`` bytes, the last one the rest of the range) against the next entry of
+    ``expect`` (one per page, ranges in order): the pages a direct read touches, checked before
+    it reads them. Returns 0 or -1 (``err``: ``E_CHECKSUM`` with the page's index in
+    ``expect``)."""
+    cdef int64_t* e = _errbuf(err)
+    cdef Py_ssize_t n = offsets.shape[0], i, step = _fd_step(fds, offsets.shape[0]), k = 0
+    cdef int64_t at, size
+    cdef int rc = 0
+    if sizes.shape[0] != n or page_len <= 0:
+        raise ValueError("check_ranges: argument lengths differ, or no page length")
+    with nogil:
+        for i in range(n):
+            if sizes[i] <= 0 or offsets[i] < 0 or sizes[i] > scratch.shape[0]:
+                rc = _fail(e, E_SIZE, i, sizes[i])
+                break
+            if _pread_full(fds[i * step], &scratch[0], sizes[i], offsets[i], e, i) < 0:
+                rc = -1
+                break
+            at = 0
+            while at < sizes[i]:
+                size = sizes[i] - at if sizes[i] - at < page_len else page_len
+                if k >= expect.shape[0]:
+                    rc = _fail(e, E_DEST, k, expect.shape[0])
+                    break
+                if zng_crc32(0, &scratch[0] + at, <size_t>size) != expect[k]:
+                    rc = _fail(e, E_CHECKSUM, k, 0)
+                    break
+                at += size
+                k += 1
+            if rc != 0:
+                break
+    return rc
+
+
+def check_buffer(const uint8_t[::1] buf not None, const int64_t[::1] starts not None,
+                 const int64_t[::1] sizes not None, const uint32_t[::1] expect not None,
+                 int64_t[::1] err not None):
+    """Check that the CRC-32 of ``buf[starts[i]:starts[i] + sizes[i]]`` is ``expect[i]`` for
+    every i (pages a read has just loaded). Returns 0 or -1 (``err``: ``E_CHECKSUM`` for i,
+    ``E_DEST`` for a range outside ``buf``)."""
+    cdef int64_t* e = _errbuf(err)
+    cdef Py_ssize_t n = starts.shape[0], i
+    cdef int rc = 0
+    if sizes.shape[0] != n or expect.shape[0] != n:
+        raise ValueError("check_buffer: argument lengths differ")
+    with nogil:
+        for i in range(n):
+            if starts[i] < 0 or sizes[i] < 0 or sizes[i] > buf.shape[0] - starts[i]:
+                rc = _fail(e, E_DEST, i, buf.shape[0])
+                break
+            if zng_crc32(0, &buf[0] + starts[i], <size_t>sizes[i]) != expect[i]:
+                rc = _fail(e, E_CHECKSUM, i, 0)
+                break
+    return rc
+
+
+def page_crcs(const uint8_t[::1] buf not None, int64_t page_len, uint32_t[::1] out not None):
+    """CRC-32 of each ``page_len``-byte page of ``buf`` (the last one shorter) into ``out``
+    (exactly as many entries as pages): the page index the writer stores."""
+    cdef Py_ssize_t n = buf.shape[0], k, npages
+    cdef int64_t at, size
+    if page_len <= 0:
+        raise ValueError("page_crcs: page_len must be positive")
+    npages = (n + page_len - 1) // page_len
+    if out.shape[0] != npages:
+        raise ValueError("page_crcs: out must hold one entry per page")
+    with nogil:
+        for k in range(npages):
+            at = k * page_len
+            size = n - at if n - at < page_len else page_len
+            out[k] = zng_crc32(0, &buf[0] + at, <size_t>size)
     return 0

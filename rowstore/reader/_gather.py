@@ -131,6 +131,13 @@ class Gatherer:
         self._checked = np.zeros(layout.num_blocks, np.bool_) if verify is True else None
         self._hchecked = np.zeros(len(self.arr["hc_offset"]), np.bool_) if verify is True else None
         self._check_lock = threading.Lock()  # one thread checks a chunk; the others wait for it
+        # Files with a page index (format v3): direct reads check pages instead of whole chunks,
+        # rows of a page or more in the pass that reads them, smaller rows and payloads by
+        # reading the pages they touch that this reader has not checked yet (a few KiB each).
+        self.pages = layout.page_index() if verify is True and self.direct_ok else None
+        if self.pages is not None:
+            self._pchecked = np.zeros(len(self.pages.block_pages), np.bool_)
+            self._hpchecked = np.zeros(len(self.pages.heap_pages), np.bool_)
 
     # -- the request -------------------------------------------------------------------------
     def gather(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
@@ -145,22 +152,43 @@ class Gatherer:
         else:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
-        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None:
+        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None or \
+                (self.pages is not None and strategy != "blocks"):
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
+        in_pass = None  # (pages, to check) of rows checked in the pass that reads them
         if strategy != "blocks":
-            self._check_first_touch(r.ublocks, "block")
+            if self.pages is None:
+                self._check_first_touch(r.ublocks, "block")
+            else:
+                in_pass = self._row_pages(r)
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
             # straight into the batch arrays, one preadv per row, no intermediate buffer.
-            self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
-                                      self.scratch.get("sink", self.rs))
+            check = expect = None
+            if in_pass is not None:
+                check, expect = in_pass[1], self.pages.block_pages[in_pass[0]]
+            try:
+                self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
+                                          self.scratch.get("sink", self.rs), check=check, expect=expect)
+            except kernels.KernelChecksumError as exc:
+                raise self._row_error(exc, r) from None
+            self._mark_rows(in_pass)
         else:
             if strategy == "pieces":
                 rowbuf, idx = self._load_pieces(r)
             else:
                 rowbuf, idx = self._load_rows(r, strategy == "rows")
+            if in_pass is not None and strategy != "blocks":
+                todo = np.flatnonzero(in_pass[1])
+                try:
+                    kernels.check_buffer(rowbuf, idx[todo] * self.rs, np.full(len(todo), self.rs, np.int64),
+                                         self.pages.block_pages[in_pass[0][todo]])
+                except kernels.KernelChecksumError as exc:
+                    exc.index = int(todo[exc.index])
+                    raise self._row_error(exc, r) from None
+                self._mark_rows(in_pass)
             if fixed:
                 # One pass over the rows for all fields: one cache miss per row, not per field.
                 kernels.gather_rows(rowbuf, self.rs, idx, fixed)
@@ -365,7 +393,9 @@ class Gatherer:
             direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
             if not direct:
                 heap_ctx = self._heap_context(r.ublocks)
-        if direct:
+        if direct and self.pages is not None:
+            self._check_heap_pages(r, plans, rowbuf, idx, sizes, heap_lo, heap_hi, chunk_base)
+        elif direct:
             self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
         for p in plans:
             name = p.field.name
@@ -438,6 +468,108 @@ class Gatherer:
         first = self.arr["chunk_base"][ublocks] + lo_b // H  # each block's first chunk, dataset-wide
         base = np.searchsorted(need, first) * H - (lo_b // H) * H
         return heap, lo_b, hi_b, base
+
+    # -- the page index (format v3) ----------------------------------------------------------
+    def _row_pages(self, r: _Rows) -> tuple[np.ndarray, np.ndarray] | None:
+        """verify=True, a file with a page index, before rows are read directly: rows of a
+        page or more are their own page, checked in the read's pass: returns ``(page of each
+        row, whether to check it)`` (None when all are checked); the pages of smaller rows
+        that are not checked yet are checked here, before the read."""
+        pi = self.pages
+        assert pi is not None
+        pg = pi.block_page0[r.blk] + (r.rows - r.blk * self.rpb) // pi.rows_per_page
+        todo = ~self._pchecked[pg]
+        if not todo.any():
+            return None
+        if pi.rows_per_page == 1:
+            return pg, todo
+        self._check_pages(np.unique(pg[todo]), "block")
+        return None
+
+    def _check_heap_pages(self, r: _Rows, plans: list[FieldPlan], rowbuf: np.ndarray, idx: np.ndarray,
+                          sizes: dict[str, np.ndarray], heap_lo: np.ndarray, heap_hi: np.ndarray,
+                          chunk_base: Any) -> None:
+        """Before payloads are read directly: check the heap pages they touch that this reader
+        has not checked yet. A reference outside its block's heap range is left to the read,
+        which refuses it."""
+        pi = self.pages
+        assert pi is not None
+        H, P, per = self.layout.heap_chunk_bytes, pi.page_bytes, pi.heap_pages_per_chunk
+        firsts, lasts = [], []
+        for p in plans:
+            off = np.empty(r.n, np.int64)
+            kernels.gather_fixed(rowbuf, self.rs, p.offset, 8, idx, off)
+            nb = sizes[p.field.name]
+            ok = (nb > 0) & (off >= heap_lo) & (off <= heap_hi - nb)
+            if not ok.all():
+                off, nb = off[ok], nb[ok]
+                base = chunk_base[ok] if isinstance(chunk_base, np.ndarray) else chunk_base
+            else:
+                base = chunk_base
+            end = off + nb - 1
+            firsts.append((base + off // H) * per + (off % H) // P)
+            lasts.append((base + end // H) * per + (end % H) // P)
+        a, b = np.concatenate(firsts), np.concatenate(lasts)
+        lengths = b - a + 1
+        starts = np.cumsum(lengths) - lengths
+        pages = np.repeat(a - starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+        pages = np.unique(pages)
+        pages = pages[~self._hpchecked[pages]]
+        if len(pages):
+            self._check_pages(pages, "heap chunk")
+
+    def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray] | None) -> None:
+        if in_pass is not None:
+            self._pchecked[in_pass[0][in_pass[1]]] = True
+
+    def _row_error(self, exc: kernels.KernelError, r: _Rows) -> FormatError:
+        """A page check of requested row ``exc.index`` failed: the error, located at its block."""
+        k = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
+        return self.located(exc, "block", k)
+
+    def _check_pages(self, pages: np.ndarray, what: str) -> None:
+        """Read and check the pages ``pages`` (sorted ids among the blocks' pages, ``what``
+        "block", or the heap chunks'), runs of consecutive pages of one chunk in one read
+        each, and mark them checked (threads racing on a page only check it twice)."""
+        pi = self.pages
+        assert pi is not None
+        if what == "block":
+            chunk = np.searchsorted(pi.block_page0, pages, side="right") - 1
+            first = pi.block_page0[chunk]
+            offs, sizes, crcs, checked = self.arr["offset"], pi.block_page_size, pi.block_pages, self._pchecked
+            plen = pi.rows_per_page * self.rs
+            owner = self.layout.block_shard
+        else:
+            chunk = pages // pi.heap_pages_per_chunk
+            first = chunk * pi.heap_pages_per_chunk
+            offs, sizes, crcs, checked = self.arr["hc_offset"], pi.heap_page_size, pi.heap_pages, self._hpchecked
+            plen = pi.page_bytes
+            owner = self.layout.chunk_shard
+        # Runs: consecutive pages of one chunk, at most 1 MiB each.
+        cap = max(1, (1 << 20) // plen)
+        brk = np.ones(len(pages), np.bool_)
+        brk[1:] = (pages[1:] != pages[:-1] + 1) | (chunk[1:] != chunk[:-1])
+        run_id = np.cumsum(brk) - 1
+        start_of = np.flatnonzero(brk)
+        pos = np.arange(len(pages)) - start_of[run_id]
+        brk |= pos % cap == 0
+        starts = np.flatnonzero(brk)
+        ends = np.append(starts[1:], len(pages))
+        p0 = pages[starts]
+        run_off = offs[chunk[starts]] + (p0 - first[starts]) * plen
+        csum = np.concatenate(([0], np.cumsum(sizes[pages])))
+        run_size = csum[ends] - csum[starts]
+        shards = owner[chunk[starts]] if self.multi else None
+        scratch = self.scratch.get("pages", int(run_size.max()) if len(run_size) else 1)
+        try:
+            self.store.check_pages(shards, run_off, run_size, plen, crcs[pages], scratch)
+        except kernels.KernelError as exc:
+            if isinstance(exc, kernels.KernelChecksumError):
+                k = int(chunk[exc.index]) if 0 <= exc.index < len(pages) else None
+            else:
+                k = int(chunk[starts[exc.index]]) if 0 <= exc.index < len(starts) else None
+            raise self.located(exc, what, k) from None
+        checked[pages] = True
 
     def _check_first_touch(self, which: np.ndarray, what: str) -> None:
         """verify=True before a direct read: checksum, whole, each chunk of ``which`` (blocks or

@@ -398,7 +398,9 @@ def test_stored_attributes(rs, h5path):
     rs.write_file(h5path, schema, [{"i": 1, "t": "x"}], rows_per_block=4, compression="zstd", heap_chunk_bytes=256)
     with h5py.File(h5path, "r") as f:
         a = f["rowstore"].attrs
-        assert a["format"] == "rowstore" and int(a["format_version"]) == rowstore.FORMAT_VERSION == 2
+        # Compressed: no page index, so format v2 (uncompressed files are v3).
+        assert a["format"] == "rowstore" and int(a["format_version"]) == 2 and rowstore.FORMAT_VERSION == 3
+        assert "page_bytes" not in a
         assert Schema.from_json(a["schema"]) == schema
         assert json.loads(a["compression"]) == {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}
         assert int(a["num_rows"]) == 1 and int(a["rows_per_block"]) == 4 and int(a["heap_chunk_bytes"]) == 256

@@ -10,6 +10,7 @@ the pass that reads them) use zlib-ng's CRC-32 inside libblosc2.a.
 
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.string cimport memcpy
 
 from _common cimport (
     E_BOUNDS, E_CHECKSUM, E_DEST, E_IO, E_OK, E_ROW, E_SIZE, _errbuf, _fail, _fits, _heap_payload, _hold,
@@ -66,7 +67,9 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                const int64_t[::1] chunk_offsets not None, const int64_t[::1] chunk_base not None,
                int64_t chunk_bytes,
                uint8_t[::1] out not None, const int64_t[::1] dst_offsets not None,
-               int64_t pad_stride, int64_t[::1] err not None):
+               int64_t pad_stride, int64_t[::1] err not None,
+               int64_t page_len=0, const uint32_t[::1] page_crcs=None, uint8_t[::1] page_checked=None,
+               uint8_t[::1] scratch=None):
     """Direct path for uncompressed heaps: for each row ``rows[i]`` of ``src``, read its payload
     straight from the file into ``out`` at ``dst_offsets[i]`` (one copy, no heap chunk loaded).
 
@@ -74,8 +77,15 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
     map to file offsets through ``chunk_offsets`` (one per heap chunk of ``chunk_bytes``; row i's
     heap starts at chunk ``chunk_base[i]``, or ``chunk_base[0]`` for every row when it holds one:
     several files' chunk tables concatenated), a payload may span chunks. Row i is read from
-    descriptor ``fds[i]`` (or ``fds[0]``). ``pad_stride`` as in ``gather_heap``. Returns 0 or -1
-    (``err``).
+    descriptor ``fds[i]`` (or ``fds[0]``). ``pad_stride`` as in ``gather_heap``.
+
+    With ``page_len`` > 0 (format v3's heap pages: ``page_len`` bytes of a chunk, its last page
+    the rest; ``page_crcs`` one CRC-32 per page, ``ceil(chunk_bytes / page_len)`` per chunk;
+    ``page_checked`` one flag per page, set here): a payload piece whose pages are all flagged
+    is read straight into ``out``; otherwise its whole pages are read into ``scratch`` (at
+    least one page; longer runs go in several reads), each checked against its CRC (else
+    ``E_CHECKSUM`` with detail the page) and flagged, and the payload's bytes copied from there:
+    one read, checked in its pass. Returns 0 or -1 (``err``).
     """
     cdef int64_t* e = _errbuf(err)
     cdef Py_ssize_t n = lo.shape[0], i, step, bstep
@@ -92,6 +102,18 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
         raise ValueError("pread_heap: chunk_base must hold one value, or one per row")
     bstep = 0 if chunk_base.shape[0] == 1 else 1
     nrows_src = src.shape[0] // row_size
+    cdef int64_t per = 0, scratch_len = 0
+    cdef const uint32_t* crcs = NULL
+    cdef uint8_t* flags = NULL
+    cdef uint8_t* sp = NULL
+    if page_len > 0:
+        per = (chunk_bytes + page_len - 1) // page_len
+        if page_crcs is None or page_checked is None or scratch is None or scratch.shape[0] < page_len:
+            raise ValueError("pread_heap: pages need page_crcs, page_checked and a scratch of a page or more")
+        if page_crcs.shape[0] != nchunks * per or page_checked.shape[0] != page_crcs.shape[0]:
+            raise ValueError("pread_heap: one page CRC and flag per page of every chunk")
+        crcs, flags, sp = &page_crcs[0] if per * nchunks else NULL, &page_checked[0] if per * nchunks else NULL, &scratch[0]
+        scratch_len = (scratch.shape[0] // page_len) * page_len
     with nogil:
         for i in range(n):
             r = rows[i]
@@ -114,7 +136,12 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                 take = chunk_bytes - within
                 if take > nb:
                     take = nb
-                if _pread_full(fds[i * step], op + d, take, chunk_offsets[k] + within, e, i) < 0:
+                if per > 0 and not _all_checked(flags + k * per, within // page_len, (within + take - 1) // page_len):
+                    if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len, crcs + k * per,
+                                     flags + k * per, sp, scratch_len, within, take, op + d, e, i, k * per) < 0:
+                        rc = -1
+                        break
+                elif _pread_full(fds[i * step], op + d, take, chunk_offsets[k] + within, e, i) < 0:
                     rc = -1
                     break
                 off += take
@@ -123,6 +150,47 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
             if rc != 0:
                 break
     return rc
+
+
+cdef inline bint _all_checked(const uint8_t* flags, int64_t a, int64_t b) noexcept nogil:
+    cdef int64_t p
+    for p in range(a, b + 1):
+        if not flags[p]:
+            return False
+    return True
+
+
+cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_t page_len,
+                       const uint32_t* crcs, uint8_t* flags, uint8_t* scratch, int64_t scratch_len,
+                       int64_t within, int64_t take, uint8_t* dst, int64_t* e, int64_t i,
+                       int64_t page0) noexcept nogil:
+    """Bytes ``[within, within + take)`` of one heap chunk into ``dst`` through ``scratch``:
+    the whole pages holding them read in runs of at most ``scratch_len`` bytes, each page's
+    CRC-32 checked against ``crcs`` and flagged in ``flags`` (pages of this chunk), then the
+    wanted bytes copied out. 0, or -1 (``E_CHECKSUM``: detail the page, ``page0`` + its index)."""
+    cdef int64_t a = (within // page_len) * page_len, end = within + take, b, at, size, lo, hi
+    cdef int64_t last = ((end + page_len - 1) // page_len) * page_len  # the end of the last page
+    if last > chunk_bytes:
+        last = chunk_bytes
+    while a < end:
+        b = a + scratch_len
+        if b > last:
+            b = last
+        if _pread_full(fd, scratch, b - a, chunk_offset + a, e, i) < 0:
+            return -1
+        at = a
+        while at < b:
+            size = b - at if b - at < page_len else page_len
+            if zng_crc32(0, scratch + (at - a), <size_t>size) != crcs[at // page_len]:
+                return _fail(e, E_CHECKSUM, i, page0 + at // page_len)
+            flags[at // page_len] = 1
+            at += size
+        lo = within if within > a else a
+        hi = end if end < b else b
+        if hi > lo:
+            memcpy(dst + (lo - within), scratch + (lo - a), <size_t>(hi - lo))
+        a = b
+    return 0
 
 
 def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets not None, int64_t row_size,

@@ -226,15 +226,20 @@ def pread_rows(fds, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) ->
 
 def pread_heap(fds, src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                chunk_offsets: np.ndarray, chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray,
-               pad_stride: int = 0, chunk_base=0) -> None:
+               pad_stride: int = 0, chunk_base=0, pages: tuple | None = None) -> None:
     """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
     ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference.
     ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in ``chunk_offsets``) are
-    one value for all rows, or one per row."""
+    one value for all rows, or one per row. ``pages``: ``(page_len, crcs, checked, scratch)``,
+    the heap pages' CRC-32s (uint32) and flags (bool, set as pages are checked): payloads on
+    pages not yet checked are read as whole pages into ``scratch``, checked, and copied out."""
     err = _err()
     flat = _flat_bytes(out, "pread_heap")
+    page_len, crcs, checked, scratch = pages if pages is not None else (0, None, None, None)
+    if checked is not None:
+        checked = checked.view(np.uint8)
     if _io.pread_heap(_fds(fds), src, row_size, ref_offset, rows, lo, hi, chunk_offsets, _base(chunk_base), chunk_bytes, flat,
-                      dst_offsets, pad_stride, err) != 0:
+                      dst_offsets, pad_stride, err, page_len, crcs, checked, scratch) != 0:
         _raise(err, f"row {int(err[1])}")
 
 

@@ -220,3 +220,107 @@ def test_check_ranges_and_checked_preadv_match_zlib(tmp_path):
         assert ei.value.index == 3
     finally:
         os.close(fd)
+
+
+# -- heap payloads ---------------------------------------------------------------------------
+WAVE = Schema([Field("id", "int64"), Field("wave", "float32", (None,))])
+
+
+@pytest.fixture(scope="module")
+def heapfile(tmp_path_factory):
+    """Payloads of 0.4-12 KB over heap chunks of 32 KiB (pages of 4 KiB): payloads straddle
+    pages and chunks."""
+    path = str(tmp_path_factory.mktemp("pages") / "heap.h5")
+    with rowstore.Writer(path, WAVE, rows_per_block=16, heap_chunk_bytes=1 << 15) as w:
+        for i in range(300):
+            w.write({"id": i, "wave": np.full(100 + (i * 37) % 3000, i, np.float32)})
+    return path
+
+
+def _payload(path, row):
+    """(file offset, nbytes) of row ``row``'s wave payload, and the heap chunk index."""
+    import h5py
+
+    L = Layout.open(path)
+    with h5py.File(path, "r") as f:
+        ref = f["rowstore/rows"][row]["wave"]
+    logical, nb = int(ref["offset"]), int(ref["nbytes"])
+    H = L.heap_chunk_bytes
+    return int(L.heap_chunks["offset"][logical // H]) + logical % H, nb, logical
+
+
+def test_heap_payloads_check_their_pages_only(heapfile, tmp_path):
+    off, nb, logical = _payload(heapfile, 150)
+    page_end = (logical // 4096 + 1) * 4096
+    # A byte on a heap page none of rows 10's pages share, then one inside row 150's payload.
+    bad = str(tmp_path / "bad.h5")
+    shutil.copyfile(heapfile, bad)
+    with open(bad, "r+b") as f:
+        at = off + nb - 1  # the payload's last byte
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x01]))
+    o10, nb10, l10 = _payload(heapfile, 10)
+    assert (l10 + nb10) // 4096 < logical // 4096 and page_end > logical
+    with rowstore.open(bad) as r:
+        assert r.take([10], fields=["wave"])["wave"][0].shape == (100 + 370,)
+        for how in ("take", "full"):
+            with pytest.raises(ChecksumError):
+                if how == "take":
+                    r.take([150], fields=["wave"])
+                else:
+                    for _ in r.batches(8, shuffle="full", fields=["wave"]):
+                        pass
+    # Every epoch of the clean file reads every payload back (pages checked, then not).
+    with rowstore.open(heapfile) as r:
+        for epoch in range(2):
+            seen = 0
+            for b in r.batches(16, shuffle="full", epoch=epoch, fields=["id", "wave"]):
+                for i, w in zip(b["id"].tolist(), b["wave"]):
+                    assert len(w) == 100 + (i * 37) % 3000 and (np.asarray(w) == i).all()
+                    seen += 1
+            assert seen == 300
+
+
+def test_checked_pread_heap_matches_plain_reads(heapfile):
+    """The kernel with pages against itself without (same bytes) and a flag per page set."""
+    L = Layout.open(heapfile)
+    rows = np.zeros(300, dtype=L.row_dtype)
+    import h5py
+
+    with h5py.File(heapfile, "r") as f:
+        rows[:] = f["rowstore/rows"][()]
+    src = rows.view(np.uint8)
+    rs, ref = L.row_dtype.itemsize, L.row_dtype.fields["wave"][1]
+    idx = np.random.default_rng(1).permutation(300)[:60].astype(np.int64)
+    nb = rows["wave"]["nbytes"][idx].astype(np.int64)
+    dst = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(nb, out=dst[1:])
+    lo = np.zeros(len(idx), np.int64)
+    hi = np.full(len(idx), L.heap_nbytes, np.int64)
+    offs = np.ascontiguousarray(L.heap_chunks["offset"], np.int64)
+    fd = os.open(heapfile, os.O_RDONLY)
+    try:
+        plain = np.empty(int(dst[-1]), np.uint8)
+        kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, plain, dst)
+        for scratch in (4096, 3 * 4096, 1 << 20):
+            checked = np.zeros(len(L.heap_pages), bool)
+            got = np.empty_like(plain)
+            kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, got, dst,
+                               pages=(4096, L.heap_pages, checked, np.empty(scratch, np.uint8)))
+            assert np.array_equal(got, plain) and checked.any()
+            # Every page a payload touches is flagged, and only those.
+            want = np.zeros_like(checked)
+            H = L.heap_chunk_bytes
+            for o, n in zip(rows["wave"]["offset"][idx].astype(np.int64), nb):
+                for x in range(o, o + n):
+                    want[(x // H) * (H // 4096) + (x % H) // 4096] = True
+            assert np.array_equal(checked, want)
+        bad = L.heap_pages.copy()
+        bad[int(np.flatnonzero(want)[0])] ^= 1
+        with pytest.raises(kernels.KernelChecksumError):
+            kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, np.empty_like(plain), dst,
+                               pages=(4096, bad, np.zeros(len(bad), bool), np.empty(4096, np.uint8)))
+    finally:
+        os.close(fd)

@@ -393,8 +393,11 @@ class Gatherer:
             direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
             if not direct:
                 heap_ctx = self._heap_context(r.ublocks)
+        pages = None
         if direct and self.pages is not None:
-            self._check_heap_pages(r, plans, rowbuf, idx, sizes, heap_lo, heap_hi, chunk_base)
+            # Payloads on pages not yet checked are read as whole pages and checked in that pass.
+            pages = (self.pages.page_bytes, self.pages.heap_pages, self._hpchecked,
+                     self.scratch.get("heap_pages", 1 << 20))
         elif direct:
             self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
         for p in plans:
@@ -406,7 +409,7 @@ class Gatherer:
                 if heap_ctx is None:
                     self.store.read_payloads(self._shards(r), rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi,
                                              self.arr["hc_offset"], chunk_base, self.layout.heap_chunk_bytes, payload,
-                                             dst_off)
+                                             dst_off, pages=pages)
                 else:
                     heap, lo, hi, base = heap_ctx
                     kernels.gather_heap(rowbuf, self.rs, p.offset, idx, self.rpb, lo, hi, base, heap, payload, dst_off)
@@ -483,40 +486,8 @@ class Gatherer:
             return None
         if pi.rows_per_page == 1:
             return pg, todo
-        self._check_pages(np.unique(pg[todo]), "block")
+        self._check_pages(np.unique(pg[todo]))
         return None
-
-    def _check_heap_pages(self, r: _Rows, plans: list[FieldPlan], rowbuf: np.ndarray, idx: np.ndarray,
-                          sizes: dict[str, np.ndarray], heap_lo: np.ndarray, heap_hi: np.ndarray,
-                          chunk_base: Any) -> None:
-        """Before payloads are read directly: check the heap pages they touch that this reader
-        has not checked yet. A reference outside its block's heap range is left to the read,
-        which refuses it."""
-        pi = self.pages
-        assert pi is not None
-        H, P, per = self.layout.heap_chunk_bytes, pi.page_bytes, pi.heap_pages_per_chunk
-        firsts, lasts = [], []
-        for p in plans:
-            off = np.empty(r.n, np.int64)
-            kernels.gather_fixed(rowbuf, self.rs, p.offset, 8, idx, off)
-            nb = sizes[p.field.name]
-            ok = (nb > 0) & (off >= heap_lo) & (off <= heap_hi - nb)
-            if not ok.all():
-                off, nb = off[ok], nb[ok]
-                base = chunk_base[ok] if isinstance(chunk_base, np.ndarray) else chunk_base
-            else:
-                base = chunk_base
-            end = off + nb - 1
-            firsts.append((base + off // H) * per + (off % H) // P)
-            lasts.append((base + end // H) * per + (end % H) // P)
-        a, b = np.concatenate(firsts), np.concatenate(lasts)
-        lengths = b - a + 1
-        starts = np.cumsum(lengths) - lengths
-        pages = np.repeat(a - starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-        pages = np.unique(pages)
-        pages = pages[~self._hpchecked[pages]]
-        if len(pages):
-            self._check_pages(pages, "heap chunk")
 
     def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray] | None) -> None:
         if in_pass is not None:
@@ -527,24 +498,16 @@ class Gatherer:
         k = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
         return self.located(exc, "block", k)
 
-    def _check_pages(self, pages: np.ndarray, what: str) -> None:
-        """Read and check the pages ``pages`` (sorted ids among the blocks' pages, ``what``
-        "block", or the heap chunks'), runs of consecutive pages of one chunk in one read
-        each, and mark them checked (threads racing on a page only check it twice)."""
+    def _check_pages(self, pages: np.ndarray) -> None:
+        """Read and check the block pages ``pages`` (sorted ids), runs of consecutive pages of
+        one block in one read each, and mark them checked (threads racing on a page only
+        check it twice)."""
         pi = self.pages
         assert pi is not None
-        if what == "block":
-            chunk = np.searchsorted(pi.block_page0, pages, side="right") - 1
-            first = pi.block_page0[chunk]
-            offs, sizes, crcs, checked = self.arr["offset"], pi.block_page_size, pi.block_pages, self._pchecked
-            plen = pi.rows_per_page * self.rs
-            owner = self.layout.block_shard
-        else:
-            chunk = pages // pi.heap_pages_per_chunk
-            first = chunk * pi.heap_pages_per_chunk
-            offs, sizes, crcs, checked = self.arr["hc_offset"], pi.heap_page_size, pi.heap_pages, self._hpchecked
-            plen = pi.page_bytes
-            owner = self.layout.chunk_shard
+        chunk = np.searchsorted(pi.block_page0, pages, side="right") - 1
+        first = pi.block_page0[chunk]
+        offs, sizes, crcs = self.arr["offset"], pi.block_page_size, pi.block_pages
+        plen = pi.rows_per_page * self.rs
         # Runs: consecutive pages of one chunk, at most 1 MiB each.
         cap = max(1, (1 << 20) // plen)
         brk = np.ones(len(pages), np.bool_)
@@ -559,7 +522,7 @@ class Gatherer:
         run_off = offs[chunk[starts]] + (p0 - first[starts]) * plen
         csum = np.concatenate(([0], np.cumsum(sizes[pages])))
         run_size = csum[ends] - csum[starts]
-        shards = owner[chunk[starts]] if self.multi else None
+        shards = self.layout.block_shard[chunk[starts]] if self.multi else None
         scratch = self.scratch.get("pages", int(run_size.max()) if len(run_size) else 1)
         try:
             self.store.check_pages(shards, run_off, run_size, plen, crcs[pages], scratch)
@@ -568,8 +531,8 @@ class Gatherer:
                 k = int(chunk[exc.index]) if 0 <= exc.index < len(pages) else None
             else:
                 k = int(chunk[starts[exc.index]]) if 0 <= exc.index < len(starts) else None
-            raise self.located(exc, what, k) from None
-        checked[pages] = True
+            raise self.located(exc, "block", k) from None
+        self._pchecked[pages] = True
 
     def _check_first_touch(self, which: np.ndarray, what: str) -> None:
         """verify=True before a direct read: checksum, whole, each chunk of ``which`` (blocks or

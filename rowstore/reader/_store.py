@@ -279,11 +279,12 @@ class LocalStore:
 
     def read_payloads(self, shards: np.ndarray | None, rowbuf: np.ndarray, row_size: int, ref_offset: int,
                       rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_base: Any,
-                      chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray) -> None:
-        """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only)."""
+                      chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray, *, pages: tuple | None = None) -> None:
+        """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only),
+        checked by heap pages with ``pages`` (see kernels.pread_heap)."""
         fd, held = self._per_item(shards)
         try:
             kernels.pread_heap(fd, rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, out,
-                               dst_offsets, chunk_base=chunk_base)
+                               dst_offsets, chunk_base=chunk_base, pages=pages)
         finally:
             self._release(held)

@@ -237,38 +237,33 @@ def heapfile(tmp_path_factory):
     return path
 
 
-def _payload(path, row):
-    """(file offset, nbytes) of row ``row``'s wave payload, and the heap chunk index."""
+def test_heap_payloads_check_their_pages_only(heapfile, tmp_path):
+    """A flipped byte in row 10's heap chunk, on a page row 10's payload does not touch: row 10
+    still reads (whole-chunk checks refused it); the row whose payload holds the byte fails."""
     import h5py
 
-    L = Layout.open(path)
-    with h5py.File(path, "r") as f:
-        ref = f["rowstore/rows"][row]["wave"]
-    logical, nb = int(ref["offset"]), int(ref["nbytes"])
+    L = Layout.open(heapfile)
     H = L.heap_chunk_bytes
-    return int(L.heap_chunks["offset"][logical // H]) + logical % H, nb, logical
-
-
-def test_heap_payloads_check_their_pages_only(heapfile, tmp_path):
-    off, nb, logical = _payload(heapfile, 150)
-    page_end = (logical // 4096 + 1) * 4096
-    # A byte on a heap page none of rows 10's pages share, then one inside row 150's payload.
+    with h5py.File(heapfile, "r") as f:
+        refs = f["rowstore/rows"]["wave"][()]
+    start, nb = int(refs["offset"][10]), int(refs["nbytes"][10])
+    x = ((start + nb - 1) // 4096 + 2) * 4096 + 5  # two pages past row 10's last page
+    assert x // H == start // H  # the same heap chunk
+    hit = int(np.flatnonzero((refs["offset"] <= x) & (refs["offset"] + refs["nbytes"] > x))[0])
     bad = str(tmp_path / "bad.h5")
     shutil.copyfile(heapfile, bad)
     with open(bad, "r+b") as f:
-        at = off + nb - 1  # the payload's last byte
+        at = int(L.heap_chunks["offset"][x // H]) + x % H
         f.seek(at)
         b = f.read(1)
         f.seek(at)
         f.write(bytes([b[0] ^ 0x01]))
-    o10, nb10, l10 = _payload(heapfile, 10)
-    assert (l10 + nb10) // 4096 < logical // 4096 and page_end > logical
     with rowstore.open(bad) as r:
         assert r.take([10], fields=["wave"])["wave"][0].shape == (100 + 370,)
         for how in ("take", "full"):
             with pytest.raises(ChecksumError):
                 if how == "take":
-                    r.take([150], fields=["wave"])
+                    r.take([hit], fields=["wave"])
                 else:
                     for _ in r.batches(8, shuffle="full", fields=["wave"]):
                         pass

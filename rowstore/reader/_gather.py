@@ -125,9 +125,9 @@ class Gatherer:
         # Single rows and payloads only where the store serves them cheaply, from uncompressed
         # chunks, and not under verify="always" (whole chunks only).
         self.direct_ok = store.direct and codec is None and verify != "always"
-        # verify=True: a chunk is checksummed whole the first time a direct read touches it (per
-        # process; a few ms per MiB-block once per reader at 60 GB/s of CRC), so that no byte
-        # handed out comes from an unchecked chunk. Races between threads only verify twice.
+        # verify=True, files without a page index: a chunk is checksummed whole the first time a
+        # direct read touches it (per process), so that no byte handed out comes from an
+        # unchecked chunk. Races between threads only verify twice.
         self._checked = np.zeros(layout.num_blocks, np.bool_) if verify is True else None
         self._hchecked = np.zeros(len(self.arr["hc_offset"]), np.bool_) if verify is True else None
         self._check_lock = threading.Lock()  # one thread checks a chunk; the others wait for it

@@ -112,7 +112,9 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
             raise ValueError("pread_heap: pages need page_crcs, page_checked and a scratch of a page or more")
         if page_crcs.shape[0] != nchunks * per or page_checked.shape[0] != page_crcs.shape[0]:
             raise ValueError("pread_heap: one page CRC and flag per page of every chunk")
-        crcs, flags, sp = &page_crcs[0] if per * nchunks else NULL, &page_checked[0] if per * nchunks else NULL, &scratch[0]
+        if per * nchunks:
+            crcs, flags = &page_crcs[0], &page_checked[0]
+        sp = &scratch[0]
         scratch_len = (scratch.shape[0] // page_len) * page_len
     with nogil:
         for i in range(n):
@@ -136,9 +138,11 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                 take = chunk_bytes - within
                 if take > nb:
                     take = nb
-                if per > 0 and not _all_checked(flags + k * per, within // page_len, (within + take - 1) // page_len):
-                    if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len, crcs + k * per,
-                                     flags + k * per, sp, scratch_len, within, take, op + d, e, i, k * per) < 0:
+                if per > 0 and not _all_checked(flags + k * per, within // page_len,
+                                                (within + take - 1) // page_len):
+                    if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len,
+                                     crcs + k * per, flags + k * per, sp, scratch_len, within, take,
+                                     op + d, e, i, k * per) < 0:
                         rc = -1
                         break
                 elif _pread_full(fds[i * step], op + d, take, chunk_offsets[k] + within, e, i) < 0:
@@ -223,7 +227,8 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
         total += seg_sizes[j]
     if total != row_size:
         raise ValueError("preadv_rows: segments do not cover the row")
-    if (check is None) != (expect is None) or check is not None and (check.shape[0] != n or expect.shape[0] != n):
+    if (check is None) != (expect is None) or \
+            check is not None and (check.shape[0] != n or expect.shape[0] != n):
         raise ValueError("preadv_rows: check and expect must both be given, one per row")
     if n == 0:
         return 0

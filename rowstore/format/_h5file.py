@@ -133,12 +133,12 @@ class ChunkStream:
         if k < len(self.stored):  # rewriting the partial last chunk of an appended file
             self.stored[k] = len(data)
             self.checksums[k] = crc
-            if self.pages is not None:
+            if self.pages is not None and pages is not None:
                 self.pages[k] = pages
         else:
             self.stored.append(len(data))
             self.checksums.append(crc)
-            if self.pages is not None:
+            if self.pages is not None and pages is not None:
                 self.pages.append(pages)
 
     def page_index(self) -> np.ndarray | None:

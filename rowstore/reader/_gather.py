@@ -168,7 +168,7 @@ class Gatherer:
             # straight into the batch arrays, one preadv per row, no intermediate buffer.
             check = expect = None
             if in_pass is not None:
-                check, expect = in_pass[1], self.pages.block_pages[in_pass[0]]
+                check, expect = in_pass[1], in_pass[2]
             try:
                 self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
                                           self.scratch.get("sink", self.rs), check=check, expect=expect)
@@ -184,7 +184,7 @@ class Gatherer:
                 todo = np.flatnonzero(in_pass[1])
                 try:
                     kernels.check_buffer(rowbuf, idx[todo] * self.rs, np.full(len(todo), self.rs, np.int64),
-                                         self.pages.block_pages[in_pass[0][todo]])
+                                         in_pass[2][todo])
                 except kernels.KernelChecksumError as exc:
                     exc.index = int(todo[exc.index])
                     raise self._row_error(exc, r) from None
@@ -296,7 +296,7 @@ class Gatherer:
 
     def _load_pieces(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
         """A window of pieces (uncompressed local file): each unit's rows read into a slot of
-        ``piece_rows`` rows (checksummed at first touch by :meth:`gather`, as every direct read).
+        ``piece_rows`` rows (checked by :meth:`gather`, as every direct read).
         Full pieces go to the first slots in one ``pread_rows`` call; the short pieces at the
         ends of blocks to the slots after them, one read each; ``r.local`` (positions among the
         units in sorted order) is mapped to those slots."""
@@ -473,11 +473,11 @@ class Gatherer:
         return heap, lo_b, hi_b, base
 
     # -- the page index (format v3) ----------------------------------------------------------
-    def _row_pages(self, r: _Rows) -> tuple[np.ndarray, np.ndarray] | None:
+    def _row_pages(self, r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """verify=True, a file with a page index, before rows are read directly: rows of a
         page or more are their own page, checked in the read's pass: returns ``(page of each
-        row, whether to check it)`` (None when all are checked); the pages of smaller rows
-        that are not checked yet are checked here, before the read."""
+        row, whether to check it, its CRC-32)`` (None when all are checked); the pages of
+        smaller rows that are not checked yet are checked here, before the read."""
         pi = self.pages
         assert pi is not None
         pg = pi.block_page0[r.blk] + (r.rows - r.blk * self.rpb) // pi.rows_per_page
@@ -485,11 +485,11 @@ class Gatherer:
         if not todo.any():
             return None
         if pi.rows_per_page == 1:
-            return pg, todo
+            return pg, todo, pi.block_pages[pg]
         self._check_pages(np.unique(pg[todo]))
         return None
 
-    def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray] | None) -> None:
+    def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         if in_pass is not None:
             self._pchecked[in_pass[0][in_pass[1]]] = True
 

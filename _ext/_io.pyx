@@ -10,7 +10,6 @@ the pass that reads them) use zlib-ng's CRC-32 inside libblosc2.a.
 
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
-from libc.string cimport memcpy
 
 from _common cimport (
     E_BOUNDS, E_CHECKSUM, E_DEST, E_IO, E_OK, E_ROW, E_SIZE, _errbuf, _fail, _fits, _heap_payload, _hold,
@@ -82,10 +81,10 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
     With ``page_len`` > 0 (format v3's heap pages: ``page_len`` bytes of a chunk, its last page
     the rest; ``page_crcs`` one CRC-32 per page, ``ceil(chunk_bytes / page_len)`` per chunk;
     ``page_checked`` one flag per page, set here): a payload piece whose pages are all flagged
-    is read straight into ``out``; otherwise its whole pages are read into ``scratch`` (at
-    least one page; longer runs go in several reads), each checked against its CRC (else
-    ``E_CHECKSUM`` with detail the page) and flagged, and the payload's bytes copied from there:
-    one read, checked in its pass. Returns 0 or -1 (``err``).
+    is read straight into ``out``; otherwise one ``preadv`` reads it into ``out`` and the rest
+    of its first and last pages into ``scratch`` (two pages), and each of its pages is checked
+    against its CRC right after (else ``E_CHECKSUM`` with detail the page) and flagged: one
+    read, checked in its pass, no copy. Returns 0 or -1 (``err``).
     """
     cdef int64_t* e = _errbuf(err)
     cdef Py_ssize_t n = lo.shape[0], i, step, bstep
@@ -102,20 +101,19 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
         raise ValueError("pread_heap: chunk_base must hold one value, or one per row")
     bstep = 0 if chunk_base.shape[0] == 1 else 1
     nrows_src = src.shape[0] // row_size
-    cdef int64_t per = 0, scratch_len = 0
+    cdef int64_t per = 0
     cdef const uint32_t* crcs = NULL
     cdef uint8_t* flags = NULL
     cdef uint8_t* sp = NULL
     if page_len > 0:
         per = (chunk_bytes + page_len - 1) // page_len
-        if page_crcs is None or page_checked is None or scratch is None or scratch.shape[0] < page_len:
-            raise ValueError("pread_heap: pages need page_crcs, page_checked and a scratch of a page or more")
+        if page_crcs is None or page_checked is None or scratch is None or scratch.shape[0] < 2 * page_len:
+            raise ValueError("pread_heap: pages need page_crcs, page_checked and a scratch of two pages")
         if page_crcs.shape[0] != nchunks * per or page_checked.shape[0] != page_crcs.shape[0]:
             raise ValueError("pread_heap: one page CRC and flag per page of every chunk")
         if per * nchunks:
             crcs, flags = &page_crcs[0], &page_checked[0]
         sp = &scratch[0]
-        scratch_len = (scratch.shape[0] // page_len) * page_len
     with nogil:
         for i in range(n):
             r = rows[i]
@@ -141,7 +139,7 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                 if per > 0 and not _all_checked(flags + k * per, within // page_len,
                                                 (within + take - 1) // page_len):
                     if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len,
-                                     crcs + k * per, flags + k * per, sp, scratch_len, within, take,
+                                     crcs + k * per, flags + k * per, sp, within, take,
                                      op + d, e, i, k * per) < 0:
                         rc = -1
                         break
@@ -164,36 +162,74 @@ cdef inline bint _all_checked(const uint8_t* flags, int64_t a, int64_t b) noexce
     return True
 
 
+cdef inline uint32_t _crc_parts(uint32_t crc, int64_t lo, int64_t hi, int64_t a, int64_t within,
+                                int64_t end, const uint8_t* head, const uint8_t* dst,
+                                const uint8_t* tail) noexcept nogil:
+    """CRC-32 ``crc`` extended over chunk bytes ``[lo, hi)``, which lie in the head ``[a,
+    within)`` (in ``head``), the payload ``[within, end)`` (in ``dst``) or the tail ``[end, ...)``
+    (in ``tail``)."""
+    cdef int64_t x, y
+    x, y = lo, (hi if hi < within else within)
+    if y > x:
+        crc = zng_crc32(crc, head + (x - a), <size_t>(y - x))
+    x, y = (lo if lo > within else within), (hi if hi < end else end)
+    if y > x:
+        crc = zng_crc32(crc, dst + (x - within), <size_t>(y - x))
+    x = lo if lo > end else end
+    if hi > x:
+        crc = zng_crc32(crc, tail + (x - end), <size_t>(hi - x))
+    return crc
+
+
 cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_t page_len,
-                       const uint32_t* crcs, uint8_t* flags, uint8_t* scratch, int64_t scratch_len,
+                       const uint32_t* crcs, uint8_t* flags, uint8_t* scratch,
                        int64_t within, int64_t take, uint8_t* dst, int64_t* e, int64_t i,
                        int64_t page0) noexcept nogil:
-    """Bytes ``[within, within + take)`` of one heap chunk into ``dst`` through ``scratch``:
-    the whole pages holding them read in runs of at most ``scratch_len`` bytes, each page's
-    CRC-32 checked against ``crcs`` and flagged in ``flags`` (pages of this chunk), then the
-    wanted bytes copied out. 0, or -1 (``E_CHECKSUM``: detail the page, ``page0`` + its index)."""
-    cdef int64_t a = (within // page_len) * page_len, end = within + take, b, at, size, lo, hi
+    """Bytes ``[within, within + take)`` of one heap chunk into ``dst``, with the rest of their
+    first and last pages (into ``scratch``: the head at 0, the tail at ``page_len``; it holds two
+    pages) in the same ``preadv``; then each of those pages' CRC-32, computed over the three
+    parts while they are in cache, is checked against ``crcs`` and flagged in ``flags`` (pages
+    of this chunk). 0, or -1 (``E_CHECKSUM``: detail the page, ``page0`` + its index)."""
+    cdef int64_t a = (within // page_len) * page_len, end = within + take, done, want, at, ps, pe
     cdef int64_t last = ((end + page_len - 1) // page_len) * page_len  # the end of the last page
+    cdef iovec iov[3]
+    cdef int nv = 0, j
+    cdef ssize_t got
+    cdef uint32_t crc
     if last > chunk_bytes:
         last = chunk_bytes
-    while a < end:
-        b = a + scratch_len
-        if b > last:
-            b = last
-        if _pread_full(fd, scratch, b - a, chunk_offset + a, e, i) < 0:
-            return -1
-        at = a
-        while at < b:
-            size = b - at if b - at < page_len else page_len
-            if zng_crc32(0, scratch + (at - a), <size_t>size) != crcs[at // page_len]:
-                return _fail(e, E_CHECKSUM, i, page0 + at // page_len)
-            flags[at // page_len] = 1
-            at += size
-        lo = within if within > a else a
-        hi = end if end < b else b
-        if hi > lo:
-            memcpy(dst + (lo - within), scratch + (lo - a), <size_t>(hi - lo))
-        a = b
+    if within > a:
+        iov[nv].iov_base, iov[nv].iov_len = <void*>scratch, <size_t>(within - a)
+        nv += 1
+    iov[nv].iov_base, iov[nv].iov_len = <void*>dst, <size_t>take
+    nv += 1
+    if last > end:
+        iov[nv].iov_base, iov[nv].iov_len = <void*>(scratch + page_len), <size_t>(last - end)
+        nv += 1
+    got = preadv(fd, iov, nv, <long>(chunk_offset + a))
+    while got < 0 and errno == EINTR:
+        got = preadv(fd, iov, nv, <long>(chunk_offset + a))
+    if got < 0:
+        return _fail(e, E_IO, i, errno)
+    if got < last - a:  # a short read: finish with plain preads (a truncated file ends in E_SHORT)
+        done, at = got, chunk_offset + a + got
+        for j in range(nv):
+            want = <int64_t>iov[j].iov_len
+            if done >= want:
+                done -= want
+                continue
+            if _pread_full(fd, <uint8_t*>iov[j].iov_base + done, want - done, at, e, i) < 0:
+                return -1
+            at += want - done
+            done = 0
+    ps = a
+    while ps < last:
+        pe = ps + page_len if ps + page_len < last else last
+        crc = _crc_parts(0, ps, pe, a, within, end, scratch, dst, scratch + page_len)
+        if crc != crcs[ps // page_len]:
+            return _fail(e, E_CHECKSUM, i, page0 + ps // page_len)
+        flags[ps // page_len] = 1
+        ps = pe
     return 0
 
 

@@ -232,7 +232,8 @@ def pread_heap(fds, src: np.ndarray, row_size: int, ref_offset: int, rows: np.nd
     ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in ``chunk_offsets``) are
     one value for all rows, or one per row. ``pages``: ``(page_len, crcs, checked, scratch)``,
     the heap pages' CRC-32s (uint32) and flags (bool, set as pages are checked): payloads on
-    pages not yet checked are read as whole pages into ``scratch``, checked, and copied out."""
+    pages not yet checked are read into place with the rest of their first and last pages
+    (into ``scratch``, two pages) and their pages checked in that pass."""
     err = _err()
     flat = _flat_bytes(out, "pread_heap")
     page_len, crcs, checked, scratch = pages if pages is not None else (0, None, None, None)

@@ -299,7 +299,10 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
     try:
         plain = np.empty(int(dst[-1]), np.uint8)
         kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, plain, dst)
-        for scratch in (4096, 3 * 4096, 1 << 20):
+        with pytest.raises(ValueError):  # the scratch holds a head and a tail page
+            kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, np.empty_like(plain), dst,
+                               pages=(4096, L.heap_pages, np.zeros(len(L.heap_pages), bool), np.empty(4096, np.uint8)))
+        for scratch in (2 * 4096, 3 * 4096, 1 << 20):
             checked = np.zeros(len(L.heap_pages), bool)
             got = np.empty_like(plain)
             kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, got, dst,
@@ -316,6 +319,6 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
         bad[int(np.flatnonzero(want)[0])] ^= 1
         with pytest.raises(kernels.KernelChecksumError):
             kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, np.empty_like(plain), dst,
-                               pages=(4096, bad, np.zeros(len(bad), bool), np.empty(4096, np.uint8)))
+                               pages=(4096, bad, np.zeros(len(bad), bool), np.empty(8192, np.uint8)))
     finally:
         os.close(fd)

@@ -395,9 +395,10 @@ class Gatherer:
                 heap_ctx = self._heap_context(r.ublocks)
         pages = None
         if direct and self.pages is not None:
-            # Payloads on pages not yet checked are read as whole pages and checked in that pass.
+            # Payloads on pages not yet checked are read with the rest of their first and last
+            # pages (into a scratch of two pages) and checked in that pass.
             pages = (self.pages.page_bytes, self.pages.heap_pages, self._hpchecked,
-                     self.scratch.get("heap_pages", 1 << 20))
+                     self.scratch.get("heap_pages", 2 * self.pages.page_bytes))
         elif direct:
             self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
         for p in plans:

@@ -67,9 +67,10 @@ class Reader:
         every time (at tens of GB/s, cheap beside decompression); uncompressed files may be read
         row by row or payload by payload where that is cheaper, and what such a read touches is
         checked the first time (once per reader and process): in a format-v3 file the pages it
-        touches (rows of 4 KiB or more in the pass that reads them; smaller rows and heap
-        payloads by reading their whole pages, a few KiB more), in a v1/v2 file each chunk
-        whole (the first epoch of a uniform shuffle then reads the data once more).
+        touches (rows of 4 KiB or more and heap payloads in the pass that reads them, with the
+        rest of a payload's first and last pages; smaller rows by reading their pages first),
+        in a v1/v2 file each chunk whole (the first epoch of a uniform shuffle then reads the
+        data once more).
         ``"always"``: whole chunks only, checked on every read. ``False``: no checks (bounds
         are still checked).
         ``rowstore verify PATH`` checks a whole file once.

@@ -70,7 +70,8 @@ _HEADER_LEN = struct.Struct("<I")
 #: ``_h5file.check_storable``); a larger one is refused before it is parsed.
 MAX_HEADER_BYTES = 1 << 20
 #: Bytes of the file's end a reader fetches first (one request of a remote open): the trailer
-#: and, for files up to about 18,000 blocks, the whole footer.
+#: and, for files up to about 18,000 blocks (v3: about 900 blocks of 1 MiB, whose page index
+#: takes 1 KiB each), the whole footer.
 FIRST_READ = 1 << 20
 #: Key of the header that is not an HDF5 attribute: where the footer starts.
 KEY_EOF = "hdf5_eof"

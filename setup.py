@@ -14,8 +14,8 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-#: The modules that link libblosc2 (_png: for the zlib-ng inside it).
-BLOSC2_MODULES = {"_frame", "_png"}
+#: The modules that link libblosc2 (_png and _io: for the zlib-ng inside it).
+BLOSC2_MODULES = {"_frame", "_io", "_png"}
 
 
 def _blosc2_paths():

@@ -90,6 +90,8 @@ def info_text(path: str, *, storage_options: dict | None = None,
         F = L.shard_layouts[0]
         footer = "" if F.version < 2 else ", checksummed footer" if F.footer_offset else \
             ", its footer missing (cut off or edited with h5py): read through libhdf5"
+        if F.page_bytes:
+            footer += f", page CRCs every {F.page_bytes} bytes"
         head = [f"file            {path}", f"format          rowstore v{F.version} (written by {F.writer or 'unknown'}{footer})"]
     else:
         from rowstore.format import manifest

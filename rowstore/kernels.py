@@ -226,15 +226,21 @@ def pread_rows(fds, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) ->
 
 def pread_heap(fds, src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                chunk_offsets: np.ndarray, chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray,
-               pad_stride: int = 0, chunk_base=0) -> None:
+               pad_stride: int = 0, chunk_base=0, pages: tuple | None = None) -> None:
     """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
     ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference.
     ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in ``chunk_offsets``) are
-    one value for all rows, or one per row."""
+    one value for all rows, or one per row. ``pages``: ``(page_len, crcs, checked, scratch)``,
+    the heap pages' CRC-32s (uint32) and flags (bool, set as pages are checked): payloads on
+    pages not yet checked are read into place with the rest of their first and last pages
+    (into ``scratch``, two pages) and their pages checked in that pass."""
     err = _err()
     flat = _flat_bytes(out, "pread_heap")
+    page_len, crcs, checked, scratch = pages if pages is not None else (0, None, None, None)
+    if checked is not None:
+        checked = checked.view(np.uint8)
     if _io.pread_heap(_fds(fds), src, row_size, ref_offset, rows, lo, hi, chunk_offsets, _base(chunk_base), chunk_bytes, flat,
-                      dst_offsets, pad_stride, err) != 0:
+                      dst_offsets, pad_stride, err, page_len, crcs, checked, scratch) != 0:
         _raise(err, f"row {int(err[1])}")
 
 
@@ -259,20 +265,56 @@ def gather_rows(src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[t
 
 
 def preadv_rows(fds, file_offsets: np.ndarray, row_size: int, segments: list[tuple[int, np.ndarray | None]],
-                sink: np.ndarray) -> None:
+                sink: np.ndarray, *, check: np.ndarray | None = None, expect: np.ndarray | None = None) -> None:
     """Read rows from the files straight into per-field arrays (one ``preadv`` per row; row i
     from descriptor ``fds[i]``, or ``fds`` for all rows when it is one int).
 
     ``segments`` cut the row into consecutive ``(size, out)`` pieces covering it exactly; row
     i's piece goes to row i of ``out`` (C-contiguous, ``len(file_offsets) * size`` bytes), or
-    into ``sink`` when ``out`` is None.
+    into ``sink`` (at least ``row_size`` bytes) when ``out`` is None. ``check`` (bool per row)
+    and ``expect`` (uint32 per row): the CRC-32 of each checked row's bytes, computed right
+    after they were read, must be its ``expect`` (else a :class:`KernelChecksumError`).
     """
     n = len(file_offsets)
     sizes = np.array([s[0] for s in segments], np.int64)
     outs = [None if out is None else _flat(out, n * size, f"preadv_rows: out {j}") for j, (size, out) in enumerate(segments)]
     err = _err()
-    if _io.preadv_rows(_fds(fds), file_offsets, row_size, sizes, outs, sink, err) != 0:
+    if check is not None:
+        check = np.ascontiguousarray(check, np.uint8)
+        expect = np.ascontiguousarray(expect, np.uint32)
+    if _io.preadv_rows(_fds(fds), file_offsets, row_size, sizes, outs, sink, err, check, expect) != 0:
         _raise(err, f"row read {int(err[1])}")
+
+
+def page_crcs(data, page_len: int) -> np.ndarray:
+    """The CRC-32 (uint32) of each ``page_len``-byte page of a bytes-like object, the last one
+    shorter: a chunk's entries in the page index."""
+    arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    out = np.empty(-(-len(arr) // page_len), np.uint32)
+    _io.page_crcs(arr, page_len, out)
+    return out
+
+
+def check_ranges(fds, offsets: np.ndarray, sizes: np.ndarray, page_len: int, expect: np.ndarray,
+                 scratch: np.ndarray) -> None:
+    """Read each range (``sizes[i]`` bytes at ``offsets[i]`` of ``fds[i]``, or of ``fds`` for
+    all: consecutive pages of one chunk) into ``scratch`` and check the CRC-32 of each of its
+    ``page_len``-byte pages (the last one the rest) against the next entry of ``expect``
+    (uint32); raises :class:`KernelError` (:class:`KernelChecksumError` on a mismatch), whose
+    ``index`` is the range (read errors) or the page in ``expect`` (checksums)."""
+    err = _err()
+    if _io.check_ranges(_fds(fds), np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(sizes, np.int64),
+                        page_len, np.ascontiguousarray(expect, np.uint32), scratch, err) != 0:
+        _raise(err, f"page {int(err[1])}")
+
+
+def check_buffer(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, expect: np.ndarray) -> None:
+    """Check the CRC-32 of each range ``buf[starts[i]:starts[i] + sizes[i]]`` (a flat uint8
+    array) against ``expect[i]``; raises :class:`KernelError` whose ``index`` is i."""
+    err = _err()
+    if _io.check_buffer(buf, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes, np.int64),
+                        np.ascontiguousarray(expect, np.uint32), err) != 0:
+        _raise(err, f"page {int(err[1])}")
 
 
 def compress_frame(raw, *, compcode: int, clevel: int, shuffle: int, typesize: int) -> np.ndarray:

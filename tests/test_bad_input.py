@@ -249,7 +249,7 @@ def test_hdf5_but_not_rowstore(tmp_path):
     opening_raises(p, FormatError)
 
 
-@pytest.mark.parametrize("version", [3, 99, 0])
+@pytest.mark.parametrize("version", [4, 99, 0])
 def test_other_format_version(good_file, tmp_path, version):
     p = str(tmp_path / "v.h5")
     shutil.copy(good_file, p)

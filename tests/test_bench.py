@@ -79,6 +79,20 @@ def test_full_epoch_counts_every_row(cache, tmp_path, capsys):
     assert r["repeats"][0]["last_batch_rows"] == 300 - 4 * 64
 
 
+@pytest.mark.parametrize("verify", [True, False])
+def test_table_says_whether_checks_were_on_and_gives_the_first_epoch(verify, cache, tmp_path, capsys):
+    out = str(tmp_path / "b.json")
+    doc, text = bench(["--demo", "patch", "--rows", "300", "-m", "0", "-b", "64", "--repeats", "2",
+                       "--cache-dir", cache, "--json", out] + ([] if verify else ["--no-verify"]), capsys)
+    (r,) = doc["results"]
+    assert r["info"]["checks"] == ("on" if verify else "off")
+    first = [rep for rep in r["repeats"] if rep["epoch"] == 0]
+    assert r["first_epoch_rows_per_s"] > 0 and (not first or first[0]["rows_per_s"] == r["first_epoch_rows_per_s"])
+    assert "checks" in text and "1st epoch/s" in text
+    row = next(line for line in text.splitlines() if line.lstrip("│┃ ").startswith("rowstore"))
+    assert (" on " in row) == verify and (" off " in row) != verify
+
+
 def test_measure_is_clamped_to_one_epoch(cache, tmp_path, capsys):
     out = str(tmp_path / "b.json")
     doc, text = bench(["--demo", "tiny", "--rows", "300", "-m", "5", "-n", "100", "-b", "64", "--repeats", "1",

@@ -1,6 +1,8 @@
 """A user who changes nothing never gets a corrupted value without an error (issue 17): on
-uncompressed files the default reader reads single rows and payloads directly, and each chunk
-such a read touches is checksummed whole the first time (per reader and process)."""
+uncompressed files the default reader reads single rows and payloads directly, and what such a
+read touches is checksummed the first time (per reader and process): the pages of a v3 file's
+page index (these files; test_page_index.py covers rows of a page or more), each chunk whole
+in a v1/v2 file (test_v2_file_without_pages_is_checked_whole_at_first_touch)."""
 
 from __future__ import annotations
 
@@ -99,3 +101,23 @@ def test_torch_dataset_under_a_dataloader_refuses_a_flipped_byte(clean, tmp_path
         for _ in loader:
             pass
     ds.close()
+
+
+@pytest.mark.parametrize("where", ["row", "heap"])
+def test_v2_file_without_pages_is_checked_whole_at_first_touch(clean, tmp_path, where):
+    """A file written before the page index (its footer cut: read as v1/v2, no pages) keeps
+    the whole-chunk checks: a flipped byte is refused by direct reads too."""
+    from rowstore.format import footer
+
+    bad = _flipped(clean, tmp_path, where)
+    footer.cut(bad, rowstore.Layout.open(clean).footer_offset)
+    L = rowstore.Layout.open(bad)
+    assert L.page_bytes == 0 and L.block_pages is None
+    field = "x" if where == "row" else "wave"
+    for how in ("take", "full"):
+        with rowstore.open(bad) as r, pytest.raises(ChecksumError):
+            if how == "take":
+                r.take([100], fields=[field])
+            else:
+                for _ in r.batches(16, shuffle="full", seed=1, fields=["id", field]):
+                    pass

@@ -81,11 +81,14 @@ def _header(path):
     return json.loads(f[12 : 12 + n])
 
 
-def _encode(header, blocks, heap_chunks, offset, *, text=None):
+def _encode(header, blocks, heap_chunks, offset, *, text=None, pages=None):
     """Footer and trailer bytes, built here from docs/format.md's byte layout (not by the code
-    under test); ``text``: the header's JSON bytes as given."""
+    under test); ``text``: the header's JSON bytes as given; ``pages``: a v3 file's block and
+    heap page CRC-32s."""
     text = json.dumps(header, sort_keys=True).encode() if text is None else text
     body = b"".join([b"RSFOOTR2", struct.pack("<I", len(text)), text, b"RSDXIDX1", blocks.tobytes(), heap_chunks.tobytes()])
+    if pages is not None:
+        body += b"RSPAGES3" + np.asarray(pages[0], "<u4").tobytes() + np.asarray(pages[1], "<u4").tobytes()
     head = struct.pack("<8sQQI", b"RSTRAIL2", offset, len(body), zlib.crc32(body))
     return body + head + struct.pack("<I", zlib.crc32(head))
 
@@ -96,7 +99,8 @@ def _rewrite(src, dst, *, header=None, raw_header=None, blocks=None, heap_chunks
     shutil.copyfile(src, dst)
     L = Layout.open(src)
     data = _encode(_header(src) if header is None else header, L.blocks if blocks is None else blocks,
-                   L.heap_chunks if heap_chunks is None else heap_chunks, L.footer_offset, text=raw_header)
+                   L.heap_chunks if heap_chunks is None else heap_chunks, L.footer_offset, text=raw_header,
+                   pages=None if L.block_pages is None else (L.block_pages, L.heap_pages))
     with open(dst, "r+b") as f:
         f.truncate(L.footer_offset)
         f.seek(L.footer_offset)
@@ -131,18 +135,30 @@ def as_v1(src, dst):
 # -- what is written -----------------------------------------------------------------------------------
 def test_writer_appends_a_v2_footer_that_h5py_ignores(valid):
     L = Layout.open(valid)
-    assert L.version == 2 == rowstore.FORMAT_VERSION and 0 < L.footer_offset < L.file_size == os.path.getsize(valid)
+    # Uncompressed files carry the page index (v3); compressed ones are v2 as before.
+    want = 2 if L.compression["id"] != "none" else 3
+    assert L.version == want and rowstore.FORMAT_VERSION == 3
+    assert 0 < L.footer_offset < L.file_size == os.path.getsize(valid)
     off, f, t = _parts(valid)
     assert off == L.footer_offset and f.startswith(footer.FOOTER_MAGIC) and t.startswith(footer.TRAILER_MAGIC)
     h = _header(valid)
-    assert h[footer.KEY_EOF] == off and h["format_version"] == 2 and json.loads(h["schema"]) == SCHEMA.to_json()
+    assert h[footer.KEY_EOF] == off and h["format_version"] == want and json.loads(h["schema"]) == SCHEMA.to_json()
+    assert (h.get("page_bytes") == 4096) == (want == 3)
     with h5py.File(valid, "r") as hf:  # the HDF5 part is a complete file, with the same index
         g = hf["rowstore"]
-        assert int(g.attrs["format_version"]) == 2 and g["rows"].shape == (N,)
+        assert int(g.attrs["format_version"]) == want and g["rows"].shape == (N,)
         assert np.array_equal(g["blocks"][()], L.blocks) and np.array_equal(g["heap_chunks"][()], L.heap_chunks)
         assert g["rows"]["id"][()].tolist() == list(range(N))
     assert (L.blocks["offset"] + L.blocks["stored_nbytes"] <= off).all()
-    assert f + t == _encode(h, L.blocks, L.heap_chunks, off)  # the documented byte layout, exactly
+    pages = None
+    if want == 3:  # the page index: each page's CRC-32 of the stored bytes, as documented
+        raw = open(valid, "rb").read()
+        rs, plen = L.row_dtype.itemsize, max(1, 4096 // L.row_dtype.itemsize) * L.row_dtype.itemsize
+        chunk_pages = lambda at, size, step: [zlib.crc32(raw[at + a : at + min(a + step, size)])  # noqa: E731
+                                              for a in range(0, size, step)]
+        pages = ([c for b in L.blocks for c in chunk_pages(int(b["offset"]), L.rows_per_block * rs, plen)],
+                 [c for b in L.heap_chunks for c in chunk_pages(int(b["offset"]), L.heap_chunk_bytes, 4096)])
+    assert f + t == _encode(h, L.blocks, L.heap_chunks, off, pages=pages)  # the documented byte layout, exactly
     _check_rows(valid)
 
 
@@ -262,7 +278,7 @@ def _hostile_cases():
     cases = {k: (name, _jsonable(v)) for k, (name, v) in ATTR_CASES.items()}
     cases.update({
         "num_rows-bool": ("num_rows", True), "format_version-1": ("format_version", 1),
-        "format_version-3": ("format_version", 3), "format_version-str": ("format_version", "2"),
+        "format_version-4": ("format_version", 4), "format_version-str": ("format_version", "2"),
         "schema-as-object": ("schema", SCHEMA.to_json()), "schema-int": ("schema", 7), "writer-int": ("writer", 3),
         "eof-wrong": (footer.KEY_EOF, 10), "eof-missing": (footer.KEY_EOF, None), "eof-bool": (footer.KEY_EOF, True),
         "format-other": ("format", "hdf5"), "user_attrs-list": ("user_attrs", "[1]"),
@@ -288,8 +304,8 @@ def test_hostile_header_values_with_valid_crcs(valid, tmp_path, case):
     if case.startswith("eof-"):
         with pytest.raises(FormatError, match="hdf5_eof"):
             rowstore.open(path)
-    elif case == "format_version-3":
-        with pytest.raises(FormatVersionError, match="v3"):
+    elif case == "format_version-4":
+        with pytest.raises(FormatVersionError, match="v4"):
             rowstore.open(path)
     elif case == "schema-dtype-int-reinterpret":  # a CRC catches damage, not a deliberate edit that recomputes it
         assert Layout.open(path).schema["x"].dtype == np.int32
@@ -385,7 +401,7 @@ def test_append_to_a_v2_file_writes_a_fresh_footer(valid, tmp_path):
     comp = Layout.open(valid).compression["id"]
     _write(path, n=13, start=N, mode="a", compression=None if comp == "none" else "lz4")
     L = Layout.open(path)
-    assert L.version == 2 and L.footer_offset and L.num_rows == N + 13
+    assert L.version == Layout.open(valid).version and L.footer_offset and L.num_rows == N + 13
     assert _parts(path)[0] == L.footer_offset
     _check_rows(path, N + 13)
     with h5py.File(path) as hf:  # the HDF5 part agrees with the footer

@@ -398,7 +398,9 @@ def test_stored_attributes(rs, h5path):
     rs.write_file(h5path, schema, [{"i": 1, "t": "x"}], rows_per_block=4, compression="zstd", heap_chunk_bytes=256)
     with h5py.File(h5path, "r") as f:
         a = f["rowstore"].attrs
-        assert a["format"] == "rowstore" and int(a["format_version"]) == rowstore.FORMAT_VERSION == 2
+        # Compressed: no page index, so format v2 (uncompressed files are v3).
+        assert a["format"] == "rowstore" and int(a["format_version"]) == 2 and rowstore.FORMAT_VERSION == 3
+        assert "page_bytes" not in a
         assert Schema.from_json(a["schema"]) == schema
         assert json.loads(a["compression"]) == {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}
         assert int(a["num_rows"]) == 1 and int(a["rows_per_block"]) == 4 and int(a["heap_chunk_bytes"]) == 256
@@ -641,8 +643,8 @@ def _assert_rows(path, rows):
 
 def test_a_small_heap_is_stored_as_one_chunk_of_its_size(tmp_path):
     """A file whose heap is smaller than heap_chunk_bytes (1 MiB by default) stored a 1 MiB
-    chunk of zeros: its heap is now one HDF5 chunk of the heap's own size; HDF5 (h5py) reads it
-    as ever, the index says ``stored_nbytes = heap_nbytes``, and appending continues it."""
+    chunk of zeros: its heap is now one HDF5 chunk of the heap's own size in whole pages of the
+    page index; HDF5 (h5py) reads it as ever, and appending continues it."""
     p = str(tmp_path / "small.h5")
     rows = _small_rows(100)
     with rowstore.Writer(p, SMALL_HEAP_SCHEMA) as w:
@@ -651,10 +653,12 @@ def test_a_small_heap_is_stored_as_one_chunk_of_its_size(tmp_path):
     lay = check_layout(p, 100)
     H, hn = lay.heap_chunk_bytes, lay.heap_nbytes
     assert H == 1 << 20 and 0 < hn < 64 << 10
-    assert lay.heap_chunks["stored_nbytes"].tolist() == [hn]
+    page = rowstore.format.spec.PAGE_BYTES  # trimmed to whole pages of the page index
+    whole = -(-hn // page) * page
+    assert lay.heap_chunks["stored_nbytes"].tolist() == [whole]
     assert os.path.getsize(p) < H // 2  # no 1 MiB chunk of zeros
     with h5py.File(p, "r") as f:
-        assert f["rowstore/heap"].chunks == (hn,) and f["rowstore/heap"].shape == (hn,)
+        assert f["rowstore/heap"].chunks == (whole,) and f["rowstore/heap"].shape == (hn,)
         heap = f["rowstore/heap"][()]
     assert np.array_equal(heap[:8].view(np.float32), [0, 0])  # rows 0 and 1: [0.], [0., 1.][:1]
     _assert_rows(p, rows)

@@ -79,13 +79,14 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
     shuffle, seed, window = opts.get("shuffle", "block"), opts.get("seed", 0), opts.get("window", 16)
     # opts["path"], not layout.path: that of a list of paths is their names joined, not a path.
     remote = {"storage_options": opts["storage_options"]} if opts.get("storage_options") is not None else {}
-    reader = Reader(opts["path"], verify=opts.get("verify", True), num_threads=threads, **remote)
+    reader = Reader(opts["path"], verify=opts.get("verify", True), num_threads=threads, **remote)  # a fresh reader
     threads = reader.num_threads
     label = f"rowstore {shuffle}"
     if mode != "numpy":
         label = f"rowstore {mode} {shuffle}"
     label += f" B={B} t={threads}" + (f" W={window}" if shuffle == "block" else "")
-    info: dict[str, Any] = {"threads": threads}
+    verify = opts.get("verify", True)
+    info: dict[str, Any] = {"threads": threads, "checks": "always" if verify == "always" else "on" if verify else "off"}
     extra_close: list = []
 
     def quality() -> float:

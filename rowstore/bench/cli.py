@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     p.add_argument("--time-limit", type=float, default=3.0,
                    help="stop a repeat's timed phase after this many seconds and extrapolate (default 3)")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the per-block checksum check")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="read with verify=False: no CRC checks (the checks column says off)")
     p.add_argument("--compare", action="store_true", help="also measure the baselines and memcpy in the same run")
     p.add_argument("--baselines", nargs="+", choices=list(sources.BASELINES), default=list(DEFAULT_BASELINES),
                    help=f"baselines for --compare (default: {' '.join(DEFAULT_BASELINES)})")

@@ -31,7 +31,9 @@ def require_matplotlib() -> None:
 #: (key, heading, meaning) of the table's columns; docs/bench.md explains them too.
 COLUMNS = [
     ("label", "config", "what was measured (rowstore mode and options, or a baseline)"),
+    ("checks", "checks", "rowstore's CRC checks: on (verify=True, the default), always, off (verify=False); - baselines"),
     ("samples", "samples/s", "rows delivered per second in the measure phase (median of repeats)"),
+    ("first", "1st epoch/s", "rows per second in the first epoch of the fresh reader (fresh process per config)"),
     ("mbps", "MB/s", "decoded bytes of the fields' values per second (1 MB = 1e6 bytes)"),
     ("vs_memcpy", "% memcpy", "MB/s as a share of np.copyto bandwidth measured in the same run"),
     ("ttfb", "1st batch", "time from creating the iterator to the first batch (median)"),
@@ -79,7 +81,9 @@ def table_rows(results: Sequence[dict[str, Any]], memcpy_gbps: float | None) -> 
         if r.get("workers_rss_mb"):
             rss_s += f" +{r['workers_rss_mb']:,.0f} workers"
         rows.append({
-            "label": r["label"], "samples": fmt_rate(r.get("rows_per_s")), "mbps": fmt_bytes_rate(bps),
+            "label": r["label"], "checks": (r.get("info") or {}).get("checks", "-"),
+            "samples": fmt_rate(r.get("rows_per_s")), "first": fmt_rate(r.get("first_epoch_rows_per_s")),
+            "mbps": fmt_bytes_rate(bps),
             "vs_memcpy": f"{100 * bps / (memcpy_gbps * 1e9):.1f}%" if bps and memcpy_gbps else "-",
             "ttfb": _ms(r.get("ttfb_s")),
             "cpu": f"{r['cpu_percent']:.0f}%" if r.get("cpu_percent") is not None else "-",

@@ -60,8 +60,19 @@ class ChunkStream:
     """
 
     def __init__(self, dataset, chunk_len: int, itemsize: int, compressor: Compressor, *, typesize: int,
-                 start_chunk: int = 0, stored: list[int] | None = None, checksums: list[int] | None = None):
+                 start_chunk: int = 0, stored: list[int] | None = None, checksums: list[int] | None = None,
+                 pages: list[np.ndarray] | None = None, logical_bytes: int = 0):
         self.ds = dataset
+        # A lone heap chunk trimmed below heap_chunk_bytes (``logical_bytes``) still has the
+        # page-index entries of a whole chunk: those past its bytes are zero pages' CRCs.
+        self.logical_bytes = logical_bytes
+        # The page index (format v3) of uncompressed chunks: per chunk its pages' CRC-32s;
+        # None: the file has none (compressed, or appended to a file written without one).
+        self.page_len = 0
+        self.pages: list[np.ndarray] | None = None
+        if not compressor.compression.compressed and (pages is not None or not start_chunk):
+            self.page_len = spec.page_geometry(spec.PAGE_BYTES, chunk_len * itemsize, itemsize)[0]
+            self.pages = pages if pages is not None else []
         self.chunk_len = chunk_len
         self.raw_bytes = chunk_len * itemsize
         self.compression = compressor.compression
@@ -88,11 +99,18 @@ class ChunkStream:
         self._pending.append((k, extent, self.pool.submit(self._encode, bytes(raw))))
         self._drain(wait=len(self._pending) > self.max_in_flight)
 
-    def _encode(self, raw) -> tuple[Any, int]:
-        from rowstore.kernels import crc32
+    def _encode(self, raw) -> tuple[Any, int, np.ndarray | None]:
+        from rowstore.kernels import crc32, page_crcs
 
         data = self.compression.compress(raw, typesize=self.typesize)
-        return data, crc32(data)
+        if not self.page_len:
+            return data, crc32(data), None
+        pages = page_crcs(data, self.page_len)
+        missing = -(-self.logical_bytes // self.page_len) - len(pages)
+        if missing > 0:
+            zero = page_crcs(bytes(self.page_len), self.page_len)
+            pages = np.concatenate([pages, np.repeat(zero, missing)])
+        return data, crc32(data), pages
 
     def _drain(self, *, wait: bool = False, everything: bool = False) -> None:
         """Store finished chunks in order: the ready ones, or at least one (``wait``), or all."""
@@ -109,7 +127,7 @@ class ChunkStream:
             fut.cancel()
         self._pending.clear()
 
-    def _store(self, k: int, extent: int, data, crc: int) -> None:
+    def _store(self, k: int, extent: int, data, crc: int, pages: np.ndarray | None) -> None:
         if self._extent is None:
             self._extent = int(self.ds.shape[0])
         if extent > self._extent:  # only this stream resizes its dataset
@@ -125,9 +143,21 @@ class ChunkStream:
         if k < len(self.stored):  # rewriting the partial last chunk of an appended file
             self.stored[k] = len(data)
             self.checksums[k] = crc
+            if self.pages is not None and pages is not None:
+                self.pages[k] = pages
         else:
             self.stored.append(len(data))
             self.checksums.append(crc)
+            if self.pages is not None and pages is not None:
+                self.pages.append(pages)
+
+    def page_index(self) -> np.ndarray | None:
+        """The page CRC-32s of chunks 0..next_chunk-1, concatenated (None: no page index)."""
+        if self.pages is None:
+            return None
+        self.flush()
+        parts = self.pages[: self.next_chunk]
+        return np.concatenate(parts).astype(spec.PAGE_DTYPE) if parts else np.zeros(0, spec.PAGE_DTYPE)
 
     def offsets(self) -> np.ndarray:
         """File offsets of chunks 0..next_chunk-1, read from HDF5's chunk index."""
@@ -294,7 +324,8 @@ class H5File:
         try:
             g = f[spec.GROUP]
             rows = cls._reopen_stream(g[spec.ROWS], layout.blocks, layout.rows_per_block, layout.row_dtype.itemsize,
-                                      spec.blosc_typesize(layout.row_dtype), compressor)  # fmt: skip
+                                      spec.blosc_typesize(layout.row_dtype), compressor,
+                                      layout.chunk_pages("block"))  # fmt: skip
             block_heap = [(int(a), int(b)) for a, b in zip(layout.blocks["heap_start"], layout.blocks["heap_end"])]
             with_heap = any(not fl.inline for fl in layout.schema)
             H = layout.heap_chunk_bytes
@@ -307,7 +338,8 @@ class H5File:
                 del g[spec.HEAP]
                 heap = tail.heap
             elif with_heap:
-                out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, H, 1, 1, compressor)
+                out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, H, 1, 1, compressor,
+                                              layout.chunk_pages("heap chunk"))
                 heap, heap_flushed = out._reopen_last_heap_chunk(layout, tail)
         except BaseException:
             f.close()
@@ -316,10 +348,10 @@ class H5File:
 
     @staticmethod
     def _reopen_stream(ds, index: np.ndarray, chunk_len: int, itemsize: int, typesize: int,
-                       compressor: Compressor) -> ChunkStream:
+                       compressor: Compressor, pages: list[np.ndarray] | None) -> ChunkStream:
         return ChunkStream(ds, chunk_len, itemsize, compressor, typesize=typesize, start_chunk=len(index),
                            stored=[int(x) for x in index["stored_nbytes"]],
-                           checksums=[int(x) for x in index["checksum"]])  # fmt: skip
+                           checksums=[int(x) for x in index["checksum"]], pages=pages)  # fmt: skip
 
     def _reopen_last_block(self, layout: Layout, tail: Tail) -> tuple[np.ndarray, int, int]:
         """A partial last block goes back to pending (its chunk is rewritten by the next block
@@ -368,7 +400,8 @@ class H5File:
         kw = self._compressor.compression.hdf5_filter_kwargs()
         ds = self._h5[spec.GROUP].create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(chunk_bytes,),
                                                  dtype=np.uint8, **kw)  # fmt: skip
-        self.heap = ChunkStream(ds, chunk_bytes, 1, self._compressor, typesize=1)
+        self.heap = ChunkStream(ds, chunk_bytes, 1, self._compressor, typesize=1,
+                                logical_bytes=self._heap_chunk_bytes)
 
     def finish(self, *, rows_per_block: int, num_rows: int, heap_nbytes: int, attrs: Mapping[str, Any]) -> None:
         """Wait for the chunks in flight, write both indexes and ``attrs`` (see
@@ -392,6 +425,15 @@ class H5File:
             g.create_dataset(spec.HEAP_CHUNKS, data=chunks)
             if g[spec.HEAP].shape[0] != heap_nbytes:
                 g[spec.HEAP].resize((max(g[spec.HEAP].shape[0], heap_nbytes),))
+        block_pages = rows.page_index()
+        heap_pages = self.heap.page_index() if self.heap is not None else np.zeros(0, spec.PAGE_DTYPE)
+        pages = None if block_pages is None or heap_pages is None else (block_pages, heap_pages)
+        attrs = dict(attrs)
+        if pages is None:  # no page index: a v2 file, as before it existed
+            attrs[spec.ATTR_VERSION] = spec.FORMAT_VERSION_NO_PAGES
+        else:
+            attrs[spec.ATTR_VERSION] = spec.PAGES_VERSION
+            attrs[spec.ATTR_PAGE_BYTES] = spec.PAGE_BYTES
         for key, value in attrs.items():
             g.attrs[key] = value
         h5, self._h5 = self._h5, None  # never closed twice: not even by abort() after a failed close
@@ -401,7 +443,7 @@ class H5File:
             raise _close_error(self.path, exc) from exc
         with open(self.path, "r+b") as fh:  # the v2 footer, after the HDF5 end of file
             end = fh.seek(0, os.SEEK_END)
-            fh.write(footer.encode(attrs, blocks, chunks, end))
+            fh.write(footer.encode(attrs, blocks, chunks, end, pages))
 
     def abort(self) -> None:
         """Drop the chunks in flight and close the file (what is in it no longer matters)."""

@@ -12,12 +12,22 @@ and PyTables see it unchanged) followed by a footer and a fixed-size trailer::
       INDEX_MAGIC               8 bytes  (the dataset sidecar's magic: the rest is a one-shard sidecar)
       block index               num_blocks * spec.BLOCK_DTYPE records
       heap chunk index          num_heap_chunks * spec.HEAP_CHUNK_DTYPE records
+      (format v3 only: the page index)
+      PAGE_MAGIC                8 bytes  b"RSPAGES3"
+      block pages               <u4 CRC-32 per page of each block, blocks in order
+      heap pages                <u4 CRC-32 per page of each heap chunk, chunks in order
     the last TRAILER_SIZE (32) bytes of the file
       TRAILER_MAGIC             8 bytes  b"RSTRAIL2"
       footer offset             <u8  (= F)
       footer length             <u8  (magic to the end of the heap chunk index)
       footer CRC-32             <u4  (zlib.crc32 of the footer bytes)
       trailer CRC-32            <u4  (of the 28 trailer bytes before it)
+
+A v3 header holds ``format_version`` 3 and ``page_bytes``; a block's pages are
+``spec.page_geometry(page_bytes, rows_per_block * row size, row size)`` (whole rows each), a
+heap chunk's ``spec.page_geometry(page_bytes, heap_chunk_bytes)``, so the counts follow from the
+header. Readers of v2 only refuse a v3 file by its version (``FormatVersionError``) before they
+look at its index.
 
 The footer's CRC covers the schema, every attribute and every index entry (so the position of
 every block: an entry swapped or edited is refused at open); each chunk's own CRC-32 in the index
@@ -46,11 +56,13 @@ from rowstore.errors import ChecksumError, FormatError
 from rowstore.format import spec
 from rowstore.format.manifest import INDEX_MAGIC, _json_object
 
-__all__ = ["FOOTER_MAGIC", "TRAILER_MAGIC", "TRAILER_SIZE", "FIRST_READ", "Footer", "encode", "read", "read_local",
+__all__ = ["FOOTER_MAGIC", "TRAILER_MAGIC", "PAGE_MAGIC", "TRAILER_SIZE", "FIRST_READ", "Footer", "encode", "read", "read_local",
            "cut", "parse_trailer", "parse_footer", "hdf5_end", "check_no_footer"]  # fmt: skip
 
 FOOTER_MAGIC = b"RSFOOTR2"
 TRAILER_MAGIC = b"RSTRAIL2"
+#: Start of the page index (format v3), after the heap chunk index.
+PAGE_MAGIC = b"RSPAGES3"
 _TRAILER = struct.Struct("<8sQQII")
 TRAILER_SIZE = _TRAILER.size  # 32
 _HEADER_LEN = struct.Struct("<I")
@@ -58,7 +70,8 @@ _HEADER_LEN = struct.Struct("<I")
 #: ``_h5file.check_storable``); a larger one is refused before it is parsed.
 MAX_HEADER_BYTES = 1 << 20
 #: Bytes of the file's end a reader fetches first (one request of a remote open): the trailer
-#: and, for files up to about 18,000 blocks, the whole footer.
+#: and, for files up to about 18,000 blocks (v3: about 900 blocks of 1 MiB, whose page index
+#: takes 1 KiB each), the whole footer.
 FIRST_READ = 1 << 20
 #: Key of the header that is not an HDF5 attribute: where the footer starts.
 KEY_EOF = "hdf5_eof"
@@ -80,21 +93,36 @@ class Footer:
         """The footer's and trailer's bytes (what :func:`read` takes back as ``first``, without a read)."""
         return self._data + self._trailer
 
-    def indexes(self, num_blocks: int, num_heap_chunks: int, bad) -> tuple[np.ndarray, np.ndarray]:
-        """The block and heap chunk index, which must hold exactly the counts given."""
+    def indexes(self, num_blocks: int, num_heap_chunks: int, bad,
+                pages: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+        """The block and heap chunk index, which must hold exactly the counts given, and (with
+        ``pages``: the numbers of block and heap pages, format v3) the page index: a pair of
+        uint32 arrays, else None."""
         nb, nh = num_blocks * spec.BLOCK_DTYPE.itemsize, num_heap_chunks * spec.HEAP_CHUNK_DTYPE.itemsize
-        if len(self.index) != nb + nh:
-            raise bad(f"the footer's index holds {len(self.index)} bytes, expected {nb + nh} for {num_blocks} blocks and "
-                      f"{num_heap_chunks} heap chunks")
+        npb = 0 if pages is None else len(PAGE_MAGIC) + (pages[0] + pages[1]) * spec.PAGE_DTYPE.itemsize
+        if len(self.index) != nb + nh + npb:
+            what = "" if pages is None else f" and {pages[0]} + {pages[1]} pages"
+            raise bad(f"the footer's index holds {len(self.index)} bytes, expected {nb + nh + npb} for {num_blocks} "
+                      f"blocks and {num_heap_chunks} heap chunks{what}")
         # Read-only views of the footer's bytes (as a dataset's index is of its sidecar's).
         blocks = np.frombuffer(self.index[:nb], dtype=spec.BLOCK_DTYPE)
-        heap_chunks = np.frombuffer(self.index[nb:], dtype=spec.HEAP_CHUNK_DTYPE)
-        return blocks, heap_chunks
+        heap_chunks = np.frombuffer(self.index[nb : nb + nh], dtype=spec.HEAP_CHUNK_DTYPE)
+        if pages is None:
+            return blocks, heap_chunks, None
+        at = nb + nh
+        if bytes(self.index[at : at + len(PAGE_MAGIC)]) != PAGE_MAGIC:
+            raise bad("the page index does not start with its magic")
+        at += len(PAGE_MAGIC)
+        split = at + pages[0] * spec.PAGE_DTYPE.itemsize
+        return blocks, heap_chunks, (np.frombuffer(self.index[at:split], dtype=spec.PAGE_DTYPE),
+                                     np.frombuffer(self.index[split:], dtype=spec.PAGE_DTYPE))
 
 
-def encode(attrs: Mapping[str, Any], blocks: np.ndarray, heap_chunks: np.ndarray, offset: int) -> bytes:
+def encode(attrs: Mapping[str, Any], blocks: np.ndarray, heap_chunks: np.ndarray, offset: int,
+           pages: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
     """Footer and trailer of a file whose HDF5 part ends at ``offset``, with these attributes
-    (:func:`~rowstore.format._h5file.file_attributes`) and indexes."""
+    (:func:`~rowstore.format._h5file.file_attributes`) and indexes, and ``pages`` (the block
+    and heap page CRC-32s) for a v3 file."""
     header = dict(attrs)
     header[KEY_EOF] = offset
     text = json.dumps(header, sort_keys=True).encode("utf-8")
@@ -102,7 +130,7 @@ def encode(attrs: Mapping[str, Any], blocks: np.ndarray, heap_chunks: np.ndarray
         FOOTER_MAGIC, _HEADER_LEN.pack(len(text)), text, INDEX_MAGIC,
         np.ascontiguousarray(blocks, dtype=spec.BLOCK_DTYPE).tobytes(),
         np.ascontiguousarray(heap_chunks, dtype=spec.HEAP_CHUNK_DTYPE).tobytes(),
-    ])  # fmt: skip
+    ] + ([] if pages is None else [PAGE_MAGIC, *(np.ascontiguousarray(p, dtype=spec.PAGE_DTYPE).tobytes() for p in pages)]))  # fmt: skip
     head = _TRAILER.pack(TRAILER_MAGIC, offset, len(footer), zlib.crc32(footer), 0)[:-4]
     return footer + head + struct.pack("<I", zlib.crc32(head))
 

@@ -99,11 +99,31 @@ class Layout(IndexSizes):
     #: Where a v2 file's footer starts (the HDF5 end of file, which every chunk lies before);
     #: 0 for a v1 file.
     footer_offset: int = 0
+    #: The page index of a v3 file (:func:`spec.page_geometry`): its page size, and the CRC-32
+    #: (uint32) of every page of the blocks and of the heap chunks, in order; 0 and None for a
+    #: file without one (v1, v2, or a v3 file read through libhdf5).
+    page_bytes: int = 0
+    block_pages: np.ndarray | None = None
+    heap_pages: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def block_raw_bytes(self) -> int:
         return self.rows_per_block * self.row_dtype.itemsize
+
+    def page_geometry(self, what: str) -> tuple[int, int]:
+        """``(bytes per page, pages per chunk)`` of the blocks (``"block"``) or heap chunks."""
+        if what == "block":
+            return spec.page_geometry(self.page_bytes, self.block_raw_bytes, self.row_dtype.itemsize)
+        return spec.page_geometry(self.page_bytes, self.heap_chunk_bytes)
+
+    def chunk_pages(self, what: str) -> list[np.ndarray] | None:
+        """Each block's (``"block"``) or heap chunk's page CRC-32s (None: no page index)."""
+        pages = self.block_pages if what == "block" else self.heap_pages
+        if not self.page_bytes or pages is None:
+            return None
+        per = self.page_geometry(what)[1]
+        return [pages[k * per : (k + 1) * per].copy() for k in range(len(pages) // per)]
 
     def block_rows(self) -> np.ndarray:
         """Valid rows per block (int64)."""
@@ -213,7 +233,20 @@ class Layout(IndexSizes):
         nh = 0 if all(fl.inline for fl in h["schema"]) else -(-h["heap_nbytes"] // h["heap_chunk_bytes"])
         if nh == 0 and h["heap_nbytes"]:
             raise bad("heap_nbytes is not 0 for a schema without heap fields")
-        blocks, heap_chunks = ft.indexes(nb, nh, bad)
+        pages = None
+        if h["version"] >= spec.PAGES_VERSION:
+            P = a.get(spec.ATTR_PAGE_BYTES)
+            if not isinstance(P, int) or isinstance(P, bool) or not 1 <= P <= spec.MAX_PAGE_BYTES:
+                raise bad(f"{spec.ATTR_PAGE_BYTES} {P!r} is not an int in 1..{spec.MAX_PAGE_BYTES}")
+            h["page_bytes"] = P
+            ppb = spec.page_geometry(P, h["rows_per_block"] * h["row_dtype"].itemsize, h["row_dtype"].itemsize)[1]
+            pph = spec.page_geometry(P, h["heap_chunk_bytes"])[1]
+            if (nb * ppb + nh * pph) * spec.PAGE_DTYPE.itemsize > file_size:
+                raise bad(f"a page index of {nb * ppb + nh * pph} pages is larger than the file ({file_size} bytes)")
+            pages = (nb * ppb, nh * pph)
+        blocks, heap_chunks, page_crcs = ft.indexes(nb, nh, bad, pages)
+        if page_crcs is not None:
+            h["block_pages"], h["heap_pages"] = page_crcs
         layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, footer_offset=ft.offset, **h)
         object.__setattr__(layout, "file_id", file_id)
         layout._check_indexes(bad)

@@ -419,6 +419,15 @@ class DatasetLayout(IndexSizes):
             shard_layouts=sum((x for x in layouts if x is not None), ()) if all(x is not None for x in layouts) else None,
         )  # fmt: skip
 
+    def page_index(self) -> PageIndex | None:
+        """The page index of the whole dataset (cached), or None unless every shard is a v3
+        file opened from its footer with the same page size (a dataset opened from its manifest
+        has none: its sidecar holds chunk checksums only)."""
+        c = self._cache
+        if "pages" not in c:
+            c["pages"] = PageIndex.of(self)
+        return c["pages"]
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cache"] = {}
@@ -437,3 +446,50 @@ def _check_same(pa: str, sa: Schema, ca: dict, ha: int, pb: str, sb: Schema, cb:
         raise FormatError(f"{pb!r} cannot be read with {pa!r} as one dataset: heap_chunk_bytes {hb} differs from {ha}",
                           path=pb)
 
+
+@dataclass(frozen=True)
+class PageIndex:
+    """The page CRC-32s of a dataset's uncompressed chunks (format v3), dataset-wide.
+
+    A block's pages are ``rows_per_page`` whole rows each (its last one the rest of its chunk):
+    row ``j`` of block ``k`` lies in page ``block_page0[k] + j // rows_per_page`` of
+    ``block_pages``, whose stored size is ``block_page_size``. A heap chunk's pages are
+    ``page_bytes`` each (the last one the rest): byte ``x`` of heap chunk ``c`` lies in page
+    ``c * heap_pages_per_chunk + x // page_bytes`` of ``heap_pages``.
+    """
+
+    page_bytes: int
+    rows_per_page: int
+    block_page0: np.ndarray  # int64, per block
+    block_pages: np.ndarray  # uint32 CRC-32 per block page
+    block_page_size: np.ndarray  # int64 bytes per block page
+    heap_pages_per_chunk: int
+    heap_pages: np.ndarray  # uint32 CRC-32 per heap page
+    heap_page_size: np.ndarray  # int64 bytes per heap page
+
+    @classmethod
+    def of(cls, L: DatasetLayout) -> PageIndex | None:
+        layouts = L.shard_layouts
+        if not layouts or any(not x.page_bytes or x.block_pages is None for x in layouts):
+            return None
+        P = layouts[0].page_bytes
+        if any(x.page_bytes != P for x in layouts):
+            return None
+        rs = L.row_dtype.itemsize
+        sizes, heap_sizes = [], []
+        for x in layouts:
+            plen, per = x.page_geometry("block")
+            one = np.full(per, plen, np.int64)
+            one[-1] = x.block_raw_bytes - (per - 1) * plen
+            sizes.append(np.tile(one, x.num_blocks))
+            hlen, hper = x.page_geometry("heap chunk")
+            one = np.full(hper, hlen, np.int64)
+            one[-1] = x.heap_chunk_bytes - (hper - 1) * hlen
+            heap_sizes.append(np.tile(one, len(x.heap_chunks)))
+        per_block = np.repeat([x.page_geometry("block")[1] for x in layouts], [x.num_blocks for x in layouts])
+        page0 = np.cumsum(per_block) - per_block
+        i64 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.int64)  # noqa: E731
+        u32 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.uint32)  # noqa: E731
+        return cls(P, max(1, P // rs), np.ascontiguousarray(page0, np.int64),
+                   u32([x.block_pages for x in layouts]), i64(sizes), layouts[0].page_geometry("heap chunk")[1],
+                   u32([x.heap_pages for x in layouts]), i64(heap_sizes))

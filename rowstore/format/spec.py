@@ -11,6 +11,10 @@ Format v1 (one HDF5 file):
 Format v2 is the same HDF5 file (``format_version`` 2) followed by a footer: the attributes and
 both indexes again, checksummed, which a reader opens the file from without libhdf5 (declared
 in :mod:`rowstore.format.footer`).
+
+Format v3 is v2 whose footer also holds a page index: a CRC-32 per page of every uncompressed
+chunk (:data:`PAGE_BYTES`, :func:`page_geometry`), so that a read of a few rows or payloads
+checks only the pages it touches. Compressed files have no page index and are written as v2.
 """
 
 from __future__ import annotations
@@ -25,10 +29,15 @@ from rowstore.schema import Field, Schema
 
 FORMAT_NAME = "rowstore"
 #: Format v2 = the v1 HDF5 file followed by a checksummed footer (:mod:`rowstore.format.footer`)
-#: that readers open it from without libhdf5.
-FORMAT_VERSION = 2
+#: that readers open it from without libhdf5; v3 = v2 whose footer adds the page index (files
+#: with uncompressed chunks; a compressed file is written as v2).
+FORMAT_VERSION = 3
+#: The version of files without a page index (compressed chunks).
+FORMAT_VERSION_NO_PAGES = 2
 #: Versions this code reads (v1 files, without a footer, through h5py).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+#: The first version whose footer holds a page index.
+PAGES_VERSION = 3
 
 GROUP = "rowstore"
 ROWS = "rows"
@@ -47,6 +56,17 @@ ATTR_HEAP_NBYTES = "heap_nbytes"  # int, logical heap size
 ATTR_COMPRESSION = "compression"  # JSON text, see compression_config
 ATTR_CHECKSUM = "checksum"  # "crc32": CRC-32 (zlib's) of each chunk's stored bytes
 ATTR_WRITER = "writer"  # "rowstore <version>"
+ATTR_PAGE_BYTES = "page_bytes"  # int (v3): the page size of the page index
+
+#: Page size of the page index of a v3 file: a heap chunk's pages are ``PAGE_BYTES`` bytes each
+#: (its last one shorter), a block's pages ``max(1, PAGE_BYTES // row size)`` whole rows each.
+#: 4 KiB: a checked read of a small row or payload moves at most a few KiB more than it asks
+#: for; rows of 4 KiB or more get one CRC each; the index costs 1 KiB per MiB of data.
+PAGE_BYTES = 4096
+#: Largest page size a reader accepts (the writer uses :data:`PAGE_BYTES`).
+MAX_PAGE_BYTES = 1 << 20
+#: dtype of one page's CRC-32 (zlib.crc32 of the page's stored bytes).
+PAGE_DTYPE = np.dtype("<u4")
 
 CHECKSUM = "crc32"
 
@@ -74,6 +94,14 @@ HEAP_CHUNK_DTYPE = np.dtype(
 
 #: Suffix of the boolean column that marks a nullable field's null rows.
 NULL_SUFFIX = "__null"
+
+def page_geometry(page_bytes: int, chunk_bytes: int, unit: int = 1) -> tuple[int, int]:
+    """``(bytes per page, pages per chunk)`` of a chunk of ``chunk_bytes`` raw bytes made of
+    items of ``unit`` bytes (a block: rows of the row size; a heap chunk: 1): a page holds
+    ``max(1, page_bytes // unit)`` whole items; the chunk's last page holds the rest."""
+    plen = max(1, page_bytes // unit) * unit
+    return plen, -(-chunk_bytes // plen)
+
 
 # -- compression ---------------------------------------------------------------------------
 # Block compression: one HDF5 filter on /rows and /heap, applied per chunk. The names, codes and

@@ -434,7 +434,10 @@ class Writer(Closing):
         if final and not self._file.heap_started and not self._compression.compressed:
             # A heap of less than one chunk is stored as one chunk of its own size, not as a
             # mostly zero-filled heap_chunk_bytes (compressed chunks shrink the zeros anyway).
-            size = min(size, len(self._packer.heap)) or size
+            # Whole pages of the page index (format v3): the index keeps heap_chunk_bytes'
+            # pages per chunk, those past the stored bytes the CRCs of zero pages.
+            page = spec.PAGE_BYTES
+            size = min(size, -(-len(self._packer.heap) // page) * page) or size
         for chunk, extent in self._packer.heap_chunks(size, final=final):
             self._file.write_heap_chunk(memoryview(chunk), extent=extent)
 

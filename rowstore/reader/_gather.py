@@ -126,12 +126,19 @@ class Gatherer:
         # Single rows and payloads only where the store serves them cheaply, from uncompressed
         # chunks, and not under verify="always" (whole chunks only).
         self.direct_ok = store.direct and codec is None and verify != "always"
-        # verify=True: a chunk is checksummed whole the first time a direct read touches it (per
-        # process; a few ms per MiB-block once per reader at 60 GB/s of CRC), so that no byte
-        # handed out comes from an unchecked chunk. Races between threads only verify twice.
+        # verify=True, files without a page index: a chunk is checksummed whole the first time a
+        # direct read touches it (per process), so that no byte handed out comes from an
+        # unchecked chunk. Races between threads only verify twice.
         self._checked = np.zeros(layout.num_blocks, np.bool_) if verify is True else None
         self._hchecked = np.zeros(len(self.arr["hc_offset"]), np.bool_) if verify is True else None
         self._check_lock = threading.Lock()  # one thread checks a chunk; the others wait for it
+        # Files with a page index (format v3): direct reads check pages instead of whole chunks,
+        # rows of a page or more in the pass that reads them, smaller rows and payloads by
+        # reading the pages they touch that this reader has not checked yet (a few KiB each).
+        self.pages = layout.page_index() if verify is True and self.direct_ok else None
+        if self.pages is not None:
+            self._pchecked = np.zeros(len(self.pages.block_pages), np.bool_)
+            self._hpchecked = np.zeros(len(self.pages.heap_pages), np.bool_)
 
     # -- the request -------------------------------------------------------------------------
     def gather(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
@@ -146,22 +153,43 @@ class Gatherer:
         else:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
-        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None:
+        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None or \
+                (self.pages is not None and strategy != "blocks"):
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
+        in_pass = None  # (pages, to check) of rows checked in the pass that reads them
         if strategy != "blocks":
-            self._check_first_touch(r.ublocks, "block")
+            if self.pages is None:
+                self._check_first_touch(r.ublocks, "block")
+            else:
+                in_pass = self._row_pages(r)
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
             # straight into the batch arrays, one preadv per row, no intermediate buffer.
-            self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
-                                      self.scratch.get("sink", self.rs))
+            check = expect = None
+            if in_pass is not None:
+                check, expect = in_pass[1], in_pass[2]
+            try:
+                self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
+                                          self.scratch.get("sink", self.rs), check=check, expect=expect)
+            except kernels.KernelChecksumError as exc:
+                raise self._row_error(exc, r) from None
+            self._mark_rows(in_pass)
         else:
             if strategy == "pieces":
                 rowbuf, idx = self._load_pieces(r)
             else:
                 rowbuf, idx = self._load_rows(r, strategy == "rows")
+            if in_pass is not None and strategy != "blocks":
+                todo = np.flatnonzero(in_pass[1])
+                try:
+                    kernels.check_buffer(rowbuf, idx[todo] * self.rs, np.full(len(todo), self.rs, np.int64),
+                                         in_pass[2][todo])
+                except kernels.KernelChecksumError as exc:
+                    exc.index = int(todo[exc.index])
+                    raise self._row_error(exc, r) from None
+                self._mark_rows(in_pass)
             if fixed:
                 # One pass over the rows for all fields: one cache miss per row, not per field.
                 kernels.gather_rows(rowbuf, self.rs, idx, fixed)
@@ -269,7 +297,7 @@ class Gatherer:
 
     def _load_pieces(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
         """A window of pieces (uncompressed local file): each unit's rows read into a slot of
-        ``piece_rows`` rows (checksummed at first touch by :meth:`gather`, as every direct read).
+        ``piece_rows`` rows (checked by :meth:`gather`, as every direct read).
         Full pieces go to the first slots in one ``pread_rows`` call; the short pieces at the
         ends of blocks to the slots after them, one read each; ``r.local`` (positions among the
         units in sorted order) is mapped to those slots."""
@@ -366,7 +394,13 @@ class Gatherer:
             direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
             if not direct:
                 heap_ctx = self._heap_context(r.ublocks)
-        if direct:
+        pages = None
+        if direct and self.pages is not None:
+            # Payloads on pages not yet checked are read with the rest of their first and last
+            # pages (into a scratch of two pages) and checked in that pass.
+            pages = (self.pages.page_bytes, self.pages.heap_pages, self._hpchecked,
+                     self.scratch.get("heap_pages", 2 * self.pages.page_bytes))
+        elif direct:
             self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
         for p in plans:
             name = p.field.name
@@ -377,7 +411,7 @@ class Gatherer:
                 if heap_ctx is None:
                     self.store.read_payloads(self._shards(r), rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi,
                                              self.arr["hc_offset"], chunk_base, self.layout.heap_chunk_bytes, payload,
-                                             dst_off)
+                                             dst_off, pages=pages)
                 else:
                     heap, lo, hi, base = heap_ctx
                     kernels.gather_heap(rowbuf, self.rs, p.offset, idx, self.rpb, lo, hi, base, heap, payload, dst_off)
@@ -457,6 +491,68 @@ class Gatherer:
         first = self.arr["chunk_base"][ublocks] + lo_b // H  # each block's first chunk, dataset-wide
         base = np.searchsorted(need, first) * H - (lo_b // H) * H
         return heap, lo_b, hi_b, base
+
+    # -- the page index (format v3) ----------------------------------------------------------
+    def _row_pages(self, r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """verify=True, a file with a page index, before rows are read directly: rows of a
+        page or more are their own page, checked in the read's pass: returns ``(page of each
+        row, whether to check it, its CRC-32)`` (None when all are checked); the pages of
+        smaller rows that are not checked yet are checked here, before the read."""
+        pi = self.pages
+        assert pi is not None
+        pg = pi.block_page0[r.blk] + (r.rows - r.blk * self.rpb) // pi.rows_per_page
+        todo = ~self._pchecked[pg]
+        if not todo.any():
+            return None
+        if pi.rows_per_page == 1:
+            return pg, todo, pi.block_pages[pg]
+        self._check_pages(np.unique(pg[todo]))
+        return None
+
+    def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        if in_pass is not None:
+            self._pchecked[in_pass[0][in_pass[1]]] = True
+
+    def _row_error(self, exc: kernels.KernelError, r: _Rows) -> FormatError:
+        """A page check of requested row ``exc.index`` failed: the error, located at its block."""
+        k = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
+        return self.located(exc, "block", k)
+
+    def _check_pages(self, pages: np.ndarray) -> None:
+        """Read and check the block pages ``pages`` (sorted ids), runs of consecutive pages of
+        one block in one read each, and mark them checked (threads racing on a page only
+        check it twice)."""
+        pi = self.pages
+        assert pi is not None
+        chunk = np.searchsorted(pi.block_page0, pages, side="right") - 1
+        first = pi.block_page0[chunk]
+        offs, sizes, crcs = self.arr["offset"], pi.block_page_size, pi.block_pages
+        plen = pi.rows_per_page * self.rs
+        # Runs: consecutive pages of one chunk, at most 1 MiB each.
+        cap = max(1, (1 << 20) // plen)
+        brk = np.ones(len(pages), np.bool_)
+        brk[1:] = (pages[1:] != pages[:-1] + 1) | (chunk[1:] != chunk[:-1])
+        run_id = np.cumsum(brk) - 1
+        start_of = np.flatnonzero(brk)
+        pos = np.arange(len(pages)) - start_of[run_id]
+        brk |= pos % cap == 0
+        starts = np.flatnonzero(brk)
+        ends = np.append(starts[1:], len(pages))
+        p0 = pages[starts]
+        run_off = offs[chunk[starts]] + (p0 - first[starts]) * plen
+        csum = np.concatenate(([0], np.cumsum(sizes[pages])))
+        run_size = csum[ends] - csum[starts]
+        shards = self.layout.block_shard[chunk[starts]] if self.multi else None
+        scratch = self.scratch.get("pages", int(run_size.max()) if len(run_size) else 1)
+        try:
+            self.store.check_pages(shards, run_off, run_size, plen, crcs[pages], scratch)
+        except kernels.KernelError as exc:
+            if isinstance(exc, kernels.KernelChecksumError):
+                k = int(chunk[exc.index]) if 0 <= exc.index < len(pages) else None
+            else:
+                k = int(chunk[starts[exc.index]]) if 0 <= exc.index < len(starts) else None
+            raise self.located(exc, "block", k) from None
+        self._pchecked[pages] = True
 
     def _check_first_touch(self, which: np.ndarray, what: str) -> None:
         """verify=True before a direct read: checksum, whole, each chunk of ``which`` (blocks or

@@ -257,21 +257,34 @@ class LocalStore:
             self._release(held)
 
     def read_rows_into(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
-                       segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray) -> None:
-        """Single rows cut straight into per-field arrays (``direct`` stores only)."""
+                       segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray, *,
+                       check: np.ndarray | None = None, expect: np.ndarray | None = None) -> None:
+        """Single rows cut straight into per-field arrays, those ``check`` marks CRC-checked
+        against ``expect`` as they are read (``direct`` stores only)."""
         fd, held = self._per_item(shards)
         try:
-            kernels.preadv_rows(fd, file_offsets, row_size, segments, sink)
+            kernels.preadv_rows(fd, file_offsets, row_size, segments, sink, check=check, expect=expect)
+        finally:
+            self._release(held)
+
+    def check_pages(self, shards: np.ndarray | None, offsets: np.ndarray, sizes: np.ndarray, page_len: int,
+                    expect: np.ndarray, scratch: np.ndarray) -> None:
+        """Runs of pages (run i of shard ``shards[i]``) read and CRC-checked page by page
+        against ``expect`` (see kernels.check_ranges; ``direct`` stores only)."""
+        fd, held = self._per_item(shards)
+        try:
+            kernels.check_ranges(fd, offsets, sizes, page_len, expect, scratch)
         finally:
             self._release(held)
 
     def read_payloads(self, shards: np.ndarray | None, rowbuf: np.ndarray, row_size: int, ref_offset: int,
                       rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_base: Any,
-                      chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray) -> None:
-        """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only)."""
+                      chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray, *, pages: tuple | None = None) -> None:
+        """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only),
+        checked by heap pages with ``pages`` (see kernels.pread_heap)."""
         fd, held = self._per_item(shards)
         try:
             kernels.pread_heap(fd, rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, out,
-                               dst_offsets, chunk_base=chunk_base)
+                               dst_offsets, chunk_base=chunk_base, pages=pages)
         finally:
             self._release(held)

@@ -65,10 +65,14 @@ class Reader:
         ``True`` (default): no byte is handed out from a chunk whose CRC-32 was not checked; a
         mismatch raises :class:`~rowstore.errors.ChecksumError`. Chunks read whole are checked
         every time (at tens of GB/s, cheap beside decompression); uncompressed files may be read
-        row by row or payload by payload where that is cheaper, and each chunk such a read
-        touches is checked whole the first time (once per reader and process: the first epoch
-        of a uniform shuffle reads the data once more). ``"always"``: whole chunks only, checked
-        on every read. ``False``: no checks (bounds are still checked).
+        row by row or payload by payload where that is cheaper, and what such a read touches is
+        checked the first time (once per reader and process): in a format-v3 file the pages it
+        touches (rows of 4 KiB or more and heap payloads in the pass that reads them, with the
+        rest of a payload's first and last pages; smaller rows by reading their pages first),
+        in a v1/v2 file each chunk whole (the first epoch of a uniform shuffle then reads the
+        data once more).
+        ``"always"``: whole chunks only, checked on every read. ``False``: no checks (bounds
+        are still checked).
         ``rowstore verify PATH`` checks a whole file once.
     varlen : {"ragged", "padded"}
         Default output of variable-shape fields: a :class:`~rowstore.reader.buffers.Ragged`

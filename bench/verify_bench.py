@@ -1,0 +1,149 @@
+"""What the default checks cost in the first epoch: ``verify=True`` against ``verify=False``.
+
+    python bench/verify_bench.py [--repeats 4] [--workloads tiny,patch,image,speech] [--out PATH]
+
+For each of the four workloads of DESIGN.md (written once with ``rowstore.demo.make_demo`` into
+the cache directory, small blocks so that even these small files hold hundreds of them),
+uncompressed and LZ4, ``block`` and ``full`` shuffle: epoch 0 of a fresh ``Reader`` (the state
+of every new DDP rank, DataLoader worker or restarted job) in a fresh process, warm page cache,
+2 threads, ``verify=True`` and ``verify=False`` alternately, ``--repeats`` times each. Prints
+the table of medians and their ratio (``True / False``; 1.0: the checks cost nothing) and
+writes a JSON to ``bench/results/verify_bench.json``. Runs in a few minutes on 2 cores; on a
+shared machine compare ratios, not absolute rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, ROOT)
+
+#: name -> rows, block bytes, batch size
+WORKLOADS: dict[str, dict[str, int]] = {
+    "tiny": {"rows": 1_000_000, "block_bytes": 64 << 10, "batch": 1024},
+    "patch": {"rows": 6_000, "block_bytes": 256 << 10, "batch": 256},
+    "image": {"rows": 1_200, "block_bytes": 64 << 10, "batch": 64},
+    "speech": {"rows": 3_000, "block_bytes": 64 << 10, "batch": 64},
+}
+COMPRESSIONS = ("none", "lz4")
+SHUFFLES = ("block", "full")
+THREADS = 2
+#: Fresh readers timed per process: at least this many, and for at least this long.
+MIN_READERS = 3
+MIN_SECONDS = 1.0
+#: A full-shuffle epoch of compressed blocks (a window of blocks decompressed per segment of
+#: rows) stops after this long: its rate then covers the part read, which is representative
+#: (its checks are spread over the epoch). Other orders run whole (a segment may be the epoch).
+MAX_EPOCH_SECONDS = 2.0
+
+
+def dataset(name: str, compression: str, cache_dir: str) -> str:
+    """The workload's file in the cache directory (written on first use)."""
+    from rowstore.demo import make_demo
+
+    w = WORKLOADS[name]
+    path = os.path.join(cache_dir, f"{name}-{w['rows']}-{w['block_bytes']}-{compression}.h5")
+    if not os.path.exists(path):
+        os.makedirs(cache_dir, exist_ok=True)
+        print(f"writing {path} ...", flush=True)
+        make_demo(name, path + ".tmp", w["rows"], compression=None if compression == "none" else compression,
+                  block_bytes=w["block_bytes"])
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def one_epoch(opts: dict[str, Any]) -> dict[str, Any]:
+    """Epoch 0 of fresh Readers (run in its own process, after one untimed open that imports
+    everything): the median rows/s over ``MIN_READERS`` readers or more, until
+    ``MIN_SECONDS`` have passed. Each reader is new: nothing it checked before carries over."""
+    import rowstore
+
+    with rowstore.open(opts["path"], verify=opts["verify"], num_threads=THREADS) as r:
+        version = r.layout.shard_layouts[0].version if r.layout.shard_layouts else None
+    rates, n, t_all = [], 0, time.perf_counter()
+    while len(rates) < MIN_READERS or time.perf_counter() - t_all < MIN_SECONDS:
+        t0 = time.perf_counter()
+        n = 0
+        with rowstore.open(opts["path"], verify=opts["verify"], num_threads=THREADS) as r:
+            for b in r.batches(opts["batch"], shuffle=opts["shuffle"], seed=len(rates), epoch=0):
+                n += len(next(iter(b.values())))
+                if opts.get("cap") and time.perf_counter() - t0 > MAX_EPOCH_SECONDS:
+                    break  # full shuffle of compressed blocks (window segments): part of epoch 0
+        rates.append(n / (time.perf_counter() - t0))
+    return {"rows": n, "readers": len(rates), "rows_per_s": statistics.median(rates), "format_version": version}
+
+
+def _run_child(opts: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps(opts)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=4, help="runs of each (even: each goes first as often)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--compressions", default=",".join(COMPRESSIONS))
+    ap.add_argument("--shuffles", default=",".join(SHUFFLES))
+    ap.add_argument("--cache-dir", default=os.path.join(os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache",
+                                                                                                       "rowstore")),
+                                                        "verify_bench"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "verify_bench.json"))
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.one:
+        print(json.dumps(one_epoch(json.loads(a.one))))
+        return 0
+    from rowstore.bench import measure
+
+    results = []
+    t_start = time.perf_counter()
+    for name in a.workloads.split(","):
+        for comp in a.compressions.split(","):
+            path = dataset(name, comp, a.cache_dir)
+            measure.warm_cache([path])
+            for shuffle in a.shuffles.split(","):
+                runs: dict[bool, list[float]] = {True: [], False: []}
+                version = None
+                opts = {"path": path, "shuffle": shuffle, "batch": WORKLOADS[name]["batch"],
+                        "cap": comp != "none" and shuffle == "full"}
+                _run_child(dict(opts, verify=False))  # untimed: the first process after a switch
+                for k in range(a.repeats):
+                    # Alternate which goes first, so drifts of a shared machine hit both alike.
+                    for verify in ((True, False) if k % 2 == 0 else (False, True)):
+                        got = _run_child(dict(opts, verify=verify))
+                        runs[verify].append(got["rows_per_s"])
+                        version = got["format_version"]
+                on, off = statistics.median(runs[True]), statistics.median(runs[False])
+                row = {"workload": name, "compression": comp, "shuffle": shuffle, "format_version": version,
+                       "verify_true_rows_per_s": on, "verify_false_rows_per_s": off, "ratio": on / off,
+                       "runs": {"true": runs[True], "false": runs[False]}}
+                results.append(row)
+                print(f"{name:7s} {comp:5s} {shuffle:6s} v{version}  verify=True {on:>12,.0f} rows/s  "
+                      f"verify=False {off:>12,.0f} rows/s  ratio {on / off:.2f}", flush=True)
+    doc = {"bench": "verify_bench", "epoch": 0, "threads": THREADS, "repeats": a.repeats,
+           "workloads": {k: WORKLOADS[k] for k in a.workloads.split(",")}, "results": results,
+           "seconds": time.perf_counter() - t_start, "cpu_count": os.cpu_count()}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    print("\n| workload | compression | shuffle | verify=True rows/s | verify=False rows/s | ratio |")
+    print("|---|---|---|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['workload']} | {r['compression']} | {r['shuffle']} | {r['verify_true_rows_per_s']:,.0f} | "
+              f"{r['verify_false_rows_per_s']:,.0f} | {r['ratio']:.2f} |")
+    print(f"\nwrote {a.out} ({doc['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

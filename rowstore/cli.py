@@ -44,10 +44,10 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def info_text(path: str) -> str:
+def info_text(path: str, *, allow_missing_footer: bool = False) -> str:
     from rowstore.format.shards import DatasetLayout
 
-    L = DatasetLayout.open(path)
+    L = DatasetLayout.open(path, allow_missing_footer=allow_missing_footer)
     rows = []
     for f in L.schema:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
@@ -112,10 +112,10 @@ def _summary(v: Any) -> str:
     return repr(v)
 
 
-def head_text(path: str, n: int = 5, fields: list[str] | None = None) -> str:
+def head_text(path: str, n: int = 5, fields: list[str] | None = None, *, allow_missing_footer: bool = False) -> str:
     from rowstore.reader import Reader
 
-    with Reader(path) as r:  # closed also when reading fails (a kept traceback keeps r)
+    with Reader(path, allow_missing_footer=allow_missing_footer) as r:  # closed also when reading fails (a kept traceback keeps r)
         names = r.schema.select(fields).names
         k = max(0, min(n, len(r)))
         batch = r.take(np.arange(k), fields=names) if k else {}
@@ -382,16 +382,20 @@ def _span(v: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    lost = "read a v2 file whose footer is gone (edited with h5py) through libhdf5, with v1's guarantees only"
     p = sub.add_parser("info", help="schema, rows, blocks, sizes, compression, format version")
     p.add_argument("path")
+    p.add_argument("--allow-missing-footer", action="store_true", help=lost)
     p = sub.add_parser("head", help="print the first rows")
     p.add_argument("path")
+    p.add_argument("--allow-missing-footer", action="store_true", help=lost)
     p.add_argument("-n", type=_count, default=5, help="rows to print (default 5)")
     p.add_argument("--fields", nargs="+", help="only these fields")
     p = sub.add_parser("verify", help="read every block and check its checksum")
     p.add_argument("path")
     p.add_argument("--no-hdf5-check", action="store_true",
                    help="a v2 file: do not check (with libhdf5, in a child process) that its HDF5 part agrees with its footer")
+    p.add_argument("--allow-missing-footer", action="store_true", help=lost)
     p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds); "
                                   "for a dataset directory, list old versions and unreferenced shards (--delete removes them)")
     p.add_argument("path", help="a file (its temporaries), a directory (all temporaries in it), or a dataset directory "
@@ -419,13 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("shuffle", "quality"):
             return _shuffle_command(args)
         if args.cmd == "info":
-            print(info_text(args.path))
+            print(info_text(args.path, allow_missing_footer=args.allow_missing_footer))
         elif args.cmd == "head":
-            print(head_text(args.path, args.n, args.fields))
+            print(head_text(args.path, args.n, args.fields, allow_missing_footer=args.allow_missing_footer))
         elif args.cmd == "verify":
             from rowstore.format.shards import DatasetLayout
 
-            L = DatasetLayout.open(args.path)  # a dataset's manifest and sidecar are checked here
+            L = DatasetLayout.open(args.path, allow_missing_footer=args.allow_missing_footer)  # a dataset's manifest and sidecar are checked here
             damage = L.damage(shard_indexes=True)
             for err in damage:
                 span = getattr(err, "rows", None)

@@ -22,11 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import FormatError, SchemaError
+from rowstore.errors import FormatError, RowstoreError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
 from rowstore.format._url import is_url
-from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks, schema_row_dtype
+from rowstore.format.index import (
+    IndexSizes,
+    Layout,
+    check_indexes,
+    open_regular,
+    scan_chunks,
+    schema_row_dtype,
+)
 from rowstore.schema import Schema
 
 __all__ = ["DatasetLayout"]
@@ -204,8 +211,8 @@ class DatasetLayout(IndexSizes):
         for s in range(self.num_shards):
             path = self.shard_paths[s]
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as exc:
+                fd, _ = open_regular(path)  # a FIFO in a shard's place is reported, not waited on
+            except (OSError, FormatError) as exc:
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
                     return found
@@ -240,16 +247,23 @@ class DatasetLayout(IndexSizes):
         return found
 
     def _check_shard_index(self, s: int, index_crc32) -> FormatError | None:
+        from rowstore.format._hdf5_check import shard_index  # libhdf5, if needed, in a child
+
         path = self.shard_paths[s]
-        try:
-            L = Layout.open(path)
-        except FormatError as exc:
-            return exc
+        got = shard_index(path)
+        if isinstance(got, FormatError):
+            return got
+        crc, rows, schema = got
         b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")
-        mine = index_crc32(self.blocks[b0 : b0 + L.num_blocks], self.heap_chunks[h0 : h0 + len(L.heap_chunks)])
-        if L.num_rows != int(self.shard_rows[s]) or index_crc32(L.blocks, L.heap_chunks) != mine:
+        nb, nh = int(np.sum(self.block_shard == s)), int(np.sum(self.chunk_shard == s))
+        mine = index_crc32(self.blocks[b0 : b0 + nb], self.heap_chunks[h0 : h0 + nh])
+        if rows != int(self.shard_rows[s]) or crc != mine:
             return FormatError(f"{path!r}: shard {s}'s own index disagrees with the dataset's manifest", path=path)
-        if L.schema != self.schema:
+        try:
+            same = Schema.from_json(schema) == self.schema if isinstance(schema, str) else False
+        except (RowstoreError, ValueError):
+            same = False
+        if not same:
             return FormatError(f"{path!r}: shard {s}'s schema differs from the dataset's", path=path)
         return None
 
@@ -269,15 +283,17 @@ class DatasetLayout(IndexSizes):
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *, version: int | None = None) -> DatasetLayout:
+    def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *, version: int | None = None,
+             allow_missing_footer: bool = False) -> DatasetLayout:
         """The layout of a dataset directory (its current manifest, or ``version``), a ``.h5``
-        file, or a list of those read as one (same schema, compression and heap chunk size)."""
+        file, or a list of those read as one (same schema, compression and heap chunk size);
+        ``allow_missing_footer`` as for :meth:`Layout.open`."""
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ValueError("no datasets given")
             if version is not None:
                 raise ValueError("version= applies to one dataset, not a list")
-            return cls.concat([cls.open(p) for p in path])
+            return cls.concat([cls.open(p, allow_missing_footer=allow_missing_footer) for p in path])
         p = os.fsdecode(path)  # type: ignore[arg-type]  # a list was handled above
         if os.path.isdir(p):
             if not _manifest.is_dataset(p):
@@ -286,7 +302,7 @@ class DatasetLayout(IndexSizes):
             return cls.from_manifest(_manifest.load(p, version))
         if version is not None:
             raise ValueError(f"{p!r} is a file: version= applies to dataset directories")
-        return cls.from_files([Layout.open(p)], path=p)
+        return cls.from_files([Layout.open(p, allow_missing_footer=allow_missing_footer)], path=p)
 
     @classmethod
     def from_files(cls, layouts: Sequence[Layout], *, path: str | None = None) -> DatasetLayout:

@@ -46,6 +46,8 @@ ATTR_HEAP_NBYTES = "heap_nbytes"  # int, logical heap size
 ATTR_COMPRESSION = "compression"  # JSON text, see compression_config
 ATTR_CHECKSUM = "checksum"  # "crc32": CRC-32 (zlib's) of each chunk's stored bytes
 ATTR_WRITER = "writer"  # "rowstore <version>"
+#: int 1: the writer appended a v2 footer after the HDF5 part (a file without one lost it).
+ATTR_HAS_FOOTER = "has_footer"
 
 CHECKSUM = "crc32"
 

@@ -179,15 +179,6 @@ class Layout(IndexSizes):
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
         h = _header(g.attrs, path, bad, file_size)
-        # A v2 file without its footer (h5py wrote over it or cut it at close, or the file was cut
-        # exactly where it started: see footer.check_no_footer) has a complete HDF5 part, but
-        # nothing checks its index any more: read like a v1 file only when the caller says so.
-        if (h["version"] >= 2 or spec.ATTR_HAS_FOOTER in g.attrs) and not allow_missing_footer:
-            raise bad(f"its attributes say format v{h['version']} with a checksummed footer, but the footer is gone (the "
-                      f"file was opened for writing with h5py or another HDF5 tool, which cuts it at close, or it was "
-                      f"truncated where the footer starts); its index can no longer be checked. Read it anyway, "
-                      f"with v1's guarantees, with allow_missing_footer=True (rowstore.open, rowstore.Layout.open; "
-                      f"--allow-missing-footer on the command line), or rewrite it with rowstore")
         schema, num_rows, rpb, H, heap_nbytes = h["schema"], h["num_rows"], h["rows_per_block"], \
             h["heap_chunk_bytes"], h["heap_nbytes"]
         rows = _dataset(g, spec.ROWS, bad)
@@ -199,6 +190,16 @@ class Layout(IndexSizes):
         heap_chunks = _heap_index(g, schema, heap_nbytes, H, bad)
         layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, **h)
         layout._check_indexes(bad)
+        # A v2 file without its footer (h5py wrote over it or cut it at close, or the file was cut
+        # exactly where it started: see footer.check_no_footer) has a complete HDF5 part, but
+        # nothing checks its index any more: read like a v1 file only when the caller says so (the
+        # checks above first, so that a damaged file is reported as damaged).
+        if (h["version"] >= 2 or spec.ATTR_HAS_FOOTER in g.attrs) and not allow_missing_footer:
+            raise bad(f"its attributes say format v{h['version']} with a checksummed footer, but the footer is gone (the "
+                      f"file was opened for writing with h5py or another HDF5 tool, which cuts it at close, or it was "
+                      f"truncated where the footer starts); its index can no longer be checked. Read it anyway, "
+                      f"with v1's guarantees, with allow_missing_footer=True (rowstore.open, rowstore.Layout.open; "
+                      f"--allow-missing-footer on the command line)")
         return layout
 
     @classmethod

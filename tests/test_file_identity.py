@@ -16,6 +16,7 @@ import pytest
 import rowstore as rs
 from rowstore import cli
 from rowstore.errors import FormatError, StaleFileError
+from rowstore.format import footer
 from rowstore.format.dataset_writer import commit, write_shard
 
 SCHEMA = rs.Schema([rs.Field("v", "int64")])
@@ -237,3 +238,16 @@ def test_dataset_verify_checks_a_footerless_shard_in_a_child(tmp_path, capsys):
     proc = run_child(code)
     assert proc.returncode == 1, proc.stderr
     assert "own index disagrees with the dataset's manifest" in proc.stderr, proc.stderr
+
+
+def test_remote_file_without_its_footer_is_refused_unless_allowed(tmp_path, http_factory):
+    d = str(tmp_path / "srv")
+    os.makedirs(d)
+    p = os.path.join(d, "a.h5")
+    write_file(p, 7)
+    footer.cut(p, rs.Layout.open(p).footer_offset)  # as libhdf5 leaves it after an edit
+    srv = http_factory(d)
+    with pytest.raises(FormatError, match="footer is gone"):
+        rs.open(srv.url + "/a.h5")
+    with rs.open(srv.url + "/a.h5", allow_missing_footer=True) as r:
+        assert r.take([0, 99])["v"].tolist() == [7, 7]

@@ -60,7 +60,8 @@ def _looks_like_file(url: str) -> bool:
     return url.lower().rstrip("/").endswith((".h5", ".hdf5", ".hdf"))
 
 
-def open_layout(url: str, options: RemoteOptions, version: int | None = None) -> tuple[DatasetLayout, dict]:
+def open_layout(url: str, options: RemoteOptions, version: int | None = None, *,
+                allow_missing_footer: bool = False) -> tuple[DatasetLayout, dict]:
     """The layout of the dataset or single file at ``url``, and what was learnt about its
     objects (``{"etags": {shard: etag}, "requests": n}``)."""
     client = Client(url, options)
@@ -80,7 +81,7 @@ def open_layout(url: str, options: RemoteOptions, version: int | None = None) ->
         from rowstore.reader._cache import BlockCache
 
         cache = BlockCache(options.cache, options.cache_bytes)
-    layout = remote_file_layout(client, url, cache)
+    layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
     etag = layout.file_id[1] if len(layout.file_id) > 1 else None
     return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
 

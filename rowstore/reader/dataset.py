@@ -97,7 +97,7 @@ class Reader:
         Further options of remote reads (:class:`rowstore.reader._remote.RemoteOptions`):
         ``max_in_flight``, ``merge_bytes``, ``retries``, ``backoff``, ``timeout``, ``cache_bytes``.
     allow_missing_footer : bool
-        Read a local v2 file whose footer is gone (opened for writing with h5py, which cuts it
+        Read a v2 file whose footer is gone (opened for writing with h5py, which cuts it
         at close) through libhdf5, with v1's guarantees only; default False: such a file is a
         :class:`~rowstore.errors.FormatError` saying so.
 
@@ -153,21 +153,22 @@ class Reader:
         self._etags: dict[int, Any] = {}
         urls = [source] if isinstance(source, str) else source
         if any(is_url(u) for u in urls) or storage_options is not None or cache is not None or remote is not None:
-            self._init_state(self._open_remote(urls, version, storage_options, cache, remote))
+            self._init_state(self._open_remote(urls, version, storage_options, cache, remote, allow_missing_footer))
             return
         layout = DatasetLayout.open(source, version=version, allow_missing_footer=allow_missing_footer)
         # Each shard a manifest names by size is pinned to the file there now (inode, mtime):
         # a shard replaced later under the same name and size is refused, not read.
         self._init_state(dataclasses.replace(layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids)))
 
-    def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote) -> DatasetLayout:
+    def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote,
+                     allow_missing_footer: bool = False) -> DatasetLayout:
         from rowstore.reader import _remote
 
         if not all(is_url(u) for u in urls):
             raise ValueError("storage_options, cache and remote apply to URLs (s3://, http://, file://...); "
                              f"got {urls[0] if len(urls) == 1 else urls}")
         self._remote = _remote.RemoteOptions.make(storage_options, cache, remote)
-        parts = [_remote.open_layout(u, self._remote, version) for u in urls]
+        parts = [_remote.open_layout(u, self._remote, version, allow_missing_footer=allow_missing_footer) for u in urls]
         shard0 = 0
         for layout, learnt in parts:
             self._etags.update({shard0 + k: v for k, v in learnt["etags"].items()})

@@ -251,3 +251,32 @@ def test_remote_file_without_its_footer_is_refused_unless_allowed(tmp_path, http
         rs.open(srv.url + "/a.h5")
     with rs.open(srv.url + "/a.h5", allow_missing_footer=True) as r:
         assert r.take([0, 99])["v"].tolist() == [7, 7]
+
+
+def test_a_reader_collected_while_another_holds_the_budget_lock_does_not_deadlock(tmp_path):
+    """All stores share one lock: a Reader whose finalizer runs (garbage collection) on the
+    thread that holds it, inside another reader's read, must not wait for it forever."""
+    p = str(tmp_path / "a.h5")
+    write_file(p, 3)
+    proc = run_child(f"""
+        import gc
+        import rowstore as rs
+        from rowstore.reader import _store
+        keep = rs.open({p!r})
+        keep.take([0])
+        victim = rs.open({p!r})
+        victim.take([0])
+        cycle = [victim]
+        cycle.append(cycle)  # only the collector frees it
+        del victim, cycle
+        real = _store.LocalStore._evict_locked
+        def evict(self, budget):  # collect inside the critical section, as an allocation may
+            gc.collect()
+            real(self, budget)
+        _store.LocalStore._evict_locked = evict
+        assert keep.take([1])["v"].tolist() == [3]
+        _store.LocalStore._evict_locked = real
+        assert not _store._BUDGET.pending
+        print("ok")
+    """, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -15,13 +15,14 @@ several readers or a mix of such datasets, works under the default ``ulimit -n``
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import stat
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,22 @@ class _Budget:
         self.lock = threading.Lock()
         self.lru: OrderedDict[tuple[int, int], _Files] = OrderedDict()
         self.limit = 0  # set on first use (process_max_open)
+        # The thread holding the lock, and the stores whose close() it reached meanwhile: a
+        # Reader collected by the garbage collector inside a critical section closes its store
+        # from a finalizer, on the thread that already holds the lock; it is closed on release.
+        self.owner: int | None = None
+        self.pending: list[LocalStore] = []
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[_Budget]:
+        with self.lock:
+            self.owner = threading.get_ident()
+            try:
+                yield self
+            finally:
+                while self.pending:
+                    self.pending.pop()._close_locked()
+                self.owner = None
 
 
 _BUDGET = _Budget()
@@ -208,8 +225,7 @@ class LocalStore:
         """This process's descriptors of ``shards`` (distinct; opened on first use), held until
         :meth:`_release`."""
         out: list[int] = []
-        budget = _BUDGET
-        with budget.lock:
+        with _BUDGET.held() as budget:
             if self._pid != os.getpid():  # pragma: no cover - _after_fork resets; belt and braces
                 self._reset()
             if not budget.limit:
@@ -233,8 +249,7 @@ class LocalStore:
         return out
 
     def _release(self, fds: Sequence[int]) -> None:
-        budget = _BUDGET
-        with budget.lock:
+        with _BUDGET.held() as budget:
             self._release_locked(fds)
             self._evict_locked(budget)
 
@@ -307,17 +322,23 @@ class LocalStore:
         """Close this process's descriptors (reopened on next use); reads still in flight on
         other threads finish first, the last of them closes theirs."""
         budget = _BUDGET
-        with budget.lock:
-            if self._pid != os.getpid():
-                return
-            files, token = self._files, self._token
-            fds, files.fds = list(files.fds.items()), OrderedDict()
-            for s, fd in fds:
-                budget.lru.pop((token, s), None)
-                if fd in files.users:
-                    files.retired.add(fd)
-                else:
-                    os.close(fd)
+        if budget.owner == threading.get_ident():  # from a finalizer inside a critical section
+            budget.pending.append(self)
+            return
+        with budget.held():
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._pid != os.getpid():
+            return
+        lru, files, token = _BUDGET.lru, self._files, self._token
+        fds, files.fds = list(files.fds.items()), OrderedDict()
+        for s, fd in fds:
+            lru.pop((token, s), None)
+            if fd in files.users:
+                files.retired.add(fd)
+            else:
+                os.close(fd)
 
     def _per_item(self, shards: np.ndarray | None) -> tuple[Any, list[int]]:
         """Descriptors for items of ``shards`` (one per item; None: all of shard 0)."""

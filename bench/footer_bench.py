@@ -47,6 +47,8 @@ def _as_v1(src: str, dst: str) -> None:
     footer.cut(dst, Layout.open(src).footer_offset)
     with h5py.File(dst, "r+") as f:
         f["rowstore"].attrs["format_version"] = 1
+        if "has_footer" in f["rowstore"].attrs:  # the v1 writer did not write it
+            del f["rowstore"].attrs["has_footer"]
 
 
 def _time_open(path: str) -> float:

@@ -134,6 +134,8 @@ def as_v1(path: str) -> None:
     footer.cut(path, Layout.open(path).footer_offset)
     with h5py.File(path, "r+") as f:
         f["rowstore"].attrs["format_version"] = 1
+        if "has_footer" in f["rowstore"].attrs:  # the v1 writer did not write it
+            del f["rowstore"].attrs["has_footer"]
 
 
 def structure_map(path: str) -> dict:

@@ -51,7 +51,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _open_layout(path: str, storage_options: dict | None = None, *,
-                 allow_outside_links: bool = False) -> tuple[Any, Any]:
+                 allow_outside_links: bool = False, allow_missing_footer: bool = False) -> tuple[Any, Any]:
     """The layout of the file or dataset at ``path`` (local, ``file://`` or any fsspec URL, as
     :func:`rowstore.open` takes it), and the object-storage client that reads its shards (None
     for local files)."""
@@ -64,17 +64,20 @@ def _open_layout(path: str, storage_options: dict | None = None, *,
     if not is_url(path):
         if storage_options is not None:
             raise ValueError(f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}")
-        return DatasetLayout.open(path, allow_outside_links=allow_outside_links), None
+        return DatasetLayout.open(path, allow_outside_links=allow_outside_links,
+                                 allow_missing_footer=allow_missing_footer), None
     from rowstore.reader import _remote
 
     options = _remote.RemoteOptions.make(storage_options, None, None)
-    layout, _ = _remote.open_layout(path, options, allow_outside_links=allow_outside_links)
+    layout, _ = _remote.open_layout(path, options, allow_outside_links=allow_outside_links,
+                                    allow_missing_footer=allow_missing_footer)
     return layout, _remote.Client(path, options)
 
 
-def info_text(path: str, *, storage_options: dict | None = None,
-              allow_outside_links: bool = False) -> str:
-    L, _ = _open_layout(path, storage_options, allow_outside_links=allow_outside_links)
+def info_text(path: str, *, storage_options: dict | None = None, allow_outside_links: bool = False,
+              allow_missing_footer: bool = False) -> str:
+    L, _ = _open_layout(path, storage_options, allow_outside_links=allow_outside_links,
+                        allow_missing_footer=allow_missing_footer)
     rows = []
     for f in L.schema:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
@@ -142,11 +145,13 @@ def _summary(v: Any) -> str:
 
 
 def head_text(path: str, n: int = 5, fields: list[str] | None = None, *,
-              storage_options: dict | None = None, allow_outside_links: bool = False) -> str:
+              storage_options: dict | None = None, allow_outside_links: bool = False,
+              allow_missing_footer: bool = False) -> str:
     from rowstore.reader import Reader
 
     # closed also when reading fails (a kept traceback keeps r)
-    with Reader(path, storage_options=storage_options, allow_outside_links=allow_outside_links) as r:
+    with Reader(path, storage_options=storage_options, allow_outside_links=allow_outside_links,
+                allow_missing_footer=allow_missing_footer) as r:
         names = r.schema.select(fields).names
         k = max(0, min(n, len(r)))
         batch = r.take(np.arange(k), fields=names) if k else {}
@@ -477,11 +482,12 @@ def _storage_options_argument(p: argparse.ArgumentParser) -> None:
 
 
 def verify_command(path: str, *, storage_options: dict | None = None, hdf5_check: bool = True,
-                   allow_outside_links: bool = False) -> int:
+                   allow_outside_links: bool = False, allow_missing_footer: bool = False) -> int:
     """``rowstore verify``: print every damaged chunk or shard (stderr) or OK (stdout); the exit
     status (0 or 1)."""
     # a dataset's manifest and sidecar are checked here
-    L, client = _open_layout(path, storage_options, allow_outside_links=allow_outside_links)
+    L, client = _open_layout(path, storage_options, allow_outside_links=allow_outside_links,
+                             allow_missing_footer=allow_missing_footer)
     damage = L.damage(shard_indexes=True, client=client)
     for err in damage:
         span = getattr(err, "rows", None)
@@ -514,12 +520,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rowstore", description="Inspect rowstore datasets.")
     parser.add_argument("--version", action="version", version=f"rowstore {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    lost = "read a v2 file whose footer is gone (edited with h5py) through libhdf5, with v1's guarantees only"
     p = sub.add_parser("info", help="schema, rows, blocks, sizes, compression, format version")
     p.add_argument("path")
     _add_outside_links(p)
     _storage_options_argument(p)
+    p.add_argument("--allow-missing-footer", action="store_true", help=lost)
     p = sub.add_parser("head", help="print the first rows")
     p.add_argument("path")
+    p.add_argument("--allow-missing-footer", action="store_true", help=lost)
     p.add_argument("-n", type=_count, default=5, help="rows to print (default 5)")
     p.add_argument("--fields", nargs="+", help="only these fields")
     _add_outside_links(p)
@@ -530,6 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-hdf5-check", action="store_true",
                    help="a v2 file: do not check (with libhdf5, in a child process) that its HDF5 part agrees with its footer")
     _storage_options_argument(p)
+    p.add_argument("--allow-missing-footer", action="store_true", help=lost)
     p = sub.add_parser("gc", help="remove the temporary files that killed writers left (those no live writer holds); "
                                   "for a dataset directory, list old versions and unreferenced shards (--delete removes them)")
     p.add_argument("path", help="a file (its temporaries), a directory (all temporaries in it), or a dataset directory "
@@ -585,15 +595,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd in ("shuffle", "quality"):
         return _shuffle_command(args)
     links = getattr(args, "allow_outside_links", False)
+    lost = getattr(args, "allow_missing_footer", False)
     if args.cmd == "info":
-        print(info_text(args.path, storage_options=so, allow_outside_links=links))
+        print(info_text(args.path, storage_options=so, allow_outside_links=links,
+                        allow_missing_footer=lost))
     elif args.cmd == "head":
-        print(head_text(args.path, args.n, args.fields, storage_options=so, allow_outside_links=links))
+        print(head_text(args.path, args.n, args.fields, storage_options=so, allow_outside_links=links,
+                        allow_missing_footer=lost))
     elif args.cmd == "repair":
         print(repair_text(args.path, dry_run=args.dry_run, verify=args.verify, allow_outside_links=links))
     elif args.cmd == "verify":
         return verify_command(args.path, storage_options=so, hdf5_check=not args.no_hdf5_check,
-                              allow_outside_links=links)
+                              allow_outside_links=links, allow_missing_footer=lost)
     elif args.cmd == "gc":
         from rowstore.format import manifest
         from rowstore.format._url import is_url

@@ -16,6 +16,7 @@ __all__ = [
     "FormatError",
     "FormatVersionError",
     "ChecksumError",
+    "StaleFileError",
     "WriterClosedError",
     "ConcurrentWriterError",
     "RemoteError",
@@ -109,6 +110,13 @@ class FormatVersionError(FormatError):
 
 class ChecksumError(FormatError):
     """The stored bytes of a block do not match the checksum in the block index."""
+
+
+class StaleFileError(FormatError):
+    """A local file a reader (re)opens is not the version it opened: replaced (another inode),
+    rewritten or modified in place (another size or modification time). Its bytes are refused
+    rather than read through the old version's index; open the dataset or file again to read
+    the new version. ``path`` names the file."""
 
 
 class AttrsError(RowstoreError, TypeError, ValueError):

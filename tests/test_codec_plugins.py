@@ -223,7 +223,7 @@ def test_undecodable_payload_names_field_and_row(tmp_path):
         hc["checksum"][0] = crc
         f["rowstore/heap_chunks"][...] = hc
     del layout
-    with rowstore.open(path) as r:
+    with rowstore.open(path, allow_missing_footer=True) as r:  # h5py cut the footer at close
         assert r[6]["text"] == "row 6"
         with pytest.raises(FormatError) as ei:
             r.take(np.arange(20))

@@ -84,7 +84,7 @@ def test_image_of_two_to_the_forty_pixels_is_refused_before_decoding(tmp_path, c
     rows = [{"i": i, "img": np.full((2, 3, 3), i, np.uint8)} for i in range(8)]
     path = _small(str(tmp_path / "img.h5"), schema, rows)
     _set_stored_shape(path, "img", block=1, row_in_block=1, dims=[1 << 20, 1 << 20])  # row 5
-    with rowstore.open(path) as r:
+    with rowstore.open(path, allow_missing_footer=True) as r:  # h5py cut the footer
         assert r[4]["i"] == 4
         with pytest.raises(FormatError) as ei:
             r.take([5])
@@ -102,7 +102,7 @@ def test_stored_shape_whose_product_wraps_int64_is_refused(tmp_path):
     rows = [{"i": i, "v": np.zeros((1, 1, 1))} for i in range(8)]
     path = _small(str(tmp_path / "wrap.h5"), schema, rows)
     _set_stored_shape(path, "v", block=0, row_in_block=2, dims=[1 << 22, 1 << 21, 1 << 21])
-    with rowstore.open(path) as r, pytest.raises(FormatError) as ei:
+    with rowstore.open(path, allow_missing_footer=True) as r, pytest.raises(FormatError) as ei:
         r.take([2])
     assert ei.value.row == 2
     assert Field("big", "float64", (1 << 31, 1 << 31, 1 << 31)).fixed_nbytes == 8 << 93
@@ -143,7 +143,7 @@ def test_schema_of_a_huge_fixed_shape_decoded_field_is_refused_before_allocating
         js = schema.to_json()
         js["fields"][1]["shape"] = [1 << 20, 1 << 20, 3]
         f["rowstore"].attrs["schema"] = json.dumps(js)
-    with rowstore.open(path) as r:
+    with rowstore.open(path, allow_missing_footer=True) as r:  # h5py cut the footer
         with pytest.raises(FormatError, match="limit"):
             r.take([1])
         assert r.take([1], fields=["i"])["i"].tolist() == [1]

@@ -216,6 +216,7 @@ def file_attributes(*, schema: Schema, user_attrs: Mapping[str, Any], num_rows: 
         spec.ATTR_COMPRESSION: json.dumps(compression.get_config(), sort_keys=True),
         spec.ATTR_CHECKSUM: spec.CHECKSUM,
         spec.ATTR_WRITER: f"rowstore {__version__}",
+        spec.ATTR_HAS_FOOTER: 1,
     }
 
 

@@ -542,7 +542,7 @@ class RangeFile:
 _FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
 
 
-def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
+def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False) -> Any:
     """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
     etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
     (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
@@ -550,7 +550,8 @@ def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
     the byte ranges its HDF5 metadata occupies (:class:`RangeFile`: that tail and, for our
     writer's files, one more GET of the head); no block is read and libhdf5 never sees the
     network. With a ``cache`` (:class:`rowstore.reader._cache.BlockCache`), the footer or the
-    image is kept and a later open of the same object (same size and ETag) makes the HEAD only."""
+    image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
+    ``allow_missing_footer`` as for :meth:`~rowstore.format.index.Layout.open`."""
     import h5py
 
     from rowstore.format import footer
@@ -577,7 +578,7 @@ def remote_file_layout(client: Client, url: str, cache: Any = None) -> Any:
     try:
         footer.check_no_footer(rf.read_range, size, url)
         with h5py.File(rf, "r") as f:
-            layout = Layout.from_h5(f, url, size, ident)
+            layout = Layout.from_h5(f, url, size, ident, allow_missing_footer=allow_missing_footer)
         if cache is not None and etag and rf.requests:
             cache.put_meta(url, ident, rf.image())
         return layout

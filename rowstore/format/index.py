@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from rowstore.format import footer, spec
 from rowstore.format.compression import block_compression
 from rowstore.schema import Schema
 
-__all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks", "file_identity"]
+__all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks", "file_identity", "open_regular"]
 
 
 def open_h5(path: str):
@@ -92,8 +93,9 @@ class Layout(IndexSizes):
     blocks: np.ndarray  # spec.BLOCK_DTYPE
     heap_chunks: np.ndarray  # spec.HEAP_CHUNK_DTYPE
     file_size: int
-    #: (st_dev, st_ino, st_size, st_mtime_ns) of the file when it was opened: readers check that
-    #: the file they read is still this one (an atomic rewrite replaces the inode).
+    #: :func:`file_identity` of the file when it was opened: readers check that the file they
+    #: (re)open is still this one (an atomic rewrite replaces the inode, a write in place changes
+    #: the times).
     file_id: tuple = ()
     writer: str = ""
     #: Where a v2 file's footer starts (the HDF5 end of file, which every chunk lies before);
@@ -147,19 +149,21 @@ class Layout(IndexSizes):
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> Layout:
+    def open(cls, path: str | os.PathLike, *, verify: bool = False, allow_missing_footer: bool = False) -> Layout:
         """Read and check the layout of ``path``.
 
         Raises :class:`FormatError` for a file that is not rowstore, corrupt or truncated, and
         :class:`FormatVersionError` for a version this code cannot read. With ``verify``, also
-        reads every chunk and checks its checksum (what ``rowstore verify`` does).
+        reads every chunk and checks its checksum (what ``rowstore verify`` does). A v2 file
+        whose footer is gone (edited with h5py, which cuts it at close) is a
+        :class:`FormatError` unless ``allow_missing_footer``: then it is read through libhdf5
+        with v1's guarantees only (an index entry edited in the HDF5 part is not detected).
         """
         path = os.fspath(path)
         if os.path.isdir(path):
             raise FormatError(f"{path!r} is a directory, not a rowstore file (a dataset directory opens with rowstore.open)", path=path)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd, st = open_regular(path)
         try:
-            st = os.fstat(fd)
             ft = footer.read_local(fd, st.st_size, path)
         finally:
             os.close(fd)
@@ -167,23 +171,24 @@ class Layout(IndexSizes):
             layout = cls.from_footer(ft, path, st.st_size, file_identity(st))
         else:
             with open_h5(path) as f:
-                layout = cls.from_h5(f, path, st.st_size, file_identity(st))
+                layout = cls.from_h5(f, path, st.st_size, file_identity(st), allow_missing_footer=allow_missing_footer)
         if verify:
             layout.verify()
         return layout
 
     @classmethod
-    def from_h5(cls, f, path: str, file_size: int, file_id: tuple = ()) -> Layout:
+    def from_h5(cls, f, path: str, file_size: int, file_id: tuple = (), *, allow_missing_footer: bool = False) -> Layout:
         """Read and check the layout of an open ``h5py.File`` ``f`` of ``file_size`` bytes (a
-        local file, or an in-memory image of a remote file's metadata); ``path`` names it in
-        errors, ``file_id`` is what a store checks before reading it."""
+        local file, or an in-memory image of a remote file's metadata) that has no footer;
+        ``path`` names it in errors, ``file_id`` is what a store checks before reading it. A
+        file whose attributes say it had a footer is refused unless ``allow_missing_footer``."""
         with _malformed(path):
-            layout = cls._read(f, path, file_size)
+            layout = cls._read(f, path, file_size, allow_missing_footer)
             object.__setattr__(layout, "file_id", file_id)
         return layout
 
     @classmethod
-    def _read(cls, f, path: str, file_size: int) -> Layout:
+    def _read(cls, f, path: str, file_size: int, allow_missing_footer: bool) -> Layout:
         import h5py
 
         def bad(msg: str) -> FormatError:
@@ -193,8 +198,6 @@ class Layout(IndexSizes):
                 or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
-        # A v2 file without its footer (h5py wrote over it, or the file was cut exactly where it
-        # started: see footer.check_no_footer) is read like a v1 file: its HDF5 part is complete.
         h = _header(g.attrs, path, bad, file_size)
         schema, num_rows, rpb, H, heap_nbytes = h["schema"], h["num_rows"], h["rows_per_block"], \
             h["heap_chunk_bytes"], h["heap_nbytes"]
@@ -207,6 +210,16 @@ class Layout(IndexSizes):
         heap_chunks = _heap_index(g, schema, heap_nbytes, H, bad)
         layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, **h)
         layout._check_indexes(bad)
+        # A v2 file without its footer (h5py wrote over it or cut it at close, or the file was cut
+        # exactly where it started: see footer.check_no_footer) has a complete HDF5 part, but
+        # nothing checks its index any more: read like a v1 file only when the caller says so (the
+        # checks above first, so that a damaged file is reported as damaged).
+        if (h["version"] >= 2 or spec.ATTR_HAS_FOOTER in g.attrs) and not allow_missing_footer:
+            raise bad(f"its attributes say format v{h['version']} with a checksummed footer, but the footer is gone (the "
+                      f"file was opened for writing with h5py or another HDF5 tool, which cuts it at close, or it was "
+                      f"truncated where the footer starts); its index can no longer be checked. Read it anyway, "
+                      f"with v1's guarantees, with allow_missing_footer=True (rowstore.open, rowstore.Layout.open; "
+                      f"--allow-missing-footer on the command line)")
         return layout
 
     @classmethod
@@ -276,7 +289,7 @@ class Layout(IndexSizes):
         values it holds (a heap chunk: the rows of the blocks whose payloads it holds). Reads
         the whole file, 64 MiB at a time; stops after ``limit`` errors."""
         found: list[FormatError] = []
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd, _ = open_regular(self.path)
         try:
             for what in ("block", "heap chunk"):
                 *index, raw = self.chunk_index(what)
@@ -481,8 +494,36 @@ def schema_row_dtype(schema: Schema, bad) -> np.dtype:
 
 
 def file_identity(st: os.stat_result) -> tuple:
-    """What identifies one version of a file: device, inode, size and modification time."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    """What identifies one version of a file: device, inode, size, modification time and
+    status change time (which every write changes, and which, unlike the modification time,
+    no ``utime`` can set back)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file ``path`` and its ``fstat``.
+
+    Opened with ``O_NONBLOCK`` (cleared once the file is known to be regular), so that a FIFO,
+    device or socket put where a file belongs is a :class:`FormatError` naming what it is,
+    never a read that waits forever. ``FileNotFoundError`` and the system's other refusals
+    propagate.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise FormatError(f"{path!r} is {kind}, not a regular file (a rowstore file or shard is a regular file)",
+                              path=path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def _text(v: Any) -> str:

@@ -22,11 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import FormatError, RemoteError, SchemaError
+from rowstore.errors import FormatError, RemoteError, RowstoreError, SchemaError
 from rowstore.format import manifest as _manifest
 from rowstore.format import spec
 from rowstore.format._url import is_url, local_root
-from rowstore.format.index import IndexSizes, Layout, check_indexes, scan_chunks, schema_row_dtype
+from rowstore.format.index import (
+    IndexSizes,
+    Layout,
+    check_indexes,
+    open_regular,
+    scan_chunks,
+    schema_row_dtype,
+)
 from rowstore.schema import Schema
 
 __all__ = ["DatasetLayout"]
@@ -208,9 +215,12 @@ class DatasetLayout(IndexSizes):
         for s in range(self.num_shards):
             path = self.shard_paths[s]
             try:
+                # (a FIFO in a shard's place is reported, not waited on)
                 source, size, close = self._shard_source(path, client)
             except (OSError, FormatError) as exc:
-                if isinstance(exc, RemoteError) or isinstance(exc, FormatError) and "is missing" not in str(exc):
+                remote = client is not None and is_url(path)
+                if isinstance(exc, RemoteError) or (remote and isinstance(exc, FormatError)
+                                                    and "is missing" not in str(exc)):
                     raise  # an I/O failure, not damage
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
@@ -253,30 +263,36 @@ class DatasetLayout(IndexSizes):
             meta = client.info(path)
             etag = meta["etag"]
             return (lambda start, end: client.get(path, start, end, etag)), meta["size"], lambda: None
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            size = os.fstat(fd).st_size
-        except OSError:
-            os.close(fd)
-            raise
-        return fd, size, lambda: os.close(fd)
+        fd, st = open_regular(path)
+        return fd, st.st_size, lambda: os.close(fd)
 
     def _check_shard_index(self, s: int, index_crc32, client: Any = None) -> FormatError | None:
-        path = self.shard_paths[s]
-        try:
-            if client is not None and is_url(path):
-                from rowstore.format._objstore import remote_file_layout
+        from rowstore.format._hdf5_check import shard_index  # libhdf5, if needed, in a child
 
+        path = self.shard_paths[s]
+        if client is not None and is_url(path):
+            from rowstore.format._objstore import remote_file_layout
+
+            try:
                 L = remote_file_layout(client, path)
-            else:
-                L = Layout.open(path)
-        except FormatError as exc:
-            return exc
+            except FormatError as exc:
+                return exc
+            got: Any = (index_crc32(L.blocks, L.heap_chunks), L.num_rows, L.schema.to_json_str())
+        else:
+            got = shard_index(path)
+        if isinstance(got, FormatError):
+            return got
+        crc, rows, schema = got
         b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")
-        mine = index_crc32(self.blocks[b0 : b0 + L.num_blocks], self.heap_chunks[h0 : h0 + len(L.heap_chunks)])
-        if L.num_rows != int(self.shard_rows[s]) or index_crc32(L.blocks, L.heap_chunks) != mine:
+        nb, nh = int(np.sum(self.block_shard == s)), int(np.sum(self.chunk_shard == s))
+        mine = index_crc32(self.blocks[b0 : b0 + nb], self.heap_chunks[h0 : h0 + nh])
+        if rows != int(self.shard_rows[s]) or crc != mine:
             return FormatError(f"{path!r}: shard {s}'s own index disagrees with the dataset's manifest", path=path)
-        if L.schema != self.schema:
+        try:
+            same = Schema.from_json(schema) == self.schema if isinstance(schema, str) else False
+        except (RowstoreError, ValueError):
+            same = False
+        if not same:
             return FormatError(f"{path!r}: shard {s}'s schema differs from the dataset's", path=path)
         return None
 
@@ -297,16 +313,19 @@ class DatasetLayout(IndexSizes):
     # -- opening ---------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *,
-             version: int | None = None, allow_outside_links: bool = False) -> DatasetLayout:
+             version: int | None = None, allow_outside_links: bool = False,
+             allow_missing_footer: bool = False) -> DatasetLayout:
         """The layout of a dataset directory (its current manifest, or ``version``), a ``.h5``
         file, or a list of those read as one (same schema, compression and heap chunk size).
-        ``allow_outside_links``: see :meth:`from_manifest`."""
+        ``allow_outside_links``: see :meth:`from_manifest`; ``allow_missing_footer`` as for
+        :meth:`Layout.open`."""
         if isinstance(path, (list, tuple)):
             if not path:
                 raise ValueError("no datasets given")
             if version is not None:
                 raise ValueError("version= applies to one dataset, not a list")
-            return cls.concat([cls.open(p, allow_outside_links=allow_outside_links) for p in path])
+            return cls.concat([cls.open(p, allow_outside_links=allow_outside_links,
+                                        allow_missing_footer=allow_missing_footer) for p in path])
         p = os.fsdecode(path)  # type: ignore[arg-type]  # a list was handled above
         if os.path.isdir(p):
             if not _manifest.is_dataset(p):
@@ -316,7 +335,7 @@ class DatasetLayout(IndexSizes):
                                      allow_outside_links=allow_outside_links)
         if version is not None:
             raise ValueError(f"{p!r} is a file: version= applies to dataset directories")
-        return cls.from_files([Layout.open(p)], path=p)
+        return cls.from_files([Layout.open(p, allow_missing_footer=allow_missing_footer)], path=p)
 
     @classmethod
     def from_files(cls, layouts: Sequence[Layout], *, path: str | None = None) -> DatasetLayout:

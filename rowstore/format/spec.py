@@ -67,6 +67,8 @@ PAGE_BYTES = 4096
 MAX_PAGE_BYTES = 1 << 20
 #: dtype of one page's CRC-32 (zlib.crc32 of the page's stored bytes).
 PAGE_DTYPE = np.dtype("<u4")
+#: int 1: the writer appended a v2 footer after the HDF5 part (a file without one lost it).
+ATTR_HAS_FOOTER = "has_footer"
 
 CHECKSUM = "crc32"
 

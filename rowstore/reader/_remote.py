@@ -61,7 +61,8 @@ def _looks_like_file(url: str) -> bool:
 
 
 def open_layout(url: str, options: RemoteOptions, version: int | None = None, *,
-                allow_outside_links: bool = False) -> tuple[DatasetLayout, dict]:
+                allow_outside_links: bool = False,
+                allow_missing_footer: bool = False) -> tuple[DatasetLayout, dict]:
     """The layout of the dataset or single file at ``url``, and what was learnt about its
     objects (``{"etags": {shard: etag}, "requests": n}``); ``allow_outside_links``: as for
     :meth:`DatasetLayout.from_manifest` (a ``file://`` dataset's links)."""
@@ -83,7 +84,7 @@ def open_layout(url: str, options: RemoteOptions, version: int | None = None, *,
         from rowstore.reader._cache import BlockCache
 
         cache = BlockCache(options.cache, options.cache_bytes)
-    layout = remote_file_layout(client, url, cache)
+    layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
     etag = layout.file_id[1] if len(layout.file_id) > 1 else None
     return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
 

@@ -8,6 +8,7 @@ Afterwards reads are ``pread`` calls on plain file descriptors, opened lazily in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from rowstore.reader._args import (
 )
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
-from rowstore.reader._store import LocalStore
+from rowstore.reader._store import LocalStore, pin_identities
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import (
     NULL_KEY,
@@ -84,8 +85,9 @@ class Reader:
         A dataset directory's manifest version to read (default: the current one). A reader
         keeps reading the version it opened while later versions are committed.
     max_open_files : int, optional
-        Shard files kept open at once per process (default: a quarter of ``ulimit -n``);
-        requests that touch more shards are split.
+        Shard files this reader keeps open at once per process (default: a quarter of ``ulimit
+        -n``; all readers of a process together keep at most half of it, least recently used
+        closed first); requests that touch more shards are split.
     storage_options : dict, optional
         For a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``, any fsspec
         protocol): passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
@@ -105,6 +107,10 @@ class Reader:
         :class:`~rowstore.errors.FormatError` at open (a downloaded dataset cannot make the
         reader return another file's bytes). ``True`` follows such links (shards linked in from
         another disk). ``..`` and absolute paths are refused either way; URLs are not affected.
+    allow_missing_footer : bool
+        Read a v2 file whose footer is gone (opened for writing with h5py, which cuts it
+        at close) through libhdf5, with v1's guarantees only; default False: such a file is a
+        :class:`~rowstore.errors.FormatError` saying so.
 
     Notes
     -----
@@ -139,6 +145,7 @@ class Reader:
         cache: str | os.PathLike | None = None,
         remote: dict | None = None,
         allow_outside_links: bool = False,
+        allow_missing_footer: bool = False,
     ):
         _check_varlen(varlen)
         given: Any = path
@@ -161,21 +168,26 @@ class Reader:
         urls = [source] if isinstance(source, str) else source
         if any(is_url(u) for u in urls) or storage_options is not None or cache is not None or remote is not None:
             self._init_state(self._open_remote(urls, version, storage_options, cache, remote,
-                                               allow_outside_links))
+                                               allow_outside_links, allow_missing_footer))
             return
-        self._init_state(DatasetLayout.open(source, version=version,
-                                            allow_outside_links=allow_outside_links))
+        layout = DatasetLayout.open(source, version=version, allow_outside_links=allow_outside_links,
+                                    allow_missing_footer=allow_missing_footer)
+        # Each shard a manifest names by size is pinned to the file there now (inode, mtime):
+        # a shard replaced later under the same name and size is refused, not read.
+        self._init_state(dataclasses.replace(
+            layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids)))
 
     def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote,
-                     allow_outside_links: bool = False) -> DatasetLayout:
+                     allow_outside_links: bool = False,
+                     allow_missing_footer: bool = False) -> DatasetLayout:
         from rowstore.reader import _remote
 
         if not all(is_url(u) for u in urls):
             raise ValueError("storage_options, cache and remote apply to URLs (s3://, http://, file://...); "
                              f"got {urls[0] if len(urls) == 1 else urls}")
         self._remote = _remote.RemoteOptions.make(storage_options, cache, remote)
-        parts = [_remote.open_layout(u, self._remote, version,
-                                     allow_outside_links=allow_outside_links) for u in urls]
+        parts = [_remote.open_layout(u, self._remote, version, allow_outside_links=allow_outside_links,
+                                     allow_missing_footer=allow_missing_footer) for u in urls]
         shard0 = 0
         for layout, learnt in parts:
             self._etags.update({shard0 + k: v for k, v in learnt["etags"].items()})

@@ -202,9 +202,10 @@ def files_in(directory: str | os.PathLike) -> list[str]:
 
 
 def run_python(code: str, *args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess:
-    """Run ``code`` with this interpreter in a fresh process (text output captured)."""
+    """Run ``code`` with this interpreter in a fresh process (text output captured; ``timeout``
+    is a hang guard, scaled by ``ROWSTORE_TEST_TIMEOUT_SCALE``: tests/_timing.py)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+                          text=True, timeout=scaled(timeout), **kwargs)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +216,7 @@ def run_example(name: str, *args: str, timeout: float = 300, **env: str) -> subp
     ``PYTHONPATH`` (worker processes the example starts import it too), extra ``env`` set."""
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path, **env})  # fmt: skip
+                          text=True, timeout=scaled(timeout), env={**os.environ, "PYTHONPATH": path, **env})  # fmt: skip
 
 
 # -- fixtures -------------------------------------------------------------------------------
@@ -263,6 +264,7 @@ def rs() -> _Helpers:
 
 # -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
 from _servers import http_factory, s3_server  # noqa: E402, F401
+from _timing import scaled  # noqa: E402
 
 
 # -- Spark (rowstore.spark): one local[2] session for the whole test session ----------------

@@ -5,7 +5,10 @@
 * :class:`RangeHTTPServer` - a directory over HTTP/1.1 with ``Range``, ``ETag`` and ``If-Match``
   (``http.server`` does not do ranges);
 * :class:`FaultProxy` - a TCP proxy in front of either, adding first-byte latency per request
-  and injecting faults on ranged GETs: 503 responses, reset connections, stalls.
+  and injecting faults on ranged GETs: 503 responses, reset connections, stalls;
+* :class:`FirstTries` - a fault schedule counted in requests, not time: the first tries of some
+  distinct requests fail, then every try passes (the outcome does not depend on the speed of
+  the machine or the order of concurrent requests).
 
 ``tests/conftest.py`` exposes them as session fixtures; ``bench/remote_bench.py`` imports this
 module too.
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from _timing import scaled
 
 # -- S3 (moto) --------------------------------------------------------------------------------
 
@@ -251,14 +256,15 @@ class FaultProxy:
     per request, without blocking other connections). ``fault(n, head)`` is asked for every
     ranged GET (with ``every_request``, every request; ``n`` counts them from 1, ``head`` is the
     request's first bytes) and returns
-    None, ``"503"``, ``"reset"`` (a TCP RST), ``"stall"`` (nothing sent for ``stall`` seconds,
-    then closed), ``"cut"`` (the request is forwarded and the response's status line, headers
-    and first ``cut`` bytes of its body pass, then a TCP RST: a connection lost mid-read of a
-    block) or ``"drop-range"`` (forwarded without its ``Range`` header: what a proxy or server
-    ignoring Range answers). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
+    None, ``"503"``, ``"reset"`` (a TCP RST), ``"stall"`` (nothing sent until the proxy is
+    closed, or for ``stall`` seconds, then closed: only the client's timeout ends it), ``"cut"``
+    (the request is forwarded and the response's status line, headers and first ``cut`` bytes
+    of its body pass, then a TCP RST: a connection lost mid-read of a block) or
+    ``"drop-range"`` (forwarded without its ``Range`` header: what a proxy or server ignoring
+    Range answers). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
     """
 
-    def __init__(self, upstream: str, *, latency: float = 0.0, stall: float = 30.0,
+    def __init__(self, upstream: str, *, latency: float = 0.0, stall: float | None = None,
                  fault: Callable[[int, bytes], str | None] | None = None, every_request: bool = False,
                  cut: int = 100):
         self.up_host, up_port = upstream.rsplit(":", 1)
@@ -272,7 +278,8 @@ class FaultProxy:
         ready = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
         self.thread.start()
-        ready.wait(10)
+        if not ready.wait(scaled(30)):
+            raise RuntimeError("the fault proxy's event loop did not start")
         self.url = f"http://127.0.0.1:{self.port}"
 
     def _run(self, ready: threading.Event) -> None:
@@ -318,8 +325,9 @@ class FaultProxy:
                     if sock is not None:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     break
-                if action == "stall":
-                    await asyncio.sleep(self.stall)
+                if action == "stall":  # until close() cancels it, or ``stall`` seconds
+                    forever = asyncio.get_running_loop().create_future()
+                    await (asyncio.sleep(self.stall) if self.stall is not None else forever)
                     break
                 if action == "cut":
                     conn.update(cut=self.cut, body=False, tail=b"")
@@ -394,9 +402,50 @@ class FaultProxy:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(scaled(30))
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+        self.thread.join(scaled(30))
+
+
+class FirstTries:
+    """A :class:`FaultProxy` ``fault`` schedule counted in requests: of the distinct requests
+    (request line and ``Range``), every ``every``-th one (the 1st, the ``every + 1``-th, ...)
+    fails on its first ``tries`` tries, with the next of ``kinds`` each time, until ``kinds``
+    is used up; every other try passes. No request fails more than ``tries`` times whatever
+    the speed of the machine or the order concurrent requests arrive in, so a client retrying
+    more than ``tries`` times always gets through; ``faulted`` counts the distinct requests
+    that failed.
+    """
+
+    def __init__(self, kinds: tuple[str, ...], *, every: int = 3, tries: int = 1):
+        self.kinds, self.every, self.tries = tuple(kinds), every, tries
+        self._left: dict[bytes, int] = {}  # failures still to inject, per distinct request
+        self._given = 0  # kinds handed to distinct requests so far
+        self._used = 0  # kinds injected so far
+        self._lock = threading.Lock()
+        self.faulted = 0
+
+    @staticmethod
+    def key(head: bytes) -> bytes:
+        lines = head.split(b"\r\n")
+        rng = next((ln.lower() for ln in lines if ln.lower().startswith(b"range:")), b"")
+        return lines[0] + b"|" + rng
+
+    def __call__(self, n: int, head: bytes) -> str | None:
+        key = self.key(head)
+        with self._lock:
+            if key not in self._left:
+                share = 0
+                if len(self._left) % self.every == 0:
+                    share = min(self.tries, len(self.kinds) - self._given)
+                self._left[key] = share
+                self._given += share
+                self.faulted += share > 0
+            if not self._left[key]:
+                return None
+            self._left[key] -= 1
+            self._used += 1
+            return self.kinds[self._used - 1]
 
 
 # -- pytest fixtures (imported by tests/conftest.py) --------------------------------------------

@@ -202,9 +202,10 @@ def files_in(directory: str | os.PathLike) -> list[str]:
 
 
 def run_python(code: str, *args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess:
-    """Run ``code`` with this interpreter in a fresh process (text output captured)."""
+    """Run ``code`` with this interpreter in a fresh process (text output captured; ``timeout``
+    is a hang guard, scaled by ``ROWSTORE_TEST_TIMEOUT_SCALE``: tests/_timing.py)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+                          text=True, timeout=scaled(timeout), **kwargs)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +216,7 @@ def run_example(name: str, *args: str, timeout: float = 300, **env: str) -> subp
     ``PYTHONPATH`` (worker processes the example starts import it too), extra ``env`` set."""
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path, **env})  # fmt: skip
+                          text=True, timeout=scaled(timeout), env={**os.environ, "PYTHONPATH": path, **env})  # fmt: skip
 
 
 # -- fixtures -------------------------------------------------------------------------------
@@ -263,6 +264,31 @@ def rs() -> _Helpers:
 
 # -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
 from _servers import http_factory, s3_server  # noqa: E402, F401
+from _timing import scaled  # noqa: E402
+
+
+# -- xdist groups (--dist loadgroup): tests marked xdist_group("name") run on one worker ----------
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Give each grouped test its ``@name`` suffix where pytest-xdist's own hook could not.
+
+    xdist (3.8) sets the private ``_nodeid`` that pytest 9 no longer reads, so without this the
+    groups were split over both workers: two SparkSessions and two Dask clusters. Harmless where
+    xdist's suffix took (nothing to add)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or item.nodeid.endswith("@" + "_".join(names)):
+            continue
+        grouped = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):  # pytest 9: the node id is a NodeId object
+            from _pytest.nodes import coerce_node_id
+
+            item._id = coerce_node_id(grouped)
+        else:
+            item._nodeid = grouped
 
 
 # -- Spark (rowstore.spark): one local[2] session for the whole test session ----------------

@@ -193,7 +193,7 @@ fiu.fiu_disable(b"posix/io/rw/pread/reduce")
 fiu.fiu_disable(b"posix/io/rw/preadv/reduce")
 
 r.close()
-for _ in range(100):  # DataLoader workers and reader threads end soon after close
+for _ in range(1200):  # DataLoader workers and reader threads end soon after close (60 s: a hang guard)
     if threads() == base_threads:
         break
     time.sleep(0.05)

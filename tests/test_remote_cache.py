@@ -7,10 +7,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
+from _timing import scaled, wait_until
 
 import rowstore
 from rowstore import Field, Schema
@@ -66,9 +66,9 @@ def test_two_processes_share_the_cache(served, tmp_path):
     procs = [ctx.Process(target=_fill, args=(url, cache, s, q)) for s in (1, 2)]
     for p in procs:
         p.start()
-    res = [q.get(timeout=120) for _ in procs]
+    res = [q.get(timeout=scaled(120)) for _ in procs]
     for p in procs:
-        p.join(60)
+        p.join(scaled(60))
         assert p.exitcode == 0
     ref = rowstore.open(local)
     assert sorted(map(tuple, (tuple(r[0]) for r in res))) == sorted(
@@ -92,11 +92,9 @@ def test_killed_filler_and_damaged_files_are_not_trusted(served, tmp_path):
     p = ctx.Process(target=_read_forever, args=(url, cache))
     p.start()
     c = BlockCache(cache, 1 << 30)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(c._files()) < 5:
-        time.sleep(0.05)
+    wait_until(lambda: len(c._files()) >= 5, timeout=60)  # asserted below
     os.kill(p.pid, signal.SIGKILL)
-    p.join(10)
+    p.join(scaled(10))
     files = [f for f, _ in c._files()]
     assert len(files) >= 5
     # A half-written file under the final name and a foreign one: both dropped on use.

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 
 import numpy as np
 import pytest
+from _timing import wait_until
 
 import rowstore
 from rowstore import Field, Layout, Schema
@@ -46,14 +46,14 @@ def fds_to(path: str) -> int:
 
 
 def wait_fds(path: str, want: int, timeout: float = 10.0) -> int:
-    """``fds_to(path)`` once it equals ``want`` (collecting garbage meanwhile), or at ``timeout``."""
-    end = time.monotonic() + timeout
-    while True:
+    """``fds_to(path)`` once it equals ``want`` (collecting garbage meanwhile), or at the hang
+    guard ``scaled(timeout)``."""
+    def settled() -> bool:
         gc.collect()
-        n = fds_to(path)
-        if n == want or time.monotonic() > end:
-            return n
-        time.sleep(0.02)
+        return fds_to(path) == want
+
+    wait_until(settled, timeout=timeout)
+    return fds_to(path)
 
 
 def _corrupt_block(path: str, block: int) -> None:

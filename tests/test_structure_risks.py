@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from _timing import scaled
 
 import rowstore
 from rowstore import Field, Schema
@@ -39,14 +40,14 @@ def test_fork_while_another_thread_holds_the_descriptor_lock(images):
     def hold():
         with lock:
             held.set()
-            release.wait(10)
+            release.wait(scaled(10))
 
     t = threading.Thread(target=hold)
     t.start()
-    held.wait(10)
+    assert held.wait(scaled(10))
     pid = os.fork()
     if pid == 0:  # child: must read, not hang
-        signal.alarm(20)
+        signal.alarm(int(scaled(20)))
         try:
             ok = r.take([1, 2])["id"].tolist() == [1, 2]
         except BaseException:

@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import pytest
+from _timing import scaled
 
 SCRIPT = textwrap.dedent(
     """
@@ -97,5 +98,5 @@ def test_hdf5_work_on_other_threads_next_to_writers(tmp_path, scenario):
         d = tmp_path / f"run{run}"
         d.mkdir()
         p = subprocess.run([sys.executable, "-X", "faulthandler", str(script), scenario, str(d)],
-                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+                           capture_output=True, text=True, timeout=scaled(60), env=env)  # fmt: skip
         assert p.returncode == 0, f"run {run}: exit status {p.returncode}\n{p.stderr[-4000:]}"

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from _timing import wait_until  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import rowstore  # noqa: E402
@@ -104,13 +104,14 @@ def test_killed_mid_epoch_and_resumed_on_another_world(ids_path, tmp_path):
     # world 2 x 2 workers; the state is saved after 3 steps, then the process is killed
     p = subprocess.Popen([sys.executable, str(script), ids_path, str(out), "2", "2", "3"], env=env,
                          start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
+
+    def past_the_state() -> bool:  # batches delivered after the saved state (lost progress: they come again)
+        assert p.poll() is None, p.communicate()[1].decode()[-3000:]
+        logs = _read_log(out) if (out / "state.json").exists() else []
+        return any(r.get("step", 0) >= 4 for recs in logs for r in recs)
+
     try:
-        while not (out / "state.json").exists():
-            assert p.poll() is None, p.communicate()[1].decode()[-3000:]
-            assert time.time() < deadline
-            time.sleep(0.05)
-        time.sleep(0.5)  # it delivers a few more batches (lost progress: they come again)
+        assert wait_until(past_the_state, timeout=120), "no batch delivered after the saved state"
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # the trainer and its DataLoader workers
         p.wait()

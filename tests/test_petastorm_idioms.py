@@ -5,6 +5,7 @@ Reader.batches(shuffle=True)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -234,9 +235,15 @@ def test_table_pytorch(ds):
     with rst.BatchedDataLoader(ds, batch_size=16, shuffle=False, fields=["id"],
                                transform=lambda b: {"id": b["id"] * 2}) as loader:  # fmt: skip
         assert torch.cat([b["id"] for b in loader]).tolist() == [2 * i for i in range(N)]
-    # rowstore.torch.InMemBatchedDataLoader(url, batch_size=...)
+    # rowstore.torch.InMemBatchedDataLoader(url, batch_size=..., num_epochs=...)
     with rst.InMemBatchedDataLoader(ds, batch_size=16, fields=["id"], num_epochs=1) as loader:
         assert sorted(torch.cat([b["id"] for b in loader]).tolist()) == list(range(N))
+    # (default None: without end; islice takes 3 epochs, so the test cannot run unbounded)
+    with rst.InMemBatchedDataLoader(ds, batch_size=16, fields=["id"]) as loader:
+        with pytest.raises(TypeError, match="endless"):
+            len(loader)
+        ids = torch.cat([b["id"] for b in itertools.islice(loader, 3 * -(-N // 16))]).tolist()
+    assert all(sorted(ids[e * N : (e + 1) * N]) == list(range(N)) for e in range(3))
     # rowstore.torch.TransformSpec(func, edit_fields=..., removed_fields=..., selected_fields=...)
     tspec = rst.TransformSpec(lambda b: {**b, "n": b["image_a"].sum(axis=(1, 2))}, edit_fields=[("n", "int64", ())],
                               removed_fields=["image_b"], selected_fields=["n", "id"])  # fmt: skip

@@ -154,7 +154,7 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
     nullable = bool(missing)
     na = missing.pop() if len(missing) == 1 else "None"
     if kind == "array":
-        extra = {"kind": "ndarray", "na": na}
+        extra: dict[str, Any] = {"kind": "ndarray", "na": na}
         if dtype is None:  # empty lists only: a dtype another part of the data may decide (Dask)
             dtype, extra[GUESSED] = fallback, True
         if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline

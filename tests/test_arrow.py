@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from _memory import peak_allocations
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -276,18 +277,6 @@ def _npz_declaring(nbytes: int) -> bytes:
     return bytes(b)
 
 
-def _peak(call):
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        try:
-            call()
-        except Exception as exc:  # noqa: BLE001 - returned for the test to check
-            return exc, tracemalloc.get_traced_memory()[1]
-        return None, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.mark.parametrize("case", ["png of the field", "png of the format", "npz of the field", "npz of the format"])
@@ -313,7 +302,7 @@ def test_a_cell_header_declaring_more_than_the_field_is_refused_unallocated(tmp_
         # (a Petastorm CompressedNdarrayCodec column is decoded so; a plain field means npy)
         field = Decode("npz", Field("c", "float64", (8, 6))) if bound == "field" else "npz"
     pq.write_table(pa.table({"c": [good, bad]}), tmp_path / "cells.parquet")
-    err, peak = _peak(lambda: from_parquet(str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"),
+    err, peak = peak_allocations(lambda: from_parquet(str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"),
                                            decode={"c": field}))
     assert isinstance(err, RowValidationError), err
     assert "column 'c', row 1" in str(err) and "declares" in str(err), err
@@ -344,7 +333,7 @@ def test_a_footer_claiming_billions_of_rows_is_refused_before_reading(tmp_path):
     pq.write_table(pa.table({"id": np.arange(777), "f": np.ones(777, np.float32)}), p, compression="none")
     _claim_rows(p, 777, 10**10)
     assert pq.read_metadata(p).row_group(0).num_rows == 10**10
-    err, peak = _peak(lambda: from_parquet(p, str(tmp_path / "c.h5")))
+    err, peak = peak_allocations(lambda: from_parquet(p, str(tmp_path / "c.h5")))
     assert isinstance(err, rowstore.FormatError) and "declares 10000000000 rows" in str(err), err
     assert peak < 64 << 20, peak
     # the limit is the caller's to set

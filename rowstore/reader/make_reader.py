@@ -230,20 +230,19 @@ class PetastormStyleReader:
     def transform_row(self, row: dict) -> dict:
         """One row dict through the transform: its function, then ``removed_fields`` dropped and
         the output schema's fields kept, in its order."""
-        spec = self.transform_spec
-        if spec is None:
-            return row
-        y = row if spec.func is None else spec.func(row)
-        return self._output(row if y is None else y, "row", companions=False)
+        return self._transform(row, "row")
 
     def transform_batch(self, batch: dict) -> dict:
         """One (selected) batch dict through the transform, as :meth:`transform_row` does a row
         (``__null``/``__shape`` companions follow their fields)."""
+        return self._transform(batch, "batch")
+
+    def _transform(self, x: dict, kind: str) -> dict:
         spec = self.transform_spec
         if spec is None:
-            return batch
-        y = batch if spec.func is None else spec.func(batch)
-        return self._output(batch if y is None else y, "batch", companions=True)
+            return x
+        y = x if spec.func is None else spec.func(x)
+        return self._output(x if y is None else y, kind, companions=kind == "batch")
 
     def filter(self, batch: dict) -> dict:
         """:meth:`select` and, for a batch reader, :meth:`transform_batch`, on one batch."""

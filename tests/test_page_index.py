@@ -322,3 +322,86 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
                                pages=(4096, bad, np.zeros(len(bad), bool), np.empty(8192, np.uint8)))
     finally:
         os.close(fd)
+
+
+def _dataset(path, schema, n=400, rows_per_block=32, shard_rows=100):
+    width = schema["x"].shape[0]
+    with rowstore.DatasetWriter(path, schema, rows_per_block=rows_per_block,
+                                shard_bytes=shard_rows * 4464) as w:  # rows of 4,464 bytes
+        w.write_batch({"id": np.arange(n), "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(width, np.float32),
+                       "y": np.ones((n, 8), np.float32)})
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return _dataset(str(tmp_path_factory.mktemp("pages") / "ds"), BIG)
+
+
+def _copy_flip(src, dst, row):
+    """A copy of the dataset directory ``src`` with one bit of dataset row ``row`` flipped in
+    its shard; returns the copy and the shard's path."""
+    shutil.copytree(src, dst)
+    with rowstore.open(dst) as r:
+        L = r.layout
+        s = int(np.searchsorted(np.cumsum(L.shard_rows), row, side="right"))
+        path = L.shard_paths[s]
+        local = row - int(np.sum(L.shard_rows[:s]))
+    tmp = path + ".orig"
+    os.rename(path, tmp)
+    _flip(tmp, path, local)
+    os.remove(tmp)
+    return dst, path
+
+
+def test_a_dataset_directory_uses_its_shards_page_indexes(dataset):
+    with rowstore.open(dataset) as r:
+        L = r.layout
+        assert L.num_shards >= 3 and L.shard_layouts is None  # opened from the manifest
+        pi = L.page_index()
+        assert pi is not None and len(pi.block_pages) == sum(
+            Layout.open(p).block_pages.size for p in L.shard_paths)
+
+
+@pytest.mark.parametrize("how", ["take", "getitem", "full", "block"])
+def test_a_flipped_byte_in_a_dataset_shard_is_never_served(dataset, tmp_path, how):
+    bad, shard = _copy_flip(dataset, str(tmp_path / "bad"), 250)
+    with rowstore.open(bad) as r, pytest.raises(ChecksumError) as ei:
+        if how == "take":
+            r.take([250], fields=["x"])
+        elif how == "getitem":
+            r[250]
+        else:
+            for _ in r.batches(16, shuffle=how, seed=1, fields=["id", "x"]):
+                pass
+    assert ei.value.path == shard
+
+
+def test_a_dataset_read_checks_only_the_pages_it_touches(dataset, tmp_path):
+    bad, _ = _copy_flip(dataset, str(tmp_path / "bad"), 251)
+    with rowstore.open(bad) as r:
+        assert r.layout.page_index() is not None
+        assert r.take([250], fields=["id", "x"])["id"].tolist() == [250]  # same block, another page
+        with pytest.raises(ChecksumError):
+            r.take([251], fields=["x"])
+
+
+def test_a_replaced_shard_falls_back_to_whole_chunk_checks(dataset, tmp_path):
+    """A shard replaced by another valid v3 file of the same size has its own page CRCs: they
+    do not describe the manifest's chunks, so they are not used, and the manifest's chunk
+    checksums refuse its rows."""
+    bad = str(tmp_path / "bad")
+    shutil.copytree(dataset, bad)
+    with rowstore.open(bad) as r:
+        path = r.layout.shard_paths[1]
+    other = str(tmp_path / "other.h5")
+    with rowstore.Writer(other, BIG, rows_per_block=32) as w:
+        n = int(Layout.open(path).num_rows)
+        w.write_batch({"id": np.arange(n) + 7, "x": np.ones((n, 1100), np.float32), "y": np.ones((n, 8), np.float32)})
+    assert os.path.getsize(other) == os.path.getsize(path)
+    os.replace(other, path)
+    with rowstore.open(bad) as r:
+        assert r.layout.page_index() is None
+        assert r.take([10], fields=["id"])["id"].tolist() == [10]  # shard 0 is untouched
+        with pytest.raises(ChecksumError):
+            r.take([int(r.layout.shard_rows[0]) + 1], fields=["id"])

@@ -24,7 +24,7 @@ import numpy as np
 
 from rowstore.errors import FormatError, RemoteError, RowstoreError, SchemaError
 from rowstore.format import manifest as _manifest
-from rowstore.format import spec
+from rowstore.format import footer, spec
 from rowstore.format._url import is_url, local_root
 from rowstore.format.index import (
     IndexSizes,
@@ -440,12 +440,53 @@ class DatasetLayout(IndexSizes):
 
     def page_index(self) -> PageIndex | None:
         """The page index of the whole dataset (cached), or None unless every shard is a v3
-        file opened from its footer with the same page size (a dataset opened from its manifest
-        has none: its sidecar holds chunk checksums only)."""
+        file with the same page size. A dataset opened from its manifest (whose sidecar holds
+        chunk checksums only) reads each shard's footer for it, once, and uses it only where
+        the footer's chunk index is the manifest's, checksum for checksum."""
         c = self._cache
         if "pages" not in c:
-            c["pages"] = PageIndex.of(self)
+            layouts = self.shard_layouts
+            if layouts is None and self.compression["id"] == "none":
+                layouts = self._footer_layouts()
+            c["pages"] = PageIndex.of(self, layouts) if layouts else None
         return c["pages"]
+
+    def _footer_layouts(self) -> tuple[Layout, ...] | None:
+        """Each local shard's layout from its own footer, if every shard has one that agrees
+        with the manifest (else None: a reader then checks whole chunks, as without pages).
+
+        The footer's page checksums describe the manifest's chunks only if its chunk index is
+        the manifest's: a shard replaced by another file of the same size fails that test."""
+        out = []
+        nb = np.bincount(self.block_shard, minlength=self.num_shards)
+        nh = np.bincount(self.chunk_shard, minlength=self.num_shards)
+        b0, h0 = np.cumsum(nb) - nb, np.cumsum(nh) - nh
+        for s, path in enumerate(self.shard_paths):
+            try:
+                fd, st = open_regular(path)
+                try:
+                    if st.st_size != int(self.shard_file_size[s]):
+                        return None
+                    ft = footer.read_local(fd, st.st_size, path)
+                finally:
+                    os.close(fd)
+                if ft is None:
+                    return None
+                x = Layout.from_footer(ft, path, st.st_size)
+            except (OSError, RowstoreError):
+                return None
+            if not x.page_bytes or x.block_pages is None:
+                return None
+            if x.num_blocks != nb[s] or len(x.heap_chunks) != nh[s]:
+                return None
+            mine = self.blocks[b0[s] : b0[s] + nb[s]]
+            heap = self.heap_chunks[h0[s] : h0[s] + nh[s]]
+            block_cols = ("offset", "stored_nbytes", "checksum", "num_rows", "heap_start", "heap_end")
+            for a, b, cols in ((mine, x.blocks, block_cols), (heap, x.heap_chunks, ("offset", "stored_nbytes", "checksum"))):
+                if any(not np.array_equal(a[k], b[k]) for k in cols):
+                    return None
+            out.append(x)
+        return tuple(out)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -487,8 +528,9 @@ class PageIndex:
     heap_page_size: np.ndarray  # int64 bytes per heap page
 
     @classmethod
-    def of(cls, L: DatasetLayout) -> PageIndex | None:
-        layouts = L.shard_layouts
+    def of(cls, L: DatasetLayout, layouts: Sequence[Layout] | None = None) -> PageIndex | None:
+        """The page index of ``L`` from its shards' ``layouts`` (default: its own)."""
+        layouts = L.shard_layouts if layouts is None else layouts
         if not layouts or any(not x.page_bytes or x.block_pages is None for x in layouts):
             return None
         P = layouts[0].page_bytes

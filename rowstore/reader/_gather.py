@@ -135,10 +135,27 @@ class Gatherer:
         # Files with a page index (format v3): direct reads check pages instead of whole chunks,
         # rows of a page or more in the pass that reads them, smaller rows and payloads by
         # reading the pages they touch that this reader has not checked yet (a few KiB each).
-        self.pages = layout.page_index() if verify is True and self.direct_ok else None
-        if self.pages is not None:
-            self._pchecked = np.zeros(len(self.pages.block_pages), np.bool_)
-            self._hpchecked = np.zeros(len(self.pages.heap_pages), np.bool_)
+        # The page index is found on the first direct read (a dataset opened from its manifest
+        # reads its shards' footers for it), so block-order epochs never pay for it.
+        self._want_pages = verify is True and self.direct_ok
+        self._pages: Any = None
+        self._pages_lock = threading.Lock()
+
+    @property
+    def pages(self) -> Any:
+        """The dataset's :class:`~rowstore.format.shards.PageIndex` where direct reads check
+        pages (verify=True, uncompressed, a store with direct reads), else None."""
+        if not self._want_pages:
+            return None
+        if self._pages is None:
+            with self._pages_lock:
+                if self._pages is None:
+                    pi = self.layout.page_index()
+                    if pi is not None:
+                        self._pchecked = np.zeros(len(pi.block_pages), np.bool_)
+                        self._hpchecked = np.zeros(len(pi.heap_pages), np.bool_)
+                    self._pages = pi if pi is not None else False
+        return self._pages or None
 
     # -- the request -------------------------------------------------------------------------
     def gather(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
@@ -154,7 +171,7 @@ class Gatherer:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
         if strategy not in ("blocks", "pieces") or heap_plans or r.local is None or \
-                (self.pages is not None and strategy != "blocks"):
+                (strategy != "blocks" and self.pages is not None):
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)

@@ -190,3 +190,29 @@ def test_batches_kept_by_the_caller_are_never_overwritten(tmp_path, kind, shuffl
         ts = [(torch.from_numpy(b["x"]), b["i"].copy()) for b in r.batches(32, shuffle=shuffle, seed=2)]
         for t, i in ts:
             assert np.array_equal(t.numpy(), ref["x"][i])
+
+
+@pytest.mark.parametrize("shuffle", ["block", "full"])
+def test_heap_payload_batches_kept_by_the_caller_are_never_overwritten(tmp_path, shuffle):
+    """Heap payload buffers are pooled by the reader too: a batch (or a view of one row of it)
+    the caller keeps is never overwritten by a later segment, and dropped ones are reused."""
+    schema = Schema([Field("i", "int64"), Field("w", "float32", (None,))])
+    path = str(tmp_path / "heap.h5")
+    n = 3000
+    sizes = 2000 + (np.arange(n) * 7919) % 3000  # 8-20 KB payloads
+    with Writer(path, schema, rows_per_block=16) as w:
+        for a in range(0, n, 500):
+            w.write_batch({"i": np.arange(a, a + 500), "w": [np.full(int(sizes[k]), k, np.float32)
+                                                             for k in range(a, a + 500)]})
+    with Reader(path) as r:
+        pool = r._gatherer._payloads
+        kept = []
+        for k, b in enumerate(r.batches(100, shuffle=shuffle, seed=1, num_threads=2, prefetch=1)):
+            if k % 4 == 0:
+                kept.append((b["i"].copy(), b["w"]))
+            elif k % 4 == 1:
+                kept.append((b["i"][3:4].copy(), [b["w"][3]]))  # one row's view
+        assert pool._bufs, "the payloads did not come from the pool"
+        for ids, ws in kept:
+            for i, x in zip(ids, ws):
+                assert len(x) == sizes[i] and (np.asarray(x) == i).all()

@@ -26,7 +26,7 @@ from rowstore.format import spec
 from rowstore.format._raw import first_overlap
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader.buffers import NULL_KEY
+from rowstore.reader.buffers import NULL_KEY, BufferPool
 from rowstore.schema import Field, Schema
 
 __all__ = ["FieldPlan", "Gathered", "Gatherer", "plan_fields"]
@@ -76,6 +76,10 @@ class Gathered:
         return self.rows.rows() if isinstance(self.rows, _order.Segment) else self.rows
 
 
+#: Bytes of heap payload buffers a reader keeps for reuse, at most.
+_PAYLOAD_POOL_BYTES = 128 << 20
+
+
 class _Scratch(threading.local):
     """Per-thread reusable buffers for loaded blocks (reused across calls: no page faults)."""
 
@@ -121,6 +125,9 @@ class Gatherer:
         self.rs = layout.row_dtype.itemsize
         self.rpb = layout.rows_per_block
         self.scratch = _Scratch()
+        # Heap payload buffers of uncompressed direct reads, reused once every batch cut from
+        # one is dropped (a fresh buffer per segment costs a zeroed page per page delivered).
+        self._payloads = BufferPool(8, max_bytes=_PAYLOAD_POOL_BYTES)
         stored, hstored = self.arr["stored"], self.arr["hc_stored"]
         self.max_stored = int(max(stored.max() if len(stored) else 0, hstored.max() if len(hstored) else 0))
         # Single rows and payloads only where the store serves them cheaply, from uncompressed
@@ -423,7 +430,7 @@ class Gatherer:
             name = p.field.name
             dst_off = np.zeros(r.n + 1, np.int64)
             np.cumsum(sizes[name], out=dst_off[1:])
-            payload = np.empty(int(dst_off[-1]), np.uint8)
+            payload = self._payloads.take(int(dst_off[-1]))
             try:
                 if heap_ctx is None:
                     self.store.read_payloads(self._shards(r), rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi,

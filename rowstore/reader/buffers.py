@@ -164,7 +164,7 @@ def concat_batches(parts: list[dict]) -> dict:
 
 class BufferPool:
     """Destination buffers of one epoch's segments, reused once the caller dropped every batch
-    cut from them (issue 18.7).
+    cut from them.
 
     A fresh large ``np.empty`` per segment costs a page fault per page, and the kernel zeroes
     every new page before the gather writes it: one more pass over memory per byte delivered
@@ -178,11 +178,18 @@ class BufferPool:
 
     ALIGN = 64
 
-    def __init__(self, cap: int, min_bytes: int = 1 << 20):
+    def __init__(self, cap: int, min_bytes: int = 1 << 20, max_bytes: int | None = None):
         self.cap = cap
         self.min_bytes = min_bytes
+        self.max_bytes = max_bytes  # pooled bytes at most (None: cap buffers of any size)
         self._bufs: list[np.ndarray] = []
         self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` bytes (uint8, 64-byte aligned), from the pool if that large."""
+        if nbytes < self.min_bytes:
+            return np.empty(nbytes, np.uint8)
+        return self._free_base(nbytes)
 
     def _free_base(self, nbytes: int) -> np.ndarray:
         with self._lock:
@@ -194,10 +201,12 @@ class BufferPool:
                         best = i
             if best is not None:
                 return self._aligned(self._bufs[best], nbytes)  # the view holds the buffer: busy from now on
-            if len(self._bufs) >= self.cap:
-                return self._aligned(np.empty(nbytes + self.ALIGN, np.uint8), nbytes)
             # Rounded up: room for the slightly larger segments that follow.
-            buf = np.empty(-(-nbytes // (2 << 20)) * (2 << 20) + self.ALIGN, np.uint8)
+            size = -(-nbytes // (2 << 20)) * (2 << 20) + self.ALIGN
+            if len(self._bufs) >= self.cap or (
+                    self.max_bytes is not None and sum(b.nbytes for b in self._bufs) + size > self.max_bytes):
+                return self._aligned(np.empty(nbytes + self.ALIGN, np.uint8), nbytes)
+            buf = np.empty(size, np.uint8)
             self._bufs.append(buf)
             return self._aligned(buf, nbytes)
 

@@ -42,6 +42,9 @@ from rowstore.schema import Schema
 
 __all__ = ["Reader"]
 
+#: Bytes of rows (payloads included) per segment of a full shuffle of uncompressed files, about.
+_SEGMENT_BYTES = 16 << 20
+
 VARLEN_MODES = ("ragged", "padded")
 
 
@@ -507,7 +510,13 @@ class Reader:
             return None
         if self.layout.compressed or not self._store.direct:
             return window
-        return batch_size * -(-4096 // batch_size)  # whole batches: none straddles two segments
+        # Whole batches (none straddles two segments) of about 4,096 rows, or fewer where the
+        # rows are large: a segment's rows are read by one thread into one buffer, so segments
+        # of at most _SEGMENT_BYTES keep both threads busy and the buffers reusable.
+        L = self.layout
+        row_bytes = L.row_dtype.itemsize + L.heap_nbytes / max(1, L.num_rows)
+        batches = max(1, min(-(-4096 // batch_size), int(_SEGMENT_BYTES // (row_bytes * batch_size))))
+        return batch_size * batches
 
     def _aligned_step(self, shuffle: str, window: int, batch_size: int, plans: list[FieldPlan],
                       pieces: int = 1) -> int | None:

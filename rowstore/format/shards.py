@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from rowstore.errors import FormatError, RemoteError, RowstoreError, SchemaError
-from rowstore.format import manifest as _manifest
 from rowstore.format import footer, spec
+from rowstore.format import manifest as _manifest
 from rowstore.format._url import is_url, local_root
 from rowstore.format.index import (
     IndexSizes,

@@ -4,7 +4,8 @@
 
 For each of the four workloads of DESIGN.md (written once with ``rowstore.demo.make_demo`` into
 the cache directory, small blocks so that even these small files hold hundreds of them),
-uncompressed and LZ4, ``block`` and ``full`` shuffle: epoch 0 of a fresh ``Reader`` (the state
+uncompressed and LZ4, ``block`` and ``full`` shuffle, and the uncompressed patch and speech
+files rewritten as dataset directories of 4 shards (``--dataset-workloads``): epoch 0 of a fresh ``Reader`` (the state
 of every new DDP rank, DataLoader worker or restarted job) in a fresh process, warm page cache,
 2 threads, ``verify=True`` and ``verify=False`` alternately, ``--repeats`` times each. Prints
 the table of medians and their ratio (``True / False``; 1.0: the checks cost nothing) and
@@ -61,6 +62,25 @@ def dataset(name: str, compression: str, cache_dir: str) -> str:
     return path
 
 
+def dataset_dir(name: str, cache_dir: str, shards: int) -> str:
+    """The workload's uncompressed file rewritten as a dataset directory of about ``shards``
+    shards (opened from its manifest, as datasets are)."""
+    import rowstore
+
+    src = dataset(name, "none", cache_dir)
+    w = WORKLOADS[name]
+    path = os.path.join(cache_dir, f"{name}-{w['rows']}-{w['block_bytes']}-none-{shards}shards")
+    if not os.path.exists(path):
+        print(f"writing {path} ...", flush=True)
+        with rowstore.open(src, verify=False) as r, rowstore.DatasetWriter(
+                path + ".tmp", r.schema, block_bytes=w["block_bytes"],
+                shard_bytes=-(-os.path.getsize(src) // shards)) as dw:
+            for b in r.batches(1000, shuffle="none"):
+                dw.write_batch(b)
+        os.replace(path + ".tmp", path)
+    return path
+
+
 def one_epoch(opts: dict[str, Any]) -> dict[str, Any]:
     """Epoch 0 of fresh Readers (run in its own process, after one untimed open that imports
     everything): the median rows/s over ``MIN_READERS`` readers or more, until
@@ -68,7 +88,7 @@ def one_epoch(opts: dict[str, Any]) -> dict[str, Any]:
     import rowstore
 
     with rowstore.open(opts["path"], verify=opts["verify"], num_threads=THREADS) as r:
-        version = r.layout.shard_layouts[0].version if r.layout.shard_layouts else None
+        version = rowstore.Layout.open(r.layout.shard_paths[0]).version
     rates, n, t_all = [], 0, time.perf_counter()
     while len(rates) < MIN_READERS or time.perf_counter() - t_all < MIN_SECONDS:
         t0 = time.perf_counter()
@@ -94,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--compressions", default=",".join(COMPRESSIONS))
     ap.add_argument("--shuffles", default=",".join(SHUFFLES))
+    ap.add_argument("--dataset-workloads", default="patch,speech",
+                    help="also read these uncompressed workloads as dataset directories ('' for none)")
+    ap.add_argument("--dataset-shards", type=int, default=4)
     ap.add_argument("--cache-dir", default=os.path.join(os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache",
                                                                                                        "rowstore")),
                                                         "verify_bench"))
@@ -107,9 +130,12 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     t_start = time.perf_counter()
-    for name in a.workloads.split(","):
-        for comp in a.compressions.split(","):
-            path = dataset(name, comp, a.cache_dir)
+    configs = [(name, comp, dataset(name, comp, a.cache_dir), "file")
+               for name in a.workloads.split(",") for comp in a.compressions.split(",")]
+    configs += [(name, "none", dataset_dir(name, a.cache_dir, a.dataset_shards), f"{a.dataset_shards} shards")
+                for name in a.dataset_workloads.split(",") if name]
+    for name, comp, path, kind in configs:
+        if True:
             measure.warm_cache([path])
             for shuffle in a.shuffles.split(","):
                 runs: dict[bool, list[float]] = {True: [], False: []}
@@ -124,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
                         runs[verify].append(got["rows_per_s"])
                         version = got["format_version"]
                 on, off = statistics.median(runs[True]), statistics.median(runs[False])
-                row = {"workload": name, "compression": comp, "shuffle": shuffle, "format_version": version,
+                row = {"workload": name, "compression": comp, "shuffle": shuffle, "format_version": version, "kind": kind,
                        "verify_true_rows_per_s": on, "verify_false_rows_per_s": off, "ratio": on / off,
                        "runs": {"true": runs[True], "false": runs[False]}}
                 results.append(row)
-                print(f"{name:7s} {comp:5s} {shuffle:6s} v{version}  verify=True {on:>12,.0f} rows/s  "
+                print(f"{name:7s} {kind:9s} {comp:5s} {shuffle:6s} v{version}  verify=True {on:>12,.0f} rows/s  "
                       f"verify=False {off:>12,.0f} rows/s  ratio {on / off:.2f}", flush=True)
     doc = {"bench": "verify_bench", "epoch": 0, "threads": THREADS, "repeats": a.repeats,
            "workloads": {k: WORKLOADS[k] for k in a.workloads.split(",")}, "results": results,
@@ -136,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
-    print("\n| workload | compression | shuffle | verify=True rows/s | verify=False rows/s | ratio |")
-    print("|---|---|---|---:|---:|---:|")
+    print("\n| workload | as | compression | shuffle | verify=True rows/s | verify=False rows/s | ratio |")
+    print("|---|---|---|---|---:|---:|---:|")
     for r in results:
-        print(f"| {r['workload']} | {r['compression']} | {r['shuffle']} | {r['verify_true_rows_per_s']:,.0f} | "
+        print(f"| {r['workload']} | {r['kind']} | {r['compression']} | {r['shuffle']} | {r['verify_true_rows_per_s']:,.0f} | "
               f"{r['verify_false_rows_per_s']:,.0f} | {r['ratio']:.2f} |")
     print(f"\nwrote {a.out} ({doc['seconds']:.0f} s)")
     return 0

@@ -599,7 +599,7 @@ def _schema_edit(rng, schema: dict, alias: bool) -> dict:
 
 def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | None:
     """One structure-aware edit of the manifest, pointer or sidecar, then :func:`reseal`."""
-    from rowstore.format import spec
+    from rowstore.codecs.blocks import compression_config
 
     m = json.loads(files[dmap["manifest"]])
     keep: set[str] = set()
@@ -652,7 +652,7 @@ def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | 
         except (KeyError, TypeError, IndexError, ValueError):
             return None
     elif kind == "sealed-compression":
-        new = _pick(rng, ({"id": "none"}, spec.compression_config("lz4"), spec.compression_config("zstd"),
+        new = _pick(rng, ({"id": "none"}, compression_config("lz4"), compression_config("zstd"),
                           {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"},
                           {"id": "blosc2", "cname": "lz4", "clevel": 1, "shuffle": "none"},
                           {"id": "blosc2", "cname": "lz4", "clevel": 99, "shuffle": "byte"},

@@ -1,8 +1,8 @@
 """Structure-aware mutation fuzzer for rowstore readers (issue 17, item 1).
 
-    python bench/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
-    python bench/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
-    python bench/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
+    python tools/robustness/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
+    python tools/robustness/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
+    python tools/robustness/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
 
 Seed files are format v2 (a checksummed footer after the HDF5 file; ``--format v1`` cuts it off
 and sets ``format_version`` 1, as the v1 writer left files). ``--region footer``: the footer's and
@@ -65,7 +65,7 @@ import zlib
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:  # fuzz this checkout's rowstore (spawned children run this too)
     sys.path.insert(0, ROOT)
 
@@ -998,7 +998,7 @@ def _leak(step, exc):
 
 def child_main(conn, mem_limit: int, target: str | None = None):
     """Runs cases sent by :class:`Child`; ``target`` ("module:function", same signature as
-    :func:`run_oracle`) replaces the oracle (``bench/fuzz_atheris.py`` replays with its own)."""
+    :func:`run_oracle`) replaces the oracle (``tools/robustness/fuzz_atheris.py`` replays with its own)."""
     import importlib
     import resource
 

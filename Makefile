@@ -22,11 +22,11 @@ bench: setup
 # The kernels under AddressSanitizer + UBSan (clang; build/asan, the normal build untouched): the
 # fuzz reproducers and corpus, new fuzz cases and the kernel tests (docs/reliability.md).
 asan: setup
-	@.venv/bin/python bench/asan_check.py
+	@.venv/bin/python tools/robustness/asan_check.py
 
 # Coverage-guided fuzzing with atheris in its own venv (.fuzz-venv), kernels built with libFuzzer
 # coverage and ASan + UBSan (build/fuzz); MINUTES=10 by default. Crashers go to
 # bench/results/atheris-work/crashers (commit them to tests/data/atheris/crashers).
 fuzz: setup
 	@bash scripts/fuzz_venv.sh && bash scripts/build_sanitized.sh fuzz && \
-		.fuzz-venv/bin/python bench/fuzz_atheris.py --minutes $(or $(MINUTES),10)
+		.fuzz-venv/bin/python tools/robustness/fuzz_atheris.py --minutes $(or $(MINUTES),10)

@@ -165,7 +165,7 @@ def read_side(root: str, T: int) -> dict:
 
 
 def _stack_case(parts: list, repeats: int) -> dict:
-    from rowstore.xarray import _concat_channels
+    from rowstore.xarray._patches import _concat_channels
 
     first, last, via, used = [], [], [], []
     for _ in range(repeats):

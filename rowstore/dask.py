@@ -37,6 +37,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 
+from rowstore._check import positive_int
 from rowstore.errors import SchemaError
 from rowstore.format import commit, spec, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, discard
@@ -300,8 +301,7 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     int or dask.delayed.Delayed
         The version committed, or the delayed that commits it.
     """
-    if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
-        raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
+    positive_int("shard_bytes", shard_bytes)
     path = os.fspath(path)
     ddf = _keep_arrays(ddf)
     inferred, meta = _infer(ddf, index, schema)
@@ -329,8 +329,7 @@ def _bounds(reader: Reader, blocks_per_partition: int | None) -> list[tuple[int,
         ends = np.cumsum(L.shard_rows)
         starts = ends - L.shard_rows
         return [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
-    if not isinstance(blocks_per_partition, int) or blocks_per_partition < 1:
-        raise ValueError(f"blocks_per_partition must be a positive int, got {blocks_per_partition!r}")
+    positive_int("blocks_per_partition", blocks_per_partition)
     rows = L.block_rows()
     first = np.concatenate([[0], np.cumsum(rows)])
     out, b = [], 0
@@ -419,8 +418,8 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
     if tasks is None:
         threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
         tasks = 2 * max(1, threads)
-    elif not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1:
-        raise ValueError(f"tasks must be a positive int, got {tasks!r}")
+    else:
+        tasks = positive_int("tasks", tasks)
 
     def mapper(fn, args, bar):
         futures = [client.submit(fn, *a, pure=False) for a in args]

@@ -7,6 +7,9 @@ Errors carry their context as attributes (``field``, ``row``, ``path``, ``block`
 
 from __future__ import annotations
 
+import os
+import re
+
 __all__ = [
     "RowstoreError",
     "SchemaError",
@@ -17,6 +20,9 @@ __all__ = [
     "FormatVersionError",
     "ChecksumError",
     "StaleFileError",
+    "KernelError",
+    "KernelChecksumError",
+    "KernelIOError",
     "WriterClosedError",
     "ConcurrentWriterError",
     "RemoteError",
@@ -117,6 +123,55 @@ class StaleFileError(FormatError):
     rewritten or modified in place (another size or modification time). Its bytes are refused
     rather than read through the old version's index; open the dataset or file again to read
     the new version. ``path`` names the file."""
+
+
+# -- the compiled kernels (rowstore.kernels) ------------------------------------------------
+class KernelError(FormatError):
+    """A kernel reported an error; ``code`` (a ``rowstore.kernels.KernelCode``) and ``index`` tell which
+    and where, ``detail`` adds what the code documents (errno, a size, a header byte...)."""
+
+    def __init__(self, message: str, *, code: int, index: int, detail: int, path=None, block=None):
+        super().__init__(message, path=path, block=block)
+        self.code = code
+        self.index = index
+        self.detail = detail
+
+
+class KernelChecksumError(KernelError, ChecksumError):
+    pass
+
+
+class KernelIOError(KernelError, OSError):
+    """A ``pread``/``preadv`` the kernel made failed (a failing disk: ``EIO``; a descriptor
+    gone: ``EBADF``...): also the system's :class:`OSError`, ``errno`` the call's (``detail``),
+    ``filename`` the file once known. ``except OSError`` catches it; it is not damage (a later
+    read may succeed: nothing about the failure is kept)."""
+
+    def __init__(self, message: str, *, code: int = 1, index: int = -1, detail: int | None = None, path=None,
+                 block=None):  # fmt: skip
+        if detail is None:  # rebuilt from its message alone (torch re-raises a worker's error so)
+            found = re.search(r"read failed \(errno (\d+)", str(message))
+            detail = int(found.group(1)) if found else 0
+        super().__init__(message, code=code, index=index, detail=detail, path=path, block=block)
+        if detail:  # OSError's own fields (its constructor did not see them: ours comes first)
+            self.errno, self.strerror = detail, os.strerror(detail)
+        self.filename = path
+
+    def __str__(self) -> str:  # our message, not OSError's "[Errno 5] ..." (it names the block too)
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        state = {**self.__dict__, "errno": self.errno, "strerror": self.strerror, "filename": self.filename}
+        return (_restore_io, (type(self), self.args, state))
+
+
+def _restore_io(cls: type[KernelIOError], args: tuple, state: dict) -> KernelIOError:
+    err = OSError.__new__(cls)
+    err.args = args
+    for k in ("errno", "strerror", "filename"):
+        setattr(err, k, state.pop(k, None))
+    err.__dict__.update(state)
+    return err
 
 
 class AttrsError(RowstoreError, TypeError, ValueError):

@@ -2,23 +2,23 @@
 ``_shuffle``, ``_png``, ``_rows``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
 
 Each wrapper validates its arguments, calls one kernel (which releases the GIL) and turns its
-return code into a :class:`~rowstore.errors.FormatError` with context. Arrays passed in are
+return code into a :class:`~rowstore.errors.KernelError` with context (the ``KernelError``
+family is declared in :mod:`rowstore.errors` and re-exported here). Arrays passed in are
 owned by the caller; kernels never allocate them. The kernels check every bound they rely on
 themselves (docs/kernels.md); the checks here are about meaning (exact shapes, contiguity) and
-wording. Kernels sit below the format layer: compression is passed as Blosc2 codes (blosc2.h),
-the names are the format's (``rowstore.format.spec``).
+wording. Kernels sit just above the errors: compression is passed as Blosc2 codes (blosc2.h),
+the names are the block compressions' (``rowstore.codecs.blocks``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
 from rowstore import _frame, _gather, _io, _png, _rows, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
 from rowstore._common import KernelCode
-from rowstore.errors import ChecksumError, FormatError
+from rowstore.errors import KernelChecksumError, KernelError, KernelIOError
 
 __all__ = [
     "crc32", "load_chunks", "decode_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
@@ -49,54 +49,6 @@ _MESSAGES = {
     KernelCode.E_NOMEM: "out of memory",
 }
 _CODES = {int(c): c for c in KernelCode}
-
-
-class KernelError(FormatError):
-    """A kernel reported an error; ``code`` (a :class:`KernelCode`) and ``index`` tell which
-    and where, ``detail`` adds what the code documents (errno, a size, a header byte...)."""
-
-    def __init__(self, message: str, *, code: int, index: int, detail: int, path=None, block=None):
-        super().__init__(message, path=path, block=block)
-        self.code = code
-        self.index = index
-        self.detail = detail
-
-
-class KernelChecksumError(KernelError, ChecksumError):
-    pass
-
-
-class KernelIOError(KernelError, OSError):
-    """A ``pread``/``preadv`` the kernel made failed (a failing disk: ``EIO``; a descriptor
-    gone: ``EBADF``...): also the system's :class:`OSError`, ``errno`` the call's (``detail``),
-    ``filename`` the file once known. ``except OSError`` catches it; it is not damage (a later
-    read may succeed: nothing about the failure is kept)."""
-
-    def __init__(self, message: str, *, code: int = 1, index: int = -1, detail: int | None = None, path=None,
-                 block=None):  # fmt: skip
-        if detail is None:  # rebuilt from its message alone (torch re-raises a worker's error so)
-            found = re.search(r"read failed \(errno (\d+)", str(message))
-            detail = int(found.group(1)) if found else 0
-        super().__init__(message, code=code, index=index, detail=detail, path=path, block=block)
-        if detail:  # OSError's own fields (its constructor did not see them: ours comes first)
-            self.errno, self.strerror = detail, os.strerror(detail)
-        self.filename = path
-
-    def __str__(self) -> str:  # our message, not OSError's "[Errno 5] ..." (it names the block too)
-        return str(self.args[0]) if self.args else ""
-
-    def __reduce__(self):
-        state = {**self.__dict__, "errno": self.errno, "strerror": self.strerror, "filename": self.filename}
-        return (_restore_io, (type(self), self.args, state))
-
-
-def _restore_io(cls: type[KernelIOError], args: tuple, state: dict) -> KernelIOError:
-    err = OSError.__new__(cls)
-    err.args = args
-    for k in ("errno", "strerror", "filename"):
-        setattr(err, k, state.pop(k, None))
-    err.__dict__.update(state)
-    return err
 
 
 def _err() -> np.ndarray:

@@ -43,6 +43,7 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from rowstore._check import one_of, positive_int
 from rowstore.arrow import _attrs, _columns, _Source, local_path, write_shards
 from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
@@ -249,10 +250,8 @@ def write(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None = Non
     int
         The version committed. Rows keep the DataFrame's order (partitions in order).
     """
-    if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
-        raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
-    if mode not in ("w", "x", "a"):
-        raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
+    positive_int("shard_bytes", shard_bytes)
+    one_of("mode", mode, ("w", "x", "a"))
     root = os.path.abspath(local_path(path))
     df, vectors = _prepare(df)
     cols = _plan(df, schema, nullable)
@@ -390,11 +389,8 @@ class _Epochs:
     """A loader iterated ``num_epochs`` epochs per ``for`` loop (None: without end)."""
 
     def __init__(self, loader: Any, num_epochs: int | None):
-        if num_epochs is not None and (not isinstance(num_epochs, int) or isinstance(num_epochs, bool)
-                                       or num_epochs < 1):  # fmt: skip
-            raise ValueError(f"num_epochs must be a positive int or None, got {num_epochs!r}")
         self.loader = loader
-        self.num_epochs = num_epochs
+        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
 
     def __iter__(self) -> Iterator[Any]:
         epochs = itertools.count() if self.num_epochs is None else range(self.num_epochs)

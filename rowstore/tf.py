@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from rowstore._check import positive_int
 from rowstore.reader import Reader
-from rowstore.reader._args import positive_int, varlen_modes
+from rowstore.reader._args import varlen_modes
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths
-from rowstore.reader.dataset import as_reader
+from rowstore.reader.dataset import VARLEN_MODES, as_reader
 from rowstore.reader.order import check_args
 from rowstore.reader.plan import (
     EXTRA_KEYS,
@@ -57,7 +58,6 @@ __all__ = [
     "ragged_to_tf",
 ]
 
-VARLEN_MODES = ("ragged", "padded")
 #: Target size of the chunks that generators yield (cut into batches or rows by tf.data).
 _CHUNK_BYTES = 1 << 20
 _MAX_CHUNK_ROWS = 1 << 16

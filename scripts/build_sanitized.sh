@@ -10,7 +10,7 @@
 # entry of rowstore/ (the Python sources stay those of this checkout). Use it with
 #   PYTHONPATH=build/<kind>:$PWD LD_PRELOAD=$(scripts/build_sanitized.sh --runtime) python ...
 # (python itself is not instrumented, so the ASan runtime must be loaded first); see
-# scripts/asan_check.sh, which does that, and docs/reliability.md ("How to run").
+# tools/robustness/asan_check.py, which does that, and docs/reliability.md ("How to run").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -3,7 +3,7 @@
 # and, through a .pth file, the packages of the project's .venv (numpy, h5py, blosc2, ...), so
 # nothing is installed into .venv and nothing is installed twice. Idempotent.
 #
-#   scripts/fuzz_venv.sh            # then: .fuzz-venv/bin/python bench/fuzz_atheris.py ...
+#   scripts/fuzz_venv.sh            # then: .fuzz-venv/bin/python tools/robustness/fuzz_atheris.py ...
 #   ATHERIS_WHEEL=/path/atheris-3.0.0-cp311-...whl scripts/fuzz_venv.sh   # offline
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -220,15 +220,16 @@ def test_tf_mode(cache, tmp_path, capsys):
     check_result(r, 32, expect_batches=3, expect_rows=96)
 
 
-def test_missing_adapter_message(monkeypatch):
-    import importlib.util
-
+def test_missing_framework_message(monkeypatch):
     from rowstore.bench import adapters
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rowstore.torch" else real(name, *a))
-    with pytest.raises(adapters.ModeUnavailableError, match="rowstore.torch"):
-        adapters.check_mode("torch")
+    real = adapters.find_spec
+    monkeypatch.setattr(adapters, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
+    with pytest.raises(adapters.ModeUnavailableError, match="needs tensorflow, which is not installed"):
+        adapters.check_mode("tf")
+    adapters.check_mode("numpy")
+    with pytest.raises(ValueError, match="unknown mode 'jax'"):
+        adapters.check_mode("jax")
 
 
 def test_console_script(tmp_path):

@@ -1,4 +1,4 @@
-"""Block compression objects (rowstore.format.compression): the compression= argument and stored
+"""Block compression objects (rowstore.codecs.blocks): the compression= argument and stored
 configs they accept, the config they store, their HDF5 filter, compress/decompress round trips,
 the frame codes the reader checks, and the registry."""
 
@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from rowstore import CodecError, FormatError
-from rowstore.format import compression as bc
-from rowstore.format import spec
+from rowstore.codecs import blocks as bc
 
-CNAMES = list(spec.BLOSC2_CODECS)
-SHUFFLES = list(spec.BLOSC2_SHUFFLES)
+CNAMES = list(bc.BLOSC2_CODECS)
+SHUFFLES = list(bc.BLOSC2_SHUFFLES)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +36,7 @@ SHUFFLES = list(spec.BLOSC2_SHUFFLES)
 def test_accepted_forms_and_stored_config(given, config):
     c = bc.block_compression(given)
     assert c.get_config() == config
-    assert spec.compression_config(given) == config
+    assert bc.compression_config(given) == config
     assert c.compressed == (config["id"] != "none")
     assert bc.block_compression(config) == c  # a stored config gives the same object back
     assert bc.block_compression(c) is c
@@ -78,15 +77,15 @@ def test_objects_are_frozen_values():
     assert {a: 1}[b] == 1
 
 
-def test_frame_check_uses_the_codes_declared_in_spec():
+def test_frame_check_uses_the_declared_codes():
     assert bc.NoCompression().frame_check() is None
     for cname in CNAMES:
         for shuffle in SHUFFLES:
             got = bc.Blosc2(cname=cname, shuffle=shuffle).frame_check()
-            assert got == (spec.BLOSC2_CODECS[cname], spec.BLOSC2_SHUFFLES[shuffle])
+            assert got == (bc.BLOSC2_CODECS[cname], bc.BLOSC2_SHUFFLES[shuffle])
     # blosc2.h's codes, as hdf5plugin knows them too
-    assert spec.BLOSC2_CODECS == {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
-    assert spec.BLOSC2_SHUFFLES == {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE,
+    assert bc.BLOSC2_CODECS == {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
+    assert bc.BLOSC2_SHUFFLES == {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE,
                                     "bit": hdf5plugin.Blosc2.BITSHUFFLE}  # fmt: skip
 
 
@@ -96,7 +95,7 @@ def test_hdf5_filter_kwargs(cname, shuffle):
     names = {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE, "bit": hdf5plugin.Blosc2.BITSHUFFLE}
     kw = bc.Blosc2(cname=cname, clevel=2, shuffle=shuffle).hdf5_filter_kwargs()
     assert kw == dict(hdf5plugin.Blosc2(cname=cname, clevel=2, filters=names[shuffle]))
-    assert kw["compression"] == spec.BLOSC2_FILTER_ID
+    assert kw["compression"] == bc.BLOSC2_FILTER_ID
     assert bc.NoCompression().hdf5_filter_kwargs() == {}
 
 

@@ -1,4 +1,4 @@
-"""Sealed hostile datasets found by ``bench/fuzz.py`` (dataset regions): a manifest and sidecar
+"""Sealed hostile datasets found by ``tools/robustness/fuzz.py`` (dataset regions): a manifest and sidecar
 whose checksums are all correct but whose numbers lie. Each must be refused with a
 :class:`FormatError` at open, before the reader sizes anything by them."""
 

@@ -28,6 +28,7 @@ from _timing import scaled
 import rowstore
 from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
+from rowstore.codecs.blocks import compression_config
 from rowstore.format import footer, manifest, spec
 from rowstore.format.dataset_writer import DatasetWriter, ShardInfo, commit, gc, write_shard
 
@@ -173,7 +174,7 @@ def test_append_keeps_the_datasets_settings(tmp_path):
         w.write_batch(cols(100, 200))
     m = manifest.load(root)
     assert set(m.shards["rows_per_block"].tolist()) == {7} and m.heap_chunk_bytes == 256
-    assert m.compression == spec.compression_config("lz4")
+    assert m.compression == compression_config("lz4")
     assert np.array_equal(xs_of(root), np.arange(200))
 
 

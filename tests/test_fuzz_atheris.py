@@ -1,4 +1,4 @@
-"""The coverage-guided fuzzer's target (``bench/fuzz_atheris.py``, issue 17) without atheris:
+"""The coverage-guided fuzzer's target (``tools/robustness/fuzz_atheris.py``, issue 17) without atheris:
 the committed corpus and every crasher found replay through the normal build (each input in a
 child process with a timeout, the fuzzer's oracle: a ``RowstoreError`` or the rows read), and
 the structure-aware inputs do what the campaign relies on (a resealed mutation gets past the
@@ -26,7 +26,7 @@ DATA = os.path.join(ROOT, "tests", "data", "atheris")
 
 @pytest.fixture(scope="module")
 def fa():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "robustness"))
     try:
         import fuzz_atheris
     finally:
@@ -51,7 +51,7 @@ def test_committed_corpus_and_crashers_replay():
     dirs = [d for d in (os.path.join(DATA, "corpus"), os.path.join(DATA, "crashers")) if os.path.isdir(d)]
     n = sum(len([f for f in glob.glob(os.path.join(d, "*")) if not f.endswith((".md", ".json"))]) for d in dirs)
     assert n >= 20, "the committed atheris corpus is missing"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "fuzz_atheris.py"), "--replay", *dirs, "--timeout", "20"]
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "robustness", "fuzz_atheris.py"), "--replay", *dirs, "--timeout", "20"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-4000:]
     report = json.loads(proc.stdout)
@@ -129,9 +129,9 @@ def test_the_exact_oracle_catches_changed_values(fa, tmp_path):
 
 
 def test_asan_reports_are_classified(tmp_path):
-    """bench/asan_check.py fails the run on a sanitizer report with a frame in rowstore's
+    """tools/robustness/asan_check.py fails the run on a sanitizer report with a frame in rowstore's
     extension modules, and only lists those elsewhere (libhdf5's known crash)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "robustness"))
     try:
         import asan_check
     finally:

@@ -1,4 +1,4 @@
-"""The mutation fuzzer of ``bench/fuzz.py`` (issue 17), restricted to mutations inside chunk
+"""The mutation fuzzer of ``tools/robustness/fuzz.py`` (issue 17), restricted to mutations inside chunk
 bytes (block and heap chunks: row bytes, heap references, Blosc2 frame and chunk headers):
 every such damage is covered by the chunk CRCs and the kernels' bounds checks, so ~100 cases
 must give no crash, hang, leaked exception or wrong data."""
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_chunk_mutations_are_caught(tmp_path):
     out = tmp_path / "fuzz.json"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "fuzz.py"), "--cases", "100", "--region", "chunks",
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "robustness", "fuzz.py"), "--cases", "100", "--region", "chunks",
            "--seed", "17", "--out", str(out), "--cases-dir", str(tmp_path / "cases"), "--quiet"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -33,7 +33,7 @@ def test_chunk_mutations_are_caught(tmp_path):
 
 def _fuzz(tmp_path, region: str, cases: int, seed: int) -> dict:
     out = tmp_path / f"fuzz-{region}.json"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "fuzz.py"), "--cases", str(cases), "--region", region,
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "robustness", "fuzz.py"), "--cases", str(cases), "--region", region,
            "--seed", str(seed), "--out", str(out), "--cases-dir", str(tmp_path / "cases"), "--quiet"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -57,7 +57,7 @@ def test_dataset_manifest_mutations_are_caught(tmp_path):
 def test_reseal_makes_a_valid_dataset(tmp_path):
     """The sealed edits test the semantic checks only if resealing is right: an edit of an
     informative key, resealed, reads back exactly as written."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "robustness"))
     try:
         import fuzz
     finally:

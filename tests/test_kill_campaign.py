@@ -1,4 +1,4 @@
-"""The SIGKILL campaign of ``bench/kill_campaign.py`` (issue 17), small: 12 kills over its six
+"""The SIGKILL campaign of ``tools/robustness/kill_campaign.py`` (issue 17), small: 12 kills over its six
 local write scenarios (Writer modes w and a, DatasetWriter modes a and w, write_shard + commit,
 gc_dataset), raw and lz4, each leaving exactly the old or the new content and a target that
 recovers without temporaries or orphans; then one kill each of ``rowstore shuffle``, a Dask
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "bench", "kill_campaign.py")
+SCRIPT = os.path.join(ROOT, "tools", "robustness", "kill_campaign.py")
 SCENARIOS = ["writer_w", "writer_a", "ds_append", "ds_replace", "two_phase", "gc"]
 OTHERS = ["shuffle", "dask", "remote"]
 

@@ -13,10 +13,10 @@ ROOT = os.path.dirname(rowstore.__file__)
 
 #: Lowest first; a module may import its own layer and the ones before it.
 LAYERS = [
-    ("errors", ["rowstore.errors", "rowstore._version"]),
-    ("codecs", ["rowstore.codecs"]),
-    ("schema", ["rowstore.schema"]),
+    ("errors", ["rowstore.errors", "rowstore._version", "rowstore._check"]),
     ("kernels", ["rowstore.kernels", "rowstore._"]),  # the compiled modules rowstore._<name>
+    ("codecs", ["rowstore.codecs"]),  # field codecs and block compressions (codecs.blocks)
+    ("schema", ["rowstore.schema"]),
     ("format", ["rowstore.format"]),
     ("reader", ["rowstore.reader"]),
     ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader

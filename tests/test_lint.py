@@ -25,7 +25,7 @@ def _run(cmd, env=None):
 
 
 def test_ruff_is_clean():
-    _run([_tool("ruff"), "check", "rowstore", "tests", "bench", "examples"])
+    _run([_tool("ruff"), "check", "rowstore", "tests", "bench", "examples", "tools"])
 
 
 def test_mypy_is_clean():

@@ -236,7 +236,7 @@ def test_patches_match_numpy_slicing(tmp_path, case, chunks, task_bytes):
 
 
 def test_tasks_follow_chunks_merged_along_the_first_dimension():
-    from rowstore.xarray import _Plan, _regions
+    from rowstore.xarray._patches import _Plan, _regions
 
     ds = grid_ds().chunk({"time": 1, "lat": (3, 7, 3)})
     plan = _Plan(ds, patch={"lat": 5, "lon": 4}, stride=None, window=None, sample_over=None, keep=("altitude",),
@@ -380,7 +380,7 @@ def test_distributed_cluster_writes_the_same_samples(tmp_path, dask_cluster):
 
 @pytest.mark.parametrize("channels", [(5, 4), (1, 3, 8), (6,)])
 def test_concat_channels_both_strategies(channels):
-    from rowstore.xarray import _concat_channels
+    from rowstore.xarray._patches import _concat_channels
 
     rng = np.random.default_rng(0)
     pieces = [rng.random((7, c, 3, 2)) for c in channels]

@@ -7,18 +7,21 @@ bench child process that measures that mode).
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Iterator
+from importlib.util import find_spec
 from typing import Any
 
+from rowstore.bench._source import MODES, Source, uniform_order, var_dims_of
 from rowstore.errors import RowstoreError
 from rowstore.format.shards import DatasetLayout
+from rowstore.reader import Reader
+from rowstore.reader import order as _order
 
 __all__ = ["rowstore_source", "check_mode", "ModeUnavailableError"]
 
 
 class ModeUnavailableError(RowstoreError, ImportError):
-    """A bench mode whose adapter module (or framework) is not importable."""
+    """A bench mode whose framework (torch, tensorflow) is not importable."""
 
 
 _MODULES = {"torch": "rowstore.torch", "torch-batched": "rowstore.torch", "tf": "rowstore.tf"}
@@ -26,15 +29,9 @@ _FRAMEWORK = {"torch": "torch", "torch-batched": "torch", "tf": "tensorflow"}
 
 
 def _import_adapter(mode: str):
-    mod = _MODULES[mode]
     try:
-        return importlib.import_module(mod)
+        return importlib.import_module(_MODULES[mode])
     except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing == mod or mod.startswith(missing + ".") and missing:
-            raise ModeUnavailableError(
-                f"--mode {mode} needs the adapter module {mod}, which this rowstore does not have yet"
-            ) from exc
         raise ModeUnavailableError(
             f"--mode {mode} needs {_FRAMEWORK[mode]} ({exc}); install it, e.g. pip install 'rowstore[{_FRAMEWORK[mode].replace('tensorflow', 'tf')}]'"
         ) from exc
@@ -43,36 +40,18 @@ def _import_adapter(mode: str):
 def check_mode(mode: str) -> None:
     """Raise :class:`ModeUnavailableError` with a clear message when ``mode`` cannot run here.
 
-    Cheap for numpy; for the framework modes it locates the modules without importing them.
+    Cheap for numpy; for the framework modes it locates the framework without importing it.
     """
-    from importlib.util import find_spec
-
     if mode == "numpy":
         return
     if mode not in _MODULES:
         raise ValueError(f"unknown mode {mode!r}; expected numpy, torch, torch-batched or tf")
-    if find_spec(_MODULES[mode]) is None:
-        raise ModeUnavailableError(f"--mode {mode} needs the adapter module {_MODULES[mode]}, which this rowstore does not have yet")
     if find_spec(_FRAMEWORK[mode]) is None:
         raise ModeUnavailableError(f"--mode {mode} needs {_FRAMEWORK[mode]}, which is not installed")
 
 
-def _accepted(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``kwargs`` that ``fn`` accepts (adapters evolve; pass what fits)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return kwargs
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
-
-
 def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any]):
     """A :class:`~rowstore.bench.sources.Source` reading through rowstore in ``opts["mode"]``."""
-    from rowstore.bench.sources import MODES, Source, var_dims_of
-    from rowstore.reader import Reader
-
     mode = opts.get("mode", "numpy")
     B = opts["batch_size"]
     threads = opts.get("threads") or None
@@ -99,41 +78,30 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
 
     elif mode == "tf":
         rtf = _import_adapter("tf")
-        kw = _accepted(rtf.make_dataset, dict(batch_size=B, shuffle=shuffle, seed=seed, fields=names, window=window,
-                                              num_threads=threads, num_epochs=1))
+        kw = dict(batch_size=B, shuffle=shuffle, seed=seed, fields=names, window=window, num_threads=threads,
+                  num_epochs=1)
 
         def epoch(k: int) -> Iterator[dict]:
-            ds = rtf.make_dataset(reader, epoch=k, **kw) if "epoch" in _accepted(rtf.make_dataset, {"epoch": k}) \
-                else rtf.make_dataset(reader, **kw)
-            return iter(ds)
+            return iter(rtf.make_dataset(reader, epoch=k, **kw))
 
     elif mode == "torch-batched":
         rt = _import_adapter("torch-batched")
-        if not hasattr(rt, "BatchedDataLoader"):
-            raise ModeUnavailableError("--mode torch-batched needs rowstore.torch.BatchedDataLoader, which is not there yet")
-        kw = _accepted(rt.BatchedDataLoader, dict(batch_size=B, shuffle=shuffle, seed=seed, fields=names,
-                                                  num_threads=threads, window=window))
-        loader = rt.BatchedDataLoader(reader, **kw)
-        if hasattr(loader, "close"):
-            extra_close.append(loader.close)
+        loader = rt.BatchedDataLoader(reader, batch_size=B, shuffle=shuffle, seed=seed, fields=names,
+                                      num_threads=threads, window=window)  # fmt: skip
+        extra_close.append(loader.close)
 
         def epoch(k: int) -> Iterator[dict]:
-            if hasattr(loader, "set_epoch"):
-                loader.set_epoch(k)
+            loader.set_epoch(k)
             return iter(loader)
 
     elif mode == "torch":
         rt = _import_adapter("torch")
-        if not hasattr(rt, "Dataset"):
-            raise ModeUnavailableError("--mode torch needs rowstore.torch.Dataset, which is not there yet")
         from torch.utils.data import DataLoader
 
         workers = int(opts.get("workers") or 0)
-        ds = rt.Dataset(reader, **_accepted(rt.Dataset, {"fields": names}))
-        dl_kw: dict[str, Any] = {"batch_size": B, "num_workers": workers, "shuffle": shuffle != "none"}
-        collate = getattr(rt, "collate", None) or getattr(rt, "collate_fn", None)
-        if collate is not None:
-            dl_kw["collate_fn"] = collate
+        ds = rt.Dataset(reader, fields=names)
+        dl_kw: dict[str, Any] = {"batch_size": B, "num_workers": workers, "shuffle": shuffle != "none",
+                                 "collate_fn": rt.collate}  # fmt: skip
         if workers:
             dl_kw["persistent_workers"] = False
         info["workers"] = workers
@@ -142,9 +110,6 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
         label = f"rowstore torch Dataset+DataLoader {order_s} B={B} workers={workers}"
 
         def quality() -> float:  # noqa: F811 - the DataLoader's sampler sets the order here
-            from rowstore.bench.sources import uniform_order
-            from rowstore.reader import order as _order
-
             if shuffle == "none":
                 return reader.shuffle_quality(B, shuffle="none")
             # shuffle_quality takes row ids (id // rows_per_block is the block), not row numbers:

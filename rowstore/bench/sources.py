@@ -15,11 +15,12 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from rowstore.bench import adapters
+from rowstore.bench._source import MODES, Source, uniform_order, var_dims_of
 from rowstore.errors import RowstoreError
 from rowstore.format import spec
 from rowstore.format._url import is_url
@@ -30,15 +31,8 @@ from rowstore.schema import BYTES, STR, Field
 
 __all__ = [
     "BASELINES", "MODES", "Source", "open_source", "describe", "export_npy", "uniform_order",
+    "var_dims_of",
 ]  # fmt: skip
-
-#: rowstore modes: how a training script consumes the reader.
-MODES = {
-    "numpy": "rowstore Reader.batches (dicts of numpy arrays)",
-    "torch": "rowstore.torch.Dataset + torch.utils.data.DataLoader",
-    "torch-batched": "rowstore.torch.BatchedDataLoader",
-    "tf": "rowstore.tf.make_dataset (tf.data)",
-}
 
 #: Baselines: key -> (short label, what it does).
 BASELINES = {
@@ -78,27 +72,6 @@ def describe(kind: str, mode: str = "numpy") -> tuple[str, str]:
     if kind == "rowstore":
         return f"rowstore {mode}", MODES[mode]
     return BASELINES[kind]
-
-
-def uniform_order(num_rows: int, seed: int, epoch: int) -> np.ndarray:
-    """A uniform permutation for the baselines, a function of (seed, epoch)."""
-    return np.random.default_rng([seed, epoch, 0x0B]).permutation(num_rows)
-
-
-@dataclass
-class Source:
-    """One configured reader: ``epoch(k)`` returns an iterator over the batches of epoch ``k``."""
-
-    label: str
-    description: str
-    names: list[str]
-    epoch: Callable[[int], Iterator[dict]]
-    shuffle_quality: Callable[[], float]
-    num_batches: int
-    info: dict[str, Any] = field(default_factory=dict)
-    close: Callable[[], None] = lambda: None
-    #: field name -> positions of its variable dimensions (for padded outputs, see touch_batch)
-    var_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 # -- heap decoding shared by the baselines -----------------------------------------------------
@@ -464,8 +437,6 @@ _BASELINE_FACTORIES = {
 
 # -- rowstore ------------------------------------------------------------------------------------
 def _rowstore(layout: DatasetLayout, fields: list[Field], opts: dict) -> Source:
-    from rowstore.bench import adapters
-
     return adapters.rowstore_source(layout, [f.name for f in fields], opts)
 
 
@@ -516,7 +487,3 @@ def open_source(opts: dict[str, Any]) -> Source:
 
     return Source(label=label, description=desc, names=names, epoch=epoch, shuffle_quality=quality,
                   num_batches=-(-layout.num_rows // B), close=close, var_dims=var_dims_of(fields))
-
-
-def var_dims_of(fields: Sequence[Field]) -> dict[str, tuple[int, ...]]:
-    return {f.name: tuple(f.variable_dims) for f in fields if f.variable_dims}

@@ -29,16 +29,30 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from rowstore.errors import CodecError
 
-if TYPE_CHECKING:
-    from rowstore.schema import Field
+__all__ = ["Codec", "FieldLike", "Payloads", "ParallelMap"]
 
-__all__ = ["Codec", "Payloads", "ParallelMap"]
+
+class FieldLike(Protocol):
+    """What a codec reads of a field: :class:`rowstore.schema.Field` is one."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> Any: ...  # a numpy dtype-like, "str" or "bytes"
+    @property
+    def shape(self) -> tuple[int | None, ...]: ...
+    @property
+    def is_variable(self) -> bool: ...
+    @property
+    def numpy_dtype(self) -> np.dtype: ...
+    @property
+    def fixed_nbytes(self) -> int: ...
 
 #: ``parallel(fn, n)`` runs ``fn(lo, hi)`` over disjoint ranges covering ``range(n)`` (maybe on
 #: several threads) and returns when all are done.
@@ -143,22 +157,22 @@ class Codec(abc.ABC):
         object.__setattr__(self, "_frozen", True)
 
     # -- placement ---------------------------------------------------------------------------
-    def stored_nbytes(self, field: Field) -> int | None:
+    def stored_nbytes(self, field: FieldLike) -> int | None:
         """Bytes of one value stored inside the row, or ``None`` (the default): each value is a
         payload in the heap. Only fields of fixed shape can be stored in the row."""
         return None
 
     # -- writing -----------------------------------------------------------------------------
     @abc.abstractmethod
-    def check_field(self, field: Field) -> None:
+    def check_field(self, field: FieldLike) -> None:
         """Raise :class:`~rowstore.errors.SchemaError` if this codec cannot store ``field``."""
 
-    def check_value(self, value: Any, field: Field) -> None:  # noqa: B027 - optional hook
+    def check_value(self, value: Any, field: FieldLike) -> None:  # noqa: B027 - optional hook
         """Codec-specific limits on one (already dtype/shape-checked) value; raise
         :class:`~rowstore.errors.CodecError` to reject it. Default: no extra limits."""
 
     @abc.abstractmethod
-    def encode(self, value: Any, field: Field) -> bytes | memoryview | np.ndarray:
+    def encode(self, value: Any, field: FieldLike) -> bytes | memoryview | np.ndarray:
         """The stored bytes of one value (exactly ``stored_nbytes(field)`` bytes for values
         stored in the row). ``value`` was already validated against the field: an ``ndarray``
         of the field's dtype and shape, ``str`` or ``bytes``."""
@@ -192,7 +206,7 @@ class Codec(abc.ABC):
 
         parallel(run, len(src))
 
-    def decode(self, src: np.ndarray | bytes | memoryview, shape: tuple[int, ...], field: Field) -> Any:
+    def decode(self, src: np.ndarray | bytes | memoryview, shape: tuple[int, ...], field: FieldLike) -> Any:
         """Decode one value into a new object (allocates; readers use :meth:`decode_batch`)."""
         data = np.frombuffer(src, np.uint8) if not isinstance(src, np.ndarray) else src
         out = np.empty(shape, dtype=field.numpy_dtype)

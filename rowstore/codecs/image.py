@@ -5,15 +5,12 @@ into a caller-owned array and release the GIL, so reader threads decode in paral
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from rowstore.codecs.abc import Codec
+from rowstore.codecs.abc import Codec, FieldLike
 from rowstore.errors import CodecError, CodecNotAvailableError, SchemaError
-
-if TYPE_CHECKING:
-    from rowstore.schema import Field
 
 __all__ = ["Png", "Jpeg"]
 
@@ -33,7 +30,7 @@ class _Image(Codec):
     dtypes: tuple[str, ...] = ("u1",)
     channels: tuple[int, ...] = (1, 3, 4)
 
-    def check_field(self, field: Field) -> None:
+    def check_field(self, field: FieldLike) -> None:
         name = field.name
         if field.dtype in ("str", "bytes") or f"{field.dtype.kind}{field.dtype.itemsize}" not in self.dtypes:
             raise SchemaError(f"field {name!r}: codec {self.codec_id!r} stores {'/'.join(self.dtypes)} images, got dtype {field.dtype}", field=name)
@@ -42,7 +39,7 @@ class _Image(Codec):
         if len(field.shape) == 3 and field.shape[2] not in self.channels:
             raise SchemaError(f"field {name!r}: codec {self.codec_id!r} supports {self.channels} channels, got shape {field.shape}", field=name)
 
-    def check_value(self, value: Any, field: Field) -> None:
+    def check_value(self, value: Any, field: FieldLike) -> None:
         if value.ndim == 3 and value.shape[2] not in self.channels:
             raise CodecError(f"field {field.name!r}: codec {self.codec_id!r} supports {self.channels} channels, got an image of shape {value.shape}", codec=self.codec_id, field=field.name)
         if value.size == 0:
@@ -65,7 +62,7 @@ class Png(_Image):
     def get_config(self) -> dict[str, Any]:
         return {"id": "png", "level": self.level}
 
-    def encode(self, value: Any, field: Field) -> bytes:
+    def encode(self, value: Any, field: FieldLike) -> bytes:
         return _imagecodecs().png_encode(np.ascontiguousarray(value), level=self.level)
 
     def decode_into(self, src, out: np.ndarray) -> None:
@@ -87,7 +84,7 @@ class Jpeg(_Image):
     def get_config(self) -> dict[str, Any]:
         return {"id": "jpeg", "quality": self.quality}
 
-    def encode(self, value: Any, field: Field) -> bytes:
+    def encode(self, value: Any, field: FieldLike) -> bytes:
         arr = np.ascontiguousarray(value)
         if arr.ndim == 3 and arr.shape[2] == 1:
             arr = arr[..., 0]

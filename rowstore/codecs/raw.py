@@ -6,15 +6,12 @@ holding the variable dimensions, and come out as views of the payload bytes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from rowstore.codecs.abc import Codec, ParallelMap, Payloads, serial
+from rowstore.codecs.abc import Codec, FieldLike, ParallelMap, Payloads, serial
 from rowstore.errors import CodecError, SchemaError
-
-if TYPE_CHECKING:
-    from rowstore.schema import Field
 
 __all__ = ["Raw"]
 
@@ -23,14 +20,14 @@ class Raw(Codec):
     codec_id = "raw"
     raw_bytes = True
 
-    def stored_nbytes(self, field: Field) -> int | None:
+    def stored_nbytes(self, field: FieldLike) -> int | None:
         return None if field.is_variable else field.fixed_nbytes
 
-    def check_field(self, field: Field) -> None:
+    def check_field(self, field: FieldLike) -> None:
         if field.dtype in ("str", "bytes"):
             raise SchemaError(f"field {field.name!r}: codec 'raw' stores numbers; use 'utf8' or 'bytes' for {field.dtype}", field=field.name)
 
-    def encode(self, value: Any, field: Field) -> memoryview:
+    def encode(self, value: Any, field: FieldLike) -> memoryview:
         arr = np.ascontiguousarray(value, dtype=field.dtype)
         # A flat uint8 view: memoryview.cast refuses zero-size shapes such as (0,) or (2, 0, 3).
         return arr.reshape(-1).view(np.uint8).data

@@ -18,7 +18,7 @@ def add_to_registry(registry: dict[str, type], cls: Any, *, base: type, id_attr:
                     replace: bool = False) -> Any:
     """Enter ``cls`` (a ``base`` subclass) in ``registry`` under its ``id_attr``; refuse a second
     class under a taken id unless ``replace``. The rule of every rowstore registry (codecs here,
-    block compressions in ``rowstore.format.compression``)."""
+    block compressions in ``rowstore.codecs.blocks``)."""
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise CodecError(f"{cls!r} is not a {base.__name__} subclass")
     cid = getattr(cls, id_attr, None)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from rowstore.codecs.abc import Codec, ParallelMap, Payloads, serial
+from rowstore.codecs.abc import Codec, FieldLike, ParallelMap, Payloads, serial
 from rowstore.errors import CodecError, SchemaError
-
-if TYPE_CHECKING:
-    from rowstore.schema import Field
 
 __all__ = ["Utf8", "Bytes"]
 
 
-def _check_dtype(codec_id: str, dtype: str, field: Field) -> None:
+def _check_dtype(codec_id: str, dtype: str, field: FieldLike) -> None:
     if field.dtype != dtype:
         raise SchemaError(f"field {field.name!r}: codec {codec_id!r} needs dtype {dtype!r}, got {field.dtype}", field=field.name)
 
@@ -30,10 +27,10 @@ def _split(src: Payloads) -> list[bytes]:
 class Utf8(Codec):
     codec_id = "utf8"
 
-    def check_field(self, field: Field) -> None:
+    def check_field(self, field: FieldLike) -> None:
         _check_dtype("utf8", "str", field)
 
-    def encode(self, value: Any, field: Field) -> bytes:
+    def encode(self, value: Any, field: FieldLike) -> bytes:
         try:
             return value.encode("utf-8")
         except UnicodeEncodeError as exc:  # lone surrogates
@@ -45,7 +42,7 @@ class Utf8(Codec):
         except UnicodeDecodeError as exc:
             raise CodecError(f"stored text is not UTF-8: {exc}", codec="utf8") from exc
 
-    def decode(self, src: Any, shape: tuple[int, ...] = (), field: Field | None = None) -> str:
+    def decode(self, src: Any, shape: tuple[int, ...] = (), field: FieldLike | None = None) -> str:
         out = np.empty((), object)
         self.decode_into(np.frombuffer(src, np.uint8), out)
         return str(out[()])
@@ -60,16 +57,16 @@ class Utf8(Codec):
 class Bytes(Codec):
     codec_id = "bytes"
 
-    def check_field(self, field: Field) -> None:
+    def check_field(self, field: FieldLike) -> None:
         _check_dtype("bytes", "bytes", field)
 
-    def encode(self, value: Any, field: Field) -> bytes:
+    def encode(self, value: Any, field: FieldLike) -> bytes:
         return bytes(value)
 
     def decode_into(self, src: np.ndarray, out: np.ndarray) -> None:
         out[()] = src.tobytes()
 
-    def decode(self, src: Any, shape: tuple[int, ...] = (), field: Field | None = None) -> bytes:
+    def decode(self, src: Any, shape: tuple[int, ...] = (), field: FieldLike | None = None) -> bytes:
         return bytes(src)
 
     def decode_batch(self, src: Payloads, out: np.ndarray, parallel: ParallelMap = serial) -> None:

@@ -1,9 +1,9 @@
 """File format v1: the on-disk declaration (:mod:`.spec`), the writer, the index reader, and the
-block compressions (:mod:`.compression`; third parties register theirs with
+block compressions (:mod:`rowstore.codecs.blocks`; third parties register theirs with
 :func:`register_block_compression`); datasets of many files: the manifest (:mod:`.manifest`) and
 their writing (:mod:`.dataset_writer`)."""
 
-from rowstore.format.compression import (
+from rowstore.codecs.blocks import (
     BlockCompression,
     block_compression,
     register_block_compression,

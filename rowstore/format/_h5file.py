@@ -2,7 +2,7 @@
 
 :class:`H5File` creates the group and datasets of a new file (or reopens an existing one to
 append), writes each block and heap chunk with ``write_direct_chunk`` through a
-:class:`ChunkStream` (compressed by the file's :class:`~rowstore.format.compression.BlockCompression`,
+:class:`ChunkStream` (compressed by the file's :class:`~rowstore.codecs.blocks.BlockCompression`,
 optionally on worker threads), and at the end writes the block and heap chunk indexes and the
 attributes and closes the file. It works on whatever path it is given (the writer gives it the
 temporary file of an :class:`~rowstore.format._commit.AtomicFile`).
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rowstore._version import __version__
+from rowstore.codecs.blocks import BlockCompression
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
 from rowstore.format._index_builder import block_index, heap_chunk_index
 from rowstore.format._pack import PackerTail
-from rowstore.format.compression import BlockCompression
 from rowstore.schema import Schema
 
 if TYPE_CHECKING:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.codecs.blocks import compression_config
 from rowstore.errors import FormatError, RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import manifest, spec
@@ -868,7 +869,7 @@ class DatasetWriter(Closing):
             if schema is not None and Schema.from_json(schema.to_json()) != current.schema:
                 raise SchemaError(f"cannot append to {self.path!r}: its schema differs from the one given:\n"
                                   f"{current.schema}\nvs\n{schema}")  # fmt: skip
-            if compression is not None and spec.compression_config(compression) != current.compression:
+            if compression is not None and compression_config(compression) != current.compression:
                 raise ValueError(f"cannot append with compression {compression!r}: the dataset uses {current.compression}")
             if heap_chunk_bytes is not None and heap_chunk_bytes != current.heap_chunk_bytes:
                 raise ValueError(f"cannot append with heap_chunk_bytes={heap_chunk_bytes}: the dataset uses "

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from rowstore.codecs import registered_codecs
+from rowstore.codecs.blocks import block_compression, compression_config
 from rowstore.errors import CodecError, FormatError, FormatVersionError, RowstoreError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
-from rowstore.format.compression import block_compression
 from rowstore.schema import Schema
 
 __all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks", "file_identity", "open_regular"]
@@ -565,7 +565,7 @@ def _header(a, path: str, bad, file_size: int) -> dict[str, Any]:
     version = _version(a, path, bad)
     schema = _schema(a, path, bad)
     try:
-        compression = spec.compression_config(_json(a, spec.ATTR_COMPRESSION, '{"id": "none"}', bad))
+        compression = compression_config(_json(a, spec.ATTR_COMPRESSION, '{"id": "none"}', bad))
     except RowstoreError as exc:  # a CodecError: unknown or malformed compression
         raise bad(f"invalid compression attribute: {exc}") from exc
     user_attrs = _json(a, spec.ATTR_USER, "{}", bad)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from rowstore._version import __version__
+from rowstore.codecs.blocks import compression_config
 from rowstore.errors import FormatError, FormatVersionError, RowstoreError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
@@ -348,7 +349,7 @@ def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | 
     except FormatError as exc:
         raise _bad(mpath, str(exc)) from None
     try:
-        compression = spec.compression_config(m.get("compression"))
+        compression = compression_config(m.get("compression"))
     except RowstoreError as exc:
         raise _bad(mpath, f"invalid compression: {exc}") from exc
     H = _int(mpath, m, "heap_chunk_bytes", 1)

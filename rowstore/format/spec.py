@@ -20,7 +20,6 @@ checks only the pages it touches. Compressed files have no page index and are wr
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 
@@ -53,7 +52,7 @@ ATTR_NUM_ROWS = "num_rows"  # int
 ATTR_ROWS_PER_BLOCK = "rows_per_block"  # int, = chunk length of /rows
 ATTR_HEAP_CHUNK_BYTES = "heap_chunk_bytes"  # int, = chunk length of /heap
 ATTR_HEAP_NBYTES = "heap_nbytes"  # int, logical heap size
-ATTR_COMPRESSION = "compression"  # JSON text, see compression_config
+ATTR_COMPRESSION = "compression"  # JSON text, see codecs.blocks.compression_config
 ATTR_CHECKSUM = "checksum"  # "crc32": CRC-32 (zlib's) of each chunk's stored bytes
 ATTR_WRITER = "writer"  # "rowstore <version>"
 ATTR_PAGE_BYTES = "page_bytes"  # int (v3): the page size of the page index
@@ -106,27 +105,9 @@ def page_geometry(page_bytes: int, chunk_bytes: int, unit: int = 1) -> tuple[int
 
 
 # -- compression ---------------------------------------------------------------------------
-# Block compression: one HDF5 filter on /rows and /heap, applied per chunk. The names, codes and
-# the filter id are declared here only; :mod:`rowstore.format.compression` holds the objects that
-# compress with them, and the kernels take the integer codes.
-
-#: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
-BLOSC2_FILTER_ID = 32026
-#: Blosc2 compressors (``cname`` in the stored config) and their codes in ``blosc2.h``. (Listed in
-#: the order error messages have always named them.)
-BLOSC2_CODECS = {"lz4": 1, "lz4hc": 2, "zstd": 5, "blosclz": 0, "zlib": 4}
-#: Blosc2 shuffle filters (``shuffle`` in the stored config) and their codes in ``blosc2.h``
-#: (``BLOSC_NOSHUFFLE``, ``BLOSC_SHUFFLE``, ``BLOSC_BITSHUFFLE``; hdf5plugin uses the same ints).
-BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
-
-
-def compression_config(compression: Any) -> dict[str, Any]:
-    """Normalise the ``compression=`` argument of the writer (or a stored config) into the
-    stored config: ``block_compression(compression).get_config()``; see
-    :func:`rowstore.format.compression.block_compression` for the accepted forms."""
-    from rowstore.format.compression import block_compression  # it imports this module
-
-    return block_compression(compression).get_config()
+# Block compression (one HDF5 filter on /rows and /heap, applied per chunk; the ``compression``
+# attribute holds its config) is declared in :mod:`rowstore.codecs.blocks`: the Blosc2 names,
+# codes and filter id, and the objects that compress with them.
 
 
 # -- allocation limits ---------------------------------------------------------------------

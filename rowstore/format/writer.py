@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Self
 
+from rowstore.codecs.blocks import block_compression
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
@@ -36,7 +37,6 @@ from rowstore.format._pack import (
 )
 from rowstore.format._raw import RawRows
 from rowstore.format._url import is_url
-from rowstore.format.compression import block_compression
 from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
 from rowstore.format.validate import as_columns, check_column, check_value
 from rowstore.schema import Schema

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rowstore._check import nonneg_int, parse_bytes
 from rowstore.format import manifest
 from rowstore.format._url import is_url
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo, commit
@@ -44,11 +45,9 @@ from rowstore.global_shuffle._plan import (
     Plan,
     key_bounds,
     make_plan,
-    parse_bytes,
 )
 from rowstore.global_shuffle._progress import Progress
 from rowstore.global_shuffle._work import LockedDir, remove_stale
-from rowstore.reader._args import nonneg_int
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
 

@@ -13,14 +13,13 @@ memory budget), of workers, or of recursive splits: only the seed and the input 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from rowstore.reader.order import seed64
 
-__all__ = ["row_keys", "key_bounds", "pile_of", "Plan", "make_plan", "parse_bytes"]
+__all__ = ["row_keys", "key_bounds", "pile_of", "Plan", "make_plan"]
 
 _STREAM_SHUFFLE = 0x5348  # "SH": the seed64 purpose of the global shuffle's keys
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -50,29 +49,6 @@ def pile_of(keys: np.ndarray, bounds: list[int]) -> np.ndarray:
     """The range (0 .. len(bounds) - 2) of each key; keys lie in ``[bounds[0], bounds[-1])``."""
     inner = np.array(bounds[1:-1], dtype=np.uint64)
     return np.searchsorted(inner, keys, side="right").astype(np.int64)
-
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
-
-
-def parse_bytes(value: int | str, what: str = "memory") -> int:
-    """``2GB``, ``256MiB``, ``1.5g``, ``1000000`` -> bytes (SI for kB/MB/GB, binary for KiB...)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be a size like '2GB' or a number of bytes, got {value!r}")
-    if isinstance(value, (int, np.integer)):
-        n = int(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise ValueError(f"{what} must be a size like '2GB', '512MiB' or a number of bytes, got {value!r}")
-        n = int(float(m.group(1)) * _UNITS[unit])
-    else:
-        raise ValueError(f"{what} must be a size like '2GB' or a number of bytes, got {value!r}")
-    if n < 1:
-        raise ValueError(f"{what} must be positive, got {value!r}")
-    return n
 
 
 #: Smallest memory budget accepted (below it the fixed buffers dominate).

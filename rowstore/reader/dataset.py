@@ -15,16 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from rowstore._check import nonneg_int, positive_int
 from rowstore.format._url import is_url
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader._args import (
-    file_url_path,
-    nonneg_int,
-    positive_int,
-    select_fields,
-    shuffle_mode,
-)
+from rowstore.reader._args import file_url_path, select_fields, shuffle_mode
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._store import LocalStore, pin_identities
@@ -45,6 +40,7 @@ __all__ = ["Reader"]
 #: Bytes of rows (payloads included) per segment of a full shuffle of uncompressed files, about.
 _SEGMENT_BYTES = 16 << 20
 
+#: The ``varlen`` modes of the numpy batches (and of ``rowstore.tf``).
 VARLEN_MODES = ("ragged", "padded")
 
 

@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from rowstore._check import positive_int
 from rowstore.errors import SchemaError
-from rowstore.reader._args import positive_int, select_fields, shuffle_mode
+from rowstore.reader._args import select_fields, shuffle_mode
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.dataset import Reader
 from rowstore.reader.transform import TransformSpec, as_spec

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import SchemaError
 from rowstore.reader import order as _order
-from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import Ragged, concat_batches
 from rowstore.reader.dataset import Reader, as_reader

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rowstore.reader._args import nonneg_int, positive_int
+from rowstore._check import nonneg_int, positive_int
 
 __all__ = [
     "MODES", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.reader._args import nonneg_int, positive_int
+from rowstore._check import nonneg_int, positive_int
 
 __all__ = ["EpochPlan", "PAD_KEY", "ID_KEY", "SOURCE_KEY", "EXTRA_KEYS", "default_unit", "rank_steps_taken"]
 

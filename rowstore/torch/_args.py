@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from rowstore._check import positive_int
 from rowstore.reader import order as _order
-from rowstore.reader._args import positive_int, shuffle_mode
+from rowstore.reader._args import shuffle_mode
 from rowstore.reader.dataset import Reader, as_reader
 from rowstore.reader.plan import (
     EXTRA_KEYS,

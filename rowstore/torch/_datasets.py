@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.utils.data as _tud
 
-from rowstore.reader._args import nonneg_int, positive_int
+from rowstore._check import nonneg_int, positive_int
 from rowstore.reader.plan import ID_KEY, PAD_KEY, make_state
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._args import (

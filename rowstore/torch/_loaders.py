@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rowstore._check import nonneg_int, positive_int
 from rowstore.reader import order as _order
-from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard, _split_extras

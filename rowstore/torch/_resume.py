@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.utils.data as _tud
 
-from rowstore.reader._args import nonneg_int, positive_int
+from rowstore._check import nonneg_int, positive_int
 from rowstore.reader.plan import make_state, step_rows
 from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices

@@ -1,378 +1,33 @@
-"""xarray Datasets in and out of rowstore: samples along a dimension, patches cut from a grid, and back.
-
-- :func:`to_rowstore` / :func:`open_dataset`: a Dataset with a sample dimension, one row per
-  sample (every variable along it a field), restored identically (names, dims, coordinates,
-  attributes including numpy-valued ones, dtypes, datetime coordinates), eagerly or lazily.
-  ``xr.open_dataset(path, engine="rowstore")`` goes through :class:`RowstoreBackendEntrypoint`.
-- :func:`write_patches`: samples cut out of a gridded Dataset (spatial patches with strides,
-  time windows, whole kept dimensions), each row carrying its origin indices and coordinates,
-  processed chunk by chunk (with halos) on the active Dask scheduler and written as shards in
-  parallel, shuffled, optionally stacked into one channel field with normalization statistics.
-- :func:`to_grid`: per-sample predictions back onto the grid (averaged where patches overlap,
-  NaN where no sample landed).
-
-xarray (and, for chunked data, dask) are imported only by this module.
-"""
+""":func:`write_patches`: samples cut out of a gridded Dataset (spatial patches with strides, time
+windows, whole kept dimensions), chunk by chunk (with halos) on the active Dask scheduler, written
+as shards in parallel, shuffled, optionally stacked into one channel field with normalization
+statistics."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import xarray as xr
-from xarray.backends import BackendArray, BackendEntrypoint
-from xarray.core import indexing
 
-from rowstore.errors import FormatError, SchemaError
+from rowstore._check import one_of
+from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo
-from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
-from rowstore.reader import Reader
+from rowstore.format.dataset_writer import ShardInfo
+from rowstore.format.writer import DEFAULT_BLOCK_BYTES
 from rowstore.schema import Field, Schema
-
-__all__ = ["to_rowstore", "open_dataset", "write_patches", "to_grid", "RowstoreBackendEntrypoint", "META_KEY"]
-
-#: The user attribute holding what :func:`open_dataset` and :func:`to_grid` need.
-META_KEY = "xarray"
-META_VERSION = 1
-#: Encoding entries kept (others, like chunk sizes of the source store, mean nothing here).
-ENCODING_KEYS = ("units", "calendar", "dtype", "_FillValue", "missing_value", "scale_factor", "add_offset")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-# -- names and dtypes -----------------------------------------------------------------------------
-def _field_name(name: Hashable, taken: set[str]) -> str:
-    """A field name for variable ``name``: itself when it is one, else a sanitized unique one."""
-    if not isinstance(name, str):
-        raise SchemaError(f"variable name {name!r}: rowstore stores variables with str names")
-    base = name if _IDENT.fullmatch(name) and "__" not in name else re.sub(r"\W|__", "_", name).strip("_") or "var"
-    if not _IDENT.fullmatch(base):
-        base = "v_" + base
-    out, k = base, 1
-    while out in taken:
-        out, k = f"{base}_{k}", k + 1
-    taken.add(out)
-    return out
-
-
-def _field_dtype(name: str, dtype: np.dtype) -> str | np.dtype:
-    if dtype.kind in "biufc":
-        return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
-    if dtype.kind in "mM":
-        return dtype
-    if dtype.kind == "U":
-        return "str"
-    if dtype.kind == "S":
-        return "bytes"
-    raise SchemaError(f"variable {name!r}: dtype {dtype} cannot be stored (numbers, datetime64, timedelta64, str, bytes)",
-                      field=name)  # fmt: skip
-
-
-def _encoding(enc: Mapping[str, Any]) -> dict:
-    out = {}
-    for k in ENCODING_KEYS:
-        if k in enc:
-            v = enc[k]
-            out[k] = str(np.dtype(v)) if k == "dtype" else v
-    return out
-
-
-def _attrs(attrs: Mapping[Any, Any], where: str) -> dict:
-    bad = [k for k in attrs if not isinstance(k, str)]
-    if bad:
-        raise SchemaError(f"{where}: attribute name {bad[0]!r} is not a str")
-    return dict(attrs)
-
-
-# -- to_rowstore ----------------------------------------------------------------------------------
-def _describe(ds: xr.Dataset, sample_dim: str) -> tuple[Schema, dict, list[tuple[str, str]]]:
-    """The schema, the metadata and (variable, field) pairs of the variables along ``sample_dim``."""
-    if sample_dim not in ds.dims:
-        raise SchemaError(f"sample_dim {sample_dim!r} is not a dimension of the dataset (dims: {list(ds.dims)})")
-    taken: set[str] = set()
-    fields, variables, static, pairs = [], [], [], []
-    for name, var in ds.variables.items():
-        is_coord = name in ds.coords
-        entry = {"name": name, "dims": [str(d) for d in var.dims], "coord": is_coord,
-                 "attrs": _attrs(var.attrs, f"variable {name!r}"), "encoding": _encoding(var.encoding),
-                 "dtype": var.dtype.str}  # fmt: skip
-        if sample_dim in var.dims:
-            fname = _field_name(name, taken)
-            shape = tuple(var.sizes[d] for d in var.dims if d != sample_dim)
-            dt = _field_dtype(str(name), var.dtype)
-            if dt in ("str", "bytes") and shape:
-                raise SchemaError(f"variable {name!r}: str/bytes variables need one value per sample (dims "
-                                  f"{var.dims})", field=fname)  # fmt: skip
-            fields.append(Field(fname, dt, shape))
-            entry["field"] = fname
-            variables.append(entry)
-            pairs.append((str(name), fname))
-        else:
-            if not isinstance(name, str):
-                raise SchemaError(f"variable name {name!r}: rowstore stores variables with str names")
-            entry["values"] = np.asarray(var.values)
-            static.append(entry)
-    if not fields:
-        raise SchemaError(f"no variable has the sample dimension {sample_dim!r}")
-    meta = {"version": META_VERSION, "kind": "dataset", "sample_dim": sample_dim,
-            "attrs": _attrs(ds.attrs, "dataset"), "variables": variables, "static": static}  # fmt: skip
-    return Schema(fields), meta, pairs
-
-
-def _columns(ds: xr.Dataset, sample_dim: str, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
-    out = {}
-    for name, fname in pairs:
-        var = ds.variables[name]
-        order = [sample_dim] + [d for d in var.dims if d != sample_dim]
-        out[fname] = np.asarray(var.transpose(*order).values)
-    return out
-
-
-def _write_rows(path: str, schema_json: dict, ds: xr.Dataset, sample_dim: str, pairs: list, options: dict) -> ShardInfo:
-    return write_shard(path, Schema.from_json(schema_json), _columns(ds, sample_dim, pairs), **options)
-
-
-def to_rowstore(ds: xr.Dataset, path: str | os.PathLike, *, sample_dim: str = "sample", mode: str = "w",
-                shard_bytes: int = DEFAULT_SHARD_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                compression: Any = None, compute: bool = True) -> Any:
-    """Write an ``xarray.Dataset`` with one row per element of ``sample_dim``.
-
-    Parameters
-    ----------
-    ds : xarray.Dataset
-        Every variable (data variable or coordinate) with ``sample_dim`` becomes a field whose
-        shape is its other dimensions, in order (its name, sanitized if it is not an identifier).
-        The other variables (e.g. altitude levels), the attributes of the dataset and of every
-        variable (numpy-valued ones exactly) and the meaningful encodings (``units``,
-        ``calendar``, ``dtype``, ``_FillValue``, ...) are stored as metadata (the user attribute
-        ``"xarray"``).
-    path : str or os.PathLike
-        A ``.h5`` path writes one file (the variables computed chunk by chunk, in order); any
-        other path a dataset directory, one shard per chunk of ``sample_dim`` (of at most
-        ``shard_bytes``), written in parallel on the active Dask scheduler when ``ds`` is
-        Dask-backed, and committed once.
-    mode : {"w", "x", "a"}
-        As for :class:`~rowstore.Writer` / :func:`~rowstore.commit` (``"a"`` adds samples of a
-        dataset with the same variables; the metadata of the new rows replaces the old).
-    shard_bytes, block_bytes, compression
-        As for :class:`~rowstore.DatasetWriter`.
-    compute : bool
-        ``False`` (dataset directories): a ``dask.delayed`` that writes and commits.
-
-    Returns
-    -------
-    int or None or dask.delayed.Delayed
-        The committed version (a dataset directory), None (a file), or the delayed.
-    """
-    path = os.fspath(path)
-    schema, meta, pairs = _describe(ds, sample_dim)
-    attrs = {META_KEY: meta}
-    n = ds.sizes[sample_dim]
-    row_nbytes = max(1, sum(f.numpy_dtype.itemsize * math.prod(f.shape) for f in schema))
-    step = max(1, shard_bytes // row_nbytes)
-    chunks = ds.chunks.get(sample_dim) if ds.chunks else None
-    bounds: list[tuple[int, int]] = []
-    start = 0
-    for c in (chunks or (n,)):
-        for a in range(start, start + c, step):
-            bounds.append((a, min(a + step, start + c)))
-        start += c
-    if path.endswith(".h5"):
-        with Writer(path, schema, mode=mode, block_bytes=block_bytes, compression=compression, attrs=attrs) as w:
-            for a, b in bounds:
-                w.write_batch(_columns(ds.isel({sample_dim: slice(a, b)}), sample_dim, pairs))
-        return None
-    options = dict(block_bytes=block_bytes, compression=compression)
-    if ds.chunks:
-        import dask
-
-        write = dask.delayed(_write_rows, pure=False)
-        tasks = [write(path, schema.to_json(), ds.isel({sample_dim: slice(a, b)}), sample_dim, pairs, options)
-                 for a, b in bounds]  # fmt: skip
-        if not compute:
-            return dask.delayed(_commit_all, pure=False)(path, tasks, mode, attrs)
-        infos = list(dask.compute(*tasks))
-    else:
-        infos = [_write_rows(path, schema.to_json(), ds.isel({sample_dim: slice(a, b)}), sample_dim, pairs, options)
-                 for a, b in bounds]  # fmt: skip
-    if not infos:  # an empty sample dimension: one empty shard carries the schema
-        infos = [write_shard(path, schema, {f.name: np.empty((0, *f.shape), f.numpy_dtype) for f in schema}, **options)]
-    return _commit_all(path, infos, mode, attrs)
-
-
-def _commit_all(path: str, infos: list, mode: str, attrs: dict) -> int:
-    return commit(path, infos, mode=mode, attrs=attrs)
-
-
-# -- reading --------------------------------------------------------------------------------------
-def _meta(reader: Reader) -> dict:
-    meta = reader.layout.user_attrs.get(META_KEY)
-    if not isinstance(meta, dict) or meta.get("version") != META_VERSION or "variables" not in meta:
-        raise SchemaError(f"{reader.layout.path!r} was not written by rowstore.xarray (no {META_KEY!r} metadata "
-                          f"of version {META_VERSION}); read it with rowstore.open")  # fmt: skip
-    return meta
-
-
-class RowstoreArray(BackendArray):
-    """One field of a rowstore file or dataset as a lazily indexed array (sample axis first).
-
-    Indexing reads only the rows asked for (``Reader.take``); safe to pickle (the reader holds
-    a path) and to index from several threads.
-    """
-
-    def __init__(self, reader: Reader, field: str, dtype: Any = None):
-        f = reader.schema[field]
-        self.reader, self.field = reader, field
-        self.shape = (len(reader), *f.shape)
-        stored = np.dtype(object) if f.dtype in ("str", "bytes") else f.numpy_dtype
-        self.dtype = stored if dtype is None else np.dtype(dtype)  # the variable's own (U/S width, byte order)
-
-    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
-        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._raw)
-
-    def _raw(self, key: tuple) -> np.ndarray:
-        k0, rest = key[0], key[1:]
-        if isinstance(k0, (int, np.integer)):
-            rows = np.array([k0], np.int64)
-        elif isinstance(k0, slice):
-            rows = np.arange(*k0.indices(self.shape[0]), dtype=np.int64)
-        else:
-            rows = np.asarray(k0, np.int64)
-        if len(rows):
-            out = np.asarray(self.reader.take(rows, fields=[self.field])[self.field])
-        else:
-            out = np.empty((0, *self.shape[1:]), self.dtype)
-        if out.dtype != self.dtype:
-            out = out.astype(self.dtype)
-        axis = 1
-        for k in rest:  # outer indexing: one axis at a time
-            if isinstance(k, (int, np.integer)):
-                out = np.take(out, k, axis=axis)
-                continue
-            out = out[(slice(None),) * axis + (k,)] if isinstance(k, slice) else np.take(out, np.asarray(k), axis=axis)
-            axis += 1
-        return out[0] if isinstance(k0, (int, np.integer)) else out
-
-
-def _build(reader: Reader, meta: dict, drop: Iterable[str] = ()) -> xr.Dataset:
-    try:
-        return _build_unchecked(reader, meta, drop)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        if isinstance(exc, SchemaError):
-            raise
-        raise FormatError(f"{reader.layout.path!r}: malformed {META_KEY!r} metadata ({type(exc).__name__}: {exc})",
-                          path=reader.layout.path) from exc  # fmt: skip
-
-
-def _build_unchecked(reader: Reader, meta: dict, drop: Iterable[str]) -> xr.Dataset:
-    sample_dim = meta["sample_dim"]
-    drop = set(drop)
-    variables: dict[str, xr.Variable] = {}
-    coords: list[str] = []
-    for e in meta["variables"]:
-        if e["name"] in drop:
-            continue
-        order = [sample_dim] + [d for d in e["dims"] if d != sample_dim]
-        data = indexing.LazilyIndexedArray(RowstoreArray(reader, e["field"], e.get("dtype")))
-        var = xr.Variable(order, data, attrs=e["attrs"], encoding=dict(e.get("encoding", {})))
-        variables[e["name"]] = var.transpose(*e["dims"])
-        if e["coord"]:
-            coords.append(e["name"])
-    for e in meta["static"]:
-        if e["name"] in drop:
-            continue
-        variables[e["name"]] = xr.Variable(e["dims"], e["values"], attrs=e["attrs"], encoding=dict(e.get("encoding", {})))
-        if e["coord"]:
-            coords.append(e["name"])
-    names = [e["name"] for e in meta["variables"] + meta["static"] if e["name"] in variables]
-    data_vars = {k: variables[k] for k in names if k not in coords}
-    ds = xr.Dataset(data_vars, coords={k: variables[k] for k in names if k in coords}, attrs=meta["attrs"])
-    return ds
-
-
-def open_dataset(path: str | os.PathLike, *, rows: Any = None, fields: Sequence[str] | None = None,
-                 chunks: Any = None, version: int | None = None) -> xr.Dataset:
-    """The ``xarray.Dataset`` that :func:`to_rowstore` (or :func:`write_patches`) wrote.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        A file or dataset directory written by this module.
-    rows : int, slice or sequence of int, optional
-        Samples to read (``isel`` along the sample dimension); default all.
-    fields : sequence of str, optional
-        Variables to read (coordinates along the sample dimension are always read); default all.
-    chunks : optional
-        ``None``: read into memory (numpy-backed). Otherwise Dask-backed, as ``Dataset.chunk``
-        takes it (``{"sample": 1000}``, ``"auto"``): each chunk's task reads its rows.
-    version : int, optional
-        The manifest version of a dataset directory (default the current one).
-
-    Returns
-    -------
-    xarray.Dataset
-        Identical to the Dataset written (``xarray.testing.assert_identical``), apart from
-        big-endian numbers, which come back little-endian, and tuples in attributes (lists).
-    """
-    reader = Reader(os.fspath(path), version=version)
-    meta = _meta(reader)
-    drop: set[str] = set()
-    if fields is not None:
-        known = {e["name"] for e in meta["variables"] + meta["static"] if not e["coord"]}
-        unknown = [f for f in fields if f not in known]
-        if unknown:
-            raise SchemaError(f"fields {unknown} are not data variables of {os.fspath(path)!r} (it has {sorted(known)})")
-        drop = known - set(fields)
-    ds = _build(reader, meta, drop)
-    if rows is not None:
-        ds = ds.isel({meta["sample_dim"]: rows})
-    if chunks is not None:
-        return ds.chunk(chunks)
-    ds = ds.load()
-    reader.close()
-    return ds
-
-
-class RowstoreBackendEntrypoint(BackendEntrypoint):
-    """``xr.open_dataset(path, engine="rowstore")``: files and dataset directories written by
-    :mod:`rowstore.xarray`, lazily indexed (only the rows asked for are read; ``chunks=``
-    gives Dask arrays)."""
-
-    description = "rowstore files and dataset directories written by rowstore.xarray"
-    url = "https://github.com/rowstore/rowstore"
-    open_dataset_parameters = ("filename_or_obj", "drop_variables", "version")
-
-    def open_dataset(self, filename_or_obj: Any, *, drop_variables: Any = None,
-                     version: int | None = None) -> xr.Dataset:
-        reader = Reader(os.fspath(filename_or_obj), version=version)
-        drop = [drop_variables] if isinstance(drop_variables, str) else list(drop_variables or [])
-        ds = _build(reader, _meta(reader), drop)
-        ds.set_close(reader.close)
-        return ds
-
-    def guess_can_open(self, filename_or_obj: Any) -> bool:
-        try:
-            p = os.fspath(filename_or_obj)
-        except TypeError:
-            return False
-        if os.path.isdir(p):
-            return os.path.isfile(os.path.join(p, manifest.POINTER))
-        return p.endswith(".h5") and _is_rowstore_file(p)
-
-
-def _is_rowstore_file(path: str) -> bool:
-    try:
-        import h5py
-
-        with h5py.File(path, "r") as f:
-            return "rowstore" in f
-    except (OSError, ValueError):
-        return False
+from rowstore.xarray._meta import (
+    META_KEY,
+    META_VERSION,
+    _attrs,
+    _encoding,
+    _field_dtype,
+    _field_name,
+)
 
 
 # -- write_patches ---------------------------------------------------------------------------------
@@ -441,8 +96,7 @@ class _Plan:
         for v in stacked:
             if v not in self.variables:
                 raise SchemaError(f"stack: {v!r} is not one of the variables written ({self.variables})")
-        if channels not in ("first", "last"):
-            raise ValueError(f"channels must be 'first' or 'last', got {channels!r}")
+        one_of("channels", channels, ("first", "last"))
         self.stacked, self.channels, self.stack_name = stacked, channels, stack_name
         self.spatial = [d for d in self.moving if self.kind[d] == "patch"]
         self.chan: dict[str, dict] = {}
@@ -891,8 +545,7 @@ def write_patches(ds: xr.Dataset, path: str | os.PathLike, *, patch: Mapping[str
     path = os.fspath(path)
     import dask
 
-    if mode not in ("w", "x"):
-        raise ValueError(f"mode must be 'w' or 'x', got {mode!r}")
+    one_of("mode", mode, ("w", "x"))
     plan = _Plan(ds, patch={"lat": 9, "lon": 9} if patch is None else patch, stride=stride, window=window,
                  sample_over=sample_over, keep=keep, variables=variables, stack=stack, channels=channels,
                  stack_name=stack_name, dtype=dtype, sample_dim=sample_dim)  # fmt: skip
@@ -939,101 +592,3 @@ def _finish_patches(path: str, results: list, plan: _Plan, glob: dict | None, mo
     stats = _combine_stats(plan, [r[1] for r in results])
     return _shuffle_output(path, infos, plan, shuffle=glob, mode=mode, attrs={META_KEY: plan.metadata(stats)},
                            options=options)  # fmt: skip
-
-
-# -- to_grid ----------------------------------------------------------------------------------------
-def _patch_meta(reader: Reader) -> dict:
-    meta = _meta(reader)
-    if meta.get("kind") != "patches":
-        raise SchemaError(f"{reader.layout.path!r} was not written by write_patches (no patch metadata)")
-    return meta["patches"]
-
-
-def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, like: xr.Dataset | xr.DataArray | None = None,
-            rows: Any = None, name: str = "prediction", window_step: int | None = None) -> xr.Dataset:
-    """Put per-sample predictions back onto the grid :func:`write_patches` cut the samples from.
-
-    Parameters
-    ----------
-    predictions : array or mapping of name to array
-        One entry per row (in dataset row order, or of ``rows``): shaped like a sample's
-        footprint (its ``window`` and ``patch`` dimensions, in the dataset's dimension order),
-        like its patch only (e.g. ``(n, 9, 9)`` for samples of ``window={"time": 2}``: placed at
-        one step of the window), or one value per sample (``(n,)``). Dimensions a prediction
-        does not span place it at the centre (index ``origin + size // 2``).
-    path_or_reader : str, os.PathLike or Reader
-        The dataset written by :func:`write_patches` (its ``<dim>_origin`` fields are read).
-    like : xarray.Dataset or DataArray, optional
-        The source grid: its coordinates are used and checked against those stored (sizes and
-        values); default the coordinates stored in the metadata.
-    rows : slice or sequence of int, optional
-        The rows the predictions are for (default all, in order).
-    name : str
-        The variable name for an array given as ``predictions``.
-    window_step : int, optional
-        Where in a window a prediction that does not span it lands (``-1``: the last step, as
-        for a forecast from a pair); default the centre.
-
-    Returns
-    -------
-    xarray.Dataset
-        One variable per prediction over the moving dimensions (``sample_over``, ``window``,
-        ``patch``): the mean of the values that landed on each point (float64, or the
-        predictions' floating dtype), NaN where none did. Exact for non-overlapping patches.
-    """
-    reader = path_or_reader if isinstance(path_or_reader, Reader) else Reader(os.fspath(path_or_reader))
-    P = _patch_meta(reader)
-    dims, size, kind, grid = P["dims"], P["size"], P["kind"], P["grid"]
-    preds = dict(predictions) if isinstance(predictions, Mapping) else {name: predictions}
-    idx = np.arange(len(reader)) if rows is None else np.arange(len(reader))[rows]
-    origins = reader.take(idx, fields=[P["origin_fields"][d] for d in dims]) if len(idx) else {}
-    coords: dict[str, Any] = {d: np.asarray(P["coords"][d]) for d in P["coords"]}
-    if like is not None:
-        for d in dims:
-            if d not in like.dims or like.sizes[d] != grid[d]:
-                raise SchemaError(f"like: dimension {d!r} has {like.sizes.get(d)} elements, the samples were cut from "
-                                  f"{grid[d]}")  # fmt: skip
-            if d in coords and (d not in like.coords or not np.array_equal(np.asarray(like[d].values), coords[d])):
-                raise SchemaError(f"like: the coordinate {d!r} differs from the one the samples were cut from")
-        coords = {d: like[d].variable for d in dims if d in like.coords}
-    foot = [d for d in dims if kind[d] != "over"]
-    fshape = tuple(size[d] for d in foot)
-    patch_dims = [d for d in foot if kind[d] == "patch"]
-    pshape = tuple(size[d] for d in patch_dims)
-    out = xr.Dataset(coords={d: (d, c) if isinstance(c, np.ndarray) else c for d, c in coords.items()})
-    for key, values in preds.items():
-        v = np.asarray(values)
-        if len(v) != len(idx):
-            raise ValueError(f"predictions {key!r}: {len(v)} rows, expected {len(idx)} (one per sample)")
-        if v.shape[1:] == fshape:
-            spread = foot
-        elif v.shape[1:] == pshape:
-            spread = patch_dims
-        elif v.shape[1:] == ():
-            spread = []
-        else:
-            raise ValueError(f"predictions {key!r}: a sample's shape is {v.shape[1:]}, expected {fshape} (the "
-                             f"footprint over {foot}), {pshape} (over {patch_dims}) or () (one value per "
-                             "sample)")  # fmt: skip
-        index: list[np.ndarray] = []
-        for d in dims:
-            o = np.asarray(origins[P["origin_fields"][d]], np.int64).reshape(-1, *[1] * len(spread))
-            if d in spread:
-                at = [1] * len(spread)
-                at[spread.index(d)] = size[d]
-                o = o + np.arange(size[d]).reshape(at)
-            elif kind[d] == "window" and window_step is not None:
-                o = o + window_step % size[d]
-            elif kind[d] != "over":
-                o = o + size[d] // 2
-            index.append(np.broadcast_to(o, v.shape))
-        total = np.zeros([grid[d] for d in dims], np.float64)
-        count = np.zeros(total.shape, np.int64)
-        ok = ~np.isnan(v) if v.dtype.kind == "f" else np.ones(v.shape, bool)
-        np.add.at(total, tuple(i[ok] for i in index), v[ok].astype(np.float64))
-        np.add.at(count, tuple(i[ok] for i in index), 1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-        dt = v.dtype if v.dtype.kind == "f" else np.float64
-        out[key] = (dims, mean.astype(dt))
-    return out

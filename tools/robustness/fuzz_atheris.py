@@ -1,11 +1,11 @@
 """Coverage-guided fuzzing of the read path with atheris (libFuzzer), issue 17 item 1.
 
     scripts/fuzz_venv.sh && scripts/build_sanitized.sh fuzz      # once: .fuzz-venv, build/fuzz
-    .fuzz-venv/bin/python bench/fuzz_atheris.py --minutes 10     # the campaign (make fuzz)
-    python bench/fuzz_atheris.py --replay tests/data/atheris     # no atheris needed
+    .fuzz-venv/bin/python tools/robustness/fuzz_atheris.py --minutes 10     # the campaign (make fuzz)
+    python tools/robustness/fuzz_atheris.py --replay tests/data/atheris     # no atheris needed
 
 The target, :func:`one_input`, turns the fuzzer's bytes into a rowstore file and reads it with
-the oracle of ``bench/fuzz.py`` (a ``RowstoreError``, or exactly the rows written; anything else
+the oracle of ``tools/robustness/fuzz.py`` (a ``RowstoreError``, or exactly the rows written; anything else
 is a finding). The bytes are decoded by :class:`Bytes`, a plain consumer (no
 ``atheris.FuzzedDataProvider``), so that the suite replays the committed corpus and crashers
 through the normal build without atheris (``tests/test_fuzz_atheris.py``).
@@ -15,7 +15,7 @@ Input layout: byte 0 chooses the mode.
 * ``mode % 8 == 0`` (raw): the rest of the input is the whole file (libFuzzer's own byte-level
   mutations of the two seed files, committed as corpus entries ``raw-*``).
 * otherwise (structure-aware): byte 1 picks a seed file of ``tests/data/atheris/seeds`` (50
-  rows, raw and lz4, written by ``bench/fuzz.py``'s ``seed_rows``), byte 2 the number of
+  rows, raw and lz4, written by ``tools/robustness/fuzz.py``'s ``seed_rows``), byte 2 the number of
   operations (1-4), then each operation: set or xor bytes inside a block or heap chunk, a heap
   reference of a row (offset/nbytes/shape, raw seed), a byte of a Blosc2 frame or chunk header,
   a field of a block or heap-chunk index entry (offsets, sizes, rows, heap ranges), a byte
@@ -56,11 +56,11 @@ import zlib
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:  # this checkout's rowstore (a sanitized build/<kind> put first on PYTHONPATH wins)
     sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import fuzz  # noqa: E402 - bench/fuzz.py: the seeds, the oracle and the child runner
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fuzz  # noqa: E402 - tools/robustness/fuzz.py: the seeds, the oracle and the child runner
 
 DATA = os.path.join(ROOT, "tests", "data", "atheris")
 SEEDS = os.path.join(DATA, "seeds")
@@ -112,7 +112,7 @@ class Bytes:
 _SEEDS: list[dict] | None = None
 
 
-#: The seed files, in the order an input's seed byte picks them: ``bench/fuzz.py``'s two
+#: The seed files, in the order an input's seed byte picks them: ``tools/robustness/fuzz.py``'s two
 #: (rows_per_block=8, raw and lz4) and an uncompressed one of 256 rows per block (a block larger
 #: than the reader's cost model takes for single rows, so single-row reads use the direct
 #: kernels of ``_io``: ``pread_rows``, ``preadv_rows``, ``pread_heap``).
@@ -160,7 +160,7 @@ def seeds() -> list[dict]:
     if _SEEDS is None:
         missing = [n for n in SEED_NAMES if not os.path.exists(os.path.join(SEEDS, n))]
         if missing:
-            raise SystemExit(f"seed files {missing} missing from {SEEDS} (bench/fuzz_atheris.py --make-seeds)")
+            raise SystemExit(f"seed files {missing} missing from {SEEDS} (tools/robustness/fuzz_atheris.py --make-seeds)")
         _SEEDS = [_seed_info(os.path.join(SEEDS, n)) for n in SEED_NAMES]
     return _SEEDS
 
@@ -366,7 +366,7 @@ def is_exact(ops: list[dict]) -> bool:
     """Whether the exact-rows oracle applies: mode 7 (CRCs left as they were). Raw inputs and
     resealed ones get the consistency oracle: raw byte mutations can edit the schema attribute or
     swap index entries of a single v1 file, which no checksum covers (docs/reliability.md, "Not
-    covered yet"; bench/fuzz.py measures that with the exact oracle)."""
+    covered yet"; tools/robustness/fuzz.py measures that with the exact oracle)."""
     return ops[0].get("reseal") is False
 
 
@@ -389,7 +389,7 @@ def initial_corpus(out: str) -> None:
 
 
 def replay_oracle(path: str, exact: bool, progress=None) -> dict:
-    """:func:`check_file` in ``bench/fuzz.py``'s result format (its child runs this)."""
+    """:func:`check_file` in ``tools/robustness/fuzz.py``'s result format (its child runs this)."""
     if progress is not None:
         progress("check")
     try:
@@ -403,7 +403,7 @@ def replay_oracle(path: str, exact: bool, progress=None) -> dict:
 
 def replay(paths: list[str], timeout: float = 10.0) -> dict:
     """Every input under ``paths`` (files or directories) through the fuzzer's oracle
-    (:func:`check_file`), each in a child process of ``bench/fuzz.py`` (a timeout, and
+    (:func:`check_file`), each in a child process of ``tools/robustness/fuzz.py`` (a timeout, and
     ``RLIMIT_AS`` 4 GiB unless sanitized: a crash or hang is an outcome, not the end of the
     run). Returns counts and the inputs whose outcome was not ok/rowstore-error."""
     files = []

@@ -13,9 +13,11 @@ id            stored chunk
 ``blosc2``    one Blosc2 frame, through HDF5 filter 32026 (``cname``, ``clevel``, ``shuffle``)
 ============  =================================================================================
 
-The Blosc2 names, codes and filter id are declared in :mod:`rowstore.format.spec` only.
+The Blosc2 names, codes and filter id are declared here only (:data:`BLOSC2_FILTER_ID`,
+:data:`BLOSC2_CODECS`, :data:`BLOSC2_SHUFFLES`); the kernels take the integer codes.
 :func:`block_compression` turns the writer's ``compression=`` argument (or a stored config) into
-one of these objects; :func:`register_block_compression` adds a third-party one. The writer
+one of these objects, :func:`compression_config` into the stored config;
+:func:`register_block_compression` adds a third-party one. The writer
 uses :meth:`~BlockCompression.compress` and :meth:`~BlockCompression.hdf5_filter_kwargs`; the
 reader passes :meth:`~BlockCompression.frame_check` to ``kernels.load_chunks`` so that the
 kernel refuses a chunk whose header names another codec or shuffle.
@@ -34,14 +36,24 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rowstore import kernels
 from rowstore.codecs.registry import add_to_registry
 from rowstore.errors import CodecError, FormatError
-from rowstore.format import spec
 
 __all__ = [
     "BlockCompression", "NoCompression", "Blosc2",
-    "block_compression", "register_block_compression", "registered_block_compressions",
+    "block_compression", "compression_config", "register_block_compression",
+    "registered_block_compressions", "BLOSC2_FILTER_ID", "BLOSC2_CODECS", "BLOSC2_SHUFFLES",
 ]  # fmt: skip
+
+#: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
+BLOSC2_FILTER_ID = 32026
+#: Blosc2 compressors (``cname`` in the stored config) and their codes in ``blosc2.h``. (Listed in
+#: the order error messages have always named them.)
+BLOSC2_CODECS = {"lz4": 1, "lz4hc": 2, "zstd": 5, "blosclz": 0, "zlib": 4}
+#: Blosc2 shuffle filters (``shuffle`` in the stored config) and their codes in ``blosc2.h``
+#: (``BLOSC_NOSHUFFLE``, ``BLOSC_SHUFFLE``, ``BLOSC_BITSHUFFLE``; hdf5plugin uses the same ints).
+BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 
 
 class BlockCompression(abc.ABC):
@@ -94,7 +106,7 @@ class BlockCompression(abc.ABC):
     @abc.abstractmethod
     def frame_check(self) -> tuple[int, int] | None:
         """``None`` when stored chunks are raw bytes, else ``(compcode, shuffle_code)`` of the
-        Blosc2 frames (:data:`spec.BLOSC2_CODECS`, :data:`spec.BLOSC2_SHUFFLES`): what the
+        Blosc2 frames (:data:`BLOSC2_CODECS`, :data:`BLOSC2_SHUFFLES`): what the
         read kernel accepts in a chunk header."""
 
 
@@ -133,11 +145,11 @@ class Blosc2(BlockCompression):
     Parameters
     ----------
     cname : str
-        One of :data:`spec.BLOSC2_CODECS` (default ``"lz4"``).
+        One of :data:`BLOSC2_CODECS` (default ``"lz4"``).
     clevel : int
         0..9 (default 5).
     shuffle : str
-        One of :data:`spec.BLOSC2_SHUFFLES` (default ``"byte"``).
+        One of :data:`BLOSC2_SHUFFLES` (default ``"byte"``).
     """
 
     compression_id = "blosc2"
@@ -147,12 +159,12 @@ class Blosc2(BlockCompression):
 
     def __post_init__(self) -> None:
         cname, clevel, shuffle = self.cname, self.clevel, self.shuffle
-        if not isinstance(cname, str) or cname not in spec.BLOSC2_CODECS:
-            raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {tuple(spec.BLOSC2_CODECS)}")
+        if not isinstance(cname, str) or cname not in BLOSC2_CODECS:
+            raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {tuple(BLOSC2_CODECS)}")
         if not isinstance(clevel, int) or not 0 <= clevel <= 9:
             raise CodecError(f"compression level must be an int in 0..9, got {clevel!r}")
-        if not isinstance(shuffle, str) or shuffle not in spec.BLOSC2_SHUFFLES:
-            raise CodecError(f"shuffle must be one of {tuple(spec.BLOSC2_SHUFFLES)}, got {shuffle!r}")
+        if not isinstance(shuffle, str) or shuffle not in BLOSC2_SHUFFLES:
+            raise CodecError(f"shuffle must be one of {tuple(BLOSC2_SHUFFLES)}, got {shuffle!r}")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> BlockCompression:
@@ -164,23 +176,19 @@ class Blosc2(BlockCompression):
     def hdf5_filter_kwargs(self) -> dict[str, Any]:
         import hdf5plugin
 
-        # hdf5plugin's filter codes are blosc2.h's, as in spec.BLOSC2_SHUFFLES.
-        cname: Any = self.cname  # one of hdf5plugin's names: checked against spec.BLOSC2_CODECS
-        return dict(hdf5plugin.Blosc2(cname=cname, clevel=self.clevel, filters=spec.BLOSC2_SHUFFLES[self.shuffle]))
+        # hdf5plugin's filter codes are blosc2.h's, as in BLOSC2_SHUFFLES.
+        cname: Any = self.cname  # one of hdf5plugin's names: checked against BLOSC2_CODECS
+        return dict(hdf5plugin.Blosc2(cname=cname, clevel=self.clevel, filters=BLOSC2_SHUFFLES[self.shuffle]))
 
     def compress(self, raw: Any, *, typesize: int) -> np.ndarray:
-        from rowstore import kernels
-
         compcode, shuffle = self.frame_check()
         return kernels.compress_frame(raw, compcode=compcode, clevel=self.clevel, shuffle=shuffle, typesize=typesize)
 
     def decompress_into(self, stored: Any, out: np.ndarray) -> None:
-        from rowstore import kernels
-
         kernels.decompress_frame(np.frombuffer(stored, np.uint8), out.reshape(-1).view(np.uint8), codec=self.frame_check())
 
     def frame_check(self) -> tuple[int, int]:
-        return spec.BLOSC2_CODECS[self.cname], spec.BLOSC2_SHUFFLES[self.shuffle]
+        return BLOSC2_CODECS[self.cname], BLOSC2_SHUFFLES[self.shuffle]
 
 
 # -- the registry ----------------------------------------------------------------------------
@@ -215,7 +223,7 @@ def block_compression(spec_or_config: Any) -> BlockCompression:
     if isinstance(x, str):
         x = {"id": "blosc2", "cname": x}
     if not isinstance(x, dict):
-        raise CodecError(f"compression must be None, a codec name {tuple(spec.BLOSC2_CODECS)} or a dict, got {x!r}")
+        raise CodecError(f"compression must be None, a codec name {tuple(BLOSC2_CODECS)} or a dict, got {x!r}")
     cid = x.get("id", "blosc2")
     cls = _REGISTRY.get(cid) if isinstance(cid, str) else None
     if cls is None:
@@ -223,6 +231,13 @@ def block_compression(spec_or_config: Any) -> BlockCompression:
         expected = ", ".join(ids[:-1]) + " or " + ids[-1] if len(ids) > 1 else ids[0]
         raise CodecError(f"unknown block compression {cid!r}; expected {expected}")
     return cls.from_config(x)
+
+
+def compression_config(compression: Any) -> dict[str, Any]:
+    """Normalise the ``compression=`` argument of the writer (or a stored config) into the
+    stored config: ``block_compression(compression).get_config()``; see
+    :func:`block_compression` for the accepted forms."""
+    return block_compression(compression).get_config()
 
 
 for _cls in (NoCompression, Blosc2):

@@ -1,6 +1,6 @@
 """Randomized SIGKILL campaign with counts (issue 17): crash consistency of every way to write.
 
-    python bench/kill_campaign.py --kills N [--seed S] [--scenarios NAME ...] [--rows R]
+    python tools/robustness/kill_campaign.py --kills N [--seed S] [--scenarios NAME ...] [--rows R]
                                   [--out bench/results/kill_campaign.json]
 
 Scenarios (each a child process, this script with ``--child``, killed by SIGKILL):
@@ -85,7 +85,8 @@ COMPRESSIONS = ("raw", "lz4")
 NEW_BASE = 1_000_000  # the child's rows: x in [NEW_BASE, NEW_BASE + rows)
 BATCH = 2000
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_OUT = os.path.join(HERE, "results", "kill_campaign.json")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_OUT = os.path.join(ROOT, "bench", "results", "kill_campaign.json")
 BUCKET = "rowstore"
 S3_ENV = "ROWSTORE_KILL_CAMPAIGN_S3"  # the moto endpoint, for the children of remote trials
 REFERENCE: dict = {}  # compression -> the rows of an unkilled shuffle (its permutation is a function of the seed)
@@ -561,7 +562,7 @@ def campaign(kills: int, seed: int, scenarios: list[str], n: int, workdir: str |
                        fraction=round(delay / T, 4))  # fmt: skip
             trials.append(rec)
             if rec["outcome"] == "VIOLATION":
-                rec.update(seed=seed, rows=n, reproduce=f"python bench/kill_campaign.py --seed {seed} --rows {n} "
+                rec.update(seed=seed, rows=n, reproduce=f"python tools/robustness/kill_campaign.py --seed {seed} --rows {n} "
                            f"--only-trial {i} --kills {kills} --scenarios {' '.join(scenarios)}")  # fmt: skip
                 violations.append(rec)
                 log(f"VIOLATION trial {i} {scenario}/{comp} at {delay * 1000:.1f} ms: {rec['error']}")
@@ -664,7 +665,7 @@ def s3_server(scenarios: list[str]):
     if "remote" not in scenarios or os.environ.get(S3_ENV):
         yield
         return
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     import _servers
 
     with _servers.moto_s3(BUCKET) as (endpoint, _):
@@ -689,7 +690,7 @@ def merge(path: str | None, run: dict, summary: dict, violations: list, trials: 
     kept_runs = [r for r in old_runs if set(r.get("scenarios", ())) - ran]
     merged = {k: v for k, v in old.get("summary", {}).items() if k not in ran}
     merged.update(summary)
-    return {"tool": "bench/kill_campaign.py", "kills": sum(v["kills"] for v in merged.values()),
+    return {"tool": "tools/robustness/kill_campaign.py", "kills": sum(v["kills"] for v in merged.values()),
             "scenarios": list(merged), "runs": [*kept_runs, run], "summary": merged,
             "violations": [v for v in old.get("violations", []) if v.get("scenario") not in ran] + violations,
             "trials": [t for t in old.get("trials", []) if t.get("scenario") not in ran] + trials}  # fmt: skip

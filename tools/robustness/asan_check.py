@@ -1,6 +1,6 @@
 """Run the fuzz corpus and the kernel tests through the ASan + UBSan build (issue 17, item 1).
 
-    python bench/asan_check.py [--cases 300] [--seed 0] [--out bench/results/asan_check.json]
+    python tools/robustness/asan_check.py [--cases 300] [--seed 0] [--out bench/results/asan_check.json]
 
 Builds ``build/asan`` first if it is missing (``scripts/build_sanitized.sh asan``: clang
 ``-fsanitize=address,undefined -fno-omit-frame-pointer``; the normal ``rowstore/_*.so`` are not
@@ -11,10 +11,10 @@ abort_on_error=1:allocator_may_return_null=1:max_allocation_size_mb=4096`` and
 ``UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1``, reports written under ``--logs``:
 
 1. a check that the sanitized modules and the runtime are what got loaded;
-2. ``bench/fuzz.py --replay`` of the committed reproducers (``tests/data/fuzz``);
-3. ``bench/fuzz_atheris.py --replay`` of the committed atheris corpus and crashers
+2. ``tools/robustness/fuzz.py --replay`` of the committed reproducers (``tests/data/fuzz``);
+3. ``tools/robustness/fuzz_atheris.py --replay`` of the committed atheris corpus and crashers
    (``tests/data/atheris``);
-4. ``--cases`` new cases of ``bench/fuzz.py`` (file regions, ``all``) and as many of its
+4. ``--cases`` new cases of ``tools/robustness/fuzz.py`` (file regions, ``all``) and as many of its
    dataset regions (``datasets``); ``RLIMIT_AS`` is off (ASan reserves terabytes of shadow
    memory), ``max_allocation_size_mb`` bounds single allocations instead;
 5. pytest on the kernel-heavy tests (``KERNEL_TESTS``).
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build", "asan")
 PY = sys.executable
 
@@ -108,7 +108,7 @@ def reports(logs: str) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", type=int, default=300, help="new bench/fuzz.py cases per target kind")
+    ap.add_argument("--cases", type=int, default=300, help="new tools/robustness/fuzz.py cases per target kind")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build", action="store_true", help="rebuild build/asan even if present")
     ap.add_argument("--logs", default=os.path.join(BUILD, "logs"))
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     if steps[-1]["rc"] != 0:
         print(steps[-1]["tail"], file=sys.stderr)
         return 1
-    fuzz = os.path.join(ROOT, "bench", "fuzz.py")
+    fuzz = os.path.join(ROOT, "tools", "robustness", "fuzz.py")
     repro = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "fuzz", "*.h5.gz")))
     if repro:
         s = _run("fuzz-replay", [PY, fuzz, "--replay", *repro, "--mem-gib", "0", "--timeout", "10"], env, 60 + 15 * len(repro))
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     atheris_data = os.path.join(ROOT, "tests", "data", "atheris")
     targets = [d for d in (os.path.join(atheris_data, "corpus"), os.path.join(atheris_data, "crashers")) if os.path.isdir(d)]
     if targets:
-        s = _run("atheris-replay", [PY, os.path.join(ROOT, "bench", "fuzz_atheris.py"), "--replay", *targets], env, 1200)
+        s = _run("atheris-replay", [PY, os.path.join(ROOT, "tools", "robustness", "fuzz_atheris.py"), "--replay", *targets], env, 1200)
         try:
             s["replay"] = json.loads(s["_out"][s["_out"].index("{\n") :])
         except ValueError:

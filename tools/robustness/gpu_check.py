@@ -13,7 +13,7 @@ On a machine with CUDA:
 
 Without CUDA it prints ``{"cuda": false, ...}`` with a "no CUDA" message and exits 0.
 
-    python bench/gpu_check.py [--rows 400000] [--repeats 3] [--dir DIR]
+    python tools/robustness/gpu_check.py [--rows 400000] [--repeats 3] [--dir DIR]
 """
 
 from __future__ import annotations

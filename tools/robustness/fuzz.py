@@ -1,8 +1,8 @@
 """Structure-aware mutation fuzzer for rowstore readers (issue 17, item 1).
 
-    python bench/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
-    python bench/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
-    python bench/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
+    python tools/robustness/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
+    python tools/robustness/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
+    python tools/robustness/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
 
 Seed files are format v2 (a checksummed footer after the HDF5 file; ``--format v1`` cuts it off
 and sets ``format_version`` 1, as the v1 writer left files). ``--region footer``: the footer's and
@@ -65,7 +65,7 @@ import zlib
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:  # fuzz this checkout's rowstore (spawned children run this too)
     sys.path.insert(0, ROOT)
 
@@ -599,7 +599,7 @@ def _schema_edit(rng, schema: dict, alias: bool) -> dict:
 
 def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | None:
     """One structure-aware edit of the manifest, pointer or sidecar, then :func:`reseal`."""
-    from rowstore.format import spec
+    from rowstore.codecs.blocks import compression_config
 
     m = json.loads(files[dmap["manifest"]])
     keep: set[str] = set()
@@ -652,7 +652,7 @@ def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | 
         except (KeyError, TypeError, IndexError, ValueError):
             return None
     elif kind == "sealed-compression":
-        new = _pick(rng, ({"id": "none"}, spec.compression_config("lz4"), spec.compression_config("zstd"),
+        new = _pick(rng, ({"id": "none"}, compression_config("lz4"), compression_config("zstd"),
                           {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"},
                           {"id": "blosc2", "cname": "lz4", "clevel": 1, "shuffle": "none"},
                           {"id": "blosc2", "cname": "lz4", "clevel": 99, "shuffle": "byte"},
@@ -998,7 +998,7 @@ def _leak(step, exc):
 
 def child_main(conn, mem_limit: int, target: str | None = None):
     """Runs cases sent by :class:`Child`; ``target`` ("module:function", same signature as
-    :func:`run_oracle`) replaces the oracle (``bench/fuzz_atheris.py`` replays with its own)."""
+    :func:`run_oracle`) replaces the oracle (``tools/robustness/fuzz_atheris.py`` replays with its own)."""
     import importlib
     import resource
 

@@ -51,3 +51,14 @@ rowstore.Layout.open({path!r}, verify=True)
 from rowstore.cli import main
 assert main(["info", {path!r}]) == 0
 """)
+
+
+def test_petastorm_names_import_neither_torch_nor_pyarrow(rs):
+    check_no_frameworks(rs, """
+import sys
+import rowstore.petastorm
+from rowstore.petastorm import make_reader, make_batch_reader, TransformSpec, read_unischema
+assert "pyarrow" not in sys.modules, "rowstore.petastorm imported pyarrow"
+assert "DataLoader" in dir(rowstore.petastorm) and "DataLoader" in rowstore.petastorm.__all__
+""")
+

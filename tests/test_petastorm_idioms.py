@@ -297,7 +297,7 @@ def test_spark_sections_as_written(spark, tmp_path):
     ])  # fmt: skip
     rows = sc.parallelize(range(n)).map(row_generator).map(lambda x: rsp.to_row(HelloWorldSchema, x))
     df = spark.createDataFrame(rows, rsp.spark_schema(HelloWorldSchema))
-    rsp.write(df, url, schema=HelloWorldSchema, shard_bytes=1 << 20, compression="lz4")
+    rsp.to_rowstore(df, url, schema=HelloWorldSchema, shard_bytes=1 << 20, compression="lz4")
     with rowstore.make_reader(url, shuffle=False) as reader:
         got = list(reader)
     assert sorted(r.id for r in got) == list(range(n))

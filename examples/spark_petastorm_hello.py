@@ -4,8 +4,8 @@ trained from in torch through a converter.
 Petastorm's example makes rows of an id, a 128x256x3 PNG image and a variable-shape 4-D array
 with ``dict_to_spark_row`` and writes them with ``materialize_dataset``; here
 :func:`rowstore.spark.to_row` makes the Spark rows (arrays as ``.npy`` cells, the image as its
-PNG bytes) and :func:`rowstore.spark.write` writes each partition on its executor and commits
-once. The dataset is read back with :func:`rowstore.make_reader` (Petastorm's idiom). Then
+PNG bytes) and :func:`rowstore.spark.to_rowstore` writes each partition on its executor and
+commits once. The dataset is read back with :func:`rowstore.make_reader` (Petastorm's idiom). Then
 :func:`rowstore.spark.make_converter` caches a DataFrame of features for training and a small
 torch model trains a few steps from ``converter.make_torch_dataloader``.
 
@@ -52,7 +52,7 @@ def main(out: str) -> None:
         rows = spark.sparkContext.parallelize(range(ROWS), 2).map(lambda i: rsp.to_row(HelloSchema, row_generator(i)))
         df = spark.createDataFrame(rows, rsp.spark_schema(HelloSchema))
         path = os.path.join(out, "hello_world_dataset")
-        version = rsp.write(df, "file://" + path, schema=HelloSchema)
+        version = rsp.to_rowstore(df, "file://" + path, schema=HelloSchema)
         with rowstore.open(path) as r:
             print(f"wrote version {version}: {len(r)} rows in {r.layout.num_shards} shards")
 

@@ -2,10 +2,10 @@
 
 Write a file with :class:`Writer`, a dataset of many files with :class:`DatasetWriter` (or
 :func:`write_shard` on workers and one :func:`commit`; :func:`gc_dataset` removes what old
-versions left), read with :func:`open`; adapters live in ``rowstore.torch`` and ``rowstore.tf``
-(importing ``rowstore`` imports neither framework); DataFrames go in and out through
-``rowstore.pandas`` (``rowstore.from_pandas``/``read_pandas``, imported on first use) and
-``rowstore.dask``.
+versions left), read with :func:`open` (a :class:`Reader`); adapters live in ``rowstore.torch``
+and ``rowstore.tf`` (importing ``rowstore`` imports neither framework); DataFrames go in and out
+through ``rowstore.pandas`` (``rowstore.from_pandas``/``read_pandas``, imported on first use) and
+``rowstore.dask``; Petastorm's names are in ``rowstore.petastorm``.
 """
 
 from rowstore._version import __version__
@@ -47,25 +47,57 @@ __all__ = [
     "mix",
 ]  # fmt: skip
 
+#: Names imported on first use (their modules, or the optional packages they need, are heavy).
+_LAZY = {
+    "Reader": "rowstore.reader",
+    "from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas",
+    "shuffle": "rowstore.global_shuffle", "order_quality": "rowstore.quality",
+    "from_arrow": "rowstore.arrow", "from_parquet": "rowstore.arrow",
+    "make_reader": "rowstore.reader.make_reader",
+    "make_batch_reader": "rowstore.reader.make_reader",
+    "TransformSpec": "rowstore.reader.transform",
+}  # fmt: skip
+#: The extra and the optional packages a lazy module needs (``pip install rowstore[<extra>]``).
+_NEEDS = {
+    "rowstore.pandas": ("pandas", ("pandas", "pyarrow")),
+    "rowstore.arrow": ("parquet", ("pyarrow",)),
+}
 
-_LAZY = {"from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas",
-         # global shuffle (rowstore.global_shuffle) and dataset-order figures (rowstore.quality)
-         "shuffle": "rowstore.global_shuffle", "order_quality": "rowstore.quality"}
-# Arrow/Parquet (pyarrow) and Petastorm's reading idioms, imported on first use.
-_LAZY.update({"from_arrow": "rowstore.arrow", "from_parquet": "rowstore.arrow",
-              "make_reader": "rowstore.reader.make_reader", "make_batch_reader": "rowstore.reader.make_reader",
-              "TransformSpec": "rowstore.reader.transform"})
+
+def _installed(module):
+    import importlib.util
+
+    return all(importlib.util.find_spec(p) is not None for p in _NEEDS.get(module, ("", ()))[1])
+
+
+# ``from rowstore import *`` imports every lazy name whose optional packages are installed (a
+# name whose package is missing stays reachable as ``rowstore.<name>``, which says what to
+# install); dir() lists them all.
+__all__ += [name for name, module in _LAZY.items() if _installed(module)]
 
 
 def __getattr__(name):
-    """``rowstore.from_pandas``/``read_pandas`` (pandas), ``shuffle`` and ``order_quality``,
-    ``from_arrow``/``from_parquet`` (pyarrow), ``make_reader``/``make_batch_reader`` and
-    ``TransformSpec`` (Petastorm's) import their modules on first use only."""
+    """The names of ``_LAZY`` (:class:`~rowstore.reader.Reader`, ``from_pandas``/``read_pandas``
+    (pandas), ``shuffle``, ``order_quality``, ``from_arrow``/``from_parquet`` (pyarrow),
+    ``make_reader``/``make_batch_reader`` and ``TransformSpec``) import their modules on first
+    use only."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = _LAZY[name]
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as exc:
+            extra, packages = _NEEDS.get(module, ("", ()))
+            if exc.name not in packages:
+                raise
+            msg = f"rowstore.{name} needs {exc.name}: pip install rowstore[{extra}]"
+            raise ModuleNotFoundError(msg, name=exc.name) from exc
     raise AttributeError(f"module 'rowstore' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zarr.open

@@ -4,7 +4,7 @@ converter that caches a DataFrame as a dataset for torch and tf (Petastorm's
 
 This is the only module that imports pyspark (``pip install rowstore[spark]``, Java 17).
 
-- :func:`write`: every partition is written on its executor as shards (:func:`rowstore.write_shard`,
+- :func:`to_rowstore`: every partition is written on its executor as shards (:func:`rowstore.write_shard`,
   fed the partition's Arrow record batches by ``DataFrame.mapInArrow``: rows never travel to
   the driver); only the small :class:`~rowstore.ShardInfo` of each shard does, and the driver
   commits one manifest version when every task succeeded. A failed job commits nothing and
@@ -16,7 +16,7 @@ This is the only module that imports pyspark (``pip install rowstore[spark]``, J
   dimension variable), and Spark ML vectors (dense or sparse) as variable-length ``float64``
   arrays. Arrays and images of a rowstore :class:`~rowstore.Schema` go into a DataFrame as binary
   cells made by :func:`to_row` (``.npy`` bytes, or the field's PNG/JPEG codec), with the Spark
-  schema :func:`spark_schema` gives; :func:`write` with that ``schema=`` decodes them.
+  schema :func:`spark_schema` gives; :func:`to_rowstore` with that ``schema=`` decodes them.
 - :func:`make_converter`: the DataFrame is written once under a cache directory, keyed by its
   analyzed plan (``semanticHash``), and reused when the same plan is converted again.
 
@@ -34,6 +34,7 @@ import os
 import pickle
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -51,7 +52,7 @@ from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
 from rowstore.format.validate import check_value
 from rowstore.schema import BYTES, STR, Field, Schema
 
-__all__ = ["write", "to_row", "spark_schema", "make_converter", "SparkDatasetConverter", "CACHE_DIR_CONF"]
+__all__ = ["to_rowstore", "write", "to_row", "spark_schema", "make_converter", "SparkDatasetConverter", "CACHE_DIR_CONF"]
 
 #: Spark conf key of the converter's parent cache directory (Petastorm's
 #: ``SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF``).
@@ -214,9 +215,9 @@ def _remove_job_files(root: str, job: str, keep: set[str]) -> None:
                 os.remove(os.path.join(shards, n))
 
 
-def write(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None = None,
-          shard_bytes: int = DEFAULT_SHARD_BYTES, mode: str = "w", nullable: str = "spark",
-          attrs: Mapping[str, Any] | None = None, **writer_kwargs: Any) -> int:  # fmt: skip
+def to_rowstore(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None = None,
+                shard_bytes: int = DEFAULT_SHARD_BYTES, mode: str = "w", nullable: str = "spark",
+                attrs: Mapping[str, Any] | None = None, **writer_kwargs: Any) -> int:  # fmt: skip
     """Write a Spark DataFrame as a rowstore dataset directory, each partition on its executor.
 
     Parameters
@@ -275,6 +276,13 @@ def write(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None = Non
     finally:
         _remove_job_files(root, job, committed)  # failed, retried and duplicate attempts' shards
     return version
+
+
+def write(df: DataFrame, path: str | os.PathLike, **kwargs: Any) -> int:
+    """Deprecated: :func:`to_rowstore` (the name ``rowstore.dask`` and ``rowstore.xarray`` use)."""
+    warnings.warn("rowstore.spark.write is deprecated: write rowstore.spark.to_rowstore(df, path, ...)",
+                  DeprecationWarning, stacklevel=2)  # fmt: skip
+    return to_rowstore(df, path, **kwargs)
 
 
 def _bind(fn: Any, *args: Any) -> Any:
@@ -417,9 +425,9 @@ def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None,
     DataFrame's analyzed plan and schema: converting the same plan again (the same DataFrame,
     or the same query built again) reuses it without a Spark job. A plan over files that later
     change keeps its key: :meth:`SparkDatasetConverter.delete` the stale copy. ``schema``
-    (e.g. for :func:`to_row` cells) is :func:`write`'s and part of the key; ``nullable``
+    (e.g. for :func:`to_row` cells) is :func:`to_rowstore`'s and part of the key; ``nullable``
     defaults to ``"data"`` (fields nullable only where a null occurs); the rest is
-    :func:`write`'s."""
+    :func:`to_rowstore`'s."""
     if cache_dir is None:
         cache_dir = df.sparkSession.conf.get(CACHE_DIR_CONF, None)
         if not cache_dir:
@@ -429,5 +437,5 @@ def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None,
     path = os.path.join(parent, f"rowstore-{_plan_key(df, schema)}")
     if manifest.is_dataset(path):
         return SparkDatasetConverter(path, cached=True)
-    write(df, path, schema=schema, nullable=nullable, shard_bytes=shard_bytes, **writer_kwargs)
+    to_rowstore(df, path, schema=schema, nullable=nullable, shard_bytes=shard_bytes, **writer_kwargs)
     return SparkDatasetConverter(path, cached=False)

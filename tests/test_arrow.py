@@ -229,7 +229,7 @@ def test_bad_input_names_column_and_row(tmp_path):
 
 
 def test_write_shards_rolls_over_and_cleans_up(tmp_path):
-    """The executor side of rowstore.spark.write: a batch stream as shards of ~shard_bytes, in
+    """The executor side of rowstore.spark.to_rowstore: a batch stream as shards of ~shard_bytes, in
     order, nothing committed; an error mid-stream removes the shards already written."""
     from rowstore.arrow import _columns, _source, write_shards
 

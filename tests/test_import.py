@@ -51,3 +51,43 @@ rowstore.Layout.open({path!r}, verify=True)
 from rowstore.cli import main
 assert main(["info", {path!r}]) == 0
 """)
+
+
+def test_petastorm_names_import_neither_torch_nor_pyarrow(rs):
+    check_no_frameworks(rs, """
+import sys
+import rowstore.petastorm
+from rowstore.petastorm import make_reader, make_batch_reader, TransformSpec, read_unischema
+assert "pyarrow" not in sys.modules, "rowstore.petastorm imported pyarrow"
+assert "DataLoader" in dir(rowstore.petastorm) and "DataLoader" in rowstore.petastorm.__all__
+""")
+
+
+
+def test_lazy_names_are_listed_and_reader_is_exported(rs):
+    import rowstore
+    from rowstore.reader import Reader
+
+    assert rowstore.Reader is Reader and "Reader" in rowstore.__all__
+    lazy = ["Reader", "from_pandas", "read_pandas", "shuffle", "order_quality", "from_arrow",
+            "from_parquet", "make_reader", "make_batch_reader", "TransformSpec"]  # fmt: skip
+    assert set(lazy) <= set(dir(rowstore)) and set(lazy) <= set(rowstore.__all__)
+    assert all(hasattr(rowstore, n) for n in rowstore.__all__)
+    # Without pyarrow (and so without rowstore.pandas' needs): a star import still works and
+    # leaves those names out; asking for one says what to install.
+    proc = rs.run_python("""
+import sys
+sys.modules["pyarrow"] = None  # as if not installed
+import rowstore
+from rowstore import *  # noqa
+assert "from_arrow" not in rowstore.__all__ and "from_pandas" not in rowstore.__all__
+assert "from_arrow" in dir(rowstore) and Reader is rowstore.Reader
+try:
+    rowstore.from_parquet
+except ModuleNotFoundError as exc:
+    assert "pip install rowstore[parquet]" in str(exc) and exc.name == "pyarrow", exc
+else:
+    raise AssertionError("no error")
+print("clean")
+""")
+    assert proc.returncode == 0 and proc.stdout.strip() == "clean", proc.stderr[-3000:]

@@ -22,10 +22,14 @@ LAYERS = [
     ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
     ("integrations", ["rowstore.pandas", "rowstore.dask", "rowstore.xarray",
-                      "rowstore.arrow", "rowstore.petastorm", "rowstore.spark"]),  # Arrow/Parquet, Petastorm, Spark
+                      "rowstore.arrow", "rowstore.petastorm", "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
+                      "rowstore._payloads", "rowstore._unischema"]),  # their payload decoders, the Unischema
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 
+
+#: Deprecated aliases, kept for a release where a name moved up a layer: (module, its target).
+DEPRECATED_ALIASES = {("rowstore.torch", "rowstore.petastorm")}  # rowstore.torch.DataLoader
 
 _SUBMODULES = {fn.split(".")[0] for fn in os.listdir(ROOT) if not fn.startswith("__")}
 
@@ -80,6 +84,14 @@ def test_imports_follow_the_layers():
             for target in _imports(path, module):
                 if target == "rowstore" and own < len(LAYERS) - 1:
                     wrong.append(f"{module} imports the package root (which imports every layer)")
-                elif layer_of(target) > own:
+                elif layer_of(target) > own and (module, target) not in DEPRECATED_ALIASES:
                     wrong.append(f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_arrow_does_not_import_petastorm():
+    """The payload decoders and the Unischema reader are modules of their own: rowstore.arrow
+    imports them, not rowstore.petastorm (which converts through rowstore.arrow)."""
+    path = os.path.join(ROOT, "arrow.py")
+    got = [t for t in _imports(path, "rowstore.arrow") if t.startswith("rowstore.petastorm")]
+    assert not got, got

@@ -4,7 +4,7 @@ docs/petastorm.md says): examples/mnist/pytorch_example.py (train and test loops
 ``DataLoader(make_reader(..., transform_spec=TransformSpec(f, removed_fields=['idx']),
 seed=..., shuffle_rows=True))``) and the README's PyTorch section; and TransformSpec's
 ``edit_fields`` / ``removed_fields`` / ``selected_fields`` as Petastorm defines them, in plain
-iteration, ``make_batch_reader`` and ``rowstore.torch.DataLoader``."""
+iteration, ``make_batch_reader`` and ``rowstore.petastorm.DataLoader``."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 import torch.optim as optim  # noqa: E402
 
 import rowstore.torch as rst  # noqa: E402
-from rowstore import TransformSpec, make_reader  # noqa: E402  (Petastorm: from petastorm import ...)
-from rowstore.torch import DataLoader  # noqa: E402  (Petastorm: from petastorm.pytorch import DataLoader)
+from rowstore.petastorm import DataLoader, TransformSpec, make_reader  # noqa: E402  (petastorm's)
 
 try:
     from torchvision import transforms

@@ -1,6 +1,6 @@
 """Petastorm's reading idioms over rowstore: make_reader / make_batch_reader (num_epochs,
 shuffle, cur_shard/shard_count, a vectorized predicate, schema_fields by name or regex,
-transform_spec), rowstore.torch.DataLoader, file:// URLs, fields= as Field objects and
+transform_spec), rowstore.petastorm.DataLoader, file:// URLs, fields= as Field objects and
 Reader.batches(shuffle=True)."""
 
 from __future__ import annotations
@@ -78,16 +78,17 @@ def test_make_reader_shards_predicate_transform(ds):
 def test_torch_dataloader_petastorm_names(ds):
     torch = pytest.importorskip("torch")
     import rowstore.torch as rst
+    from rowstore.petastorm import DataLoader
 
     reader = rowstore.make_reader(ds, num_epochs=2, schema_fields=["id", "label"], predicate=lambda b: b["id"] < 30)
-    with rst.DataLoader(reader, batch_size=4) as loader:
+    with DataLoader(reader, batch_size=4) as loader:
         ids = [t for b in loader for t in b["id"].tolist()]
         assert isinstance(loader, rst.BatchedDataLoader)
     assert sorted(ids) == sorted(list(range(30)) * 2)
-    with rst.DataLoader(ds, batch_size=10, shuffle=True, fields=[SCHEMA["id"]]) as loader:
+    with DataLoader(ds, batch_size=10, shuffle=True, fields=[SCHEMA["id"]]) as loader:
         assert sorted(torch.cat([b["id"] for b in loader]).tolist()) == list(range(N))
     with pytest.raises(ValueError, match="collate_fn"):
-        rst.DataLoader(ds, batch_size=4, collate_fn=lambda x: x)
+        DataLoader(ds, batch_size=4, collate_fn=lambda x: x)
 
 
 def test_reader_accepts_petastorm_style_arguments(ds):
@@ -209,16 +210,17 @@ def test_make_reader_of_an_s3_url(ds, s3_server, tmp_path):
 def test_table_pytorch(ds):
     torch = pytest.importorskip("torch")
     import rowstore.torch as rst
+    from rowstore.petastorm import DataLoader
 
     def transform(row):  # a Petastorm-style row transform
         return {**row, "id": row["id"] + 1000}
 
     spec = rst.TransformSpec(transform, removed_fields=["image_b", "label"])
-    # rowstore.torch.DataLoader(reader, batch_size): the reader's fields, shard, order, predicate,
+    # rowstore.petastorm.DataLoader(reader, batch_size): the reader's fields, shard, order, predicate,
     # transform and num_epochs apply; collate_fn must be None; shuffling_queue_capacity is ignored
     def loader_ids(k, **kw):
         reader = rowstore.make_reader(ds, num_epochs=2, cur_shard=k, shard_count=2, seed=5, shuffle_rows=True, **kw)
-        with rst.DataLoader(reader, batch_size=4, shuffling_queue_capacity=100) as loader:
+        with DataLoader(reader, batch_size=4, shuffling_queue_capacity=100) as loader:
             got = list(loader)
         return got, torch.cat([b["id"] for b in got]).tolist()
 
@@ -230,7 +232,7 @@ def test_table_pytorch(ds):
         assert all(sorted(b) == ["id", "image_a"] for b in got)
         assert ids == [i + 1000 for i in plain[k] if i % 2 == 0]  # the same order, filtered and transformed
     with pytest.raises(ValueError, match="collate_fn"):
-        rst.DataLoader(rowstore.make_reader(ds), batch_size=4, collate_fn=lambda rows: rows)
+        DataLoader(rowstore.make_reader(ds), batch_size=4, collate_fn=lambda rows: rows)
     # rowstore.torch.BatchedDataLoader(url, batch_size=..., transform=...)
     with rst.BatchedDataLoader(ds, batch_size=16, shuffle=False, fields=["id"],
                                transform=lambda b: {"id": b["id"] * 2}) as loader:  # fmt: skip
@@ -252,8 +254,8 @@ def test_table_pytorch(ds):
     assert list(b) == ["n", "id"] and b["n"].tolist() == [16 * i for i in range(8)]
     # variable-length fields | varlen="padded" (plus <name>__shape), "nested" or "list"
     for varlen in ("padded", "nested", "list"):
-        with rst.DataLoader(rowstore.make_reader(ds, schema_fields=["image_b"], shuffle=False), batch_size=6,
-                            varlen=varlen) as loader:  # fmt: skip
+        with DataLoader(rowstore.make_reader(ds, schema_fields=["image_b"], shuffle=False), batch_size=6,
+                        varlen=varlen) as loader:  # fmt: skip
             b = next(iter(loader))
         if varlen == "padded":
             assert b["image_b"].shape == (6, 2, 2) and b["image_b__shape"][:, 0].tolist() == [0, 1, 2] * 2
@@ -295,7 +297,7 @@ def test_spark_sections_as_written(spark, tmp_path):
     ])  # fmt: skip
     rows = sc.parallelize(range(n)).map(row_generator).map(lambda x: rsp.to_row(HelloWorldSchema, x))
     df = spark.createDataFrame(rows, rsp.spark_schema(HelloWorldSchema))
-    rsp.write(df, url, schema=HelloWorldSchema, shard_bytes=1 << 20, compression="lz4")
+    rsp.to_rowstore(df, url, schema=HelloWorldSchema, shard_bytes=1 << 20, compression="lz4")
     with rowstore.make_reader(url, shuffle=False) as reader:
         got = list(reader)
     assert sorted(r.id for r in got) == list(range(n))

@@ -177,12 +177,15 @@ def test_mixture_takes_pieces(ids_path, tmp_path):
 
 
 def test_petastorm_style_reader_and_loader(ids_path):
+    from rowstore.petastorm import DataLoader
+
     with Reader(ids_path) as reader:
         order = reader.epoch_order(**KW).tolist()
     with rowstore.make_reader(ids_path, schema_fields=["id"], batch_size=8, **KW) as r:
         assert [row.id for row in r] == order
     with rowstore.make_reader(ids_path, schema_fields=["id"], **KW) as r:
-        assert [i for b in rst.DataLoader(r, batch_size=8) for i in b["id"].tolist()] == order
+        loader = DataLoader(r, batch_size=8)
+        assert [i for b in loader for i in b["id"].tolist()] == order
 
 
 # -- CLI --------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _spark_value(v, field: Field):
 def test_every_type_round_trips_equal_to_collect(tmp_path, spark, rsp, rs):
     df = _all_types(spark)
     path = str(tmp_path / "all")
-    version = rsp.write(df, "file://" + path, shard_bytes=1 << 20)
+    version = rsp.to_rowstore(df, "file://" + path, shard_bytes=1 << 20)
     expected = df.collect()
     assert version == 1
     with rowstore.open(path) as r:
@@ -115,7 +115,7 @@ def test_to_row_cells_decode_exactly(tmp_path, spark, rsp, rs):
     # Shards roll over between record batches: small batches, several shards a partition.
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")
     try:
-        rsp.write(df.coalesce(2), str(tmp_path / "img"), schema=IMAGE, shard_bytes=300)
+        rsp.to_rowstore(df.coalesce(2), str(tmp_path / "img"), schema=IMAGE, shard_bytes=300)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     with rowstore.open(str(tmp_path / "img")) as r:
@@ -135,14 +135,17 @@ def test_to_row_and_schema_errors_name_the_field(spark, rsp, rs):
         rsp.to_row(IMAGE, {**row, "extra": 1})
     df = spark.createDataFrame([], T.StructType([T.StructField("x", T.DoubleType()), T.StructField("s", T.StringType())]))
     with pytest.raises(SchemaError, match=r"column 'x' is double, which field 'x' \(int64\) cannot store"):
-        rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "int64"), Field("s", "str")]))
+        rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "int64"), Field("s", "str")]))
     with pytest.raises(SchemaError, match=r"column 's' is string, but field 's' is float32"):
-        rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64"), Field("s", "float32")]))
+        rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "float64"), Field("s", "float32")]))
     with pytest.raises(SchemaError, match="schema fields"):
-        rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
+        rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
+    with pytest.warns(DeprecationWarning, match=r"write rowstore\.spark\.to_rowstore"):  # the old name
+        with pytest.raises(SchemaError, match="schema fields"):
+            rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
     m = spark.createDataFrame([({"a": 1},)], "m map<string,int>")
     with pytest.raises(SchemaError, match="column 'm'"):
-        rsp.write(m, "/nonexistent/never")
+        rsp.to_rowstore(m, "/nonexistent/never")
     assert not os.path.exists("/nonexistent/never")
 
 
@@ -161,7 +164,7 @@ def test_a_task_raising_mid_write_commits_nothing(tmp_path, spark, rsp):
 
     df = spark.range(0, 40, numPartitions=2).withColumn("v", boom("id"))
     with pytest.raises(Exception, match="boom at 37"):
-        rsp.write(df, path, shard_bytes=64)
+        rsp.to_rowstore(df, path, shard_bytes=64)
     assert not os.path.exists(os.path.join(path, "rowstore.json"))  # no manifest, no version
     # the shards the job's tasks wrote are removed; a shard of another writer is left alone
     assert os.listdir(os.path.join(path, "shards")) == [os.path.basename(foreign.path)]

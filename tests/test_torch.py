@@ -753,3 +753,20 @@ def test_cuda_pipeline_errors_reach_the_consumer(ids_path):
     with pytest.raises(RuntimeError, match="boom in transform"):
         list(dl)
     assert not [t for t in threading.enumerate() if t.name.startswith("rowstore")]
+
+
+def test_petastorm_dataloader_alias_warns_and_is_the_same_class(ids_path):
+    import rowstore.petastorm
+
+    with pytest.warns(DeprecationWarning, match=r"write rowstore\.petastorm\.DataLoader") as got:
+        old = rst.DataLoader
+    assert got[0].filename == __file__  # the warning points at the caller's line
+    assert old is rowstore.petastorm.DataLoader
+    with pytest.warns(DeprecationWarning, match=r"rowstore\.petastorm\.DataLoader"):
+        from rowstore.torch import DataLoader as imported
+    assert imported is old
+    assert "DataLoader" not in rst.__all__
+    with old(ids_path, batch_size=4, shuffle=False) as loader:
+        assert torch.cat([b["id"] for b in loader]).tolist() == list(range(len(rowstore.open(ids_path))))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchLoader'"):
+        rst.NoSuchLoader  # noqa: B018

@@ -15,8 +15,6 @@ This package is the only part of rowstore that imports torch. Use it as
   removes or adds, so every loader knows its ``output_schema``.
 - :class:`ResumableDataLoader` and :class:`ElasticBatchSampler`: torch's ``DataLoader`` with a
   state that resumes on another world size and number of workers.
-- :class:`DataLoader`: Petastorm's ``DataLoader(reader, batch_size=...)`` over a
-  :func:`rowstore.make_reader` reader (or a path).
 - :func:`collate`: the ``collate_fn`` for :class:`Dataset` and row-mode :class:`IterableDataset`.
 
 Variable-shape fields are collated per field (``varlen=``): ``"padded"`` (a zero-padded tensor
@@ -29,17 +27,35 @@ See ``docs/torch.md``.
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from rowstore.reader.transform import TransformSpec
 from rowstore.torch._collate import Row, RowBatch, collate
 from rowstore.torch._convert import VARLEN_MODES, torch_dtype
 from rowstore.torch._datasets import Dataset, IterableDataset
 from rowstore.torch._device import _CudaStage  # noqa: F401  (tests subclass it as rst._CudaStage)
 from rowstore.torch._loaders import BatchedDataLoader, InMemBatchedDataLoader
-from rowstore.torch._petastorm import DataLoader
 from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
 
 __all__ = [
     "Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader", "TransformSpec",
-    "collate", "Row", "RowBatch", "torch_dtype", "VARLEN_MODES", "DataLoader",
+    "collate", "Row", "RowBatch", "torch_dtype", "VARLEN_MODES",
     "ResumableDataLoader", "ElasticBatchSampler",  # elastic resume (rowstore.reader.plan)
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """``rowstore.torch.DataLoader``: a deprecated alias of ``rowstore.petastorm.DataLoader``."""
+    if name == "DataLoader":
+        warnings.warn(
+            "rowstore.torch.DataLoader is deprecated: write rowstore.petastorm.DataLoader "
+            "(Petastorm's DataLoader over make_reader); rowstore.torch.BatchedDataLoader is "
+            "rowstore's own loader",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from rowstore.petastorm import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'rowstore.torch' has no attribute {name!r}")

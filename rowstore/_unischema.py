@@ -1,4 +1,4 @@
-"""Petastorm datasets into rowstore, without petastorm: the Unischema read by a restricted unpickler.
+"""The Unischema of a Petastorm dataset, read without petastorm by a restricted unpickler.
 
 A Petastorm dataset is a Parquet directory whose ``_common_metadata`` file holds the pickled
 ``Unischema`` (key ``dataset-toolkit.unischema.v1``): per field a name, a numpy dtype, a shape
@@ -9,22 +9,10 @@ codec classes, ``pyspark.sql.types`` type classes, numpy scalar types, ``collect
 and turns each into a plain description: no Petastorm, pyspark or arbitrary code is imported or
 run. Any other global, or a malformed pickle, is a :class:`~rowstore.errors.FormatError`.
 
-The codecs decode as Petastorm's do:
-
-=====================================  ==============================================================
-Petastorm codec                        rowstore field
-=====================================  ==============================================================
-``NdarrayCodec`` (``numpy.save``)      the Unischema's dtype and shape, stored raw
-``CompressedNdarrayCodec`` (``savez``) the same
-``CompressedImageCodec('png')``        PNG again (lossless; the files hold RGB: Petastorm's BGR swap
-                                       and OpenCV's cancel out)
-``CompressedImageCodec('jpeg')``       the decoded pixels, stored raw (no second lossy encoding)
-``ScalarCodec(spark type)``, none      the Parquet value: numbers, ``str`` (``np.str_``), ``bytes``
-=====================================  ==============================================================
-
-:func:`import_petastorm` (``rowstore import-petastorm URL OUT``) converts a dataset, keeping
-the row order (Parquet files in sorted order, Spark's partition order, then row groups);
-``rowstore.from_parquet`` does the same for a Petastorm directory by default.
+:func:`read_unischema` gives the :class:`Unischema`: the rowstore fields and the payload
+decoders (:mod:`rowstore._payloads`) that :func:`rowstore.from_parquet` converts the dataset
+with. This module imports no pyarrow at import time (only :func:`read_unischema` reads Parquet
+metadata).
 """
 
 from __future__ import annotations
@@ -38,24 +26,36 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.arrow import Decode, from_parquet, local_path
+from rowstore._payloads import Decode
 from rowstore.errors import FormatError, SchemaError
-from rowstore.schema import BYTES, STR, Field, Schema, field_name
+from rowstore.reader._args import local_path
+from rowstore.schema import BYTES, STR, Field, field_name
 
-__all__ = ["UNISCHEMA_KEY", "PetastormField", "Unischema", "load_unischema", "read_unischema", "import_petastorm"]
+__all__ = [
+    "UNISCHEMA_KEY",
+    "MAX_PICKLE_BYTES",
+    "PetastormField",
+    "Unischema",
+    "load_unischema",
+    "read_unischema",
+]
 
 #: The ``_common_metadata`` key of the pickled Unischema.
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 #: Largest pickled Unischema accepted (bytes): a schema of thousands of fields is far smaller.
 MAX_PICKLE_BYTES = 4 << 20
 
-_PETASTORM = ("petastorm", "av.experimental.deepdrive.dataset_toolkit")  # the second: its old package name
+_PETASTORM = (
+    "petastorm",
+    "av.experimental.deepdrive.dataset_toolkit",
+)  # the second: its old package name
 _NUMPY_TYPES = {
-    "bool_": "bool", "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "float16": "float16",
-    "float32": "float32", "float64": "float64", "double": "float64", "single": "float32", "half": "float16",
-    "str_": "str", "unicode_": "str", "bytes_": "bytes", "string_": "bytes", "datetime64": "datetime64",
-    "timedelta64": "timedelta64", "complex64": "complex64", "complex128": "complex128",
+    "bool_": "bool", "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32",
+    "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "float16": "float16", "float32": "float32", "float64": "float64", "double": "float64",
+    "single": "float32", "half": "float16", "str_": "str", "unicode_": "str", "bytes_": "bytes",
+    "string_": "bytes", "datetime64": "datetime64", "timedelta64": "timedelta64",
+    "complex64": "complex64", "complex128": "complex128",
 }  # fmt: skip
 _CODECS = ("NdarrayCodec", "CompressedNdarrayCodec", "CompressedImageCodec", "ScalarCodec")
 
@@ -89,11 +89,15 @@ _STANDINS: dict[str, type] = {}
 def _standin(qualname: str) -> type:
     cls = _STANDINS.get(qualname)
     if cls is None:
-        cls = _STANDINS[qualname] = type(qualname.rsplit(".", 1)[-1], (_Described,), {"qualname": qualname})
+        cls = _STANDINS[qualname] = type(
+            qualname.rsplit(".", 1)[-1], (_Described,), {"qualname": qualname}
+        )
     return cls
 
 
-def _reconstructor(cls: Any, base: Any, state: Any) -> Any:  # copyreg._reconstructor of protocol 0/1 pickles
+def _reconstructor(
+    cls: Any, base: Any, state: Any
+) -> Any:  # copyreg._reconstructor of protocol 0/1 pickles
     if not (isinstance(cls, type) and issubclass(cls, _Described)):
         raise pickle.UnpicklingError(f"copyreg._reconstructor of {cls!r} is not allowed")
     return cls.__new__(cls)
@@ -115,7 +119,10 @@ class _Unpickler(pickle.Unpickler):
                 return _standin("petastorm.codecs." + name)
         if module == "pyspark.sql.types" and name.endswith("Type") and name.isidentifier():
             return _standin(qual)
-        if module in ("numpy", "numpy.core.numerictypes", "numpy._core.numerictypes") and name in _NUMPY_TYPES:
+        if (
+            module in ("numpy", "numpy.core.numerictypes", "numpy._core.numerictypes")
+            and name in _NUMPY_TYPES
+        ):
             return _standin("numpy." + name)
         if module == "numpy" and name == "dtype":
             return _standin("numpy.dtype")
@@ -145,8 +152,15 @@ class PetastormField:
     spark_type: str | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "codec": self.codec,
-                "nullable": self.nullable, "image_format": self.image_format, "spark_type": self.spark_type}  # fmt: skip
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "codec": self.codec,
+            "nullable": self.nullable,
+            "image_format": self.image_format,
+            "spark_type": self.spark_type,
+        }
 
 
 def _bad(where: str, msg: str) -> FormatError:
@@ -157,15 +171,25 @@ def _dtype_name(v: Any, where: str, field: str) -> str:
     if isinstance(v, type) and issubclass(v, _Described):
         q = v.qualname
         if q.startswith("numpy."):
-            return _NUMPY_TYPES[q[len("numpy."):]]
+            return _NUMPY_TYPES[q[len("numpy.") :]]
         if q == "decimal.Decimal":
             return "decimal"
         if q in ("builtins.str", "builtins.bytes"):
-            return q[len("builtins."):]
-    if isinstance(v, _Described) and v.qualname == "numpy.dtype" and v.args and isinstance(v.args[0], str):
+            return q[len("builtins.") :]
+    if (
+        isinstance(v, _Described)
+        and v.qualname == "numpy.dtype"
+        and v.args
+        and isinstance(v.args[0], str)
+    ):
         try:
             dt = np.dtype(v.args[0])  # a dtype string such as "i4", "f8", "U0"
-        except (TypeError, ValueError, OverflowError, MemoryError):  # "(2**40,)f8": numpy's C-int limits
+        except (
+            TypeError,
+            ValueError,
+            OverflowError,
+            MemoryError,
+        ):  # "(2**40,)f8": numpy's C-int limits
             raise _bad(where, f"field {field!r}: unknown dtype {v.args[0]!r}") from None
         if dt.fields is not None or dt.subdtype is not None or dt.kind not in "biufcUSMm":
             raise _bad(where, f"field {field!r}: dtype {v.args[0]!r} is not a scalar numpy type")
@@ -196,8 +220,11 @@ def _codec(v: Any, where: str, field: str) -> tuple[str | None, str | None, str 
 
 
 def _shape(v: Any, where: str, field: str) -> tuple[int | None, ...]:
-    if not isinstance(v, tuple) or not all(d is None or (type(d) is int and 0 <= d < 1 << 31) for d in v) \
-            or len(v) > 32:  # fmt: skip
+    if (
+        not isinstance(v, tuple)
+        or not all(d is None or (type(d) is int and 0 <= d < 1 << 31) for d in v)
+        or len(v) > 32
+    ):
         raise _bad(where, f"field {field!r}: shape {v!r} is not a tuple of ints and None")
     return v
 
@@ -208,8 +235,11 @@ def load_unischema(data: bytes, where: str = "<bytes>") -> list[PetastormField]:
     Raises :class:`~rowstore.errors.FormatError` for anything but a Unischema made of the
     allowed classes (a hostile or corrupt pickle included)."""
     if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_PICKLE_BYTES:
-        raise _bad(where, f"expected at most {MAX_PICKLE_BYTES} bytes of pickle, got "
-                          f"{len(data) if isinstance(data, (bytes, bytearray)) else type(data).__name__}")  # fmt: skip
+        raise _bad(
+            where,
+            f"expected at most {MAX_PICKLE_BYTES} bytes of pickle, got "
+            f"{len(data) if isinstance(data, (bytes, bytearray)) else type(data).__name__}",
+        )
     try:
         obj = _Unpickler(io.BytesIO(bytes(data))).load()
     except FormatError:
@@ -226,16 +256,29 @@ def load_unischema(data: bytes, where: str = "<bytes>") -> list[PetastormField]:
         raise _bad(where, "no _fields")
     out = []
     for key, f in fields.items():
-        if not isinstance(f, _Described) or f.qualname != "petastorm.unischema.UnischemaField" \
-                or not 4 <= len(f.args) <= 5 or not isinstance(f.args[0], str):  # fmt: skip
+        if (
+            not isinstance(f, _Described)
+            or f.qualname != "petastorm.unischema.UnischemaField"
+            or not 4 <= len(f.args) <= 5
+            or not isinstance(f.args[0], str)
+        ):
             raise _bad(where, f"field {key!r} is not a UnischemaField")
         name = f.args[0]
         nullable = f.args[4] if len(f.args) == 5 else False
         if not isinstance(nullable, bool):
             raise _bad(where, f"field {name!r}: nullable {nullable!r} is not a bool")
         codec, fmt, spark = _codec(f.args[3], where, name)
-        out.append(PetastormField(name, _dtype_name(f.args[1], where, name), _shape(f.args[2], where, name), codec,
-                                  nullable, fmt, spark))  # fmt: skip
+        out.append(
+            PetastormField(
+                name,
+                _dtype_name(f.args[1], where, name),
+                _shape(f.args[2], where, name),
+                codec,
+                nullable,
+                fmt,
+                spark,
+            )
+        )
     return out
 
 
@@ -243,27 +286,14 @@ def load_unischema(data: bytes, where: str = "<bytes>") -> list[PetastormField]:
 @dataclass(frozen=True)
 class Unischema:
     """A Petastorm dataset's fields and what :func:`rowstore.from_parquet` needs to convert it:
-    ``partial`` (rowstore fields, in the Unischema's order; :meth:`resolve` completes them from
-    the Parquet schema), ``decode`` (binary columns and how
-    to decode them) and ``columns`` (the Parquet columns, in that order)."""
+    ``partial`` (rowstore fields, in the Unischema's order; None where the Parquet column's
+    Arrow type decides, which :mod:`rowstore.arrow` fills in), ``decode`` (binary columns and
+    how to decode them) and ``columns`` (the Parquet columns, in that order)."""
 
     fields: tuple[PetastormField, ...]
     partial: tuple  # per field its rowstore Field, or None where the Parquet column's type decides
     decode: dict
     columns: list
-
-    def resolve(self, arrow_schema: Any) -> Schema:
-        """The rowstore schema, given the Parquet files' Arrow schema."""
-        from rowstore.arrow import arrow_field
-
-        out = []
-        for pf, f in zip(self.fields, self.partial):
-            if f is None:
-                if arrow_schema.get_field_index(pf.name) < 0:
-                    raise SchemaError(f"Petastorm field {pf.name!r} has no Parquet column", field=pf.name)
-                f = arrow_field(arrow_schema.field(pf.name), name=field_name(pf.name, set()), nullable=pf.nullable)
-            out.append(f)
-        return Schema(out)
 
     def select(self, columns: Any = None) -> Unischema:
         """This Unischema restricted to ``columns`` (names, in the given order; None: all)."""
@@ -272,7 +302,9 @@ class Unischema:
         by = {f.name: f for f in self.fields}
         missing = [c for c in columns if c not in by]
         if missing:
-            raise SchemaError(f"columns {missing} are not in the Unischema ({list(by)})", field=missing[0])
+            raise SchemaError(
+                f"columns {missing} are not in the Unischema ({list(by)})", field=missing[0]
+            )
         return unischema([by[c] for c in columns])
 
     def describe(self) -> list[dict]:
@@ -283,7 +315,10 @@ def rowstore_field(pf: PetastormField, name: str) -> tuple[Field | None, Decode 
     """The rowstore field (None: from the Parquet column's type) and decoder of one field."""
     if pf.codec in ("ndarray", "compressed_ndarray", "image"):
         if pf.dtype in (STR, BYTES, "decimal", "datetime64", "timedelta64"):
-            raise SchemaError(f"Petastorm field {pf.name!r}: arrays of {pf.dtype} are not supported", field=pf.name)
+            raise SchemaError(
+                f"Petastorm field {pf.name!r}: arrays of {pf.dtype} are not supported",
+                field=pf.name,
+            )
         if pf.codec == "image":
             codec = {"id": "png", "level": 1} if pf.image_format == "png" else None
             field = Field(name, pf.dtype, pf.shape, codec=codec, nullable=pf.nullable)
@@ -293,8 +328,11 @@ def rowstore_field(pf: PetastormField, name: str) -> tuple[Field | None, Decode 
     if pf.shape:  # a native list column (no codec): its Arrow type decides
         return None, None
     if pf.dtype == "decimal":
-        raise SchemaError(f"Petastorm field {pf.name!r}: Decimal values are not supported (Petastorm reads them as "
-                          "str; convert the column)", field=pf.name)  # fmt: skip
+        raise SchemaError(
+            f"Petastorm field {pf.name!r}: Decimal values are not supported (Petastorm reads "
+            "them as str; convert the column)",
+            field=pf.name,
+        )
     if pf.dtype in ("datetime64", "timedelta64"):
         return None, None  # the unit comes from the Parquet column
     return Field(name, pf.dtype, (), nullable=pf.nullable), None
@@ -316,12 +354,15 @@ def read_unischema(path: str | os.PathLike, *, required: bool = True) -> Unische
     None when it has none and not ``required``."""
     import pyarrow.parquet as pq
 
-    root = local_path(path)
+    root = os.fsdecode(local_path(path))
     meta = os.path.join(root, "_common_metadata")
     if not os.path.isfile(meta):
         if required:
-            raise FormatError(f"{root!r} is not a Petastorm dataset: no _common_metadata file (written by "
-                              "petastorm.etl.dataset_metadata.materialize_dataset)", path=root)  # fmt: skip
+            raise FormatError(
+                f"{root!r} is not a Petastorm dataset: no _common_metadata file (written by "
+                "petastorm.etl.dataset_metadata.materialize_dataset)",
+                path=root,
+            )
         return None
     try:
         kv = pq.read_metadata(meta).metadata or {}
@@ -333,12 +374,3 @@ def read_unischema(path: str | os.PathLike, *, required: bool = True) -> Unische
             raise FormatError(f"{meta!r} holds no Unischema ({UNISCHEMA_KEY.decode()})", path=meta)
         return None
     return unischema(load_unischema(data, meta))
-
-
-def import_petastorm(url: str | os.PathLike, out: str | os.PathLike, *, dataset: bool = True,
-                     **kwargs: Any) -> Schema:  # fmt: skip
-    """Convert the Petastorm dataset at ``url`` (a directory or ``file://`` URL) to rowstore at
-    ``out`` (a dataset directory, or one ``.h5`` file with ``dataset=False``); the other
-    arguments are :func:`rowstore.from_parquet`'s (``columns``, ``batch_rows``, ``shard_bytes``,
-    ``compression``...). Petastorm need not be installed."""
-    return from_parquet(url, out, petastorm=True, dataset=dataset, **kwargs)

@@ -1,5 +1,5 @@
-"""``rowstore.torch.DataLoader``: Petastorm's ``petastorm.pytorch.DataLoader`` name and arguments
-over :class:`BatchedDataLoader` (docs/petastorm.md)."""
+"""``rowstore.petastorm.DataLoader``: Petastorm's ``petastorm.pytorch.DataLoader`` name and
+arguments over :class:`~rowstore.torch.BatchedDataLoader` (docs/petastorm.md)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class DataLoader(BatchedDataLoader):
     ) -> None:
         if collate_fn is not None:
             raise ValueError(
-                "rowstore.torch.DataLoader collates batches itself: pass transform= instead of "
+                "rowstore.petastorm.DataLoader collates batches itself: pass transform= instead of "
                 "collate_fn"
             )
         del shuffling_queue_capacity

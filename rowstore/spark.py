@@ -46,9 +46,9 @@ from pyspark.sql import types as T
 from rowstore.arrow import _attrs, _columns, _Source, local_path, write_shards
 from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
-from rowstore.format.validate import check_value
 from rowstore.schema import BYTES, STR, Field, Schema
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
+from rowstore.writer.values import check_value
 
 __all__ = ["write", "to_row", "spark_schema", "make_converter", "SparkDatasetConverter", "CACHE_DIR_CONF"]
 

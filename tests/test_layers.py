@@ -17,7 +17,9 @@ LAYERS = [
     ("codecs", ["rowstore.codecs"]),
     ("schema", ["rowstore.schema"]),
     ("kernels", ["rowstore.kernels", "rowstore._"]),  # the compiled modules rowstore._<name>
+    ("storage", ["rowstore.storage"]),  # bytes in and out of files and object stores
     ("format", ["rowstore.format"]),
+    ("writer", ["rowstore.writer"]),  # making files and dataset versions
     ("reader", ["rowstore.reader"]),
     ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),

@@ -24,9 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rowstore.format import manifest
-from rowstore.format._url import is_url
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo, commit
-from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
 from rowstore.global_shuffle._passes import (
     Counters,
     OutputOptions,
@@ -51,6 +48,9 @@ from rowstore.global_shuffle._work import LockedDir, remove_stale
 from rowstore.reader._args import nonneg_int
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
+from rowstore.storage.url import is_url
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo, commit
+from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 
 __all__ = ["shuffle", "ShuffleReport", "PassReport", "parse_bytes"]
 

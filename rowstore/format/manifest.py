@@ -44,7 +44,13 @@ from typing import Any
 import numpy as np
 
 from rowstore._version import __version__
-from rowstore.errors import FormatError, FormatVersionError, MissingObjectError, RowstoreError
+from rowstore.errors import (
+    FormatError,
+    FormatVersionError,
+    MissingObjectError,
+    ObjectChangedError,
+    RowstoreError,
+)
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.schema import Schema
@@ -438,8 +444,9 @@ def publish(root: str | os.PathLike | Destination, *, schema: Schema, attrs: dic
     existing one: :class:`FileExistsError` if another commit took this version), then the
     pointer is replaced (only if it is still ``expect``, a
     :meth:`~rowstore.storage.base.Destination.token`, when given: else
-    :class:`~rowstore.errors.ObjectChangedError`). A crash leaves the previous version current
-    (and at most an unreferenced sidecar and manifest behind).
+    :class:`~rowstore.errors.ObjectChangedError`, and this version's sidecar and manifest are
+    removed again). A crash leaves the previous version current (and at most an unreferenced
+    sidecar and manifest behind).
     """
     dest = LocalDir(root) if isinstance(root, (str, os.PathLike)) else root
     version = next_version(dest.list(MANIFEST_DIR))
@@ -448,7 +455,13 @@ def publish(root: str | os.PathLike | Destination, *, schema: Schema, attrs: dic
                                              heap_chunks=heap_chunks, parent=parent)  # fmt: skip
     dest.write_new(index_path(version), sidecar)
     dest.write_new(manifest_path(version), text)
-    dest.replace(POINTER, pointer, expect=expect)  # last: the new version appears whole
+    try:
+        dest.replace(POINTER, pointer, expect=expect)  # last: the new version appears whole
+    except ObjectChangedError:  # another commit moved the pointer: this version is not current
+        for rel in (manifest_path(version), index_path(version)):
+            with contextlib.suppress(OSError, FormatError):
+                dest.remove(rel)
+        raise
     dest.sync()
     return version
 

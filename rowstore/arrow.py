@@ -51,8 +51,8 @@ from rowstore._payloads import DECODERS, Decode
 from rowstore._unischema import Unischema, read_unischema
 from rowstore.errors import FormatError, RowstoreError, RowValidationError, SchemaError
 from rowstore.format import DatasetWriter, Writer
-from rowstore.reader._args import local_path as _local_path
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
+from rowstore.storage.url import local_path as _local_path
 
 __all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODERS", "local_path"]
 
@@ -66,7 +66,7 @@ DEFAULT_MAX_ROW_GROUP_BYTES = 4 << 30
 
 
 def local_path(url: str | os.PathLike) -> str:
-    """``url`` as a local path (``file://`` URLs accepted; see :func:`rowstore.reader._args.local_path`)."""
+    """``url`` as a local path (``file://`` URLs accepted; see :func:`rowstore.storage.url.local_path`)."""
     return os.fsdecode(_local_path(url))
 
 
@@ -496,7 +496,7 @@ def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatc
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
     error the shards already written are removed."""
     from rowstore.format import write_shard
-    from rowstore.format.dataset_writer import discard
+    from rowstore.writer.dataset import discard
 
     schema = Schema([c.field for c in cols])
     it = iter(batches)

@@ -55,23 +55,17 @@ def _open_layout(path: str, storage_options: dict | None = None, *,
     """The layout of the file or dataset at ``path`` (local, ``file://`` or any fsspec URL, as
     :func:`rowstore.open` takes it), and the object-storage client that reads its shards (None
     for local files)."""
-    from rowstore.format._url import is_url
-    from rowstore.format.shards import DatasetLayout
-    from rowstore.reader._args import file_url_path
+    from rowstore import storage
+    from rowstore.format.open import open_layout
 
-    if storage_options is None:
-        path = file_url_path(path)  # file:// URLs read as local files
-    if not is_url(path):
-        if storage_options is not None:
-            raise ValueError(f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}")
-        return DatasetLayout.open(path, allow_outside_links=allow_outside_links,
-                                 allow_missing_footer=allow_missing_footer), None
-    from rowstore.reader import _remote
-
-    options = _remote.RemoteOptions.make(storage_options, None, None)
-    layout, _ = _remote.open_layout(path, options, allow_outside_links=allow_outside_links,
-                                    allow_missing_footer=allow_missing_footer)
-    return layout, _remote.Client(path, options)
+    if storage_options is not None:
+        try:
+            storage.locate(path, storage_options=storage_options)
+        except ValueError:
+            raise ValueError(f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}") from None
+    opened = open_layout(path, storage_options=storage_options, allow_outside_links=allow_outside_links,
+                         allow_missing_footer=allow_missing_footer, pin=False)
+    return opened.layout, opened.client
 
 
 def info_text(path: str, *, storage_options: dict | None = None, allow_outside_links: bool = False,
@@ -178,8 +172,8 @@ def gc_text(path: str, *, dry_run: bool = False) -> str:
     """Remove (or with ``dry_run`` only list) the stale temporary files of a dataset file or of
     every dataset in a directory, and in a directory the work directories of killed shuffles
     (``.rowstore-shuffle-*``); those of live writers and runs are listed and kept."""
-    from rowstore.format._commit import remove_stale, temporaries
     from rowstore.global_shuffle._work import PREFIX, sweep
+    from rowstore.storage.local import remove_stale, temporaries
 
     is_dir = os.path.isdir(path)
     directory = path if is_dir else os.path.dirname(os.path.abspath(path))
@@ -215,7 +209,7 @@ def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
                     grace_s: float = 3600.0, allow_outside_links: bool = False) -> str:
     """Garbage-collect the dataset directory ``path`` (:func:`rowstore.gc_dataset`): only list
     what would go unless ``delete``."""
-    from rowstore.format.dataset_writer import gc
+    from rowstore.writer.dataset import gc
 
     r = gc(path, dry_run=not delete, keep_versions=keep_versions, orphan_grace_s=grace_s,
            allow_outside_links=allow_outside_links)
@@ -235,7 +229,7 @@ def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
 def repair_text(path: str, *, dry_run: bool = False, verify: bool = False,
                 allow_outside_links: bool = False) -> str:
     """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`)."""
-    from rowstore.format.dataset_writer import restore_pointer
+    from rowstore.writer.dataset import restore_pointer
 
     r = restore_pointer(path, dry_run=dry_run, verify=verify,
                         allow_outside_links=allow_outside_links)
@@ -608,11 +602,10 @@ def _run(args: argparse.Namespace) -> int:
         return verify_command(args.path, storage_options=so, hdf5_check=not args.no_hdf5_check,
                               allow_outside_links=links, allow_missing_footer=lost)
     elif args.cmd == "gc":
+        from rowstore import storage
         from rowstore.format import manifest
-        from rowstore.format._url import is_url
 
-        if is_url(args.path):
-            raise ValueError(f"gc removes local files only; {args.path!r} is a URL")
+        storage.local_only(args.path, "gc")
         if manifest.is_dataset(args.path) or os.path.isdir(os.path.join(args.path, manifest.MANIFEST_DIR)):
             print(gc_dataset_text(args.path, delete=args.delete and not args.dry_run,
                                   keep_versions=args.keep_versions, grace_s=args.grace,

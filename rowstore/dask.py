@@ -40,7 +40,6 @@ import pandas as pd
 from rowstore._check import positive_int
 from rowstore.errors import SchemaError
 from rowstore.format import commit, spec, write_shard
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, discard
 from rowstore.pandas import (
     GUESSED,
     META_KEY,
@@ -53,6 +52,7 @@ from rowstore.pandas import (
 )
 from rowstore.reader import Reader
 from rowstore.schema import STR, Schema
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, discard
 
 __all__ = ["from_pandas", "to_rowstore", "read_rowstore", "shuffle"]
 

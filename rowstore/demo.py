@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 
-from rowstore.format.writer import Writer
 from rowstore.schema import BYTES, STR, Field, Schema
+from rowstore.writer.file import Writer
 
 __all__ = ["DEMOS", "demo_schema", "make_demo", "default_cache_dir"]
 

@@ -7,8 +7,10 @@ Errors carry their context as attributes (``field``, ``row``, ``path``, ``block`
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+from typing import Any
 
 __all__ = [
     "RowstoreError",
@@ -23,6 +25,8 @@ __all__ = [
     "KernelError",
     "KernelChecksumError",
     "KernelIOError",
+    "MissingObjectError",
+    "CommitConflictError",
     "WriterClosedError",
     "ConcurrentWriterError",
     "RemoteError",
@@ -125,6 +129,28 @@ class StaleFileError(FormatError):
     the new version. ``path`` names the file."""
 
 
+class MissingObjectError(FormatError, FileNotFoundError):
+    """A file or object that should be there is not (a shard, a manifest, the pointer, a
+    remote object): a :class:`FormatError` and a :class:`FileNotFoundError` (``errno`` is
+    ``ENOENT``). ``path`` names what is missing."""
+
+    def __new__(cls, *args: Any, **kw: Any) -> MissingObjectError:
+        err = FileNotFoundError.__new__(cls, *args[:1])  # OSError's layout; a plain message
+        err.errno = errno.ENOENT
+        return err
+
+
+class CommitConflictError(RowstoreError, RuntimeError):
+    """Another commit published a version of the dataset while this one was being made, and
+    this one could not be published on top of it (after its retries). Nothing of this commit
+    is current; commit again. ``path`` names the dataset, ``version`` the one that won."""
+
+    def __init__(self, message: str, *, path: str | None = None, version: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.version = version
+
+
 # -- the compiled kernels (rowstore.kernels) ------------------------------------------------
 class KernelError(FormatError):
     """A kernel reported an error; ``code`` (a ``rowstore.kernels.KernelCode``) and ``index`` tell which
@@ -198,7 +224,7 @@ class ConcurrentWriterError(RowstoreError, BlockingIOError):
         self.path = path
 
 
-# -- object storage (rowstore.reader._remote) -----------------------------------------------
+# -- object storage (rowstore.storage.remote) -----------------------------------------------
 class RemoteError(RowstoreError, OSError):
     """A read from object storage failed: a transient error that persisted through every retry,
     or one that no retry can fix (credentials refused, access denied).

@@ -30,7 +30,7 @@ __all__ = [
 #: The per-row fast path of ``Writer.write`` (``_ext/_rows.pyx``): used as it is, without a
 #: wrapper, since a wrapper would cost as much as the packing of a row. ``RowPlan`` checks its
 #: descriptors itself; ``RowPlan.pack`` never raises for a value: it stores the row or declines
-#: (returns -1, nothing kept) and the caller validates it in Python (``rowstore/format/_pack.py``).
+#: (returns -1, nothing kept) and the caller validates it in Python (``rowstore/writer/_pack.py``).
 RowPlan = _rows.RowPlan
 RowKind = _rows.RowKind
 

@@ -48,9 +48,9 @@ from rowstore._check import one_of, positive_int
 from rowstore.arrow import _attrs, _columns, _Source, local_path, write_shards
 from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
-from rowstore.format.validate import check_value
 from rowstore.schema import BYTES, STR, Field, Schema
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
+from rowstore.writer.values import check_value
 
 __all__ = ["to_rowstore", "write", "to_row", "spark_schema", "make_converter", "SparkDatasetConverter", "CACHE_DIR_CONF"]
 

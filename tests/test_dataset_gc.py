@@ -24,7 +24,7 @@ from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.errors import FormatError
 from rowstore.format import manifest
-from rowstore.format.dataset_writer import commit, gc, write_shard
+from rowstore.writer.dataset import commit, gc, write_shard
 
 SCHEMA = Schema([Field("x", "int64"), Field("t", BYTES)])
 

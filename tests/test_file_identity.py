@@ -17,7 +17,7 @@ import rowstore as rs
 from rowstore import cli
 from rowstore.errors import FormatError, StaleFileError
 from rowstore.format import footer
-from rowstore.format.dataset_writer import commit, write_shard
+from rowstore.writer.dataset import commit, write_shard
 
 SCHEMA = rs.Schema([rs.Field("v", "int64")])
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -261,7 +261,7 @@ def test_a_reader_collected_while_another_holds_the_budget_lock_does_not_deadloc
     proc = run_child(f"""
         import gc
         import rowstore as rs
-        from rowstore.reader import _store
+        from rowstore.storage import local as _store
         keep = rs.open({p!r})
         keep.take([0])
         victim = rs.open({p!r})

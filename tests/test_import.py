@@ -25,7 +25,7 @@ def test_import_rowstore_and_reader(rs):
 def test_import_core_modules(rs):
     check_no_frameworks(rs, """
 import rowstore
-import rowstore.schema, rowstore.errors, rowstore.codecs, rowstore.format, rowstore.format.writer
+import rowstore.schema, rowstore.errors, rowstore.codecs, rowstore.format, rowstore.writer.file
 import rowstore.format.index, rowstore.kernels, rowstore.reader, rowstore.cli, rowstore.demo
 from rowstore import *  # noqa
 """)

@@ -1,4 +1,4 @@
-"""The block and heap chunk indexes (rowstore.format._index_builder) built from per-chunk records."""
+"""The block and heap chunk indexes (rowstore.writer._index_builder) built from per-chunk records."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rowstore.format import spec
-from rowstore.format._index_builder import block_index, heap_chunk_index
+from rowstore.writer._index_builder import block_index, heap_chunk_index
 
 
 def test_block_index():

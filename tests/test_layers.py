@@ -17,7 +17,9 @@ LAYERS = [
     ("kernels", ["rowstore.kernels", "rowstore._"]),  # the compiled modules rowstore._<name>
     ("codecs", ["rowstore.codecs"]),  # field codecs and block compressions (codecs.blocks)
     ("schema", ["rowstore.schema"]),
+    ("storage", ["rowstore.storage"]),  # bytes in and out of files and object stores
     ("format", ["rowstore.format"]),
+    ("writer", ["rowstore.writer"]),  # making files and dataset versions
     ("reader", ["rowstore.reader"]),
     ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),

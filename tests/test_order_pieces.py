@@ -120,7 +120,7 @@ def test_reader_reads_the_pieces_order(tiny_files, name, pieces, window):
 
 
 def test_reader_pieces_of_a_dataset_of_many_files(tmp_path):
-    from rowstore.format.dataset_writer import DatasetWriter
+    from rowstore.writer.dataset import DatasetWriter
 
     schema = Schema([Field("i", "int64"), Field("x", "float32", (4,))])
     with DatasetWriter(str(tmp_path / "ds"), schema, shard_bytes=16 << 10, block_bytes=2048) as w:

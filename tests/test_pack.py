@@ -1,4 +1,4 @@
-"""The row packer (rowstore.format._pack), without HDF5: packed rows and heap bytes decode back
+"""The row packer (rowstore.writer._pack), without HDF5: packed rows and heap bytes decode back
 to the values with plain numpy against spec.row_dtype / spec.heap_ref_dtype; batches pack the
 same bytes as rows; blocks and heap chunks are cut as the format says; failures undo; limits."""
 
@@ -9,8 +9,9 @@ import pytest
 
 import rowstore
 from rowstore import CodecError, Field, RowValidationError, Schema, SchemaError
-from rowstore.format import _pack, spec
-from rowstore.format._pack import PackerTail, RowPacker
+from rowstore.format import spec
+from rowstore.writer import _pack
+from rowstore.writer._pack import PackerTail, RowPacker
 
 
 def decode_rows(packer: RowPacker, schema: Schema) -> list[dict]:
@@ -51,7 +52,7 @@ def value_shape(f: Field, ref) -> tuple[int, ...]:
 
 def pack(schema, rows, *, batch=False, capacity=4):
     """A packer holding ``rows``, added one by one or as one batch (validated as the writer does)."""
-    from rowstore.format.validate import check_column, check_value
+    from rowstore.writer.values import check_column, check_value
 
     p = RowPacker(schema, capacity=capacity)
     if batch:

@@ -19,8 +19,8 @@ from _timing import scaled
 import rowstore
 from rowstore import Field, Schema, kernels
 from rowstore.errors import ChecksumError, FormatError, ObjectChangedError, RemoteError
-from rowstore.reader import _remote
 from rowstore.reader.buffers import Ragged
+from rowstore.storage import remote as _remote
 
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("moto")

@@ -14,7 +14,7 @@ from _timing import scaled, wait_until
 
 import rowstore
 from rowstore import Field, Schema
-from rowstore.reader._cache import BlockCache
+from rowstore.storage.cache import BlockCache
 
 pytest.importorskip("fsspec")
 
@@ -152,7 +152,7 @@ def test_a_single_files_metadata_is_cached(tmp_path, http_factory):
 def test_one_process_keeps_the_cache_within_its_limit(tmp_path):
     """After every write the cache holds at most max_bytes (evicting down to 90%, oldest
     first), also when it starts from files an earlier process left."""
-    from rowstore.reader._cache import BlockCache
+    from rowstore.storage.cache import BlockCache
 
     limit = 10_000
     first = BlockCache(str(tmp_path / "c"), limit)

@@ -37,7 +37,7 @@ def root(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["ignore-range", "long-body", "unsized-body"])
 def test_an_answer_longer_than_the_range_is_refused_unbuffered(root, http_factory, mode):
-    from rowstore.format._objstore import Client, RemoteOptions
+    from rowstore.storage.objstore import Client, RemoteOptions
 
     srv = http_factory(root, misbehave=mode)
     url = f"{srv.url}/big.bin"
@@ -73,7 +73,7 @@ def test_s3_answers_past_the_range_are_refused_unbuffered(root, s3_server):
     import fsspec
     from _servers import FaultProxy, s3_options
 
-    from rowstore.format._objstore import Client, RemoteOptions
+    from rowstore.storage.objstore import Client, RemoteOptions
 
     endpoint, opts = s3_server
     fsspec.filesystem("s3", **opts).put(f"{root}/big.bin", "rowstore/limits/big.bin")

@@ -14,8 +14,9 @@ import pytest
 
 import rowstore
 from rowstore import Field, RowValidationError, Schema
-from rowstore.format import _pack, spec
+from rowstore.format import spec
 from rowstore.kernels import RowKind, RowPlan
+from rowstore.writer import _pack
 
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 

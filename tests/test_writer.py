@@ -556,9 +556,9 @@ def test_compression_threads_give_the_same_file_and_stop(tmp_path, fail):
 
 # -- allocation limits (spec.MAX_*) ----------------------------------------------------------
 def test_limits_are_declared_in_spec():
-    from rowstore.format import spec, writer
+    from rowstore.format import spec
 
-    assert spec.MAX_CHUNK_BYTES == writer.MAX_CHUNK_BYTES == 1 << 30  # re-exported where it used to live
+    assert spec.MAX_CHUNK_BYTES == 1 << 30
     assert spec.MAX_CHUNK_BYTES < spec.MAX_VALUE_BYTES < spec.MAX_HEAP_BYTES
 
 

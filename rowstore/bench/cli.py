@@ -26,9 +26,10 @@ import sys
 import time
 from typing import Any
 
+from rowstore import storage
 from rowstore.bench import adapters, measure, report, runner, sources
 from rowstore.errors import RowstoreError
-from rowstore.format._url import is_url
+from rowstore.storage.url import is_url
 
 __all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path", "bench_cache_dir", "npy_export_dir",
            "clean_cache"]
@@ -237,7 +238,7 @@ def _dataset_info(path: str, storage_options: dict | None = None) -> dict[str, A
 
     L = open_layout(path, storage_options)
     return {
-        "path": path if is_url(path) else os.path.abspath(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
+        "path": storage.absolute(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
         "rows_per_block": L.rows_per_block, "blocks": L.num_blocks, "block_bytes": L.block_raw_bytes,
         "heap_bytes": L.heap_nbytes, "raw_bytes": L.raw_nbytes, "stored_bytes": L.stored_nbytes,
         "file_bytes": L.file_size, "compression": L.compression, "demo": L.user_attrs.get("demo"),

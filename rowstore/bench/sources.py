@@ -23,7 +23,6 @@ from rowstore.bench import adapters
 from rowstore.bench._source import MODES, Source, uniform_order, var_dims_of
 from rowstore.errors import RowstoreError
 from rowstore.format import spec
-from rowstore.format._url import is_url
 from rowstore.format.index import Layout, open_h5
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
@@ -442,11 +441,9 @@ def _rowstore(layout: DatasetLayout, fields: list[Field], opts: dict) -> Source:
 
 def open_layout(path: Any, storage_options: dict | None = None) -> DatasetLayout:
     """The layout of a local path (or list), or of a URL (opened as a reader opens it)."""
-    if isinstance(path, str) and is_url(path):
-        from rowstore.reader import Reader
+    from rowstore.format.open import open_layout as _open
 
-        return Reader(path, storage_options=storage_options).layout
-    return DatasetLayout.open(path)
+    return _open(path, storage_options=storage_options, pin=False).layout
 
 
 def open_source(opts: dict[str, Any]) -> Source:

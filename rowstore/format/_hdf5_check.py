@@ -101,7 +101,8 @@ def shard_index(path: str, *, timeout: float = 60.0) -> tuple[int, int | None, s
     ``timeout`` seconds (damaged metadata can make libhdf5 hang or crash). Else the
     :class:`FormatError` saying why it cannot be read."""
     from rowstore.format import footer, manifest
-    from rowstore.format.index import Layout, file_identity, open_regular
+    from rowstore.format.index import Layout
+    from rowstore.storage.local import file_identity, open_regular
 
     try:
         fd, st = open_regular(path)

@@ -121,7 +121,7 @@ class Footer:
 def encode(attrs: Mapping[str, Any], blocks: np.ndarray, heap_chunks: np.ndarray, offset: int,
            pages: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
     """Footer and trailer of a file whose HDF5 part ends at ``offset``, with these attributes
-    (:func:`~rowstore.format._h5file.file_attributes`) and indexes, and ``pages`` (the block
+    (:func:`~rowstore.writer._h5file.file_attributes`) and indexes, and ``pages`` (the block
     and heap page CRC-32s) for a v3 file."""
     header = dict(attrs)
     header[KEY_EOF] = offset

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +23,9 @@ from rowstore.errors import CodecError, FormatError, FormatVersionError, Rowstor
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
 from rowstore.schema import Schema
+from rowstore.storage.local import file_identity, open_regular
 
-__all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks", "file_identity", "open_regular"]
+__all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks"]
 
 
 def open_h5(path: str):
@@ -491,39 +491,6 @@ def schema_row_dtype(schema: Schema, bad) -> np.dtype:
         return spec.row_dtype(schema)
     except (ValueError, OverflowError, MemoryError) as exc:
         raise bad(f"the schema's row layout cannot be built ({type(exc).__name__}: {str(exc)[:200]})") from None
-
-
-def file_identity(st: os.stat_result) -> tuple:
-    """What identifies one version of a file: device, inode, size, modification time and
-    status change time (which every write changes, and which, unlike the modification time,
-    no ``utime`` can set back)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """A read-only descriptor of the regular file ``path`` and its ``fstat``.
-
-    Opened with ``O_NONBLOCK`` (cleared once the file is known to be regular), so that a FIFO,
-    device or socket put where a file belongs is a :class:`FormatError` naming what it is,
-    never a read that waits forever. ``FileNotFoundError`` and the system's other refusals
-    propagate.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise FormatError(f"{path!r} is {kind}, not a regular file (a rowstore file or shard is a regular file)",
-                              path=path)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
 
 
 def _text(v: Any) -> str:

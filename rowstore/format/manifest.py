@@ -37,7 +37,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,16 +45,18 @@ import numpy as np
 
 from rowstore._version import __version__
 from rowstore.codecs.blocks import compression_config
-from rowstore.errors import FormatError, FormatVersionError, RowstoreError
+from rowstore.errors import (
+    FormatError,
+    FormatVersionError,
+    MissingObjectError,
+    ObjectChangedError,
+    RowstoreError,
+)
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
-from rowstore.format._commit import AtomicFile, fsync_directory
 from rowstore.schema import Schema
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None  # type: ignore[assignment]
+from rowstore.storage.base import Destination
+from rowstore.storage.local import LocalDir
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "POINTER", "MANIFEST_DIR", "SHARD_DIR", "INDEX_MAGIC",
@@ -209,7 +211,7 @@ def _read_small(path: str, limit: int) -> bytes:
                 raise _bad(path, f"has {size} bytes, more than the {limit} a manifest may hold: not a rowstore dataset manifest")
             data = f.read(size + 1)  # sized by the file, not the limit (read(n) allocates n bytes)
     except FileNotFoundError:
-        raise FormatError(f"{path!r} is missing", path=path) from None
+        raise MissingObjectError(f"{path!r} is missing", path=path) from None
     if len(data) > size:
         raise _bad(path, "grew while being read")
     return data
@@ -393,7 +395,7 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> t
         try:
             size = os.stat(ipath).st_size
         except FileNotFoundError:
-            raise FormatError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
+            raise MissingObjectError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
         if size != expect:
             raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
         with open(ipath, "rb") as f:
@@ -424,47 +426,44 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> t
     return blocks, heap_chunks
 
 
-@contextlib.contextmanager
-def commit_lock(root: str | os.PathLike) -> Iterator[None]:
-    """Hold the dataset's commit lock (``flock``, waits for another commit; dropped by the OS when
-    the process dies): commits of one dataset run one at a time."""
-    d = os.path.join(os.fspath(root), MANIFEST_DIR)
-    os.makedirs(d, exist_ok=True)
-    fd = os.open(os.path.join(d, LOCK), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def commit_lock(root: str | os.PathLike) -> contextlib.AbstractContextManager[None]:
+    """Hold the local dataset's commit lock (``flock`` of ``_manifests/.lock``; waits for
+    another commit, dropped by the OS when the process dies): commits of one dataset run one
+    at a time."""
+    return LocalDir(root).lock(f"{MANIFEST_DIR}/{LOCK}")
 
 
-def _write_atomic(target: str, data: bytes, *, exclusive: bool) -> None:
-    with AtomicFile(target, exclusive=exclusive) as af:
-        with open(af.tmp, "wb") as f:
-            f.write(data)
-
-
-def publish(root: str | os.PathLike, *, schema: Schema, attrs: dict, compression: dict, heap_chunk_bytes: int,
-            shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray], heap_chunks: Sequence[np.ndarray],
-            parent: int | None = None) -> int:
-    """Write the next version of the dataset at ``root`` and make it current; returns it.
+def publish(root: str | os.PathLike | Destination, *, schema: Schema, attrs: dict, compression: dict,
+            heap_chunk_bytes: int, shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray],
+            heap_chunks: Sequence[np.ndarray], parent: int | None = None, expect: Any = ...) -> int:
+    """Write the next version of the dataset at ``root`` (a directory, or any
+    :class:`~rowstore.storage.base.Destination`) and make it current; returns it.
 
     ``shards`` are entries as :func:`shard_entry` makes them (checked by the caller against the
-    files), ``blocks``/``heap_chunks`` each shard's index in the same order. The caller holds
-    :func:`commit_lock`. Sidecar, manifest, then pointer are each written atomically: a crash
-    leaves the previous version current (and at most an unreferenced manifest behind).
+    files), ``blocks``/``heap_chunks`` each shard's index in the same order. A local caller holds
+    :func:`commit_lock`. Sidecar and manifest are each written as new objects (never over an
+    existing one: :class:`FileExistsError` if another commit took this version), then the
+    pointer is replaced (only if it is still ``expect``, a
+    :meth:`~rowstore.storage.base.Destination.token`, when given: else
+    :class:`~rowstore.errors.ObjectChangedError`, and this version's sidecar and manifest are
+    removed again). A crash leaves the previous version current (and at most an unreferenced
+    sidecar and manifest behind).
     """
-    root = os.fspath(root)
-    os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
-    version = next_version(os.listdir(os.path.join(root, MANIFEST_DIR)))
+    dest = LocalDir(root) if isinstance(root, (str, os.PathLike)) else root
+    version = next_version(dest.list(MANIFEST_DIR))
     sidecar, text, pointer = version_objects(version, schema=schema, attrs=attrs, compression=compression,
                                              heap_chunk_bytes=heap_chunk_bytes, shards=shards, blocks=blocks,
                                              heap_chunks=heap_chunks, parent=parent)  # fmt: skip
-    _write_atomic(os.path.join(root, index_path(version)), sidecar, exclusive=True)
-    _write_atomic(os.path.join(root, manifest_path(version)), text, exclusive=True)
-    _write_atomic(os.path.join(root, POINTER), pointer, exclusive=False)
-    fsync_directory(root)
+    dest.write_new(index_path(version), sidecar)
+    dest.write_new(manifest_path(version), text)
+    try:
+        dest.replace(POINTER, pointer, expect=expect)  # last: the new version appears whole
+    except ObjectChangedError:  # another commit moved the pointer: this version is not current
+        for rel in (manifest_path(version), index_path(version)):
+            with contextlib.suppress(OSError, FormatError):
+                dest.remove(rel)
+        raise
+    dest.sync()
     return version
 
 

@@ -22,19 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.errors import FormatError, RemoteError, RowstoreError, SchemaError
+from rowstore.errors import FormatError, MissingObjectError, RemoteError, RowstoreError, SchemaError
 from rowstore.format import footer, spec
 from rowstore.format import manifest as _manifest
-from rowstore.format._url import is_url, local_root
 from rowstore.format.index import (
     IndexSizes,
     Layout,
     check_indexes,
-    open_regular,
     scan_chunks,
     schema_row_dtype,
 )
 from rowstore.schema import Schema
+from rowstore.storage import absolute, local_root, under
+from rowstore.storage.local import open_regular
 
 __all__ = ["DatasetLayout"]
 
@@ -45,7 +45,7 @@ class DatasetLayout(IndexSizes):
 
     Attributes are plain values and numpy arrays owned by the layout (do not modify). Per
     shard: ``shard_paths`` (absolute), ``shard_ids`` (what a descriptor opened later must
-    match: ``(size,)`` from a manifest, :func:`~rowstore.format.index.file_identity` for a file
+    match: ``(size,)`` from a manifest, :func:`~rowstore.storage.local.file_identity` for a file
     opened directly), ``shard_rows``, ``shard_rpb``. Per block (``num_blocks``, all shards):
     ``blocks`` (:data:`spec.BLOCK_DTYPE`, shard-local values as the shard stores them) and the
     columns of :meth:`arrays`. Per heap chunk: ``heap_chunks``.
@@ -205,7 +205,7 @@ class DatasetLayout(IndexSizes):
         values it holds). ``shard_indexes``: also parse each shard file's own index (libhdf5)
         and report a shard whose index disagrees with the manifest's. ``chunks=False``: read
         no chunk (only sizes and, with ``shard_indexes``, indexes). Stops after ``limit``.
-        ``client`` (:class:`rowstore.format._objstore.Client`) reads shards at URLs, by ranged
+        ``client`` (:class:`rowstore.storage.objstore.Client`) reads shards at URLs, by ranged
         requests of at most 8 MiB; I/O failures other than a missing object are raised."""
         from rowstore.format.manifest import index_crc32
 
@@ -218,9 +218,8 @@ class DatasetLayout(IndexSizes):
                 # (a FIFO in a shard's place is reported, not waited on)
                 source, size, close = self._shard_source(path, client)
             except (OSError, FormatError) as exc:
-                remote = client is not None and is_url(path)
-                if isinstance(exc, RemoteError) or (remote and isinstance(exc, FormatError)
-                                                    and "is missing" not in str(exc)):
+                if isinstance(exc, RemoteError) or (client is not None and isinstance(exc, FormatError)
+                                                    and not isinstance(exc, MissingObjectError)):
                     raise  # an I/O failure, not damage
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
@@ -259,7 +258,7 @@ class DatasetLayout(IndexSizes):
     @staticmethod
     def _shard_source(path: str, client: Any) -> tuple[Any, int, Any]:
         """``(fd or read(start, end), size, close)`` of one shard, local or at a URL."""
-        if client is not None and is_url(path):
+        if client is not None:
             meta = client.info(path)
             etag = meta["etag"]
             return (lambda start, end: client.get(path, start, end, etag)), meta["size"], lambda: None
@@ -270,8 +269,8 @@ class DatasetLayout(IndexSizes):
         from rowstore.format._hdf5_check import shard_index  # libhdf5, if needed, in a child
 
         path = self.shard_paths[s]
-        if client is not None and is_url(path):
-            from rowstore.format._objstore import remote_file_layout
+        if client is not None:
+            from rowstore.format.open import remote_file_layout
 
             try:
                 L = remote_file_layout(client, path)
@@ -348,7 +347,7 @@ class DatasetLayout(IndexSizes):
         return cls(
             path=path or " + ".join(L.path for L in layouts), schema=first.schema, user_attrs=first.user_attrs,
             compression=first.compression, heap_chunk_bytes=first.heap_chunk_bytes, row_dtype=first.row_dtype,
-            shard_paths=tuple(L.path if is_url(L.path) else os.path.abspath(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
+            shard_paths=tuple(absolute(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
             shard_rows=i64([L.num_rows for L in layouts]), shard_rpb=i64([L.rows_per_block for L in layouts]),
             shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]), shard_file_size=i64([L.file_size for L in layouts]),
             blocks=np.concatenate([L.blocks for L in layouts]), heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),
@@ -375,8 +374,8 @@ class DatasetLayout(IndexSizes):
             own = [_manifest.manifest_path(m.version), _manifest.index_path(m.version)]
             _manifest.check_inside(local, own, what="manifest file")
             _manifest.check_inside(local, sh["path"], what="shard path")
-        base = m.root.rstrip("/") + "/" if is_url(m.root) else os.path.abspath(m.root) + os.sep
-        paths = [base + p for p in sh["path"]]  # plain relative paths (checked): no join needed
+        base = absolute(m.root)
+        paths = [under(base, p) for p in sh["path"]]  # plain relative paths (checked)
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root

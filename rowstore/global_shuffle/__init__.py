@@ -25,9 +25,6 @@ from typing import Any
 
 from rowstore._check import nonneg_int, parse_bytes
 from rowstore.format import manifest
-from rowstore.format._url import is_url
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo, commit
-from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
 from rowstore.global_shuffle._passes import (
     Counters,
     OutputOptions,
@@ -50,6 +47,9 @@ from rowstore.global_shuffle._progress import Progress
 from rowstore.global_shuffle._work import LockedDir, remove_stale
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
+from rowstore.storage.url import is_url
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo, commit
+from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 
 __all__ = ["shuffle", "ShuffleReport", "PassReport", "parse_bytes"]
 

@@ -20,12 +20,12 @@ import numpy as np
 from rowstore.errors import FormatError
 from rowstore.format import manifest
 from rowstore.format._raw import RawRows, heap_refs, take_raw
-from rowstore.format.dataset_writer import ShardInfo
 from rowstore.format.index import Layout
-from rowstore.format.writer import Writer
 from rowstore.global_shuffle._plan import ROW_OVERHEAD, Plan, key_bounds, pile_of, row_keys
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
+from rowstore.writer.dataset import ShardInfo
+from rowstore.writer.file import Writer
 
 __all__ = ["Pile", "Counters", "OutputOptions", "scatter", "input_feed", "write_pile"]
 

@@ -45,39 +45,6 @@ def varlen_modes(
 
 
 # -- Petastorm-style arguments: file:// URLs, shuffle=True/False, fields as Field objects or regexes --
-def file_url_path(url: Any) -> Any:
-    """``file:///abs/path`` as ``/abs/path``; anything else as is (paths, other URLs)."""
-    import os
-
-    if isinstance(url, (str, bytes, os.PathLike)):
-        s = os.fspath(url)
-        s = os.fsdecode(s) if isinstance(s, bytes) else s
-        if s.startswith("file://"):
-            return local_path(s)
-    return url
-
-
-def local_path(url: Any) -> Any:
-    """A local path for ``url``: a path as is (``str``, ``bytes``, ``os.PathLike``),
-    ``file:///abs/path`` as ``/abs/path``; other URL schemes raise ``ValueError`` (only local
-    files are read here)."""
-    import os
-    import re
-
-    if not isinstance(url, (str, bytes, os.PathLike)):
-        return url
-    s = os.fspath(url)
-    s = os.fsdecode(s) if isinstance(s, bytes) else s
-    if s.startswith("file://"):
-        rest = s[len("file://"):]
-        if rest and not rest.startswith("/"):
-            raise ValueError(f"{s!r}: a file:// URL must name an absolute path (file:///data/x)")
-        return rest or "/"
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", s):
-        raise ValueError(f"{s!r}: only local paths and file:// URLs are supported here")
-    return url
-
-
 def shuffle_mode(shuffle: Any) -> str:
     """The epoch order mode of a ``shuffle`` argument: ``True`` is ``"block"`` (the loaders'
     and Petastorm's meaning: shuffled blocks, rows mixed within a window), ``False``/``None``

@@ -8,7 +8,6 @@ Afterwards reads are ``pread`` calls on plain file descriptors, opened lazily in
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any
@@ -16,13 +15,12 @@ from typing import Any
 import numpy as np
 
 from rowstore._check import nonneg_int, positive_int
-from rowstore.format._url import is_url
+from rowstore.format.open import open_layout
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader._args import file_url_path, select_fields, shuffle_mode
+from rowstore.reader._args import select_fields, shuffle_mode
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
-from rowstore.reader._store import LocalStore, pin_identities
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import (
     NULL_KEY,
@@ -34,6 +32,7 @@ from rowstore.reader.buffers import (
 )
 from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
 from rowstore.schema import Schema
+from rowstore.storage import ChunkStore, chunk_store
 
 __all__ = ["Reader"]
 
@@ -97,7 +96,7 @@ class Reader:
         A local directory caching whole remote blocks (size limit ``remote={"cache_bytes": n}``,
         least recently used evicted first; safe for several processes); None: no cache.
     remote : dict, optional
-        Further options of remote reads (:class:`rowstore.reader._remote.RemoteOptions`):
+        Further options of remote reads (:class:`rowstore.storage.remote.RemoteOptions`):
         ``max_in_flight``, ``merge_bytes``, ``retries``, ``backoff``, ``timeout``, ``cache_bytes``.
     allow_outside_links : bool
         A dataset directory's manifest, sidecar and shard paths must resolve inside it (the real
@@ -147,13 +146,6 @@ class Reader:
         allow_missing_footer: bool = False,
     ):
         _check_varlen(varlen)
-        given: Any = path
-        if storage_options is None and cache is None and remote is None:  # file:// URLs read as local files
-            given = [file_url_path(p) for p in given] if isinstance(given, (list, tuple)) else file_url_path(given)
-        if isinstance(given, (list, tuple)):
-            source: str | list[str] = [os.fsdecode(p) for p in given]
-        else:
-            source = os.fsdecode(given)  # str, also for a bytes path: errors carry it
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify
@@ -164,34 +156,12 @@ class Reader:
         self._etags: dict[int, Any] = {}
         if not isinstance(allow_outside_links, bool):
             raise TypeError(f"allow_outside_links must be a bool, got {allow_outside_links!r}")
-        urls = [source] if isinstance(source, str) else source
-        if any(is_url(u) for u in urls) or storage_options is not None or cache is not None or remote is not None:
-            self._init_state(self._open_remote(urls, version, storage_options, cache, remote,
-                                               allow_outside_links, allow_missing_footer))
-            return
-        layout = DatasetLayout.open(source, version=version, allow_outside_links=allow_outside_links,
-                                    allow_missing_footer=allow_missing_footer)
-        # Each shard a manifest names by size is pinned to the file there now (inode, mtime):
-        # a shard replaced later under the same name and size is refused, not read.
-        self._init_state(dataclasses.replace(
-            layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids)))
-
-    def _open_remote(self, urls: list[str], version: int | None, storage_options, cache, remote,
-                     allow_outside_links: bool = False,
-                     allow_missing_footer: bool = False) -> DatasetLayout:
-        from rowstore.reader import _remote
-
-        if not all(is_url(u) for u in urls):
-            raise ValueError("storage_options, cache and remote apply to URLs (s3://, http://, file://...); "
-                             f"got {urls[0] if len(urls) == 1 else urls}")
-        self._remote = _remote.RemoteOptions.make(storage_options, cache, remote)
-        parts = [_remote.open_layout(u, self._remote, version, allow_outside_links=allow_outside_links,
-                                     allow_missing_footer=allow_missing_footer) for u in urls]
-        shard0 = 0
-        for layout, learnt in parts:
-            self._etags.update({shard0 + k: v for k, v in learnt["etags"].items()})
-            shard0 += layout.num_shards
-        return DatasetLayout.concat([p[0] for p in parts])
+        if isinstance(path, (list, tuple)):
+            path = [os.fsdecode(p) if isinstance(p, bytes) else p for p in path]
+        opened = open_layout(path, version=version, storage_options=storage_options, cache=cache, remote=remote,
+                             allow_outside_links=allow_outside_links, allow_missing_footer=allow_missing_footer)
+        self._remote, self._etags = opened.remote, dict(opened.etags)
+        self._init_state(opened.layout)
 
     def _init_state(self, layout: DatasetLayout) -> None:
         self.layout = layout
@@ -199,12 +169,8 @@ class Reader:
         self.schema: Schema = layout.schema
         self._plans = plan_fields(layout.schema, layout.row_dtype)
         self._rpb = layout.rows_per_block
-        if self._remote is not None:
-            from rowstore.reader._remote import RemoteStore
-
-            self._store: Any = RemoteStore(layout.shard_paths, layout.shard_ids, self._remote, self._etags)
-        else:
-            self._store = LocalStore(layout.shard_paths, layout.shard_ids, self.max_open_files)
+        self._store: ChunkStore = chunk_store(layout.shard_paths, layout.shard_ids, remote=self._remote,
+                                              etags=self._etags, max_open=self.max_open_files)
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
         self._decoder = Decoder(self.path, layout.where)
 
@@ -548,12 +514,7 @@ class Reader:
     def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:
         """``order()``'s segments; from object storage, with the store fetching their chunks
         ahead in that (pure-function) order, which it iterates a second time."""
-        segments = order()
-        if self._remote is None:
-            return segments
-        from rowstore.reader._remote import scheduled
-
-        return scheduled(self._store, segments, order, self._chunk_keys(plans))
+        return self._store.fetch_ahead(order(), order, self._chunk_keys(plans))
 
 
     # -- dealt epochs: elastic resume and equal steps (rowstore.reader.plan) ----------------------

@@ -17,9 +17,9 @@ import xarray as xr
 from rowstore._check import one_of
 from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
-from rowstore.format.dataset_writer import ShardInfo
-from rowstore.format.writer import DEFAULT_BLOCK_BYTES
 from rowstore.schema import Field, Schema
+from rowstore.writer.dataset import ShardInfo
+from rowstore.writer.file import DEFAULT_BLOCK_BYTES
 from rowstore.xarray._meta import (
     META_KEY,
     META_VERSION,

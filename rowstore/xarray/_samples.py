@@ -15,10 +15,10 @@ from xarray.core import indexing
 
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import commit, write_shard
-from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES, ShardInfo
-from rowstore.format.writer import DEFAULT_BLOCK_BYTES, Writer
 from rowstore.reader import Reader
 from rowstore.schema import Field, Schema
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo
+from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 from rowstore.xarray._meta import (
     META_KEY,
     META_VERSION,

@@ -76,7 +76,7 @@ import rowstore
 from rowstore import STR, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.format import manifest
-from rowstore.format._commit import TMP_SUFFIX, remove_stale
+from rowstore.storage.local import TMP_SUFFIX, remove_stale
 
 SCHEMA = Schema([Field("x", "int64"), Field("s", STR), Field("a", "float32", (16,))])
 SCENARIOS = ("writer_w", "writer_a", "ds_append", "ds_replace", "two_phase", "gc", "shuffle", "dask", "remote")

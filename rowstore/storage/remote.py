@@ -1,14 +1,9 @@
-"""Object storage: a store that fetches the block index's byte ranges by ranged requests.
+"""Object storage: a store that fetches the block index's byte ranges by ranged requests
+(:class:`RemoteStore`), and a URL prefix as a destination of writes (:class:`RemoteDir`).
 
-Any fsspec URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...) opens here;
-libhdf5 never touches a remote file's data:
-
-* a **dataset** is opened from its pointer, manifest and block-index sidecar: three requests
-  (:func:`open_layout`);
-* a **single file** is opened by reading the few byte ranges holding its HDF5 metadata (the
-  superblock and group at the head, the indexes and attributes the writer puts at the tail)
-  into memory, and parsing them with h5py on that in-memory image (:class:`RangeFile`: two
-  requests for the files our writer makes, counted by ``RangeFile.requests``).
+Any fsspec URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...) reads here;
+libhdf5 never touches a remote file's data (opening, from a few byte ranges, is
+:mod:`rowstore.format.open`'s).
 
 :class:`RemoteStore` serves ``load_chunks`` (the only read a remote store offers: ``direct`` is
 False, so the gather always reads whole chunks) from bytes fetched into memory and decoded by
@@ -32,7 +27,9 @@ HEAD) so that a replaced shard is named as such.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import threading
 import weakref
 from collections import deque
@@ -43,50 +40,15 @@ from typing import Any
 import numpy as np
 
 from rowstore import kernels
-from rowstore.errors import FormatError, ObjectChangedError
-from rowstore.format import manifest as _manifest
-from rowstore.format._objstore import Client, RangeFile, RemoteOptions, remote_file_layout
-from rowstore.format._url import is_url
-from rowstore.format.shards import DatasetLayout
+from rowstore.errors import MissingObjectError, ObjectChangedError
+from rowstore.storage.base import Staging
+from rowstore.storage.objstore import Client, RangeFile, RemoteOptions
+from rowstore.storage.url import join
 
-__all__ = ["RemoteOptions", "RemoteStore", "RangeFile", "Client", "open_layout", "is_url"]
+__all__ = ["RemoteOptions", "RemoteStore", "RangeFile", "Client", "Scheduler", "RemoteDir"]
 
 #: Chunk key: (shard, byte offset, stored bytes).
 Key = tuple[int, int, int]
-
-
-# -- opening -------------------------------------------------------------------------------------
-def _looks_like_file(url: str) -> bool:
-    return url.lower().rstrip("/").endswith((".h5", ".hdf5", ".hdf"))
-
-
-def open_layout(url: str, options: RemoteOptions, version: int | None = None, *,
-                allow_outside_links: bool = False,
-                allow_missing_footer: bool = False) -> tuple[DatasetLayout, dict]:
-    """The layout of the dataset or single file at ``url``, and what was learnt about its
-    objects (``{"etags": {shard: etag}, "requests": n}``); ``allow_outside_links``: as for
-    :meth:`DatasetLayout.from_manifest` (a ``file://`` dataset's links)."""
-    client = Client(url, options)
-    url = url.rstrip("/") if not _looks_like_file(url) else url
-    if not _looks_like_file(url):
-        try:
-            m = _manifest.load(url, version, read=client.cat_small)
-        except FormatError as exc:
-            if version is not None or "is missing" not in str(exc) or _manifest.POINTER not in str(exc):
-                raise
-        else:
-            layout = DatasetLayout.from_manifest(m, allow_outside_links=allow_outside_links)
-            return layout, {"etags": {}, "requests": client.requests}
-    if version is not None:
-        raise ValueError(f"{url!r} is a file: version= applies to datasets")
-    cache = None
-    if options.cache:
-        from rowstore.reader._cache import BlockCache
-
-        cache = BlockCache(options.cache, options.cache_bytes)
-    layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
-    etag = layout.file_id[1] if len(layout.file_id) > 1 else None
-    return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
 
 
 # -- the store -----------------------------------------------------------------------------------
@@ -105,7 +67,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 class RemoteStore:
     """The stored bytes of a dataset's shard objects, by ranged requests (the
-    :class:`~rowstore.reader._store.LocalStore` interface, ``load_chunks`` only).
+    :class:`~rowstore.storage.local.LocalStore` interface, ``load_chunks`` only).
 
     Parameters
     ----------
@@ -145,7 +107,7 @@ class RemoteStore:
         self.scheduler: Scheduler | None = None
         self._cache = None
         if self.options.cache:
-            from rowstore.reader._cache import BlockCache
+            from rowstore.storage.cache import BlockCache
 
             self._cache = BlockCache(self.options.cache, self.options.cache_bytes)
 
@@ -290,6 +252,11 @@ class RemoteStore:
                     src, at = self.submit(s_, off, off + size).result(), 0
             done.append((src, at, how))
         return done
+
+    def fetch_ahead(self, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],
+                    keys_of: Callable[[Any], list[Key]]) -> Iterable[Any]:
+        """``segments``, their chunks fetched ahead in that order (see :func:`scheduled`)."""
+        return scheduled(self, segments, plan_segments, keys_of)
 
     def read_rows(self, *args: Any, **kw: Any) -> None:  # pragma: no cover - direct is False
         raise NotImplementedError("a remote store reads whole chunks only (direct is False)")
@@ -470,3 +437,88 @@ def scheduled(store: RemoteStore, segments: Iterable[Any], plan_segments: Callab
     finally:
         if store.scheduler is sched:
             store.close()
+
+
+# -- a prefix of an object store as a destination ------------------------------------------------
+class RemoteDir:
+    """A URL prefix of an object store as a :class:`~rowstore.storage.base.Destination`.
+
+    Each object is one PUT (or a multipart upload), which object stores make atomic: a reader
+    sees the old object or the new one. There is no lock (:meth:`lock` waits for nothing).
+    Where the store has conditional writes (:attr:`conditional`: S3's ``If-None-Match: *`` and
+    ``If-Match`` on PutObject), :meth:`write_new` and :meth:`replace` with ``expect`` are
+    atomic checks, so two writers racing for one name or one pointer never both win; on other
+    stores they check just before writing, and two writers at the same instant can both pass.
+
+    Parameters
+    ----------
+    url : str
+        The prefix (``s3://bucket/dataset``).
+    storage_options : mapping, optional
+        fsspec options (credentials, ``endpoint_url``...).
+    """
+
+    local_root = None
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None):
+        self.root = url.rstrip("/")
+        self.client = Client(self.root, RemoteOptions.make(storage_options, None, None))
+
+    def staging(self) -> Staging:
+        """A temporary local directory; its finished files are uploaded one PUT each."""
+        return Staging(tempfile.mkdtemp(prefix="rowstore-upload-"), in_place=False, dest=self)
+
+    def __repr__(self) -> str:
+        return f"RemoteDir({self.root!r})"
+
+    @property
+    def conditional(self) -> bool:
+        return self.client.conditional
+
+    def _url(self, rel: str) -> str:
+        return join(self.root, rel)
+
+    def list(self, rel: str) -> list[str]:
+        return self.client.ls(self._url(rel))
+
+    def exists(self, rel: str) -> bool:
+        return self.client.etag_or_none(self._url(rel)) is not None
+
+    def read_small(self, rel: str, limit: int) -> bytes:
+        return self.client.cat_small(self._url(rel), limit)
+
+    def size(self, rel: str) -> int | None:
+        try:
+            return self.client.info(self._url(rel))["size"]
+        except MissingObjectError:
+            return None
+
+    def token(self, rel: str) -> Any:
+        return self.client.etag_or_none(self._url(rel))
+
+    def write_new(self, rel: str, data: bytes) -> None:
+        self.client.put_bytes(self._url(rel), data, create=True)
+
+    def replace(self, rel: str, data: bytes, *, expect: Any = ...) -> None:
+        if expect is ...:
+            self.client.put_bytes(self._url(rel), data)
+        elif expect is None:
+            try:
+                self.client.put_bytes(self._url(rel), data, create=True)
+            except FileExistsError:
+                raise ObjectChangedError(f"{self._url(rel)!r} was created by another writer meanwhile",
+                                         path=self._url(rel)) from None  # fmt: skip
+        else:
+            self.client.put_bytes(self._url(rel), data, match=expect)
+
+    def put_file(self, local: str, rel: str) -> None:
+        self.client.put_file(local, self._url(rel))
+
+    def remove(self, rel: str) -> None:
+        self.client.remove(self._url(rel))
+
+    def lock(self, rel: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def sync(self) -> None:
+        """Nothing to do: a PUT is durable when it returns."""

@@ -3,7 +3,7 @@ retried ranged GETs (:class:`Client`), the options of remote reads (:class:`Remo
 a file object over a remote object's byte ranges for h5py's metadata reads (:class:`RangeFile`).
 
 ``fsspec`` (and the protocol's package: s3fs, gcsfs, adlfs, aiohttp) is imported on first use
-only; see :mod:`rowstore.reader._remote` for how reads are scheduled.
+only; see :mod:`rowstore.storage.remote` for how reads are scheduled.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rowstore.errors import FormatError, ObjectChangedError, RemoteError
+from rowstore.errors import FormatError, MissingObjectError, ObjectChangedError, RemoteError
 
-__all__ = ["RemoteOptions", "Client", "RangeFile", "remote_file_layout"]
+__all__ = ["RemoteOptions", "Client", "RangeFile"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class RemoteOptions:
         Seconds a single request may take before it counts as stalled and is retried (async
         protocols: s3, gs, az, http; a synchronous protocol such as ``file://`` has no timeout).
     cache : str or None
-        A directory for the local block cache (see :mod:`rowstore.reader._cache`); None: off.
+        A directory for the local block cache (see :mod:`rowstore.storage.cache`); None: off.
     cache_bytes : int
         The cache's size limit (least recently used blocks are evicted first).
     """
@@ -255,6 +255,87 @@ class Client:
                               f"object, or a replaced one)", path=url)
         return data
 
+    # -- writes and listings -------------------------------------------------------------------
+    @property
+    def conditional(self) -> bool:
+        """Whether the store makes writes conditional atomically (S3's ``If-None-Match: *``
+        and ``If-Match`` on PutObject); other stores are checked first and written after."""
+        return self.url.split("://", 1)[0] in ("s3", "s3a")
+
+    def put_file(self, local: str, url: str) -> None:
+        """Upload the file ``local`` to ``url`` (one PUT, or a multipart upload that appears
+        whole), retried as reads are."""
+        self._retrying(url, None, None, lambda: self.fs.put_file(local, self.path(url)))
+
+    def put_bytes(self, url: str, data: bytes, *, create: bool = False, match: str | None = None) -> None:
+        """Write ``data`` to ``url`` (one PUT). ``create``: only if there is no object there
+        (else :class:`FileExistsError`); ``match``: only if the object's ETag is still that
+        (else :class:`~rowstore.errors.ObjectChangedError`). Atomic where :attr:`conditional`,
+        checked just before the write elsewhere."""
+        kw: dict[str, Any] = {}
+        if self.conditional:
+            if create:
+                kw["mode"] = "create"
+            if match is not None:
+                kw["IfMatch"] = match
+        elif create or match is not None:
+            now = self.etag_or_none(url)
+            if create and now is not None:
+                raise FileExistsError(f"{url!r} exists")
+            if match is not None and now != match:
+                raise ObjectChangedError(f"{url!r} changed since it was read (another writer replaced it)", path=url)
+        failed: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                self.fs.pipe_file(self.path(url), data, **kw)
+            except FileExistsError as exc:  # s3fs: If-None-Match failed
+                failed.append(exc)
+            except OSError as exc:
+                if match is not None and _changed(exc):
+                    failed.append(exc)
+                else:
+                    raise
+
+        self._retrying(url, None, None, call)
+        if failed:
+            if isinstance(failed[0], FileExistsError):
+                raise FileExistsError(f"{url!r} exists (written by another writer)")
+            raise ObjectChangedError(f"{url!r} changed since it was read (another writer replaced it)", path=url)
+
+    def etag_or_none(self, url: str) -> str | None:
+        """The ETag of the object at ``url`` (``""`` when the store gives none); None if there
+        is no object."""
+        try:
+            return self.info(url)["etag"] or ""
+        except MissingObjectError:
+            return None
+
+    def ls(self, url: str) -> list[str]:
+        """The names directly under the prefix ``url``; ``[]`` if there is none."""
+
+        def call() -> Any:
+            fs = self.fs
+            if hasattr(fs, "invalidate_cache"):
+                fs.invalidate_cache(self.path(url))
+            try:
+                return fs.ls(self.path(url), detail=False)
+            except FileNotFoundError:
+                return []
+
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in self._retrying(url, None, None, call)]
+
+    def remove(self, url: str) -> None:
+        """Remove the object at ``url`` (nothing if there is none)."""
+
+        def call() -> None:
+            try:
+                self.fs.rm_file(self.path(url))
+            except FileNotFoundError:
+                pass
+
+        self._retrying(url, None, None, call)
+
     # -- ranged reads ------------------------------------------------------------------------
     def get(self, url: str, start: int, end: int, etag: str | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``url`` (blocking)."""
@@ -400,7 +481,7 @@ class Client:
             return FormatError(f"{url!r}: the bucket {bucket!r} does not exist (check its name and the endpoint)",
                                path=url)
         if isinstance(exc, FileNotFoundError) or _status(exc) == 404 or "NoSuchKey" in str(exc):
-            return FormatError(f"{url!r} is missing", path=url)
+            return MissingObjectError(f"{url!r} is missing", path=url)
         if _status(exc) == 416 or "InvalidRange" in str(exc):
             return ObjectChangedError(f"{where}: the object is shorter than when it was opened (replaced or "
                                       f"truncated); open it again", path=url)
@@ -536,55 +617,3 @@ class RangeFile:
 
     def close(self) -> None:
         self._have.clear()
-
-
-#: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
-_FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
-
-
-def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False) -> Any:
-    """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
-    etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
-    (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
-    and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
-    the byte ranges its HDF5 metadata occupies (:class:`RangeFile`: that tail and, for our
-    writer's files, one more GET of the head); no block is read and libhdf5 never sees the
-    network. With a ``cache`` (:class:`rowstore.reader._cache.BlockCache`), the footer or the
-    image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
-    ``allow_missing_footer`` as for :meth:`~rowstore.format.index.Layout.open`."""
-    import h5py
-
-    from rowstore.format import footer
-    from rowstore.format.index import Layout
-
-    meta = client.info(url)
-    size, etag = meta["size"], meta["etag"]
-    ident = (size, etag)
-    image = cache.get_meta(url, ident) if cache is not None and etag else None
-    first = None
-    if image is not None and image.startswith(_FOOTER_IMAGE):
-        first, image = image[len(_FOOTER_IMAGE) :], None
-    if first is None and image is None:
-        t0 = max(0, size - RangeFile.TAIL) // RangeFile.PAGE * RangeFile.PAGE
-        first = client.get(url, t0, size, etag) if size else b""
-    if first is not None:
-        ft = footer.read(lambda a, b: client.get(url, a, b, etag), size, url, first=first)
-        if ft is not None:
-            layout = Layout.from_footer(ft, url, size, ident)
-            if cache is not None and etag and image is None:
-                cache.put_meta(url, ident, _FOOTER_IMAGE + ft.raw)
-            return layout
-    rf = RangeFile(client, url, size, etag, image=image, tail_data=first)
-    try:
-        footer.check_no_footer(rf.read_range, size, url)
-        with h5py.File(rf, "r") as f:
-            layout = Layout.from_h5(f, url, size, ident, allow_missing_footer=allow_missing_footer)
-        if cache is not None and etag and rf.requests:
-            cache.put_meta(url, ident, rf.image())
-        return layout
-    except OSError as exc:
-        if isinstance(exc, (RemoteError, FormatError)):
-            raise
-        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
-    finally:
-        rf.close()

@@ -15,7 +15,7 @@ A stored row holds, per field (see :func:`spec.row_dtype`):
 * nullable field: a ``<name>__null`` flag; a null stores zeros (inline) or an empty payload at the
   current heap offset (heap).
 
-Values must already be validated (:func:`rowstore.format.validate.check_value`) and within the
+Values must already be validated (:func:`rowstore.writer.values.check_value`) and within the
 size limit (:func:`check_value_size`), except for :meth:`RowPacker.add_row_fast`: the per-row
 fast path of ``Writer.write``, which stores a ``dict`` of plain values in one compiled call
 (``_ext/_rows.pyx``, planned once per schema by :func:`fast_plan`) when every value is one it
@@ -250,7 +250,7 @@ class RowPacker:
 
     def add_row_fast(self, row: Any) -> bool:
         """Add one row given as a ``dict`` of plain values in one compiled call, if every value
-        is one the fast path stores exactly as :func:`~rowstore.format.validate.check_value`
+        is one the fast path stores exactly as :func:`~rowstore.writer.values.check_value`
         and :meth:`add_row` would; False otherwise, with nothing kept (validate the row and
         call :meth:`add_row`, which words any error)."""
         plan = self._fast

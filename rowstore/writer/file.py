@@ -27,19 +27,18 @@ from rowstore.codecs.blocks import block_compression
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
-from rowstore.format._commit import AtomicFile
-from rowstore.format._h5file import Compressor, H5File, check_storable, file_attributes, read_tail
-from rowstore.format._pack import (
+from rowstore.format._raw import RawRows
+from rowstore.schema import Schema
+from rowstore.storage import StagedFile, stage_file
+from rowstore.storage.local import AtomicFile
+from rowstore.writer._h5file import Compressor, H5File, check_storable, file_attributes, read_tail
+from rowstore.writer._pack import (
     RowPacker,
     check_value_size,
     first_rows_per_block,
     max_rows_per_block,
 )
-from rowstore.format._raw import RawRows
-from rowstore.format._url import is_url
-from rowstore.format.spec import MAX_CHUNK_BYTES  # noqa: F401 - re-exported: it was declared here before spec.py
-from rowstore.format.validate import as_columns, check_column, check_value
-from rowstore.schema import Schema
+from rowstore.writer.values import as_columns, check_column, check_value
 
 if TYPE_CHECKING:
     from rowstore.format.index import Layout
@@ -51,7 +50,7 @@ DEFAULT_HEAP_CHUNK_BYTES = 1 << 20
 
 
 class Closing:
-    """The lifecycle of :class:`Writer` and :class:`~rowstore.format.dataset_writer.DatasetWriter`:
+    """The lifecycle of :class:`Writer` and :class:`~rowstore.writer.dataset.DatasetWriter`:
     ``with`` closes on success and aborts on an exception; a writer collected unclosed warns
     (``ResourceWarning``) and aborts. Subclasses define ``close``, ``abort``, ``path`` and
     ``_closed``."""
@@ -154,18 +153,14 @@ class Writer(Closing):
         self._file: H5File | None = None  # the file being written: the temporary one
         self._atomic: AtomicFile | None = None  # that temporary file, moved onto path at close
         _check_arguments(mode, block_bytes, heap_chunk_bytes, rows_per_block)
-        self.url: str | None = None  # a URL: written locally, uploaded (one PUT) at close
-        self._upload: tuple | None = None
-        if is_url(os.fspath(path)):
-            if mode != "w":
-                raise ValueError(f"writing to a URL takes mode='w' (the object is uploaded whole at close), got {mode!r}")
-            from rowstore.format import _remote_write
-
-            self.url = os.fspath(path)
-            tmp = _remote_write.local_temp()
-            self._upload = (_remote_write.client(self.url, storage_options), tmp)
-            path = os.path.join(tmp, "upload.h5")
-        self.path = os.fspath(path)
+        self._stage: StagedFile | None = None
+        stage = stage_file(path, storage_options)
+        # a URL: written locally, uploaded (one PUT) at close
+        self.url: str | None = None if stage.in_place else os.fspath(path)
+        if not stage.in_place and mode != "w":
+            raise ValueError(f"writing to a URL takes mode='w' (the object is uploaded whole at close), got {mode!r}")
+        self._stage = stage
+        self.path = stage.path
         self.mode = mode
         _check_destination(self.path, mode)
         # Created now, not at the first block: its lock makes this the only writer of path (and
@@ -235,7 +230,7 @@ class Writer(Closing):
     def raw_nbytes(self) -> int:
         """Bytes of the rows accepted so far as stored before compression: rows times the row
         size plus their heap payloads (including an appended-to file's); what
-        :class:`~rowstore.format.dataset_writer.DatasetWriter` sizes its shards by."""
+        :class:`~rowstore.writer.dataset.DatasetWriter` sizes its shards by."""
         return self._packer.num_rows * self._packer.itemsize + self._packer.heap_pos
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -315,11 +310,8 @@ class Writer(Closing):
         check_storable(self.schema, attrs_json.dumps(self.attrs))
         try:
             self._finish()
-            if self._upload is not None and self.url is not None:
-                from rowstore.format import _remote_write
-
-                _remote_write.upload(self._upload[0], self.path, self.url)
-                _remote_write.remove_tree(self._upload[1])
+            if self._stage is not None:
+                self._stage.publish()
         except BaseException:
             self.abort()
             raise
@@ -335,10 +327,9 @@ class Writer(Closing):
         atomic, self._atomic = self._atomic, None
         if atomic is not None:
             atomic.abort()
-        if getattr(self, "_upload", None) is not None:
-            from rowstore.format import _remote_write
-
-            _remote_write.remove_tree(self._upload[1])  # type: ignore[index]
+        stage = getattr(self, "_stage", None)
+        if stage is not None:
+            stage.discard()
 
     def _stop_pool(self) -> None:
         pool, self._pool = self._pool, None

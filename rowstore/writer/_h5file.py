@@ -5,7 +5,7 @@ append), writes each block and heap chunk with ``write_direct_chunk`` through a
 :class:`ChunkStream` (compressed by the file's :class:`~rowstore.codecs.blocks.BlockCompression`,
 optionally on worker threads), and at the end writes the block and heap chunk indexes and the
 attributes and closes the file. It works on whatever path it is given (the writer gives it the
-temporary file of an :class:`~rowstore.format._commit.AtomicFile`).
+temporary file of an :class:`~rowstore.storage.local.AtomicFile`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from rowstore.codecs.blocks import BlockCompression
 from rowstore.errors import FormatError, SchemaError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
-from rowstore.format._index_builder import block_index, heap_chunk_index
-from rowstore.format._pack import PackerTail
 from rowstore.schema import Schema
+from rowstore.writer._index_builder import block_index, heap_chunk_index
+from rowstore.writer._pack import PackerTail
 
 if TYPE_CHECKING:
     from rowstore.format.index import Layout

@@ -1,0 +1,242 @@
+"""The two storage interfaces: where a reader's stored bytes come from (:class:`ChunkStore`) and
+where a writer's files and dataset versions go (:class:`Destination`).
+
+Storage deals in bytes and relative names; it knows nothing of layouts, manifests or schemas.
+Implementations: :class:`~rowstore.storage.local.LocalStore` and
+:class:`~rowstore.storage.remote.RemoteStore` (chunk stores),
+:class:`~rowstore.storage.local.LocalDir` and :class:`~rowstore.storage.remote.RemoteDir`
+(destinations). :func:`rowstore.storage.chunk_store` and :func:`rowstore.storage.destination`
+pick one from a path or URL. How a store batches, coalesces or schedules its reads (merge sizes,
+requests in flight, epoch-order prefetch) is its own concern, not part of the interface.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["ChunkStore", "Destination", "Staging", "StagedFile"]
+
+
+@runtime_checkable
+class ChunkStore(Protocol):
+    """The stored bytes of a dataset's shards, as the block index names them.
+
+    Attributes
+    ----------
+    path : str
+        What the store reads (a shard's path or URL, or a count of shards), for messages.
+    direct : bool
+        Capability flag: the store serves single rows and payloads (:meth:`read_rows`,
+        :meth:`read_rows_into`, :meth:`read_payloads`) cheaply; when False the gather always
+        reads whole chunks (:meth:`load_chunks`) and never calls those methods.
+    max_open : int
+        How many shard files the store keeps open at most.
+
+    A missing shard is a :class:`~rowstore.errors.MissingObjectError`; a changed one a
+    :class:`~rowstore.errors.StaleFileError` (local) or
+    :class:`~rowstore.errors.ObjectChangedError` (remote). Stores are thread-safe, survive
+    ``fork`` and pickle by their paths and options.
+    """
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def direct(self) -> bool: ...
+
+    @property
+    def max_open(self) -> int: ...
+
+    def fetch_ahead(self, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],
+                    keys_of: Callable[[Any], list[tuple[int, int, int]]]) -> Iterable[Any]:
+        """An epoch's ``segments`` (each giving chunk keys ``(shard, offset, stored)`` by
+        ``keys_of``), with the chunks fetched ahead in that order where the store gains by it;
+        ``plan_segments`` makes the same segments again, for the store's own iteration."""
+
+    def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray,
+                    checksums: np.ndarray, *, codec: tuple[int, int] | None, verify: bool,
+                    dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str,
+                    dst_stride: int = 0) -> None:
+        """Whole stored chunks (chunk i of shard ``shards[i]``), checked and decompressed into
+        ``dst``."""
+
+    def read_rows(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
+                  dst: np.ndarray) -> None:
+        """Single rows into ``dst`` (``direct`` stores only)."""
+
+    def read_rows_into(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
+                       segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray, *,
+                       check: np.ndarray | None = None, expect: np.ndarray | None = None) -> None:
+        """Single rows cut straight into per-field arrays (``direct`` stores only)."""
+
+    def read_payloads(self, shards: np.ndarray | None, rowbuf: np.ndarray, row_size: int,
+                      ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                      chunk_offsets: np.ndarray, chunk_base: Any, chunk_bytes: int, out: np.ndarray,
+                      dst_offsets: np.ndarray, *, pages: tuple | None = None) -> None:
+        """Single heap payloads into ``out`` (``direct`` stores only)."""
+
+    def close(self) -> None:
+        """Release this process's descriptors or connections (they come back on next use)."""
+
+
+@runtime_checkable
+class Destination(Protocol):
+    """A directory (or object prefix) that files and dataset versions are written to, by
+    relative ``/``-separated names.
+
+    Attributes
+    ----------
+    root : str
+        The directory or URL prefix.
+    conditional : bool
+        Capability flag: :meth:`write_new` and :meth:`replace` with ``expect`` are atomic
+        checks (a lock, or the store's conditional writes). When False they check first and
+        write after, and two writers at the same instant can both pass the check.
+    local_root : str or None
+        The local directory (None for an object store), for what works on local files only
+        (removing a dataset's leftovers).
+
+    Errors: a missing object is a :class:`~rowstore.errors.MissingObjectError`
+    (a :class:`FileNotFoundError`); :meth:`write_new` over an existing object a
+    :class:`FileExistsError`; :meth:`replace` of an object that is no longer ``expect`` an
+    :class:`~rowstore.errors.ObjectChangedError`.
+    """
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def conditional(self) -> bool: ...
+
+    @property
+    def local_root(self) -> str | None: ...
+
+    def staging(self) -> Staging:
+        """A local directory to make finished files in (the destination itself when local,
+        else a temporary directory whose files :meth:`Staging.publish` uploads)."""
+
+    def list(self, rel: str) -> list[str]:
+        """The names (not paths) directly under directory ``rel``; ``[]`` if there is none."""
+
+    def exists(self, rel: str) -> bool:
+        """Whether an object ``rel`` exists."""
+
+    def read_small(self, rel: str, limit: int) -> bytes:
+        """The whole object ``rel``, refused (:class:`~rowstore.errors.FormatError`) above
+        ``limit`` bytes."""
+
+    def size(self, rel: str) -> int | None:
+        """The size in bytes of the object ``rel``; None if there is none."""
+
+    def token(self, rel: str) -> Any:
+        """What identifies the current content of ``rel`` (None if there is no such object),
+        for :meth:`replace`'s ``expect``."""
+
+    def write_new(self, rel: str, data: bytes) -> None:
+        """Create ``rel`` holding ``data``, complete or not at all; :class:`FileExistsError`
+        if it exists."""
+
+    def replace(self, rel: str, data: bytes, *, expect: Any = ...) -> None:
+        """Make ``rel`` hold ``data`` (complete or not at all). With ``expect`` (a
+        :meth:`token`, None for "no object"), only if ``rel`` is still that, else
+        :class:`~rowstore.errors.ObjectChangedError`."""
+
+    def put_file(self, local: str, rel: str) -> None:
+        """Copy the finished local file ``local`` to ``rel`` (appears whole)."""
+
+    def remove(self, rel: str) -> None:
+        """Remove the object ``rel`` (nothing if it is not there)."""
+
+    def lock(self, rel: str) -> AbstractContextManager[None]:
+        """Hold the writer lock kept in ``rel`` (waits for another holder; dropped when the
+        process dies), where the store has locks; a no-op context for stores without them
+        (object stores: see :attr:`conditional`)."""
+
+    def sync(self) -> None:
+        """Make everything written so far durable (directory entries included)."""
+
+
+def names(items: Sequence[str]) -> list[str]:
+    """The last ``/``-separated component of each listed path."""
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in items]
+
+
+class Staging:
+    """A local directory that a writer makes finished files in, each of which becomes an
+    object of a destination when published (:meth:`Destination.staging`).
+
+    Attributes
+    ----------
+    root : str
+        The local directory to write in.
+    in_place : bool
+        Whether ``root`` is the destination itself (a local directory: nothing to publish),
+        rather than a temporary directory whose files are uploaded.
+    """
+
+    def __init__(self, root: str, *, in_place: bool, dest: Any = None):
+        self.root = root
+        self.in_place = in_place
+        self._dest = dest
+
+    def local(self, rel: str) -> str:
+        """The local path of ``rel`` in :attr:`root`."""
+        return os.path.join(self.root, *rel.split("/"))
+
+    def publish(self, rel: str) -> None:
+        """Make the finished local file ``rel`` the destination's object ``rel``."""
+        if not self.in_place:
+            self._dest.put_file(self.local(rel), rel)
+
+    def fetch(self, rel: str, limit: int) -> None:
+        """Copy the destination's object ``rel`` (at most ``limit`` bytes) into :attr:`root`;
+        :class:`~rowstore.errors.MissingObjectError` if there is none."""
+        if self.in_place:
+            return
+        data = self._dest.read_small(rel, limit)
+        os.makedirs(os.path.dirname(self.local(rel)), exist_ok=True)
+        with open(self.local(rel), "wb") as f:
+            f.write(data)
+
+    def close(self) -> None:
+        """Remove the temporary directory (nothing for an in-place staging)."""
+        if not self.in_place:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class StagedFile:
+    """One local file that becomes a destination's object when published
+    (:func:`rowstore.storage.stage_file`).
+
+    Attributes
+    ----------
+    path : str
+        The local path to write.
+    in_place : bool
+        Whether :attr:`path` is the final file (nothing to publish).
+    """
+
+    def __init__(self, path: str, *, dest: Any = None, rel: str | None = None, staging: Staging | None = None):
+        self.path = path
+        self.in_place = dest is None
+        self._dest, self._rel, self._staging = dest, rel, staging
+
+    def publish(self) -> None:
+        """Upload the finished file (nothing for a local one) and remove the temporary copy."""
+        if self._dest is None:
+            return
+        try:
+            self._dest.put_file(self.path, self._rel)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove the temporary copy (a local file is left to its writer)."""
+        if self._staging is not None:
+            self._staging.close()

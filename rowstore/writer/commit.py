@@ -1,0 +1,328 @@
+"""Publishing a dataset version: one algorithm over a :class:`~rowstore.storage.base.Destination`
+(a local directory or an object store prefix), :func:`commit`."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import (
+    CommitConflictError,
+    FormatError,
+    MissingObjectError,
+    ObjectChangedError,
+    SchemaError,
+)
+from rowstore.format import attrs as attrs_json
+from rowstore.format import manifest
+from rowstore.format.index import Layout
+from rowstore.format.open import open_file
+from rowstore.schema import Schema
+from rowstore.storage import Destination, destination, under
+from rowstore.writer.gc import DEFAULT_ORPHAN_GRACE_S, _collect
+
+__all__ = ["ShardInfo", "commit", "commit_to", "next_version"]
+
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A shard file written but not necessarily committed: what :func:`commit` checks and records.
+
+    Plain values only (picklable, small): send it back from a worker to the process that commits.
+
+    Attributes
+    ----------
+    path : str
+        The file, relative to the dataset directory (``shards/part-<32 hex>.h5``).
+    rows, blocks, rows_per_block, heap_nbytes, heap_chunks, file_size, index_crc32 : int
+        The values of its manifest entry (see :data:`.manifest.SHARD_KEYS`).
+    schema : str
+        The file's schema as canonical JSON (:meth:`Schema.to_json_str`).
+    compression : dict
+        Its block compression config (as stored).
+    heap_chunk_bytes : int
+        Its heap chunk size.
+    """
+
+    path: str
+    rows: int
+    blocks: int
+    rows_per_block: int
+    heap_nbytes: int
+    heap_chunks: int
+    file_size: int
+    index_crc32: int
+    schema: str
+    compression: dict = field(hash=False)
+    heap_chunk_bytes: int
+
+    @classmethod
+    def from_layout(cls, rel_path: str, layout: Layout) -> ShardInfo:
+        """The info of the shard file at ``rel_path`` whose layout is given."""
+        e = manifest.shard_entry(rel_path, layout)
+        return cls(**{k: e[k] for k in manifest.SHARD_KEYS}, schema=layout.schema.to_json_str(),
+                   compression=dict(layout.compression), heap_chunk_bytes=layout.heap_chunk_bytes)  # fmt: skip
+
+    @classmethod
+    def committed(cls, root: str | os.PathLike, version: int | None = None) -> list[ShardInfo]:
+        """The infos of the shards of a committed version (default: the current one) of the
+        dataset at ``root``, in order: to commit those files again elsewhere (moved into another
+        dataset's directory, under the same relative paths)."""
+        m = manifest.load(os.fspath(root), version)
+        cols = m.shards
+        out = []
+        for i in range(m.num_shards):
+            entry: dict[str, Any] = {k: int(cols[k][i]) for k in manifest.SHARD_KEYS[1:]}
+            out.append(cls(path=str(cols["path"][i]), **entry, schema=m.schema.to_json_str(),
+                           compression=dict(m.compression), heap_chunk_bytes=int(m.heap_chunk_bytes)))  # fmt: skip
+        return out
+
+    def entry(self) -> dict[str, Any]:
+        """Its manifest entry (the keys of :data:`.manifest.SHARD_KEYS`)."""
+        return {k: getattr(self, k) for k in manifest.SHARD_KEYS}
+
+    def get_schema(self) -> Schema:
+        return Schema.from_json(self.schema)
+
+
+# -- commit ----------------------------------------------------------------------------------------
+def _bad_shard(info: ShardInfo, msg: str) -> FormatError:
+    return FormatError(f"shard {info.path!r}: {msg}", path=info.path)
+
+
+def _check_info(dest: Destination, info: Any, storage_options: Mapping[str, Any] | None) -> Layout:
+    """Check one shard file against its info; its layout."""
+    if not isinstance(info, ShardInfo):
+        raise TypeError(f"commit takes ShardInfo objects (from write_shard), got {type(info).__name__}")
+    manifest._safe_relpath("commit", info.path)
+    full = under(dest.root, info.path)
+    try:
+        layout = open_file(full, storage_options)
+    except MissingObjectError:
+        raise MissingObjectError(f"shard {info.path!r} is missing: no file at {full!r} (was it written to another "
+                                 "dataset, or removed by gc?)", path=info.path) from None  # fmt: skip
+    except FormatError as exc:  # a file of another size is named as such, not by what broke in it
+        size = dest.size(info.path)
+        if size is not None and size != info.file_size:
+            raise _bad_shard(info, f"file has {size} bytes, expected {info.file_size} "
+                                   "(changed since it was written)") from exc  # fmt: skip
+        raise
+    if layout.file_size != info.file_size:
+        raise _bad_shard(info, f"file has {layout.file_size} bytes, expected {info.file_size} "
+                               "(changed since it was written)")  # fmt: skip
+    got = ShardInfo.from_layout(info.path, layout)
+    for k in manifest.SHARD_KEYS[1:]:
+        if getattr(got, k) != getattr(info, k):
+            what = "index CRC-32" if k == "index_crc32" else k
+            raise _bad_shard(info, f"{what} of the file is {getattr(got, k)}, expected {getattr(info, k)} "
+                                   "(the file is not the one written)")  # fmt: skip
+    if got.schema != info.schema:
+        raise SchemaError(f"shard {info.path!r}: the file's schema differs from its ShardInfo's")
+    if got.compression != info.compression or got.heap_chunk_bytes != info.heap_chunk_bytes:
+        raise _bad_shard(info, "the file's compression or heap_chunk_bytes differ from its ShardInfo's")
+    return layout
+
+
+def _check_same(first: tuple[str, Schema, dict, int], info: ShardInfo, layout: Layout) -> None:
+    where, schema, compression, H = first
+    if layout.schema != schema:
+        raise SchemaError(f"shard {info.path!r}: its schema differs from {where}'s:\n{layout.schema}\nvs\n{schema}")
+    if layout.compression != compression:
+        raise ValueError(f"shard {info.path!r}: compression {layout.compression} differs from {where}'s {compression}")
+    if layout.heap_chunk_bytes != H:
+        raise ValueError(f"shard {info.path!r}: heap_chunk_bytes {layout.heap_chunk_bytes} differs from {where}'s {H}")
+
+
+def _check_attrs(attrs: Any) -> dict:
+    return attrs_json.check(attrs)
+
+
+def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: str = "w",
+           attrs: Mapping[str, Any] | None = None, orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+           storage_options: Mapping[str, Any] | None = None) -> int:
+    """Publish the next version of the dataset at ``path``, made of shards written by :func:`write_shard`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The dataset directory, or its URL (``s3://bucket/data``).
+    shard_infos : sequence of ShardInfo
+        The shards, in the order their rows take in the dataset.
+    mode : {"w", "x", "a"}
+        ``"w"``: the new version holds exactly these shards (the old version's files stay for its
+        readers until :func:`gc`); ``"x"``: as ``"w"`` but :class:`FileExistsError` if a version
+        exists; ``"a"``: the current version's shards followed by these (creates the dataset if
+        there is none).
+    attrs : mapping, optional
+        User attributes (JSON-serialisable) of the new version; default ``{}``, or the current
+        version's for ``"a"``.
+    orphan_grace_s : float
+        After publishing (local datasets), shard files that no manifest version names and not
+        modified for this many seconds are removed (younger ones may belong to a job that has
+        not committed yet), and the stale temporary files of killed writers.
+    storage_options : mapping, optional
+        fsspec options for a URL.
+
+    Returns
+    -------
+    int
+        The new version.
+
+    Raises
+    ------
+    FormatError
+        A shard file is missing (:class:`~rowstore.errors.MissingObjectError`), or differs from
+        its info (size, index checksum, row counts...).
+    SchemaError, ValueError
+        The shards disagree with each other or (``"a"``) with the dataset on schema, compression
+        or heap_chunk_bytes; a path is given twice or (``"a"``) is already in the dataset;
+        nothing to describe (no shard and no dataset).
+    CommitConflictError
+        Other commits kept publishing versions while this one tried to (see Notes).
+
+    Notes
+    -----
+    A local dataset's commits run under its commit lock (one at a time, in any process; a
+    waiting commit sees the one before it). On an object store there is no lock: the version's
+    objects are created only if absent and the pointer is replaced only if it is still the one
+    read (S3's conditional writes), so of two commits at once one wins and the other starts
+    again on top of the new version (``"a"`` then appends to it); see :func:`commit_to`.
+    Nothing is published when a check fails. Each shard's HDF5 metadata is read once.
+    """
+    root = os.fspath(path)
+    if mode not in ("w", "x", "a"):
+        raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
+    dest = destination(root, storage_options)
+    local = dest.local_root
+    if local is not None and not os.path.isdir(local):
+        if os.path.exists(local):
+            raise NotADirectoryError(f"{root!r} is a file; a dataset is a directory")
+        infos = list(shard_infos)
+        if infos and isinstance(infos[0], ShardInfo):
+            raise MissingObjectError(f"shard {infos[0].path!r} is missing: dataset directory {root!r} does not "
+                                     "exist", path=root)  # fmt: skip
+        raise ValueError(f"nothing to commit to {root!r}: no shards and no current version to append to")
+    return commit_to(dest, shard_infos, mode=mode, attrs=attrs, orphan_grace_s=orphan_grace_s,
+                     storage_options=storage_options)
+
+
+#: How many times a commit starts again after another commit published first.
+MAX_COMMIT_ATTEMPTS = 8
+
+
+def commit_to(dest: Destination, shard_infos: Sequence[ShardInfo], *, mode: str = "w",
+              attrs: Mapping[str, Any] | None = None, layouts: Sequence[Layout] | None = None,
+              orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S, storage_options: Mapping[str, Any] | None = None,
+              max_attempts: int = MAX_COMMIT_ATTEMPTS) -> int:
+    """Publish the next version of the dataset at ``dest``: :func:`commit`'s algorithm.
+
+    1. Check the arguments and each shard against its info (``layouts``: the shards' layouts,
+       already known to the caller that wrote them, instead of reading them again).
+    2. Under the destination's commit lock (local: ``flock``; object stores have none), read
+       the pointer and its :meth:`~rowstore.storage.base.Destination.token`, the base version
+       (``"a"``), and build the new version.
+    3. :func:`rowstore.format.manifest.publish`: sidecar and manifest as new objects, then the
+       pointer replaced only if its token is unchanged.
+    4. If another commit took the version number or moved the pointer meanwhile (possible only
+       without a lock), start again at 2 on top of that commit's version, at most
+       ``max_attempts`` times, then :class:`~rowstore.errors.CommitConflictError`. A version
+       is never lost: the pointer moves only from the version this commit was built on.
+    """
+    if mode not in ("w", "x", "a"):
+        raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
+    infos = list(shard_infos)
+    if attrs is not None:
+        attrs = _check_attrs(attrs)
+    seen: set[str] = set()
+    for info in infos:
+        if isinstance(info, ShardInfo):
+            if info.path in seen:
+                raise ValueError(f"shard {info.path!r} is given twice")
+            seen.add(info.path)
+    where = dest.root
+    read = None if dest.local_root is not None else (lambda p, n: dest.read_small(p[len(where) + 1 :], n))
+    with dest.lock(f"{manifest.MANIFEST_DIR}/{manifest.LOCK}"):
+        if layouts is None:
+            layouts = [_check_info(dest, info, storage_options) for info in infos]
+        conflict: Exception | None = None
+        for _attempt in range(max_attempts):
+            token = dest.token(manifest.POINTER)
+            exists = token is not None
+            if mode == "x" and exists:
+                raise FileExistsError(f"{where!r} already holds a dataset (mode='x')")
+            base = manifest.load(where, read=read) if mode == "a" and exists else None
+            parent = _current_version(where, read) if exists else None
+            ref, entries, blocks, heap_chunks, new_attrs = next_version(where, base, infos, layouts, attrs)
+            try:
+                version = manifest.publish(dest, schema=ref[1], attrs=new_attrs, compression=ref[2],
+                                           heap_chunk_bytes=ref[3], shards=entries, blocks=blocks,
+                                           heap_chunks=heap_chunks, parent=parent, expect=token)  # fmt: skip
+            except (FileExistsError, ObjectChangedError) as exc:  # another commit was first
+                conflict = exc
+                continue
+            break
+        else:
+            raise CommitConflictError(f"{where!r}: other commits published {max_attempts} times while this one "
+                                      f"tried to; nothing of this commit is current, commit again ({conflict})",
+                                      path=where)  # fmt: skip
+        # Published: from here on nothing may fail the commit (a caller would discard its shards).
+        if dest.local_root is not None:
+            try:
+                _collect(dest.local_root, keep=None, grace_s=orphan_grace_s, dry_run=False)
+            except (OSError, FormatError) as exc:
+                warnings.warn(f"rowstore: version {version} of {where!r} is committed, but removing leftovers "
+                              f"failed: {exc}", RuntimeWarning, stacklevel=3)  # fmt: skip
+    return version
+
+
+def next_version(where: str, base: manifest.Manifest | None, infos: Sequence[ShardInfo], layouts: Sequence[Layout],
+                 attrs: Mapping[str, Any] | None) -> tuple[tuple, list[dict], list[np.ndarray], list[np.ndarray], dict]:
+    """What a commit publishes, from its checked shards (``layouts``, one per info) and the
+    version it appends to (``base``, None for a new dataset): ``(ref, entries, blocks,
+    heap_chunks, attrs)``, ``ref`` being ``(what, schema, compression, heap_chunk_bytes)`` every
+    shard agrees with. Shared by the local commit and the object-storage one."""
+    if base is not None:
+        ref: tuple = (f"dataset {where!r}", base.schema, base.compression, base.heap_chunk_bytes)
+        have = set(base.shards["path"])
+        for info in infos:
+            if info.path in have:
+                raise ValueError(f"shard {info.path!r} is already in version {base.version} of {where!r}")
+    elif layouts:
+        ref = (f"shard {infos[0].path!r}", layouts[0].schema, layouts[0].compression, layouts[0].heap_chunk_bytes)
+    else:
+        raise ValueError(f"nothing to commit to {where!r}: no shards and no current version to append to")
+    for info, layout in zip(infos, layouts):
+        _check_same(ref, info, layout)
+    entries, blocks, heap_chunks = _base_shards(base)
+    entries += [info.entry() for info in infos]
+    blocks += [layout.blocks for layout in layouts]
+    heap_chunks += [layout.heap_chunks for layout in layouts]
+    if attrs is None:
+        attrs = dict(base.attrs) if base is not None else {}
+    return ref, entries, blocks, heap_chunks, dict(attrs)
+
+
+def _current_version(root: str, read: Any = None) -> int | None:
+    """The current version, None if the pointer cannot be read (a "w" commit replaces it)."""
+    try:
+        return manifest.read_pointer(root, read=read)[0]
+    except FormatError:
+        return None
+
+
+def _base_shards(m: manifest.Manifest | None) -> tuple[list[dict], list[np.ndarray], list[np.ndarray]]:
+    """The entries and per-shard indexes of an existing version (copied out of its sidecar)."""
+    if m is None:
+        return [], [], []
+    s = m.shards
+    entries = [{"path": p, **{k: int(s[k][i]) for k in manifest.SHARD_KEYS[1:]}} for i, p in enumerate(s["path"])]
+    b_end, h_end = np.cumsum(s["blocks"]), np.cumsum(s["heap_chunks"])
+    blocks = [m.blocks[int(e - n) : int(e)] for e, n in zip(b_end, s["blocks"])]
+    heap_chunks = [m.heap_chunks[int(e - n) : int(e)] for e, n in zip(h_end, s["heap_chunks"])]
+    return entries, blocks, heap_chunks

@@ -1,0 +1,105 @@
+"""Two commits to one remote dataset at the same time (a real moto S3 server) lose no version:
+both read the same current version, then both publish; one wins, the other starts again on top
+of it. The race is made deterministic by holding both commits at the listing of the manifest
+directory (each has read the pointer and the version it builds on by then) until both are there.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import rowstore
+from rowstore import Field, Schema
+from rowstore.format import manifest
+from rowstore.storage.objstore import Client, RemoteOptions
+
+pytest.importorskip("s3fs")
+
+SCHEMA = Schema([Field("x", "int64")])
+
+
+def _shard(url: str, so: dict, a: int, n: int) -> rowstore.ShardInfo:
+    return rowstore.write_shard(url, SCHEMA, {"x": np.arange(a, a + n)}, storage_options=so)
+
+
+class _BothListFirst:
+    """Wraps the shared fsspec filesystem's ``ls``: the first listing of each of ``parties``
+    threads waits until all of them list (a generous timeout only guards against a hang)."""
+
+    def __init__(self, fs, parties: int):
+        self.fs, self.inner = fs, fs.ls
+        self.barrier = threading.Barrier(parties, timeout=300)
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, *args, **kw):
+        me = threading.get_ident()
+        with self.lock:
+            first = me not in self.seen
+            self.seen.add(me)
+        if first and "_manifests" in str(args[0]):
+            self.barrier.wait()
+        return self.inner(*args, **kw)
+
+
+def _run_both(commits):
+    errors: list[BaseException] = []
+    versions: list[int] = []
+
+    def run(fn):
+        try:
+            versions.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in commits]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return versions, errors
+
+
+def _chain(url: str, so: dict) -> list[int]:
+    """The versions from the current one back through each manifest's parent."""
+    c = Client(url, RemoteOptions.make(so, None, None))
+    out, v = [], manifest.read_pointer(url, read=c.cat_small)[0]
+    while v is not None:
+        out.append(v)
+        text = c.cat_small(f"{url}/{manifest.manifest_path(v)}", manifest.MAX_MANIFEST_BYTES)
+        v = json.loads(text)["parent"]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["a", "w"])
+def test_two_concurrent_remote_commits_lose_no_version(s3_server, mode):
+    _, so = s3_server
+    url = f"s3://rowstore/concurrent-{mode}"
+    first = _shard(url, so, 0, 10)
+    assert rowstore.commit(url, [first], storage_options=so) == 1
+    a, b = _shard(url, so, 100, 5), _shard(url, so, 200, 7)
+    fs = Client(url, RemoteOptions.make(so, None, None)).fs  # the filesystem every client shares
+    hold = _BothListFirst(fs, 2)
+    fs.ls = hold
+    try:
+        versions, errors = _run_both([
+            lambda: rowstore.commit(url, [a], mode=mode, storage_options=so),
+            lambda: rowstore.commit(url, [b], mode=mode, storage_options=so),
+        ])
+    finally:
+        fs.ls = hold.inner
+    assert not errors, errors
+    first_won, last = sorted(versions)
+    assert first_won != last  # both published, each its own version
+    assert _chain(url, so) == [last, first_won, 1]  # the winner's version is the loser's parent: none lost
+    c = Client(url, RemoteOptions.make(so, None, None))
+    shards = {v: set(manifest.load(url, v, read=c.cat_small).shards["path"]) for v in versions}
+    if mode == "a":  # the loser appended to the winner's version
+        assert shards[last] == {first.path, a.path, b.path}
+        assert len(rowstore.open(url, storage_options=so)) == 22
+    else:  # each version holds exactly its commit's shards
+        assert set(map(frozenset, shards.values())) == {frozenset({a.path}), frozenset({b.path})}

@@ -1,0 +1,77 @@
+"""The storage conformance suites (:mod:`conformance`) run against local disk, a moto S3 server
+and an HTTP server (read-only: its chunk store only)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from conformance import ChunkStoreTests, DestinationTests, dataset_dir
+
+from rowstore import storage
+from rowstore.format.open import open_layout
+from rowstore.storage.local import LocalDir
+from rowstore.storage.remote import RemoteDir
+
+_PREFIXES = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def local_dataset(tmp_path_factory) -> str:
+    return dataset_dir(str(tmp_path_factory.mktemp("conformance")))
+
+
+# -- local disk ------------------------------------------------------------------------------
+class TestLocalDir(DestinationTests):
+    @pytest.fixture
+    def dest(self, tmp_path):
+        d = storage.destination(str(tmp_path / "dest"))
+        assert isinstance(d, LocalDir)
+        return d
+
+
+class TestLocalStore(ChunkStoreTests):
+    @pytest.fixture
+    def served(self, local_dataset):
+        return open_layout(local_dataset), local_dataset
+
+
+# -- S3 (moto) -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def s3_dataset(local_dataset, s3_server):
+    fsspec = pytest.importorskip("fsspec")
+    pytest.importorskip("s3fs")
+    _, so = s3_server
+    fsspec.filesystem("s3", **so).put(local_dataset + "/", "rowstore/conformance/ds/", recursive=True)
+    return "s3://rowstore/conformance/ds", so
+
+
+class TestS3Dir(DestinationTests):
+    @pytest.fixture
+    def dest(self, s3_server):
+        pytest.importorskip("s3fs")
+        _, so = s3_server
+        d = storage.destination(f"s3://rowstore/dest-{next(_PREFIXES)}", so)
+        assert isinstance(d, RemoteDir) and d.conditional
+        return d
+
+
+class TestS3Store(ChunkStoreTests):
+    @pytest.fixture
+    def served(self, s3_dataset, local_dataset):
+        url, so = s3_dataset
+        return open_layout(url, storage_options=so), local_dataset
+
+
+# -- HTTP (read-only) ------------------------------------------------------------------------
+class TestHTTPStore(ChunkStoreTests):
+    @pytest.fixture
+    def served(self, local_dataset, http_factory):
+        pytest.importorskip("aiohttp")
+        srv = http_factory(local_dataset)
+        return open_layout(srv.url, storage_options={}), local_dataset
+
+
+def test_http_is_not_a_destination():
+    with pytest.raises(ValueError, match="read-only"):
+        storage.destination("http://127.0.0.1:1/data")

@@ -145,7 +145,7 @@ def rowstore_side(rows: int, repeats: int, work: str, png_level: int) -> dict:
     df = spark.createDataFrame(rdd, rsp.spark_schema(schema)).cache()
     df.count()
     path = os.path.join(work, "rowstore_ds")
-    w, wt = _median(lambda: rsp.write(df, path, schema=schema), repeats)
+    w, wt = _median(lambda: rsp.to_rowstore(df, path, schema=schema), repeats)
     spark.stop()
 
     def read():

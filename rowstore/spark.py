@@ -49,6 +49,7 @@ from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
 from rowstore.format.dataset_writer import DEFAULT_SHARD_BYTES
 from rowstore.format.validate import check_value
+from rowstore.reader import Reader
 from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = ["write", "to_row", "spark_schema", "make_converter", "SparkDatasetConverter", "CACHE_DIR_CONF"]
@@ -372,8 +373,6 @@ class SparkDatasetConverter:
 
 
 def manifest_reader(path: str) -> Any:
-    from rowstore.reader import Reader
-
     return Reader(path)
 
 

@@ -26,6 +26,7 @@ from rowstore.format import spec
 from rowstore.format._url import is_url
 from rowstore.format.index import Layout, open_h5
 from rowstore.format.shards import DatasetLayout
+from rowstore.reader import Reader
 from rowstore.reader import order as _order
 from rowstore.schema import BYTES, STR, Field
 
@@ -443,8 +444,6 @@ def _rowstore(layout: DatasetLayout, fields: list[Field], opts: dict) -> Source:
 def open_layout(path: Any, storage_options: dict | None = None) -> DatasetLayout:
     """The layout of a local path (or list), or of a URL (opened as a reader opens it)."""
     if isinstance(path, str) and is_url(path):
-        from rowstore.reader import Reader
-
         return Reader(path, storage_options=storage_options).layout
     return DatasetLayout.open(path)
 

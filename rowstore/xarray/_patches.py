@@ -19,6 +19,7 @@ from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
 from rowstore.format.dataset_writer import ShardInfo
 from rowstore.format.writer import DEFAULT_BLOCK_BYTES
+from rowstore.global_shuffle import shuffle as local_shuffle
 from rowstore.schema import Field, Schema
 from rowstore.xarray._meta import (
     META_KEY,
@@ -372,8 +373,6 @@ def _shuffle_output(path: str, infos: list[ShardInfo], plan: _Plan, *, shuffle: 
     if shuffle is None:
         return commit(path, infos, mode=mode, attrs=attrs)
     import shutil
-
-    from rowstore.global_shuffle import shuffle as local_shuffle
 
     work, staged = shuffle["work"], shuffle["staged"]
     try:

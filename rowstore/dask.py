@@ -40,6 +40,7 @@ import pandas as pd
 from rowstore._check import positive_int
 from rowstore.errors import SchemaError
 from rowstore.format import commit, spec, write_shard
+from rowstore.global_shuffle import run as shuffle_run
 from rowstore.pandas import (
     GUESSED,
     META_KEY,
@@ -407,8 +408,6 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
     """
     import distributed
 
-    from rowstore.global_shuffle import run
-
     if client is None:
         try:
             client = distributed.get_client()
@@ -441,6 +440,6 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
             raise
         return results
 
-    return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
+    return shuffle_run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
                compression=compression, verify=verify, progress=progress, tasks=tasks, mapper=mapper,
                storage_options=storage_options)

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from rowstore.cli import info_text
 from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.writer.file import Writer
 
@@ -98,8 +99,6 @@ def make_demo(name: str, path: str, rows: int | None = None, *, seed: int = 0, c
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rowstore.cli import info_text
-
     argv = sys.argv[1:] if argv is None else argv
     name = argv[0] if argv else "tiny"
     rows = int(argv[1]) if len(argv) > 1 else None

@@ -48,6 +48,7 @@ from rowstore._check import one_of, positive_int
 from rowstore.arrow import _attrs, _columns, _Source, local_path, write_shards
 from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
+from rowstore.reader import Reader
 from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 from rowstore.writer.values import check_value
@@ -380,8 +381,6 @@ class SparkDatasetConverter:
 
 
 def manifest_reader(path: str) -> Any:
-    from rowstore.reader import Reader
-
     return Reader(path)
 
 

@@ -27,7 +27,9 @@ import time
 from typing import Any
 
 from rowstore import storage
+from rowstore._version import __version__
 from rowstore.bench import adapters, measure, report, runner, sources
+from rowstore.demo import DEMOS, default_cache_dir, make_demo
 from rowstore.errors import RowstoreError
 from rowstore.storage.url import is_url
 
@@ -97,8 +99,6 @@ def clean_cache(cache_dir: str | None = None) -> tuple[int, int, str]:
 
 def demo_path(name: str, rows: int | None = None, cache_dir: str | None = None) -> str:
     """The cache path of demo ``name`` with ``rows`` rows (same naming as ``python -m rowstore.demo``)."""
-    from rowstore.demo import DEMOS, default_cache_dir
-
     if name not in DEMOS:
         raise SystemExit(f"rowstore-bench: unknown demo {name!r}; choose from {', '.join(sorted(DEMOS))}")
     rows = DEMOS[name][0] if rows is None else rows
@@ -107,8 +107,6 @@ def demo_path(name: str, rows: int | None = None, cache_dir: str | None = None) 
 
 def ensure_demo(name: str, rows: int | None = None, cache_dir: str | None = None, *, log=None) -> str:
     """Write demo ``name`` into the cache unless it is there already; return its path."""
-    from rowstore.demo import make_demo
-
     path = demo_path(name, rows, cache_dir)
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -234,9 +232,7 @@ def _dataset_info(path: str, storage_options: dict | None = None) -> dict[str, A
     """What the report says of the dataset: a ``.h5`` file or a dataset directory (its manifest:
     ``rows_per_block`` is the largest block of any shard, ``version`` the manifest read), local
     or at a URL."""
-    from rowstore.bench.sources import open_layout
-
-    L = open_layout(path, storage_options)
+    L = sources.open_layout(path, storage_options)
     return {
         "path": storage.absolute(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
         "rows_per_block": L.rows_per_block, "blocks": L.num_blocks, "block_bytes": L.block_raw_bytes,
@@ -272,9 +268,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         warmup = 0
         notes.append(f"-m {args.warmup} not applied to a URL: every timed epoch starts before its first request "
                      "(warm-up batches would time batches the reader had already prefetched)")
-    from rowstore.bench.sources import open_layout
-
-    fields = list(open_layout(path, so).schema.select(args.fields).names) if args.fields else None
+    fields = list(sources.open_layout(path, so).schema.select(args.fields).names) if args.fields else None
     configs = parse_sweep(args.sweep) if args.sweep else [{}]
     modes = {c.get("mode", args.mode) for c in configs}
     for mode in modes:
@@ -408,8 +402,6 @@ def _cfg_text(s: dict) -> str:
 
 
 def _version() -> str:
-    from rowstore import __version__
-
     return __version__
 
 

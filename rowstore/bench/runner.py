@@ -18,6 +18,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from rowstore.bench import measure as M
+from rowstore.bench import sources
+
 __all__ = ["run_spec", "child_main", "MARK"]
 
 MARK = "@@rowstore-bench "
@@ -30,15 +33,11 @@ def _emit(event: dict[str, Any]) -> None:
 
 def measure_spec(spec: dict[str, Any], emit: Callable[[dict], None] = _emit) -> dict[str, Any]:
     """Measure one spec in this process (what the child does). See :func:`run_spec`."""
-    from rowstore.bench import measure as M
-
     if spec["kind"] == "memcpy":
         res = M.memcpy_gbps(int(spec.get("nbytes", 1 << 30)), int(spec.get("repeats", 5)))
         res.update(kind="memcpy", label="memcpy (np.copyto)", peak_rss_mb=M.peak_rss_mb())
         return res
-    from rowstore.bench.sources import open_source
-
-    src = open_source(spec)
+    src = sources.open_source(spec)
     rss_start = M.rss_mb()
     warm_reps = int(spec.get("warmup_repeats", 0))
     nrep = int(spec.get("repeats", 3))

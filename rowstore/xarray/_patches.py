@@ -17,6 +17,7 @@ import xarray as xr
 from rowstore._check import one_of
 from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
+from rowstore.global_shuffle import shuffle as local_shuffle
 from rowstore.schema import Field, Schema
 from rowstore.writer.dataset import ShardInfo
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES
@@ -372,8 +373,6 @@ def _shuffle_output(path: str, infos: list[ShardInfo], plan: _Plan, *, shuffle: 
     if shuffle is None:
         return commit(path, infos, mode=mode, attrs=attrs)
     import shutil
-
-    from rowstore.global_shuffle import shuffle as local_shuffle
 
     work, staged = shuffle["work"], shuffle["staged"]
     try:

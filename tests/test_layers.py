@@ -30,9 +30,6 @@ LAYERS = [
 ]
 
 
-#: Deprecated aliases, kept for a release where a name moved up a layer: (module, its target).
-DEPRECATED_ALIASES = {("rowstore.torch", "rowstore.petastorm")}  # rowstore.torch.DataLoader
-
 _SUBMODULES = {fn.split(".")[0] for fn in os.listdir(ROOT) if not fn.startswith("__")}
 
 
@@ -86,7 +83,7 @@ def test_imports_follow_the_layers():
             for target in _imports(path, module):
                 if target == "rowstore" and own < len(LAYERS) - 1:
                     wrong.append(f"{module} imports the package root (which imports every layer)")
-                elif layer_of(target) > own and (module, target) not in DEPRECATED_ALIASES:
+                elif layer_of(target) > own:
                     wrong.append(f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
     assert not wrong, "\n".join(wrong)
 

@@ -19,11 +19,12 @@ import numpy as np
 
 from rowstore.codecs import registered_codecs
 from rowstore.codecs.blocks import block_compression, compression_config
-from rowstore.errors import CodecError, FormatError, FormatVersionError, RowstoreError
+from rowstore.errors import CodecError, FormatError, FormatVersionError, RemoteError, RowstoreError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
 from rowstore.schema import Schema
 from rowstore.storage.local import file_identity, open_regular
+from rowstore.storage.objstore import Client, RangeFile
 
 __all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks"]
 
@@ -639,3 +640,52 @@ def _schema(a, path: str, bad) -> Schema:
         raise bad(f"invalid schema: {exc}") from exc
     except (RowstoreError, KeyError) as exc:
         raise bad(f"invalid schema: {exc}") from exc
+
+
+#: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
+_FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
+
+
+def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False) -> Any:
+    """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
+    etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
+    (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
+    and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
+    the byte ranges its HDF5 metadata occupies (:class:`~rowstore.storage.objstore.RangeFile`: that tail and, for our
+    writer's files, one more GET of the head); no block is read and libhdf5 never sees the
+    network. With a ``cache`` (:class:`rowstore.storage.cache.BlockCache`), the footer or the
+    image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
+    ``allow_missing_footer`` as for :meth:`~rowstore.format.index.Layout.open`."""
+    import h5py
+
+    meta = client.info(url)
+    size, etag = meta["size"], meta["etag"]
+    ident = (size, etag)
+    image = cache.get_meta(url, ident) if cache is not None and etag else None
+    first = None
+    if image is not None and image.startswith(_FOOTER_IMAGE):
+        first, image = image[len(_FOOTER_IMAGE) :], None
+    if first is None and image is None:
+        t0 = max(0, size - RangeFile.TAIL) // RangeFile.PAGE * RangeFile.PAGE
+        first = client.get(url, t0, size, etag) if size else b""
+    if first is not None:
+        ft = footer.read(lambda a, b: client.get(url, a, b, etag), size, url, first=first)
+        if ft is not None:
+            layout = Layout.from_footer(ft, url, size, ident)
+            if cache is not None and etag and image is None:
+                cache.put_meta(url, ident, _FOOTER_IMAGE + ft.raw)
+            return layout
+    rf = RangeFile(client, url, size, etag, image=image, tail_data=first)
+    try:
+        footer.check_no_footer(rf.read_range, size, url)
+        with h5py.File(rf, "r") as f:
+            layout = Layout.from_h5(f, url, size, ident, allow_missing_footer=allow_missing_footer)
+        if cache is not None and etag and rf.requests:
+            cache.put_meta(url, ident, rf.image())
+        return layout
+    except OSError as exc:
+        if isinstance(exc, (RemoteError, FormatError)):
+            raise
+        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
+    finally:
+        rf.close()

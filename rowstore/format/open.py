@@ -20,14 +20,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from rowstore import storage
-from rowstore.errors import FormatError, MissingObjectError, RemoteError
+from rowstore.errors import MissingObjectError
 from rowstore.format import manifest as _manifest
+from rowstore.format.index import remote_file_layout
 from rowstore.format.shards import DatasetLayout
 from rowstore.storage.local import pin_identities
-from rowstore.storage.objstore import Client, RangeFile, RemoteOptions
+from rowstore.storage.objstore import Client, RemoteOptions
 from rowstore.storage.url import join, looks_like_file
 
 __all__ = ["Opened", "open_layout", "open_remote", "open_file", "remote_file_layout"]
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,58 +105,6 @@ def open_remote(url: str, options: RemoteOptions, version: int | None = None, *,
     layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
     etag = layout.file_id[1] if len(layout.file_id) > 1 else None
     return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
-
-
-#: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
-_FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
-
-
-def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False) -> Any:
-    """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
-    etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
-    (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
-    and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
-    the byte ranges its HDF5 metadata occupies (:class:`~rowstore.storage.objstore.RangeFile`: that tail and, for our
-    writer's files, one more GET of the head); no block is read and libhdf5 never sees the
-    network. With a ``cache`` (:class:`rowstore.storage.cache.BlockCache`), the footer or the
-    image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
-    ``allow_missing_footer`` as for :meth:`~rowstore.format.index.Layout.open`."""
-    import h5py
-
-    from rowstore.format import footer
-    from rowstore.format.index import Layout
-
-    meta = client.info(url)
-    size, etag = meta["size"], meta["etag"]
-    ident = (size, etag)
-    image = cache.get_meta(url, ident) if cache is not None and etag else None
-    first = None
-    if image is not None and image.startswith(_FOOTER_IMAGE):
-        first, image = image[len(_FOOTER_IMAGE) :], None
-    if first is None and image is None:
-        t0 = max(0, size - RangeFile.TAIL) // RangeFile.PAGE * RangeFile.PAGE
-        first = client.get(url, t0, size, etag) if size else b""
-    if first is not None:
-        ft = footer.read(lambda a, b: client.get(url, a, b, etag), size, url, first=first)
-        if ft is not None:
-            layout = Layout.from_footer(ft, url, size, ident)
-            if cache is not None and etag and image is None:
-                cache.put_meta(url, ident, _FOOTER_IMAGE + ft.raw)
-            return layout
-    rf = RangeFile(client, url, size, etag, image=image, tail_data=first)
-    try:
-        footer.check_no_footer(rf.read_range, size, url)
-        with h5py.File(rf, "r") as f:
-            layout = Layout.from_h5(f, url, size, ident, allow_missing_footer=allow_missing_footer)
-        if cache is not None and etag and rf.requests:
-            cache.put_meta(url, ident, rf.image())
-        return layout
-    except OSError as exc:
-        if isinstance(exc, (RemoteError, FormatError)):
-            raise
-        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
-    finally:
-        rf.close()
 
 
 def open_file(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:

@@ -29,6 +29,7 @@ from rowstore.format.index import (
     IndexSizes,
     Layout,
     check_indexes,
+    remote_file_layout,
     scan_chunks,
     schema_row_dtype,
 )
@@ -270,8 +271,6 @@ class DatasetLayout(IndexSizes):
 
         path = self.shard_paths[s]
         if client is not None:
-            from rowstore.format.open import remote_file_layout
-
             try:
                 L = remote_file_layout(client, path)
             except FormatError as exc:

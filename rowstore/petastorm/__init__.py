@@ -49,7 +49,7 @@ from rowstore.reader.transform import TransformSpec
 from rowstore.schema import Schema
 
 if TYPE_CHECKING:
-    from rowstore.petastorm._torch import DataLoader
+    from rowstore.torch._petastorm import DataLoader
 
 __all__ = [
     "make_reader", "make_batch_reader", "TransformSpec", "DataLoader", "import_petastorm",
@@ -61,7 +61,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """:class:`DataLoader` imports torch, so it is imported on first use."""
     if name == "DataLoader":
-        from rowstore.petastorm._torch import DataLoader
+        from rowstore.torch._petastorm import DataLoader
 
         return DataLoader
     raise AttributeError(f"module 'rowstore.petastorm' has no attribute {name!r}")

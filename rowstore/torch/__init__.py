@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
             DeprecationWarning,
             stacklevel=2,
         )
-        from rowstore.petastorm import DataLoader
+        from rowstore.torch._petastorm import DataLoader
 
         return DataLoader
     raise AttributeError(f"module 'rowstore.torch' has no attribute {name!r}")

@@ -103,21 +103,6 @@ def local_path(url: Any) -> Any:
     return url
 
 
-def shuffle_mode(shuffle: Any) -> str:
-    """The epoch order mode of a ``shuffle`` argument: ``True`` is ``"block"`` (the loaders'
-    and Petastorm's meaning: shuffled blocks, rows mixed within a window), ``False``/``None``
-    is ``"none"``, a mode name of :mod:`rowstore.reader.order` is itself."""
-    from rowstore.reader import order as _order
-
-    if shuffle is True:
-        return "block"
-    if shuffle is False or shuffle is None:
-        return "none"
-    if shuffle not in _order.MODES:
-        raise ValueError(f"shuffle must be one of {_order.MODES} (or True/False), got {shuffle!r}")
-    return shuffle
-
-
 def select_fields(schema: Schema, fields: Any, *, regex: bool = False) -> list[str] | None:
     """Field names from a ``fields``/``schema_fields`` argument: None (all), a name or a
     :class:`~rowstore.Field`, or a sequence of them; with ``regex``, an entry that is not a

@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from rowstore.errors import SchemaError
-from rowstore.reader._args import positive_int, select_fields, shuffle_mode
+from rowstore.reader._args import positive_int, select_fields
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.dataset import Reader
+from rowstore.reader.order import shuffle_mode
 from rowstore.reader.transform import TransformSpec, as_spec
 
 __all__ = ["make_reader", "make_batch_reader", "PetastormStyleReader", "take_rows", "order_mode"]

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from rowstore.reader._args import nonneg_int, positive_int
 
 __all__ = [
-    "MODES", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
+    "MODES", "shuffle_mode", "check_args", "check_shard", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
     "shuffle_quality",
 ]
 
@@ -91,7 +92,22 @@ def shuffle_reference(a: list[int], seed: int) -> list[int]:
     return a
 
 
+def shuffle_mode(shuffle: Any) -> str:
+    """The epoch order mode of a ``shuffle`` argument: ``True`` is ``"block"`` (shuffled
+    blocks, rows mixed within a window), ``False``/``None`` is ``"none"``, a name of
+    :data:`MODES` is itself; anything else raises ``ValueError``."""
+    if shuffle is True:
+        return "block"
+    if shuffle is False or shuffle is None:
+        return "none"
+    if not isinstance(shuffle, str) or shuffle not in MODES:
+        raise ValueError(f"shuffle must be one of {MODES} (or True/False), got {shuffle!r}")
+    return shuffle
+
+
 def check_args(shuffle: str, seed: int, epoch: int, window: int, rank: int, world: int) -> None:
+    """``ValueError`` naming the argument unless ``shuffle`` is a name of :data:`MODES`,
+    ``seed``/``epoch`` are ints >= 0, ``window`` an int >= 1 and ``(rank, world)`` a shard."""
     if shuffle not in MODES:
         raise ValueError(f"shuffle must be one of {MODES}, got {shuffle!r}")
     nonneg_int("seed", seed)

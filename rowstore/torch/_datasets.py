@@ -14,14 +14,13 @@ import torch.utils.data as _tud
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.plan import ID_KEY, PAD_KEY, make_state
 from rowstore.reader.transform import as_spec as _as_spec
-from rowstore.torch._args import (
+from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
+from rowstore.torch._epoch import (
     _ROW_BATCH,
     _EpochReader,
     _OwnsReader,
-    _resolve_shard,
     _split_extras,
 )
-from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
 from rowstore.torch._transform import _process, _schemas
 
 _MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
@@ -208,14 +207,12 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     ):
         self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
-        self.even = bool(even)
-        self.drop_last = bool(drop_last)
         self.num_threads = num_threads
         self.prefetch = prefetch
-        self.shard = _resolve_shard(shard)
         self.num_epochs = positive_int("num_epochs", num_epochs)
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
-        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
+        self._init_order("IterableDataset", shuffle=shuffle, seed=seed, window=window, shard=shard,
+                         drop_last=drop_last, even=even, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
                          predicate=predicate, quality=quality, pieces=pieces)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(

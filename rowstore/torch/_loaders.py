@@ -19,9 +19,9 @@ from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
 from rowstore.reader.transform import as_spec as _as_spec
-from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
+from rowstore.torch._epoch import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._transform import _schemas
 
 _STATE_VERSION = 1
@@ -430,7 +430,8 @@ class BatchedDataLoader(_Loader, _EpochReader):
         )
         self.num_threads = num_threads
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
+        self._init_order("BatchedDataLoader", shuffle=shuffle, seed=seed, window=window, shard=self.shard,
+                         drop_last=drop_last, even=even, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
                          predicate=predicate, quality=quality, pieces=pieces)
         self._base: tuple[int, list | None] = (0, None)  # (epoch, its remaining batches when resumed)
         self._run_stop = 0
@@ -602,8 +603,9 @@ class InMemBatchedDataLoader(_Loader):
     batch_size : int
     num_epochs : int, optional
         Epochs one iteration yields (``None``: endless, as in Petastorm).
-    shuffle : bool
-        Shuffle each epoch: a permutation that is a pure function of (seed, epoch).
+    shuffle : bool or {"block", "full", "none"}
+        Shuffle each epoch (True or any mode but ``"none"``): a uniform permutation of the rows
+        held, a pure function of (seed, epoch).
     seed : int
     fields : sequence of str, optional
     shard : (rank, world), optional
@@ -653,7 +655,7 @@ class InMemBatchedDataLoader(_Loader):
             even=even,
         )
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self.shuffle = bool(shuffle)
+        self.shuffle = _order.shuffle_mode(shuffle) != "none"
         _order.check_args("block", seed, 0, 1, *self.shard)
         self.seed = seed
         self._stop_epoch: int | None = None

@@ -12,8 +12,8 @@ import torch.utils.data as _tud
 
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.plan import make_state, step_rows
-from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
+from rowstore.torch._epoch import _EpochReader, _OwnsReader
 
 __all__ = ["ElasticBatchSampler", "ResumableDataLoader"]
 
@@ -37,9 +37,9 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
                  quality: Any = None, pieces: int = 1):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
-        self.shard = _resolve_shard(shard)
-        self.drop_last, self.even, self.prefetch, self._fields = bool(drop_last), bool(even), 1, None
-        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
+        self.prefetch, self._fields = 1, None
+        self._init_order("ElasticBatchSampler", shuffle=shuffle, seed=seed, window=window, shard=shard,
+                         drop_last=drop_last, even=even, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
                          predicate=predicate, quality=quality, pieces=pieces)
         self.epoch = 0
         self._resume: tuple[int, list | None] | None = None
@@ -65,8 +65,7 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
         self._report_quality(epoch, self.batch_size)
-        eo = self.reader.epoch(shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window, keep=self._keep,
-                               pieces=self.pieces)
+        eo = self.reader.epoch(keep=self._keep, **self.spec.order_kwargs(epoch))
         plan = self._plan(self._remaining(epoch))
         rows_of = self.reader.layout.rows_of
         for ids, mask in step_rows(eo, plan, *self.shard, self._unit_for(self.batch_size)):

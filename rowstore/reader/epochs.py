@@ -88,7 +88,7 @@ class EpochSpec:
         Block mode: cut each block into this many pieces, the unit of the permutation and of
         ``window`` (1: whole blocks).
     shard : (rank, world)
-        The consumer's dealt part of the epoch (:mod:`rowstore.reader.plan`).
+        The consumer's dealt part of the epoch (:mod:`rowstore.reader.plan`); None is (0, 1).
     drop_last, pad : bool
         The equal-steps policy of a dealt epoch (at most one).
     unit : int, optional
@@ -111,7 +111,7 @@ class EpochSpec:
     def __post_init__(self) -> None:
         put = object.__setattr__
         put(self, "shuffle", shuffle_mode(self.shuffle))
-        put(self, "shard", as_pair("shard", self.shard))
+        put(self, "shard", as_pair("shard", (0, 1) if self.shard is None else self.shard))
         check_args(self.shuffle, self.seed, self.epoch, self.window, *self.shard)
         put(self, "seed", int(self.seed))
         put(self, "epoch", int(self.epoch))

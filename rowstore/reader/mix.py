@@ -46,10 +46,12 @@ _PIECE = 4096  # positions read at once
 
 
 class _MixLayout:
-    """What the loaders ask of a reader's layout."""
+    """What the loaders ask of a reader's layout: rows per block (the largest source's, for
+    the default dealt unit) and heap bytes (the sources' bytes per row, for chunk sizes)."""
 
-    def __init__(self, rows_per_block: int):
+    def __init__(self, rows_per_block: int, heap_nbytes: int = 0):
         self.rows_per_block = rows_per_block
+        self.heap_nbytes = heap_nbytes
         self.version = None
 
 
@@ -122,7 +124,8 @@ class Mixture:
                 L -= 1
                 self.counts = self._counts(L)
         self.epoch_rows = int(self.counts.sum())
-        self.layout = _MixLayout(max(r.layout.rows_per_block for r in self.sources))
+        heap = sum(r.layout.heap_nbytes for r in self.sources) * self.epoch_rows // max(1, int(sizes.sum()))
+        self.layout = _MixLayout(max(r.layout.rows_per_block for r in self.sources), int(heap))
         self.num_threads = self.sources[0].num_threads
         self.varlen = self.sources[0].varlen
         self.path = f"mix({', '.join(self._paths)})"

@@ -36,6 +36,7 @@ from rowstore.errors import SchemaError
 from rowstore.reader._args import positive_int, select_fields
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.dataset import Reader
+from rowstore.reader.epochs import EpochSpec, as_pair
 from rowstore.reader.order import shuffle_mode
 from rowstore.reader.transform import TransformSpec, as_spec
 
@@ -142,16 +143,10 @@ class PetastormStyleReader:
             positive_int("num_epochs", num_epochs)
         if (cur_shard is None) != (shard_count is None):
             raise ValueError("pass both cur_shard and shard_count, or neither")
-        self.shard = (
-            (0, 1) if cur_shard is None else (int(cur_shard), int(shard_count))  # type: ignore[arg-type]
-        )
-        self.shuffle = shuffle_mode(shuffle)
-        self.seed, self.window, self.batch_size = (
-            int(seed),
-            window,
-            positive_int("batch_size", batch_size),
-        )
-        self.pieces = positive_int("pieces", pieces)
+        self.shard = (0, 1) if cur_shard is None else as_pair("cur_shard, shard_count", (cur_shard, shard_count))
+        spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces)  # checked once
+        self.shuffle, self.seed, self.window, self.pieces = spec.shuffle, spec.seed, spec.window, spec.pieces
+        self.batch_size = positive_int("batch_size", batch_size)
         self.num_epochs = num_epochs
         self.predicate, self.batched = predicate, batched
         if predicate is not None and not callable(predicate):
@@ -258,7 +253,7 @@ class PetastormStyleReader:
             epoch=epoch,
             window=self.window,
             fields=self._read_fields,
-            shard=self.shard,
+            part=self.shard,
             pieces=self.pieces,
         )
 
@@ -340,7 +335,8 @@ def make_reader(
     seed : int, optional
         The order's seed (None: 0): the same seed gives the same epochs, in any process.
     cur_shard, shard_count : int, optional
-        This reader's part of each epoch (rows split evenly, no overlap).
+        This reader's contiguous ``part=(cur_shard, shard_count)`` of each epoch (rows split
+        evenly, no overlap; ``docs/order.md``).
     predicate, predicate_fields
         A vectorized batch filter (see the module's notes) and the fields it needs beyond
         ``schema_fields``.
@@ -352,10 +348,10 @@ def make_reader(
         (``{"endpoint_url": ..., "key": ..., "secret": ...}`` for S3...).
     batch_size : int
         Rows read per batch (rows are still yielded one by one).
-    window, workers_count, verify
-        Blocks mixed together, reader threads (Petastorm's ``workers_count``), checksums.
-    pieces : int
-        Block shuffle of pieces of blocks (see :meth:`Reader.batches`; default 1).
+    window, pieces
+        The order arguments of ``docs/order.md``.
+    workers_count, verify
+        Reader threads (Petastorm's ``workers_count``), checksums.
     reader_pool_type : str, optional
         Accepted and ignored: reading always runs on the reader's threads without the GIL.
     """

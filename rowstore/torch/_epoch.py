@@ -41,20 +41,23 @@ class _EpochReader:
     batch_size: int | None
     _fields: list[str] | None
 
-    def _init_order(self, where: str, *, shuffle: Any, seed: int, window: int, shard: Any, drop_last: bool,
-                    even: bool, pad: bool = False, unit: int | None = None, with_ids: bool = False,
-                    rows: Any = None, predicate: Any = None, quality: Any = None, pieces: int = 1) -> None:
+    def _init_order(self, where: str, *, spec: EpochSpec | None, shard: Any, drop_last: bool, even: bool,
+                    with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None,
+                    **order: Any) -> None:
+        """Make ``self.spec`` from ``spec`` and the order keywords (``shuffle``, ``seed``,
+        ``window``, ``pieces``, ``pad``, ``unit``); ``even=True`` is the deprecated spelling of
+        ``drop_last=True``."""
         if even:
             deprecated(where, "even=True (equal steps of a dealt epoch)", "drop_last=True", stacklevel=3)
-            if pad:
+            if order.get("pad") or (spec is not None and spec.pad):
                 raise ValueError("pad=True and drop_last/even=True are two equal-steps policies: choose one")
         self.even = bool(even)
         self.drop_last = bool(drop_last)
-        self.spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces, shard=_resolve_shard(shard),
-                              drop_last=self.drop_last or self.even, pad=pad, unit=unit)
+        keep = self.reader.keep_mask(rows, predicate)
+        self.spec = EpochSpec.make(spec, shard=_resolve_shard(shard), drop_last=self.drop_last or self.even,
+                                   keep=keep, **order)
         self.shard = self.spec.shard
         self.with_ids = bool(with_ids)
-        self.spec = self.spec.replace(keep=self.reader.keep_mask(rows, predicate))
         self.quality = check_quality(quality)
         self._quality_done: int | None = None
 

@@ -18,6 +18,7 @@ import torch
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
+from rowstore.reader.epochs import EpochSpec
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
@@ -308,12 +309,17 @@ class BatchedDataLoader(_Loader, _EpochReader):
     path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
         As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
     batch_size : int
-    shuffle : {"block", "full", "none"} or bool
-        Epoch order mode (True is "block"); see :mod:`rowstore.reader.order`.
-    seed : int
+    spec : EpochSpec, optional
+        The order arguments as one object; the keywords ``order`` replace its values.
+    **order
+        The order arguments of ``docs/order.md``: ``shuffle`` (default ``"block"``; True/False
+        allowed), ``seed``, ``window``, ``pieces``, ``pad`` (equal steps on every rank by
+        repeating rows: batches get ``"__pad"``, True for a repeated row, to mask out of the
+        loss), ``unit``. All but ``unit`` are part of a resume state.
     fields : sequence of str, optional
     shard : (rank, world), optional
-        Default: torch.distributed's rank and world size when initialized, else (0, 1).
+        This rank's dealt part of each epoch. Default: torch.distributed's rank and world size
+        when initialized, else (0, 1).
     device : str or torch.device, optional
         Where batches go. ``None``/``"cpu"``: CPU tensors that are ``torch.from_numpy`` views of
         arrays the reader handed over (nothing is copied). A CUDA device: see Notes.
@@ -323,27 +329,13 @@ class BatchedDataLoader(_Loader, _EpochReader):
     transform : callable or TransformSpec, optional
         Applied to each batch (numpy) before collation; see :class:`TransformSpec`.
     drop_last : bool
-        Drop this rank's last partial batch.
-    window : int
-        Blocks mixed together in "block" mode.
-    pieces : int
-        ``block`` mode: permute pieces of ``ceil(rows_per_block / pieces)`` rows instead of
-        whole blocks (``window`` counts pieces): far better mixed batches for the same memory
-        (see ``Reader.batches`` and docs/order.md). Part of the order: a saved state resumes
-        only with the same ``pieces``. Default 1 (whole blocks).
+        Equal steps on every rank by leaving out the last partial batch and the batches that
+        do not divide evenly. ``even=True`` is its deprecated spelling.
     num_threads : int, optional
         Reader threads (kernels and image decoders run without the GIL).
     prefetch : int
         Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
-    even : bool
-        Equal steps on every rank by leaving rows out (the same as ``drop_last=True``).
     varlen : {"padded", "nested", "list"} or dict
-    pad : bool
-        Equal steps on every rank by repeating rows instead: batches get ``"__pad"`` (bool,
-        True for a repeated row, to mask out of the loss). Not with ``drop_last``/``even``.
-    unit : int, optional
-        Global batches dealt to a rank at a time (default: about one window of rows); see
-        :mod:`rowstore.reader.plan`.
     with_ids : bool
         Add ``"__id"`` (int64): each row's dataset row number.
     rows, predicate : optional
@@ -386,28 +378,24 @@ class BatchedDataLoader(_Loader, _EpochReader):
         path_or_reader: Any,
         *,
         batch_size: int,
-        shuffle: Any = "block",
-        seed: int = 0,
+        spec: EpochSpec | None = None,
         fields: Sequence[str] | None = None,
         shard: tuple[int, int] | None = None,
         device: Any = None,
         pin_memory: bool | None = None,
         transform: Any = None,
         drop_last: bool = False,
-        window: int = 16,
         num_threads: int | None = None,
         prefetch: int = 2,
         even: bool = False,
         varlen: str | Mapping[str, str] = "padded",
-        pad: bool = False,
-        unit: int | None = None,
         with_ids: bool = False,
         rows: Any = None,
         predicate: Any = None,
         num_epochs: int | None = 1,
         quality: Any = None,
-        pieces: int = 1,
         num_workers: int | None = None,
+        **order: Any,
     ):
         if num_workers:
             raise ValueError(
@@ -430,9 +418,8 @@ class BatchedDataLoader(_Loader, _EpochReader):
         )
         self.num_threads = num_threads
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self._init_order("BatchedDataLoader", shuffle=shuffle, seed=seed, window=window, shard=self.shard,
-                         drop_last=drop_last, even=even, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality, pieces=pieces)
+        self._init_order("BatchedDataLoader", spec=spec, shard=self.shard, drop_last=drop_last, even=even,
+                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
         self._base: tuple[int, list | None] = (0, None)  # (epoch, its remaining batches when resumed)
         self._run_stop = 0
 

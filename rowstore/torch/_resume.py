@@ -11,6 +11,7 @@ from typing import Any
 import torch.utils.data as _tud
 
 from rowstore.reader._args import nonneg_int, positive_int
+from rowstore.reader.epochs import EpochSpec
 from rowstore.reader.plan import make_state, step_rows
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
 from rowstore.torch._epoch import _EpochReader, _OwnsReader
@@ -24,23 +25,22 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
 
     ``DataLoader(ds, batch_sampler=ElasticBatchSampler(ds, batch_size=64, seed=0),
     collate_fn=rst.collate)``; wrap it in :class:`ResumableDataLoader` to resume on any world.
-    The order arguments (``shuffle``, ``seed``, ``window``, ``pieces``, ``shard``, ``drop_last``/``even``,
-    ``pad``, ``unit``, ``with_ids``, ``rows``/``predicate``) are those of
-    :class:`~rowstore.torch.BatchedDataLoader`; with ``pad``, batches get ``"__pad"``. The
+    The order arguments (``spec``, or ``shuffle``, ``seed``, ``window``, ``pieces``, ``shard``,
+    ``drop_last``, ``pad``, ``unit``: ``docs/order.md``) and ``with_ids``, ``rows``/``predicate``,
+    ``quality`` are those of :class:`~rowstore.torch.BatchedDataLoader`; with ``pad``, batches
+    get ``"__pad"``. The
     sampler holds no state of its own (the same epoch gives the same batches), so
     ``torchdata``'s ``StatefulDataLoader`` resumes it by fast-forwarding.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int, shuffle: Any = "block", seed: int = 0, window: int = 16,
-                 shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False, pad: bool = False,
-                 unit: int | None = None, with_ids: bool = False, rows: Any = None, predicate: Any = None,
-                 quality: Any = None, pieces: int = 1):
+    def __init__(self, dataset: Any, *, batch_size: int, spec: EpochSpec | None = None,
+                 shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False,
+                 with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None, **order: Any):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
         self.prefetch, self._fields = 1, None
-        self._init_order("ElasticBatchSampler", shuffle=shuffle, seed=seed, window=window, shard=shard,
-                         drop_last=drop_last, even=even, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality, pieces=pieces)
+        self._init_order("ElasticBatchSampler", spec=spec, shard=shard, drop_last=drop_last, even=even,
+                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
         self.epoch = 0
         self._resume: tuple[int, list | None] | None = None
 

@@ -144,7 +144,8 @@ class PetastormStyleReader:
         if (cur_shard is None) != (shard_count is None):
             raise ValueError("pass both cur_shard and shard_count, or neither")
         self.shard = (0, 1) if cur_shard is None else as_pair("cur_shard, shard_count", (cur_shard, shard_count))
-        spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces)  # checked once
+        #: The order arguments, checked once (what the loaders over this reader use).
+        self.spec = spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces)
         self.shuffle, self.seed, self.window, self.pieces = spec.shuffle, spec.seed, spec.window, spec.pieces
         self.batch_size = positive_int("batch_size", batch_size)
         self.num_epochs = num_epochs
@@ -247,14 +248,7 @@ class PetastormStyleReader:
 
     def _raw_batches(self, epoch: int) -> Iterator[dict]:
         return self.reader.batches(
-            self.batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=epoch,
-            window=self.window,
-            fields=self._read_fields,
-            part=self.shard,
-            pieces=self.pieces,
+            self.batch_size, spec=self.spec, epoch=epoch, fields=self._read_fields, part=self.shard
         )
 
     def iter_batches(self, epoch: int = 0) -> Iterator[dict]:

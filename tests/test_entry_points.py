@@ -126,7 +126,7 @@ def test_contiguous_part_is_the_same_everywhere(path, order, part):
     if order["epoch"] == 0:
         with rowstore.make_reader(path, batch_size=B, schema_fields=["id"], **petastorm) as rr:
             assert [int(row.id) for row in rr] == _flat(want)
-    inmem = rst.InMemBatchedDataLoader(path, batch_size=B, shard=part, shuffle=order["shuffle"], seed=order["seed"],
+    inmem = rst.InMemBatchedDataLoader(path, batch_size=B, part=part, shuffle=order["shuffle"], seed=order["seed"],
                                        num_epochs=1)
     inmem.set_epoch(order["epoch"])
     with Reader(path) as r:
@@ -201,7 +201,7 @@ def test_shard_half_is_refused_everywhere(path):
             "BatchedDataLoader": lambda: rst.BatchedDataLoader(path, batch_size=B, shard=(0.5, 2)),
             "IterableDataset": lambda: rst.IterableDataset(path, batch_size=B, shard=(0.5, 2)),
             "ElasticBatchSampler": lambda: rst.ElasticBatchSampler(rst.Dataset(path), batch_size=B, shard=(0.5, 2)),
-            "InMemBatchedDataLoader": lambda: rst.InMemBatchedDataLoader(path, batch_size=B, shard=(0.5, 2)),
+            "InMemBatchedDataLoader": lambda: rst.InMemBatchedDataLoader(path, batch_size=B, part=(0.5, 2)),
             "make_reader": lambda: rowstore.make_reader(path, cur_shard=0.5, shard_count=2),
         }
         for call in calls.values():
@@ -236,6 +236,9 @@ def test_old_spellings_warn_and_keep_their_meaning(path, rtf):
     with pytest.warns(DeprecationWarning, match="write drop_last=True"):
         old = _ids(rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), even=True, seed=2))
     assert old == _ids(rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), drop_last=True, seed=2))
+    with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
+        old = _ids(rst.InMemBatchedDataLoader(path, batch_size=B, shard=(1, 3), num_epochs=1))
+    assert old == _ids(rst.InMemBatchedDataLoader(path, batch_size=B, part=(1, 3), num_epochs=1))
     with pytest.warns(DeprecationWarning, match="write drop_last=True"):
         rst.IterableDataset(path, batch_size=B, even=True)
     with pytest.warns(DeprecationWarning, match="write drop_last=True"):

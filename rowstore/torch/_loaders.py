@@ -1,5 +1,5 @@
 """The batched loaders (no ``DataLoader``): :class:`BatchedDataLoader` streams from the reader,
-:class:`InMemBatchedDataLoader` reads its shard once; their base :class:`_Loader` holds the
+:class:`InMemBatchedDataLoader` reads its part once; their base :class:`_Loader` holds the
 transform and collation, the device path (a producer thread for CUDA), epoch/position state
 and ``state_dict``."""
 
@@ -18,7 +18,7 @@ import torch
 from rowstore.reader import order as _order
 from rowstore.reader._args import nonneg_int, positive_int
 from rowstore.reader.buffers import Ragged
-from rowstore.reader.epochs import EpochSpec
+from rowstore.reader.epochs import EpochSpec, deprecated
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
@@ -581,7 +581,8 @@ def _cut_tensors(parts: Iterator[dict], batch_size: int, drop_last: bool) -> Gen
 
 
 class InMemBatchedDataLoader(_Loader):
-    """Read this rank's shard once into memory, then shuffle and batch it for many epochs.
+    """Read this rank's part of the file once into memory, then shuffle and batch it for many
+    epochs.
 
     Parameters
     ----------
@@ -595,17 +596,19 @@ class InMemBatchedDataLoader(_Loader):
         held, a pure function of (seed, epoch).
     seed : int
     fields : sequence of str, optional
-    shard : (rank, world), optional
-        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the dataset (with
-        ``even``: ``N // world`` rows each); default from torch.distributed.
+    part : (index, count), optional
+        This rank's contiguous part of the file order (``docs/order.md``): it holds rows
+        ``[index * N // count, (index + 1) * N // count)`` of the dataset (with ``even``:
+        ``N // count`` rows each); default torch.distributed's (rank, world). ``shard=`` is its
+        deprecated spelling (a shard is dealt everywhere else).
     device, pin_memory, transform, drop_last, varlen, prefetch
         As in :class:`BatchedDataLoader`; ``transform`` runs on every batch (augmentations
         differ per epoch).
 
     Notes
     -----
-    Memory: the shard's decoded columns. Each batch is a gather (a copy) from them, owned by
-    the caller. A reader opened from a path is closed once the shard is read. State
+    Memory: the part's decoded columns. Each batch is a gather (a copy) from them, owned by
+    the caller. A reader opened from a path is closed once the part is read. State
     (:meth:`state_dict`) is the epoch, the rows handed out in it, and the epoch at which the
     current run of ``num_epochs`` ends.
     """
@@ -619,7 +622,7 @@ class InMemBatchedDataLoader(_Loader):
         shuffle: bool = True,
         seed: int = 0,
         fields: Sequence[str] | None = None,
-        shard: tuple[int, int] | None = None,
+        part: tuple[int, int] | None = None,
         device: Any = None,
         pin_memory: bool | None = None,
         transform: Any = None,
@@ -627,12 +630,18 @@ class InMemBatchedDataLoader(_Loader):
         even: bool = False,
         varlen: str | Mapping[str, str] = "padded",
         prefetch: int = 2,
+        shard: tuple[int, int] | None = None,
     ):
+        if shard is not None:
+            if part is not None:
+                raise TypeError("InMemBatchedDataLoader: pass part= only (shard= is its deprecated spelling)")
+            deprecated("InMemBatchedDataLoader", "shard=(i, n), a contiguous part of the file,", "part=(i, n)")
+            part = shard
         super().__init__(
             path_or_reader,
             batch_size=batch_size,
             fields=fields,
-            shard=shard,
+            shard=part,
             device=device,
             pin_memory=pin_memory,
             transform=transform,
@@ -645,6 +654,7 @@ class InMemBatchedDataLoader(_Loader):
         self.shuffle = _order.shuffle_mode(shuffle) != "none"
         _order.check_args("block", seed, 0, 1, *self.shard)
         self.seed = seed
+        self.part = self.shard  # the contiguous part (its state keeps the key "shard")
         self._stop_epoch: int | None = None
         lo, hi = _order.shard_bounds(len(self.reader), *self.shard, even=self.even)
         self._lo, self._n = lo, hi - lo
@@ -672,7 +682,7 @@ class InMemBatchedDataLoader(_Loader):
 
     @property
     def num_rows(self) -> int:
-        """Rows held in memory (this rank's shard)."""
+        """Rows held in memory (this rank's part)."""
         return self._n
 
     def _per_epoch(self, start: int = 0) -> int:

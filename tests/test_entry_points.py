@@ -37,8 +37,11 @@ ORDERS = [
     dict(shuffle="block", seed=1, epoch=2, window=3, pieces=4),
 ]
 SPLITS = [(0, 1), (1, 3)]
-CASES = [pytest.param(o, s, id=f"{o['shuffle']}-e{o['epoch']}-p{o['pieces']}-{s[0]}of{s[1]}")
-         for o in ORDERS for s in SPLITS]
+CASES = [
+    pytest.param(o, s, id=f"{o['shuffle']}-e{o['epoch']}-p{o['pieces']}-{s[0]}of{s[1]}")
+    for o in ORDERS
+    for s in SPLITS
+]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +109,11 @@ def test_dealt_shard_is_the_same_everywhere(path, order, shard):
 def test_dealt_shards_hold_every_row_once(path, order, shard):
     with Reader(path) as r:
         world = shard[1]
-        rows = [i for c in range(world) for i in _flat(_ids(r.deal(B, shard=(c, world), fields=["id"], **order)))]
+        rows = [
+            i
+            for c in range(world)
+            for i in _flat(_ids(r.deal(B, shard=(c, world), fields=["id"], **order)))
+        ]
     assert sorted(rows) == list(range(N))
 
 
@@ -119,15 +126,22 @@ def test_contiguous_part_is_the_same_everywhere(path, order, part):
         world = part[1]
         every = [i for c in range(world) for i in r.epoch_order(part=(c, world), **order).tolist()]
         assert sorted(every) == list(range(N))
-    petastorm = dict(shuffle=order["shuffle"], seed=order["seed"], window=order["window"], pieces=order["pieces"],
-                     cur_shard=part[0], shard_count=part[1])
+    petastorm = dict(
+        shuffle=order["shuffle"],
+        seed=order["seed"],
+        window=order["window"],
+        pieces=order["pieces"],
+        cur_shard=part[0],
+        shard_count=part[1],
+    )
     with rowstore.make_batch_reader(path, batch_size=B, schema_fields=["id"], **petastorm) as br:
         assert _ids(br.iter_batches(order["epoch"])) == want
     if order["epoch"] == 0:
         with rowstore.make_reader(path, batch_size=B, schema_fields=["id"], **petastorm) as rr:
             assert [int(row.id) for row in rr] == _flat(want)
-    inmem = rst.InMemBatchedDataLoader(path, batch_size=B, part=part, shuffle=order["shuffle"], seed=order["seed"],
-                                       num_epochs=1)
+    inmem = rst.InMemBatchedDataLoader(
+        path, batch_size=B, part=part, shuffle=order["shuffle"], seed=order["seed"], num_epochs=1
+    )
     inmem.set_epoch(order["epoch"])
     with Reader(path) as r:
         file_order = r.epoch_order(shuffle=False, part=part)
@@ -161,7 +175,9 @@ def test_tf_reads_as_the_reader(path, rtf, order, split):
 @pytest.mark.parametrize("order, split", CASES[1::3])
 def test_tf_reads_a_mixture_as_the_mixture(mixture, rtf, order, split):
     part = _ids(mixture.batches(B, part=split, fields=["id"], **order))
-    assert _tf_ids(rtf.make_dataset(mixture, batch_size=B, part=split, fields=["id"], **order)) == part
+    assert (
+        _tf_ids(rtf.make_dataset(mixture, batch_size=B, part=split, fields=["id"], **order)) == part
+    )
     loader = rtf.Loader(mixture, batch_size=B, shard=split, fields=["id"], **_no_epoch(order))
     loader.set_epoch(order["epoch"])
     assert _tf_ids(loader.dataset()) == _ids(mixture.deal(B, shard=split, fields=["id"], **order))
@@ -179,7 +195,9 @@ def test_a_mixture_reads_with_the_reader_calls(path, mixture, order, split):
     m = mixture
     part = list(m.batches(B, part=split, fields=["id"], **order))
     pos = m.epoch_order(part=split, **order)
-    assert [(int(s), int(i)) for b in part for s, i in zip(b["__source"], b["id"])] == [tuple(p) for p in pos]
+    assert [(int(s), int(i)) for b in part for s, i in zip(b["__source"], b["id"])] == [
+        tuple(p) for p in pos
+    ]
     assert all(len(b["id"]) == B for b in part[:-1])
     world = split[1]
     whole = m.epoch_order(**order)
@@ -200,8 +218,12 @@ def test_shard_half_is_refused_everywhere(path):
             "EpochSpec": lambda: EpochSpec(shard=(0.5, 2)),
             "BatchedDataLoader": lambda: rst.BatchedDataLoader(path, batch_size=B, shard=(0.5, 2)),
             "IterableDataset": lambda: rst.IterableDataset(path, batch_size=B, shard=(0.5, 2)),
-            "ElasticBatchSampler": lambda: rst.ElasticBatchSampler(rst.Dataset(path), batch_size=B, shard=(0.5, 2)),
-            "InMemBatchedDataLoader": lambda: rst.InMemBatchedDataLoader(path, batch_size=B, part=(0.5, 2)),
+            "ElasticBatchSampler": lambda: rst.ElasticBatchSampler(
+                rst.Dataset(path), batch_size=B, shard=(0.5, 2)
+            ),
+            "InMemBatchedDataLoader": lambda: rst.InMemBatchedDataLoader(
+                path, batch_size=B, part=(0.5, 2)
+            ),
             "make_reader": lambda: rowstore.make_reader(path, cur_shard=0.5, shard_count=2),
         }
         for call in calls.values():
@@ -235,7 +257,9 @@ def test_old_spellings_warn_and_keep_their_meaning(path, rtf):
             assert np.array_equal(r.epoch_order(shard=(1, 3)), r.epoch_order(part=(1, 3)))
     with pytest.warns(DeprecationWarning, match="write drop_last=True"):
         old = _ids(rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), even=True, seed=2))
-    assert old == _ids(rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), drop_last=True, seed=2))
+    assert old == _ids(
+        rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), drop_last=True, seed=2)
+    )
     with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
         old = _ids(rst.InMemBatchedDataLoader(path, batch_size=B, shard=(1, 3), num_epochs=1))
     assert old == _ids(rst.InMemBatchedDataLoader(path, batch_size=B, part=(1, 3), num_epochs=1))
@@ -256,6 +280,8 @@ def test_a_spec_and_its_keywords_are_one_thing(path):
     with pytest.raises(TypeError, match="windw"):
         EpochSpec.make(windw=3)
     with Reader(path) as r:
-        assert _ids(r.batches(B, spec=spec, epoch=1)) == _ids(r.batches(B, shuffle=True, seed=4, window=3, epoch=1))
+        assert _ids(r.batches(B, spec=spec, epoch=1)) == _ids(
+            r.batches(B, shuffle=True, seed=4, window=3, epoch=1)
+        )
         with pytest.raises(ValueError, match="deal"):
             r.batches(B, shard=None, spec=spec.replace(shard=(0, 2)))

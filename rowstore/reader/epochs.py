@@ -40,7 +40,15 @@ from rowstore.reader.plan import (
     subset_key,
 )
 
-__all__ = ["EpochSpec", "EpochSource", "as_pair", "deprecated", "report_quality"]
+__all__ = [
+    "EpochSpec",
+    "EpochSource",
+    "as_pair",
+    "check_quality",
+    "deprecated",
+    "part_spec",
+    "report_quality",
+]
 
 _log = logging.getLogger("rowstore")
 
@@ -55,19 +63,25 @@ def as_pair(name: str, value: Any) -> tuple[int, int]:
     try:
         check_shard(rank, world)
     except ValueError:
-        raise ValueError(f"{name} must be (rank, world) with ints 0 <= rank < world, got {value!r}") from None
+        raise ValueError(
+            f"{name} must be (rank, world) with ints 0 <= rank < world, got {value!r}"
+        ) from None
     return int(rank), int(world)
 
 
 def deprecated(where: str, old: str, new: str, stacklevel: int = 2) -> None:
     """Warn that ``old`` (an argument of ``where``) is deprecated: write ``new`` instead."""
-    warnings.warn(f"{where}: {old} is deprecated; write {new}", DeprecationWarning, stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"{where}: {old} is deprecated; write {new}", DeprecationWarning, stacklevel=stacklevel + 1
+    )
 
 
 def check_quality(quality: Any) -> Any:
     """``quality`` if it is None, ``"log"`` or a callable ``(epoch, quality)``."""
     if quality is not None and quality != "log" and not callable(quality):
-        raise ValueError(f"quality must be None, 'log' or a callable(epoch, quality), got {quality!r}")
+        raise ValueError(
+            f"quality must be None, 'log' or a callable(epoch, quality), got {quality!r}"
+        )
     return quality
 
 
@@ -130,7 +144,9 @@ class EpochSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(order) - names)
         if unknown:
-            raise TypeError(f"unexpected order argument(s) {unknown}; the order arguments are {sorted(names)}")
+            raise TypeError(
+                f"unexpected order argument(s) {unknown}; the order arguments are {sorted(names)}"
+            )
         return cls(**order) if spec is None else dataclasses.replace(spec, **order)
 
     def replace(self, **order: Any) -> EpochSpec:
@@ -139,30 +155,57 @@ class EpochSpec:
 
     # -- what the order depends on ---------------------------------------------------------------
     def order_kwargs(self, epoch: int | None = None) -> dict[str, Any]:
-        """The keywords of ``Reader.epoch``/``shuffle_quality`` for ``epoch`` (default: the spec's)."""
-        return {"shuffle": self.shuffle, "seed": self.seed, "epoch": self.epoch if epoch is None else int(epoch),
-                "window": self.window, "pieces": self.pieces}
+        """The keywords of ``Reader.epoch``/``shuffle_quality`` for ``epoch`` (default: the
+        spec's)."""
+        return {
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "epoch": self.epoch if epoch is None else int(epoch),
+            "window": self.window,
+            "pieces": self.pieces,
+        }
 
     def unit_for(self, source: EpochSource, batch_size: int) -> int:
         """Global batches per dealt unit for ``batch_size``-row batches of ``source``."""
-        return self.unit or default_unit(self.shuffle, self.window, source.layout.rows_per_block, batch_size,
-                                         self.pieces)
+        return self.unit or default_unit(
+            self.shuffle, self.window, source.layout.rows_per_block, batch_size, self.pieces
+        )
 
-    def plan(self, source: EpochSource, batch_size: int, remaining: list | None = None) -> EpochPlan:
+    def plan(
+        self, source: EpochSource, batch_size: int, remaining: list | None = None
+    ) -> EpochPlan:
         """The :class:`~rowstore.reader.plan.EpochPlan` of an epoch of ``source`` (or of what
         ``remaining`` says is left of it)."""
-        return source.plan(batch_size, drop_last=self.drop_last, pad=self.pad, remaining=remaining, keep=self.keep)
+        return source.plan(
+            batch_size, drop_last=self.drop_last, pad=self.pad, remaining=remaining, keep=self.keep
+        )
 
     def order_key(self, source: EpochSource, batch_size: int) -> dict[str, Any]:
         """What a resumable state's order depends on (checked when a state is loaded)."""
         plan = self.plan(source, batch_size)
-        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window, "pieces": self.pieces,
-                "dataset_rows": len(source), "dataset_version": source.layout.version,
-                "subset": subset_key(self.keep), "batch_size": batch_size, "num_rows": plan.num_rows,
-                "drop_last": plan.drop_last, "pad": plan.pad}
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "window": self.window,
+            "pieces": self.pieces,
+            "dataset_rows": len(source),
+            "dataset_version": source.layout.version,
+            "subset": subset_key(self.keep),
+            "batch_size": batch_size,
+            "num_rows": plan.num_rows,
+            "drop_last": plan.drop_last,
+            "pad": plan.pad,
+        }
 
-    def state_after(self, source: EpochSource, epoch: int, remaining: list | None, steps: int, batch_size: int,
-                    workers: int = 1) -> dict[str, Any]:
+    def state_after(
+        self,
+        source: EpochSource,
+        epoch: int,
+        remaining: list | None,
+        steps: int,
+        batch_size: int,
+        workers: int = 1,
+    ) -> dict[str, Any]:
         """The state once every rank of ``shard``'s world handed out ``steps`` batches of
         ``epoch`` (dealt from ``remaining``) with ``workers`` DataLoader workers each."""
         plan = self.plan(source, batch_size, remaining)
@@ -173,29 +216,45 @@ class EpochSpec:
             return make_state(int(epoch) + 1, self.order_key(source, batch_size), None)
         return make_state(int(epoch), self.order_key(source, batch_size), left)
 
-    def read_state(self, source: EpochSource, state: Any, batch_size: int) -> tuple[int, list | None]:
+    def read_state(
+        self, source: EpochSource, state: Any, batch_size: int
+    ) -> tuple[int, list | None]:
         """``(epoch, remaining)`` of a saved state; ``ValueError`` if it is for another order."""
         return read_state(state, self.order_key(source, batch_size))
 
     def steps(self, source: EpochSource, batch_size: int, remaining: list | None = None) -> int:
         """Steps (batches) this spec's consumer takes in an epoch (or what is left of it)."""
         rank, world = self.shard
-        return int(self.plan(source, batch_size, remaining).steps(world, self.unit_for(source, batch_size))[rank])
+        return int(
+            self.plan(source, batch_size, remaining).steps(
+                world, self.unit_for(source, batch_size)
+            )[rank]
+        )
 
     def quality(self, source: EpochSource, batch_size: int, epoch: int | None = None) -> float:
         """The shuffle quality of ``epoch``'s order for ``batch_size``-row batches."""
         return source.shuffle_quality(batch_size, **self.order_kwargs(epoch))
 
 
-def report_quality(quality: Any, spec: EpochSpec, source: EpochSource, epoch: int, batch_size: int) -> None:
+def report_quality(
+    quality: Any, spec: EpochSpec, source: EpochSource, epoch: int, batch_size: int
+) -> None:
     """Log (``quality="log"``, logger ``"rowstore"``, INFO) or pass to the callback
     ``quality(epoch, q)`` the shuffle quality of ``epoch``; nothing for None."""
     if quality is None:
         return
     q = spec.quality(source, batch_size, epoch)
     if quality == "log":
-        _log.info("rowstore epoch %d: shuffle quality %.3f (shuffle=%r, window=%d, pieces=%d, batch_size=%d)",
-                  epoch, q, spec.shuffle, spec.window, spec.pieces, batch_size)
+        _log.info(
+            "rowstore epoch %d: shuffle quality %.3f "
+            "(shuffle=%r, window=%d, pieces=%d, batch_size=%d)",
+            epoch,
+            q,
+            spec.shuffle,
+            spec.window,
+            spec.pieces,
+            batch_size,
+        )
     else:
         quality(epoch, q)
 
@@ -235,8 +294,14 @@ class EpochSource(Protocol):
     def close(self) -> None: ...
 
 
-def part_spec(where: str, spec: EpochSpec | None, part: Any, shard: Any,
-              order: dict[str, Any], stacklevel: int = 3) -> tuple[EpochSpec, tuple[int, int]]:
+def part_spec(
+    where: str,
+    spec: EpochSpec | None,
+    part: Any,
+    shard: Any,
+    order: dict[str, Any],
+    stacklevel: int = 3,
+) -> tuple[EpochSpec, tuple[int, int]]:
     """The spec and ``(index, count)`` of an entry point that reads a contiguous ``part`` of
     an epoch (``Reader.batches``, ``Mixture.batches``, ``rowstore.tf.make_dataset``).
 
@@ -248,12 +313,18 @@ def part_spec(where: str, spec: EpochSpec | None, part: Any, shard: Any,
         if part is not None:
             raise TypeError(f"{where}: pass part= only (shard= is its deprecated spelling)")
         name = "shard"
-        deprecated(where, "shard=(i, n), a contiguous slice of the epoch,", "part=(i, n) (shard= deals the "
-                   "epoch everywhere else: use deal(shard=...) for that)", stacklevel=stacklevel)
+        deprecated(
+            where,
+            "shard=(i, n), a contiguous slice of the epoch,",
+            "part=(i, n) (shard= deals the epoch everywhere else: use deal(shard=...) for that)",
+            stacklevel=stacklevel,
+        )
         part = shard
     pair = as_pair(name, (0, 1) if part is None else part)
     spec = EpochSpec.make(spec, **order)
     if spec.shard != (0, 1) or spec.pad:
-        raise ValueError(f"{where} reads a contiguous part=(index, count) of the epoch; a dealt "
-                         f"shard=(rank, world) and pad= are deal()'s (got shard={spec.shard}, pad={spec.pad})")
+        raise ValueError(
+            f"{where} reads a contiguous part=(index, count) of the epoch; a dealt "
+            f"shard=(rank, world) and pad= are deal()'s (got shard={spec.shard}, pad={spec.pad})"
+        )
     return spec, pair

@@ -48,7 +48,9 @@ def _stack_batches(chunks: Any, batch_size: int, drop_last: bool) -> Any:
         whole, rest = divmod(n, batch_size)
         if whole:
             end = whole * batch_size
-            yield {key: v[:end].reshape((whole, batch_size) + v.shape[1:]) for key, v in out.items()}
+            yield {
+                key: v[:end].reshape((whole, batch_size) + v.shape[1:]) for key, v in out.items()
+            }
         if rest:
             carry = {key: v[n - rest :] for key, v in out.items()}
     if carry is not None and not drop_last:
@@ -244,9 +246,18 @@ def make_dataset(
     def generate(e, i):
         lease.acquire()
         try:
-            cut = spec.replace(epoch=int(e), drop_last=drop_last and not rebatch and not stacked and not rows)
-            it = reader.batches(chunk, spec=cut, fields=names, part=parts[int(i)], even=even,
-                                num_threads=threads, varlen="ragged")
+            cut = spec.replace(
+                epoch=int(e), drop_last=drop_last and not rebatch and not stacked and not rows
+            )
+            it = reader.batches(
+                chunk,
+                spec=cut,
+                fields=names,
+                part=parts[int(i)],
+                even=even,
+                num_threads=threads,
+                varlen="ragged",
+            )
             try:
                 if stacked:
                     yield from _stack_batches(map(convert, it), int(batch_size), drop_last)

@@ -70,10 +70,21 @@ class Loader(tf.Module):
     worker's steps taken in it once the batch is handed out).
     """
 
-    def __init__(self, path_or_reader: _Source, *, batch_size: int, spec: EpochSpec | None = None,
-                 with_ids: bool = False, rows: Any = None, predicate: Any = None,
-                 fields: Sequence[str] | None = None, varlen: str | Mapping[str, str] = "ragged",
-                 num_threads: int | None = None, quality: Any = None, **order: Any):
+    def __init__(
+        self,
+        path_or_reader: _Source,
+        *,
+        batch_size: int,
+        spec: EpochSpec | None = None,
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        fields: Sequence[str] | None = None,
+        varlen: str | Mapping[str, str] = "ragged",
+        num_threads: int | None = None,
+        quality: Any = None,
+        **order: Any,
+    ):
         super().__init__(name="rowstore_loader")
         self.reader, _ = as_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size)
@@ -94,7 +105,9 @@ class Loader(tf.Module):
         # batches}: a tf.train.Checkpoint holds the order key, so restoring one of another order
         # (seed, window, pieces...) is refused as load_state_dict refuses it. Checkpoints saved
         # before the order key was kept here hold "" or the bare remaining list (accepted).
-        self._base = tf.Variable(self._base_json(None), dtype=tf.string, trainable=False, name="base")
+        self._base = tf.Variable(
+            self._base_json(None), dtype=tf.string, trainable=False, name="base"
+        )
 
     # The order arguments, as the spec holds them.
     shuffle = property(lambda self: self.spec.shuffle)
@@ -140,7 +153,9 @@ class Loader(tf.Module):
         text = self._base.numpy().decode()
         v = json.loads(text) if text else None
         if isinstance(v, dict):
-            if json.dumps(v["order"], sort_keys=True) != json.dumps(self._order_key(), sort_keys=True):
+            if json.dumps(v["order"], sort_keys=True) != json.dumps(
+                self._order_key(), sort_keys=True
+            ):
                 read_state(make_state(0, v["order"], None), self._order_key())
         else:  # an old checkpoint: from now on the variable holds this loader's order key
             self._base.assign(self._base_json(v))
@@ -149,7 +164,9 @@ class Loader(tf.Module):
         """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
         self._check_order()
         spec = self.spec.replace(unit=self.unit)
-        return spec.state_after(self.reader, int(epoch), self._remaining(int(epoch)), int(steps), self.batch_size)
+        return spec.state_after(
+            self.reader, int(epoch), self._remaining(int(epoch)), int(steps), self.batch_size
+        )
 
     def state_dict(self) -> dict:
         """Where the input stands (see the class): plain Python values, JSON friendly."""
@@ -209,9 +226,14 @@ class Loader(tf.Module):
                     reported.add(epoch)
                     report_quality(self.quality, self.spec, self.reader, epoch, self.batch_size)
                 it = self.reader.deal(
-                    self.batch_size, spec=self.spec.replace(epoch=epoch, unit=self.unit),
-                    remaining=self._remaining(epoch), skip=skip, fields=names, with_ids=self.with_ids,
-                    num_threads=self.num_threads, varlen="ragged",
+                    self.batch_size,
+                    spec=self.spec.replace(epoch=epoch, unit=self.unit),
+                    remaining=self._remaining(epoch),
+                    skip=skip,
+                    fields=names,
+                    with_ids=self.with_ids,
+                    num_threads=self.num_threads,
+                    varlen="ragged",
                 )
                 step = skip
                 try:

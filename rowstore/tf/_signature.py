@@ -123,7 +123,11 @@ def ragged_to_tf(r: Ragged, field: Field) -> tf.RaggedTensor:
 def _int64_view(v: Any) -> Any:
     """A datetime64/timedelta64 array (or Ragged of them) as int64 counts of its unit."""
     if isinstance(v, Ragged):
-        return Ragged(v.values.view(np.dtype(np.int64).newbyteorder(v.values.dtype.byteorder)), v.offsets, v.shapes)
+        return Ragged(
+            v.values.view(np.dtype(np.int64).newbyteorder(v.values.dtype.byteorder)),
+            v.offsets,
+            v.shapes,
+        )
     return v.view(np.dtype(np.int64).newbyteorder(v.dtype.byteorder))
 
 

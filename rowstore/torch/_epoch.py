@@ -41,21 +41,41 @@ class _EpochReader:
     batch_size: int | None
     _fields: list[str] | None
 
-    def _init_order(self, where: str, *, spec: EpochSpec | None, shard: Any, drop_last: bool, even: bool,
-                    with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None,
-                    **order: Any) -> None:
+    def _init_order(
+        self,
+        where: str,
+        *,
+        spec: EpochSpec | None,
+        shard: Any,
+        drop_last: bool,
+        even: bool,
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        quality: Any = None,
+        **order: Any,
+    ) -> None:
         """Make ``self.spec`` from ``spec`` and the order keywords (``shuffle``, ``seed``,
         ``window``, ``pieces``, ``pad``, ``unit``); ``even=True`` is the deprecated spelling of
         ``drop_last=True``."""
         if even:
-            deprecated(where, "even=True (equal steps of a dealt epoch)", "drop_last=True", stacklevel=3)
+            deprecated(
+                where, "even=True (equal steps of a dealt epoch)", "drop_last=True", stacklevel=3
+            )
             if order.get("pad") or (spec is not None and spec.pad):
-                raise ValueError("pad=True and drop_last/even=True are two equal-steps policies: choose one")
+                raise ValueError(
+                    "pad=True and drop_last/even=True are two equal-steps policies: choose one"
+                )
         self.even = bool(even)
         self.drop_last = bool(drop_last)
         keep = self.reader.keep_mask(rows, predicate)
-        self.spec = EpochSpec.make(spec, shard=_resolve_shard(shard), drop_last=self.drop_last or self.even,
-                                   keep=keep, **order)
+        self.spec = EpochSpec.make(
+            spec,
+            shard=_resolve_shard(shard),
+            drop_last=self.drop_last or self.even,
+            keep=keep,
+            **order,
+        )
         self.shard = self.spec.shard
         self.with_ids = bool(with_ids)
         self.quality = check_quality(quality)
@@ -80,7 +100,9 @@ class _EpochReader:
         """What a state's order depends on (checked when it is loaded)."""
         return self.spec.order_key(self.reader, batch_size)
 
-    def _state_after(self, epoch: int, remaining: list | None, steps: int, workers: int, batch_size: int) -> dict:
+    def _state_after(
+        self, epoch: int, remaining: list | None, steps: int, workers: int, batch_size: int
+    ) -> dict:
         """The state once every rank handed out ``steps`` batches of ``epoch`` (dealt from
         ``remaining``) with ``workers`` DataLoader workers each."""
         return self.spec.state_after(self.reader, epoch, remaining, steps, batch_size, workers)
@@ -110,16 +132,29 @@ class _EpochReader:
         """Consumer ``shard``'s batches of ``epoch`` (dealt from ``remaining``, its first
         ``skip`` steps skipped); variable-shape fields as ``Ragged`` (collation turns them into
         the ``varlen`` modes); with ``parts``, the reads uncut (see ``Reader.deal``)."""
-        spec = self.spec.replace(epoch=epoch, shard=shard, drop_last=drop_last or self.even,
-                                 unit=self._unit_for(batch_size))
-        return self.reader.deal(batch_size, spec=spec, remaining=remaining, skip=skip, fields=self._fields,
-                                with_ids=self.with_ids, num_threads=num_threads, prefetch=self.prefetch,
-                                varlen="ragged", parts=parts)
+        spec = self.spec.replace(
+            epoch=epoch,
+            shard=shard,
+            drop_last=drop_last or self.even,
+            unit=self._unit_for(batch_size),
+        )
+        return self.reader.deal(
+            batch_size,
+            spec=spec,
+            remaining=remaining,
+            skip=skip,
+            fields=self._fields,
+            with_ids=self.with_ids,
+            num_threads=num_threads,
+            prefetch=self.prefetch,
+            varlen="ragged",
+            parts=parts,
+        )
 
 
 def _split_extras(b: dict) -> tuple[dict, dict]:
-    """A reader batch without its ``__id``/``__pad``/``__source`` columns (transforms and collation see the
-    schema's fields only), and those columns."""
+    """A reader batch without its ``__id``/``__pad``/``__source`` columns (transforms and
+    collation see the schema's fields only), and those columns."""
     if not any(k in b for k in EXTRA_KEYS):
         return b, {}
     b = dict(b)
@@ -139,7 +174,6 @@ class _OwnsReader:
 
     def _open_reader(self, path_or_reader: Any) -> None:
         self.reader, self._owns_reader = as_reader(path_or_reader)
-
 
     def _stop(self) -> None:
         """Stop this object's iterations that are still running (their reader threads read the

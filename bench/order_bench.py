@@ -8,7 +8,7 @@ On the four workloads (demo schemas ``tiny``, ``patch``, ``image``, ``speech``, 
 * ``locality`` (on a layout of 4,096 blocks with the workload's rows per block, from the
   block index only): block loads per block of rows delivered, for one epoch dealt to ``world``
   consumers (``Reader.deal``: units of global batches round-robin, elastic) against the
-  contiguous slices of ``Reader.batches(shard=...)`` (not elastic); what the reader loads: a
+  contiguous slices of ``Reader.batches(part=...)`` (not elastic); what the reader loads: a
   window segment loads its window's blocks. 1.0 = every block loaded once. Batch 64 with
   window 16 makes 4 windows of rows a whole number of batches (units aligned to windows);
   ``dealt_default_batch100`` is the default unit with batch 100 (not aligned).
@@ -96,8 +96,8 @@ def _epoch_rate(it) -> float:
 def _speed(r, repeats: int) -> dict:
     res: dict = {"consumer0_of_4": {"dealt": [], "contiguous": []}, "window": {}}
     for _ in range(repeats):
-        res["consumer0_of_4"]["dealt"].append(_epoch_rate(r.deal(BATCH, consumer=(0, 4), seed=1)))
-        res["consumer0_of_4"]["contiguous"].append(_epoch_rate(r.batches(BATCH, shard=(0, 4), seed=1)))
+        res["consumer0_of_4"]["dealt"].append(_epoch_rate(r.deal(BATCH, shard=(0, 4), seed=1)))
+        res["consumer0_of_4"]["contiguous"].append(_epoch_rate(r.batches(BATCH, part=(0, 4), seed=1)))
     for window in (1, 16, 64):
         res["window"][str(window)] = statistics.median(
             _epoch_rate(r.deal(BATCH, seed=1, window=window)) for _ in range(repeats))

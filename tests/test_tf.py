@@ -494,7 +494,7 @@ def test_fixed_fields_batches_are_the_readers(data, drop_last, k):
 def test_stack_batches_carries_rows_across_chunks():
     # Chunks whose lengths are not multiples of the batch size: batch boundaries are those
     # of the concatenated stream, text included.
-    from rowstore.tf import _stack_batches
+    from rowstore.tf._dataset import _stack_batches
 
     lengths = [10, 7, 9, 3]
     ids = np.arange(sum(lengths))

@@ -45,19 +45,6 @@ def varlen_modes(
 
 
 # -- Petastorm-style arguments: file:// URLs, shuffle=True/False, fields as Field objects or regexes --
-def shuffle_mode(shuffle: Any) -> str:
-    """The epoch order mode of a ``shuffle`` argument: ``True`` is ``"block"`` (the loaders'
-    and Petastorm's meaning: shuffled blocks, rows mixed within a window), ``False``/``None``
-    is ``"none"``, a mode name of :mod:`rowstore.reader.order` is itself."""
-    from rowstore.reader import order as _order
-
-    if shuffle is True:
-        return "block"
-    if shuffle is False or shuffle is None:
-        return "none"
-    if shuffle not in _order.MODES:
-        raise ValueError(f"shuffle must be one of {_order.MODES} (or True/False), got {shuffle!r}")
-    return shuffle
 
 
 def select_fields(schema: Schema, fields: Any, *, regex: bool = False) -> list[str] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from rowstore._check import nonneg_int, positive_int
 from rowstore.format.open import open_layout
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
-from rowstore.reader._args import select_fields, shuffle_mode
+from rowstore.reader._args import select_fields
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
 from rowstore.reader._stream import cut_batches, prefetched
@@ -30,7 +30,8 @@ from rowstore.reader.buffers import (
     concat_batches,
     pad_ragged,
 )
-from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, default_unit, pad_ids
+from rowstore.reader.epochs import EpochSource, EpochSpec, as_pair, deprecated, part_spec
+from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, pad_ids
 from rowstore.schema import Schema
 from rowstore.storage import ChunkStore, chunk_store
 
@@ -47,6 +48,19 @@ def _check_varlen(varlen: str) -> str:
     if varlen not in VARLEN_MODES:
         raise ValueError(f"varlen must be one of {VARLEN_MODES}, got {varlen!r}")
     return varlen
+
+
+def finish_varlen(batch: dict, plans: list[FieldPlan], varlen: str) -> dict:
+    """``batch`` with its variable-shape fields zero-padded (plus ``"<name>__shape"``) for
+    ``varlen="padded"``; as is for ``"ragged"``."""
+    if varlen != "padded":
+        return batch
+    for p in plans:
+        v = batch.get(p.field.name)
+        if isinstance(v, Ragged):
+            batch[p.field.name + SHAPE_KEY] = v.shapes[:, list(p.field.variable_dims)]
+            batch[p.field.name] = pad_ragged(v)
+    return batch
 
 
 class Reader:
@@ -319,26 +333,23 @@ class Reader:
                 )
 
     def _finish_varlen(self, batch: dict, plans: list[FieldPlan], varlen: str) -> dict:
-        if varlen != "padded":
-            return batch
-        for p in plans:
-            v = batch.get(p.field.name)
-            if isinstance(v, Ragged):
-                batch[p.field.name + SHAPE_KEY] = v.shapes[:, list(p.field.variable_dims)]
-                batch[p.field.name] = pad_ragged(v)
-        return batch
+        return finish_varlen(batch, plans, varlen)
 
     # -- epochs ----------------------------------------------------------------------------
-    def epoch_order(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-                    shard: tuple[int, int] = (0, 1), even: bool = False, pieces: int = 1) -> np.ndarray:
-        """The row numbers of one epoch of ``batches`` with these arguments, in order."""
-        return self.layout.rows_of(self._epoch_ids(shuffle=shuffle, seed=seed, epoch=epoch, window=window, shard=shard,
-                                                   even=even, pieces=pieces))
+    def epoch_order(self, *, shuffle: str | bool = "block", seed: int = 0, epoch: int = 0, window: int = 16,
+                    part: tuple[int, int] | None = None, even: bool = False, pieces: int = 1,
+                    shard: tuple[int, int] | None = None) -> np.ndarray:
+        """The row numbers of one epoch of :meth:`batches` with these arguments, in order
+        (``shard=`` is the deprecated spelling of ``part=``)."""
+        return self.layout.rows_of(self._epoch_ids(shuffle=shuffle, seed=seed, epoch=epoch, window=window, part=part,
+                                                   even=even, pieces=pieces, shard=shard))
 
-    def _epoch_ids(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-                   shard: tuple[int, int] = (0, 1), even: bool = False, pieces: int = 1) -> np.ndarray:
-        return _order.epoch_order(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
-                                  window=window, rank=shard[0], world=shard[1], even=even, pieces=pieces)
+    def _epoch_ids(self, *, part: tuple[int, int] | None = None, even: bool = False,
+                   shard: tuple[int, int] | None = None, **order: Any) -> np.ndarray:
+        spec, (rank, world) = part_spec("Reader.epoch_order", None, part, shard, order, 4)
+        return _order.epoch_order(self.layout.block_rows(), self._rpb, shuffle=spec.shuffle, seed=spec.seed,
+                                  epoch=spec.epoch, window=spec.window, rank=rank, world=world, even=even,
+                                  pieces=spec.pieces)
 
     def _chunk_keys(self, plans: list[FieldPlan]):
         """``keys_of(segment)``: the (shard, offset, stored bytes) of the chunks the gather will
@@ -356,17 +367,25 @@ class Reader:
 
         return keys_of
 
-    def shard_size(self, *, shard: tuple[int, int] = (0, 1), even: bool = False) -> int:
-        """Rows of ``shard``'s part of an epoch."""
-        _order.check_shard(*shard)
-        lo, hi = _order.shard_bounds(self.num_rows, shard[0], shard[1], even)
+    def shard_size(self, *, part: tuple[int, int] | None = None, even: bool = False,
+                   shard: tuple[int, int] | None = None) -> int:
+        """Rows of the contiguous ``part`` of an epoch (``shard=``: deprecated spelling)."""
+        name = "part"
+        if shard is not None:
+            deprecated("Reader.shard_size", "shard=", "part=")
+            part, name = shard, "shard"
+        rank, world = as_pair(name, (0, 1) if part is None else part)
+        lo, hi = _order.shard_bounds(self.num_rows, rank, world, even)
         return hi - lo
 
-    def num_batches(self, batch_size: int, *, shard: tuple[int, int] = (0, 1), even: bool = False,
-                    drop_last: bool = False, start: int = 0) -> int:
+    def num_batches(self, batch_size: int, *, part: tuple[int, int] | None = None, even: bool = False,
+                    drop_last: bool = False, start: int = 0, shard: tuple[int, int] | None = None) -> int:
         """Batches that :meth:`batches` yields with these arguments."""
         positive_int("batch_size", batch_size)
-        n = max(0, self.shard_size(shard=shard, even=even) - nonneg_int("start", start))
+        if shard is not None:
+            deprecated("Reader.num_batches", "shard=", "part=")
+            part = shard
+        n = max(0, self.shard_size(part=part, even=even) - nonneg_int("start", start))
         return n // batch_size if drop_last else -(-n // batch_size)
 
     def shuffle_quality(self, batch_size: int, **order_kwargs) -> float:
@@ -378,81 +397,74 @@ class Reader:
         self,
         batch_size: int,
         *,
-        shuffle: str | bool = "block",
-        seed: int = 0,
-        epoch: int = 0,
-        window: int = 16,
+        spec: EpochSpec | None = None,
         fields: Sequence[Any] | None = None,
-        shard: tuple[int, int] = (0, 1),
+        part: tuple[int, int] | None = None,
         even: bool = False,
-        drop_last: bool = False,
         num_threads: int | None = None,
         prefetch: int = 2,
         varlen: str | None = None,
         start: int = 0,
-        pieces: int = 1,
+        shard: tuple[int, int] | None = None,
+        **order: Any,
     ) -> Generator[dict[str, Any], None, None]:
         """Yield one epoch of batches (dicts of per-field arrays with ``batch_size`` rows).
 
         Parameters
         ----------
-        shuffle : {"block", "full", "none"} or bool
-            See :mod:`rowstore.reader.order`; ``True`` is ``"block"``, ``False`` ``"none"`` (as
-            the loaders take it). ``block`` reads whole blocks (fastest); ``full`` is
-            a uniform permutation (uncompressed files read such rows directly; compressed
-            files must decompress a block per row, so prefer ``block`` for them).
-        seed, epoch : int
-            The order is a pure function of (seed, epoch, layout, shard).
-        window : int
-            Blocks (pieces, with ``pieces``) whose rows are mixed together in ``block`` mode;
-            memory grows with it.
-        pieces : int
-            ``block`` mode: cut each block into this many pieces, the unit of the permutation and
-            of ``window`` (see :mod:`rowstore.reader.order`): the same memory mixes rows of
-            ``pieces`` times more blocks. Uncompressed local files load only the pieces;
-            1 (the default) is the order of earlier versions.
-        shard : (rank, world)
-            This consumer's part of the epoch (DDP rank x DataLoader worker).
+        spec : EpochSpec, optional
+            The order arguments as one object; the keywords ``order`` replace its values.
+        **order
+            The order arguments of :class:`~rowstore.reader.epochs.EpochSpec` (one meaning
+            each, ``docs/order.md``): ``shuffle`` (``"block"``, ``"full"``, ``"none"``, or
+            True/False), ``seed``, ``epoch``, ``window``, ``pieces``, ``drop_last`` (drop the
+            last partial batch). A dealt ``shard`` and ``pad`` are :meth:`deal`'s.
+        fields : sequence of str, optional
+            Fields to read (default: all).
+        part : (index, count)
+            A contiguous slice of the epoch order: the order cut into ``count`` parts whose
+            sizes differ by at most one row. ``shard=`` is its deprecated spelling.
         even : bool
-            Give every shard exactly ``len // world`` rows (drops up to ``world - 1`` rows).
+            Every part exactly ``len // count`` rows (drops up to ``count - 1`` rows).
         num_threads : int
             Threads reading ahead (kernels and image decoders release the GIL).
         prefetch : int
             Segments (windows) read ahead per thread; memory ~ ``num_threads * prefetch *
             window * block_bytes``. The output buffers of up to ``num_threads * prefetch + 3``
             segments are reused during the epoch, each once no batch cut from it is referred to.
+        varlen : {"ragged", "padded"}, optional
+            Variable-shape fields (default: the reader's).
         start : int
-            Skip this many rows of the shard's epoch (resume mid-epoch).
+            Skip this many rows of the part (resume mid-epoch).
 
         Yields
         ------
         dict
             Arrays owned by the caller (never overwritten by the reader).
         """
+        spec, (rank, world) = part_spec("Reader.batches", spec, part, shard, order)
         positive_int("batch_size", batch_size)
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
-        positive_int("pieces", pieces)
         positive_int("num_threads", num_threads, optional=True)
-        shuffle = shuffle_mode(shuffle)
-        rank, world = shard
-        _order.check_args(shuffle, seed, epoch, window, rank, world)
+        shuffle, seed, epoch, window, pieces = spec.shuffle, spec.seed, spec.epoch, spec.window, spec.pieces
+        keep = None if spec.keep is None else self._check_keep(spec.keep)
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
         seg_rows = self._segment_rows(shuffle, window, batch_size)
         step = self._aligned_step(shuffle, window, batch_size, plans, pieces)
 
-        def order() -> Any:
+        def order_segments() -> Any:
             if step is None:
                 return _order.iter_segments(
                     self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
-                    rank=rank, world=world, even=even, start=start, segment_rows=seg_rows, pieces=pieces,
+                    rank=rank, world=world, even=even, start=start, segment_rows=seg_rows, pieces=pieces, keep=keep,
                 )  # fmt: skip
-            eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
+            eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces, keep=keep)
             lo, hi = _order.shard_bounds(eo.num_rows, rank, world, even)
             return eo.aligned(min(lo + start, hi), hi, step)
 
-        segments = self._fetch_ahead(order, plans)
+        segments = self._fetch_ahead(order_segments, plans)
         threads = num_threads or self.num_threads
         columns = self._pooled_columns(plans, threads, prefetch)
 
@@ -462,7 +474,15 @@ class Reader:
         def finish(batch: dict) -> dict:
             return self._finish_varlen(batch, plans, varlen)
 
-        return cut_batches(prefetched(segments, produce, threads, prefetch), batch_size, drop_last, finish)
+        return cut_batches(prefetched(segments, produce, threads, prefetch), batch_size, spec.drop_last, finish)
+
+    def read_ids(self, ids: np.ndarray, *, fields: Sequence[Any] | None = None,
+                 num_threads: int | None = None) -> dict[str, Any]:
+        """The rows of row ids ``ids`` (``block * rows_per_block + row``, as an
+        :class:`~rowstore.reader.order.EpochOrder` gives them), variable shapes as ``Ragged``:
+        what a :class:`~rowstore.reader.mix.Mixture` reads of each source."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return self._read(ids, self._select(fields), None, 0, num_threads or self.num_threads)
 
     def _segment_rows(self, shuffle: str, window: int, batch_size: int) -> int | None:
         """Rows per segment of a ``full`` shuffle (None for the other orders): compressed (or
@@ -558,9 +578,10 @@ class Reader:
                 keep[lo : lo + m] &= got
         return keep
 
-    def epoch(self, *, shuffle: str = "block", seed: int = 0, epoch: int = 0, window: int = 16,
+    def epoch(self, *, shuffle: str | bool = "block", seed: int = 0, epoch: int = 0, window: int = 16,
               keep: np.ndarray | None = None, pieces: int = 1) -> _order.EpochOrder:
         """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with ``keep``)."""
+        shuffle = _order.shuffle_mode(shuffle)
         return _order.EpochOrder(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
                                  window=window, keep=None if keep is None else self._check_keep(keep), pieces=pieces)
 
@@ -581,47 +602,63 @@ class Reader:
         self,
         batch_size: int,
         *,
-        consumer: tuple[int, int] = (0, 1),
-        shuffle: str = "block",
-        seed: int = 0,
-        epoch: int = 0,
-        window: int = 16,
-        unit: int | None = None,
-        drop_last: bool = False,
-        pad: bool = False,
+        spec: EpochSpec | None = None,
         remaining: Sequence[Sequence[int]] | None = None,
         skip: int = 0,
-        keep: np.ndarray | None = None,
         fields: Sequence[str] | None = None,
         with_ids: bool = False,
         num_threads: int | None = None,
         prefetch: int = 2,
         varlen: str | None = None,
-        pieces: int = 1,
         parts: bool = False,
+        consumer: tuple[int, int] | None = None,
+        **order: Any,
     ) -> Generator[dict[str, Any], None, None]:
-        """Yield consumer ``c``'s batches of an epoch dealt to ``C`` consumers (``consumer=(c, C)``).
+        """Yield consumer ``rank``'s batches of an epoch dealt to ``world`` consumers
+        (``shard=(rank, world)``).
 
         The epoch's global batches (``batch_size`` rows of the order each) are dealt in units
         of ``unit`` batches round-robin (see :mod:`rowstore.reader.plan`): every batch has
-        ``batch_size`` rows (except the epoch's last without ``drop_last``/``pad``); ``pad``
-        adds ``"__pad"`` (True for rows repeated to even out steps); ``with_ids`` adds
-        ``"__id"`` (each row's dataset row number). ``remaining`` (from a saved state) deals
-        only those global batches; ``skip`` skips this consumer's first steps. ``keep``: a row
-        subset (:meth:`keep_mask`). ``parts``: yield the reads as they come (whole segments, in
-        order, any number of rows each, variable shapes as ``Ragged``) for the caller to cut into
-        ``batch_size``-row batches (the torch loader cuts tensors). Other arguments as in :meth:`batches`.
+        ``batch_size`` rows (except the epoch's last without ``drop_last``/``pad``).
+
+        Parameters
+        ----------
+        spec : EpochSpec, optional
+            The order arguments as one object; the keywords ``order`` replace its values.
+        **order
+            The order arguments of :class:`~rowstore.reader.epochs.EpochSpec` (``docs/order.md``):
+            ``shuffle``, ``seed``, ``epoch``, ``window``, ``pieces``, ``shard`` (this
+            consumer's dealt part), ``drop_last``/``pad`` (equal steps; ``pad`` adds
+            ``"__pad"``, True for rows repeated to even out steps), ``unit``, ``keep`` (a row
+            subset, :meth:`keep_mask`).
+        remaining : list of [a, b), optional
+            From a saved state: deal only those global batches.
+        skip : int
+            Skip this consumer's first steps.
+        with_ids : bool
+            Add ``"__id"`` (each row's dataset row number).
+        parts : bool
+            Yield the reads as they come (whole segments, in order, any number of rows each,
+            variable shapes as ``Ragged``) for the caller to cut into ``batch_size``-row batches
+            (the torch loader cuts tensors).
+        consumer : (c, C)
+            Deprecated spelling of ``shard=``.
+
+        Other arguments as in :meth:`batches`.
         """
+        if consumer is not None:
+            deprecated("Reader.deal", "consumer=", "shard=")
+            order["shard"] = consumer
+        spec = EpochSpec.make(spec, **order)
         positive_int("batch_size", batch_size)
         positive_int("prefetch", prefetch)
         positive_int("num_threads", num_threads, optional=True)
         nonneg_int("skip", skip)
-        c, C = consumer
-        _order.check_args(shuffle, seed, epoch, window, c, C)
-        positive_int("pieces", pieces)
-        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self._rpb, batch_size, pieces)
-        eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep, pieces=pieces)
-        plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+        c, C = spec.shard
+        shuffle, window, pieces, pad = spec.shuffle, spec.window, spec.pieces, spec.pad
+        unit = spec.unit_for(self, batch_size)
+        eo = self.epoch(keep=spec.keep, **spec.order_kwargs())
+        plan = EpochPlan(eo.num_rows, batch_size, drop_last=spec.drop_last, pad=pad, remaining=remaining)
         gids = plan.batches(c, C, unit)[skip:]
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
@@ -659,7 +696,7 @@ class Reader:
         segs = self._fetch_ahead(segments, plans)
         if parts:
             return prefetched(segs, produce, threads, prefetch)
-        return cut_batches(prefetched(segs, produce, threads, prefetch), batch_size, drop_last, finish)
+        return cut_batches(prefetched(segs, produce, threads, prefetch), batch_size, spec.drop_last, finish)
 
 
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
@@ -667,8 +704,10 @@ def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
     False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``: a file or
     a dataset directory; or a list or tuple of them, read as one; ``owned`` is True: the caller
     may close it). For the adapters, which take either."""
-    if isinstance(path_or_reader, Reader) or getattr(type(path_or_reader), "_rowstore_source", False):
-        return path_or_reader, False  # a Reader, or what reads like one (a rowstore.mix Mixture)
+    if isinstance(path_or_reader, (Reader, EpochSource)):
+        # A Reader, or another epoch source (a rowstore.mix Mixture), which offers the adapters
+        # what they use of a Reader.
+        return cast(Reader, path_or_reader), False
     if isinstance(path_or_reader, (str, bytes, os.PathLike)):
         return Reader(path_or_reader), True
     if isinstance(path_or_reader, (list, tuple)) and path_or_reader \

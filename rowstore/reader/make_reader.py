@@ -34,9 +34,11 @@ import numpy as np
 
 from rowstore._check import positive_int
 from rowstore.errors import SchemaError
-from rowstore.reader._args import select_fields, shuffle_mode
+from rowstore.reader._args import select_fields
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged
 from rowstore.reader.dataset import Reader
+from rowstore.reader.epochs import EpochSpec, as_pair
+from rowstore.reader.order import shuffle_mode
 from rowstore.reader.transform import TransformSpec, as_spec
 
 __all__ = ["make_reader", "make_batch_reader", "PetastormStyleReader", "take_rows", "order_mode"]
@@ -142,16 +144,11 @@ class PetastormStyleReader:
             positive_int("num_epochs", num_epochs)
         if (cur_shard is None) != (shard_count is None):
             raise ValueError("pass both cur_shard and shard_count, or neither")
-        self.shard = (
-            (0, 1) if cur_shard is None else (int(cur_shard), int(shard_count))  # type: ignore[arg-type]
-        )
-        self.shuffle = shuffle_mode(shuffle)
-        self.seed, self.window, self.batch_size = (
-            int(seed),
-            window,
-            positive_int("batch_size", batch_size),
-        )
-        self.pieces = positive_int("pieces", pieces)
+        self.shard = (0, 1) if cur_shard is None else as_pair("cur_shard, shard_count", (cur_shard, shard_count))
+        #: The order arguments, checked once (what the loaders over this reader use).
+        self.spec = spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces)
+        self.shuffle, self.seed, self.window, self.pieces = spec.shuffle, spec.seed, spec.window, spec.pieces
+        self.batch_size = positive_int("batch_size", batch_size)
         self.num_epochs = num_epochs
         self.predicate, self.batched = predicate, batched
         if predicate is not None and not callable(predicate):
@@ -252,14 +249,7 @@ class PetastormStyleReader:
 
     def _raw_batches(self, epoch: int) -> Iterator[dict]:
         return self.reader.batches(
-            self.batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=epoch,
-            window=self.window,
-            fields=self._read_fields,
-            shard=self.shard,
-            pieces=self.pieces,
+            self.batch_size, spec=self.spec, epoch=epoch, fields=self._read_fields, part=self.shard
         )
 
     def iter_batches(self, epoch: int = 0) -> Iterator[dict]:
@@ -340,7 +330,8 @@ def make_reader(
     seed : int, optional
         The order's seed (None: 0): the same seed gives the same epochs, in any process.
     cur_shard, shard_count : int, optional
-        This reader's part of each epoch (rows split evenly, no overlap).
+        This reader's contiguous ``part=(cur_shard, shard_count)`` of each epoch (rows split
+        evenly, no overlap; ``docs/order.md``).
     predicate, predicate_fields
         A vectorized batch filter (see the module's notes) and the fields it needs beyond
         ``schema_fields``.
@@ -352,10 +343,10 @@ def make_reader(
         (``{"endpoint_url": ..., "key": ..., "secret": ...}`` for S3...).
     batch_size : int
         Rows read per batch (rows are still yielded one by one).
-    window, workers_count, verify
-        Blocks mixed together, reader threads (Petastorm's ``workers_count``), checksums.
-    pieces : int
-        Block shuffle of pieces of blocks (see :meth:`Reader.batches`; default 1).
+    window, pieces
+        The order arguments of ``docs/order.md``.
+    workers_count, verify
+        Reader threads (Petastorm's ``workers_count``), checksums.
     reader_pool_type : str, optional
         Accepted and ignored: reading always runs on the reader's threads without the GIL.
     """

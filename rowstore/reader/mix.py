@@ -33,21 +33,25 @@ from rowstore.errors import SchemaError
 from rowstore.reader import order as _order
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import Ragged, concat_batches
-from rowstore.reader.dataset import Reader, as_reader
-from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY, EpochPlan, default_unit
+from rowstore.reader.dataset import Reader, as_reader, finish_varlen
+from rowstore.reader.epochs import EpochSpec, deprecated, part_spec
+from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY, EpochPlan
 
 __all__ = ["Mixture", "mix", "SOURCE_KEY"]
 
 _MIX = 0x313  # key of the mixture's streams in order.seed64
 _PASS = 1 << 20  # source epochs per mixture epoch (passes over a source in replacement mode)
 _CKPT = 4096  # positions between stored prefix counts
+_PIECE = 4096  # positions read at once
 
 
 class _MixLayout:
-    """What the loaders ask of a reader's layout."""
+    """What the loaders ask of a reader's layout: rows per block (the largest source's, for
+    the default dealt unit) and heap bytes (the sources' bytes per row, for chunk sizes)."""
 
-    def __init__(self, rows_per_block: int):
+    def __init__(self, rows_per_block: int, heap_nbytes: int = 0):
         self.rows_per_block = rows_per_block
+        self.heap_nbytes = heap_nbytes
         self.version = None
 
 
@@ -82,8 +86,6 @@ class Mixture:
     (int64, the source's index); ``with_ids`` gives ``"__id"`` as row numbers *within* each
     source.
     """
-
-    _rowstore_source = True  # as_reader passes it through
 
     def __init__(self, sources: Sequence[Reader], weights: Sequence[float], *, seed: int = 0,
                  replacement: bool = False, epoch_rows: int | None = None, with_source: bool = False,
@@ -122,7 +124,10 @@ class Mixture:
                 L -= 1
                 self.counts = self._counts(L)
         self.epoch_rows = int(self.counts.sum())
-        self.layout = _MixLayout(max(r.layout.rows_per_block for r in self.sources))
+        heap = sum(r.layout.heap_nbytes for r in self.sources) * self.epoch_rows // max(1, int(sizes.sum()))
+        self.layout = _MixLayout(max(r.layout.rows_per_block for r in self.sources), int(heap))
+        self.num_threads = self.sources[0].num_threads
+        self.varlen = self.sources[0].varlen
         self.path = f"mix({', '.join(self._paths)})"
         self._cache: tuple[int, int, _MixOrder] | None = None
 
@@ -181,8 +186,7 @@ class Mixture:
             self._cache = (epoch, 0, _MixOrder(self.counts, _order.seed64(self.seed, epoch, _MIX)))
         return self._cache[2]
 
-    def _source_ids(self, k: int, a: int, b: int, orders: dict, shuffle: str, seed: int, epoch: int,
-                    window: int, pieces: int = 1) -> np.ndarray:
+    def _source_ids(self, k: int, a: int, b: int, orders: dict, spec: EpochSpec) -> np.ndarray:
         """Row ids of positions ``[a, b)`` of source ``k``'s stream (passes back to back)."""
         n = int(self.sizes[k])
         out = []
@@ -191,52 +195,28 @@ class Mixture:
             key = (k, p)
             if key not in orders:
                 orders[key] = self.sources[k].epoch(
-                    shuffle=shuffle, seed=_order.seed64(seed, 0, _MIX, k) >> 1, epoch=epoch * _PASS + p, window=window,
-                    pieces=pieces)
+                    shuffle=spec.shuffle, seed=_order.seed64(spec.seed, 0, _MIX, k) >> 1,
+                    epoch=spec.epoch * _PASS + p, window=spec.window, pieces=spec.pieces)
             stop = min(b, (p + 1) * n)
             out.append(orders[key].ids(off, off + stop - a))
             a = stop
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
-    def deal(self, batch_size: int, *, consumer: tuple[int, int] = (0, 1), shuffle: str = "block", seed: int = 0,
-             epoch: int = 0, window: int = 16, unit: int | None = None, drop_last: bool = False, pad: bool = False,
-             remaining: Sequence[Sequence[int]] | None = None, skip: int = 0, keep: Any = None,
-             fields: Sequence[str] | None = None, with_ids: bool = False, num_threads: int | None = None,
-             prefetch: int = 2, varlen: str | None = None, parts: bool = False,
-             pieces: int = 1) -> Generator[dict[str, Any], None, None]:
-        """Consumer ``c``'s batches of a mixture epoch dealt to ``C`` consumers: as
-        :meth:`Reader.deal <rowstore.reader.Reader.deal>` (``parts`` too). ``seed`` is the sources' order seed
-        (the mixture's own seed picks which source fills each position); ``pieces`` is each
-        source's (see :meth:`Reader.batches <rowstore.reader.Reader.batches>`)."""
+    def _read(self, items: Any, spec: EpochSpec, batch_size: int, *, fields: Sequence[str] | None, with_ids: bool,
+              num_threads: int | None, prefetch: int, varlen: str | None, parts: bool,
+              drop_last: bool) -> Generator[dict[str, Any], None, None]:
+        """The batches of ``items``, ``(lo, hi, is_pad)`` ranges of the epoch's positions."""
         positive_int("batch_size", batch_size)
-        nonneg_int("skip", skip)
-        c, C = consumer
-        _order.check_args(shuffle, seed, epoch, window, c, C)
-        positive_int("pieces", pieces)
-        if keep is not None:
+        positive_int("prefetch", prefetch)
+        positive_int("num_threads", num_threads, optional=True)
+        if spec.keep is not None:
             raise ValueError("row subsets of a mixture: subset each source instead")
-        unit = positive_int("unit", unit, optional=True) or default_unit(shuffle, window, self.layout.rows_per_block,
-                                                                          batch_size, pieces)
-        mo = self._order(epoch)
-        plan = self.plan(batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
-        gids = plan.batches(c, C, unit)[skip:]
-        B = batch_size
+        mo = self._order(spec.epoch)
         r0 = self.sources[0]
         plans = r0._select(fields)
-        varlen = varlen or r0.varlen
+        varlen = varlen or self.varlen
         orders: dict = {}
-
-        def items():
-            real = gids[gids >= 0]
-            if len(real):
-                for run in np.split(real, np.flatnonzero(np.diff(real) != 1) + 1):
-                    lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
-                    for a in range(lo, hi, 4096):  # bounded pieces
-                        yield a, min(hi, a + 4096), False
-                    if pad and hi - lo < len(run) * B:
-                        yield 0, len(run) * B - (hi - lo), True
-            for _ in range(int((gids < 0).sum())):
-                yield 0, B, True
+        pad = spec.pad
 
         def produce(item) -> dict:
             lo, hi, is_pad = item
@@ -245,15 +225,15 @@ class Mixture:
                 lo, hi = 0, min(n, self.epoch_rows)
             src = mo.src[lo:hi].astype(np.int64)
             first, last = mo.count(lo), mo.count(hi)
-            parts, got_src, got_ids = [], [], []
+            got, got_src, got_ids = [], [], []
             for k in range(len(self.sources)):
                 if last[k] > first[k]:
-                    ids = self._source_ids(k, int(first[k]), int(last[k]), orders, shuffle, seed, epoch, window, pieces)
+                    ids = self._source_ids(k, int(first[k]), int(last[k]), orders, spec)
                     rk = self.sources[k]
-                    parts.append(rk._read(ids, rk._select(fields), None, 0, num_threads or rk.num_threads))
+                    got.append(rk.read_ids(ids, fields=fields, num_threads=num_threads))
                     got_src.append(np.full(len(ids), k, np.int64))
                     got_ids.append(rk.layout.rows_of(ids))
-            batch = concat_batches(parts)
+            batch = concat_batches(got)
             # Concatenated source by source; position j is source s[j]'s next row.
             take = np.argsort(np.argsort(src, kind="stable"), kind="stable")
             take = take[np.arange(n) % len(src)] if is_pad else take
@@ -267,11 +247,78 @@ class Mixture:
             return out
 
         def finish(b: dict) -> dict:
-            return r0._finish_varlen(b, plans, varlen)
+            return finish_varlen(b, plans, varlen)
 
         if parts:
-            return prefetched(items(), produce, 1, prefetch)
-        return cut_batches(prefetched(items(), produce, 1, prefetch), B, drop_last, finish)
+            return prefetched(items, produce, 1, prefetch)
+        return cut_batches(prefetched(items, produce, 1, prefetch), batch_size, drop_last, finish)
+
+    def deal(self, batch_size: int, *, spec: EpochSpec | None = None,
+             remaining: Sequence[Sequence[int]] | None = None, skip: int = 0, fields: Sequence[str] | None = None,
+             with_ids: bool = False, num_threads: int | None = None, prefetch: int = 2, varlen: str | None = None,
+             parts: bool = False, consumer: tuple[int, int] | None = None,
+             **order: Any) -> Generator[dict[str, Any], None, None]:
+        """Consumer ``rank``'s batches of a mixture epoch dealt to ``world`` consumers
+        (``shard=(rank, world)``): as :meth:`Reader.deal <rowstore.reader.Reader.deal>`, with
+        the same arguments. ``seed`` is the sources' order seed (the mixture's own seed picks
+        which source fills each position); ``window`` and ``pieces`` are each source's."""
+        if consumer is not None:
+            deprecated("Mixture.deal", "consumer=", "shard=")
+            order["shard"] = consumer
+        spec = EpochSpec.make(spec, **order)
+        positive_int("batch_size", batch_size)
+        skip = nonneg_int("skip", skip)
+        c, C = spec.shard
+        plan = self.plan(batch_size, drop_last=spec.drop_last, pad=spec.pad, remaining=remaining)
+        gids = plan.batches(c, C, spec.unit_for(self, batch_size))[skip:]
+        B = batch_size
+
+        def items():
+            real = gids[gids >= 0]
+            if len(real):
+                for run in np.split(real, np.flatnonzero(np.diff(real) != 1) + 1):
+                    lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
+                    for a in range(lo, hi, _PIECE):  # bounded pieces
+                        yield a, min(hi, a + _PIECE), False
+                    if spec.pad and hi - lo < len(run) * B:
+                        yield 0, len(run) * B - (hi - lo), True
+            for _ in range(int((gids < 0).sum())):
+                yield 0, B, True
+
+        return self._read(items(), spec, B, fields=fields, with_ids=with_ids, num_threads=num_threads,
+                          prefetch=prefetch, varlen=varlen, parts=parts, drop_last=spec.drop_last)
+
+    def batches(self, batch_size: int, *, spec: EpochSpec | None = None, fields: Sequence[str] | None = None,
+                part: tuple[int, int] | None = None, even: bool = False, num_threads: int | None = None,
+                prefetch: int = 2, varlen: str | None = None, start: int = 0, with_ids: bool = False,
+                shard: tuple[int, int] | None = None, **order: Any) -> Generator[dict[str, Any], None, None]:
+        """One epoch of the mixture in batches: as :meth:`Reader.batches
+        <rowstore.reader.Reader.batches>`, with the same arguments (a contiguous ``part`` of
+        the epoch's positions, ``even``, ``start`` rows skipped; ``with_ids`` adds ``"__id"``,
+        row numbers within each source)."""
+        spec, (rank, world) = part_spec("Mixture.batches", spec, part, shard, order)
+        lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
+        lo = min(hi, lo + nonneg_int("start", start))
+        items = ((a, min(hi, a + _PIECE), False) for a in range(lo, hi, _PIECE))
+        return self._read(items, spec, batch_size, fields=fields, with_ids=with_ids, num_threads=num_threads,
+                          prefetch=prefetch, varlen=varlen, parts=False, drop_last=spec.drop_last)
+
+    def epoch_order(self, *, part: tuple[int, int] | None = None, even: bool = False,
+                    **order: Any) -> np.ndarray:
+        """Each position's ``(source, row number within it)`` of :meth:`batches` with these
+        arguments, as an ``(n, 2)`` int64 array."""
+        spec, (rank, world) = part_spec("Mixture.epoch_order", None, part, None, order)
+        lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
+        mo, orders = self._order(spec.epoch), dict[Any, Any]()
+        src = mo.src[lo:hi].astype(np.int64)
+        first, last = mo.count(lo), mo.count(hi)
+        out = np.zeros((hi - lo, 2), np.int64)
+        out[:, 0] = src
+        for k in range(len(self.sources)):
+            if last[k] > first[k]:
+                ids = self._source_ids(k, int(first[k]), int(last[k]), orders, spec)
+                out[src == k, 1] = self.sources[k].layout.rows_of(ids)
+        return out
 
     # -- a mixture file ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

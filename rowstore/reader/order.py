@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from rowstore._check import nonneg_int, positive_int
 
 __all__ = [
-    "MODES", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
-    "shuffle_quality",
+    "MODES", "shuffle_mode", "check_args", "check_shard", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
+    "batch_blocks", "shuffle_quality",
 ]
 
 MODES = ("block", "full", "none")
@@ -91,7 +92,22 @@ def shuffle_reference(a: list[int], seed: int) -> list[int]:
     return a
 
 
+def shuffle_mode(shuffle: Any) -> str:
+    """The epoch order mode of a ``shuffle`` argument: ``True`` is ``"block"`` (shuffled
+    blocks, rows mixed within a window), ``False``/``None`` is ``"none"``, a name of
+    :data:`MODES` is itself; anything else raises ``ValueError``."""
+    if shuffle is True:
+        return "block"
+    if shuffle is False or shuffle is None:
+        return "none"
+    if not isinstance(shuffle, str) or shuffle not in MODES:
+        raise ValueError(f"shuffle must be one of {MODES} (or True/False), got {shuffle!r}")
+    return shuffle
+
+
 def check_args(shuffle: str, seed: int, epoch: int, window: int, rank: int, world: int) -> None:
+    """``ValueError`` naming the argument unless ``shuffle`` is a name of :data:`MODES`,
+    ``seed``/``epoch`` are ints >= 0, ``window`` an int >= 1 and ``(rank, world)`` a shard."""
     if shuffle not in MODES:
         raise ValueError(f"shuffle must be one of {MODES}, got {shuffle!r}")
     nonneg_int("seed", seed)
@@ -394,6 +410,15 @@ def epoch_order(block_rows: np.ndarray, rows_per_block: int, **kwargs) -> np.nda
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
+def batch_blocks(ids: np.ndarray, rows_per_block: int, batch_size: int) -> np.ndarray:
+    """Distinct blocks in each full batch of an order of row ids."""
+    nb = len(ids) // batch_size
+    if nb == 0:
+        return np.zeros(0, np.int64)
+    blocks = np.sort((ids[: nb * batch_size] // rows_per_block).reshape(nb, batch_size), axis=1)
+    return 1 + (np.diff(blocks, axis=1) != 0).sum(axis=1)
+
+
 def shuffle_quality(order: np.ndarray, rows_per_block: int, num_blocks: int, batch_size: int) -> float:
     """How mixed the batches of an order are, from 0 to about 1.
 
@@ -403,12 +428,8 @@ def shuffle_quality(order: np.ndarray, rows_per_block: int, num_blocks: int, bat
     Rows written together (one block) tend to be correlated, so this is the shuffle property
     that matters for SGD.
     """
-    order = np.asarray(order)
-    nb = len(order) // batch_size
-    if nb == 0 or num_blocks <= 1:
+    distinct = batch_blocks(np.asarray(order), rows_per_block, batch_size)
+    if len(distinct) == 0 or num_blocks <= 1:
         return 1.0
-    blocks = (order[: nb * batch_size] // rows_per_block).reshape(nb, batch_size)
-    blocks = np.sort(blocks, axis=1)
-    distinct = 1 + (np.diff(blocks, axis=1) != 0).sum(axis=1)
     expected = num_blocks * (1.0 - (1.0 - 1.0 / num_blocks) ** batch_size)
     return float(min(1.0, distinct.mean() / expected))

@@ -16,19 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.reader.order import EpochOrder, shard_bounds
+from rowstore.reader.order import EpochOrder, batch_blocks, shard_bounds
 from rowstore.reader.plan import EpochPlan, default_unit, rank_steps_taken
 
 __all__ = ["batch_blocks", "read_cost", "check_order"]
-
-
-def batch_blocks(ids: np.ndarray, rows_per_block: int, batch_size: int) -> np.ndarray:
-    """Distinct blocks in each full batch of an order of row ids."""
-    nb = len(ids) // batch_size
-    if nb == 0:
-        return np.zeros(0, np.int64)
-    blocks = np.sort((ids[: nb * batch_size] // rows_per_block).reshape(nb, batch_size), axis=1)
-    return 1 + (np.diff(blocks, axis=1) != 0).sum(axis=1)
 
 
 def _segment_blocks(eo: EpochOrder, lo: int, hi: int) -> int:

@@ -12,16 +12,16 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore._check import nonneg_int, positive_int
+from rowstore.reader.epochs import EpochSpec
 from rowstore.reader.plan import ID_KEY, PAD_KEY, make_state
 from rowstore.reader.transform import as_spec as _as_spec
-from rowstore.torch._args import (
+from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
+from rowstore.torch._epoch import (
     _ROW_BATCH,
     _EpochReader,
     _OwnsReader,
-    _resolve_shard,
     _split_extras,
 )
-from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
 from rowstore.torch._transform import _process, _schemas
 
 _MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
@@ -119,28 +119,19 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     batch_size : int, optional
         Yield whole collated batches of this many rows (use ``DataLoader(ds, batch_size=None)``);
         ``None`` yields :class:`Row`\\ s (use ``collate_fn=rowstore.torch.collate``).
-    shuffle : {"block", "full", "none"} or bool
-        Epoch order mode, see :mod:`rowstore.reader.order`.
-    seed : int
-        The order is a pure function of (seed, epoch, layout).
+    spec : EpochSpec, optional
+        The order arguments as one object; the keywords ``order`` replace its values.
+    **order
+        The order arguments of ``docs/order.md``: ``shuffle`` (default ``"block"``; True/False
+        allowed), ``seed``, ``window``, ``pieces``, ``pad`` (equal steps by repeating rows,
+        marked ``"__pad"``), ``unit``. All but ``unit`` are part of a resume state.
     fields : sequence of str, optional
     shard : (rank, world), optional
-        This process's rank and the world size. Default: ``torch.distributed``'s when it is
-        initialized *when the dataset is created*, else (0, 1).
-    even, drop_last : bool
+        This process's dealt part of each epoch. Default: ``torch.distributed``'s rank and
+        world size when it is initialized *when the dataset is created*, else (0, 1).
+    drop_last : bool
         Equal steps on every (rank, worker) by leaving out the last partial batch and the
-        batches that do not divide evenly (``even`` is the same as ``drop_last``).
-    pad : bool
-        Equal steps by repeating rows instead, marked ``"__pad"`` (True for a repeated row).
-    window : int
-        Blocks mixed together in ``block`` mode.
-    pieces : int
-        ``block`` mode: permute pieces of ``ceil(rows_per_block / pieces)`` rows instead of
-        whole blocks (``window`` counts pieces): far better mixed batches for the same memory
-        (see ``Reader.batches`` and docs/order.md). Part of the order: a saved state resumes
-        only with the same ``pieces``. Default 1 (whole blocks).
-    unit : int, optional
-        Global batches dealt to a consumer at a time (see :mod:`rowstore.reader.plan`).
+        batches that do not divide evenly. ``even=True`` is its deprecated spelling.
     with_ids : bool
         Add ``"__id"``, each row's dataset row number.
     rows, predicate : optional
@@ -184,39 +175,32 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         path_or_reader: Any,
         *,
         batch_size: int | None = None,
-        shuffle: Any = "block",
-        seed: int = 0,
+        spec: EpochSpec | None = None,
         fields: Sequence[str] | None = None,
         shard: tuple[int, int] | None = None,
-        even: bool = False,
         drop_last: bool = False,
-        window: int = 16,
+        even: bool = False,
         transform: Any = None,
         batch_transform: Any = None,
         varlen: str | Mapping[str, str] = "padded",
         num_threads: int | None = None,
         prefetch: int = 2,
-        pad: bool = False,
-        unit: int | None = None,
         with_ids: bool = False,
         rows: Any = None,
         predicate: Any = None,
         num_epochs: int = 1,
         num_workers: int | None = None,
         quality: Any = None,
-        pieces: int = 1,
+        **order: Any,
     ):
         self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
-        self.even = bool(even)
-        self.drop_last = bool(drop_last)
         self.num_threads = num_threads
         self.prefetch = prefetch
-        self.shard = _resolve_shard(shard)
         self.num_epochs = positive_int("num_epochs", num_epochs)
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
-        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality, pieces=pieces)
+        self._init_order("IterableDataset", spec=spec, shard=shard, drop_last=drop_last, even=even,
+                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]

@@ -1,5 +1,5 @@
 """The batched loaders (no ``DataLoader``): :class:`BatchedDataLoader` streams from the reader,
-:class:`InMemBatchedDataLoader` reads its shard once; their base :class:`_Loader` holds the
+:class:`InMemBatchedDataLoader` reads its part once; their base :class:`_Loader` holds the
 transform and collation, the device path (a producer thread for CUDA), epoch/position state
 and ``state_dict``."""
 
@@ -18,10 +18,11 @@ import torch
 from rowstore._check import nonneg_int, positive_int
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import Ragged
+from rowstore.reader.epochs import EpochSpec, deprecated
 from rowstore.reader.transform import as_spec as _as_spec
-from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
+from rowstore.torch._epoch import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._transform import _schemas
 
 _STATE_VERSION = 1
@@ -308,12 +309,17 @@ class BatchedDataLoader(_Loader, _EpochReader):
     path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
         As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
     batch_size : int
-    shuffle : {"block", "full", "none"} or bool
-        Epoch order mode (True is "block"); see :mod:`rowstore.reader.order`.
-    seed : int
+    spec : EpochSpec, optional
+        The order arguments as one object; the keywords ``order`` replace its values.
+    **order
+        The order arguments of ``docs/order.md``: ``shuffle`` (default ``"block"``; True/False
+        allowed), ``seed``, ``window``, ``pieces``, ``pad`` (equal steps on every rank by
+        repeating rows: batches get ``"__pad"``, True for a repeated row, to mask out of the
+        loss), ``unit``. All but ``unit`` are part of a resume state.
     fields : sequence of str, optional
     shard : (rank, world), optional
-        Default: torch.distributed's rank and world size when initialized, else (0, 1).
+        This rank's dealt part of each epoch. Default: torch.distributed's rank and world size
+        when initialized, else (0, 1).
     device : str or torch.device, optional
         Where batches go. ``None``/``"cpu"``: CPU tensors that are ``torch.from_numpy`` views of
         arrays the reader handed over (nothing is copied). A CUDA device: see Notes.
@@ -323,27 +329,13 @@ class BatchedDataLoader(_Loader, _EpochReader):
     transform : callable or TransformSpec, optional
         Applied to each batch (numpy) before collation; see :class:`TransformSpec`.
     drop_last : bool
-        Drop this rank's last partial batch.
-    window : int
-        Blocks mixed together in "block" mode.
-    pieces : int
-        ``block`` mode: permute pieces of ``ceil(rows_per_block / pieces)`` rows instead of
-        whole blocks (``window`` counts pieces): far better mixed batches for the same memory
-        (see ``Reader.batches`` and docs/order.md). Part of the order: a saved state resumes
-        only with the same ``pieces``. Default 1 (whole blocks).
+        Equal steps on every rank by leaving out the last partial batch and the batches that
+        do not divide evenly. ``even=True`` is its deprecated spelling.
     num_threads : int, optional
         Reader threads (kernels and image decoders run without the GIL).
     prefetch : int
         Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
-    even : bool
-        Equal steps on every rank by leaving rows out (the same as ``drop_last=True``).
     varlen : {"padded", "nested", "list"} or dict
-    pad : bool
-        Equal steps on every rank by repeating rows instead: batches get ``"__pad"`` (bool,
-        True for a repeated row, to mask out of the loss). Not with ``drop_last``/``even``.
-    unit : int, optional
-        Global batches dealt to a rank at a time (default: about one window of rows); see
-        :mod:`rowstore.reader.plan`.
     with_ids : bool
         Add ``"__id"`` (int64): each row's dataset row number.
     rows, predicate : optional
@@ -386,28 +378,24 @@ class BatchedDataLoader(_Loader, _EpochReader):
         path_or_reader: Any,
         *,
         batch_size: int,
-        shuffle: Any = "block",
-        seed: int = 0,
+        spec: EpochSpec | None = None,
         fields: Sequence[str] | None = None,
         shard: tuple[int, int] | None = None,
         device: Any = None,
         pin_memory: bool | None = None,
         transform: Any = None,
         drop_last: bool = False,
-        window: int = 16,
         num_threads: int | None = None,
         prefetch: int = 2,
         even: bool = False,
         varlen: str | Mapping[str, str] = "padded",
-        pad: bool = False,
-        unit: int | None = None,
         with_ids: bool = False,
         rows: Any = None,
         predicate: Any = None,
         num_epochs: int | None = 1,
         quality: Any = None,
-        pieces: int = 1,
         num_workers: int | None = None,
+        **order: Any,
     ):
         if num_workers:
             raise ValueError(
@@ -430,8 +418,8 @@ class BatchedDataLoader(_Loader, _EpochReader):
         )
         self.num_threads = num_threads
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality, pieces=pieces)
+        self._init_order("BatchedDataLoader", spec=spec, shard=self.shard, drop_last=drop_last, even=even,
+                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
         self._base: tuple[int, list | None] = (0, None)  # (epoch, its remaining batches when resumed)
         self._run_stop = 0
 
@@ -593,7 +581,8 @@ def _cut_tensors(parts: Iterator[dict], batch_size: int, drop_last: bool) -> Gen
 
 
 class InMemBatchedDataLoader(_Loader):
-    """Read this rank's shard once into memory, then shuffle and batch it for many epochs.
+    """Read this rank's part of the file once into memory, then shuffle and batch it for many
+    epochs.
 
     Parameters
     ----------
@@ -602,21 +591,24 @@ class InMemBatchedDataLoader(_Loader):
     batch_size : int
     num_epochs : int, optional
         Epochs one iteration yields (``None``: endless, as in Petastorm).
-    shuffle : bool
-        Shuffle each epoch: a permutation that is a pure function of (seed, epoch).
+    shuffle : bool or {"block", "full", "none"}
+        Shuffle each epoch (True or any mode but ``"none"``): a uniform permutation of the rows
+        held, a pure function of (seed, epoch).
     seed : int
     fields : sequence of str, optional
-    shard : (rank, world), optional
-        This rank holds rows ``[rank * N // world, (rank + 1) * N // world)`` of the dataset (with
-        ``even``: ``N // world`` rows each); default from torch.distributed.
+    part : (index, count), optional
+        This rank's contiguous part of the file order (``docs/order.md``): it holds rows
+        ``[index * N // count, (index + 1) * N // count)`` of the dataset (with ``even``:
+        ``N // count`` rows each); default torch.distributed's (rank, world). ``shard=`` is its
+        deprecated spelling (a shard is dealt everywhere else).
     device, pin_memory, transform, drop_last, varlen, prefetch
         As in :class:`BatchedDataLoader`; ``transform`` runs on every batch (augmentations
         differ per epoch).
 
     Notes
     -----
-    Memory: the shard's decoded columns. Each batch is a gather (a copy) from them, owned by
-    the caller. A reader opened from a path is closed once the shard is read. State
+    Memory: the part's decoded columns. Each batch is a gather (a copy) from them, owned by
+    the caller. A reader opened from a path is closed once the part is read. State
     (:meth:`state_dict`) is the epoch, the rows handed out in it, and the epoch at which the
     current run of ``num_epochs`` ends.
     """
@@ -630,7 +622,7 @@ class InMemBatchedDataLoader(_Loader):
         shuffle: bool = True,
         seed: int = 0,
         fields: Sequence[str] | None = None,
-        shard: tuple[int, int] | None = None,
+        part: tuple[int, int] | None = None,
         device: Any = None,
         pin_memory: bool | None = None,
         transform: Any = None,
@@ -638,12 +630,18 @@ class InMemBatchedDataLoader(_Loader):
         even: bool = False,
         varlen: str | Mapping[str, str] = "padded",
         prefetch: int = 2,
+        shard: tuple[int, int] | None = None,
     ):
+        if shard is not None:
+            if part is not None:
+                raise TypeError("InMemBatchedDataLoader: pass part= only (shard= is its deprecated spelling)")
+            deprecated("InMemBatchedDataLoader", "shard=(i, n), a contiguous part of the file,", "part=(i, n)")
+            part = shard
         super().__init__(
             path_or_reader,
             batch_size=batch_size,
             fields=fields,
-            shard=shard,
+            shard=part,
             device=device,
             pin_memory=pin_memory,
             transform=transform,
@@ -653,9 +651,10 @@ class InMemBatchedDataLoader(_Loader):
             even=even,
         )
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self.shuffle = bool(shuffle)
+        self.shuffle = _order.shuffle_mode(shuffle) != "none"
         _order.check_args("block", seed, 0, 1, *self.shard)
         self.seed = seed
+        self.part = self.shard  # the contiguous part (its state keeps the key "shard")
         self._stop_epoch: int | None = None
         lo, hi = _order.shard_bounds(len(self.reader), *self.shard, even=self.even)
         self._lo, self._n = lo, hi - lo
@@ -683,7 +682,7 @@ class InMemBatchedDataLoader(_Loader):
 
     @property
     def num_rows(self) -> int:
-        """Rows held in memory (this rank's shard)."""
+        """Rows held in memory (this rank's part)."""
         return self._n
 
     def _per_epoch(self, start: int = 0) -> int:

@@ -122,11 +122,8 @@ class DataLoader(BatchedDataLoader):
         if isinstance(reader, PetastormStyleReader):
             self._petastorm = reader
             kwargs = {
-                "shuffle": reader.shuffle,
-                "seed": reader.seed,
+                "spec": reader.spec,
                 "shard": reader.shard,
-                "window": reader.window,
-                "pieces": reader.pieces,
                 "fields": reader._read_fields,
                 "transform": _loader_transform(reader),
                 **kwargs,

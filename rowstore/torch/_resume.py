@@ -11,9 +11,10 @@ from typing import Any
 import torch.utils.data as _tud
 
 from rowstore._check import nonneg_int, positive_int
+from rowstore.reader.epochs import EpochSpec
 from rowstore.reader.plan import make_state, step_rows
-from rowstore.torch._args import _EpochReader, _OwnsReader, _resolve_shard
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
+from rowstore.torch._epoch import _EpochReader, _OwnsReader
 
 __all__ = ["ElasticBatchSampler", "ResumableDataLoader"]
 
@@ -24,23 +25,22 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
 
     ``DataLoader(ds, batch_sampler=ElasticBatchSampler(ds, batch_size=64, seed=0),
     collate_fn=rst.collate)``; wrap it in :class:`ResumableDataLoader` to resume on any world.
-    The order arguments (``shuffle``, ``seed``, ``window``, ``pieces``, ``shard``, ``drop_last``/``even``,
-    ``pad``, ``unit``, ``with_ids``, ``rows``/``predicate``) are those of
-    :class:`~rowstore.torch.BatchedDataLoader`; with ``pad``, batches get ``"__pad"``. The
+    The order arguments (``spec``, or ``shuffle``, ``seed``, ``window``, ``pieces``, ``shard``,
+    ``drop_last``, ``pad``, ``unit``: ``docs/order.md``) and ``with_ids``, ``rows``/``predicate``,
+    ``quality`` are those of :class:`~rowstore.torch.BatchedDataLoader`; with ``pad``, batches
+    get ``"__pad"``. The
     sampler holds no state of its own (the same epoch gives the same batches), so
     ``torchdata``'s ``StatefulDataLoader`` resumes it by fast-forwarding.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int, shuffle: Any = "block", seed: int = 0, window: int = 16,
-                 shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False, pad: bool = False,
-                 unit: int | None = None, with_ids: bool = False, rows: Any = None, predicate: Any = None,
-                 quality: Any = None, pieces: int = 1):
+    def __init__(self, dataset: Any, *, batch_size: int, spec: EpochSpec | None = None,
+                 shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False,
+                 with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None, **order: Any):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
-        self.shard = _resolve_shard(shard)
-        self.drop_last, self.even, self.prefetch, self._fields = bool(drop_last), bool(even), 1, None
-        self._init_order(shuffle, seed, window, pad=pad, unit=unit, with_ids=with_ids, rows=rows,
-                         predicate=predicate, quality=quality, pieces=pieces)
+        self.prefetch, self._fields = 1, None
+        self._init_order("ElasticBatchSampler", spec=spec, shard=shard, drop_last=drop_last, even=even,
+                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
         self.epoch = 0
         self._resume: tuple[int, list | None] | None = None
 
@@ -65,8 +65,7 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
         self._report_quality(epoch, self.batch_size)
-        eo = self.reader.epoch(shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window, keep=self._keep,
-                               pieces=self.pieces)
+        eo = self.reader.epoch(keep=self._keep, **self.spec.order_kwargs(epoch))
         plan = self._plan(self._remaining(epoch))
         rows_of = self.reader.layout.rows_of
         for ids, mask in step_rows(eo, plan, *self.shard, self._unit_for(self.batch_size)):

@@ -1,0 +1,267 @@
+"""The resumable ``tf.data`` input: :class:`Loader`, a consumer's dealt part of each epoch
+with a state that resumes on another number of workers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from rowstore._check import positive_int
+from rowstore.reader._args import varlen_modes
+from rowstore.reader.dataset import as_reader
+from rowstore.reader.epochs import EpochSpec, check_quality, report_quality
+from rowstore.reader.plan import (
+    EXTRA_KEYS,
+    ID_KEY,
+    PAD_KEY,
+    SOURCE_KEY,
+    make_state,
+    read_state,
+)
+from rowstore.tf._dataset import _Source
+from rowstore.tf._signature import VARLEN_MODES, _BatchConverter, _pad_fn, output_signature
+
+__all__ = ["Loader"]
+
+
+# -- resumable input (rowstore.reader.plan) -----------------------------------------------------
+class Loader(tf.Module):
+    """A resumable ``tf.data`` input: this worker's part of each epoch's global batches, dealt
+    as the torch loaders deal them (:mod:`rowstore.reader.plan`), with a state that resumes on
+    another number of workers.
+
+    ``loader = rowstore.tf.Loader(path, batch_size=64, seed=0, shard=(i, n))``; ``ds =
+    loader.dataset(num_epochs=...)`` reads from where the loader stands. The loader is a
+    ``tf.Module``: its progress lives in ``tf.Variable``\\ s, so ``tf.train.Checkpoint(model=m,
+    data=loader)`` saves and restores it beside the model; :meth:`state_dict` /
+    :meth:`load_state_dict` give the same state as plain Python (JSON), which
+    :class:`rowstore.torch.BatchedDataLoader` reads too. The state is the same on every worker
+    that took the same number of steps and resumes on any ``shard`` count.
+
+    Progress counts the batches the dataset hands out: the dataset's last step records it, and
+    tf.data's automatic prefetch at the end is turned off (``inject_prefetch=False``), so a
+    batch counts when your loop receives it. Keras ``fit`` and distribution strategies read
+    ahead of the step they train; there, save the state returned by :meth:`state_at` for the
+    step you trained (``batch["__step"]``).
+
+    Parameters
+    ----------
+    path_or_reader, batch_size, fields, varlen, num_threads
+        As in :func:`make_dataset`.
+    spec : EpochSpec, optional
+        The order arguments as one object; the keywords ``order`` replace its values.
+    **order
+        The order arguments of a dealt epoch, with the meanings of ``docs/order.md``:
+        ``shuffle``, ``seed``, ``window``, ``pieces``, ``shard`` (this worker's dealt part,
+        default (0, 1)), ``drop_last``/``pad`` (equal steps), ``unit``. All but ``unit`` are
+        part of the order: a state (or a ``tf.train.Checkpoint``) resumes only with the same
+        values (one saved before ``pieces`` existed is a ``pieces=1`` state).
+    with_ids : bool
+        Add ``"__id"`` (int64), each row's dataset row number.
+    rows, predicate : optional
+        A row subset (see :meth:`Reader.keep_mask <rowstore.reader.Reader.keep_mask>`).
+    quality : None, "log" or callable
+        Report each epoch's shuffle quality when its first batch is read.
+
+    Elements also hold ``"__epoch"`` and ``"__step"`` (int64 scalars: the epoch and this
+    worker's steps taken in it once the batch is handed out).
+    """
+
+    def __init__(
+        self,
+        path_or_reader: _Source,
+        *,
+        batch_size: int,
+        spec: EpochSpec | None = None,
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        fields: Sequence[str] | None = None,
+        varlen: str | Mapping[str, str] = "ragged",
+        num_threads: int | None = None,
+        quality: Any = None,
+        **order: Any,
+    ):
+        super().__init__(name="rowstore_loader")
+        self.reader, _ = as_reader(path_or_reader)
+        self.batch_size = positive_int("batch_size", batch_size)
+        spec = EpochSpec.make(spec, **order)
+        self.spec = spec.replace(keep=self.reader.keep_mask(rows, predicate))
+        self.shard = self.spec.shard
+        self.unit = self.spec.unit_for(self.reader, self.batch_size)
+        self.with_ids = bool(with_ids)
+        self.fields = fields
+        self.num_threads = positive_int("num_threads", num_threads, optional=True)
+        self.quality = check_quality(quality)
+        self._schema = self.reader.schema.select(fields)
+        self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
+        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        self._base_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="base_epoch")
+        # JSON {"order": what the order depends on, "remaining": the resumed epoch's remaining
+        # batches}: a tf.train.Checkpoint holds the order key, so restoring one of another order
+        # (seed, window, pieces...) is refused as load_state_dict refuses it. Checkpoints saved
+        # before the order key was kept here hold "" or the bare remaining list (accepted).
+        self._base = tf.Variable(
+            self._base_json(None), dtype=tf.string, trainable=False, name="base"
+        )
+
+    # The order arguments, as the spec holds them.
+    shuffle = property(lambda self: self.spec.shuffle)
+    seed = property(lambda self: self.spec.seed)
+    window = property(lambda self: self.spec.window)
+    pieces = property(lambda self: self.spec.pieces)
+    drop_last = property(lambda self: self.spec.drop_last)
+    pad = property(lambda self: self.spec.pad)
+    _keep = property(lambda self: self.spec.keep)
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.numpy())
+
+    @property
+    def steps(self) -> int:
+        """Batches handed out in the current epoch (since the state it resumed from)."""
+        return int(self._steps.numpy())
+
+    def _remaining(self, epoch: int) -> list | None:
+        if int(self._base_epoch.numpy()) != epoch:
+            return None
+
+        text = self._base.numpy().decode()
+        v = json.loads(text) if text else None
+        return v["remaining"] if isinstance(v, dict) else v
+
+    def _plan(self, remaining: list | None):
+        return self.spec.plan(self.reader, self.batch_size, remaining)
+
+    def _order_key(self) -> dict:
+        return self.spec.order_key(self.reader, self.batch_size)
+
+    def _base_json(self, remaining: list | None) -> str:
+
+        return json.dumps({"order": self._order_key(), "remaining": remaining}, sort_keys=True)
+
+    def _check_order(self) -> None:
+        """``ValueError`` if a restored ``tf.train.Checkpoint`` was saved for another order; a
+        checkpoint from before the order key was saved is taken as this loader's order."""
+
+        text = self._base.numpy().decode()
+        v = json.loads(text) if text else None
+        if isinstance(v, dict):
+            if json.dumps(v["order"], sort_keys=True) != json.dumps(
+                self._order_key(), sort_keys=True
+            ):
+                read_state(make_state(0, v["order"], None), self._order_key())
+        else:  # an old checkpoint: from now on the variable holds this loader's order key
+            self._base.assign(self._base_json(v))
+
+    def state_at(self, epoch: int, steps: int) -> dict:
+        """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
+        self._check_order()
+        spec = self.spec.replace(unit=self.unit)
+        return spec.state_after(
+            self.reader, int(epoch), self._remaining(int(epoch)), int(steps), self.batch_size
+        )
+
+    def state_dict(self) -> dict:
+        """Where the input stands (see the class): plain Python values, JSON friendly."""
+        return self.state_at(self.epoch, self.steps)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state of any worker of any worker count: the next :meth:`dataset`
+        deals exactly the batches not yet delivered."""
+        epoch, remaining = read_state(dict(state), self._order_key())
+        self._epoch.assign(epoch)
+        self._steps.assign(0)
+        self._base_epoch.assign(epoch)
+        self._base.assign(self._base_json(remaining))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""
+        self._epoch.assign(int(epoch))
+        self._steps.assign(0)
+        self._base_epoch.assign(-1)
+
+    def __len__(self) -> int:
+        """Steps of the current epoch still to take (this worker)."""
+        self._check_order()
+        plan = self._plan(self._remaining(self.epoch))
+        return int(plan.steps(self.shard[1], self.unit)[self.shard[0]]) - self.steps
+
+    # -- the dataset ---------------------------------------------------------------------------
+    def dataset(self, num_epochs: int | None = 1) -> tf.data.Dataset:
+        """Batches from where the loader stands, for ``num_epochs`` epochs (the current one
+        counts; None: endless). Recording progress is the dataset's last step."""
+        positive_int("num_epochs", num_epochs, optional=True)
+        self._check_order()
+        schema, modes = self._schema, self._modes
+        variable = [f for f in schema if f.is_variable]
+        padded = [f for f in variable if modes[f.name] == "padded"]
+        sig = output_signature(schema, batch_size=self.batch_size, varlen=modes)
+        for f in variable:
+            sig[f.name] = f.tf_spec(-1, ragged=True)
+        if self.with_ids:
+            sig[ID_KEY] = tf.TensorSpec((None,), tf.int64)
+        if self.pad:
+            sig[PAD_KEY] = tf.TensorSpec((None,), tf.bool)
+        if getattr(self.reader, "with_source", False):  # a rowstore.mix Mixture
+            sig[SOURCE_KEY] = tf.TensorSpec((None,), tf.int64)
+        sig["__epoch"] = tf.TensorSpec((), tf.int64)
+        sig["__step"] = tf.TensorSpec((), tf.int64)
+        convert = _BatchConverter(schema, modes, False)
+        e0, s0 = self.epoch, self.steps
+        stop = None if num_epochs is None else e0 + num_epochs
+        names = schema.names
+        reported: set[int] = set()
+
+        def generate():
+            epoch, skip = e0, s0
+            while stop is None or epoch < stop:
+                if epoch not in reported:
+                    reported.add(epoch)
+                    report_quality(self.quality, self.spec, self.reader, epoch, self.batch_size)
+                it = self.reader.deal(
+                    self.batch_size,
+                    spec=self.spec.replace(epoch=epoch, unit=self.unit),
+                    remaining=self._remaining(epoch),
+                    skip=skip,
+                    fields=names,
+                    with_ids=self.with_ids,
+                    num_threads=self.num_threads,
+                    varlen="ragged",
+                )
+                step = skip
+                try:
+                    for b in it:
+                        out = convert(b)
+                        for k in EXTRA_KEYS:
+                            if k in b:
+                                out[k] = b[k]
+                        step += 1
+                        out["__epoch"] = np.int64(epoch)
+                        out["__step"] = np.int64(step)
+                        yield out
+                finally:
+                    it.close()
+                epoch, skip = epoch + 1, 0
+
+        ds = tf.data.Dataset.from_generator(generate, output_signature=sig)
+        if padded:
+            ds = ds.map(_pad_fn(padded))
+        ds = ds.prefetch(2)
+        epoch_v, steps_v = self._epoch, self._steps
+
+        def record(el):
+            epoch_v.assign(el["__epoch"])
+            steps_v.assign(el["__step"])
+            return el
+
+        opts = tf.data.Options()
+        opts.experimental_optimization.inject_prefetch = False
+        return ds.map(record).with_options(opts)

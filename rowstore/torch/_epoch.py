@@ -1,0 +1,193 @@
+"""The torch layer over :mod:`rowstore.reader.epochs`: the default shard (torch.distributed's),
+:class:`_EpochReader` (an :class:`~rowstore.reader.epochs.EpochSpec` and the dealt epoch of one
+consumer) and :class:`_OwnsReader` (the reader, and closing it)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+import torch
+
+from rowstore.reader.dataset import Reader, as_reader
+from rowstore.reader.epochs import EpochSpec, as_pair, check_quality, deprecated, report_quality
+from rowstore.reader.plan import EXTRA_KEYS, EpochPlan
+
+_ROW_BATCH = 512  # rows read at once (and dealt as one global batch) by IterableDataset in row mode
+
+_Self = TypeVar("_Self", bound="_OwnsReader")
+
+
+def _resolve_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
+    """``shard`` if given (checked), else (rank, world size) of torch.distributed when
+    initialized, else (0, 1)."""
+    if shard is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    return as_pair("shard", shard)
+
+
+class _EpochReader:
+    """Mixin of :class:`IterableDataset`, :class:`BatchedDataLoader` and the elastic batch
+    sampler: their :class:`~rowstore.reader.epochs.EpochSpec` (``spec``, made once by
+    :meth:`_init_order`), the dealt epoch of one consumer (``Reader.deal``) and the resumable
+    state. The class sets ``reader``, ``prefetch``, ``batch_size`` and ``_fields`` first."""
+
+    reader: Reader
+    spec: EpochSpec
+    prefetch: int
+    batch_size: int | None
+    _fields: list[str] | None
+
+    def _init_order(
+        self,
+        where: str,
+        *,
+        spec: EpochSpec | None,
+        shard: Any,
+        drop_last: bool,
+        even: bool,
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        quality: Any = None,
+        **order: Any,
+    ) -> None:
+        """Make ``self.spec`` from ``spec`` and the order keywords (``shuffle``, ``seed``,
+        ``window``, ``pieces``, ``pad``, ``unit``); ``even=True`` is the deprecated spelling of
+        ``drop_last=True``."""
+        if even:
+            deprecated(
+                where, "even=True (equal steps of a dealt epoch)", "drop_last=True", stacklevel=3
+            )
+            if order.get("pad") or (spec is not None and spec.pad):
+                raise ValueError(
+                    "pad=True and drop_last/even=True are two equal-steps policies: choose one"
+                )
+        self.even = bool(even)
+        self.drop_last = bool(drop_last)
+        keep = self.reader.keep_mask(rows, predicate)
+        self.spec = EpochSpec.make(
+            spec,
+            shard=_resolve_shard(shard),
+            drop_last=self.drop_last or self.even,
+            keep=keep,
+            **order,
+        )
+        self.shard = self.spec.shard
+        self.with_ids = bool(with_ids)
+        self.quality = check_quality(quality)
+        self._quality_done: int | None = None
+
+    # The order arguments, as the spec holds them.
+    shuffle = property(lambda self: self.spec.shuffle)
+    seed = property(lambda self: self.spec.seed)
+    window = property(lambda self: self.spec.window)
+    pieces = property(lambda self: self.spec.pieces)
+    pad = property(lambda self: self.spec.pad)
+    unit = property(lambda self: self.spec.unit)
+    _keep = property(lambda self: self.spec.keep)
+
+    def _plan(self, remaining: list | None, batch_size: int | None = None) -> EpochPlan:
+        return self.spec.plan(self.reader, batch_size or self.batch_size or _ROW_BATCH, remaining)
+
+    def _unit_for(self, batch_size: int) -> int:
+        return self.spec.unit_for(self.reader, batch_size)
+
+    def _order_key(self, batch_size: int) -> dict:
+        """What a state's order depends on (checked when it is loaded)."""
+        return self.spec.order_key(self.reader, batch_size)
+
+    def _state_after(
+        self, epoch: int, remaining: list | None, steps: int, workers: int, batch_size: int
+    ) -> dict:
+        """The state once every rank handed out ``steps`` batches of ``epoch`` (dealt from
+        ``remaining``) with ``workers`` DataLoader workers each."""
+        return self.spec.state_after(self.reader, epoch, remaining, steps, batch_size, workers)
+
+    def _load(self, state: Any, batch_size: int) -> tuple[int, list | None]:
+        return self.spec.read_state(self.reader, state, batch_size)
+
+    def _report_quality(self, epoch: int, batch_size: int) -> None:
+        """Log (``quality="log"``) or pass to the callback each epoch's shuffle quality, once."""
+        if self.quality is None or self._quality_done == epoch:
+            return
+        self._quality_done = epoch
+        report_quality(self.quality, self.spec, self.reader, epoch, batch_size)
+
+    def _read_epoch(
+        self,
+        batch_size: int,
+        *,
+        epoch: int,
+        shard: tuple[int, int],
+        drop_last: bool,
+        num_threads: int | None,
+        remaining: list | None = None,
+        skip: int = 0,
+        parts: bool = False,
+    ) -> Generator[dict, None, None]:
+        """Consumer ``shard``'s batches of ``epoch`` (dealt from ``remaining``, its first
+        ``skip`` steps skipped); variable-shape fields as ``Ragged`` (collation turns them into
+        the ``varlen`` modes); with ``parts``, the reads uncut (see ``Reader.deal``)."""
+        spec = self.spec.replace(
+            epoch=epoch,
+            shard=shard,
+            drop_last=drop_last or self.even,
+            unit=self._unit_for(batch_size),
+        )
+        return self.reader.deal(
+            batch_size,
+            spec=spec,
+            remaining=remaining,
+            skip=skip,
+            fields=self._fields,
+            with_ids=self.with_ids,
+            num_threads=num_threads,
+            prefetch=self.prefetch,
+            varlen="ragged",
+            parts=parts,
+        )
+
+
+def _split_extras(b: dict) -> tuple[dict, dict]:
+    """A reader batch without its ``__id``/``__pad``/``__source`` columns (transforms and
+    collation see the schema's fields only), and those columns."""
+    if not any(k in b for k in EXTRA_KEYS):
+        return b, {}
+    b = dict(b)
+    return b, {k: b.pop(k) for k in EXTRA_KEYS if k in b}
+
+
+class _OwnsReader:
+    """Mixin of the datasets and loaders: their reader, and closing it.
+
+    A reader opened here from a path belongs to the object: :meth:`close` (or leaving a
+    ``with`` block) closes its descriptor, and so does collecting the object (the reader closes
+    itself when it is collected). A :class:`~rowstore.reader.Reader` the caller passed in is
+    the caller's: it is never closed here."""
+
+    reader: Reader
+    _owns_reader: bool
+
+    def _open_reader(self, path_or_reader: Any) -> None:
+        self.reader, self._owns_reader = as_reader(path_or_reader)
+
+    def _stop(self) -> None:
+        """Stop this object's iterations that are still running (their reader threads read the
+        file), before the reader closes."""
+
+    def close(self) -> None:
+        """Stop running iterations (and their reader threads); close the reader if this object
+        opened it. The object stays usable: the reader reopens its file on next use."""
+        self._stop()
+        if self._owns_reader:
+            self.reader.close()
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

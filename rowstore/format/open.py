@@ -23,9 +23,9 @@ from rowstore import storage
 from rowstore.errors import FormatError, MissingObjectError, RemoteError
 from rowstore.format import manifest as _manifest
 from rowstore.format.shards import DatasetLayout
+from rowstore.storage import join, looks_like_file
 from rowstore.storage.local import pin_identities
 from rowstore.storage.objstore import Client, RangeFile, RemoteOptions
-from rowstore.storage.url import join, looks_like_file
 
 __all__ = ["Opened", "open_layout", "open_remote", "open_file", "remote_file_layout"]
 

@@ -24,11 +24,18 @@ from typing import Any
 from rowstore.storage.base import ChunkStore, Destination, StagedFile, Staging
 from rowstore.storage.local import LocalDir, LocalStore
 from rowstore.storage.objstore import Client, RemoteOptions
-from rowstore.storage.url import file_url_path, is_url, join, local_root, looks_like_file
+from rowstore.storage.url import (
+    file_url_path,
+    is_url,
+    join,
+    local_path,
+    local_root,
+    looks_like_file,
+)
 
 __all__ = [
     "ChunkStore", "Destination", "chunk_store", "destination", "locate", "absolute", "under",
-    "Staging", "StagedFile", "stage_file", "RemoteOptions", "Client", "local_root", "local_only", "looks_like_file", "remote_client",
+    "Staging", "StagedFile", "stage_file", "RemoteOptions", "Client", "local_root", "local_only", "local_path", "looks_like_file", "remote_client", "join",
 ]  # fmt: skip
 
 
@@ -121,11 +128,12 @@ def under(root: str, rel: str) -> str:
     return join(root, rel) if is_url(root) else os.path.join(root, *rel.split("/"))
 
 
-def local_only(path: str | os.PathLike, what: str) -> str:
-    """The local path ``path`` names (a ``file://`` URL's path), for operations on local
-    files only (``what`` names the operation); :class:`ValueError` for another URL."""
+def local_only(path: str | os.PathLike, what: str, *, file_urls: bool = True) -> str:
+    """The local path ``path`` names (a ``file://`` URL's path, unless not ``file_urls``),
+    for operations on local files only (``what`` names the operation); :class:`ValueError`
+    for another URL."""
     p = os.fspath(path)
-    root = local_root(p)
+    root = local_root(p) if file_urls else (None if is_url(p) else p)
     if root is None:
         raise ValueError(f"{what} works on local files only; {p!r} is a URL")
     return root

@@ -26,7 +26,7 @@ from rowstore.schema import Schema
 from rowstore.storage import Destination, destination, under
 from rowstore.writer.gc import DEFAULT_ORPHAN_GRACE_S, _collect
 
-__all__ = ["ShardInfo", "commit", "commit_to", "next_version"]
+__all__ = ["ShardInfo", "commit", "commit_to", "next_version", "reader"]
 
 
 
@@ -212,6 +212,15 @@ def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: s
                      storage_options=storage_options)
 
 
+def reader(dest: Destination) -> Any:
+    """The ``read`` that :func:`rowstore.format.manifest.load` takes for ``dest``'s objects
+    (None for a local directory: the manifest reads its files itself)."""
+    if dest.local_root is not None:
+        return None
+    n = len(dest.root) + 1
+    return lambda path, limit: dest.read_small(path[n:], limit)
+
+
 #: How many times a commit starts again after another commit published first.
 MAX_COMMIT_ATTEMPTS = 8
 
@@ -246,7 +255,7 @@ def commit_to(dest: Destination, shard_infos: Sequence[ShardInfo], *, mode: str 
                 raise ValueError(f"shard {info.path!r} is given twice")
             seen.add(info.path)
     where = dest.root
-    read = None if dest.local_root is not None else (lambda p, n: dest.read_small(p[len(where) + 1 :], n))
+    read = reader(dest)
     with dest.lock(f"{manifest.MANIFEST_DIR}/{manifest.LOCK}"):
         if layouts is None:
             layouts = [_check_info(dest, info, storage_options) for info in infos]

@@ -43,7 +43,7 @@ from rowstore.format.index import Layout
 from rowstore.schema import Schema
 from rowstore.storage import destination
 from rowstore.storage.base import Staging
-from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to
+from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to, reader
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
 from rowstore.writer.gc import GCReport, PointerRepair, _shard_paths, gc, restore_pointer
 from rowstore.writer.values import as_columns
@@ -471,9 +471,13 @@ class DatasetWriter(Closing):
     def _published(self) -> bool:
         """Whether the current version names one of this writer's shards (a commit that failed
         after publishing: its shards must stay)."""
-        if not self._infos or not manifest.is_dataset(self.path):
+        if not self._infos:
             return False
+        root, read = self._dest.root, reader(self._dest)
         try:
-            return bool(set(_shard_paths(self.path, manifest.read_pointer(self.path)[0])) & {i.path for i in self._infos})
+            if self._dest.token(manifest.POINTER) is None:
+                return False
+            current = manifest.read_pointer(root, read=read)[0]
+            return bool(set(_shard_paths(root, current, read)) & {i.path for i in self._infos})
         except (OSError, FormatError):
             return True  # cannot tell: keep the files (gc removes them if they are orphans)

@@ -1,22 +1,26 @@
-"""Writing datasets of many files: shards, commits of manifest versions, and their garbage collection.
+"""Writing datasets of many files: shards, and :class:`DatasetWriter` (publishing a version is
+:mod:`.commit`'s, garbage collection :mod:`.gc`'s).
 
-A dataset is a directory (:mod:`.manifest` declares it): ``rowstore.json`` names the current
+A dataset is a directory or an object store prefix (:mod:`rowstore.format.manifest` declares
+it): ``rowstore.json`` names the current
 manifest version, which names shard files under ``shards/``. Writing one takes two phases:
 
 1. :func:`write_shard` writes one shard file (an ordinary format-v1 file, by :class:`.Writer`)
    under a unique name and returns a :class:`ShardInfo`. It takes no lock and needs nothing of the
    dataset, so it runs anywhere (Dask/Spark workers, other processes); nothing is visible to
    readers yet, since no manifest names the file.
-2. :func:`commit` checks the files against their :class:`ShardInfo` and publishes the next
-   manifest version naming them (under the dataset's commit lock), then removes leftovers.
+2. :func:`~rowstore.writer.commit.commit` checks the files against their :class:`ShardInfo`
+   and publishes the next manifest version naming them, then removes leftovers.
 
 :class:`DatasetWriter` does both in one process with the :class:`.Writer` API, rolling over to a
-new shard every ``shard_bytes``. :func:`gc` removes old versions and the shards only they name.
+new shard every ``shard_bytes``. :func:`~rowstore.writer.gc.gc` removes old versions and the
+shards only they name. At a URL, shards are made in a local staging directory
+(:meth:`~rowstore.storage.base.Destination.staging`) and each is uploaded when complete.
 
 Crash safety: a shard file appears only complete (its own atomic commit); the new version appears
 only when the pointer is replaced, after its sidecar and manifest are complete. A process killed
 at any moment leaves the previous version current, plus files no version names (shards not yet
-committed, temporary files), which the next :func:`commit` or :func:`gc` removes once they are
+committed, temporary files), which the next commit or gc removes once they are
 older than the grace period (so that the shards of jobs still writing survive).
 """
 

@@ -209,7 +209,7 @@ def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
                     grace_s: float = 3600.0, allow_outside_links: bool = False) -> str:
     """Garbage-collect the dataset directory ``path`` (:func:`rowstore.gc_dataset`): only list
     what would go unless ``delete``."""
-    from rowstore.writer.dataset import gc
+    from rowstore.writer.gc import gc
 
     r = gc(path, dry_run=not delete, keep_versions=keep_versions, orphan_grace_s=grace_s,
            allow_outside_links=allow_outside_links)
@@ -229,7 +229,7 @@ def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
 def repair_text(path: str, *, dry_run: bool = False, verify: bool = False,
                 allow_outside_links: bool = False) -> str:
     """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`)."""
-    from rowstore.writer.dataset import restore_pointer
+    from rowstore.writer.gc import restore_pointer
 
     r = restore_pointer(path, dry_run=dry_run, verify=verify,
                         allow_outside_links=allow_outside_links)

@@ -32,7 +32,8 @@ from rowstore.errors import FormatError, SchemaError
 from rowstore.format import commit, manifest, write_shard
 from rowstore.reader import Reader
 from rowstore.schema import Field, Schema
-from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo
+from rowstore.writer.commit import ShardInfo
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 
 __all__ = ["to_rowstore", "open_dataset", "write_patches", "to_grid", "RowstoreBackendEntrypoint", "META_KEY"]

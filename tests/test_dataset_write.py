@@ -29,7 +29,9 @@ import rowstore
 from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.format import footer, manifest, spec
-from rowstore.writer.dataset import DatasetWriter, ShardInfo, commit, gc, write_shard
+from rowstore.writer.commit import ShardInfo, commit
+from rowstore.writer.dataset import DatasetWriter, write_shard
+from rowstore.writer.gc import gc
 
 SCHEMA = Schema([Field("x", "int64"), Field("t", BYTES)])
 INLINE = Schema([Field("x", "int64")])

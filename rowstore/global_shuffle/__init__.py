@@ -49,7 +49,8 @@ from rowstore.global_shuffle._work import LockedDir, remove_stale
 from rowstore.reader._args import nonneg_int
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
-from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo, commit
+from rowstore.writer.commit import ShardInfo, commit
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 
 __all__ = ["shuffle", "ShuffleReport", "PassReport", "parse_bytes"]

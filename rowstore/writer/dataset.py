@@ -49,17 +49,13 @@ from rowstore.storage import destination
 from rowstore.storage.base import Staging
 from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to, reader
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
-from rowstore.writer.gc import GCReport, PointerRepair, _shard_paths, gc, restore_pointer
+from rowstore.writer.gc import _shard_paths
 from rowstore.writer.values import as_columns
 
-__all__ = ["ShardInfo", "write_shard", "discard", "DatasetWriter", "DEFAULT_SHARD_BYTES",
-           "commit", "gc", "GCReport", "restore_pointer", "PointerRepair"]
+__all__ = ["write_shard", "discard", "DatasetWriter", "DEFAULT_SHARD_BYTES"]
 
 #: Default target size of one shard of a :class:`DatasetWriter` (raw bytes of rows and heap).
 DEFAULT_SHARD_BYTES = 256 << 20
-#: Default age (seconds, by mtime) below which a file that no manifest names is kept: it may be a
-#: shard that a job still writing will commit.
-DEFAULT_ORPHAN_GRACE_S = 3600.0
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 

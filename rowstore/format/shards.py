@@ -33,7 +33,7 @@ from rowstore.format.index import (
     schema_row_dtype,
 )
 from rowstore.schema import Schema
-from rowstore.storage import absolute, local_root, under
+from rowstore.storage import absolute, local_root, under_all
 from rowstore.storage.local import open_regular
 
 __all__ = ["DatasetLayout"]
@@ -374,8 +374,7 @@ class DatasetLayout(IndexSizes):
             own = [_manifest.manifest_path(m.version), _manifest.index_path(m.version)]
             _manifest.check_inside(local, own, what="manifest file")
             _manifest.check_inside(local, sh["path"], what="shard path")
-        base = absolute(m.root)
-        paths = [under(base, p) for p in sh["path"]]  # plain relative paths (checked)
+        paths = under_all(absolute(m.root), sh["path"])  # plain relative paths (checked)
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root

@@ -34,7 +34,7 @@ from rowstore.storage.url import (
 )
 
 __all__ = [
-    "ChunkStore", "Destination", "chunk_store", "destination", "locate", "absolute", "under",
+    "ChunkStore", "Destination", "chunk_store", "destination", "locate", "absolute", "under", "under_all",
     "Staging", "StagedFile", "stage_file", "RemoteOptions", "Client", "local_root", "local_only", "local_path", "looks_like_file", "remote_client", "join",
 ]  # fmt: skip
 
@@ -126,6 +126,12 @@ def under(root: str, rel: str) -> str:
     """``rel`` (``/``-separated, already checked to stay inside) under ``root``, a URL or an
     absolute local directory."""
     return join(root, rel) if is_url(root) else os.path.join(root, *rel.split("/"))
+
+
+def under_all(root: str, rels: Sequence[str]) -> list[str]:
+    """:func:`under` for many plain relative paths (checked: no ``..``, no empty part) at once."""
+    base = root.rstrip("/") + "/" if is_url(root) else os.path.join(root, "")
+    return [base + rel for rel in rels]
 
 
 def local_only(path: str | os.PathLike, what: str, *, file_urls: bool = True) -> str:

@@ -62,9 +62,16 @@ def _open_layout(path: str, storage_options: dict | None = None, *,
         try:
             storage.locate(path, storage_options=storage_options)
         except ValueError:
-            raise ValueError(f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}") from None
-    opened = open_layout(path, storage_options=storage_options, allow_outside_links=allow_outside_links,
-                         allow_missing_footer=allow_missing_footer, pin=False)
+            raise ValueError(
+                f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}"
+            ) from None
+    opened = open_layout(
+        path,
+        storage_options=storage_options,
+        allow_outside_links=allow_outside_links,
+        allow_missing_footer=allow_missing_footer,
+        pin=False,
+    )
     return opened.layout, opened.client
 
 

@@ -52,33 +52,64 @@ class Opened:
     client: Client | None = None
 
 
-def open_layout(path: Any, *, version: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                cache: Any = None, remote: Mapping[str, Any] | None = None, allow_outside_links: bool = False,
-                allow_missing_footer: bool = False, pin: bool = True) -> Opened:
+def open_layout(
+    path: Any,
+    *,
+    version: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: Any = None,
+    remote: Mapping[str, Any] | None = None,
+    allow_outside_links: bool = False,
+    allow_missing_footer: bool = False,
+    pin: bool = True,
+) -> Opened:
     """The layout of the file or dataset at ``path`` (a path, ``file://`` or any fsspec URL,
     or a list of those read as one), as :func:`rowstore.open` takes it. ``pin``: each local
     shard that a manifest names by size is pinned to the file there now (inode, mtime), so
     that a shard replaced later under the same name and size is refused, not read."""
-    where, options = storage.locate(path, storage_options=storage_options, cache=cache, remote=remote)
+    where, options = storage.locate(
+        path, storage_options=storage_options, cache=cache, remote=remote
+    )
     if options is None:
-        layout = DatasetLayout.open(where, version=version, allow_outside_links=allow_outside_links,
-                                    allow_missing_footer=allow_missing_footer)
+        layout = DatasetLayout.open(
+            where,
+            version=version,
+            allow_outside_links=allow_outside_links,
+            allow_missing_footer=allow_missing_footer,
+        )
         if pin:
-            layout = dataclasses.replace(layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids))
+            layout = dataclasses.replace(
+                layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids)
+            )
         return Opened(layout)
     urls = list(where) if isinstance(where, (list, tuple)) else [where]
-    parts = [open_remote(u, options, version, allow_outside_links=allow_outside_links,
-                         allow_missing_footer=allow_missing_footer) for u in urls]
+    parts = [
+        open_remote(
+            u,
+            options,
+            version,
+            allow_outside_links=allow_outside_links,
+            allow_missing_footer=allow_missing_footer,
+        )
+        for u in urls
+    ]
     etags, shard0 = {}, 0
     for layout, learnt in parts:
         etags.update({shard0 + k: v for k, v in learnt["etags"].items()})
         shard0 += layout.num_shards
-    return Opened(DatasetLayout.concat([p[0] for p in parts]), options, etags, Client(urls[0], options))
+    return Opened(
+        DatasetLayout.concat([p[0] for p in parts]), options, etags, Client(urls[0], options)
+    )
 
 
-def open_remote(url: str, options: RemoteOptions, version: int | None = None, *,
-                allow_outside_links: bool = False,
-                allow_missing_footer: bool = False) -> tuple[DatasetLayout, dict]:
+def open_remote(
+    url: str,
+    options: RemoteOptions,
+    version: int | None = None,
+    *,
+    allow_outside_links: bool = False,
+    allow_missing_footer: bool = False,
+) -> tuple[DatasetLayout, dict]:
     """The layout of the dataset or single file at ``url``, and what was learnt about its
     objects (``{"etags": {shard: etag}, "requests": n}``); ``allow_outside_links``: as for
     :meth:`DatasetLayout.from_manifest` (a ``file://`` dataset's links)."""
@@ -102,19 +133,25 @@ def open_remote(url: str, options: RemoteOptions, version: int | None = None, *,
         cache = BlockCache(options.cache, options.cache_bytes)
     layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
     etag = layout.file_id[1] if len(layout.file_id) > 1 else None
-    return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
+    return DatasetLayout.from_files([layout], path=url), {
+        "etags": {0: etag},
+        "requests": client.requests,
+    }
 
 
 #: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
 _FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
 
 
-def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False) -> Any:
+def remote_file_layout(
+    client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False
+) -> Any:
     """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
     etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
     (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
     and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
-    the byte ranges its HDF5 metadata occupies (:class:`~rowstore.storage.objstore.RangeFile`: that tail and, for our
+    the byte ranges its HDF5 metadata occupies
+    (:class:`~rowstore.storage.objstore.RangeFile`: that tail and, for our
     writer's files, one more GET of the head); no block is read and libhdf5 never sees the
     network. With a ``cache`` (:class:`rowstore.storage.cache.BlockCache`), the footer or the
     image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
@@ -152,7 +189,9 @@ def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_mis
     except OSError as exc:
         if isinstance(exc, (RemoteError, FormatError)):
             raise
-        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
+        raise FormatError(
+            f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url
+        ) from exc
     finally:
         rf.close()
 

@@ -218,8 +218,8 @@ class DatasetLayout(IndexSizes):
                 # (a FIFO in a shard's place is reported, not waited on)
                 source, size, close = self._shard_source(path, client)
             except (OSError, FormatError) as exc:
-                if isinstance(exc, RemoteError) or (client is not None and isinstance(exc, FormatError)
-                                                    and not isinstance(exc, MissingObjectError)):
+                io_failure = client is not None and isinstance(exc, FormatError)
+                if isinstance(exc, RemoteError) or (io_failure and not isinstance(exc, MissingObjectError)):
                     raise  # an I/O failure, not damage
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
@@ -347,7 +347,8 @@ class DatasetLayout(IndexSizes):
         return cls(
             path=path or " + ".join(L.path for L in layouts), schema=first.schema, user_attrs=first.user_attrs,
             compression=first.compression, heap_chunk_bytes=first.heap_chunk_bytes, row_dtype=first.row_dtype,
-            shard_paths=tuple(absolute(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
+            shard_paths=tuple(absolute(L.path) for L in layouts),
+            shard_ids=tuple(L.file_id for L in layouts),
             shard_rows=i64([L.num_rows for L in layouts]), shard_rpb=i64([L.rows_per_block for L in layouts]),
             shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]), shard_file_size=i64([L.file_size for L in layouts]),
             blocks=np.concatenate([L.blocks for L in layouts]), heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),

@@ -164,7 +164,9 @@ def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str
     try:
         storage.local_only(out_path, "shuffle's output", file_urls=False)
     except ValueError:
-        raise ValueError(f"shuffle: the output must be a local directory, got the URL {out_path!r}") from None
+        raise ValueError(
+            f"shuffle: the output must be a local directory, got the URL {out_path!r}"
+        ) from None
     where, remote = storage.locate(in_path)
     if remote is None and not os.path.exists(where):  # (a URL is checked when opened)
         raise FileNotFoundError(f"shuffle: input {in_path!r} does not exist")

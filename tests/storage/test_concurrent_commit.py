@@ -90,16 +90,22 @@ def test_two_concurrent_remote_commits_lose_no_version(s3_server, mode):
     hold = _BothListFirst(fs, 2)
     fs.ls = hold
     try:
-        versions, errors = _run_both([
-            lambda: rowstore.commit(url, [a], mode=mode, storage_options=so),
-            lambda: rowstore.commit(url, [b], mode=mode, storage_options=so),
-        ])
+        versions, errors = _run_both(
+            [
+                lambda: rowstore.commit(url, [a], mode=mode, storage_options=so),
+                lambda: rowstore.commit(url, [b], mode=mode, storage_options=so),
+            ]
+        )
     finally:
         fs.ls = hold.inner
     assert not errors, errors
     first_won, last = sorted(versions)
     assert first_won != last  # both published, each its own version
-    assert _chain(url, so) == [last, first_won, 1]  # the winner's version is the loser's parent: none lost
+    assert _chain(url, so) == [
+        last,
+        first_won,
+        1,
+    ]  # the winner's version is the loser's parent: none lost
     c = Client(url, RemoteOptions.make(so, None, None))
     shards = {v: set(manifest.load(url, v, read=c.cat_small).shards["path"]) for v in versions}
     if mode == "a":  # the loser appended to the winner's version
@@ -124,6 +130,9 @@ def test_a_commit_that_keeps_losing_the_race_fails_clearly_and_leaves_nothing(tm
         commit_to(_PointerAlwaysMoved(root), [late], mode="a", max_attempts=3)
     assert ei.value.path == root
     assert manifest.read_pointer(root)[0] == 1
-    assert sorted(os.listdir(os.path.join(root, manifest.MANIFEST_DIR))) == [".lock", "v00000001.index",
-                                                                             "v00000001.json"]
+    assert sorted(os.listdir(os.path.join(root, manifest.MANIFEST_DIR))) == [
+        ".lock",
+        "v00000001.index",
+        "v00000001.json",
+    ]
     assert len(rowstore.open(root)) == 3

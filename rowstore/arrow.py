@@ -52,7 +52,7 @@ from rowstore._unischema import Unischema, read_unischema
 from rowstore.errors import FormatError, RowstoreError, RowValidationError, SchemaError
 from rowstore.format import DatasetWriter, Writer
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
-from rowstore.storage.url import local_path as _local_path
+from rowstore.storage import local_path as _local_path
 
 __all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODERS", "local_path"]
 

@@ -62,9 +62,16 @@ def _open_layout(path: str, storage_options: dict | None = None, *,
         try:
             storage.locate(path, storage_options=storage_options)
         except ValueError:
-            raise ValueError(f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}") from None
-    opened = open_layout(path, storage_options=storage_options, allow_outside_links=allow_outside_links,
-                         allow_missing_footer=allow_missing_footer, pin=False)
+            raise ValueError(
+                f"--storage-options applies to URLs (s3://, http://, file://...); got {path!r}"
+            ) from None
+    opened = open_layout(
+        path,
+        storage_options=storage_options,
+        allow_outside_links=allow_outside_links,
+        allow_missing_footer=allow_missing_footer,
+        pin=False,
+    )
     return opened.layout, opened.client
 
 
@@ -209,7 +216,7 @@ def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
                     grace_s: float = 3600.0, allow_outside_links: bool = False) -> str:
     """Garbage-collect the dataset directory ``path`` (:func:`rowstore.gc_dataset`): only list
     what would go unless ``delete``."""
-    from rowstore.writer.dataset import gc
+    from rowstore.writer.gc import gc
 
     r = gc(path, dry_run=not delete, keep_versions=keep_versions, orphan_grace_s=grace_s,
            allow_outside_links=allow_outside_links)
@@ -229,7 +236,7 @@ def gc_dataset_text(path: str, *, delete: bool = False, keep_versions: int = 1,
 def repair_text(path: str, *, dry_run: bool = False, verify: bool = False,
                 allow_outside_links: bool = False) -> str:
     """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`)."""
-    from rowstore.writer.dataset import restore_pointer
+    from rowstore.writer.gc import restore_pointer
 
     r = restore_pointer(path, dry_run=dry_run, verify=verify,
                         allow_outside_links=allow_outside_links)

@@ -24,7 +24,9 @@ from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.errors import FormatError
 from rowstore.format import manifest
-from rowstore.writer.dataset import commit, gc, write_shard
+from rowstore.writer.commit import commit
+from rowstore.writer.dataset import write_shard
+from rowstore.writer.gc import gc
 
 SCHEMA = Schema([Field("x", "int64"), Field("t", BYTES)])
 

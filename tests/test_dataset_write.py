@@ -30,7 +30,9 @@ from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.codecs.blocks import compression_config
 from rowstore.format import footer, manifest, spec
-from rowstore.writer.dataset import DatasetWriter, ShardInfo, commit, gc, write_shard
+from rowstore.writer.commit import ShardInfo, commit
+from rowstore.writer.dataset import DatasetWriter, write_shard
+from rowstore.writer.gc import gc
 
 SCHEMA = Schema([Field("x", "int64"), Field("t", BYTES)])
 INLINE = Schema([Field("x", "int64")])

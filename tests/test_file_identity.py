@@ -17,7 +17,8 @@ import rowstore as rs
 from rowstore import cli
 from rowstore.errors import FormatError, StaleFileError
 from rowstore.format import footer
-from rowstore.writer.dataset import commit, write_shard
+from rowstore.writer.commit import commit
+from rowstore.writer.dataset import write_shard
 
 SCHEMA = rs.Schema([rs.Field("v", "int64")])
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -31,7 +31,6 @@ from rowstore._version import __version__
 from rowstore.bench import adapters, measure, report, runner, sources
 from rowstore.demo import DEMOS, default_cache_dir, make_demo
 from rowstore.errors import RowstoreError
-from rowstore.storage.url import is_url
 
 __all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path", "bench_cache_dir", "npy_export_dir",
            "clean_cache"]
@@ -251,7 +250,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         path = ensure_demo(args.demo, args.rows, cache_dir, log=log)
     else:
         path = args.path
-    remote = is_url(path)
+    path, options = storage.locate(path)
+    remote = options is not None
     if not remote and not os.path.exists(path):
         raise SystemExit(f"rowstore-bench: no such file or dataset: {path}")
     for name, v in (("--batch-size", args.batch_size), ("--repeats", args.repeats), ("--window", args.window)):

@@ -32,10 +32,21 @@ _WRITER = {
 }
 
 __all__ = [
-    "Layout", "Writer", "FORMAT_VERSION", "BlockCompression", "block_compression", "register_block_compression",
-    "DatasetWriter", "ShardInfo", "GCReport", "write_shard", "commit", "gc_dataset",
-    "restore_pointer", "PointerRepair",
-]  # fmt: skip
+    "Layout",
+    "Writer",
+    "FORMAT_VERSION",
+    "BlockCompression",
+    "block_compression",
+    "register_block_compression",
+    "DatasetWriter",
+    "ShardInfo",
+    "GCReport",
+    "write_shard",
+    "commit",
+    "gc_dataset",
+    "restore_pointer",
+    "PointerRepair",
+]
 
 
 def __getattr__(name: str) -> Any:

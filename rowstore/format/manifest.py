@@ -395,7 +395,9 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> t
         try:
             size = os.stat(ipath).st_size
         except FileNotFoundError:
-            raise MissingObjectError(f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath) from None
+            raise MissingObjectError(
+                f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath
+            ) from None
         if size != expect:
             raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
         with open(ipath, "rb") as f:
@@ -433,9 +435,19 @@ def commit_lock(root: str | os.PathLike) -> contextlib.AbstractContextManager[No
     return LocalDir(root).lock(f"{MANIFEST_DIR}/{LOCK}")
 
 
-def publish(root: str | os.PathLike | Destination, *, schema: Schema, attrs: dict, compression: dict,
-            heap_chunk_bytes: int, shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray],
-            heap_chunks: Sequence[np.ndarray], parent: int | None = None, expect: Any = ...) -> int:
+def publish(
+    root: str | os.PathLike | Destination,
+    *,
+    schema: Schema,
+    attrs: dict,
+    compression: dict,
+    heap_chunk_bytes: int,
+    shards: Sequence[dict[str, Any]],
+    blocks: Sequence[np.ndarray],
+    heap_chunks: Sequence[np.ndarray],
+    parent: int | None = None,
+    expect: Any = ...,
+) -> int:
     """Write the next version of the dataset at ``root`` (a directory, or any
     :class:`~rowstore.storage.base.Destination`) and make it current; returns it.
 

@@ -24,9 +24,9 @@ from rowstore.errors import MissingObjectError
 from rowstore.format import manifest as _manifest
 from rowstore.format.index import remote_file_layout
 from rowstore.format.shards import DatasetLayout
+from rowstore.storage import join, looks_like_file
 from rowstore.storage.local import pin_identities
 from rowstore.storage.objstore import Client, RemoteOptions
-from rowstore.storage.url import join, looks_like_file
 
 __all__ = ["Opened", "open_layout", "open_remote", "open_file", "remote_file_layout"]
 
@@ -54,33 +54,64 @@ class Opened:
     client: Client | None = None
 
 
-def open_layout(path: Any, *, version: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                cache: Any = None, remote: Mapping[str, Any] | None = None, allow_outside_links: bool = False,
-                allow_missing_footer: bool = False, pin: bool = True) -> Opened:
+def open_layout(
+    path: Any,
+    *,
+    version: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: Any = None,
+    remote: Mapping[str, Any] | None = None,
+    allow_outside_links: bool = False,
+    allow_missing_footer: bool = False,
+    pin: bool = True,
+) -> Opened:
     """The layout of the file or dataset at ``path`` (a path, ``file://`` or any fsspec URL,
     or a list of those read as one), as :func:`rowstore.open` takes it. ``pin``: each local
     shard that a manifest names by size is pinned to the file there now (inode, mtime), so
     that a shard replaced later under the same name and size is refused, not read."""
-    where, options = storage.locate(path, storage_options=storage_options, cache=cache, remote=remote)
+    where, options = storage.locate(
+        path, storage_options=storage_options, cache=cache, remote=remote
+    )
     if options is None:
-        layout = DatasetLayout.open(where, version=version, allow_outside_links=allow_outside_links,
-                                    allow_missing_footer=allow_missing_footer)
+        layout = DatasetLayout.open(
+            where,
+            version=version,
+            allow_outside_links=allow_outside_links,
+            allow_missing_footer=allow_missing_footer,
+        )
         if pin:
-            layout = dataclasses.replace(layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids))
+            layout = dataclasses.replace(
+                layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids)
+            )
         return Opened(layout)
     urls = list(where) if isinstance(where, (list, tuple)) else [where]
-    parts = [open_remote(u, options, version, allow_outside_links=allow_outside_links,
-                         allow_missing_footer=allow_missing_footer) for u in urls]
+    parts = [
+        open_remote(
+            u,
+            options,
+            version,
+            allow_outside_links=allow_outside_links,
+            allow_missing_footer=allow_missing_footer,
+        )
+        for u in urls
+    ]
     etags, shard0 = {}, 0
     for layout, learnt in parts:
         etags.update({shard0 + k: v for k, v in learnt["etags"].items()})
         shard0 += layout.num_shards
-    return Opened(DatasetLayout.concat([p[0] for p in parts]), options, etags, Client(urls[0], options))
+    return Opened(
+        DatasetLayout.concat([p[0] for p in parts]), options, etags, Client(urls[0], options)
+    )
 
 
-def open_remote(url: str, options: RemoteOptions, version: int | None = None, *,
-                allow_outside_links: bool = False,
-                allow_missing_footer: bool = False) -> tuple[DatasetLayout, dict]:
+def open_remote(
+    url: str,
+    options: RemoteOptions,
+    version: int | None = None,
+    *,
+    allow_outside_links: bool = False,
+    allow_missing_footer: bool = False,
+) -> tuple[DatasetLayout, dict]:
     """The layout of the dataset or single file at ``url``, and what was learnt about its
     objects (``{"etags": {shard: etag}, "requests": n}``); ``allow_outside_links``: as for
     :meth:`DatasetLayout.from_manifest` (a ``file://`` dataset's links)."""
@@ -104,7 +135,10 @@ def open_remote(url: str, options: RemoteOptions, version: int | None = None, *,
         cache = BlockCache(options.cache, options.cache_bytes)
     layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
     etag = layout.file_id[1] if len(layout.file_id) > 1 else None
-    return DatasetLayout.from_files([layout], path=url), {"etags": {0: etag}, "requests": client.requests}
+    return DatasetLayout.from_files([layout], path=url), {
+        "etags": {0: etag},
+        "requests": client.requests,
+    }
 
 
 def open_file(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:

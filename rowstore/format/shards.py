@@ -34,7 +34,7 @@ from rowstore.format.index import (
     schema_row_dtype,
 )
 from rowstore.schema import Schema
-from rowstore.storage import absolute, local_root, under
+from rowstore.storage import absolute, local_root, under_all
 from rowstore.storage.local import open_regular
 
 __all__ = ["DatasetLayout"]
@@ -219,8 +219,8 @@ class DatasetLayout(IndexSizes):
                 # (a FIFO in a shard's place is reported, not waited on)
                 source, size, close = self._shard_source(path, client)
             except (OSError, FormatError) as exc:
-                if isinstance(exc, RemoteError) or (client is not None and isinstance(exc, FormatError)
-                                                    and not isinstance(exc, MissingObjectError)):
+                io_failure = client is not None and isinstance(exc, FormatError)
+                if isinstance(exc, RemoteError) or (io_failure and not isinstance(exc, MissingObjectError)):
                     raise  # an I/O failure, not damage
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
@@ -346,7 +346,8 @@ class DatasetLayout(IndexSizes):
         return cls(
             path=path or " + ".join(L.path for L in layouts), schema=first.schema, user_attrs=first.user_attrs,
             compression=first.compression, heap_chunk_bytes=first.heap_chunk_bytes, row_dtype=first.row_dtype,
-            shard_paths=tuple(absolute(L.path) for L in layouts), shard_ids=tuple(L.file_id for L in layouts),
+            shard_paths=tuple(absolute(L.path) for L in layouts),
+            shard_ids=tuple(L.file_id for L in layouts),
             shard_rows=i64([L.num_rows for L in layouts]), shard_rpb=i64([L.rows_per_block for L in layouts]),
             shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]), shard_file_size=i64([L.file_size for L in layouts]),
             blocks=np.concatenate([L.blocks for L in layouts]), heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),
@@ -373,8 +374,7 @@ class DatasetLayout(IndexSizes):
             own = [_manifest.manifest_path(m.version), _manifest.index_path(m.version)]
             _manifest.check_inside(local, own, what="manifest file")
             _manifest.check_inside(local, sh["path"], what="shard path")
-        base = absolute(m.root)
-        paths = [under(base, p) for p in sh["path"]]  # plain relative paths (checked)
+        paths = under_all(absolute(m.root), sh["path"])  # plain relative paths (checked)
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root

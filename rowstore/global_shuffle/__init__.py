@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rowstore import storage
 from rowstore._check import nonneg_int, parse_bytes
 from rowstore.format import manifest
 from rowstore.global_shuffle._passes import (
@@ -47,8 +48,8 @@ from rowstore.global_shuffle._progress import Progress
 from rowstore.global_shuffle._work import LockedDir, remove_stale
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
-from rowstore.storage.url import is_url
-from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo, commit
+from rowstore.writer.commit import ShardInfo, commit
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 
 __all__ = ["shuffle", "ShuffleReport", "PassReport", "parse_bytes"]
@@ -159,9 +160,14 @@ def serial_map(fn: Callable[..., Any], args: Sequence[tuple], progress: Progress
 
 # -- the run -----------------------------------------------------------------------------------
 def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str]:
-    if is_url(out_path):
-        raise ValueError(f"shuffle: the output must be a local directory, got the URL {out_path!r}")
-    if not is_url(in_path) and not os.path.exists(in_path):  # (a URL is checked when opened)
+    try:
+        storage.local_only(out_path, "shuffle's output", file_urls=False)
+    except ValueError:
+        raise ValueError(
+            f"shuffle: the output must be a local directory, got the URL {out_path!r}"
+        ) from None
+    where, remote = storage.locate(in_path)
+    if remote is None and not os.path.exists(where):  # (a URL is checked when opened)
         raise FileNotFoundError(f"shuffle: input {in_path!r} does not exist")
     if os.path.lexists(out_path):
         raise FileExistsError(f"shuffle: output {out_path!r} exists; shuffle writes a new dataset (remove it first)")
@@ -187,7 +193,7 @@ def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, 
     if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or not 1 <= block_bytes <= 1 << 30:
         raise ValueError(f"block_bytes must be an int in 1..{1 << 30}, got {block_bytes!r}")
     src, dst = os.fspath(in_path), os.fspath(out_path)
-    if not is_url(src) and os.path.abspath(src) == os.path.abspath(dst):
+    if storage.absolute(src) == os.path.abspath(dst):
         raise ValueError(f"shuffle: the output {dst!r} is the input")
     parent, work = _check_paths(src, dst, None if tmp is None else os.fspath(tmp))
     return budget, shard_limit, parent, work

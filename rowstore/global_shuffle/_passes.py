@@ -24,7 +24,7 @@ from rowstore.format.index import Layout
 from rowstore.global_shuffle._plan import ROW_OVERHEAD, Plan, key_bounds, pile_of, row_keys
 from rowstore.reader.raw import RawSource
 from rowstore.schema import Schema
-from rowstore.writer.dataset import ShardInfo
+from rowstore.writer.commit import ShardInfo
 from rowstore.writer.file import Writer
 
 __all__ = ["Pile", "Counters", "OutputOptions", "scatter", "input_feed", "write_pile"]

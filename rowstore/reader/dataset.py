@@ -172,8 +172,15 @@ class Reader:
             raise TypeError(f"allow_outside_links must be a bool, got {allow_outside_links!r}")
         if isinstance(path, (list, tuple)):
             path = [os.fsdecode(p) if isinstance(p, bytes) else p for p in path]
-        opened = open_layout(path, version=version, storage_options=storage_options, cache=cache, remote=remote,
-                             allow_outside_links=allow_outside_links, allow_missing_footer=allow_missing_footer)
+        opened = open_layout(
+            path,
+            version=version,
+            storage_options=storage_options,
+            cache=cache,
+            remote=remote,
+            allow_outside_links=allow_outside_links,
+            allow_missing_footer=allow_missing_footer,
+        )
         self._remote, self._etags = opened.remote, dict(opened.etags)
         self._init_state(opened.layout)
 
@@ -183,8 +190,13 @@ class Reader:
         self.schema: Schema = layout.schema
         self._plans = plan_fields(layout.schema, layout.row_dtype)
         self._rpb = layout.rows_per_block
-        self._store: ChunkStore = chunk_store(layout.shard_paths, layout.shard_ids, remote=self._remote,
-                                              etags=self._etags, max_open=self.max_open_files)
+        self._store: ChunkStore = chunk_store(
+            layout.shard_paths,
+            layout.shard_ids,
+            remote=self._remote,
+            etags=self._etags,
+            max_open=self.max_open_files,
+        )
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
         self._decoder = Decoder(self.path, layout.where)
 

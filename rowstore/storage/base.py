@@ -53,32 +53,69 @@ class ChunkStore(Protocol):
     @property
     def max_open(self) -> int: ...
 
-    def fetch_ahead(self, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],
-                    keys_of: Callable[[Any], list[tuple[int, int, int]]]) -> Iterable[Any]:
+    def fetch_ahead(
+        self,
+        segments: Iterable[Any],
+        plan_segments: Callable[[], Iterable[Any]],
+        keys_of: Callable[[Any], list[tuple[int, int, int]]],
+    ) -> Iterable[Any]:
         """An epoch's ``segments`` (each giving chunk keys ``(shard, offset, stored)`` by
         ``keys_of``), with the chunks fetched ahead in that order where the store gains by it;
         ``plan_segments`` makes the same segments again, for the store's own iteration."""
 
-    def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray,
-                    checksums: np.ndarray, *, codec: tuple[int, int] | None, verify: bool,
-                    dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str,
-                    dst_stride: int = 0) -> None:
+    def load_chunks(
+        self,
+        shards: np.ndarray | None,
+        offsets: np.ndarray,
+        stored: np.ndarray,
+        checksums: np.ndarray,
+        *,
+        codec: tuple[int, int] | None,
+        verify: bool,
+        dst: np.ndarray,
+        raw_size: int,
+        scratch: np.ndarray,
+        what: str,
+        dst_stride: int = 0,
+    ) -> None:
         """Whole stored chunks (chunk i of shard ``shards[i]``), checked and decompressed into
         ``dst``."""
 
-    def read_rows(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
-                  dst: np.ndarray) -> None:
+    def read_rows(
+        self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray
+    ) -> None:
         """Single rows into ``dst`` (``direct`` stores only)."""
 
-    def read_rows_into(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
-                       segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray, *,
-                       check: np.ndarray | None = None, expect: np.ndarray | None = None) -> None:
+    def read_rows_into(
+        self,
+        shards: np.ndarray | None,
+        file_offsets: np.ndarray,
+        row_size: int,
+        segments: list[tuple[int, np.ndarray | None]],
+        sink: np.ndarray,
+        *,
+        check: np.ndarray | None = None,
+        expect: np.ndarray | None = None,
+    ) -> None:
         """Single rows cut straight into per-field arrays (``direct`` stores only)."""
 
-    def read_payloads(self, shards: np.ndarray | None, rowbuf: np.ndarray, row_size: int,
-                      ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                      chunk_offsets: np.ndarray, chunk_base: Any, chunk_bytes: int, out: np.ndarray,
-                      dst_offsets: np.ndarray, *, pages: tuple | None = None) -> None:
+    def read_payloads(
+        self,
+        shards: np.ndarray | None,
+        rowbuf: np.ndarray,
+        row_size: int,
+        ref_offset: int,
+        rows: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        chunk_offsets: np.ndarray,
+        chunk_base: Any,
+        chunk_bytes: int,
+        out: np.ndarray,
+        dst_offsets: np.ndarray,
+        *,
+        pages: tuple | None = None,
+    ) -> None:
         """Single heap payloads into ``out`` (``direct`` stores only)."""
 
     def close(self) -> None:
@@ -222,7 +259,9 @@ class StagedFile:
         Whether :attr:`path` is the final file (nothing to publish).
     """
 
-    def __init__(self, path: str, *, dest: Any = None, rel: str | None = None, staging: Staging | None = None):
+    def __init__(
+        self, path: str, *, dest: Any = None, rel: str | None = None, staging: Staging | None = None
+    ):
         self.path = path
         self.in_place = dest is None
         self._dest, self._rel, self._staging = dest, rel, staging

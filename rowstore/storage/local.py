@@ -626,8 +626,10 @@ class LocalStore:
         try:
             fd, st = open_regular(path)
         except FileNotFoundError:
-            raise MissingObjectError(f"{path!r} is missing (a shard of the dataset: removed or moved since it was opened)",
-                              path=path) from None
+            raise MissingObjectError(
+                f"{path!r} is missing (a shard of the dataset: removed or moved since it was opened)",
+                path=path,
+            ) from None
         want = self.file_ids[s]
         if want:
             have = file_identity(st) if len(want) > 1 else (st.st_size,)
@@ -806,8 +808,9 @@ class LocalDir:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size > limit:
-                    raise FormatError(f"{path!r}: has {size} bytes, more than the {limit} expected of it",
-                                      path=path)
+                    raise FormatError(
+                        f"{path!r}: has {size} bytes, more than the {limit} expected of it", path=path
+                    )
                 data = f.read(size + 1)  # sized by the file, not the limit
         except FileNotFoundError:
             raise MissingObjectError(f"{path!r} is missing", path=path) from None
@@ -839,8 +842,10 @@ class LocalDir:
 
     def replace(self, rel: str, data: bytes, *, expect: Any = ...) -> None:
         if expect is not ... and self.token(rel) != expect:
-            raise ObjectChangedError(f"{self._path(rel)!r} changed since it was read (another writer replaced it)",
-                                     path=self._path(rel))  # fmt: skip
+            where = self._path(rel)
+            raise ObjectChangedError(
+                f"{where!r} changed since it was read (another writer replaced it)", path=where
+            )
         self._write(rel, data, exclusive=False)
 
     def put_file(self, local: str, rel: str) -> None:

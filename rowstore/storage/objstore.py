@@ -129,6 +129,9 @@ def _no_bucket(exc: BaseException) -> bool:
                for e in (exc, exc.__cause__) if e is not None)
 
 
+_REPLACED = "{url!r} changed since it was read (another writer replaced it)"
+
+
 class _Short(Exception):
     def __init__(self, got: int, want: int):
         super().__init__(f"a response of {got} bytes for a range of {want} (short body or the server ignored Range)")
@@ -267,7 +270,9 @@ class Client:
         whole), retried as reads are."""
         self._retrying(url, None, None, lambda: self.fs.put_file(local, self.path(url)))
 
-    def put_bytes(self, url: str, data: bytes, *, create: bool = False, match: str | None = None) -> None:
+    def put_bytes(
+        self, url: str, data: bytes, *, create: bool = False, match: str | None = None
+    ) -> None:
         """Write ``data`` to ``url`` (one PUT). ``create``: only if there is no object there
         (else :class:`FileExistsError`); ``match``: only if the object's ETag is still that
         (else :class:`~rowstore.errors.ObjectChangedError`). Atomic where :attr:`conditional`,
@@ -283,7 +288,7 @@ class Client:
             if create and now is not None:
                 raise FileExistsError(f"{url!r} exists")
             if match is not None and now != match:
-                raise ObjectChangedError(f"{url!r} changed since it was read (another writer replaced it)", path=url)
+                raise ObjectChangedError(_REPLACED.format(url=url), path=url)
         failed: list[BaseException] = []
 
         def call() -> None:
@@ -301,7 +306,7 @@ class Client:
         if failed:
             if isinstance(failed[0], FileExistsError):
                 raise FileExistsError(f"{url!r} exists (written by another writer)")
-            raise ObjectChangedError(f"{url!r} changed since it was read (another writer replaced it)", path=url)
+            raise ObjectChangedError(_REPLACED.format(url=url), path=url)
 
     def etag_or_none(self, url: str) -> str | None:
         """The ETag of the object at ``url`` (``""`` when the store gives none); None if there

@@ -506,8 +506,10 @@ class RemoteDir:
             try:
                 self.client.put_bytes(self._url(rel), data, create=True)
             except FileExistsError:
-                raise ObjectChangedError(f"{self._url(rel)!r} was created by another writer meanwhile",
-                                         path=self._url(rel)) from None  # fmt: skip
+                where = self._url(rel)
+                raise ObjectChangedError(
+                    f"{where!r} was created by another writer meanwhile", path=where
+                ) from None
         else:
             self.client.put_bytes(self._url(rel), data, match=expect)
 

@@ -8,6 +8,14 @@ from rowstore.writer.file import Writer
 from rowstore.writer.gc import GCReport, PointerRepair, gc, restore_pointer
 
 __all__ = [
-    "Writer", "DatasetWriter", "ShardInfo", "write_shard", "discard", "commit", "gc", "GCReport",
-    "restore_pointer", "PointerRepair",
-]  # fmt: skip
+    "Writer",
+    "DatasetWriter",
+    "ShardInfo",
+    "write_shard",
+    "discard",
+    "commit",
+    "gc",
+    "GCReport",
+    "restore_pointer",
+    "PointerRepair",
+]

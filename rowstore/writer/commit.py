@@ -26,8 +26,7 @@ from rowstore.schema import Schema
 from rowstore.storage import Destination, destination, under
 from rowstore.writer.gc import DEFAULT_ORPHAN_GRACE_S, _collect
 
-__all__ = ["ShardInfo", "commit", "commit_to", "next_version"]
-
+__all__ = ["ShardInfo", "commit", "commit_to", "next_version", "reader"]
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,12 @@ class ShardInfo:
     def from_layout(cls, rel_path: str, layout: Layout) -> ShardInfo:
         """The info of the shard file at ``rel_path`` whose layout is given."""
         e = manifest.shard_entry(rel_path, layout)
-        return cls(**{k: e[k] for k in manifest.SHARD_KEYS}, schema=layout.schema.to_json_str(),
-                   compression=dict(layout.compression), heap_chunk_bytes=layout.heap_chunk_bytes)  # fmt: skip
+        return cls(
+            **{k: e[k] for k in manifest.SHARD_KEYS},
+            schema=layout.schema.to_json_str(),
+            compression=dict(layout.compression),
+            heap_chunk_bytes=layout.heap_chunk_bytes,
+        )
 
     @classmethod
     def committed(cls, root: str | os.PathLike, version: int | None = None) -> list[ShardInfo]:
@@ -79,8 +82,15 @@ class ShardInfo:
         out = []
         for i in range(m.num_shards):
             entry: dict[str, Any] = {k: int(cols[k][i]) for k in manifest.SHARD_KEYS[1:]}
-            out.append(cls(path=str(cols["path"][i]), **entry, schema=m.schema.to_json_str(),
-                           compression=dict(m.compression), heap_chunk_bytes=int(m.heap_chunk_bytes)))  # fmt: skip
+            out.append(
+                cls(
+                    path=str(cols["path"][i]),
+                    **entry,
+                    schema=m.schema.to_json_str(),
+                    compression=dict(m.compression),
+                    heap_chunk_bytes=int(m.heap_chunk_bytes),
+                )
+            )
         return out
 
     def entry(self) -> dict[str, Any]:
@@ -99,54 +109,85 @@ def _bad_shard(info: ShardInfo, msg: str) -> FormatError:
 def _check_info(dest: Destination, info: Any, storage_options: Mapping[str, Any] | None) -> Layout:
     """Check one shard file against its info; its layout."""
     if not isinstance(info, ShardInfo):
-        raise TypeError(f"commit takes ShardInfo objects (from write_shard), got {type(info).__name__}")
+        raise TypeError(
+            f"commit takes ShardInfo objects (from write_shard), got {type(info).__name__}"
+        )
     manifest._safe_relpath("commit", info.path)
     full = under(dest.root, info.path)
     try:
         layout = open_file(full, storage_options)
     except MissingObjectError:
-        raise MissingObjectError(f"shard {info.path!r} is missing: no file at {full!r} (was it written to another "
-                                 "dataset, or removed by gc?)", path=info.path) from None  # fmt: skip
+        raise MissingObjectError(
+            f"shard {info.path!r} is missing: no file at {full!r} (was it written to another "
+            "dataset, or removed by gc?)",
+            path=info.path,
+        ) from None
     except FormatError as exc:  # a file of another size is named as such, not by what broke in it
         size = dest.size(info.path)
         if size is not None and size != info.file_size:
-            raise _bad_shard(info, f"file has {size} bytes, expected {info.file_size} "
-                                   "(changed since it was written)") from exc  # fmt: skip
+            raise _bad_shard(
+                info,
+                f"file has {size} bytes, expected {info.file_size} (changed since it was written)",
+            ) from exc
         raise
     if layout.file_size != info.file_size:
-        raise _bad_shard(info, f"file has {layout.file_size} bytes, expected {info.file_size} "
-                               "(changed since it was written)")  # fmt: skip
+        raise _bad_shard(
+            info,
+            f"file has {layout.file_size} bytes, expected {info.file_size} "
+            "(changed since it was written)",
+        )
     got = ShardInfo.from_layout(info.path, layout)
     for k in manifest.SHARD_KEYS[1:]:
         if getattr(got, k) != getattr(info, k):
             what = "index CRC-32" if k == "index_crc32" else k
-            raise _bad_shard(info, f"{what} of the file is {getattr(got, k)}, expected {getattr(info, k)} "
-                                   "(the file is not the one written)")  # fmt: skip
+            raise _bad_shard(
+                info,
+                f"{what} of the file is {getattr(got, k)}, expected {getattr(info, k)} "
+                "(the file is not the one written)",
+            )
     if got.schema != info.schema:
         raise SchemaError(f"shard {info.path!r}: the file's schema differs from its ShardInfo's")
     if got.compression != info.compression or got.heap_chunk_bytes != info.heap_chunk_bytes:
-        raise _bad_shard(info, "the file's compression or heap_chunk_bytes differ from its ShardInfo's")
+        raise _bad_shard(
+            info, "the file's compression or heap_chunk_bytes differ from its ShardInfo's"
+        )
     return layout
 
 
 def _check_same(first: tuple[str, Schema, dict, int], info: ShardInfo, layout: Layout) -> None:
     where, schema, compression, H = first
     if layout.schema != schema:
-        raise SchemaError(f"shard {info.path!r}: its schema differs from {where}'s:\n{layout.schema}\nvs\n{schema}")
+        raise SchemaError(
+            f"shard {info.path!r}: its schema differs from {where}'s:\n"
+            f"{layout.schema}\nvs\n{schema}"
+        )
     if layout.compression != compression:
-        raise ValueError(f"shard {info.path!r}: compression {layout.compression} differs from {where}'s {compression}")
+        raise ValueError(
+            f"shard {info.path!r}: compression {layout.compression} differs from "
+            f"{where}'s {compression}"
+        )
     if layout.heap_chunk_bytes != H:
-        raise ValueError(f"shard {info.path!r}: heap_chunk_bytes {layout.heap_chunk_bytes} differs from {where}'s {H}")
+        raise ValueError(
+            f"shard {info.path!r}: heap_chunk_bytes {layout.heap_chunk_bytes} differs from "
+            f"{where}'s {H}"
+        )
 
 
 def _check_attrs(attrs: Any) -> dict:
     return attrs_json.check(attrs)
 
 
-def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: str = "w",
-           attrs: Mapping[str, Any] | None = None, orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
-           storage_options: Mapping[str, Any] | None = None) -> int:
-    """Publish the next version of the dataset at ``path``, made of shards written by :func:`write_shard`.
+def commit(
+    path: str | os.PathLike,
+    shard_infos: Sequence[ShardInfo],
+    *,
+    mode: str = "w",
+    attrs: Mapping[str, Any] | None = None,
+    orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+    storage_options: Mapping[str, Any] | None = None,
+) -> int:
+    """Publish the next version of the dataset at ``path``, made of shards written by
+    :func:`~rowstore.writer.dataset.write_shard`.
 
     Parameters
     ----------
@@ -205,21 +246,47 @@ def commit(path: str | os.PathLike, shard_infos: Sequence[ShardInfo], *, mode: s
             raise NotADirectoryError(f"{root!r} is a file; a dataset is a directory")
         infos = list(shard_infos)
         if infos and isinstance(infos[0], ShardInfo):
-            raise MissingObjectError(f"shard {infos[0].path!r} is missing: dataset directory {root!r} does not "
-                                     "exist", path=root)  # fmt: skip
-        raise ValueError(f"nothing to commit to {root!r}: no shards and no current version to append to")
-    return commit_to(dest, shard_infos, mode=mode, attrs=attrs, orphan_grace_s=orphan_grace_s,
-                     storage_options=storage_options)
+            raise MissingObjectError(
+                f"shard {infos[0].path!r} is missing: dataset directory {root!r} does not exist",
+                path=root,
+            )
+        raise ValueError(
+            f"nothing to commit to {root!r}: no shards and no current version to append to"
+        )
+    return commit_to(
+        dest,
+        shard_infos,
+        mode=mode,
+        attrs=attrs,
+        orphan_grace_s=orphan_grace_s,
+        storage_options=storage_options,
+    )
+
+
+def reader(dest: Destination) -> Any:
+    """The ``read`` that :func:`rowstore.format.manifest.load` takes for ``dest``'s objects
+    (None for a local directory: the manifest reads its files itself)."""
+    if dest.local_root is not None:
+        return None
+    n = len(dest.root) + 1
+    return lambda path, limit: dest.read_small(path[n:], limit)
 
 
 #: How many times a commit starts again after another commit published first.
 MAX_COMMIT_ATTEMPTS = 8
 
 
-def commit_to(dest: Destination, shard_infos: Sequence[ShardInfo], *, mode: str = "w",
-              attrs: Mapping[str, Any] | None = None, layouts: Sequence[Layout] | None = None,
-              orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S, storage_options: Mapping[str, Any] | None = None,
-              max_attempts: int = MAX_COMMIT_ATTEMPTS) -> int:
+def commit_to(
+    dest: Destination,
+    shard_infos: Sequence[ShardInfo],
+    *,
+    mode: str = "w",
+    attrs: Mapping[str, Any] | None = None,
+    layouts: Sequence[Layout] | None = None,
+    orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+    storage_options: Mapping[str, Any] | None = None,
+    max_attempts: int = MAX_COMMIT_ATTEMPTS,
+) -> int:
     """Publish the next version of the dataset at ``dest``: :func:`commit`'s algorithm.
 
     1. Check the arguments and each shard against its info (``layouts``: the shards' layouts,
@@ -246,7 +313,7 @@ def commit_to(dest: Destination, shard_infos: Sequence[ShardInfo], *, mode: str 
                 raise ValueError(f"shard {info.path!r} is given twice")
             seen.add(info.path)
     where = dest.root
-    read = None if dest.local_root is not None else (lambda p, n: dest.read_small(p[len(where) + 1 :], n))
+    read = reader(dest)
     with dest.lock(f"{manifest.MANIFEST_DIR}/{manifest.LOCK}"):
         if layouts is None:
             layouts = [_check_info(dest, info, storage_options) for info in infos]
@@ -258,31 +325,53 @@ def commit_to(dest: Destination, shard_infos: Sequence[ShardInfo], *, mode: str 
                 raise FileExistsError(f"{where!r} already holds a dataset (mode='x')")
             base = manifest.load(where, read=read) if mode == "a" and exists else None
             parent = _current_version(where, read) if exists else None
-            ref, entries, blocks, heap_chunks, new_attrs = next_version(where, base, infos, layouts, attrs)
+            ref, entries, blocks, heap_chunks, new_attrs = next_version(
+                where, base, infos, layouts, attrs
+            )
             try:
-                version = manifest.publish(dest, schema=ref[1], attrs=new_attrs, compression=ref[2],
-                                           heap_chunk_bytes=ref[3], shards=entries, blocks=blocks,
-                                           heap_chunks=heap_chunks, parent=parent, expect=token)  # fmt: skip
+                version = manifest.publish(
+                    dest,
+                    schema=ref[1],
+                    attrs=new_attrs,
+                    compression=ref[2],
+                    heap_chunk_bytes=ref[3],
+                    shards=entries,
+                    blocks=blocks,
+                    heap_chunks=heap_chunks,
+                    parent=parent,
+                    expect=token,
+                )
             except (FileExistsError, ObjectChangedError) as exc:  # another commit was first
                 conflict = exc
                 continue
             break
         else:
-            raise CommitConflictError(f"{where!r}: other commits published {max_attempts} times while this one "
-                                      f"tried to; nothing of this commit is current, commit again ({conflict})",
-                                      path=where)  # fmt: skip
+            raise CommitConflictError(
+                f"{where!r}: other commits published {max_attempts} times while this one "
+                f"tried to; nothing of this commit is current, commit again ({conflict})",
+                path=where,
+            )
         # Published: from here on nothing may fail the commit (a caller would discard its shards).
         if dest.local_root is not None:
             try:
                 _collect(dest.local_root, keep=None, grace_s=orphan_grace_s, dry_run=False)
             except (OSError, FormatError) as exc:
-                warnings.warn(f"rowstore: version {version} of {where!r} is committed, but removing leftovers "
-                              f"failed: {exc}", RuntimeWarning, stacklevel=3)  # fmt: skip
+                warnings.warn(
+                    f"rowstore: version {version} of {where!r} is committed, but removing "
+                    f"leftovers failed: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
     return version
 
 
-def next_version(where: str, base: manifest.Manifest | None, infos: Sequence[ShardInfo], layouts: Sequence[Layout],
-                 attrs: Mapping[str, Any] | None) -> tuple[tuple, list[dict], list[np.ndarray], list[np.ndarray], dict]:
+def next_version(
+    where: str,
+    base: manifest.Manifest | None,
+    infos: Sequence[ShardInfo],
+    layouts: Sequence[Layout],
+    attrs: Mapping[str, Any] | None,
+) -> tuple[tuple, list[dict], list[np.ndarray], list[np.ndarray], dict]:
     """What a commit publishes, from its checked shards (``layouts``, one per info) and the
     version it appends to (``base``, None for a new dataset): ``(ref, entries, blocks,
     heap_chunks, attrs)``, ``ref`` being ``(what, schema, compression, heap_chunk_bytes)`` every
@@ -292,11 +381,20 @@ def next_version(where: str, base: manifest.Manifest | None, infos: Sequence[Sha
         have = set(base.shards["path"])
         for info in infos:
             if info.path in have:
-                raise ValueError(f"shard {info.path!r} is already in version {base.version} of {where!r}")
+                raise ValueError(
+                    f"shard {info.path!r} is already in version {base.version} of {where!r}"
+                )
     elif layouts:
-        ref = (f"shard {infos[0].path!r}", layouts[0].schema, layouts[0].compression, layouts[0].heap_chunk_bytes)
+        ref = (
+            f"shard {infos[0].path!r}",
+            layouts[0].schema,
+            layouts[0].compression,
+            layouts[0].heap_chunk_bytes,
+        )
     else:
-        raise ValueError(f"nothing to commit to {where!r}: no shards and no current version to append to")
+        raise ValueError(
+            f"nothing to commit to {where!r}: no shards and no current version to append to"
+        )
     for info, layout in zip(infos, layouts):
         _check_same(ref, info, layout)
     entries, blocks, heap_chunks = _base_shards(base)
@@ -316,12 +414,17 @@ def _current_version(root: str, read: Any = None) -> int | None:
         return None
 
 
-def _base_shards(m: manifest.Manifest | None) -> tuple[list[dict], list[np.ndarray], list[np.ndarray]]:
+def _base_shards(
+    m: manifest.Manifest | None,
+) -> tuple[list[dict], list[np.ndarray], list[np.ndarray]]:
     """The entries and per-shard indexes of an existing version (copied out of its sidecar)."""
     if m is None:
         return [], [], []
     s = m.shards
-    entries = [{"path": p, **{k: int(s[k][i]) for k in manifest.SHARD_KEYS[1:]}} for i, p in enumerate(s["path"])]
+    entries = [
+        {"path": p, **{k: int(s[k][i]) for k in manifest.SHARD_KEYS[1:]}}
+        for i, p in enumerate(s["path"])
+    ]
     b_end, h_end = np.cumsum(s["blocks"]), np.cumsum(s["heap_chunks"])
     blocks = [m.blocks[int(e - n) : int(e)] for e, n in zip(b_end, s["blocks"])]
     heap_chunks = [m.heap_chunks[int(e - n) : int(e)] for e, n in zip(h_end, s["heap_chunks"])]

@@ -1,22 +1,26 @@
-"""Writing datasets of many files: shards, commits of manifest versions, and their garbage collection.
+"""Writing datasets of many files: shards, and :class:`DatasetWriter` (publishing a version is
+:mod:`.commit`'s, garbage collection :mod:`.gc`'s).
 
-A dataset is a directory (:mod:`.manifest` declares it): ``rowstore.json`` names the current
+A dataset is a directory or an object store prefix (:mod:`rowstore.format.manifest` declares
+it): ``rowstore.json`` names the current
 manifest version, which names shard files under ``shards/``. Writing one takes two phases:
 
 1. :func:`write_shard` writes one shard file (an ordinary format-v1 file, by :class:`.Writer`)
    under a unique name and returns a :class:`ShardInfo`. It takes no lock and needs nothing of the
    dataset, so it runs anywhere (Dask/Spark workers, other processes); nothing is visible to
    readers yet, since no manifest names the file.
-2. :func:`commit` checks the files against their :class:`ShardInfo` and publishes the next
-   manifest version naming them (under the dataset's commit lock), then removes leftovers.
+2. :func:`~rowstore.writer.commit.commit` checks the files against their :class:`ShardInfo`
+   and publishes the next manifest version naming them, then removes leftovers.
 
 :class:`DatasetWriter` does both in one process with the :class:`.Writer` API, rolling over to a
-new shard every ``shard_bytes``. :func:`gc` removes old versions and the shards only they name.
+new shard every ``shard_bytes``. :func:`~rowstore.writer.gc.gc` removes old versions and the
+shards only they name. At a URL, shards are made in a local staging directory
+(:meth:`~rowstore.storage.base.Destination.staging`) and each is uploaded when complete.
 
 Crash safety: a shard file appears only complete (its own atomic commit); the new version appears
 only when the pointer is replaced, after its sidecar and manifest are complete. A process killed
 at any moment leaves the previous version current, plus files no version names (shards not yet
-committed, temporary files), which the next :func:`commit` or :func:`gc` removes once they are
+committed, temporary files), which the next commit or gc removes once they are
 older than the grace period (so that the shards of jobs still writing survive).
 """
 
@@ -44,19 +48,15 @@ from rowstore.format.index import Layout
 from rowstore.schema import Schema
 from rowstore.storage import destination
 from rowstore.storage.base import Staging
-from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to
+from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to, reader
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
-from rowstore.writer.gc import GCReport, PointerRepair, _shard_paths, gc, restore_pointer
+from rowstore.writer.gc import _shard_paths
 from rowstore.writer.values import as_columns
 
-__all__ = ["ShardInfo", "write_shard", "discard", "DatasetWriter", "DEFAULT_SHARD_BYTES",
-           "commit", "gc", "GCReport", "restore_pointer", "PointerRepair"]
+__all__ = ["write_shard", "discard", "DatasetWriter", "DEFAULT_SHARD_BYTES"]
 
 #: Default target size of one shard of a :class:`DatasetWriter` (raw bytes of rows and heap).
 DEFAULT_SHARD_BYTES = 256 << 20
-#: Default age (seconds, by mtime) below which a file that no manifest names is kept: it may be a
-#: shard that a job still writing will commit.
-DEFAULT_ORPHAN_GRACE_S = 3600.0
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
@@ -472,9 +472,13 @@ class DatasetWriter(Closing):
     def _published(self) -> bool:
         """Whether the current version names one of this writer's shards (a commit that failed
         after publishing: its shards must stay)."""
-        if not self._infos or not manifest.is_dataset(self.path):
+        if not self._infos:
             return False
+        root, read = self._dest.root, reader(self._dest)
         try:
-            return bool(set(_shard_paths(self.path, manifest.read_pointer(self.path)[0])) & {i.path for i in self._infos})
+            if self._dest.token(manifest.POINTER) is None:
+                return False
+            current = manifest.read_pointer(root, read=read)[0]
+            return bool(set(_shard_paths(root, current, read)) & {i.path for i in self._infos})
         except (OSError, FormatError):
             return True  # cannot tell: keep the files (gc removes them if they are orphans)

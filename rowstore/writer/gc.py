@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rowstore.errors import FormatError
 from rowstore.format import manifest
@@ -70,11 +71,11 @@ class GCReport:
         return self.manifests + self.shards + self.temporaries
 
 
-def _read_names(root: str, version: int) -> tuple[list[str], int | None]:
+def _read_names(root: str, version: int, read: Any = None) -> tuple[list[str], int | None]:
     """The shard paths a manifest names and its parent version (read without its sidecar:
-    cheap, for gc)."""
+    cheap, for gc; ``read`` as for :func:`rowstore.format.manifest.load`)."""
     mpath = os.path.join(root, manifest.manifest_path(version))
-    m = manifest._json_object(mpath, manifest._read_small(mpath, manifest.MAX_MANIFEST_BYTES))
+    m = manifest._json_object(mpath, (read or manifest._read_small)(mpath, manifest.MAX_MANIFEST_BYTES))
     entries = m.get("shards")
     if not isinstance(entries, list):
         raise FormatError(f"{mpath!r}: 'shards' must be a list", path=mpath)
@@ -84,8 +85,8 @@ def _read_names(root: str, version: int) -> tuple[list[str], int | None]:
     return paths, parent if isinstance(parent, int) and not isinstance(parent, bool) else None
 
 
-def _shard_paths(root: str, version: int) -> list[str]:
-    return _read_names(root, version)[0]
+def _shard_paths(root: str, version: int, read: Any = None) -> list[str]:
+    return _read_names(root, version, read)[0]
 
 
 _SIDE_FILE = re.compile(r"v(\d{8})\.(json|index)")

@@ -19,7 +19,7 @@ from rowstore.errors import SchemaError
 from rowstore.format import commit, manifest, write_shard
 from rowstore.global_shuffle import shuffle as local_shuffle
 from rowstore.schema import Field, Schema
-from rowstore.writer.dataset import ShardInfo
+from rowstore.writer.commit import ShardInfo
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES
 from rowstore.xarray._meta import (
     META_KEY,

@@ -31,8 +31,11 @@ ROWS = 900
 def dataset_dir(root: str) -> str:
     """An uncompressed dataset of several shards under ``root``/ds; its path."""
     path = os.path.join(root, "ds")
-    cols = {"x": np.arange(ROWS * 3, dtype=np.float32).reshape(ROWS, 3),
-            "label": np.arange(ROWS, dtype=np.int64), "text": [f"t{i}" for i in range(ROWS)]}
+    cols = {
+        "x": np.arange(ROWS * 3, dtype=np.float32).reshape(ROWS, 3),
+        "label": np.arange(ROWS, dtype=np.int64),
+        "text": [f"t{i}" for i in range(ROWS)],
+    }
     with rowstore.DatasetWriter(path, SCHEMA, shard_bytes=12_000, block_bytes=2048) as w:
         w.write_batch(cols)
     return path
@@ -145,7 +148,9 @@ class ChunkStoreTests:
     @staticmethod
     def store_of(opened) -> ChunkStore:
         L = opened.layout
-        return storage.chunk_store(L.shard_paths, L.shard_ids, remote=opened.remote, etags=opened.etags)
+        return storage.chunk_store(
+            L.shard_paths, L.shard_ids, remote=opened.remote, etags=opened.etags
+        )
 
     @staticmethod
     def expected_blocks(opened, local_dir: str) -> bytes:
@@ -164,9 +169,19 @@ class ChunkStoreTests:
         L, a = opened.layout, opened.layout.arrays()
         raw = L.block_raw_bytes
         dst = np.empty(L.num_blocks * raw, np.uint8)
-        store.load_chunks(L.block_shard, a["offset"], a["stored"], a["checksum"] if checksums is None else checksums,
-                          codec=L.frame_check(), verify=True, dst=dst, raw_size=raw,
-                          scratch=np.empty(int(a["stored"].max()), np.uint8), what="block", dst_stride=raw)
+        store.load_chunks(
+            L.block_shard,
+            a["offset"],
+            a["stored"],
+            a["checksum"] if checksums is None else checksums,
+            codec=L.frame_check(),
+            verify=True,
+            dst=dst,
+            raw_size=raw,
+            scratch=np.empty(int(a["stored"].max()), np.uint8),
+            what="block",
+            dst_stride=raw,
+        )
         return dst
 
     def test_is_a_chunk_store(self, served):
@@ -195,9 +210,18 @@ class ChunkStoreTests:
         a = L.arrays()
         raw = L.block_raw_bytes
         with pytest.raises(MissingObjectError) as ei:
-            store.load_chunks(None, a["offset"][:1], a["stored"][:1], a["checksum"][:1], codec=L.frame_check(),
-                              verify=True, dst=np.empty(raw, np.uint8), raw_size=raw,
-                              scratch=np.empty(int(a["stored"].max()), np.uint8), what="block")
+            store.load_chunks(
+                None,
+                a["offset"][:1],
+                a["stored"][:1],
+                a["checksum"][:1],
+                codec=L.frame_check(),
+                verify=True,
+                dst=np.empty(raw, np.uint8),
+                raw_size=raw,
+                scratch=np.empty(int(a["stored"].max()), np.uint8),
+                what="block",
+            )
         assert isinstance(ei.value, FileNotFoundError)
 
     def test_survives_pickling_and_close(self, served):

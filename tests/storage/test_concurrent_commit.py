@@ -7,6 +7,7 @@ directory (each has read the pointer and the version it builds on by then) until
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -14,8 +15,11 @@ import pytest
 
 import rowstore
 from rowstore import Field, Schema
+from rowstore.errors import CommitConflictError, ObjectChangedError
 from rowstore.format import manifest
+from rowstore.storage.local import LocalDir
 from rowstore.storage.objstore import Client, RemoteOptions
+from rowstore.writer.commit import commit_to
 
 pytest.importorskip("s3fs")
 
@@ -86,16 +90,22 @@ def test_two_concurrent_remote_commits_lose_no_version(s3_server, mode):
     hold = _BothListFirst(fs, 2)
     fs.ls = hold
     try:
-        versions, errors = _run_both([
-            lambda: rowstore.commit(url, [a], mode=mode, storage_options=so),
-            lambda: rowstore.commit(url, [b], mode=mode, storage_options=so),
-        ])
+        versions, errors = _run_both(
+            [
+                lambda: rowstore.commit(url, [a], mode=mode, storage_options=so),
+                lambda: rowstore.commit(url, [b], mode=mode, storage_options=so),
+            ]
+        )
     finally:
         fs.ls = hold.inner
     assert not errors, errors
     first_won, last = sorted(versions)
     assert first_won != last  # both published, each its own version
-    assert _chain(url, so) == [last, first_won, 1]  # the winner's version is the loser's parent: none lost
+    assert _chain(url, so) == [
+        last,
+        first_won,
+        1,
+    ]  # the winner's version is the loser's parent: none lost
     c = Client(url, RemoteOptions.make(so, None, None))
     shards = {v: set(manifest.load(url, v, read=c.cat_small).shards["path"]) for v in versions}
     if mode == "a":  # the loser appended to the winner's version
@@ -103,3 +113,26 @@ def test_two_concurrent_remote_commits_lose_no_version(s3_server, mode):
         assert len(rowstore.open(url, storage_options=so)) == 22
     else:  # each version holds exactly its commit's shards
         assert set(map(frozenset, shards.values())) == {frozenset({a.path}), frozenset({b.path})}
+
+
+class _PointerAlwaysMoved(LocalDir):
+    """A directory where another commit always moves the pointer first."""
+
+    def replace(self, rel, data, *, expect=...):
+        raise ObjectChangedError(f"{rel!r} changed since it was read", path=rel)
+
+
+def test_a_commit_that_keeps_losing_the_race_fails_clearly_and_leaves_nothing(tmp_path):
+    root = str(tmp_path / "ds")
+    assert rowstore.commit(root, [rowstore.write_shard(root, SCHEMA, {"x": np.arange(3)})]) == 1
+    late = rowstore.write_shard(root, SCHEMA, {"x": np.arange(3, 6)})
+    with pytest.raises(CommitConflictError, match="3 times") as ei:
+        commit_to(_PointerAlwaysMoved(root), [late], mode="a", max_attempts=3)
+    assert ei.value.path == root
+    assert manifest.read_pointer(root)[0] == 1
+    assert sorted(os.listdir(os.path.join(root, manifest.MANIFEST_DIR))) == [
+        ".lock",
+        "v00000001.index",
+        "v00000001.json",
+    ]
+    assert len(rowstore.open(root)) == 3

@@ -42,7 +42,9 @@ def s3_dataset(local_dataset, s3_server):
     fsspec = pytest.importorskip("fsspec")
     pytest.importorskip("s3fs")
     _, so = s3_server
-    fsspec.filesystem("s3", **so).put(local_dataset + "/", "rowstore/conformance/ds/", recursive=True)
+    fsspec.filesystem("s3", **so).put(
+        local_dataset + "/", "rowstore/conformance/ds/", recursive=True
+    )
     return "s3://rowstore/conformance/ds", so
 
 
@@ -75,3 +77,27 @@ class TestHTTPStore(ChunkStoreTests):
 def test_http_is_not_a_destination():
     with pytest.raises(ValueError, match="read-only"):
         storage.destination("http://127.0.0.1:1/data")
+
+
+# -- a missing object is a FileNotFoundError, by contract ----------------------------------------
+def test_missing_remote_dataset_and_shard_are_file_not_found(s3_server, tmp_path):
+    pytest.importorskip("s3fs")
+    import numpy as np
+
+    import rowstore
+
+    _, so = s3_server
+    with pytest.raises(FileNotFoundError) as ei:
+        rowstore.open("s3://rowstore/no-such-dataset", storage_options=so)
+    assert isinstance(ei.value, rowstore.FormatError) and "no-such-dataset" in str(ei.value)
+    url = "s3://rowstore/missing-shard"
+    info = rowstore.write_shard(
+        url,
+        rowstore.Schema([rowstore.Field("x", "int64")]),
+        {"x": np.arange(5)},
+        storage_options=so,
+    )
+    storage.destination(url, so).remove(info.path)
+    with pytest.raises(FileNotFoundError, match="is missing") as ei:
+        rowstore.commit(url, [info], storage_options=so)
+    assert isinstance(ei.value, rowstore.FormatError) and ei.value.path == info.path

@@ -29,7 +29,7 @@ import numpy as np
 from rowstore._payloads import Decode
 from rowstore.errors import FormatError, SchemaError
 from rowstore.schema import BYTES, STR, Field, field_name
-from rowstore.storage.url import local_path
+from rowstore.storage import local_path
 
 __all__ = [
     "UNISCHEMA_KEY",

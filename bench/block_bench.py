@@ -1,4 +1,4 @@
-"""Block mode, gather bandwidth and shuffle quality (issue 18.5-18.7), before and after in one run.
+"""Block mode, gather bandwidth and shuffle quality, before and after in one run.
 
     python bench/block_bench.py [--before /path/to/previous/checkout] [--reps 5] [--rounds 2]
                                 [--out bench/results/block_bench.json] [--cache-dir DIR]

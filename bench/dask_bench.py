@@ -1,4 +1,4 @@
-"""Dask ``to_rowstore`` on a 2-process LocalCluster against a single-process write (issue 12).
+"""Dask ``to_rowstore`` on a 2-process LocalCluster against a single-process write.
 
     python bench/dask_bench.py [--rows 4300] [--partitions 8] [--repeats 3] [--dir DIR]
                                [--out bench/results/dask_bench.json]

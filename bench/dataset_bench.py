@@ -1,4 +1,4 @@
-"""Datasets of many files against one file, in the same run (issue 10's measurements).
+"""Datasets of many files against one file, in the same run.
 
     python bench/dataset_bench.py [--repeats 5] [--shards 16] [--out bench/results/dataset_bench.json]
 

@@ -1,5 +1,5 @@
 """Opening a single file: format v2 (the footer, no libhdf5) vs v1 (h5py reads the attributes
-and the index datasets), locally and over HTTP (issue 17).
+and the index datasets), locally and over HTTP.
 
 Writes two files of ``i int32`` rows: *small* (50 rows, 7 blocks) and *many-blocks* (``--blocks``
 blocks of one row each, 100,000 by default: a 5.6 MB index). Each is read as written (v2) and as

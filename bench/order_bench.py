@@ -1,4 +1,4 @@
-"""The dealt epoch's costs (issue 16): read locality, shuffle quality against window, and speed.
+"""The dealt epoch's costs: read locality, shuffle quality against window, and speed.
 
     python bench/order_bench.py [--repeats 3] [--out bench/results/order_bench.json]
 

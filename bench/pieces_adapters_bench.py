@@ -1,4 +1,4 @@
-"""``pieces=`` through the adapters (issue 18.6): one epoch of the tiny demo rows (72 B) at batch
+"""``pieces=`` through the adapters: one epoch of the tiny demo rows (72 B) at batch
 1024 through ``Reader.batches``, ``rowstore.torch.BatchedDataLoader`` and ``rowstore.tf.make_dataset``
 with ``window=16`` and with ``window=128, pieces=8``, every batch touched; medians of
 ``--repeats`` epochs per configuration, configurations interleaved. Rows per CPU second (user +

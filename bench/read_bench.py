@@ -1,4 +1,4 @@
-"""Read benchmark of the four workloads of DESIGN.md (issue 3): rowstore against the loaders a
+"""Read benchmark of the four workloads of DESIGN.md: rowstore against the loaders a
 user would write by hand, on the same data, in the same run, with memcpy as the ceiling.
 
     python bench/read_bench.py [--quick] [--out bench/results/read_bench.json] [--doc docs/performance.md]
@@ -78,7 +78,7 @@ def run_workload(name: str, rows: int, cfg: dict[str, Any], st: dict[str, Any], 
             specs.append(dict(common, kind="rowstore", mode="numpy", shuffle=shuffle, threads=t_,
                               repeats=st["rowstore_repeats"]))
     if cfg.get("adapters") and not quick_adapters_off():
-        # The framework paths on raw rows (issues 4 and 5), next to the core reader: torch's
+        # The framework paths on raw rows, next to the core reader: torch's
         # BatchedDataLoader, a DataLoader over the map-style Dataset with 0 and 2 workers, and
         # rowstore.tf's tf.data pipeline.
         for mode, extra in (("torch-batched", {}), ("torch", {"workers": 0}), ("torch", {"workers": 2}), ("tf", {})):
@@ -148,7 +148,7 @@ def _shared(machine: dict, ws: dict) -> bool:
 
 
 def check_targets(ws: dict[str, dict], memcpy_gbps: float) -> list[dict[str, Any]]:
-    """The targets of issue 3, each with its figures and PASS/MISS."""
+    """The targets of DESIGN.md, each with its figures and PASS/MISS."""
     out = []
 
     def add(name: str, value: float, threshold: float, figures: str, *, at_most: bool = False) -> None:

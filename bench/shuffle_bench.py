@@ -1,4 +1,4 @@
-"""The global shuffle against a plain copy of the same bytes, in the same run (issue 13).
+"""The global shuffle against a plain copy of the same bytes, in the same run.
 
     python bench/shuffle_bench.py [--data-mb 1024] [--memory 256MiB] [--repeats 3]
                                   [--dir DIR] [--out bench/results/shuffle_bench.json]

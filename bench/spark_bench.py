@@ -1,5 +1,5 @@
 """rowstore.spark.write against Petastorm's materialize_dataset + Parquet write, and reading the
-results: rowstore's torch loader against petastorm.pytorch.BatchedDataLoader (issue 15).
+results: rowstore's torch loader against petastorm.pytorch.BatchedDataLoader.
 
     python bench/spark_bench.py [--rows 128] [--repeats 3] [--petastorm-python /tmp/petastorm-venv/bin/python]
                                 [--out bench/results/spark_bench.json]

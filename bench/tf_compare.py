@@ -1,4 +1,4 @@
-"""rowstore.tf against the core reader and against TFRecord files read with tf.data (issue 5).
+"""rowstore.tf against the core reader and against TFRecord files read with tf.data.
 
     python bench/tf_compare.py [--quick] [--repeats 3] [--out bench/results/tf_compare.json] [--doc docs/tf.md]
 

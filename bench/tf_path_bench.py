@@ -1,4 +1,4 @@
-"""The tf.data path against the core reader, before and after a change, in one run (issue 18.3).
+"""The tf.data path against the core reader, before and after a change, in one run.
 
     python bench/tf_path_bench.py [--rows 1000000] [--batch 256 1024] [--repeats 3]
         [--before /path/to/other/rowstore/tf.py] [--out bench/results/tf_path_bench.json]

@@ -1,4 +1,4 @@
-"""The torch path at ordinary batch sizes (issue 18.4), against the core reader in the same run.
+"""The torch path at ordinary batch sizes, against the core reader in the same run.
 
 Two parts, on the ``tiny`` demo (float32[16] + int64 label, 72-byte rows, uncompressed, warm cache):
 

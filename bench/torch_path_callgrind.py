@@ -1,4 +1,4 @@
-"""Instruction counts of the torch path's per-batch cost (issue 18.4), independent of the load.
+"""Instruction counts of the torch path's per-batch cost, independent of the load.
 
 Runs ``Reader.batches`` and ``BatchedDataLoader`` epochs (one reader thread, so the counts are
 stable) between calls to ``os.getppid``, which callgrind is told to dump before:

@@ -1,4 +1,4 @@
-"""``write_patches`` on a Dask-backed grid against the alternatives users write today (issue 14).
+"""``write_patches`` on a Dask-backed grid against the alternatives users write today.
 
     python bench/xarray_bench.py [--time 32] [--repeats 3] [--dir DIR] [--out bench/results/xarray_bench.json]
 

@@ -23,17 +23,7 @@ from rowstore.errors import (
     SchemaError,
     WriterClosedError,
 )
-from rowstore.format import (
-    FORMAT_VERSION,
-    DatasetWriter,
-    Layout,
-    ShardInfo,
-    Writer,
-    commit,
-    gc_dataset,
-    restore_pointer,
-    write_shard,
-)
+from rowstore.format import FORMAT_VERSION, Layout
 from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = [
@@ -57,6 +47,10 @@ _LAZY = {
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",
 }  # fmt: skip
+# The write path loads on first use too: importing the format's declarations (or reading
+# files) does not import the writer.
+_LAZY.update(dict.fromkeys(["Writer", "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset",
+                            "restore_pointer"], "rowstore.format"))  # fmt: skip
 #: The extra and the optional packages a lazy module needs (``pip install rowstore[<extra>]``).
 _NEEDS = {
     "rowstore.pandas": ("pandas", ("pandas", "pyarrow")),
@@ -73,20 +67,22 @@ def _installed(module):
 # ``from rowstore import *`` imports every lazy name whose optional packages are installed (a
 # name whose package is missing stays reachable as ``rowstore.<name>``, which says what to
 # install); dir() lists them all.
-__all__ += [name for name, module in _LAZY.items() if _installed(module)]
+__all__ += [name for name, module in _LAZY.items() if name not in __all__ and _installed(module)]
 
 
 def __getattr__(name):
-    """The names of ``_LAZY`` (:class:`~rowstore.reader.Reader`, ``from_pandas``/``read_pandas``
-    (pandas), ``shuffle``, ``order_quality``, ``from_arrow``/``from_parquet`` (pyarrow),
-    ``make_reader``/``make_batch_reader`` and ``TransformSpec``) import their modules on first
-    use only."""
+    """The names of ``_LAZY`` (the writer's names, :class:`~rowstore.reader.Reader`,
+    ``from_pandas``/``read_pandas`` (pandas), ``shuffle``, ``order_quality``,
+    ``from_arrow``/``from_parquet`` (pyarrow), ``make_reader``/``make_batch_reader`` and
+    ``TransformSpec``) import their modules on first use only."""
     if name in _LAZY:
         import importlib
 
         module = _LAZY[name]
         try:
-            return getattr(importlib.import_module(module), name)
+            value = getattr(importlib.import_module(module), name)
+            globals()[name] = value  # later lookups are plain attribute reads
+            return value
         except ModuleNotFoundError as exc:
             extra, packages = _NEEDS.get(module, ("", ()))
             if exc.name not in packages:

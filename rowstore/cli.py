@@ -271,7 +271,7 @@ def _positive(text: str) -> int:
     return n
 
 
-# -- shuffle and quality (issue 13) ------------------------------------------------------------
+# -- shuffle and quality ------------------------------------------------------------
 def _add_shuffle_commands(sub: Any) -> None:
     p = sub.add_parser("shuffle", help="write a globally shuffled copy as a new dataset, through bounded memory "
                                        "(two passes over raw stored rows)")

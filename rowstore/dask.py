@@ -386,7 +386,7 @@ def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks
                            divisions=divisions, enforce_metadata=False)  # fmt: skip
 
 
-# -- global shuffle on a cluster (issue 13) -----------------------------------------------------
+# -- global shuffle on a cluster -----------------------------------------------------
 def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
             tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
             block_bytes: int = 1 << 20, compression: Any = "same", verify: bool | str = True, progress: bool = False,

@@ -358,7 +358,7 @@ def test_read_bench_checks_the_targets_of_every_workload():
     }  # fmt: skip
 
 
-# -- the command's cache, plots without matplotlib, dataset directories (issue 18.9) ------------
+# -- the command's cache, plots without matplotlib, dataset directories ------------
 def test_plot_without_matplotlib_says_what_to_install(user_file, tmp_path):
     # matplotlib blocked in a fresh interpreter (None in sys.modules: its import fails as if it
     # were not installed): a one-line error naming the package, before anything is measured.

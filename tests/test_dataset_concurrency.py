@@ -1,6 +1,6 @@
 """Many readers while a dataset grows: readers in several processes open and read the dataset
 over and over while another process commits appends; every read sees exactly one committed
-version, complete (issue 17: concurrency; issue 10: versions)."""
+version, complete (concurrency; versions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Writing datasets of many files (issue 10, writer side): DatasetWriter, write_shard + commit
+"""Writing datasets of many files: DatasetWriter, write_shard + commit
 from several processes, commit's checks, gc, and a SIGKILL campaign (the dataset is always the
 previous version or the new complete one).
 

@@ -1,4 +1,4 @@
-"""A user who changes nothing never gets a corrupted value without an error (issue 17): on
+"""A user who changes nothing never gets a corrupted value without an error: on
 uncompressed files the default reader reads single rows and payloads directly, and what such a
 read touches is checksummed the first time (per reader and process): the pages of a v3 file's
 page index (these files; test_page_index.py covers rows of a page or more), each chunk whole

@@ -1,5 +1,5 @@
 """Format v2: a single file ends with a rowstore-owned, checksummed footer (schema, attributes,
-both indexes) that it is opened from without libhdf5 (issue 17). Damaged or edited footers are
+both indexes) that it is opened from without libhdf5. Damaged or edited footers are
 refused, truncations and appended bytes give an error or the exact rows, appends keep a footer,
 v1 files still read (and become v2 when appended to), remote opens read the footer in one GET."""
 

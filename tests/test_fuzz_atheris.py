@@ -1,4 +1,4 @@
-"""The coverage-guided fuzzer's target (``tools/robustness/fuzz_atheris.py``, issue 17) without atheris:
+"""The coverage-guided fuzzer's target (``tools/robustness/fuzz_atheris.py``) without atheris:
 the committed corpus and every crasher found replay through the normal build (each input in a
 child process with a timeout, the fuzzer's oracle: a ``RowstoreError`` or the rows read), and
 the structure-aware inputs do what the campaign relies on (a resealed mutation gets past the

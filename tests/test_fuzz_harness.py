@@ -1,4 +1,4 @@
-"""The mutation fuzzer of ``tools/robustness/fuzz.py`` (issue 17), restricted to mutations inside chunk
+"""The mutation fuzzer of ``tools/robustness/fuzz.py``, restricted to mutations inside chunk
 bytes (block and heap chunks: row bytes, heap references, Blosc2 frame and chunk headers):
 every such damage is covered by the chunk CRCs and the kernels' bounds checks, so ~100 cases
 must give no crash, hang, leaked exception or wrong data."""

@@ -1,6 +1,6 @@
 """Hostile metadata (attributes, schema JSON, index entries, dataset kinds) edited into valid
 files: opening, reading and verifying raise a RowstoreError (or the system's OSError), never
-another exception, a crash or an unbounded allocation (issue 17).
+another exception, a crash or an unbounded allocation.
 
 The edits are made with h5py, which writes over a v2 file's footer: these files are read through
 libhdf5, as v1 files are (the v1 path). The same attribute cases written into a v2 footer, with

@@ -547,7 +547,7 @@ def test_nothing_imports_the_old_single_kernel_module():
 
 def test_heap_kernels_refuse_a_non_contiguous_out(tmp_path):
     """``out`` is filled through a flat view of its memory: a strided array would reshape into
-    a copy that is filled and thrown away, so the wrappers refuse it (issue 9)."""
+    a copy that is filled and thrown away, so the wrappers refuse it."""
     row_size, ref = 24, 4
     src, heap, payloads, offs = make_heap_case(row_size=row_size, ref_offset=ref)
     rows = np.arange(50, dtype=np.int64)

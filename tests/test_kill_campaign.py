@@ -1,4 +1,4 @@
-"""The SIGKILL campaign of ``tools/robustness/kill_campaign.py`` (issue 17), small: 12 kills over its six
+"""The SIGKILL campaign of ``tools/robustness/kill_campaign.py``, small: 12 kills over its six
 local write scenarios (Writer modes w and a, DatasetWriter modes a and w, write_shard + commit,
 gc_dataset), raw and lz4, each leaving exactly the old or the new content and a target that
 recovers without temporaries or orphans; then one kill each of ``rowstore shuffle``, a Dask

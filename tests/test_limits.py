@@ -1,6 +1,6 @@
 """Hostile sizes in a file are refused against the limits of ``rowstore.format.spec`` before
 they size an allocation: a FormatError naming what was declared, never a MemoryError or a
-multi-terabyte allocation (issue 9)."""
+multi-terabyte allocation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Block shuffling by pieces of blocks (issue 18.6): ``pieces=k`` permutes pieces of
+"""Block shuffling by pieces of blocks: ``pieces=k`` permutes pieces of
 ``ceil(rows_per_block / k)`` rows instead of blocks, so one window of the same memory mixes rows
 of up to ``k`` times more blocks. ``pieces=1`` is the order of earlier versions."""
 

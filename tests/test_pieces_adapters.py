@@ -1,4 +1,4 @@
-"""``pieces`` (block shuffle of pieces of blocks, issue 18.6) through the adapters: torch's
+"""``pieces`` (block shuffle of pieces of blocks) through the adapters: torch's
 BatchedDataLoader, IterableDataset under DataLoader workers, the map-style Dataset with
 ElasticBatchSampler, tf's make_dataset and Loader (tf.train.Checkpoint too), rowstore.mix and
 the CLI. Each delivers every row once, in the order ``Reader.deal``/``batches`` gives with the

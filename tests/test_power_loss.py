@@ -1,4 +1,4 @@
-"""Power loss on a real ext4, bounded (issue 17: fsync ordering tested, not trusted).
+"""Power loss on a real ext4, bounded (fsync ordering tested, not trusted).
 
 An ext4 image on a loop device is mounted ``data=writeback,noauto_da_alloc,commit=300``: data
 is not ordered before the metadata that names it, renames do not flush data, and the journal

@@ -1,4 +1,4 @@
-"""Segments cut at batch boundaries (issue 18.5): the same epoch order, cut elsewhere.
+"""Segments cut at batch boundaries: the same epoch order, cut elsewhere.
 
 Where the gather reads a window's rows directly (uncompressed local files with large rows or
 heap fields), ``Reader.batches`` and ``Reader.deal`` cut the order into position ranges of whole
@@ -145,7 +145,7 @@ def test_full_segments_are_whole_batches(tmp_path):
         assert np.array_equal(np.concatenate([b["i"] for b in bs]), r.epoch_order(shuffle="full", seed=2))
 
 
-# -- the buffer pool (issue 18.7) -------------------------------------------------------------
+# -- the buffer pool -------------------------------------------------------------
 def test_pool_reuses_only_dropped_buffers():
     import sys
 

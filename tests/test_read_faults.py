@@ -1,4 +1,4 @@
-"""EIO on reads, injected by libfiu (issue 17: a failing disk).
+"""EIO on reads, injected by libfiu (a failing disk).
 
 Each case runs a child under ``fiu-run -x`` (libfiu's POSIX preload library: every ``pread``,
 ``preadv`` and, where asked, ``read`` of the process goes through a failure point). The child

@@ -455,7 +455,7 @@ def test_reader_opened_before_an_atomic_rewrite(dataset, tmp_path):
 def test_both_heap_paths_give_the_same_rows(dataset, monkeypatch, syscall_cost):
     """Uncompressed heaps are read either payload by payload or by heap chunks, by a cost
     estimate; force each path and compare with what was written."""
-    import rowstore.reader._gather as D  # the cost model moved here from reader.dataset (issue 9)
+    import rowstore.reader._gather as D  # the cost model
 
     monkeypatch.setattr(D, "_SYSCALL_S", syscall_cost)
     r = rs.open(dataset)

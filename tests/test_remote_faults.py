@@ -1,4 +1,4 @@
-"""A connection lost mid-read of a block (issue 17: faults on the remote read path).
+"""A connection lost mid-read of a block (faults on the remote read path).
 
 ``tests/_servers.py``'s :class:`FaultProxy` forwards a ranged GET, lets the response's headers
 and its first bytes of body through, then resets the connection (``"cut"``): a truncated body

@@ -1,4 +1,4 @@
-"""Many blocks open in bounded memory (issue 17: scale).
+"""Many blocks open in bounded memory (scale).
 
 A dataset of 200,000 one-row blocks (200 hard links of one shard file of 1,000 one-row blocks,
 committed as 200 shards: the fastest way to make that many blocks, as ``bench/dataset_bench.py

@@ -1,4 +1,4 @@
-"""rowstore.shuffle: an out-of-core global shuffle of stored rows (issue 13).
+"""rowstore.shuffle: an out-of-core global shuffle of stored rows.
 
 Every row exactly once, stored bytes unchanged (PNGs stay the PNG bytes they were), the order
 a uniform permutation that depends on the seed only (not on the memory budget, the piles or a

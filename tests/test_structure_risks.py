@@ -1,4 +1,4 @@
-"""Risks found in a read of the code (issue 9), each pinned by a test that failed before its fix."""
+"""Risks found in a read of the code, each pinned by a test that failed before its fix."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""h5py work on other threads while Writers run (issue: thread-pool shard writers segfaulted).
+"""h5py work on other threads while Writers run (thread-pool shard writers must not crash it).
 
 h5py <= 3.15 calls libhdf5's H5Dwrite_chunk without phil, its global lock (h5py PR 2764), so a
 Writer's chunk writes ran inside the non-thread-safe libhdf5 alongside another thread's h5py

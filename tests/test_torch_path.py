@@ -1,4 +1,4 @@
-"""The torch path's fast paths (issue 18.4): BatchedDataLoader cutting tensors from whole reads,
+"""The torch path's fast paths: BatchedDataLoader cutting tensors from whole reads,
 and DataLoader workers shipping small batches by value. Each is checked against the plain path
 it replaces (the reader's own batches, torch's own pickling, 0 workers)."""
 

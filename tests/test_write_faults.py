@@ -1,7 +1,7 @@
 """Write failures injected with RLIMIT_FSIZE (the kernel refuses writes past a size with EFBIG,
 as it refuses them with ENOSPC on a full disk): the writer raises the system's OSError, the
 previous file or dataset version stays whole and current, and no temporary file is left for
-more than the next writer or gc to remove (issue 17: fault injection)."""
+more than the next writer or gc to remove (fault injection)."""
 
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ def test_eio_on_write_and_fsync(tmp_path, scenario, family):
         if t["oserror"] and t["errno"] == errno.EIO:
             assert t["temporaries"] == [], t  # the writer's abort removed its temporary
             continue
-        # Known (issue 17): an EIO while libhdf5 flushes its metadata in File.close surfaces as
+        # Known: an EIO while libhdf5 flushes its metadata in File.close surfaces as
         # h5py's RuntimeError (the errno only in its message), or crashes the process inside
         # h5py's close; the data stays safe either way (checked above).
         assert t["error"].startswith("signal") or (t["error"] == "RuntimeError" and "errno = 5" in t["msg"]), t

@@ -12,7 +12,7 @@ Modes
     consecutive rows of a block, instead of the block: the pieces of all blocks are permuted,
     grouped into windows of ``window`` pieces, and the rows inside each window permuted. The
     same memory per window holds rows of up to ``k`` times more blocks, so batches are that
-    much more mixed (issue 18.6; ``pieces=1`` is the order above, unchanged). The reader loads
+    much more mixed (``pieces=1`` is the order above). The reader loads
     only the pieces of uncompressed local files; a compressed block is decompressed whole, so
     there ``pieces > 1`` costs up to ``k`` times the decompression per row.
 ``"full"``: a uniform permutation of all rows (memory: 8 bytes per row of the shard's epoch).

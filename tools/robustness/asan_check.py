@@ -1,4 +1,4 @@
-"""Run the fuzz corpus and the kernel tests through the ASan + UBSan build (issue 17, item 1).
+"""Run the fuzz corpus and the kernel tests through the ASan + UBSan build.
 
     python tools/robustness/asan_check.py [--cases 300] [--seed 0] [--out bench/results/asan_check.json]
 

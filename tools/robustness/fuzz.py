@@ -1,4 +1,4 @@
-"""Structure-aware mutation fuzzer for rowstore readers (issue 17, item 1).
+"""Structure-aware mutation fuzzer for rowstore readers.
 
     python tools/robustness/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
     python tools/robustness/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]

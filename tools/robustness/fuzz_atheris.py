@@ -1,4 +1,4 @@
-"""Coverage-guided fuzzing of the read path with atheris (libFuzzer), issue 17 item 1.
+"""Coverage-guided fuzzing of the read path with atheris (libFuzzer).
 
     scripts/fuzz_venv.sh && scripts/build_sanitized.sh fuzz      # once: .fuzz-venv, build/fuzz
     .fuzz-venv/bin/python tools/robustness/fuzz_atheris.py --minutes 10     # the campaign (make fuzz)

@@ -1,4 +1,4 @@
-"""Randomized SIGKILL campaign with counts (issue 17): crash consistency of every way to write.
+"""Randomized SIGKILL campaign with counts: crash consistency of every way to write.
 
     python tools/robustness/kill_campaign.py --kills N [--seed S] [--scenarios NAME ...] [--rows R]
                                   [--out bench/results/kill_campaign.json]

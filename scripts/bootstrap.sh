@@ -30,7 +30,7 @@ fi
 # Spark tests (rowstore.spark) need Java 17; without it they skip.
 command -v java >/dev/null 2>&1 || echo "bootstrap: no java found: the Spark tests will skip (apt-get install openjdk-17-jre-headless)"
 
-# The fault-injection tests (tests/test_read_faults.py, test_write_faults.py) run their children
+# The fault-injection tests (tests/robustness/test_read_faults.py, test_write_faults.py) run their children
 # under libfiu's fiu-run; installed here when we may (root with apt), else those tests skip.
 if ! command -v fiu-run >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from _timing import scaled
+from helpers import scaled
 
 # -- S3 (moto) --------------------------------------------------------------------------------
 

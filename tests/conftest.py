@@ -203,7 +203,7 @@ def files_in(directory: str | os.PathLike) -> list[str]:
 
 def run_python(code: str, *args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess:
     """Run ``code`` with this interpreter in a fresh process (text output captured; ``timeout``
-    is a hang guard, scaled by ``ROWSTORE_TEST_TIMEOUT_SCALE``: tests/_timing.py)."""
+    is a hang guard, scaled by ``ROWSTORE_TEST_TIMEOUT_SCALE``: tests/helpers.py)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
                           text=True, timeout=scaled(timeout), **kwargs)
 
@@ -264,7 +264,7 @@ def rs() -> _Helpers:
 
 # -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
 from _servers import http_factory, s3_server  # noqa: E402, F401
-from _timing import scaled  # noqa: E402
+from helpers import scaled  # noqa: E402
 
 
 # -- xdist groups (--dist loadgroup): tests marked xdist_group("name") run on one worker ----------

@@ -6,7 +6,7 @@ print. Everything here uses the dataset's block index only (rows per block), nev
   the contiguous slices of :func:`rowstore.reader.order.shard_bounds`.
 - :func:`check_order`: simulates an epoch on ``world x workers`` consumers, interrupted at a
   fraction of its steps and resumed on another world, and checks exactly-once delivery, equal
-  steps and determinism (as ``tests/test_order_props.py`` does over random configurations).
+  steps and determinism (as ``tests/reader/test_order_props.py`` does over random configurations).
 """
 
 from __future__ import annotations

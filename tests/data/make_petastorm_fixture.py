@@ -10,7 +10,7 @@ Run it in a venv of its own (Petastorm pins pyarrow < 15 and numpy < 2, and its
 
 Beside the dataset it writes ``petastorm_hello_expected.npz`` (the values each row was made from, in row
 order, the variable-shape ones under ``<field>_<id>``) and ``petastorm_hello_petastorm.npz`` (the JPEG
-field as Petastorm's own reader decodes it), which tests/test_petastorm_import.py compares with.
+field as Petastorm's own reader decodes it), which tests/integrations/test_petastorm_import.py compares with.
 """
 
 from __future__ import annotations

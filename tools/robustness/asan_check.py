@@ -40,9 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.path.join(ROOT, "build", "asan")
 PY = sys.executable
 
-KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_limits.py", "tests/test_bad_input.py", "tests/test_hostile_metadata.py",
-                "tests/test_default_integrity.py", "tests/test_fuzz_atheris.py", "tests/test_compression.py",
-                "tests/test_png_kernel.py", "tests/test_write_fast.py")  # fmt: skip
+KERNEL_TESTS = ("tests/kernels/test_kernels.py", "tests/format/test_limits.py", "tests/writer/test_bad_input.py", "tests/format/test_hostile_metadata.py",
+                "tests/reader/test_default_integrity.py", "tests/robustness/test_fuzz_atheris.py", "tests/codecs/test_compression.py",
+                "tests/kernels/test_png_kernel.py", "tests/writer/test_write_fast.py")  # fmt: skip
 
 
 def runtime() -> str:

@@ -8,7 +8,7 @@ The target, :func:`one_input`, turns the fuzzer's bytes into a rowstore file and
 the oracle of ``tools/robustness/fuzz.py`` (a ``RowstoreError``, or exactly the rows written; anything else
 is a finding). The bytes are decoded by :class:`Bytes`, a plain consumer (no
 ``atheris.FuzzedDataProvider``), so that the suite replays the committed corpus and crashers
-through the normal build without atheris (``tests/test_fuzz_atheris.py``).
+through the normal build without atheris (``tests/robustness/test_fuzz_atheris.py``).
 
 Input layout: byte 0 chooses the mode.
 

@@ -1,0 +1,52 @@
+"""Helpers every test folder shares: the checkout's paths, hang guards, memory measured.
+
+Time limits in the tests are hang guards only, never what a test checks.
+
+A test waits for an event (a line from a child, a file appearing, an item on a queue, a
+request counted by a server); a limit only ends a test that would otherwise hang. Limits are
+generous and multiplied by ``ROWSTORE_TEST_TIMEOUT_SCALE`` (default 4), so that a slow or busy
+machine (another job saturating every core) does not turn a wait into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+#: The checkout (the directory holding ``tests/``) and the committed test data.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+
+TIMEOUT_SCALE = float(os.environ.get("ROWSTORE_TEST_TIMEOUT_SCALE", "4"))
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times :data:`TIMEOUT_SCALE`: a hang guard's limit."""
+    return seconds * TIMEOUT_SCALE
+
+
+def wait_until(done: Callable[[], object], timeout: float = 30.0, interval: float = 0.02) -> bool:
+    """Poll ``done()`` until it is true (returns True) or ``scaled(timeout)`` seconds pass
+    (returns False, for the caller's assertion to say what did not happen)."""
+    end = time.monotonic() + scaled(timeout)
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(interval)
+    return True
+
+def peak_allocations(call: Callable[[], Any]) -> tuple[Exception | None, int]:
+    """``call()``'s error (None if it returned) and the peak of Python allocations while it
+    ran (all threads; numpy's buffers count, libraries' own C allocations do not)."""
+    tracemalloc.start()
+    try:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - returned for the test to check
+            return exc, tracemalloc.get_traced_memory()[1]
+        return None, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -62,11 +62,15 @@ def speech_frame(n: int, seed: int = 0) -> pd.DataFrame:
     waves = np.empty(n, dtype=object)
     waves[:] = [rng.standard_normal(k).astype(np.float32) * 0.1 for k in lengths]
     words = ["yes", "no", "up", "down", "café", "日本"]
-    return pd.DataFrame({
-        "wave": waves,
-        "transcript": np.array([" ".join(rng.choice(words, 3)) for _ in range(n)], dtype=object),
-        "speaker": rng.integers(0, 500, n),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "wave": waves,
+            "transcript": np.array(
+                [" ".join(rng.choice(words, 3)) for _ in range(n)], dtype=object
+            ),
+            "speaker": rng.integers(0, 500, n),
+        }
+    )
 
 
 class CpuSampler:
@@ -104,19 +108,36 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4300)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", default=None, help="where the datasets go (default: a temporary directory)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "dask_bench.json"))  # fmt: skip
+    ap.add_argument(
+        "--dir", default=None, help="where the datasets go (default: a temporary directory)"
+    )
+    ap.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "dask_bench.json"
+        ),
+    )
     args = ap.parse_args()
     dask.config.set({"dataframe.convert-string": False})  # ndarray cells stay ndarrays
     root = tempfile.mkdtemp(prefix="dask_bench_", dir=args.dir)
     try:
         df = speech_frame(args.rows)
         wave_mb = sum(w.nbytes for w in df["wave"]) / 1e6
-        print(f"{args.rows} rows, {wave_mb:.0f} MB of waveforms, {args.partitions} partitions", flush=True)
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                      silence_logs=40, local_directory=os.path.join(root, "dask")) as cluster, \
-                distributed.Client(cluster) as client:  # fmt: skip
+        print(
+            f"{args.rows} rows, {wave_mb:.0f} MB of waveforms, {args.partitions} partitions",
+            flush=True,
+        )
+        with (
+            distributed.LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=40,
+                local_directory=os.path.join(root, "dask"),
+            ) as cluster,
+            distributed.Client(cluster) as client,
+        ):
             with warnings.catch_warnings():  # "Sending large graph": the frame, shipped once here
                 warnings.simplefilter("ignore", UserWarning)
                 ddf = dd.from_pandas(df, npartitions=args.partitions).persist()
@@ -143,24 +164,40 @@ def main() -> None:
                         times[name].append(dt)
                         if s.per_core() is not None:
                             cpu[name].append(s.per_core())
-                    print(f"  {'warm-up' if not rep else f'run {rep}'} {name}: {dt:.2f} s, cpu {s.per_core()}",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"  {'warm-up' if not rep else f'run {rep}'} {name}: {dt:.2f} s, cpu "
+                        f"{s.per_core()}",
+                        flush=True,
+                    )
             client.cancel(ddf)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
-        "config": {"rows": args.rows, "wave_mb": round(wave_mb, 1), "partitions": args.partitions,
-                   "repeats": args.repeats, "shard_bytes": SHARD_BYTES, "cores": os.cpu_count(),
-                   "cluster": "LocalCluster(n_workers=2, threads_per_worker=1, processes=True)",
-                   "python": platform.python_version(), "dask": dask.__version__,
-                   "dir": "temporary" if args.dir is None else args.dir},  # fmt: skip
+        "config": {
+            "rows": args.rows,
+            "wave_mb": round(wave_mb, 1),
+            "partitions": args.partitions,
+            "repeats": args.repeats,
+            "shard_bytes": SHARD_BYTES,
+            "cores": os.cpu_count(),
+            "cluster": "LocalCluster(n_workers=2, threads_per_worker=1, processes=True)",
+            "python": platform.python_version(),
+            "dask": dask.__version__,
+            "dir": "temporary" if args.dir is None else args.dir,
+        },
         "variants": {
-            k: {"times_s": [round(t, 3) for t in times[k]], "median_s": round(med[k], 3),
-                "wave_mb_per_s": round(wave_mb / med[k], 1), "shards": shards[k],
-                "cpu_percent_per_core": ([round(float(v), 1) for v in np.mean(cpu[k], axis=0)] if cpu[k] else None)}
+            k: {
+                "times_s": [round(t, 3) for t in times[k]],
+                "median_s": round(med[k], 3),
+                "wave_mb_per_s": round(wave_mb / med[k], 1),
+                "shards": shards[k],
+                "cpu_percent_per_core": (
+                    [round(float(v), 1) for v in np.mean(cpu[k], axis=0)] if cpu[k] else None
+                ),
+            }
             for k in run
-        },  # fmt: skip
+        },
         "ratio_serial_over_dask": round(med["serial"] / med["dask"], 2),
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -1,6 +1,7 @@
 """Datasets of many files against one file, in the same run.
 
-    python bench/dataset_bench.py [--repeats 5] [--shards 16] [--out bench/results/dataset_bench.json]
+    python bench/dataset_bench.py [--repeats 5] [--shards 16] [--out
+    bench/results/dataset_bench.json]
 
 * ``epoch``: one shuffled epoch (``block`` and ``full``) of the tiny (72-byte rows) and patch
   (19 KB rows) workloads, every batch touched, from one ``.h5`` file and from a dataset of
@@ -41,15 +42,25 @@ from rowstore.format.index import Layout  # noqa: E402
 WORKLOADS = {
     # name: (schema, rows, batch size)
     "tiny": (rowstore.Schema({"x": ("float32", (16,)), "y": "int64"}), 2_000_000, 1024),
-    "patch": (rowstore.Schema({"foo": ("float64", (9, 9, 27)), "bar": ("int64", (9, 27)), "baz": "float64"}), 10_000, 128),
+    "patch": (
+        rowstore.Schema(
+            {"foo": ("float64", (9, 9, 27)), "bar": ("int64", (9, 27)), "baz": "float64"}
+        ),
+        10_000,
+        128,
+    ),
 }
 
 
 def columns(schema: rowstore.Schema, lo: int, hi: int) -> dict:
     rng = np.random.default_rng(lo)
-    return {f.name: rng.standard_normal((hi - lo, *f.shape)).astype(f.dtype) if f.dtype.kind == "f"
-            else np.arange(lo, hi, dtype=f.dtype).reshape(-1, *([1] * len(f.shape))) * np.ones(f.shape, f.dtype)
-            for f in schema}  # fmt: skip
+    return {
+        f.name: rng.standard_normal((hi - lo, *f.shape)).astype(f.dtype)
+        if f.dtype.kind == "f"
+        else np.arange(lo, hi, dtype=f.dtype).reshape(-1, *([1] * len(f.shape)))
+        * np.ones(f.shape, f.dtype)
+        for f in schema
+    }
 
 
 def write_file(path: str, schema, n: int, step: int = 20_000) -> None:
@@ -63,7 +74,10 @@ def write_shards(root: str, schema, n: int, shards: int) -> None:
     when the writer provides it, else shard files plus a manifest)."""
     bounds = np.linspace(0, n, shards + 1).astype(int)
     if hasattr(rowstore, "write_shard"):
-        infos = [rowstore.write_shard(root, schema, columns(schema, int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:])]
+        infos = [
+            rowstore.write_shard(root, schema, columns(schema, int(a), int(b)))
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ]
         rowstore.commit(root, infos)
         return
     os.makedirs(os.path.join(root, manifest.SHARD_DIR))
@@ -77,11 +91,21 @@ def write_shards(root: str, schema, n: int, shards: int) -> None:
         blocks.append(L.blocks)
         chunks.append(L.heap_chunks)
     with manifest.commit_lock(root):
-        manifest.publish(root, schema=schema, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
-                         shards=entries, blocks=blocks, heap_chunks=chunks)  # fmt: skip
+        manifest.publish(
+            root,
+            schema=schema,
+            attrs={},
+            compression=L.compression,
+            heap_chunk_bytes=L.heap_chunk_bytes,
+            shards=entries,
+            blocks=blocks,
+            heap_chunks=chunks,
+        )
 
 
-def linked_dataset(root: str, one: str, schema, nshards: int, *, rows: int, rows_per_block: int) -> None:
+def linked_dataset(
+    root: str, one: str, schema, nshards: int, *, rows: int, rows_per_block: int
+) -> None:
     """A dataset of ``nshards`` hard links of one shard file of ``rows`` rows: many shard files
     without writing as many HDF5 files."""
     with rowstore.Writer(one, schema, rows_per_block=rows_per_block) as w:
@@ -93,8 +117,16 @@ def linked_dataset(root: str, one: str, schema, nshards: int, *, rows: int, rows
         os.link(one, os.path.join(root, rel))
         entries.append(manifest.shard_entry(rel, L))
     with manifest.commit_lock(root):
-        manifest.publish(root, schema=schema, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
-                         shards=entries, blocks=[L.blocks] * nshards, heap_chunks=[L.heap_chunks] * nshards)  # fmt: skip
+        manifest.publish(
+            root,
+            schema=schema,
+            attrs={},
+            compression=L.compression,
+            heap_chunk_bytes=L.heap_chunk_bytes,
+            shards=entries,
+            blocks=[L.blocks] * nshards,
+            heap_chunks=[L.heap_chunks] * nshards,
+        )
 
 
 def epoch_rate(reader, batch: int, shuffle: str, epoch: int) -> float:
@@ -125,10 +157,19 @@ def bench_epoch(d: str, repeats: int, shards: int) -> dict:
             A.close()
             B.close()
             ratio = statistics.median(b / a for a, b in zip(fa, fb))
-            out[f"{name}/{shuffle}"] = {"file_rows_per_s": statistics.median(fa), "dataset_rows_per_s": statistics.median(fb),
-                                        "ratio_dataset_over_file": ratio, "shards": shards, "rows": n}  # fmt: skip
-            print(f"epoch {name:6s} {shuffle:5s}: file {statistics.median(fa):12,.0f} rows/s  {shards}-shard dataset "
-                  f"{statistics.median(fb):12,.0f} rows/s  ratio {ratio:.3f}", flush=True)
+            out[f"{name}/{shuffle}"] = {
+                "file_rows_per_s": statistics.median(fa),
+                "dataset_rows_per_s": statistics.median(fb),
+                "ratio_dataset_over_file": ratio,
+                "shards": shards,
+                "rows": n,
+            }
+            print(
+                f"epoch {name:6s} {shuffle:5s}: file {statistics.median(fa):12,.0f} rows/s  "
+                f"{shards}-shard dataset "
+                f"{statistics.median(fb):12,.0f} rows/s  ratio {ratio:.3f}",
+                flush=True,
+            )
         shutil.rmtree(ds)
         os.remove(f)
     return out
@@ -152,16 +193,27 @@ def bench_open(d: str, repeats: int, nshards: int) -> dict:
     t = time.perf_counter()
     n = sum(len(b["y"]) for b in r.batches(1024, shuffle="full", seed=0))
     epoch_s = time.perf_counter() - t
-    res = {"shards": nshards, "rows": len(r), "open_s_median": statistics.median(times), "open_peak_python_bytes": peak,
-           "full_epoch_s": epoch_s, "max_open_files": r._store.max_open, "manifest_bytes":
-           os.path.getsize(os.path.join(root, manifest.manifest_path(1))),
-           "sidecar_bytes": os.path.getsize(os.path.join(root, manifest.index_path(1)))}  # fmt: skip
+    res = {
+        "shards": nshards,
+        "rows": len(r),
+        "open_s_median": statistics.median(times),
+        "open_peak_python_bytes": peak,
+        "full_epoch_s": epoch_s,
+        "max_open_files": r._store.max_open,
+        "manifest_bytes": os.path.getsize(os.path.join(root, manifest.manifest_path(1))),
+        "sidecar_bytes": os.path.getsize(os.path.join(root, manifest.index_path(1))),
+    }
     assert n == len(r) == 100 * nshards
     r.close()
-    print(f"open {nshards:,} shards: {res['open_s_median'] * 1e3:.0f} ms (median of {repeats}), peak {peak / 2**20:.1f} MiB "
-          f"Python memory; manifest {res['manifest_bytes'] / 2**20:.1f} MiB + sidecar {res['sidecar_bytes'] / 2**20:.1f} MiB; "
-          f"full-shuffle epoch of {n:,} rows over all shards ({res['max_open_files']} descriptors at most): {epoch_s:.1f} s",
-          flush=True)  # fmt: skip
+    print(
+        f"open {nshards:,} shards: {res['open_s_median'] * 1e3:.0f} ms (median of {repeats}), peak "
+        f"{peak / 2**20:.1f} MiB "
+        f"Python memory; manifest {res['manifest_bytes'] / 2**20:.1f} MiB + sidecar "
+        f"{res['sidecar_bytes'] / 2**20:.1f} MiB; "
+        f"full-shuffle epoch of {n:,} rows over all shards ({res['max_open_files']} descriptors at "
+        f"most): {epoch_s:.1f} s",
+        flush=True,
+    )
     shutil.rmtree(root)
     return res
 
@@ -175,7 +227,14 @@ def bench_scale(d: str, repeats: int, nshards: int = 1000, blocks_per_shard: int
     schema = WORKLOADS["tiny"][0]
     root = os.path.join(d, "million")
     os.makedirs(os.path.join(root, manifest.SHARD_DIR))
-    linked_dataset(root, os.path.join(d, "one_row_blocks.h5"), schema, nshards, rows=blocks_per_shard, rows_per_block=1)
+    linked_dataset(
+        root,
+        os.path.join(d, "one_row_blocks.h5"),
+        schema,
+        nshards,
+        rows=blocks_per_shard,
+        rows_per_block=1,
+    )
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     times = []
@@ -188,14 +247,25 @@ def bench_scale(d: str, repeats: int, nshards: int = 1000, blocks_per_shard: int
     n = sum(len(b["y"]) for b in r.batches(4096, shuffle="block", seed=0, window=256))
     epoch_s = time.perf_counter() - t
     rss2 = proc.memory_info().rss
-    res = {"blocks": r.layout.num_blocks, "shards": nshards, "open_s_median": statistics.median(times),
-           "rss_growth_open_bytes": rss1 - rss0, "rss_growth_after_epoch_bytes": rss2 - rss0, "block_epoch_s": epoch_s,
-           "sidecar_bytes": os.path.getsize(os.path.join(root, manifest.index_path(1)))}  # fmt: skip
+    res = {
+        "blocks": r.layout.num_blocks,
+        "shards": nshards,
+        "open_s_median": statistics.median(times),
+        "rss_growth_open_bytes": rss1 - rss0,
+        "rss_growth_after_epoch_bytes": rss2 - rss0,
+        "block_epoch_s": epoch_s,
+        "sidecar_bytes": os.path.getsize(os.path.join(root, manifest.index_path(1))),
+    }
     assert n == len(r)
     r.close()
-    print(f"scale: {res['blocks']:,} blocks in {nshards:,} shards: open {res['open_s_median']:.2f} s (median of {repeats}), "
-          f"RSS +{(rss1 - rss0) / 2**20:.0f} MiB after opening {repeats}x, +{(rss2 - rss0) / 2**20:.0f} MiB after a block "
-          f"epoch ({epoch_s:.1f} s); sidecar {res['sidecar_bytes'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
+    print(
+        f"scale: {res['blocks']:,} blocks in {nshards:,} shards: open {res['open_s_median']:.2f} s "
+        f"(median of {repeats}), "
+        f"RSS +{(rss1 - rss0) / 2**20:.0f} MiB after opening {repeats}x, "
+        f"+{(rss2 - rss0) / 2**20:.0f} MiB after a block "
+        f"epoch ({epoch_s:.1f} s); sidecar {res['sidecar_bytes'] / 2**20:.0f} MiB",
+        flush=True,
+    )
     shutil.rmtree(root)
     return res
 
@@ -224,21 +294,36 @@ def bench_write(d: str, repeats: int, shard_mb: int) -> dict:
             os.remove(f)
             shutil.rmtree(ds)
         ratio = statistics.median(b / a for a, b in zip(ta, tb))
-        out[name] = {"writer_MB_per_s": statistics.median(ta), "dataset_writer_MB_per_s": statistics.median(tb),
-                     "ratio": ratio, "shards": shards, "MB": nbytes / 1e6}  # fmt: skip
-        print(f"write {name:6s}: Writer {statistics.median(ta):7.0f} MB/s  DatasetWriter ({shards} shards) "
-              f"{statistics.median(tb):7.0f} MB/s  ratio {ratio:.3f}", flush=True)
+        out[name] = {
+            "writer_MB_per_s": statistics.median(ta),
+            "dataset_writer_MB_per_s": statistics.median(tb),
+            "ratio": ratio,
+            "shards": shards,
+            "MB": nbytes / 1e6,
+        }
+        print(
+            f"write {name:6s}: Writer {statistics.median(ta):7.0f} MB/s  DatasetWriter ({shards} "
+            f"shards) "
+            f"{statistics.median(tb):7.0f} MB/s  ratio {ratio:.3f}",
+            flush=True,
+        )
     return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--open-shards", type=int, default=10_000)
     ap.add_argument("--shard-mb", type=int, default=64)
-    ap.add_argument("--only", nargs="+", choices=["epoch", "open", "write", "scale"],
-                    default=["epoch", "open", "write", "scale"])
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=["epoch", "open", "write", "scale"],
+        default=["epoch", "open", "write", "scale"],
+    )
     ap.add_argument("--dir", help="where to write the datasets (default: a temporary directory)")
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args()

@@ -1,7 +1,8 @@
 """Images and compressed blocks: the reader against the decoders alone
 and tf.data, and LZ4 block reads against uncompressed ones, on the same data in the same run.
 
-    python bench/decode_bench.py [--quick] [--rounds 3] [--out bench/results/decode_bench.json] [--doc docs/performance.md]
+    python bench/decode_bench.py [--quick] [--rounds 3] [--out bench/results/decode_bench.json]
+    [--doc docs/performance.md]
 
 Images: the ``image`` demo (128x256x3 uint8, PNG level 1) and the same images stored as JPEG
 (quality 90). Measured, each in a fresh process, in ``--rounds`` interleaved rounds (the order
@@ -50,11 +51,24 @@ PATCH_BATCH = 128
 BEGIN, END = "<!-- decode_bench:begin -->", "<!-- decode_bench:end -->"
 
 IMAGE_KINDS = [
-    "png:imagecodecs", "png:spng", "png:pil", "png:kernel", "png:kernel-2threads",
-    "png:rowstore-t1", "png:rowstore-t2", "png:rowstore-codec-t1", "png:rowstore-codec-t2",
-    "png:tf-1thread", "png:tf-parallel",
-    "jpeg:jpeg8", "jpeg:pil", "jpeg:rowstore-t1", "jpeg:rowstore-t2", "jpeg:tf-1thread", "jpeg:tf-parallel",
-]  # fmt: skip
+    "png:imagecodecs",
+    "png:spng",
+    "png:pil",
+    "png:kernel",
+    "png:kernel-2threads",
+    "png:rowstore-t1",
+    "png:rowstore-t2",
+    "png:rowstore-codec-t1",
+    "png:rowstore-codec-t2",
+    "png:tf-1thread",
+    "png:tf-parallel",
+    "jpeg:jpeg8",
+    "jpeg:pil",
+    "jpeg:rowstore-t1",
+    "jpeg:rowstore-t2",
+    "jpeg:tf-1thread",
+    "jpeg:tf-parallel",
+]
 PATCH_KINDS = ["patch:none-t1", "patch:lz4-t1", "patch:none-t2", "patch:lz4-t2"]
 
 
@@ -76,7 +90,12 @@ def image_files(rows: int, cache: str) -> dict[str, str]:
     png = ensure_demo("image", rows, cache, log=_log)
     jpg = os.path.join(cache, f"image-jpeg-{rows}.h5")
     if not os.path.exists(jpg):
-        schema = Schema([Field("image", "uint8", (128, 256, 3), codec={"id": "jpeg", "quality": 90}), Field("label", "int64")])
+        schema = Schema(
+            [
+                Field("image", "uint8", (128, 256, 3), codec={"id": "jpeg", "quality": 90}),
+                Field("label", "int64"),
+            ]
+        )
         with rowstore.open(png) as r, rowstore.Writer(jpg + ".tmp", schema) as w:
             for b in r.batches(100, shuffle="none"):
                 w.write_batch(b)
@@ -145,19 +164,26 @@ def child(kind: str, path: str, repeats: int) -> dict[str, Any]:
 
         return {"repeats": _timed(read, n, repeats)}
     if what.startswith("tf"):
-        return {"repeats": _timed(_tf_epoch(fmt, blobs, parallel=what == "tf-parallel"), n, repeats)}
+        return {
+            "repeats": _timed(_tf_epoch(fmt, blobs, parallel=what == "tf-parallel"), n, repeats)
+        }
     fn = _decoder(fmt, what, blobs, data, offs, out)
     res = _timed(fn, n, repeats)
     if what in ("imagecodecs", "jpeg8"):  # every decoder gives these images
         ref = out.copy()
-        for other in (("spng", "pil", "kernel") if fmt == "png" else ("pil",)):
+        for other in ("spng", "pil", "kernel") if fmt == "png" else ("pil",):
             _decoder(fmt, other, blobs, data, offs, out)()
             if not np.array_equal(out, ref):
-                return {"error": f"{other} decodes the images differently from {what}", "repeats": res}
+                return {
+                    "error": f"{other} decodes the images differently from {what}",
+                    "repeats": res,
+                }
     return {"repeats": res}
 
 
-def _decoder(fmt: str, what: str, blobs: list[bytes], data: np.ndarray, offs: np.ndarray, out: np.ndarray):
+def _decoder(
+    fmt: str, what: str, blobs: list[bytes], data: np.ndarray, offs: np.ndarray, out: np.ndarray
+):
     import io
 
     import imagecodecs
@@ -202,9 +228,13 @@ def _tf_epoch(fmt: str, blobs: list[bytes], *, parallel: bool):
     import tensorflow as tf
 
     dec = tf.io.decode_png if fmt == "png" else tf.io.decode_jpeg
-    ds = tf.data.Dataset.from_tensor_slices(tf.constant(blobs)).shuffle(1024, seed=0, reshuffle_each_iteration=True)
-    ds = ds.map(lambda b: tf.ensure_shape(dec(b, channels=3), (128, 256, 3)),
-                num_parallel_calls=tf.data.AUTOTUNE if parallel else None)
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant(blobs)).shuffle(
+        1024, seed=0, reshuffle_each_iteration=True
+    )
+    ds = ds.map(
+        lambda b: tf.ensure_shape(dec(b, channels=3), (128, 256, 3)),
+        num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
+    )
     ds = ds.batch(BATCH).prefetch(tf.data.AUTOTUNE)
     if not parallel:
         opts = tf.data.Options()
@@ -213,8 +243,12 @@ def _tf_epoch(fmt: str, blobs: list[bytes], *, parallel: bool):
 
     @tf.function
     def consume():
-        return ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.cast(tf.shape(b)[0], tf.int64)
-                         + tf.cast(b[0, 0, 0, 0], tf.int64) * 0)
+        return ds.reduce(
+            tf.constant(0, tf.int64),
+            lambda acc, b: (
+                acc + tf.cast(tf.shape(b)[0], tf.int64) + tf.cast(b[0, 0, 0, 0], tf.int64) * 0
+            ),
+        )
 
     return lambda: int(consume())
 
@@ -241,7 +275,16 @@ def _child_patch(what: str, path: str, repeats: int) -> dict[str, Any]:
 
 # -- the driver ---------------------------------------------------------------------------------
 def run_child(kind: str, path: str, repeats: int) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--path", path, "--repeats", str(repeats)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        kind,
+        "--path",
+        path,
+        "--repeats",
+        str(repeats),
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
@@ -254,7 +297,12 @@ def summarize(reps: list[dict[str, float]]) -> dict[str, Any]:
         v = [r[k] for r in reps if r.get(k)]
         return statistics.median(v) if v else None
 
-    return {"per_s": med("per_s"), "per_cpu_s": med("per_cpu_s"), "gb_per_s": med("gb_per_s"), "n": len(reps)}
+    return {
+        "per_s": med("per_s"),
+        "per_cpu_s": med("per_cpu_s"),
+        "gb_per_s": med("gb_per_s"),
+        "n": len(reps),
+    }
 
 
 def ratios(res: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -270,23 +318,41 @@ def ratios(res: dict[str, dict[str, Any]]) -> dict[str, float]:
         "jpeg PIL / jpeg8 (per CPU-s)": r("jpeg:pil", "jpeg:jpeg8", "per_cpu_s"),
         # the reader against its decoder alone
         "png rowstore t1 / kernel alone (wall)": r("png:rowstore-t1", "png:kernel"),
-        "png rowstore t1 / kernel alone (per CPU-s)": r("png:rowstore-t1", "png:kernel", "per_cpu_s"),
-        "png rowstore t2 / (2 x kernel alone 1 thread) (wall)": r("png:rowstore-t2", "png:kernel", scale=2),
-        "png rowstore t2 / kernel alone on 2 threads (wall)": r("png:rowstore-t2", "png:kernel-2threads"),
-        "png rowstore t2 / (2 x imagecodecs png 1 thread) (wall)": r("png:rowstore-t2", "png:imagecodecs", scale=2),
+        "png rowstore t1 / kernel alone (per CPU-s)": r(
+            "png:rowstore-t1", "png:kernel", "per_cpu_s"
+        ),
+        "png rowstore t2 / (2 x kernel alone 1 thread) (wall)": r(
+            "png:rowstore-t2", "png:kernel", scale=2
+        ),
+        "png rowstore t2 / kernel alone on 2 threads (wall)": r(
+            "png:rowstore-t2", "png:kernel-2threads"
+        ),
+        "png rowstore t2 / (2 x imagecodecs png 1 thread) (wall)": r(
+            "png:rowstore-t2", "png:imagecodecs", scale=2
+        ),
         "png rowstore t2 / rowstore t1 (wall)": r("png:rowstore-t2", "png:rowstore-t1"),
         "png rowstore t2 / codec path t2 (wall)": r("png:rowstore-t2", "png:rowstore-codec-t2"),
-        "png rowstore t1 / codec path t1 (per CPU-s)": r("png:rowstore-t1", "png:rowstore-codec-t1", "per_cpu_s"),
+        "png rowstore t1 / codec path t1 (per CPU-s)": r(
+            "png:rowstore-t1", "png:rowstore-codec-t1", "per_cpu_s"
+        ),
         "png rowstore t2 / tf.data parallel (wall)": r("png:rowstore-t2", "png:tf-parallel"),
         "png rowstore t1 / tf.data 1 thread (wall)": r("png:rowstore-t1", "png:tf-1thread"),
-        "jpeg rowstore t1 / jpeg8 alone (per CPU-s)": r("jpeg:rowstore-t1", "jpeg:jpeg8", "per_cpu_s"),
-        "jpeg rowstore t2 / (2 x jpeg8 1 thread) (wall)": r("jpeg:rowstore-t2", "jpeg:jpeg8", scale=2),
+        "jpeg rowstore t1 / jpeg8 alone (per CPU-s)": r(
+            "jpeg:rowstore-t1", "jpeg:jpeg8", "per_cpu_s"
+        ),
+        "jpeg rowstore t2 / (2 x jpeg8 1 thread) (wall)": r(
+            "jpeg:rowstore-t2", "jpeg:jpeg8", scale=2
+        ),
         "jpeg rowstore t2 / tf.data parallel (wall)": r("jpeg:rowstore-t2", "jpeg:tf-parallel"),
         # compressed blocks
         "patch lz4 / uncompressed, 1 thread (wall)": r("patch:lz4-t1", "patch:none-t1"),
         "patch lz4 / uncompressed, 2 threads (wall)": r("patch:lz4-t2", "patch:none-t2"),
-        "patch lz4 / uncompressed, 1 thread (per CPU-s)": r("patch:lz4-t1", "patch:none-t1", "per_cpu_s"),
-        "patch lz4 / uncompressed, 2 threads (per CPU-s)": r("patch:lz4-t2", "patch:none-t2", "per_cpu_s"),
+        "patch lz4 / uncompressed, 1 thread (per CPU-s)": r(
+            "patch:lz4-t1", "patch:none-t1", "per_cpu_s"
+        ),
+        "patch lz4 / uncompressed, 2 threads (per CPU-s)": r(
+            "patch:lz4-t2", "patch:none-t2", "per_cpu_s"
+        ),
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -313,7 +379,7 @@ LABELS = {
     "patch:lz4-t1": "patch, Blosc2 LZ4 + byte shuffle, block shuffle, 1 thread",
     "patch:none-t2": "patch, uncompressed, block shuffle, 2 threads",
     "patch:lz4-t2": "patch, Blosc2 LZ4 + byte shuffle, block shuffle, 2 threads",
-}  # fmt: skip
+}
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -322,22 +388,41 @@ def markdown(doc: dict[str, Any]) -> str:
     rows = []
     for k, v in doc["results"].items():
         rate = f"{v['per_s']:,.0f}" + (f" ({v['gb_per_s']:.2f} GB/s)" if v.get("gb_per_s") else "")
-        rows.append([LABELS.get(k, k), rate, f"{v['per_cpu_s']:,.0f}" if v.get("per_cpu_s") else "-", str(v["n"])])
+        rows.append(
+            [
+                LABELS.get(k, k),
+                rate,
+                f"{v['per_cpu_s']:,.0f}" if v.get("per_cpu_s") else "-",
+                str(v["n"]),
+            ]
+        )
     lines = [
         BEGIN,
         "## Images and compressed blocks",
         "",
-        "_Generated by `python bench/decode_bench.py" + (" --quick" if doc["quick"] else "")
+        "_Generated by `python bench/decode_bench.py"
+        + (" --quick" if doc["quick"] else "")
         + f" --rounds {doc['rounds']} --repeats {doc['repeats']}`; rerunning replaces this part._",
         "",
         f"Run {doc['created']} on {doc['cpus']} CPUs; load average (1, 5, 15 min) at the start "
-        f"{doc['load_avg_start']}, after each round {doc['load_avg_per_round']}: **the machine was shared with "
-        "other jobs**" + (" (load above its core count: 2-thread wall figures say how much CPU the scheduler gave, "
-        "compare them within this run only)" if max(doc["load_avg_start"][0], *(x[0] for x in doc["load_avg_per_round"])) > (doc["cpus"] or 1) else "")
+        f"{doc['load_avg_start']}, after each round {doc['load_avg_per_round']}: **the machine was "
+        f"shared with "
+        "other jobs**"
+        + (
+            " (load above its core count: 2-thread wall figures say how much CPU the scheduler "
+            "gave, "
+            "compare them within this run only)"
+            if max(doc["load_avg_start"][0], *(x[0] for x in doc["load_avg_per_round"]))
+            > (doc["cpus"] or 1)
+            else ""
+        )
         + ". Each row: a fresh process, one warm-up epoch, then "
-        f"{doc['repeats']} epochs per round, {doc['rounds']} interleaved rounds; medians of all epochs. Images: "
-        f"{doc.get('n_images', '?')} images 128x256x3 (the `image` demo, PNG level 1; the same images as JPEG "
-        "quality 90), batch 64; the decoders alone decode the file's own payloads from memory into one "
+        f"{doc['repeats']} epochs per round, {doc['rounds']} interleaved rounds; medians of all "
+        f"epochs. Images: "
+        f"{doc.get('n_images', '?')} images 128x256x3 (the `image` demo, PNG level 1; the same "
+        f"images as JPEG "
+        "quality 90), batch 64; the decoders alone decode the file's own payloads from memory into "
+        "one "
         "preallocated array. Per CPU-s: images (rows) per second of process CPU time.",
         "",
         markdown_table(["what", "per s (wall)", "per CPU-s", "epochs"], rows),
@@ -359,9 +444,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", nargs="+", choices=["images", "patch"], default=["images", "patch"])
     ap.add_argument("--kinds", nargs="+", default=None, help="only these kinds (e.g. png:kernel)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "decode_bench.json"))
-    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"),
-                    help="markdown file whose decode_bench section is (re)generated ('' to skip)")
-    ap.add_argument("--cache-dir", default=os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache", "rowstore")))
+    ap.add_argument(
+        "--doc",
+        default=os.path.join(ROOT, "docs", "performance.md"),
+        help="markdown file whose decode_bench section is (re)generated ('' to skip)",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        default=os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache", "rowstore")),
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -370,9 +461,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rounds = args.rounds or (2 if args.quick else 3)
     t0 = time.perf_counter()
-    doc: dict[str, Any] = {"tool": "bench/decode_bench.py", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           "quick": args.quick, "cpus": os.cpu_count(), "load_avg_start": _load(), "rounds": rounds,
-                           "repeats": args.repeats}
+    doc: dict[str, Any] = {
+        "tool": "bench/decode_bench.py",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "load_avg_start": _load(),
+        "rounds": rounds,
+        "repeats": args.repeats,
+    }
     jobs: list[tuple[str, str]] = []
     if "images" in args.parts:
         doc["n_images"] = 200 if args.quick else 600
@@ -396,12 +493,28 @@ def main(argv: list[str] | None = None) -> int:
                 errors[kind] = res["error"]
             reps[kind] += res.get("repeats", [])
             last = res.get("repeats", [{}])[-1:] or [{}]
-            _log(f"round {rnd + 1} {kind:28s} " + (f"{last[0].get('per_s', 0):9,.0f}/s wall "
-                 f"{last[0].get('per_cpu_s') or 0:9,.0f}/CPU-s" if not res.get("error") else f"ERROR {res['error']}"))
+            _log(
+                f"round {rnd + 1} {kind:28s} "
+                + (
+                    f"{last[0].get('per_s', 0):9,.0f}/s wall "
+                    f"{last[0].get('per_cpu_s') or 0:9,.0f}/CPU-s"
+                    if not res.get("error")
+                    else f"ERROR {res['error']}"
+                )
+            )
         loads.append(_load())
     results = {k: summarize(v) for k, v in reps.items() if v}
-    doc.update({"load_avg_per_round": loads, "load_avg_end": _load(), "results": results, "errors": errors,
-                "raw": reps, "ratios": ratios(results), "seconds": time.perf_counter() - t0})
+    doc.update(
+        {
+            "load_avg_per_round": loads,
+            "load_avg_end": _load(),
+            "results": results,
+            "errors": errors,
+            "raw": reps,
+            "ratios": ratios(results),
+            "seconds": time.perf_counter() - t0,
+        }
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".tmp", "w") as fh:
         json.dump(doc, fh, indent=1)
@@ -412,11 +525,16 @@ def main(argv: list[str] | None = None) -> int:
         write_section(args.doc, markdown(doc), BEGIN, END)
     _log("")
     for k, v in results.items():
-        _log(f"{k:28s} {v['per_s'] or 0:9,.0f}/s wall  {v['per_cpu_s'] or 0:9,.0f}/CPU-s"
-             + (f"  {v['gb_per_s']:.2f} GB/s" if v.get("gb_per_s") else ""))
+        _log(
+            f"{k:28s} {v['per_s'] or 0:9,.0f}/s wall  {v['per_cpu_s'] or 0:9,.0f}/CPU-s"
+            + (f"  {v['gb_per_s']:.2f} GB/s" if v.get("gb_per_s") else "")
+        )
     for k, v in doc["ratios"].items():
         _log(f"{k:60s} {v:.2f}")
-    _log(f"load average: start {doc['load_avg_start']}, per round {loads}; written {args.out} ({doc['seconds']:.0f} s)")
+    _log(
+        f"load average: start {doc['load_avg_start']}, per round {loads}; written {args.out} "
+        f"({doc['seconds']:.0f} s)"
+    )
     return 0
 
 

@@ -8,7 +8,8 @@ left). Measures ``Layout.open`` (median of ``--repeats``, v1 and v2 alternating;
 warm) and, through the Range HTTP server of ``tests/_servers.py``, the requests and bytes of a
 remote open. Open times move with the machine's load; compare the ratios of one run.
 
-    python bench/footer_bench.py [--blocks 100000] [--repeats 9] [--json bench/results/footer_bench.json]
+    python bench/footer_bench.py [--blocks 100000] [--repeats 9] [--json
+    bench/results/footer_bench.json]
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # tests/_servers.py
 def _write(path: str, n: int, rows_per_block: int) -> None:
     import rowstore
 
-    with rowstore.Writer(path, rowstore.Schema([rowstore.Field("i", "int32")]), rows_per_block=rows_per_block) as w:
+    with rowstore.Writer(
+        path, rowstore.Schema([rowstore.Field("i", "int32")]), rows_per_block=rows_per_block
+    ) as w:
         w.write_batch({"i": np.arange(n, dtype=np.int32)})
 
 
@@ -84,10 +87,15 @@ def main() -> None:
                 times["v1"].append(_time_open(v1))
                 times["v2"].append(_time_open(v2))
             med = {k: statistics.median(v) for k, v in times.items()}
-            case = {"rows": n, "blocks": L.num_blocks, "file_bytes": L.file_size,
-                    "footer_bytes": L.file_size - L.footer_offset,
-                    "open_ms_v1": round(med["v1"] * 1e3, 3), "open_ms_v2": round(med["v2"] * 1e3, 3),
-                    "v1_over_v2": round(med["v1"] / med["v2"], 2)}  # fmt: skip
+            case = {
+                "rows": n,
+                "blocks": L.num_blocks,
+                "file_bytes": L.file_size,
+                "footer_bytes": L.file_size - L.footer_offset,
+                "open_ms_v1": round(med["v1"] * 1e3, 3),
+                "open_ms_v2": round(med["v2"] * 1e3, 3),
+                "v1_over_v2": round(med["v1"] / med["v2"], 2),
+            }
             srv = RangeHTTPServer(tmp)
             try:
                 with rowstore.open(f"{srv.url}/{os.path.basename(v2)}"):

@@ -56,16 +56,23 @@ def _locality(rpb: int, windows=(4, 16), worlds=(4, 8, 32), units=(1, 4)) -> lis
         eo = EpochOrder(br, rpb, shuffle="block", seed=0, window=window)
         for world in worlds:
             contig = [read_cost(eo, BATCH, c, world, dealt=False) for c in range(world)]
-            row = {"window": window, "world": world,
-                   "contiguous": rpb * sum(b for b, _ in contig) / max(1, sum(n for _, n in contig))}
+            row = {
+                "window": window,
+                "world": world,
+                "contiguous": rpb * sum(b for b, _ in contig) / max(1, sum(n for _, n in contig)),
+            }
             for mult in units:
                 u = max(1, -(-mult * window * rpb // BATCH))  # mult windows of rows
                 cost = [read_cost(eo, BATCH, c, world, unit=u) for c in range(world)]
-                row[f"dealt_unit_{mult}w"] = rpb * sum(b for b, _ in cost) / max(1, sum(n for _, n in cost))
+                row[f"dealt_unit_{mult}w"] = (
+                    rpb * sum(b for b, _ in cost) / max(1, sum(n for _, n in cost))
+                )
                 row[f"unit_{mult}w_batches"] = u
             # batch 100 does not divide a window of rows: unit boundaries fall inside windows
             cost = [read_cost(eo, 100, c, world) for c in range(world)]
-            row["dealt_default_batch100"] = rpb * sum(b for b, _ in cost) / max(1, sum(n for _, n in cost))
+            row["dealt_default_batch100"] = (
+                rpb * sum(b for b, _ in cost) / max(1, sum(n for _, n in cost))
+            )
             out.append(row)
     return out
 
@@ -76,12 +83,22 @@ def _quality(rpb: int, windows=(1, 4, 16, 64)) -> list[dict]:
     out = []
     br = _layout(rpb)
     for window in [*windows, "full"]:
-        eo = EpochOrder(br, rpb, shuffle="full" if window == "full" else "block", seed=0,
-                        window=16 if window == "full" else window)
+        eo = EpochOrder(
+            br,
+            rpb,
+            shuffle="full" if window == "full" else "block",
+            seed=0,
+            window=16 if window == "full" else window,
+        )
         ids = eo.ids()
         bb = batch_blocks(ids, rpb, BATCH)
-        out.append({"window": window, "quality": shuffle_quality(ids, rpb, len(br), BATCH),
-                    "blocks_per_batch": float(bb.mean()) if len(bb) else 0.0})
+        out.append(
+            {
+                "window": window,
+                "quality": shuffle_quality(ids, rpb, len(br), BATCH),
+                "blocks_per_batch": float(bb.mean()) if len(bb) else 0.0,
+            }
+        )
     return out
 
 
@@ -97,34 +114,55 @@ def _speed(r, repeats: int) -> dict:
     res: dict = {"consumer0_of_4": {"dealt": [], "contiguous": []}, "window": {}}
     for _ in range(repeats):
         res["consumer0_of_4"]["dealt"].append(_epoch_rate(r.deal(BATCH, shard=(0, 4), seed=1)))
-        res["consumer0_of_4"]["contiguous"].append(_epoch_rate(r.batches(BATCH, part=(0, 4), seed=1)))
+        res["consumer0_of_4"]["contiguous"].append(
+            _epoch_rate(r.batches(BATCH, part=(0, 4), seed=1))
+        )
     for window in (1, 16, 64):
         res["window"][str(window)] = statistics.median(
-            _epoch_rate(r.deal(BATCH, seed=1, window=window)) for _ in range(repeats))
+            _epoch_rate(r.deal(BATCH, seed=1, window=window)) for _ in range(repeats)
+        )
     d, c = res["consumer0_of_4"]["dealt"], res["consumer0_of_4"]["contiguous"]
-    res["consumer0_of_4"] = {"dealt_rows_s": statistics.median(d), "contiguous_rows_s": statistics.median(c),
-                             "ratio_dealt_over_contiguous": statistics.median([a / b for a, b in zip(d, c)])}
+    res["consumer0_of_4"] = {
+        "dealt_rows_s": statistics.median(d),
+        "contiguous_rows_s": statistics.median(c),
+        "ratio_dealt_over_contiguous": statistics.median([a / b for a, b in zip(d, c)]),
+    }
     return res
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "order_bench.json"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "results", "order_bench.json")
+    )
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="order_bench")
-    report: dict = {"batch_size": BATCH, "repeats": args.repeats, "cpus": os.cpu_count(),
-                    "load_note": "2 cores shared with other jobs: rates are noisy; ratios come from the same run",
-                    "workloads": {}}
+    report: dict = {
+        "batch_size": BATCH,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "load_note": "2 cores shared with other jobs: rates are noisy; ratios come from the same "
+        "run",
+        "workloads": {},
+    }
     try:
         for name in args.workloads:
             path = make_demo(name, os.path.join(tmp, f"{name}.h5"), WORKLOADS[name])
             with rowstore.open(path) as r:
                 rpb = r.layout.rows_per_block
-                entry = {"rows": len(r), "rows_per_block": rpb, "blocks": r.layout.num_blocks,
-                         "layout_blocks": NBLOCKS, "locality": _locality(rpb), "quality": _quality(rpb),
-                         "speed": _speed(r, args.repeats)}
+                entry = {
+                    "rows": len(r),
+                    "rows_per_block": rpb,
+                    "blocks": r.layout.num_blocks,
+                    "layout_blocks": NBLOCKS,
+                    "locality": _locality(rpb),
+                    "quality": _quality(rpb),
+                    "speed": _speed(r, args.repeats),
+                }
             report["workloads"][name] = entry
             print(name, json.dumps(entry, indent=None, default=float)[:600], flush=True)
     finally:

@@ -1,5 +1,6 @@
 """``pieces=`` through the adapters: one epoch of the tiny demo rows (72 B) at batch
-1024 through ``Reader.batches``, ``rowstore.torch.BatchedDataLoader`` and ``rowstore.tf.make_dataset``
+1024 through ``Reader.batches``, ``rowstore.torch.BatchedDataLoader`` and
+``rowstore.tf.make_dataset``
 with ``window=16`` and with ``window=128, pieces=8``, every batch touched; medians of
 ``--repeats`` epochs per configuration, configurations interleaved. Rows per CPU second (user +
 system of this process) besides wall rows/s, since a loaded machine makes wall time noisy.
@@ -61,24 +62,45 @@ def main() -> None:
                     for c, kw in CONFIGS.items():
                         t0, c0 = time.perf_counter(), time.process_time()
                         n = _epoch(kind, path, r, kw)
-                        runs[(kind, c)].append((n / (time.perf_counter() - t0), n / (time.process_time() - c0)))
+                        runs[(kind, c)].append(
+                            (n / (time.perf_counter() - t0), n / (time.process_time() - c0))
+                        )
     out = []
     for (kind, c), v in runs.items():
-        out.append({"path": kind, "config": c, "quality": quality[c],
-                    "rows_per_s": statistics.median(x for x, _ in v),
-                    "rows_per_cpu_s": statistics.median(y for _, y in v)})
+        out.append(
+            {
+                "path": kind,
+                "config": c,
+                "quality": quality[c],
+                "rows_per_s": statistics.median(x for x, _ in v),
+                "rows_per_cpu_s": statistics.median(y for _, y in v),
+            }
+        )
     base = {o["path"]: o for o in out if o["config"] == "window=16"}
-    print(f"tiny demo, {args.rows:,} rows, batch 1024, medians of {args.repeats}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"tiny demo, {args.rows:,} rows, batch 1024, medians of {args.repeats}; load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     print("| path | config | quality | rows/s | rows per CPU s | CPU-s ratio vs window=16 |")
     print("|---|---|---:|---:|---:|---:|")
     for o in out:
         o["cpu_ratio_vs_window16"] = o["rows_per_cpu_s"] / base[o["path"]]["rows_per_cpu_s"]
-        print(f"| {o['path']} | {o['config']} | {o['quality']:.3f} | {o['rows_per_s']:,.0f} | "
-              f"{o['rows_per_cpu_s']:,.0f} | {o['cpu_ratio_vs_window16']:.2f}x |")
+        print(
+            f"| {o['path']} | {o['config']} | {o['quality']:.3f} | {o['rows_per_s']:,.0f} | "
+            f"{o['rows_per_cpu_s']:,.0f} | {o['cpu_ratio_vs_window16']:.2f}x |"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": args.rows, "repeats": args.repeats, "load_average": os.getloadavg(), "results": out},
-                      f, indent=1)
+            json.dump(
+                {
+                    "rows": args.rows,
+                    "repeats": args.repeats,
+                    "load_average": os.getloadavg(),
+                    "results": out,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ def _child(args: argparse.Namespace) -> int:
             for e in range(args.epochs + 1):
                 t = time.perf_counter()
                 n = 0
-                for b in reader.batches(batch, shuffle=shuffle, seed=1, epoch=e, num_threads=args.threads):
+                for b in reader.batches(
+                    batch, shuffle=shuffle, seed=1, epoch=e, num_threads=args.threads
+                ):
                     for v in b.values():  # touch every field, as a consumer would
                         a = getattr(v, "values", v)
                         if isinstance(a, np.ndarray) and a.dtype != object and a.size:
@@ -73,8 +75,20 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def _run(checkout: str, args: argparse.Namespace, extra: list[str]) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cache-dir", args.cache_dir,
-           "--epochs", str(args.epochs), "--threads", str(args.threads), "--workloads", *args.workloads, *extra]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--cache-dir",
+        args.cache_dir,
+        "--epochs",
+        str(args.epochs),
+        "--threads",
+        str(args.threads),
+        "--workloads",
+        *args.workloads,
+        *extra,
+    ]
     res = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, check=False)
     if res.returncode:
         raise SystemExit(f"child in {checkout} failed:\n{res.stderr}")
@@ -85,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", help="checkout to compare against (built in place)")
     ap.add_argument("--repeats", type=int, default=5, help="A/B pairs of processes")
-    ap.add_argument("--epochs", type=int, default=3, help="timed epochs per process (after one warm-up)")
+    ap.add_argument(
+        "--epochs", type=int, default=3, help="timed epochs per process (after one warm-up)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--cache-dir", default=os.path.join(ROOT, ".cache", "reader_ab"))
@@ -104,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {}
     for i in range(args.repeats):
         pair = {}
-        for side, checkout in (("base", args.baseline), ("new", ROOT)) if i % 2 else (("new", ROOT), ("base", args.baseline)):
+        for side, checkout in (
+            (("base", args.baseline), ("new", ROOT))
+            if i % 2
+            else (("new", ROOT), ("base", args.baseline))
+        ):
             pair[side] = _run(checkout, args, [])
         for key in pair["new"]:
             if key == "rowstore":
@@ -114,15 +134,36 @@ def main(argv: list[str] | None = None) -> int:
             sides["base"].setdefault(key, []).append(base)
             ratios.setdefault(key, []).append(new / base)
         print(f"pair {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    print(f"{'workload':<14} {'baseline rows/s':>16} {'new rows/s':>14} {'new/base (median, min-max)':>30}")
+    print(
+        f"{'workload':<14} {'baseline rows/s':>16} {'new rows/s':>14} "
+        f"{'new/base (median, min-max)':>30}"
+    )
     report = {}
     for key, rs in ratios.items():
         b, n = statistics.median(sides["base"][key]), statistics.median(sides["new"][key])
-        report[key] = {"baseline": b, "new": n, "ratio_median": statistics.median(rs), "ratio_min": min(rs), "ratio_max": max(rs)}
-        print(f"{key:<14} {b:>16,.0f} {n:>14,.0f} {statistics.median(rs):>12.3f} ({min(rs):.3f}-{max(rs):.3f})")
+        report[key] = {
+            "baseline": b,
+            "new": n,
+            "ratio_median": statistics.median(rs),
+            "ratio_min": min(rs),
+            "ratio_max": max(rs),
+        }
+        print(
+            f"{key:<14} {b:>16,.0f} {n:>14,.0f} {statistics.median(rs):>12.3f} "
+            f"({min(rs):.3f}-{max(rs):.3f})"
+        )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"threads": args.threads, "repeats": args.repeats, "epochs": args.epochs, "results": report}, f, indent=1)
+            json.dump(
+                {
+                    "threads": args.threads,
+                    "repeats": args.repeats,
+                    "epochs": args.epochs,
+                    "results": report,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

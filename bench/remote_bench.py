@@ -18,7 +18,8 @@ MB/s counts the rows' bytes delivered (19,448 per row), medians of the repeats. 
 client share the machine's cores: on a loaded 2-core machine, absolute figures move with the
 load; the ratios in one run are what to compare.
 
-    python bench/remote_bench.py [--mb 96] [--repeats 3] [--latency-ms 30] [--json bench/results/remote_bench.json]
+    python bench/remote_bench.py [--mb 96] [--repeats 3] [--latency-ms 30] [--json
+    bench/results/remote_bench.json]
 """
 
 from __future__ import annotations
@@ -44,15 +45,26 @@ def write_patch(root: str, mb: int) -> str:
     import rowstore
     from rowstore import Field, Schema
 
-    schema = Schema([Field("foo", "float64", (9, 9, 27)), Field("bar", "int64", (9, 27)), Field("baz", "float64")])
+    schema = Schema(
+        [
+            Field("foo", "float64", (9, 9, 27)),
+            Field("bar", "int64", (9, 27)),
+            Field("baz", "float64"),
+        ]
+    )
     rows = (mb << 20) // ROW_BYTES
     ds = os.path.join(root, "patch")
     rng = np.random.default_rng(0)
     with rowstore.DatasetWriter(ds, schema, shard_bytes=4 << 20, block_bytes=1 << 20) as w:
         for a in range(0, rows, 2048):
             n = min(2048, rows - a)
-            w.write_batch({"foo": rng.random((n, 9, 9, 27)), "bar": rng.integers(0, 1 << 40, (n, 9, 27)),
-                           "baz": np.arange(a, a + n, dtype=np.float64)})
+            w.write_batch(
+                {
+                    "foo": rng.random((n, 9, 9, 27)),
+                    "bar": rng.integers(0, 1 << 40, (n, 9, 27)),
+                    "baz": np.arange(a, a + n, dtype=np.float64),
+                }
+            )
     return ds
 
 
@@ -89,7 +101,10 @@ def _h5py(spec: dict) -> dict:
         t = time.perf_counter()
         rows = 0
         for s in rng.permutation(len(shards)):
-            with fs.open(shards[s], "rb", block_size=1 << 20, cache_type="readahead") as f, h5py.File(f, "r") as h:
+            with (
+                fs.open(shards[s], "rb", block_size=1 << 20, cache_type="readahead") as f,
+                h5py.File(f, "r") as h,
+            ):
                 ds = h["rowstore/rows"]
                 rpb = ds.chunks[0]
                 nb = -(-ds.shape[0] // rpb)
@@ -120,8 +135,13 @@ def child(spec: dict) -> dict:
 
 
 def run_child(spec: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                         timeout=900, env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)),
+    )
     if out.returncode != 0:
         return {"error": out.stderr[-2000:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -132,9 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mb", type=int, default=96, help="dataset size (MB of rows)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--latency-ms", type=float, default=30.0)
-    p.add_argument("--h5py-seconds", type=float, default=8.0, help="time limit of an h5py epoch (rate extrapolated)")
-    p.add_argument("--in-flight", default="", help="also rowstore over HTTP at +latency with these max_in_flight "
-                                                 "values, e.g. 1,4,8 (the window's effect)")
+    p.add_argument(
+        "--h5py-seconds",
+        type=float,
+        default=8.0,
+        help="time limit of an h5py epoch (rate extrapolated)",
+    )
+    p.add_argument(
+        "--in-flight",
+        default="",
+        help="also rowstore over HTTP at +latency with these max_in_flight "
+        "values, e.g. 1,4,8 (the window's effect)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -147,39 +176,96 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="rowstore-remote-bench-")
     ds = write_patch(tmp, args.mb)
-    results: dict = {"dataset": {"rows": None, "mb": args.mb, "row_bytes": ROW_BYTES, "shard_bytes": 4 << 20,
-                                 "block_bytes": 1 << 20}, "cases": {}}
+    results: dict = {
+        "dataset": {
+            "rows": None,
+            "mb": args.mb,
+            "row_bytes": ROW_BYTES,
+            "shard_bytes": 4 << 20,
+            "block_bytes": 1 << 20,
+        },
+        "cases": {},
+    }
     with _servers.moto_s3(process=True) as (endpoint, so):
         fs = fsspec.filesystem("s3", **so)
         fs.put(ds + "/", "rowstore/patch/", recursive=True)
-        proxies = {0: _servers.FaultProxy(endpoint.split("://")[1]),
-                   int(args.latency_ms): _servers.FaultProxy(endpoint.split("://")[1], latency=args.latency_ms / 1e3)}
+        proxies = {
+            0: _servers.FaultProxy(endpoint.split("://")[1]),
+            int(args.latency_ms): _servers.FaultProxy(
+                endpoint.split("://")[1], latency=args.latency_ms / 1e3
+            ),
+        }
         cases = [("local", {"kind": "rowstore", "url": ds})]
         for ms, px in proxies.items():
             pso = _servers.s3_options(px.url)
-            cases.append((f"rowstore s3 +{ms} ms", {"kind": "rowstore", "url": "s3://rowstore/patch", "so": pso}))
-            cases.append((f"h5py/fsspec s3 +{ms} ms", {"kind": "h5py", "url": "s3://rowstore/patch", "so": pso,
-                                                       "time_limit": args.h5py_seconds}))
-        # The same over plain HTTP (tests/_servers.py's Range server, in its own process: lighter than moto).
+            cases.append(
+                (
+                    f"rowstore s3 +{ms} ms",
+                    {"kind": "rowstore", "url": "s3://rowstore/patch", "so": pso},
+                )
+            )
+            cases.append(
+                (
+                    f"h5py/fsspec s3 +{ms} ms",
+                    {
+                        "kind": "h5py",
+                        "url": "s3://rowstore/patch",
+                        "so": pso,
+                        "time_limit": args.h5py_seconds,
+                    },
+                )
+            )
+        # The same over plain HTTP (tests/_servers.py's Range server, in its own process: lighter
+        # than moto).
         http_cm = _servers.http_process(tmp)
         http_url = http_cm.__enter__()
-        hproxies = {0: _servers.FaultProxy(http_url.split("://")[1]),
-                    int(args.latency_ms): _servers.FaultProxy(http_url.split("://")[1], latency=args.latency_ms / 1e3)}
+        hproxies = {
+            0: _servers.FaultProxy(http_url.split("://")[1]),
+            int(args.latency_ms): _servers.FaultProxy(
+                http_url.split("://")[1], latency=args.latency_ms / 1e3
+            ),
+        }
         shard_names = sorted(os.listdir(os.path.join(ds, "shards")))
         for ms, px in hproxies.items():
-            cases.append((f"rowstore http +{ms} ms", {"kind": "rowstore", "url": px.url + "/patch"}))
+            cases.append(
+                (f"rowstore http +{ms} ms", {"kind": "rowstore", "url": px.url + "/patch"})
+            )
             for w in [int(v) for v in args.in_flight.split(",") if v] if ms else []:
-                cases.append((f"rowstore http +{ms} ms in flight {w}",
-                              {"kind": "rowstore", "url": px.url + "/patch", "remote": {"max_in_flight": w}}))
-            cases.append((f"h5py/fsspec http +{ms} ms", {"kind": "h5py", "url": px.url + "/patch", "shards": shard_names,
-                                                         "time_limit": args.h5py_seconds}))
+                cases.append(
+                    (
+                        f"rowstore http +{ms} ms in flight {w}",
+                        {
+                            "kind": "rowstore",
+                            "url": px.url + "/patch",
+                            "remote": {"max_in_flight": w},
+                        },
+                    )
+                )
+            cases.append(
+                (
+                    f"h5py/fsspec http +{ms} ms",
+                    {
+                        "kind": "h5py",
+                        "url": px.url + "/patch",
+                        "shards": shard_names,
+                        "time_limit": args.h5py_seconds,
+                    },
+                )
+            )
         for name, spec in cases:
             spec["repeats"] = args.repeats if spec["kind"] == "rowstore" else 1
             res = run_child(spec)
             results["cases"][name] = res
-            print(f"{name:24s} " + (f"{res['mb_per_s']:8.1f} MB/s  peak RSS {res['peak_rss_mb']:6.0f} MB"
-                                    f"  times {[f'{t:.2f}' for t in res['times_s']]}" if "error" not in res
-                                    else "ERROR " + res["error"][-400:]), flush=True)
+            print(
+                f"{name:24s} "
+                + (
+                    f"{res['mb_per_s']:8.1f} MB/s  peak RSS {res['peak_rss_mb']:6.0f} MB"
+                    f"  times {[f'{t:.2f}' for t in res['times_s']]}"
+                    if "error" not in res
+                    else "ERROR " + res["error"][-400:]
+                ),
+                flush=True,
+            )
         for px in list(proxies.values()) + list(hproxies.values()):
             px.close()
         http_cm.__exit__(None, None, None)
@@ -192,16 +278,22 @@ def main(argv: list[str] | None = None) -> int:
     results["summary"] = {
         f"rowstore_mb_s_at_{lat}ms": mbps(f"rowstore s3 +{lat} ms"),
         "rowstore_mb_s_at_0ms": mbps("rowstore s3 +0 ms"),
-        f"ratio_to_h5py_at_{lat}ms": mbps(f"rowstore s3 +{lat} ms") / mbps(f"h5py/fsspec s3 +{lat} ms"),
+        f"ratio_to_h5py_at_{lat}ms": mbps(f"rowstore s3 +{lat} ms")
+        / mbps(f"h5py/fsspec s3 +{lat} ms"),
         f"ratio_{lat}ms_to_0ms": mbps(f"rowstore s3 +{lat} ms") / mbps("rowstore s3 +0 ms"),
         "ratio_0ms_to_local": mbps("rowstore s3 +0 ms") / mbps("local"),
         f"http_rowstore_mb_s_at_{lat}ms": mbps(f"rowstore http +{lat} ms"),
         "http_rowstore_mb_s_at_0ms": mbps("rowstore http +0 ms"),
-        f"http_ratio_to_h5py_at_{lat}ms": mbps(f"rowstore http +{lat} ms") / mbps(f"h5py/fsspec http +{lat} ms"),
-        f"http_ratio_{lat}ms_to_0ms": mbps(f"rowstore http +{lat} ms") / mbps("rowstore http +0 ms"),
+        f"http_ratio_to_h5py_at_{lat}ms": mbps(f"rowstore http +{lat} ms")
+        / mbps(f"h5py/fsspec http +{lat} ms"),
+        f"http_ratio_{lat}ms_to_0ms": mbps(f"rowstore http +{lat} ms")
+        / mbps("rowstore http +0 ms"),
     }
-    results["machine"] = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-                          "note": "server (moto), proxy and client share the cores; other jobs ran alongside"}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "note": "server (moto), proxy and client share the cores; other jobs ran alongside",
+    }
     print(json.dumps(results["summary"], indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -42,8 +42,13 @@ sys.path.insert(0, ROOT)
 
 import rowstore  # noqa: E402
 
-SCHEMA = rowstore.Schema([rowstore.Field("id", "int64"), rowstore.Field("feature", "float32", (64,)),
-                          rowstore.Field("payload", "uint8", (None,))])  # fmt: skip
+SCHEMA = rowstore.Schema(
+    [
+        rowstore.Field("id", "int64"),
+        rowstore.Field("feature", "float32", (64,)),
+        rowstore.Field("payload", "uint8", (None,)),
+    ]
+)
 
 _SHUFFLE_CHILD = r"""
 import json, os, sys, time
@@ -77,7 +82,8 @@ for dirpath, _, files in os.walk(src):
     rel = os.path.relpath(dirpath, src)
     os.makedirs(os.path.join(dst, rel), exist_ok=True)
     for fn in files:
-        with open(os.path.join(dirpath, fn), "rb", buffering=0) as fi, open(os.path.join(dst, rel, fn), "wb", buffering=0) as fo:
+        with open(os.path.join(dirpath, fn), "rb", buffering=0) as fi, open(os.path.join(dst, rel,
+        fn), "wb", buffering=0) as fo:
             while True:
                 k = fi.readinto(buf)
                 if not k:
@@ -101,8 +107,13 @@ def make_dataset(path: str, data_mb: int) -> int:
             k = 5_000
             sizes = rng.integers(500, 3500, k)
             pool = rng.integers(0, 256, int(sizes.max()), dtype=np.uint8)
-            w.write_batch({"id": np.arange(n, n + k), "feature": rng.standard_normal((k, 64), dtype=np.float32),
-                           "payload": [pool[:s] for s in sizes]})  # fmt: skip
+            w.write_batch(
+                {
+                    "id": np.arange(n, n + k),
+                    "feature": rng.standard_normal((k, 64), dtype=np.float32),
+                    "payload": [pool[:s] for s in sizes],
+                }
+            )
             n += k
             done += k * (8 + 256 + 20) + int(sizes.sum())
     return n
@@ -128,14 +139,23 @@ def run_child(code: str, args: list[str], watch: str | None = None) -> dict:
     def sample():
         while not stop.is_set():
             if watch:
-                temps = [os.path.join(watch, x) for x in os.listdir(watch) if x.startswith(".rowstore-shuffle-")]
+                temps = [
+                    os.path.join(watch, x)
+                    for x in os.listdir(watch)
+                    if x.startswith(".rowstore-shuffle-")
+                ]
                 peak[0] = max(peak[0], dir_bytes(*temps))
             stop.wait(0.2)
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=3600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=3600
+    )
     stop.set()
     th.join()
     if p.returncode:
@@ -159,8 +179,12 @@ def main() -> None:
         t = time.perf_counter()
         rows = make_dataset(src, args.data_mb)
         L = rowstore.open(src).layout
-        print(f"dataset: {rows:,} rows, {L.raw_nbytes / 1e6:,.0f} MB raw, {L.file_size / 1e6:,.0f} MB in "
-              f"{L.num_shards} shards, written in {time.perf_counter() - t:.1f} s", flush=True)  # fmt: skip
+        print(
+            f"dataset: {rows:,} rows, {L.raw_nbytes / 1e6:,.0f} MB raw, {L.file_size / 1e6:,.0f} "
+            f"MB in "
+            f"{L.num_shards} shards, written in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
         shuffles, copies = [], []
         for i in range(args.repeats + 1):
             out, cp = os.path.join(base, "out"), os.path.join(base, "copy")
@@ -168,42 +192,81 @@ def main() -> None:
             shutil.rmtree(out)
             c = run_child(_COPY_CHILD, [src, cp])
             shutil.rmtree(cp)
-            print(f"{'warm-up' if i == 0 else f'run {i}'}: shuffle {s['wall_s']:.2f} s (pass 1 {s['pass1']['seconds']:.2f}, "
-                  f"pass 2 {s['pass2']['seconds']:.2f}), copy {c['wall_s']:.2f} s, ratio {s['wall_s'] / c['wall_s']:.2f}, "
-                  f"peak RSS {(s['peak_rss'] - s['base_rss']) / 2**20:.0f} MiB over baseline", flush=True)  # fmt: skip
+            print(
+                f"{'warm-up' if i == 0 else f'run {i}'}: shuffle {s['wall_s']:.2f} s (pass 1 "
+                f"{s['pass1']['seconds']:.2f}, "
+                f"pass 2 {s['pass2']['seconds']:.2f}), copy {c['wall_s']:.2f} s, ratio "
+                f"{s['wall_s'] / c['wall_s']:.2f}, "
+                f"peak RSS {(s['peak_rss'] - s['base_rss']) / 2**20:.0f} MiB over baseline",
+                flush=True,
+            )
             if i:
                 shuffles.append(s)
                 copies.append(c)
         med = statistics.median
         nbytes = shuffles[0]["nbytes"]
         result = {
-            "machine": {"cpus": os.cpu_count(), "note": "2 cores shared with other jobs; warm page cache"},
-            "dataset": {"rows": rows, "raw_bytes": int(L.raw_nbytes), "file_bytes": int(L.file_size),
-                        "shards": L.num_shards, "schema": SCHEMA.to_json()},
-            "memory_budget": shuffles[0]["memory"], "repeats": args.repeats,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "note": "2 cores shared with other jobs; warm page cache",
+            },
+            "dataset": {
+                "rows": rows,
+                "raw_bytes": int(L.raw_nbytes),
+                "file_bytes": int(L.file_size),
+                "shards": L.num_shards,
+                "schema": SCHEMA.to_json(),
+            },
+            "memory_budget": shuffles[0]["memory"],
+            "repeats": args.repeats,
             "shuffle": {
                 "wall_s_median": med(s["wall_s"] for s in shuffles),
-                "passes": shuffles[0]["passes"], "piles": shuffles[0]["piles"], "splits": shuffles[0]["splits"],
-                "pass1": {k: med(s["pass1"][k] for s in shuffles) for k in ("seconds", "rows_per_s", "mb_per_s")},
-                "pass2": {k: med(s["pass2"][k] for s in shuffles) for k in ("seconds", "rows_per_s", "mb_per_s")},
-                "file_bytes": {"pass1_read": shuffles[0]["pass1"]["file_read"],
-                               "pass1_written": shuffles[0]["pass1"]["file_written"],
-                               "pass2_read": shuffles[0]["pass2"]["file_read"],
-                               "pass2_written": shuffles[0]["pass2"]["file_written"]},
+                "passes": shuffles[0]["passes"],
+                "piles": shuffles[0]["piles"],
+                "splits": shuffles[0]["splits"],
+                "pass1": {
+                    k: med(s["pass1"][k] for s in shuffles)
+                    for k in ("seconds", "rows_per_s", "mb_per_s")
+                },
+                "pass2": {
+                    k: med(s["pass2"][k] for s in shuffles)
+                    for k in ("seconds", "rows_per_s", "mb_per_s")
+                },
+                "file_bytes": {
+                    "pass1_read": shuffles[0]["pass1"]["file_read"],
+                    "pass1_written": shuffles[0]["pass1"]["file_written"],
+                    "pass2_read": shuffles[0]["pass2"]["file_read"],
+                    "pass2_written": shuffles[0]["pass2"]["file_written"],
+                },
                 "peak_rss_bytes_max": max(s["peak_rss"] for s in shuffles),
                 "base_rss_bytes": shuffles[0]["base_rss"],
-                "rss_over_base_minus_budget_max": max(s["peak_rss"] - s["base_rss"] - s["memory"] for s in shuffles),
+                "rss_over_base_minus_budget_max": max(
+                    s["peak_rss"] - s["base_rss"] - s["memory"] for s in shuffles
+                ),
                 "io_median": {k: med(s["io"][k] for s in shuffles) for k in shuffles[0]["io"]},
                 "temp_peak_bytes_max": max(s["temp_peak_bytes"] for s in shuffles),
                 "mb_per_s_overall": nbytes / 1e6 / med(s["wall_s"] for s in shuffles),
             },
-            "copy": {"wall_s_median": med(c["wall_s"] for c in copies), "bytes": copies[0]["bytes"],
-                     "mb_per_s": copies[0]["bytes"] / 1e6 / med(c["wall_s"] for c in copies),
-                     "io_median": {k: med(c["io"][k] for c in copies) for k in copies[0]["io"]}},
-            "ratio_shuffle_over_copy_median": med(s["wall_s"] / c["wall_s"] for s, c in zip(shuffles, copies)),
-            "runs": {"shuffle_wall_s": [s["wall_s"] for s in shuffles], "copy_wall_s": [c["wall_s"] for c in copies]},
-        }  # fmt: skip
-        print(json.dumps({k: result[k] for k in ("shuffle", "copy", "ratio_shuffle_over_copy_median")}, indent=1))
+            "copy": {
+                "wall_s_median": med(c["wall_s"] for c in copies),
+                "bytes": copies[0]["bytes"],
+                "mb_per_s": copies[0]["bytes"] / 1e6 / med(c["wall_s"] for c in copies),
+                "io_median": {k: med(c["io"][k] for c in copies) for k in copies[0]["io"]},
+            },
+            "ratio_shuffle_over_copy_median": med(
+                s["wall_s"] / c["wall_s"] for s, c in zip(shuffles, copies)
+            ),
+            "runs": {
+                "shuffle_wall_s": [s["wall_s"] for s in shuffles],
+                "copy_wall_s": [c["wall_s"] for c in copies],
+            },
+        }
+        print(
+            json.dumps(
+                {k: result[k] for k in ("shuffle", "copy", "ratio_shuffle_over_copy_median")},
+                indent=1,
+            )
+        )
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

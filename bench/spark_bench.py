@@ -1,7 +1,8 @@
 """rowstore.spark.write against Petastorm's materialize_dataset + Parquet write, and reading the
 results: rowstore's torch loader against petastorm.pytorch.BatchedDataLoader.
 
-    python bench/spark_bench.py [--rows 128] [--repeats 3] [--petastorm-python /tmp/petastorm-venv/bin/python]
+    python bench/spark_bench.py [--rows 128] [--repeats 3] [--petastorm-python
+    /tmp/petastorm-venv/bin/python]
                                 [--out bench/results/spark_bench.json]
 
 Both sides write the same rows of Petastorm's hello-world schema (an int32 id, a 128x256x3 uint8
@@ -47,16 +48,24 @@ def row_generator(i: int) -> dict:
     rng = np.random.default_rng(i)
     y, x = np.mgrid[0:128, 0:256]
     image = np.stack([(x + i) % 256, (y * 2) % 256, (x * y + i) % 256], axis=-1).astype(np.uint8)
-    return {"id": np.int32(i), "image1": image,
-            "array_4d": rng.integers(0, 255, (1 + i % 3, 16, 8, 1 + i % 4), dtype=np.uint8)}  # fmt: skip
+    return {
+        "id": np.int32(i),
+        "image1": image,
+        "array_4d": rng.integers(0, 255, (1 + i % 3, 16, 8, 1 + i % 4), dtype=np.uint8),
+    }
 
 
 def _session():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    s = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "2g").getOrCreate())  # fmt: skip
+    s = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
     s.sparkContext.setLogLevel("ERROR")
     return s
 
@@ -82,13 +91,18 @@ def petastorm_side(rows: int, repeats: int, work: str) -> dict:
     from petastorm.unischema import Unischema, UnischemaField, dict_to_spark_row
     from pyspark.sql.types import IntegerType
 
-    schema = Unischema("HelloWorldSchema", [
-        UnischemaField("id", np.int32, (), ScalarCodec(IntegerType()), False),
-        UnischemaField("image1", np.uint8, (128, 256, 3), CompressedImageCodec("png"), False),
-        UnischemaField("array_4d", np.uint8, (None, 16, 8, None), NdarrayCodec(), False),
-    ])  # fmt: skip
+    schema = Unischema(
+        "HelloWorldSchema",
+        [
+            UnischemaField("id", np.int32, (), ScalarCodec(IntegerType()), False),
+            UnischemaField("image1", np.uint8, (128, 256, 3), CompressedImageCodec("png"), False),
+            UnischemaField("array_4d", np.uint8, (None, 16, 8, None), NdarrayCodec(), False),
+        ],
+    )
     spark = _session()
-    rdd = spark.sparkContext.parallelize(range(rows), 2).map(lambda i: dict_to_spark_row(schema, row_generator(i)))
+    rdd = spark.sparkContext.parallelize(range(rows), 2).map(
+        lambda i: dict_to_spark_row(schema, row_generator(i))
+    )
     df = spark.createDataFrame(rdd, schema.as_spark_schema()).cache()
     df.count()
     url = "file://" + os.path.join(work, "petastorm_ds")
@@ -108,8 +122,13 @@ def petastorm_side(rows: int, repeats: int, work: str) -> dict:
         # the complete epoch is timed.
         for _ in range(5):
             n, t0 = 0, time.perf_counter()
-            with make_reader(url, schema_fields=["id", "image1"], num_epochs=1, shuffle_row_groups=True,
-                             workers_count=2) as reader:  # fmt: skip
+            with make_reader(
+                url,
+                schema_fields=["id", "image1"],
+                num_epochs=1,
+                shuffle_row_groups=True,
+                workers_count=2,
+            ) as reader:
                 for b in loader(reader, batch_size=BATCH):
                     n += len(b["id"])
             if n == rows:
@@ -123,9 +142,21 @@ def petastorm_side(rows: int, repeats: int, work: str) -> dict:
     import pyarrow
     import pyspark
 
-    return {"write_s": w, "write_times": wt, "read_s": r, "read_times": rt, "read_dataloader_s": d,
-            "read_dataloader_times": dt, "short_epochs_retried": short, "versions": {"petastorm": petastorm.__version__, "pyspark": pyspark.__version__,
-                         "pyarrow": pyarrow.__version__, "numpy": np.__version__}}  # fmt: skip
+    return {
+        "write_s": w,
+        "write_times": wt,
+        "read_s": r,
+        "read_times": rt,
+        "read_dataloader_s": d,
+        "read_dataloader_times": dt,
+        "short_epochs_retried": short,
+        "versions": {
+            "petastorm": petastorm.__version__,
+            "pyspark": pyspark.__version__,
+            "pyarrow": pyarrow.__version__,
+            "numpy": np.__version__,
+        },
+    }
 
 
 # -- rowstore's side ------------------------------------------------------------------------------
@@ -138,10 +169,17 @@ def rowstore_side(rows: int, repeats: int, work: str, png_level: int) -> dict:
     import rowstore.torch as rst
     from rowstore import Field, Schema
 
-    schema = Schema([Field("id", "int32"), Field("image1", "uint8", (128, 256, 3), codec={"id": "png", "level": png_level}),
-                     Field("array_4d", "uint8", (None, 16, 8, None))])  # fmt: skip
+    schema = Schema(
+        [
+            Field("id", "int32"),
+            Field("image1", "uint8", (128, 256, 3), codec={"id": "png", "level": png_level}),
+            Field("array_4d", "uint8", (None, 16, 8, None)),
+        ]
+    )
     spark = _session()
-    rdd = spark.sparkContext.parallelize(range(rows), 2).map(lambda i: rsp.to_row(schema, row_generator(i)))
+    rdd = spark.sparkContext.parallelize(range(rows), 2).map(
+        lambda i: rsp.to_row(schema, row_generator(i))
+    )
     df = spark.createDataFrame(rdd, rsp.spark_schema(schema)).cache()
     df.count()
     path = os.path.join(work, "rowstore_ds")
@@ -150,7 +188,9 @@ def rowstore_side(rows: int, repeats: int, work: str, png_level: int) -> dict:
 
     def read():
         n = 0
-        with rst.BatchedDataLoader(path, batch_size=BATCH, shuffle=True, fields=["id", "image1"]) as dl:
+        with rst.BatchedDataLoader(
+            path, batch_size=BATCH, shuffle=True, fields=["id", "image1"]
+        ) as dl:
             for b in dl:
                 n += len(b["id"])
         assert n == rows, n
@@ -158,18 +198,34 @@ def rowstore_side(rows: int, repeats: int, work: str, png_level: int) -> dict:
     r, rt = _median(read, repeats)
     with rowstore.open(path) as reader:
         shards = reader.layout.num_shards
-    return {"write_s": w, "write_times": wt, "read_s": r, "read_times": rt, "shards": shards,
-            "versions": {"rowstore": rowstore.__version__, "pyspark": pyspark.__version__, "numpy": np.__version__}}
+    return {
+        "write_s": w,
+        "write_times": wt,
+        "read_s": r,
+        "read_times": rt,
+        "shards": shards,
+        "versions": {
+            "rowstore": rowstore.__version__,
+            "pyspark": pyspark.__version__,
+            "numpy": np.__version__,
+        },
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--png-level", type=int, default=1, help="zlib level of rowstore's PNG field (default 1)")
+    ap.add_argument(
+        "--png-level", type=int, default=1, help="zlib level of rowstore's PNG field (default 1)"
+    )
     ap.add_argument("--petastorm-python", default="/tmp/petastorm-venv/bin/python")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "spark_bench.json"))  # fmt: skip
+    ap.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "spark_bench.json"
+        ),
+    )
     ap.add_argument("--petastorm-side", metavar="WORKDIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.petastorm_side:
@@ -179,9 +235,22 @@ def main() -> None:
     try:
         ours = rowstore_side(args.rows, args.repeats, work, args.png_level)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
-        p = subprocess.run([args.petastorm_python, os.path.abspath(__file__), "--rows", str(args.rows), "--repeats",
-                            str(args.repeats), "--petastorm-side", work], capture_output=True, text=True, env=env,
-                           timeout=1800)  # fmt: skip
+        p = subprocess.run(
+            [
+                args.petastorm_python,
+                os.path.abspath(__file__),
+                "--rows",
+                str(args.rows),
+                "--repeats",
+                str(args.repeats),
+                "--petastorm-side",
+                work,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
         if p.returncode != 0:
             raise SystemExit(f"Petastorm's side failed:\n{p.stderr[-4000:]}")
         theirs = json.loads(p.stdout.strip().splitlines()[-1])
@@ -189,21 +258,46 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     n = args.rows
     result = {
-        "bench": "spark_bench", "rows": n, "batch_size": BATCH, "repeats": args.repeats, "png_level": args.png_level,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "load_avg_at_end": os.getloadavg()},
-        "rowstore": ours, "petastorm": theirs,
+        "bench": "spark_bench",
+        "rows": n,
+        "batch_size": BATCH,
+        "repeats": args.repeats,
+        "png_level": args.png_level,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "rowstore": ours,
+        "petastorm": theirs,
         "write_rows_per_s": {"rowstore": n / ours["write_s"], "petastorm": n / theirs["write_s"]},
-        "read_rows_per_s": {"rowstore": n / ours["read_s"], "petastorm": n / theirs["read_s"],
-                            "petastorm_DataLoader": n / theirs["read_dataloader_s"]},
-        "write_speedup": theirs["write_s"] / ours["write_s"], "read_speedup": theirs["read_s"] / ours["read_s"],
+        "read_rows_per_s": {
+            "rowstore": n / ours["read_s"],
+            "petastorm": n / theirs["read_s"],
+            "petastorm_DataLoader": n / theirs["read_dataloader_s"],
+        },
+        "write_speedup": theirs["write_s"] / ours["write_s"],
+        "read_speedup": theirs["read_s"] / ours["read_s"],
         "read_speedup_vs_DataLoader": theirs["read_dataloader_s"] / ours["read_s"],
-    }  # fmt: skip
+    }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(json.dumps({k: result[k] for k in ("write_rows_per_s", "read_rows_per_s", "write_speedup", "read_speedup",
-                                             "read_speedup_vs_DataLoader")}, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "write_rows_per_s",
+                    "read_rows_per_s",
+                    "write_speedup",
+                    "read_speedup",
+                    "read_speedup_vs_DataLoader",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """rowstore.tf against the core reader and against TFRecord files read with tf.data.
 
-    python bench/tf_compare.py [--quick] [--repeats 3] [--out bench/results/tf_compare.json] [--doc docs/tf.md]
+    python bench/tf_compare.py [--quick] [--repeats 3] [--out bench/results/tf_compare.json] [--doc
+    docs/tf.md]
 
 On the same data (the ``tiny`` demo: float32[16] + int64 label; the ``patch`` demo: float64
 [9,9,27], int64[9,27], float64), one shuffled epoch of:
@@ -189,19 +190,43 @@ def run_workload(
         res.update(name=label, **info)
         results.append(res)
         _log(
-            f"    {res['rows_per_s'] / 1e6:.3f} M rows/s (spread {res['spread']:.2f}, CPU {res['cpu_percent']:.0f}%)"
+            f"    {res['rows_per_s'] / 1e6:.3f} M rows/s (spread {res['spread']:.2f}, CPU "
+            f"{res['cpu_percent']:.0f}%)"
         )
 
-    add("core reader (Reader.batches)", lambda e: r.batches(B, shuffle="block", seed=0, epoch=e, window=WINDOW),
-        lambda it: _consume_numpy(it, key), kind="core", shuffle=f"block, window {WINDOW}", shuffle_quality=quality)  # fmt: skip
+    add(
+        "core reader (Reader.batches)",
+        lambda e: r.batches(B, shuffle="block", seed=0, epoch=e, window=WINDOW),
+        lambda it: _consume_numpy(it, key),
+        kind="core",
+        shuffle=f"block, window {WINDOW}",
+        shuffle_quality=quality,
+    )
     for k in (1, 2):
-        add(f"rowstore.tf (num_parallel_reads={k})",
-            lambda e, k=k: rtf.make_dataset(r, batch_size=B, shuffle="block", seed=0, epoch=e, window=WINDOW,
-                                            num_parallel_reads=k),
-            lambda ds: _consume_tf(ds, key), kind="rowstore.tf", parallel_reads=k, shuffle=f"block, window {WINDOW}",
-            shuffle_quality=quality)  # fmt: skip
-    add("TFRecord + tf.data", lambda e: tfrecord_dataset(name, files, B, cfg["buffer"], seed=e),
-        lambda ds: _consume_tf(ds, key), kind="tfrecord", shuffle=f"shuffle buffer {cfg['buffer']} rows")  # fmt: skip
+        add(
+            f"rowstore.tf (num_parallel_reads={k})",
+            lambda e, k=k: rtf.make_dataset(
+                r,
+                batch_size=B,
+                shuffle="block",
+                seed=0,
+                epoch=e,
+                window=WINDOW,
+                num_parallel_reads=k,
+            ),
+            lambda ds: _consume_tf(ds, key),
+            kind="rowstore.tf",
+            parallel_reads=k,
+            shuffle=f"block, window {WINDOW}",
+            shuffle_quality=quality,
+        )
+    add(
+        "TFRecord + tf.data",
+        lambda e: tfrecord_dataset(name, files, B, cfg["buffer"], seed=e),
+        lambda ds: _consume_tf(ds, key),
+        kind="tfrecord",
+        shuffle=f"shuffle buffer {cfg['buffer']} rows",
+    )
 
     core = next(x for x in results if x["kind"] == "core")["rows_per_s"]
     tfrec = next(x for x in results if x["kind"] == "tfrecord")["rows_per_s"]
@@ -210,16 +235,22 @@ def run_workload(
         x["vs_core"] = x["rows_per_s"] / core
         x["vs_tfrecord"] = x["rows_per_s"] / tfrec
     return {
-        "rows": len(r), "batch_size": B, "row_bytes": r.layout.row_dtype.itemsize,
+        "rows": len(r),
+        "batch_size": B,
+        "row_bytes": r.layout.row_dtype.itemsize,
         "rowstore_file_mb": os.path.getsize(path) / 1e6,
         "tfrecord_mb": sum(os.path.getsize(f) for f in files) / 1e6,
         "results": results,
-        "ratios": {"rowstore_tf_vs_core": best["rows_per_s"] / core, "rowstore_tf_vs_tfrecord": best["rows_per_s"] / tfrec,
-                   "best_rowstore_tf": best["name"]},
-    }  # fmt: skip
+        "ratios": {
+            "rowstore_tf_vs_core": best["rows_per_s"] / core,
+            "rowstore_tf_vs_tfrecord": best["rows_per_s"] / tfrec,
+            "best_rowstore_tf": best["name"],
+        },
+    }
 
 
-# -- report -----------------------------------------------------------------------------------------
+# -- report
+# -----------------------------------------------------------------------------------------
 def _rate(x: float) -> str:
     return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.1f} k"
 
@@ -227,15 +258,19 @@ def _rate(x: float) -> str:
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     lines = [
-        f"Measured by `bench/tf_compare.py` on {m.get('cpus')} CPUs ({m.get('platform')}), TensorFlow "
-        f"{doc['tensorflow']}, load average at start {m.get('load_avg')}; warm page cache, one warm-up epoch, "
-        f"median of {doc['repeats']} shuffled epochs (spread: fastest / slowest). tf.data pipelines consumed in the graph "
+        f"Measured by `bench/tf_compare.py` on {m.get('cpus')} CPUs ({m.get('platform')}), "
+        f"TensorFlow "
+        f"{doc['tensorflow']}, load average at start {m.get('load_avg')}; warm page cache, one "
+        f"warm-up epoch, "
+        f"median of {doc['repeats']} shuffled epochs (spread: fastest / slowest). tf.data "
+        f"pipelines consumed in the graph "
         f"(`Dataset.reduce`, as `Model.fit` does).",
         "",
     ]
     for name, w in doc["workloads"].items():
         lines += [
-            f"**{name}** ({w['rows']:,} rows of {w['row_bytes']} bytes, batch {w['batch_size']}; rowstore file "
+            f"**{name}** ({w['rows']:,} rows of {w['row_bytes']} bytes, batch {w['batch_size']}; "
+            f"rowstore file "
             f"{w['rowstore_file_mb']:.1f} MB, TFRecord {w['tfrecord_mb']:.1f} MB)",
             "",
             "| reader | rows/s | spread | vs core reader | vs TFRecord | CPU % | shuffle |",
@@ -245,11 +280,19 @@ def markdown(doc: dict[str, Any]) -> str:
             shuffle = x["shuffle"] + (
                 f" (quality {x['shuffle_quality']:.2f})" if "shuffle_quality" in x else ""
             )
-            lines.append(f"| {x['name']} | {_rate(x['rows_per_s'])} | {x['spread']:.2f} | {x['vs_core']:.2f}x | {x['vs_tfrecord']:.2f}x "
-                         f"| {x['cpu_percent']:.0f} | {shuffle} |")  # fmt: skip
+            lines.append(
+                f"| {x['name']} | {_rate(x['rows_per_s'])} | {x['spread']:.2f} | "
+                f"{x['vs_core']:.2f}x | {x['vs_tfrecord']:.2f}x "
+                f"| {x['cpu_percent']:.0f} | {shuffle} |"
+            )
         ra = w["ratios"]
-        lines += ["", f"rowstore.tf (best: {ra['best_rowstore_tf']}) / core reader = {ra['rowstore_tf_vs_core']:.2f}; "
-                      f"rowstore.tf / TFRecord = {ra['rowstore_tf_vs_tfrecord']:.2f}.", ""]  # fmt: skip
+        lines += [
+            "",
+            f"rowstore.tf (best: {ra['best_rowstore_tf']}) / core reader = "
+            f"{ra['rowstore_tf_vs_core']:.2f}; "
+            f"rowstore.tf / TFRecord = {ra['rowstore_tf_vs_tfrecord']:.2f}.",
+            "",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -294,9 +337,14 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     doc: dict[str, Any] = {
-        "benchmark": "tf_compare", "tensorflow": tf.__version__, "rowstore": rowstore.__version__,
-        "machine": machine_info(), "repeats": args.repeats, "quick": args.quick, "workloads": {},
-    }  # fmt: skip
+        "benchmark": "tf_compare",
+        "tensorflow": tf.__version__,
+        "rowstore": rowstore.__version__,
+        "machine": machine_info(),
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "workloads": {},
+    }
     for name in args.workloads:
         cfg = WORKLOADS[name]
         doc["workloads"][name] = run_workload(

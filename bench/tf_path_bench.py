@@ -71,7 +71,11 @@ def _eager(ds: tf.data.Dataset) -> int:
 
 
 def _graph(ds: tf.data.Dataset) -> int:
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.shape(b["label"], out_type=tf.int64)[0]))
+    return int(
+        ds.reduce(
+            tf.constant(0, tf.int64), lambda n, b: n + tf.shape(b["label"], out_type=tf.int64)[0]
+        )
+    )
 
 
 def configs(r: Any, batch: int, before: Any) -> dict[str, Any]:
@@ -84,7 +88,9 @@ def configs(r: Any, batch: int, before: Any) -> dict[str, Any]:
         return n
 
     def tf_run(mod: Any, consume: Any):
-        return lambda e: consume(mod.make_dataset(r, batch_size=batch, shuffle="block", seed=0, epoch=e, window=WINDOW))
+        return lambda e: consume(
+            mod.make_dataset(r, batch_size=batch, shuffle="block", seed=0, epoch=e, window=WINDOW)
+        )
 
     one = next(iter(r.batches(batch, shuffle="none")))
     const = {k: tf.constant(v) for k, v in one.items()}
@@ -95,7 +101,9 @@ def configs(r: Any, batch: int, before: Any) -> dict[str, Any]:
         out[f"rowstore.tf {label}"] = tf_run(rtf, consume)
         if before is not None:
             out[f"before {label}"] = tf_run(before, consume)
-        out[f"tf.data floor {label}"] = lambda e, c=consume: c(tf.data.Dataset.from_tensors(const).repeat(steps))
+        out[f"tf.data floor {label}"] = lambda e, c=consume: c(
+            tf.data.Dataset.from_tensors(const).repeat(steps)
+        )
     return out
 
 
@@ -104,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--before", metavar="TF_PY", help="another rowstore/tf.py to measure in the same run")
+    p.add_argument(
+        "--before", metavar="TF_PY", help="another rowstore/tf.py to measure in the same run"
+    )
     p.add_argument("--cache-dir", default=default_cache_dir())
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "tf_path_bench.json"))
     args = p.parse_args(argv)
@@ -114,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     warm_cache([path])
     r = rowstore.open(path)
     doc: dict[str, Any] = {
-        "benchmark": "tf_path_bench", "tensorflow": tf.__version__, "rowstore": rowstore.__version__,
-        "machine": machine_info(), "rows": len(r), "row_bytes": r.layout.row_dtype.itemsize,
-        "repeats": args.repeats, "before": args.before, "batches": {},
-    }  # fmt: skip
+        "benchmark": "tf_path_bench",
+        "tensorflow": tf.__version__,
+        "rowstore": rowstore.__version__,
+        "machine": machine_info(),
+        "rows": len(r),
+        "row_bytes": r.layout.row_dtype.itemsize,
+        "repeats": args.repeats,
+        "before": args.before,
+        "batches": {},
+    }
     t0 = time.perf_counter()
     for batch in args.batch:
         runs = configs(r, batch, before)
@@ -138,10 +154,20 @@ def main(argv: list[str] | None = None) -> int:
             med, cmed = statistics.median(xs), statistics.median(cpu_rates[name])
             # rows per CPU-second of this process (all its threads): what the path costs, less
             # sensitive than wall time to other jobs on a shared machine
-            res[name] = {"rows_per_s": med, "all_rows_per_s": xs, "spread": max(xs) / min(xs), "vs_core": med / core,
-                         "rows_per_cpu_s": cmed, "all_rows_per_cpu_s": cpu_rates[name], "cpu_vs_core": cmed / core_cpu}
-            _log(f"batch {batch:5d}  {name:24s} {med / 1e6:6.2f} M rows/s  {med / core:5.2f}x core  "
-                 f"(spread {max(xs) / min(xs):.2f});  {cmed / 1e6:6.2f} M rows/CPU-s  {cmed / core_cpu:5.2f}x core")
+            res[name] = {
+                "rows_per_s": med,
+                "all_rows_per_s": xs,
+                "spread": max(xs) / min(xs),
+                "vs_core": med / core,
+                "rows_per_cpu_s": cmed,
+                "all_rows_per_cpu_s": cpu_rates[name],
+                "cpu_vs_core": cmed / core_cpu,
+            }
+            _log(
+                f"batch {batch:5d}  {name:24s} {med / 1e6:6.2f} M rows/s  {med / core:5.2f}x core  "
+                f"(spread {max(xs) / min(xs):.2f});  {cmed / 1e6:6.2f} M rows/CPU-s  "
+                f"{cmed / core_cpu:5.2f}x core"
+            )
         doc["batches"][str(batch)] = res
     doc["seconds"] = time.perf_counter() - t0
     doc["load_avg_end"] = list(os.getloadavg())

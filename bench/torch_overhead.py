@@ -2,7 +2,8 @@
 
 Times one block-shuffled epoch of ``Reader.batches`` and of ``rowstore.torch.BatchedDataLoader``
 on the same file, interleaved in one process (same epochs, warm page cache), and prints JSON:
-median wall seconds (and CPU seconds of all threads, steadier on a busy machine) of each, rows/s, and the ratio loader/reader per batch size. A third variant,
+median wall seconds (and CPU seconds of all threads, steadier on a busy machine) of each, rows/s,
+and the ratio loader/reader per batch size. A third variant,
 ``Reader.batches`` plus one ``torch.from_numpy`` per array, is the floor any adapter must pay.
 
     python bench/torch_overhead.py [--rows 200000] [--repeats 15] [--batch-sizes 256,1024,4096]
@@ -91,13 +92,24 @@ def main(argv=None) -> int:
                     c_loader.append(c3 - c2)
             mr, mf, ml = (statistics.median(t) for t in (t_reader, t_floor, t_loader))
             cr, cf, cl = (statistics.median(t) for t in (c_reader, c_floor, c_loader))
-            out["results"].append({
-                "batch_size": bs, "reader_s": round(mr, 5), "from_numpy_floor_s": round(mf, 5), "loader_s": round(ml, 5),
-                "reader_rows_per_s": round(len(r) / mr), "loader_rows_per_s": round(len(r) / ml),
-                "floor_over_reader": round(mf / mr, 3), "loader_over_reader": round(ml / mr, 3),
-                "cpu_s": {"reader": round(cr, 5), "floor": round(cf, 5), "loader": round(cl, 5)},
-                "cpu_loader_over_reader": round(cl / cr, 3),
-            })  # fmt: skip
+            out["results"].append(
+                {
+                    "batch_size": bs,
+                    "reader_s": round(mr, 5),
+                    "from_numpy_floor_s": round(mf, 5),
+                    "loader_s": round(ml, 5),
+                    "reader_rows_per_s": round(len(r) / mr),
+                    "loader_rows_per_s": round(len(r) / ml),
+                    "floor_over_reader": round(mf / mr, 3),
+                    "loader_over_reader": round(ml / mr, 3),
+                    "cpu_s": {
+                        "reader": round(cr, 5),
+                        "floor": round(cf, 5),
+                        "loader": round(cl, 5),
+                    },
+                    "cpu_loader_over_reader": round(cl / cr, 3),
+                }
+            )
         print(json.dumps(out, indent=1))
     return 0
 

@@ -16,7 +16,8 @@ changes hit all of them alike. ``--base DIR`` measures another checkout too: rou
 between child processes with ``PYTHONPATH=DIR`` (e.g. ``main``'s code before a change) and this
 checkout, and the JSON holds both with their ratios.
 
-    python bench/torch_path.py [--rows 400000] [--rounds 5] [--base /path/to/main] [--out bench/results/torch_path.json]
+    python bench/torch_path.py [--rows 400000] [--rounds 5] [--base /path/to/main] [--out
+    bench/results/torch_path.json]
 """
 
 from __future__ import annotations
@@ -108,8 +109,15 @@ def _variants(path: str, batch_sizes: list[int], dl_batch: int, dl_rows: int) ->
         g = torch.Generator()
         g.manual_seed(0)
         # Persistent workers (started by the warm-up epoch): what is measured is the steady state.
-        dl = DataLoader(ds, batch_size=dl_batch, shuffle=True, num_workers=w, collate_fn=rst.collate, generator=g,
-                        persistent_workers=w > 0)
+        dl = DataLoader(
+            ds,
+            batch_size=dl_batch,
+            shuffle=True,
+            num_workers=w,
+            collate_fn=rst.collate,
+            generator=g,
+            persistent_workers=w > 0,
+        )
 
         def mapstyle(e, dl=dl):
             n = 0
@@ -164,8 +172,13 @@ def _summarize(rounds: list[dict]) -> dict:
         wall = [r[name][0] for r in rounds]
         cpu = [r[name][1] for r in rounds]
         rows = rounds[0][name][2]
-        out[name] = {"rows": rows, "wall_s": round(statistics.median(wall), 5), "cpu_s": round(statistics.median(cpu), 5),
-                     "rows_per_s": round(rows / statistics.median(wall)), "wall_all": [round(x, 4) for x in wall]}
+        out[name] = {
+            "rows": rows,
+            "wall_s": round(statistics.median(wall), 5),
+            "cpu_s": round(statistics.median(cpu), 5),
+            "rows_per_s": round(rows / statistics.median(wall)),
+            "wall_all": [round(x, 4) for x in wall],
+        }
     for name, v in out.items():  # ratios against the reader of the same batch size and consumer
         if " B=" not in name or name.startswith("reader B="):
             continue
@@ -179,20 +192,30 @@ def _summarize(rounds: list[dict]) -> dict:
             a = [k for k in out if k.startswith(kind) and f"workers={w}" in k]
             z = [k for k in out if k.startswith(kind) and "workers=0" in k]
             if a and z:
-                out[a[0]]["rate_over_workers0"] = round(out[a[0]]["rows_per_s"] / out[z[0]]["rows_per_s"], 3)
+                out[a[0]]["rate_over_workers0"] = round(
+                    out[a[0]]["rows_per_s"] / out[z[0]]["rows_per_s"], 3
+                )
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=400_000)
-    ap.add_argument("--dl-rows", type=int, default=200_000, help="rows of the DataLoader parts' file")
+    ap.add_argument(
+        "--dl-rows", type=int, default=200_000, help="rows of the DataLoader parts' file"
+    )
     ap.add_argument("--dl-batch", type=int, default=1024)
     ap.add_argument("--batch-sizes", default="256,1024")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--base", default=None, help="another checkout to measure in the same run (PYTHONPATH)")
+    ap.add_argument(
+        "--base", default=None, help="another checkout to measure in the same run (PYTHONPATH)"
+    )
     ap.add_argument("--out", default=None, help="JSON output (default: print)")
-    ap.add_argument("--path", default=None, help="the tiny demo file (written there if missing; default: a temp dir)")
+    ap.add_argument(
+        "--path",
+        default=None,
+        help="the tiny demo file (written there if missing; default: a temp dir)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--epoch", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -206,32 +229,60 @@ def main(argv=None) -> int:
 
         args.path = make_demo("tiny", args.path or os.path.join(tmp, "tiny.h5"), args.rows)
     _prefix_file(args.path, args.dl_rows)
-    sides = {"this": ROOT} if args.base is None else {"base": os.path.abspath(args.base), "this": ROOT}
+    sides = (
+        {"this": ROOT} if args.base is None else {"base": os.path.abspath(args.base), "this": ROOT}
+    )
     rounds: dict[str, list] = {k: [] for k in sides}
     load = [os.getloadavg()]
     t0 = time.perf_counter()
     for i in range(args.rounds):
         for side, pp in sides.items():
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", "--path", args.path, "--epoch", str(i % 3),
-                   "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--dl-batch", str(args.dl_batch),
-                   "--dl-rows", str(args.dl_rows)]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                "--path",
+                args.path,
+                "--epoch",
+                str(i % 3),
+                "--batch-sizes",
+                ",".join(map(str, args.batch_sizes)),
+                "--dl-batch",
+                str(args.dl_batch),
+                "--dl-rows",
+                str(args.dl_rows),
+            ]
             env = dict(os.environ, PYTHONPATH=pp)
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if p.returncode:
                 sys.stderr.write(p.stderr)
                 return p.returncode
             rounds[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
-            print(f"round {i + 1}/{args.rounds} {side} done ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {i + 1}/{args.rounds} {side} done ({time.perf_counter() - t0:.0f} s, load "
+                f"{os.getloadavg()[0]:.1f})",
+                file=sys.stderr,
+                flush=True,
+            )
         load.append(os.getloadavg())
-    doc = {"tool": "bench/torch_path.py", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
-           "rows": args.rows, "dl_rows": args.dl_rows, "rounds": args.rounds, "load_avg": [list(x) for x in load],
-           "seconds": round(time.perf_counter() - t0), "sides": {k: {"pythonpath": v} for k, v in sides.items()}}
+    doc = {
+        "tool": "bench/torch_path.py",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpus": os.cpu_count(),
+        "rows": args.rows,
+        "dl_rows": args.dl_rows,
+        "rounds": args.rounds,
+        "load_avg": [list(x) for x in load],
+        "seconds": round(time.perf_counter() - t0),
+        "sides": {k: {"pythonpath": v} for k, v in sides.items()},
+    }
     for side in sides:
         doc["sides"][side]["results"] = _summarize(rounds[side])
     if args.base is not None:
         a, b = doc["sides"]["base"]["results"], doc["sides"]["this"]["results"]
-        doc["this_over_base"] = {k: round(b[k]["rows_per_s"] / a[k]["rows_per_s"], 3) for k in b if k in a}
+        doc["this_over_base"] = {
+            k: round(b[k]["rows_per_s"] / a[k]["rows_per_s"], 3) for k in b if k in a
+        }
     text = json.dumps(doc, indent=1)
     if args.out:
         with open(args.out, "w") as fh:

@@ -5,7 +5,8 @@
 For each of the four workloads of DESIGN.md (written once with ``rowstore.demo.make_demo`` into
 the cache directory, small blocks so that even these small files hold hundreds of them),
 uncompressed and LZ4, ``block`` and ``full`` shuffle, and the uncompressed patch and speech
-files rewritten as dataset directories of 4 shards (``--dataset-workloads``): epoch 0 of a fresh ``Reader`` (the state
+files rewritten as dataset directories of 4 shards (``--dataset-workloads``): epoch 0 of a fresh
+``Reader`` (the state
 of every new DDP rank, DataLoader worker or restarted job) in a fresh process, warm page cache,
 2 threads, ``verify=True`` and ``verify=False`` alternately, ``--repeats`` times each. Prints
 the table of medians and their ratio (``True / False``; 1.0: the checks cost nothing) and
@@ -56,8 +57,13 @@ def dataset(name: str, compression: str, cache_dir: str) -> str:
     if not os.path.exists(path):
         os.makedirs(cache_dir, exist_ok=True)
         print(f"writing {path} ...", flush=True)
-        make_demo(name, path + ".tmp", w["rows"], compression=None if compression == "none" else compression,
-                  block_bytes=w["block_bytes"])
+        make_demo(
+            name,
+            path + ".tmp",
+            w["rows"],
+            compression=None if compression == "none" else compression,
+            block_bytes=w["block_bytes"],
+        )
         os.replace(path + ".tmp", path)
     return path
 
@@ -72,9 +78,15 @@ def dataset_dir(name: str, cache_dir: str, shards: int) -> str:
     path = os.path.join(cache_dir, f"{name}-{w['rows']}-{w['block_bytes']}-none-{shards}shards")
     if not os.path.exists(path):
         print(f"writing {path} ...", flush=True)
-        with rowstore.open(src, verify=False) as r, rowstore.DatasetWriter(
-                path + ".tmp", r.schema, block_bytes=w["block_bytes"],
-                shard_bytes=-(-os.path.getsize(src) // shards)) as dw:
+        with (
+            rowstore.open(src, verify=False) as r,
+            rowstore.DatasetWriter(
+                path + ".tmp",
+                r.schema,
+                block_bytes=w["block_bytes"],
+                shard_bytes=-(-os.path.getsize(src) // shards),
+            ) as dw,
+        ):
             for b in r.batches(1000, shuffle="none"):
                 dw.write_batch(b)
         os.replace(path + ".tmp", path)
@@ -99,27 +111,45 @@ def one_epoch(opts: dict[str, Any]) -> dict[str, Any]:
                 if opts.get("cap") and time.perf_counter() - t0 > MAX_EPOCH_SECONDS:
                     break  # full shuffle of compressed blocks (window segments): part of epoch 0
         rates.append(n / (time.perf_counter() - t0))
-    return {"rows": n, "readers": len(rates), "rows_per_s": statistics.median(rates), "format_version": version}
+    return {
+        "rows": n,
+        "readers": len(rates),
+        "rows_per_s": statistics.median(rates),
+        "format_version": version,
+    }
 
 
 def _run_child(opts: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps(opts)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--one", json.dumps(opts)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=4, help="runs of each (even: each goes first as often)")
+    ap.add_argument(
+        "--repeats", type=int, default=4, help="runs of each (even: each goes first as often)"
+    )
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--compressions", default=",".join(COMPRESSIONS))
     ap.add_argument("--shuffles", default=",".join(SHUFFLES))
-    ap.add_argument("--dataset-workloads", default="patch,speech",
-                    help="also read these uncompressed workloads as dataset directories ('' for none)")
+    ap.add_argument(
+        "--dataset-workloads",
+        default="patch,speech",
+        help="also read these uncompressed workloads as dataset directories ('' for none)",
+    )
     ap.add_argument("--dataset-shards", type=int, default=4)
-    ap.add_argument("--cache-dir", default=os.path.join(os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache",
-                                                                                                       "rowstore")),
-                                                        "verify_bench"))
+    ap.add_argument(
+        "--cache-dir",
+        default=os.path.join(
+            os.environ.get("ROWSTORE_CACHE", os.path.join(ROOT, ".cache", "rowstore")),
+            "verify_bench",
+        ),
+    )
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "verify_bench.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -130,43 +160,83 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     t_start = time.perf_counter()
-    configs = [(name, comp, dataset(name, comp, a.cache_dir), "file")
-               for name in a.workloads.split(",") for comp in a.compressions.split(",")]
-    configs += [(name, "none", dataset_dir(name, a.cache_dir, a.dataset_shards), f"{a.dataset_shards} shards")
-                for name in a.dataset_workloads.split(",") if name]
+    configs = [
+        (name, comp, dataset(name, comp, a.cache_dir), "file")
+        for name in a.workloads.split(",")
+        for comp in a.compressions.split(",")
+    ]
+    configs += [
+        (
+            name,
+            "none",
+            dataset_dir(name, a.cache_dir, a.dataset_shards),
+            f"{a.dataset_shards} shards",
+        )
+        for name in a.dataset_workloads.split(",")
+        if name
+    ]
     for name, comp, path, kind in configs:
         if True:
             measure.warm_cache([path])
             for shuffle in a.shuffles.split(","):
                 runs: dict[bool, list[float]] = {True: [], False: []}
                 version = None
-                opts = {"path": path, "shuffle": shuffle, "batch": WORKLOADS[name]["batch"],
-                        "cap": comp != "none" and shuffle == "full"}
+                opts = {
+                    "path": path,
+                    "shuffle": shuffle,
+                    "batch": WORKLOADS[name]["batch"],
+                    "cap": comp != "none" and shuffle == "full",
+                }
                 _run_child(dict(opts, verify=False))  # untimed: the first process after a switch
                 for k in range(a.repeats):
                     # Alternate which goes first, so drifts of a shared machine hit both alike.
-                    for verify in ((True, False) if k % 2 == 0 else (False, True)):
+                    for verify in (True, False) if k % 2 == 0 else (False, True):
                         got = _run_child(dict(opts, verify=verify))
                         runs[verify].append(got["rows_per_s"])
                         version = got["format_version"]
                 on, off = statistics.median(runs[True]), statistics.median(runs[False])
-                row = {"workload": name, "compression": comp, "shuffle": shuffle, "format_version": version, "kind": kind,
-                       "verify_true_rows_per_s": on, "verify_false_rows_per_s": off, "ratio": on / off,
-                       "runs": {"true": runs[True], "false": runs[False]}}
+                row = {
+                    "workload": name,
+                    "compression": comp,
+                    "shuffle": shuffle,
+                    "format_version": version,
+                    "kind": kind,
+                    "verify_true_rows_per_s": on,
+                    "verify_false_rows_per_s": off,
+                    "ratio": on / off,
+                    "runs": {"true": runs[True], "false": runs[False]},
+                }
                 results.append(row)
-                print(f"{name:7s} {kind:9s} {comp:5s} {shuffle:6s} v{version}  verify=True {on:>12,.0f} rows/s  "
-                      f"verify=False {off:>12,.0f} rows/s  ratio {on / off:.2f}", flush=True)
-    doc = {"bench": "verify_bench", "epoch": 0, "threads": THREADS, "repeats": a.repeats,
-           "workloads": {k: WORKLOADS[k] for k in a.workloads.split(",")}, "results": results,
-           "seconds": time.perf_counter() - t_start, "cpu_count": os.cpu_count()}
+                print(
+                    f"{name:7s} {kind:9s} {comp:5s} {shuffle:6s} v{version}  verify=True "
+                    f"{on:>12,.0f} rows/s  "
+                    f"verify=False {off:>12,.0f} rows/s  ratio {on / off:.2f}",
+                    flush=True,
+                )
+    doc = {
+        "bench": "verify_bench",
+        "epoch": 0,
+        "threads": THREADS,
+        "repeats": a.repeats,
+        "workloads": {k: WORKLOADS[k] for k in a.workloads.split(",")},
+        "results": results,
+        "seconds": time.perf_counter() - t_start,
+        "cpu_count": os.cpu_count(),
+    }
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
-    print("\n| workload | as | compression | shuffle | verify=True rows/s | verify=False rows/s | ratio |")
+    print(
+        "\n| workload | as | compression | shuffle | verify=True rows/s | verify=False rows/s | "
+        "ratio |"
+    )
     print("|---|---|---|---|---:|---:|---:|")
     for r in results:
-        print(f"| {r['workload']} | {r['kind']} | {r['compression']} | {r['shuffle']} | {r['verify_true_rows_per_s']:,.0f} | "
-              f"{r['verify_false_rows_per_s']:,.0f} | {r['ratio']:.2f} |")
+        print(
+            f"| {r['workload']} | {r['kind']} | {r['compression']} | {r['shuffle']} | "
+            f"{r['verify_true_rows_per_s']:,.0f} | "
+            f"{r['verify_false_rows_per_s']:,.0f} | {r['ratio']:.2f} |"
+        )
     print(f"\nwrote {a.out} ({doc['seconds']:.0f} s)")
     return 0
 

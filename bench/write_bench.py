@@ -1,6 +1,7 @@
 """Write throughput: rowstore.Writer against PyTables Table.append and h5py, same rows, same run.
 
-    python bench/write_bench.py [--quick] [--out bench/results/write_bench.json] [--docs docs/performance.md]
+    python bench/write_bench.py [--quick] [--out bench/results/write_bench.json] [--docs
+    docs/performance.md]
     python bench/write_bench.py --per-row [--quick] [--out bench/results/write_bench_per_row.json]
 
 Each writer writes the same in-memory rows (fixed-size: the tiny and patch workloads) to a fresh
@@ -38,8 +39,15 @@ from rowstore.storage.local import fsync_path
 
 def rows_for(name: str, n: int, rng) -> dict[str, np.ndarray]:
     if name == "tiny":
-        return {"x": rng.standard_normal((n, 16), dtype=np.float32), "label": rng.integers(0, 10, n)}
-    return {"foo": rng.standard_normal((n, 9, 9, 27)), "bar": rng.integers(0, 1000, (n, 9, 27)), "baz": rng.standard_normal(n)}
+        return {
+            "x": rng.standard_normal((n, 16), dtype=np.float32),
+            "label": rng.integers(0, 10, n),
+        }
+    return {
+        "foo": rng.standard_normal((n, 9, 9, 27)),
+        "bar": rng.integers(0, 1000, (n, 9, 27)),
+        "baz": rng.standard_normal(n),
+    }
 
 
 def write_rowstore(path, schema, cols, batch, compression=None):
@@ -89,8 +97,14 @@ WRITERS = {"rowstore": write_rowstore, "pytables": write_tables, "h5py": write_h
 
 # -- per-row writes ------------------------------------------------------------------------
 def per_row_schema(tokens: bool) -> rowstore.Schema:
-    fields = [rowstore.Field("id", "int64"), rowstore.Field("label", "float32"), rowstore.Field("name", "str"),
-              rowstore.Field("vector", "float32", (16,)), rowstore.Field("flag", "bool"), rowstore.Field("score", "float64")]
+    fields = [
+        rowstore.Field("id", "int64"),
+        rowstore.Field("label", "float32"),
+        rowstore.Field("name", "str"),
+        rowstore.Field("vector", "float32", (16,)),
+        rowstore.Field("flag", "bool"),
+        rowstore.Field("score", "float64"),
+    ]
     if tokens:
         fields.append(rowstore.Field("tokens", "int32", (None,)))
     return rowstore.Schema(fields)
@@ -99,12 +113,22 @@ def per_row_schema(tokens: bool) -> rowstore.Schema:
 def per_row_rows(n: int, tokens: bool, rng) -> list[dict]:
     """Rows as a preprocessing script makes them: Python scalars, a str, small ndarrays."""
     vec = rng.standard_normal((n, 16), dtype=np.float32)
-    ids, labels, scores = rng.integers(0, 1 << 40, n).tolist(), rng.random(n).tolist(), rng.standard_normal(n).tolist()
+    ids, labels, scores = (
+        rng.integers(0, 1 << 40, n).tolist(),
+        rng.random(n).tolist(),
+        rng.standard_normal(n).tolist(),
+    )
     lens = rng.integers(0, 32, n).tolist()
     rows = []
     for i in range(n):
-        row = {"id": ids[i], "label": labels[i], "name": f"item-{ids[i] % 100_000:05d}", "vector": vec[i].copy(),
-               "flag": bool(ids[i] & 1), "score": scores[i]}
+        row = {
+            "id": ids[i],
+            "label": labels[i],
+            "name": f"item-{ids[i] % 100_000:05d}",
+            "vector": vec[i].copy(),
+            "flag": bool(ids[i] & 1),
+            "score": scores[i],
+        }
         if tokens:
             row["tokens"] = np.arange(lens[i], dtype=np.int32)
         rows.append(row)
@@ -121,11 +145,21 @@ def per_row_rowstore(path: str, schema, rows: list[dict]) -> None:
 def per_row_pytables(path: str, schema, rows: list[dict]) -> None:
     import tables
 
-    desc = {"id": tables.Int64Col(pos=0), "label": tables.Float32Col(pos=1), "name": tables.StringCol(16, pos=2),
-            "vector": tables.Float32Col(shape=(16,), pos=3), "flag": tables.BoolCol(pos=4), "score": tables.Float64Col(pos=5)}
+    desc = {
+        "id": tables.Int64Col(pos=0),
+        "label": tables.Float32Col(pos=1),
+        "name": tables.StringCol(16, pos=2),
+        "vector": tables.Float32Col(shape=(16,), pos=3),
+        "flag": tables.BoolCol(pos=4),
+        "score": tables.Float64Col(pos=5),
+    }
     with tables.open_file(path, "w") as f:
         t = f.create_table("/", "rows", description=desc, expectedrows=len(rows))
-        vl = f.create_vlarray("/", "tokens", tables.Int32Atom(), expectedrows=len(rows)) if "tokens" in schema else None
+        vl = (
+            f.create_vlarray("/", "tokens", tables.Int32Atom(), expectedrows=len(rows))
+            if "tokens" in schema
+            else None
+        )
         r = t.row
         for row in rows:
             r["id"] = row["id"]
@@ -165,19 +199,38 @@ def per_row_main(args) -> int:
             base = n / statistics.median(times["pytables"])
             for k, t in times.items():
                 rate = n / statistics.median(t)
-                results.append({"workload": "per-row" + ("+tokens" if tokens else ""), "fields": len(schema), "rows": n,
-                                "writer": k, "median_s": statistics.median(t), "rows_per_s": rate,
-                                "ratio_to_pytables": rate / base, "times_s": t})
-    report = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
-              "repeats": repeats, "results": results}
+                results.append(
+                    {
+                        "workload": "per-row" + ("+tokens" if tokens else ""),
+                        "fields": len(schema),
+                        "rows": n,
+                        "writer": k,
+                        "median_s": statistics.median(t),
+                        "rows_per_s": rate,
+                        "ratio_to_pytables": rate / base,
+                        "times_s": t,
+                    }
+                )
+    report = {
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        "repeats": repeats,
+        "results": results,
+    }
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
     print("| workload | writer | rows/s (median) | vs PyTables row.append |\n|---|---|---:|---:|")
     for r in results:
-        print(f"| {r['workload']} ({r['fields']} fields, {r['rows']:,} rows) | {r['writer']} | {r['rows_per_s']:,.0f} | "
-              f"{r['ratio_to_pytables']:.2f}x |")
+        print(
+            f"| {r['workload']} ({r['fields']} fields, {r['rows']:,} rows) | {r['writer']} | "
+            f"{r['rows_per_s']:,.0f} | "
+            f"{r['ratio_to_pytables']:.2f}x |"
+        )
     return 0
 
 
@@ -197,11 +250,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke test)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=None, help="JSON results (default bench/results/write_bench.json, "
-                    "or write_bench_per_row.json with --per-row)")
-    ap.add_argument("--per-row", action="store_true", help="per-row Writer.write(dict) against PyTables row.append()")
-    ap.add_argument("--rows", type=int, default=None, help="rows per --per-row case (default 200,000; 20,000 with --quick)")
-    ap.add_argument("--docs", default=None, help="update the write_bench section of this markdown file")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON results (default bench/results/write_bench.json, "
+        "or write_bench_per_row.json with --per-row)",
+    )
+    ap.add_argument(
+        "--per-row",
+        action="store_true",
+        help="per-row Writer.write(dict) against PyTables row.append()",
+    )
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="rows per --per-row case (default 200,000; 20,000 with --quick)",
+    )
+    ap.add_argument(
+        "--docs", default=None, help="update the write_bench section of this markdown file"
+    )
     args = ap.parse_args(argv)
     if args.per_row:
         args.out = args.out or "bench/results/write_bench_per_row.json"
@@ -220,35 +288,77 @@ def main(argv=None) -> int:
                 base = None
                 for wname, fn in WRITERS.items():
                     if wname != "rowstore" and compression:
-                        continue  # the target compares uncompressed writes; compressed rowstore is reported alone
-                    t = measure(fn, os.path.join(tmp, f"{name}-{wname}.h5"), schema, cols, 4096 if name == "tiny" else 256, repeats, compression)
+                        # the target compares uncompressed writes; compressed rowstore is reported
+                        # alone
+                        continue
+                    t = measure(
+                        fn,
+                        os.path.join(tmp, f"{name}-{wname}.h5"),
+                        schema,
+                        cols,
+                        4096 if name == "tiny" else 256,
+                        repeats,
+                        compression,
+                    )
                     med = statistics.median(t)
-                    row = {"workload": name, "rows": n, "row_bytes": nbytes // n, "compression": compression or "none",
-                           "writer": wname, "median_s": med, "MB_per_s": nbytes / med / 1e6, "times_s": t}
+                    row = {
+                        "workload": name,
+                        "rows": n,
+                        "row_bytes": nbytes // n,
+                        "compression": compression or "none",
+                        "writer": wname,
+                        "median_s": med,
+                        "MB_per_s": nbytes / med / 1e6,
+                        "times_s": t,
+                    }
                     results.append(row)
                     if wname == "pytables":
                         base = row
                 for row in results:
-                    if row["workload"] == name and row["compression"] == (compression or "none") and base:
+                    if (
+                        row["workload"] == name
+                        and row["compression"] == (compression or "none")
+                        and base
+                    ):
                         row["ratio_to_pytables"] = row["MB_per_s"] / base["MB_per_s"]
-    report = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
-              "repeats": repeats, "results": results}
+    report = {
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        "repeats": repeats,
+        "results": results,
+    }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
-    lines = ["| workload | compression | writer | MB/s (median) | vs PyTables |", "|---|---|---|---:|---:|"]
+    lines = [
+        "| workload | compression | writer | MB/s (median) | vs PyTables |",
+        "|---|---|---|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r['workload']} ({r['rows']:,} x {r['row_bytes']:,} B) | {r['compression']} | {r['writer']} | "
-                     f"{r['MB_per_s']:,.0f} | " + (f"{r['ratio_to_pytables']:.2f}x |" if "ratio_to_pytables" in r else "- |"))
+        lines.append(
+            f"| {r['workload']} ({r['rows']:,} x {r['row_bytes']:,} B) | {r['compression']} | "
+            f"{r['writer']} | "
+            f"{r['MB_per_s']:,.0f} | "
+            + (f"{r['ratio_to_pytables']:.2f}x |" if "ratio_to_pytables" in r else "- |")
+        )
     table = "\n".join(lines)
     print(table)
     if args.docs:
-        intro = ("## Write benchmark (`bench/write_bench.py`)\n\n"
-                 "_Generated by `python bench/write_bench.py --docs docs/performance.md`._ The same in-memory rows "
-                 "(columns packed into records by each writer, as a user would) written to a fresh file, fsync and "
-                 f"close included; median of {repeats} runs after a warm-up, MB/s of row bytes, same run. PyTables: "
-                 "`Table.append` of record batches; h5py: slice assignment into a chunked compound dataset; rowstore: "
-                 "`Writer.write_batch` (validation, atomic rename included).\n\n")
+        intro = (
+            "## Write benchmark (`bench/write_bench.py`)\n\n"
+            "_Generated by `python bench/write_bench.py --docs docs/performance.md`._ The same "
+            "in-memory rows "
+            "(columns packed into records by each writer, as a user would) written to a fresh "
+            "file, fsync and "
+            f"close included; median of {repeats} runs after a warm-up, MB/s of row bytes, same "
+            f"run. PyTables: "
+            "`Table.append` of record batches; h5py: slice assignment into a chunked compound "
+            "dataset; rowstore: "
+            "`Writer.write_batch` (validation, atomic rename included).\n\n"
+        )
         update_section(args.docs, "write_bench", intro + table + "\n")
     return 0
 

@@ -1,6 +1,7 @@
 """``write_patches`` on a Dask-backed grid against the alternatives users write today.
 
-    python bench/xarray_bench.py [--time 32] [--repeats 3] [--dir DIR] [--out bench/results/xarray_bench.json]
+    python bench/xarray_bench.py [--time 32] [--repeats 3] [--dir DIR] [--out
+    bench/results/xarray_bench.json]
 
 The grid: three float32 variables over (time, altitude=8, lat=144, lon=288), generated lazily by
 ``dask.array.random`` in chunks of one time step (1.3 MB per variable and step; 127 MB in all at
@@ -65,18 +66,36 @@ def grid(T: int):
     import xarray as xr
 
     rng = da.random.default_rng(0)
-    data = {v: (("time", "altitude", "lat", "lon"), rng.random((T, A, Y, X), dtype=np.float32, chunks=(1, A, Y, X)))
-            for v in VARS}  # fmt: skip
-    return xr.Dataset(data, coords={"time": np.arange(T).astype("M8[h]").astype("M8[ns]"),
-                                    "altitude": np.arange(A) * 1000.0, "lat": np.linspace(-60, 60, Y),
-                                    "lon": np.linspace(0, 359, X)})  # fmt: skip
+    data = {
+        v: (
+            ("time", "altitude", "lat", "lon"),
+            rng.random((T, A, Y, X), dtype=np.float32, chunks=(1, A, Y, X)),
+        )
+        for v in VARS
+    }
+    return xr.Dataset(
+        data,
+        coords={
+            "time": np.arange(T).astype("M8[h]").astype("M8[ns]"),
+            "altitude": np.arange(A) * 1000.0,
+            "lat": np.linspace(-60, 60, Y),
+            "lon": np.linspace(0, 359, X),
+        },
+    )
 
 
 def write_rowstore(ds, path, shuffle=True):
     from rowstore.xarray import write_patches
 
-    write_patches(ds, path, patch={"lat": P, "lon": P}, keep=["altitude"], shard_bytes=32 << 20, shuffle=shuffle,
-                  memory="256MiB")  # fmt: skip
+    write_patches(
+        ds,
+        path,
+        patch={"lat": P, "lon": P},
+        keep=["altitude"],
+        shard_bytes=32 << 20,
+        shuffle=shuffle,
+        memory="256MiB",
+    )
 
 
 def write_rowstore_unshuffled(ds, path):
@@ -88,14 +107,26 @@ def write_xbatcher(ds, path):
 
     import rowstore
 
-    bg = xbatcher.BatchGenerator(ds, input_dims={"altitude": A, "lat": P, "lon": P}, batch_dims={"time": 1},
-                                 concat_input_dims=True)  # fmt: skip
-    schema = rowstore.Schema([rowstore.Field(v, "float32", (A, P, P)) for v in VARS]
-                             + [rowstore.Field("lat", "float64", (P,)), rowstore.Field("lon", "float64", (P,)),
-                                rowstore.Field("time", "datetime64[ns]")])  # fmt: skip
+    bg = xbatcher.BatchGenerator(
+        ds,
+        input_dims={"altitude": A, "lat": P, "lon": P},
+        batch_dims={"time": 1},
+        concat_input_dims=True,
+    )
+    schema = rowstore.Schema(
+        [rowstore.Field(v, "float32", (A, P, P)) for v in VARS]
+        + [
+            rowstore.Field("lat", "float64", (P,)),
+            rowstore.Field("lon", "float64", (P,)),
+            rowstore.Field("time", "datetime64[ns]"),
+        ]
+    )
     with rowstore.DatasetWriter(path, schema, shard_bytes=32 << 20) as w:
         for b in bg:
-            cols = {v: b[v].transpose("sample", "altitude_input", "lat_input", "lon_input").values for v in VARS}
+            cols = {
+                v: b[v].transpose("sample", "altitude_input", "lat_input", "lon_input").values
+                for v in VARS
+            }
             cols["lat"] = b["lat"].transpose("sample", "lat_input").values
             cols["lon"] = b["lon"].transpose("sample", "lon_input").values
             cols["time"] = b["time"].values
@@ -104,7 +135,11 @@ def write_xbatcher(ds, path):
 
 def write_zarr(ds, path):
     s = ds.coarsen(lat=P, lon=P).construct(lat=("lat_tile", "lat_in"), lon=("lon_tile", "lon_in"))
-    s = s.stack(sample=("time", "lat_tile", "lon_tile")).transpose("sample", ...).reset_index("sample")
+    s = (
+        s.stack(sample=("time", "lat_tile", "lon_tile"))
+        .transpose("sample", ...)
+        .reset_index("sample")
+    )
     s = s.drop_vars([c for c in s.coords if c not in ("altitude",)])
     s.chunk({"sample": 512}).to_zarr(path, mode="w", consolidated=True)
 
@@ -122,18 +157,37 @@ def child(method: str, T: int, path: str) -> None:
     ds = grid(XBATCHER_TIME if method == "xbatcher" else T)
     t0 = time.perf_counter()
     with dask.config.set(scheduler="threads", num_workers=2):
-        {"rowstore": write_rowstore, "rowstore_unshuffled": write_rowstore_unshuffled, "xbatcher": write_xbatcher,
-         "zarr": write_zarr}[method](ds, path)
+        {
+            "rowstore": write_rowstore,
+            "rowstore_unshuffled": write_rowstore_unshuffled,
+            "xbatcher": write_xbatcher,
+            "zarr": write_zarr,
+        }[method](ds, path)
     dt = time.perf_counter() - t0
-    print(json.dumps({"seconds": dt, "samples": ds.sizes["time"] * (Y // P) * (X // P),
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "seconds": dt,
+                "samples": ds.sizes["time"] * (Y // P) * (X // P),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def run_child(method: str, T: int, path: str) -> dict:
     shutil.rmtree(path, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    out = subprocess.run([sys.executable, __file__, "--child", method, "--time", str(T), "--dir", path],
-                         capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", method, "--time", str(T), "--dir", path],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if out.returncode:
         raise RuntimeError(f"{method} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -150,7 +204,10 @@ def read_side(root: str, T: int) -> dict:
         times = []
         for epoch in range(3):
             t0 = time.perf_counter()
-            got = sum(len(b["temperature"]) for b in r.batches(256, shuffle="block", seed=0, epoch=epoch, fields=list(VARS)))
+            got = sum(
+                len(b["temperature"])
+                for b in r.batches(256, shuffle="block", seed=0, epoch=epoch, fields=list(VARS))
+            )
             times.append(time.perf_counter() - t0)
         res["rowstore_samples_s"] = got / statistics.median(times)
     z = xr.open_zarr(os.path.join(root, "zarr"))
@@ -172,7 +229,9 @@ def _stack_case(parts: list, repeats: int) -> dict:
         t0 = time.perf_counter()
         np.concatenate(parts, axis=1)
         first.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()  # into a C-order (n, 9, 9, C) array: concatenate alone keeps the pieces' layout
+        t0 = (
+            time.perf_counter()
+        )  # into a C-order (n, 9, 9, C) array: concatenate alone keeps the pieces' layout
         out = np.empty((len(parts[0]), P, P, sum(p.shape[1] for p in parts)), np.float32)
         np.concatenate([np.moveaxis(p, 1, -1) for p in parts], axis=-1, out=out)
         last.append(time.perf_counter() - t0)
@@ -183,9 +242,16 @@ def _stack_case(parts: list, repeats: int) -> dict:
         _concat_channels(parts, "last", np.float32)
         used.append(time.perf_counter() - t0)
     f, la, v, u = (statistics.median(x) for x in (first, last, via, used))
-    return {"shape": list(parts[0].shape), "pieces": len(parts), "mb": sum(p.nbytes for p in parts) / 1e6,
-            "channel_first_ms": f * 1e3, "channel_last_direct_ms": la * 1e3, "channel_last_via_first_ms": v * 1e3,
-            "write_patches_channel_last_ms": u * 1e3, "write_patches_last_over_first": u / f}  # fmt: skip
+    return {
+        "shape": list(parts[0].shape),
+        "pieces": len(parts),
+        "mb": sum(p.nbytes for p in parts) / 1e6,
+        "channel_first_ms": f * 1e3,
+        "channel_last_direct_ms": la * 1e3,
+        "channel_last_via_first_ms": v * 1e3,
+        "write_patches_channel_last_ms": u * 1e3,
+        "write_patches_last_over_first": u / f,
+    }
 
 
 def stacking(n: int = 4096, repeats: int = 15) -> dict:
@@ -193,7 +259,11 @@ def stacking(n: int = 4096, repeats: int = 15) -> dict:
     rng = np.random.default_rng(0)
     levels = [rng.random((n, A, P, P), dtype=np.float32) for _ in VARS]
     single = [rng.random((n, 1, P, P), dtype=np.float32) for _ in range(len(VARS) * A)]
-    return {"samples": n, "levels": _stack_case(levels, repeats), "single_level": _stack_case(single, repeats)}
+    return {
+        "samples": n,
+        "levels": _stack_case(levels, repeats),
+        "single_level": _stack_case(single, repeats),
+    }
 
 
 def main() -> None:
@@ -222,18 +292,39 @@ def main() -> None:
         for m in methods:
             s = statistics.median(r["seconds"] for r in runs[m])
             n = runs[m][0]["samples"]
-            write[m] = {"seconds": s, "samples": n, "samples_s": n / s, "mb_s": sample_mb * n / samples / s,
-                        "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs[m]),
-                        "runs": [r["seconds"] for r in runs[m]]}  # fmt: skip
+            write[m] = {
+                "seconds": s,
+                "samples": n,
+                "samples_s": n / s,
+                "mb_s": sample_mb * n / samples / s,
+                "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs[m]),
+                "runs": [r["seconds"] for r in runs[m]],
+            }
         for m in methods:
             write[m]["rate_vs_rowstore"] = write[m]["samples_s"] / write["rowstore"]["samples_s"]
         result = {
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load": os.getloadavg()},
-            "grid": {"time": T, "altitude": A, "lat": Y, "lon": X, "variables": len(VARS), "dtype": "float32",
-                     "input_mb": T * A * Y * X * 4 * len(VARS) / 1e6, "chunk_mb": A * Y * X * 4 / 1e6},
-            "samples": samples, "sample_mb": sample_mb, "repeats": a.repeats,
-            "write": write, "read": read_side(root, T), "stacking": stacking(),
-        }  # fmt: skip
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "load": os.getloadavg(),
+            },
+            "grid": {
+                "time": T,
+                "altitude": A,
+                "lat": Y,
+                "lon": X,
+                "variables": len(VARS),
+                "dtype": "float32",
+                "input_mb": T * A * Y * X * 4 * len(VARS) / 1e6,
+                "chunk_mb": A * Y * X * 4 / 1e6,
+            },
+            "samples": samples,
+            "sample_mb": sample_mb,
+            "repeats": a.repeats,
+            "write": write,
+            "read": read_side(root, T),
+            "stacking": stacking(),
+        }
     finally:
         if not a.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -37,12 +37,19 @@ def make_partition(i: int) -> pd.DataFrame:
     lengths = rng.integers(1_600, 16_000, ROWS)  # 0.1 s to 1 s at 16 kHz
     waves = np.empty(ROWS, dtype=object)  # one ndarray per cell
     waves[:] = [rng.standard_normal(k).astype(np.float32) * 0.1 for k in lengths]
-    return pd.DataFrame({
-        "wave": waves,
-        "speaker": np.array([f"spk{(i * ROWS + j) % 7:02d}" for j in range(ROWS)], dtype=object),
-        "transcript": np.array([" ".join(rng.choice(WORDS, 3)) for _ in range(ROWS)], dtype=object),
-        "dur": lengths / 16_000,
-    }, index=pd.RangeIndex(i * ROWS, (i + 1) * ROWS, name="clip"))  # fmt: skip
+    return pd.DataFrame(
+        {
+            "wave": waves,
+            "speaker": np.array(
+                [f"spk{(i * ROWS + j) % 7:02d}" for j in range(ROWS)], dtype=object
+            ),
+            "transcript": np.array(
+                [" ".join(rng.choice(WORDS, 3)) for _ in range(ROWS)], dtype=object
+            ),
+            "dur": lengths / 16_000,
+        },
+        index=pd.RangeIndex(i * ROWS, (i + 1) * ROWS, name="clip"),
+    )
 
 
 def samples_per_speaker(df: pd.DataFrame) -> pd.Series:
@@ -53,29 +60,49 @@ def main(out_dir: str) -> None:
     path = os.path.join(out_dir, "speech")
     # Dask would turn object columns (the ndarray cells too) into strings: off for this job.
     dask.config.set({"dataframe.convert-string": False})
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=40) as cluster, distributed.Client(cluster):  # fmt: skip
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=40,
+        ) as cluster,
+        distributed.Client(cluster),
+    ):
         meta = make_partition(0).iloc[:0]
         divisions = [i * ROWS for i in range(PARTITIONS)] + [PARTITIONS * ROWS - 1]
         ddf = dd.from_map(make_partition, range(PARTITIONS), meta=meta, divisions=divisions)
         t = time.perf_counter()
         version = to_rowstore(ddf, path, shard_bytes=4 << 20)
-        print(f"wrote {PARTITIONS} partitions as version {version} in {time.perf_counter() - t:.1f} s")
+        print(
+            f"wrote {PARTITIONS} partitions as version {version} in {time.perf_counter() - t:.1f} s"
+        )
 
         with rowstore.open(path) as r:
             print(f"{r.num_rows} rows in {r.layout.num_shards} shards")
             clip = r[0]
-            print(f"clip 0: {len(clip['wave'])} samples, speaker {clip['speaker']}, index {int(clip['clip'])}")
+            print(
+                f"clip 0: {len(clip['wave'])} samples, speaker {clip['speaker']}, index "
+                f"{int(clip['clip'])}"
+            )
 
         back = read_rowstore(path)
-        print(f"read_rowstore: {back.npartitions} partitions, divisions known: {back.known_divisions}")
+        print(
+            f"read_rowstore: {back.npartitions} partitions, divisions known: {back.known_divisions}"
+        )
         per_speaker = back.map_partitions(samples_per_speaker, meta=("wave", "int64")).compute()
         per_speaker = per_speaker.groupby(level=0).sum()
-        expected = sum(pd.Series(np.random.default_rng(i).integers(1_600, 16_000, ROWS))  # the lengths drawn
-                       .groupby([f"spk{(i * ROWS + j) % 7:02d}" for j in range(ROWS)]).sum()
-                       for i in range(PARTITIONS))  # fmt: skip
+        expected = sum(
+            pd.Series(np.random.default_rng(i).integers(1_600, 16_000, ROWS))  # the lengths drawn
+            .groupby([f"spk{(i * ROWS + j) % 7:02d}" for j in range(ROWS)])
+            .sum()
+            for i in range(PARTITIONS)
+        )
         assert per_speaker.sort_index().equals(expected.sort_index()), (per_speaker, expected)
-        print(f"{len(per_speaker)} speakers, {int(per_speaker.sum())} samples in all (as generated)")
+        print(
+            f"{len(per_speaker)} speakers, {int(per_speaker.sum())} samples in all (as generated)"
+        )
         print(f"rows 1000..1002: {back.loc[1000:1002, 'transcript'].compute().tolist()}")
 
 

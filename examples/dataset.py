@@ -18,10 +18,12 @@ import torch
 import rowstore
 import rowstore.torch as rst
 
-SCHEMA = rowstore.Schema([
-    rowstore.Field("x", "float32", (8,)),
-    rowstore.Field("label", "int64"),
-])  # fmt: skip
+SCHEMA = rowstore.Schema(
+    [
+        rowstore.Field("x", "float32", (8,)),
+        rowstore.Field("label", "int64"),
+    ]
+)
 
 
 def write_pieces(directory: str, sizes=(3000, 1200, 2500)) -> list[str]:

@@ -15,30 +15,41 @@ out_dir = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()
 path = os.path.join(out_dir, "quickstart.h5")
 
 # 1. Describe a row once. None marks a variable dimension.
-schema = rowstore.Schema([
-    rowstore.Field("image", "uint8", (32, 32, 3), codec="png"),
-    rowstore.Field("label", "int64"),
-    rowstore.Field("embedding", "float32", (8,)),
-    rowstore.Field("caption", rowstore.STR, nullable=True),
-    rowstore.Field("waveform", "float32", (None,)),
-])
+schema = rowstore.Schema(
+    [
+        rowstore.Field("image", "uint8", (32, 32, 3), codec="png"),
+        rowstore.Field("label", "int64"),
+        rowstore.Field("embedding", "float32", (8,)),
+        rowstore.Field("caption", rowstore.STR, nullable=True),
+        rowstore.Field("waveform", "float32", (None,)),
+    ]
+)
 
 # 2. Write it from a preprocessing loop; the file appears only when the writer closes cleanly.
 rng = np.random.default_rng(0)
 with rowstore.Writer(path, schema, compression="lz4") as writer:
     for i in range(1000):
-        writer.write({
-            "image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
-            "label": i % 10,
-            "embedding": rng.standard_normal(8).astype(np.float32),
-            "caption": None if i % 4 == 0 else f"example {i}",
-            "waveform": rng.standard_normal(int(rng.integers(100, 1000))).astype(np.float32),
-        })
+        writer.write(
+            {
+                "image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+                "label": i % 10,
+                "embedding": rng.standard_normal(8).astype(np.float32),
+                "caption": None if i % 4 == 0 else f"example {i}",
+                "waveform": rng.standard_normal(int(rng.integers(100, 1000))).astype(np.float32),
+            }
+        )
     # Bad rows are refused with a message naming the field, the row and the expectation,
     # and nothing already written is lost.
     try:
-        writer.write({"image": np.zeros((32, 32), np.uint8), "label": 1, "embedding": np.zeros(8),
-                      "caption": "x", "waveform": np.zeros(3, np.float32)})
+        writer.write(
+            {
+                "image": np.zeros((32, 32), np.uint8),
+                "label": 1,
+                "embedding": np.zeros(8),
+                "caption": "x",
+                "waveform": np.zeros(3, np.float32),
+            }
+        )
     except rowstore.SchemaError as exc:
         print("refused:", exc)
 

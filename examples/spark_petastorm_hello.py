@@ -22,19 +22,26 @@ import rowstore
 from rowstore import Field, Schema
 
 ROWS = 24
-HelloSchema = Schema([
-    Field("id", "int32"),
-    Field("image1", "uint8", (128, 256, 3), codec="png"),
-    Field("array_4d", "uint8", (None, 16, 8, None)),  # variable first and last dimensions
-])  # fmt: skip
+HelloSchema = Schema(
+    [
+        Field("id", "int32"),
+        Field("image1", "uint8", (128, 256, 3), codec="png"),
+        Field("array_4d", "uint8", (None, 16, 8, None)),  # variable first and last dimensions
+    ]
+)
 
 
 def row_generator(i: int) -> dict:
     rng = np.random.default_rng(i)
     y, x = np.mgrid[0:128, 0:256]
-    image = np.stack([(x + i) % 256, (y * 2) % 256, np.full_like(x, i * 10 % 256)], axis=-1).astype(np.uint8)
-    return {"id": i, "image1": image,
-            "array_4d": rng.integers(0, 255, (1 + i % 3, 16, 8, 1 + i % 4), dtype=np.uint8)}  # fmt: skip
+    image = np.stack([(x + i) % 256, (y * 2) % 256, np.full_like(x, i * 10 % 256)], axis=-1).astype(
+        np.uint8
+    )
+    return {
+        "id": i,
+        "image1": image,
+        "array_4d": rng.integers(0, 255, (1 + i % 3, 16, 8, 1 + i % 4), dtype=np.uint8),
+    }
 
 
 def main(out: str) -> None:
@@ -43,13 +50,20 @@ def main(out: str) -> None:
 
     import rowstore.spark as rsp
 
-    spark = (SparkSession.builder.master("local[2]").appName("rowstore-hello").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())  # fmt: skip
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("rowstore-hello")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         # 1. Write: rows as Spark rows (to_row checks each value against the schema), then one
         #    shard per partition, written where the partition is.
-        rows = spark.sparkContext.parallelize(range(ROWS), 2).map(lambda i: rsp.to_row(HelloSchema, row_generator(i)))
+        rows = spark.sparkContext.parallelize(range(ROWS), 2).map(
+            lambda i: rsp.to_row(HelloSchema, row_generator(i))
+        )
         df = spark.createDataFrame(rows, rsp.spark_schema(HelloSchema))
         path = os.path.join(out, "hello_world_dataset")
         version = rsp.to_rowstore(df, "file://" + path, schema=HelloSchema)
@@ -61,13 +75,17 @@ def main(out: str) -> None:
             for row in reader:
                 assert (row.image1 == row_generator(row.id)["image1"]).all()
                 assert (row.array_4d == row_generator(row.id)["array_4d"]).all()
-        print(f"make_reader: every row equals what was written (image1 {row.image1.shape}, last array_4d "
-              f"{row.array_4d.shape})")  # fmt: skip
+        print(
+            f"make_reader: every row equals what was written (image1 {row.image1.shape}, last "
+            f"array_4d "
+            f"{row.array_4d.shape})"
+        )
 
         # 3. Train from a DataFrame through the converter: cached once, then torch batches.
         feats = spark.range(0, 256, numPartitions=2).selectExpr(
             "transform(sequence(0, 7), k -> cast(sin(id * (k + 1)) as float)) as features",
-            "cast(id % 2 as long) as label")  # fmt: skip
+            "cast(id % 2 as long) as label",
+        )
         converter = rsp.make_converter(feats, cache_dir="file://" + os.path.join(out, "cache"))
         print(f"converter: {len(converter)} rows cached")
         import torch

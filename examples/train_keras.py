@@ -29,28 +29,34 @@ def write_dataset(path: str, rows: int = 8192) -> None:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((16, 4)).astype(np.float32)
     x = rng.standard_normal((rows, 16)).astype(np.float32)
-    schema = rowstore.Schema([
-        rowstore.Field("x", "float32", (16,)),
-        rowstore.Field("label", "int64"),
-        rowstore.Field("seq", "float32", (None,)),
-        rowstore.Field("source", rowstore.STR),
-    ])  # fmt: skip
+    schema = rowstore.Schema(
+        [
+            rowstore.Field("x", "float32", (16,)),
+            rowstore.Field("label", "int64"),
+            rowstore.Field("seq", "float32", (None,)),
+            rowstore.Field("source", rowstore.STR),
+        ]
+    )
     with rowstore.Writer(path, schema) as writer:
-        writer.write_batch({
-            "x": x,
-            "label": (x @ w).argmax(axis=1),
-            "seq": [np.full(1 + i % 9, x[i, 0], np.float32) for i in range(rows)],
-            "source": [f"sensor-{i % 7}" for i in range(rows)],
-        })  # fmt: skip
+        writer.write_batch(
+            {
+                "x": x,
+                "label": (x @ w).argmax(axis=1),
+                "seq": [np.full(1 + i % 9, x[i, 0], np.float32) for i in range(rows)],
+                "source": [f"sensor-{i % 7}" for i in range(rows)],
+            }
+        )
 
 
 def make_model() -> tf.keras.Model:
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.Input((16,)),
-        tf.keras.layers.Dense(32, activation="relu"),
-        tf.keras.layers.Dense(4),
-    ])  # fmt: skip
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((16,)),
+            tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(4),
+        ]
+    )
     model.compile(
         optimizer=tf.keras.optimizers.SGD(0.2),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -91,7 +97,8 @@ def main(out_dir: str) -> None:
     )
     loss, acc = hist.history["loss"], hist.history["accuracy"]
     print(
-        f"fit: {epochs} epochs x {steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f}, accuracy {acc[-1]:.3f}"
+        f"fit: {epochs} epochs x {steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f}, accuracy "
+        f"{acc[-1]:.3f}"
     )
 
     # 2. A custom loop, one make_dataset per epoch (epoch=e gives that epoch's order).
@@ -119,9 +126,16 @@ def main(out_dir: str) -> None:
         "lengths:",
         padded["seq__shape"][:, 0].numpy().tolist(),
     )
-    print("ragged mean == padded sum / length:",
-          bool(np.allclose(tf.reduce_mean(ragged, axis=1), tf.reduce_sum(padded["seq"], axis=1)
-                           / tf.cast(padded["seq__shape"][:, 0], tf.float32))))  # fmt: skip
+    print(
+        "ragged mean == padded sum / length:",
+        bool(
+            np.allclose(
+                tf.reduce_mean(ragged, axis=1),
+                tf.reduce_sum(padded["seq"], axis=1)
+                / tf.cast(padded["seq__shape"][:, 0], tf.float32),
+            )
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ def write_dataset(path: str, rows: int = 8192) -> None:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((16, 4)).astype(np.float32)
     x = rng.standard_normal((rows, 16)).astype(np.float32)
-    schema = rowstore.Schema([
-        rowstore.Field("x", "float32", (16,)),
-        rowstore.Field("label", "int64"),
-        rowstore.Field("source", rowstore.STR),
-    ])  # fmt: skip
+    schema = rowstore.Schema(
+        [
+            rowstore.Field("x", "float32", (16,)),
+            rowstore.Field("label", "int64"),
+            rowstore.Field("source", rowstore.STR),
+        ]
+    )
     with rowstore.Writer(path, schema) as writer:
         writer.write_batch(
             {
@@ -103,7 +105,8 @@ def main(out_dir: str) -> None:
     )
     losses = [step(model, opt, b["x"], b["label"]) for _, b in zip(range(40), dl)]
     print(
-        f"Dataset + DataLoader(num_workers=2): {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        f"Dataset + DataLoader(num_workers=2): {len(losses)} steps, loss {losses[0]:.3f} -> "
+        f"{losses[-1]:.3f}"
     )
 
     # 3. IterableDataset: worker w of W reads shard w of the epoch (times the DDP rank, if any).

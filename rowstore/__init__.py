@@ -27,30 +27,66 @@ from rowstore.format import FORMAT_VERSION, Layout
 from rowstore.schema import BYTES, STR, Field, Schema
 
 __all__ = [
-    "__version__", "FORMAT_VERSION",
-    "Schema", "Field", "STR", "BYTES", "Codec", "register_codec",
-    "Writer", "Layout", "open",
-    "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset", "restore_pointer",
-    "RowstoreError", "SchemaError", "RowValidationError", "CodecError", "CodecNotAvailableError",
-    "FormatError", "FormatVersionError", "ChecksumError", "WriterClosedError",
-    "ConcurrentWriterError", "AttrsError",
+    "__version__",
+    "FORMAT_VERSION",
+    "Schema",
+    "Field",
+    "STR",
+    "BYTES",
+    "Codec",
+    "register_codec",
+    "Writer",
+    "Layout",
+    "open",
+    "DatasetWriter",
+    "ShardInfo",
+    "write_shard",
+    "commit",
+    "gc_dataset",
+    "restore_pointer",
+    "RowstoreError",
+    "SchemaError",
+    "RowValidationError",
+    "CodecError",
+    "CodecNotAvailableError",
+    "FormatError",
+    "FormatVersionError",
+    "ChecksumError",
+    "WriterClosedError",
+    "ConcurrentWriterError",
+    "AttrsError",
     "mix",
-]  # fmt: skip
+]
 
 #: Names imported on first use (their modules, or the optional packages they need, are heavy).
 _LAZY = {
     "Reader": "rowstore.reader",
-    "from_pandas": "rowstore.pandas", "read_pandas": "rowstore.pandas",
-    "shuffle": "rowstore.global_shuffle", "order_quality": "rowstore.quality",
-    "from_arrow": "rowstore.arrow", "from_parquet": "rowstore.arrow",
+    "from_pandas": "rowstore.pandas",
+    "read_pandas": "rowstore.pandas",
+    "shuffle": "rowstore.global_shuffle",
+    "order_quality": "rowstore.quality",
+    "from_arrow": "rowstore.arrow",
+    "from_parquet": "rowstore.arrow",
     "make_reader": "rowstore.reader.make_reader",
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",
-}  # fmt: skip
+}
 # The write path loads on first use too: importing the format's declarations (or reading
 # files) does not import the writer.
-_LAZY.update(dict.fromkeys(["Writer", "DatasetWriter", "ShardInfo", "write_shard", "commit", "gc_dataset",
-                            "restore_pointer"], "rowstore.format"))  # fmt: skip
+_LAZY.update(
+    dict.fromkeys(
+        [
+            "Writer",
+            "DatasetWriter",
+            "ShardInfo",
+            "write_shard",
+            "commit",
+            "gc_dataset",
+            "restore_pointer",
+        ],
+        "rowstore.format",
+    )
+)
 #: The extra and the optional packages a lazy module needs (``pip install rowstore[<extra>]``).
 _NEEDS = {
     "rowstore.pandas": ("pandas", ("pandas", "pyarrow")),

@@ -50,13 +50,31 @@ _PETASTORM = (
     "av.experimental.deepdrive.dataset_toolkit",
 )  # the second: its old package name
 _NUMPY_TYPES = {
-    "bool_": "bool", "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32",
-    "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
-    "float16": "float16", "float32": "float32", "float64": "float64", "double": "float64",
-    "single": "float32", "half": "float16", "str_": "str", "unicode_": "str", "bytes_": "bytes",
-    "string_": "bytes", "datetime64": "datetime64", "timedelta64": "timedelta64",
-    "complex64": "complex64", "complex128": "complex128",
-}  # fmt: skip
+    "bool_": "bool",
+    "bool": "bool",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "single": "float32",
+    "half": "float16",
+    "str_": "str",
+    "unicode_": "str",
+    "bytes_": "bytes",
+    "string_": "bytes",
+    "datetime64": "datetime64",
+    "timedelta64": "timedelta64",
+    "complex64": "complex64",
+    "complex128": "complex128",
+}
 _CODECS = ("NdarrayCodec", "CompressedNdarrayCodec", "CompressedImageCodec", "ScalarCodec")
 
 

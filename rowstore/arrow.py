@@ -66,7 +66,8 @@ DEFAULT_MAX_ROW_GROUP_BYTES = 4 << 30
 
 
 def local_path(url: str | os.PathLike) -> str:
-    """``url`` as a local path (``file://`` URLs accepted; see :func:`rowstore.storage.url.local_path`)."""
+    """``url`` as a local path (``file://`` URLs accepted; see
+    :func:`rowstore.storage.url.local_path`)."""
     return os.fsdecode(_local_path(url))
 
 
@@ -79,10 +80,13 @@ def _as_decode(col: str, spec: Any) -> Decode:
         return Decode(how, spec)
     if isinstance(spec, str) and spec in DECODERS:
         return Decode(spec)
-    raise ValueError(f"decode[{col!r}] must be one of {sorted(DECODERS)} or a rowstore.Field, got {spec!r}")
+    raise ValueError(
+        f"decode[{col!r}] must be one of {sorted(DECODERS)} or a rowstore.Field, got {spec!r}"
+    )
 
 
-# -- types ------------------------------------------------------------------------------------------
+# -- types
+# ------------------------------------------------------------------------------------------
 def _leaf(t: pa.DataType, col: str) -> tuple[Any, tuple[int | None, ...]]:
     """(dtype, shape) of a value of Arrow type ``t`` (lists become dimensions)."""
     if pa.types.is_list(t) or pa.types.is_large_list(t) or _is_list_view(t):
@@ -99,8 +103,12 @@ def _leaf(t: pa.DataType, col: str) -> tuple[Any, tuple[int | None, ...]]:
         return np.dtype(t.to_pandas_dtype()), ()
     if pa.types.is_string(t) or pa.types.is_large_string(t) or _is(t, "is_string_view"):
         return STR, ()
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
-            or _is(t, "is_binary_view"):  # fmt: skip
+    if (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or _is(t, "is_binary_view")
+    ):
         return BYTES, ()
     if pa.types.is_date32(t):
         return np.dtype("datetime64[D]"), ()
@@ -112,8 +120,12 @@ def _leaf(t: pa.DataType, col: str) -> tuple[Any, tuple[int | None, ...]]:
         return np.dtype(f"timedelta64[{t.unit}]"), ()
     if pa.types.is_dictionary(t):
         return _leaf(t.value_type, col)
-    raise SchemaError(f"column {col!r}: Arrow type {t} is not supported (cast it, e.g. decimals to float64 or str, "
-                      "structs to separate columns)", field=col)  # fmt: skip
+    raise SchemaError(
+        f"column {col!r}: Arrow type {t} is not supported (cast it, e.g. decimals to float64 or "
+        f"str, "
+        "structs to separate columns)",
+        field=col,
+    )
 
 
 def _is(t: pa.DataType, pred: str) -> bool:
@@ -127,8 +139,11 @@ def _is_list_view(t: pa.DataType) -> bool:
 
 def _numeric(dtype: Any, col: str, t: pa.DataType) -> None:
     if dtype in (STR, BYTES):
-        raise SchemaError(f"column {col!r}: {t} holds {dtype} values; only lists of numbers, bools and times "
-                          "become arrays", field=col)  # fmt: skip
+        raise SchemaError(
+            f"column {col!r}: {t} holds {dtype} values; only lists of numbers, bools and times "
+            "become arrays",
+            field=col,
+        )
 
 
 def arrow_field(af: pa.Field, *, name: str | None = None, nullable: bool | None = None) -> Field:
@@ -139,7 +154,9 @@ def arrow_field(af: pa.Field, *, name: str | None = None, nullable: bool | None 
     dtype, shape = _leaf(af.type, af.name)
     if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
         shape = tuple(None if s == 0 else s for s in shape)
-    return Field(name or af.name, dtype, shape, nullable=af.nullable if nullable is None else bool(nullable))
+    return Field(
+        name or af.name, dtype, shape, nullable=af.nullable if nullable is None else bool(nullable)
+    )
 
 
 @dataclass
@@ -152,13 +169,19 @@ class _Column:
     decode: Decode | None = None
 
 
-def _plan(arrow_schema: pa.Schema, decode: Mapping[str, Any] | None, has_nulls: Callable[[str], bool | None],
-          first: pa.RecordBatch | None) -> list[_Column]:  # fmt: skip
+def _plan(
+    arrow_schema: pa.Schema,
+    decode: Mapping[str, Any] | None,
+    has_nulls: Callable[[str], bool | None],
+    first: pa.RecordBatch | None,
+) -> list[_Column]:
     decode = dict(decode or {})
     unknown = [c for c in decode if c not in arrow_schema.names]
     if unknown:
-        raise SchemaError(f"decode names column(s) {unknown} that are not in the data ({arrow_schema.names})",
-                          field=unknown[0])  # fmt: skip
+        raise SchemaError(
+            f"decode names column(s) {unknown} that are not in the data ({arrow_schema.names})",
+            field=unknown[0],
+        )
     taken: set[str] = set()
     out = []
     for af in arrow_schema:
@@ -168,10 +191,14 @@ def _plan(arrow_schema: pa.Schema, decode: Mapping[str, Any] | None, has_nulls: 
         if af.name in decode:
             d = _as_decode(af.name, decode[af.name])
             if _leaf(af.type, af.name)[0] != BYTES:
-                raise SchemaError(f"decode[{af.name!r}]: the column is {af.type}, not binary", field=af.name)
+                raise SchemaError(
+                    f"decode[{af.name!r}]: the column is {af.type}, not binary", field=af.name
+                )
             if d.field is not None:
                 f = d.field
-                field = Field(fname, f.dtype, f.shape, codec=f.codec, nullable=nullable or f.nullable)
+                field = Field(
+                    fname, f.dtype, f.shape, codec=f.codec, nullable=nullable or f.nullable
+                )
             else:
                 field = _infer_decoded(fname, af.name, d, first, nullable)
             out.append(_Column(af.name, field, af, d))
@@ -182,19 +209,28 @@ def _plan(arrow_schema: pa.Schema, decode: Mapping[str, Any] | None, has_nulls: 
     return out
 
 
-def _infer_decoded(fname: str, col: str, d: Decode, first: pa.RecordBatch | None, nullable: bool) -> Field:
+def _infer_decoded(
+    fname: str, col: str, d: Decode, first: pa.RecordBatch | None, nullable: bool
+) -> Field:
     """Dtype and shape of a decoded column from the first batch's values."""
     values = [] if first is None else [v for v in first.column(col).to_pylist() if v is not None]
     if not values:
-        raise SchemaError(f"decode[{col!r}]: no value in the first batch to learn the dtype and shape from; pass a "
-                          "rowstore.Field (decode={col: Field(...)})", field=col)  # fmt: skip
+        raise SchemaError(
+            f"decode[{col!r}]: no value in the first batch to learn the dtype and shape from; pass "
+            f"a "
+            "rowstore.Field (decode={col: Field(...)})",
+            field=col,
+        )
     arrays = [_decoded(d, v, col, i) for i, v in enumerate(values)]
     a0 = arrays[0]
     shape: list[int | None] = list(a0.shape)
     for a in arrays[1:]:
         if a.dtype != a0.dtype or a.ndim != a0.ndim:
-            raise SchemaError(f"decode[{col!r}]: values of {a0.dtype} {a0.shape} and {a.dtype} {a.shape} in one "
-                              "column; pass a rowstore.Field", field=col)  # fmt: skip
+            raise SchemaError(
+                f"decode[{col!r}]: values of {a0.dtype} {a0.shape} and {a.dtype} {a.shape} in one "
+                "column; pass a rowstore.Field",
+                field=col,
+            )
         shape = [s if s == t else None for s, t in zip(shape, a.shape)]
     shape = [None if s == 0 else s for s in shape]
     codec = {"id": "png", "level": 1} if d.how == "png" else None
@@ -205,8 +241,11 @@ def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
     try:
         return d(v)
     except Exception as exc:  # a payload the decoder rejects: name it
-        raise RowValidationError(f"column {col!r}, row {row}: the {d.how} payload does not decode: {exc}",
-                                 field=col, row=row) from exc  # fmt: skip
+        raise RowValidationError(
+            f"column {col!r}, row {row}: the {d.how} payload does not decode: {exc}",
+            field=col,
+            row=row,
+        ) from exc
 
 
 # -- values ---------------------------------------------------------------------------------------
@@ -219,22 +258,29 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
     # array's own offset.
     levels: list[tuple[str, Any]] = []
     a = arr
-    while pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type):
+    while (
+        pa.types.is_list(a.type)
+        or pa.types.is_large_list(a.type)
+        or pa.types.is_fixed_size_list(a.type)
+    ):
         if pa.types.is_fixed_size_list(a.type):
             levels.append(("fixed", (a.offset, a.type.list_size)))
         else:
             levels.append(("list", np.asarray(a.offsets).astype(np.int64, copy=False)))
         a = a.values
         if a.null_count:
-            raise RowValidationError(f"column {col!r} (rows {first_row}..{first_row + len(arr) - 1}): a null inside "
-                                     "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
-                                     field=col, row=first_row)  # fmt: skip
+            raise RowValidationError(
+                f"column {col!r} (rows {first_row}..{first_row + len(arr) - 1}): a null inside "
+                "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
+                field=col,
+                row=first_row,
+            )
     values = a.to_numpy(zero_copy_only=False)
     valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
     n = len(arr)
     if len(levels) == 1 and levels[0][0] == "list":  # the common case: 1-D variable arrays
         offs = levels[0][1]
-        out: list = [values[offs[i]:offs[i + 1]] for i in range(n)]
+        out: list = [values[offs[i] : offs[i + 1]] for i in range(n)]
         if valid is not None:
             out = [v if ok else None for v, ok in zip(out, valid)]
         return out
@@ -254,9 +300,12 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
                 starts = level[lo : hi + 1]
                 lens = np.diff(starts)
                 if len(lens) and (lens != lens[0]).any():
-                    raise RowValidationError(f"column {col!r}, row {first_row + i}: sub-lists of lengths "
-                                             f"{sorted(set(lens.tolist()))[:5]} do not make an n-D array",
-                                             field=col, row=first_row + i)  # fmt: skip
+                    raise RowValidationError(
+                        f"column {col!r}, row {first_row + i}: sub-lists of lengths "
+                        f"{sorted(set(lens.tolist()))[:5]} do not make an n-D array",
+                        field=col,
+                        row=first_row + i,
+                    )
                 dims.append(int(lens[0]) if len(lens) else 0)
                 lo, hi = int(starts[0]), int(starts[-1])
         out.append(values[lo:hi].reshape(dims))
@@ -279,8 +328,12 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
         try:
             vals = arr.to_pylist()
         except UnicodeDecodeError as exc:  # a string column's bytes (Arrow does not check them)
-            raise RowValidationError(f"column {c.source!r} (rows {first_row}..{first_row + len(arr) - 1}): a string "
-                                     f"that is not UTF-8 ({exc})", field=c.source, row=first_row) from None
+            raise RowValidationError(
+                f"column {c.source!r} (rows {first_row}..{first_row + len(arr) - 1}): a string "
+                f"that is not UTF-8 ({exc})",
+                field=c.source,
+                row=first_row,
+            ) from None
         if pa.types.is_fixed_size_binary(arr.type) or f.dtype == BYTES:
             return [None if v is None else bytes(v) for v in vals]
         return vals
@@ -323,8 +376,11 @@ def _source(data: Any, batch_rows: int) -> _Source:
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
         table = data
-        return _Source(table.schema, iter(table.to_batches(max_chunksize=batch_rows)),
-                       lambda c: table.column(c).null_count > 0)  # fmt: skip
+        return _Source(
+            table.schema,
+            iter(table.to_batches(max_chunksize=batch_rows)),
+            lambda c: table.column(c).null_count > 0,
+        )
     if isinstance(data, pa.RecordBatchReader):
         return _Source(data.schema, iter(data), lambda c: None)
     try:
@@ -336,22 +392,33 @@ def _source(data: Any, batch_rows: int) -> _Source:
     if isinstance(data, Iterable) and not isinstance(data, (str, bytes, Mapping)):
         first, it = _peek(iter(data))
         if first is None:
-            raise ValueError("from_arrow: the iterable of record batches is empty (nothing tells the schema)")
+            raise ValueError(
+                "from_arrow: the iterable of record batches is empty (nothing tells the schema)"
+            )
         if not isinstance(first, pa.RecordBatch):
             raise TypeError(f"from_arrow: expected record batches, got a {type(first).__name__}")
         return _Source(first.schema, it, lambda c: None)
-    raise TypeError(f"from_arrow takes a pyarrow Table, RecordBatch, RecordBatchReader, pyarrow.dataset.Dataset or "
-                    f"an iterable of RecordBatches, got {type(data).__name__}")  # fmt: skip
+    raise TypeError(
+        f"from_arrow takes a pyarrow Table, RecordBatch, RecordBatchReader, "
+        f"pyarrow.dataset.Dataset or "
+        f"an iterable of RecordBatches, got {type(data).__name__}"
+    )
 
 
-def _columns(src: _Source, schema: Schema | None, decode: Mapping[str, Any] | None) -> list[_Column]:
+def _columns(
+    src: _Source, schema: Schema | None, decode: Mapping[str, Any] | None
+) -> list[_Column]:
     """The plan of every column: inferred, or the fields of ``schema`` (matched by field name;
     a binary column for a numeric field is decoded as its codec says: png, jpeg, else npy)."""
     first = None
     needs_first = any(not isinstance(v, (Field, Decode)) for v in (decode or {}).values())
     if needs_first:
         first, src.batches = _peek(src.batches)
-    cols = _plan(src.schema, decode if schema is None else None, src.has_nulls, first) if schema is None else None
+    cols = (
+        _plan(src.schema, decode if schema is None else None, src.has_nulls, first)
+        if schema is None
+        else None
+    )
     if cols is not None:
         return cols
     assert schema is not None
@@ -360,8 +427,10 @@ def _columns(src: _Source, schema: Schema | None, decode: Mapping[str, Any] | No
     taken: set[str] = set()
     names = {field_name(af.name, taken): af for af in src.schema}
     if sorted(names) != sorted(schema.names):
-        raise SchemaError(f"schema fields {schema.names} differ from the data's columns {list(names)} (as field "
-                          "names)")  # fmt: skip
+        raise SchemaError(
+            f"schema fields {schema.names} differ from the data's columns {list(names)} (as field "
+            "names)"
+        )
     out = []
     decode = dict(decode or {})
     for f in schema:
@@ -374,7 +443,9 @@ def _columns(src: _Source, schema: Schema | None, decode: Mapping[str, Any] | No
         elif kind == BYTES and f.dtype != BYTES:
             d = _as_decode(af.name, f)
         elif kind != f.dtype and (kind in (STR, BYTES) or f.dtype in (STR, BYTES)):
-            raise SchemaError(f"column {af.name!r} is {af.type}, but field {f.name!r} is {f.dtype}", field=f.name)
+            raise SchemaError(
+                f"column {af.name!r} is {af.type}, but field {f.name!r} is {f.dtype}", field=f.name
+            )
         elif kind not in (STR, BYTES):
             _check_numeric(af, f)
         out.append(_Column(af.name, f, af, d))
@@ -386,8 +457,11 @@ def _check_numeric(af: pa.Field, f: Field) -> None:
     can take (a float column for an int field is refused here, not on the first row)."""
     dtype, shape = _leaf(af.type, af.name)
     if len(shape) != len(f.shape):
-        raise SchemaError(f"column {af.name!r} ({af.type}) holds values of {len(shape)} dimensions, but field "
-                          f"{f.name!r} has shape {f.shape}", field=f.name)  # fmt: skip
+        raise SchemaError(
+            f"column {af.name!r} ({af.type}) holds values of {len(shape)} dimensions, but field "
+            f"{f.name!r} has shape {f.shape}",
+            field=f.name,
+        )
     src, dst = np.dtype(dtype), f.dtype
     if src.kind in "Mm" or dst.kind in "Mm":
         ok = src.kind == dst.kind
@@ -396,13 +470,22 @@ def _check_numeric(af: pa.Field, f: Field) -> None:
     else:
         ok = np.can_cast(src, dst, "same_kind") or (src.kind in "biu" and dst.kind in "iuf")
     if not ok:
-        raise SchemaError(f"column {af.name!r} is {af.type}, which field {f.name!r} ({dst}) cannot store", field=f.name)
+        raise SchemaError(
+            f"column {af.name!r} is {af.type}, which field {f.name!r} ({dst}) cannot store",
+            field=f.name,
+        )
 
 
-def _attrs(cols: list[_Column], attrs: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None) -> dict:
+def _attrs(
+    cols: list[_Column], attrs: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None
+) -> dict:
     user = dict(attrs or {})
     meta: dict[str, Any] = {"columns": {c.field.name: c.source for c in cols}}
-    tz = {c.field.name: c.arrow.type.tz for c in cols if pa.types.is_timestamp(c.arrow.type) and c.arrow.type.tz}
+    tz = {
+        c.field.name: c.arrow.type.tz
+        for c in cols
+        if pa.types.is_timestamp(c.arrow.type) and c.arrow.type.tz
+    }
     if tz:
         meta["timezones"] = tz
     dec = {c.field.name: c.decode.how for c in cols if c.decode is not None}
@@ -413,7 +496,9 @@ def _attrs(cols: list[_Column], attrs: Mapping[str, Any] | None, extra: Mapping[
     return user
 
 
-def write_batches(writer: Any, cols: list[_Column], batches: Iterable[pa.RecordBatch], first_row: int = 0) -> int:
+def write_batches(
+    writer: Any, cols: list[_Column], batches: Iterable[pa.RecordBatch], first_row: int = 0
+) -> int:
     """Convert and write each record batch with ``writer.write_batch``; the rows written."""
     row = first_row
     for b in batches:
@@ -424,8 +509,15 @@ def write_batches(writer: Any, cols: list[_Column], batches: Iterable[pa.RecordB
     return row - first_row
 
 
-def _write(path: str | os.PathLike, src: _Source, cols: list[_Column], dataset: bool, attrs: Any,
-           extra: Mapping[str, Any] | None, writer_kwargs: dict) -> Schema:  # fmt: skip
+def _write(
+    path: str | os.PathLike,
+    src: _Source,
+    cols: list[_Column],
+    dataset: bool,
+    attrs: Any,
+    extra: Mapping[str, Any] | None,
+    writer_kwargs: dict,
+) -> Schema:
     schema = Schema([c.field for c in cols])
     cls = DatasetWriter if dataset else Writer
     with cls(path, schema, attrs=_attrs(cols, attrs, extra), **writer_kwargs) as w:
@@ -442,14 +534,23 @@ def infer_schema(data: Any, *, decode: Mapping[str, Any] | None = None) -> Schem
     return Schema([c.field for c in _columns(src, None, decode)])
 
 
-def from_arrow(data: Any, path: str | os.PathLike, *, schema: Schema | None = None,
-               decode: Mapping[str, Any] | None = None, dataset: bool = False, attrs: Mapping[str, Any] | None = None,
-               batch_rows: int = DEFAULT_BATCH_ROWS, **writer_kwargs: Any) -> Schema:  # fmt: skip
+def from_arrow(
+    data: Any,
+    path: str | os.PathLike,
+    *,
+    schema: Schema | None = None,
+    decode: Mapping[str, Any] | None = None,
+    dataset: bool = False,
+    attrs: Mapping[str, Any] | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    **writer_kwargs: Any,
+) -> Schema:
     """Write Arrow data to ``path``: one ``.h5`` file, or a dataset directory with ``dataset=True``.
 
     Parameters
     ----------
-    data : pyarrow.Table, RecordBatch, RecordBatchReader, pyarrow.dataset.Dataset, or an iterable of RecordBatches
+    data : pyarrow.Table, RecordBatch, RecordBatchReader, pyarrow.dataset.Dataset, or an iterable of
+    RecordBatches
         Read one record batch at a time (a Table in chunks of ``batch_rows``); only the batch
         being converted is held, so a reader or dataset of any size streams through.
     path : str or os.PathLike
@@ -489,8 +590,15 @@ def from_arrow(data: Any, path: str | os.PathLike, *, schema: Schema | None = No
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
 
 
-def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatch], *, shard_bytes: int,
-                 name_prefix: str, **writer_kwargs: Any) -> list:  # fmt: skip
+def write_shards(
+    path: str,
+    cols: list[_Column],
+    batches: Iterable[pa.RecordBatch],
+    *,
+    shard_bytes: int,
+    name_prefix: str,
+    **writer_kwargs: Any,
+) -> list:
     """Write a stream of record batches as shards of about ``shard_bytes`` (Arrow bytes of the
     batches) with :func:`rowstore.write_shard` (named ``<name_prefix>-<k>``), consecutive rows in
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
@@ -524,15 +632,24 @@ def write_shards(path: str, cols: list[_Column], batches: Iterable[pa.RecordBatc
             if first is None:
                 break
             pending.append(first)
-            infos.append(write_shard(path, schema, shard_batches(), name=f"{name_prefix}-{len(infos):04d}",
-                                     batches=True, **writer_kwargs))  # fmt: skip
+            infos.append(
+                write_shard(
+                    path,
+                    schema,
+                    shard_batches(),
+                    name=f"{name_prefix}-{len(infos):04d}",
+                    batches=True,
+                    **writer_kwargs,
+                )
+            )
     except BaseException:
         discard(path, infos)
         raise
     return infos
 
 
-# -- Parquet ----------------------------------------------------------------------------------------
+# -- Parquet
+# ----------------------------------------------------------------------------------------
 def parquet_files(root: str) -> list[str]:
     """The Parquet files of a file or directory, in row order: sorted by relative path (Spark's
     ``part-00000...`` names sort in partition order); names starting with ``_`` or ``.``
@@ -544,7 +661,11 @@ def parquet_files(root: str) -> list[str]:
     out = []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if not x.startswith(("_", ".")))
-        out += [os.path.join(d, f) for f in files if not f.startswith(("_", ".")) and not f.endswith(".crc")]
+        out += [
+            os.path.join(d, f)
+            for f in files
+            if not f.startswith(("_", ".")) and not f.endswith(".crc")
+        ]
     out.sort(key=lambda p: os.path.relpath(p, root))
     if not out:
         raise FileNotFoundError(f"no Parquet file under {root!r}")
@@ -563,13 +684,18 @@ def _parquet_read(f: str) -> Iterator[None]:
     except OSError as exc:
         if exc.errno is not None:
             raise
-        raise FormatError(f"Parquet file {f!r} is corrupt or truncated ({type(exc).__name__}: {exc})", path=f) from exc
+        raise FormatError(
+            f"Parquet file {f!r} is corrupt or truncated ({type(exc).__name__}: {exc})", path=f
+        ) from exc
     except (pa.ArrowException, ValueError, KeyError, IndexError, OverflowError) as exc:
-        raise FormatError(f"Parquet file {f!r} is corrupt or truncated ({type(exc).__name__}: {exc})", path=f) from exc
+        raise FormatError(
+            f"Parquet file {f!r} is corrupt or truncated ({type(exc).__name__}: {exc})", path=f
+        ) from exc
 
 
 def _min_row_bytes(t: pa.DataType) -> int:
-    """A lower bound of the bytes pyarrow allocates per row of a column of type ``t`` (at least 1)."""
+    """A lower bound of the bytes pyarrow allocates per row of a column of type ``t`` (at least
+    1)."""
     if pa.types.is_fixed_size_list(t):
         return max(1, t.list_size * _min_row_bytes(t.value_type))
     try:
@@ -586,9 +712,13 @@ def _check_row_groups(f: str, md: Any, schema: pa.Schema, limit: int) -> None:
     for g in range(md.num_row_groups):
         n = md.row_group(g).num_rows
         if n < 0 or n * per_row > limit:
-            raise FormatError(f"Parquet file {f!r}: row group {g} declares {n} rows, at least {n * per_row} bytes "
-                              f"of columns, more than max_row_group_bytes={limit} (corrupt file, or raise the "
-                              f"limit)", path=f)
+            raise FormatError(
+                f"Parquet file {f!r}: row group {g} declares {n} rows, at least {n * per_row} "
+                f"bytes "
+                f"of columns, more than max_row_group_bytes={limit} (corrupt file, or raise the "
+                f"limit)",
+                path=f,
+            )
 
 
 def _parquet_nulls(files: list[str], schema: pa.Schema) -> Callable[[str], bool | None]:
@@ -618,8 +748,13 @@ def _null_counts(md: Any, schema: pa.Schema, counts: dict[str, int | None]) -> N
                 counts[name] = (counts.get(name) or 0) + st.null_count
 
 
-def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema, batch_rows: int,
-                     max_row_group_bytes: int) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def _parquet_batches(
+    files: list[str],
+    columns: list[str] | None,
+    ref: pa.Schema,
+    batch_rows: int,
+    max_row_group_bytes: int,
+) -> Iterator[pa.RecordBatch]:
     for f in files:
         with _parquet_read(f):
             pf = pq.ParquetFile(f)
@@ -630,8 +765,12 @@ def _parquet_batches(files: list[str], columns: list[str] | None, ref: pa.Schema
             names = columns or ref.names
             for n in names:
                 if got.get_field_index(n) < 0 or not got.field(n).type.equals(ref.field(n).type):
-                    raise FormatError(f"Parquet file {f!r}: column {n!r} is {got.field(n).type if n in got.names else 'missing'}, "
-                                      f"expected {ref.field(n).type} (as in {files[0]!r})", path=f)  # fmt: skip
+                    raise FormatError(
+                        f"Parquet file {f!r}: column {n!r} is "
+                        f"{got.field(n).type if n in got.names else 'missing'}, "
+                        f"expected {ref.field(n).type} (as in {files[0]!r})",
+                        path=f,
+                    )
             # One row group at a time (measured: pyarrow 26's iter_batches held the whole file).
             for g in range(pf.num_row_groups):
                 with _parquet_read(f):
@@ -651,22 +790,35 @@ def _unischema_schema(uni: Unischema, arrow_schema: pa.Schema) -> Schema:
     for pf, f in zip(uni.fields, uni.partial):
         if f is None:
             if arrow_schema.get_field_index(pf.name) < 0:
-                raise SchemaError(f"Petastorm field {pf.name!r} has no Parquet column", field=pf.name)
+                raise SchemaError(
+                    f"Petastorm field {pf.name!r} has no Parquet column", field=pf.name
+                )
             af = arrow_schema.field(pf.name)
             f = arrow_field(af, name=field_name(pf.name, set()), nullable=pf.nullable)
         out.append(f)
     return Schema(out)
 
 
-def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
-                 schema: Schema | None = None, decode: Mapping[str, Any] | None = None, petastorm: bool | str = "auto",
-                 dataset: bool = False, attrs: Mapping[str, Any] | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-                 max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES, **writer_kwargs: Any) -> Schema:  # fmt: skip
+def from_parquet(
+    source: str | os.PathLike,
+    path: str | os.PathLike,
+    *,
+    columns: Sequence[str] | None = None,
+    schema: Schema | None = None,
+    decode: Mapping[str, Any] | None = None,
+    petastorm: bool | str = "auto",
+    dataset: bool = False,
+    attrs: Mapping[str, Any] | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES,
+    **writer_kwargs: Any,
+) -> Schema:
     """Convert a Parquet file or directory (Spark, Dask, pandas or Petastorm output) to rowstore.
 
     Files are read in sorted order (a directory recursively, skipping ``_*`` and ``.*``), one
     row group at a time, converted in record batches of ``batch_rows`` rows, so memory stays
-    bounded by a row group (Spark writes them of about 128 MB; Petastorm of ``row_group_size_mb``). ``columns`` picks
+    bounded by a row group (Spark writes them of about 128 MB; Petastorm of ``row_group_size_mb``).
+    ``columns`` picks
     and orders columns; ``schema``, ``decode``, ``dataset``, ``attrs`` and ``writer_kwargs`` are
     as for :func:`from_arrow`; nullability comes from the row groups' null counts.
 
@@ -689,12 +841,19 @@ def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns:
         uni = read_unischema(root, required=petastorm is True)
         if uni is not None:
             if schema is not None or decode is not None:
-                raise ValueError("a Petastorm dataset brings its own schema and codecs: pass petastorm=False to give "
-                                 "schema= or decode=")  # fmt: skip
+                raise ValueError(
+                    "a Petastorm dataset brings its own schema and codecs: pass petastorm=False to "
+                    "give "
+                    "schema= or decode="
+                )
             uni = uni.select(columns)
             decode, columns = uni.decode, uni.columns
             extra = {"petastorm": uni.describe()}
-    if not isinstance(max_row_group_bytes, int) or isinstance(max_row_group_bytes, bool) or max_row_group_bytes < 1:
+    if (
+        not isinstance(max_row_group_bytes, int)
+        or isinstance(max_row_group_bytes, bool)
+        or max_row_group_bytes < 1
+    ):
         raise ValueError(f"max_row_group_bytes must be an int >= 1, got {max_row_group_bytes!r}")
     files = parquet_files(root)
     with _parquet_read(files[0]):
@@ -702,10 +861,15 @@ def from_parquet(source: str | os.PathLike, path: str | os.PathLike, *, columns:
     if columns is not None:
         missing = [c for c in columns if c not in ref.names]
         if missing:
-            raise SchemaError(f"columns {missing} are not in {files[0]!r} ({ref.names})", field=missing[0])
+            raise SchemaError(
+                f"columns {missing} are not in {files[0]!r} ({ref.names})", field=missing[0]
+            )
         ref = pa.schema([ref.field(c) for c in columns])
     if extra is not None and uni is not None:
         schema = _unischema_schema(uni, ref)
-    src = _Source(ref, _parquet_batches(files, list(ref.names), ref, batch_rows, max_row_group_bytes),
-                  _parquet_nulls(files, ref))
+    src = _Source(
+        ref,
+        _parquet_batches(files, list(ref.names), ref, batch_rows, max_row_group_bytes),
+        _parquet_nulls(files, ref),
+    )
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, extra, writer_kwargs)

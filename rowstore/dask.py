@@ -1,6 +1,7 @@
 """Dask DataFrames in and out of rowstore datasets, written in parallel on the workers.
 
-:func:`to_rowstore` writes each partition as shards (of about ``shard_bytes``) **on the worker that computed it**
+:func:`to_rowstore` writes each partition as shards (of about ``shard_bytes``) **on the worker that
+computed it**
 (:func:`rowstore.write_shard`: no lock, nothing collected to the client but the small
 :class:`~rowstore.ShardInfo`) and publishes them all with a single :func:`rowstore.commit` once
 every partition succeeded: a failed task leaves the previous version (or nothing) visible; the
@@ -61,8 +62,13 @@ _CONVERT_STRING = "dataframe.convert-string"
 
 
 # -- Dask's string conversion -----------------------------------------------------------------
-def from_pandas(df: pd.DataFrame, npartitions: int | None = None, *, chunksize: int | None = None,
-                sort: bool = True) -> dd.DataFrame:
+def from_pandas(
+    df: pd.DataFrame,
+    npartitions: int | None = None,
+    *,
+    chunksize: int | None = None,
+    sort: bool = True,
+) -> dd.DataFrame:
     """``dd.from_pandas`` without Dask's string conversion (``dataframe.convert-string``),
     which would turn the ndarray (or list) cells of object columns into their ``str``.
 
@@ -79,8 +85,11 @@ def _converts_losslessly(frame: pd.DataFrame) -> bool:
     cols = [frame[c] for c in frame.columns if frame[c].dtype == object]
     if frame.index.dtype == object:
         cols.append(pd.Series(frame.index, copy=False))
-    return all(isinstance(v, str) or v is None or v is pd.NA or (isinstance(v, float) and v != v)
-               for s in cols for v in s.to_numpy())  # fmt: skip
+    return all(
+        isinstance(v, str) or v is None or v is pd.NA or (isinstance(v, float) and v != v)
+        for s in cols
+        for v in s.to_numpy()
+    )
 
 
 def _keep_arrays(ddf: dd.DataFrame) -> dd.DataFrame:
@@ -97,14 +106,18 @@ def _keep_arrays(ddf: dd.DataFrame) -> dd.DataFrame:
     new = expr
     for node in list(expr.find_operations(FromPandas)):
         if node.operand("pyarrow_strings_enabled") and not _converts_losslessly(node.frame._data):
-            new = new.substitute(node, node.substitute_parameters({"pyarrow_strings_enabled": False}))
+            new = new.substitute(
+                node, node.substitute_parameters({"pyarrow_strings_enabled": False})
+            )
     return ddf if new is expr else new_collection(new)
 
 
 # The str of an ndarray ("[1. 2.]", "[[0 1]\n [2 3]]", "[ True False]", "[1. ... 9.]") or of a
 # list ("[1, 2]", "[np.float64(1.0)]", "[array([1, 2])]"): brackets around numbers only.
-_ARRAY_TEXT = re.compile(r"\[[\s\d.,+\-eEj\[\]()]*(?:(?:nan|inf|True|False|array\(|dtype=\w+|np\.\w+\()"
-                         r"[\s\d.,+\-eEj\[\]()]*)*\]")
+_ARRAY_TEXT = re.compile(
+    r"\[[\s\d.,+\-eEj\[\]()]*(?:(?:nan|inf|True|False|array\(|dtype=\w+|np\.\w+\()"
+    r"[\s\d.,+\-eEj\[\]()]*)*\]"
+)
 
 
 def _check_not_array_text(df: pd.DataFrame, schema: Schema, meta: dict, user_schema: bool) -> None:
@@ -126,16 +139,21 @@ def _check_not_array_text(df: pd.DataFrame, schema: Schema, meta: dict, user_sch
             if not all(_ARRAY_TEXT.fullmatch(v) for v in values.astype(str)):
                 continue
             why = f"text that reads as the str of arrays ({str(values.iloc[0])[:40]!r}...)"
-        raise SchemaError(f"column {m['name']!r} holds {why}: Dask's {_CONVERT_STRING!r} (on by default) turned "
-                          "its ndarray or list cells into strings when the frame was built, and they cannot "
-                          "be recovered; build the frame with rowstore.dask.from_pandas(df, ...) or under "
-                          f"dask.config.set({{{_CONVERT_STRING!r}: False}}) (or pass schema= with a str field "
-                          "to store the text as it is)", field=m["field"])  # fmt: skip
+        raise SchemaError(
+            f"column {m['name']!r} holds {why}: Dask's {_CONVERT_STRING!r} (on by default) turned "
+            "its ndarray or list cells into strings when the frame was built, and they cannot "
+            "be recovered; build the frame with rowstore.dask.from_pandas(df, ...) or under "
+            f"dask.config.set({{{_CONVERT_STRING!r}: False}}) (or pass schema= with a str field "
+            "to store the text as it is)",
+            field=m["field"],
+        )
 
 
 # -- schema over all partitions -----------------------------------------------------------------
 def _describe_part(df: pd.DataFrame, index: bool) -> tuple[dict, dict]:
-    schema, meta = _describe(df, frame_columns(df, index=index, range_index=False), index, range_index=False)
+    schema, meta = _describe(
+        df, frame_columns(df, index=index, range_index=False), index, range_index=False
+    )
     return schema.to_json(), meta
 
 
@@ -155,13 +173,23 @@ def _merge(parts: list[tuple[dict, dict]]) -> tuple[Schema, dict]:
                 f = {**f, "dtype": g["dtype"]}
             elif not m.get(GUESSED):
                 gm.pop(GUESSED, None)
-            differs = (g["dtype"] != f["dtype"] or len(g["shape"]) != len(f["shape"]) or gm["kind"] != m["kind"]
-                       or gm.get("categories") != m.get("categories") or gm.get("unit") != m.get("unit"))  # fmt: skip
+            differs = (
+                g["dtype"] != f["dtype"]
+                or len(g["shape"]) != len(f["shape"])
+                or gm["kind"] != m["kind"]
+                or gm.get("categories") != m.get("categories")
+                or gm.get("unit") != m.get("unit")
+            )
             if differs:
-                raise SchemaError(f"column {m['name']!r}: partition {p} holds {m['dtype']} ({f['dtype']} of shape "
-                                  f"{tuple(f['shape'])}), partition 0 {gm['dtype']} ({g['dtype']} of shape "
-                                  f"{tuple(g['shape'])}); cast the column (ddf.categorize() for categories) or pass "
-                                  "schema=", field=f["name"])  # fmt: skip
+                raise SchemaError(
+                    f"column {m['name']!r}: partition {p} holds {m['dtype']} ({f['dtype']} of "
+                    f"shape "
+                    f"{tuple(f['shape'])}), partition 0 {gm['dtype']} ({g['dtype']} of shape "
+                    f"{tuple(g['shape'])}); cast the column (ddf.categorize() for categories) or "
+                    f"pass "
+                    "schema=",
+                    field=f["name"],
+                )
             g["shape"] = [a if a == b else None for a, b in zip(g["shape"], f["shape"])]
             g["nullable"] = g["nullable"] or f["nullable"]
             if gm.get("na") != m.get("na") and gm["kind"] == "object":
@@ -184,7 +212,11 @@ def _infer(ddf: dd.DataFrame, index: bool, schema: Schema | None = None) -> tupl
     if schema is not None:  # no pass over the data (which would compute every partition twice)
         sj, meta = _describe_part(head, index)  # object columns of an empty frame look like str
         for m in _all_meta(meta):
-            if m.get("kind") == "object" and m["field"] in schema.names and schema[m["field"]].numpy_dtype.kind != "O":
+            if (
+                m.get("kind") == "object"
+                and m["field"] in schema.names
+                and schema[m["field"]].numpy_dtype.kind != "O"
+            ):
                 m["kind"] = "ndarray"
         return Schema.from_json(sj), meta
     parts = dask.compute(*[dask.delayed(_describe_part)(p, index) for p in ddf.to_delayed()])
@@ -232,8 +264,16 @@ def _slices(sizes: np.ndarray, shard_bytes: int) -> list[tuple[int, int]]:
     return out
 
 
-def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, index: bool, shard_bytes: int,
-                options: dict, user_schema: bool = False) -> list:
+def _write_part(
+    df: pd.DataFrame,
+    path: str,
+    schema_json: dict,
+    meta: dict,
+    index: bool,
+    shard_bytes: int,
+    options: dict,
+    user_schema: bool = False,
+) -> list:
     """Write one partition as shards of about ``shard_bytes`` (consecutive rows, in order); on an
     error the shards this task already wrote are removed (none is committed)."""
     if len(df) == 0:
@@ -248,7 +288,9 @@ def _write_part(df: pd.DataFrame, path: str, schema_json: dict, meta: dict, inde
     infos: list = []
     try:
         for a, b in bounds:
-            infos.append(write_shard(path, schema, {k: v[a:b] for k, v in columns.items()}, **options))
+            infos.append(
+                write_shard(path, schema, {k: v[a:b] for k, v in columns.items()}, **options)
+            )
     except BaseException:
         discard(path, infos)
         raise
@@ -259,9 +301,18 @@ def _commit(infos: list[list], path: str, mode: str, attrs: dict) -> int:
     return commit(path, [i for part in infos for i in part], mode=mode, attrs=attrs)
 
 
-def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | None = None, index: bool = True,
-                shard_bytes: int = DEFAULT_SHARD_BYTES, compute: bool = True, mode: str = "w",
-                attrs: dict | None = None, **writer_kwargs: Any) -> Any:
+def to_rowstore(
+    ddf: dd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    schema: Schema | None = None,
+    index: bool = True,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    compute: bool = True,
+    mode: str = "w",
+    attrs: dict | None = None,
+    **writer_kwargs: Any,
+) -> Any:
     """Write a Dask DataFrame as a rowstore dataset directory: each non-empty partition as one shard
     or more (of about ``shard_bytes``), in partition order.
 
@@ -315,7 +366,9 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
     sj = schema.to_json()
     write = dask.delayed(_write_part, pure=False)
     given = schema is not inferred
-    tasks = [write(p, path, sj, meta, index, shard_bytes, writer_kwargs, given) for p in ddf.to_delayed()]
+    tasks = [
+        write(p, path, sj, meta, index, shard_bytes, writer_kwargs, given) for p in ddf.to_delayed()
+    ]
     if not compute:
         return dask.delayed(_commit, pure=False)(tasks, path, mode, user)
     infos = dask.compute(*tasks)  # raises if any partition failed: nothing is committed
@@ -324,7 +377,8 @@ def to_rowstore(ddf: dd.DataFrame, path: str | os.PathLike, *, schema: Schema | 
 
 # -- reading ----------------------------------------------------------------------------------
 def _bounds(reader: Reader, blocks_per_partition: int | None) -> list[tuple[int, int]]:
-    """Row ranges of the partitions: one per shard, or per ``blocks_per_partition`` blocks of a shard."""
+    """Row ranges of the partitions: one per shard, or per ``blocks_per_partition`` blocks of a
+    shard."""
     L = reader.layout
     if blocks_per_partition is None:
         ends = np.cumsum(L.shard_rows)
@@ -345,13 +399,21 @@ def _bounds(reader: Reader, blocks_per_partition: int | None) -> list[tuple[int,
     return out
 
 
-def _read_part(bounds: tuple[int, int], path: str, fields: list | None, version: int | None) -> pd.DataFrame:
+def _read_part(
+    bounds: tuple[int, int], path: str, fields: list | None, version: int | None
+) -> pd.DataFrame:
     return read_pandas(path, rows=slice(*bounds), fields=fields, version=version)
 
 
-def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks_per_partition: int | None = None,
-                  version: int | None = None) -> dd.DataFrame:
-    """A lazy Dask DataFrame of a rowstore dataset (or file), as :func:`rowstore.read_pandas` reads it.
+def read_rowstore(
+    path: str | os.PathLike,
+    *,
+    fields: list | None = None,
+    blocks_per_partition: int | None = None,
+    version: int | None = None,
+) -> dd.DataFrame:
+    """A lazy Dask DataFrame of a rowstore dataset (or file), as :func:`rowstore.read_pandas` reads
+    it.
 
     One partition per shard, or per ``blocks_per_partition`` blocks (never across shards). The
     divisions are known when the index is sorted: always for row numbers (a frame written
@@ -372,7 +434,9 @@ def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks
         elif idx is None or idx["kind"] == "range":
             start, step = (idx["start"], idx["step"]) if idx else (0, 1)
             if step > 0:
-                divisions = [start + a * step for a, _ in bounds] + [start + (bounds[-1][1] - 1) * step]
+                divisions = [start + a * step for a, _ in bounds] + [
+                    start + (bounds[-1][1] - 1) * step
+                ]
         elif not idx["multi"]:
             values = to_pandas(r, fields=[]).index
             if values.is_monotonic_increasing and not values.hasnans:
@@ -382,15 +446,35 @@ def read_rowstore(path: str | os.PathLike, *, fields: list | None = None, blocks
     with dask.config.set({"dataframe.convert-string": False}):
         if not bounds:
             return dd.from_pandas(meta_df, npartitions=1)
-        return dd.from_map(_read_part, bounds, path=path, fields=fields, version=version, meta=meta_df,
-                           divisions=divisions, enforce_metadata=False)  # fmt: skip
+        return dd.from_map(
+            _read_part,
+            bounds,
+            path=path,
+            fields=fields,
+            version=version,
+            meta=meta_df,
+            divisions=divisions,
+            enforce_metadata=False,
+        )
 
 
 # -- global shuffle on a cluster -----------------------------------------------------
-def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
-            tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
-            block_bytes: int = 1 << 20, compression: Any = "same", verify: bool | str = True, progress: bool = False,
-            client: Any = None, tasks: int | None = None, storage_options: dict | None = None) -> Any:  # fmt: skip
+def shuffle(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    memory: int | str = "2GB",
+    seed: int = 0,
+    tmp: str | os.PathLike | None = None,
+    shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+    block_bytes: int = 1 << 20,
+    compression: Any = "same",
+    verify: bool | str = True,
+    progress: bool = False,
+    client: Any = None,
+    tasks: int | None = None,
+    storage_options: dict | None = None,
+) -> Any:
     """:func:`rowstore.shuffle` with both passes run as tasks on a ``dask.distributed`` cluster.
 
     Pass 1: ``tasks`` tasks (default: two per worker thread) each scatter a contiguous range of
@@ -412,10 +496,15 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
         try:
             client = distributed.get_client()
         except ValueError:
-            raise ValueError("rowstore.dask.shuffle needs a dask.distributed Client (pass client=, or create one "
-                             "first); for one machine without Dask use rowstore.shuffle") from None  # fmt: skip
+            raise ValueError(
+                "rowstore.dask.shuffle needs a dask.distributed Client (pass client=, or create "
+                "one "
+                "first); for one machine without Dask use rowstore.shuffle"
+            ) from None
     if tasks is None:
-        threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
+        threads = sum(
+            w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values()
+        )
         tasks = 2 * max(1, threads)
     else:
         tasks = positive_int("tasks", tasks)
@@ -440,6 +529,18 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
             raise
         return results
 
-    return shuffle_run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
-               compression=compression, verify=verify, progress=progress, tasks=tasks, mapper=mapper,
-               storage_options=storage_options)
+    return shuffle_run(
+        in_path,
+        out_path,
+        memory=memory,
+        seed=seed,
+        tmp=tmp,
+        shard_bytes=shard_bytes,
+        block_bytes=block_bytes,
+        compression=compression,
+        verify=verify,
+        progress=progress,
+        tasks=tasks,
+        mapper=mapper,
+        storage_options=storage_options,
+    )

@@ -20,7 +20,10 @@ __all__ = ["DEMOS", "demo_schema", "make_demo", "default_cache_dir"]
 #: name -> (default rows, description)
 DEMOS = {
     "tiny": (2_000_000, "small tabular rows: float32[16] + int64 label (72-byte rows)"),
-    "patch": (20_000, "weather patches: foo float64[9,9,27], bar int64[9,27], baz float64 (~19 KB rows)"),
+    "patch": (
+        20_000,
+        "weather patches: foo float64[9,9,27], bar int64[9,27], baz float64 (~19 KB rows)",
+    ),
     "image": (2_000, "images: uint8[128,256,3] PNG + int64 label"),
     "speech": (20_000, "speech clips: variable float32 waveform, speaker and transcript str, bool"),
     "hello": (1_000, "hello world: id, PNG image 128x256x3, variable 4-D array (like Petastorm's)"),
@@ -35,19 +38,38 @@ def demo_schema(name: str) -> Schema:
     if name == "tiny":
         return Schema([Field("x", "float32", (16,)), Field("label", "int64")])
     if name == "patch":
-        return Schema([Field("foo", "float64", (9, 9, 27)), Field("bar", "int64", (9, 27)), Field("baz", "float64")])
+        return Schema(
+            [
+                Field("foo", "float64", (9, 9, 27)),
+                Field("bar", "int64", (9, 27)),
+                Field("baz", "float64"),
+            ]
+        )
     if name == "image":
-        return Schema([Field("image", "uint8", (128, 256, 3), codec={"id": "png", "level": 1}), Field("label", "int64")])
+        return Schema(
+            [
+                Field("image", "uint8", (128, 256, 3), codec={"id": "png", "level": 1}),
+                Field("label", "int64"),
+            ]
+        )
     if name == "speech":
-        return Schema([
-            Field("waveform", "float32", (None,)), Field("speaker", STR), Field("transcript", STR),
-            Field("is_clean", "bool"),
-        ])  # fmt: skip
+        return Schema(
+            [
+                Field("waveform", "float32", (None,)),
+                Field("speaker", STR),
+                Field("transcript", STR),
+                Field("is_clean", "bool"),
+            ]
+        )
     if name == "hello":
-        return Schema([
-            Field("id", "int64"), Field("image1", "uint8", (128, 256, 3), codec={"id": "png", "level": 1}),
-            Field("array_4d", "uint8", (None, 128, 30, None)), Field("note", BYTES, nullable=True),
-        ])  # fmt: skip
+        return Schema(
+            [
+                Field("id", "int64"),
+                Field("image1", "uint8", (128, 256, 3), codec={"id": "png", "level": 1}),
+                Field("array_4d", "uint8", (None, 128, 30, None)),
+                Field("note", BYTES, nullable=True),
+            ]
+        )
     raise ValueError(f"unknown demo {name!r}; choose from {sorted(DEMOS)}")
 
 
@@ -60,41 +82,77 @@ def _image(rng: np.random.Generator, h: int, w: int, i: int) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def make_demo(name: str, path: str, rows: int | None = None, *, seed: int = 0, compression=None,
-              block_bytes: int = 1 << 20, progress: bool = False) -> str:
+def make_demo(
+    name: str,
+    path: str,
+    rows: int | None = None,
+    *,
+    seed: int = 0,
+    compression=None,
+    block_bytes: int = 1 << 20,
+    progress: bool = False,
+) -> str:
     """Write demo dataset ``name`` with ``rows`` rows (default: DEMOS[name][0]) to ``path``."""
     schema = demo_schema(name)
     n = DEMOS[name][0] if rows is None else int(rows)
     rng = np.random.default_rng(seed)
     step = {"tiny": 100_000, "patch": 1_000, "image": 100, "speech": 500, "hello": 50}[name]
-    with Writer(path, schema, compression=compression, block_bytes=block_bytes, attrs={"demo": name}) as w:
+    with Writer(
+        path, schema, compression=compression, block_bytes=block_bytes, attrs={"demo": name}
+    ) as w:
         for a in range(0, n, step):
             m = min(step, n - a)
             if name == "tiny":
-                w.write_batch({"x": rng.standard_normal((m, 16), dtype=np.float32), "label": rng.integers(0, 10, m)})
+                w.write_batch(
+                    {
+                        "x": rng.standard_normal((m, 16), dtype=np.float32),
+                        "label": rng.integers(0, 10, m),
+                    }
+                )
             elif name == "patch":
-                w.write_batch({
-                    "foo": rng.standard_normal((m, 9, 9, 27)), "bar": rng.integers(0, 1000, (m, 9, 27)),
-                    "baz": rng.standard_normal(m),
-                })  # fmt: skip
+                w.write_batch(
+                    {
+                        "foo": rng.standard_normal((m, 9, 9, 27)),
+                        "bar": rng.integers(0, 1000, (m, 9, 27)),
+                        "baz": rng.standard_normal(m),
+                    }
+                )
             elif name == "image":
-                w.write_batch({"image": np.stack([_image(rng, 128, 256, a + j) for j in range(m)]), "label": rng.integers(0, 1000, m)})
+                w.write_batch(
+                    {
+                        "image": np.stack([_image(rng, 128, 256, a + j) for j in range(m)]),
+                        "label": rng.integers(0, 1000, m),
+                    }
+                )
             elif name == "speech":
                 lens = rng.integers(1_600, 32_000, m)  # 0.1-2 s at 16 kHz
-                w.write_batch({
-                    "waveform": [rng.standard_normal(k, dtype=np.float32) * 0.1 for k in lens],
-                    "speaker": [f"speaker-{int(s):04d}" for s in rng.integers(0, 500, m)],
-                    "transcript": [" ".join(["hello", "wörld", "données"][int(t) % 3] for t in rng.integers(0, 9, 4 + int(k) % 12)) for k in lens],
-                    "is_clean": rng.random(m) < 0.8,
-                })  # fmt: skip
+                w.write_batch(
+                    {
+                        "waveform": [rng.standard_normal(k, dtype=np.float32) * 0.1 for k in lens],
+                        "speaker": [f"speaker-{int(s):04d}" for s in rng.integers(0, 500, m)],
+                        "transcript": [
+                            " ".join(
+                                ["hello", "wörld", "données"][int(t) % 3]
+                                for t in rng.integers(0, 9, 4 + int(k) % 12)
+                            )
+                            for k in lens
+                        ],
+                        "is_clean": rng.random(m) < 0.8,
+                    }
+                )
             else:
                 ids = np.arange(a, a + m)
-                w.write_batch({
-                    "id": ids, "image1": np.stack([_image(rng, 128, 256, int(i)) for i in ids]),
-                    "array_4d": [rng.integers(0, 255, (int(d0), 128, 30, int(d3)), dtype=np.uint8)
-                                 for d0, d3 in rng.integers(1, 4, (m, 2))],
-                    "note": [None if i % 5 else f"row {i}".encode() for i in ids],
-                })  # fmt: skip
+                w.write_batch(
+                    {
+                        "id": ids,
+                        "image1": np.stack([_image(rng, 128, 256, int(i)) for i in ids]),
+                        "array_4d": [
+                            rng.integers(0, 255, (int(d0), 128, 30, int(d3)), dtype=np.uint8)
+                            for d0, d3 in rng.integers(1, 4, (m, 2))
+                        ],
+                        "note": [None if i % 5 else f"row {i}".encode() for i in ids],
+                    }
+                )
     return path
 
 

@@ -104,8 +104,16 @@ class FormatError(RowstoreError, ValueError):
         The ``[first, end)`` rows whose values a damaged chunk holds (``Layout.damage``).
     """
 
-    def __init__(self, message: str, *, path: str | None = None, block: int | None = None,
-                 field: str | None = None, row: int | None = None, rows: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        block: int | None = None,
+        field: str | None = None,
+        row: int | None = None,
+        rows: tuple[int, int] | None = None,
+    ):
         super().__init__(message)
         self.path = path
         self.block = block
@@ -153,7 +161,8 @@ class CommitConflictError(RowstoreError, RuntimeError):
 
 # -- the compiled kernels (rowstore.kernels) ------------------------------------------------
 class KernelError(FormatError):
-    """A kernel reported an error; ``code`` (a ``rowstore.kernels.KernelCode``) and ``index`` tell which
+    """A kernel reported an error; ``code`` (a ``rowstore.kernels.KernelCode``) and ``index`` tell
+    which
     and where, ``detail`` adds what the code documents (errno, a size, a header byte...)."""
 
     def __init__(self, message: str, *, code: int, index: int, detail: int, path=None, block=None):
@@ -173,8 +182,16 @@ class KernelIOError(KernelError, OSError):
     ``filename`` the file once known. ``except OSError`` catches it; it is not damage (a later
     read may succeed: nothing about the failure is kept)."""
 
-    def __init__(self, message: str, *, code: int = 1, index: int = -1, detail: int | None = None, path=None,
-                 block=None):  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int = 1,
+        index: int = -1,
+        detail: int | None = None,
+        path=None,
+        block=None,
+    ):
         if detail is None:  # rebuilt from its message alone (torch re-raises a worker's error so)
             found = re.search(r"read failed \(errno (\d+)", str(message))
             detail = int(found.group(1)) if found else 0
@@ -187,7 +204,12 @@ class KernelIOError(KernelError, OSError):
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self):
-        state = {**self.__dict__, "errno": self.errno, "strerror": self.strerror, "filename": self.filename}
+        state = {
+            **self.__dict__,
+            "errno": self.errno,
+            "strerror": self.strerror,
+            "filename": self.filename,
+        }
         return (_restore_io, (type(self), self.args, state))
 
 
@@ -239,8 +261,15 @@ class RemoteError(RowstoreError, OSError):
         Requests made (1 when the error was not retried).
     """
 
-    def __init__(self, message: str, *, url: str | None = None, start: int | None = None, end: int | None = None,
-                 attempts: int = 1):
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        attempts: int = 1,
+    ):
         super().__init__(message)
         self.url = url
         self.start = start

@@ -1,5 +1,6 @@
 """The only importer of the compiled kernels (``rowstore._io``, ``_gather``, ``_frame``,
-``_shuffle``, ``_png``, ``_rows``; their error codes, :class:`KernelCode`, from ``rowstore._common``).
+``_shuffle``, ``_png``, ``_rows``; their error codes, :class:`KernelCode`, from
+``rowstore._common``).
 
 Each wrapper validates its arguments, calls one kernel (which releases the GIL) and turns its
 return code into a :class:`~rowstore.errors.KernelError` with context (the ``KernelError``
@@ -21,10 +22,29 @@ from rowstore._common import KernelCode
 from rowstore.errors import KernelChecksumError, KernelError, KernelIOError
 
 __all__ = [
-    "crc32", "load_chunks", "decode_chunks", "decompress_frame", "gather_fixed", "gather_rows", "gather_heap", "pread_rows",
-    "pread_heap", "preadv_rows", "shuffle", "compress_frame", "png_decode_batch", "PNG_OK", "PNG_UNSUPPORTED",
-    "PNG_CORRUPT", "PNG_NOMEM",
-    "KernelCode", "KernelError", "KernelChecksumError", "KernelIOError", "RowKind", "RowPlan",
+    "crc32",
+    "load_chunks",
+    "decode_chunks",
+    "decompress_frame",
+    "gather_fixed",
+    "gather_rows",
+    "gather_heap",
+    "pread_rows",
+    "pread_heap",
+    "preadv_rows",
+    "shuffle",
+    "compress_frame",
+    "png_decode_batch",
+    "PNG_OK",
+    "PNG_UNSUPPORTED",
+    "PNG_CORRUPT",
+    "PNG_NOMEM",
+    "KernelCode",
+    "KernelError",
+    "KernelChecksumError",
+    "KernelIOError",
+    "RowKind",
+    "RowPlan",
 ]
 
 #: The per-row fast path of ``Writer.write`` (``_ext/_rows.pyx``): used as it is, without a
@@ -36,7 +56,8 @@ RowKind = _rows.RowKind
 
 _MESSAGES = {
     KernelCode.E_IO: "read failed (errno {detail})",
-    KernelCode.E_SHORT: "the file ends inside the stored chunk (truncated file?), {detail} bytes read",
+    KernelCode.E_SHORT: "the file ends inside the stored chunk (truncated file?), {detail} bytes "
+    "read",
     KernelCode.E_CHECKSUM: "stored bytes do not match their checksum (corrupt file)",
     KernelCode.E_FRAME: "invalid Blosc2 frame header (corrupt file)",
     KernelCode.E_DECOMPRESS: "decompression failed (code {detail}; corrupt file)",
@@ -44,8 +65,10 @@ _MESSAGES = {
     KernelCode.E_BOUNDS: "a payload reference points outside its block's heap range (corrupt file)",
     KernelCode.E_ROW: "row index {detail} is outside the loaded rows",
     KernelCode.E_DEST: "destination buffer too small ({detail})",
-    KernelCode.E_CODEC: ("the Blosc2 chunk header (byte {detail}) asks for other than the file's declared "
-                         "compression (corrupt or hostile file); refused before decompression"),
+    KernelCode.E_CODEC: (
+        "the Blosc2 chunk header (byte {detail}) asks for other than the file's declared "
+        "compression (corrupt or hostile file); refused before decompression"
+    ),
     KernelCode.E_NOMEM: "out of memory",
 }
 _CODES = {int(c): c for c in KernelCode}
@@ -63,7 +86,10 @@ def _raise(err: np.ndarray, what: str) -> None:
         msg = f"read failed (errno {detail}: {os.strerror(detail)})"
     if code == KernelCode.E_NOMEM:
         raise MemoryError(f"{what}: {msg}")
-    classes: dict[int, type[KernelError]] = {KernelCode.E_CHECKSUM: KernelChecksumError, KernelCode.E_IO: KernelIOError}
+    classes: dict[int, type[KernelError]] = {
+        KernelCode.E_CHECKSUM: KernelChecksumError,
+        KernelCode.E_IO: KernelIOError,
+    }
     cls = classes.get(code, KernelError)
     raise cls(f"{what}: {msg}", code=_CODES.get(code, code), index=index, detail=detail)
 
@@ -72,7 +98,9 @@ def _flat(out: np.ndarray, nbytes: int, what: str) -> np.ndarray:
     """``out`` as the flat uint8 view a kernel writes to, once it is writeable, C-contiguous and
     exactly ``nbytes`` long (the kernels check the size again; the exactness is checked here)."""
     if not out.flags.c_contiguous or not out.flags.writeable or out.nbytes != nbytes:
-        raise ValueError(f"{what} must be writeable, C-contiguous, {nbytes} bytes; got {out.nbytes}")
+        raise ValueError(
+            f"{what} must be writeable, C-contiguous, {nbytes} bytes; got {out.nbytes}"
+        )
     return out.reshape(-1).view(np.uint8)
 
 
@@ -85,7 +113,8 @@ def _codec(codec: tuple[int, int] | None) -> tuple[int, int]:
 
 
 def _fds(fds) -> np.ndarray:
-    """Descriptors as the kernels take them: one ``int`` for every item, or an array of one per item."""
+    """Descriptors as the kernels take them: one ``int`` for every item, or an array of one per
+    item."""
     return np.ascontiguousarray(np.atleast_1d(np.asarray(fds)), dtype=np.int32)
 
 
@@ -95,12 +124,28 @@ def _base(chunk_base) -> np.ndarray:
 
 def crc32(data) -> int:
     """CRC-32 (zlib's; equals ``zlib.crc32``) of a bytes-like object, without the GIL."""
-    arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    arr = (
+        np.frombuffer(data, dtype=np.uint8)
+        if not isinstance(data, np.ndarray)
+        else data.reshape(-1).view(np.uint8)
+    )
     return int(_frame.crc32(arr))
 
 
-def load_chunks(fds, offsets, stored, checksums, *, codec: tuple[int, int] | None, verify: bool,
-                dst: np.ndarray, raw_size: int, scratch: np.ndarray, what: str = "chunk", dst_stride: int = 0) -> None:
+def load_chunks(
+    fds,
+    offsets,
+    stored,
+    checksums,
+    *,
+    codec: tuple[int, int] | None,
+    verify: bool,
+    dst: np.ndarray,
+    raw_size: int,
+    scratch: np.ndarray,
+    what: str = "chunk",
+    dst_stride: int = 0,
+) -> None:
     """Read/verify/decompress chunks into ``dst`` (chunk i at ``i * dst_stride``; 0: ``raw_size``)
     from descriptor ``fds[i]`` (``fds``: one int for every chunk, or one per chunk).
 
@@ -111,21 +156,60 @@ def load_chunks(fds, offsets, stored, checksums, *, codec: tuple[int, int] | Non
     """
     compcode, shuffle_ = _codec(codec)
     err = _err()
-    if _frame.load_chunks(_fds(fds), offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, scratch, err,
-                          dst_stride) != 0:
+    if (
+        _frame.load_chunks(
+            _fds(fds),
+            offsets,
+            stored,
+            checksums,
+            compcode,
+            shuffle_,
+            verify,
+            dst,
+            raw_size,
+            scratch,
+            err,
+            dst_stride,
+        )
+        != 0
+    ):
         _raise(err, f"{what} {int(err[1])}")
 
 
-def decode_chunks(src: np.ndarray, src_offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray, *,
-                  codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int, what: str = "chunk",
-                  dst_stride: int = 0) -> None:
+def decode_chunks(
+    src: np.ndarray,
+    src_offsets: np.ndarray,
+    stored: np.ndarray,
+    checksums: np.ndarray,
+    *,
+    codec: tuple[int, int] | None,
+    verify: bool,
+    dst: np.ndarray,
+    raw_size: int,
+    what: str = "chunk",
+    dst_stride: int = 0,
+) -> None:
     """:func:`load_chunks` for chunks already in memory: chunk i is ``stored[i]`` bytes at
     ``src_offsets[i]`` of the flat ``uint8`` array ``src`` (bytes a remote store fetched), checked
     and decompressed into ``dst`` the same way, with the same bounds and codes."""
     compcode, shuffle_ = _codec(codec)
     err = _err()
-    if _frame.decode_chunks(src, src_offsets, stored, checksums, compcode, shuffle_, verify, dst, raw_size, err,
-                            dst_stride) != 0:
+    if (
+        _frame.decode_chunks(
+            src,
+            src_offsets,
+            stored,
+            checksums,
+            compcode,
+            shuffle_,
+            verify,
+            dst,
+            raw_size,
+            err,
+            dst_stride,
+        )
+        != 0
+    ):
         _raise(err, f"{what} {int(err[1])}")
 
 
@@ -138,8 +222,14 @@ def decompress_frame(src: np.ndarray, dst: np.ndarray, *, codec: tuple[int, int]
         _raise(err, "blosc2 frame")
 
 
-def gather_fixed(src: np.ndarray, row_size: int, field_offset: int, field_size: int,
-                 rows: np.ndarray, out: np.ndarray) -> None:
+def gather_fixed(
+    src: np.ndarray,
+    row_size: int,
+    field_offset: int,
+    field_size: int,
+    rows: np.ndarray,
+    out: np.ndarray,
+) -> None:
     """Gather ``field_size`` bytes at ``field_offset`` of each row ``rows[i]`` of ``src`` into
     the C-contiguous array ``out`` (whose bytes must be exactly ``len(rows) * field_size``)."""
     flat = _flat(out, len(rows) * field_size, "gather_fixed: out")
@@ -156,15 +246,42 @@ def _flat_bytes(out: np.ndarray, what: str) -> np.ndarray:
     return out.reshape(-1).view(np.uint8)
 
 
-def gather_heap(src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, rows_per_slot: int,
-                slot_lo: np.ndarray, slot_hi: np.ndarray, slot_base: np.ndarray, heap: np.ndarray,
-                out: np.ndarray, dst_offsets: np.ndarray, pad_stride: int = 0) -> None:
+def gather_heap(
+    src: np.ndarray,
+    row_size: int,
+    ref_offset: int,
+    rows: np.ndarray,
+    rows_per_slot: int,
+    slot_lo: np.ndarray,
+    slot_hi: np.ndarray,
+    slot_base: np.ndarray,
+    heap: np.ndarray,
+    out: np.ndarray,
+    dst_offsets: np.ndarray,
+    pad_stride: int = 0,
+) -> None:
     """Copy each row's heap payload into ``out`` (a flat uint8 view) at ``dst_offsets[i]``;
     see ``_gather.gather_heap`` for the bounds it checks."""
     err = _err()
     flat = _flat_bytes(out, "gather_heap")
-    if _gather.gather_heap(src, row_size, ref_offset, rows, rows_per_slot, slot_lo, slot_hi, slot_base,
-                           heap, flat, dst_offsets, pad_stride, err) != 0:
+    if (
+        _gather.gather_heap(
+            src,
+            row_size,
+            ref_offset,
+            rows,
+            rows_per_slot,
+            slot_lo,
+            slot_hi,
+            slot_base,
+            heap,
+            flat,
+            dst_offsets,
+            pad_stride,
+            err,
+        )
+        != 0
+    ):
         _raise(err, f"row {int(err[1])}")
 
 
@@ -176,9 +293,22 @@ def pread_rows(fds, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) ->
         _raise(err, f"row read {int(err[1])}")
 
 
-def pread_heap(fds, src: np.ndarray, row_size: int, ref_offset: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-               chunk_offsets: np.ndarray, chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray,
-               pad_stride: int = 0, chunk_base=0, pages: tuple | None = None) -> None:
+def pread_heap(
+    fds,
+    src: np.ndarray,
+    row_size: int,
+    ref_offset: int,
+    rows: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    chunk_offsets: np.ndarray,
+    chunk_bytes: int,
+    out: np.ndarray,
+    dst_offsets: np.ndarray,
+    pad_stride: int = 0,
+    chunk_base=0,
+    pages: tuple | None = None,
+) -> None:
     """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
     ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference.
     ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in ``chunk_offsets``) are
@@ -191,8 +321,29 @@ def pread_heap(fds, src: np.ndarray, row_size: int, ref_offset: int, rows: np.nd
     page_len, crcs, checked, scratch = pages if pages is not None else (0, None, None, None)
     if checked is not None:
         checked = checked.view(np.uint8)
-    if _io.pread_heap(_fds(fds), src, row_size, ref_offset, rows, lo, hi, chunk_offsets, _base(chunk_base), chunk_bytes, flat,
-                      dst_offsets, pad_stride, err, page_len, crcs, checked, scratch) != 0:
+    if (
+        _io.pread_heap(
+            _fds(fds),
+            src,
+            row_size,
+            ref_offset,
+            rows,
+            lo,
+            hi,
+            chunk_offsets,
+            _base(chunk_base),
+            chunk_bytes,
+            flat,
+            dst_offsets,
+            pad_stride,
+            err,
+            page_len,
+            crcs,
+            checked,
+            scratch,
+        )
+        != 0
+    ):
         _raise(err, f"row {int(err[1])}")
 
 
@@ -203,21 +354,33 @@ def shuffle(a: np.ndarray, seed: int) -> None:
     _shuffle.shuffle(a, np.uint64(seed))
 
 
-def gather_rows(src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[tuple[int, int, np.ndarray]]) -> None:
+def gather_rows(
+    src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[tuple[int, int, np.ndarray]]
+) -> None:
     """Gather several fields of each row in one pass: for each ``(offset, size, out)``, the
     ``size`` bytes at ``offset`` of row ``rows[i]`` go to row i of ``out`` (C-contiguous,
     exactly ``len(rows) * size`` bytes)."""
     n = len(rows)
     offs = np.array([f[0] for f in fields], np.int64)
     sizes = np.array([f[1] for f in fields], np.int64)
-    outs = [_flat(out, n * size, f"gather_rows: out {j}") for j, (_off, size, out) in enumerate(fields)]
+    outs = [
+        _flat(out, n * size, f"gather_rows: out {j}") for j, (_off, size, out) in enumerate(fields)
+    ]
     err = _err()
     if _gather.gather_rows(src, row_size, rows, offs, sizes, outs, err) != 0:
         _raise(err, f"row {int(err[1])}")
 
 
-def preadv_rows(fds, file_offsets: np.ndarray, row_size: int, segments: list[tuple[int, np.ndarray | None]],
-                sink: np.ndarray, *, check: np.ndarray | None = None, expect: np.ndarray | None = None) -> None:
+def preadv_rows(
+    fds,
+    file_offsets: np.ndarray,
+    row_size: int,
+    segments: list[tuple[int, np.ndarray | None]],
+    sink: np.ndarray,
+    *,
+    check: np.ndarray | None = None,
+    expect: np.ndarray | None = None,
+) -> None:
     """Read rows from the files straight into per-field arrays (one ``preadv`` per row; row i
     from descriptor ``fds[i]``, or ``fds`` for all rows when it is one int).
 
@@ -229,43 +392,79 @@ def preadv_rows(fds, file_offsets: np.ndarray, row_size: int, segments: list[tup
     """
     n = len(file_offsets)
     sizes = np.array([s[0] for s in segments], np.int64)
-    outs = [None if out is None else _flat(out, n * size, f"preadv_rows: out {j}") for j, (size, out) in enumerate(segments)]
+    outs = [
+        None if out is None else _flat(out, n * size, f"preadv_rows: out {j}")
+        for j, (size, out) in enumerate(segments)
+    ]
     err = _err()
     if check is not None:
         check = np.ascontiguousarray(check, np.uint8)
         expect = np.ascontiguousarray(expect, np.uint32)
-    if _io.preadv_rows(_fds(fds), file_offsets, row_size, sizes, outs, sink, err, check, expect) != 0:
+    if (
+        _io.preadv_rows(_fds(fds), file_offsets, row_size, sizes, outs, sink, err, check, expect)
+        != 0
+    ):
         _raise(err, f"row read {int(err[1])}")
 
 
 def page_crcs(data, page_len: int) -> np.ndarray:
     """The CRC-32 (uint32) of each ``page_len``-byte page of a bytes-like object, the last one
     shorter: a chunk's entries in the page index."""
-    arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    arr = (
+        np.frombuffer(data, dtype=np.uint8)
+        if not isinstance(data, np.ndarray)
+        else data.reshape(-1).view(np.uint8)
+    )
     out = np.empty(-(-len(arr) // page_len), np.uint32)
     _io.page_crcs(arr, page_len, out)
     return out
 
 
-def check_ranges(fds, offsets: np.ndarray, sizes: np.ndarray, page_len: int, expect: np.ndarray,
-                 scratch: np.ndarray) -> None:
+def check_ranges(
+    fds,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    page_len: int,
+    expect: np.ndarray,
+    scratch: np.ndarray,
+) -> None:
     """Read each range (``sizes[i]`` bytes at ``offsets[i]`` of ``fds[i]``, or of ``fds`` for
     all: consecutive pages of one chunk) into ``scratch`` and check the CRC-32 of each of its
     ``page_len``-byte pages (the last one the rest) against the next entry of ``expect``
     (uint32); raises :class:`KernelError` (:class:`KernelChecksumError` on a mismatch), whose
     ``index`` is the range (read errors) or the page in ``expect`` (checksums)."""
     err = _err()
-    if _io.check_ranges(_fds(fds), np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(sizes, np.int64),
-                        page_len, np.ascontiguousarray(expect, np.uint32), scratch, err) != 0:
+    if (
+        _io.check_ranges(
+            _fds(fds),
+            np.ascontiguousarray(offsets, np.int64),
+            np.ascontiguousarray(sizes, np.int64),
+            page_len,
+            np.ascontiguousarray(expect, np.uint32),
+            scratch,
+            err,
+        )
+        != 0
+    ):
         _raise(err, f"page {int(err[1])}")
 
 
-def check_buffer(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, expect: np.ndarray) -> None:
+def check_buffer(
+    buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, expect: np.ndarray
+) -> None:
     """Check the CRC-32 of each range ``buf[starts[i]:starts[i] + sizes[i]]`` (a flat uint8
     array) against ``expect[i]``; raises :class:`KernelError` whose ``index`` is i."""
     err = _err()
-    if _io.check_buffer(buf, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes, np.int64),
-                        np.ascontiguousarray(expect, np.uint32), err) != 0:
+    if (
+        _io.check_buffer(
+            buf,
+            np.ascontiguousarray(starts, np.int64),
+            np.ascontiguousarray(sizes, np.int64),
+            np.ascontiguousarray(expect, np.uint32),
+            err,
+        )
+        != 0
+    ):
         _raise(err, f"page {int(err[1])}")
 
 
@@ -286,11 +485,23 @@ def compress_frame(raw, *, compcode: int, clevel: int, shuffle: int, typesize: i
 #: ``png_decode_batch`` status codes, one per image: decoded (or null); a PNG of a kind the
 #: kernel leaves to the reference decoder; bytes that are not a PNG of the expected size;
 #: no memory for the kernel's scratch buffers. Every code but PNG_OK means "not decoded".
-PNG_OK, PNG_UNSUPPORTED, PNG_CORRUPT, PNG_NOMEM = _png.PNG_OK, _png.PNG_UNSUPPORTED, _png.PNG_CORRUPT, _png.PNG_NOMEM
+PNG_OK, PNG_UNSUPPORTED, PNG_CORRUPT, PNG_NOMEM = (
+    _png.PNG_OK,
+    _png.PNG_UNSUPPORTED,
+    _png.PNG_CORRUPT,
+    _png.PNG_NOMEM,
+)
 
 
-def png_decode_batch(data: np.ndarray, offsets: np.ndarray, nulls: np.ndarray | None, out: np.ndarray,
-                     lo: int, hi: int, status: np.ndarray) -> int:
+def png_decode_batch(
+    data: np.ndarray,
+    offsets: np.ndarray,
+    nulls: np.ndarray | None,
+    out: np.ndarray,
+    lo: int,
+    hi: int,
+    status: np.ndarray,
+) -> int:
     """Decode PNG images ``lo..hi`` of a batch into ``out`` (``(n, H, W[, C])`` uint8 or
     uint16, C-contiguous): image i is ``data[offsets[i]:offsets[i + 1]]``, null images
     (``nulls``) are skipped; the GIL is released for the whole range. ``status[i]`` gets one of
@@ -298,9 +509,16 @@ def png_decode_batch(data: np.ndarray, offsets: np.ndarray, nulls: np.ndarray | 
     which the caller decodes with the reference decoder. Several threads may decode disjoint
     ranges of one batch at once."""
     if out.dtype not in (np.uint8, np.uint16) or out.ndim not in (3, 4):
-        raise ValueError(f"png_decode_batch: out must be (n, H, W[, C]) uint8 or uint16, got {out.dtype} {out.shape}")
+        raise ValueError(
+            f"png_decode_batch: out must be (n, H, W[, C]) uint8 or uint16, got {out.dtype} "
+            f"{out.shape}"
+        )
     flat = _flat_bytes(out, "png_decode_batch")
     h, w = out.shape[1], out.shape[2]
     c = out.shape[3] if out.ndim == 4 else 1
     nul = None if nulls is None else nulls.view(np.uint8)
-    return int(_png.png_decode_batch(data, offsets, nul, flat, h, w, c, 8 * out.dtype.itemsize, lo, hi, status))
+    return int(
+        _png.png_decode_batch(
+            data, offsets, nul, flat, h, w, c, 8 * out.dtype.itemsize, lo, hi, status
+        )
+    )

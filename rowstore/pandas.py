@@ -7,27 +7,37 @@ is the only module (with :mod:`rowstore.dask`) that imports pandas; ``import row
 
 How columns are stored (the schema is inferred from *all* the cells of the frame, or given):
 
-==========================================  ==============================================================
+==========================================
+==============================================================
 pandas column                               rowstore field
-==========================================  ==============================================================
-numpy bool / int / uint / float / complex   scalar field of that dtype (``NaN`` stays ``NaN``, not null)
-``Int64``, ``UInt8``..., ``Float64``,        nullable scalar field of the numpy dtype; ``pd.NA`` -> null
+==========================================
+==============================================================
+numpy bool / int / uint / float / complex   scalar field of that dtype (``NaN`` stays ``NaN``, not
+null)
+``Int64``, ``UInt8``..., ``Float64``,        nullable scalar field of the numpy dtype; ``pd.NA`` ->
+null
 ``boolean``
 ``str`` / ``string`` (``StringDtype``)      nullable ``str`` field; missing -> null, restored as the
                                             dtype's own missing value (``NaN`` or ``pd.NA``)
 object: ``str`` / ``bytes`` cells           ``str`` / ``bytes`` field, nullable if a cell is missing
-                                            (``None``, ``NaN``, ``pd.NA``; restored as that sentinel when
+                                            (``None``, ``NaN``, ``pd.NA``; restored as that sentinel
+                                            when
                                             the column used only one, else ``None``)
-object: ndarray (or list) cells             array field: dtype of the cells (all must agree; an empty
+object: ndarray (or list) cells             array field: dtype of the cells (all must agree; an
+empty
                                             list has none), shape with
-                                            ``None`` wherever the cells' sizes differ, nullable if a cell
+                                            ``None`` wherever the cells' sizes differ, nullable if a
+                                            cell
                                             is missing; read back as ndarray cells
 ``category``                                its integer codes (``-1`` for missing); categories and
                                             ``ordered`` are kept in the file's attributes
-``datetime64[unit]`` (tz-naive or aware),   ``datetime64[unit]`` / ``timedelta64[unit]`` field (``NaT`` is
-``timedelta64[unit]``                       a value, kept as is); tz-aware columns stored in UTC, the tz in
+``datetime64[unit]`` (tz-naive or aware),   ``datetime64[unit]`` / ``timedelta64[unit]`` field
+(``NaT`` is
+``timedelta64[unit]``                       a value, kept as is); tz-aware columns stored in UTC,
+the tz in
                                             the attributes and restored
-==========================================  ==============================================================
+==========================================
+==============================================================
 
 The index is stored as one field per level (named after the level, or ``index``) unless
 ``index=False``; a ``RangeIndex`` is kept in the attributes only, as pandas' own Parquet
@@ -120,34 +130,57 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
         elif isinstance(v, (np.ndarray, list, tuple, np.generic)):
             k = "array"
         else:
-            raise SchemaError(f"column {name!r}, row {i}: cannot store a {type(v).__name__} cell; expected str, "
-                              "bytes, an ndarray or a missing value", field=fname, row=i)  # fmt: skip
+            raise SchemaError(
+                f"column {name!r}, row {i}: cannot store a {type(v).__name__} cell; expected str, "
+                "bytes, an ndarray or a missing value",
+                field=fname,
+                row=i,
+            )
         if kind is None:
             kind, first["kind"] = k, i
         elif k != kind:
-            raise SchemaError(f"column {name!r}, row {i}: a {k} cell in a column of {kind} cells (row {first['kind']} "
-                              f"is {kind})", field=fname, row=i)  # fmt: skip
+            raise SchemaError(
+                f"column {name!r}, row {i}: a {k} cell in a column of {kind} cells (row "
+                f"{first['kind']} "
+                f"is {kind})",
+                field=fname,
+                row=i,
+            )
         if k != "array":
             continue
         arr = v if isinstance(v, np.ndarray) else np.asarray(v)
         if arr.dtype == object or arr.dtype.kind in "USV":
-            raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array cell cannot be stored; expected numbers",
-                              field=fname, row=i)  # fmt: skip
+            raise SchemaError(
+                f"column {name!r}, row {i}: a {arr.dtype} array cell cannot be stored; expected "
+                f"numbers",
+                field=fname,
+                row=i,
+            )
         # An empty list (or tuple) says nothing about the dtype (numpy makes it float64): the
         # other cells decide it, and it is float64 only when every cell is one.
         guessed = arr.size == 0 and not isinstance(v, (np.ndarray, np.generic))
         if ndim is None:
             ndim, shape, first["rank"] = arr.ndim, list(arr.shape), i
         elif arr.ndim != ndim:
-            raise SchemaError(f"column {name!r}, row {i}: an array of {arr.ndim} dimensions, but row {first['rank']} "
-                              f"has {ndim}", field=fname, row=i)  # fmt: skip
+            raise SchemaError(
+                f"column {name!r}, row {i}: an array of {arr.ndim} dimensions, but row "
+                f"{first['rank']} "
+                f"has {ndim}",
+                field=fname,
+                row=i,
+            )
         if guessed:
             fallback = arr.dtype if fallback is None else fallback
         elif dtype is None:
             dtype, first["dtype"] = arr.dtype, i
         elif arr.dtype != dtype:
-            raise SchemaError(f"column {name!r}, row {i}: a {arr.dtype} array, but row {first['dtype']} holds {dtype} "
-                              "(cast the column to one dtype, or pass schema=)", field=fname, row=i)  # fmt: skip
+            raise SchemaError(
+                f"column {name!r}, row {i}: a {arr.dtype} array, but row {first['dtype']} holds "
+                f"{dtype} "
+                "(cast the column to one dtype, or pass schema=)",
+                field=fname,
+                row=i,
+            )
         for d, s in enumerate(arr.shape):
             if shape[d] is not None and shape[d] != s:
                 shape[d] = None
@@ -174,21 +207,35 @@ def _plan(name: Any, fname: str, s: pd.Series) -> tuple[Field, dict]:
         cats = dt.categories
         values = cats.to_numpy()
         if cats.dtype.kind in "Mm" or isinstance(cats.dtype, pd.DatetimeTZDtype):
-            raise SchemaError(f"column {name!r}: categories of {cats.dtype} are not supported", field=fname)
-        meta.update(kind="category", ordered=bool(dt.ordered), categories=[_json_scalar(v, name) for v in values],
-                    categories_dtype=str(cats.dtype))  # fmt: skip
+            raise SchemaError(
+                f"column {name!r}: categories of {cats.dtype} are not supported", field=fname
+            )
+        meta.update(
+            kind="category",
+            ordered=bool(dt.ordered),
+            categories=[_json_scalar(v, name) for v in values],
+            categories_dtype=str(cats.dtype),
+        )
         return Field(fname, s.cat.codes.dtype), meta
     if isinstance(dt, pd.DatetimeTZDtype):
         meta.update(kind="datetime", unit=dt.unit, tz=str(dt.tz))
         return Field(fname, f"datetime64[{dt.unit}]"), meta  # UTC
     if isinstance(dt, np.dtype) and dt.kind in "Mm":
-        meta.update(kind="datetime" if dt.kind == "M" else "timedelta", unit=np.datetime_data(dt)[0], tz=None)
+        meta.update(
+            kind="datetime" if dt.kind == "M" else "timedelta",
+            unit=np.datetime_data(dt)[0],
+            tz=None,
+        )
         return Field(fname, dt), meta
     if isinstance(dt, pd.StringDtype):
         meta.update(kind="string", storage=dt.storage, na="NA" if dt.na_value is pd.NA else "nan")
         return Field(fname, STR, nullable=True), meta
-    if isinstance(dt, pd.api.extensions.ExtensionDtype) and hasattr(dt, "numpy_dtype") and \
-            isinstance(s.array, pd.api.extensions.ExtensionArray) and hasattr(s.array, "_mask"):  # fmt: skip
+    if (
+        isinstance(dt, pd.api.extensions.ExtensionDtype)
+        and hasattr(dt, "numpy_dtype")
+        and isinstance(s.array, pd.api.extensions.ExtensionArray)
+        and hasattr(s.array, "_mask")
+    ):
         meta.update(kind="masked")  # Int64, Float32, boolean...: numpy values plus a mask
         return Field(fname, dt.numpy_dtype, nullable=True), meta
     if isinstance(dt, np.dtype) and dt.kind in "biufc":
@@ -198,8 +245,10 @@ def _plan(name: Any, fname: str, s: pd.Series) -> tuple[Field, dict]:
         field, extra = _object_plan(name, fname, s.to_numpy())
         meta.update(extra)
         return field, meta
-    raise SchemaError(f"column {name!r}: dtype {dt} is not supported (convert it, e.g. to str or a numpy dtype)",
-                      field=fname)  # fmt: skip
+    raise SchemaError(
+        f"column {name!r}: dtype {dt} is not supported (convert it, e.g. to str or a numpy dtype)",
+        field=fname,
+    )
 
 
 def _json_scalar(v: Any, name: Any) -> Any:
@@ -210,8 +259,9 @@ def _json_scalar(v: Any, name: Any) -> Any:
     raise SchemaError(f"column {name!r}: category {v!r} cannot be stored in the attributes (JSON)")
 
 
-def frame_columns(df: pd.DataFrame, *, index: bool = True, range_index: bool = True
-                  ) -> list[tuple[Any, str, pd.Series, str]]:  # fmt: skip
+def frame_columns(
+    df: pd.DataFrame, *, index: bool = True, range_index: bool = True
+) -> list[tuple[Any, str, pd.Series, str]]:
     """The frame's parts to store, in order: ``(name, field name, series, role)``; role is
     ``"column"`` or ``"index"`` (index levels first, unless ``index`` is False or the index is
     a ``RangeIndex`` and ``range_index`` keeps it in the attributes)."""
@@ -236,7 +286,9 @@ def frame_columns(df: pd.DataFrame, *, index: bool = True, range_index: bool = T
     return parts
 
 
-def _describe(df: pd.DataFrame, parts, index: bool, range_index: bool = True) -> tuple[Schema, dict]:
+def _describe(
+    df: pd.DataFrame, parts, index: bool, range_index: bool = True
+) -> tuple[Schema, dict]:
     fields: list[Field] = []
     cols: list[dict] = []
     levels: list[dict] = []
@@ -249,13 +301,27 @@ def _describe(df: pd.DataFrame, parts, index: bool, range_index: bool = True) ->
         idx: dict[str, Any] | None = None
     elif range_index and isinstance(df.index, pd.RangeIndex):
         r = df.index
-        idx = {"kind": "range", "start": int(r.start), "step": int(r.step), "name": _json_name(r.name, "index")}
+        idx = {
+            "kind": "range",
+            "start": int(r.start),
+            "step": int(r.step),
+            "name": _json_name(r.name, "index"),
+        }
     else:
-        idx = {"kind": "levels", "levels": levels, "multi": isinstance(df.index, pd.MultiIndex),
-               "range": isinstance(df.index, pd.RangeIndex)}  # stored per row (Dask partitions): a RangeIndex again if it still is one
+        idx = {
+            "kind": "levels",
+            "levels": levels,
+            "multi": isinstance(df.index, pd.MultiIndex),
+            "range": isinstance(df.index, pd.RangeIndex),
+        }  # stored per row (Dask partitions): a RangeIndex again if it still is one
     if not fields:
         raise SchemaError("a frame without columns (and no index stored) has nothing to store")
-    meta = {"version": _META_VERSION, "pandas_version": pd.__version__, "columns": cols, "index": idx}
+    meta = {
+        "version": _META_VERSION,
+        "pandas_version": pd.__version__,
+        "columns": cols,
+        "index": idx,
+    }
     return Schema(fields), meta
 
 
@@ -308,9 +374,18 @@ def _columns_for(schema: Schema, meta: dict, parts) -> dict[str, Any]:
     return {fname: _column_values(schema[fname], by_field[fname], s) for _, fname, s, _ in parts}
 
 
-def from_pandas(df: pd.DataFrame, path: str | os.PathLike, *, schema: Schema | None = None, index: bool = True,
-                dataset: bool = False, attrs: dict | None = None, **writer_kwargs: Any) -> Schema:
-    """Write a DataFrame to ``path``: one ``.h5`` file, or a dataset directory with ``dataset=True``.
+def from_pandas(
+    df: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    schema: Schema | None = None,
+    index: bool = True,
+    dataset: bool = False,
+    attrs: dict | None = None,
+    **writer_kwargs: Any,
+) -> Schema:
+    """Write a DataFrame to ``path``: one ``.h5`` file, or a dataset directory with
+    ``dataset=True``.
 
     Parameters
     ----------
@@ -351,8 +426,10 @@ def from_pandas(df: pd.DataFrame, path: str | os.PathLike, *, schema: Schema | N
     elif not isinstance(schema, Schema):
         raise TypeError(f"schema must be a rowstore.Schema, got {type(schema).__name__}")
     elif sorted(schema.names) != sorted(inferred.names):
-        raise SchemaError(f"schema fields {schema.names} differ from the frame's {inferred.names} "
-                          "(see rowstore.pandas.infer_schema)")  # fmt: skip
+        raise SchemaError(
+            f"schema fields {schema.names} differ from the frame's {inferred.names} "
+            "(see rowstore.pandas.infer_schema)"
+        )
     user = dict(attrs or {})
     user[META_KEY] = stored_meta(meta)
     columns = _columns_for(inferred, meta, parts)
@@ -385,8 +462,16 @@ def _restore(meta: Any, field: Field, batch: dict, index: Any) -> Any:
             out[nulls] = np.datetime64("NaT") if field.dtype.kind == "M" else np.timedelta64("NaT")
             return out
         if field.shape == () and field.dtype not in (STR, BYTES):
-            return _masked(field.dtype, v, nulls if nulls is not None else np.zeros(n, bool)) if field.nullable else v
-        kind, meta = ("object", {"na": "None"}) if field.dtype in (STR, BYTES) else ("ndarray", {"na": "None"})
+            return (
+                _masked(field.dtype, v, nulls if nulls is not None else np.zeros(n, bool))
+                if field.nullable
+                else v
+            )
+        kind, meta = (
+            ("object", {"na": "None"})
+            if field.dtype in (STR, BYTES)
+            else ("ndarray", {"na": "None"})
+        )
     if kind == "numpy":
         return v
     if kind == "category":
@@ -394,15 +479,23 @@ def _restore(meta: Any, field: Field, batch: dict, index: Any) -> Any:
         return pd.Categorical.from_codes(v, categories=cats, ordered=meta["ordered"])
     if kind in ("datetime", "timedelta"):
         # A native time field; int64 counts in files written before there were any.
-        arr = v if field.is_time else v.view(f"{'M' if kind == 'datetime' else 'm'}8[{meta['unit']}]")
+        arr = (
+            v if field.is_time else v.view(f"{'M' if kind == 'datetime' else 'm'}8[{meta['unit']}]")
+        )
         if meta.get("tz") is not None:
             return pd.Series(arr, copy=False).dt.tz_localize("UTC").dt.tz_convert(meta["tz"]).array
         return arr
     if kind == "masked":
-        return _masked(field.dtype, v, nulls if nulls is not None else np.zeros(n, bool), meta["dtype"])
+        return _masked(
+            field.dtype, v, nulls if nulls is not None else np.zeros(n, bool), meta["dtype"]
+        )
     if kind == "string":
         dtype = pd.StringDtype(meta["storage"], na_value=_SENTINELS[meta["na"]])
-        return pd.array(v, dtype=dtype) if nulls is None else pd.array(np.where(nulls, None, v), dtype=dtype)
+        return (
+            pd.array(v, dtype=dtype)
+            if nulls is None
+            else pd.array(np.where(nulls, None, v), dtype=dtype)
+        )
     out = _cells(v, n) if not (isinstance(v, np.ndarray) and v.dtype == object) else v.copy()
     if nulls is not None:
         out[nulls] = _SENTINELS[meta["na"]]
@@ -410,7 +503,11 @@ def _restore(meta: Any, field: Field, batch: dict, index: Any) -> Any:
 
 
 def _masked_name(dtype: np.dtype) -> str:
-    return "boolean" if dtype.kind == "b" else str(dtype.newbyteorder("=")).capitalize().replace("Uint", "UInt")
+    return (
+        "boolean"
+        if dtype.kind == "b"
+        else str(dtype.newbyteorder("=")).capitalize().replace("Uint", "UInt")
+    )
 
 
 def _masked(dtype: np.dtype, values: np.ndarray, mask: np.ndarray, name: str | None = None) -> Any:
@@ -440,7 +537,9 @@ def _rows_arg(rows: Any, n: int) -> np.ndarray:
     return np.where(idx < 0, idx + n, idx).astype(np.int64).reshape(-1)
 
 
-def to_pandas(reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None = None) -> pd.DataFrame:
+def to_pandas(
+    reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None = None
+) -> pd.DataFrame:
     """Rows of an open reader as a DataFrame with ndarray cells, dtypes and index restored.
 
     ``rows``: row numbers (any order) or a slice, default all; ``fields``: the frame's column
@@ -461,7 +560,9 @@ def to_pandas(reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None 
         by_name = {m["name"]: m for m in col_meta}
         unknown = [c for c in want if c not in by_name]
         if unknown:
-            raise KeyError(f"no column(s) {unknown}; the columns are {[m['name'] for m in col_meta]}")
+            raise KeyError(
+                f"no column(s) {unknown}; the columns are {[m['name'] for m in col_meta]}"
+            )
         col_meta = [by_name[c] for c in want]
     levels = idx_meta["levels"] if idx_meta and idx_meta["kind"] == "levels" else []
     names = [m["field"] for m in levels + col_meta]
@@ -482,7 +583,9 @@ def to_pandas(reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None 
         if rows is not None:
             index = index[idx] if not isinstance(rows, slice) else index[rows]
     elif isinstance(rows, slice) or rows is None:
-        index = pd.RangeIndex(len(reader))[rows if rows is not None else slice(None)]  # the row numbers
+        index = pd.RangeIndex(len(reader))[
+            rows if rows is not None else slice(None)
+        ]  # the row numbers
     else:
         index = pd.Index(idx)
     data = {}
@@ -494,8 +597,13 @@ def to_pandas(reader: Reader, *, rows: Any = None, fields: Sequence[Any] | None 
     return pd.DataFrame(data, index=index, copy=False)
 
 
-def read_pandas(path: str | os.PathLike, *, fields: Sequence[Any] | None = None, rows: Any = None,
-                **reader_kwargs: Any) -> pd.DataFrame:
+def read_pandas(
+    path: str | os.PathLike,
+    *,
+    fields: Sequence[Any] | None = None,
+    rows: Any = None,
+    **reader_kwargs: Any,
+) -> pd.DataFrame:
     """Read a file or dataset written by :func:`from_pandas` (or any rowstore dataset) as a
     DataFrame; see :func:`to_pandas`. ``reader_kwargs`` go to :class:`~rowstore.reader.Reader`."""
     with Reader(path, **reader_kwargs) as r:

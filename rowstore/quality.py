@@ -46,7 +46,9 @@ class OrderQuality:
 
     def text(self) -> str:
         f = "-" if self.spearman is None else f"{self.spearman:+.3f}"
-        spread = ", ".join(f"{k} {v:.3f}" for k, v in self.batch_spread.items() if v is not None) or "-"
+        spread = (
+            ", ".join(f"{k} {v:.3f}" for k, v in self.batch_spread.items() if v is not None) or "-"
+        )
         mix = "-" if self.block_mixing is None else f"{self.block_mixing:.3f}"
         unit = f"window {self.window}" + (f", pieces {self.pieces}" if self.pieces > 1 else "")
         what = f"field {self.field!r}" if self.field else "no scalar numeric field"
@@ -55,14 +57,21 @@ class OrderQuality:
             (f"batch spread, batch {self.batch_size}", spread, "1: batches as varied as the data"),
             (f"block shuffle mixing, {unit}", mix, "1: as mixed as a uniform shuffle"),
         ]
-        return "\n".join([f"{self.path}: {self.rows:,} rows; {what}"]
-                         + [f"  {a:<44}{b:<24}({c})" for a, b, c in rows])
+        return "\n".join(
+            [f"{self.path}: {self.rows:,} rows; {what}"]
+            + [f"  {a:<44}{b:<24}({c})" for a, b, c in rows]
+        )
 
 
 def default_field(schema: Schema) -> str | None:
     """The first scalar numeric field (int, uint or float, raw codec), or None."""
     for f in schema:
-        if f.shape == () and f.inline and f.codec["id"] == "raw" and np.dtype(f.dtype).kind in "iuf":
+        if (
+            f.shape == ()
+            and f.inline
+            and f.codec["id"] == "raw"
+            and np.dtype(f.dtype).kind in "iuf"
+        ):
             return f.name
     return None
 
@@ -85,19 +94,32 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
     return None if den == 0 else float((rx * ry).sum() / den)
 
 
-def _spread(r: Reader, field: str, order: np.ndarray, batch_size: int, max_batches: int, sd: float) -> float | None:
+def _spread(
+    r: Reader, field: str, order: np.ndarray, batch_size: int, max_batches: int, sd: float
+) -> float | None:
     nb = len(order) // batch_size
     if nb == 0 or sd == 0:
         return None
     pick = np.linspace(0, nb - 1, min(nb, max_batches)).astype(np.int64)
     rows = (pick[:, None] * batch_size + np.arange(batch_size)[None, :]).reshape(-1)
-    vals = np.asarray(r.take(order[rows], fields=[field])[field], np.float64).reshape(len(pick), batch_size)
+    vals = np.asarray(r.take(order[rows], fields=[field])[field], np.float64).reshape(
+        len(pick), batch_size
+    )
     return float(np.nanmean(vals.std(axis=1)) / sd)
 
 
-def order_quality(path: str | os.PathLike, *, field: str | None = None, batch_size: int = 64, window: int = 16,
-                  seed: int = 0, max_rows: int = 1_000_000, max_batches: int = 256,
-                  storage_options: dict | None = None, pieces: int = 1) -> OrderQuality:
+def order_quality(
+    path: str | os.PathLike,
+    *,
+    field: str | None = None,
+    batch_size: int = 64,
+    window: int = 16,
+    seed: int = 0,
+    max_rows: int = 1_000_000,
+    max_batches: int = 256,
+    storage_options: dict | None = None,
+    pieces: int = 1,
+) -> OrderQuality:
     """Order figures of the file or dataset at ``path`` (see :class:`OrderQuality`; a URL with
     ``storage_options`` as for :func:`rowstore.open`); ``window`` and ``pieces`` are the block
     shuffle's (:meth:`Reader.batches <rowstore.reader.Reader.batches>`).
@@ -110,11 +132,16 @@ def order_quality(path: str | os.PathLike, *, field: str | None = None, batch_si
         name = default_field(r.schema) if field is None else field
         if name is not None:
             if name not in r.schema:
-                raise SchemaError(f"quality: no field {name!r}; the schema has {r.schema.names}", field=name)
+                raise SchemaError(
+                    f"quality: no field {name!r}; the schema has {r.schema.names}", field=name
+                )
             f = r.schema[name]
             if f.shape != () or not f.inline or np.dtype(f.dtype).kind not in "iufb":
-                raise SchemaError(f"quality: field {name!r} is {f.dtype}{f.shape}; expected a scalar numeric field",
-                                  field=name)  # fmt: skip
+                raise SchemaError(
+                    f"quality: field {name!r} is {f.dtype}{f.shape}; expected a scalar numeric "
+                    f"field",
+                    field=name,
+                )
         rho = sd = None
         spread: dict = {}
         if name is not None and n >= 2:
@@ -122,8 +149,18 @@ def order_quality(path: str | os.PathLike, *, field: str | None = None, batch_si
             vals = np.asarray(r.take(pos, fields=[name])[name], np.float64)
             rho = spearman(pos, vals)
             sd = float(np.nanstd(vals))
-            spread["none"] = _spread(r, name, np.arange(n, dtype=np.int64), batch_size, max_batches, sd)
+            spread["none"] = _spread(
+                r, name, np.arange(n, dtype=np.int64), batch_size, max_batches, sd
+            )
             block = r.epoch_order(shuffle="block", seed=seed, epoch=0, window=window, pieces=pieces)
-            spread["block"] = _spread(r, name, np.asarray(block, np.int64), batch_size, max_batches, sd)
-        mixing = r.shuffle_quality(batch_size, shuffle="block", window=window, pieces=pieces) if n >= batch_size else None
-        return OrderQuality(os.fspath(path), n, name, rho, batch_size, window, spread, mixing, pieces)
+            spread["block"] = _spread(
+                r, name, np.asarray(block, np.int64), batch_size, max_batches, sd
+            )
+        mixing = (
+            r.shuffle_quality(batch_size, shuffle="block", window=window, pieces=pieces)
+            if n >= batch_size
+            else None
+        )
+        return OrderQuality(
+            os.fspath(path), n, name, rho, batch_size, window, spread, mixing, pieces
+        )

@@ -64,8 +64,10 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
 
 def _normalize_dtype(dtype: Any, name: str) -> np.dtype | str:
     if dtype is None:  # np.dtype(None) is float64: a missing dtype must not become one
-        raise SchemaError(f"field {name!r}: no dtype (got None); expected a numpy dtype name, "
-                          "'str' or 'bytes'", field=name)
+        raise SchemaError(
+            f"field {name!r}: no dtype (got None); expected a numpy dtype name, 'str' or 'bytes'",
+            field=name,
+        )
     if dtype is str or dtype == STR:
         return STR
     if dtype is bytes or dtype == BYTES:
@@ -84,7 +86,8 @@ def _normalize_dtype(dtype: Any, name: str) -> np.dtype | str:
         if unit not in units or count != 1:
             what = "datetime64" if dt.kind == "M" else "timedelta64"
             raise SchemaError(
-                f"field {name!r}: {dt} has no supported unit; expected {what}[unit] with unit one of "
+                f"field {name!r}: {dt} has no supported unit; expected {what}[unit] with unit one "
+                f"of "
                 f"{', '.join(units)}",
                 field=name,
             )
@@ -109,7 +112,9 @@ def _normalize_shape(shape: Any, name: str) -> tuple[int | None, ...]:
     try:
         dims = tuple(shape)
     except TypeError as exc:
-        raise SchemaError(f"field {name!r}: shape must be a tuple, got {shape!r}", field=name) from exc
+        raise SchemaError(
+            f"field {name!r}: shape must be a tuple, got {shape!r}", field=name
+        ) from exc
     out: list[int | None] = []
     for d in dims:
         if d is None or d == -1:
@@ -170,19 +175,24 @@ class Field:
         shape = _normalize_shape(self.shape, name)
         if dtype in (STR, BYTES) and shape != ():
             raise SchemaError(
-                f"field {name!r}: {dtype} fields hold one value per row; shape must be (), got {shape}",
+                f"field {name!r}: {dtype} fields hold one value per row; shape must be (), got "
+                f"{shape}",
                 field=name,
             )
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "shape", shape)
         if not isinstance(self.nullable, (bool, np.bool_)):
-            raise SchemaError(f"field {name!r}: nullable must be a bool, got {self.nullable!r}", field=name)
+            raise SchemaError(
+                f"field {name!r}: nullable must be a bool, got {self.nullable!r}", field=name
+            )
         object.__setattr__(self, "nullable", bool(self.nullable))
         codec = get_codec(self.codec, dtype=dtype, field=name)
         codec.check_field(self)
         object.__setattr__(self, "_stored_nbytes", self._placement(codec))
         object.__setattr__(self, "_codec_obj", codec)
-        config = json.loads(json.dumps(codec.get_config()))  # a private copy: nothing outside can change it
+        config = json.loads(
+            json.dumps(codec.get_config())
+        )  # a private copy: nothing outside can change it
         object.__setattr__(self, "codec", MappingProxyType(config))
         object.__setattr__(self, "_key", json.dumps(self.to_json(), sort_keys=True))
 
@@ -191,16 +201,23 @@ class Field:
         nbytes = codec.stored_nbytes(self)
         if nbytes is None:
             return None
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0 or self.is_variable:
+        if (
+            not isinstance(nbytes, int)
+            or isinstance(nbytes, bool)
+            or nbytes < 0
+            or self.is_variable
+        ):
             raise SchemaError(
-                f"field {self.name!r}: codec {codec.codec_id!r} stores {nbytes!r} bytes per value in the row; "
+                f"field {self.name!r}: codec {codec.codec_id!r} stores {nbytes!r} bytes per value "
+                f"in the row; "
                 f"expected a non-negative int, for a field of fixed shape",
                 field=self.name,
             )
         if nbytes == 0:
             # HDF5 cannot store a zero-sized array member in the row table.
             raise SchemaError(
-                f"field {self.name!r}: shape {self.shape} has a fixed dimension of 0, which cannot be stored in "
+                f"field {self.name!r}: shape {self.shape} has a fixed dimension of 0, which cannot "
+                f"be stored in "
                 f"the row table (every value would be empty)",
                 field=self.name,
             )
@@ -315,13 +332,25 @@ class Field:
                 f"returned as Python lists",
                 field=self.name,
             )
-        dt = self.storage_dtype  # datetime64/timedelta64: int64 counts of the unit (torch has no time dtype)
+        dt = (
+            self.storage_dtype
+        )  # datetime64/timedelta64: int64 counts of the unit (torch has no time dtype)
         mapping = {
-            "b1": torch.bool, "i1": torch.int8, "u1": torch.uint8, "i2": torch.int16,
-            "u2": torch.uint16, "i4": torch.int32, "u4": torch.uint32, "i8": torch.int64,
-            "u8": torch.uint64, "f2": torch.float16, "f4": torch.float32, "f8": torch.float64,
-            "c8": torch.complex64, "c16": torch.complex128,
-        }  # fmt: skip
+            "b1": torch.bool,
+            "i1": torch.int8,
+            "u1": torch.uint8,
+            "i2": torch.int16,
+            "u2": torch.uint16,
+            "i4": torch.int32,
+            "u4": torch.uint32,
+            "i8": torch.int64,
+            "u8": torch.uint64,
+            "f2": torch.float16,
+            "f4": torch.float32,
+            "f8": torch.float64,
+            "c8": torch.complex64,
+            "c16": torch.complex128,
+        }
         return mapping[f"{dt.kind}{dt.itemsize}"]
 
     def tf_spec(self, batch: int | None = None, *, ragged: bool = True):
@@ -348,7 +377,8 @@ class Field:
 class Schema(Sequence[Field]):
     """An ordered, immutable collection of uniquely named :class:`Field`\\ s.
 
-    >>> schema = Schema([Field("image", "uint8", (128, 256, 3), codec="png"), Field("label", "int64")])
+    >>> schema = Schema([Field("image", "uint8", (128, 256, 3), codec="png"),
+    ...                  Field("label", "int64")])
     >>> schema["label"].dtype
     dtype('int64')
     """
@@ -357,7 +387,10 @@ class Schema(Sequence[Field]):
 
     def __init__(self, fields: Sequence[Field] | Mapping[str, Any]):
         if isinstance(fields, Mapping):
-            fields = [f if isinstance(f, Field) else Field(name, *_as_tuple(f)) for name, f in fields.items()]
+            fields = [
+                f if isinstance(f, Field) else Field(name, *_as_tuple(f))
+                for name, f in fields.items()
+            ]
         fields = tuple(fields)
         if not fields:
             raise SchemaError("a schema needs at least one field")
@@ -413,7 +446,9 @@ class Schema(Sequence[Field]):
         names = [n.name if isinstance(n, Field) else n for n in names]
         unknown = [n for n in names if n not in self._by_name]
         if unknown:
-            raise SchemaError(f"unknown field(s) {unknown}; the schema has {self.names}", field=unknown[0])
+            raise SchemaError(
+                f"unknown field(s) {unknown}; the schema has {self.names}", field=unknown[0]
+            )
         return Schema([self._by_name[n] for n in names])
 
     # -- JSON ------------------------------------------------------------------------------
@@ -428,7 +463,10 @@ class Schema(Sequence[Field]):
         if isinstance(obj, (str, bytes)):
             try:
                 obj = json.loads(obj)
-            except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
+            except (
+                json.JSONDecodeError,
+                RecursionError,
+            ) as exc:  # RecursionError: nesting too deep
                 raise SchemaError(f"schema is not valid JSON: {exc}") from exc
         if not isinstance(obj, Mapping) or not isinstance(obj.get("fields"), list):
             raise SchemaError("schema JSON must be an object with a 'fields' list")
@@ -469,12 +507,16 @@ class Schema(Sequence[Field]):
             else:
                 arr = np.asarray(value)
                 if arr.dtype.kind in "US":
-                    raise SchemaError(f"field {name!r}: arrays of strings are not supported", field=name)
+                    raise SchemaError(
+                        f"field {name!r}: arrays of strings are not supported", field=name
+                    )
                 if arr.dtype == np.dtype(object):
-                    raise SchemaError(f"field {name!r}: cannot infer a dtype from {type(value).__name__}", field=name)
+                    raise SchemaError(
+                        f"field {name!r}: cannot infer a dtype from {type(value).__name__}",
+                        field=name,
+                    )
                 fields.append(Field(name, arr.dtype, arr.shape, nullable=name in nullable))
         return cls(fields)
-
 
     @classmethod
     def infer_rows(cls, rows: Any) -> Schema:
@@ -505,8 +547,12 @@ class Schema(Sequence[Field]):
                 else:
                     arr = np.asarray(value)
                     if arr.dtype == np.dtype(object) or arr.dtype.kind in "US":
-                        raise SchemaError(f"field {name!r}, row {i}: cannot infer a dtype from {type(value).__name__}",
-                                          field=name, row=i)  # fmt: skip
+                        raise SchemaError(
+                            f"field {name!r}, row {i}: cannot infer a dtype from "
+                            f"{type(value).__name__}",
+                            field=name,
+                            row=i,
+                        )
                     dt, shp = arr.dtype, arr.shape
                 if name not in seen:
                     seen[name], first[name] = (dt, shp), i
@@ -516,16 +562,27 @@ class Schema(Sequence[Field]):
                 gdt, gshape = seen[name]
                 if gdt != dt or len(gshape) != len(shp):
                     raise SchemaError(
-                        f"field {name!r}, row {i}: {dt} of shape {shp}, but row {first[name]} holds "
-                        f"{gdt} of shape {gshape}", field=name, row=i)  # fmt: skip
+                        f"field {name!r}, row {i}: {dt} of shape {shp}, but row {first[name]} "
+                        f"holds "
+                        f"{gdt} of shape {gshape}",
+                        field=name,
+                        row=i,
+                    )
                 seen[name] = (gdt, tuple(a if a == b else None for a, b in zip(gshape, shp)))
         if not count:
             raise SchemaError("cannot infer a schema from no rows")
         untyped = [n for n in nulls if n not in seen]
         if untyped:
-            raise SchemaError(f"cannot infer the type of field {untyped[0]!r}: it is None in every row", field=untyped[0])
-        return cls([Field(name, dt, tuple(None if d == 0 else d for d in shape), nullable=name in nulls)
-                    for name, (dt, shape) in seen.items()])  # fmt: skip
+            raise SchemaError(
+                f"cannot infer the type of field {untyped[0]!r}: it is None in every row",
+                field=untyped[0],
+            )
+        return cls(
+            [
+                Field(name, dt, tuple(None if d == 0 else d for d in shape), nullable=name in nulls)
+                for name, (dt, shape) in seen.items()
+            ]
+        )
 
 
 def _as_tuple(spec: Any) -> tuple:

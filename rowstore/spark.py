@@ -4,7 +4,8 @@ converter that caches a DataFrame as a dataset for torch and tf (Petastorm's
 
 This is the only module that imports pyspark (``pip install rowstore[spark]``, Java 17).
 
-- :func:`to_rowstore`: every partition is written on its executor as shards (:func:`rowstore.write_shard`,
+- :func:`to_rowstore`: every partition is written on its executor as shards
+(:func:`rowstore.write_shard`,
   fed the partition's Arrow record batches by ``DataFrame.mapInArrow``: rows never travel to
   the driver); only the small :class:`~rowstore.ShardInfo` of each shard does, and the driver
   commits one manifest version when every task succeeded. A failed job commits nothing and
@@ -53,7 +54,15 @@ from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 from rowstore.writer.values import check_value
 
-__all__ = ["to_rowstore", "write", "to_row", "spark_schema", "make_converter", "SparkDatasetConverter", "CACHE_DIR_CONF"]
+__all__ = [
+    "to_rowstore",
+    "write",
+    "to_row",
+    "spark_schema",
+    "make_converter",
+    "SparkDatasetConverter",
+    "CACHE_DIR_CONF",
+]
 
 #: Spark conf key of the converter's parent cache directory (Petastorm's
 #: ``SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF``).
@@ -76,14 +85,18 @@ def _prepare(df: DataFrame) -> tuple[DataFrame, list[str]]:
     if vectors:
         from pyspark.ml.functions import vector_to_array
 
-        df = df.select(*[vector_to_array(F.col(c)).alias(c) if c in vectors else F.col(c) for c in df.columns])
+        df = df.select(
+            *[vector_to_array(F.col(c)).alias(c) if c in vectors else F.col(c) for c in df.columns]
+        )
     return df, vectors
 
 
 def _arrow_schema(df: DataFrame) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    tz = df.sparkSession.conf.get("spark.sql.session.timeZone", "UTC")  # mapInArrow's timestamps carry it
+    tz = df.sparkSession.conf.get(
+        "spark.sql.session.timeZone", "UTC"
+    )  # mapInArrow's timestamps carry it
     try:
         return to_arrow_schema(df.schema, timezone=tz)
     except Exception as exc:  # a type Arrow has no form for (maps, nested structs...): name it
@@ -91,21 +104,28 @@ def _arrow_schema(df: DataFrame) -> pa.Schema:
             try:
                 to_arrow_schema(T.StructType([f]), timezone=tz)
             except Exception:
-                raise SchemaError(f"column {f.name!r}: Spark type {f.dataType.simpleString()} is not supported "
-                                  "(select or cast it)", field=f.name) from exc  # fmt: skip
+                raise SchemaError(
+                    f"column {f.name!r}: Spark type {f.dataType.simpleString()} is not supported "
+                    "(select or cast it)",
+                    field=f.name,
+                ) from exc
         raise
 
 
 def _null_counts(df: DataFrame) -> dict[str, int]:
     """Nulls per column, in one Spark job."""
-    row = df.select([F.sum(F.col(c).isNull().cast("long")).alias(f"n{k}") for k, c in enumerate(df.columns)]).first()
+    row = df.select(
+        [F.sum(F.col(c).isNull().cast("long")).alias(f"n{k}") for k, c in enumerate(df.columns)]
+    ).first()
     return {c: int(row[k] or 0) for k, c in enumerate(df.columns)} if row is not None else {}
 
 
 def _plan(df: DataFrame, schema: Schema | None, nullable: str) -> list:
     if nullable not in ("spark", "data"):
-        raise ValueError(f"nullable must be 'spark' (the DataFrame's flags) or 'data' (columns holding a null), "
-                         f"got {nullable!r}")  # fmt: skip
+        raise ValueError(
+            f"nullable must be 'spark' (the DataFrame's flags) or 'data' (columns holding a null), "
+            f"got {nullable!r}"
+        )
     arrow = _arrow_schema(df)
     if nullable == "data" and schema is None:
         counts = _null_counts(df)
@@ -129,9 +149,19 @@ def spark_schema(schema: Schema) -> T.StructType:
     return T.StructType(out)
 
 
-_SPARK_NUMBERS = {"b": T.BooleanType, "i1": T.ByteType, "i2": T.ShortType, "i4": T.IntegerType, "i8": T.LongType,
-                  "u1": T.ShortType, "u2": T.IntegerType, "u4": T.LongType, "f2": T.FloatType, "f4": T.FloatType,
-                  "f8": T.DoubleType}  # fmt: skip
+_SPARK_NUMBERS = {
+    "b": T.BooleanType,
+    "i1": T.ByteType,
+    "i2": T.ShortType,
+    "i4": T.IntegerType,
+    "i8": T.LongType,
+    "u1": T.ShortType,
+    "u2": T.IntegerType,
+    "u4": T.LongType,
+    "f2": T.FloatType,
+    "f4": T.FloatType,
+    "f8": T.DoubleType,
+}
 
 
 def _spark_type(f: Field) -> T.DataType:
@@ -146,7 +176,10 @@ def _spark_type(f: Field) -> T.DataType:
         return T.DayTimeIntervalType()
     key = "b" if dt.kind == "b" else f"{dt.kind}{dt.itemsize}"
     if key not in _SPARK_NUMBERS:
-        raise SchemaError(f"field {f.name!r}: Spark has no type for {dt} (use a signed or smaller type)", field=f.name)
+        raise SchemaError(
+            f"field {f.name!r}: Spark has no type for {dt} (use a signed or smaller type)",
+            field=f.name,
+        )
     return _SPARK_NUMBERS[key]()
 
 
@@ -167,7 +200,9 @@ def to_row(schema: Schema, row: Mapping[str, Any]) -> Row:
         raise TypeError(f"schema must be a rowstore.Schema, got {type(schema).__name__}")
     extra = [k for k in row if k not in schema]
     if extra:
-        raise SchemaError(f"row has field(s) {extra} that the schema lacks ({schema.names})", field=str(extra[0]))
+        raise SchemaError(
+            f"row has field(s) {extra} that the schema lacks ({schema.names})", field=str(extra[0])
+        )
     missing = [f.name for f in schema if f.name not in row]
     if missing:
         raise SchemaError(f"row lacks field(s) {missing}", field=missing[0])
@@ -177,7 +212,9 @@ def to_row(schema: Schema, row: Mapping[str, Any]) -> Row:
         if v is None or f.dtype in (STR, BYTES):
             values[f.name] = v
         elif f.shape:
-            values[f.name] = f.codec_obj.encode(v, f) if f.codec["id"] in ("png", "jpeg") else _npy(v)
+            values[f.name] = (
+                f.codec_obj.encode(v, f) if f.codec["id"] in ("png", "jpeg") else _npy(v)
+            )
         elif f.dtype.kind == "M":
             unit = "D" if np.datetime_data(f.dtype)[0] == "D" else "us"
             values[f.name] = np.asarray(v).astype(f"datetime64[{unit}]").item()
@@ -189,19 +226,34 @@ def to_row(schema: Schema, row: Mapping[str, Any]) -> Row:
 
 
 # -- writing --------------------------------------------------------------------------------------
-def _write_partition(root: str, cols: list, shard_bytes: int, job: str, options: dict,
-                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def _write_partition(
+    root: str,
+    cols: list,
+    shard_bytes: int,
+    job: str,
+    options: dict,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
     """On an executor: the partition's batches as shards; one result row (partition, attempt,
     pickled ShardInfos)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     part, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
-    infos = write_shards(root, cols, batches, shard_bytes=shard_bytes, name_prefix=f"part-{job}-{part:05d}-{attempt}",
-                         **options)  # fmt: skip
-    yield pa.RecordBatch.from_pydict({"partition": [part], "attempt": [attempt], "infos": [pickle.dumps(infos)]},
-                                     schema=pa.schema([("partition", pa.int64()), ("attempt", pa.int64()),
-                                                       ("infos", pa.binary())]))  # fmt: skip
+    infos = write_shards(
+        root,
+        cols,
+        batches,
+        shard_bytes=shard_bytes,
+        name_prefix=f"part-{job}-{part:05d}-{attempt}",
+        **options,
+    )
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [part], "attempt": [attempt], "infos": [pickle.dumps(infos)]},
+        schema=pa.schema(
+            [("partition", pa.int64()), ("attempt", pa.int64()), ("infos", pa.binary())]
+        ),
+    )
 
 
 def _remove_job_files(root: str, job: str, keep: set[str]) -> None:
@@ -216,9 +268,17 @@ def _remove_job_files(root: str, job: str, keep: set[str]) -> None:
                 os.remove(os.path.join(shards, n))
 
 
-def to_rowstore(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None = None,
-                shard_bytes: int = DEFAULT_SHARD_BYTES, mode: str = "w", nullable: str = "spark",
-                attrs: Mapping[str, Any] | None = None, **writer_kwargs: Any) -> int:  # fmt: skip
+def to_rowstore(
+    df: DataFrame,
+    path: str | os.PathLike,
+    *,
+    schema: Schema | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    mode: str = "w",
+    nullable: str = "spark",
+    attrs: Mapping[str, Any] | None = None,
+    **writer_kwargs: Any,
+) -> int:
     """Write a Spark DataFrame as a rowstore dataset directory, each partition on its executor.
 
     Parameters
@@ -268,12 +328,22 @@ def to_rowstore(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None
         infos = [i for p in sorted(first) for i in first[p]]
         if not infos and mode != "a":  # an empty DataFrame: an empty dataset, not an error
             rs_schema = Schema([c.field for c in cols])
-            infos = [write_shard(root, rs_schema, {f.name: [] for f in rs_schema}, name=f"part-{job}-empty",
-                                 **writer_kwargs)]  # fmt: skip
+            infos = [
+                write_shard(
+                    root,
+                    rs_schema,
+                    {f.name: [] for f in rs_schema},
+                    name=f"part-{job}-empty",
+                    **writer_kwargs,
+                )
+            ]
         committed = {i.path for i in infos}
         extra = {"spark": {"vectors": vectors}} if vectors else None
-        version = commit(root, infos, mode=mode, attrs=_attrs(cols, attrs, extra)) if infos else \
-            manifest.load(root).version  # fmt: skip
+        version = (
+            commit(root, infos, mode=mode, attrs=_attrs(cols, attrs, extra))
+            if infos
+            else manifest.load(root).version
+        )
     finally:
         _remove_job_files(root, job, committed)  # failed, retried and duplicate attempts' shards
     return version
@@ -281,8 +351,11 @@ def to_rowstore(df: DataFrame, path: str | os.PathLike, *, schema: Schema | None
 
 def write(df: DataFrame, path: str | os.PathLike, **kwargs: Any) -> int:
     """Deprecated: :func:`to_rowstore` (the name ``rowstore.dask`` and ``rowstore.xarray`` use)."""
-    warnings.warn("rowstore.spark.write is deprecated: write rowstore.spark.to_rowstore(df, path, ...)",
-                  DeprecationWarning, stacklevel=2)  # fmt: skip
+    warnings.warn(
+        "rowstore.spark.write is deprecated: write rowstore.spark.to_rowstore(df, path, ...)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return to_rowstore(df, path, **kwargs)
 
 
@@ -293,7 +366,8 @@ def _bind(fn: Any, *args: Any) -> Any:
     return bound
 
 
-# -- the converter ----------------------------------------------------------------------------------
+# -- the converter
+# ----------------------------------------------------------------------------------
 def _plan_key(df: DataFrame, schema: Schema | None) -> str:
     """A key of the DataFrame's analyzed plan (``semanticHash``: expression ids normalized), its
     schema and the rowstore schema asked for, stable across sessions of one Spark version."""
@@ -301,7 +375,8 @@ def _plan_key(df: DataFrame, schema: Schema | None) -> str:
 
     jdf = df._jdf
     h = jdf.queryExecution().analyzed().semanticHash()
-    text = f"{pyspark.__version__}|{h}|{df.schema.json()}|{schema.to_json_str() if schema is not None else ''}"
+    schema_text = schema.to_json_str() if schema is not None else ""
+    text = f"{pyspark.__version__}|{h}|{df.schema.json()}|{schema_text}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -335,10 +410,20 @@ class SparkDatasetConverter:
         return f"SparkDatasetConverter({self.path!r}, rows={self._len}, cached={self.cached})"
 
     @contextlib.contextmanager
-    def make_torch_dataloader(self, batch_size: int = 32, num_epochs: int | None = None, *, shuffle: Any = "block",
-                              seed: int = 0, shard: tuple[int, int] | None = None, cur_shard: int | None = None,
-                              shard_count: int | None = None, transform: Any = None, transform_spec: Any = None,
-                              **loader_kwargs: Any) -> Iterator[Any]:  # fmt: skip
+    def make_torch_dataloader(
+        self,
+        batch_size: int = 32,
+        num_epochs: int | None = None,
+        *,
+        shuffle: Any = "block",
+        seed: int = 0,
+        shard: tuple[int, int] | None = None,
+        cur_shard: int | None = None,
+        shard_count: int | None = None,
+        transform: Any = None,
+        transform_spec: Any = None,
+        **loader_kwargs: Any,
+    ) -> Iterator[Any]:
         """``with converter.make_torch_dataloader(batch_size=...) as loader:`` a
         :class:`rowstore.torch.BatchedDataLoader` over the cached copy that iterates
         ``num_epochs`` epochs (None: without end, as Petastorm's), closed on exit.
@@ -351,18 +436,33 @@ class SparkDatasetConverter:
         from rowstore.torch import BatchedDataLoader
 
         shard = _shard(shard, cur_shard, shard_count)
-        loader = BatchedDataLoader(self.path, batch_size=batch_size, shuffle=shuffle, seed=seed, shard=shard,
-                                   transform=transform if transform is not None else transform_spec,
-                                   **loader_kwargs)  # fmt: skip
+        loader = BatchedDataLoader(
+            self.path,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            shard=shard,
+            transform=transform if transform is not None else transform_spec,
+            **loader_kwargs,
+        )
         try:
             yield _Epochs(loader, num_epochs)
         finally:
             loader.close()
 
     @contextlib.contextmanager
-    def make_tf_dataset(self, batch_size: int = 32, num_epochs: int | None = None, *, shuffle: str = "block",
-                        seed: int = 0, shard: tuple[int, int] | None = None, cur_shard: int | None = None,
-                        shard_count: int | None = None, **dataset_kwargs: Any) -> Iterator[Any]:  # fmt: skip
+    def make_tf_dataset(
+        self,
+        batch_size: int = 32,
+        num_epochs: int | None = None,
+        *,
+        shuffle: str = "block",
+        seed: int = 0,
+        shard: tuple[int, int] | None = None,
+        cur_shard: int | None = None,
+        shard_count: int | None = None,
+        **dataset_kwargs: Any,
+    ) -> Iterator[Any]:
         """``with converter.make_tf_dataset(batch_size=...) as ds:`` a ``tf.data.Dataset``
         (:func:`rowstore.tf.make_dataset`) of ``num_epochs`` epochs (None: repeated without end)."""
         from rowstore.tf import make_dataset
@@ -372,11 +472,19 @@ class SparkDatasetConverter:
             shuffle = "block"
         elif shuffle is False:
             shuffle = "none"
-        yield make_dataset(self.path, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle, seed=seed,
-                           shard=shard, **dataset_kwargs)  # fmt: skip
+        yield make_dataset(
+            self.path,
+            batch_size=batch_size,
+            num_epochs=num_epochs,
+            shuffle=shuffle,
+            seed=seed,
+            shard=shard,
+            **dataset_kwargs,
+        )
 
     def delete(self) -> None:
-        """Remove the cached copy (a later :func:`make_converter` of the DataFrame writes it again)."""
+        """Remove the cached copy (a later :func:`make_converter` of the DataFrame writes it
+        again)."""
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -384,7 +492,9 @@ def manifest_reader(path: str) -> Any:
     return Reader(path)
 
 
-def _shard(shard: tuple[int, int] | None, cur: int | None, count: int | None) -> tuple[int, int] | None:
+def _shard(
+    shard: tuple[int, int] | None, cur: int | None, count: int | None
+) -> tuple[int, int] | None:
     if cur is None and count is None:
         return shard
     if shard is not None or cur is None or count is None:
@@ -413,9 +523,15 @@ class _Epochs:
         return getattr(self.loader, name)
 
 
-def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None, schema: Schema | None = None,
-                   nullable: str = "data", shard_bytes: int = 64 << 20,
-                   **writer_kwargs: Any) -> SparkDatasetConverter:  # fmt: skip
+def make_converter(
+    df: DataFrame,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    schema: Schema | None = None,
+    nullable: str = "data",
+    shard_bytes: int = 64 << 20,
+    **writer_kwargs: Any,
+) -> SparkDatasetConverter:
     """Materialize ``df`` once as a rowstore dataset under ``cache_dir`` and return a converter
     (Petastorm's ``make_spark_converter``).
 
@@ -430,11 +546,15 @@ def make_converter(df: DataFrame, *, cache_dir: str | os.PathLike | None = None,
     if cache_dir is None:
         cache_dir = df.sparkSession.conf.get(CACHE_DIR_CONF, None)
         if not cache_dir:
-            raise ValueError(f"make_converter needs cache_dir= or the Spark conf {CACHE_DIR_CONF!r} "
-                             "(spark.conf.set(rowstore.spark.CACHE_DIR_CONF, 'file:///tmp/cache'))")  # fmt: skip
+            raise ValueError(
+                f"make_converter needs cache_dir= or the Spark conf {CACHE_DIR_CONF!r} "
+                "(spark.conf.set(rowstore.spark.CACHE_DIR_CONF, 'file:///tmp/cache'))"
+            )
     parent = os.path.abspath(local_path(cache_dir))
     path = os.path.join(parent, f"rowstore-{_plan_key(df, schema)}")
     if manifest.is_dataset(path):
         return SparkDatasetConverter(path, cached=True)
-    to_rowstore(df, path, schema=schema, nullable=nullable, shard_bytes=shard_bytes, **writer_kwargs)
+    to_rowstore(
+        df, path, schema=schema, nullable=nullable, shard_bytes=shard_bytes, **writer_kwargs
+    )
     return SparkDatasetConverter(path, cached=False)

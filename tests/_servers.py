@@ -73,8 +73,11 @@ def _moto_process():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -92,14 +95,22 @@ def _moto_process():
 def _make_bucket(endpoint: str, bucket: str) -> None:
     import boto3
 
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
     """fsspec storage_options for a moto endpoint (or a proxy in front of it)."""
-    return {"key": "testing", "secret": "testing",
-            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
 
 
 # -- HTTP with Range ---------------------------------------------------------------------------
@@ -114,7 +125,11 @@ class _RangeHandler(SimpleHTTPRequestHandler):
 
     def _etag(self, path: str) -> str:
         st = os.stat(path)
-        return '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'
+        return (
+            '"'
+            + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest()
+            + '"'
+        )
 
     def _target(self) -> str | None:
         path = self.translate_path(self.path.split("?", 1)[0])
@@ -170,7 +185,9 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", etag)
-        self.send_header("Last-Modified", email.utils.formatdate(os.path.getmtime(path), usegmt=True))
+        self.send_header(
+            "Last-Modified", email.utils.formatdate(os.path.getmtime(path), usegmt=True)
+        )
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         if rng and mode == "unsized-body":  # no length: the body ends when the connection does
@@ -200,7 +217,9 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
 
-        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):  # a client that hung up is normal
+        if not isinstance(
+            sys.exc_info()[1], (ConnectionError, OSError)
+        ):  # a client that hung up is normal
             super().handle_error(request, client_address)
 
 
@@ -240,8 +259,10 @@ def http_process(root: str):
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import sys, time; sys.path.insert(0, {here!r}); import _servers; "
-            f"s = _servers.RangeHTTPServer({root!r}); print(s.url, flush=True); time.sleep(1e9)")
+    code = (
+        f"import sys, time; sys.path.insert(0, {here!r}); import _servers; "
+        f"s = _servers.RangeHTTPServer({root!r}); print(s.url, flush=True); time.sleep(1e9)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -267,12 +288,24 @@ class FaultProxy:
     Range answers). ``ranged`` counts ranged GETs, ``injected`` the faults injected.
     """
 
-    def __init__(self, upstream: str, *, latency: float = 0.0, stall: float | None = None,
-                 fault: Callable[[int, bytes], str | None] | None = None, every_request: bool = False,
-                 cut: int = 100):
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        latency: float = 0.0,
+        stall: float | None = None,
+        fault: Callable[[int, bytes], str | None] | None = None,
+        every_request: bool = False,
+        cut: int = 100,
+    ):
         self.up_host, up_port = upstream.rsplit(":", 1)
         self.up_port = int(up_port)
-        self.latency, self.stall, self.fault, self.every_request = latency, stall, fault, every_request
+        self.latency, self.stall, self.fault, self.every_request = (
+            latency,
+            stall,
+            fault,
+            every_request,
+        )
         self.cut = cut
         self.ranged = 0
         self.injected = 0
@@ -294,7 +327,9 @@ class FaultProxy:
 
     def _decide(self, head: bytes) -> str | None:
         ranged = head.startswith(b"GET ") and b"\r\nrange:" in head.lower()
-        if not ranged and not (self.every_request and head[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST")):
+        if not ranged and not (
+            self.every_request and head[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST")
+        ):
             return None
         with self._lock:
             self.ranged += 1
@@ -320,13 +355,18 @@ class FaultProxy:
                     break
                 action = self._decide(data)
                 if action == "503":
-                    cwriter.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    cwriter.write(
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: "
+                        b"close\r\n\r\n"
+                    )
                     await cwriter.drain()
                     break
                 if action == "reset":
                     sock = cwriter.get_extra_info("socket")
                     if sock is not None:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        sock.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
                     break
                 if action == "stall":  # until close() cancels it, or ``stall`` seconds
                     forever = asyncio.get_running_loop().create_future()
@@ -351,19 +391,27 @@ class FaultProxy:
                     pass
 
     @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict | None = None) -> None:
+    async def _pump(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict | None = None
+    ) -> None:
         try:
             while True:
                 data = await reader.read(1 << 18)
                 if not data:
                     break
-                keep = FaultProxy._cut(conn, data) if conn is not None and conn["cut"] is not None else None
+                keep = (
+                    FaultProxy._cut(conn, data)
+                    if conn is not None and conn["cut"] is not None
+                    else None
+                )
                 if keep is not None:  # a "cut" response: its first bytes, then a TCP RST
                     writer.write(data[:keep])
                     await writer.drain()
                     sock = writer.get_extra_info("socket")
                     if sock is not None:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        sock.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
                     writer.transport.abort()
                     break
                 writer.write(data)
@@ -397,6 +445,7 @@ class FaultProxy:
     def close(self) -> None:
         """Stop listening, end every connection (a stall too), then the loop (left open: a
         transport collected later must not find it closed)."""
+
         async def stop() -> None:
             self.server.close()
             me = asyncio.current_task()

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-INSTALL_JAVA = "Spark tests need Java 17: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
+INSTALL_JAVA = (
+    "Spark tests need Java 17: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
+)
 
 
 def java_ok() -> str | None:

@@ -41,20 +41,24 @@ def all_kinds_schema(*, nullable: bool = False) -> Schema:
     """One field of every storage kind: fixed arrays and scalars inline, str/bytes, variable 1-D
     and N-D arrays, a PNG image and a bool. With ``nullable`` every field accepts None."""
     n = nullable
-    return Schema([
-        Field("fixed", "float32", (2, 3), nullable=n),
-        Field("label", "int64", nullable=n),
-        Field("flag", "bool", nullable=n),
-        Field("text", "str", nullable=n),
-        Field("blob", "bytes", nullable=n),
-        Field("wave", "float32", (None,), nullable=n),
-        Field("grid", "int16", (None, 3, None), nullable=n),
-        Field("image", "uint8", (6, 5, 3), codec={"id": "png", "level": 1}, nullable=n),
-    ])  # fmt: skip
+    return Schema(
+        [
+            Field("fixed", "float32", (2, 3), nullable=n),
+            Field("label", "int64", nullable=n),
+            Field("flag", "bool", nullable=n),
+            Field("text", "str", nullable=n),
+            Field("blob", "bytes", nullable=n),
+            Field("wave", "float32", (None,), nullable=n),
+            Field("grid", "int16", (None, 3, None), nullable=n),
+            Field("image", "uint8", (6, 5, 3), codec={"id": "png", "level": 1}, nullable=n),
+        ]
+    )
 
 
 # -- values ---------------------------------------------------------------------------------
-def _random_numbers(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _random_numbers(
+    rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]
+) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype.kind == "b":
         return rng.random(shape) < 0.5
@@ -68,7 +72,9 @@ def _random_numbers(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int,
     raise AssertionError(f"no generator for {dtype}")
 
 
-def smooth_image(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+def smooth_image(
+    rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = np.uint8
+) -> np.ndarray:
     """A smooth gradient image (JPEG reproduces it closely)."""
     h, w = shape[:2]
     top = np.iinfo(np.dtype(dtype)).max
@@ -94,8 +100,9 @@ def make_value(field: Field, rng: np.random.Generator, *, max_len: int = 5) -> A
     return _random_numbers(rng, field.dtype, shape)
 
 
-def make_rows(schema: Schema, n: int, *, seed: int = 0, null_rate: float = 0.25,
-              max_len: int = 5) -> list[dict[str, Any]]:
+def make_rows(
+    schema: Schema, n: int, *, seed: int = 0, null_rate: float = 0.25, max_len: int = 5
+) -> list[dict[str, Any]]:
     """``n`` deterministic random rows; nullable fields are None at about ``null_rate``."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -117,15 +124,25 @@ def rows_to_columns(schema: Schema, rows: Sequence[Mapping[str, Any]]) -> dict[s
     for f in schema:
         vals = [r[f.name] for r in rows]
         if f.inline and all(v is not None for v in vals):
-            cols[f.name] = np.stack([np.asarray(v, dtype=f.dtype) for v in vals]) if vals else np.zeros((0,) + f.shape, f.dtype)
+            cols[f.name] = (
+                np.stack([np.asarray(v, dtype=f.dtype) for v in vals])
+                if vals
+                else np.zeros((0,) + f.shape, f.dtype)
+            )
         else:
             cols[f.name] = vals
     return cols
 
 
 # -- files ----------------------------------------------------------------------------------
-def write_file(path: str | os.PathLike, schema: Schema, rows: Sequence[Mapping[str, Any]], *,
-               batch: bool = False, **writer_kwargs: Any) -> str:
+def write_file(
+    path: str | os.PathLike,
+    schema: Schema,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    batch: bool = False,
+    **writer_kwargs: Any,
+) -> str:
     """Write ``rows`` with one ``Writer`` (row by row, or in one ``write_batch``); return path."""
     with rowstore.Writer(path, schema, **writer_kwargs) as w:
         if batch:
@@ -165,14 +182,17 @@ def assert_value_equal(expected: Any, got: Any, field: Field, where: str = "") -
     assert got_arr.dtype == field.dtype, f"{ctx}: dtype {got_arr.dtype} != {field.dtype}"
     assert got_arr.shape == exp.shape, f"{ctx}: shape {got_arr.shape} != {exp.shape}"
     if field.codec["id"] == "jpeg":
-        err = np.abs(got_arr.astype(np.float64) - exp.astype(np.float64)).mean() if exp.size else 0.0
+        err = (
+            np.abs(got_arr.astype(np.float64) - exp.astype(np.float64)).mean() if exp.size else 0.0
+        )
         assert err < 3, f"{ctx}: jpeg mean abs error {err:.2f} >= 3"
         return
     assert got_arr.tobytes() == exp.tobytes(), f"{ctx}: values differ:\n{got_arr!r}\n!=\n{exp!r}"
 
 
-def assert_rows_equal(schema: Schema, expected: Sequence[Mapping[str, Any]],
-                      got: Sequence[Mapping[str, Any]]) -> None:
+def assert_rows_equal(
+    schema: Schema, expected: Sequence[Mapping[str, Any]], got: Sequence[Mapping[str, Any]]
+) -> None:
     assert len(got) == len(expected), f"{len(got)} rows read, {len(expected)} written"
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         assert set(g) == set(schema.names), f"row {i}: keys {sorted(g)}"
@@ -180,7 +200,9 @@ def assert_rows_equal(schema: Schema, expected: Sequence[Mapping[str, Any]],
             assert_value_equal(e.get(f.name), g[f.name], f, f"row {i}: ")
 
 
-def assert_batch_equal(schema: Schema, expected: Sequence[Mapping[str, Any]], batch: Mapping[str, Any]) -> None:
+def assert_batch_equal(
+    schema: Schema, expected: Sequence[Mapping[str, Any]], batch: Mapping[str, Any]
+) -> None:
     """Check a ``take`` batch (ragged varlen) against the rows it should hold."""
     n = len(expected)
     for f in schema:
@@ -201,22 +223,36 @@ def files_in(directory: str | os.PathLike) -> list[str]:
     return sorted(os.listdir(directory))
 
 
-def run_python(code: str, *args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *args: str, timeout: float = 120, **kwargs: Any
+) -> subprocess.CompletedProcess:
     """Run ``code`` with this interpreter in a fresh process (text output captured; ``timeout``
     is a hang guard, scaled by ``ROWSTORE_TEST_TIMEOUT_SCALE``: tests/helpers.py)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
-                          text=True, timeout=scaled(timeout), **kwargs)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
+        **kwargs,
+    )
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_example(name: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+def run_example(
+    name: str, *args: str, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
     """Run ``examples/<name>`` with this interpreter, this checkout's rowstore first on
     ``PYTHONPATH`` (worker processes the example starts import it too), extra ``env`` set."""
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *args], capture_output=True,
-                          text=True, timeout=scaled(timeout), env={**os.environ, "PYTHONPATH": path, **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", name), *args],
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
+        env={**os.environ, "PYTHONPATH": path, **env},
+    )
 
 
 # -- fixtures -------------------------------------------------------------------------------
@@ -261,7 +297,6 @@ def rs() -> _Helpers:
     return _Helpers()
 
 
-
 # -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
 from _servers import http_factory, s3_server  # noqa: E402, F401
 from helpers import scaled  # noqa: E402
@@ -278,8 +313,12 @@ def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                        for m in item.iter_markers("xdist_group")})
+        names = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
         if not names or item.nodeid.endswith("@" + "_".join(names)):
             continue
         grouped = f"{item.nodeid}@{'_'.join(names)}"
@@ -309,6 +348,7 @@ def dask_cluster():
     process. Its users are marked ``xdist_group("dask")`` so that under ``-n 2 --dist loadgroup``
     one worker runs them all; each module makes its own ``Client`` of it."""
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=40) as cluster:  # fmt: skip
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
+    ) as cluster:
         yield cluster

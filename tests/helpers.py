@@ -38,6 +38,7 @@ def wait_until(done: Callable[[], object], timeout: float = 30.0, interval: floa
         time.sleep(interval)
     return True
 
+
 def peak_allocations(call: Callable[[], Any]) -> tuple[Exception | None, int]:
     """``call()``'s error (None if it returned) and the peak of Python allocations while it
     ran (all threads; numpy's buffers count, libraries' own C allocations do not)."""

@@ -33,7 +33,8 @@ def _import_adapter(mode: str):
         return importlib.import_module(_MODULES[mode])
     except ModuleNotFoundError as exc:
         raise ModeUnavailableError(
-            f"--mode {mode} needs {_FRAMEWORK[mode]} ({exc}); install it, e.g. pip install 'rowstore[{_FRAMEWORK[mode].replace('tensorflow', 'tf')}]'"
+            f"--mode {mode} needs {_FRAMEWORK[mode]} ({exc}); install it, e.g. pip install "
+            f"'rowstore[{_FRAMEWORK[mode].replace('tensorflow', 'tf')}]'"
         ) from exc
 
 
@@ -47,7 +48,9 @@ def check_mode(mode: str) -> None:
     if mode not in _MODULES:
         raise ValueError(f"unknown mode {mode!r}; expected numpy, torch, torch-batched or tf")
     if find_spec(_FRAMEWORK[mode]) is None:
-        raise ModeUnavailableError(f"--mode {mode} needs {_FRAMEWORK[mode]}, which is not installed")
+        raise ModeUnavailableError(
+            f"--mode {mode} needs {_FRAMEWORK[mode]}, which is not installed"
+        )
 
 
 def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any]):
@@ -55,17 +58,30 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
     mode = opts.get("mode", "numpy")
     B = opts["batch_size"]
     threads = opts.get("threads") or None
-    shuffle, seed, window = opts.get("shuffle", "block"), opts.get("seed", 0), opts.get("window", 16)
+    shuffle, seed, window = (
+        opts.get("shuffle", "block"),
+        opts.get("seed", 0),
+        opts.get("window", 16),
+    )
     # opts["path"], not layout.path: that of a list of paths is their names joined, not a path.
-    remote = {"storage_options": opts["storage_options"]} if opts.get("storage_options") is not None else {}
-    reader = Reader(opts["path"], verify=opts.get("verify", True), num_threads=threads, **remote)  # a fresh reader
+    remote = (
+        {"storage_options": opts["storage_options"]}
+        if opts.get("storage_options") is not None
+        else {}
+    )
+    reader = Reader(
+        opts["path"], verify=opts.get("verify", True), num_threads=threads, **remote
+    )  # a fresh reader
     threads = reader.num_threads
     label = f"rowstore {shuffle}"
     if mode != "numpy":
         label = f"rowstore {mode} {shuffle}"
     label += f" B={B} t={threads}" + (f" W={window}" if shuffle == "block" else "")
     verify = opts.get("verify", True)
-    info: dict[str, Any] = {"threads": threads, "checks": "always" if verify == "always" else "on" if verify else "off"}
+    info: dict[str, Any] = {
+        "threads": threads,
+        "checks": "always" if verify == "always" else "on" if verify else "off",
+    }
     extra_close: list = []
 
     def quality() -> float:
@@ -74,20 +90,42 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
     if mode == "numpy":
 
         def epoch(k: int) -> Iterator[dict]:
-            return reader.batches(B, shuffle=shuffle, seed=seed, epoch=k, window=window, fields=names, num_threads=threads)
+            return reader.batches(
+                B,
+                shuffle=shuffle,
+                seed=seed,
+                epoch=k,
+                window=window,
+                fields=names,
+                num_threads=threads,
+            )
 
     elif mode == "tf":
         rtf = _import_adapter("tf")
-        kw = dict(batch_size=B, shuffle=shuffle, seed=seed, fields=names, window=window, num_threads=threads,
-                  num_epochs=1)
+        kw = dict(
+            batch_size=B,
+            shuffle=shuffle,
+            seed=seed,
+            fields=names,
+            window=window,
+            num_threads=threads,
+            num_epochs=1,
+        )
 
         def epoch(k: int) -> Iterator[dict]:
             return iter(rtf.make_dataset(reader, epoch=k, **kw))
 
     elif mode == "torch-batched":
         rt = _import_adapter("torch-batched")
-        loader = rt.BatchedDataLoader(reader, batch_size=B, shuffle=shuffle, seed=seed, fields=names,
-                                      num_threads=threads, window=window)  # fmt: skip
+        loader = rt.BatchedDataLoader(
+            reader,
+            batch_size=B,
+            shuffle=shuffle,
+            seed=seed,
+            fields=names,
+            num_threads=threads,
+            window=window,
+        )
         extra_close.append(loader.close)
 
         def epoch(k: int) -> Iterator[dict]:
@@ -100,8 +138,12 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
 
         workers = int(opts.get("workers") or 0)
         ds = rt.Dataset(reader, fields=names)
-        dl_kw: dict[str, Any] = {"batch_size": B, "num_workers": workers, "shuffle": shuffle != "none",
-                                 "collate_fn": rt.collate}  # fmt: skip
+        dl_kw: dict[str, Any] = {
+            "batch_size": B,
+            "num_workers": workers,
+            "shuffle": shuffle != "none",
+            "collate_fn": rt.collate,
+        }
         if workers:
             dl_kw["persistent_workers"] = False
         info["workers"] = workers
@@ -115,7 +157,9 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
             # shuffle_quality takes row ids (id // rows_per_block is the block), not row numbers:
             # they differ on a dataset whose shards have partial or smaller blocks.
             ids = reader.layout.ids(uniform_order(len(reader), seed, 0))
-            return _order.shuffle_quality(ids, reader.layout.rows_per_block, reader.layout.num_blocks, B)
+            return _order.shuffle_quality(
+                ids, reader.layout.rows_per_block, reader.layout.num_blocks, B
+            )
 
         def epoch(k: int) -> Iterator[dict]:
             import torch
@@ -133,6 +177,14 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
         for c in closers:
             c()
 
-    return Source(label=label, description=MODES[mode], names=names, epoch=epoch, shuffle_quality=quality,
-                  num_batches=reader.num_batches(B), info=info, close=close,
-                  var_dims=var_dims_of(reader.schema.select(names)))
+    return Source(
+        label=label,
+        description=MODES[mode],
+        names=names,
+        epoch=epoch,
+        shuffle_quality=quality,
+        num_batches=reader.num_batches(B),
+        info=info,
+        close=close,
+        var_dims=var_dims_of(reader.schema.select(names)),
+    )

@@ -32,15 +32,32 @@ from rowstore.bench import adapters, measure, report, runner, sources
 from rowstore.demo import DEMOS, default_cache_dir, make_demo
 from rowstore.errors import RowstoreError
 
-__all__ = ["main", "run", "build_parser", "parse_sweep", "demo_path", "bench_cache_dir", "npy_export_dir",
-           "clean_cache"]
+__all__ = [
+    "main",
+    "run",
+    "build_parser",
+    "parse_sweep",
+    "demo_path",
+    "bench_cache_dir",
+    "npy_export_dir",
+    "clean_cache",
+]
 
 DEFAULT_BASELINES = ("h5py-row", "tables-block", "memmap")
 #: Rows timed for the h5py per-row baseline (at a few thousand rows/s, an epoch would take long).
 PER_ROW_ROWS = 5_000
-_SWEEP_KEYS = {"threads": "threads", "t": "threads", "batch": "batch_size", "batch_size": "batch_size",
-               "b": "batch_size", "window": "window", "w": "window", "shuffle": "shuffle",
-               "workers": "workers", "mode": "mode"}  # fmt: skip
+_SWEEP_KEYS = {
+    "threads": "threads",
+    "t": "threads",
+    "batch": "batch_size",
+    "batch_size": "batch_size",
+    "b": "batch_size",
+    "window": "window",
+    "w": "window",
+    "shuffle": "shuffle",
+    "workers": "workers",
+    "mode": "mode",
+}
 
 
 def bench_cache_dir(cache_dir: str | None = None) -> str:
@@ -97,20 +114,28 @@ def clean_cache(cache_dir: str | None = None) -> tuple[int, int, str]:
 
 
 def demo_path(name: str, rows: int | None = None, cache_dir: str | None = None) -> str:
-    """The cache path of demo ``name`` with ``rows`` rows (same naming as ``python -m rowstore.demo``)."""
+    """The cache path of demo ``name`` with ``rows`` rows (same naming as ``python -m
+    rowstore.demo``)."""
     if name not in DEMOS:
-        raise SystemExit(f"rowstore-bench: unknown demo {name!r}; choose from {', '.join(sorted(DEMOS))}")
+        raise SystemExit(
+            f"rowstore-bench: unknown demo {name!r}; choose from {', '.join(sorted(DEMOS))}"
+        )
     rows = DEMOS[name][0] if rows is None else rows
     return os.path.join(cache_dir or default_cache_dir(), f"{name}-{rows}.h5")
 
 
-def ensure_demo(name: str, rows: int | None = None, cache_dir: str | None = None, *, log=None) -> str:
+def ensure_demo(
+    name: str, rows: int | None = None, cache_dir: str | None = None, *, log=None
+) -> str:
     """Write demo ``name`` into the cache unless it is there already; return its path."""
     path = demo_path(name, rows, cache_dir)
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if log:
-            log(f"writing demo dataset {name!r} ({rows if rows is not None else 'default'} rows) to {path} ...")
+            log(
+                f"writing demo dataset {name!r} ({rows if rows is not None else 'default'} rows) "
+                f"to {path} ..."
+            )
         t = time.perf_counter()
         make_demo(name, path, rows)
         if log:
@@ -124,8 +149,11 @@ def parse_sweep(items: list[str]) -> list[dict[str, Any]]:
     for it in items:
         key, sep, vals = it.partition("=")
         if not sep or key.strip().lower() not in _SWEEP_KEYS:
-            raise SystemExit(f"rowstore-bench: --sweep takes KEY=V1,V2,... with KEY in threads, batch, window, shuffle, "
-                             f"workers, mode; got {it!r}")
+            raise SystemExit(
+                f"rowstore-bench: --sweep takes KEY=V1,V2,... with KEY in threads, batch, window, "
+                f"shuffle, "
+                f"workers, mode; got {it!r}"
+            )
         k = _SWEEP_KEYS[key.strip().lower()]
         parsed: list[Any] = []
         for v in vals.split(","):
@@ -138,55 +166,153 @@ def parse_sweep(items: list[str]) -> list[dict[str, Any]]:
                 try:
                     parsed.append(int(v))
                 except ValueError:
-                    raise SystemExit(f"rowstore-bench: --sweep {key}: {v!r} is not an integer") from None
+                    raise SystemExit(
+                        f"rowstore-bench: --sweep {key}: {v!r} is not an integer"
+                    ) from None
         if not parsed:
             raise SystemExit(f"rowstore-bench: --sweep {key} has no values")
         axes.append((k, parsed))
-    return [dict(zip([a for a, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+    return [
+        dict(zip([a for a, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rowstore-bench",
-        description="Measure how fast a rowstore dataset reads (warm page cache), optionally against "
-                    "h5py, PyTables and numpy memmap baselines and the memcpy ceiling.",
+        description="Measure how fast a rowstore dataset reads (warm page cache), optionally "
+        "against "
+        "h5py, PyTables and numpy memmap baselines and the memcpy ceiling.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  rowstore-bench --demo tiny --compare\n  rowstore-bench data.h5 --threads 2 --batch-size 256"
-               "\n  rowstore-bench data.h5 --sweep threads=1,2 batch=64,256 window=4,16 --plot sweep.png",
-    )  # fmt: skip
-    p.add_argument("path", nargs="?", help="a rowstore .h5 file or dataset directory, or a URL (s3://, http(s)://, "
-                                           "gs://... read by ranged requests)")
-    p.add_argument("--storage-options", metavar="JSON", type=json.loads, default=None,
-                   help="fsspec storage_options for a URL, as JSON (e.g. '{\"anon\": true}')")
-    p.add_argument("--demo", metavar="NAME", help="generate (once, cached) and measure a demo dataset: tiny, patch, image, speech, hello")
-    p.add_argument("--rows", type=int, help="rows of the demo dataset (default: the demo's default size)")
-    p.add_argument("-m", "--warmup", type=int, default=10, help="warm-up batches per repeat, not timed (default 10)")
-    p.add_argument("-n", "--measure", type=int, default=None, help="batches timed per repeat (default: the rest of the epoch)")
+        epilog="examples:\n  rowstore-bench --demo tiny --compare\n  rowstore-bench data.h5 "
+        "--threads 2 --batch-size 256"
+        "\n  rowstore-bench data.h5 --sweep threads=1,2 batch=64,256 window=4,16 --plot sweep.png",
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        help="a rowstore .h5 file or dataset directory, or a URL (s3://, http(s)://, "
+        "gs://... read by ranged requests)",
+    )
+    p.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        type=json.loads,
+        default=None,
+        help="fsspec storage_options for a URL, as JSON (e.g. '{\"anon\": true}')",
+    )
+    p.add_argument(
+        "--demo",
+        metavar="NAME",
+        help="generate (once, cached) and measure a demo dataset: "
+        "tiny, patch, image, speech, hello",
+    )
+    p.add_argument(
+        "--rows", type=int, help="rows of the demo dataset (default: the demo's default size)"
+    )
+    p.add_argument(
+        "-m",
+        "--warmup",
+        type=int,
+        default=10,
+        help="warm-up batches per repeat, not timed (default 10)",
+    )
+    p.add_argument(
+        "-n",
+        "--measure",
+        type=int,
+        default=None,
+        help="batches timed per repeat (default: the rest of the epoch)",
+    )
     p.add_argument("--batch-size", "-b", type=int, default=256, help="rows per batch (default 256)")
-    p.add_argument("--threads", "-t", type=int, default=None, help="reader threads (default: the reader's, min(4, cores))")
-    p.add_argument("--mode", default="numpy", choices=list(sources.MODES), help="how batches are consumed (default numpy)")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers for --mode torch (default 0)")
-    p.add_argument("--shuffle", default="block", choices=["block", "full", "none"], help="epoch order (default block)")
-    p.add_argument("--window", type=int, default=16, help="blocks mixed together in block shuffling (default 16)")
+    p.add_argument(
+        "--threads",
+        "-t",
+        type=int,
+        default=None,
+        help="reader threads (default: the reader's, min(4, cores))",
+    )
+    p.add_argument(
+        "--mode",
+        default="numpy",
+        choices=list(sources.MODES),
+        help="how batches are consumed (default numpy)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=0, help="DataLoader workers for --mode torch (default 0)"
+    )
+    p.add_argument(
+        "--shuffle",
+        default="block",
+        choices=["block", "full", "none"],
+        help="epoch order (default block)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=16,
+        help="blocks mixed together in block shuffling (default 16)",
+    )
     p.add_argument("--fields", nargs="+", help="read only these fields")
-    p.add_argument("--repeats", type=int, default=3, help="measured repeats; figures are their medians (default 3)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measured repeats; figures are their medians (default 3)",
+    )
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    p.add_argument("--time-limit", type=float, default=3.0,
-                   help="stop a repeat's timed phase after this many seconds and extrapolate (default 3)")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="read with verify=False: no CRC checks (the checks column says off)")
-    p.add_argument("--compare", action="store_true", help="also measure the baselines and memcpy in the same run")
-    p.add_argument("--baselines", nargs="+", choices=list(sources.BASELINES), default=list(DEFAULT_BASELINES),
-                   help=f"baselines for --compare (default: {' '.join(DEFAULT_BASELINES)})")
-    p.add_argument("--memcpy-mib", type=int, default=1024, help="buffer size of the memcpy measurement (default 1024 MiB)")
-    p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="a grid, e.g. threads=1,2 batch=64,256 window=4,16")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=3.0,
+        help="stop a repeat's timed phase after this many seconds and extrapolate (default 3)",
+    )
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="read with verify=False: no CRC checks (the checks column says off)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also measure the baselines and memcpy in the same run",
+    )
+    p.add_argument(
+        "--baselines",
+        nargs="+",
+        choices=list(sources.BASELINES),
+        default=list(DEFAULT_BASELINES),
+        help=f"baselines for --compare (default: {' '.join(DEFAULT_BASELINES)})",
+    )
+    p.add_argument(
+        "--memcpy-mib",
+        type=int,
+        default=1024,
+        help="buffer size of the memcpy measurement (default 1024 MiB)",
+    )
+    p.add_argument(
+        "--sweep",
+        nargs="+",
+        metavar="KEY=V1,V2",
+        help="a grid, e.g. threads=1,2 batch=64,256 window=4,16",
+    )
     p.add_argument("--json", metavar="OUT", help="write all figures as JSON")
-    p.add_argument("--plot", metavar="OUT.png", help="write a bar chart of throughput per configuration")
-    p.add_argument("--cache-dir", help="where demo datasets and .npy exports go, reused from run to run (default: "
-                                       "$ROWSTORE_BENCH_CACHE, $ROWSTORE_CACHE, $XDG_CACHE_HOME/rowstore/bench or "
-                                       "~/.cache/rowstore/bench)")
-    p.add_argument("--clean-cache", action="store_true",
-                   help="remove the .npy exports of --compare from the cache (after the run if there is one; "
-                        "alone, without PATH or --demo, just that)")
+    p.add_argument(
+        "--plot", metavar="OUT.png", help="write a bar chart of throughput per configuration"
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="where demo datasets and .npy exports go, reused from run to run (default: "
+        "$ROWSTORE_BENCH_CACHE, $ROWSTORE_CACHE, $XDG_CACHE_HOME/rowstore/bench or "
+        "~/.cache/rowstore/bench)",
+    )
+    p.add_argument(
+        "--clean-cache",
+        action="store_true",
+        help="remove the .npy exports of --compare from the cache (after the run if there is one; "
+        "alone, without PATH or --demo, just that)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return p
 
@@ -209,8 +335,15 @@ class _Progress:
             )
         except ImportError:  # pragma: no cover
             return
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("repeats"),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("repeats"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.task = self.bar.add_task("", total=total)
         self.bar.start()
 
@@ -233,12 +366,22 @@ def _dataset_info(path: str, storage_options: dict | None = None) -> dict[str, A
     or at a URL."""
     L = sources.open_layout(path, storage_options)
     return {
-        "path": storage.absolute(path), "rows": L.num_rows, "fields": L.schema.names, "row_bytes": L.row_dtype.itemsize,
-        "rows_per_block": L.rows_per_block, "blocks": L.num_blocks, "block_bytes": L.block_raw_bytes,
-        "heap_bytes": L.heap_nbytes, "raw_bytes": L.raw_nbytes, "stored_bytes": L.stored_nbytes,
-        "file_bytes": L.file_size, "compression": L.compression, "demo": L.user_attrs.get("demo"),
-        "shards": L.num_shards, "version": L.version,
-    }  # fmt: skip
+        "path": storage.absolute(path),
+        "rows": L.num_rows,
+        "fields": L.schema.names,
+        "row_bytes": L.row_dtype.itemsize,
+        "rows_per_block": L.rows_per_block,
+        "blocks": L.num_blocks,
+        "block_bytes": L.block_raw_bytes,
+        "heap_bytes": L.heap_nbytes,
+        "raw_bytes": L.raw_nbytes,
+        "stored_bytes": L.stored_nbytes,
+        "file_bytes": L.file_size,
+        "compression": L.compression,
+        "demo": L.user_attrs.get("demo"),
+        "shards": L.num_shards,
+        "version": L.version,
+    }
 
 
 def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
@@ -254,7 +397,11 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     remote = options is not None
     if not remote and not os.path.exists(path):
         raise SystemExit(f"rowstore-bench: no such file or dataset: {path}")
-    for name, v in (("--batch-size", args.batch_size), ("--repeats", args.repeats), ("--window", args.window)):
+    for name, v in (
+        ("--batch-size", args.batch_size),
+        ("--repeats", args.repeats),
+        ("--window", args.window),
+    ):
         if v < 1:
             raise SystemExit(f"rowstore-bench: {name} must be >= 1, got {v}")
     if args.warmup < 0 or (args.measure is not None and args.measure < 1):
@@ -266,9 +413,16 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     notes = []
     if remote and warmup:
         warmup = 0
-        notes.append(f"-m {args.warmup} not applied to a URL: every timed epoch starts before its first request "
-                     "(warm-up batches would time batches the reader had already prefetched)")
-    fields = list(sources.open_layout(path, so).schema.select(args.fields).names) if args.fields else None
+        notes.append(
+            f"-m {args.warmup} not applied to a URL: every timed epoch starts before its first "
+            f"request "
+            "(warm-up batches would time batches the reader had already prefetched)"
+        )
+    fields = (
+        list(sources.open_layout(path, so).schema.select(args.fields).names)
+        if args.fields
+        else None
+    )
     configs = parse_sweep(args.sweep) if args.sweep else [{}]
     modes = {c.get("mode", args.mode) for c in configs}
     for mode in modes:
@@ -278,10 +432,21 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
             raise SystemExit(f"rowstore-bench: {exc}") from None
 
     base = {
-        "path": path, "fields": fields, "batch_size": args.batch_size, "shuffle": args.shuffle, "window": args.window,
-        "seed": args.seed, "threads": args.threads, "workers": args.workers, "mode": args.mode, "verify": args.verify,
-        "warmup": warmup, "measure": args.measure, "repeats": args.repeats, "time_limit": args.time_limit,
-    }  # fmt: skip
+        "path": path,
+        "fields": fields,
+        "batch_size": args.batch_size,
+        "shuffle": args.shuffle,
+        "window": args.window,
+        "seed": args.seed,
+        "threads": args.threads,
+        "workers": args.workers,
+        "mode": args.mode,
+        "verify": args.verify,
+        "warmup": warmup,
+        "measure": args.measure,
+        "repeats": args.repeats,
+        "time_limit": args.time_limit,
+    }
     if remote:
         base["storage_options"] = so
     specs = []
@@ -295,11 +460,16 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     npy_dir = None
     one_file = not remote and not os.path.isdir(path)
     if args.compare and remote:
-        notes.append("baselines skipped for a URL (bench/remote_bench.py compares h5py over fsspec); rowstore and "
-                     "memcpy were measured.")
+        notes.append(
+            "baselines skipped for a URL (bench/remote_bench.py compares h5py over fsspec); "
+            "rowstore and "
+            "memcpy were measured."
+        )
     elif args.compare and not one_file:
-        notes.append(f"baselines skipped: they read one HDF5 file, and {path} is a dataset directory "
-                     f"({info['shards']} shards); rowstore and memcpy were measured.")
+        notes.append(
+            f"baselines skipped: they read one HDF5 file, and {path} is a dataset directory "
+            f"({info['shards']} shards); rowstore and memcpy were measured."
+        )
     if args.compare and one_file:
         for kind in args.baselines:
             s = dict(base, kind=kind, threads=None, mode="numpy")
@@ -308,7 +478,10 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
             baseline_specs.append(_clamp(s, info["rows"]))
         if "memmap" in args.baselines:
             npy_dir = npy_export_dir(path, cache_dir)
-            log(f"exporting fields to .npy for the memmap baseline: {npy_dir} (reused; --clean-cache removes it)")
+            log(
+                f"exporting fields to .npy for the memmap baseline: {npy_dir} (reused; "
+                f"--clean-cache removes it)"
+            )
             sources.export_npy(path, npy_dir, fields=fields)
             for s in baseline_specs:
                 s["npy_dir"] = npy_dir
@@ -326,15 +499,37 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     try:
         if args.compare:
             progress.describe("memcpy")
-            memcpy = runner.run_spec({"kind": "memcpy", "nbytes": args.memcpy_mib << 20, "repeats": 5})
+            memcpy = runner.run_spec(
+                {"kind": "memcpy", "nbytes": args.memcpy_mib << 20, "repeats": 5}
+            )
         for s in specs + baseline_specs:
             progress.describe(s["kind"] if s["kind"] != "rowstore" else "rowstore " + _cfg_text(s))
-            res = runner.run_spec({k: v for k, v in s.items() if not k.startswith("_")}, on_event=progress.event)
+            res = runner.run_spec(
+                {k: v for k, v in s.items() if not k.startswith("_")}, on_event=progress.event
+            )
             res.setdefault("kind", s["kind"])
             if "label" not in res:
-                res["label"] = sources.describe(s["kind"], s.get("mode", "numpy"))[0] if s["kind"] != "rowstore" else "rowstore " + _cfg_text(s)
-            res["config"] = {k: s.get(k) for k in ("mode", "batch_size", "threads", "workers", "shuffle", "window", "warmup",
-                                                   "measure", "max_rows", "time_limit", "verify")}
+                res["label"] = (
+                    sources.describe(s["kind"], s.get("mode", "numpy"))[0]
+                    if s["kind"] != "rowstore"
+                    else "rowstore " + _cfg_text(s)
+                )
+            res["config"] = {
+                k: s.get(k)
+                for k in (
+                    "mode",
+                    "batch_size",
+                    "threads",
+                    "workers",
+                    "shuffle",
+                    "window",
+                    "warmup",
+                    "measure",
+                    "max_rows",
+                    "time_limit",
+                    "verify",
+                )
+            }
             results.append(res)
     finally:
         progress.stop()
@@ -342,14 +537,21 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     rs_results = [r for r in results if r["kind"] == "rowstore"]
     bl_results = [r for r in results if r["kind"] != "rowstore"]
     doc: dict[str, Any] = {
-        "tool": "rowstore-bench", "version": _version(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": measure.machine_info(), "dataset": info,
-        "cache": _REMOTE_CACHE if remote else
-                 f"warm: the file was read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)",
-        "method": "fresh process per configuration; per repeat a fresh epoch iterator, warm-up batches "
-                  "not timed, then the timed batches (every batch touched); medians of the repeats",
-        "settings": {k: v for k, v in base.items() if k != "path"}, "results": rs_results,
-    }  # fmt: skip
+        "tool": "rowstore-bench",
+        "version": _version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": measure.machine_info(),
+        "dataset": info,
+        "cache": _REMOTE_CACHE
+        if remote
+        else f"warm: the file was read once before measuring ({warmed / 1e6:,.0f} MB in "
+        f"{warm_s:.2f} s)",
+        "method": "fresh process per configuration; per repeat a fresh epoch iterator, warm-up "
+        "batches "
+        "not timed, then the timed batches (every batch touched); medians of the repeats",
+        "settings": {k: v for k, v in base.items() if k != "path"},
+        "results": rs_results,
+    }
     if args.compare:
         doc["baselines"] = bl_results
         doc["memcpy"] = memcpy
@@ -358,10 +560,17 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         ok = [r for r in rs_results if not r.get("error")]
         best = max(ok, key=lambda r: r["rows_per_s"]) if ok else None
         best_cfg = configs[rs_results.index(best)] if best else None
-        doc["sweep"] = {"grid": configs, "best": best["label"] if best else None, "best_config": best_cfg,
-                        "best_rows_per_s": best["rows_per_s"] if best else None}
-    doc["notes"] = notes + [f"{r['label']}: partial epoch ({_partial_text(r)}), rate extrapolated"
-                            for r in results if r.get("stopped_early")]
+        doc["sweep"] = {
+            "grid": configs,
+            "best": best["label"] if best else None,
+            "best_config": best_cfg,
+            "best_rows_per_s": best["rows_per_s"] if best else None,
+        }
+    doc["notes"] = notes + [
+        f"{r['label']}: partial epoch ({_partial_text(r)}), rate extrapolated"
+        for r in results
+        if r.get("stopped_early")
+    ]
     _print_report(doc, console=console, log=log)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -371,10 +580,15 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     if args.plot:
         mg = memcpy.get("gb_per_s") if memcpy and not memcpy.get("error") else None
         name = args.demo or os.path.basename(path)
-        report.plot([("", rs_results + bl_results)], args.plot, memcpy_gbps=mg,
-                    title=f"rowstore-bench: {name} ({info['rows']:,} rows), batch {args.batch_size}, "
-                          + ("remote epochs" if remote else "warm cache"),
-                    subtitle=f"{os.cpu_count()} CPUs; median of {args.repeats} repeats; MB/s = decoded bytes of the fields")
+        report.plot(
+            [("", rs_results + bl_results)],
+            args.plot,
+            memcpy_gbps=mg,
+            title=f"rowstore-bench: {name} ({info['rows']:,} rows), batch {args.batch_size}, "
+            + ("remote epochs" if remote else "warm cache"),
+            subtitle=f"{os.cpu_count()} CPUs; median of {args.repeats} repeats; MB/s = decoded "
+            f"bytes of the fields",
+        )
         log(f"plot written to {args.plot}")
     return doc
 
@@ -398,7 +612,8 @@ def _clamp(s: dict[str, Any], num_rows: int) -> dict[str, Any]:
 
 
 def _cfg_text(s: dict) -> str:
-    return f"{s.get('mode', 'numpy')} {s['shuffle']} B={s['batch_size']} t={s.get('threads') or 'auto'}"
+    threads = s.get("threads") or "auto"
+    return f"{s.get('mode', 'numpy')} {s['shuffle']} B={s['batch_size']} t={threads}"
 
 
 def _version() -> str:
@@ -421,11 +636,15 @@ def _compare(rs_results: list[dict], bl_results: list[dict], memcpy: dict | None
 
 
 #: What a URL's measurement reads (the report's ``cache``).
-_REMOTE_CACHE = ("remote: every epoch fetched over the network by ranged requests (nothing read before "
-                 "measuring, no local cache); timed from before the epoch's first request")
+_REMOTE_CACHE = (
+    "remote: every epoch fetched over the network by ranged requests (nothing read before "
+    "measuring, no local cache); timed from before the epoch's first request"
+)
 
 
-def _header(info: dict, args, warmed: int, warm_s: float, *, warmup: int | None = None, remote: bool = False) -> str:
+def _header(
+    info: dict, args, warmed: int, warm_s: float, *, warmup: int | None = None, remote: bool = False
+) -> str:
     warmup = args.warmup if warmup is None else warmup
     comp = info["compression"]
     comp_s = "uncompressed" if comp.get("id") == "none" else f"blosc2 {comp.get('cname')}"
@@ -433,12 +652,20 @@ def _header(info: dict, args, warmed: int, warm_s: float, *, warmup: int | None 
         f"dataset  {info['path']}\n"
         f"         {info['rows']:,} rows x {info['row_bytes']} B in the row table"
         + (f" + {info['heap_bytes'] / 1e6:,.0f} MB heap" if info["heap_bytes"] else "")
-        + f"; {info['blocks']:,} blocks of {'up to ' if info['shards'] > 1 else ''}{info['rows_per_block']:,} rows"
-        + (f" in {info['shards']:,} shards" if info["shards"] > 1 else "") + f"; {comp_s}\n"
-        + (f"remote   {_REMOTE_CACHE.split(': ', 1)[1]}\n" if remote else
-           f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in {warm_s:.2f} s)\n")
-        + f"method   fresh process per config; {args.repeats} repeats, medians; {warmup} warm-up batches per repeat "
-        f"not timed; timed: {'the rest of the epoch' if args.measure is None else f'{args.measure} batches'} "
+        + f"; {info['blocks']:,} blocks of "
+        f"{'up to ' if info['shards'] > 1 else ''}{info['rows_per_block']:,} rows"
+        + (f" in {info['shards']:,} shards" if info["shards"] > 1 else "")
+        + f"; {comp_s}\n"
+        + (
+            f"remote   {_REMOTE_CACHE.split(': ', 1)[1]}\n"
+            if remote
+            else f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in "
+            f"{warm_s:.2f} s)\n"
+        )
+        + f"method   fresh process per config; {args.repeats} repeats, medians; {warmup} warm-up "
+        f"batches per repeat "
+        f"not timed; timed: "
+        f"{'the rest of the epoch' if args.measure is None else f'{args.measure} batches'} "
         f"(at most {args.time_limit:g} s per repeat); every batch touched"
     )
 
@@ -455,10 +682,19 @@ def _print_report(doc: dict, *, console=None, log=print) -> None:
         except ImportError:  # pragma: no cover
             console = None
     remote = str(doc.get("cache", "")).startswith("remote")
-    report.render_table(results, mg, title="read throughput (" + ("remote epochs over the network" if remote else
-                                                                  "warm page cache") + ")", console=console)
+    report.render_table(
+        results,
+        mg,
+        title="read throughput ("
+        + ("remote epochs over the network" if remote else "warm page cache")
+        + ")",
+        console=console,
+    )
     if mg:
-        log(f"memcpy ceiling: {mg:.1f} GB/s (np.copyto of {memcpy['nbytes'] >> 20} MiB, median of {memcpy['repeats']})")
+        log(
+            f"memcpy ceiling: {mg:.1f} GB/s (np.copyto of {memcpy['nbytes'] >> 20} MiB, median of "
+            f"{memcpy['repeats']})"
+        )
     cmp_ = doc.get("compare")
     if cmp_ and cmp_.get("vs"):
         parts = [f"{v:,.1f}x {k}" for k, v in cmp_["vs"].items()]
@@ -472,7 +708,10 @@ def _print_report(doc: dict, *, console=None, log=print) -> None:
     if doc.get("sweep") and doc["sweep"].get("best"):
         sw = doc["sweep"]
         cfg = " ".join(f"{k}={v}" for k, v in sw["best_config"].items())
-        log(f"best configuration: {cfg}  ({sw['best']}: {report.fmt_rate(sw['best_rows_per_s'])} samples/s)")
+        log(
+            f"best configuration: {cfg}  ({sw['best']}: {report.fmt_rate(sw['best_rows_per_s'])} "
+            f"samples/s)"
+        )
     for n in doc.get("notes", []):
         log(f"note: {n}")
     for r in results:
@@ -506,5 +745,8 @@ def _clean(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"rowstore-bench: error: {exc}", file=sys.stderr)
         return 1
-    print(f"removed {count} .npy export{'s' if count != 1 else ''} ({freed / 1e6:,.1f} MB) from {root}")
+    print(
+        f"removed {count} .npy export{'s' if count != 1 else ''} ({freed / 1e6:,.1f} MB) from "
+        f"{root}"
+    )
     return 0

@@ -20,9 +20,17 @@ import numpy as np
 from rowstore.reader.buffers import Ragged
 
 __all__ = [
-    "touch", "batch_rows", "cpu_seconds", "rss_mb", "peak_rss_mb", "measure_iter", "summarize",
-    "memcpy_gbps", "warm_cache", "machine_info",
-]  # fmt: skip
+    "touch",
+    "batch_rows",
+    "cpu_seconds",
+    "rss_mb",
+    "peak_rss_mb",
+    "measure_iter",
+    "summarize",
+    "memcpy_gbps",
+    "warm_cache",
+    "machine_info",
+]
 
 #: Bytes between the sampled bytes that ``touch`` reads back from each array.
 _TOUCH_STRIDE = 4096
@@ -52,7 +60,8 @@ def touch(value: Any) -> tuple[int, int]:
     Returns ``(nbytes, checksum)``: ``nbytes`` are the bytes of the decoded values (arrays:
     ``nbytes``; :class:`Ragged`: its values; ``str``: characters; ``bytes``: length; ``None``: 0),
     ``checksum`` the count of non-zero values among one value every 4 KiB of each array (so
-    lazily produced data must exist). Readers decode the whole batch before handing it out; this proves it was handed.
+    lazily produced data must exist). Readers decode the whole batch before handing it out; this
+    proves it was handed.
     """
     v = _as_numpy(value)
     if v is None:
@@ -242,16 +251,26 @@ def measure_iter(
         del it
     seconds = te - ts
     return {
-        "rows": rows, "batches": batches, "last_batch_rows": last, "bytes": nbytes,
-        "seconds": seconds, "ttfb_s": ttfb, "cpu_percent": 100.0 * (cpu1 - cpu0) / seconds if seconds >= _MIN_CPU_S else None, "cpu_s": cpu1 - cpu0,
-        "warmup_batches": skipped, "stopped_early": stopped_early, "workers_rss_mb": workers_rss,
+        "rows": rows,
+        "batches": batches,
+        "last_batch_rows": last,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "ttfb_s": ttfb,
+        "cpu_percent": 100.0 * (cpu1 - cpu0) / seconds if seconds >= _MIN_CPU_S else None,
+        "cpu_s": cpu1 - cpu0,
+        "warmup_batches": skipped,
+        "stopped_early": stopped_early,
+        "workers_rss_mb": workers_rss,
         "rows_per_s": rows / seconds if seconds > 0 else None,
         "bytes_per_s": nbytes / seconds if seconds > 0 else None,
         "checksum": ck,
-    }  # fmt: skip
+    }
 
 
-def touch_batch(batch: dict, names: Sequence[str], var_dims: dict[str, tuple[int, ...]] | None = None) -> tuple[int, int]:
+def touch_batch(
+    batch: dict, names: Sequence[str], var_dims: dict[str, tuple[int, ...]] | None = None
+) -> tuple[int, int]:
     """:func:`touch` the values of the fields ``names`` of a batch (companion keys not counted).
 
     A variable-shape field delivered zero-padded (with its ``"<name>__shape"`` companion, the
@@ -268,7 +287,9 @@ def touch_batch(batch: dict, names: Sequence[str], var_dims: dict[str, tuple[int
             arr = _as_numpy(v)
             if isinstance(arr, np.ndarray) and arr.ndim >= 2:
                 shapes = np.asarray(_as_numpy(shp), dtype=np.int64).reshape(len(arr), -1)
-                dims = np.broadcast_to(np.asarray(arr.shape[1:], np.int64), (len(arr), arr.ndim - 1)).copy()
+                dims = np.broadcast_to(
+                    np.asarray(arr.shape[1:], np.int64), (len(arr), arr.ndim - 1)
+                ).copy()
                 dims[:, list(vdims)] = shapes
                 a = int(np.prod(dims, axis=1).sum()) * arr.itemsize
         nb += a
@@ -287,12 +308,16 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
     wall = sum(r["seconds"] for r in reps)
     cpu = 100.0 * sum(r.get("cpu_s", 0.0) for r in reps) / wall if wall >= _MIN_CPU_S else None
     return {
-        "rows_per_s": med("rows_per_s"), "bytes_per_s": med("bytes_per_s"), "ttfb_s": med("ttfb_s"),
-        "cpu_percent": cpu, "seconds": med("seconds"),
+        "rows_per_s": med("rows_per_s"),
+        "bytes_per_s": med("bytes_per_s"),
+        "ttfb_s": med("ttfb_s"),
+        "cpu_percent": cpu,
+        "seconds": med("seconds"),
         "stopped_early": any(r["stopped_early"] for r in reps),
         "spread": (max(r["rows_per_s"] for r in reps) / min(r["rows_per_s"] for r in reps))
-        if reps and all(r.get("rows_per_s") for r in reps) else None,
-    }  # fmt: skip
+        if reps and all(r.get("rows_per_s") for r in reps)
+        else None,
+    }
 
 
 def memcpy_gbps(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str, Any]:
@@ -307,8 +332,12 @@ def memcpy_gbps(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str, Any]:
         np.copyto(dst, src)
         times.append(time.perf_counter() - t)
     med = statistics.median(times)
-    return {"gb_per_s": nbytes / med / 1e9, "nbytes": nbytes, "repeats": repeats,
-            "all_gb_per_s": [nbytes / t / 1e9 for t in times]}
+    return {
+        "gb_per_s": nbytes / med / 1e9,
+        "nbytes": nbytes,
+        "repeats": repeats,
+        "all_gb_per_s": [nbytes / t / 1e9 for t in times],
+    }
 
 
 def warm_cache(paths: Iterable[str], chunk: int = 16 << 20) -> int:
@@ -317,7 +346,11 @@ def warm_cache(paths: Iterable[str], chunk: int = 16 << 20) -> int:
     total = 0
     buf = bytearray(chunk)
     for p in paths:
-        files = [p] if not os.path.isdir(p) else [os.path.join(d, f) for d, _, fs in os.walk(p) for f in fs]
+        files = (
+            [p]
+            if not os.path.isdir(p)
+            else [os.path.join(d, f) for d, _, fs in os.walk(p) for f in fs]
+        )
         for fp in files:
             with open(fp, "rb", buffering=0) as fh:
                 while True:
@@ -332,9 +365,11 @@ def machine_info() -> dict[str, Any]:
     import platform
 
     info: dict[str, Any] = {
-        "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
         "numpy": np.__version__,
-    }  # fmt: skip
+    }
     try:
         import psutil
 

@@ -58,26 +58,46 @@ def measure_spec(spec: dict[str, Any], emit: Callable[[dict], None] = _emit) -> 
         quality = src.shuffle_quality()
         quality_s = time.perf_counter() - t
         for k in range(warm_reps + nrep):
-            res = M.measure_iter(functools.partial(src.epoch, k), src.names, warmup=int(spec.get("warmup", 0)),
-                                 measure=spec.get("measure"), time_limit=spec.get("time_limit"),
-                                 max_rows=spec.get("max_rows"), on_batch=on_batch, var_dims=src.var_dims,
-                                 workers=bool(src.info.get("workers")))
+            res = M.measure_iter(
+                functools.partial(src.epoch, k),
+                src.names,
+                warmup=int(spec.get("warmup", 0)),
+                measure=spec.get("measure"),
+                time_limit=spec.get("time_limit"),
+                max_rows=spec.get("max_rows"),
+                on_batch=on_batch,
+                var_dims=src.var_dims,
+                workers=bool(src.info.get("workers")),
+            )
             res["epoch"] = k
             res["warmup_repeat"] = k < warm_reps
-            if k == 0:  # the first epoch of a fresh reader (in a fresh process): what checks cost most
+            if (
+                k == 0
+            ):  # the first epoch of a fresh reader (in a fresh process): what checks cost most
                 first_epoch = res["rows_per_s"]
-            emit({"event": "repeat", "i": k, "of": warm_reps + nrep, "rows_per_s": res["rows_per_s"]})
+            emit(
+                {"event": "repeat", "i": k, "of": warm_reps + nrep, "rows_per_s": res["rows_per_s"]}
+            )
             if k >= warm_reps:
                 reps.append(res)
     finally:
         src.close()
     return {
-        "kind": spec["kind"], "label": src.label, "description": src.description, "fields": src.names, "info": src.info,
-        "shuffle_quality": quality, "shuffle_quality_s": quality_s, "epoch_batches": src.num_batches,
-        "repeats": reps, **M.summarize(reps), "first_epoch_rows_per_s": first_epoch,
-        "rss_start_mb": rss_start, "peak_rss_mb": M.peak_rss_mb(),
+        "kind": spec["kind"],
+        "label": src.label,
+        "description": src.description,
+        "fields": src.names,
+        "info": src.info,
+        "shuffle_quality": quality,
+        "shuffle_quality_s": quality_s,
+        "epoch_batches": src.num_batches,
+        "repeats": reps,
+        **M.summarize(reps),
+        "first_epoch_rows_per_s": first_epoch,
+        "rss_start_mb": rss_start,
+        "peak_rss_mb": M.peak_rss_mb(),
         "workers_rss_mb": max((r["workers_rss_mb"] for r in reps), default=0.0),
-    }  # fmt: skip
+    }
 
 
 def child_main() -> int:
@@ -85,14 +105,24 @@ def child_main() -> int:
     try:
         result = measure_spec(spec)
     except BaseException as exc:  # report anything, including ImportError from adapters
-        _emit({"event": "error", "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()})
+        _emit(
+            {
+                "event": "error",
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(),
+            }
+        )
         return 1
     _emit({"event": "result", "result": result})
     return 0
 
 
-def run_spec(spec: dict[str, Any], on_event: Callable[[dict], None] | None = None,
-             timeout: float | None = None) -> dict[str, Any]:
+def run_spec(
+    spec: dict[str, Any],
+    on_event: Callable[[dict], None] | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     """Measure ``spec`` in a fresh interpreter; return its result dict.
 
     On failure the dict holds ``error`` (message) and ``stderr`` (the child's last lines)
@@ -103,8 +133,14 @@ def run_spec(spec: dict[str, Any], on_event: Callable[[dict], None] | None = Non
     env["PYTHONUNBUFFERED"] = "1"
     with tempfile.TemporaryFile("w+") as err:
         # Leaving the with block closes the pipes and reaps the child.
-        with subprocess.Popen([sys.executable, "-m", "rowstore.bench.runner"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
+        with subprocess.Popen(
+            [sys.executable, "-m", "rowstore.bench.runner"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        ) as proc:
             try:
                 result = _read_events(proc, json.dumps(spec), on_event, timeout)
             except BaseException:  # on_event failed, or Ctrl-C: the child must not run on alone
@@ -113,13 +149,21 @@ def run_spec(spec: dict[str, Any], on_event: Callable[[dict], None] | None = Non
         if result is None:
             err.seek(0)
             tail = err.read()[-3000:]
-            result = {"error": f"the measuring process exited with code {proc.returncode}", "stderr": tail}
+            result = {
+                "error": f"the measuring process exited with code {proc.returncode}",
+                "stderr": tail,
+            }
     return result
 
 
-def _read_events(proc: subprocess.Popen, spec_json: str, on_event: Callable[[dict], None] | None,
-                 timeout: float | None) -> dict[str, Any] | None:
-    """Send the spec to the child and read its events: its result or error, None if it sent neither."""
+def _read_events(
+    proc: subprocess.Popen,
+    spec_json: str,
+    on_event: Callable[[dict], None] | None,
+    timeout: float | None,
+) -> dict[str, Any] | None:
+    """Send the spec to the child and read its events: its result or error, None if it sent
+    neither."""
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(spec_json)
     proc.stdin.close()

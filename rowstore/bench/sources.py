@@ -29,38 +29,52 @@ from rowstore.reader import order as _order
 from rowstore.schema import BYTES, STR, Field
 
 __all__ = [
-    "BASELINES", "MODES", "Source", "open_source", "describe", "export_npy", "uniform_order",
+    "BASELINES",
+    "MODES",
+    "Source",
+    "open_source",
+    "describe",
+    "export_npy",
+    "uniform_order",
     "var_dims_of",
-]  # fmt: skip
+]
 
 #: Baselines: key -> (short label, what it does).
 BASELINES = {
     "h5py-row": (
         "h5py per-row",
-        "h5py ds[i] per row of a uniform shuffle on /rowstore/rows; heap fields: heap[off:off+n] per "
-        "row and value (PNG/JPEG decoded with imagecodecs). A fixed number of rows is timed and rows/s "
+        "h5py ds[i] per row of a uniform shuffle on /rowstore/rows; heap fields: heap[off:off+n] "
+        "per "
+        "row and value (PNG/JPEG decoded with imagecodecs). A fixed number of rows is timed and "
+        "rows/s "
         "extrapolated to the epoch.",
     ),
     "h5py-fancy": (
         "h5py sorted fancy",
-        "h5py ds[np.sort(idx)] per batch of a uniform shuffle; heap fields: heap[off:off+n] per row and "
+        "h5py ds[np.sort(idx)] per batch of a uniform shuffle; heap fields: heap[off:off+n] per "
+        "row and "
         "value, images decoded with imagecodecs.",
     ),
     "tables-coords": (
         "PyTables coords",
-        "PyTables table.read_coordinates(np.sort(idx)) per batch of a uniform shuffle; heap fields: "
+        "PyTables table.read_coordinates(np.sort(idx)) per batch of a uniform shuffle; heap "
+        "fields: "
         "heap[off:off+n] per row and value, images decoded with imagecodecs.",
     ),
     "tables-block": (
         "PyTables block+gather",
-        "PyTables table.read(start, stop) per block of a window of W shuffled blocks, np.concatenate, "
-        "then a numpy gather of the window's shuffled rows (rowstore's block order, so the same shuffle "
+        "PyTables table.read(start, stop) per block of a window of W shuffled blocks, "
+        "np.concatenate, "
+        "then a numpy gather of the window's shuffled rows (rowstore's block order, so the same "
+        "shuffle "
         "quality); heap fields: the block's heap range read in one heap[lo:hi], sliced per value.",
     ),
     "memmap": (
         "numpy memmap gather",
-        "numpy np.load(<field>.npy, mmap_mode='r')[idx] per field per batch of a uniform shuffle, from "
-        "one .npy per fixed field exported beforehand; heap fields: a flat payload .npy + offsets .npy, "
+        "numpy np.load(<field>.npy, mmap_mode='r')[idx] per field per batch of a uniform shuffle, "
+        "from "
+        "one .npy per fixed field exported beforehand; heap fields: a flat payload .npy + offsets "
+        ".npy, "
         "np.array(payload[a:b]) per value, images decoded with imagecodecs.",
     ),
 }
@@ -80,8 +94,14 @@ def _image_decoder(f: Field) -> Callable:
     return imagecodecs.png_decode if f.codec["id"] == "png" else imagecodecs.jpeg8_decode
 
 
-def decode_heap_field(f: Field, offs: np.ndarray, nbs: np.ndarray, shapes: np.ndarray | None,
-                      nulls: np.ndarray | None, get: Callable[[int, int], Any]) -> Any:
+def decode_heap_field(
+    f: Field,
+    offs: np.ndarray,
+    nbs: np.ndarray,
+    shapes: np.ndarray | None,
+    nulls: np.ndarray | None,
+    get: Callable[[int, int], Any],
+) -> Any:
     """Decode one heap field of a batch the way user code would: fetch each value's bytes with
     ``get(offset, nbytes)`` and decode them (imagecodecs for images, ``np.frombuffer`` for raw
     variable-shape arrays, UTF-8 for text). Returns an array (fixed-shape images), a list of
@@ -117,19 +137,29 @@ def decode_heap_field(f: Field, offs: np.ndarray, nbs: np.ndarray, shapes: np.nd
             return dst
         out = []
         for i in range(n):
-            out.append(np.zeros(0, f.dtype) if isnull[i] else dec(get(int(offs[i]), int(nbs[i]))).reshape(shape_of(i)))
+            out.append(
+                np.zeros(0, f.dtype)
+                if isnull[i]
+                else dec(get(int(offs[i]), int(nbs[i]))).reshape(shape_of(i))
+            )
         return out
     out = []
     for i in range(n):
         if isnull[i]:
             out.append(np.zeros(0, f.dtype))
         else:
-            out.append(np.frombuffer(get(int(offs[i]), int(nbs[i])), dtype=f.dtype).reshape(shape_of(i)))
+            out.append(
+                np.frombuffer(get(int(offs[i]), int(nbs[i])), dtype=f.dtype).reshape(shape_of(i))
+            )
     return out
 
 
-def _split_records(rec: np.ndarray, fields: Sequence[Field], get: Callable[[int, int], Any] | None,
-                   shift: np.ndarray | None = None) -> dict:
+def _split_records(
+    rec: np.ndarray,
+    fields: Sequence[Field],
+    get: Callable[[int, int], Any] | None,
+    shift: np.ndarray | None = None,
+) -> dict:
     """Structured rows (``/rowstore/rows`` records) -> per-field batch dict; heap values through
     ``get(offset, nbytes)`` built by the caller, the offsets first moved by ``shift`` (per row)
     when the caller's heap buffer does not start at logical offset 0."""
@@ -226,16 +256,30 @@ def _tables_coords(layout: Layout, fields: list[Field], opts: dict) -> tuple[Cal
 
 
 def _block_segments(layout: Layout, opts: dict, k: int):
-    return _order.iter_segments(layout.block_rows(), layout.rows_per_block, shuffle="block", seed=opts["seed"],
-                                epoch=k, window=opts["window"], rank=0, world=1)
+    return _order.iter_segments(
+        layout.block_rows(),
+        layout.rows_per_block,
+        shuffle="block",
+        seed=opts["seed"],
+        epoch=k,
+        window=opts["window"],
+        rank=0,
+        world=1,
+    )
 
 
 def _join(parts: list[dict]) -> dict:
     """Concatenate batch dicts (arrays, object arrays or lists per key)."""
     if len(parts) == 1:
         return parts[0]
-    return {k: (sum((p[k] for p in parts), []) if isinstance(v, list) else np.concatenate([p[k] for p in parts]))
-            for k, v in parts[0].items()}
+    return {
+        k: (
+            sum((p[k] for p in parts), [])
+            if isinstance(v, list)
+            else np.concatenate([p[k] for p in parts])
+        )
+        for k, v in parts[0].items()
+    }
 
 
 def _tables_block(layout: Layout, fields: list[Field], opts: dict) -> tuple[Callable, Callable]:
@@ -254,7 +298,10 @@ def _tables_block(layout: Layout, fields: list[Field], opts: dict) -> tuple[Call
             parts.append(rec)
             if heap_fields:  # the block's payloads are contiguous in the heap: one read
                 lo = min(int(rec[fl.name]["offset"].min()) for fl in heap_fields)
-                hi = max(int((rec[fl.name]["offset"] + rec[fl.name]["nbytes"]).max()) for fl in heap_fields)
+                hi = max(
+                    int((rec[fl.name]["offset"] + rec[fl.name]["nbytes"]).max())
+                    for fl in heap_fields
+                )
                 hparts.append(heap[lo:hi] if hi > lo else np.zeros(0, np.uint8))
                 hbase.append(np.full(len(rec), hpos - lo, np.int64))
                 hpos += hi - lo
@@ -271,7 +318,9 @@ def _tables_block(layout: Layout, fields: list[Field], opts: dict) -> tuple[Call
             if not heap_fields:
                 return _split_records(wrec[a:b], fields, None)
             assert wheap is not None and base is not None  # set above when there are heap fields
-            return _split_records(wrec[a:b], fields, lambda off, nb: wheap[off : off + nb], base[a:b])
+            return _split_records(
+                wrec[a:b], fields, lambda off, nb: wheap[off : off + nb], base[a:b]
+            )
 
         return len(wrec), decode
 
@@ -313,7 +362,12 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
     layout = Layout.open(path)
     names = layout.schema.select(fields).names
     st = os.stat(path)
-    stamp = {"source": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "fields": names}
+    stamp = {
+        "source": os.path.abspath(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "fields": names,
+    }
     done = os.path.join(out_dir, NPY_DONE)
     if os.path.exists(done):
         try:
@@ -334,9 +388,12 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
         for f in flds:
             if f.nullable:
                 outs[f.name + spec.NULL_SUFFIX] = np.lib.format.open_memmap(
-                    os.path.join(tmp, f.name + spec.NULL_SUFFIX + ".npy"), "w+", np.bool_, (n,))
+                    os.path.join(tmp, f.name + spec.NULL_SUFFIX + ".npy"), "w+", np.bool_, (n,)
+                )
             if f.inline:
-                outs[f.name] = np.lib.format.open_memmap(os.path.join(tmp, f.name + ".npy"), "w+", f.dtype, (n,) + tuple(f.shape))
+                outs[f.name] = np.lib.format.open_memmap(
+                    os.path.join(tmp, f.name + ".npy"), "w+", f.dtype, (n,) + tuple(f.shape)
+                )
         heap_fields = [f for f in flds if not f.inline]
         # Pass 1: the references of the heap fields give the payload sizes.
         refs = {f.name: np.empty(n, spec.heap_ref_dtype(f)) for f in heap_fields}
@@ -344,7 +401,9 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
             rec = h5.rows[a : a + step]
             for f in flds:
                 if f.nullable:
-                    outs[f.name + spec.NULL_SUFFIX][a : a + len(rec)] = rec[f.name + spec.NULL_SUFFIX]
+                    outs[f.name + spec.NULL_SUFFIX][a : a + len(rec)] = rec[
+                        f.name + spec.NULL_SUFFIX
+                    ]
                 if f.inline:
                     outs[f.name][a : a + len(rec)] = rec[f.name]
                 else:
@@ -355,14 +414,22 @@ def export_npy(path: str, out_dir: str, *, fields: Sequence[str] | None = None) 
             np.cumsum(ref["nbytes"].astype(np.int64), out=offsets[1:])
             np.save(os.path.join(tmp, f.name + ".offsets.npy"), offsets)
             if f.variable_dims:
-                np.save(os.path.join(tmp, f.name + ".shape.npy"), np.ascontiguousarray(ref["shape"]))
-            payload = np.lib.format.open_memmap(os.path.join(tmp, f.name + ".payload.npy"), "w+", np.uint8, (int(offsets[-1]),))
+                np.save(
+                    os.path.join(tmp, f.name + ".shape.npy"), np.ascontiguousarray(ref["shape"])
+                )
+            payload = np.lib.format.open_memmap(
+                os.path.join(tmp, f.name + ".payload.npy"), "w+", np.uint8, (int(offsets[-1]),)
+            )
             # Copy payloads in row ranges whose heap span is bounded.
             a = 0
             while a < n:
                 b = min(n, a + 1)
                 lo = int(ref["offset"][a])
-                while b < n and int(ref["offset"][b] + ref["nbytes"][b]) - lo < (64 << 20) and b - a < step:
+                while (
+                    b < n
+                    and int(ref["offset"][b] + ref["nbytes"][b]) - lo < (64 << 20)
+                    and b - a < step
+                ):
                     b += 1
                 hi = int((ref["offset"][a:b] + ref["nbytes"][a:b]).max())
                 buf = h5.heap[lo:hi] if hi > lo else np.zeros(0, np.uint8)
@@ -429,9 +496,12 @@ def _memmap(layout: Layout, fields: list[Field], opts: dict) -> tuple[Callable, 
 
 
 _BASELINE_FACTORIES = {
-    "h5py-row": _h5py_row, "h5py-fancy": _h5py_fancy, "tables-coords": _tables_coords,
-    "tables-block": _tables_block, "memmap": _memmap,
-}  # fmt: skip
+    "h5py-row": _h5py_row,
+    "h5py-fancy": _h5py_fancy,
+    "tables-coords": _tables_coords,
+    "tables-block": _tables_block,
+    "memmap": _memmap,
+}
 
 
 # -- rowstore ------------------------------------------------------------------------------------
@@ -459,9 +529,13 @@ def open_source(opts: dict[str, Any]) -> Source:
         dl = open_layout(opts["path"], opts.get("storage_options"))
         return _rowstore(dl, list(dl.schema.select(opts.get("fields"))), opts)
     if kind not in _BASELINE_FACTORIES:
-        raise ValueError(f"unknown source {kind!r}; expected 'rowstore' or one of {sorted(_BASELINE_FACTORIES)}")
+        raise ValueError(
+            f"unknown source {kind!r}; expected 'rowstore' or one of {sorted(_BASELINE_FACTORIES)}"
+        )
     if not isinstance(opts["path"], str) or os.path.isdir(opts["path"]):
-        raise ValueError(f"the {kind} baseline reads one HDF5 file, not a dataset of shards: {opts['path']!r}")
+        raise ValueError(
+            f"the {kind} baseline reads one HDF5 file, not a dataset of shards: {opts['path']!r}"
+        )
     layout = Layout.open(opts["path"])
     fields = list(layout.schema.select(opts.get("fields")))
     names = [f.name for f in fields]
@@ -472,15 +546,33 @@ def open_source(opts: dict[str, Any]) -> Source:
     if kind == "tables-block":
 
         def quality() -> float:
-            order = _order.epoch_order(layout.block_rows(), layout.rows_per_block, shuffle="block",
-                                       seed=opts["seed"], epoch=0, window=opts["window"], rank=0, world=1)
+            order = _order.epoch_order(
+                layout.block_rows(),
+                layout.rows_per_block,
+                shuffle="block",
+                seed=opts["seed"],
+                epoch=0,
+                window=opts["window"],
+                rank=0,
+                world=1,
+            )
             return _order.shuffle_quality(order, layout.rows_per_block, nblocks, B)
 
         label = f"{label} W={opts['window']}"
     else:
 
         def quality() -> float:
-            return _order.shuffle_quality(uniform_order(layout.num_rows, opts["seed"], 0), layout.rows_per_block, nblocks, B)
+            return _order.shuffle_quality(
+                uniform_order(layout.num_rows, opts["seed"], 0), layout.rows_per_block, nblocks, B
+            )
 
-    return Source(label=label, description=desc, names=names, epoch=epoch, shuffle_quality=quality,
-                  num_batches=-(-layout.num_rows // B), close=close, var_dims=var_dims_of(fields))
+    return Source(
+        label=label,
+        description=desc,
+        names=names,
+        epoch=epoch,
+        shuffle_quality=quality,
+        num_batches=-(-layout.num_rows // B),
+        close=close,
+        var_dims=var_dims_of(fields),
+    )

@@ -28,6 +28,15 @@ for _cls in (Raw, Utf8, Bytes, Png, Jpeg):
 del _cls
 
 __all__ = [
-    "Codec", "Payloads", "Raw", "Utf8", "Bytes", "Png", "Jpeg",
-    "register_codec", "get_codec", "registered_codecs", "ENTRY_POINT_GROUP",
-]  # fmt: skip
+    "Codec",
+    "Payloads",
+    "Raw",
+    "Utf8",
+    "Bytes",
+    "Png",
+    "Jpeg",
+    "register_codec",
+    "get_codec",
+    "registered_codecs",
+    "ENTRY_POINT_GROUP",
+]

@@ -54,6 +54,7 @@ class FieldLike(Protocol):
     @property
     def fixed_nbytes(self) -> int: ...
 
+
 #: ``parallel(fn, n)`` runs ``fn(lo, hi)`` over disjoint ranges covering ``range(n)`` (maybe on
 #: several threads) and returns when all are done.
 ParallelMap = Callable[[Callable[[int, int], None], int], None]
@@ -124,7 +125,8 @@ class Codec(abc.ABC):
     def __init__(self, **config: Any):
         if config:
             raise CodecError(
-                f"codec {self.codec_id!r} takes no options, got {sorted(config)}", codec=self.codec_id
+                f"codec {self.codec_id!r} takes no options, got {sorted(config)}",
+                codec=self.codec_id,
             )
 
     def get_config(self) -> dict[str, Any]:
@@ -206,7 +208,9 @@ class Codec(abc.ABC):
 
         parallel(run, len(src))
 
-    def decode(self, src: np.ndarray | bytes | memoryview, shape: tuple[int, ...], field: FieldLike) -> Any:
+    def decode(
+        self, src: np.ndarray | bytes | memoryview, shape: tuple[int, ...], field: FieldLike
+    ) -> Any:
         """Decode one value into a new object (allocates; readers use :meth:`decode_batch`)."""
         data = np.frombuffer(src, np.uint8) if not isinstance(src, np.ndarray) else src
         out = np.empty(shape, dtype=field.numpy_dtype)

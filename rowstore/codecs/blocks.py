@@ -41,10 +41,17 @@ from rowstore.codecs.registry import add_to_registry
 from rowstore.errors import CodecError, FormatError
 
 __all__ = [
-    "BlockCompression", "NoCompression", "Blosc2",
-    "block_compression", "compression_config", "register_block_compression",
-    "registered_block_compressions", "BLOSC2_FILTER_ID", "BLOSC2_CODECS", "BLOSC2_SHUFFLES",
-]  # fmt: skip
+    "BlockCompression",
+    "NoCompression",
+    "Blosc2",
+    "block_compression",
+    "compression_config",
+    "register_block_compression",
+    "registered_block_compressions",
+    "BLOSC2_FILTER_ID",
+    "BLOSC2_CODECS",
+    "BLOSC2_SHUFFLES",
+]
 
 #: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
 BLOSC2_FILTER_ID = 32026
@@ -81,12 +88,19 @@ class BlockCompression(abc.ABC):
         try:
             return cls(**params)
         except TypeError as exc:
-            raise CodecError(f"bad configuration for block compression {cls.compression_id!r}: {exc}") from exc
+            raise CodecError(
+                f"bad configuration for block compression {cls.compression_id!r}: {exc}"
+            ) from exc
 
     def get_config(self) -> dict[str, Any]:
         """The JSON-serialisable config stored in the file: ``"id"`` and the dataclass fields."""
-        fields: tuple[dataclasses.Field, ...] = dataclasses.fields(self) if dataclasses.is_dataclass(self) else ()
-        return {"id": self.compression_id, **{f.name: getattr(self, f.name) for f in fields if f.init}}
+        fields: tuple[dataclasses.Field, ...] = (
+            dataclasses.fields(self) if dataclasses.is_dataclass(self) else ()
+        )
+        return {
+            "id": self.compression_id,
+            **{f.name: getattr(self, f.name) for f in fields if f.init},
+        }
 
     @abc.abstractmethod
     def hdf5_filter_kwargs(self) -> dict[str, Any]:
@@ -160,7 +174,9 @@ class Blosc2(BlockCompression):
     def __post_init__(self) -> None:
         cname, clevel, shuffle = self.cname, self.clevel, self.shuffle
         if not isinstance(cname, str) or cname not in BLOSC2_CODECS:
-            raise CodecError(f"unknown blosc2 codec {cname!r}; expected one of {tuple(BLOSC2_CODECS)}")
+            raise CodecError(
+                f"unknown blosc2 codec {cname!r}; expected one of {tuple(BLOSC2_CODECS)}"
+            )
         if not isinstance(clevel, int) or not 0 <= clevel <= 9:
             raise CodecError(f"compression level must be an int in 0..9, got {clevel!r}")
         if not isinstance(shuffle, str) or shuffle not in BLOSC2_SHUFFLES:
@@ -178,14 +194,24 @@ class Blosc2(BlockCompression):
 
         # hdf5plugin's filter codes are blosc2.h's, as in BLOSC2_SHUFFLES.
         cname: Any = self.cname  # one of hdf5plugin's names: checked against BLOSC2_CODECS
-        return dict(hdf5plugin.Blosc2(cname=cname, clevel=self.clevel, filters=BLOSC2_SHUFFLES[self.shuffle]))
+        return dict(
+            hdf5plugin.Blosc2(
+                cname=cname, clevel=self.clevel, filters=BLOSC2_SHUFFLES[self.shuffle]
+            )
+        )
 
     def compress(self, raw: Any, *, typesize: int) -> np.ndarray:
         compcode, shuffle = self.frame_check()
-        return kernels.compress_frame(raw, compcode=compcode, clevel=self.clevel, shuffle=shuffle, typesize=typesize)
+        return kernels.compress_frame(
+            raw, compcode=compcode, clevel=self.clevel, shuffle=shuffle, typesize=typesize
+        )
 
     def decompress_into(self, stored: Any, out: np.ndarray) -> None:
-        kernels.decompress_frame(np.frombuffer(stored, np.uint8), out.reshape(-1).view(np.uint8), codec=self.frame_check())
+        kernels.decompress_frame(
+            np.frombuffer(stored, np.uint8),
+            out.reshape(-1).view(np.uint8),
+            codec=self.frame_check(),
+        )
 
     def frame_check(self) -> tuple[int, int]:
         return BLOSC2_CODECS[self.cname], BLOSC2_SHUFFLES[self.shuffle]
@@ -195,11 +221,19 @@ class Blosc2(BlockCompression):
 _REGISTRY: dict[str, type[BlockCompression]] = {}
 
 
-def register_block_compression(cls: type[BlockCompression], *, replace: bool = False) -> type[BlockCompression]:
+def register_block_compression(
+    cls: type[BlockCompression], *, replace: bool = False
+) -> type[BlockCompression]:
     """Register a :class:`BlockCompression` subclass under its ``compression_id`` (usable as a
     decorator). Registering another class under a taken id needs ``replace=True``."""
-    return add_to_registry(_REGISTRY, cls, base=BlockCompression, id_attr="compression_id", what="block compression",
-                           replace=replace)
+    return add_to_registry(
+        _REGISTRY,
+        cls,
+        base=BlockCompression,
+        id_attr="compression_id",
+        what="block compression",
+        replace=replace,
+    )
 
 
 def registered_block_compressions() -> dict[str, type[BlockCompression]]:
@@ -223,7 +257,9 @@ def block_compression(spec_or_config: Any) -> BlockCompression:
     if isinstance(x, str):
         x = {"id": "blosc2", "cname": x}
     if not isinstance(x, dict):
-        raise CodecError(f"compression must be None, a codec name {tuple(BLOSC2_CODECS)} or a dict, got {x!r}")
+        raise CodecError(
+            f"compression must be None, a codec name {tuple(BLOSC2_CODECS)} or a dict, got {x!r}"
+        )
     cid = x.get("id", "blosc2")
     cls = _REGISTRY.get(cid) if isinstance(cid, str) else None
     if cls is None:

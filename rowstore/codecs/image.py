@@ -32,18 +32,43 @@ class _Image(Codec):
 
     def check_field(self, field: FieldLike) -> None:
         name = field.name
-        if field.dtype in ("str", "bytes") or f"{field.dtype.kind}{field.dtype.itemsize}" not in self.dtypes:
-            raise SchemaError(f"field {name!r}: codec {self.codec_id!r} stores {'/'.join(self.dtypes)} images, got dtype {field.dtype}", field=name)
+        if (
+            field.dtype in ("str", "bytes")
+            or f"{field.dtype.kind}{field.dtype.itemsize}" not in self.dtypes
+        ):
+            raise SchemaError(
+                f"field {name!r}: codec {self.codec_id!r} stores {'/'.join(self.dtypes)} images, "
+                f"got dtype {field.dtype}",
+                field=name,
+            )
         if len(field.shape) not in (2, 3):
-            raise SchemaError(f"field {name!r}: codec {self.codec_id!r} needs shape (H, W) or (H, W, C), got {field.shape}", field=name)
+            raise SchemaError(
+                f"field {name!r}: codec {self.codec_id!r} needs shape (H, W) or (H, W, C), got "
+                f"{field.shape}",
+                field=name,
+            )
         if len(field.shape) == 3 and field.shape[2] not in self.channels:
-            raise SchemaError(f"field {name!r}: codec {self.codec_id!r} supports {self.channels} channels, got shape {field.shape}", field=name)
+            raise SchemaError(
+                f"field {name!r}: codec {self.codec_id!r} supports {self.channels} channels, got "
+                f"shape {field.shape}",
+                field=name,
+            )
 
     def check_value(self, value: Any, field: FieldLike) -> None:
         if value.ndim == 3 and value.shape[2] not in self.channels:
-            raise CodecError(f"field {field.name!r}: codec {self.codec_id!r} supports {self.channels} channels, got an image of shape {value.shape}", codec=self.codec_id, field=field.name)
+            raise CodecError(
+                f"field {field.name!r}: codec {self.codec_id!r} supports {self.channels} channels, "
+                f"got an image of shape {value.shape}",
+                codec=self.codec_id,
+                field=field.name,
+            )
         if value.size == 0:
-            raise CodecError(f"field {field.name!r}: codec {self.codec_id!r} cannot store an empty image of shape {value.shape}", codec=self.codec_id, field=field.name)
+            raise CodecError(
+                f"field {field.name!r}: codec {self.codec_id!r} cannot store an empty image of "
+                f"shape {value.shape}",
+                codec=self.codec_id,
+                field=field.name,
+            )
 
 
 class Png(_Image):
@@ -77,7 +102,9 @@ class Jpeg(_Image):
 
     def __init__(self, quality: int = 90):
         if not isinstance(quality, int) or not 1 <= quality <= 100:
-            raise CodecError(f"jpeg quality must be an int in 1..100, got {quality!r}", codec="jpeg")
+            raise CodecError(
+                f"jpeg quality must be an int in 1..100, got {quality!r}", codec="jpeg"
+            )
         self.quality = quality
         self._freeze()
 
@@ -104,9 +131,15 @@ def _decode_into(decode, codec_id: str, src, out: np.ndarray) -> None:
             return
         img = decode(data)
     except Exception as exc:
-        raise CodecError(f"{codec_id} payload does not decode to {out.dtype} {out.shape}: {exc}", codec=codec_id) from exc
+        raise CodecError(
+            f"{codec_id} payload does not decode to {out.dtype} {out.shape}: {exc}", codec=codec_id
+        ) from exc
     if img.ndim == out.ndim - 1 and out.shape[-1] == 1:
         img = img[..., None]
     if img.shape != out.shape or img.dtype != out.dtype:
-        raise CodecError(f"{codec_id} payload decodes to {img.dtype} {img.shape}, expected {out.dtype} {out.shape}", codec=codec_id)
+        raise CodecError(
+            f"{codec_id} payload decodes to {img.dtype} {img.shape}, expected {out.dtype} "
+            f"{out.shape}",
+            codec=codec_id,
+        )
     out[...] = img

@@ -25,7 +25,11 @@ class Raw(Codec):
 
     def check_field(self, field: FieldLike) -> None:
         if field.dtype in ("str", "bytes"):
-            raise SchemaError(f"field {field.name!r}: codec 'raw' stores numbers; use 'utf8' or 'bytes' for {field.dtype}", field=field.name)
+            raise SchemaError(
+                f"field {field.name!r}: codec 'raw' stores numbers; use 'utf8' or 'bytes' for "
+                f"{field.dtype}",
+                field=field.name,
+            )
 
     def encode(self, value: Any, field: FieldLike) -> memoryview:
         arr = np.ascontiguousarray(value, dtype=field.dtype)
@@ -34,11 +38,18 @@ class Raw(Codec):
 
     def decode_into(self, src: np.ndarray, out: np.ndarray) -> None:
         if len(src) != out.nbytes:
-            raise CodecError(f"raw value of {out.dtype} {out.shape} needs {out.nbytes} bytes, got {len(src)}", codec="raw")
+            raise CodecError(
+                f"raw value of {out.dtype} {out.shape} needs {out.nbytes} bytes, got {len(src)}",
+                codec="raw",
+            )
         out[...] = np.frombuffer(src, dtype=out.dtype, count=out.size).reshape(out.shape)
 
     def decode_batch(self, src: Payloads, out: np.ndarray, parallel: ParallelMap = serial) -> None:
         # One copy of the whole column (the reader avoids even that: raw_bytes = True).
         if len(src.data) != out.nbytes:
-            raise CodecError(f"raw column of {out.dtype} {out.shape} needs {out.nbytes} bytes, got {len(src.data)}", codec="raw")
+            raise CodecError(
+                f"raw column of {out.dtype} {out.shape} needs {out.nbytes} bytes, got "
+                f"{len(src.data)}",
+                codec="raw",
+            )
         out.reshape(-1).view(np.uint8)[:] = src.data

@@ -14,8 +14,16 @@ __all__ = ["register_codec", "get_codec", "registered_codecs", "ENTRY_POINT_GROU
 
 ENTRY_POINT_GROUP = "rowstore.codecs"
 
-def add_to_registry(registry: dict[str, type], cls: Any, *, base: type, id_attr: str, what: str,
-                    replace: bool = False) -> Any:
+
+def add_to_registry(
+    registry: dict[str, type],
+    cls: Any,
+    *,
+    base: type,
+    id_attr: str,
+    what: str,
+    replace: bool = False,
+) -> Any:
     """Enter ``cls`` (a ``base`` subclass) in ``registry`` under its ``id_attr``; refuse a second
     class under a taken id unless ``replace``. The rule of every rowstore registry (codecs here,
     block compressions in ``rowstore.codecs.blocks``)."""
@@ -25,7 +33,9 @@ def add_to_registry(registry: dict[str, type], cls: Any, *, base: type, id_attr:
     if not isinstance(cid, str) or not cid:
         raise CodecError(f"{cls.__name__} has no {id_attr}")
     if cid in registry and registry[cid] is not cls and not replace:
-        raise CodecError(f"{what} id {cid!r} is already registered by {registry[cid].__name__}", codec=cid)
+        raise CodecError(
+            f"{what} id {cid!r} is already registered by {registry[cid].__name__}", codec=cid
+        )
     registry[cid] = cls
     return cls
 
@@ -36,7 +46,9 @@ _entry_points_loaded = False
 
 def register_codec(cls: type[Codec], *, replace: bool = False) -> type[Codec]:
     """Register a :class:`Codec` subclass under its ``codec_id`` (usable as a decorator)."""
-    return add_to_registry(_REGISTRY, cls, base=Codec, id_attr="codec_id", what="codec", replace=replace)
+    return add_to_registry(
+        _REGISTRY, cls, base=Codec, id_attr="codec_id", what="codec", replace=replace
+    )
 
 
 def _load_entry_points() -> None:
@@ -52,7 +64,9 @@ def _load_entry_points() -> None:
         except Exception as exc:  # a broken plugin must not break built-in codecs
             import warnings
 
-            warnings.warn(f"rowstore: could not load codec entry point {ep.name!r}: {exc}", stacklevel=2)
+            warnings.warn(
+                f"rowstore: could not load codec entry point {ep.name!r}: {exc}", stacklevel=2
+            )
 
 
 def registered_codecs() -> dict[str, type[Codec]]:
@@ -79,13 +93,18 @@ def get_codec(spec: Any, *, dtype: Any = None, field: str | None = None) -> Code
     elif isinstance(spec, Mapping):
         spec = dict(spec)  # also a Field's read-only codec mapping
     if not isinstance(spec, dict) or not isinstance(spec.get("id"), str):
-        raise CodecError(f"field {field!r}: codec must be an id, a config dict with 'id', or a Codec; got {spec!r}", field=field)
+        raise CodecError(
+            f"field {field!r}: codec must be an id, a config dict with 'id', or a Codec; got "
+            f"{spec!r}",
+            field=field,
+        )
     cid = spec["id"]
     if cid not in _REGISTRY:
         _load_entry_points()
     if cid not in _REGISTRY:
         raise CodecError(
-            f"field {field!r}: unknown codec {cid!r}; registered: {sorted(_REGISTRY)} (a third-party "
+            f"field {field!r}: unknown codec {cid!r}; registered: {sorted(_REGISTRY)} (a "
+            f"third-party "
             f"codec must be installed and registered under the {ENTRY_POINT_GROUP!r} entry points)",
             codec=cid,
             field=field,
@@ -93,4 +112,6 @@ def get_codec(spec: Any, *, dtype: Any = None, field: str | None = None) -> Code
     try:
         return _REGISTRY[cid].from_config(spec)
     except TypeError as exc:
-        raise CodecError(f"field {field!r}: bad configuration for codec {cid!r}: {exc}", codec=cid, field=field) from exc
+        raise CodecError(
+            f"field {field!r}: bad configuration for codec {cid!r}: {exc}", codec=cid, field=field
+        ) from exc

@@ -14,7 +14,10 @@ __all__ = ["Utf8", "Bytes"]
 
 def _check_dtype(codec_id: str, dtype: str, field: FieldLike) -> None:
     if field.dtype != dtype:
-        raise SchemaError(f"field {field.name!r}: codec {codec_id!r} needs dtype {dtype!r}, got {field.dtype}", field=field.name)
+        raise SchemaError(
+            f"field {field.name!r}: codec {codec_id!r} needs dtype {dtype!r}, got {field.dtype}",
+            field=field.name,
+        )
 
 
 def _split(src: Payloads) -> list[bytes]:
@@ -34,7 +37,11 @@ class Utf8(Codec):
         try:
             return value.encode("utf-8")
         except UnicodeEncodeError as exc:  # lone surrogates
-            raise CodecError(f"field {field.name!r}: text is not encodable as UTF-8: {exc}", codec="utf8", field=field.name) from exc
+            raise CodecError(
+                f"field {field.name!r}: text is not encodable as UTF-8: {exc}",
+                codec="utf8",
+                field=field.name,
+            ) from exc
 
     def decode_into(self, src: np.ndarray, out: np.ndarray) -> None:
         try:
@@ -66,7 +73,9 @@ class Bytes(Codec):
     def decode_into(self, src: np.ndarray, out: np.ndarray) -> None:
         out[()] = src.tobytes()
 
-    def decode(self, src: Any, shape: tuple[int, ...] = (), field: FieldLike | None = None) -> bytes:
+    def decode(
+        self, src: Any, shape: tuple[int, ...] = (), field: FieldLike | None = None
+    ) -> bytes:
         return bytes(src)
 
     def decode_batch(self, src: Payloads, out: np.ndarray, parallel: ParallelMap = serial) -> None:

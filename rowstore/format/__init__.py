@@ -1,5 +1,6 @@
 """File format v1: the on-disk declaration (:mod:`.spec`), the index reader (:mod:`.index`),
-opening files and datasets (:mod:`.open`), and the block compressions (:mod:`rowstore.codecs.blocks`;
+opening files and datasets (:mod:`.open`), and the block compressions
+(:mod:`rowstore.codecs.blocks`;
 third parties register theirs with :func:`register_block_compression`); datasets of many
 files: the manifest (:mod:`.manifest`) and their layout (:mod:`.shards`).
 

@@ -21,15 +21,31 @@ from rowstore.format import spec
 __all__ = ["hdf5_disagreement", "shard_index"]
 
 #: Attributes compared (the footer's header holds the same values).
-_ATTRS = (spec.ATTR_FORMAT, spec.ATTR_VERSION, spec.ATTR_SCHEMA, spec.ATTR_USER, spec.ATTR_NUM_ROWS,
-          spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES, spec.ATTR_COMPRESSION,
-          spec.ATTR_CHECKSUM, spec.ATTR_HAS_FOOTER)  # fmt: skip
+_ATTRS = (
+    spec.ATTR_FORMAT,
+    spec.ATTR_VERSION,
+    spec.ATTR_SCHEMA,
+    spec.ATTR_USER,
+    spec.ATTR_NUM_ROWS,
+    spec.ATTR_ROWS_PER_BLOCK,
+    spec.ATTR_HEAP_CHUNK_BYTES,
+    spec.ATTR_HEAP_NBYTES,
+    spec.ATTR_COMPRESSION,
+    spec.ATTR_CHECKSUM,
+    spec.ATTR_HAS_FOOTER,
+)
 
 
 def _plain(v: Any) -> Any:
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
-    return v.item() if hasattr(v, "item") and getattr(v, "ndim", 0) == 0 else str(v) if hasattr(v, "ndim") else v
+    return (
+        v.item()
+        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0
+        else str(v)
+        if hasattr(v, "ndim")
+        else v
+    )
 
 
 def _child(path: str) -> dict:
@@ -43,8 +59,14 @@ def _child(path: str) -> dict:
             return {"attrs": {}, "index_crc32": None, "rows": None}
         g = f[spec.GROUP]
         attrs = {k: _plain(g.attrs[k]) for k in _ATTRS if k in g.attrs}
-        blocks = np.asarray(g[spec.BLOCKS][()]) if spec.BLOCKS in g else np.zeros(0, spec.BLOCK_DTYPE)
-        chunks = np.asarray(g[spec.HEAP_CHUNKS][()]) if spec.HEAP_CHUNKS in g else np.zeros(0, spec.HEAP_CHUNK_DTYPE)
+        blocks = (
+            np.asarray(g[spec.BLOCKS][()]) if spec.BLOCKS in g else np.zeros(0, spec.BLOCK_DTYPE)
+        )
+        chunks = (
+            np.asarray(g[spec.HEAP_CHUNKS][()])
+            if spec.HEAP_CHUNKS in g
+            else np.zeros(0, spec.HEAP_CHUNK_DTYPE)
+        )
         rows = g[spec.ROWS].shape[0] if spec.ROWS in g else None
     return {"attrs": attrs, "index_crc32": index_crc32(blocks, chunks), "rows": rows}
 
@@ -54,10 +76,19 @@ def _run_child(path: str, timeout: float) -> tuple[dict | None, str | None]:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        proc = subprocess.run([sys.executable, "-m", "rowstore.format._hdf5_check", path], capture_output=True,
-                              text=True, timeout=timeout, env=env)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "rowstore.format._hdf5_check", path],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
-        return None, f"libhdf5 did not finish reading the HDF5 part within {timeout:g} s (damaged HDF5 metadata?)"
+        return (
+            None,
+            f"libhdf5 did not finish reading the HDF5 part within {timeout:g} s (damaged HDF5 "
+            f"metadata?)",
+        )
     if proc.returncode != 0:
         how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else "failed"
         last = (proc.stderr.strip().splitlines() or [""])[-1][:300]
@@ -93,7 +124,9 @@ def hdf5_disagreement(layout: Any, *, timeout: float = 60.0) -> str | None:
     return None
 
 
-def shard_index(path: str, *, timeout: float = 60.0) -> tuple[int, int | None, str | None] | FormatError:
+def shard_index(
+    path: str, *, timeout: float = 60.0
+) -> tuple[int, int | None, str | None] | FormatError:
     """``(index CRC-32, rows, schema JSON text)`` of the file at ``path`` as its own metadata
     records them (:func:`rowstore.format.manifest.index_crc32`), for comparing a dataset
     shard with its manifest: a v2 file's from its footer, in this process (no libhdf5); a file
@@ -122,10 +155,18 @@ def shard_index(path: str, *, timeout: float = 60.0) -> tuple[int, int | None, s
         return FormatError(f"{path!r}: {why}", path=path)
     a = got["attrs"]
     if a.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
-        return FormatError(f"{path!r}: not a rowstore file (no /rowstore group with format='rowstore')", path=path)
-    if a.get(spec.ATTR_HAS_FOOTER) or (isinstance(a.get(spec.ATTR_VERSION), int) and a[spec.ATTR_VERSION] >= 2):
-        return FormatError(f"{path!r}: its attributes say it had a checksummed v2 footer, which is gone (opened for "
-                           f"writing with h5py or another HDF5 tool, or truncated where the footer starts)", path=path)
+        return FormatError(
+            f"{path!r}: not a rowstore file (no /rowstore group with format='rowstore')", path=path
+        )
+    if a.get(spec.ATTR_HAS_FOOTER) or (
+        isinstance(a.get(spec.ATTR_VERSION), int) and a[spec.ATTR_VERSION] >= 2
+    ):
+        return FormatError(
+            f"{path!r}: its attributes say it had a checksummed v2 footer, which is gone (opened "
+            f"for "
+            f"writing with h5py or another HDF5 tool, or truncated where the footer starts)",
+            path=path,
+        )
     return got["index_crc32"], got["rows"], a.get(spec.ATTR_SCHEMA)
 
 

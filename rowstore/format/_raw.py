@@ -65,15 +65,28 @@ class RawRows:
         """Rows ``a:b`` (views: nothing is copied; references keep their coordinates)."""
         s = self.starts
         lo, hi = int(s[a]), int(s[b])
-        return RawRows(self.rows[a:b], self.heap[lo - self.origin : hi - self.origin], s[a : b + 1], lo)
+        return RawRows(
+            self.rows[a:b], self.heap[lo - self.origin : hi - self.origin], s[a : b + 1], lo
+        )
 
     @classmethod
     def empty(cls, row_dtype: np.dtype) -> RawRows:
         return cls(np.zeros(0, row_dtype), np.zeros(0, np.uint8), np.zeros(1, np.int64))
 
 
-def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], idx: np.ndarray, heap: np.ndarray,
-             *, base, lo, hi, rows_per_slot: int | None = None, where: str = "rows") -> RawRows:
+def take_raw(
+    src: np.ndarray,
+    row_dtype: np.dtype,
+    refs: list[tuple[str, int]],
+    idx: np.ndarray,
+    heap: np.ndarray,
+    *,
+    base,
+    lo,
+    hi,
+    rows_per_slot: int | None = None,
+    where: str = "rows",
+) -> RawRows:
     """Rows ``idx`` of the loaded rows ``src`` (``uint8``, a whole number of rows) with their
     payloads copied out of ``heap``, as a :class:`RawRows` (references rewritten, origin 0).
 
@@ -81,14 +94,17 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     them); a reference of a row in slot ``s`` must lie in ``[lo[s], hi[s])``, its payload at
     ``heap[base[s] + offset]`` (``base``, ``lo``, ``hi``: one int each for one slot, or arrays).
     Sizes and references are bounded by their slot's range, and the payloads of distinct rows
-    of a slot may not overlap (:func:`first_overlap`), before they size anything; the ``gather_heap``
+    of a slot may not overlap (:func:`first_overlap`), before they size anything; the
+    ``gather_heap``
     kernel checks each reference and destination while copying; a bad one is a
     :class:`~rowstore.errors.FormatError` (``where`` names the rows in its message).
     """
     rs = row_dtype.itemsize
     nsrc = len(src) // rs
     if len(src) != nsrc * rs:
-        raise ValueError(f"take_raw: src holds {len(src)} bytes, not a whole number of {rs}-byte rows")
+        raise ValueError(
+            f"take_raw: src holds {len(src)} bytes, not a whole number of {rs}-byte rows"
+        )
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     m = len(idx)
     if m and (int(idx.min()) < 0 or int(idx.max()) >= nsrc):
@@ -98,7 +114,9 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     nf = len(refs)
     if not nf or not m:
         return RawRows(rows, np.zeros(0, np.uint8), np.zeros(m + 1, np.int64))
-    lo_a, hi_a, base_a = (np.ascontiguousarray(np.atleast_1d(v), dtype=np.int64) for v in (lo, hi, base))
+    lo_a, hi_a, base_a = (
+        np.ascontiguousarray(np.atleast_1d(v), dtype=np.int64) for v in (lo, hi, base)
+    )
     per = rows_per_slot if rows_per_slot is not None else max(nsrc, 1)
     slot = idx // per
     if int(slot.max()) >= len(lo_a):
@@ -112,18 +130,31 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     bad = (sizes < 0) | (sizes > span[:, None])
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise FormatError(f"{where}: field {refs[j][0]!r}: row {int(idx[i])}: payload size {int(sizes[i, j])} exceeds "
-                          f"the heap range of its block ({int(span[i])} bytes; corrupt file)", field=refs[j][0])  # fmt: skip
-    for j, (name, off) in enumerate(refs):  # each payload inside its block's range, apart from the others
+        raise FormatError(
+            f"{where}: field {refs[j][0]!r}: row {int(idx[i])}: payload size {int(sizes[i, j])} "
+            f"exceeds "
+            f"the heap range of its block ({int(span[i])} bytes; corrupt file)",
+            field=refs[j][0],
+        )
+    for j, (name, off) in enumerate(
+        refs
+    ):  # each payload inside its block's range, apart from the others
         kernels.gather_fixed(src, rs, off, 8, idx, col)
         inside = (col >= lo_a[slot]) & (col <= hi_a[slot] - sizes[:, j])
         outside = (sizes[:, j] > 0) & ~inside
-        i = int(np.argmax(outside)) if outside.any() else first_overlap(idx, slot, col, sizes[:, j],
-                                                                        inside & (sizes[:, j] > 0))
+        i = (
+            int(np.argmax(outside))
+            if outside.any()
+            else first_overlap(idx, slot, col, sizes[:, j], inside & (sizes[:, j] > 0))
+        )
         if i is not None:
             why = "points outside" if outside.any() else "overlaps another row's payload in"
-            raise FormatError(f"{where}: field {name!r}: row {int(idx[i])}: a payload reference {why} the heap "
-                              f"range of its block (corrupt file)", field=name, row=int(idx[i]))
+            raise FormatError(
+                f"{where}: field {name!r}: row {int(idx[i])}: a payload reference {why} the heap "
+                f"range of its block (corrupt file)",
+                field=name,
+                row=int(idx[i]),
+            )
     flat = np.zeros(m * nf + 1, np.int64)
     np.cumsum(sizes.reshape(-1), out=flat[1:])
     out = np.empty(int(flat[-1]), np.uint8)
@@ -134,8 +165,11 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
             kernels.gather_heap(src, rs, off, idx, per, lo_a, hi_a, base_a, heap, out, d)
         except kernels.KernelError as exc:
             row = int(idx[exc.index]) if 0 <= exc.index < m else None
-            raise FormatError(f"{where}: field {name!r}: row {row}: {str(exc).split(': ', 1)[-1]}", field=name,
-                              row=row) from None  # fmt: skip
+            raise FormatError(
+                f"{where}: field {name!r}: row {row}: {str(exc).split(': ', 1)[-1]}",
+                field=name,
+                row=row,
+            ) from None
         rows[name]["offset"] = d.astype(np.uint64)
     starts = np.empty(m + 1, np.int64)
     starts[:m] = dst[:, 0]
@@ -143,8 +177,9 @@ def take_raw(src: np.ndarray, row_dtype: np.dtype, refs: list[tuple[str, int]], 
     return RawRows(rows, out, starts)
 
 
-def first_overlap(rows: np.ndarray, blk: np.ndarray, starts: np.ndarray, nbytes: np.ndarray,
-                   inside: np.ndarray) -> int | None:
+def first_overlap(
+    rows: np.ndarray, blk: np.ndarray, starts: np.ndarray, nbytes: np.ndarray, inside: np.ndarray
+) -> int | None:
     """The position of a row whose payload overlaps another row's in the same block, or None
     (among the rows ``inside``: non-empty payloads within their block's heap range).
 

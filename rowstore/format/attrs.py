@@ -1,4 +1,5 @@
-"""User attributes as JSON, with numpy arrays and scalars stored exactly (``docs/format.md``, section 1.1).
+"""User attributes as JSON, with numpy arrays and scalars stored exactly (``docs/format.md``,
+section 1.1).
 
 User attributes (``Writer(attrs=)``, ``DatasetWriter(attrs=)``, ``commit(attrs=)``) are stored as
 one JSON object. Plain JSON values (``dict`` with ``str`` keys, ``list``/``tuple``, ``str``,
@@ -8,7 +9,8 @@ object holding its dtype, shape and raw bytes, and read back as the same array o
 dtype, byte order, shape and values, NaN payloads included)::
 
     {"$ndarray": {"dtype": "<f8", "shape": [3], "base64": "..."}}   # np.ndarray
-    {"$numpy": {"dtype": "<f4", "base64": "..."}}                   # np.generic (np.float32(1.5), ...)
+    {"$numpy": {"dtype": "<f4", "base64": "..."}}                   # np.generic (np.float32(1.5),
+    ...)
 
 :func:`encode` turns attributes into plain JSON values, :func:`decode` back; :func:`dumps` is
 the text a file or manifest stores. A dict whose only key is ``"$ndarray"`` or ``"$numpy"`` is
@@ -46,8 +48,10 @@ def _dtype_ok(dt: np.dtype) -> bool:
 def _tagged(value: np.ndarray | np.generic, where: str) -> dict:
     arr = np.asarray(value)
     if not _dtype_ok(arr.dtype):
-        raise AttrsError(f"attribute {where}: a numpy value of dtype {arr.dtype} cannot be stored (only "
-                         "bool, int, uint, float, complex, datetime64, timedelta64, bytes and str dtypes)")  # fmt: skip
+        raise AttrsError(
+            f"attribute {where}: a numpy value of dtype {arr.dtype} cannot be stored (only "
+            "bool, int, uint, float, complex, datetime64, timedelta64, bytes and str dtypes)"
+        )
     data = base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
     if isinstance(value, np.ndarray):
         return {TAG_ARRAY: {"dtype": arr.dtype.str, "shape": list(arr.shape), "base64": data}}
@@ -57,7 +61,8 @@ def _tagged(value: np.ndarray | np.generic, where: str) -> dict:
 def encode(value: Any, where: str = "attrs", _depth: int = 0) -> Any:
     """``value`` as plain JSON values (numpy arrays and scalars as tagged objects).
 
-    Raises :class:`~rowstore.errors.AttrsError` (a ``TypeError`` and ``ValueError``) naming the attribute (``attrs['a'][2]``) for a value JSON cannot hold
+    Raises :class:`~rowstore.errors.AttrsError` (a ``TypeError`` and ``ValueError``) naming the
+    attribute (``attrs['a'][2]``) for a value JSON cannot hold
     (an object, a structured or object-dtype array, a non-``str`` key, a reserved tag).
     """
     if _depth > MAX_DEPTH:
@@ -74,16 +79,22 @@ def encode(value: Any, where: str = "attrs", _depth: int = 0) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise AttrsError(f"attribute {where}: key {k!r} is not a str (JSON object keys are)")
+                raise AttrsError(
+                    f"attribute {where}: key {k!r} is not a str (JSON object keys are)"
+                )
             out[k] = encode(v, f"{where}[{k!r}]", _depth + 1)
         if len(out) == 1 and next(iter(out)) in (TAG_ARRAY, TAG_SCALAR):
-            raise AttrsError(f"attribute {where}: a dict whose only key is {next(iter(out))!r} is reserved "
-                             "for numpy values")  # fmt: skip
+            raise AttrsError(
+                f"attribute {where}: a dict whose only key is {next(iter(out))!r} is reserved "
+                "for numpy values"
+            )
         return out
     if isinstance(value, (list, tuple)):
         return [encode(v, f"{where}[{i}]", _depth + 1) for i, v in enumerate(value)]
-    raise AttrsError(f"attribute {where}: {type(value).__name__} values cannot be stored (JSON values, numpy "
-                     "arrays and numpy scalars can)")  # fmt: skip
+    raise AttrsError(
+        f"attribute {where}: {type(value).__name__} values cannot be stored (JSON values, numpy "
+        "arrays and numpy scalars can)"
+    )
 
 
 def dumps(attrs: Mapping[str, Any]) -> str:
@@ -110,7 +121,11 @@ def _untag(tag: str, body: Any, where: str) -> np.ndarray | np.generic:
     if not isinstance(body, dict) or set(body) != keys:
         raise _bad(where, f"a {tag!r} object must hold exactly the keys {sorted(keys)}")
     try:
-        dt = np.dtype(body["dtype"]) if isinstance(body["dtype"], str) and len(body["dtype"]) <= 16 else None
+        dt = (
+            np.dtype(body["dtype"])
+            if isinstance(body["dtype"], str) and len(body["dtype"]) <= 16
+            else None
+        )
     except TypeError:
         dt = None
     if dt is None or not _dtype_ok(dt):
@@ -125,8 +140,14 @@ def _untag(tag: str, body: Any, where: str) -> np.ndarray | np.generic:
     if not isinstance(data, str):
         raise _bad(where, "base64 must be a str")
     expected = math.prod(shape) * dt.itemsize
-    if len(data) != 4 * (-(-expected // 3)):  # before decoding: never allocate what the shape does not say
-        raise _bad(where, f"{len(data)} base64 characters, expected {4 * (-(-expected // 3))} for {dt.str} of shape {shape}")
+    if len(data) != 4 * (
+        -(-expected // 3)
+    ):  # before decoding: never allocate what the shape does not say
+        raise _bad(
+            where,
+            f"{len(data)} base64 characters, expected {4 * (-(-expected // 3))} for {dt.str} of "
+            f"shape {shape}",
+        )
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -146,7 +167,7 @@ def decode(value: Any, where: str = "attrs", _depth: int = 0) -> Any:
         raise _bad(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         if len(value) == 1:
-            (k, body), = value.items()
+            ((k, body),) = value.items()
             if k in (TAG_ARRAY, TAG_SCALAR):
                 return _untag(k, body, where)
         return {k: decode(v, f"{where}[{k!r}]", _depth + 1) for k, v in value.items()}

@@ -9,7 +9,8 @@ and PyTables see it unchanged) followed by a footer and a fixed-size trailer::
       header length             <u4
       header                    UTF-8 JSON object: the /rowstore attributes (same keys, same values,
                                 JSON text values as text) plus "hdf5_eof": F
-      INDEX_MAGIC               8 bytes  (the dataset sidecar's magic: the rest is a one-shard sidecar)
+      INDEX_MAGIC               8 bytes  (the dataset sidecar's magic: the rest is a one-shard
+      sidecar)
       block index               num_blocks * spec.BLOCK_DTYPE records
       heap chunk index          num_heap_chunks * spec.HEAP_CHUNK_DTYPE records
       (format v3 only: the page index)
@@ -56,8 +57,22 @@ from rowstore.errors import ChecksumError, FormatError
 from rowstore.format import spec
 from rowstore.format.manifest import INDEX_MAGIC, _json_object
 
-__all__ = ["FOOTER_MAGIC", "TRAILER_MAGIC", "PAGE_MAGIC", "TRAILER_SIZE", "FIRST_READ", "Footer", "encode", "read", "read_local",
-           "cut", "parse_trailer", "parse_footer", "hdf5_end", "check_no_footer"]  # fmt: skip
+__all__ = [
+    "FOOTER_MAGIC",
+    "TRAILER_MAGIC",
+    "PAGE_MAGIC",
+    "TRAILER_SIZE",
+    "FIRST_READ",
+    "Footer",
+    "encode",
+    "read",
+    "read_local",
+    "cut",
+    "parse_trailer",
+    "parse_footer",
+    "hdf5_end",
+    "check_no_footer",
+]
 
 FOOTER_MAGIC = b"RSFOOTR2"
 TRAILER_MAGIC = b"RSTRAIL2"
@@ -84,26 +99,40 @@ class Footer:
 
     __slots__ = ("header", "index", "offset", "_data", "_trailer")
 
-    def __init__(self, header: dict, index: memoryview, offset: int, data: bytes = b"", trailer: bytes = b""):
+    def __init__(
+        self, header: dict, index: memoryview, offset: int, data: bytes = b"", trailer: bytes = b""
+    ):
         self.header, self.index, self.offset = header, index, offset
         self._data, self._trailer = data, trailer
 
     @property
     def raw(self) -> bytes:
-        """The footer's and trailer's bytes (what :func:`read` takes back as ``first``, without a read)."""
+        """The footer's and trailer's bytes (what :func:`read` takes back as ``first``, without a
+        read)."""
         return self._data + self._trailer
 
-    def indexes(self, num_blocks: int, num_heap_chunks: int, bad,
-                pages: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+    def indexes(
+        self, num_blocks: int, num_heap_chunks: int, bad, pages: tuple[int, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
         """The block and heap chunk index, which must hold exactly the counts given, and (with
         ``pages``: the numbers of block and heap pages, format v3) the page index: a pair of
         uint32 arrays, else None."""
-        nb, nh = num_blocks * spec.BLOCK_DTYPE.itemsize, num_heap_chunks * spec.HEAP_CHUNK_DTYPE.itemsize
-        npb = 0 if pages is None else len(PAGE_MAGIC) + (pages[0] + pages[1]) * spec.PAGE_DTYPE.itemsize
+        nb, nh = (
+            num_blocks * spec.BLOCK_DTYPE.itemsize,
+            num_heap_chunks * spec.HEAP_CHUNK_DTYPE.itemsize,
+        )
+        npb = (
+            0
+            if pages is None
+            else len(PAGE_MAGIC) + (pages[0] + pages[1]) * spec.PAGE_DTYPE.itemsize
+        )
         if len(self.index) != nb + nh + npb:
             what = "" if pages is None else f" and {pages[0]} + {pages[1]} pages"
-            raise bad(f"the footer's index holds {len(self.index)} bytes, expected {nb + nh + npb} for {num_blocks} "
-                      f"blocks and {num_heap_chunks} heap chunks{what}")
+            raise bad(
+                f"the footer's index holds {len(self.index)} bytes, expected {nb + nh + npb} for "
+                f"{num_blocks} "
+                f"blocks and {num_heap_chunks} heap chunks{what}"
+            )
         # Read-only views of the footer's bytes (as a dataset's index is of its sidecar's).
         blocks = np.frombuffer(self.index[:nb], dtype=spec.BLOCK_DTYPE)
         heap_chunks = np.frombuffer(self.index[nb : nb + nh], dtype=spec.HEAP_CHUNK_DTYPE)
@@ -114,23 +143,47 @@ class Footer:
             raise bad("the page index does not start with its magic")
         at += len(PAGE_MAGIC)
         split = at + pages[0] * spec.PAGE_DTYPE.itemsize
-        return blocks, heap_chunks, (np.frombuffer(self.index[at:split], dtype=spec.PAGE_DTYPE),
-                                     np.frombuffer(self.index[split:], dtype=spec.PAGE_DTYPE))
+        return (
+            blocks,
+            heap_chunks,
+            (
+                np.frombuffer(self.index[at:split], dtype=spec.PAGE_DTYPE),
+                np.frombuffer(self.index[split:], dtype=spec.PAGE_DTYPE),
+            ),
+        )
 
 
-def encode(attrs: Mapping[str, Any], blocks: np.ndarray, heap_chunks: np.ndarray, offset: int,
-           pages: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
+def encode(
+    attrs: Mapping[str, Any],
+    blocks: np.ndarray,
+    heap_chunks: np.ndarray,
+    offset: int,
+    pages: tuple[np.ndarray, np.ndarray] | None = None,
+) -> bytes:
     """Footer and trailer of a file whose HDF5 part ends at ``offset``, with these attributes
     (:func:`~rowstore.writer._h5file.file_attributes`) and indexes, and ``pages`` (the block
     and heap page CRC-32s) for a v3 file."""
     header = dict(attrs)
     header[KEY_EOF] = offset
     text = json.dumps(header, sort_keys=True).encode("utf-8")
-    footer = b"".join([
-        FOOTER_MAGIC, _HEADER_LEN.pack(len(text)), text, INDEX_MAGIC,
-        np.ascontiguousarray(blocks, dtype=spec.BLOCK_DTYPE).tobytes(),
-        np.ascontiguousarray(heap_chunks, dtype=spec.HEAP_CHUNK_DTYPE).tobytes(),
-    ] + ([] if pages is None else [PAGE_MAGIC, *(np.ascontiguousarray(p, dtype=spec.PAGE_DTYPE).tobytes() for p in pages)]))  # fmt: skip
+    footer = b"".join(
+        [
+            FOOTER_MAGIC,
+            _HEADER_LEN.pack(len(text)),
+            text,
+            INDEX_MAGIC,
+            np.ascontiguousarray(blocks, dtype=spec.BLOCK_DTYPE).tobytes(),
+            np.ascontiguousarray(heap_chunks, dtype=spec.HEAP_CHUNK_DTYPE).tobytes(),
+        ]
+        + (
+            []
+            if pages is None
+            else [
+                PAGE_MAGIC,
+                *(np.ascontiguousarray(p, dtype=spec.PAGE_DTYPE).tobytes() for p in pages),
+            ]
+        )
+    )
     head = _TRAILER.pack(TRAILER_MAGIC, offset, len(footer), zlib.crc32(footer), 0)[:-4]
     return footer + head + struct.pack("<I", zlib.crc32(head))
 
@@ -148,25 +201,43 @@ def parse_trailer(tail: bytes, size: int, path: str) -> tuple[int, int, int] | N
     t = tail[-TRAILER_SIZE:]
     magic, offset, nbytes, crc, tcrc = _TRAILER.unpack(t)
     if zlib.crc32(t[:-4]) != tcrc:
-        raise ChecksumError(f"{path!r}: the v2 trailer's CRC-32 does not match (a damaged trailer)", path=path)
-    if offset < 1 or offset + nbytes + TRAILER_SIZE != size or nbytes < len(FOOTER_MAGIC) + _HEADER_LEN.size + len(INDEX_MAGIC):
-        raise _bad(path, f"the v2 trailer places a footer of {nbytes} bytes at offset {offset}, which does not end where "
-                         f"the trailer starts in a file of {size} bytes (truncated, or bytes inserted?)")
+        raise ChecksumError(
+            f"{path!r}: the v2 trailer's CRC-32 does not match (a damaged trailer)", path=path
+        )
+    if (
+        offset < 1
+        or offset + nbytes + TRAILER_SIZE != size
+        or nbytes < len(FOOTER_MAGIC) + _HEADER_LEN.size + len(INDEX_MAGIC)
+    ):
+        raise _bad(
+            path,
+            f"the v2 trailer places a footer of {nbytes} bytes at offset {offset}, which does not "
+            f"end where "
+            f"the trailer starts in a file of {size} bytes (truncated, or bytes inserted?)",
+        )
     return offset, nbytes, crc
 
 
 def parse_footer(data: bytes, offset: int, crc: int, path: str, trailer: bytes = b"") -> Footer:
     """The footer in ``data`` (its bytes exactly), checked against its CRC-32 ``crc`` first."""
     if zlib.crc32(data) != crc:
-        raise ChecksumError(f"{path!r}: the v2 footer's CRC-32 does not match its trailer (the schema, attributes or "
-                            f"block index were damaged or edited)", path=path)
+        raise ChecksumError(
+            f"{path!r}: the v2 footer's CRC-32 does not match its trailer (the schema, attributes "
+            f"or "
+            f"block index were damaged or edited)",
+            path=path,
+        )
     if data[:8] != FOOTER_MAGIC:
         raise _bad(path, "the v2 footer does not start with its magic")
     (n,) = _HEADER_LEN.unpack_from(data, 8)
     at = 8 + _HEADER_LEN.size
     if n > MAX_HEADER_BYTES or at + n + len(INDEX_MAGIC) > len(data):
-        raise _bad(path, f"the v2 footer's header length {n} does not fit the footer ({len(data)} bytes, at most "
-                         f"{MAX_HEADER_BYTES} of header)")
+        raise _bad(
+            path,
+            f"the v2 footer's header length {n} does not fit the footer ({len(data)} bytes, at "
+            f"most "
+            f"{MAX_HEADER_BYTES} of header)",
+        )
     header = _json_object(f"{path} (v2 footer)", data[at : at + n])
     at += n
     if data[at : at + len(INDEX_MAGIC)] != INDEX_MAGIC:
@@ -174,7 +245,9 @@ def parse_footer(data: bytes, offset: int, crc: int, path: str, trailer: bytes =
     return Footer(header, memoryview(data)[at + len(INDEX_MAGIC) :], offset, data, trailer)
 
 
-def read(read_range: Callable[[int, int], bytes], size: int, path: str, *, first: bytes | None = None) -> Footer | None:
+def read(
+    read_range: Callable[[int, int], bytes], size: int, path: str, *, first: bytes | None = None
+) -> Footer | None:
     """The footer of a file of ``size`` bytes, or None for a file without one (v1).
 
     ``read_range(start, end)`` returns the file's bytes ``[start, end)``; ``first`` may hold
@@ -196,7 +269,11 @@ def read(read_range: Callable[[int, int], bytes], size: int, path: str, *, first
     else:
         data = read_range(offset, end - have) + bytes(first[:have])
         if len(data) != nbytes:
-            raise _bad(path, f"read {len(data)} bytes of a {nbytes}-byte v2 footer (the file changed while opened?)")
+            raise _bad(
+                path,
+                f"read {len(data)} bytes of a {nbytes}-byte v2 footer (the file changed while "
+                f"opened?)",
+            )
     return parse_footer(data, offset, crc, path, bytes(first[-TRAILER_SIZE:]))
 
 
@@ -233,8 +310,12 @@ def check_no_footer(read_range: Callable[[int, int], bytes], size: int, path: st
         raise _bad(path, f"truncated: its HDF5 superblock records {end} bytes, the file has {size}")
     after = read_range(end, min(size, end + len(FOOTER_MAGIC))) if end < size else b""
     if after and FOOTER_MAGIC.startswith(after):  # the footer's magic, or the start of it
-        raise _bad(path, f"a v2 footer starts at offset {end} (the HDF5 end of file) but the file does not end with its "
-                         f"trailer: truncated in the footer, or bytes appended after it")
+        raise _bad(
+            path,
+            f"a v2 footer starts at offset {end} (the HDF5 end of file) but the file does not end "
+            f"with its "
+            f"trailer: truncated in the footer, or bytes appended after it",
+        )
 
 
 def read_local(fd: int, size: int, path: str) -> Footer | None:
@@ -247,7 +328,9 @@ def read_local(fd: int, size: int, path: str) -> Footer | None:
         return out
 
     # The trailer, then exactly the footer it names: two reads whatever the footer's size.
-    found = read(pread, size, path, first=pread(size - TRAILER_SIZE, size) if size >= TRAILER_SIZE else b"")
+    found = read(
+        pread, size, path, first=pread(size - TRAILER_SIZE, size) if size >= TRAILER_SIZE else b""
+    )
     if found is None:
         check_no_footer(pread, size, path)
     return found

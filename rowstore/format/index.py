@@ -37,9 +37,13 @@ def open_h5(path: str):
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        if exc.errno is not None:  # the system refused (ENOENT, EACCES, EIO...): not a format problem
+        if (
+            exc.errno is not None
+        ):  # the system refused (ENOENT, EACCES, EIO...): not a format problem
             raise
-        raise FormatError(f"{path!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=path) from exc
+        raise FormatError(
+            f"{path!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=path
+        ) from exc
 
 
 class IndexSizes:
@@ -117,7 +121,9 @@ class Layout(IndexSizes):
     def page_geometry(self, what: str) -> tuple[int, int]:
         """``(bytes per page, pages per chunk)`` of the blocks (``"block"``) or heap chunks."""
         if what == "block":
-            return spec.page_geometry(self.page_bytes, self.block_raw_bytes, self.row_dtype.itemsize)
+            return spec.page_geometry(
+                self.page_bytes, self.block_raw_bytes, self.row_dtype.itemsize
+            )
         return spec.page_geometry(self.page_bytes, self.heap_chunk_bytes)
 
     def chunk_pages(self, what: str) -> list[np.ndarray] | None:
@@ -150,7 +156,9 @@ class Layout(IndexSizes):
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, *, verify: bool = False, allow_missing_footer: bool = False) -> Layout:
+    def open(
+        cls, path: str | os.PathLike, *, verify: bool = False, allow_missing_footer: bool = False
+    ) -> Layout:
         """Read and check the layout of ``path``.
 
         Raises :class:`FormatError` for a file that is not rowstore, corrupt or truncated, and
@@ -162,7 +170,11 @@ class Layout(IndexSizes):
         """
         path = os.fspath(path)
         if os.path.isdir(path):
-            raise FormatError(f"{path!r} is a directory, not a rowstore file (a dataset directory opens with rowstore.open)", path=path)
+            raise FormatError(
+                f"{path!r} is a directory, not a rowstore file (a dataset directory opens with "
+                f"rowstore.open)",
+                path=path,
+            )
         fd, st = open_regular(path)
         try:
             ft = footer.read_local(fd, st.st_size, path)
@@ -172,13 +184,27 @@ class Layout(IndexSizes):
             layout = cls.from_footer(ft, path, st.st_size, file_identity(st))
         else:
             with open_h5(path) as f:
-                layout = cls.from_h5(f, path, st.st_size, file_identity(st), allow_missing_footer=allow_missing_footer)
+                layout = cls.from_h5(
+                    f,
+                    path,
+                    st.st_size,
+                    file_identity(st),
+                    allow_missing_footer=allow_missing_footer,
+                )
         if verify:
             layout.verify()
         return layout
 
     @classmethod
-    def from_h5(cls, f, path: str, file_size: int, file_id: tuple = (), *, allow_missing_footer: bool = False) -> Layout:
+    def from_h5(
+        cls,
+        f,
+        path: str,
+        file_size: int,
+        file_id: tuple = (),
+        *,
+        allow_missing_footer: bool = False,
+    ) -> Layout:
         """Read and check the layout of an open ``h5py.File`` ``f`` of ``file_size`` bytes (a
         local file, or an in-memory image of a remote file's metadata) that has no footer;
         ``path`` names it in errors, ``file_id`` is what a store checks before reading it. A
@@ -195,18 +221,29 @@ class Layout(IndexSizes):
         def bad(msg: str) -> FormatError:
             return FormatError(f"{path!r}: {msg}", path=path)
 
-        if spec.GROUP not in f or not isinstance(f[spec.GROUP], h5py.Group) \
-                or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
+        if (
+            spec.GROUP not in f
+            or not isinstance(f[spec.GROUP], h5py.Group)
+            or f[spec.GROUP].attrs.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME
+        ):
             raise bad("not a rowstore file (no /rowstore group with format='rowstore')")
         g = f[spec.GROUP]
         h = _header(g.attrs, path, bad, file_size)
-        schema, num_rows, rpb, H, heap_nbytes = h["schema"], h["num_rows"], h["rows_per_block"], \
-            h["heap_chunk_bytes"], h["heap_nbytes"]
+        schema, num_rows, rpb, H, heap_nbytes = (
+            h["schema"],
+            h["num_rows"],
+            h["rows_per_block"],
+            h["heap_chunk_bytes"],
+            h["heap_nbytes"],
+        )
         rows = _dataset(g, spec.ROWS, bad)
         if rows.dtype != h["row_dtype"]:
             raise bad(f"row table dtype {rows.dtype} does not match the schema's {h['row_dtype']}")
         if rows.shape != (num_rows,) or rows.chunks != (rpb,):
-            raise bad(f"row table shape {rows.shape}/chunks {rows.chunks} disagree with num_rows={num_rows}, rows_per_block={rpb}")
+            raise bad(
+                f"row table shape {rows.shape}/chunks {rows.chunks} disagree with "
+                f"num_rows={num_rows}, rows_per_block={rpb}"
+            )
         blocks = _read_index(g, spec.BLOCKS, -(-num_rows // rpb), spec.BLOCK_DTYPE, bad)
         heap_chunks = _heap_index(g, schema, heap_nbytes, H, bad)
         layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, **h)
@@ -216,15 +253,23 @@ class Layout(IndexSizes):
         # nothing checks its index any more: read like a v1 file only when the caller says so (the
         # checks above first, so that a damaged file is reported as damaged).
         if (h["version"] >= 2 or spec.ATTR_HAS_FOOTER in g.attrs) and not allow_missing_footer:
-            raise bad(f"its attributes say format v{h['version']} with a checksummed footer, but the footer is gone (the "
-                      f"file was opened for writing with h5py or another HDF5 tool, which cuts it at close, or it was "
-                      f"truncated where the footer starts); its index can no longer be checked. Read it anyway, "
-                      f"with v1's guarantees, with allow_missing_footer=True (rowstore.open, rowstore.Layout.open; "
-                      f"--allow-missing-footer on the command line)")
+            raise bad(
+                f"its attributes say format v{h['version']} with a checksummed footer, but the "
+                f"footer is gone (the "
+                f"file was opened for writing with h5py or another HDF5 tool, which cuts it at "
+                f"close, or it was "
+                f"truncated where the footer starts); its index can no longer be checked. Read it "
+                f"anyway, "
+                f"with v1's guarantees, with allow_missing_footer=True (rowstore.open, "
+                f"rowstore.Layout.open; "
+                f"--allow-missing-footer on the command line)"
+            )
         return layout
 
     @classmethod
-    def from_footer(cls, ft: footer.Footer, path: str, file_size: int, file_id: tuple = ()) -> Layout:
+    def from_footer(
+        cls, ft: footer.Footer, path: str, file_size: int, file_id: tuple = ()
+    ) -> Layout:
         """The layout of a v2 file from its footer (:func:`rowstore.format.footer.read`) alone:
         the same checks as :meth:`from_h5`, without libhdf5. Chunks must lie before the footer."""
         with _malformed(path):
@@ -239,12 +284,19 @@ class Layout(IndexSizes):
         if a.get(spec.ATTR_FORMAT) != spec.FORMAT_NAME:
             raise bad(f"format is {a.get(spec.ATTR_FORMAT)!r}, expected {spec.FORMAT_NAME!r}")
         if a.get(footer.KEY_EOF) != ft.offset or isinstance(a.get(footer.KEY_EOF), bool):
-            raise bad(f"{footer.KEY_EOF} {a.get(footer.KEY_EOF)!r} disagrees with the trailer's footer offset {ft.offset}")
+            raise bad(
+                f"{footer.KEY_EOF} {a.get(footer.KEY_EOF)!r} disagrees with the trailer's footer "
+                f"offset {ft.offset}"
+            )
         h = _header(a, path, bad, file_size)
         if h["version"] < 2:
             raise bad(f"declares format v{h['version']}, which has no footer")
         nb = -(-h["num_rows"] // h["rows_per_block"])
-        nh = 0 if all(fl.inline for fl in h["schema"]) else -(-h["heap_nbytes"] // h["heap_chunk_bytes"])
+        nh = (
+            0
+            if all(fl.inline for fl in h["schema"])
+            else -(-h["heap_nbytes"] // h["heap_chunk_bytes"])
+        )
         if nh == 0 and h["heap_nbytes"]:
             raise bad("heap_nbytes is not 0 for a schema without heap fields")
         pages = None
@@ -253,15 +305,27 @@ class Layout(IndexSizes):
             if not isinstance(P, int) or isinstance(P, bool) or not 1 <= P <= spec.MAX_PAGE_BYTES:
                 raise bad(f"{spec.ATTR_PAGE_BYTES} {P!r} is not an int in 1..{spec.MAX_PAGE_BYTES}")
             h["page_bytes"] = P
-            ppb = spec.page_geometry(P, h["rows_per_block"] * h["row_dtype"].itemsize, h["row_dtype"].itemsize)[1]
+            ppb = spec.page_geometry(
+                P, h["rows_per_block"] * h["row_dtype"].itemsize, h["row_dtype"].itemsize
+            )[1]
             pph = spec.page_geometry(P, h["heap_chunk_bytes"])[1]
             if (nb * ppb + nh * pph) * spec.PAGE_DTYPE.itemsize > file_size:
-                raise bad(f"a page index of {nb * ppb + nh * pph} pages is larger than the file ({file_size} bytes)")
+                raise bad(
+                    f"a page index of {nb * ppb + nh * pph} pages is larger than the file "
+                    f"({file_size} bytes)"
+                )
             pages = (nb * ppb, nh * pph)
         blocks, heap_chunks, page_crcs = ft.indexes(nb, nh, bad, pages)
         if page_crcs is not None:
             h["block_pages"], h["heap_pages"] = page_crcs
-        layout = cls(path=path, blocks=blocks, heap_chunks=heap_chunks, file_size=file_size, footer_offset=ft.offset, **h)
+        layout = cls(
+            path=path,
+            blocks=blocks,
+            heap_chunks=heap_chunks,
+            file_size=file_size,
+            footer_offset=ft.offset,
+            **h,
+        )
         object.__setattr__(layout, "file_id", file_id)
         layout._check_indexes(bad)
         return layout
@@ -269,11 +333,20 @@ class Layout(IndexSizes):
     def _check_indexes(self, bad) -> None:
         """Every number the kernels will trust, checked against the others and the file size."""
         one = lambda v: np.array([v], np.int64)  # noqa: E731
-        check_indexes(lambda _s, msg: bad(msg), blocks=self.blocks, heap_chunks=self.heap_chunks,
-                      rows=one(self.num_rows), rows_per_block=one(self.rows_per_block), heap_nbytes=one(self.heap_nbytes),
-                      file_size=one(self.footer_offset or self.file_size), block_counts=one(len(self.blocks)),
-                      heap_chunk_counts=one(len(self.heap_chunks)), heap_chunk_bytes=self.heap_chunk_bytes,
-                      row_size=self.row_dtype.itemsize, compressed=self.compressed)  # fmt: skip
+        check_indexes(
+            lambda _s, msg: bad(msg),
+            blocks=self.blocks,
+            heap_chunks=self.heap_chunks,
+            rows=one(self.num_rows),
+            rows_per_block=one(self.rows_per_block),
+            heap_nbytes=one(self.heap_nbytes),
+            file_size=one(self.footer_offset or self.file_size),
+            block_counts=one(len(self.blocks)),
+            heap_chunk_counts=one(len(self.heap_chunks)),
+            heap_chunk_bytes=self.heap_chunk_bytes,
+            row_size=self.row_dtype.itemsize,
+            compressed=self.compressed,
+        )
 
     def verify(self) -> None:
         """Read every row block and heap chunk and check checksums and decompression.
@@ -329,8 +402,16 @@ class Layout(IndexSizes):
         return int(b["first_row"][hit[0]]), int(b["first_row"][hit[-1]] + b["num_rows"][hit[-1]])
 
 
-def scan_chunks(fd: int | Callable[[int, int], bytes], offsets: np.ndarray, stored: np.ndarray,
-                checksums: np.ndarray, *, raw_size: int, codec: tuple[int, int] | None, what: str):
+def scan_chunks(
+    fd: int | Callable[[int, int], bytes],
+    offsets: np.ndarray,
+    stored: np.ndarray,
+    checksums: np.ndarray,
+    *,
+    raw_size: int,
+    codec: tuple[int, int] | None,
+    what: str,
+):
     """Load every chunk of one file's index (64 MiB at a time) and yield ``(position, error)``
     for each that fails (checksum, decompression, size); the scan goes on after a failure.
 
@@ -349,19 +430,40 @@ def scan_chunks(fd: int | Callable[[int, int], bytes], offsets: np.ndarray, stor
         j = min(i + step, len(offsets))
         try:
             if read is None:
-                kernels.load_chunks(fd, offsets[i:j], stored[i:j], checksums[i:j], codec=codec, verify=True,
-                                    dst=dst[: (j - i) * raw_size], raw_size=raw_size, scratch=scratch, what=what)
+                kernels.load_chunks(
+                    fd,
+                    offsets[i:j],
+                    stored[i:j],
+                    checksums[i:j],
+                    codec=codec,
+                    verify=True,
+                    dst=dst[: (j - i) * raw_size],
+                    raw_size=raw_size,
+                    scratch=scratch,
+                    what=what,
+                )
             else:
-                j = _fetch_and_decode(read, offsets, stored, checksums, i, j, dst, raw_size, codec, what)
+                j = _fetch_and_decode(
+                    read, offsets, stored, checksums, i, j, dst, raw_size, codec, what
+                )
             i = j
         except kernels.KernelError as exc:
             yield i + exc.index, exc
             i += exc.index + 1  # go on after the damaged chunk
 
 
-def _fetch_and_decode(read: Callable[[int, int], bytes], offsets: np.ndarray, stored: np.ndarray,
-                      checksums: np.ndarray, i: int, j: int, dst: np.ndarray, raw_size: int,
-                      codec: tuple[int, int] | None, what: str) -> int:
+def _fetch_and_decode(
+    read: Callable[[int, int], bytes],
+    offsets: np.ndarray,
+    stored: np.ndarray,
+    checksums: np.ndarray,
+    i: int,
+    j: int,
+    dst: np.ndarray,
+    raw_size: int,
+    codec: tuple[int, int] | None,
+    what: str,
+) -> int:
     """Chunks ``i..`` (up to ``j``) fetched by one ranged read of at most 8 MiB (or one chunk)
     and checked; returns where the next read starts."""
     from rowstore import kernels
@@ -369,12 +471,25 @@ def _fetch_and_decode(read: Callable[[int, int], bytes], offsets: np.ndarray, st
     lo = int(offsets[i])
     hi = lo + int(stored[i])
     k = i + 1
-    while k < j and int(offsets[k]) >= lo and int(offsets[k]) + int(stored[k]) - lo <= _REMOTE_SCAN_BYTES:
+    while (
+        k < j
+        and int(offsets[k]) >= lo
+        and int(offsets[k]) + int(stored[k]) - lo <= _REMOTE_SCAN_BYTES
+    ):
         hi = max(hi, int(offsets[k]) + int(stored[k]))
         k += 1
     src = np.frombuffer(read(lo, hi), np.uint8)
-    kernels.decode_chunks(src, offsets[i:k] - lo, stored[i:k], checksums[i:k], codec=codec, verify=True,
-                          dst=dst[: (k - i) * raw_size], raw_size=raw_size, what=what)
+    kernels.decode_chunks(
+        src,
+        offsets[i:k] - lo,
+        stored[i:k],
+        checksums[i:k],
+        codec=codec,
+        verify=True,
+        dst=dst[: (k - i) * raw_size],
+        raw_size=raw_size,
+        what=what,
+    )
     return k
 
 
@@ -382,9 +497,21 @@ def _fetch_and_decode(read: Callable[[int, int], bytes], offsets: np.ndarray, st
 _REMOTE_SCAN_BYTES = 8 << 20
 
 
-def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.ndarray, rows_per_block: np.ndarray,
-                  heap_nbytes: np.ndarray, file_size: np.ndarray, block_counts: np.ndarray,
-                  heap_chunk_counts: np.ndarray, heap_chunk_bytes: int, row_size: int, compressed: bool) -> None:
+def check_indexes(
+    bad,
+    *,
+    blocks: np.ndarray,
+    heap_chunks: np.ndarray,
+    rows: np.ndarray,
+    rows_per_block: np.ndarray,
+    heap_nbytes: np.ndarray,
+    file_size: np.ndarray,
+    block_counts: np.ndarray,
+    heap_chunk_counts: np.ndarray,
+    heap_chunk_bytes: int,
+    row_size: int,
+    compressed: bool,
+) -> None:
     """Check the block and heap chunk indexes of one or more files at once (vectorized: a
     dataset of 10,000 shards is checked in a few numpy passes).
 
@@ -396,7 +523,9 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
     contiguous block heap ranges within the heap.
     """
     S = len(rows)
-    rows, rpb, hn, fs = (np.asarray(a, np.int64) for a in (rows, rows_per_block, heap_nbytes, file_size))
+    rows, rpb, hn, fs = (
+        np.asarray(a, np.int64) for a in (rows, rows_per_block, heap_nbytes, file_size)
+    )
     bc, hc = np.asarray(block_counts, np.int64), np.asarray(heap_chunk_counts, np.int64)
     H = heap_chunk_bytes
     if len(blocks) != int(bc.sum()) or len(heap_chunks) != int(hc.sum()):
@@ -404,8 +533,12 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
     want_b = -(-rows // rpb)
     if (bc != want_b).any():
         i = int(np.argmax(bc != want_b))
-        raise bad(i, f"block index has {int(bc[i])} entries, expected {int(want_b[i])} for {int(rows[i])} rows of "
-                     f"{int(rpb[i])} per block")
+        raise bad(
+            i,
+            f"block index has {int(bc[i])} entries, expected {int(want_b[i])} for {int(rows[i])} "
+            f"rows of "
+            f"{int(rpb[i])} per block",
+        )
     want_h = -(-hn // H)
     if (hc != want_h).any():
         i = int(np.argmax(hc != want_h))
@@ -426,9 +559,13 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
         u = np.uint64
         rpb_b = rpb[fb].astype(u)
         first = local.astype(u) * rpb_b
-        first_bad(B["first_row"] != first, fb, "block index first_row values are not consecutive blocks")
+        first_bad(
+            B["first_row"] != first, fb, "block index first_row values are not consecutive blocks"
+        )
         expect_rows = np.minimum(rpb_b, rows[fb].astype(u) - first)
-        first_bad(B["num_rows"] != expect_rows, fb, "block index num_rows values disagree with num_rows")
+        first_bad(
+            B["num_rows"] != expect_rows, fb, "block index num_rows values disagree with num_rows"
+        )
         counts = {"block": bc, "heap chunk": hc}
         for what, idx, owner in (("block", B, fb), ("heap chunk", C, fh)):
             off, size = idx["offset"], idx["stored_nbytes"]
@@ -437,23 +574,43 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
             if out.any():
                 i = int(np.argmax(out))
                 k = i - int((np.cumsum(counts[what]) - counts[what])[owner[i]])
-                raise bad(int(owner[i]), f"{what} {k} lies outside the file (offset {int(off[i])}, {int(size[i])} bytes, "
-                                         f"file of {int(fs[owner[i]])} bytes; truncated?)")
+                raise bad(
+                    int(owner[i]),
+                    f"{what} {k} lies outside the file (offset {int(off[i])}, {int(size[i])} "
+                    f"bytes, "
+                    f"file of {int(fs[owner[i]])} bytes; truncated?)",
+                )
         if not compressed:
-            first_bad(B["stored_nbytes"] != rpb_b * u(row_size), fb,
-                      "an uncompressed block's stored size is not rows_per_block * row size")
+            first_bad(
+                B["stored_nbytes"] != rpb_b * u(row_size),
+                fb,
+                "an uncompressed block's stored size is not rows_per_block * row size",
+            )
             # Each is heap_chunk_bytes, but a heap of one chunk may store it trimmed to the
             # file's heap bytes (see the writer: no mostly empty chunk for a small file).
             alone = (hc == 1)[fh]
-            short_ok = alone & (C["stored_nbytes"] >= hn[fh].astype(u)) & (C["stored_nbytes"] < u(H))
-            first_bad((C["stored_nbytes"] != u(H)) & ~short_ok, fh,
-                      "an uncompressed heap chunk's stored size is not heap_chunk_bytes")
+            short_ok = (
+                alone & (C["stored_nbytes"] >= hn[fh].astype(u)) & (C["stored_nbytes"] < u(H))
+            )
+            first_bad(
+                (C["stored_nbytes"] != u(H)) & ~short_ok,
+                fh,
+                "an uncompressed heap chunk's stored size is not heap_chunk_bytes",
+            )
         else:  # the scratch a reader stages compressed chunks in is sized by the largest of them
             slack = u(spec.MAX_FRAME_OVERHEAD)
-            first_bad(B["stored_nbytes"] > rpb_b * u(row_size) + slack, fb,
-                      "a compressed block's stored size exceeds its raw size plus the Blosc2 frame overhead")
-            first_bad(C["stored_nbytes"] > u(H) + slack, fh,
-                      "a compressed heap chunk's stored size exceeds heap_chunk_bytes plus the Blosc2 frame overhead")
+            first_bad(
+                B["stored_nbytes"] > rpb_b * u(row_size) + slack,
+                fb,
+                "a compressed block's stored size exceeds its raw size plus the Blosc2 frame "
+                "overhead",
+            )
+            first_bad(
+                C["stored_nbytes"] > u(H) + slack,
+                fh,
+                "a compressed heap chunk's stored size exceeds heap_chunk_bytes plus the Blosc2 "
+                "frame overhead",
+            )
         hs, he = B["heap_start"], B["heap_end"]
         is_first = local == 0
         prev_end = np.concatenate(([u(0)], he[:-1])) if len(he) else he
@@ -481,8 +638,11 @@ def check_indexes(bad, *, blocks: np.ndarray, heap_chunks: np.ndarray, rows: np.
                         return f"block {int(local[k])}"
                     return f"heap chunk {k - nb - int((np.cumsum(hc) - hc)[fh[k - nb]])}"
 
-                raise bad(int(owner[a]), f"{name(a)} and {name(z)} share bytes of the file (offsets {int(off[a])} and "
-                                         f"{int(off[z])}): the index is corrupt")
+                raise bad(
+                    int(owner[a]),
+                    f"{name(a)} and {name(z)} share bytes of the file (offsets {int(off[a])} and "
+                    f"{int(off[z])}): the index is corrupt",
+                )
 
 
 def schema_row_dtype(schema: Schema, bad) -> np.dtype:
@@ -491,7 +651,9 @@ def schema_row_dtype(schema: Schema, bad) -> np.dtype:
     try:
         return spec.row_dtype(schema)
     except (ValueError, OverflowError, MemoryError) as exc:
-        raise bad(f"the schema's row layout cannot be built ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise bad(
+            f"the schema's row layout cannot be built ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
 
 
 def _text(v: Any) -> str:
@@ -521,10 +683,20 @@ def _malformed(path: str) -> Iterator[None]:
         if exc.errno is not None:  # EIO, EACCES...: the system's error, not a malformed file
             raise
         raise FormatError(f"{path!r}: malformed rowstore file: {exc}", path=path) from exc
-    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, RecursionError, OverflowError) as exc:
+    except (
+        KeyError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        RuntimeError,
+        RecursionError,
+        OverflowError,
+    ) as exc:
         # h5py's errors for damaged metadata (RuntimeError), objects of the wrong kind
         # (AttributeError), sizes numpy cannot represent (OverflowError, ValueError).
-        raise FormatError(f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path) from exc
+        raise FormatError(
+            f"{path!r}: malformed rowstore file: {type(exc).__name__}: {exc}", path=path
+        ) from exc
 
 
 def _header(a, path: str, bad, file_size: int) -> dict[str, Any]:
@@ -543,37 +715,65 @@ def _header(a, path: str, bad, file_size: int) -> dict[str, Any]:
         user_attrs = attrs_json.decode(user_attrs)
     except FormatError as exc:
         raise bad(str(exc)) from None
-    num_rows, rpb, H, heap_nbytes = (_int(a, k, bad) for k in (
-        spec.ATTR_NUM_ROWS, spec.ATTR_ROWS_PER_BLOCK, spec.ATTR_HEAP_CHUNK_BYTES, spec.ATTR_HEAP_NBYTES))
+    num_rows, rpb, H, heap_nbytes = (
+        _int(a, k, bad)
+        for k in (
+            spec.ATTR_NUM_ROWS,
+            spec.ATTR_ROWS_PER_BLOCK,
+            spec.ATTR_HEAP_CHUNK_BYTES,
+            spec.ATTR_HEAP_NBYTES,
+        )
+    )
     if a.get(spec.ATTR_CHECKSUM) not in (spec.CHECKSUM, spec.CHECKSUM.encode()):
         raise bad(f"unknown checksum {a.get(spec.ATTR_CHECKSUM)!r}")
     if rpb < 1 or H < 1 or num_rows < 0 or heap_nbytes < 0:
         raise bad("negative or zero sizes in the attributes")
     row_dtype = schema_row_dtype(schema, bad)
     _check_limits(bad, row_dtype.itemsize, rpb, H, heap_nbytes, num_rows, file_size)
-    return dict(version=version, schema=schema, user_attrs=user_attrs, num_rows=num_rows, rows_per_block=rpb,
-                row_dtype=row_dtype, compression=compression, heap_chunk_bytes=H, heap_nbytes=heap_nbytes,
-                writer=_text(a.get(spec.ATTR_WRITER, "")))  # fmt: skip
+    return dict(
+        version=version,
+        schema=schema,
+        user_attrs=user_attrs,
+        num_rows=num_rows,
+        rows_per_block=rpb,
+        row_dtype=row_dtype,
+        compression=compression,
+        heap_chunk_bytes=H,
+        heap_nbytes=heap_nbytes,
+        writer=_text(a.get(spec.ATTR_WRITER, "")),
+    )
 
 
-def _check_limits(bad, row_size: int, rpb: int, H: int, heap_nbytes: int, num_rows: int, file_size: int) -> None:
+def _check_limits(
+    bad, row_size: int, rpb: int, H: int, heap_nbytes: int, num_rows: int, file_size: int
+) -> None:
     """Sizes the reader allocates from, against the format's limits, before anything is read."""
     if rpb * row_size > spec.MAX_CHUNK_BYTES:
-        raise bad(f"a block of {rpb} rows of {row_size} bytes ({rpb * row_size} bytes) exceeds the format's limit of "
-                  f"{spec.MAX_CHUNK_BYTES} bytes per block")
+        raise bad(
+            f"a block of {rpb} rows of {row_size} bytes ({rpb * row_size} bytes) exceeds the "
+            f"format's limit of "
+            f"{spec.MAX_CHUNK_BYTES} bytes per block"
+        )
     if H > spec.MAX_CHUNK_BYTES:
         raise bad(f"heap_chunk_bytes {H} exceeds the format's limit of {spec.MAX_CHUNK_BYTES}")
     if num_rows > 0 and -(-num_rows // rpb) * spec.BLOCK_DTYPE.itemsize > file_size:
-        raise bad(f"num_rows={num_rows} needs a block index larger than the file ({file_size} bytes)")
+        raise bad(
+            f"num_rows={num_rows} needs a block index larger than the file ({file_size} bytes)"
+        )
     if heap_nbytes > 0 and -(-heap_nbytes // H) * spec.HEAP_CHUNK_DTYPE.itemsize > file_size:
-        raise bad(f"heap_nbytes={heap_nbytes} needs a heap chunk index larger than the file ({file_size} bytes)")
+        raise bad(
+            f"heap_nbytes={heap_nbytes} needs a heap chunk index larger than the file ({file_size} "
+            f"bytes)"
+        )
 
 
 def _json(attrs, name: str, default: str, bad) -> Any:
     try:
         return json.loads(_text(attrs.get(name, default)))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; nesting too deep
-        raise bad(f"attribute {name!r} is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise bad(
+            f"attribute {name!r} is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
 
 
 def _dataset(g, name: str, bad):
@@ -607,9 +807,14 @@ def _heap_index(g, schema: Schema, heap_nbytes: int, H: int, bad) -> np.ndarray:
         return np.zeros(0, dtype=spec.HEAP_CHUNK_DTYPE)
     heap_chunks = _read_index(g, spec.HEAP_CHUNKS, -(-heap_nbytes // H), spec.HEAP_CHUNK_DTYPE, bad)
     heap = _dataset(g, spec.HEAP, bad)
-    trimmed = heap.chunks is not None and len(heap_chunks) == 1 and heap_nbytes <= heap.chunks[0] < H
+    trimmed = (
+        heap.chunks is not None and len(heap_chunks) == 1 and heap_nbytes <= heap.chunks[0] < H
+    )
     if heap.shape != (heap_nbytes,) or (heap.chunks != (H,) and not trimmed):
-        raise bad(f"heap shape {heap.shape}/chunks {heap.chunks} disagree with heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}")
+        raise bad(
+            f"heap shape {heap.shape}/chunks {heap.chunks} disagree with "
+            f"heap_nbytes={heap_nbytes}, heap_chunk_bytes={H}"
+        )
     return heap_chunks
 
 
@@ -635,8 +840,11 @@ def _schema(a, path: str, bad) -> Schema:
     except CodecError as exc:
         if exc.codec is not None and exc.codec not in registered_codecs():
             # A codec this installation lacks: say which and what to install, not "corrupt".
-            raise CodecError(f"{path!r} uses codec {exc.codec!r}, which is not installed here: {exc}",
-                             codec=exc.codec, field=exc.field) from exc
+            raise CodecError(
+                f"{path!r} uses codec {exc.codec!r}, which is not installed here: {exc}",
+                codec=exc.codec,
+                field=exc.field,
+            ) from exc
         raise bad(f"invalid schema: {exc}") from exc
     except (RowstoreError, KeyError) as exc:
         raise bad(f"invalid schema: {exc}") from exc
@@ -646,12 +854,15 @@ def _schema(a, path: str, bad) -> Schema:
 _FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
 
 
-def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False) -> Any:
+def remote_file_layout(
+    client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False
+) -> Any:
     """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
     etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
     (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
     and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
-    the byte ranges its HDF5 metadata occupies (:class:`~rowstore.storage.objstore.RangeFile`: that tail and, for our
+    the byte ranges its HDF5 metadata occupies (:class:`~rowstore.storage.objstore.RangeFile`: that
+    tail and, for our
     writer's files, one more GET of the head); no block is read and libhdf5 never sees the
     network. With a ``cache`` (:class:`rowstore.storage.cache.BlockCache`), the footer or the
     image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
@@ -686,6 +897,8 @@ def remote_file_layout(client: Client, url: str, cache: Any = None, *, allow_mis
     except OSError as exc:
         if isinstance(exc, (RemoteError, FormatError)):
             raise
-        raise FormatError(f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url) from exc
+        raise FormatError(
+            f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url
+        ) from exc
     finally:
         rf.close()

@@ -59,11 +59,30 @@ from rowstore.storage.base import Destination
 from rowstore.storage.local import LocalDir
 
 __all__ = [
-    "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "POINTER", "MANIFEST_DIR", "SHARD_DIR", "INDEX_MAGIC",
-    "Manifest", "is_dataset", "index_crc32", "shard_entry", "read_pointer", "load", "versions", "publish",
-    "commit_lock", "manifest_path", "index_path", "next_version", "version_objects",
-    "pointer_bytes", "outside_links", "check_inside",
-]  # fmt: skip
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "READABLE_VERSIONS",
+    "POINTER",
+    "MANIFEST_DIR",
+    "SHARD_DIR",
+    "INDEX_MAGIC",
+    "Manifest",
+    "is_dataset",
+    "index_crc32",
+    "shard_entry",
+    "read_pointer",
+    "load",
+    "versions",
+    "publish",
+    "commit_lock",
+    "manifest_path",
+    "index_path",
+    "next_version",
+    "version_objects",
+    "pointer_bytes",
+    "outside_links",
+    "check_inside",
+]
 
 FORMAT_NAME = "rowstore-dataset"
 FORMAT_VERSION = 1
@@ -82,7 +101,16 @@ MAX_MANIFEST_BYTES = 1 << 30
 _POINTER_MAX = 1 << 16
 
 #: Keys of a shard entry and their meaning (all ints but ``path``).
-SHARD_KEYS = ("path", "rows", "blocks", "rows_per_block", "heap_nbytes", "heap_chunks", "file_size", "index_crc32")
+SHARD_KEYS = (
+    "path",
+    "rows",
+    "blocks",
+    "rows_per_block",
+    "heap_nbytes",
+    "heap_chunks",
+    "file_size",
+    "index_crc32",
+)
 #: The global row number of an entry's first row, written with every entry and checked against
 #: the entries before it: it pins the shard order (optional on reading).
 FIRST_ROW = "first_row"
@@ -142,10 +170,13 @@ def check_inside(root: str | os.PathLike, rels: Sequence[str], *, what: str) -> 
         root = os.fspath(root)
         where = os.path.join(root, rel)
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise FormatError(f"{where!r}: {what} {rel!r} of dataset {root!r} resolves to {real!r}, "
-                          f"outside the dataset directory {os.path.realpath(root)!r} (a symlink)"
-                          f"{more}; refused: pass allow_outside_links=True (CLI: "
-                          "--allow-outside-links) to follow links out of it", path=where)
+        raise FormatError(
+            f"{where!r}: {what} {rel!r} of dataset {root!r} resolves to {real!r}, "
+            f"outside the dataset directory {os.path.realpath(root)!r} (a symlink)"
+            f"{more}; refused: pass allow_outside_links=True (CLI: "
+            "--allow-outside-links) to follow links out of it",
+            path=where,
+        )
 
 
 def index_crc32(blocks: np.ndarray, heap_chunks: np.ndarray) -> int:
@@ -158,10 +189,15 @@ def index_crc32(blocks: np.ndarray, heap_chunks: np.ndarray) -> int:
 def shard_entry(rel_path: str, layout: Any) -> dict[str, Any]:
     """The manifest entry of a shard file whose :class:`~rowstore.format.index.Layout` is given."""
     return {
-        "path": rel_path, "rows": layout.num_rows, "blocks": layout.num_blocks, "rows_per_block": layout.rows_per_block,
-        "heap_nbytes": layout.heap_nbytes, "heap_chunks": len(layout.heap_chunks), "file_size": layout.file_size,
+        "path": rel_path,
+        "rows": layout.num_rows,
+        "blocks": layout.num_blocks,
+        "rows_per_block": layout.rows_per_block,
+        "heap_nbytes": layout.heap_nbytes,
+        "heap_chunks": len(layout.heap_chunks),
+        "file_size": layout.file_size,
         "index_crc32": index_crc32(layout.blocks, layout.heap_chunks),
-    }  # fmt: skip
+    }
 
 
 @dataclass(frozen=True)
@@ -208,7 +244,11 @@ def _read_small(path: str, limit: int) -> bytes:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
-                raise _bad(path, f"has {size} bytes, more than the {limit} a manifest may hold: not a rowstore dataset manifest")
+                raise _bad(
+                    path,
+                    f"has {size} bytes, more than the {limit} a manifest may hold: not a rowstore "
+                    f"dataset manifest",
+                )
             data = f.read(size + 1)  # sized by the file, not the limit (read(n) allocates n bytes)
     except FileNotFoundError:
         raise MissingObjectError(f"{path!r} is missing", path=path) from None
@@ -229,15 +269,19 @@ def _json_object(path: str, data: bytes) -> dict:
 
 def _check_format(path: str, obj: dict) -> None:
     if obj.get("format") != FORMAT_NAME:
-        raise _bad(path, f"not a rowstore dataset (format {obj.get('format')!r}, expected {FORMAT_NAME!r})")
+        raise _bad(
+            path, f"not a rowstore dataset (format {obj.get('format')!r}, expected {FORMAT_NAME!r})"
+        )
     v = obj.get("format_version")
     if not isinstance(v, int) or isinstance(v, bool):
         raise _bad(path, f"format_version is missing or not an int: {v!r}")
     if v not in READABLE_VERSIONS:
         raise FormatVersionError(
             f"{path!r} uses rowstore dataset manifest v{v}; this rowstore reads v"
-            + ", v".join(map(str, READABLE_VERSIONS)) + (" (upgrade rowstore to read it)" if v > max(READABLE_VERSIONS) else ""),
-            path=path)  # fmt: skip
+            + ", v".join(map(str, READABLE_VERSIONS))
+            + (" (upgrade rowstore to read it)" if v > max(READABLE_VERSIONS) else ""),
+            path=path,
+        )
 
 
 def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
@@ -256,7 +300,11 @@ def read_pointer(root: str | os.PathLike, *, read: Reader | None = None) -> tupl
     _check_format(p, obj)
     version = _int(p, obj, "version", 1)
     if obj.get("manifest") != manifest_path(version):
-        raise _bad(p, f"names manifest {obj.get('manifest')!r}, expected {manifest_path(version)!r} for version {version}")
+        raise _bad(
+            p,
+            f"names manifest {obj.get('manifest')!r}, expected {manifest_path(version)!r} for "
+            f"version {version}",
+        )
     return version, _int(p, obj, "manifest_crc32")
 
 
@@ -290,9 +338,14 @@ def _shard_columns(mpath: str, entries: list) -> dict[str, Any]:
         raise _bad(f"{mpath} shard {i}", "a shard entry must be a JSON object")
     paths = [e.get("path") for e in entries]
     if not all(type(p) is str and _PLAIN_PATH.fullmatch(p) for p in paths):
-        i = next(i for i, p in enumerate(paths) if not (type(p) is str and _PLAIN_PATH.fullmatch(p)))
+        i = next(
+            i for i, p in enumerate(paths) if not (type(p) is str and _PLAIN_PATH.fullmatch(p))
+        )
         _safe_relpath(f"{mpath} shard {i}", paths[i])  # raises, naming what is wrong
-        raise _bad(f"{mpath} shard {i}", f"shard path {paths[i]!r} must be a plain relative path inside the dataset")
+        raise _bad(
+            f"{mpath} shard {i}",
+            f"shard path {paths[i]!r} must be a plain relative path inside the dataset",
+        )
     if len(set(paths)) != len(paths):
         raise _bad(mpath, "two shard entries name the same file")
     cols: dict[str, Any] = {"path": paths}
@@ -300,7 +353,11 @@ def _shard_columns(mpath: str, entries: list) -> dict[str, Any]:
         lo = 1 if k in ("rows_per_block", "file_size") else 0
         vals = [e.get(k) for e in entries]
         ok = all(type(v) is int for v in vals)
-        arr = np.array(vals, dtype=np.int64) if ok and (not vals or -(1 << 63) <= min(vals) and max(vals) < 1 << 63) else None
+        arr = (
+            np.array(vals, dtype=np.int64)
+            if ok and (not vals or -(1 << 63) <= min(vals) and max(vals) < 1 << 63)
+            else None
+        )
         if arr is None or (arr < lo).any():
             i = next(i for i, e in enumerate(entries) if _int_ok(e.get(k), lo) is False)
             _int(f"{mpath} shard {i}", entries[i], k, lo)  # raises
@@ -312,7 +369,9 @@ def _int_ok(v: Any, lo: int) -> bool:
     return type(v) is int and lo <= v < 1 << 63
 
 
-def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | None = None) -> Manifest:
+def load(
+    root: str | os.PathLike, version: int | None = None, *, read: Reader | None = None
+) -> Manifest:
     """Read and structurally check a version (default: the current one) of the dataset at
     ``root``: pointer, manifest and sidecar, with their checksums. Raises :class:`FormatError`
     (:class:`FormatVersionError` for a newer format) naming the object and what was expected.
@@ -328,13 +387,20 @@ def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | 
     mpath = os.path.join(root, manifest_path(version))
     data = read(mpath, MAX_MANIFEST_BYTES)
     if expected_crc is not None and zlib.crc32(data) != expected_crc:
-        raise _bad(mpath, f"CRC-32 {zlib.crc32(data)} does not match the {expected_crc} recorded in {POINTER} (corrupt manifest)")
+        raise _bad(
+            mpath,
+            f"CRC-32 {zlib.crc32(data)} does not match the {expected_crc} recorded in {POINTER} "
+            f"(corrupt manifest)",
+        )
     m = _json_object(mpath, data)
     _check_format(mpath, m)
     if not _int_ok(m.get("version"), 1) or m["version"] != version:  # 1.0 == 1, but is no version
         raise _bad(mpath, f"holds version {m.get('version')!r}, expected {version}")
     if m.get("kind") not in KINDS:
-        raise _bad(mpath, f"manifest kind {m.get('kind')!r} is not one this rowstore reads ({', '.join(KINDS)})")
+        raise _bad(
+            mpath,
+            f"manifest kind {m.get('kind')!r} is not one this rowstore reads ({', '.join(KINDS)})",
+        )
     if not isinstance(m.get("schema"), dict):
         raise _bad(mpath, "'schema' must be a JSON object")
     try:
@@ -361,9 +427,19 @@ def load(root: str | os.PathLike, version: int | None = None, *, read: Reader | 
     shards = _shard_columns(mpath, entries)
     _check_first_rows(mpath, entries, shards["rows"])
     blocks, heap_chunks = _read_index(root, m, shards, mpath, read)
-    return Manifest(root=root, version=version, schema=schema, attrs=attrs, compression=compression,
-                    heap_chunk_bytes=H, shards=shards, blocks=blocks, heap_chunks=heap_chunks,
-                    created=str(m.get("created", "")), writer=str(m.get("writer", "")))  # fmt: skip
+    return Manifest(
+        root=root,
+        version=version,
+        schema=schema,
+        attrs=attrs,
+        compression=compression,
+        heap_chunk_bytes=H,
+        shards=shards,
+        blocks=blocks,
+        heap_chunks=heap_chunks,
+        created=str(m.get("created", "")),
+        writer=str(m.get("writer", "")),
+    )
 
 
 def _check_first_rows(mpath: str, entries: list, rows: np.ndarray) -> None:
@@ -377,11 +453,16 @@ def _check_first_rows(mpath: str, entries: list, rows: np.ndarray) -> None:
     expected = np.concatenate(([0], np.cumsum(rows)[:-1])).tolist() if len(rows) else []
     for i, (f, want) in enumerate(zip(firsts, expected)):
         if type(f) is not int or f != want:
-            raise _bad(f"{mpath} shard {i}", f"{FIRST_ROW} {f!r}, but the shards before it hold {want} rows "
-                                             "(shards reordered, inserted or removed)")  # fmt: skip
+            raise _bad(
+                f"{mpath} shard {i}",
+                f"{FIRST_ROW} {f!r}, but the shards before it hold {want} rows "
+                "(shards reordered, inserted or removed)",
+            )
 
 
-def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> tuple[np.ndarray, np.ndarray]:
+def _read_index(
+    root: str, m: dict, shards: dict, mpath: str, read: Reader
+) -> tuple[np.ndarray, np.ndarray]:
     idx = m.get("index")
     if not isinstance(idx, dict) or idx.get("path") != index_path(m["version"]):
         raise _bad(mpath, f"'index' must name the sidecar {index_path(m['version'])!r}")
@@ -390,7 +471,11 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> t
     expect = len(INDEX_MAGIC) + nb * spec.BLOCK_DTYPE.itemsize + nh * spec.HEAP_CHUNK_DTYPE.itemsize
     ipath = os.path.join(root, idx["path"])
     if nbytes != expect:
-        raise _bad(mpath, f"sidecar size {nbytes} disagrees with the {nb} blocks and {nh} heap chunks of its shards ({expect} bytes)")
+        raise _bad(
+            mpath,
+            f"sidecar size {nbytes} disagrees with the {nb} blocks and {nh} heap chunks of its "
+            f"shards ({expect} bytes)",
+        )
     if read is _read_small:
         try:
             size = os.stat(ipath).st_size
@@ -399,17 +484,28 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> t
                 f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath
             ) from None
         if size != expect:
-            raise _bad(ipath, f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)")
+            raise _bad(
+                ipath,
+                f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)",
+            )
         with open(ipath, "rb") as f:
             raw = f.read(expect)
     else:  # one request; a larger object is refused by read() before it is fetched
         raw = read(ipath, expect)
         if len(raw) != expect:
-            raise _bad(ipath, f"has {len(raw)} bytes, the manifest records {expect} (truncated or replaced sidecar)")
+            raise _bad(
+                ipath,
+                f"has {len(raw)} bytes, the manifest records {expect} (truncated or replaced "
+                f"sidecar)",
+            )
     if len(raw) != expect or raw[: len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise _bad(ipath, "not a rowstore block-index sidecar (bad magic or short read)")
     if zlib.crc32(raw) != crc:
-        raise _bad(ipath, f"CRC-32 {zlib.crc32(raw)} does not match the {crc} its manifest records (corrupt sidecar)")
+        raise _bad(
+            ipath,
+            f"CRC-32 {zlib.crc32(raw)} does not match the {crc} its manifest records (corrupt "
+            f"sidecar)",
+        )
     buf = memoryview(raw)[len(INDEX_MAGIC) :]
     split = nb * spec.BLOCK_DTYPE.itemsize
     blocks = np.frombuffer(buf[:split], dtype=spec.BLOCK_DTYPE)
@@ -418,13 +514,18 @@ def _read_index(root: str, m: dict, shards: dict, mpath: str, read: Reader) -> t
     # straight from the sidecar's bytes.
     B, Hs = spec.BLOCK_DTYPE.itemsize, spec.HEAP_CHUNK_DTYPE.itemsize
     b_at = (len(INDEX_MAGIC) + np.concatenate(([0], np.cumsum(shards["blocks"]))) * B).tolist()
-    h_at = (len(INDEX_MAGIC) + split + np.concatenate(([0], np.cumsum(shards["heap_chunks"]))) * Hs).tolist()
+    h_at = (
+        len(INDEX_MAGIC) + split + np.concatenate(([0], np.cumsum(shards["heap_chunks"]))) * Hs
+    ).tolist()
     whole = memoryview(raw)
     crc32 = zlib.crc32
     want = shards["index_crc32"].tolist()
     for i in range(len(want)):
         if crc32(whole[h_at[i] : h_at[i + 1]], crc32(whole[b_at[i] : b_at[i + 1]])) != want[i]:
-            raise _bad(ipath, f"index of shard {shards['path'][i]!r} does not match its CRC-32 in the manifest")
+            raise _bad(
+                ipath,
+                f"index of shard {shards['path'][i]!r} does not match its CRC-32 in the manifest",
+            )
     return blocks, heap_chunks
 
 
@@ -463,9 +564,17 @@ def publish(
     """
     dest = LocalDir(root) if isinstance(root, (str, os.PathLike)) else root
     version = next_version(dest.list(MANIFEST_DIR))
-    sidecar, text, pointer = version_objects(version, schema=schema, attrs=attrs, compression=compression,
-                                             heap_chunk_bytes=heap_chunk_bytes, shards=shards, blocks=blocks,
-                                             heap_chunks=heap_chunks, parent=parent)  # fmt: skip
+    sidecar, text, pointer = version_objects(
+        version,
+        schema=schema,
+        attrs=attrs,
+        compression=compression,
+        heap_chunk_bytes=heap_chunk_bytes,
+        shards=shards,
+        blocks=blocks,
+        heap_chunks=heap_chunks,
+        parent=parent,
+    )
     dest.write_new(index_path(version), sidecar)
     dest.write_new(manifest_path(version), text)
     try:
@@ -497,9 +606,18 @@ def _entries(shards: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def version_objects(version: int, *, schema: Schema, attrs: dict, compression: dict, heap_chunk_bytes: int,
-                    shards: Sequence[dict[str, Any]], blocks: Sequence[np.ndarray], heap_chunks: Sequence[np.ndarray],
-                    parent: int | None = None) -> tuple[bytes, bytes, bytes]:
+def version_objects(
+    version: int,
+    *,
+    schema: Schema,
+    attrs: dict,
+    compression: dict,
+    heap_chunk_bytes: int,
+    shards: Sequence[dict[str, Any]],
+    blocks: Sequence[np.ndarray],
+    heap_chunks: Sequence[np.ndarray],
+    parent: int | None = None,
+) -> tuple[bytes, bytes, bytes]:
     """The bytes of version ``version``'s sidecar, manifest and pointer (what :func:`publish`
     writes, in that order; a remote commit uploads them in that order too)."""
     parts = [INDEX_MAGIC]
@@ -507,21 +625,37 @@ def version_objects(version: int, *, schema: Schema, attrs: dict, compression: d
     parts += [np.ascontiguousarray(h, dtype=spec.HEAP_CHUNK_DTYPE).tobytes() for h in heap_chunks]
     sidecar = b"".join(parts)
     manifest = {
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version, "parent": parent, "kind": "shards",
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "version": version,
+        "parent": parent,
+        "kind": "shards",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "writer": f"rowstore {__version__}", "file_format_version": spec.FORMAT_VERSION,
-        "schema": schema.to_json(), "attrs": attrs_json.encode(attrs), "compression": compression,
-        "heap_chunk_bytes": heap_chunk_bytes, "num_rows": int(sum(s["rows"] for s in shards)),
-        "index": {"path": index_path(version), "nbytes": len(sidecar), "crc32": zlib.crc32(sidecar)},
+        "writer": f"rowstore {__version__}",
+        "file_format_version": spec.FORMAT_VERSION,
+        "schema": schema.to_json(),
+        "attrs": attrs_json.encode(attrs),
+        "compression": compression,
+        "heap_chunk_bytes": heap_chunk_bytes,
+        "num_rows": int(sum(s["rows"] for s in shards)),
+        "index": {
+            "path": index_path(version),
+            "nbytes": len(sidecar),
+            "crc32": zlib.crc32(sidecar),
+        },
         "shards": _entries(shards),
-    }  # fmt: skip
+    }
     text = json.dumps(manifest, indent=1).encode()
     return sidecar, text, pointer_bytes(version, text)
 
 
 def pointer_bytes(version: int, manifest_text: bytes) -> bytes:
     """The pointer that makes ``version`` current, its manifest's bytes being ``manifest_text``."""
-    pointer = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "version": version,
-               "manifest": manifest_path(version),
-               "manifest_crc32": zlib.crc32(manifest_text)}  # fmt: skip
+    pointer = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "version": version,
+        "manifest": manifest_path(version),
+        "manifest_crc32": zlib.crc32(manifest_text),
+    }
     return json.dumps(pointer, indent=1).encode() + b"\n"

@@ -31,7 +31,6 @@ from rowstore.storage.objstore import Client, RemoteOptions
 __all__ = ["Opened", "open_layout", "open_remote", "open_file", "remote_file_layout"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Opened:
     """What :func:`open_layout` found.

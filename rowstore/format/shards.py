@@ -131,17 +131,25 @@ class DatasetLayout(IndexSizes):
             b, h = self.blocks, self.heap_chunks
             i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
             num_rows = i64(b["num_rows"])
-            shard_chunk0 = np.cumsum(np.bincount(self.chunk_shard, minlength=self.num_shards)) - np.bincount(
-                self.chunk_shard, minlength=self.num_shards)
+            shard_chunk0 = np.cumsum(
+                np.bincount(self.chunk_shard, minlength=self.num_shards)
+            ) - np.bincount(self.chunk_shard, minlength=self.num_shards)
             c.update(
-                offset=i64(b["offset"]), stored=i64(b["stored_nbytes"]),
+                offset=i64(b["offset"]),
+                stored=i64(b["stored_nbytes"]),
                 checksum=np.ascontiguousarray(b["checksum"], dtype=np.uint64),
-                heap_start=i64(b["heap_start"]), heap_end=i64(b["heap_end"]), num_rows=num_rows,
-                first=np.cumsum(num_rows) - num_rows, raw=self.shard_rpb[self.block_shard] * self.row_dtype.itemsize,
-                chunk_base=i64(shard_chunk0[self.block_shard]) if self.num_shards else np.zeros(0, np.int64),
-                hc_offset=i64(h["offset"]), hc_stored=i64(h["stored_nbytes"]),
+                heap_start=i64(b["heap_start"]),
+                heap_end=i64(b["heap_end"]),
+                num_rows=num_rows,
+                first=np.cumsum(num_rows) - num_rows,
+                raw=self.shard_rpb[self.block_shard] * self.row_dtype.itemsize,
+                chunk_base=i64(shard_chunk0[self.block_shard])
+                if self.num_shards
+                else np.zeros(0, np.int64),
+                hc_offset=i64(h["offset"]),
+                hc_stored=i64(h["stored_nbytes"]),
                 hc_checksum=np.ascontiguousarray(h["checksum"], dtype=np.uint64),
-            )  # fmt: skip
+            )
         return c
 
     # -- row numbers <-> row ids -------------------------------------------------------------
@@ -164,13 +172,19 @@ class DatasetLayout(IndexSizes):
         """``(shard path, block within the shard, dataset row)`` of a row id, for errors."""
         blk = int(row_id) // self.rows_per_block
         s = int(self.block_shard[blk]) if 0 <= blk < self.num_blocks else 0
-        return self.shard_paths[s], blk - self.shard_block0(s), int(self.rows_of(np.array([row_id]))[0])
+        return (
+            self.shard_paths[s],
+            blk - self.shard_block0(s),
+            int(self.rows_of(np.array([row_id]))[0]),
+        )
 
     def shard_block0(self, s: int, what: str = "block") -> int:
         """The dataset-wide index of shard ``s``'s first block (or first heap chunk)."""
         key = "block0" if what == "block" else "chunk0"
         if key not in self._cache:
-            counts = np.bincount(self.block_shard if what == "block" else self.chunk_shard, minlength=self.num_shards)
+            counts = np.bincount(
+                self.block_shard if what == "block" else self.chunk_shard, minlength=self.num_shards
+            )
             self._cache[key] = np.cumsum(counts) - counts
         return int(self._cache[key][s]) if self.num_shards else 0
 
@@ -198,8 +212,14 @@ class DatasetLayout(IndexSizes):
         for err in self.damage(limit=1):
             raise err
 
-    def damage(self, *, limit: int | None = None, shard_indexes: bool = False,
-               chunks: bool = True, client: Any = None) -> list[FormatError]:
+    def damage(
+        self,
+        *,
+        limit: int | None = None,
+        shard_indexes: bool = False,
+        chunks: bool = True,
+        client: Any = None,
+    ) -> list[FormatError]:
         """Every damaged block and heap chunk of every shard (checksum, decompression, size),
         and every shard that is missing or of the wrong size, in shard order, as errors with
         ``path`` (the shard file), ``block`` (within it) and ``rows`` (the dataset rows whose
@@ -220,7 +240,9 @@ class DatasetLayout(IndexSizes):
                 source, size, close = self._shard_source(path, client)
             except (OSError, FormatError) as exc:
                 io_failure = client is not None and isinstance(exc, FormatError)
-                if isinstance(exc, RemoteError) or (io_failure and not isinstance(exc, MissingObjectError)):
+                if isinstance(exc, RemoteError) or (
+                    io_failure and not isinstance(exc, MissingObjectError)
+                ):
                     raise  # an I/O failure, not damage
                 found.append(FormatError(f"{path!r}: shard {s} cannot be opened: {exc}", path=path))
                 if limit is not None and len(found) >= limit:
@@ -228,8 +250,13 @@ class DatasetLayout(IndexSizes):
                 continue
             try:
                 if size != int(self.shard_file_size[s]):
-                    found.append(FormatError(f"{path!r}: shard {s} has {size} bytes, expected {int(self.shard_file_size[s])}",
-                                             path=path))
+                    found.append(
+                        FormatError(
+                            f"{path!r}: shard {s} has {size} bytes, expected "
+                            f"{int(self.shard_file_size[s])}",
+                            path=path,
+                        )
+                    )
                     continue
                 if shard_indexes and self.shard_layouts is None:
                     err = self._check_shard_index(s, index_crc32, client)
@@ -240,8 +267,21 @@ class DatasetLayout(IndexSizes):
                 b0, h0 = self.shard_block0(s), self.shard_block0(s, "heap chunk")
                 nb, nh = int(np.sum(self.block_shard == s)), int(np.sum(self.chunk_shard == s))
                 for what, lo, n, cols, raw in (
-                        ("block", b0, nb, ("offset", "stored", "checksum"), int(self.shard_rpb[s]) * self.row_dtype.itemsize),
-                        ("heap chunk", h0, nh, ("hc_offset", "hc_stored", "hc_checksum"), self.heap_chunk_bytes)):
+                    (
+                        "block",
+                        b0,
+                        nb,
+                        ("offset", "stored", "checksum"),
+                        int(self.shard_rpb[s]) * self.row_dtype.itemsize,
+                    ),
+                    (
+                        "heap chunk",
+                        h0,
+                        nh,
+                        ("hc_offset", "hc_stored", "hc_checksum"),
+                        self.heap_chunk_bytes,
+                    ),
+                ):
                     idx = [a[c][lo : lo + n] for c in cols]
                     for k, err in scan_chunks(source, *idx, raw_size=raw, codec=codec, what=what):
                         err.args = (f"{path!r}: {what} {k}: {err}",)
@@ -262,7 +302,11 @@ class DatasetLayout(IndexSizes):
         if client is not None:
             meta = client.info(path)
             etag = meta["etag"]
-            return (lambda start, end: client.get(path, start, end, etag)), meta["size"], lambda: None
+            return (
+                (lambda start, end: client.get(path, start, end, etag)),
+                meta["size"],
+                lambda: None,
+            )
         fd, st = open_regular(path)
         return fd, st.st_size, lambda: os.close(fd)
 
@@ -285,13 +329,17 @@ class DatasetLayout(IndexSizes):
         nb, nh = int(np.sum(self.block_shard == s)), int(np.sum(self.chunk_shard == s))
         mine = index_crc32(self.blocks[b0 : b0 + nb], self.heap_chunks[h0 : h0 + nh])
         if rows != int(self.shard_rows[s]) or crc != mine:
-            return FormatError(f"{path!r}: shard {s}'s own index disagrees with the dataset's manifest", path=path)
+            return FormatError(
+                f"{path!r}: shard {s}'s own index disagrees with the dataset's manifest", path=path
+            )
         try:
             same = Schema.from_json(schema) == self.schema if isinstance(schema, str) else False
         except (RowstoreError, ValueError):
             same = False
         if not same:
-            return FormatError(f"{path!r}: shard {s}'s schema differs from the dataset's", path=path)
+            return FormatError(
+                f"{path!r}: shard {s}'s schema differs from the dataset's", path=path
+            )
         return None
 
     def _rows_of(self, what: str, k: int) -> tuple[int, int]:
@@ -303,16 +351,23 @@ class DatasetLayout(IndexSizes):
         H = self.heap_chunk_bytes
         local = k - self.shard_block0(s, what)
         lo, hi = local * H, (local + 1) * H
-        mine = np.flatnonzero((self.block_shard == s) & (a["heap_start"] < hi) & (a["heap_end"] > lo))
+        mine = np.flatnonzero(
+            (self.block_shard == s) & (a["heap_start"] < hi) & (a["heap_end"] > lo)
+        )
         if not len(mine):
             return (0, 0)
         return int(a["first"][mine[0]]), int(a["first"][mine[-1]] + a["num_rows"][mine[-1]])
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike | Sequence[str | os.PathLike], *,
-             version: int | None = None, allow_outside_links: bool = False,
-             allow_missing_footer: bool = False) -> DatasetLayout:
+    def open(
+        cls,
+        path: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        version: int | None = None,
+        allow_outside_links: bool = False,
+        allow_missing_footer: bool = False,
+    ) -> DatasetLayout:
         """The layout of a dataset directory (its current manifest, or ``version``), a ``.h5``
         file, or a list of those read as one (same schema, compression and heap chunk size).
         ``allow_outside_links``: see :meth:`from_manifest`; ``allow_missing_footer`` as for
@@ -322,15 +377,27 @@ class DatasetLayout(IndexSizes):
                 raise ValueError("no datasets given")
             if version is not None:
                 raise ValueError("version= applies to one dataset, not a list")
-            return cls.concat([cls.open(p, allow_outside_links=allow_outside_links,
-                                        allow_missing_footer=allow_missing_footer) for p in path])
+            return cls.concat(
+                [
+                    cls.open(
+                        p,
+                        allow_outside_links=allow_outside_links,
+                        allow_missing_footer=allow_missing_footer,
+                    )
+                    for p in path
+                ]
+            )
         p = os.fsdecode(path)  # type: ignore[arg-type]  # a list was handled above
         if os.path.isdir(p):
             if not _manifest.is_dataset(p):
-                raise FormatError(f"{p!r} is a directory but not a rowstore dataset (no {_manifest.POINTER}; "
-                                  f"an unfinished or uncommitted write leaves none)", path=p)
-            return cls.from_manifest(_manifest.load(p, version),
-                                     allow_outside_links=allow_outside_links)
+                raise FormatError(
+                    f"{p!r} is a directory but not a rowstore dataset (no {_manifest.POINTER}; "
+                    f"an unfinished or uncommitted write leaves none)",
+                    path=p,
+                )
+            return cls.from_manifest(
+                _manifest.load(p, version), allow_outside_links=allow_outside_links
+            )
         if version is not None:
             raise ValueError(f"{p!r} is a file: version= applies to dataset directories")
         return cls.from_files([Layout.open(p, allow_missing_footer=allow_missing_footer)], path=p)
@@ -340,25 +407,45 @@ class DatasetLayout(IndexSizes):
         """A dataset of these files (already validated by :meth:`Layout.open`), in order."""
         first = layouts[0]
         for L in layouts[1:]:
-            _check_same(first.path, first.schema, first.compression, first.heap_chunk_bytes, L.path, L.schema,
-                        L.compression, L.heap_chunk_bytes)
+            _check_same(
+                first.path,
+                first.schema,
+                first.compression,
+                first.heap_chunk_bytes,
+                L.path,
+                L.schema,
+                L.compression,
+                L.heap_chunk_bytes,
+            )
         i64 = lambda vals: np.array(vals, np.int64).reshape(-1)  # noqa: E731
         return cls(
-            path=path or " + ".join(L.path for L in layouts), schema=first.schema, user_attrs=first.user_attrs,
-            compression=first.compression, heap_chunk_bytes=first.heap_chunk_bytes, row_dtype=first.row_dtype,
+            path=path or " + ".join(L.path for L in layouts),
+            schema=first.schema,
+            user_attrs=first.user_attrs,
+            compression=first.compression,
+            heap_chunk_bytes=first.heap_chunk_bytes,
+            row_dtype=first.row_dtype,
             shard_paths=tuple(absolute(L.path) for L in layouts),
             shard_ids=tuple(L.file_id for L in layouts),
-            shard_rows=i64([L.num_rows for L in layouts]), shard_rpb=i64([L.rows_per_block for L in layouts]),
-            shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]), shard_file_size=i64([L.file_size for L in layouts]),
-            blocks=np.concatenate([L.blocks for L in layouts]), heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),
-            block_shard=np.repeat(np.arange(len(layouts), dtype=np.int32), [L.num_blocks for L in layouts]),
-            chunk_shard=np.repeat(np.arange(len(layouts), dtype=np.int32), [len(L.heap_chunks) for L in layouts]),
+            shard_rows=i64([L.num_rows for L in layouts]),
+            shard_rpb=i64([L.rows_per_block for L in layouts]),
+            shard_heap_nbytes=i64([L.heap_nbytes for L in layouts]),
+            shard_file_size=i64([L.file_size for L in layouts]),
+            blocks=np.concatenate([L.blocks for L in layouts]),
+            heap_chunks=np.concatenate([L.heap_chunks for L in layouts]),
+            block_shard=np.repeat(
+                np.arange(len(layouts), dtype=np.int32), [L.num_blocks for L in layouts]
+            ),
+            chunk_shard=np.repeat(
+                np.arange(len(layouts), dtype=np.int32), [len(L.heap_chunks) for L in layouts]
+            ),
             shard_layouts=tuple(layouts),
-        )  # fmt: skip
+        )
 
     @classmethod
-    def from_manifest(cls, m: _manifest.Manifest, *,
-                      allow_outside_links: bool = False) -> DatasetLayout:
+    def from_manifest(
+        cls, m: _manifest.Manifest, *, allow_outside_links: bool = False
+    ) -> DatasetLayout:
         """A dataset from its manifest: every shard's index checked here, vectorized (no shard
         file is opened; each is checked against its recorded size when first read).
 
@@ -378,38 +465,76 @@ class DatasetLayout(IndexSizes):
 
         def bad(s: int, msg: str) -> FormatError:
             where = paths[s] if paths else m.root
-            return FormatError(f"{where!r} (shard {s} of dataset {m.root!r}, version {m.version}): {msg}", path=where)
+            return FormatError(
+                f"{where!r} (shard {s} of dataset {m.root!r}, version {m.version}): {msg}",
+                path=where,
+            )
 
-        row_dtype = schema_row_dtype(m.schema, lambda msg: FormatError(f"{m.root!r} (version {m.version}): {msg}",
-                                                                       path=m.root))  # fmt: skip
+        row_dtype = schema_row_dtype(
+            m.schema,
+            lambda msg: FormatError(f"{m.root!r} (version {m.version}): {msg}", path=m.root),
+        )
         rs = row_dtype.itemsize
 
         rpb = sh["rows_per_block"]
         H = m.heap_chunk_bytes
         big = np.flatnonzero(rpb * rs > spec.MAX_CHUNK_BYTES)
         if len(big):
-            raise bad(int(big[0]), f"a block of {int(rpb[big[0]])} rows of {rs} bytes exceeds the format's limit of "
-                                   f"{spec.MAX_CHUNK_BYTES} bytes per block")
+            raise bad(
+                int(big[0]),
+                f"a block of {int(rpb[big[0]])} rows of {rs} bytes exceeds the format's limit of "
+                f"{spec.MAX_CHUNK_BYTES} bytes per block",
+            )
         if H > spec.MAX_CHUNK_BYTES:
-            raise FormatError(f"{m.root!r}: heap_chunk_bytes {H} exceeds the format's limit of {spec.MAX_CHUNK_BYTES}",
-                              path=m.root)
+            raise FormatError(
+                f"{m.root!r}: heap_chunk_bytes {H} exceeds the format's limit of "
+                f"{spec.MAX_CHUNK_BYTES}",
+                path=m.root,
+            )
         if (sh["heap_nbytes"] > spec.MAX_HEAP_BYTES).any():
-            raise bad(int(np.argmax(sh["heap_nbytes"] > spec.MAX_HEAP_BYTES)), "heap_nbytes exceeds the format's limit")
+            raise bad(
+                int(np.argmax(sh["heap_nbytes"] > spec.MAX_HEAP_BYTES)),
+                "heap_nbytes exceeds the format's limit",
+            )
         if all(f.inline for f in m.schema) and (sh["heap_nbytes"] != 0).any():
-            raise bad(int(np.argmax(sh["heap_nbytes"] != 0)), "heap_nbytes is not 0 for a schema without heap fields")
-        check_indexes(bad, blocks=m.blocks, heap_chunks=m.heap_chunks, rows=sh["rows"], rows_per_block=rpb,
-                      heap_nbytes=sh["heap_nbytes"], file_size=sh["file_size"], block_counts=sh["blocks"],
-                      heap_chunk_counts=sh["heap_chunks"], heap_chunk_bytes=H, row_size=rs,
-                      compressed=m.compression["id"] != "none")  # fmt: skip
+            raise bad(
+                int(np.argmax(sh["heap_nbytes"] != 0)),
+                "heap_nbytes is not 0 for a schema without heap fields",
+            )
+        check_indexes(
+            bad,
+            blocks=m.blocks,
+            heap_chunks=m.heap_chunks,
+            rows=sh["rows"],
+            rows_per_block=rpb,
+            heap_nbytes=sh["heap_nbytes"],
+            file_size=sh["file_size"],
+            block_counts=sh["blocks"],
+            heap_chunk_counts=sh["heap_chunks"],
+            heap_chunk_bytes=H,
+            row_size=rs,
+            compressed=m.compression["id"] != "none",
+        )
         S = m.num_shards
         return cls(
-            path=m.root, schema=m.schema, user_attrs=m.attrs, compression=m.compression, heap_chunk_bytes=H,
-            row_dtype=row_dtype, shard_paths=tuple(paths),
-            shard_ids=tuple((int(n),) for n in sh["file_size"]), shard_rows=sh["rows"], shard_rpb=rpb,
-            shard_heap_nbytes=sh["heap_nbytes"], shard_file_size=sh["file_size"], blocks=m.blocks,
-            heap_chunks=m.heap_chunks, block_shard=np.repeat(np.arange(S, dtype=np.int32), sh["blocks"]),
-            chunk_shard=np.repeat(np.arange(S, dtype=np.int32), sh["heap_chunks"]), version=m.version,
-        )  # fmt: skip
+            path=m.root,
+            schema=m.schema,
+            user_attrs=m.attrs,
+            compression=m.compression,
+            heap_chunk_bytes=H,
+            row_dtype=row_dtype,
+            shard_paths=tuple(paths),
+            shard_ids=tuple((int(n),) for n in sh["file_size"]),
+            shard_rows=sh["rows"],
+            shard_rpb=rpb,
+            shard_heap_nbytes=sh["heap_nbytes"],
+            shard_file_size=sh["file_size"],
+            blocks=m.blocks,
+            heap_chunks=m.heap_chunks,
+            block_shard=np.repeat(np.arange(S, dtype=np.int32), sh["blocks"]),
+            chunk_shard=np.repeat(np.arange(S, dtype=np.int32), sh["heap_chunks"]),
+            version=m.version,
+        )
 
     @classmethod
     def concat(cls, parts: Sequence[DatasetLayout]) -> DatasetLayout:
@@ -418,23 +543,40 @@ class DatasetLayout(IndexSizes):
             return parts[0]
         a = parts[0]
         for b in parts[1:]:
-            _check_same(a.path, a.schema, a.compression, a.heap_chunk_bytes, b.path, b.schema, b.compression,
-                        b.heap_chunk_bytes)
+            _check_same(
+                a.path,
+                a.schema,
+                a.compression,
+                a.heap_chunk_bytes,
+                b.path,
+                b.schema,
+                b.compression,
+                b.heap_chunk_bytes,
+            )
         shard0 = np.cumsum([p.num_shards for p in parts]) - np.array([p.num_shards for p in parts])
         cat = np.concatenate
         layouts = [p.shard_layouts for p in parts]
         return cls(
-            path=" + ".join(p.path for p in parts), schema=a.schema, user_attrs=a.user_attrs, compression=a.compression,
-            heap_chunk_bytes=a.heap_chunk_bytes, row_dtype=a.row_dtype,
-            shard_paths=sum((p.shard_paths for p in parts), ()), shard_ids=sum((p.shard_ids for p in parts), ()),
-            shard_rows=cat([p.shard_rows for p in parts]), shard_rpb=cat([p.shard_rpb for p in parts]),
+            path=" + ".join(p.path for p in parts),
+            schema=a.schema,
+            user_attrs=a.user_attrs,
+            compression=a.compression,
+            heap_chunk_bytes=a.heap_chunk_bytes,
+            row_dtype=a.row_dtype,
+            shard_paths=sum((p.shard_paths for p in parts), ()),
+            shard_ids=sum((p.shard_ids for p in parts), ()),
+            shard_rows=cat([p.shard_rows for p in parts]),
+            shard_rpb=cat([p.shard_rpb for p in parts]),
             shard_heap_nbytes=cat([p.shard_heap_nbytes for p in parts]),
             shard_file_size=cat([p.shard_file_size for p in parts]),
-            blocks=cat([p.blocks for p in parts]), heap_chunks=cat([p.heap_chunks for p in parts]),
+            blocks=cat([p.blocks for p in parts]),
+            heap_chunks=cat([p.heap_chunks for p in parts]),
             block_shard=cat([p.block_shard + k for p, k in zip(parts, shard0)]).astype(np.int32),
             chunk_shard=cat([p.chunk_shard + k for p, k in zip(parts, shard0)]).astype(np.int32),
-            shard_layouts=sum((x for x in layouts if x is not None), ()) if all(x is not None for x in layouts) else None,
-        )  # fmt: skip
+            shard_layouts=sum((x for x in layouts if x is not None), ())
+            if all(x is not None for x in layouts)
+            else None,
+        )
 
     def page_index(self) -> PageIndex | None:
         """The page index of the whole dataset (cached), or None unless every shard is a v3
@@ -479,8 +621,18 @@ class DatasetLayout(IndexSizes):
                 return None
             mine = self.blocks[b0[s] : b0[s] + nb[s]]
             heap = self.heap_chunks[h0[s] : h0[s] + nh[s]]
-            block_cols = ("offset", "stored_nbytes", "checksum", "num_rows", "heap_start", "heap_end")
-            for a, b, cols in ((mine, x.blocks, block_cols), (heap, x.heap_chunks, ("offset", "stored_nbytes", "checksum"))):
+            block_cols = (
+                "offset",
+                "stored_nbytes",
+                "checksum",
+                "num_rows",
+                "heap_start",
+                "heap_end",
+            )
+            for a, b, cols in (
+                (mine, x.blocks, block_cols),
+                (heap, x.heap_chunks, ("offset", "stored_nbytes", "checksum")),
+            ):
                 if any(not np.array_equal(a[k], b[k]) for k in cols):
                     return None
             out.append(x)
@@ -495,14 +647,25 @@ class DatasetLayout(IndexSizes):
         self.__dict__.update(state)
 
 
-def _check_same(pa: str, sa: Schema, ca: dict, ha: int, pb: str, sb: Schema, cb: dict, hb: int) -> None:
+def _check_same(
+    pa: str, sa: Schema, ca: dict, ha: int, pb: str, sb: Schema, cb: dict, hb: int
+) -> None:
     if sa != sb:
-        raise SchemaError(f"{pb!r} cannot be read with {pa!r} as one dataset: their schemas differ:\n{sa}\nvs\n{sb}")
+        raise SchemaError(
+            f"{pb!r} cannot be read with {pa!r} as one dataset: their schemas "
+            f"differ:\n{sa}\nvs\n{sb}"
+        )
     if ca != cb:
-        raise FormatError(f"{pb!r} cannot be read with {pa!r} as one dataset: compression {cb} differs from {ca}", path=pb)
+        raise FormatError(
+            f"{pb!r} cannot be read with {pa!r} as one dataset: compression {cb} differs from {ca}",
+            path=pb,
+        )
     if ha != hb:
-        raise FormatError(f"{pb!r} cannot be read with {pa!r} as one dataset: heap_chunk_bytes {hb} differs from {ha}",
-                          path=pb)
+        raise FormatError(
+            f"{pb!r} cannot be read with {pa!r} as one dataset: heap_chunk_bytes {hb} differs from "
+            f"{ha}",
+            path=pb,
+        )
 
 
 @dataclass(frozen=True)
@@ -545,10 +708,19 @@ class PageIndex:
             one = np.full(hper, hlen, np.int64)
             one[-1] = x.heap_chunk_bytes - (hper - 1) * hlen
             heap_sizes.append(np.tile(one, len(x.heap_chunks)))
-        per_block = np.repeat([x.page_geometry("block")[1] for x in layouts], [x.num_blocks for x in layouts])
+        per_block = np.repeat(
+            [x.page_geometry("block")[1] for x in layouts], [x.num_blocks for x in layouts]
+        )
         page0 = np.cumsum(per_block) - per_block
         i64 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.int64)  # noqa: E731
         u32 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.uint32)  # noqa: E731
-        return cls(P, max(1, P // rs), np.ascontiguousarray(page0, np.int64),
-                   u32([x.block_pages for x in layouts]), i64(sizes), layouts[0].page_geometry("heap chunk")[1],
-                   u32([x.heap_pages for x in layouts]), i64(heap_sizes))
+        return cls(
+            P,
+            max(1, P // rs),
+            np.ascontiguousarray(page0, np.int64),
+            u32([x.block_pages for x in layouts]),
+            i64(sizes),
+            layouts[0].page_geometry("heap chunk")[1],
+            u32([x.heap_pages for x in layouts]),
+            i64(heap_sizes),
+        )

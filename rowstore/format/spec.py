@@ -96,6 +96,7 @@ HEAP_CHUNK_DTYPE = np.dtype(
 #: Suffix of the boolean column that marks a nullable field's null rows.
 NULL_SUFFIX = "__null"
 
+
 def page_geometry(page_bytes: int, chunk_bytes: int, unit: int = 1) -> tuple[int, int]:
     """``(bytes per page, pages per chunk)`` of a chunk of ``chunk_bytes`` raw bytes made of
     items of ``unit`` bytes (a block: rows of the row size; a heap chunk: 1): a page holds
@@ -134,6 +135,8 @@ MAX_HEAP_BYTES = 1 << 48
 # -- row layout ----------------------------------------------------------------------------
 #: numpy sizes a structured dtype, and each of its fields, in a C int.
 MAX_ROW_BYTES = (1 << 31) - 1
+
+
 def heap_ref_dtype(field: Field) -> np.dtype:
     """The in-row reference of a heap field: payload offset and size in the logical heap,
     plus the variable dimensions of the value (``uint32`` each) when it has any."""
@@ -147,8 +150,10 @@ def heap_ref_dtype(field: Field) -> np.dtype:
 def row_dtype(schema: Schema) -> np.dtype:
     """The packed (unaligned), little-endian compound dtype of one stored row.
 
-    Columns follow the schema's order: an inline field whose codec stores ``raw_bytes`` (``raw``) is stored as its value
-    (``(name, dtype, shape)``; ``<i8`` for datetime64/timedelta64 fields), an inline field of another codec as its encoded bytes
+    Columns follow the schema's order: an inline field whose codec stores ``raw_bytes`` (``raw``) is
+    stored as its value
+    (``(name, dtype, shape)``; ``<i8`` for datetime64/timedelta64 fields), an inline field of
+    another codec as its encoded bytes
     (``(name, "u1", (field.stored_nbytes,))``), a heap field as :func:`heap_ref_dtype`;
     every nullable field adds a ``<name>__null`` boolean column right after it.
     """
@@ -157,7 +162,9 @@ def row_dtype(schema: Schema) -> np.dtype:
         if not f.inline:
             parts.append((f.name, heap_ref_dtype(f)))
         elif f.codec_obj.raw_bytes:  # the value's own little-endian bytes
-            dt = f.storage_dtype  # datetime64/timedelta64: their int64 counts (HDF5 has no such type)
+            dt = (
+                f.storage_dtype
+            )  # datetime64/timedelta64: their int64 counts (HDF5 has no such type)
             parts.append((f.name, dt, f.shape) if f.shape else (f.name, dt))
         else:  # an inline codec that is not raw: its encoded bytes, always the same number
             parts.append((f.name, "u1", (f.stored_nbytes,)))
@@ -165,14 +172,25 @@ def row_dtype(schema: Schema) -> np.dtype:
             parts.append((f.name + NULL_SUFFIX, "|b1"))
     try:
         return np.dtype(parts)
-    except (ValueError, OverflowError) as exc:  # numpy sizes a dtype (each field's, the row's) in a C int
+    except (
+        ValueError,
+        OverflowError,
+    ) as exc:  # numpy sizes a dtype (each field's, the row's) in a C int
+
         def nbytes(p: tuple) -> float:
-            return float(np.prod(p[2] if len(p) == 3 else (), dtype=np.float64)) * np.dtype(p[1]).itemsize
+            return (
+                float(np.prod(p[2] if len(p) == 3 else (), dtype=np.float64))
+                * np.dtype(p[1]).itemsize
+            )
 
         big = max(parts, key=nbytes)
-        raise SchemaError(f"field {big[0]!r}: a value of {nbytes(big):.0f} bytes in the row; numpy limits a row, and "
-                          f"each value in it, to {MAX_ROW_BYTES} bytes ({exc}); store large arrays as "
-                          f"variable-shape fields (on the heap) or split them over rows", field=big[0]) from None
+        raise SchemaError(
+            f"field {big[0]!r}: a value of {nbytes(big):.0f} bytes in the row; numpy limits a row, "
+            f"and "
+            f"each value in it, to {MAX_ROW_BYTES} bytes ({exc}); store large arrays as "
+            f"variable-shape fields (on the heap) or split them over rows",
+            field=big[0],
+        ) from None
 
 
 def blosc_typesize(dtype: np.dtype) -> int:

@@ -104,15 +104,21 @@ class ShuffleReport:
     def summary(self) -> str:
         mib = 2**20
         lines = [
-            f"shuffled {self.rows:,} rows ({self.nbytes / mib:,.1f} MiB) into {self.output} in {self.seconds:.2f} s",
+            f"shuffled {self.rows:,} rows ({self.nbytes / mib:,.1f} MiB) into {self.output} in "
+            f"{self.seconds:.2f} s",
             f"passes {self.passes} ({self.piles} piles, {self.splits} split again), memory budget "
             f"{self.memory / mib:,.0f} MiB, peak RSS {self.peak_rss / mib:,.0f} MiB"
-            + (" (during the shuffle)" if self.peak_scope == "shuffle" else
-               " (the process's lifetime peak: this kernel cannot reset it)"),
+            + (
+                " (during the shuffle)"
+                if self.peak_scope == "shuffle"
+                else " (the process's lifetime peak: this kernel cannot reset it)"
+            ),
         ]
         for name, p in (("pass 1 (scatter)", self.pass1), ("pass 2 (sort + write)", self.pass2)):
-            lines.append(f"{name}: {p.seconds:.2f} s, {p.rows_per_s:,.0f} rows/s, {p.mb_per_s:,.1f} MB/s; "
-                         f"read {p.file_read / mib:,.1f} MiB, wrote {p.file_written / mib:,.1f} MiB")  # fmt: skip
+            lines.append(
+                f"{name}: {p.seconds:.2f} s, {p.rows_per_s:,.0f} rows/s, {p.mb_per_s:,.1f} MB/s; "
+                f"read {p.file_read / mib:,.1f} MiB, wrote {p.file_written / mib:,.1f} MiB"
+            )
         return "\n".join(lines)
 
 
@@ -125,27 +131,54 @@ def _rss_now() -> int:
 
 
 # -- tasks (module-level: they pickle to Dask workers) ------------------------------------------
-def scatter_task(in_path: str, seed: int, blocks: tuple[int, int], bounds: list[int], directory: str, tag: str,
-                 block_bytes: int, group_bytes: int, verify: bool | str = True, storage_options: dict | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[list[str | None], Counters]:
+def scatter_task(
+    in_path: str,
+    seed: int,
+    blocks: tuple[int, int],
+    bounds: list[int],
+    directory: str,
+    tag: str,
+    block_bytes: int,
+    group_bytes: int,
+    verify: bool | str = True,
+    storage_options: dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[str | None], Counters]:
     """Pass 1 over input blocks ``[blocks[0], blocks[1])``, read in runs of about
     ``group_bytes``: the pile parts written (one per key range, None where empty) and what was
     moved."""
     c = Counters(scoped=reset_peak_rss())
     with RawSource(in_path, verify=verify, storage_options=storage_options) as src:
-        parts = scatter(input_feed(src, seed, range(*blocks), group_bytes), bounds, directory, tag, src.schema,
-                        block_bytes, c, progress)  # fmt: skip
+        parts = scatter(
+            input_feed(src, seed, range(*blocks), group_bytes),
+            bounds,
+            directory,
+            tag,
+            src.schema,
+            block_bytes,
+            c,
+            progress,
+        )
         a = src.layout.arrays()
         c.file_read += int(a["stored"][blocks[0] : blocks[1]].sum())
     c.peak_rss = peak_rss()
     return parts, c
 
 
-def pile_task(pile: Pile, root: str, schema_json: str, plan: Plan, opts: OutputOptions, split_dir: str,
-              progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardInfo], Counters]:
+def pile_task(
+    pile: Pile,
+    root: str,
+    schema_json: str,
+    plan: Plan,
+    opts: OutputOptions,
+    split_dir: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[ShardInfo], Counters]:
     """Pass 2 for one pile: its output shards, in order, and what was moved."""
     c = Counters(scoped=reset_peak_rss())
-    infos = write_pile(pile, root, Schema.from_json(schema_json), plan, opts, c, split_dir, progress)
+    infos = write_pile(
+        pile, root, Schema.from_json(schema_json), plan, opts, c, split_dir, progress
+    )
     c.peak_rss = peak_rss()
     return infos, c
 
@@ -170,7 +203,9 @@ def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str
     if remote is None and not os.path.exists(where):  # (a URL is checked when opened)
         raise FileNotFoundError(f"shuffle: input {in_path!r} does not exist")
     if os.path.lexists(out_path):
-        raise FileExistsError(f"shuffle: output {out_path!r} exists; shuffle writes a new dataset (remove it first)")
+        raise FileExistsError(
+            f"shuffle: output {out_path!r} exists; shuffle writes a new dataset (remove it first)"
+        )
     parent = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"shuffle: the output's directory {parent!r} does not exist")
@@ -180,9 +215,16 @@ def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str
     return parent, work
 
 
-def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
-                    tmp: str | os.PathLike | None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
-                    block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[int, int, str, str]:  # fmt: skip
+def check_arguments(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    memory: int | str,
+    seed: int,
+    tmp: str | os.PathLike | None,
+    shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> tuple[int, int, str, str]:
     """Check a shuffle's arguments before any work: ``(memory, shard_bytes, output's directory,
     piles' directory)``; ``ValueError``/``OSError`` subclasses saying what was expected."""
     nonneg_int("seed", seed)
@@ -190,7 +232,11 @@ def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, 
     if budget < MIN_MEMORY:
         raise ValueError(f"memory must be at least {MIN_MEMORY >> 20} MiB, got {memory!r}")
     shard_limit = parse_bytes(shard_bytes, "shard_bytes")
-    if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or not 1 <= block_bytes <= 1 << 30:
+    if (
+        not isinstance(block_bytes, int)
+        or isinstance(block_bytes, bool)
+        or not 1 <= block_bytes <= 1 << 30
+    ):
         raise ValueError(f"block_bytes must be an int in 1..{1 << 30}, got {block_bytes!r}")
     src, dst = os.fspath(in_path), os.fspath(out_path)
     if storage.absolute(src) == os.path.abspath(dst):
@@ -199,16 +245,35 @@ def check_arguments(in_path: str | os.PathLike, out_path: str | os.PathLike, *, 
     return budget, shard_limit, parent, work
 
 
-def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str, seed: int,
-        tmp: str | os.PathLike | None, shard_bytes: int | str, block_bytes: int, compression: Any,
-        verify: bool | str, progress: bool, tasks: int, mapper: Mapper,
-        storage_options: dict | None = None) -> ShuffleReport:  # fmt: skip
+def run(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    memory: int | str,
+    seed: int,
+    tmp: str | os.PathLike | None,
+    shard_bytes: int | str,
+    block_bytes: int,
+    compression: Any,
+    verify: bool | str,
+    progress: bool,
+    tasks: int,
+    mapper: Mapper,
+    storage_options: dict | None = None,
+) -> ShuffleReport:
     """The shuffle, with pass tasks run by ``mapper`` (here, or on Dask workers)."""
     t0 = time.perf_counter()
     rss0 = _rss_now()
     reset_peak_rss()  # peak_rss from here on: the shuffle's, not what this process held before
-    budget, shard_limit, parent, work = check_arguments(in_path, out_path, memory=memory, seed=seed, tmp=tmp,
-                                                        shard_bytes=shard_bytes, block_bytes=block_bytes)  # fmt: skip
+    budget, shard_limit, parent, work = check_arguments(
+        in_path,
+        out_path,
+        memory=memory,
+        seed=seed,
+        tmp=tmp,
+        shard_bytes=shard_bytes,
+        block_bytes=block_bytes,
+    )
     src_path, dst_path = os.fspath(in_path), os.fspath(out_path)
     with RawSource(src_path, verify=verify, storage_options=storage_options) as src:
         L = src.layout
@@ -225,9 +290,14 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         remove_stale(d)
     plan = make_plan(budget, data + ROW_OVERHEAD * rows, block_bytes=block_bytes)
     if biggest_block > budget // 8:
-        warnings.warn(f"shuffle: the input's blocks ({biggest_block} bytes of rows) are large for a memory budget of "
-                      f"{budget} bytes: a block is read whole, so peak memory may exceed the budget by a few "
-                      "blocks", RuntimeWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"shuffle: the input's blocks ({biggest_block} bytes of rows) are large for a memory "
+            f"budget of "
+            f"{budget} bytes: a block is read whole, so peak memory may exceed the budget by a few "
+            "blocks",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     _check_space(work, parent, piles=data, output=in_stored)
     bounds = key_bounds(0, KEY_SPACE, plan.num_piles)
     piles_dir = LockedDir(work, "piles")
@@ -237,8 +307,21 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         ntasks = max(1, min(tasks, nblocks))
         ranges = [(nblocks * t // ntasks, nblocks * (t + 1) // ntasks) for t in range(ntasks)]
         p1 = Progress("pass 1: scatter", data, enabled=progress)
-        args1 = [(src_path, seed, r, bounds, piles_dir.path, f"t{t:05d}-p", plan.pile_block_bytes, plan.chunk_bytes, verify,
-              storage_options) for t, r in enumerate(ranges)]  # fmt: skip
+        args1 = [
+            (
+                src_path,
+                seed,
+                r,
+                bounds,
+                piles_dir.path,
+                f"t{t:05d}-p",
+                plan.pile_block_bytes,
+                plan.chunk_bytes,
+                verify,
+                storage_options,
+            )
+            for t, r in enumerate(ranges)
+        ]
         results1 = mapper(scatter_task, args1, p1)
         p1.close()
         c1 = Counters()
@@ -246,12 +329,21 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
             c1.add(c)
         c1.file_read = in_stored
         s1 = p1.seconds
-        piles = [Pile(f"p{q:06d}", bounds[q], bounds[q + 1], tuple(parts[q] for parts, _ in results1 if parts[q]))
-                 for q in range(plan.num_piles)]  # fmt: skip
+        piles = [
+            Pile(
+                f"p{q:06d}",
+                bounds[q],
+                bounds[q + 1],
+                tuple(parts[q] for parts, _ in results1 if parts[q]),
+            )
+            for q in range(plan.num_piles)
+        ]
         # pass 2
         os.makedirs(os.path.join(staging.path, manifest.SHARD_DIR))
         p2 = Progress("pass 2: sort + write", data, enabled=progress)
-        args2 = [(pile, staging.path, schema.to_json_str(), plan, opts, piles_dir.path) for pile in piles]
+        args2 = [
+            (pile, staging.path, schema.to_json_str(), plan, opts, piles_dir.path) for pile in piles
+        ]
         results2 = mapper(pile_task, args2, p2)
         p2.close()
         c2 = Counters()
@@ -262,8 +354,13 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         s2 = p2.seconds
         if not infos:  # an empty input: one empty shard (a dataset names at least one)
             rel = f"{manifest.SHARD_DIR}/empty.h5"
-            with Writer(os.path.join(staging.path, rel), schema, mode="x", compression=comp,
-                        heap_chunk_bytes=L.heap_chunk_bytes):  # fmt: skip
+            with Writer(
+                os.path.join(staging.path, rel),
+                schema,
+                mode="x",
+                compression=comp,
+                heap_chunk_bytes=L.heap_chunk_bytes,
+            ):
                 pass
             from rowstore.format.index import Layout
 
@@ -274,10 +371,19 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
         try:
             os.rename(staging.path, dst_path)
         except OSError as exc:
-            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR) and os.path.lexists(dst_path):
-                raise FileExistsError(errno.EEXIST, f"shuffle: output {dst_path!r} was created by another run (or "
-                                      f"process) while this one worked; this run's copy is discarded and "
-                                      f"{dst_path!r} left as that run made it", dst_path) from None
+            if exc.errno in (
+                errno.ENOTEMPTY,
+                errno.EEXIST,
+                errno.ENOTDIR,
+                errno.EISDIR,
+            ) and os.path.lexists(dst_path):
+                raise FileExistsError(
+                    errno.EEXIST,
+                    f"shuffle: output {dst_path!r} was created by another run (or "
+                    f"process) while this one worked; this run's copy is discarded and "
+                    f"{dst_path!r} left as that run made it",
+                    dst_path,
+                ) from None
             raise
         _fsync_dir(parent)
     except BaseException:
@@ -287,13 +393,20 @@ def run(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int 
     staging.release()
     piles_dir.remove()
     return ShuffleReport(
-        output=dst_path, rows=rows, nbytes=data, passes=2 + max(c1.depth, c2.depth), piles=plan.num_piles,
-        splits=c2.splits, memory=budget, peak_rss=max(c1.peak_rss, c2.peak_rss), rss_before=rss0,
+        output=dst_path,
+        rows=rows,
+        nbytes=data,
+        passes=2 + max(c1.depth, c2.depth),
+        piles=plan.num_piles,
+        splits=c2.splits,
+        memory=budget,
+        peak_rss=max(c1.peak_rss, c2.peak_rss),
+        rss_before=rss0,
         peak_scope="shuffle" if c1.scoped and c2.scoped else "process",
         seconds=time.perf_counter() - t0,
         pass1=PassReport(c1.rows, c1.nbytes, c1.file_read, c1.file_written, s1),
         pass2=PassReport(c2.rows, c2.nbytes, c2.file_read, c2.file_written, s2),
-    )  # fmt: skip
+    )
 
 
 def _check_space(work: str, parent: str, *, piles: int, output: int) -> None:
@@ -309,9 +422,12 @@ def _check_space(work: str, parent: str, *, piles: int, output: int) -> None:
     for dev, n in need.items():
         if n > free[dev]:
             where = work if os.stat(work).st_dev == dev else parent
-            raise OSError(errno.ENOSPC, f"shuffle needs about {n / 1e6:,.0f} MB free for its piles and output on the "
-                                        f"filesystem of {where!r}; {free[dev] / 1e6:,.0f} MB are free (pass tmp= "
-                                        "to put the piles elsewhere)")  # fmt: skip
+            raise OSError(
+                errno.ENOSPC,
+                f"shuffle needs about {n / 1e6:,.0f} MB free for its piles and output on the "
+                f"filesystem of {where!r}; {free[dev] / 1e6:,.0f} MB are free (pass tmp= "
+                "to put the piles elsewhere)",
+            )
 
 
 def _fsync_dir(path: str) -> None:
@@ -322,11 +438,22 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: int | str = "2GB", seed: int = 0,
-            tmp: str | os.PathLike | None = None, shard_bytes: int | str = DEFAULT_SHARD_BYTES,
-            block_bytes: int = DEFAULT_BLOCK_BYTES, compression: Any = "same", verify: bool | str = True,
-            progress: bool = False, storage_options: dict | None = None) -> ShuffleReport:  # fmt: skip
-    """Write a uniformly shuffled copy of a file or dataset as a new dataset, through bounded memory.
+def shuffle(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    memory: int | str = "2GB",
+    seed: int = 0,
+    tmp: str | os.PathLike | None = None,
+    shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    compression: Any = "same",
+    verify: bool | str = True,
+    progress: bool = False,
+    storage_options: dict | None = None,
+) -> ShuffleReport:
+    """Write a uniformly shuffled copy of a file or dataset as a new dataset, through bounded
+    memory.
 
     Parameters
     ----------
@@ -373,6 +500,18 @@ def shuffle(in_path: str | os.PathLike, out_path: str | os.PathLike, *, memory: 
     killed run's stay behind unlocked, and the next shuffle using the same directories removes
     them. User attributes are copied.
     """
-    return run(in_path, out_path, memory=memory, seed=seed, tmp=tmp, shard_bytes=shard_bytes, block_bytes=block_bytes,
-               compression=compression, verify=verify, progress=progress, tasks=1, mapper=serial_map,
-               storage_options=storage_options)
+    return run(
+        in_path,
+        out_path,
+        memory=memory,
+        seed=seed,
+        tmp=tmp,
+        shard_bytes=shard_bytes,
+        block_bytes=block_bytes,
+        compression=compression,
+        verify=verify,
+        progress=progress,
+        tasks=1,
+        mapper=serial_map,
+        storage_options=storage_options,
+    )

@@ -78,7 +78,9 @@ class OutputOptions:
 
 
 # -- pass 1 ------------------------------------------------------------------------------------
-Feed = Iterator[tuple[RawSource, int, int, np.ndarray]]  # (source, blocks [k0, k1), their rows' keys)
+Feed = Iterator[
+    tuple[RawSource, int, int, np.ndarray]
+]  # (source, blocks [k0, k1), their rows' keys)
 
 
 def _groups(src: RawSource, blocks: range, group_bytes: int) -> Iterator[tuple[int, int]]:
@@ -116,7 +118,10 @@ def _pile_feed(pile: Pile, group_bytes: int) -> Feed:
             n = src.layout.num_rows
             size = os.path.getsize(keys_path)
             if size != 8 * n:
-                raise FormatError(f"{keys_path!r}: {size} bytes of keys for {n} rows (expected {8 * n})", path=keys_path)
+                raise FormatError(
+                    f"{keys_path!r}: {size} bytes of keys for {n} rows (expected {8 * n})",
+                    path=keys_path,
+                )
             with open(keys_path, "rb") as f:
                 for k0, k1 in _groups(src, range(src.num_blocks), group_bytes):
                     first, nk = _group_rows(src, k0, k1)
@@ -129,7 +134,12 @@ class _PileFiles:
     """The pile parts one scatter writes (a file created at a pile's first row)."""
 
     def __init__(self, directory: str, tag: str, schema: Schema, npiles: int, block_bytes: int):
-        self.directory, self.tag, self.schema, self.block_bytes = directory, tag, schema, block_bytes
+        self.directory, self.tag, self.schema, self.block_bytes = (
+            directory,
+            tag,
+            schema,
+            block_bytes,
+        )
         self.writers: list[Writer | None] = [None] * npiles
         self.keys: list = [None] * npiles
 
@@ -139,10 +149,17 @@ class _PileFiles:
     def add(self, q: int, raw: RawRows, keys: np.ndarray) -> None:
         w = self.writers[q]
         if w is None:
-            w = self.writers[q] = Writer(self.path(q), self.schema, block_bytes=self.block_bytes,
-                                         heap_chunk_bytes=max(64, self.block_bytes), threads=1,
-                                         durable=False)  # fmt: skip
-            self.keys[q] = open(self.path(q) + KEYS_SUFFIX, "wb", buffering=min(self.block_bytes, 1 << 16))
+            w = self.writers[q] = Writer(
+                self.path(q),
+                self.schema,
+                block_bytes=self.block_bytes,
+                heap_chunk_bytes=max(64, self.block_bytes),
+                threads=1,
+                durable=False,
+            )
+            self.keys[q] = open(
+                self.path(q) + KEYS_SUFFIX, "wb", buffering=min(self.block_bytes, 1 << 16)
+            )
         w.write_raw(raw)
         self.keys[q].write(keys.astype("<u8", copy=False).tobytes())
 
@@ -164,8 +181,16 @@ class _PileFiles:
                 self.keys[q].close()
 
 
-def scatter(feed: Feed, bounds: list[int], directory: str, tag: str, schema: Schema, block_bytes: int,
-            counters: Counters, progress: Callable[[int, int], None] | None = None) -> list[str | None]:
+def scatter(
+    feed: Feed,
+    bounds: list[int],
+    directory: str,
+    tag: str,
+    schema: Schema,
+    block_bytes: int,
+    counters: Counters,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[str | None]:
     """Pass 1: every row of ``feed`` to the pile of its key range (``bounds``); the pile part
     written for each range (None for an empty one), named ``<directory>/<tag><range>.h5``."""
     files = _PileFiles(directory, tag, schema, len(bounds) - 1, block_bytes)
@@ -219,8 +244,15 @@ class _Shards:
         if self.w is None:
             self.rel = f"{manifest.SHARD_DIR}/{self.name}-{len(self.infos):04d}.h5"
             o = self.opts
-            self.w = Writer(os.path.join(self.root, self.rel), self.schema, mode="x", block_bytes=o.block_bytes,
-                            compression=o.compression, heap_chunk_bytes=o.heap_chunk_bytes, threads=o.threads)  # fmt: skip
+            self.w = Writer(
+                os.path.join(self.root, self.rel),
+                self.schema,
+                mode="x",
+                block_bytes=o.block_bytes,
+                compression=o.compression,
+                heap_chunk_bytes=o.heap_chunk_bytes,
+                threads=o.threads,
+            )
         self.w.write_raw(raw)
         if self.w.raw_nbytes >= self.opts.shard_bytes:
             self._close_one()
@@ -229,7 +261,9 @@ class _Shards:
         w, self.w = self.w, None
         assert w is not None
         w.close()
-        self.infos.append(ShardInfo.from_layout(self.rel, Layout.open(os.path.join(self.root, self.rel))))
+        self.infos.append(
+            ShardInfo.from_layout(self.rel, Layout.open(os.path.join(self.root, self.rel)))
+        )
 
     def close(self) -> list[ShardInfo]:
         if self.w is not None:
@@ -254,9 +288,17 @@ def _estimate(pile: Pile) -> tuple[int, int]:
     return rows, nbytes + ROW_OVERHEAD * rows
 
 
-def write_pile(pile: Pile, root: str, schema: Schema, plan: Plan, opts: OutputOptions, counters: Counters,
-               split_dir: str, progress: Callable[[int, int], None] | None = None,
-               depth: int = 0) -> list[ShardInfo]:
+def write_pile(
+    pile: Pile,
+    root: str,
+    schema: Schema,
+    plan: Plan,
+    opts: OutputOptions,
+    counters: Counters,
+    split_dir: str,
+    progress: Callable[[int, int], None] | None = None,
+    depth: int = 0,
+) -> list[ShardInfo]:
     """Pass 2 for one pile: its rows sorted by key, as shards in ``root`` (returned in order);
     the pile's files are removed once written (also on failure)."""
     try:
@@ -270,32 +312,62 @@ def write_pile(pile: Pile, root: str, schema: Schema, plan: Plan, opts: OutputOp
         remove_pile(pile)
 
 
-def _split(pile: Pile, root: str, schema: Schema, plan: Plan, opts: OutputOptions, counters: Counters, split_dir: str,
-           progress: Callable[[int, int], None] | None, depth: int, est: int) -> list[ShardInfo]:
+def _split(
+    pile: Pile,
+    root: str,
+    schema: Schema,
+    plan: Plan,
+    opts: OutputOptions,
+    counters: Counters,
+    split_dir: str,
+    progress: Callable[[int, int], None] | None,
+    depth: int,
+    est: int,
+) -> list[ShardInfo]:
     """A pile too large for memory: scattered again into sub-ranges of its keys, each written
     in turn (their order is the key order, so the output is what one sort would give)."""
     q = plan.splits(est)
     bounds = key_bounds(pile.lo, pile.hi, q)
     sub_counters = Counters()
-    parts = scatter(_pile_feed(pile, plan.chunk_bytes), bounds, split_dir, f"{pile.name}.", schema, plan.pile_block_bytes, sub_counters)
+    parts = scatter(
+        _pile_feed(pile, plan.chunk_bytes),
+        bounds,
+        split_dir,
+        f"{pile.name}.",
+        schema,
+        plan.pile_block_bytes,
+        sub_counters,
+    )
     counters.file_read += sum(_file_bytes(p) for p in pile.parts)
     counters.file_written += sub_counters.file_written
     counters.splits += 1
     counters.depth = max(counters.depth, depth + 1)
     remove_pile(pile)
-    subs = [Pile(f"{pile.name}.{i:04d}", bounds[i], bounds[i + 1], (p,) if p else ()) for i, p in enumerate(parts)]
+    subs = [
+        Pile(f"{pile.name}.{i:04d}", bounds[i], bounds[i + 1], (p,) if p else ())
+        for i, p in enumerate(parts)
+    ]
     infos: list[ShardInfo] = []
     try:
         for s in subs:
-            infos += write_pile(s, root, schema, plan, opts, counters, split_dir, progress, depth + 1)
+            infos += write_pile(
+                s, root, schema, plan, opts, counters, split_dir, progress, depth + 1
+            )
     finally:
         for s in subs:
             remove_pile(s)
     return infos
 
 
-def _sort_and_write(pile: Pile, root: str, schema: Schema, plan: Plan, opts: OutputOptions, counters: Counters,
-                    progress: Callable[[int, int], None] | None) -> list[ShardInfo]:
+def _sort_and_write(
+    pile: Pile,
+    root: str,
+    schema: Schema,
+    plan: Plan,
+    opts: OutputOptions,
+    counters: Counters,
+    progress: Callable[[int, int], None] | None,
+) -> list[ShardInfo]:
     srcs = [RawSource(p) for p in pile.parts]
     try:
         row_dtype = srcs[0].row_dtype
@@ -315,7 +387,9 @@ def _sort_and_write(pile: Pile, root: str, schema: Schema, plan: Plan, opts: Out
                     view[name]["offset"] += np.uint64(h0)
             got = np.fromfile(part + KEYS_SUFFIX, dtype="<u8")
             if len(got) != n:
-                raise FormatError(f"{part + KEYS_SUFFIX!r}: {len(got)} keys for {n} rows", path=part + KEYS_SUFFIX)
+                raise FormatError(
+                    f"{part + KEYS_SUFFIX!r}: {len(got)} keys for {n} rows", path=part + KEYS_SUFFIX
+                )
             keys[n0 : n0 + n] = got
             pos[n0 : n0 + n] = np.arange(r0 // rs, r0 // rs + n, dtype=np.int64)
             counters.file_read += _file_bytes(part)
@@ -335,8 +409,17 @@ def _sort_and_write(pile: Pile, root: str, schema: Schema, plan: Plan, opts: Out
     out = _Shards(root, schema, pile.name, opts)
     try:
         for a in range(0, total, step):
-            raw = take_raw(rows_buf, row_dtype, refs, pos[a : a + step], heap, base=0, lo=0, hi=len(heap),
-                           where=f"pile {pile.name}")  # fmt: skip
+            raw = take_raw(
+                rows_buf,
+                row_dtype,
+                refs,
+                pos[a : a + step],
+                heap,
+                base=0,
+                lo=0,
+                hi=len(heap),
+                where=f"pile {pile.name}",
+            )
             out.write(raw)
             counters.rows += len(raw)
             counters.nbytes += raw.nbytes
@@ -375,4 +458,3 @@ def peak_rss() -> int:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-

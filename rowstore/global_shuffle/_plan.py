@@ -68,14 +68,19 @@ class Plan:
 
     memory: int
     num_piles: int  # piles of pass 1
-    pile_limit: int  # a pile estimated above this (rows + heap + ROW_OVERHEAD per row) is split again
+    pile_limit: (
+        int  # a pile estimated above this (rows + heap + ROW_OVERHEAD per row) is split again
+    )
     pile_target: int  # what a pile is sized for
-    pile_block_bytes: int  # block and heap chunk size of the piles (pass 1 buffers one of each per pile)
+    pile_block_bytes: (
+        int  # block and heap chunk size of the piles (pass 1 buffers one of each per pile)
+    )
     chunk_bytes: int  # rows gathered at once in pass 2
     max_open: int = MAX_PILES  # pile files written at once that the memory allows
 
     def splits(self, estimate: int) -> int:
-        """Sub-piles for a pile estimated at ``estimate`` bytes (at most ``max_open``, at least 2)."""
+        """Sub-piles for a pile estimated at ``estimate`` bytes (at most ``max_open``, at least
+        2)."""
         return int(max(2, min(MAX_PILES, self.max_open, math.ceil(estimate / self.pile_target))))
 
 

@@ -28,8 +28,16 @@ class Progress:
             except ImportError:
                 pass
             else:
-                self._bar = tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                                 dynamic_ncols=True, file=sys.stderr, leave=True)  # fmt: skip
+                self._bar = tqdm(
+                    total=total_bytes,
+                    desc=desc,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                    leave=True,
+                )
 
     @property
     def seconds(self) -> float:
@@ -49,11 +57,17 @@ class Progress:
                 self._last = now
         elif now - self._last > 1.0:
             self._last = now
-            print(f"{self.desc}: {self.rows:,} rows, {self.nbytes / 2**20:,.1f} MiB, {rate:,.0f} rows/s, "
-                  f"{self.nbytes / 2**20 / max(now - self.t0, 1e-9):,.1f} MiB/s", file=sys.stderr)  # fmt: skip
+            print(
+                f"{self.desc}: {self.rows:,} rows, {self.nbytes / 2**20:,.1f} MiB, {rate:,.0f} "
+                f"rows/s, "
+                f"{self.nbytes / 2**20 / max(now - self.t0, 1e-9):,.1f} MiB/s",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{self.rows / max(self.seconds, 1e-9):,.0f} rows/s", refresh=False)
+            self._bar.set_postfix_str(
+                f"{self.rows / max(self.seconds, 1e-9):,.0f} rows/s", refresh=False
+            )
             self._bar.close()
             self._bar = None

@@ -55,8 +55,9 @@ def remove_stale(parent: str) -> list[str]:
     return sweep(parent)[0]
 
 
-def sweep(parent: str, *, dry_run: bool = False,
-          sizes: dict[str, int] | None = None) -> tuple[list[str], list[str]]:
+def sweep(
+    parent: str, *, dry_run: bool = False, sizes: dict[str, int] | None = None
+) -> tuple[list[str], list[str]]:
     """``(stale, live)``: the shuffle directories in ``parent`` whose lock can be taken (their
     run is dead; removed unless ``dry_run``) and those a live run holds (left alone). A symlink
     of that name is neither (never followed); removal does not follow links inside either.

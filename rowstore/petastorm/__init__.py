@@ -17,16 +17,19 @@ Code moving from Petastorm imports from here what it imported from ``petastorm``
 
 The codecs decode as Petastorm's do:
 
-=====================================  ==============================================================
+=====================================
+==============================================================
 Petastorm codec                        rowstore field
-=====================================  ==============================================================
+=====================================
+==============================================================
 ``NdarrayCodec`` (``numpy.save``)      the Unischema's dtype and shape, stored raw
 ``CompressedNdarrayCodec`` (``savez``) the same
 ``CompressedImageCodec('png')``        PNG again (lossless; the files hold RGB: Petastorm's BGR swap
                                        and OpenCV's cancel out)
 ``CompressedImageCodec('jpeg')``       the decoded pixels, stored raw (no second lossy encoding)
 ``ScalarCodec(spark type)``, none      the Parquet value: numbers, ``str`` (``np.str_``), ``bytes``
-=====================================  ==============================================================
+=====================================
+==============================================================
 
 ``import rowstore.petastorm`` imports neither pyarrow nor torch.
 """
@@ -52,10 +55,18 @@ if TYPE_CHECKING:
     from rowstore.torch._petastorm import DataLoader
 
 __all__ = [
-    "make_reader", "make_batch_reader", "TransformSpec", "DataLoader", "import_petastorm",
-    "UNISCHEMA_KEY", "MAX_PICKLE_BYTES", "PetastormField", "Unischema", "load_unischema",
+    "make_reader",
+    "make_batch_reader",
+    "TransformSpec",
+    "DataLoader",
+    "import_petastorm",
+    "UNISCHEMA_KEY",
+    "MAX_PICKLE_BYTES",
+    "PetastormField",
+    "Unischema",
+    "load_unischema",
     "read_unischema",
-]  # fmt: skip
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -44,7 +44,7 @@ def varlen_modes(
     return {f.name: varlen.get(f.name, default) for f in schema}
 
 
-# -- Petastorm-style arguments: file:// URLs, shuffle=True/False, fields as Field objects or regexes --
+# -- Petastorm-style arguments: fields as Field objects or regexes ---------------------------
 
 
 def select_fields(schema: Schema, fields: Any, *, regex: bool = False) -> list[str] | None:
@@ -70,11 +70,16 @@ def select_fields(schema: Schema, fields: Any, *, regex: bool = False) -> list[s
             try:
                 pattern = re.compile(name)
             except re.error as exc:
-                raise SchemaError(f"schema_fields entry {name!r} is neither a field nor a regular expression: {exc}",
-                                  field=name) from None  # fmt: skip
+                raise SchemaError(
+                    f"schema_fields entry {name!r} is neither a field nor a regular expression: "
+                    f"{exc}",
+                    field=name,
+                ) from None
             hits = [f.name for f in schema if pattern.fullmatch(f.name)]
             if not hits:
-                raise SchemaError(f"schema_fields entry {name!r} matches no field of {schema.names}", field=name)
+                raise SchemaError(
+                    f"schema_fields entry {name!r} matches no field of {schema.names}", field=name
+                )
         out += [h for h in hits if h not in out]
     schema.select(out)  # unknown names: SchemaError naming them
     return out

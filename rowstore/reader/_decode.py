@@ -6,7 +6,8 @@ bytes; every other field is decoded by its codec's ``decode_batch`` into an arra
 here from the schema (or the caller's ``out=``), on the decode pool when the codec releases
 the GIL. PNG images of a fixed shape (the built-in ``png`` codec) are decoded by a kernel
 instead, a range of images per call and thread without the GIL (:func:`_png_batch`); the
-images it leaves undecoded go through the codec. Sizes that come from the file are checked against the limits of
+images it leaves undecoded go through the codec. Sizes that come from the file are checked against
+the limits of
 :mod:`rowstore.format.spec` before they size an allocation.
 """
 
@@ -86,8 +87,14 @@ class Decoder:
             self._pool = None
 
     # -- decoding ----------------------------------------------------------------------------
-    def decode(self, g: Gathered, plans: list[FieldPlan], out: dict | None = None, out_start: int = 0,
-               threads: int = 1) -> dict[str, Any]:
+    def decode(
+        self,
+        g: Gathered,
+        plans: list[FieldPlan],
+        out: dict | None = None,
+        out_start: int = 0,
+        threads: int = 1,
+    ) -> dict[str, Any]:
         """The batch dict of ``g``: every selected field decoded, null flags kept."""
         batch = g.columns
         par: ParallelMap | None = None
@@ -100,8 +107,15 @@ class Decoder:
             batch[p.field.name] = self._field(p, col, g, out, out_start, par or serial)
         return batch
 
-    def _field(self, p: FieldPlan, col: Payloads, g: Gathered, out: dict | None, out_start: int,
-               par: ParallelMap) -> Any:
+    def _field(
+        self,
+        p: FieldPlan,
+        col: Payloads,
+        g: Gathered,
+        out: dict | None,
+        out_start: int,
+        par: ParallelMap,
+    ) -> Any:
         f, codec = p.field, p.field.codec_obj
         n = len(col)
         if col.shapes is not None:
@@ -112,11 +126,22 @@ class Decoder:
         elif f.numpy_dtype.kind == "O":
             dst = np.empty(n, object)
         else:
-            if f.fixed_nbytes > spec.MAX_VALUE_BYTES:  # a schema (from the file) asking for too much
-                raise FormatError(f"{self.path!r}: field {f.name!r}: values of shape {f.shape} exceed the format's limit "
-                                  f"of {spec.MAX_VALUE_BYTES} bytes per value", path=self.path, field=f.name)
+            if (
+                f.fixed_nbytes > spec.MAX_VALUE_BYTES
+            ):  # a schema (from the file) asking for too much
+                raise FormatError(
+                    f"{self.path!r}: field {f.name!r}: values of shape {f.shape} exceed the "
+                    f"format's limit "
+                    f"of {spec.MAX_VALUE_BYTES} bytes per value",
+                    path=self.path,
+                    field=f.name,
+                )
             given = out.get(f.name) if out else None
-            dst = given[out_start : out_start + n] if given is not None else np.empty((n,) + f.shape, f.dtype)
+            dst = (
+                given[out_start : out_start + n]
+                if given is not None
+                else np.empty((n,) + f.shape, f.dtype)
+            )
             if col.nulls is not None:
                 dst[col.nulls] = 0
         try:
@@ -149,12 +174,20 @@ class Decoder:
             why = "payload size disagrees with its stored shape"
         else:
             bad = nbytes > spec.MAX_VALUE_BYTES
-            why = f"stored shape exceeds the format's limit of {spec.MAX_VALUE_BYTES} bytes per value"
+            why = (
+                f"stored shape exceeds the format's limit of {spec.MAX_VALUE_BYTES} bytes per value"
+            )
         if bad.any():
             i = int(np.argmax(bad))
             path, blk, row = self.where(int(g.row_ids()[i]))
-            raise FormatError(f"{path!r}: field {f.name!r}: row {row}: {why} (shape {tuple(col.shapes[i])}; corrupt file)",
-                              path=path, block=blk, field=f.name, row=row)
+            raise FormatError(
+                f"{path!r}: field {f.name!r}: row {row}: {why} (shape {tuple(col.shapes[i])}; "
+                f"corrupt file)",
+                path=path,
+                block=blk,
+                field=f.name,
+                row=row,
+            )
         elems = np.zeros(len(col) + 1, np.int64)
         np.cumsum(np.prod(col.shapes, axis=1), out=elems[1:])  # bounded now: no wrap-around
         return elems
@@ -164,17 +197,31 @@ class Decoder:
         value by value, on this error path only)."""
         f = p.field
         i = _first_failure(f, col)
-        path, blk, row = self.where(int(g.row_ids()[i])) if i is not None else (self.path, None, None)
+        path, blk, row = (
+            self.where(int(g.row_ids()[i])) if i is not None else (self.path, None, None)
+        )
         where = f"row {row}: " if row is not None else ""
-        return FormatError(f"{path!r}: field {f.name!r}: {where}stored value does not decode ({exc}; corrupt file?)",
-                           path=path, block=blk, field=f.name, row=row)
+        return FormatError(
+            f"{path!r}: field {f.name!r}: {where}stored value does not decode ({exc}; corrupt "
+            f"file?)",
+            path=path,
+            block=blk,
+            field=f.name,
+            row=row,
+        )
 
 
 def _png_kernel_fits(codec: Codec, dst: np.ndarray) -> bool:
     """Whether the PNG kernel decodes into ``dst``: the built-in ``png`` codec (a codec
     registered in its place decodes itself), a native uint8/uint16 C-contiguous array."""
-    return (PNG_KERNEL and type(codec) is Png and dst.dtype in (np.uint8, np.uint16) and dst.ndim in (3, 4)
-            and dst.flags.c_contiguous and dst.flags.writeable)
+    return (
+        PNG_KERNEL
+        and type(codec) is Png
+        and dst.dtype in (np.uint8, np.uint16)
+        and dst.ndim in (3, 4)
+        and dst.flags.c_contiguous
+        and dst.flags.writeable
+    )
 
 
 def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -> None:

@@ -59,8 +59,15 @@ def plan_fields(schema: Schema, row_dtype: np.dtype) -> dict[str, FieldPlan]:
     for f in schema:
         null_off = cols[f.name + spec.NULL_SUFFIX][1] if f.nullable else -1
         inline = f.inline
-        plans[f.name] = FieldPlan(f, inline, inline and f.codec_obj.raw_bytes, cols[f.name][1],
-                                  f.stored_nbytes or 0, len(f.variable_dims), null_off)
+        plans[f.name] = FieldPlan(
+            f,
+            inline,
+            inline and f.codec_obj.raw_bytes,
+            cols[f.name][1],
+            f.stored_nbytes or 0,
+            len(f.variable_dims),
+            null_off,
+        )
     return plans
 
 
@@ -115,7 +122,9 @@ class _Rows:
 class Gatherer:
     """Reads rows of a dataset's shards through a store (one per reader; thread-safe)."""
 
-    def __init__(self, layout: DatasetLayout, store: Any, verify: bool | str, codec: tuple[int, int] | None):
+    def __init__(
+        self, layout: DatasetLayout, store: Any, verify: bool | str, codec: tuple[int, int] | None
+    ):
         self.layout = layout
         self.store = store
         self.verify = verify
@@ -129,7 +138,9 @@ class Gatherer:
         # one is dropped (a fresh buffer per segment costs a zeroed page per page delivered).
         self._payloads = BufferPool(8, max_bytes=_PAYLOAD_POOL_BYTES)
         stored, hstored = self.arr["stored"], self.arr["hc_stored"]
-        self.max_stored = int(max(stored.max() if len(stored) else 0, hstored.max() if len(hstored) else 0))
+        self.max_stored = int(
+            max(stored.max() if len(stored) else 0, hstored.max() if len(hstored) else 0)
+        )
         # Single rows and payloads only where the store serves them cheaply, from uncompressed
         # chunks, and not under verify="always" (whole chunks only).
         self.direct_ok = store.direct and codec is None and verify != "always"
@@ -165,20 +176,35 @@ class Gatherer:
         return self._pages or None
 
     # -- the request -------------------------------------------------------------------------
-    def gather(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
-               out_start: int = 0) -> Gathered:
+    def gather(
+        self,
+        request: np.ndarray | _order.Segment,
+        plans: list[FieldPlan],
+        out: dict | None = None,
+        out_start: int = 0,
+    ) -> Gathered:
         """Read ``request`` (global row ids, or a Segment) and return its fields' columns."""
         seg = request if isinstance(request, _order.Segment) else None
         heap_plans = [p for p in plans if not p.inline]
-        if seg is not None and seg.units is not None and seg.pieces > 1 and self.direct_ok and not heap_plans:
+        if (
+            seg is not None
+            and seg.units is not None
+            and seg.pieces > 1
+            and self.direct_ok
+            and not heap_plans
+        ):
             # A window of pieces of an uncompressed local file: load only its pieces.
             r = _Rows(len(seg), None, None, seg.blocks, seg.piece_local(), seg.units, seg.pieces)
             strategy = "pieces"
         else:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
-        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None or \
-                (strategy != "blocks" and self.pages is not None):
+        if (
+            strategy not in ("blocks", "pieces")
+            or heap_plans
+            or r.local is None
+            or (strategy != "blocks" and self.pages is not None)
+        ):
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
@@ -195,8 +221,15 @@ class Gatherer:
             if in_pass is not None:
                 check, expect = in_pass[1], in_pass[2]
             try:
-                self.store.read_rows_into(self._shards(r), self._file_offsets(r), self.rs, self._pieces(fixed),
-                                          self.scratch.get("sink", self.rs), check=check, expect=expect)
+                self.store.read_rows_into(
+                    self._shards(r),
+                    self._file_offsets(r),
+                    self.rs,
+                    self._pieces(fixed),
+                    self.scratch.get("sink", self.rs),
+                    check=check,
+                    expect=expect,
+                )
             except kernels.KernelChecksumError as exc:
                 raise self._row_error(exc, r) from None
             self._mark_rows(in_pass)
@@ -208,8 +241,12 @@ class Gatherer:
             if in_pass is not None and strategy != "blocks":
                 todo = np.flatnonzero(in_pass[1])
                 try:
-                    kernels.check_buffer(rowbuf, idx[todo] * self.rs, np.full(len(todo), self.rs, np.int64),
-                                         in_pass[2][todo])
+                    kernels.check_buffer(
+                        rowbuf,
+                        idx[todo] * self.rs,
+                        np.full(len(todo), self.rs, np.int64),
+                        in_pass[2][todo],
+                    )
                 except kernels.KernelChecksumError as exc:
                     exc.index = int(todo[exc.index])
                     raise self._row_error(exc, r) from None
@@ -223,7 +260,9 @@ class Gatherer:
             if p.inline and not p.raw:  # stored bytes for the codec to decode
                 data = columns[p.field.name]
                 offsets = np.arange(r.n + 1, dtype=np.int64) * p.nbytes
-                columns[p.field.name] = Payloads(data.reshape(-1), offsets, None, columns.get(p.field.name + NULL_KEY))
+                columns[p.field.name] = Payloads(
+                    data.reshape(-1), offsets, None, columns.get(p.field.name + NULL_KEY)
+                )
         return Gathered(columns, request if r.rows is None else r.rows)
 
     def _locate(self, request: np.ndarray | _order.Segment) -> _Rows:
@@ -259,8 +298,14 @@ class Gatherer:
         return min(costs, key=costs.__getitem__)
 
     # -- fixed-size parts of the rows --------------------------------------------------------
-    def _fixed_targets(self, plans: list[FieldPlan], n: int, out: dict | None, out_start: int,
-                       columns: dict[str, Any]) -> list[tuple[int, int, np.ndarray]]:
+    def _fixed_targets(
+        self,
+        plans: list[FieldPlan],
+        n: int,
+        out: dict | None,
+        out_start: int,
+        columns: dict[str, Any],
+    ) -> list[tuple[int, int, np.ndarray]]:
         """The ``(offset in row, size, destination)`` of every inline value and null flag;
         the destinations are entered in ``columns``."""
         fixed: list[tuple[int, int, np.ndarray]] = []
@@ -272,7 +317,11 @@ class Gatherer:
                 columns[f.name + NULL_KEY] = nulls
             if p.raw:
                 given = out.get(f.name) if out else None
-                dst = given[out_start : out_start + n] if given is not None else np.empty((n,) + f.shape, f.dtype)
+                dst = (
+                    given[out_start : out_start + n]
+                    if given is not None
+                    else np.empty((n,) + f.shape, f.dtype)
+                )
             elif p.inline:
                 dst = np.empty((n, p.nbytes), np.uint8)
             else:
@@ -281,7 +330,9 @@ class Gatherer:
             columns[f.name] = dst
         return fixed
 
-    def _pieces(self, fixed: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, np.ndarray | None]]:
+    def _pieces(
+        self, fixed: list[tuple[int, int, np.ndarray]]
+    ) -> list[tuple[int, np.ndarray | None]]:
         """Cut a row into consecutive (size, out) pieces for ``preadv_rows``; bytes no field
         asked for go to the sink (None)."""
         segs: list[tuple[int, np.ndarray | None]] = []
@@ -337,18 +388,28 @@ class Gatherer:
         if full.all():
             self.store.read_rows(shards, offsets, P * self.rs, rowbuf)
             return rowbuf, r.local
-        order = np.concatenate((np.flatnonzero(full), np.flatnonzero(~full)))  # load slot -> unit slot
+        order = np.concatenate(
+            (np.flatnonzero(full), np.flatnonzero(~full))
+        )  # load slot -> unit slot
         nfull = int(full.sum())
         if nfull:
             sel = order[:nfull]
-            self.store.read_rows(None if shards is None else shards[sel], offsets[sel], P * self.rs,
-                                 rowbuf[: nfull * P * self.rs])
+            self.store.read_rows(
+                None if shards is None else shards[sel],
+                offsets[sel],
+                P * self.rs,
+                rowbuf[: nfull * P * self.rs],
+            )
         for k in range(nfull, len(order)):
             i = int(order[k])
             if counts[i]:
                 at = k * P * self.rs
-                self.store.read_rows(None if shards is None else shards[i : i + 1], offsets[i : i + 1],
-                                     int(counts[i]) * self.rs, rowbuf[at : at + int(counts[i]) * self.rs])
+                self.store.read_rows(
+                    None if shards is None else shards[i : i + 1],
+                    offsets[i : i + 1],
+                    int(counts[i]) * self.rs,
+                    rowbuf[at : at + int(counts[i]) * self.rs],
+                )
         shift = np.empty(len(order), np.int64)
         shift[order] = (np.arange(len(order), dtype=np.int64) - order) * P
         return rowbuf, r.local + shift[r.local // P]
@@ -360,24 +421,48 @@ class Gatherer:
         the shards' blocks differ in size)."""
         a = self.arr
         if what == "block":
-            off, stored, check, stride = a["offset"], a["stored"], a["checksum"], self.layout.block_raw_bytes
+            off, stored, check, stride = (
+                a["offset"],
+                a["stored"],
+                a["checksum"],
+                self.layout.block_raw_bytes,
+            )
         else:
-            off, stored, check, stride = a["hc_offset"], a["hc_stored"], a["hc_checksum"], self.layout.heap_chunk_bytes
+            off, stored, check, stride = (
+                a["hc_offset"],
+                a["hc_stored"],
+                a["hc_checksum"],
+                self.layout.heap_chunk_bytes,
+            )
         scratch = self.scratch.get("stage", self.max_stored if self.codec is not None else 1)
         L = self.layout
         if what == "block" and not L.uniform_blocks:
             # Shards of different block sizes: one call per run of one shard (raw sizes differ).
-            runs = [(L.block_shard[which[i:j]], which[i:j], int(L.shard_rpb[sh]) * self.rs, i, j)
-                    for sh, i, j in L.runs(which, what)]
+            runs = [
+                (L.block_shard[which[i:j]], which[i:j], int(L.shard_rpb[sh]) * self.rs, i, j)
+                for sh, i, j in L.runs(which, what)
+            ]
         else:  # one call, each chunk read from its own shard's descriptor
             raw = int(L.shard_rpb[0]) * self.rs if what == "block" else stride
-            owner = (L.block_shard if what == "block" else L.chunk_shard)[which] if self.multi else None
+            owner = (
+                (L.block_shard if what == "block" else L.chunk_shard)[which] if self.multi else None
+            )
             runs = [(owner, which, raw, 0, len(which))]
         for owner, part, raw, i, j in runs:
             try:
-                self.store.load_chunks(owner, off[part], stored[part], check[part], codec=self.codec,
-                                       verify=bool(self.verify), dst=dst[i * stride : (j - 1) * stride + raw],
-                                       raw_size=raw, scratch=scratch, what=what, dst_stride=stride)
+                self.store.load_chunks(
+                    owner,
+                    off[part],
+                    stored[part],
+                    check[part],
+                    codec=self.codec,
+                    verify=bool(self.verify),
+                    dst=dst[i * stride : (j - 1) * stride + raw],
+                    raw_size=raw,
+                    scratch=scratch,
+                    what=what,
+                    dst_stride=stride,
+                )
             except kernels.KernelError as exc:
                 k = int(part[exc.index]) if 0 <= exc.index < len(part) else None
                 raise self.located(exc, what, k) from None
@@ -398,21 +483,38 @@ class Gatherer:
             sh = int(L.block_shard[k])
             path, blk = L.shard_paths[sh], k - L.shard_block0(sh)
             where = f"block {blk}" if what == "block" else what
-        return type(exc)(f"{path!r}: {where}: {msg}", code=exc.code, index=exc.index, detail=exc.detail,
-                         path=path, block=blk)
+        return type(exc)(
+            f"{path!r}: {where}: {msg}",
+            code=exc.code,
+            index=exc.index,
+            detail=exc.detail,
+            path=path,
+            block=blk,
+        )
 
     # -- heap payloads -----------------------------------------------------------------------
-    def _gather_heap(self, r: _Rows, plans: list[FieldPlan], rowbuf: np.ndarray, idx: np.ndarray, direct: bool,
-                     columns: dict[str, Any]) -> None:
+    def _gather_heap(
+        self,
+        r: _Rows,
+        plans: list[FieldPlan],
+        rowbuf: np.ndarray,
+        idx: np.ndarray,
+        direct: bool,
+        columns: dict[str, Any],
+    ) -> None:
         heap_lo, heap_hi = self.arr["heap_start"][r.blk], self.arr["heap_end"][r.blk]
         chunk_base = self.arr["chunk_base"][r.blk] if self.multi else 0
-        sizes = {p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_lo, heap_hi) for p in plans}
+        sizes = {
+            p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_lo, heap_hi) for p in plans
+        }
         heap_ctx = None
         if not direct:
             # Pread each payload into place when that moves fewer bytes than loading the heap
             # chunks under the blocks' ranges (large payloads, few fields).
             needed = sum(int(v.sum()) for v in sizes.values())
-            to_load = int((self.arr["heap_end"][r.ublocks] - self.arr["heap_start"][r.ublocks]).sum())
+            to_load = int(
+                (self.arr["heap_end"][r.ublocks] - self.arr["heap_start"][r.ublocks]).sum()
+            )
             to_load += self.layout.heap_chunk_bytes * len(r.ublocks)
             per_payload = r.n * len(plans) * _SYSCALL_S + needed / _BYTES_PER_S
             direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
@@ -422,8 +524,12 @@ class Gatherer:
         if direct and self.pages is not None:
             # Payloads on pages not yet checked are read with the rest of their first and last
             # pages (into a scratch of two pages) and checked in that pass.
-            pages = (self.pages.page_bytes, self.pages.heap_pages, self._hpchecked,
-                     self.scratch.get("heap_pages", 2 * self.pages.page_bytes))
+            pages = (
+                self.pages.page_bytes,
+                self.pages.heap_pages,
+                self._hpchecked,
+                self.scratch.get("heap_pages", 2 * self.pages.page_bytes),
+            )
         elif direct:
             self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
         for p in plans:
@@ -433,19 +539,52 @@ class Gatherer:
             payload = self._payloads.take(int(dst_off[-1]))
             try:
                 if heap_ctx is None:
-                    self.store.read_payloads(self._shards(r), rowbuf, self.rs, p.offset, idx, heap_lo, heap_hi,
-                                             self.arr["hc_offset"], chunk_base, self.layout.heap_chunk_bytes, payload,
-                                             dst_off, pages=pages)
+                    self.store.read_payloads(
+                        self._shards(r),
+                        rowbuf,
+                        self.rs,
+                        p.offset,
+                        idx,
+                        heap_lo,
+                        heap_hi,
+                        self.arr["hc_offset"],
+                        chunk_base,
+                        self.layout.heap_chunk_bytes,
+                        payload,
+                        dst_off,
+                        pages=pages,
+                    )
                 else:
                     heap, lo, hi, base = heap_ctx
-                    kernels.gather_heap(rowbuf, self.rs, p.offset, idx, self.rpb, lo, hi, base, heap, payload, dst_off)
+                    kernels.gather_heap(
+                        rowbuf,
+                        self.rs,
+                        p.offset,
+                        idx,
+                        self.rpb,
+                        lo,
+                        hi,
+                        base,
+                        heap,
+                        payload,
+                        dst_off,
+                    )
             except kernels.KernelError as exc:
                 blk = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
                 raise self.located(exc, f"field {name!r}", blk) from None
-            columns[name] = Payloads(payload, dst_off, self._shapes(p, rowbuf, idx), columns.get(name + NULL_KEY))
+            columns[name] = Payloads(
+                payload, dst_off, self._shapes(p, rowbuf, idx), columns.get(name + NULL_KEY)
+            )
 
-    def _payload_sizes(self, p: FieldPlan, r: _Rows, rowbuf: np.ndarray, idx: np.ndarray, heap_lo: np.ndarray,
-                       heap_hi: np.ndarray) -> np.ndarray:
+    def _payload_sizes(
+        self,
+        p: FieldPlan,
+        r: _Rows,
+        rowbuf: np.ndarray,
+        idx: np.ndarray,
+        heap_lo: np.ndarray,
+        heap_hi: np.ndarray,
+    ) -> np.ndarray:
         """Payload sizes of a heap field, bounded before they size any allocation: a payload
         lies in its block's heap range, apart from the other rows' (the kernels check the exact
         range again while copying)."""
@@ -457,23 +596,38 @@ class Gatherer:
         if bad.any():
             i = int(np.argmax(bad))
             path, blk, row = self.layout.where(int(r.rows[i]))
-            raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload size {int(nbytes[i])} "
-                              f"exceeds its block's heap range (corrupt file)", path=path, block=blk,
-                              field=p.field.name, row=row)
+            raise FormatError(
+                f"{path!r}: field {p.field.name!r}: row {row}: payload size {int(nbytes[i])} "
+                f"exceeds its block's heap range (corrupt file)",
+                path=path,
+                block=blk,
+                field=p.field.name,
+                row=row,
+            )
         inside = (starts >= heap_lo) & (starts <= heap_hi - nbytes)
         outside = (nbytes > 0) & ~inside
         if outside.any():  # what the kernels would report, before the payloads size a buffer
             i = int(np.argmax(outside))
-            exc = kernels.KernelError(f"gather_heap: row {self.layout.where(int(r.rows[i]))[2]}: a payload reference points "
-                                      "outside its block's heap range (corrupt file)",
-                                      code=kernels.KernelCode.E_BOUNDS, index=i, detail=int(r.rows[i]))
+            exc = kernels.KernelError(
+                f"gather_heap: row {self.layout.where(int(r.rows[i]))[2]}: a payload reference "
+                f"points "
+                "outside its block's heap range (corrupt file)",
+                code=kernels.KernelCode.E_BOUNDS,
+                index=i,
+                detail=int(r.rows[i]),
+            )
             raise self.located(exc, f"field {p.field.name!r}", int(r.blk[i])) from None
         k = first_overlap(r.rows, r.blk, starts, nbytes, inside & (nbytes > 0))
         if k is not None:
             path, blk, row = self.layout.where(int(r.rows[k]))
-            raise FormatError(f"{path!r}: field {p.field.name!r}: row {row}: payload overlaps another "
-                              f"row's payload in its block's heap range (corrupt file)", path=path,
-                              block=blk, field=p.field.name, row=row)
+            raise FormatError(
+                f"{path!r}: field {p.field.name!r}: row {row}: payload overlaps another "
+                f"row's payload in its block's heap range (corrupt file)",
+                path=path,
+                block=blk,
+                field=p.field.name,
+                row=row,
+            )
         return nbytes
 
     def _shapes(self, p: FieldPlan, rowbuf: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
@@ -503,7 +657,9 @@ class Gatherer:
             present[a : b + 1] = True
         return np.flatnonzero(present[:-1]).astype(np.int64)
 
-    def _heap_context(self, ublocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _heap_context(
+        self, ublocks: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Load every heap chunk the loaded blocks' heap ranges touch: (heap buffer, per-slot
         lo, hi, base) for ``gather_heap``."""
         H = self.layout.heap_chunk_bytes
@@ -512,7 +668,9 @@ class Gatherer:
         heap = self.scratch.get("heap", len(need) * H)
         if len(need):
             self._load(need, "heap chunk", heap)
-        first = self.arr["chunk_base"][ublocks] + lo_b // H  # each block's first chunk, dataset-wide
+        first = (
+            self.arr["chunk_base"][ublocks] + lo_b // H
+        )  # each block's first chunk, dataset-wide
         base = np.searchsorted(need, first) * H - (lo_b // H) * H
         return heap, lo_b, hi_b, base
 
@@ -596,4 +754,3 @@ class Gatherer:
             part = todo[a : a + step]
             self._load(part, what, buf[: len(part) * raw])
             checked[part] = True
-

@@ -18,7 +18,9 @@ from rowstore.reader.buffers import Ragged, concat_batches, slice_batch
 __all__ = ["prefetched", "cut_batches"]
 
 
-def prefetched(segments: Iterable[Any], produce: Callable[[Any], dict], threads: int, prefetch: int) -> Generator[dict, None, None]:
+def prefetched(
+    segments: Iterable[Any], produce: Callable[[Any], dict], threads: int, prefetch: int
+) -> Generator[dict, None, None]:
     """``produce(seg)`` of every segment, in order, computed up to ``threads * prefetch``
     ahead on ``threads`` threads (inline for 1). The pool ends with the generator."""
     if threads <= 1:
@@ -41,8 +43,9 @@ def prefetched(segments: Iterable[Any], produce: Callable[[Any], dict], threads:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def cut_batches(parts: Iterable[dict], batch_size: int, drop_last: bool,
-                finish: Callable[[dict], dict]) -> Generator[dict, None, None]:
+def cut_batches(
+    parts: Iterable[dict], batch_size: int, drop_last: bool, finish: Callable[[dict], dict]
+) -> Generator[dict, None, None]:
     """Batches of exactly ``batch_size`` rows (the last may be short unless ``drop_last``)
     cut from consecutive ``parts``; ``finish`` is applied to batches that hold Ragged columns
     or were concatenated (plain array batches are views, handed out as they are)."""

@@ -11,9 +11,15 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "Ragged", "offsets_from_lengths", "slice_batch", "concat_batches", "pad_ragged", "NULL_KEY",
-    "SHAPE_KEY", "BufferPool",
-]  # fmt: skip
+    "Ragged",
+    "offsets_from_lengths",
+    "slice_batch",
+    "concat_batches",
+    "pad_ragged",
+    "NULL_KEY",
+    "SHAPE_KEY",
+    "BufferPool",
+]
 
 #: Key suffixes of companion arrays in a batch dict.
 NULL_KEY = "__null"  # bool (n,): the field is null in that row (nullable fields only)
@@ -196,15 +202,22 @@ class BufferPool:
             best = None
             for i in range(len(self._bufs)):
                 # Free: referred to by the list only (+1 for getrefcount's own argument).
-                if self._bufs[i].nbytes >= nbytes + self.ALIGN and sys.getrefcount(self._bufs[i]) == 2:
+                if (
+                    self._bufs[i].nbytes >= nbytes + self.ALIGN
+                    and sys.getrefcount(self._bufs[i]) == 2
+                ):
                     if best is None or self._bufs[i].nbytes < self._bufs[best].nbytes:
                         best = i
             if best is not None:
-                return self._aligned(self._bufs[best], nbytes)  # the view holds the buffer: busy from now on
+                return self._aligned(
+                    self._bufs[best], nbytes
+                )  # the view holds the buffer: busy from now on
             # Rounded up: room for the slightly larger segments that follow.
             size = -(-nbytes // (2 << 20)) * (2 << 20) + self.ALIGN
             if len(self._bufs) >= self.cap or (
-                    self.max_bytes is not None and sum(b.nbytes for b in self._bufs) + size > self.max_bytes):
+                self.max_bytes is not None
+                and sum(b.nbytes for b in self._bufs) + size > self.max_bytes
+            ):
                 return self._aligned(np.empty(nbytes + self.ALIGN, np.uint8), nbytes)
             buf = np.empty(size, np.uint8)
             self._bufs.append(buf)
@@ -214,7 +227,9 @@ class BufferPool:
         a = -buf.ctypes.data % self.ALIGN
         return buf[a : a + nbytes]
 
-    def columns(self, fields: Sequence[tuple[str, tuple[int, ...], np.dtype]], n: int) -> dict[str, np.ndarray]:
+    def columns(
+        self, fields: Sequence[tuple[str, tuple[int, ...], np.dtype]], n: int
+    ) -> dict[str, np.ndarray]:
         """``{name: array of shape (n, *shape)}``, all carved from one buffer (64-byte aligned)."""
         sizes, total = [], 0
         for _, shape, dtype in fields:
@@ -224,5 +239,7 @@ class BufferPool:
         if total < self.min_bytes:
             return {name: np.empty((n,) + tuple(shape), dtype) for name, shape, dtype in fields}
         base = self._free_base(total)
-        return {name: base[a : a + nb].view(dtype).reshape((n,) + tuple(shape))
-                for (name, shape, dtype), (a, nb) in zip(fields, sizes)}
+        return {
+            name: base[a : a + nb].view(dtype).reshape((n,) + tuple(shape))
+            for (name, shape, dtype), (a, nb) in zip(fields, sizes)
+        }

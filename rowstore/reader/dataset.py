@@ -164,7 +164,9 @@ class Reader:
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify
         self.varlen = varlen
-        self.num_threads = positive_int("num_threads", num_threads, optional=True) or min(4, os.cpu_count() or 1)
+        self.num_threads = positive_int("num_threads", num_threads, optional=True) or min(
+            4, os.cpu_count() or 1
+        )
         self.max_open_files = positive_int("max_open_files", max_open_files, optional=True)
         self._remote: Any = None  # RemoteOptions for a URL
         self._etags: dict[int, Any] = {}
@@ -202,9 +204,15 @@ class Reader:
 
     # -- pickling / fork -------------------------------------------------------------------
     def __getstate__(self) -> dict:
-        return {"verify": self.verify, "varlen": self.varlen, "num_threads": self.num_threads,
-                "max_open_files": self.max_open_files, "layout": self.layout, "remote": self._remote,
-                "etags": getattr(self._store, "_etags", {})}
+        return {
+            "verify": self.verify,
+            "varlen": self.varlen,
+            "num_threads": self.num_threads,
+            "max_open_files": self.max_open_files,
+            "layout": self.layout,
+            "remote": self._remote,
+            "etags": getattr(self._store, "_etags", {}),
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.verify = state["verify"]
@@ -237,7 +245,9 @@ class Reader:
     def __repr__(self) -> str:
         n = self.layout.num_shards
         shards = f" in {n} shards" if n > 1 else ""
-        return f"<rowstore.Reader {self.path!r}: {len(self)} rows{shards}, fields {self.schema.names}>"
+        return (
+            f"<rowstore.Reader {self.path!r}: {len(self)} rows{shards}, fields {self.schema.names}>"
+        )
 
     @property
     def num_rows(self) -> int:
@@ -270,11 +280,20 @@ class Reader:
             idx = np.where(idx < 0, idx + n, idx)
             bad = (idx < 0) | (idx >= n)
             if bad.any():
-                raise IndexError(f"row index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of range for {n} rows")
+                raise IndexError(
+                    f"row index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of "
+                    f"range for {n} rows"
+                )
         return self.layout.ids(idx)
 
-    def take(self, indices: Sequence[int] | np.ndarray, *, fields: Sequence[str] | None = None,
-             out: dict[str, np.ndarray] | None = None, varlen: str | None = None) -> dict[str, Any]:
+    def take(
+        self,
+        indices: Sequence[int] | np.ndarray,
+        *,
+        fields: Sequence[str] | None = None,
+        out: dict[str, np.ndarray] | None = None,
+        varlen: str | None = None,
+    ) -> dict[str, Any]:
         """The given rows (any order, repeats allowed) as a dict of per-field batch arrays.
 
         ``out`` may supply C-contiguous arrays for fixed-shape numeric fields (``(n, *shape)``
@@ -285,25 +304,40 @@ class Reader:
         rows = self._global_rows(indices)
         if out is not None:
             self._check_out(out, plans, len(rows))
-        pieces = [self._read(rows[a:b], plans, out, a, self.num_threads) for a, b in self._pieces(rows)]
+        pieces = [
+            self._read(rows[a:b], plans, out, a, self.num_threads) for a, b in self._pieces(rows)
+        ]
         batch = concat_batches(pieces) if pieces else self._read(rows, plans, out, 0, 1)
         if out:
             batch.update({k: v for k, v in out.items() if k in batch})
         return self._finish_varlen(batch, plans, varlen)
 
-    def _read(self, request: np.ndarray | _order.Segment, plans: list[FieldPlan], out: dict | None = None,
-              out_start: int = 0, threads: int = 1) -> dict[str, Any]:
+    def _read(
+        self,
+        request: np.ndarray | _order.Segment,
+        plans: list[FieldPlan],
+        out: dict | None = None,
+        out_start: int = 0,
+        threads: int = 1,
+    ) -> dict[str, Any]:
         """Gather then decode one request (rows or a segment); thread-safe. A request touching
         more shards than the store keeps open is read in parts."""
         if self.layout.num_shards > self._store.max_open and (
-                not isinstance(request, _order.Segment) or request.blocks is None):
+            not isinstance(request, _order.Segment) or request.blocks is None
+        ):
             rows = request.rows() if isinstance(request, _order.Segment) else request
             shards = np.unique(self.layout.block_shard[rows // self._rpb])
             if len(shards) > self._store.max_open and len(rows) > 1:
                 h = len(rows) // 2
-                return concat_batches([self._read(rows[:h], plans, out, out_start, threads),
-                                       self._read(rows[h:], plans, out, out_start + h, threads)])
-        return self._decoder.decode(self._gatherer.gather(request, plans, out, out_start), plans, out, out_start, threads)
+                return concat_batches(
+                    [
+                        self._read(rows[:h], plans, out, out_start, threads),
+                        self._read(rows[h:], plans, out, out_start + h, threads),
+                    ]
+                )
+        return self._decoder.decode(
+            self._gatherer.gather(request, plans, out, out_start), plans, out, out_start, threads
+        )
 
     def _pieces(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Split a take into pieces that bound the blocks loaded at once."""
@@ -337,10 +371,17 @@ class Reader:
             if f.is_variable or f.numpy_dtype.kind == "O":
                 raise ValueError(f"out[{name!r}]: only fixed-shape numeric fields take out= arrays")
             want = (n,) + tuple(f.shape)
-            if not isinstance(arr, np.ndarray) or arr.dtype != f.dtype.newbyteorder("=") and arr.dtype != f.dtype \
-                    or arr.shape != want or not arr.flags.c_contiguous or not arr.flags.writeable:
+            if (
+                not isinstance(arr, np.ndarray)
+                or arr.dtype != f.dtype.newbyteorder("=")
+                and arr.dtype != f.dtype
+                or arr.shape != want
+                or not arr.flags.c_contiguous
+                or not arr.flags.writeable
+            ):
                 raise ValueError(
-                    f"out[{name!r}] must be a writeable C-contiguous {f.dtype} array of shape {want}, got "
+                    f"out[{name!r}] must be a writeable C-contiguous {f.dtype} array of shape "
+                    f"{want}, got "
                     f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}"
                 )
 
@@ -348,20 +389,54 @@ class Reader:
         return finish_varlen(batch, plans, varlen)
 
     # -- epochs ----------------------------------------------------------------------------
-    def epoch_order(self, *, shuffle: str | bool = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-                    part: tuple[int, int] | None = None, even: bool = False, pieces: int = 1,
-                    shard: tuple[int, int] | None = None) -> np.ndarray:
+    def epoch_order(
+        self,
+        *,
+        shuffle: str | bool = "block",
+        seed: int = 0,
+        epoch: int = 0,
+        window: int = 16,
+        part: tuple[int, int] | None = None,
+        even: bool = False,
+        pieces: int = 1,
+        shard: tuple[int, int] | None = None,
+    ) -> np.ndarray:
         """The row numbers of one epoch of :meth:`batches` with these arguments, in order
         (``shard=`` is the deprecated spelling of ``part=``)."""
-        return self.layout.rows_of(self._epoch_ids(shuffle=shuffle, seed=seed, epoch=epoch, window=window, part=part,
-                                                   even=even, pieces=pieces, shard=shard))
+        return self.layout.rows_of(
+            self._epoch_ids(
+                shuffle=shuffle,
+                seed=seed,
+                epoch=epoch,
+                window=window,
+                part=part,
+                even=even,
+                pieces=pieces,
+                shard=shard,
+            )
+        )
 
-    def _epoch_ids(self, *, part: tuple[int, int] | None = None, even: bool = False,
-                   shard: tuple[int, int] | None = None, **order: Any) -> np.ndarray:
+    def _epoch_ids(
+        self,
+        *,
+        part: tuple[int, int] | None = None,
+        even: bool = False,
+        shard: tuple[int, int] | None = None,
+        **order: Any,
+    ) -> np.ndarray:
         spec, (rank, world) = part_spec("Reader.epoch_order", None, part, shard, order, 4)
-        return _order.epoch_order(self.layout.block_rows(), self._rpb, shuffle=spec.shuffle, seed=spec.seed,
-                                  epoch=spec.epoch, window=spec.window, rank=rank, world=world, even=even,
-                                  pieces=spec.pieces)
+        return _order.epoch_order(
+            self.layout.block_rows(),
+            self._rpb,
+            shuffle=spec.shuffle,
+            seed=spec.seed,
+            epoch=spec.epoch,
+            window=spec.window,
+            rank=rank,
+            world=world,
+            even=even,
+            pieces=spec.pieces,
+        )
 
     def _chunk_keys(self, plans: list[FieldPlan]):
         """``keys_of(segment)``: the (shard, offset, stored bytes) of the chunks the gather will
@@ -371,16 +446,31 @@ class Reader:
 
         def keys_of(seg: _order.Segment) -> list[tuple[int, int, int]]:
             blocks = seg.blocks if seg.blocks is not None else np.unique(seg.rows() // self._rpb)
-            keys = list(zip(L.block_shard[blocks].tolist(), a["offset"][blocks].tolist(), a["stored"][blocks].tolist()))
+            keys = list(
+                zip(
+                    L.block_shard[blocks].tolist(),
+                    a["offset"][blocks].tolist(),
+                    a["stored"][blocks].tolist(),
+                )
+            )
             if heap:
                 ch = g._heap_chunks_of(blocks)
-                keys += zip(L.chunk_shard[ch].tolist(), a["hc_offset"][ch].tolist(), a["hc_stored"][ch].tolist())
+                keys += zip(
+                    L.chunk_shard[ch].tolist(),
+                    a["hc_offset"][ch].tolist(),
+                    a["hc_stored"][ch].tolist(),
+                )
             return keys
 
         return keys_of
 
-    def shard_size(self, *, part: tuple[int, int] | None = None, even: bool = False,
-                   shard: tuple[int, int] | None = None) -> int:
+    def shard_size(
+        self,
+        *,
+        part: tuple[int, int] | None = None,
+        even: bool = False,
+        shard: tuple[int, int] | None = None,
+    ) -> int:
         """Rows of the contiguous ``part`` of an epoch (``shard=``: deprecated spelling)."""
         name = "part"
         if shard is not None:
@@ -390,8 +480,16 @@ class Reader:
         lo, hi = _order.shard_bounds(self.num_rows, rank, world, even)
         return hi - lo
 
-    def num_batches(self, batch_size: int, *, part: tuple[int, int] | None = None, even: bool = False,
-                    drop_last: bool = False, start: int = 0, shard: tuple[int, int] | None = None) -> int:
+    def num_batches(
+        self,
+        batch_size: int,
+        *,
+        part: tuple[int, int] | None = None,
+        even: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        shard: tuple[int, int] | None = None,
+    ) -> int:
         """Batches that :meth:`batches` yields with these arguments."""
         positive_int("batch_size", batch_size)
         if shard is not None:
@@ -459,7 +557,13 @@ class Reader:
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
         positive_int("num_threads", num_threads, optional=True)
-        shuffle, seed, epoch, window, pieces = spec.shuffle, spec.seed, spec.epoch, spec.window, spec.pieces
+        shuffle, seed, epoch, window, pieces = (
+            spec.shuffle,
+            spec.seed,
+            spec.epoch,
+            spec.window,
+            spec.pieces,
+        )
         keep = None if spec.keep is None else self._check_keep(spec.keep)
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
@@ -469,10 +573,23 @@ class Reader:
         def order_segments() -> Any:
             if step is None:
                 return _order.iter_segments(
-                    self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window,
-                    rank=rank, world=world, even=even, start=start, segment_rows=seg_rows, pieces=pieces, keep=keep,
-                )  # fmt: skip
-            eo = self.epoch(shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces, keep=keep)
+                    self.layout.block_rows(),
+                    self._rpb,
+                    shuffle=shuffle,
+                    seed=seed,
+                    epoch=epoch,
+                    window=window,
+                    rank=rank,
+                    world=world,
+                    even=even,
+                    start=start,
+                    segment_rows=seg_rows,
+                    pieces=pieces,
+                    keep=keep,
+                )
+            eo = self.epoch(
+                shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces, keep=keep
+            )
             lo, hi = _order.shard_bounds(eo.num_rows, rank, world, even)
             return eo.aligned(min(lo + start, hi), hi, step)
 
@@ -486,10 +603,17 @@ class Reader:
         def finish(batch: dict) -> dict:
             return self._finish_varlen(batch, plans, varlen)
 
-        return cut_batches(prefetched(segments, produce, threads, prefetch), batch_size, spec.drop_last, finish)
+        return cut_batches(
+            prefetched(segments, produce, threads, prefetch), batch_size, spec.drop_last, finish
+        )
 
-    def read_ids(self, ids: np.ndarray, *, fields: Sequence[Any] | None = None,
-                 num_threads: int | None = None) -> dict[str, Any]:
+    def read_ids(
+        self,
+        ids: np.ndarray,
+        *,
+        fields: Sequence[Any] | None = None,
+        num_threads: int | None = None,
+    ) -> dict[str, Any]:
         """The rows of row ids ``ids`` (``block * rows_per_block + row``, as an
         :class:`~rowstore.reader.order.EpochOrder` gives them), variable shapes as ``Ragged``:
         what a :class:`~rowstore.reader.mix.Mixture` reads of each source."""
@@ -509,11 +633,14 @@ class Reader:
         # of at most _SEGMENT_BYTES keep both threads busy and the buffers reusable.
         L = self.layout
         row_bytes = L.row_dtype.itemsize + L.heap_nbytes / max(1, L.num_rows)
-        batches = max(1, min(-(-4096 // batch_size), int(_SEGMENT_BYTES // (row_bytes * batch_size))))
+        batches = max(
+            1, min(-(-4096 // batch_size), int(_SEGMENT_BYTES // (row_bytes * batch_size)))
+        )
         return batch_size * batches
 
-    def _aligned_step(self, shuffle: str, window: int, batch_size: int, plans: list[FieldPlan],
-                      pieces: int = 1) -> int | None:
+    def _aligned_step(
+        self, shuffle: str, window: int, batch_size: int, plans: list[FieldPlan], pieces: int = 1
+    ) -> int | None:
         """Rows per segment cut at batch boundaries (:meth:`EpochOrder.aligned`) where the
         gather reads the rows of a ``block``/``none`` window directly (uncompressed local
         files: large fixed-size rows by ``preadv``, heap payloads by ``pread``), else None
@@ -530,7 +657,10 @@ class Reader:
         rows = window * -(-self._rpb // pieces)
         heap = any(not p.inline for p in plans)
         nfixed = 2 * len(plans)
-        if not heap and self._gatherer._strategy(rows, -(-window // pieces), False, nfixed) == "blocks":
+        if (
+            not heap
+            and self._gatherer._strategy(rows, -(-window // pieces), False, nfixed) == "blocks"
+        ):
             return None
         return batch_size * max(1, -(-rows // batch_size))
 
@@ -548,9 +678,10 @@ class Reader:
         ahead in that (pure-function) order, which it iterates a second time."""
         return self._store.fetch_ahead(order(), order, self._chunk_keys(plans))
 
-
     # -- dealt epochs: elastic resume and equal steps (rowstore.reader.plan) ----------------------
-    def keep_mask(self, rows: Any = None, predicate: Any = None, *, fields: Sequence[str] | None = None) -> np.ndarray | None:
+    def keep_mask(
+        self, rows: Any = None, predicate: Any = None, *, fields: Sequence[str] | None = None
+    ) -> np.ndarray | None:
         """A row subset as one bool per dataset row (None: every row).
 
         ``rows``: dataset row numbers (any order, repeats ignored). ``predicate``: a function of
@@ -575,7 +706,9 @@ class Reader:
             keep[idx] = True
         if predicate is not None:
             if not callable(predicate):
-                raise TypeError(f"predicate must be a callable on a batch dict, got {type(predicate).__name__}")
+                raise TypeError(
+                    f"predicate must be a callable on a batch dict, got {type(predicate).__name__}"
+                )
             first = self.layout.arrays()["first"]
             counts = self.layout.block_rows()
             for b in range(self.layout.num_blocks):
@@ -585,27 +718,55 @@ class Reader:
                 batch = self.take(np.arange(lo, lo + m), fields=fields)
                 got = np.asarray(predicate(batch))
                 if got.dtype != bool or got.shape != (m,):
-                    raise ValueError(f"predicate must return a bool array of shape ({m},) for block {b}, got "
-                                     f"{got.dtype} {got.shape}")
+                    raise ValueError(
+                        f"predicate must return a bool array of shape ({m},) for block {b}, got "
+                        f"{got.dtype} {got.shape}"
+                    )
                 keep[lo : lo + m] &= got
         return keep
 
-    def epoch(self, *, shuffle: str | bool = "block", seed: int = 0, epoch: int = 0, window: int = 16,
-              keep: np.ndarray | None = None, pieces: int = 1) -> _order.EpochOrder:
-        """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with ``keep``)."""
+    def epoch(
+        self,
+        *,
+        shuffle: str | bool = "block",
+        seed: int = 0,
+        epoch: int = 0,
+        window: int = 16,
+        keep: np.ndarray | None = None,
+        pieces: int = 1,
+    ) -> _order.EpochOrder:
+        """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with
+        ``keep``)."""
         shuffle = _order.shuffle_mode(shuffle)
-        return _order.EpochOrder(self.layout.block_rows(), self._rpb, shuffle=shuffle, seed=seed, epoch=epoch,
-                                 window=window, keep=None if keep is None else self._check_keep(keep), pieces=pieces)
+        return _order.EpochOrder(
+            self.layout.block_rows(),
+            self._rpb,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            window=window,
+            keep=None if keep is None else self._check_keep(keep),
+            pieces=pieces,
+        )
 
     def _check_keep(self, keep: np.ndarray) -> np.ndarray:
         """``keep`` as a bool array of one value per dataset row, checked."""
         keep = np.asarray(keep, dtype=bool)
         if keep.shape != (self.num_rows,):
-            raise ValueError(f"keep must hold one bool per row ({self.num_rows}), got shape {keep.shape}")
+            raise ValueError(
+                f"keep must hold one bool per row ({self.num_rows}), got shape {keep.shape}"
+            )
         return keep
 
-    def plan(self, batch_size: int, *, drop_last: bool = False, pad: bool = False,
-             remaining: Sequence[Sequence[int]] | None = None, keep: np.ndarray | None = None) -> EpochPlan:
+    def plan(
+        self,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        pad: bool = False,
+        remaining: Sequence[Sequence[int]] | None = None,
+        keep: np.ndarray | None = None,
+    ) -> EpochPlan:
         """The :class:`~rowstore.reader.plan.EpochPlan` of an epoch (or what is left of it)."""
         n = self.num_rows if keep is None else int(np.count_nonzero(self._check_keep(keep)))
         return EpochPlan(n, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
@@ -670,7 +831,9 @@ class Reader:
         shuffle, window, pieces, pad = spec.shuffle, spec.window, spec.pieces, spec.pad
         unit = spec.unit_for(self, batch_size)
         eo = self.epoch(keep=spec.keep, **spec.order_kwargs())
-        plan = EpochPlan(eo.num_rows, batch_size, drop_last=spec.drop_last, pad=pad, remaining=remaining)
+        plan = EpochPlan(
+            eo.num_rows, batch_size, drop_last=spec.drop_last, pad=pad, remaining=remaining
+        )
         gids = plan.batches(c, C, unit)[skip:]
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
@@ -684,7 +847,9 @@ class Reader:
                 cut = np.flatnonzero(np.diff(real) != 1) + 1
                 for run in np.split(real, cut):
                     lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
-                    yield from (eo.segments(lo, hi, seg_rows) if step is None else eo.aligned(lo, hi, step))
+                    yield from (
+                        eo.segments(lo, hi, seg_rows) if step is None else eo.aligned(lo, hi, step)
+                    )
                     if pad and (hi - lo) < len(run) * B:
                         yield _order.Segment(pad_ids(eo, len(run) * B - (hi - lo)), pad=True)
             for _ in range(int((gids < 0).sum())):
@@ -708,7 +873,9 @@ class Reader:
         segs = self._fetch_ahead(segments, plans)
         if parts:
             return prefetched(segs, produce, threads, prefetch)
-        return cut_batches(prefetched(segs, produce, threads, prefetch), batch_size, spec.drop_last, finish)
+        return cut_batches(
+            prefetched(segs, produce, threads, prefetch), batch_size, spec.drop_last, finish
+        )
 
 
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
@@ -722,7 +889,10 @@ def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
         return cast(Reader, path_or_reader), False
     if isinstance(path_or_reader, (str, bytes, os.PathLike)):
         return Reader(path_or_reader), True
-    if isinstance(path_or_reader, (list, tuple)) and path_or_reader \
-            and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_reader):
+    if (
+        isinstance(path_or_reader, (list, tuple))
+        and path_or_reader
+        and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_reader)
+    ):
         return Reader(list(path_or_reader)), True
     raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")

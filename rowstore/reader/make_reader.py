@@ -144,10 +144,19 @@ class PetastormStyleReader:
             positive_int("num_epochs", num_epochs)
         if (cur_shard is None) != (shard_count is None):
             raise ValueError("pass both cur_shard and shard_count, or neither")
-        self.shard = (0, 1) if cur_shard is None else as_pair("cur_shard, shard_count", (cur_shard, shard_count))
+        self.shard = (
+            (0, 1)
+            if cur_shard is None
+            else as_pair("cur_shard, shard_count", (cur_shard, shard_count))
+        )
         #: The order arguments, checked once (what the loaders over this reader use).
         self.spec = spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces)
-        self.shuffle, self.seed, self.window, self.pieces = spec.shuffle, spec.seed, spec.window, spec.pieces
+        self.shuffle, self.seed, self.window, self.pieces = (
+            spec.shuffle,
+            spec.seed,
+            spec.window,
+            spec.pieces,
+        )
         self.batch_size = positive_int("batch_size", batch_size)
         self.num_epochs = num_epochs
         self.predicate, self.batched = predicate, batched

@@ -87,14 +87,25 @@ class Mixture:
     source.
     """
 
-    def __init__(self, sources: Sequence[Reader], weights: Sequence[float], *, seed: int = 0,
-                 replacement: bool = False, epoch_rows: int | None = None, with_source: bool = False,
-                 paths: Sequence[str] | None = None, owned: Sequence[bool] | None = None):
+    def __init__(
+        self,
+        sources: Sequence[Reader],
+        weights: Sequence[float],
+        *,
+        seed: int = 0,
+        replacement: bool = False,
+        epoch_rows: int | None = None,
+        with_source: bool = False,
+        paths: Sequence[str] | None = None,
+        owned: Sequence[bool] | None = None,
+    ):
         if not sources:
             raise ValueError("a mixture needs at least one source")
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != (len(sources),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
-            raise ValueError(f"weights must be finite, >= 0 and not all 0, one per source; got {list(weights)}")
+            raise ValueError(
+                f"weights must be finite, >= 0 and not all 0, one per source; got {list(weights)}"
+            )
         self.sources = list(sources)
         self.weights = w / w.sum()
         self.seed = nonneg_int("seed", seed)
@@ -105,8 +116,10 @@ class Mixture:
         first = self.sources[0].schema
         for i, r in enumerate(self.sources[1:], 1):
             if r.schema != first:
-                raise SchemaError(f"mixture source {i} ({r.path!r}) has schema {r.schema.names}, source 0 "
-                                  f"({self.sources[0].path!r}) {first.names}: sources must share one schema")
+                raise SchemaError(
+                    f"mixture source {i} ({r.path!r}) has schema {r.schema.names}, source 0 "
+                    f"({self.sources[0].path!r}) {first.names}: sources must share one schema"
+                )
         self.schema = first
         sizes = np.array([len(r) for r in self.sources], np.int64)
         self.sizes = sizes
@@ -114,8 +127,11 @@ class Mixture:
             L = positive_int("epoch_rows", epoch_rows, optional=True) or int(sizes.sum())
         else:
             if epoch_rows is not None:
-                raise ValueError("epoch_rows is for replacement=True; without replacement the epoch ends when the "
-                                 "scarcest source is read whole")
+                raise ValueError(
+                    "epoch_rows is for replacement=True; without replacement the epoch ends when "
+                    "the "
+                    "scarcest source is read whole"
+                )
             pos = self.weights > 0
             L = int(np.floor(np.min(sizes[pos] / self.weights[pos]) + 1e-9)) if pos.any() else 0
         self.counts = self._counts(L)
@@ -124,7 +140,11 @@ class Mixture:
                 L -= 1
                 self.counts = self._counts(L)
         self.epoch_rows = int(self.counts.sum())
-        heap = sum(r.layout.heap_nbytes for r in self.sources) * self.epoch_rows // max(1, int(sizes.sum()))
+        heap = (
+            sum(r.layout.heap_nbytes for r in self.sources)
+            * self.epoch_rows
+            // max(1, int(sizes.sum()))
+        )
         self.layout = _MixLayout(max(r.layout.rows_per_block for r in self.sources), int(heap))
         self.num_threads = self.sources[0].num_threads
         self.varlen = self.sources[0].varlen
@@ -149,7 +169,10 @@ class Mixture:
 
     def __repr__(self) -> str:
         ws = ", ".join(f"{p!r}: {w:.3g}" for p, w in zip(self._paths, self.weights))
-        return f"<rowstore.Mixture {{{ws}}}: {self.epoch_rows} rows per epoch, replacement={self.replacement}>"
+        return (
+            f"<rowstore.Mixture {{{ws}}}: {self.epoch_rows} rows per epoch, "
+            f"replacement={self.replacement}>"
+        )
 
     def close(self) -> None:
         for r, own in zip(self.sources, self._owned):
@@ -164,17 +187,31 @@ class Mixture:
 
     def keep_mask(self, rows: Any = None, predicate: Any = None, **_: Any) -> None:
         if rows is not None or predicate is not None:
-            raise ValueError("rows=/predicate= select rows of one dataset; subset each source of a mixture instead")
+            raise ValueError(
+                "rows=/predicate= select rows of one dataset; subset each source of a mixture "
+                "instead"
+            )
         return None
 
-    def plan(self, batch_size: int, *, drop_last: bool = False, pad: bool = False,
-             remaining: Sequence[Sequence[int]] | None = None, keep: Any = None) -> EpochPlan:
-        return EpochPlan(self.epoch_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+    def plan(
+        self,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        pad: bool = False,
+        remaining: Sequence[Sequence[int]] | None = None,
+        keep: Any = None,
+    ) -> EpochPlan:
+        return EpochPlan(
+            self.epoch_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining
+        )
 
     def shuffle_quality(self, batch_size: int, **order_kwargs: Any) -> float:
         """The sources' shuffle qualities, weighted (a mixture batch draws from every source)."""
-        qs = [r.shuffle_quality(max(1, int(round(batch_size * w))), **order_kwargs) if w > 0 else 0.0
-              for r, w in zip(self.sources, self.weights)]
+        qs = [
+            r.shuffle_quality(max(1, int(round(batch_size * w))), **order_kwargs) if w > 0 else 0.0
+            for r, w in zip(self.sources, self.weights)
+        ]
         return float(np.dot(qs, self.weights))
 
     def source_order(self, epoch: int) -> np.ndarray:
@@ -195,16 +232,31 @@ class Mixture:
             key = (k, p)
             if key not in orders:
                 orders[key] = self.sources[k].epoch(
-                    shuffle=spec.shuffle, seed=_order.seed64(spec.seed, 0, _MIX, k) >> 1,
-                    epoch=spec.epoch * _PASS + p, window=spec.window, pieces=spec.pieces)
+                    shuffle=spec.shuffle,
+                    seed=_order.seed64(spec.seed, 0, _MIX, k) >> 1,
+                    epoch=spec.epoch * _PASS + p,
+                    window=spec.window,
+                    pieces=spec.pieces,
+                )
             stop = min(b, (p + 1) * n)
             out.append(orders[key].ids(off, off + stop - a))
             a = stop
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
-    def _read(self, items: Any, spec: EpochSpec, batch_size: int, *, fields: Sequence[str] | None, with_ids: bool,
-              num_threads: int | None, prefetch: int, varlen: str | None, parts: bool,
-              drop_last: bool) -> Generator[dict[str, Any], None, None]:
+    def _read(
+        self,
+        items: Any,
+        spec: EpochSpec,
+        batch_size: int,
+        *,
+        fields: Sequence[str] | None,
+        with_ids: bool,
+        num_threads: int | None,
+        prefetch: int,
+        varlen: str | None,
+        parts: bool,
+        drop_last: bool,
+    ) -> Generator[dict[str, Any], None, None]:
         """The batches of ``items``, ``(lo, hi, is_pad)`` ranges of the epoch's positions."""
         positive_int("batch_size", batch_size)
         positive_int("prefetch", prefetch)
@@ -237,7 +289,9 @@ class Mixture:
             # Concatenated source by source; position j is source s[j]'s next row.
             take = np.argsort(np.argsort(src, kind="stable"), kind="stable")
             take = take[np.arange(n) % len(src)] if is_pad else take
-            out = {k: (v.take(take) if isinstance(v, Ragged) else v[take]) for k, v in batch.items()}
+            out = {
+                k: (v.take(take) if isinstance(v, Ragged) else v[take]) for k, v in batch.items()
+            }
             if self.with_source:
                 out[SOURCE_KEY] = np.concatenate(got_src)[take]
             if with_ids:
@@ -253,11 +307,22 @@ class Mixture:
             return prefetched(items, produce, 1, prefetch)
         return cut_batches(prefetched(items, produce, 1, prefetch), batch_size, drop_last, finish)
 
-    def deal(self, batch_size: int, *, spec: EpochSpec | None = None,
-             remaining: Sequence[Sequence[int]] | None = None, skip: int = 0, fields: Sequence[str] | None = None,
-             with_ids: bool = False, num_threads: int | None = None, prefetch: int = 2, varlen: str | None = None,
-             parts: bool = False, consumer: tuple[int, int] | None = None,
-             **order: Any) -> Generator[dict[str, Any], None, None]:
+    def deal(
+        self,
+        batch_size: int,
+        *,
+        spec: EpochSpec | None = None,
+        remaining: Sequence[Sequence[int]] | None = None,
+        skip: int = 0,
+        fields: Sequence[str] | None = None,
+        with_ids: bool = False,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        varlen: str | None = None,
+        parts: bool = False,
+        consumer: tuple[int, int] | None = None,
+        **order: Any,
+    ) -> Generator[dict[str, Any], None, None]:
         """Consumer ``rank``'s batches of a mixture epoch dealt to ``world`` consumers
         (``shard=(rank, world)``): as :meth:`Reader.deal <rowstore.reader.Reader.deal>`, with
         the same arguments. ``seed`` is the sources' order seed (the mixture's own seed picks
@@ -285,13 +350,35 @@ class Mixture:
             for _ in range(int((gids < 0).sum())):
                 yield 0, B, True
 
-        return self._read(items(), spec, B, fields=fields, with_ids=with_ids, num_threads=num_threads,
-                          prefetch=prefetch, varlen=varlen, parts=parts, drop_last=spec.drop_last)
+        return self._read(
+            items(),
+            spec,
+            B,
+            fields=fields,
+            with_ids=with_ids,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            varlen=varlen,
+            parts=parts,
+            drop_last=spec.drop_last,
+        )
 
-    def batches(self, batch_size: int, *, spec: EpochSpec | None = None, fields: Sequence[str] | None = None,
-                part: tuple[int, int] | None = None, even: bool = False, num_threads: int | None = None,
-                prefetch: int = 2, varlen: str | None = None, start: int = 0, with_ids: bool = False,
-                shard: tuple[int, int] | None = None, **order: Any) -> Generator[dict[str, Any], None, None]:
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        spec: EpochSpec | None = None,
+        fields: Sequence[str] | None = None,
+        part: tuple[int, int] | None = None,
+        even: bool = False,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        varlen: str | None = None,
+        start: int = 0,
+        with_ids: bool = False,
+        shard: tuple[int, int] | None = None,
+        **order: Any,
+    ) -> Generator[dict[str, Any], None, None]:
         """One epoch of the mixture in batches: as :meth:`Reader.batches
         <rowstore.reader.Reader.batches>`, with the same arguments (a contiguous ``part`` of
         the epoch's positions, ``even``, ``start`` rows skipped; ``with_ids`` adds ``"__id"``,
@@ -300,11 +387,22 @@ class Mixture:
         lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
         lo = min(hi, lo + nonneg_int("start", start))
         items = ((a, min(hi, a + _PIECE), False) for a in range(lo, hi, _PIECE))
-        return self._read(items, spec, batch_size, fields=fields, with_ids=with_ids, num_threads=num_threads,
-                          prefetch=prefetch, varlen=varlen, parts=False, drop_last=spec.drop_last)
+        return self._read(
+            items,
+            spec,
+            batch_size,
+            fields=fields,
+            with_ids=with_ids,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            varlen=varlen,
+            parts=False,
+            drop_last=spec.drop_last,
+        )
 
-    def epoch_order(self, *, part: tuple[int, int] | None = None, even: bool = False,
-                    **order: Any) -> np.ndarray:
+    def epoch_order(
+        self, *, part: tuple[int, int] | None = None, even: bool = False, **order: Any
+    ) -> np.ndarray:
         """Each position's ``(source, row number within it)`` of :meth:`batches` with these
         arguments, as an ``(n, 2)`` int64 array."""
         spec, (rank, world) = part_spec("Mixture.epoch_order", None, part, None, order)
@@ -325,10 +423,16 @@ class Mixture:
         """The mixture as a manifest (``kind: "mixture"``, see ``docs/format.md``)."""
         from rowstore.format import manifest
 
-        return {"format": manifest.FORMAT_NAME, "format_version": manifest.FORMAT_VERSION, "kind": "mixture",
-                "sources": [{"path": p, "weight": float(w)} for p, w in zip(self._paths, self.weights)],
-                "seed": self.seed, "replacement": self.replacement,
-                "epoch_rows": self.epoch_rows if self.replacement else None, "with_source": self.with_source}
+        return {
+            "format": manifest.FORMAT_NAME,
+            "format_version": manifest.FORMAT_VERSION,
+            "kind": "mixture",
+            "sources": [{"path": p, "weight": float(w)} for p, w in zip(self._paths, self.weights)],
+            "seed": self.seed,
+            "replacement": self.replacement,
+            "epoch_rows": self.epoch_rows if self.replacement else None,
+            "with_source": self.with_source,
+        }
 
     def save(self, path: str | os.PathLike) -> None:
         """Write :meth:`to_json` to ``path`` (source paths relative to its directory when they
@@ -355,16 +459,37 @@ def _load(path: str) -> dict:
             obj = json.load(f)
     except ValueError as exc:
         raise FormatError(f"{path}: not a mixture manifest (JSON: {exc})", path=path) from None
-    if not isinstance(obj, dict) or obj.get("format") != manifest.FORMAT_NAME or obj.get("kind") != "mixture":
-        raise FormatError(f"{path}: not a rowstore mixture manifest (format {manifest.FORMAT_NAME!r}, kind 'mixture')",
-                          path=path)
+    if (
+        not isinstance(obj, dict)
+        or obj.get("format") != manifest.FORMAT_NAME
+        or obj.get("kind") != "mixture"
+    ):
+        raise FormatError(
+            f"{path}: not a rowstore mixture manifest (format {manifest.FORMAT_NAME!r}, kind "
+            f"'mixture')",
+            path=path,
+        )
     if obj.get("format_version") != manifest.FORMAT_VERSION:
-        raise FormatError(f"{path}: mixture format_version {obj.get('format_version')!r}, this rowstore reads "
-                          f"{manifest.FORMAT_VERSION}", path=path)
+        raise FormatError(
+            f"{path}: mixture format_version {obj.get('format_version')!r}, this rowstore reads "
+            f"{manifest.FORMAT_VERSION}",
+            path=path,
+        )
     srcs = obj.get("sources")
-    if not isinstance(srcs, list) or not srcs or not all(isinstance(s, dict) and isinstance(s.get("path"), str)
-                                                        and isinstance(s.get("weight"), (int, float)) for s in srcs):
-        raise FormatError(f"{path}: mixture sources must be a list of {{'path': str, 'weight': number}}", path=path)
+    if (
+        not isinstance(srcs, list)
+        or not srcs
+        or not all(
+            isinstance(s, dict)
+            and isinstance(s.get("path"), str)
+            and isinstance(s.get("weight"), (int, float))
+            for s in srcs
+        )
+    ):
+        raise FormatError(
+            f"{path}: mixture sources must be a list of {{'path': str, 'weight': number}}",
+            path=path,
+        )
     base = os.path.dirname(os.path.abspath(path))
     obj["sources"] = [dict(s, path=os.path.join(base, s["path"])) for s in srcs]
     return obj
@@ -399,13 +524,20 @@ def _pairs(sources: Any) -> list[tuple[Any, float]]:
     )
 
 
-def mix(sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.PathLike, *, seed: int | None = None,
-        replacement: bool | None = None, epoch_rows: int | None = None, with_source: bool | None = None) -> Mixture:
+def mix(
+    sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.PathLike,
+    *,
+    seed: int | None = None,
+    replacement: bool | None = None,
+    epoch_rows: int | None = None,
+    with_source: bool | None = None,
+) -> Mixture:
     """A weighted :class:`Mixture` of datasets: ``rowstore.mix({"a": 0.7, "b": 0.3}, seed=0)``.
 
     Parameters
     ----------
-    sources : dict {path_or_reader: weight}, list of (path_or_reader, weight), list of sources, or a path
+    sources : dict {path_or_reader: weight}, list of (path_or_reader, weight), list of sources, or a
+    path
         Datasets (paths, lists of paths, or open Readers) sharing one schema, with
         non-negative weights (normalized); a list of bare sources has equal weights, and a
         source listed twice is two sources (each with its own order, rows repeat); or a
@@ -435,9 +567,13 @@ def mix(sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.Pa
         readers.append(r)
         owned.append(own)
         paths.append(r.path)
-    return Mixture(readers, [float(w) for _, w in pairs],
-                   seed=saved.get("seed", 0) if seed is None else seed,
-                   replacement=saved.get("replacement", False) if replacement is None else replacement,
-                   epoch_rows=saved.get("epoch_rows") if epoch_rows is None else epoch_rows,
-                   with_source=saved.get("with_source", False) if with_source is None else with_source,
-                   paths=paths, owned=owned)
+    return Mixture(
+        readers,
+        [float(w) for _, w in pairs],
+        seed=saved.get("seed", 0) if seed is None else seed,
+        replacement=saved.get("replacement", False) if replacement is None else replacement,
+        epoch_rows=saved.get("epoch_rows") if epoch_rows is None else epoch_rows,
+        with_source=saved.get("with_source", False) if with_source is None else with_source,
+        paths=paths,
+        owned=owned,
+    )

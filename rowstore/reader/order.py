@@ -36,8 +36,20 @@ import numpy as np
 from rowstore._check import nonneg_int, positive_int
 
 __all__ = [
-    "MODES", "shuffle_mode", "check_args", "check_shard", "Segment", "EpochOrder", "seed64", "permutation", "shuffle_reference", "shard_bounds", "iter_segments", "epoch_order",
-    "batch_blocks", "shuffle_quality",
+    "MODES",
+    "shuffle_mode",
+    "check_args",
+    "check_shard",
+    "Segment",
+    "EpochOrder",
+    "seed64",
+    "permutation",
+    "shuffle_reference",
+    "shard_bounds",
+    "iter_segments",
+    "epoch_order",
+    "batch_blocks",
+    "shuffle_quality",
 ]
 
 MODES = ("block", "full", "none")
@@ -52,7 +64,8 @@ def seed64(seed: int, epoch: int, *keys: int) -> int:
 
 
 def permutation(n: int, seed: int) -> np.ndarray:
-    """A permutation of ``range(n)`` (int64): the compiled Fisher-Yates of :func:`shuffle_reference`."""
+    """A permutation of ``range(n)`` (int64): the compiled Fisher-Yates of
+    :func:`shuffle_reference`."""
     from rowstore import kernels
 
     a = np.arange(n, dtype=np.int64)
@@ -120,7 +133,9 @@ def check_shard(rank: int, world: int) -> None:
     """``ValueError`` unless ``0 <= rank < world`` are ints (bools refused)."""
     ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (rank, world))
     if not ints or world < 1 or not 0 <= rank < world:
-        raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got ({rank!r}, {world!r})")
+        raise ValueError(
+            f"shard must be (rank, world) with 0 <= rank < world, got ({rank!r}, {world!r})"
+        )
 
 
 def shard_bounds(num_rows: int, rank: int, world: int, even: bool = False) -> tuple[int, int]:
@@ -141,11 +156,41 @@ class Segment:
     needs to gather from whole blocks, without mapping rows to slots again.
     """
 
-    __slots__ = ("blocks", "_rows", "_local", "_block_rows", "_rpb", "_seed", "_a", "_z", "_keep", "_first", "pad",
-                 "_eo", "units", "pieces", "_ulocal")
+    __slots__ = (
+        "blocks",
+        "_rows",
+        "_local",
+        "_block_rows",
+        "_rpb",
+        "_seed",
+        "_a",
+        "_z",
+        "_keep",
+        "_first",
+        "pad",
+        "_eo",
+        "units",
+        "pieces",
+        "_ulocal",
+    )
 
-    def __init__(self, rows=None, *, blocks=None, block_rows=None, rpb=0, seed=None, a=0, z=0, keep=None, first=None,
-                 pad=False, order=None, units=None, pieces=1):
+    def __init__(
+        self,
+        rows=None,
+        *,
+        blocks=None,
+        block_rows=None,
+        rpb=0,
+        seed=None,
+        a=0,
+        z=0,
+        keep=None,
+        first=None,
+        pad=False,
+        order=None,
+        units=None,
+        pieces=1,
+    ):
         self._eo = order  # a position range [a, z) of this EpochOrder, its rows computed when asked
         # Pieces (pieces > 1): the window is made of ``units`` (sorted; unit u is piece u % pieces
         # of block u // pieces), and ``blocks`` are the blocks they lie in.
@@ -181,7 +226,9 @@ class Segment:
             slot_start = np.arange(len(units), dtype=np.int64) * P
             first = np.concatenate(([0], np.cumsum(counts)[:-1]))
             # The window's rows, unit after unit in sorted order, then shuffled in place.
-            loc = np.repeat(slot_start - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+            loc = np.repeat(slot_start - first, counts) + np.arange(
+                int(counts.sum()), dtype=np.int64
+            )
             if self._seed is not None:
                 kernels.shuffle(loc, self._seed)
             if self._keep is not None:  # a row subset: the window's order without the other rows
@@ -208,7 +255,9 @@ class Segment:
                 P = self.piece_rows
                 slot = loc // P
                 bslot = np.searchsorted(self.blocks, units // self.pieces)
-                loc = (bslot * self._rpb + (units % self.pieces) * P - np.arange(len(units)) * P)[slot] + loc
+                loc = (bslot * self._rpb + (units % self.pieces) * P - np.arange(len(units)) * P)[
+                    slot
+                ] + loc
             self._local = loc
         return self._local
 
@@ -227,24 +276,43 @@ class EpochOrder:
     position range ``[lo, hi)`` (the dealt plans read many short ranges of one epoch).
 
     ``pieces`` (block mode): pieces per block, the unit of the permutation and of ``window``
-    (see the module). ``keep`` (bool per dataset row, optional) restricts the epoch to a row subset: the order is
+    (see the module). ``keep`` (bool per dataset row, optional) restricts the epoch to a row subset:
+    the order is
     the full epoch order with the other rows left out (so a subset's order is a pure function
     of the same arguments, and positions count kept rows only).
     """
 
-    def __init__(self, block_rows: np.ndarray, rows_per_block: int, *, shuffle: str = "block", seed: int = 0,
-                 epoch: int = 0, window: int = 16, keep: np.ndarray | None = None, pieces: int = 1):
+    def __init__(
+        self,
+        block_rows: np.ndarray,
+        rows_per_block: int,
+        *,
+        shuffle: str = "block",
+        seed: int = 0,
+        epoch: int = 0,
+        window: int = 16,
+        keep: np.ndarray | None = None,
+        pieces: int = 1,
+    ):
         check_args(shuffle, seed, epoch, window, 0, 1)
         positive_int("pieces", pieces)
         self.block_rows = br = np.asarray(block_rows, dtype=np.int64)
-        self.rpb, self.shuffle, self.seed, self.epoch, self.window = rows_per_block, shuffle, seed, epoch, window
+        self.rpb, self.shuffle, self.seed, self.epoch, self.window = (
+            rows_per_block,
+            shuffle,
+            seed,
+            epoch,
+            window,
+        )
         # Pieces per block (block mode): the unit of the permutation and of the window.
         self.pieces = pieces = min(pieces, max(1, rows_per_block)) if shuffle == "block" else 1
         nblocks = len(br)
         self._first = np.cumsum(br) - br  # each block's first dataset row
         self.keep = None if keep is None else np.asarray(keep, dtype=bool)
         if self.keep is not None and len(self.keep) != int(br.sum()):
-            raise ValueError(f"keep must hold one bool per row ({int(br.sum())}), got {len(self.keep)}")
+            raise ValueError(
+                f"keep must hold one bool per row ({int(br.sum())}), got {len(self.keep)}"
+            )
         if self.keep is None:
             self._kept = br
         else:
@@ -274,7 +342,11 @@ class EpochOrder:
         else:
             self.blocks = np.arange(nunits, dtype=np.int64)
         self._win_starts = np.arange(0, nunits, window)
-        self._win_rows = np.add.reduceat(unit_kept[self.blocks], self._win_starts) if nunits else np.zeros(0, np.int64)
+        self._win_rows = (
+            np.add.reduceat(unit_kept[self.blocks], self._win_starts)
+            if nunits
+            else np.zeros(0, np.int64)
+        )
         self._win_end = np.cumsum(self._win_rows)
 
     def __getstate__(self) -> dict:
@@ -295,7 +367,9 @@ class EpochOrder:
             if self.keep is not None:
                 perm = perm[self.keep[perm]]
             b = np.searchsorted(self._first, perm, side="right") - 1
-            self._perm = np.arange(len(self.block_rows), dtype=np.int64)[b] * self.rpb + (perm - self._first[b])
+            self._perm = np.arange(len(self.block_rows), dtype=np.int64)[b] * self.rpb + (
+                perm - self._first[b]
+            )
         return self._perm
 
     def segments(self, lo: int, hi: int, segment_rows: int | None = None) -> Iterator[Segment]:
@@ -358,9 +432,20 @@ class EpochOrder:
     def _window(self, w: int, a: int, z: int) -> Segment:
         """Positions ``[a, z)`` of window ``w`` as a segment."""
         wb = np.sort(self.blocks[self._win_starts[w] : self._win_starts[w] + self.window])
-        wseed = seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
-        return Segment(units=wb, pieces=self.pieces, block_rows=self.block_rows, rpb=self.rpb, seed=wseed, a=a, z=z,
-                       keep=self.keep, first=self._first)
+        wseed = (
+            seed64(self.seed, self.epoch, _STREAM_WINDOW, w) if self.shuffle == "block" else None
+        )
+        return Segment(
+            units=wb,
+            pieces=self.pieces,
+            block_rows=self.block_rows,
+            rpb=self.rpb,
+            seed=wseed,
+            a=a,
+            z=z,
+            keep=self.keep,
+            first=self._first,
+        )
 
     def _window_ids(self, w: int) -> np.ndarray:
         cache = self.__dict__.setdefault("_wcache", {})
@@ -398,8 +483,16 @@ def iter_segments(
     the shard's order (resuming mid-epoch). ``keep``, ``pieces``: see :class:`EpochOrder`.
     """
     check_args(shuffle, seed, epoch, window, rank, world)
-    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, keep=keep,
-                    pieces=pieces)
+    eo = EpochOrder(
+        block_rows,
+        rows_per_block,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        window=window,
+        keep=keep,
+        pieces=pieces,
+    )
     lo, hi = shard_bounds(eo.num_rows, rank, world, even)
     yield from eo.segments(min(lo + max(0, int(start)), hi), hi, segment_rows)
 
@@ -419,7 +512,9 @@ def batch_blocks(ids: np.ndarray, rows_per_block: int, batch_size: int) -> np.nd
     return 1 + (np.diff(blocks, axis=1) != 0).sum(axis=1)
 
 
-def shuffle_quality(order: np.ndarray, rows_per_block: int, num_blocks: int, batch_size: int) -> float:
+def shuffle_quality(
+    order: np.ndarray, rows_per_block: int, num_blocks: int, batch_size: int
+) -> float:
     """How mixed the batches of an order are, from 0 to about 1.
 
     The mean number of distinct blocks a batch draws its rows from, divided by the number a

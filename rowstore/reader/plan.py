@@ -34,7 +34,15 @@ import numpy as np
 
 from rowstore._check import nonneg_int, positive_int
 
-__all__ = ["EpochPlan", "PAD_KEY", "ID_KEY", "SOURCE_KEY", "EXTRA_KEYS", "default_unit", "rank_steps_taken"]
+__all__ = [
+    "EpochPlan",
+    "PAD_KEY",
+    "ID_KEY",
+    "SOURCE_KEY",
+    "EXTRA_KEYS",
+    "default_unit",
+    "rank_steps_taken",
+]
 
 #: Column marking rows repeated to even out steps (``pad=True``): True for a repeated row.
 PAD_KEY = "__pad"
@@ -52,7 +60,9 @@ EXTRA_KEYS = (ID_KEY, PAD_KEY, SOURCE_KEY)
 UNIT_WINDOWS = 4
 
 
-def default_unit(shuffle: str, window: int, rows_per_block: int, batch_size: int, pieces: int = 1) -> int:
+def default_unit(
+    shuffle: str, window: int, rows_per_block: int, batch_size: int, pieces: int = 1
+) -> int:
     """Global batches per dealt unit: about ``UNIT_WINDOWS`` windows of rows (1 for ``full``
     shuffling, whose batches come from anywhere anyway); with ``pieces``, a window holds
     ``window`` pieces of ``ceil(rows_per_block / pieces)`` rows."""
@@ -86,8 +96,15 @@ class EpochPlan:
         Global batches not yet delivered (default: all); from :meth:`after` or a saved state.
     """
 
-    def __init__(self, num_rows: int, batch_size: int, *, drop_last: bool = False, pad: bool = False,
-                 remaining: Sequence[Sequence[int]] | None = None):
+    def __init__(
+        self,
+        num_rows: int,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        pad: bool = False,
+        remaining: Sequence[Sequence[int]] | None = None,
+    ):
         self.num_rows = nonneg_int("num_rows", num_rows)
         self.batch_size = B = positive_int("batch_size", batch_size)
         if drop_last and pad:
@@ -95,17 +112,30 @@ class EpochPlan:
         self.drop_last, self.pad = bool(drop_last), bool(pad)
         self.num_batches = self.num_rows // B if drop_last else -(-self.num_rows // B)
         if remaining is None:
-            iv = np.array([[0, self.num_batches]] if self.num_batches else [], dtype=np.int64).reshape(-1, 2)
+            iv = np.array(
+                [[0, self.num_batches]] if self.num_batches else [], dtype=np.int64
+            ).reshape(-1, 2)
         else:
             try:
-                iv = np.array([[int(a), int(b)] for a, b in remaining], dtype=np.int64).reshape(-1, 2)
+                iv = np.array([[int(a), int(b)] for a, b in remaining], dtype=np.int64).reshape(
+                    -1, 2
+                )
             except (TypeError, ValueError):
-                raise ValueError(f"remaining must be a list of [start, stop) pairs, got {remaining!r}") from None
+                raise ValueError(
+                    f"remaining must be a list of [start, stop) pairs, got {remaining!r}"
+                ) from None
             flat = iv.reshape(-1)
-            if len(flat) and (flat[0] < 0 or flat[-1] > self.num_batches or (np.diff(flat) < 0).any()
-                              or (iv[:, 1] <= iv[:, 0]).any()):
-                raise ValueError(f"remaining must be sorted disjoint non-empty [start, stop) batch ranges within "
-                                 f"[0, {self.num_batches}), got {remaining!r}")
+            if len(flat) and (
+                flat[0] < 0
+                or flat[-1] > self.num_batches
+                or (np.diff(flat) < 0).any()
+                or (iv[:, 1] <= iv[:, 0]).any()
+            ):
+                raise ValueError(
+                    f"remaining must be sorted disjoint non-empty [start, stop) batch ranges "
+                    f"within "
+                    f"[0, {self.num_batches}), got {remaining!r}"
+                )
         self._iv = iv
         lens = iv[:, 1] - iv[:, 0]
         self._cum = np.cumsum(lens) - lens  # first position of each interval
@@ -188,7 +218,9 @@ class EpochPlan:
         world = len(taken)
         steps = self.steps(world, unit)
         if (taken < 0).any() or (taken > steps).any():
-            raise ValueError(f"steps taken {taken.tolist()} must be within each consumer's {steps.tolist()}")
+            raise ValueError(
+                f"steps taken {taken.tolist()} must be within each consumer's {steps.tolist()}"
+            )
         if (taken == steps).all():
             return None
         done = np.zeros(self.num_positions, bool)
@@ -196,16 +228,28 @@ class EpochPlan:
             p = self.positions(c, world, unit)[: taken[c]]
             done[p[p >= 0]] = True
         left = self.batch_of(np.flatnonzero(~done))
-        return EpochPlan(self.num_rows, self.batch_size, drop_last=self.drop_last, pad=self.pad,
-                         remaining=_intervals(left))
+        return EpochPlan(
+            self.num_rows,
+            self.batch_size,
+            drop_last=self.drop_last,
+            pad=self.pad,
+            remaining=_intervals(left),
+        )
 
     def state(self) -> dict[str, Any]:
         """The plan's part of a resumable state (plain Python)."""
-        return {"batch_size": self.batch_size, "num_rows": self.num_rows, "drop_last": self.drop_last,
-                "pad": self.pad, "remaining": None if self.fresh else self.remaining}
+        return {
+            "batch_size": self.batch_size,
+            "num_rows": self.num_rows,
+            "drop_last": self.drop_last,
+            "pad": self.pad,
+            "remaining": None if self.fresh else self.remaining,
+        }
 
 
-def rank_steps_taken(plan: EpochPlan, steps: int, world: int, workers: int, unit: int) -> np.ndarray:
+def rank_steps_taken(
+    plan: EpochPlan, steps: int, world: int, workers: int, unit: int
+) -> np.ndarray:
     """Steps each of the ``world * workers`` consumers (rank ``r``'s worker ``w`` is consumer
     ``r * workers + w``) took when every rank handed out ``steps`` batches, its workers' batches
     taken in turn (as torch's ``DataLoader`` does: worker ``i % workers`` gives the ``i``-th)."""
@@ -281,14 +325,27 @@ def read_state(state: Any, order: dict[str, Any]) -> tuple[int, list | None]:
     """``(epoch, remaining)`` of a state from :func:`make_state`; ``ValueError`` if it is not
     one, or if the order it was saved for differs from ``order`` (another seed, dataset,
     batch size...: resuming would not give the remaining rows)."""
-    if not isinstance(state, dict) or state.get("kind") != STATE_KIND or state.get("version") != STATE_VERSION:
-        got = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"not a rowstore epoch state (kind {STATE_KIND!r}, version {STATE_VERSION}): got {got!r}")
+    if (
+        not isinstance(state, dict)
+        or state.get("kind") != STATE_KIND
+        or state.get("version") != STATE_VERSION
+    ):
+        got = (
+            (state.get("kind"), state.get("version"))
+            if isinstance(state, dict)
+            else type(state).__name__
+        )
+        raise ValueError(
+            f"not a rowstore epoch state (kind {STATE_KIND!r}, version {STATE_VERSION}): got "
+            f"{got!r}"
+        )
     for k, v in order.items():
         saved = state.get(k, ORDER_DEFAULTS.get(k))
         if (list(saved) if isinstance(saved, tuple) else saved) != v:
-            raise ValueError(f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
-                             f"(the epoch order would differ)")
+            raise ValueError(
+                f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
+                f"(the epoch order would differ)"
+            )
     epoch = nonneg_int("epoch", state.get("epoch"))
     remaining = state.get("remaining")
     return epoch, None if remaining is None else [list(map(int, r)) for r in remaining]

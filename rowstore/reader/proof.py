@@ -31,8 +31,16 @@ def _segment_blocks(eo: EpochOrder, lo: int, hi: int) -> int:
     return n
 
 
-def read_cost(eo: EpochOrder, batch_size: int, consumer: int, world: int, *, unit: int | None = None,
-              dealt: bool = True, drop_last: bool = False) -> tuple[int, int]:
+def read_cost(
+    eo: EpochOrder,
+    batch_size: int,
+    consumer: int,
+    world: int,
+    *,
+    unit: int | None = None,
+    dealt: bool = True,
+    drop_last: bool = False,
+) -> tuple[int, int]:
     """``(blocks loaded, rows delivered)`` by one consumer in one epoch: dealt in units of
     ``unit`` global batches (``dealt``), or as the contiguous slice of the old sharding."""
     if not dealt:
@@ -51,7 +59,9 @@ def read_cost(eo: EpochOrder, batch_size: int, consumer: int, world: int, *, uni
     return blocks, rows
 
 
-def _deal(plan: EpochPlan, world: int, workers: int, unit: int, frac: float | None) -> tuple[list, np.ndarray, Any]:
+def _deal(
+    plan: EpochPlan, world: int, workers: int, unit: int, frac: float | None
+) -> tuple[list, np.ndarray, Any]:
     """Each consumer's delivered global batches when every rank stops after ``frac`` of its
     steps (None: all), the per-rank steps, and the plan of what is left."""
     C = world * workers
@@ -66,18 +76,48 @@ def _deal(plan: EpochPlan, world: int, workers: int, unit: int, frac: float | No
     return got, rank_steps, plan.after(taken, unit)
 
 
-def check_order(block_rows: np.ndarray, rows_per_block: int, *, batch_size: int, shuffle: str = "block",
-                seed: int = 0, epoch: int = 0, window: int = 16, world: int = 1, workers: int = 1,
-                unit: int | None = None, drop_last: bool = False, pad: bool = False, resume_at: float | None = None,
-                resume_world: int | None = None, resume_workers: int | None = None,
-                resume_unit: int | None = None, pieces: int = 1) -> dict[str, Any]:
+def check_order(
+    block_rows: np.ndarray,
+    rows_per_block: int,
+    *,
+    batch_size: int,
+    shuffle: str = "block",
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = 16,
+    world: int = 1,
+    workers: int = 1,
+    unit: int | None = None,
+    drop_last: bool = False,
+    pad: bool = False,
+    resume_at: float | None = None,
+    resume_world: int | None = None,
+    resume_workers: int | None = None,
+    resume_unit: int | None = None,
+    pieces: int = 1,
+) -> dict[str, Any]:
     """Simulate one epoch (see the module) and return the checks and figures as a dict
     (``ok`` is True when every check passed)."""
-    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
+    eo = EpochOrder(
+        block_rows,
+        rows_per_block,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        window=window,
+        pieces=pieces,
+    )
     ids = eo.ids()
-    valid = np.concatenate([b * rows_per_block + np.arange(n) for b, n in enumerate(np.asarray(block_rows))]) \
-        if len(block_rows) else np.zeros(0, np.int64)
-    checks: dict[str, bool] = {"order is a permutation of the rows": bool(np.array_equal(np.sort(ids), valid))}
+    valid = (
+        np.concatenate(
+            [b * rows_per_block + np.arange(n) for b, n in enumerate(np.asarray(block_rows))]
+        )
+        if len(block_rows)
+        else np.zeros(0, np.int64)
+    )
+    checks: dict[str, bool] = {
+        "order is a permutation of the rows": bool(np.array_equal(np.sort(ids), valid))
+    }
     unit = unit or default_unit(shuffle, window, rows_per_block, batch_size, pieces)
     plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad)
     first, steps1, left = _deal(plan, world, workers, unit, resume_at)
@@ -93,31 +133,91 @@ def check_order(block_rows: np.ndarray, rows_per_block: int, *, batch_size: int,
     if not drop_last:
         checks["every row delivered"] = bool(once and len(batches) == plan.num_batches)
     else:
-        lost = eo.num_rows - sum(plan.rows_of_batch(int(g))[1] - plan.rows_of_batch(int(g))[0] for g in batches)
-        checks["rows left out < batch_size x consumers"] = lost < batch_size * max(world * workers, rw * rk)
+        lost = eo.num_rows - sum(
+            plan.rows_of_batch(int(g))[1] - plan.rows_of_batch(int(g))[0] for g in batches
+        )
+        checks["rows left out < batch_size x consumers"] = lost < batch_size * max(
+            world * workers, rw * rk
+        )
     if drop_last or pad:
-        checks["equal steps on every rank"] = bool(len(set(steps1.tolist())) <= 1 and len(set(steps2.tolist())) <= 1)
-    again = check_digest(block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit,
-                         drop_last, pad, pieces)
+        checks["equal steps on every rank"] = bool(
+            len(set(steps1.tolist())) <= 1 and len(set(steps2.tolist())) <= 1
+        )
+    again = check_digest(
+        block_rows,
+        rows_per_block,
+        batch_size,
+        shuffle,
+        seed,
+        epoch,
+        window,
+        world,
+        workers,
+        unit,
+        drop_last,
+        pad,
+        pieces,
+    )
     checks["deterministic (same arguments, same delivery)"] = again == check_digest(
-        block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit, drop_last, pad,
-        pieces)
+        block_rows,
+        rows_per_block,
+        batch_size,
+        shuffle,
+        seed,
+        epoch,
+        window,
+        world,
+        workers,
+        unit,
+        drop_last,
+        pad,
+        pieces,
+    )
     bb = batch_blocks(ids, rows_per_block, batch_size)
     nblocks = int((np.asarray(block_rows) > 0).sum())
     uniform = nblocks * (1.0 - (1.0 - 1.0 / max(nblocks, 1)) ** batch_size) if nblocks else 0.0
     return {
-        "ok": all(checks.values()), "checks": checks, "rows": eo.num_rows, "global_batches": plan.num_batches,
-        "unit": unit, "steps_per_rank": steps1.tolist(), "resume_steps_per_rank": steps2.tolist(),
-        "resumed_after_steps": int(np.floor(steps1.min() * resume_at)) if resume_at is not None and len(steps1) else None,
-        "mean_blocks_per_batch": float(bb.mean()) if len(bb) else 0.0, "uniform_blocks_per_batch": uniform,
+        "ok": all(checks.values()),
+        "checks": checks,
+        "rows": eo.num_rows,
+        "global_batches": plan.num_batches,
+        "unit": unit,
+        "steps_per_rank": steps1.tolist(),
+        "resume_steps_per_rank": steps2.tolist(),
+        "resumed_after_steps": int(np.floor(steps1.min() * resume_at))
+        if resume_at is not None and len(steps1)
+        else None,
+        "mean_blocks_per_batch": float(bb.mean()) if len(bb) else 0.0,
+        "uniform_blocks_per_batch": uniform,
         "digest": again,
     }
 
 
-def check_digest(block_rows, rows_per_block, batch_size, shuffle, seed, epoch, window, world, workers, unit,
-                 drop_last, pad, pieces=1) -> str:
+def check_digest(
+    block_rows,
+    rows_per_block,
+    batch_size,
+    shuffle,
+    seed,
+    epoch,
+    window,
+    world,
+    workers,
+    unit,
+    drop_last,
+    pad,
+    pieces=1,
+) -> str:
     """A hash of what every consumer delivers (its rows, step by step)."""
-    eo = EpochOrder(block_rows, rows_per_block, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
+    eo = EpochOrder(
+        block_rows,
+        rows_per_block,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        window=window,
+        pieces=pieces,
+    )
     ids = eo.ids()
     plan = EpochPlan(eo.num_rows, batch_size, drop_last=drop_last, pad=pad)
     h = hashlib.sha256()

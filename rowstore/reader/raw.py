@@ -34,8 +34,13 @@ class RawSource:
     Not thread-safe (one reusable block buffer); cheap to create in each worker.
     """
 
-    def __init__(self, path: str | os.PathLike | list, *, verify: bool | str = True,
-                 storage_options: dict | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike | list,
+        *,
+        verify: bool | str = True,
+        storage_options: dict | None = None,
+    ):
         self.reader = Reader(path, verify=verify, num_threads=1, storage_options=storage_options)
         self.layout = self.reader.layout
         self.schema = self.layout.schema
@@ -65,7 +70,9 @@ class RawSource:
     def block_nbytes(self, k: int) -> int:
         """Raw bytes of block ``k``'s valid rows plus its heap range."""
         a = self.layout.arrays()
-        return int(a["num_rows"][k]) * self.row_dtype.itemsize + int(a["heap_end"][k] - a["heap_start"][k])
+        return int(a["num_rows"][k]) * self.row_dtype.itemsize + int(
+            a["heap_end"][k] - a["heap_start"][k]
+        )
 
     def block(self, k: int, order: np.ndarray | None = None) -> RawRows:
         """The rows of block ``k`` (all, in order; or ``order``: positions within the block),
@@ -85,20 +92,45 @@ class RawSource:
         self._g._load(which, "block", self._buf[:need])
         rpb = L.rows_per_block
         counts = a["num_rows"][which]
-        pos = np.repeat(np.arange(len(which), dtype=np.int64) * rpb - np.cumsum(counts) + counts, counts)
+        pos = np.repeat(
+            np.arange(len(which), dtype=np.int64) * rpb - np.cumsum(counts) + counts, counts
+        )
         pos += np.arange(len(pos), dtype=np.int64)  # valid row i of slot s at s * rpb + i
         idx = pos if order is None else pos[order]
         sh = int(L.block_shard[k0])
-        where = f"{L.shard_paths[sh]!r}: blocks {k0 - L.shard_block0(sh)}.." if k1 - k0 > 1 else \
-            f"{L.shard_paths[sh]!r}: block {k0 - L.shard_block0(sh)}"
+        where = (
+            f"{L.shard_paths[sh]!r}: blocks {k0 - L.shard_block0(sh)}.."
+            if k1 - k0 > 1
+            else f"{L.shard_paths[sh]!r}: block {k0 - L.shard_block0(sh)}"
+        )
         rs = self.row_dtype.itemsize
         if not self.refs:
-            return take_raw(self._buf[:need], self.row_dtype, [], idx, self._buf[:0], base=0, lo=0, hi=0,
-                            rows_per_slot=rpb, where=where)  # fmt: skip
+            return take_raw(
+                self._buf[:need],
+                self.row_dtype,
+                [],
+                idx,
+                self._buf[:0],
+                base=0,
+                lo=0,
+                hi=0,
+                rows_per_slot=rpb,
+                where=where,
+            )
         heap, lo, hi, base = self._g._heap_context(which)
         assert need % rs == 0
-        return take_raw(self._buf[:need], self.row_dtype, self.refs, idx, heap, base=base, lo=lo, hi=hi,
-                        rows_per_slot=rpb, where=where)  # fmt: skip
+        return take_raw(
+            self._buf[:need],
+            self.row_dtype,
+            self.refs,
+            idx,
+            heap,
+            base=base,
+            lo=lo,
+            hi=hi,
+            rows_per_slot=rpb,
+            where=where,
+        )
 
     @property
     def rows_nbytes(self) -> int:

@@ -16,7 +16,8 @@ Size: ``max_bytes`` (default 10 GiB), least recently used first (a hit touches t
 mtime). Each process keeps an estimate of the cache's total (a directory scan at its first
 write, then what it adds); when a write takes the estimate past the limit it scans again and
 evicts down to 90%: one process alone keeps the cache within the limit, several processes
-writing at once keep it near it (each evicts on what it sees). The cache holds copies only: it never deletes anything
+writing at once keep it near it (each evicts on what it sees). The cache holds copies only: it never
+deletes anything
 but its own files.
 """
 
@@ -45,7 +46,9 @@ class BlockCache:
         self.max_bytes = int(max_bytes)
         os.makedirs(self.root, exist_ok=True)
         self._lock = threading.Lock()
-        self._estimate: int | None = None  # the cache's total as of this process's last scan, plus its writes
+        self._estimate: int | None = (
+            None  # the cache's total as of this process's last scan, plus its writes
+        )
         self.hits = 0
         self.misses = 0
 
@@ -84,7 +87,12 @@ class BlockCache:
         if ok:
             magic, n, crc = _HEAD.unpack_from(data)
             payload = memoryview(data)[_HEAD.size :]
-            ok = magic == _MAGIC and n == len(payload) and (size is None or n == size) and zlib.crc32(payload) == crc
+            ok = (
+                magic == _MAGIC
+                and n == len(payload)
+                and (size is None or n == size)
+                and zlib.crc32(payload) == crc
+            )
         if not ok:
             self._remove(p)
             self.misses += 1

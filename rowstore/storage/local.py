@@ -89,10 +89,21 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "LocalStore", "LocalDir", "default_max_open", "process_max_open", "pin_identities",
-    "AtomicFile", "fsync_path", "fsync_directory", "remove_stale", "temporaries", "TMP_SUFFIX",
-    "file_identity", "open_regular", "commit_lock",
-]  # fmt: skip
+    "LocalStore",
+    "LocalDir",
+    "default_max_open",
+    "process_max_open",
+    "pin_identities",
+    "AtomicFile",
+    "fsync_path",
+    "fsync_directory",
+    "remove_stale",
+    "temporaries",
+    "TMP_SUFFIX",
+    "file_identity",
+    "open_regular",
+    "commit_lock",
+]
 
 #: Suffix of temporary files (a crashed writer's leftovers are recognisable by it).
 TMP_SUFFIX = ".rowstore-tmp"
@@ -127,12 +138,16 @@ def _create_temp(target: str) -> tuple[str, int]:
         try:
             # 0o666 less the umask, like any new file (mkstemp's 0o600 survived the rename, so
             # datasets were unreadable by the group and others).
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            fd = os.open(
+                tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666
+            )
         except FileExistsError:
             continue
         if _lock(fd, tmp):
             return tmp, fd
-        os.close(fd)  # taken meanwhile by someone removing it as stale: it is gone, pick another name
+        os.close(
+            fd
+        )  # taken meanwhile by someone removing it as stale: it is gone, pick another name
     raise FileExistsError(f"could not create a temporary file beside {target!r}")
 
 
@@ -167,7 +182,9 @@ def temporaries(path: str | os.PathLike) -> list[str]:
     return sorted(os.path.join(directory, n) for n in names if pattern.fullmatch(n))
 
 
-def remove_stale(path: str | os.PathLike, *, dry_run: bool = False, keep: str | None = None) -> tuple[list[str], list[str]]:
+def remove_stale(
+    path: str | os.PathLike, *, dry_run: bool = False, keep: str | None = None
+) -> tuple[list[str], list[str]]:
     """Remove the stale temporary files of target (or directory) ``path``: those whose lock
     nobody holds. Returns ``(stale, live)``: the stale ones (removed unless ``dry_run``) and
     those a live writer holds (left alone). ``keep`` is a temporary file to skip (one's own)."""
@@ -233,8 +250,15 @@ class AtomicFile:
     Not thread-safe. The caller closes its own handles on :attr:`tmp` before :meth:`commit`.
     """
 
-    def __init__(self, target: str | os.PathLike, *, exclusive: bool = False, copy_from: str | os.PathLike | None = None,
-                 sole: bool = False, durable: bool = True):
+    def __init__(
+        self,
+        target: str | os.PathLike,
+        *,
+        exclusive: bool = False,
+        copy_from: str | os.PathLike | None = None,
+        sole: bool = False,
+        durable: bool = True,
+    ):
         self.target = _resolve(os.fspath(target))
         self.exclusive = exclusive
         self.durable = durable
@@ -246,9 +270,11 @@ class AtomicFile:
             if sole:
                 self.removed, live = remove_stale(self.target, keep=self._tmp)
                 if live:
-                    raise ConcurrentWriterError(f"{self.target!r} is being written by another writer (its temporary "
-                                                f"file {os.path.basename(live[0])!r} is locked): one writer at a time",
-                                                path=self.target)  # fmt: skip
+                    raise ConcurrentWriterError(
+                        f"{self.target!r} is being written by another writer (its temporary "
+                        f"file {os.path.basename(live[0])!r} is locked): one writer at a time",
+                        path=self.target,
+                    )
             if copy_from is not None:
                 self.copy(copy_from)
         except BaseException:
@@ -258,7 +284,9 @@ class AtomicFile:
     def copy(self, src: str | os.PathLike) -> None:
         """Make :attr:`tmp` a copy of ``src`` (``copy_file_range``/reflink where the filesystem
         offers it) with its permission bits."""
-        shutil.copyfile(src, self.tmp)  # copy_file_range/sendfile: in-kernel, reflink on CoW; same inode
+        shutil.copyfile(
+            src, self.tmp
+        )  # copy_file_range/sendfile: in-kernel, reflink on CoW; same inode
         shutil.copymode(src, self.tmp)  # the new file keeps the old one's permissions
 
     @property
@@ -332,8 +360,13 @@ def file_identity(st: os.stat_result) -> tuple:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def open_regular(path: str) -> tuple[int, os.stat_result]:
@@ -349,8 +382,11 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise FormatError(f"{path!r} is {kind}, not a regular file (a rowstore file or shard is a regular file)",
-                              path=path)
+            raise FormatError(
+                f"{path!r} is {kind}, not a regular file (a rowstore file or shard is a regular "
+                f"file)",
+                path=path,
+            )
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -504,7 +540,9 @@ class LocalStore:
 
     direct = True
 
-    def __init__(self, paths: Sequence[str], file_ids: Sequence[tuple] = (), max_open: int | None = None):
+    def __init__(
+        self, paths: Sequence[str], file_ids: Sequence[tuple] = (), max_open: int | None = None
+    ):
         self.paths = tuple(paths)
         self.file_ids = tuple(file_ids) or ((),) * len(self.paths)
         self.max_open = min(max_open or default_max_open(), process_max_open())
@@ -534,7 +572,11 @@ class LocalStore:
         return {"paths": self.paths, "file_ids": self.file_ids, "max_open": self.max_open}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.paths, self.file_ids, self.max_open = state["paths"], state["file_ids"], state["max_open"]
+        self.paths, self.file_ids, self.max_open = (
+            state["paths"],
+            state["file_ids"],
+            state["max_open"],
+        )
         self._reset()
         _STORES.add(self)
 
@@ -627,7 +669,8 @@ class LocalStore:
             fd, st = open_regular(path)
         except FileNotFoundError:
             raise MissingObjectError(
-                f"{path!r} is missing (a shard of the dataset: removed or moved since it was opened)",
+                f"{path!r} is missing (a shard of the dataset: removed or moved since it was "
+                f"opened)",
                 path=path,
             ) from None
         want = self.file_ids[s]
@@ -636,15 +679,26 @@ class LocalStore:
             if have != want:
                 os.close(fd)
                 if len(want) == 1:
-                    raise FormatError(f"{path!r} has {st.st_size} bytes, the dataset's manifest records {want[0]} "
-                                      f"(a shard was replaced, truncated or appended to)", path=path)
+                    raise FormatError(
+                        f"{path!r} has {st.st_size} bytes, the dataset's manifest records "
+                        f"{want[0]} "
+                        f"(a shard was replaced, truncated or appended to)",
+                        path=path,
+                    )
                 if st.st_size != want[2]:
-                    how = (f"it has {st.st_size} bytes, {want[2]} when opened (for a dataset's shard, the size its "
-                           f"manifest records): replaced, truncated or appended to")
+                    how = (
+                        f"it has {st.st_size} bytes, {want[2]} when opened (for a dataset's shard, "
+                        f"the size its "
+                        f"manifest records): replaced, truncated or appended to"
+                    )
                 else:
                     how = "another inode or times: replaced, rewritten or modified in place"
-                raise StaleFileError(f"{path!r} changed since it was opened ({how}); its bytes are not read with the "
-                                     f"old version's index: open it again to read the new version", path=path)
+                raise StaleFileError(
+                    f"{path!r} changed since it was opened ({how}); its bytes are not read with "
+                    f"the "
+                    f"old version's index: open it again to read the new version",
+                    path=path,
+                )
         return fd
 
     def close(self) -> None:
@@ -686,15 +740,40 @@ class LocalStore:
         return table[shards], fds
 
     # -- reads (each raises kernels.KernelError with the failing item's index) ----------------
-    def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray,
-                    *, codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
-                    scratch: np.ndarray, what: str, dst_stride: int = 0) -> None:
+    def load_chunks(
+        self,
+        shards: np.ndarray | None,
+        offsets: np.ndarray,
+        stored: np.ndarray,
+        checksums: np.ndarray,
+        *,
+        codec: tuple[int, int] | None,
+        verify: bool,
+        dst: np.ndarray,
+        raw_size: int,
+        scratch: np.ndarray,
+        what: str,
+        dst_stride: int = 0,
+    ) -> None:
         """Whole stored chunks (chunk i of shard ``shards[i]``; None: all of shard 0), checked and
         decompressed into ``dst`` (see kernels.load_chunks)."""
-        fd, held = self._per_item(shards)  # (not a context manager: this is per request on the hot path)
+        fd, held = self._per_item(
+            shards
+        )  # (not a context manager: this is per request on the hot path)
         try:
-            kernels.load_chunks(fd, offsets, stored, checksums, codec=codec, verify=verify, dst=dst,
-                                raw_size=raw_size, scratch=scratch, what=what, dst_stride=dst_stride)
+            kernels.load_chunks(
+                fd,
+                offsets,
+                stored,
+                checksums,
+                codec=codec,
+                verify=verify,
+                dst=dst,
+                raw_size=raw_size,
+                scratch=scratch,
+                what=what,
+                dst_stride=dst_stride,
+            )
         finally:
             self._release(held)
 
@@ -702,7 +781,9 @@ class LocalStore:
         """``segments`` as they are: local reads need no prefetch schedule."""
         return segments
 
-    def read_rows(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:
+    def read_rows(
+        self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray
+    ) -> None:
         """Single rows (row i of shard ``shards[i]``) into ``dst`` (``direct`` stores only)."""
         fd, held = self._per_item(shards)
         try:
@@ -710,19 +791,36 @@ class LocalStore:
         finally:
             self._release(held)
 
-    def read_rows_into(self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int,
-                       segments: list[tuple[int, np.ndarray | None]], sink: np.ndarray, *,
-                       check: np.ndarray | None = None, expect: np.ndarray | None = None) -> None:
+    def read_rows_into(
+        self,
+        shards: np.ndarray | None,
+        file_offsets: np.ndarray,
+        row_size: int,
+        segments: list[tuple[int, np.ndarray | None]],
+        sink: np.ndarray,
+        *,
+        check: np.ndarray | None = None,
+        expect: np.ndarray | None = None,
+    ) -> None:
         """Single rows cut straight into per-field arrays, those ``check`` marks CRC-checked
         against ``expect`` as they are read (``direct`` stores only)."""
         fd, held = self._per_item(shards)
         try:
-            kernels.preadv_rows(fd, file_offsets, row_size, segments, sink, check=check, expect=expect)
+            kernels.preadv_rows(
+                fd, file_offsets, row_size, segments, sink, check=check, expect=expect
+            )
         finally:
             self._release(held)
 
-    def check_pages(self, shards: np.ndarray | None, offsets: np.ndarray, sizes: np.ndarray, page_len: int,
-                    expect: np.ndarray, scratch: np.ndarray) -> None:
+    def check_pages(
+        self,
+        shards: np.ndarray | None,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        page_len: int,
+        expect: np.ndarray,
+        scratch: np.ndarray,
+    ) -> None:
         """Runs of pages (run i of shard ``shards[i]``) read and CRC-checked page by page
         against ``expect`` (see kernels.check_ranges; ``direct`` stores only)."""
         fd, held = self._per_item(shards)
@@ -731,15 +829,42 @@ class LocalStore:
         finally:
             self._release(held)
 
-    def read_payloads(self, shards: np.ndarray | None, rowbuf: np.ndarray, row_size: int, ref_offset: int,
-                      rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, chunk_offsets: np.ndarray, chunk_base: Any,
-                      chunk_bytes: int, out: np.ndarray, dst_offsets: np.ndarray, *, pages: tuple | None = None) -> None:
+    def read_payloads(
+        self,
+        shards: np.ndarray | None,
+        rowbuf: np.ndarray,
+        row_size: int,
+        ref_offset: int,
+        rows: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        chunk_offsets: np.ndarray,
+        chunk_base: Any,
+        chunk_bytes: int,
+        out: np.ndarray,
+        dst_offsets: np.ndarray,
+        *,
+        pages: tuple | None = None,
+    ) -> None:
         """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only),
         checked by heap pages with ``pages`` (see kernels.pread_heap)."""
         fd, held = self._per_item(shards)
         try:
-            kernels.pread_heap(fd, rowbuf, row_size, ref_offset, rows, lo, hi, chunk_offsets, chunk_bytes, out,
-                               dst_offsets, chunk_base=chunk_base, pages=pages)
+            kernels.pread_heap(
+                fd,
+                rowbuf,
+                row_size,
+                ref_offset,
+                rows,
+                lo,
+                hi,
+                chunk_offsets,
+                chunk_bytes,
+                out,
+                dst_offsets,
+                chunk_base=chunk_base,
+                pages=pages,
+            )
         finally:
             self._release(held)
 
@@ -809,7 +934,8 @@ class LocalDir:
                 size = os.fstat(f.fileno()).st_size
                 if size > limit:
                     raise FormatError(
-                        f"{path!r}: has {size} bytes, more than the {limit} expected of it", path=path
+                        f"{path!r}: has {size} bytes, more than the {limit} expected of it",
+                        path=path,
                     )
                 data = f.read(size + 1)  # sized by the file, not the limit
         except FileNotFoundError:

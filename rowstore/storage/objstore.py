@@ -63,14 +63,21 @@ class RemoteOptions:
     cache_bytes: int = 10 << 30
 
     @classmethod
-    def make(cls, storage_options: Mapping[str, Any] | None, cache: Any, remote: Mapping[str, Any] | None) -> RemoteOptions:
+    def make(
+        cls, storage_options: Mapping[str, Any] | None, cache: Any, remote: Mapping[str, Any] | None
+    ) -> RemoteOptions:
         kw = dict(remote or {})
         unknown = set(kw) - set(cls.__dataclass_fields__)
         if unknown:
-            raise TypeError(f"unknown remote option(s) {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}")
+            raise TypeError(
+                f"unknown remote option(s) {sorted(unknown)}; expected "
+                f"{sorted(cls.__dataclass_fields__)}"
+            )
         if storage_options is not None:
             if not isinstance(storage_options, Mapping):
-                raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+                raise TypeError(
+                    f"storage_options must be a dict, got {type(storage_options).__name__}"
+                )
             kw["storage_options"] = dict(storage_options)
         if cache is not None:
             kw["cache"] = os.fspath(cache)
@@ -107,7 +114,10 @@ def _changed(exc: BaseException) -> bool:
         return True
     text = f"{type(exc).__name__} {exc}"
     # s3fs turns S3's PreconditionFailed into OSError(EINVAL) with S3's message.
-    return any(m in text for m in ("PreconditionFailed", "Precondition Failed", "pre-conditions you specified"))
+    return any(
+        m in text
+        for m in ("PreconditionFailed", "Precondition Failed", "pre-conditions you specified")
+    )
 
 
 def _permanent(exc: BaseException) -> bool:
@@ -120,13 +130,18 @@ def _permanent(exc: BaseException) -> bool:
 
 def _no_credentials(exc: BaseException) -> bool:
     """botocore found no (or partial) credentials: raised before any request, never transient."""
-    return any(c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__)
+    return any(
+        c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__
+    )
 
 
 def _no_bucket(exc: BaseException) -> bool:
     """S3's NoSuchBucket (s3fs raises FileNotFoundError with S3's message, the cause kept)."""
-    return any("NoSuchBucket" in type(e).__name__ or "bucket does not exist" in str(e)
-               for e in (exc, exc.__cause__) if e is not None)
+    return any(
+        "NoSuchBucket" in type(e).__name__ or "bucket does not exist" in str(e)
+        for e in (exc, exc.__cause__)
+        if e is not None
+    )
 
 
 _REPLACED = "{url!r} changed since it was read (another writer replaced it)"
@@ -134,7 +149,10 @@ _REPLACED = "{url!r} changed since it was read (another writer replaced it)"
 
 class _Short(Exception):
     def __init__(self, got: int, want: int):
-        super().__init__(f"a response of {got} bytes for a range of {want} (short body or the server ignored Range)")
+        super().__init__(
+            f"a response of {got} bytes for a range of {want} (short body or the server ignored "
+            f"Range)"
+        )
 
 
 class _Changed(Exception):
@@ -147,7 +165,9 @@ _FS: dict[tuple[int, str, str], Any] = {}
 _FS_LOCK = threading.Lock()
 
 
-def _forget_filesystems() -> None:  # a forked child makes its own (the parent's loop is not running here)
+def _forget_filesystems() -> (
+    None
+):  # a forked child makes its own (the parent's loop is not running here)
     global _FS_LOCK
     _FS_LOCK = threading.Lock()
     _FS.clear()
@@ -188,8 +208,10 @@ class Client:
         try:
             import fsspec.core
         except ImportError:  # pragma: no cover - the remote extra is declared
-            raise ImportError("reading URLs needs fsspec (and s3fs for s3://, aiohttp for http://): "
-                              "pip install 'rowstore[remote]'") from None
+            raise ImportError(
+                "reading URLs needs fsspec (and s3fs for s3://, aiohttp for http://): "
+                "pip install 'rowstore[remote]'"
+            ) from None
         from fsspec.utils import tokenize
 
         so = dict(self.options.storage_options)
@@ -203,7 +225,8 @@ class Client:
             if fs is not None:
                 return fs
             if proto in ("s3", "s3a") and "config_kwargs" not in so:
-                # One attempt per request in botocore and s3fs: the retries are ours (counted, jittered).
+                # One attempt per request in botocore and s3fs: the retries are ours (counted,
+                # jittered).
                 so["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
             fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **so)
             if proto in ("s3", "s3a"):
@@ -226,6 +249,7 @@ class Client:
     def info(self, url: str) -> dict:
         """Size and ETag (``{"size": int, "etag": str | None}``) of an object; a missing one is
         a :class:`FormatError`, refused credentials a :class:`RemoteError` (both at once)."""
+
         def call() -> Any:
             fs = self.fs
             if hasattr(fs, "invalidate_cache"):
@@ -241,10 +265,14 @@ class Client:
 
         info = self._retrying(url, None, None, call)
         if info.get("type") == "directory":
-            raise FormatError(f"{url!r} is a directory of objects, not a rowstore file or dataset", path=url)
+            raise FormatError(
+                f"{url!r} is a directory of objects, not a rowstore file or dataset", path=url
+            )
         size = info.get("size")
         if not isinstance(size, int):
-            raise RemoteError(f"{url!r}: the server does not tell the object's size (no Content-Length)", url=url)
+            raise RemoteError(
+                f"{url!r}: the server does not tell the object's size (no Content-Length)", url=url
+            )
         etag = info.get("ETag") or info.get("etag")
         return {"size": size, "etag": str(etag) if etag else None}
 
@@ -254,8 +282,11 @@ class Client:
         :func:`rowstore.format.manifest.load`'s ``read``."""
         data = self.submit(url, 0, limit + 1, short_ok=True).result()
         if len(data) > limit:
-            raise FormatError(f"{url!r}: has more than the {limit} bytes expected of it (not a rowstore dataset "
-                              f"object, or a replaced one)", path=url)
+            raise FormatError(
+                f"{url!r}: has more than the {limit} bytes expected of it (not a rowstore dataset "
+                f"object, or a replaced one)",
+                path=url,
+            )
         return data
 
     # -- writes and listings -------------------------------------------------------------------
@@ -346,24 +377,34 @@ class Client:
         """Bytes ``[start, end)`` of ``url`` (blocking)."""
         return self.submit(url, start, end, etag).result()
 
-    def submit(self, url: str, start: int, end: int, etag: str | None = None, *, short_ok: bool = False) -> Future:
+    def submit(
+        self, url: str, start: int, end: int, etag: str | None = None, *, short_ok: bool = False
+    ) -> Future:
         """Start fetching bytes ``[start, end)`` of ``url``: a future of ``bytes`` (exactly that
         many, or up to that many with ``short_ok``), or of the error after the retries."""
         fs = self.fs
         if self.is_async:
-            return asyncio.run_coroutine_threadsafe(self._get_async(url, start, end, etag, short_ok), fs.loop)
+            return asyncio.run_coroutine_threadsafe(
+                self._get_async(url, start, end, etag, short_ok), fs.loop
+            )
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=self.options.max_in_flight,
-                                                    thread_name_prefix="rowstore-fetch")
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=self.options.max_in_flight, thread_name_prefix="rowstore-fetch"
+                    )
+
         def once() -> bytes:
             self.requests += 1
-            return self._check(fs.cat_file(self.path(url), start=start, end=end), start, end, short_ok, url)
+            return self._check(
+                fs.cat_file(self.path(url), start=start, end=end), start, end, short_ok, url
+            )
 
         return self._pool.submit(self._retrying, url, start, end, once)
 
-    def _check(self, data: bytes, start: int, end: int, short_ok: bool = False, url: str | None = None) -> bytes:
+    def _check(
+        self, data: bytes, start: int, end: int, short_ok: bool = False, url: str | None = None
+    ) -> bytes:
         if len(data) > end - start:
             raise self._oversized(url or self.url, start, end, f"a body of {len(data)} bytes")
         if len(data) < end - start and not short_ok:
@@ -374,11 +415,18 @@ class Client:
     def _oversized(url: str, start: int, end: int, what: str) -> RemoteError:
         """The error for a response longer than the range asked for (not retried: a server that
         ignores ``Range`` answers the same way again, and each answer would be buffered)."""
-        return RemoteError(f"{url!r} bytes {start}-{end - 1}: the server answered {what} for a range of "
-                           f"{end - start} bytes (it ignores Range, or the object is not what it claims); "
-                           f"refused unread", url=url, start=start, end=end)
+        return RemoteError(
+            f"{url!r} bytes {start}-{end - 1}: the server answered {what} for a range of "
+            f"{end - start} bytes (it ignores Range, or the object is not what it claims); "
+            f"refused unread",
+            url=url,
+            start=start,
+            end=end,
+        )
 
-    async def _get_once(self, url: str, start: int, end: int, etag: str | None, short_ok: bool) -> bytes:
+    async def _get_once(
+        self, url: str, start: int, end: int, etag: str | None, short_ok: bool
+    ) -> bytes:
         fs = self.fs
         self.requests += 1
         proto = url.split("://", 1)[0]
@@ -393,8 +441,14 @@ class Client:
             kw = {"VersionId": version} if version else {}
             if etag:
                 kw["IfMatch"] = etag
-            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
-                                     **kw, **getattr(fs, "req_kw", {}))
+            resp = await fs._call_s3(
+                "get_object",
+                Bucket=bucket,
+                Key=key,
+                Range=f"bytes={start}-{end - 1}",
+                **kw,
+                **getattr(fs, "req_kw", {}),
+            )
             try:
                 length = resp.get("ContentLength")
                 if isinstance(length, int) and length > end - start:
@@ -421,7 +475,9 @@ class Client:
             data = await fs._cat_file(self.path(url), start=start, end=end)
         return self._check(data, start, end, short_ok, url)
 
-    async def _read_capped(self, read: Callable[[int], Any], url: str, start: int, end: int) -> bytes:
+    async def _read_capped(
+        self, read: Callable[[int], Any], url: str, start: int, end: int
+    ) -> bytes:
         """A response body through ``read(n)`` (at most ``n`` bytes; empty at its end), refused
         as soon as it is longer than ``[start, end)``."""
         cap, got = end - start, 0
@@ -435,13 +491,17 @@ class Client:
                 raise self._oversized(url, start, end, "a longer body")
             parts.append(chunk)
 
-    async def _get_async(self, url: str, start: int, end: int, etag: str | None, short_ok: bool) -> bytes:
+    async def _get_async(
+        self, url: str, start: int, end: int, etag: str | None, short_ok: bool
+    ) -> bytes:
         o = self.options
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await asyncio.wait_for(self._get_once(url, start, end, etag, short_ok), o.timeout)
+                return await asyncio.wait_for(
+                    self._get_once(url, start, end, etag, short_ok), o.timeout
+                )
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - classified below
@@ -450,7 +510,9 @@ class Client:
                     raise err from exc
             await asyncio.sleep(self._delay(attempt))
 
-    def _retrying(self, url: str, start: int | None, end: int | None, call: Callable[[], Any]) -> Any:
+    def _retrying(
+        self, url: str, start: int | None, end: int | None, call: Callable[[], Any]
+    ) -> Any:
         attempt = 0
         while True:
             attempt += 1
@@ -468,36 +530,67 @@ class Client:
         o = self.options
         return min(o.max_backoff, o.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
 
-    def _classify(self, exc: BaseException, url: str, start: int | None, end: int | None,
-                  attempt: int) -> BaseException | None:
+    def _classify(
+        self, exc: BaseException, url: str, start: int | None, end: int | None, attempt: int
+    ) -> BaseException | None:
         """None to retry, else the error to raise."""
-        where = f"{url!r}" + (f" bytes {start}-{end - 1}" if start is not None and end is not None else "")
+        where = f"{url!r}" + (
+            f" bytes {start}-{end - 1}" if start is not None and end is not None else ""
+        )
         if isinstance(exc, (FormatError, RemoteError)):
             return exc
         if _changed(exc):
-            return ObjectChangedError(f"{where}: the object changed since it was opened (its ETag no longer "
-                                      f"matches); open it again to read the new version", path=url)
+            return ObjectChangedError(
+                f"{where}: the object changed since it was opened (its ETag no longer "
+                f"matches); open it again to read the new version",
+                path=url,
+            )
         if _no_credentials(exc):
-            return RemoteError(f"{where}: no credentials found ({type(exc).__name__}: {exc}); pass them in "
-                               f"storage_options (key/secret, profile), the environment or a credentials file, "
-                               f"or anon=True for a public bucket", url=url, start=start, end=end, attempts=attempt)
+            return RemoteError(
+                f"{where}: no credentials found ({type(exc).__name__}: {exc}); pass them in "
+                f"storage_options (key/secret, profile), the environment or a credentials file, "
+                f"or anon=True for a public bucket",
+                url=url,
+                start=start,
+                end=end,
+                attempts=attempt,
+            )
         if _no_bucket(exc):
             bucket = url.split("://", 1)[-1].split("/", 1)[0]
-            return FormatError(f"{url!r}: the bucket {bucket!r} does not exist (check its name and the endpoint)",
-                               path=url)
+            return FormatError(
+                f"{url!r}: the bucket {bucket!r} does not exist (check its name and the endpoint)",
+                path=url,
+            )
         if isinstance(exc, FileNotFoundError) or _status(exc) == 404 or "NoSuchKey" in str(exc):
             return MissingObjectError(f"{url!r} is missing", path=url)
         if _status(exc) == 416 or "InvalidRange" in str(exc):
-            return ObjectChangedError(f"{where}: the object is shorter than when it was opened (replaced or "
-                                      f"truncated); open it again", path=url)
+            return ObjectChangedError(
+                f"{where}: the object is shorter than when it was opened (replaced or "
+                f"truncated); open it again",
+                path=url,
+            )
         if _permanent(exc):
-            return RemoteError(f"{where}: access refused ({type(exc).__name__}: {exc}); check the credentials and "
-                               f"storage_options", url=url, start=start, end=end, attempts=attempt)
+            return RemoteError(
+                f"{where}: access refused ({type(exc).__name__}: {exc}); check the credentials and "
+                f"storage_options",
+                url=url,
+                start=start,
+                end=end,
+                attempts=attempt,
+            )
         if attempt > self.options.retries:
-            kind = "stalled past the timeout" if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) else \
-                f"{type(exc).__name__}: {exc}"
-            return RemoteError(f"{where}: failed after {attempt} attempts ({kind})", url=url, start=start, end=end,
-                               attempts=attempt)
+            kind = (
+                "stalled past the timeout"
+                if isinstance(exc, (asyncio.TimeoutError, TimeoutError))
+                else f"{type(exc).__name__}: {exc}"
+            )
+            return RemoteError(
+                f"{where}: failed after {attempt} attempts ({kind})",
+                url=url,
+                start=start,
+                end=end,
+                attempts=attempt,
+            )
         return None
 
 
@@ -515,8 +608,16 @@ class RangeFile:
     TAIL = 1 << 20
     PAGE = 1 << 16
 
-    def __init__(self, client: Client, url: str, size: int, etag: str | None, *, image: bytes | None = None,
-                 tail_data: bytes | None = None):
+    def __init__(
+        self,
+        client: Client,
+        url: str,
+        size: int,
+        etag: str | None,
+        *,
+        image: bytes | None = None,
+        tail_data: bytes | None = None,
+    ):
         self.client, self.url, self.size, self.etag, self.page = client, url, size, etag, self.PAGE
         self.pos = 0
         self.requests = 0
@@ -526,7 +627,9 @@ class RangeFile:
             return  # pages of an earlier open (a local cache): no request
         page = self.PAGE
         t0 = max(0, size - self.TAIL) // page * page
-        if tail_data is not None and len(tail_data) == size - t0:  # the tail, already fetched (by the footer check)
+        if (
+            tail_data is not None and len(tail_data) == size - t0
+        ):  # the tail, already fetched (by the footer check)
             self._store(t0, tail_data)
             self._fetch([(0, min(size, self.HEAD, t0))])
             return

@@ -91,8 +91,13 @@ class RemoteStore:
     direct = False
     max_open = 1 << 30
 
-    def __init__(self, paths: Sequence[str], file_ids: Sequence[tuple], options: RemoteOptions,
-                 etags: Mapping[int, str | None] | None = None):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        file_ids: Sequence[tuple],
+        options: RemoteOptions,
+        etags: Mapping[int, str | None] | None = None,
+    ):
         self.paths = tuple(paths)
         self.file_ids = tuple(file_ids) or ((),) * len(self.paths)
         self.options = options
@@ -112,7 +117,12 @@ class RemoteStore:
             self._cache = BlockCache(self.options.cache, self.options.cache_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self.paths, "file_ids": self.file_ids, "options": self.options, "etags": dict(self._etags)}
+        return {
+            "paths": self.paths,
+            "file_ids": self.file_ids,
+            "options": self.options,
+            "etags": dict(self._etags),
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["paths"], state["file_ids"], state["options"], state["etags"])  # type: ignore[misc]
@@ -161,12 +171,18 @@ class RemoteStore:
         meta = self.client.info(url)
         want = self.file_ids[s]
         if want and meta["size"] != want[0]:
-            raise ObjectChangedError(f"{url!r} has {meta['size']} bytes, {want[0]} when it was opened (the object was "
-                                     f"replaced); open it again to read the new version", path=url)
+            raise ObjectChangedError(
+                f"{url!r} has {meta['size']} bytes, {want[0]} when it was opened (the object was "
+                f"replaced); open it again to read the new version",
+                path=url,
+            )
         known = self.etag(s)
         if known and meta["etag"] and known != meta["etag"]:
-            raise ObjectChangedError(f"{url!r} changed since it was opened (ETag {meta['etag']} instead of {known}); "
-                                     f"open it again to read the new version", path=url)
+            raise ObjectChangedError(
+                f"{url!r} changed since it was opened (ETag {meta['etag']} instead of {known}); "
+                f"open it again to read the new version",
+                path=url,
+            )
 
     def submit(self, s: int, start: int, end: int) -> Future:
         return self.client.submit(self.paths[s], start, end, self.etag(s))
@@ -180,9 +196,21 @@ class RemoteStore:
         return self.scheduler
 
     # -- reads ---------------------------------------------------------------------------------
-    def load_chunks(self, shards: np.ndarray | None, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray,
-                    *, codec: tuple[int, int] | None, verify: bool, dst: np.ndarray, raw_size: int,
-                    scratch: np.ndarray, what: str, dst_stride: int = 0) -> None:
+    def load_chunks(
+        self,
+        shards: np.ndarray | None,
+        offsets: np.ndarray,
+        stored: np.ndarray,
+        checksums: np.ndarray,
+        *,
+        codec: tuple[int, int] | None,
+        verify: bool,
+        dst: np.ndarray,
+        raw_size: int,
+        scratch: np.ndarray,
+        what: str,
+        dst_stride: int = 0,
+    ) -> None:
         """Whole stored chunks, fetched (prefetched ones first, or from the cache), CRC-checked
         always, decompressed into ``dst`` (see :meth:`LocalStore.load_chunks`); ``scratch`` is
         not needed. A chunk is cached only once its CRC matched the index."""
@@ -191,20 +219,35 @@ class RemoteStore:
         n = len(offsets)
         stride = dst_stride or raw_size
         sh = np.zeros(n, np.int64) if shards is None else np.asarray(shards, np.int64)
-        keys = [(int(s), int(o), int(z)) for s, o, z in zip(sh.tolist(), offsets.tolist(), stored.tolist())]
+        keys = [
+            (int(s), int(o), int(z))
+            for s, o, z in zip(sh.tolist(), offsets.tolist(), stored.tolist())
+        ]
         pieces = self._pieces(keys)
         for i, (buf, at, source) in enumerate(pieces):
             k = keys[i]
             for attempt in (0, 1):
                 try:
-                    kernels.decode_chunks(np.frombuffer(buf, np.uint8), np.array([at], np.int64), stored[i : i + 1],
-                                          checksums[i : i + 1], codec=codec, verify=True,
-                                          dst=dst[i * stride : i * stride + raw_size], raw_size=raw_size, what=what)
+                    kernels.decode_chunks(
+                        np.frombuffer(buf, np.uint8),
+                        np.array([at], np.int64),
+                        stored[i : i + 1],
+                        checksums[i : i + 1],
+                        codec=codec,
+                        verify=True,
+                        dst=dst[i * stride : i * stride + raw_size],
+                        raw_size=raw_size,
+                        what=what,
+                    )
                 except kernels.KernelChecksumError:
                     if source == "cache" and attempt == 0 and self._cache is not None:
                         # A cached copy that is not the indexed chunk: dropped, fetched again.
                         self._cache.drop(k, self.paths[k[0]], self.file_ids[k[0]])
-                        buf, at, source = self.submit(k[0], k[1], k[1] + k[2]).result(), 0, "fetched"
+                        buf, at, source = (
+                            self.submit(k[0], k[1], k[1] + k[2]).result(),
+                            0,
+                            "fetched",
+                        )
                         continue
                     # A different object under the same name fails its CRC: say so when that is why.
                     self.check_unchanged(k[0])
@@ -214,7 +257,9 @@ class RemoteStore:
                     raise
                 break
             if source == "fetched" and self._cache is not None:
-                self._cache.put(k, self.paths[k[0]], self.file_ids[k[0]], memoryview(buf)[at : at + k[2]])
+                self._cache.put(
+                    k, self.paths[k[0]], self.file_ids[k[0]], memoryview(buf)[at : at + k[2]]
+                )
 
     def _pieces(self, keys: list[Key]) -> list[tuple[Any, int, str]]:
         """Each key's bytes ``(buffer, the chunk's offset in it, "fetched" or "cache")``: from
@@ -253,8 +298,12 @@ class RemoteStore:
             done.append((src, at, how))
         return done
 
-    def fetch_ahead(self, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],
-                    keys_of: Callable[[Any], list[Key]]) -> Iterable[Any]:
+    def fetch_ahead(
+        self,
+        segments: Iterable[Any],
+        plan_segments: Callable[[], Iterable[Any]],
+        keys_of: Callable[[Any], list[Key]],
+    ) -> Iterable[Any]:
         """``segments``, their chunks fetched ahead in that order (see :func:`scheduled`)."""
         return scheduled(self, segments, plan_segments, keys_of)
 
@@ -343,7 +392,9 @@ class Scheduler:
             cache = self.store._cache
             while self._ahead and len(self._requests) < self.limit:
                 key = self._ahead[0]
-                if cache is not None and cache.has(key, self.store.paths[key[0]], self.store.file_ids[key[0]]):
+                if cache is not None and cache.has(
+                    key, self.store.paths[key[0]], self.store.file_ids[key[0]]
+                ):
                     self._ahead.popleft()  # the reader finds it in the local cache
                     continue
                 q = self._entries.get(key)
@@ -358,9 +409,13 @@ class Scheduler:
                 s, off, size = self._ahead.popleft()
                 keys = [(s, off, size)]
                 end = off + size
-                while self._ahead and self._ahead[0][0] == s and self._ahead[0][1] == end \
-                        and end + self._ahead[0][2] - off <= self.store.options.merge_bytes \
-                        and self._ahead[0] not in self._entries:
+                while (
+                    self._ahead
+                    and self._ahead[0][0] == s
+                    and self._ahead[0][1] == end
+                    and end + self._ahead[0][2] - off <= self.store.options.merge_bytes
+                    and self._ahead[0] not in self._entries
+                ):
                     k = self._ahead.popleft()
                     keys.append(k)
                     end += k[2]
@@ -421,13 +476,18 @@ class Scheduler:
 
 
 def epoch_plan(segments: Iterable[Any], keys_of: Callable[[Any], list[Key]]) -> Iterator[list[Key]]:
-    """The chunks of each segment, in order (``keys_of(segment)``), for :meth:`RemoteStore.schedule`."""
+    """The chunks of each segment, in order (``keys_of(segment)``), for
+    :meth:`RemoteStore.schedule`."""
     for seg in segments:
         yield keys_of(seg)
 
 
-def scheduled(store: RemoteStore, segments: Iterable[Any], plan_segments: Callable[[], Iterable[Any]],
-              keys_of: Callable[[Any], list[Key]]) -> Iterator[Any]:
+def scheduled(
+    store: RemoteStore,
+    segments: Iterable[Any],
+    plan_segments: Callable[[], Iterable[Any]],
+    keys_of: Callable[[Any], list[Key]],
+) -> Iterator[Any]:
     """``segments``, with the store prefetching their chunks from a second, identical iteration
     of the (pure-function) order, started when the first segment is asked for; the schedule
     stops with the iteration."""

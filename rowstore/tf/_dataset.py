@@ -282,9 +282,12 @@ def make_dataset(
         if k == 1:
             return one_part(e, tf.constant(0, tf.int64))
         return tf.data.Dataset.range(k).interleave(
-            lambda i: one_part(e, i), cycle_length=k, block_length=1, num_parallel_calls=k,
+            lambda i: one_part(e, i),
+            cycle_length=k,
+            block_length=1,
+            num_parallel_calls=k,
             deterministic=deterministic,
-        )  # fmt: skip
+        )
 
     end = np.iinfo(np.int64).max if num_epochs is None else epoch + num_epochs
     ds = tf.data.Dataset.range(epoch, end).flat_map(one_epoch)
@@ -352,8 +355,11 @@ def distribute_dataset_fn(
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return make_dataset(
-            source, batch_size=ctx.get_per_replica_batch_size(global_batch_size),
-            part=(ctx.input_pipeline_id, ctx.num_input_pipelines), even=even, **kwargs,
-        )  # fmt: skip
+            source,
+            batch_size=ctx.get_per_replica_batch_size(global_batch_size),
+            part=(ctx.input_pipeline_id, ctx.num_input_pipelines),
+            even=even,
+            **kwargs,
+        )
 
     return dataset_fn

@@ -10,7 +10,8 @@ This package is the only part of rowstore that imports torch. Use it as
 - :class:`BatchedDataLoader`: the fast path, no ``DataLoader``: dicts of tensors built with
   ``torch.from_numpy`` on the reader's arrays; with a CUDA ``device``, pinned staging buffers and
   ``non_blocking`` copies on a side stream. Resumable mid-epoch (``state_dict``).
-- :class:`InMemBatchedDataLoader`: reads its part of the file once, then shuffles and batches from memory.
+- :class:`InMemBatchedDataLoader`: reads its part of the file once, then shuffles and batches from
+memory.
 - :class:`TransformSpec`: a per-row or per-batch transform that declares the fields it edits,
   removes or adds, so every loader knows its ``output_schema``.
 - :class:`ResumableDataLoader` and :class:`ElasticBatchSampler`: torch's ``DataLoader`` with a
@@ -39,10 +40,19 @@ from rowstore.torch._loaders import BatchedDataLoader, InMemBatchedDataLoader
 from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
 
 __all__ = [
-    "Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader", "TransformSpec",
-    "collate", "Row", "RowBatch", "torch_dtype", "VARLEN_MODES",
-    "ResumableDataLoader", "ElasticBatchSampler",  # elastic resume (rowstore.reader.plan)
-]  # fmt: skip
+    "Dataset",
+    "IterableDataset",
+    "BatchedDataLoader",
+    "InMemBatchedDataLoader",
+    "TransformSpec",
+    "collate",
+    "Row",
+    "RowBatch",
+    "torch_dtype",
+    "VARLEN_MODES",
+    "ResumableDataLoader",
+    "ElasticBatchSampler",  # elastic resume (rowstore.reader.plan)
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -87,8 +87,11 @@ class _Collator:
                     self._plan.append((f.name, "dense", None))
             if f.nullable:
                 self._plan.append((f.name + NULL_KEY, "dense", None))
-        # The fast path hands the reader's arrays to from_numpy: time fields need their int64 view first.
-        self.dense_only = all(kind == "dense" for _, kind, _ in self._plan) and not any(f.is_time for f in schema)
+        # The fast path hands the reader's arrays to from_numpy: time fields need their int64 view
+        # first.
+        self.dense_only = all(kind == "dense" for _, kind, _ in self._plan) and not any(
+            f.is_time for f in schema
+        )
         self.has_var = any(kind in ("jagged", "strided", "list") for _, kind, _ in self._plan)
 
     def __getstate__(self):
@@ -208,8 +211,13 @@ SHIP_BYTES = 4 << 20
 
 
 def _plain(v: Any) -> bool:
-    return (isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type == "cpu"
-            and not v.requires_grad and not v.is_nested)  # fmt: skip
+    return (
+        isinstance(v, torch.Tensor)
+        and v.layout == torch.strided
+        and v.device.type == "cpu"
+        and not v.requires_grad
+        and not v.is_nested
+    )
 
 
 def _unship(items: list) -> dict:

@@ -31,8 +31,11 @@ def torch_dtype(field: Field) -> torch.dtype:
         return field.torch_dtype()
     except AttributeError as exc:  # torch without torch.uint16/32/64
         raise SchemaError(
-            f"field {field.name!r}: torch {torch.__version__} has no {field.dtype} tensors (torch >= 2.3 "
-            f"has them); cast the field in a TransformSpec", field=field.name) from exc  # fmt: skip
+            f"field {field.name!r}: torch {torch.__version__} has no {field.dtype} tensors (torch "
+            f">= 2.3 "
+            f"has them); cast the field in a TransformSpec",
+            field=field.name,
+        ) from exc
 
 
 def _castable(src: np.dtype, dst: np.dtype) -> bool:
@@ -72,10 +75,14 @@ def _resolve_varlen(varlen: str | Mapping[str, str], schema: Schema) -> dict[str
                 mode = "strided"
                 if np.dtype(f.dtype).kind == "u" and f.dtype.itemsize > 1:
                     raise SchemaError(
-                        f"field {f.name!r}: torch cannot build a strided nested tensor of {f.dtype} "
-                        f"(shape {f.shape} varies beyond its first dimension, so the jagged layout does "
-                        f"not apply); use varlen 'padded' or 'list' for it, or cast it in a TransformSpec",
-                        field=f.name)  # fmt: skip
+                        f"field {f.name!r}: torch cannot build a strided nested tensor of "
+                        f"{f.dtype} "
+                        f"(shape {f.shape} varies beyond its first dimension, so the jagged layout "
+                        f"does "
+                        f"not apply); use varlen 'padded' or 'list' for it, or cast it in a "
+                        f"TransformSpec",
+                        field=f.name,
+                    )
         out[f.name] = mode
     return out
 
@@ -198,7 +205,8 @@ def _require(out: Mapping, f: Field, where: str) -> None:
 
 
 def _conform_batch(b: Mapping, schema: Schema, where: str) -> dict:
-    """A batch dict with exactly ``schema``'s fields (plus ``__null``), dtypes and shapes checked."""
+    """A batch dict with exactly ``schema``'s fields (plus ``__null``), dtypes and shapes
+    checked."""
     out: dict[str, Any] = {}
     n = None
     for f in schema:

@@ -199,8 +199,18 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self.prefetch = prefetch
         self.num_epochs = positive_int("num_epochs", num_epochs)
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
-        self._init_order("IterableDataset", spec=spec, shard=shard, drop_last=drop_last, even=even,
-                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
+        self._init_order(
+            "IterableDataset",
+            spec=spec,
+            shard=shard,
+            drop_last=drop_last,
+            even=even,
+            with_ids=with_ids,
+            rows=rows,
+            predicate=predicate,
+            quality=quality,
+            **order,
+        )
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]
@@ -209,9 +219,12 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         # Shared memory: persistent DataLoader workers (fork or spawn) see set_epoch.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         # (epoch, remaining) of a loaded state, in shared memory too, so that persistent workers
-        # see a state loaded after they started: [epoch + 1 (0: none), has remaining, n, a0, b0, ...].
+        # see a state loaded after they started: [epoch + 1 (0: none), has remaining, n, a0, b0,
+        # ...].
         self._shared_resume = torch.zeros(3 + 2 * _MAX_RANGES, dtype=torch.int64).share_memory_()
-        self._skip: tuple[tuple[int, int], int, int] | None = None  # a worker state: (consumer, taken, row)
+        self._skip: tuple[tuple[int, int], int, int] | None = (
+            None  # a worker state: (consumer, taken, row)
+        )
         self._progress: dict | None = None  # this process's iteration: where it stands
         self._iterations: weakref.WeakSet = weakref.WeakSet()  # this process's, still open
 
@@ -247,11 +260,15 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         epoch, remaining = value
         if remaining is not None:
             if len(remaining) > _MAX_RANGES:
-                raise ValueError(f"this state has {len(remaining)} ranges of remaining batches, more than the "
-                                 f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first")
+                raise ValueError(
+                    f"this state has {len(remaining)} ranges of remaining batches, more than the "
+                    f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first"
+                )
             sh[2] = len(remaining)
             if remaining:
-                sh[3 : 3 + 2 * len(remaining)] = torch.tensor(remaining, dtype=torch.int64).reshape(-1)
+                sh[3 : 3 + 2 * len(remaining)] = torch.tensor(remaining, dtype=torch.int64).reshape(
+                    -1
+                )
         sh[1] = remaining is not None
         sh[0] = epoch + 1
 
@@ -291,16 +308,24 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
                     total += int(plan.steps(world * nw, unit)[c])
                 else:
                     g = plan.batches(c, world * nw, unit)
-                    total += sum(plan.rows_of_batch(int(x))[1] - plan.rows_of_batch(int(x))[0] for x in g if x >= 0)
+                    total += sum(
+                        plan.rows_of_batch(int(x))[1] - plan.rows_of_batch(int(x))[0]
+                        for x in g
+                        if x >= 0
+                    )
         return total
 
     def __len__(self) -> int:
         """:meth:`num_items` with ``num_workers`` (set it, or use :class:`ResumableDataLoader`)."""
         if self.num_workers is None:
-            raise TypeError("len(IterableDataset) needs num_workers= (the DataLoader's), or a ResumableDataLoader")
+            raise TypeError(
+                "len(IterableDataset) needs num_workers= (the DataLoader's), or a "
+                "ResumableDataLoader"
+            )
         return self.num_items(self.num_workers)
 
-    # -- torchdata's Stateful protocol (per process) and job states ---------------------------------
+    # -- torchdata's Stateful protocol (per process) and job states
+    # ---------------------------------
     def state_dict(self) -> dict:
         """Where this process's iteration stands (inside a DataLoader worker: that worker's
         progress, for ``StatefulDataLoader``; resumes the same worker). Before any iteration,
@@ -324,7 +349,11 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self._skip = None
         if state.get("consumer") is not None:
             c0, c1 = (int(x) for x in state["consumer"])
-            self._skip = ((c0, c1), nonneg_int("taken", state.get("taken", 0)), nonneg_int("row", state.get("row", 0)))
+            self._skip = (
+                (c0, c1),
+                nonneg_int("taken", state.get("taken", 0)),
+                nonneg_int("row", state.get("row", 0)),
+            )
 
     def __iter__(self) -> Iterator[Any]:
         gen = self._iterate()
@@ -346,8 +375,10 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         if self._skip is not None:
             if self._skip[0] != shard:
                 raise ValueError(
-                    f"this state is DataLoader worker consumer {self._skip[0]}'s; this process is {shard}: a "
-                    f"worker state resumes with the same workers (use ResumableDataLoader for another world)"
+                    f"this state is DataLoader worker consumer {self._skip[0]}'s; this process is "
+                    f"{shard}: a "
+                    f"worker state resumes with the same workers (use ResumableDataLoader for "
+                    f"another world)"
                 )
             _, skip, skip_rows = self._skip
         first = self.epoch
@@ -356,10 +387,21 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
             if info is None or info.id == 0:
                 self._report_quality(epoch, self._bs())
             it = self._read_epoch(
-                self._bs(), epoch=epoch, shard=shard, drop_last=self.drop_last if bs else False,
-                num_threads=threads, remaining=remaining, skip=skip,
-            )  # fmt: skip
-            p = self._progress = {"epoch": epoch, "remaining": remaining, "consumer": shard, "taken": skip, "row": 0}
+                self._bs(),
+                epoch=epoch,
+                shard=shard,
+                drop_last=self.drop_last if bs else False,
+                num_threads=threads,
+                remaining=remaining,
+                skip=skip,
+            )
+            p = self._progress = {
+                "epoch": epoch,
+                "remaining": remaining,
+                "consumer": shard,
+                "taken": skip,
+                "row": 0,
+            }
             try:
                 for b in it:
                     b, extras = _split_extras(b)

@@ -163,8 +163,12 @@ class _Loader(_OwnsReader):
     def _order_state(self) -> dict:
         # A dataset directory's manifest version: another version of the same number of rows
         # (a rewrite) would give another order. None for files.
-        return {"shard": list(self.shard), "even": self.even, "num_rows": len(self.reader),
-                "dataset_version": self.reader.layout.version}
+        return {
+            "shard": list(self.shard),
+            "even": self.even,
+            "num_rows": len(self.reader),
+            "dataset_version": self.reader.layout.version,
+        }
 
     def state_dict(self) -> dict:
         """Where this loader stands: epoch, rows handed out in it, and what the order depends
@@ -356,7 +360,8 @@ class BatchedDataLoader(_Loader, _EpochReader):
     batches are dealt to the ranks (:mod:`rowstore.reader.plan`), so every rank knows its
     steps before the epoch (``len(loader)``) and a state saved on any rank resumes the whole
     job on another world size: :meth:`state_dict` is the same on every rank that took the
-    same number of steps. One iteration yields the rest of the current epoch; when it completes, the loader moves to the
+    same number of steps. One iteration yields the rest of the current epoch; when it completes, the
+    loader moves to the
     next epoch, so ``for _ in range(n): for b in loader`` sees ``n`` different epochs.
     :meth:`set_epoch` picks an epoch explicitly. Breaking out of a loop and iterating again
     continues where it stopped; :meth:`state_dict`/:meth:`load_state_dict` do the same across
@@ -399,8 +404,10 @@ class BatchedDataLoader(_Loader, _EpochReader):
     ):
         if num_workers:
             raise ValueError(
-                f"BatchedDataLoader(num_workers={num_workers!r}): it has no worker processes; it reads with "
-                f"num_threads threads in this process (kernels run without the GIL). For worker processes use "
+                f"BatchedDataLoader(num_workers={num_workers!r}): it has no worker processes; it "
+                f"reads with "
+                f"num_threads threads in this process (kernels run without the GIL). For worker "
+                f"processes use "
                 f"torch's DataLoader(rowstore.torch.IterableDataset(...), num_workers=...)"
             )
         super().__init__(
@@ -418,9 +425,22 @@ class BatchedDataLoader(_Loader, _EpochReader):
         )
         self.num_threads = num_threads
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self._init_order("BatchedDataLoader", spec=spec, shard=self.shard, drop_last=drop_last, even=even,
-                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
-        self._base: tuple[int, list | None] = (0, None)  # (epoch, its remaining batches when resumed)
+        self._init_order(
+            "BatchedDataLoader",
+            spec=spec,
+            shard=self.shard,
+            drop_last=drop_last,
+            even=even,
+            with_ids=with_ids,
+            rows=rows,
+            predicate=predicate,
+            quality=quality,
+            **order,
+        )
+        self._base: tuple[int, list | None] = (
+            0,
+            None,
+        )  # (epoch, its remaining batches when resumed)
         self._run_stop = 0
 
     # -- state: the position is the number of steps (batches) handed out since _base --------------
@@ -470,11 +490,15 @@ class BatchedDataLoader(_Loader, _EpochReader):
         g = plan.batches(self.shard[0], self.shard[1], self._unit_for(self.batch_size))
         last = plan.rows_of_batch(plan.num_batches - 1) if plan.num_batches else (0, 0)
         short = self.batch_size - (last[1] - last[0])
-        return len(g) * self.batch_size - (short if not self.pad and (g == plan.num_batches - 1).any() else 0)
+        return len(g) * self.batch_size - (
+            short if not self.pad and (g == plan.num_batches - 1).any() else 0
+        )
 
     def _epoch_steps(self, epoch: int) -> int:
         rank, world = self.shard
-        return int(self._plan(self._remaining(epoch)).steps(world, self._unit_for(self.batch_size))[rank])
+        return int(
+            self._plan(self._remaining(epoch)).steps(world, self._unit_for(self.batch_size))[rank]
+        )
 
     def __len__(self) -> int:
         """Batches this rank yields in the current (running or next) iteration: the same on every
@@ -482,13 +506,23 @@ class BatchedDataLoader(_Loader, _EpochReader):
         if self.num_epochs is None:
             raise TypeError("an endless BatchedDataLoader (num_epochs=None) has no length")
         epoch, steps = self._running if self._running is not None else (self._epoch, self._position)
-        return self._epoch_steps(epoch) - steps + (self.num_epochs - 1) * self._epoch_steps(epoch + 1)
+        return (
+            self._epoch_steps(epoch) - steps + (self.num_epochs - 1) * self._epoch_steps(epoch + 1)
+        )
 
-    def _reader_batches(self, epoch: int, steps: int, dense: bool = False) -> Generator[dict, None, None]:
+    def _reader_batches(
+        self, epoch: int, steps: int, dense: bool = False
+    ) -> Generator[dict, None, None]:
         parts = self._read_epoch(
-            self.batch_size, epoch=epoch, shard=self.shard, drop_last=self.drop_last,
-            num_threads=self.num_threads, remaining=self._remaining(epoch), skip=steps, parts=dense,
-        )  # fmt: skip
+            self.batch_size,
+            epoch=epoch,
+            shard=self.shard,
+            drop_last=self.drop_last,
+            num_threads=self.num_threads,
+            remaining=self._remaining(epoch),
+            skip=steps,
+            parts=dense,
+        )
         return _cut_tensors(parts, self.batch_size, self.drop_last) if dense else parts
 
     def _source(self, dense: bool = False):
@@ -534,7 +568,9 @@ class BatchedDataLoader(_Loader, _EpochReader):
         return self._run_stop, 0
 
 
-def _cut_tensors(parts: Iterator[dict], batch_size: int, drop_last: bool) -> Generator[dict, None, None]:
+def _cut_tensors(
+    parts: Iterator[dict], batch_size: int, drop_last: bool
+) -> Generator[dict, None, None]:
     """Batches of tensors cut from the reader's reads (dicts of fixed-shape numeric arrays, any
     number of rows each) as ``cut_batches`` cuts arrays, with one ``from_numpy`` per array of a
     read and one ``Tensor.split`` for all its whole batches: a torch tensor costs about as much
@@ -634,8 +670,14 @@ class InMemBatchedDataLoader(_Loader):
     ):
         if shard is not None:
             if part is not None:
-                raise TypeError("InMemBatchedDataLoader: pass part= only (shard= is its deprecated spelling)")
-            deprecated("InMemBatchedDataLoader", "shard=(i, n), a contiguous part of the file,", "part=(i, n)")
+                raise TypeError(
+                    "InMemBatchedDataLoader: pass part= only (shard= is its deprecated spelling)"
+                )
+            deprecated(
+                "InMemBatchedDataLoader",
+                "shard=(i, n), a contiguous part of the file,",
+                "part=(i, n)",
+            )
             part = shard
         super().__init__(
             path_or_reader,

@@ -33,14 +33,36 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
     ``torchdata``'s ``StatefulDataLoader`` resumes it by fast-forwarding.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int, spec: EpochSpec | None = None,
-                 shard: tuple[int, int] | None = None, drop_last: bool = False, even: bool = False,
-                 with_ids: bool = False, rows: Any = None, predicate: Any = None, quality: Any = None, **order: Any):
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int,
+        spec: EpochSpec | None = None,
+        shard: tuple[int, int] | None = None,
+        drop_last: bool = False,
+        even: bool = False,
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        quality: Any = None,
+        **order: Any,
+    ):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
         self.prefetch, self._fields = 1, None
-        self._init_order("ElasticBatchSampler", spec=spec, shard=shard, drop_last=drop_last, even=even,
-                         with_ids=with_ids, rows=rows, predicate=predicate, quality=quality, **order)
+        self._init_order(
+            "ElasticBatchSampler",
+            spec=spec,
+            shard=shard,
+            drop_last=drop_last,
+            even=even,
+            with_ids=with_ids,
+            rows=rows,
+            predicate=predicate,
+            quality=quality,
+            **order,
+        )
         self.epoch = 0
         self._resume: tuple[int, list | None] | None = None
 
@@ -60,7 +82,11 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
 
     def __len__(self) -> int:
         rank, world = self.shard
-        return int(self._plan(self._remaining(self.epoch)).steps(world, self._unit_for(self.batch_size))[rank])
+        return int(
+            self._plan(self._remaining(self.epoch)).steps(world, self._unit_for(self.batch_size))[
+                rank
+            ]
+        )
 
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
@@ -90,15 +116,20 @@ class ResumableDataLoader(_tud.DataLoader):
         super().__init__(dataset, *args, **kwargs)
         if isinstance(dataset, IterableDataset):
             if dataset.batch_size is None or self.batch_size is not None:
-                raise ValueError("ResumableDataLoader over an IterableDataset needs IterableDataset(batch_size=B) "
-                                 "and DataLoader batch_size=None (whole batches are what it counts)")
+                raise ValueError(
+                    "ResumableDataLoader over an IterableDataset needs "
+                    "IterableDataset(batch_size=B) "
+                    "and DataLoader batch_size=None (whole batches are what it counts)"
+                )
             dataset.num_workers = self.num_workers
             self._source: Any = dataset
         elif isinstance(self.batch_sampler, ElasticBatchSampler):
             self._source = self.batch_sampler
         else:
-            raise TypeError("ResumableDataLoader takes a rowstore IterableDataset, or a Dataset with "
-                            "batch_sampler=ElasticBatchSampler(...)")
+            raise TypeError(
+                "ResumableDataLoader takes a rowstore IterableDataset, or a Dataset with "
+                "batch_sampler=ElasticBatchSampler(...)"
+            )
         self._steps = 0
         self._done = False
 
@@ -112,7 +143,12 @@ class ResumableDataLoader(_tud.DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` (from its start, unless a state of that epoch was just loaded)."""
         src = self._source
-        pending = not self._steps and not self._done and src._resume is not None and src._resume[0] == epoch
+        pending = (
+            not self._steps
+            and not self._done
+            and src._resume is not None
+            and src._resume[0] == epoch
+        )
         if not pending:
             src._resume = None
         src.set_epoch(epoch)
@@ -124,7 +160,9 @@ class ResumableDataLoader(_tud.DataLoader):
         epoch = src.epoch
         if self._done:
             return make_state(epoch + 1, src._order_key(src.batch_size), None)
-        return src._state_after(epoch, src._remaining(epoch), self._steps, self._workers(), src.batch_size)
+        return src._state_after(
+            epoch, src._remaining(epoch), self._steps, self._workers(), src.batch_size
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` of any rank of any world."""
@@ -151,4 +189,3 @@ class ResumableDataLoader(_tud.DataLoader):
             self._steps += 1
             yield b
         self._done = True
-

@@ -59,9 +59,20 @@ class ChunkStream:
     thread, in chunk order. At most two chunks per worker are in flight.
     """
 
-    def __init__(self, dataset, chunk_len: int, itemsize: int, compressor: Compressor, *, typesize: int,
-                 start_chunk: int = 0, stored: list[int] | None = None, checksums: list[int] | None = None,
-                 pages: list[np.ndarray] | None = None, logical_bytes: int = 0):
+    def __init__(
+        self,
+        dataset,
+        chunk_len: int,
+        itemsize: int,
+        compressor: Compressor,
+        *,
+        typesize: int,
+        start_chunk: int = 0,
+        stored: list[int] | None = None,
+        checksums: list[int] | None = None,
+        pages: list[np.ndarray] | None = None,
+        logical_bytes: int = 0,
+    ):
         self.ds = dataset
         # A lone heap chunk trimmed below heap_chunk_bytes (``logical_bytes``) still has the
         # page-index entries of a whole chunk: those past its bytes are zero pages' CRCs.
@@ -157,7 +168,9 @@ class ChunkStream:
             return None
         self.flush()
         parts = self.pages[: self.next_chunk]
-        return np.concatenate(parts).astype(spec.PAGE_DTYPE) if parts else np.zeros(0, spec.PAGE_DTYPE)
+        return (
+            np.concatenate(parts).astype(spec.PAGE_DTYPE) if parts else np.zeros(0, spec.PAGE_DTYPE)
+        )
 
     def offsets(self) -> np.ndarray:
         """File offsets of chunks 0..next_chunk-1, read from HDF5's chunk index."""
@@ -173,8 +186,13 @@ class ChunkStream:
                 sizes[k] = info.size
 
         self.ds.id.chunk_iter(visit)
-        if (offs < 0).any() or not np.array_equal(sizes, np.asarray(self.stored[:n], dtype=np.int64)):
-            raise FormatError("internal: HDF5's chunk index disagrees with the chunks written", path=self.ds.file.filename)
+        if (offs < 0).any() or not np.array_equal(
+            sizes, np.asarray(self.stored[:n], dtype=np.int64)
+        ):
+            raise FormatError(
+                "internal: HDF5's chunk index disagrees with the chunks written",
+                path=self.ds.file.filename,
+            )
         return offs
 
 
@@ -192,17 +210,30 @@ def check_storable(schema: Schema, user_attrs_json: str) -> None:
     type_bytes = len(h5py.h5t.py_create(spec.row_dtype(schema)).encode())
     if type_bytes > MAX_HEADER_MESSAGE:
         raise SchemaError(
-            f"a schema of {len(schema)} fields needs {type_bytes} bytes of HDF5 metadata for its row type, more than "
-            f"the {MAX_HEADER_MESSAGE} HDF5 allows in one object header message; group related fields into array "
-            f"fields (e.g. Field('features', 'float32', (n,)) instead of n scalar fields)")
+            f"a schema of {len(schema)} fields needs {type_bytes} bytes of HDF5 metadata for its "
+            f"row type, more than "
+            f"the {MAX_HEADER_MESSAGE} HDF5 allows in one object header message; group related "
+            f"fields into array "
+            f"fields (e.g. Field('features', 'float32', (n,)) instead of n scalar fields)"
+        )
     for what, text in (("schema", schema.to_json_str()), ("user attributes", user_attrs_json)):
         if len(text.encode("utf-8")) > MAX_HEADER_MESSAGE:
-            raise SchemaError(f"the {what} take {len(text.encode('utf-8'))} bytes as JSON, more than the "
-                              f"{MAX_HEADER_MESSAGE} an HDF5 attribute holds here")
+            raise SchemaError(
+                f"the {what} take {len(text.encode('utf-8'))} bytes as JSON, more than the "
+                f"{MAX_HEADER_MESSAGE} an HDF5 attribute holds here"
+            )
 
 
-def file_attributes(*, schema: Schema, user_attrs: Mapping[str, Any], num_rows: int, rows_per_block: int,
-                    heap_chunk_bytes: int, heap_nbytes: int, compression: BlockCompression) -> dict[str, Any]:
+def file_attributes(
+    *,
+    schema: Schema,
+    user_attrs: Mapping[str, Any],
+    num_rows: int,
+    rows_per_block: int,
+    heap_chunk_bytes: int,
+    heap_nbytes: int,
+    compression: BlockCompression,
+) -> dict[str, Any]:
     """The attributes of ``/rowstore``, in the order they are written."""
     return {
         spec.ATTR_FORMAT: spec.FORMAT_NAME,
@@ -245,7 +276,9 @@ def read_tail(layout: Layout) -> Tail:
     heap, H = b"", layout.heap_chunk_bytes
     if layout.heap_nbytes % H:
         n = len(layout.heap_chunks)
-        heap = _load_chunk(layout, "heap chunk", n - 1)[: layout.heap_nbytes - (n - 1) * H].tobytes()
+        heap = _load_chunk(layout, "heap chunk", n - 1)[
+            : layout.heap_nbytes - (n - 1) * H
+        ].tobytes()
     return Tail(rows, heap)
 
 
@@ -257,9 +290,18 @@ def _load_chunk(layout: Layout, what: str, k: int) -> np.ndarray:
     dst = np.empty(raw, np.uint8)
     fd = os.open(layout.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        kernels.load_chunks(fd, offs[k : k + 1], stored[k : k + 1], checks[k : k + 1], codec=layout.frame_check(),
-                            verify=True, dst=dst, raw_size=raw, scratch=np.empty(int(stored[k]), np.uint8),
-                            what=what)  # fmt: skip
+        kernels.load_chunks(
+            fd,
+            offs[k : k + 1],
+            stored[k : k + 1],
+            checks[k : k + 1],
+            codec=layout.frame_check(),
+            verify=True,
+            dst=dst,
+            raw_size=raw,
+            scratch=np.empty(int(stored[k]), np.uint8),
+            what=what,
+        )
     except kernels.KernelError as exc:
         exc.args = (f"cannot append to {layout.path!r}: {what} {k}: {exc}",)
         exc.path, exc.block = layout.path, k if what == "block" else None
@@ -277,8 +319,16 @@ class H5File:
     :meth:`abort` (close, nothing more written). Not thread-safe.
     """
 
-    def __init__(self, h5, rows: ChunkStream, heap: ChunkStream | None, block_heap: list[tuple[int, int]], *,
-                 heap_chunk_bytes: int = 0, compressor: Compressor | None = None):
+    def __init__(
+        self,
+        h5,
+        rows: ChunkStream,
+        heap: ChunkStream | None,
+        block_heap: list[tuple[int, int]],
+        *,
+        heap_chunk_bytes: int = 0,
+        compressor: Compressor | None = None,
+    ):
         self._h5 = h5
         self.path: str = h5.filename
         self.rows = rows
@@ -291,8 +341,16 @@ class H5File:
         self._block_heap = block_heap  # per written block: its range in the logical heap
 
     @classmethod
-    def create(cls, path: str, *, row_dtype: np.dtype, rows_per_block: int, heap_chunk_bytes: int,
-               with_heap: bool, compressor: Compressor) -> H5File:
+    def create(
+        cls,
+        path: str,
+        *,
+        row_dtype: np.dtype,
+        rows_per_block: int,
+        heap_chunk_bytes: int,
+        with_heap: bool,
+        compressor: Compressor,
+    ) -> H5File:
         """A new file at ``path`` (replaced) with empty, chunked ``rows`` (and ``heap``)."""
         import h5py
 
@@ -302,15 +360,37 @@ class H5File:
         try:
             g = f.create_group(spec.GROUP)
             kw = compressor.compression.hdf5_filter_kwargs()
-            ds = g.create_dataset(spec.ROWS, shape=(0,), maxshape=(None,), chunks=(rows_per_block,), dtype=row_dtype, **kw)
-            rows = ChunkStream(ds, rows_per_block, row_dtype.itemsize, compressor, typesize=spec.blosc_typesize(row_dtype))
+            ds = g.create_dataset(
+                spec.ROWS,
+                shape=(0,),
+                maxshape=(None,),
+                chunks=(rows_per_block,),
+                dtype=row_dtype,
+                **kw,
+            )
+            rows = ChunkStream(
+                ds,
+                rows_per_block,
+                row_dtype.itemsize,
+                compressor,
+                typesize=spec.blosc_typesize(row_dtype),
+            )
         except BaseException:
             f.close()
             raise
-        return cls(f, rows, None, [], heap_chunk_bytes=heap_chunk_bytes if with_heap else 0, compressor=compressor)
+        return cls(
+            f,
+            rows,
+            None,
+            [],
+            heap_chunk_bytes=heap_chunk_bytes if with_heap else 0,
+            compressor=compressor,
+        )
 
     @classmethod
-    def reopen(cls, path: str, layout: Layout, tail: Tail, *, compressor: Compressor) -> tuple[H5File, PackerTail]:
+    def reopen(
+        cls, path: str, layout: Layout, tail: Tail, *, compressor: Compressor
+    ) -> tuple[H5File, PackerTail]:
         """Open ``path`` (a copy of the file that ``layout`` describes) to append to it;
         ``tail`` is :func:`read_tail` of the original.
 
@@ -324,13 +404,29 @@ class H5File:
         f = h5py.File(path, "r+", locking=False)  # as in create
         try:
             g = f[spec.GROUP]
-            rows = cls._reopen_stream(g[spec.ROWS], layout.blocks, layout.rows_per_block, layout.row_dtype.itemsize,
-                                      spec.blosc_typesize(layout.row_dtype), compressor,
-                                      layout.chunk_pages("block"))  # fmt: skip
-            block_heap = [(int(a), int(b)) for a, b in zip(layout.blocks["heap_start"], layout.blocks["heap_end"])]
+            rows = cls._reopen_stream(
+                g[spec.ROWS],
+                layout.blocks,
+                layout.rows_per_block,
+                layout.row_dtype.itemsize,
+                spec.blosc_typesize(layout.row_dtype),
+                compressor,
+                layout.chunk_pages("block"),
+            )
+            block_heap = [
+                (int(a), int(b))
+                for a, b in zip(layout.blocks["heap_start"], layout.blocks["heap_end"])
+            ]
             with_heap = any(not fl.inline for fl in layout.schema)
             H = layout.heap_chunk_bytes
-            out = cls(f, rows, None, block_heap, heap_chunk_bytes=H if with_heap else 0, compressor=compressor)
+            out = cls(
+                f,
+                rows,
+                None,
+                block_heap,
+                heap_chunk_bytes=H if with_heap else 0,
+                compressor=compressor,
+            )
             pending, rows_written, block_heap_start = out._reopen_last_block(layout, tail)
             heap, heap_flushed = b"", 0
             if with_heap and g[spec.HEAP].chunks != (H,):
@@ -339,20 +435,44 @@ class H5File:
                 del g[spec.HEAP]
                 heap = tail.heap
             elif with_heap:
-                out.heap = cls._reopen_stream(g[spec.HEAP], layout.heap_chunks, H, 1, 1, compressor,
-                                              layout.chunk_pages("heap chunk"))
+                out.heap = cls._reopen_stream(
+                    g[spec.HEAP],
+                    layout.heap_chunks,
+                    H,
+                    1,
+                    1,
+                    compressor,
+                    layout.chunk_pages("heap chunk"),
+                )
                 heap, heap_flushed = out._reopen_last_heap_chunk(layout, tail)
         except BaseException:
             f.close()
             raise
-        return out, PackerTail(pending, rows_written, heap, heap_flushed, layout.heap_nbytes, block_heap_start)
+        return out, PackerTail(
+            pending, rows_written, heap, heap_flushed, layout.heap_nbytes, block_heap_start
+        )
 
     @staticmethod
-    def _reopen_stream(ds, index: np.ndarray, chunk_len: int, itemsize: int, typesize: int,
-                       compressor: Compressor, pages: list[np.ndarray] | None) -> ChunkStream:
-        return ChunkStream(ds, chunk_len, itemsize, compressor, typesize=typesize, start_chunk=len(index),
-                           stored=[int(x) for x in index["stored_nbytes"]],
-                           checksums=[int(x) for x in index["checksum"]], pages=pages)  # fmt: skip
+    def _reopen_stream(
+        ds,
+        index: np.ndarray,
+        chunk_len: int,
+        itemsize: int,
+        typesize: int,
+        compressor: Compressor,
+        pages: list[np.ndarray] | None,
+    ) -> ChunkStream:
+        return ChunkStream(
+            ds,
+            chunk_len,
+            itemsize,
+            compressor,
+            typesize=typesize,
+            start_chunk=len(index),
+            stored=[int(x) for x in index["stored_nbytes"]],
+            checksums=[int(x) for x in index["checksum"]],
+            pages=pages,
+        )
 
     def _reopen_last_block(self, layout: Layout, tail: Tail) -> tuple[np.ndarray, int, int]:
         """A partial last block goes back to pending (its chunk is rewritten by the next block
@@ -399,20 +519,29 @@ class H5File:
     def _create_heap(self, chunk_bytes: int) -> None:
         assert self._compressor is not None and self._h5 is not None
         kw = self._compressor.compression.hdf5_filter_kwargs()
-        ds = self._h5[spec.GROUP].create_dataset(spec.HEAP, shape=(0,), maxshape=(None,), chunks=(chunk_bytes,),
-                                                 dtype=np.uint8, **kw)  # fmt: skip
-        self.heap = ChunkStream(ds, chunk_bytes, 1, self._compressor, typesize=1,
-                                logical_bytes=self._heap_chunk_bytes)
+        ds = self._h5[spec.GROUP].create_dataset(
+            spec.HEAP, shape=(0,), maxshape=(None,), chunks=(chunk_bytes,), dtype=np.uint8, **kw
+        )
+        self.heap = ChunkStream(
+            ds, chunk_bytes, 1, self._compressor, typesize=1, logical_bytes=self._heap_chunk_bytes
+        )
 
-    def finish(self, *, rows_per_block: int, num_rows: int, heap_nbytes: int, attrs: Mapping[str, Any]) -> None:
+    def finish(
+        self, *, rows_per_block: int, num_rows: int, heap_nbytes: int, attrs: Mapping[str, Any]
+    ) -> None:
         """Wait for the chunks in flight, write both indexes and ``attrs`` (see
         :func:`file_attributes`), and close the file."""
         g = self._h5[spec.GROUP]
         rows = self.rows
         nblocks = rows.next_chunk
-        blocks = block_index(rows_per_block=rows_per_block, num_rows=num_rows, offsets=rows.offsets(),
-                             stored=rows.stored[:nblocks], checksums=rows.checksums[:nblocks],
-                             heap_ranges=self._block_heap)  # fmt: skip
+        blocks = block_index(
+            rows_per_block=rows_per_block,
+            num_rows=num_rows,
+            offsets=rows.offsets(),
+            stored=rows.stored[:nblocks],
+            checksums=rows.checksums[:nblocks],
+            heap_ranges=self._block_heap,
+        )
         for name in (spec.BLOCKS, spec.HEAP_CHUNKS):
             if name in g:
                 del g[name]
@@ -422,12 +551,16 @@ class H5File:
             self._create_heap(self._heap_chunk_bytes)
         if self.heap is not None:
             heap, n = self.heap, self.heap.next_chunk
-            chunks = heap_chunk_index(offsets=heap.offsets(), stored=heap.stored[:n], checksums=heap.checksums[:n])
+            chunks = heap_chunk_index(
+                offsets=heap.offsets(), stored=heap.stored[:n], checksums=heap.checksums[:n]
+            )
             g.create_dataset(spec.HEAP_CHUNKS, data=chunks)
             if g[spec.HEAP].shape[0] != heap_nbytes:
                 g[spec.HEAP].resize((max(g[spec.HEAP].shape[0], heap_nbytes),))
         block_pages = rows.page_index()
-        heap_pages = self.heap.page_index() if self.heap is not None else np.zeros(0, spec.PAGE_DTYPE)
+        heap_pages = (
+            self.heap.page_index() if self.heap is not None else np.zeros(0, spec.PAGE_DTYPE)
+        )
         pages = None if block_pages is None or heap_pages is None else (block_pages, heap_pages)
         attrs = dict(attrs)
         if pages is None:  # no page index: a v2 file, as before it existed
@@ -437,7 +570,10 @@ class H5File:
             attrs[spec.ATTR_PAGE_BYTES] = spec.PAGE_BYTES
         for key, value in attrs.items():
             g.attrs[key] = value
-        h5, self._h5 = self._h5, None  # never closed twice: not even by abort() after a failed close
+        h5, self._h5 = (
+            self._h5,
+            None,
+        )  # never closed twice: not even by abort() after a failed close
         try:
             h5.close()
         except RuntimeError as exc:
@@ -458,7 +594,11 @@ class H5File:
             except (OSError, RuntimeError, ValueError) as exc:
                 # The file is being discarded (its temporary file is removed next): a close that
                 # fails, e.g. on a full disk, must not hide the error that caused the abort.
-                warnings.warn(f"rowstore: closing the discarded file {self.path!r} failed: {exc}", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"rowstore: closing the discarded file {self.path!r} failed: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
 
 def _close_error(path: str, exc: RuntimeError) -> Exception:

@@ -17,16 +17,24 @@ from rowstore.format import spec
 __all__ = ["block_index", "heap_chunk_index"]
 
 
-def block_index(*, rows_per_block: int, num_rows: int, offsets: Sequence[int] | np.ndarray,
-                stored: Sequence[int], checksums: Sequence[int],
-                heap_ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+def block_index(
+    *,
+    rows_per_block: int,
+    num_rows: int,
+    offsets: Sequence[int] | np.ndarray,
+    stored: Sequence[int],
+    checksums: Sequence[int],
+    heap_ranges: Sequence[tuple[int, int]],
+) -> np.ndarray:
     """The block index: block ``k`` holds rows ``[k * rows_per_block, ...)`` (the last one
     the rest of ``num_rows``), its chunk at ``offsets[k]`` of ``stored[k]`` bytes, and its
     payloads at ``heap_ranges[k]`` of the logical heap. All sequences have one entry per block."""
     nblocks = len(offsets)
     if not len(stored) == len(checksums) == len(heap_ranges) == nblocks:
-        raise ValueError(f"block_index: {nblocks} offsets, {len(stored)} sizes, {len(checksums)} checksums, "
-                         f"{len(heap_ranges)} heap ranges")  # fmt: skip
+        raise ValueError(
+            f"block_index: {nblocks} offsets, {len(stored)} sizes, {len(checksums)} checksums, "
+            f"{len(heap_ranges)} heap ranges"
+        )
     blocks = np.zeros(nblocks, dtype=spec.BLOCK_DTYPE)
     blocks["first_row"] = np.arange(nblocks, dtype=np.uint64) * rows_per_block
     blocks["num_rows"] = np.minimum(rows_per_block, num_rows - blocks["first_row"].astype(np.int64))
@@ -39,11 +47,15 @@ def block_index(*, rows_per_block: int, num_rows: int, offsets: Sequence[int] | 
     return blocks
 
 
-def heap_chunk_index(*, offsets: Sequence[int] | np.ndarray, stored: Sequence[int],
-                     checksums: Sequence[int]) -> np.ndarray:
+def heap_chunk_index(
+    *, offsets: Sequence[int] | np.ndarray, stored: Sequence[int], checksums: Sequence[int]
+) -> np.ndarray:
     """The heap chunk index: chunk ``k`` at ``offsets[k]``, ``stored[k]`` bytes, its CRC-32."""
     if not len(stored) == len(checksums) == len(offsets):
-        raise ValueError(f"heap_chunk_index: {len(offsets)} offsets, {len(stored)} sizes, {len(checksums)} checksums")
+        raise ValueError(
+            f"heap_chunk_index: {len(offsets)} offsets, {len(stored)} sizes, {len(checksums)} "
+            f"checksums"
+        )
     chunks = np.zeros(len(offsets), dtype=spec.HEAP_CHUNK_DTYPE)
     chunks["offset"] = offsets
     chunks["stored_nbytes"] = stored

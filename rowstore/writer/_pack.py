@@ -39,8 +39,16 @@ from rowstore.format import spec
 from rowstore.kernels import RowKind, RowPlan
 from rowstore.schema import BYTES, STR, Field, Schema
 
-__all__ = ["RowPacker", "PackedBlock", "PackerTail", "check_value_size", "value_nbytes",
-           "max_rows_per_block", "first_rows_per_block", "fast_plan"]  # fmt: skip
+__all__ = [
+    "RowPacker",
+    "PackedBlock",
+    "PackerTail",
+    "check_value_size",
+    "value_nbytes",
+    "max_rows_per_block",
+    "first_rows_per_block",
+    "fast_plan",
+]
 
 # How each field is stored (the first item of a plan entry).
 _RAW, _CODEC, _HEAP = range(3)
@@ -109,7 +117,11 @@ def _fast_kind(f: Field) -> tuple[int, int, int] | None:
         return RowKind.K_FLOAT, 0, 0
     if dt.kind in "iu":
         info = np.iinfo(dt)
-        return (RowKind.K_INT if dt.kind == "i" else RowKind.K_UINT), int(info.min), min(int(info.max), (1 << 63) - 1)
+        return (
+            (RowKind.K_INT if dt.kind == "i" else RowKind.K_UINT),
+            int(info.min),
+            min(int(info.max), (1 << 63) - 1),
+        )
     return None
 
 
@@ -136,8 +148,26 @@ def fast_plan(schema: Schema, row_dtype: np.dtype) -> Any:
             dtype, scalar = np.dtype(f.dtype), np.dtype(f.dtype).type
             size = f.fixed_nbytes if f.inline else dtype.itemsize
             ref = columns[f.name][0].fields
-            shape_offset = offset + ref["shape"][1] if ref is not None and not f.inline and f.variable_dims else -1
-        descriptors.append((f.name, int(kind[0]), offset, null, size, kind[1], kind[2], dtype, scalar, dims, shape_offset))
+            shape_offset = (
+                offset + ref["shape"][1]
+                if ref is not None and not f.inline and f.variable_dims
+                else -1
+            )
+        descriptors.append(
+            (
+                f.name,
+                int(kind[0]),
+                offset,
+                null,
+                size,
+                kind[1],
+                kind[2],
+                dtype,
+                scalar,
+                dims,
+                shape_offset,
+            )
+        )
     return RowPlan(descriptors, row_dtype.itemsize, spec.MAX_VALUE_BYTES, spec.MAX_HEAP_BYTES)
 
 
@@ -299,8 +329,12 @@ class RowPacker:
         the end of this heap, where ``heap`` is appended."""
         m = len(rows)
         if len(heap) and self.heap_pos + len(heap) > spec.MAX_HEAP_BYTES:
-            raise _too_big(self.schema[self.heap_fields[0]], self.num_rows, f"the heap with these rows ({self.heap_pos + len(heap)} bytes)",
-                           "MAX_HEAP_BYTES")  # fmt: skip
+            raise _too_big(
+                self.schema[self.heap_fields[0]],
+                self.num_rows,
+                f"the heap with these rows ({self.heap_pos + len(heap)} bytes)",
+                "MAX_HEAP_BYTES",
+            )
         self.ensure_capacity(m)
         lo = self.n
         if m:  # as bytes: a structured assignment copies field by field
@@ -310,7 +344,9 @@ class RowPacker:
             ref = self.rows[name]["offset"][lo : lo + m]
             ref -= np.uint64(origin)  # references lie at or past origin (RawRows), so no wrap
             ref += np.uint64(self.heap_pos)
-        self.heap += heap.data.cast("B") if heap.ndim == 1 and heap.flags.c_contiguous else bytes(heap)
+        self.heap += (
+            heap.data.cast("B") if heap.ndim == 1 and heap.flags.c_contiguous else bytes(heap)
+        )
         self.heap_pos += len(heap)
         self.n += m
 
@@ -351,7 +387,8 @@ class RowPacker:
         if stored.size != nbytes:
             cid = f.codec["id"]
             raise CodecError(
-                f"row {row}: field {f.name!r}: codec {cid!r} encoded a value into {stored.size} bytes; "
+                f"row {row}: field {f.name!r}: codec {cid!r} encoded a value into {stored.size} "
+                f"bytes; "
                 f"its stored_nbytes is {nbytes}",
                 codec=cid,
                 field=f.name,
@@ -362,7 +399,12 @@ class RowPacker:
         if size > spec.MAX_VALUE_BYTES:
             raise _too_big(f, row, f"a stored payload of {size} bytes", "MAX_VALUE_BYTES")
         if self.heap_pos + size > spec.MAX_HEAP_BYTES:
-            raise _too_big(f, row, f"the heap with this payload ({self.heap_pos + size} bytes)", "MAX_HEAP_BYTES")
+            raise _too_big(
+                f,
+                row,
+                f"the heap with this payload ({self.heap_pos + size} bytes)",
+                "MAX_HEAP_BYTES",
+            )
 
     # -- cutting blocks and heap chunks ----------------------------------------------------
     def peek_block(self, nrows: int, rows_per_block: int) -> PackedBlock:

@@ -60,10 +60,13 @@ DEFAULT_SHARD_BYTES = 256 << 20
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
+
 def _check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"shard name {name!r} must be a plain file name: letters, digits, '_', '.', '-' "
-                         "(not starting with '.' or '-'), at most 200 characters, no directory")  # fmt: skip
+        raise ValueError(
+            f"shard name {name!r} must be a plain file name: letters, digits, '_', '.', '-' "
+            "(not starting with '.' or '-'), at most 200 characters, no directory"
+        )
     return name
 
 
@@ -76,11 +79,20 @@ def _prepare_dir(root: str) -> str:
     return shards
 
 
-def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any] | Iterable[Mapping[str, Any]], *,
-                block_bytes: int = DEFAULT_BLOCK_BYTES, rows_per_block: int | None = None, compression: Any = None,
-                heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES, name: str | None = None,
-                threads: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                batches: bool = False) -> ShardInfo:
+def write_shard(
+    path: str | os.PathLike,
+    schema: Schema,
+    data: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    *,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    rows_per_block: int | None = None,
+    compression: Any = None,
+    heap_chunk_bytes: int = DEFAULT_HEAP_CHUNK_BYTES,
+    name: str | None = None,
+    threads: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    batches: bool = False,
+) -> ShardInfo:
     """Write one shard file of the dataset at ``path``; :func:`commit` makes it part of a version.
 
     Parameters
@@ -116,27 +128,56 @@ def write_shard(path: str | os.PathLike, schema: Schema, data: Mapping[str, Any]
     """
     staging = destination(path, storage_options).staging()  # a URL: a local directory, uploaded
     try:
-        info = _write_shard_file(staging.root, schema, data, block_bytes=block_bytes, rows_per_block=rows_per_block,
-                                 compression=compression, heap_chunk_bytes=heap_chunk_bytes, name=name,
-                                 threads=threads, batches=batches)  # fmt: skip
+        info = _write_shard_file(
+            staging.root,
+            schema,
+            data,
+            block_bytes=block_bytes,
+            rows_per_block=rows_per_block,
+            compression=compression,
+            heap_chunk_bytes=heap_chunk_bytes,
+            name=name,
+            threads=threads,
+            batches=batches,
+        )
         staging.publish(info.path)
     finally:
         staging.close()
     return info
 
 
-def _write_shard_file(root: str, schema: Schema, data: Any, *, block_bytes: int, rows_per_block: int | None,
-                      compression: Any, heap_chunk_bytes: int, name: str | None, threads: int | None,
-                      batches: bool) -> ShardInfo:
+def _write_shard_file(
+    root: str,
+    schema: Schema,
+    data: Any,
+    *,
+    block_bytes: int,
+    rows_per_block: int | None,
+    compression: Any,
+    heap_chunk_bytes: int,
+    name: str | None,
+    threads: int | None,
+    batches: bool,
+) -> ShardInfo:
     shards = _prepare_dir(root)
     fname = (f"part-{uuid.uuid4().hex}" if name is None else _check_name(name)) + ".h5"
     target = os.path.join(shards, fname)
-    with Writer(target, schema, mode="x", block_bytes=block_bytes, rows_per_block=rows_per_block,
-                compression=compression, heap_chunk_bytes=heap_chunk_bytes, threads=threads) as w:  # fmt: skip
+    with Writer(
+        target,
+        schema,
+        mode="x",
+        block_bytes=block_bytes,
+        rows_per_block=rows_per_block,
+        compression=compression,
+        heap_chunk_bytes=heap_chunk_bytes,
+        threads=threads,
+    ) as w:
         if batches:
             for columns in data:
                 w.write_batch(columns)  # each item is a column mapping
-        elif isinstance(data, Mapping) or hasattr(data, "columns"):  # columns, or a DataFrame-like object
+        elif isinstance(data, Mapping) or hasattr(
+            data, "columns"
+        ):  # columns, or a DataFrame-like object
             w.write_batch(data)  # columns, or a DataFrame-like object
         else:
             for row in data:
@@ -222,16 +263,28 @@ class DatasetWriter(Closing):
     a grace period longer than a shard's writing time spares them.
     """
 
-    def __init__(self, path: str | os.PathLike, schema: Schema | None = None, *, mode: str = "w",
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 rows_per_block: int | None = None, compression: Any = None, heap_chunk_bytes: int | None = None,
-                 attrs: Mapping[str, Any] | None = None, threads: int | None = None,
-                 storage_options: Mapping[str, Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        schema: Schema | None = None,
+        *,
+        mode: str = "w",
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        rows_per_block: int | None = None,
+        compression: Any = None,
+        heap_chunk_bytes: int | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        threads: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ):
         self._closed = True
         self.url: str | None = None  # a URL: shards written locally, each uploaded when complete
         self._writer: Writer | None = None
         self._infos: list[ShardInfo] = []
-        self._created: list[str] = []  # directories this writer made (removed again on abort if empty)
+        self._created: list[
+            str
+        ] = []  # directories this writer made (removed again on abort if empty)
         if mode not in ("w", "x", "a"):
             raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
         if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
@@ -255,27 +308,46 @@ class DatasetWriter(Closing):
             raise FileExistsError(f"{self.path!r} already holds a dataset (mode='x')")
         if mode == "a" and current is not None:
             if schema is not None and Schema.from_json(schema.to_json()) != current.schema:
-                raise SchemaError(f"cannot append to {self.path!r}: its schema differs from the one given:\n"
-                                  f"{current.schema}\nvs\n{schema}")  # fmt: skip
+                raise SchemaError(
+                    f"cannot append to {self.path!r}: its schema differs from the one given:\n"
+                    f"{current.schema}\nvs\n{schema}"
+                )
             if compression is not None and compression_config(compression) != current.compression:
-                raise ValueError(f"cannot append with compression {compression!r}: the dataset uses {current.compression}")
+                raise ValueError(
+                    f"cannot append with compression {compression!r}: the dataset uses "
+                    f"{current.compression}"
+                )
             if heap_chunk_bytes is not None and heap_chunk_bytes != current.heap_chunk_bytes:
-                raise ValueError(f"cannot append with heap_chunk_bytes={heap_chunk_bytes}: the dataset uses "
-                                 f"{current.heap_chunk_bytes}")  # fmt: skip
-            schema, compression, heap_chunk_bytes = current.schema, current.compression, current.heap_chunk_bytes
+                raise ValueError(
+                    f"cannot append with heap_chunk_bytes={heap_chunk_bytes}: the dataset uses "
+                    f"{current.heap_chunk_bytes}"
+                )
+            schema, compression, heap_chunk_bytes = (
+                current.schema,
+                current.compression,
+                current.heap_chunk_bytes,
+            )
             rpbs = set(current.shards["rows_per_block"].tolist())
             if rows_per_block is None and len(rpbs) == 1:
                 rows_per_block = rpbs.pop()
             self.attrs.update(current.attrs)
         if not isinstance(schema, Schema):
-            raise SchemaError(f"DatasetWriter needs a Schema (got {type(schema).__name__}) unless appending to "
-                              "an existing dataset")  # fmt: skip
+            raise SchemaError(
+                f"DatasetWriter needs a Schema (got {type(schema).__name__}) unless appending to "
+                "an existing dataset"
+            )
         if attrs:
             self.attrs.update(_check_attrs(attrs))
         self.schema: Schema = schema
-        self._options = dict(block_bytes=block_bytes, rows_per_block=rows_per_block, compression=compression,
-                             heap_chunk_bytes=DEFAULT_HEAP_CHUNK_BYTES if heap_chunk_bytes is None else heap_chunk_bytes,
-                             threads=threads)  # fmt: skip
+        self._options = dict(
+            block_bytes=block_bytes,
+            rows_per_block=rows_per_block,
+            compression=compression,
+            heap_chunk_bytes=DEFAULT_HEAP_CHUNK_BYTES
+            if heap_chunk_bytes is None
+            else heap_chunk_bytes,
+            threads=threads,
+        )
         self._itemsize = spec.row_dtype(schema).itemsize
         self._heap_fields = [f.name for f in schema if not f.inline]
         self._rows = 0  # rows in the closed shards
@@ -288,7 +360,8 @@ class DatasetWriter(Closing):
             raise NotADirectoryError(f"{self.path!r} is a file; a dataset is a directory")
         self._closed = False
         try:
-            self._open_shard()  # validates the options (the Writer's checks) now, not at the first row
+            # validates the options (the Writer's checks) now, not at the first row
+            self._open_shard()
         except BaseException:
             self.abort()
             raise
@@ -320,7 +393,9 @@ class DatasetWriter(Closing):
         (it is validated whole first, then written in slices that keep shards near ``shard_bytes``).
         """
         w = self._current()
-        columns = as_columns(columns, self.num_rows)  # a mapping, or a DataFrame-like object's columns
+        columns = as_columns(
+            columns, self.num_rows
+        )  # a mapping, or a DataFrame-like object's columns
         n = len(next(iter(columns.values()))) if columns else 0
         est = self._estimate(columns)
         if n == 0 or w.raw_nbytes + n * est < self.shard_bytes:
@@ -406,9 +481,11 @@ class DatasetWriter(Closing):
                 pass  # not empty (someone else's files) or gone
         self._created = []
 
-
     def __repr__(self) -> str:
-        return f"DatasetWriter({self.path!r}, mode={self.mode!r}, rows={self.num_rows}, shards={len(self._infos)})"
+        return (
+            f"DatasetWriter({self.path!r}, mode={self.mode!r}, rows={self.num_rows}, "
+            f"shards={len(self._infos)})"
+        )
 
     # -- shards ----------------------------------------------------------------------------
     def _current(self) -> Writer:
@@ -446,7 +523,9 @@ class DatasetWriter(Closing):
         self._infos.append(info)
         if self._options["rows_per_block"] is None:
             self._options["rows_per_block"] = info.rows_per_block  # later shards: the same blocks
-        if time.monotonic() - self._touched > 60:  # keep the shards written so far young (see Notes)
+        if (
+            time.monotonic() - self._touched > 60
+        ):  # keep the shards written so far young (see Notes)
             self._touched = time.monotonic()
             for i in self._infos:
                 try:
@@ -455,7 +534,8 @@ class DatasetWriter(Closing):
                     pass
 
     def _estimate(self, columns: Mapping[str, Any]) -> float:
-        """Raw bytes per row: measured on the rows written so far, else from the batch's first row."""
+        """Raw bytes per row: measured on the rows written so far, else from the batch's first
+        row."""
         if self.num_rows:
             return max(1.0, (self._nbytes + self._raw_current()) / self.num_rows)
         est = float(self._itemsize)

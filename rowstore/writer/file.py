@@ -75,8 +75,12 @@ class Closing:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            warnings.warn(f"rowstore.{type(self).__name__} for {self.path!r} was never closed; its rows are discarded",
-                          ResourceWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"rowstore.{type(self).__name__} for {self.path!r} was never closed; its rows are "
+                f"discarded",
+                ResourceWarning,
+                stacklevel=2,
+            )
             self.abort()
 
 
@@ -158,7 +162,10 @@ class Writer(Closing):
         # a URL: written locally, uploaded (one PUT) at close
         self.url: str | None = None if stage.in_place else os.fspath(path)
         if not stage.in_place and mode != "w":
-            raise ValueError(f"writing to a URL takes mode='w' (the object is uploaded whole at close), got {mode!r}")
+            raise ValueError(
+                f"writing to a URL takes mode='w' (the object is uploaded whole at close), got "
+                f"{mode!r}"
+            )
         self._stage = stage
         self.path = stage.path
         self.mode = mode
@@ -167,14 +174,24 @@ class Writer(Closing):
         # removes the temporary files that killed writers of path left).
         self._atomic = AtomicFile(self.path, exclusive=mode == "x", sole=True, durable=durable)
         try:
-            self._open(schema, block_bytes, rows_per_block, compression, heap_chunk_bytes, attrs, threads)
+            self._open(
+                schema, block_bytes, rows_per_block, compression, heap_chunk_bytes, attrs, threads
+            )
         except BaseException:
             self.abort()  # removes the temporary file, and with it the lock
             raise
         self._closed = False
 
-    def _open(self, schema: Schema | None, block_bytes: int, rows_per_block: int | None, compression: Any,
-              heap_chunk_bytes: int, attrs: Mapping[str, Any] | None, threads: int | None) -> None:
+    def _open(
+        self,
+        schema: Schema | None,
+        block_bytes: int,
+        rows_per_block: int | None,
+        compression: Any,
+        heap_chunk_bytes: int,
+        attrs: Mapping[str, Any] | None,
+        threads: int | None,
+    ) -> None:
         """The rest of the constructor, once the lock is held."""
         layout = None
         if self.mode == "a" and os.path.exists(self.path):
@@ -187,7 +204,10 @@ class Writer(Closing):
             self.attrs: dict[str, Any] = dict(layout.user_attrs)
         else:
             if not isinstance(schema, Schema):
-                raise SchemaError(f"Writer needs a Schema (got {type(schema).__name__}) unless appending to an existing file")
+                raise SchemaError(
+                    f"Writer needs a Schema (got {type(schema).__name__}) unless appending to an "
+                    f"existing file"
+                )
             self._compression = block_compression(compression)
             self.attrs = {}
         if attrs:
@@ -198,13 +218,23 @@ class Writer(Closing):
         if layout is not None:
             self._open_for_append(layout)
 
-    def _setup(self, rows_per_block: int | None, block_bytes: int, heap_chunk_bytes: int, threads: int | None) -> None:
+    def _setup(
+        self,
+        rows_per_block: int | None,
+        block_bytes: int,
+        heap_chunk_bytes: int,
+        threads: int | None,
+    ) -> None:
         """Block sizing, the packer and the compression threads."""
         itemsize = spec.row_dtype(self.schema).itemsize
         if itemsize > spec.MAX_CHUNK_BYTES:
-            raise SchemaError(f"a row of this schema takes {itemsize} bytes, more than a block may hold "
-                              f"(spec.MAX_CHUNK_BYTES = {spec.MAX_CHUNK_BYTES})")  # fmt: skip
-        self._heap_fields = [(i, f) for i, f in enumerate(self.schema) if not f.inline]  # (position, field)
+            raise SchemaError(
+                f"a row of this schema takes {itemsize} bytes, more than a block may hold "
+                f"(spec.MAX_CHUNK_BYTES = {spec.MAX_CHUNK_BYTES})"
+            )
+        self._heap_fields = [
+            (i, f) for i, f in enumerate(self.schema) if not f.inline
+        ]  # (position, field)
         self._block_bytes = block_bytes
         self._heap_chunk_bytes = heap_chunk_bytes
         self._rpb: int | None = rows_per_block
@@ -249,7 +279,11 @@ class Writer(Closing):
         if not packer.add_row_fast(row):
             rownum = self.num_rows
             if not isinstance(row, Mapping):
-                raise RowValidationError(f"row {rownum}: expected a mapping of field names to values, got {type(row).__name__}", row=rownum)
+                raise RowValidationError(
+                    f"row {rownum}: expected a mapping of field names to values, got "
+                    f"{type(row).__name__}",
+                    row=rownum,
+                )
             packer.add_row(self._check_row(row, rownum))
         rpb = self._rpb
         if rpb is not None and packer.n < rpb and len(packer.heap) < self._heap_chunk_bytes:
@@ -274,7 +308,9 @@ class Writer(Closing):
                 # Block size not known yet: with heap payloads, go row by row so the first block
                 # closes as soon as it holds block_bytes (a batch may be far larger).
                 take = 1 if self._heap_fields else n - done
-            self._packer.add_columns(parts if take == n else [values[done : done + take] for values in parts], take)
+            self._packer.add_columns(
+                parts if take == n else [values[done : done + take] for values in parts], take
+            )
             done += take
             self._after_rows()
 
@@ -286,16 +322,26 @@ class Writer(Closing):
         every reference)."""
         self._check_open()
         if raw.rows.dtype != self._packer.row_dtype:
-            raise ValueError(f"write_raw: rows of dtype {raw.rows.dtype} do not match this file's row dtype "
-                             f"{self._packer.row_dtype}")  # fmt: skip
+            raise ValueError(
+                f"write_raw: rows of dtype {raw.rows.dtype} do not match this file's row dtype "
+                f"{self._packer.row_dtype}"
+            )
         n = len(raw)
         if self._rpb is None and n:
             avg = max(1, raw.nbytes // n)
-            self._rpb = int(min(max(1, self._block_bytes // avg), max_rows_per_block(self._packer.itemsize)))
+            self._rpb = int(
+                min(max(1, self._block_bytes // avg), max_rows_per_block(self._packer.itemsize))
+            )
         done = 0
-        while done < n:  # in slices that fit the pending block (the packer's buffer stays one block)
+        while (
+            done < n
+        ):  # in slices that fit the pending block (the packer's buffer stays one block)
             assert self._rpb is not None
-            take = min(self._rpb - self._packer.n, n - done) if self._packer.n < self._rpb else n - done
+            take = (
+                min(self._rpb - self._packer.n, n - done)
+                if self._packer.n < self._rpb
+                else n - done
+            )
             part = raw.slice(done, done + take)
             self._packer.add_raw(part.rows, part.heap, part.origin)
             done += take
@@ -335,7 +381,6 @@ class Writer(Closing):
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-
 
     # -- validation ------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -379,14 +424,20 @@ class Writer(Closing):
         lengths = {name: len(col) for name, col in columns.items()}
         n = next(iter(lengths.values()), 0)
         if any(v != n for v in lengths.values()):
-            raise RowValidationError(f"row {first}: columns have different lengths: {lengths}", row=first)
+            raise RowValidationError(
+                f"row {first}: columns have different lengths: {lengths}", row=first
+            )
         if n == 0:
             return 0, []
         parts: list[Any] = []
         for f in self.schema:
             if f.name not in columns:
                 if not f.nullable:
-                    raise RowValidationError(f"row {first}: field {f.name!r} is missing from the batch", field=f.name, row=first)
+                    raise RowValidationError(
+                        f"row {first}: field {f.name!r} is missing from the batch",
+                        field=f.name,
+                        row=first,
+                    )
                 parts.append([None] * n)
                 continue
             parts.append(check_column(f, columns[f.name], n, first)[0])
@@ -414,13 +465,17 @@ class Writer(Closing):
         file, rpb, packer = self._file, self._rpb, self._packer
         assert file is not None and rpb is not None  # set when the file was created or opened
         block = packer.peek_block(nrows, rpb)
-        file.write_block(block.rows.data.cast("B"), extent=packer.rows_written + nrows,
-                         heap_range=(block.heap_start, block.heap_end))  # fmt: skip
+        file.write_block(
+            block.rows.data.cast("B"),
+            extent=packer.rows_written + nrows,
+            heap_range=(block.heap_start, block.heap_end),
+        )
         packer.pop_block(block, rpb)
 
     def _flush_heap(self, final: bool) -> None:
         if self._file is None or not (final or len(self._packer.heap) >= self._heap_chunk_bytes):
-            return  # nothing to cut (pending heap bytes wait for the first block, which creates the file)
+            # nothing to cut (pending heap bytes wait for the first block, which creates the file)
+            return
         size = self._heap_chunk_bytes
         if final and not self._file.heap_started and not self._compression.compressed:
             # A heap of less than one chunk is stored as one chunk of its own size, not as a
@@ -436,20 +491,31 @@ class Writer(Closing):
     def _create_file(self) -> None:
         packer = self._packer
         if self._rpb is None:
-            self._rpb = first_rows_per_block(packer.n, packer.pending_bytes(), packer.itemsize, self._block_bytes)
+            self._rpb = first_rows_per_block(
+                packer.n, packer.pending_bytes(), packer.itemsize, self._block_bytes
+            )
         assert self._atomic is not None  # created with the writer
-        self._file = H5File.create(self._atomic.tmp, row_dtype=packer.row_dtype, rows_per_block=self._rpb,
-                                   heap_chunk_bytes=self._heap_chunk_bytes, with_heap=bool(self._heap_fields),
-                                   compressor=self._compressor)  # fmt: skip
+        self._file = H5File.create(
+            self._atomic.tmp,
+            row_dtype=packer.row_dtype,
+            rows_per_block=self._rpb,
+            heap_chunk_bytes=self._heap_chunk_bytes,
+            with_heap=bool(self._heap_fields),
+            compressor=self._compressor,
+        )
 
     def _open_for_append(self, layout: Layout) -> None:
         """Reload the file's partial last block and heap chunk (checksums verified: they are
         rewritten with fresh ones), copy the file, and reopen the copy so that appended rows
         continue them (the copy is renamed over the original at close)."""
         reloaded = read_tail(layout)  # before the copy: a corrupt file costs no copy
-        assert self._atomic is not None and self._rpb is not None  # the writer's, the file's rows_per_block
+        assert (
+            self._atomic is not None and self._rpb is not None
+        )  # the writer's, the file's rows_per_block
         self._atomic.copy(self.path)
-        self._file, tail = H5File.reopen(self._atomic.tmp, layout, reloaded, compressor=self._compressor)
+        self._file, tail = H5File.reopen(
+            self._atomic.tmp, layout, reloaded, compressor=self._compressor
+        )
         self._packer.resume(tail, self._rpb)
 
     def _finish(self) -> None:
@@ -462,23 +528,41 @@ class Writer(Closing):
         self._flush_heap(final=True)
         file, atomic, rpb = self._file, self._atomic, self._rpb
         assert file is not None and atomic is not None and rpb is not None  # the file exists now
-        attrs = file_attributes(schema=self.schema, user_attrs=self.attrs, num_rows=packer.rows_written,
-                                rows_per_block=rpb, heap_chunk_bytes=self._heap_chunk_bytes,
-                                heap_nbytes=packer.heap_pos, compression=self._compression)  # fmt: skip
-        file.finish(rows_per_block=rpb, num_rows=packer.rows_written, heap_nbytes=packer.heap_pos, attrs=attrs)
+        attrs = file_attributes(
+            schema=self.schema,
+            user_attrs=self.attrs,
+            num_rows=packer.rows_written,
+            rows_per_block=rpb,
+            heap_chunk_bytes=self._heap_chunk_bytes,
+            heap_nbytes=packer.heap_pos,
+            compression=self._compression,
+        )
+        file.finish(
+            rows_per_block=rpb,
+            num_rows=packer.rows_written,
+            heap_nbytes=packer.heap_pos,
+            attrs=attrs,
+        )
         self._file = None
         self._stop_pool()
         atomic.commit()
         self._atomic = None
 
 
-def _check_arguments(mode: str, block_bytes: Any, heap_chunk_bytes: Any, rows_per_block: Any) -> None:
+def _check_arguments(
+    mode: str, block_bytes: Any, heap_chunk_bytes: Any, rows_per_block: Any
+) -> None:
     if mode not in ("w", "x", "a"):
         raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
     if not isinstance(block_bytes, int) or not 1 <= block_bytes <= spec.MAX_CHUNK_BYTES:
-        raise ValueError(f"block_bytes must be an int in 1..{spec.MAX_CHUNK_BYTES}, got {block_bytes!r}")
+        raise ValueError(
+            f"block_bytes must be an int in 1..{spec.MAX_CHUNK_BYTES}, got {block_bytes!r}"
+        )
     if not isinstance(heap_chunk_bytes, int) or not 64 <= heap_chunk_bytes <= spec.MAX_CHUNK_BYTES:
-        raise ValueError(f"heap_chunk_bytes must be an int in 64..{spec.MAX_CHUNK_BYTES}, got {heap_chunk_bytes!r}")
+        raise ValueError(
+            f"heap_chunk_bytes must be an int in 64..{spec.MAX_CHUNK_BYTES}, got "
+            f"{heap_chunk_bytes!r}"
+        )
     if rows_per_block is not None and (not isinstance(rows_per_block, int) or rows_per_block < 1):
         raise ValueError(f"rows_per_block must be a positive int, got {rows_per_block!r}")
 
@@ -488,8 +572,10 @@ def _check_destination(path: str, mode: str) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"directory {directory!r} does not exist")
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{path!r} is a directory; a Writer writes one .h5 file (rowstore.DatasetWriter writes "
-                                f"and appends to dataset directories)")
+        raise IsADirectoryError(
+            f"{path!r} is a directory; a Writer writes one .h5 file (rowstore.DatasetWriter writes "
+            f"and appends to dataset directories)"
+        )
     if mode == "x" and os.path.exists(path):
         raise FileExistsError(f"{path!r} exists (mode='x')")
 
@@ -497,7 +583,15 @@ def _check_destination(path: str, mode: str) -> None:
 def _check_append(path: str, layout: Layout, schema: Schema | None, compression: Any) -> Schema:
     """The schema to append with: the file's; a schema or compression given must equal it."""
     if schema is not None and Schema.from_json(schema.to_json()) != layout.schema:
-        raise SchemaError(f"cannot append to {path!r}: its schema differs from the one given:\n{layout.schema}\nvs\n{schema}")
-    if compression is not None and block_compression(compression).get_config() != layout.compression:
-        raise ValueError(f"cannot append with compression {compression!r}: the file uses {layout.compression}")
+        raise SchemaError(
+            f"cannot append to {path!r}: its schema differs from the one "
+            f"given:\n{layout.schema}\nvs\n{schema}"
+        )
+    if (
+        compression is not None
+        and block_compression(compression).get_config() != layout.compression
+    ):
+        raise ValueError(
+            f"cannot append with compression {compression!r}: the file uses {layout.compression}"
+        )
     return layout.schema

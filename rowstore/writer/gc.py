@@ -75,12 +75,17 @@ def _read_names(root: str, version: int, read: Any = None) -> tuple[list[str], i
     """The shard paths a manifest names and its parent version (read without its sidecar:
     cheap, for gc; ``read`` as for :func:`rowstore.format.manifest.load`)."""
     mpath = os.path.join(root, manifest.manifest_path(version))
-    m = manifest._json_object(mpath, (read or manifest._read_small)(mpath, manifest.MAX_MANIFEST_BYTES))
+    m = manifest._json_object(
+        mpath, (read or manifest._read_small)(mpath, manifest.MAX_MANIFEST_BYTES)
+    )
     entries = m.get("shards")
     if not isinstance(entries, list):
         raise FormatError(f"{mpath!r}: 'shards' must be a list", path=mpath)
     where = f"{mpath} shard entry"
-    paths = [manifest._safe_relpath(where, e.get("path") if isinstance(e, dict) else None) for e in entries]
+    paths = [
+        manifest._safe_relpath(where, e.get("path") if isinstance(e, dict) else None)
+        for e in entries
+    ]
     parent = m.get("parent")
     return paths, parent if isinstance(parent, int) and not isinstance(parent, bool) else None
 
@@ -124,8 +129,9 @@ def _newest_loading(root: str, have: Sequence[int], kept: Sequence[int]) -> int 
     return None
 
 
-def _collect(root: str, *, keep: int | None, grace_s: float, dry_run: bool,
-             allow_outside_links: bool = False) -> GCReport:
+def _collect(
+    root: str, *, keep: int | None, grace_s: float, dry_run: bool, allow_outside_links: bool = False
+) -> GCReport:
     """The work of :func:`gc` and of a commit's clean-up (``keep=None``: keep every version);
     the caller holds the commit lock and has checked that the pointer reads."""
     report = GCReport(root=root, dry_run=dry_run)
@@ -135,7 +141,9 @@ def _collect(root: str, *, keep: int | None, grace_s: float, dry_run: bool,
     report.current = current
     have = manifest.versions(root)
     if current not in have:
-        raise FormatError(f"{root!r}: the current version {current} has no manifest; not collecting", path=root)
+        raise FormatError(
+            f"{root!r}: the current version {current} has no manifest; not collecting", path=root
+        )
     names: dict[int, list[str]] = {}
     if keep is None:  # a commit's clean-up removes no version
         kept, chain = list(have), set(have)
@@ -216,21 +224,34 @@ def _refuse_unreadable(root: str, doing: str) -> None:
     if not os.path.isdir(root):
         if not os.path.exists(root):
             raise FileNotFoundError(errno.ENOENT, f"{doing}: no dataset directory at {root!r}")
-        raise NotADirectoryError(errno.ENOTDIR,
-                                 f"{doing}: {root!r} is a file, not a dataset directory")
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"{doing}: {root!r} is a file, not a dataset directory"
+        )
     if manifest.is_dataset(root):
         return
     have = manifest.versions(root)
-    hint = (f"; its {manifest.MANIFEST_DIR}/ holds version(s) {', '.join(map(str, have[-5:]))}: "
-            f"if the pointer was lost, `rowstore repair {root}` (rowstore.restore_pointer) makes "
-            "the newest sound one current again" if have else "")  # fmt: skip
-    raise FormatError(f"{doing}: {root!r} is not a readable rowstore dataset (no "
-                      f"{manifest.POINTER}){hint}; nothing was removed", path=root)  # fmt: skip
+    hint = (
+        f"; its {manifest.MANIFEST_DIR}/ holds version(s) {', '.join(map(str, have[-5:]))}: "
+        f"if the pointer was lost, `rowstore repair {root}` (rowstore.restore_pointer) makes "
+        "the newest sound one current again"
+        if have
+        else ""
+    )
+    raise FormatError(
+        f"{doing}: {root!r} is not a readable rowstore dataset (no "
+        f"{manifest.POINTER}){hint}; nothing was removed",
+        path=root,
+    )
 
 
-def gc(path: str | os.PathLike, *, dry_run: bool = True, keep_versions: int = 1,
-       orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
-       allow_outside_links: bool = False) -> GCReport:
+def gc(
+    path: str | os.PathLike,
+    *,
+    dry_run: bool = True,
+    keep_versions: int = 1,
+    orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+    allow_outside_links: bool = False,
+) -> GCReport:
     """Remove what the dataset at ``path`` no longer needs (exported as ``rowstore.gc_dataset``).
 
     Keeps the current version and the ``keep_versions - 1`` versions before it (their manifests,
@@ -286,8 +307,13 @@ def gc(path: str | os.PathLike, *, dry_run: bool = True, keep_versions: int = 1,
         _refuse_unreadable(root, "gc")  # (again: what was checked may have changed meanwhile)
         # The current version must open as a reader opens it before anything goes.
         DatasetLayout.from_manifest(manifest.load(root), allow_outside_links=allow_outside_links)
-        return _collect(root, keep=keep_versions, grace_s=orphan_grace_s, dry_run=dry_run,
-                        allow_outside_links=allow_outside_links)
+        return _collect(
+            root,
+            keep=keep_versions,
+            grace_s=orphan_grace_s,
+            dry_run=dry_run,
+            allow_outside_links=allow_outside_links,
+        )
 
 
 # -- restoring a lost pointer ----------------------------------------------------------------------
@@ -319,8 +345,13 @@ class PointerRepair:
     skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
-def restore_pointer(path: str | os.PathLike, *, dry_run: bool = False, verify: bool = False,
-                    allow_outside_links: bool = False) -> PointerRepair:
+def restore_pointer(
+    path: str | os.PathLike,
+    *,
+    dry_run: bool = False,
+    verify: bool = False,
+    allow_outside_links: bool = False,
+) -> PointerRepair:
     """Make a dataset whose pointer (``rowstore.json``) is missing or does not load readable
     again: point it at the newest version that is sound (exported as ``rowstore.restore_pointer``;
     ``rowstore repair DIR``).
@@ -393,15 +424,21 @@ def restore_pointer(path: str | os.PathLike, *, dry_run: bool = False, verify: b
                 dest.sync()
                 manifest.load(root)  # what a reader now sees: this version, checksums and all
             return report
-    why = ("; ".join(f"version {v}: {msg}" for v, msg in report.skipped[:5])
-           or f"no manifest in {manifest.MANIFEST_DIR}/")
-    raise FormatError(f"restore_pointer: no version of {root!r} is sound, nothing was written "
-                      f"({report.problem}; {why})", path=root)
+    why = (
+        "; ".join(f"version {v}: {msg}" for v, msg in report.skipped[:5])
+        or f"no manifest in {manifest.MANIFEST_DIR}/"
+    )
+    raise FormatError(
+        f"restore_pointer: no version of {root!r} is sound, nothing was written "
+        f"({report.problem}; {why})",
+        path=root,
+    )
 
 
 def _sound(root: str, version: int | None, *, verify: bool, allow_outside_links: bool) -> None:
     """Raise the first :class:`FormatError` that makes ``version`` (None: the pointer's) unsound."""
-    L = DatasetLayout.from_manifest(manifest.load(root, version),
-                                    allow_outside_links=allow_outside_links)
+    L = DatasetLayout.from_manifest(
+        manifest.load(root, version), allow_outside_links=allow_outside_links
+    )
     for err in L.damage(limit=1, shard_indexes=True, chunks=verify):
         raise err

@@ -42,8 +42,10 @@ def as_columns(data: Any, first_row: int) -> Mapping[str, Any]:
             out[str(name)] = to_numpy() if callable(to_numpy) else col
         return out
     raise RowValidationError(
-        f"row {first_row}: write_batch expects columns, a mapping {{field name: array or sequence}} or a "
-        f"DataFrame, got {type(data).__name__} (for rows, call write() per row; for a pandas frame with "
+        f"row {first_row}: write_batch expects columns, a mapping {{field name: array or "
+        f"sequence}} or a "
+        f"DataFrame, got {type(data).__name__} (for rows, call write() per row; for a pandas frame "
+        f"with "
         f"its index and dtypes kept, use rowstore.from_pandas)",
         row=first_row,
     )
@@ -74,7 +76,12 @@ def describe(value: Any) -> str:
 def expected(field: Field) -> str:
     if field.dtype in (STR, BYTES):
         return field.dtype + (" or None" if field.nullable else "")
-    shape = "(" + ", ".join("?" if d is None else str(d) for d in field.shape) + ("," if len(field.shape) == 1 else "") + ")"
+    shape = (
+        "("
+        + ", ".join("?" if d is None else str(d) for d in field.shape)
+        + ("," if len(field.shape) == 1 else "")
+        + ")"
+    )
     what = f"{field.dtype} scalar" if field.shape == () else f"{field.dtype} array of shape {shape}"
     return what + (" or None" if field.nullable else "")
 
@@ -82,7 +89,8 @@ def expected(field: Field) -> str:
 def _fail(field: Field, row: int, value: Any, why: str = "") -> RowValidationError:
     extra = f" ({why})" if why else ""
     return RowValidationError(
-        f"row {row}: field {field.name!r}: expected {expected(field)}, got {describe(value)}{extra}",
+        f"row {row}: field {field.name!r}: expected {expected(field)}, "
+        f"got {describe(value)}{extra}",
         field=field.name,
         row=row,
     )
@@ -114,9 +122,14 @@ def _time_fail(field: Field, row: int, value: Any) -> RowValidationError:
     unit = np.datetime_data(field.dtype)[0]
     what = "datetime64" if field.dtype.kind == "M" else "timedelta64"
     hint = ""
-    if isinstance(value, (int, np.integer)) or (isinstance(value, np.ndarray) and value.dtype.kind in "iub"):
-        hint = (f"; integers are not taken as times implicitly: pass np.asarray(counts).astype('{what}[{unit}]') "
-                f"for counts of {unit}")
+    if isinstance(value, (int, np.integer)) or (
+        isinstance(value, np.ndarray) and value.dtype.kind in "iub"
+    ):
+        hint = (
+            f"; integers are not taken as times implicitly: pass "
+            f"np.asarray(counts).astype('{what}[{unit}]') "
+            f"for counts of {unit}"
+        )
     return _fail(field, row, value, f"{describe_kind(value)} is not a {what}{hint}")
 
 
@@ -142,8 +155,10 @@ def _time_cast(field: Field, arr: np.ndarray, first_row: int, per_row: bool) -> 
             i = int(np.argmax(flat))
         row = first_row + i
         raise RowValidationError(
-            f"row {row}: field {field.name!r}: {arr.dtype} values do not convert to {dst} without loss "
-            f"(precision or range); convert them explicitly (e.g. with .astype('{dst}'), after rounding)",
+            f"row {row}: field {field.name!r}: {arr.dtype} values do not convert to {dst} without "
+            f"loss "
+            f"(precision or range); convert them explicitly (e.g. with .astype('{dst}'), after "
+            f"rounding)",
             field=field.name,
             row=row,
         )
@@ -158,7 +173,9 @@ def _cast_ok(src: np.dtype, dst: np.dtype) -> bool | None:
         return None
     if src.kind in "fc" and dst.kind in "fc" and not (src.kind == "c" and dst.kind == "f"):
         return None  # narrowing floats (or into complex): ok when finite values stay finite
-    if src.kind in "iub" and dst.kind in "fc":  # int64 -> float32 etc: values may round, accepted like numpy
+    if (
+        src.kind in "iub" and dst.kind in "fc"
+    ):  # int64 -> float32 etc: values may round, accepted like numpy
         return True
     return False
 
@@ -181,11 +198,14 @@ def check_value(field: Field, value: Any, row: int) -> Any:
     """Return the value normalised for storage (ndarray of the field's dtype, str or bytes),
     ``None`` for a null, or raise :class:`RowValidationError`. pandas' ``pd.NA`` is a null,
     and so is a float NaN in a ``str``/``bytes`` field (in numeric fields NaN is a value)."""
-    if value is None or (not isinstance(value, (np.ndarray, str, bytes)) and _missing(field, value)):
+    if value is None or (
+        not isinstance(value, (np.ndarray, str, bytes)) and _missing(field, value)
+    ):
         if field.nullable:
             return None
         raise RowValidationError(
-            f"row {row}: field {field.name!r} is not nullable; got {describe(value)} (declare Field(..., nullable=True) to allow it)",
+            f"row {row}: field {field.name!r} is not nullable; got {describe(value)} (declare "
+            f"Field(..., nullable=True) to allow it)",
             field=field.name,
             row=row,
         )
@@ -213,14 +233,18 @@ def check_value(field: Field, value: Any, row: int) -> Any:
     if field.is_time:
         if arr.dtype.kind != field.dtype.kind:
             raise _time_fail(field, row, value)
-        if arr.ndim != len(field.shape) or any(d is not None and d != s for d, s in zip(field.shape, arr.shape)):
+        if arr.ndim != len(field.shape) or any(
+            d is not None and d != s for d, s in zip(field.shape, arr.shape)
+        ):
             raise _fail(field, row, arr, "wrong shape")
         if not field.inline and any(s > 0xFFFFFFFF for s in arr.shape):
             raise _fail(field, row, arr, "a dimension exceeds 2**32-1")
         return _time_cast(field, arr, row, per_row=True)
     if arr.dtype == object or arr.dtype.kind in "USVMm":
         raise _fail(field, row, value)
-    if arr.ndim != len(field.shape) or any(d is not None and d != s for d, s in zip(field.shape, arr.shape)):
+    if arr.ndim != len(field.shape) or any(
+        d is not None and d != s for d, s in zip(field.shape, arr.shape)
+    ):
         raise _fail(field, row, arr, "wrong shape")
     ok = _cast_ok(arr.dtype, field.dtype)
     if ok is False:
@@ -238,7 +262,9 @@ def check_value(field: Field, value: Any, row: int) -> Any:
     return arr
 
 
-def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.ndarray | list, np.ndarray | None]:
+def check_column(
+    field: Field, column: Any, n: int, first_row: int
+) -> tuple[np.ndarray | list, np.ndarray | None]:
     """Validate a whole column of ``n`` values for a batch write.
 
     Returns ``(values, null_mask)``: an ndarray ``(n, *shape)`` of the field's dtype for inline
@@ -254,7 +280,8 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
         if column.shape != (n,) + tuple(field.shape):
             raise RowValidationError(
                 f"row {first_row}: field {field.name!r}: expected a column of shape "
-                f"{(n,) + tuple(field.shape)} ({expected(field)} per row), got {column.dtype} array of shape {column.shape}",
+                f"{(n,) + tuple(field.shape)} ({expected(field)} per row), got {column.dtype} "
+                f"array of shape {column.shape}",
                 field=field.name,
                 row=first_row,
             )
@@ -273,14 +300,16 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
             bad = 0  # an ndarray column is homogeneous: the first row is already wrong
             raise RowValidationError(
                 f"row {first_row + bad}: field {field.name!r}: expected a column of shape "
-                f"{(n,) + tuple(field.shape)} ({expected(field)} per row), got {column.dtype} array of shape {column.shape}",
+                f"{(n,) + tuple(field.shape)} ({expected(field)} per row), got {column.dtype} "
+                f"array of shape {column.shape}",
                 field=field.name,
                 row=first_row + bad,
             )
         ok = _cast_ok(column.dtype, field.dtype)
         if ok is False:
             raise RowValidationError(
-                f"row {first_row}: field {field.name!r}: expected {expected(field)}, got {column.dtype} values "
+                f"row {first_row}: field {field.name!r}: expected {expected(field)}, got "
+                f"{column.dtype} values "
                 f"({column.dtype} does not cast safely to {field.dtype})",
                 field=field.name,
                 row=first_row,
@@ -288,19 +317,26 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
         if ok is None and not _values_fit(column, field.dtype):
             bad = next(i for i in range(n) if not _values_fit(column[i], field.dtype))
             raise RowValidationError(
-                f"row {first_row + bad}: field {field.name!r}: values outside the range of {field.dtype}",
+                f"row {first_row + bad}: field {field.name!r}: values outside the range of "
+                f"{field.dtype}",
                 field=field.name,
                 row=first_row + bad,
             )
         return column, None
-    if isinstance(column, np.ndarray) and column.ndim >= 1 and column.dtype != object and field.dtype not in (STR, BYTES):
+    if (
+        isinstance(column, np.ndarray)
+        and column.ndim >= 1
+        and column.dtype != object
+        and field.dtype not in (STR, BYTES)
+    ):
         items: Any = list(column)  # heap field given as a 2-D+ array: one row per item
     else:
         items = list(column) if not isinstance(column, list) else column
     if len(items) != n:
         raise RowValidationError(
             f"row {first_row}: field {field.name!r}: column has {len(items)} values, expected {n}",
-            field=field.name, row=first_row,
+            field=field.name,
+            row=first_row,
         )
     values = [check_value(field, v, first_row + i) for i, v in enumerate(items)]
     mask = None
@@ -308,4 +344,3 @@ def check_column(field: Field, column: Any, n: int, first_row: int) -> tuple[np.
         m = np.fromiter((v is None for v in values), dtype=bool, count=n)
         mask = m if m.any() else None
     return values, mask
-

@@ -1,4 +1,5 @@
-"""xarray Datasets in and out of rowstore: samples along a dimension, patches cut from a grid, and back.
+"""xarray Datasets in and out of rowstore: samples along a dimension, patches cut from a grid, and
+back.
 
 - :func:`to_rowstore` / :func:`open_dataset`: a Dataset with a sample dimension, one row per
   sample (every variable along it a field), restored identically (names, dims, coordinates,
@@ -20,4 +21,11 @@ from rowstore.xarray._meta import META_KEY
 from rowstore.xarray._patches import write_patches
 from rowstore.xarray._samples import open_dataset, to_rowstore
 
-__all__ = ["to_rowstore", "open_dataset", "write_patches", "to_grid", "RowstoreBackendEntrypoint", "META_KEY"]
+__all__ = [
+    "to_rowstore",
+    "open_dataset",
+    "write_patches",
+    "to_grid",
+    "RowstoreBackendEntrypoint",
+    "META_KEY",
+]

@@ -23,8 +23,9 @@ class RowstoreBackendEntrypoint(BackendEntrypoint):
     url = "https://github.com/rowstore/rowstore"
     open_dataset_parameters = ("filename_or_obj", "drop_variables", "version")
 
-    def open_dataset(self, filename_or_obj: Any, *, drop_variables: Any = None,
-                     version: int | None = None) -> xr.Dataset:
+    def open_dataset(
+        self, filename_or_obj: Any, *, drop_variables: Any = None, version: int | None = None
+    ) -> xr.Dataset:
         reader = Reader(os.fspath(filename_or_obj), version=version)
         drop = [drop_variables] if isinstance(drop_variables, str) else list(drop_variables or [])
         ds = _build(reader, _meta(reader), drop)

@@ -17,16 +17,26 @@ from rowstore.xarray._meta import (
 )
 
 
-# -- to_grid ----------------------------------------------------------------------------------------
+# -- to_grid
+# ----------------------------------------------------------------------------------------
 def _patch_meta(reader: Reader) -> dict:
     meta = _meta(reader)
     if meta.get("kind") != "patches":
-        raise SchemaError(f"{reader.layout.path!r} was not written by write_patches (no patch metadata)")
+        raise SchemaError(
+            f"{reader.layout.path!r} was not written by write_patches (no patch metadata)"
+        )
     return meta["patches"]
 
 
-def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, like: xr.Dataset | xr.DataArray | None = None,
-            rows: Any = None, name: str = "prediction", window_step: int | None = None) -> xr.Dataset:
+def to_grid(
+    predictions: Any,
+    path_or_reader: str | os.PathLike | Reader,
+    *,
+    like: xr.Dataset | xr.DataArray | None = None,
+    rows: Any = None,
+    name: str = "prediction",
+    window_step: int | None = None,
+) -> xr.Dataset:
     """Put per-sample predictions back onto the grid :func:`write_patches` cut the samples from.
 
     Parameters
@@ -57,7 +67,9 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
         ``patch``): the mean of the values that landed on each point (float64, or the
         predictions' floating dtype), NaN where none did. Exact for non-overlapping patches.
     """
-    reader = path_or_reader if isinstance(path_or_reader, Reader) else Reader(os.fspath(path_or_reader))
+    reader = (
+        path_or_reader if isinstance(path_or_reader, Reader) else Reader(os.fspath(path_or_reader))
+    )
     P = _patch_meta(reader)
     dims, size, kind, grid = P["dims"], P["size"], P["kind"], P["grid"]
     preds = dict(predictions) if isinstance(predictions, Mapping) else {name: predictions}
@@ -67,20 +79,31 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
     if like is not None:
         for d in dims:
             if d not in like.dims or like.sizes[d] != grid[d]:
-                raise SchemaError(f"like: dimension {d!r} has {like.sizes.get(d)} elements, the samples were cut from "
-                                  f"{grid[d]}")  # fmt: skip
-            if d in coords and (d not in like.coords or not np.array_equal(np.asarray(like[d].values), coords[d])):
-                raise SchemaError(f"like: the coordinate {d!r} differs from the one the samples were cut from")
+                raise SchemaError(
+                    f"like: dimension {d!r} has {like.sizes.get(d)} elements, the samples were cut "
+                    f"from "
+                    f"{grid[d]}"
+                )
+            if d in coords and (
+                d not in like.coords or not np.array_equal(np.asarray(like[d].values), coords[d])
+            ):
+                raise SchemaError(
+                    f"like: the coordinate {d!r} differs from the one the samples were cut from"
+                )
         coords = {d: like[d].variable for d in dims if d in like.coords}
     foot = [d for d in dims if kind[d] != "over"]
     fshape = tuple(size[d] for d in foot)
     patch_dims = [d for d in foot if kind[d] == "patch"]
     pshape = tuple(size[d] for d in patch_dims)
-    out = xr.Dataset(coords={d: (d, c) if isinstance(c, np.ndarray) else c for d, c in coords.items()})
+    out = xr.Dataset(
+        coords={d: (d, c) if isinstance(c, np.ndarray) else c for d, c in coords.items()}
+    )
     for key, values in preds.items():
         v = np.asarray(values)
         if len(v) != len(idx):
-            raise ValueError(f"predictions {key!r}: {len(v)} rows, expected {len(idx)} (one per sample)")
+            raise ValueError(
+                f"predictions {key!r}: {len(v)} rows, expected {len(idx)} (one per sample)"
+            )
         if v.shape[1:] == fshape:
             spread = foot
         elif v.shape[1:] == pshape:
@@ -88,9 +111,11 @@ def to_grid(predictions: Any, path_or_reader: str | os.PathLike | Reader, *, lik
         elif v.shape[1:] == ():
             spread = []
         else:
-            raise ValueError(f"predictions {key!r}: a sample's shape is {v.shape[1:]}, expected {fshape} (the "
-                             f"footprint over {foot}), {pshape} (over {patch_dims}) or () (one value per "
-                             "sample)")  # fmt: skip
+            raise ValueError(
+                f"predictions {key!r}: a sample's shape is {v.shape[1:]}, expected {fshape} (the "
+                f"footprint over {foot}), {pshape} (over {patch_dims}) or () (one value per "
+                "sample)"
+            )
         index: list[np.ndarray] = []
         for d in dims:
             o = np.asarray(origins[P["origin_fields"][d]], np.int64).reshape(-1, *[1] * len(spread))

@@ -16,9 +16,16 @@ from rowstore.reader import Reader
 META_KEY = "xarray"
 META_VERSION = 1
 #: Encoding entries kept (others, like chunk sizes of the source store, mean nothing here).
-ENCODING_KEYS = ("units", "calendar", "dtype", "_FillValue", "missing_value", "scale_factor", "add_offset")
+ENCODING_KEYS = (
+    "units",
+    "calendar",
+    "dtype",
+    "_FillValue",
+    "missing_value",
+    "scale_factor",
+    "add_offset",
+)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 
 # -- names and dtypes -----------------------------------------------------------------------------
@@ -26,7 +33,11 @@ def _field_name(name: Hashable, taken: set[str]) -> str:
     """A field name for variable ``name``: itself when it is one, else a sanitized unique one."""
     if not isinstance(name, str):
         raise SchemaError(f"variable name {name!r}: rowstore stores variables with str names")
-    base = name if _IDENT.fullmatch(name) and "__" not in name else re.sub(r"\W|__", "_", name).strip("_") or "var"
+    base = (
+        name
+        if _IDENT.fullmatch(name) and "__" not in name
+        else re.sub(r"\W|__", "_", name).strip("_") or "var"
+    )
     if not _IDENT.fullmatch(base):
         base = "v_" + base
     out, k = base, 1
@@ -45,8 +56,11 @@ def _field_dtype(name: str, dtype: np.dtype) -> str | np.dtype:
         return "str"
     if dtype.kind == "S":
         return "bytes"
-    raise SchemaError(f"variable {name!r}: dtype {dtype} cannot be stored (numbers, datetime64, timedelta64, str, bytes)",
-                      field=name)  # fmt: skip
+    raise SchemaError(
+        f"variable {name!r}: dtype {dtype} cannot be stored (numbers, datetime64, timedelta64, "
+        f"str, bytes)",
+        field=name,
+    )
 
 
 def _encoding(enc: Mapping[str, Any]) -> dict:
@@ -65,10 +79,11 @@ def _attrs(attrs: Mapping[Any, Any], where: str) -> dict:
     return dict(attrs)
 
 
-
 def _meta(reader: Reader) -> dict:
     meta = reader.layout.user_attrs.get(META_KEY)
     if not isinstance(meta, dict) or meta.get("version") != META_VERSION or "variables" not in meta:
-        raise SchemaError(f"{reader.layout.path!r} was not written by rowstore.xarray (no {META_KEY!r} metadata "
-                          f"of version {META_VERSION}); read it with rowstore.open")  # fmt: skip
+        raise SchemaError(
+            f"{reader.layout.path!r} was not written by rowstore.xarray (no {META_KEY!r} metadata "
+            f"of version {META_VERSION}); read it with rowstore.open"
+        )
     return meta

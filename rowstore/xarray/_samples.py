@@ -32,40 +32,61 @@ from rowstore.xarray._meta import (
 
 # -- to_rowstore ----------------------------------------------------------------------------------
 def _describe(ds: xr.Dataset, sample_dim: str) -> tuple[Schema, dict, list[tuple[str, str]]]:
-    """The schema, the metadata and (variable, field) pairs of the variables along ``sample_dim``."""
+    """The schema, the metadata and (variable, field) pairs of the variables along
+    ``sample_dim``."""
     if sample_dim not in ds.dims:
-        raise SchemaError(f"sample_dim {sample_dim!r} is not a dimension of the dataset (dims: {list(ds.dims)})")
+        raise SchemaError(
+            f"sample_dim {sample_dim!r} is not a dimension of the dataset (dims: {list(ds.dims)})"
+        )
     taken: set[str] = set()
     fields, variables, static, pairs = [], [], [], []
     for name, var in ds.variables.items():
         is_coord = name in ds.coords
-        entry = {"name": name, "dims": [str(d) for d in var.dims], "coord": is_coord,
-                 "attrs": _attrs(var.attrs, f"variable {name!r}"), "encoding": _encoding(var.encoding),
-                 "dtype": var.dtype.str}  # fmt: skip
+        entry = {
+            "name": name,
+            "dims": [str(d) for d in var.dims],
+            "coord": is_coord,
+            "attrs": _attrs(var.attrs, f"variable {name!r}"),
+            "encoding": _encoding(var.encoding),
+            "dtype": var.dtype.str,
+        }
         if sample_dim in var.dims:
             fname = _field_name(name, taken)
             shape = tuple(var.sizes[d] for d in var.dims if d != sample_dim)
             dt = _field_dtype(str(name), var.dtype)
             if dt in ("str", "bytes") and shape:
-                raise SchemaError(f"variable {name!r}: str/bytes variables need one value per sample (dims "
-                                  f"{var.dims})", field=fname)  # fmt: skip
+                raise SchemaError(
+                    f"variable {name!r}: str/bytes variables need one value per sample (dims "
+                    f"{var.dims})",
+                    field=fname,
+                )
             fields.append(Field(fname, dt, shape))
             entry["field"] = fname
             variables.append(entry)
             pairs.append((str(name), fname))
         else:
             if not isinstance(name, str):
-                raise SchemaError(f"variable name {name!r}: rowstore stores variables with str names")
+                raise SchemaError(
+                    f"variable name {name!r}: rowstore stores variables with str names"
+                )
             entry["values"] = np.asarray(var.values)
             static.append(entry)
     if not fields:
         raise SchemaError(f"no variable has the sample dimension {sample_dim!r}")
-    meta = {"version": META_VERSION, "kind": "dataset", "sample_dim": sample_dim,
-            "attrs": _attrs(ds.attrs, "dataset"), "variables": variables, "static": static}  # fmt: skip
+    meta = {
+        "version": META_VERSION,
+        "kind": "dataset",
+        "sample_dim": sample_dim,
+        "attrs": _attrs(ds.attrs, "dataset"),
+        "variables": variables,
+        "static": static,
+    }
     return Schema(fields), meta, pairs
 
 
-def _columns(ds: xr.Dataset, sample_dim: str, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+def _columns(
+    ds: xr.Dataset, sample_dim: str, pairs: list[tuple[str, str]]
+) -> dict[str, np.ndarray]:
     out = {}
     for name, fname in pairs:
         var = ds.variables[name]
@@ -74,13 +95,25 @@ def _columns(ds: xr.Dataset, sample_dim: str, pairs: list[tuple[str, str]]) -> d
     return out
 
 
-def _write_rows(path: str, schema_json: dict, ds: xr.Dataset, sample_dim: str, pairs: list, options: dict) -> ShardInfo:
-    return write_shard(path, Schema.from_json(schema_json), _columns(ds, sample_dim, pairs), **options)
+def _write_rows(
+    path: str, schema_json: dict, ds: xr.Dataset, sample_dim: str, pairs: list, options: dict
+) -> ShardInfo:
+    return write_shard(
+        path, Schema.from_json(schema_json), _columns(ds, sample_dim, pairs), **options
+    )
 
 
-def to_rowstore(ds: xr.Dataset, path: str | os.PathLike, *, sample_dim: str = "sample", mode: str = "w",
-                shard_bytes: int = DEFAULT_SHARD_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                compression: Any = None, compute: bool = True) -> Any:
+def to_rowstore(
+    ds: xr.Dataset,
+    path: str | os.PathLike,
+    *,
+    sample_dim: str = "sample",
+    mode: str = "w",
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    compression: Any = None,
+    compute: bool = True,
+) -> Any:
     """Write an ``xarray.Dataset`` with one row per element of ``sample_dim``.
 
     Parameters
@@ -119,12 +152,14 @@ def to_rowstore(ds: xr.Dataset, path: str | os.PathLike, *, sample_dim: str = "s
     chunks = ds.chunks.get(sample_dim) if ds.chunks else None
     bounds: list[tuple[int, int]] = []
     start = 0
-    for c in (chunks or (n,)):
+    for c in chunks or (n,):
         for a in range(start, start + c, step):
             bounds.append((a, min(a + step, start + c)))
         start += c
     if path.endswith(".h5"):
-        with Writer(path, schema, mode=mode, block_bytes=block_bytes, compression=compression, attrs=attrs) as w:
+        with Writer(
+            path, schema, mode=mode, block_bytes=block_bytes, compression=compression, attrs=attrs
+        ) as w:
             for a, b in bounds:
                 w.write_batch(_columns(ds.isel({sample_dim: slice(a, b)}), sample_dim, pairs))
         return None
@@ -133,22 +168,46 @@ def to_rowstore(ds: xr.Dataset, path: str | os.PathLike, *, sample_dim: str = "s
         import dask
 
         write = dask.delayed(_write_rows, pure=False)
-        tasks = [write(path, schema.to_json(), ds.isel({sample_dim: slice(a, b)}), sample_dim, pairs, options)
-                 for a, b in bounds]  # fmt: skip
+        tasks = [
+            write(
+                path,
+                schema.to_json(),
+                ds.isel({sample_dim: slice(a, b)}),
+                sample_dim,
+                pairs,
+                options,
+            )
+            for a, b in bounds
+        ]
         if not compute:
             return dask.delayed(_commit_all, pure=False)(path, tasks, mode, attrs)
         infos = list(dask.compute(*tasks))
     else:
-        infos = [_write_rows(path, schema.to_json(), ds.isel({sample_dim: slice(a, b)}), sample_dim, pairs, options)
-                 for a, b in bounds]  # fmt: skip
+        infos = [
+            _write_rows(
+                path,
+                schema.to_json(),
+                ds.isel({sample_dim: slice(a, b)}),
+                sample_dim,
+                pairs,
+                options,
+            )
+            for a, b in bounds
+        ]
     if not infos:  # an empty sample dimension: one empty shard carries the schema
-        infos = [write_shard(path, schema, {f.name: np.empty((0, *f.shape), f.numpy_dtype) for f in schema}, **options)]
+        infos = [
+            write_shard(
+                path,
+                schema,
+                {f.name: np.empty((0, *f.shape), f.numpy_dtype) for f in schema},
+                **options,
+            )
+        ]
     return _commit_all(path, infos, mode, attrs)
 
 
 def _commit_all(path: str, infos: list, mode: str, attrs: dict) -> int:
     return commit(path, infos, mode=mode, attrs=attrs)
-
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -164,10 +223,14 @@ class RowstoreArray(BackendArray):
         self.reader, self.field = reader, field
         self.shape = (len(reader), *f.shape)
         stored = np.dtype(object) if f.dtype in ("str", "bytes") else f.numpy_dtype
-        self.dtype = stored if dtype is None else np.dtype(dtype)  # the variable's own (U/S width, byte order)
+        self.dtype = (
+            stored if dtype is None else np.dtype(dtype)
+        )  # the variable's own (U/S width, byte order)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
-        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._raw)
+        return indexing.explicit_indexing_adapter(
+            key, self.shape, indexing.IndexingSupport.OUTER, self._raw
+        )
 
     def _raw(self, key: tuple) -> np.ndarray:
         k0, rest = key[0], key[1:]
@@ -188,7 +251,11 @@ class RowstoreArray(BackendArray):
             if isinstance(k, (int, np.integer)):
                 out = np.take(out, k, axis=axis)
                 continue
-            out = out[(slice(None),) * axis + (k,)] if isinstance(k, slice) else np.take(out, np.asarray(k), axis=axis)
+            out = (
+                out[(slice(None),) * axis + (k,)]
+                if isinstance(k, slice)
+                else np.take(out, np.asarray(k), axis=axis)
+            )
             axis += 1
         return out[0] if isinstance(k0, (int, np.integer)) else out
 
@@ -199,8 +266,11 @@ def _build(reader: Reader, meta: dict, drop: Iterable[str] = ()) -> xr.Dataset:
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         if isinstance(exc, SchemaError):
             raise
-        raise FormatError(f"{reader.layout.path!r}: malformed {META_KEY!r} metadata ({type(exc).__name__}: {exc})",
-                          path=reader.layout.path) from exc  # fmt: skip
+        raise FormatError(
+            f"{reader.layout.path!r}: malformed {META_KEY!r} metadata "
+            f"({type(exc).__name__}: {exc})",
+            path=reader.layout.path,
+        ) from exc
 
 
 def _build_unchecked(reader: Reader, meta: dict, drop: Iterable[str]) -> xr.Dataset:
@@ -220,17 +290,27 @@ def _build_unchecked(reader: Reader, meta: dict, drop: Iterable[str]) -> xr.Data
     for e in meta["static"]:
         if e["name"] in drop:
             continue
-        variables[e["name"]] = xr.Variable(e["dims"], e["values"], attrs=e["attrs"], encoding=dict(e.get("encoding", {})))
+        variables[e["name"]] = xr.Variable(
+            e["dims"], e["values"], attrs=e["attrs"], encoding=dict(e.get("encoding", {}))
+        )
         if e["coord"]:
             coords.append(e["name"])
     names = [e["name"] for e in meta["variables"] + meta["static"] if e["name"] in variables]
     data_vars = {k: variables[k] for k in names if k not in coords}
-    ds = xr.Dataset(data_vars, coords={k: variables[k] for k in names if k in coords}, attrs=meta["attrs"])
+    ds = xr.Dataset(
+        data_vars, coords={k: variables[k] for k in names if k in coords}, attrs=meta["attrs"]
+    )
     return ds
 
 
-def open_dataset(path: str | os.PathLike, *, rows: Any = None, fields: Sequence[str] | None = None,
-                 chunks: Any = None, version: int | None = None) -> xr.Dataset:
+def open_dataset(
+    path: str | os.PathLike,
+    *,
+    rows: Any = None,
+    fields: Sequence[str] | None = None,
+    chunks: Any = None,
+    version: int | None = None,
+) -> xr.Dataset:
     """The ``xarray.Dataset`` that :func:`to_rowstore` (or :func:`write_patches`) wrote.
 
     Parameters
@@ -260,7 +340,10 @@ def open_dataset(path: str | os.PathLike, *, rows: Any = None, fields: Sequence[
         known = {e["name"] for e in meta["variables"] + meta["static"] if not e["coord"]}
         unknown = [f for f in fields if f not in known]
         if unknown:
-            raise SchemaError(f"fields {unknown} are not data variables of {os.fspath(path)!r} (it has {sorted(known)})")
+            raise SchemaError(
+                f"fields {unknown} are not data variables of {os.fspath(path)!r} (it has "
+                f"{sorted(known)})"
+            )
         drop = known - set(fields)
     ds = _build(reader, meta, drop)
     if rows is not None:

@@ -33,7 +33,9 @@ def bench(argv: list[str], capsys) -> tuple[dict, str]:
         return json.load(fh), text
 
 
-def check_result(r: dict, batch_size: int, *, expect_batches: int | None = None, expect_rows: int | None = None) -> None:
+def check_result(
+    r: dict, batch_size: int, *, expect_batches: int | None = None, expect_rows: int | None = None
+) -> None:
     assert not r.get("error"), r.get("error")
     assert r["rows_per_s"] > 0 and r["bytes_per_s"] > 0 and r["seconds"] > 0
     assert r["ttfb_s"] is not None and r["ttfb_s"] > 0
@@ -56,8 +58,27 @@ def check_result(r: dict, batch_size: int, *, expect_batches: int | None = None,
 @pytest.mark.parametrize("demo", DEMOS)
 def test_every_demo(demo, cache, tmp_path, capsys):
     out = str(tmp_path / "b.json")
-    doc, text = bench(["--demo", demo, "--rows", "300", "-m", "1", "-n", "3", "-b", "32", "--repeats", "2",
-                       "--cache-dir", cache, "--json", out], capsys)
+    doc, text = bench(
+        [
+            "--demo",
+            demo,
+            "--rows",
+            "300",
+            "-m",
+            "1",
+            "-n",
+            "3",
+            "-b",
+            "32",
+            "--repeats",
+            "2",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     assert doc["dataset"]["rows"] == 300 and doc["dataset"]["demo"] == demo
     assert os.path.dirname(doc["dataset"]["path"]) == cache
     assert doc["cache"].startswith("warm")
@@ -72,22 +93,61 @@ def test_every_demo(demo, cache, tmp_path, capsys):
 def test_full_epoch_counts_every_row(cache, tmp_path, capsys):
     """-m 0 and no -n: the timed phase is the whole epoch, so every row is counted once."""
     out = str(tmp_path / "b.json")
-    doc, _ = bench(["--demo", "speech", "--rows", "300", "-m", "0", "-b", "64", "--repeats", "2",
-                    "--cache-dir", cache, "--json", out], capsys)
+    doc, _ = bench(
+        [
+            "--demo",
+            "speech",
+            "--rows",
+            "300",
+            "-m",
+            "0",
+            "-b",
+            "64",
+            "--repeats",
+            "2",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 64, expect_batches=5, expect_rows=300)
     assert r["repeats"][0]["last_batch_rows"] == 300 - 4 * 64
 
 
 @pytest.mark.parametrize("verify", [True, False])
-def test_table_says_whether_checks_were_on_and_gives_the_first_epoch(verify, cache, tmp_path, capsys):
+def test_table_says_whether_checks_were_on_and_gives_the_first_epoch(
+    verify, cache, tmp_path, capsys
+):
     out = str(tmp_path / "b.json")
-    doc, text = bench(["--demo", "patch", "--rows", "300", "-m", "0", "-b", "64", "--repeats", "2",
-                       "--cache-dir", cache, "--json", out] + ([] if verify else ["--no-verify"]), capsys)
+    doc, text = bench(
+        [
+            "--demo",
+            "patch",
+            "--rows",
+            "300",
+            "-m",
+            "0",
+            "-b",
+            "64",
+            "--repeats",
+            "2",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ]
+        + ([] if verify else ["--no-verify"]),
+        capsys,
+    )
     (r,) = doc["results"]
     assert r["info"]["checks"] == ("on" if verify else "off")
     first = [rep for rep in r["repeats"] if rep["epoch"] == 0]
-    assert r["first_epoch_rows_per_s"] > 0 and (not first or first[0]["rows_per_s"] == r["first_epoch_rows_per_s"])
+    assert r["first_epoch_rows_per_s"] > 0 and (
+        not first or first[0]["rows_per_s"] == r["first_epoch_rows_per_s"]
+    )
     assert "checks" in text and "1st epoch/s" in text
     row = next(line for line in text.splitlines() if line.lstrip("│┃ ").startswith("rowstore"))
     assert (" on " in row) == verify and (" off " in row) != verify
@@ -95,8 +155,27 @@ def test_table_says_whether_checks_were_on_and_gives_the_first_epoch(verify, cac
 
 def test_measure_is_clamped_to_one_epoch(cache, tmp_path, capsys):
     out = str(tmp_path / "b.json")
-    doc, text = bench(["--demo", "tiny", "--rows", "300", "-m", "5", "-n", "100", "-b", "64", "--repeats", "1",
-                       "--cache-dir", cache, "--json", out], capsys)
+    doc, text = bench(
+        [
+            "--demo",
+            "tiny",
+            "--rows",
+            "300",
+            "-m",
+            "5",
+            "-n",
+            "100",
+            "-b",
+            "64",
+            "--repeats",
+            "1",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 64, expect_batches=1, expect_rows=300 - 4 * 64)
     assert any("reduced" in n for n in doc["notes"])
@@ -113,10 +192,33 @@ def user_file(tmp_path_factory, rs) -> str:
 def test_user_file_compare_all_baselines(user_file, tmp_path, capsys):
     """--compare: every baseline reads the same rows and decodes the same bytes as rowstore
     over a whole epoch (so the baselines are faithful readers of the format)."""
-    out, png = str(tmp_path / "c.json"), str(tmp_path / "plots" / "c.png")  # a directory not there yet
-    doc, text = bench([user_file, "--compare", "--baselines", *sources.BASELINES, "-m", "0", "-b", "16",
-                       "--repeats", "1", "--memcpy-mib", "8", "--cache-dir", str(tmp_path), "--json", out,
-                       "--plot", png], capsys)
+    out, png = (
+        str(tmp_path / "c.json"),
+        str(tmp_path / "plots" / "c.png"),
+    )  # a directory not there yet
+    doc, text = bench(
+        [
+            user_file,
+            "--compare",
+            "--baselines",
+            *sources.BASELINES,
+            "-m",
+            "0",
+            "-b",
+            "16",
+            "--repeats",
+            "1",
+            "--memcpy-mib",
+            "8",
+            "--cache-dir",
+            str(tmp_path),
+            "--json",
+            out,
+            "--plot",
+            png,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 16, expect_rows=150)
     assert [b["kind"] for b in doc["baselines"]] == list(sources.BASELINES)
@@ -127,7 +229,9 @@ def test_user_file_compare_all_baselines(user_file, tmp_path, capsys):
         assert b["repeats"][0]["bytes"] == r["repeats"][0]["bytes"], b["label"]
     assert doc["memcpy"]["gb_per_s"] > 0
     cmp_ = doc["compare"]
-    assert cmp_["rowstore"] == r["label"] and set(cmp_["vs"]) == {b["label"] for b in doc["baselines"]}
+    assert cmp_["rowstore"] == r["label"] and set(cmp_["vs"]) == {
+        b["label"] for b in doc["baselines"]
+    }
     assert all(v > 0 for v in cmp_["vs"].values()) and 0 < cmp_["fraction_of_memcpy"]
     assert "memcpy ceiling" in text
     with open(png, "rb") as fh:
@@ -137,8 +241,30 @@ def test_user_file_compare_all_baselines(user_file, tmp_path, capsys):
 
 def test_sweep(cache, tmp_path, capsys):
     out, png = str(tmp_path / "s.json"), str(tmp_path / "s.png")
-    doc, text = bench(["--demo", "tiny", "--rows", "300", "-m", "1", "-n", "2", "--repeats", "1",
-                       "--sweep", "threads=1,2", "batch=16,32", "--cache-dir", cache, "--json", out, "--plot", png], capsys)
+    doc, text = bench(
+        [
+            "--demo",
+            "tiny",
+            "--rows",
+            "300",
+            "-m",
+            "1",
+            "-n",
+            "2",
+            "--repeats",
+            "1",
+            "--sweep",
+            "threads=1,2",
+            "batch=16,32",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+            "--plot",
+            png,
+        ],
+        capsys,
+    )
     assert len(doc["results"]) == 4
     grid = [(r["config"]["threads"], r["config"]["batch_size"]) for r in doc["results"]]
     assert grid == [(1, 16), (1, 32), (2, 16), (2, 32)]
@@ -154,9 +280,11 @@ def test_sweep_rejects_unknown_keys():
     with pytest.raises(SystemExit, match="--sweep"):
         cli.parse_sweep(["colour=red"])
     assert cli.parse_sweep(["t=1,2", "shuffle=block,full"]) == [
-        {"threads": 1, "shuffle": "block"}, {"threads": 1, "shuffle": "full"},
-        {"threads": 2, "shuffle": "block"}, {"threads": 2, "shuffle": "full"},
-    ]  # fmt: skip
+        {"threads": 1, "shuffle": "block"},
+        {"threads": 1, "shuffle": "full"},
+        {"threads": 2, "shuffle": "block"},
+        {"threads": 2, "shuffle": "full"},
+    ]
 
 
 def test_arguments_are_checked(user_file):
@@ -187,8 +315,31 @@ def test_torch_modes(mode, cache, tmp_path, capsys):
     except ImportError as exc:
         pytest.skip(str(exc))
     out = str(tmp_path / "t.json")
-    doc, _ = bench(["--demo", "speech", "--rows", "300", "--mode", mode, "-m", "1", "-n", "3", "-b", "32",
-                    "--threads", "1", "--repeats", "1", "--cache-dir", cache, "--json", out], capsys)
+    doc, _ = bench(
+        [
+            "--demo",
+            "speech",
+            "--rows",
+            "300",
+            "--mode",
+            mode,
+            "-m",
+            "1",
+            "-n",
+            "3",
+            "-b",
+            "32",
+            "--threads",
+            "1",
+            "--repeats",
+            "1",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 32, expect_batches=3, expect_rows=96)
     assert mode.split("-")[0] in r["label"]
@@ -203,8 +354,29 @@ def test_torch_workers(cache, tmp_path, capsys):
     except ImportError as exc:
         pytest.skip(str(exc))
     out = str(tmp_path / "w.json")
-    doc, _ = bench(["--demo", "tiny", "--rows", "300", "--mode", "torch", "--workers", "2", "-m", "1", "-b", "32",
-                    "--repeats", "1", "--cache-dir", cache, "--json", out], capsys)
+    doc, _ = bench(
+        [
+            "--demo",
+            "tiny",
+            "--rows",
+            "300",
+            "--mode",
+            "torch",
+            "--workers",
+            "2",
+            "-m",
+            "1",
+            "-b",
+            "32",
+            "--repeats",
+            "1",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 32, expect_rows=300 - 32)
     assert r["info"]["workers"] == 2
@@ -214,8 +386,29 @@ def test_torch_workers(cache, tmp_path, capsys):
 def test_tf_mode(cache, tmp_path, capsys):
     pytest.importorskip("tensorflow")
     out = str(tmp_path / "tf.json")
-    doc, _ = bench(["--demo", "speech", "--rows", "300", "--mode", "tf", "-m", "1", "-n", "3", "-b", "32",
-                    "--repeats", "1", "--cache-dir", cache, "--json", out], capsys)
+    doc, _ = bench(
+        [
+            "--demo",
+            "speech",
+            "--rows",
+            "300",
+            "--mode",
+            "tf",
+            "-m",
+            "1",
+            "-n",
+            "3",
+            "-b",
+            "32",
+            "--repeats",
+            "1",
+            "--cache-dir",
+            cache,
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 32, expect_batches=3, expect_rows=96)
 
@@ -224,8 +417,12 @@ def test_missing_framework_message(monkeypatch):
     from rowstore.bench import adapters
 
     real = adapters.find_spec
-    monkeypatch.setattr(adapters, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
-    with pytest.raises(adapters.ModeUnavailableError, match="needs tensorflow, which is not installed"):
+    monkeypatch.setattr(
+        adapters, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a)
+    )
+    with pytest.raises(
+        adapters.ModeUnavailableError, match="needs tensorflow, which is not installed"
+    ):
         adapters.check_mode("tf")
     adapters.check_mode("numpy")
     with pytest.raises(ValueError, match="unknown mode 'jax'"):
@@ -236,8 +433,31 @@ def test_console_script(tmp_path):
     """The installed command (or ``python -m rowstore.bench``) runs end to end."""
     out = str(tmp_path / "cs.json")
     env = dict(os.environ, ROWSTORE_CACHE=str(tmp_path))
-    p = subprocess.run([sys.executable, "-m", "rowstore.bench", "--demo", "tiny", "--rows", "200", "-m", "1", "-n", "2",
-                        "-b", "32", "--repeats", "1", "--json", out], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rowstore.bench",
+            "--demo",
+            "tiny",
+            "--rows",
+            "200",
+            "-m",
+            "1",
+            "-n",
+            "2",
+            "-b",
+            "32",
+            "--repeats",
+            "1",
+            "--json",
+            out,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "samples/s" in p.stdout and os.path.exists(os.path.join(tmp_path, "tiny-200.h5"))
     assert "\x1b[" not in p.stderr  # no progress bar when stderr is not a terminal
@@ -260,7 +480,12 @@ def test_touch_counts_decoded_bytes():
 def test_measure_iter_warmup_and_limits():
     batches = [{"x": np.ones((10, 2))} for _ in range(7)] + [{"x": np.ones((3, 2))}]
     res = measure.measure_iter(lambda: iter(batches), ["x"], warmup=2, measure=None)
-    assert (res["batches"], res["rows"], res["last_batch_rows"], res["warmup_batches"]) == (6, 53, 3, 2)
+    assert (res["batches"], res["rows"], res["last_batch_rows"], res["warmup_batches"]) == (
+        6,
+        53,
+        3,
+        2,
+    )
     assert res["bytes"] == 53 * 16 and not res["stopped_early"]
     res = measure.measure_iter(lambda: iter(batches), ["x"], warmup=0, measure=3)
     assert (res["batches"], res["rows"]) == (3, 30)
@@ -276,7 +501,10 @@ def test_export_npy_round_trip(user_file, tmp_path):
     assert np.array_equal(np.load(os.path.join(d, "label__null.npy")), every["label__null"])
     offsets = np.load(os.path.join(d, "text.offsets.npy"))
     payload = np.load(os.path.join(d, "text.payload.npy"))
-    texts = [None if every["text__null"][i] else payload[offsets[i] : offsets[i + 1]].tobytes().decode() for i in range(len(r))]
+    texts = [
+        None if every["text__null"][i] else payload[offsets[i] : offsets[i + 1]].tobytes().decode()
+        for i in range(len(r))
+    ]
     assert texts == list(every["text"])
     # a second export of the same file is a no-op
     mtime = os.path.getmtime(os.path.join(d, "fixed.npy"))
@@ -288,7 +516,9 @@ def test_export_npy_round_trip(user_file, tmp_path):
 def _read_bench_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("read_bench", os.path.join(ROOT, "bench", "read_bench.py"))
+    spec = importlib.util.spec_from_file_location(
+        "read_bench", os.path.join(ROOT, "bench", "read_bench.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -312,9 +542,24 @@ def test_read_bench_quick(tmp_path):
     test_tf_mode run). ``python bench/read_bench.py --quick`` runs all four workloads."""
     out, md = tmp_path / "rb.json", tmp_path / "performance.md"
     env = dict(os.environ, ROWSTORE_CACHE=str(tmp_path / "cache"), ROWSTORE_BENCH_NO_ADAPTERS="1")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "read_bench.py"), "--quick", "--out", str(out),
-                        "--doc", str(md), "--workloads", "tiny", "patch"], capture_output=True, text=True, env=env,
-                       timeout=600)  # fmt: skip
+    p = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "read_bench.py"),
+            "--quick",
+            "--out",
+            str(out),
+            "--doc",
+            str(md),
+            "--workloads",
+            "tiny",
+            "patch",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert set(doc["workloads"]) == {"tiny", "patch"}
@@ -339,34 +584,57 @@ def test_read_bench_checks_the_targets_of_every_workload():
     rb = _read_bench_module()
 
     def row(kind, rate, shuffle="block", threads=2, mode="numpy"):
-        return {"kind": kind, "rows_per_s": rate, "bytes_per_s": rate * 1000.0, "label": f"{kind} {mode}",
-                "shuffle_quality": 1.0, "spec": {"mode": mode, "shuffle": shuffle, "threads": threads}}
+        return {
+            "kind": kind,
+            "rows_per_s": rate,
+            "bytes_per_s": rate * 1000.0,
+            "label": f"{kind} {mode}",
+            "shuffle_quality": 1.0,
+            "spec": {"mode": mode, "shuffle": shuffle, "threads": threads},
+        }
 
     ws = {
-        "tiny": {"results": [row("rowstore", 30e6, threads=1), row("rowstore", 25e6),
-                             row("rowstore", 24e6, mode="torch-batched"), row("tables-block", 1e6)]},
+        "tiny": {
+            "results": [
+                row("rowstore", 30e6, threads=1),
+                row("rowstore", 25e6),
+                row("rowstore", 24e6, mode="torch-batched"),
+                row("tables-block", 1e6),
+            ]
+        },
         "patch": {"results": [row("rowstore", 2e6), row("rowstore", 1.5e6, shuffle="full")]},
         "speech": {"results": [row("rowstore", 1e5)]},
         "image": {"results": [row("rowstore", 100.0, threads=1), row("rowstore", 150.0)]},
-    }  # fmt: skip
+    }
     got = {t["target"]: t["status"] for t in rb.check_targets(ws, memcpy_gbps=1.0)}
     assert got == {
-        "tiny: block shuffle >= 20 M rows/s": "PASS", "tiny: >= 5x PyTables block reads + gather": "PASS",
+        "tiny: block shuffle >= 20 M rows/s": "PASS",
+        "tiny: >= 5x PyTables block reads + gather": "PASS",
         "tiny: torch BatchedDataLoader loses <= 10% to the core reader": "PASS",
-        "patch: >= 40% of memcpy GB/s": "PASS", "speech: >= 30% of memcpy GB/s": "MISS",
-        "image: 2 threads >= 1.7x one thread": "MISS", "patch: full shuffle within 2x of block": "PASS",
-    }  # fmt: skip
+        "patch: >= 40% of memcpy GB/s": "PASS",
+        "speech: >= 30% of memcpy GB/s": "MISS",
+        "image: 2 threads >= 1.7x one thread": "MISS",
+        "patch: full shuffle within 2x of block": "PASS",
+    }
 
 
 # -- the command's cache, plots without matplotlib, dataset directories ------------
 def test_plot_without_matplotlib_says_what_to_install(user_file, tmp_path):
     # matplotlib blocked in a fresh interpreter (None in sys.modules: its import fails as if it
     # were not installed): a one-line error naming the package, before anything is measured.
-    code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from rowstore.bench import main\n"
-            f"sys.exit(main([{user_file!r}, '--plot', {str(tmp_path / 'p.png')!r}, '--quiet', '--repeats', '1']))")  # fmt: skip
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=ROOT))  # fmt: skip
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from rowstore.bench import main\n"
+        f"sys.exit(main([{user_file!r}, '--plot', {str(tmp_path / 'p.png')!r}, '--quiet', "
+        f"'--repeats', '1']))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr and "ModuleNotFoundError" not in p.stderr
     assert "--plot needs matplotlib" in p.stderr and "pip install matplotlib" in p.stderr
@@ -384,8 +652,22 @@ def test_compare_exports_go_to_the_bench_cache(user_file, tmp_path, monkeypatch,
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
     assert cli.bench_cache_dir() == str(xdg / "rowstore" / "bench")
-    argv = [user_file, "--compare", "--baselines", "memmap", "-m", "0", "-b", "32", "--repeats", "1",
-            "--memcpy-mib", "8", "--json", str(tmp_path / "a.json")]  # fmt: skip
+    argv = [
+        user_file,
+        "--compare",
+        "--baselines",
+        "memmap",
+        "-m",
+        "0",
+        "-b",
+        "32",
+        "--repeats",
+        "1",
+        "--memcpy-mib",
+        "8",
+        "--json",
+        str(tmp_path / "a.json"),
+    ]
     doc, text = bench(argv, capsys)
     export = cli.npy_export_dir(user_file)
     assert export.startswith(str(xdg / "rowstore" / "bench" / "npy") + os.sep)
@@ -427,8 +709,25 @@ def test_dataset_directory(tmp_path, capsys):
     with rowstore.DatasetWriter(d, schema, shard_bytes=8192, block_bytes=2048) as w:
         w.write_batch({"x": np.ones((1000, 4), np.float32), "y": np.arange(1000)})
     out = str(tmp_path / "d.json")
-    doc, text = bench([d, "--compare", "-m", "0", "-b", "64", "--repeats", "1", "--memcpy-mib", "8",
-                       "--cache-dir", str(tmp_path / "c"), "--json", out], capsys)  # fmt: skip
+    doc, text = bench(
+        [
+            d,
+            "--compare",
+            "-m",
+            "0",
+            "-b",
+            "64",
+            "--repeats",
+            "1",
+            "--memcpy-mib",
+            "8",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--json",
+            out,
+        ],
+        capsys,
+    )
     (r,) = doc["results"]
     check_result(r, 64, expect_rows=1000)
     assert doc["dataset"]["rows"] == 1000 and doc["dataset"]["shards"] > 1

@@ -13,23 +13,44 @@ import pytest
 from rowstore import Field, Layout, Schema
 from rowstore.cli import main
 
-SCHEMA = Schema([
-    Field("x", "float32", (4,)), Field("label", "int64"), Field("name", "str"), Field("note", "bytes", nullable=True),
-    Field("wave", "float32", (None,)), Field("img", "uint8", (8, 8, 3), codec="png"),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("x", "float32", (4,)),
+        Field("label", "int64"),
+        Field("name", "str"),
+        Field("note", "bytes", nullable=True),
+        Field("wave", "float32", (None,)),
+        Field("img", "uint8", (8, 8, 3), codec="png"),
+    ]
+)
 
 
 def rows(n):
-    return [{"x": np.arange(4, dtype=np.float32) + i, "label": 10 * i, "name": f"name {i} é", "note": None if i % 2 else b"n" * i,
-             "wave": np.linspace(0, 1, i * 3, dtype=np.float32), "img": np.full((8, 8, 3), i, np.uint8)}
-            for i in range(n)]  # fmt: skip
+    return [
+        {
+            "x": np.arange(4, dtype=np.float32) + i,
+            "label": 10 * i,
+            "name": f"name {i} é",
+            "note": None if i % 2 else b"n" * i,
+            "wave": np.linspace(0, 1, i * 3, dtype=np.float32),
+            "img": np.full((8, 8, 3), i, np.uint8),
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(params=[None, "lz4"], ids=["plain", "lz4"])
 def dataset(request, rs, tmp_path):
     path = str(tmp_path / "ds.h5")
-    rs.write_file(path, SCHEMA, rows(25), rows_per_block=4, heap_chunk_bytes=128, compression=request.param,
-                  attrs={"source": "cli test"})  # fmt: skip
+    rs.write_file(
+        path,
+        SCHEMA,
+        rows(25),
+        rows_per_block=4,
+        heap_chunk_bytes=128,
+        compression=request.param,
+        attrs={"source": "cli test"},
+    )
     return path
 
 
@@ -37,18 +58,30 @@ def test_info(dataset, capsys):
     assert main(["info", dataset]) == 0
     out = capsys.readouterr().out
     assert dataset in out
-    plain = Layout.open(dataset).compression["id"] == "none"  # uncompressed: v3, with the page index
-    assert f"rowstore v{3 if plain else 2}" in out and "written by rowstore" in out and "checksummed footer" in out
+    plain = (
+        Layout.open(dataset).compression["id"] == "none"
+    )  # uncompressed: v3, with the page index
+    assert (
+        f"rowstore v{3 if plain else 2}" in out
+        and "written by rowstore" in out
+        and "checksummed footer" in out
+    )
     assert ("page CRCs every 4096 bytes" in out) == plain
     assert "rows            25" in out
     assert "7 x 4 rows" in out
     assert '"source": "cli test"' in out
-    for name, codec, where in [("x", "raw", "row"), ("name", "utf8", "heap"), ("img", "png(level=6)", "heap")]:
+    for name, codec, where in [
+        ("x", "raw", "row"),
+        ("name", "utf8", "heap"),
+        ("img", "png(level=6)", "heap"),
+    ]:
         line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
         assert codec in line and where in line
     assert "(None,)" in out and "yes" in out  # variable shape, nullable
     compressed = Layout.open(dataset).compressed
-    assert ("blosc2 lz4" in out) == compressed and ("compression     none" in out) == (not compressed)
+    assert ("blosc2 lz4" in out) == compressed and ("compression     none" in out) == (
+        not compressed
+    )
 
 
 def test_head(dataset, capsys):
@@ -154,14 +187,21 @@ def test_installed_console_script(rs, tmp_path):
     info = subprocess.run([exe, "info", path], capture_output=True, text=True, timeout=120, env=env)
     assert info.returncode == 0, info.stderr
     assert "rows            9" in info.stdout and "blosc2 zstd" in info.stdout
-    head = subprocess.run([exe, "head", path, "-n", "2"], capture_output=True, text=True, timeout=120, env=env)
+    head = subprocess.run(
+        [exe, "head", path, "-n", "2"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert head.returncode == 0 and "(2 of 9 rows)" in head.stdout
     ok = subprocess.run([exe, "verify", path], capture_output=True, text=True, timeout=120, env=env)
     assert ok.returncode == 0 and "OK" in ok.stdout
     bad = flip(path, str(tmp_path / "bad.h5"), "block")
     res = subprocess.run([exe, "verify", bad], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 1 and "checksum" in res.stderr
-    mod = subprocess.run([sys.executable, "-m", "rowstore.cli", "verify", bad], capture_output=True, text=True, timeout=120)
+    mod = subprocess.run(
+        [sys.executable, "-m", "rowstore.cli", "verify", bad],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert mod.returncode == 1 and "checksum" in mod.stderr
 
 
@@ -190,7 +230,11 @@ def test_every_reading_command_takes_a_url_and_storage_options(s3_data, capsys):
     so = ["--storage-options", s3_data]
     assert main(["info", "s3://rowstore/cli/ds", *so]) == 0
     out = capsys.readouterr().out
-    assert "dataset         s3://rowstore/cli/ds" in out and "rows            25" in out and "shard files" in out
+    assert (
+        "dataset         s3://rowstore/cli/ds" in out
+        and "rows            25" in out
+        and "shard files" in out
+    )
     assert main(["info", "s3://rowstore/cli/f.h5", *so]) == 0
     assert "rows            25" in capsys.readouterr().out
     assert main(["head", "s3://rowstore/cli/f.h5", "-n", "2", *so]) == 0
@@ -213,7 +257,9 @@ def test_verify_of_a_url_reports_a_damaged_block(s3_data, capsys):
     assert "checksum" in err and "block 3" in err and "s3://rowstore/cli/bad.h5" in err
 
 
-def test_url_errors_name_the_bucket_and_local_paths_refuse_storage_options(s3_data, tmp_path, capsys):
+def test_url_errors_name_the_bucket_and_local_paths_refuse_storage_options(
+    s3_data, tmp_path, capsys
+):
     so = ["--storage-options", s3_data]
     assert main(["info", "s3://no-such-bucket/ds", *so]) == 1
     err = capsys.readouterr().err
@@ -234,7 +280,9 @@ def test_version(capsys):
 
     with pytest.raises(SystemExit) as ei:
         main(["--version"])
-    assert ei.value.code == 0 and capsys.readouterr().out.strip() == f"rowstore {rowstore.__version__}"
+    assert (
+        ei.value.code == 0 and capsys.readouterr().out.strip() == f"rowstore {rowstore.__version__}"
+    )
 
 
 class _SilentServer:
@@ -270,16 +318,23 @@ class _SilentServer:
             c.close()
 
 
-@pytest.mark.parametrize("command", [["rowstore.cli", "info"], ["rowstore.cli", "verify"], ["rowstore.bench"]],
-                         ids=["info", "verify", "bench"])
+@pytest.mark.parametrize(
+    "command",
+    [["rowstore.cli", "info"], ["rowstore.cli", "verify"], ["rowstore.bench"]],
+    ids=["info", "verify", "bench"],
+)
 def test_ctrl_c_prints_one_line_and_exits_130(command):
     """SIGINT while a command waits on a server that never answers: one line, status 130."""
     import signal
 
     srv = _SilentServer()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", *command, srv.url + "/data.h5"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *command, srv.url + "/data.h5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert srv.seen.wait(120), "the command never reached the server"
             proc.send_signal(signal.SIGINT)

@@ -58,7 +58,9 @@ class ZlibArray(Codec):
     def decode_into(self, src, out):
         raw = zlib.decompress(src.tobytes())
         if len(raw) != out.nbytes:
-            raise CodecError(f"{len(raw)} bytes decoded, {out.nbytes} expected", codec=self.codec_id)
+            raise CodecError(
+                f"{len(raw)} bytes decoded, {out.nbytes} expected", codec=self.codec_id
+            )
         out[...] = np.frombuffer(raw, out.dtype).reshape(out.shape)
 
 
@@ -73,11 +75,17 @@ class Half(Codec):
 
     def check_field(self, field):
         if field.dtype != np.float32 or field.is_variable:
-            raise rowstore.SchemaError(f"{self.codec_id} stores fixed-shape float32", field=field.name)
+            raise rowstore.SchemaError(
+                f"{self.codec_id} stores fixed-shape float32", field=field.name
+            )
 
     def check_value(self, value, field):
         if np.abs(value).max(initial=0) > 65504:
-            raise CodecError(f"field {field.name!r}: values beyond float16's range", codec=self.codec_id, field=field.name)
+            raise CodecError(
+                f"field {field.name!r}: values beyond float16's range",
+                codec=self.codec_id,
+                field=field.name,
+            )
 
     def encode(self, value, field):
         return np.ascontiguousarray(value, np.float16).tobytes()
@@ -86,13 +94,15 @@ class Half(Codec):
         out[...] = np.frombuffer(src, np.float16).reshape(out.shape)
 
 
-SCHEMA = Schema([
-    Field("id", "int64"),
-    Field("text", "str", codec="test-zlib-text", nullable=True),
-    Field("grid", "int32", (4, 3), codec="test-zlib-array"),
-    Field("wave", "float32", (None,), codec="test-zlib-array", nullable=True),
-    Field("half", "float32", (5,), codec="test-half", nullable=True),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("id", "int64"),
+        Field("text", "str", codec="test-zlib-text", nullable=True),
+        Field("grid", "int32", (4, 3), codec="test-zlib-array"),
+        Field("wave", "float32", (None,), codec="test-zlib-array", nullable=True),
+        Field("half", "float32", (5,), codec="test-half", nullable=True),
+    ]
+)
 N = 300
 
 
@@ -145,12 +155,23 @@ def test_take_and_batches_round_trip(plugin_file, verify):
         idx = np.random.default_rng(0).permutation(N)[:120]
         b = r.take(idx)
         for j, i in enumerate(idx):
-            _check(int(i), {k: (None if r.schema[k].nullable and b[k + "__null"][j] else b[k][j]) for k in SCHEMA.names})
+            _check(
+                int(i),
+                {
+                    k: (None if r.schema[k].nullable and b[k + "__null"][j] else b[k][j])
+                    for k in SCHEMA.names
+                },
+            )
         for shuffle in ("block", "full", "none"):
             seen = []
             for batch in r.batches(32, shuffle=shuffle, seed=2, num_threads=2):
                 for j, i in enumerate(batch["id"]):
-                    row = {k: (None if r.schema[k].nullable and batch[k + "__null"][j] else batch[k][j]) for k in SCHEMA.names}
+                    row = {
+                        k: (
+                            None if r.schema[k].nullable and batch[k + "__null"][j] else batch[k][j]
+                        )
+                        for k in SCHEMA.names
+                    }
                     _check(int(i), row)
                 seen.extend(batch["id"].tolist())
             assert sorted(seen) == list(range(N))
@@ -166,8 +187,14 @@ def test_out_arrays_for_decoded_fields(plugin_file):
 
 def test_torch_round_trip(plugin_file):
     rst = pytest.importorskip("rowstore.torch")
-    with rst.BatchedDataLoader(plugin_file, batch_size=50, shuffle="block", seed=1, varlen="padded",
-                               fields=["id", "text", "grid", "wave", "half"]) as loader:
+    with rst.BatchedDataLoader(
+        plugin_file,
+        batch_size=50,
+        shuffle="block",
+        seed=1,
+        varlen="padded",
+        fields=["id", "text", "grid", "wave", "half"],
+    ) as loader:
         n = 0
         for batch in loader:
             for j, i in enumerate(batch["id"].tolist()):
@@ -175,7 +202,9 @@ def test_torch_round_trip(plugin_file):
                 assert batch["text"][j] == exp["text"]
                 assert batch["grid"][j].numpy().tolist() == exp["grid"].tolist()
                 k = int(batch["wave__shape"][j, 0])
-                np.testing.assert_array_equal(batch["wave"][j, :k].numpy(), exp["wave"] if exp["wave"] is not None else [])
+                np.testing.assert_array_equal(
+                    batch["wave"][j, :k].numpy(), exp["wave"] if exp["wave"] is not None else []
+                )
                 n += 1
         assert n == N
 
@@ -189,7 +218,9 @@ def test_tf_round_trip(plugin_file):
             text = el["text"][j].numpy().decode("utf-8")
             assert text == (exp["text"] or "")
             assert el["grid"][j].numpy().tolist() == exp["grid"].tolist()
-            np.testing.assert_array_equal(el["wave"][j].numpy(), exp["wave"] if exp["wave"] is not None else [])
+            np.testing.assert_array_equal(
+                el["wave"][j].numpy(), exp["wave"] if exp["wave"] is not None else []
+            )
             n += 1
     assert n == N
 
@@ -236,24 +267,41 @@ def test_entry_point_registration(plugin_file, tmp_path):
     names it, in a process that never registered it by hand."""
     site = tmp_path / "site"
     (site / "rs_plugin_test-1.0.dist-info").mkdir(parents=True)
-    (site / "rs_plugin_test-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: rs-plugin-test\nVersion: 1.0\n")
+    (site / "rs_plugin_test-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: rs-plugin-test\nVersion: 1.0\n"
+    )
     (site / "rs_plugin_test-1.0.dist-info" / "entry_points.txt").write_text(
-        "[rowstore.codecs]\ntest-zlib-text = rs_plugin_test:ZlibText\ntest-zlib-array = rs_plugin_test:ZlibArray\n"
-        "test-half = rs_plugin_test:Half\n")
+        "[rowstore.codecs]\ntest-zlib-text = rs_plugin_test:ZlibText\ntest-zlib-array = "
+        "rs_plugin_test:ZlibArray\n"
+        "test-half = rs_plugin_test:Half\n"
+    )
     src = open(__file__).read()
-    classes = src[src.index("@register_codec\nclass ZlibText"):src.index("SCHEMA = ")].replace("@register_codec\n", "")
+    classes = src[src.index("@register_codec\nclass ZlibText") : src.index("SCHEMA = ")].replace(
+        "@register_codec\n", ""
+    )
     (site / "rs_plugin_test.py").write_text(
-        "import zlib\nimport numpy as np\nimport rowstore\nfrom rowstore import Codec\nfrom rowstore.errors import CodecError\n" + classes)
+        "import zlib\nimport numpy as np\nimport rowstore\nfrom rowstore import Codec\nfrom "
+        "rowstore.errors import CodecError\n" + classes
+    )
     code = textwrap.dedent(f"""
         import rowstore
         from rowstore.codecs import registered_codecs
         with rowstore.open({plugin_file!r}) as r:
-            print(r[4]["text"], int(r[4]["grid"].sum()), type(r.schema["text"].codec_obj).__module__)
+            print(r[4]["text"], int(r[4]["grid"].sum()),
+            type(r.schema["text"].codec_obj).__module__)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.getcwd()]))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["clip", "4:", *(["ünïcode"] * 4), str(int(_row(4)["grid"].sum())), "rs_plugin_test"]
+    assert res.stdout.split() == [
+        "clip",
+        "4:",
+        *(["ünïcode"] * 4),
+        str(int(_row(4)["grid"].sum())),
+        "rs_plugin_test",
+    ]
 
 
 def test_write_batch_checks_each_value_of_an_in_row_codec(tmp_path):

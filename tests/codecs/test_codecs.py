@@ -77,14 +77,32 @@ def test_integer_extremes(rs, h5path, compression):
 
 def test_python_ints_at_the_limits(rs, h5path):
     schema = Schema([Field("u64", "uint64"), Field("i64", "int64"), Field("u8", "uint8", (2,))])
-    rows = [{"u64": 2**64 - 1, "i64": -(2**63), "u8": [0, 255]}, {"u64": 0, "i64": 2**63 - 1, "u8": [255, 0]}]
+    rows = [
+        {"u64": 2**64 - 1, "i64": -(2**63), "u8": [0, 255]},
+        {"u64": 0, "i64": 2**63 - 1, "u8": [255, 0]},
+    ]
     roundtrip(rs, h5path, schema, rows)
 
 
 def special_floats(dt):
     info = np.finfo(dt)
-    return np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, info.max, info.min, info.tiny,
-                     info.smallest_subnormal, -info.smallest_subnormal, 1.0, info.eps], dt)  # fmt: skip
+    return np.array(
+        [
+            np.nan,
+            np.inf,
+            -np.inf,
+            -0.0,
+            0.0,
+            info.max,
+            info.min,
+            info.tiny,
+            info.smallest_subnormal,
+            -info.smallest_subnormal,
+            1.0,
+            info.eps,
+        ],
+        dt,
+    )
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
@@ -92,7 +110,11 @@ def test_special_floats(rs, h5path, compression):
     fields, rows = [], [{} for _ in range(12)]
     for dt in FLOAT_DTYPES:
         sp = special_floats(dt)
-        fields += [Field(f"s_{dt}", dt), Field(f"a_{dt}", dt, (12,)), Field(f"v_{dt}", dt, (None, 2))]
+        fields += [
+            Field(f"s_{dt}", dt),
+            Field(f"a_{dt}", dt, (12,)),
+            Field(f"v_{dt}", dt, (None, 2)),
+        ]
         for i, row in enumerate(rows):
             row[f"s_{dt}"] = sp[i]
             row[f"a_{dt}"] = np.roll(sp, i)
@@ -108,9 +130,20 @@ def test_special_floats(rs, h5path, compression):
 
 @pytest.mark.parametrize("compression", [None, "lz4"])
 def test_complex(rs, h5path, compression):
-    schema = Schema([Field("c8", "complex64"), Field("c16", "complex128", (3,)), Field("vc", "complex64", (None,))])
-    vals = np.array([1 + 2j, -0.0 - 0.0j, complex(np.inf, -np.inf), complex(np.nan, 1), 0j], np.complex128)
-    rows = [{"c8": vals[i], "c16": np.roll(vals, i)[:3], "vc": vals[:i].astype(np.complex64)} for i in range(5)]
+    schema = Schema(
+        [
+            Field("c8", "complex64"),
+            Field("c16", "complex128", (3,)),
+            Field("vc", "complex64", (None,)),
+        ]
+    )
+    vals = np.array(
+        [1 + 2j, -0.0 - 0.0j, complex(np.inf, -np.inf), complex(np.nan, 1), 0j], np.complex128
+    )
+    rows = [
+        {"c8": vals[i], "c16": np.roll(vals, i)[:3], "vc": vals[:i].astype(np.complex64)}
+        for i in range(5)
+    ]
     roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=2)
 
 
@@ -118,28 +151,44 @@ def test_complex(rs, h5path, compression):
 def test_bool(rs, h5path, compression):
     schema = Schema([Field("b", "bool"), Field("ba", "bool", (3, 2)), Field("bv", "bool", (None,))])
     rng = np.random.default_rng(1)
-    rows = [{"b": bool(i % 2), "ba": rng.random((3, 2)) < 0.5, "bv": rng.random(i) < 0.5} for i in range(9)]
+    rows = [
+        {"b": bool(i % 2), "ba": rng.random((3, 2)) < 0.5, "bv": rng.random(i) < 0.5}
+        for i in range(9)
+    ]
     roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=4)
     assert rowstore.open(h5path).take([0, 1])["b"].dtype == np.bool_
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
 def test_variable_arrays_with_empty_and_multi_variable_shapes(rs, h5path, compression):
-    schema = Schema([
-        Field("wave", "float32", (None,)),
-        Field("a4d", "uint8", (None, 128, 30, None)),
-        Field("m", "int32", (None, None)),
-    ])  # fmt: skip
+    schema = Schema(
+        [
+            Field("wave", "float32", (None,)),
+            Field("a4d", "uint8", (None, 128, 30, None)),
+            Field("m", "int32", (None, None)),
+        ]
+    )
     rng = np.random.default_rng(2)
-    shapes_4d = [(0, 128, 30, 0), (1, 128, 30, 2), (2, 128, 30, 0), (0, 128, 30, 3), (1, 128, 30, 1), (3, 128, 30, 1)]
+    shapes_4d = [
+        (0, 128, 30, 0),
+        (1, 128, 30, 2),
+        (2, 128, 30, 0),
+        (0, 128, 30, 3),
+        (1, 128, 30, 1),
+        (3, 128, 30, 1),
+    ]
     rows = []
     for i, s4 in enumerate(shapes_4d):
-        rows.append({
-            "wave": rng.standard_normal(0 if i % 2 == 0 else 7 * i).astype(np.float32),
-            "a4d": rng.integers(0, 256, s4, dtype=np.uint8),
-            "m": rng.integers(-5, 5, ((i % 3), 4 - (i % 4)), dtype=np.int32),
-        })  # fmt: skip
-    r = roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=4, heap_chunk_bytes=4096)
+        rows.append(
+            {
+                "wave": rng.standard_normal(0 if i % 2 == 0 else 7 * i).astype(np.float32),
+                "a4d": rng.integers(0, 256, s4, dtype=np.uint8),
+                "m": rng.integers(-5, 5, ((i % 3), 4 - (i % 4)), dtype=np.int32),
+            }
+        )
+    r = roundtrip(
+        rs, h5path, schema, rows, compression=compression, rows_per_block=4, heap_chunk_bytes=4096
+    )
     r = rowstore.open(h5path)
     b = r.take(np.arange(len(rows)))
     assert isinstance(b["wave"], rowstore.reader.Ragged)
@@ -159,16 +208,29 @@ def test_all_rows_empty_variable_arrays(rs, h5path):
 # -- text and bytes --------------------------------------------------------------------------
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
 def test_text_and_bytes(rs, h5path, compression):
-    schema = Schema([Field("t", "str"), Field("b", "bytes"), Field("tn", "str", nullable=True), Field("bn", "bytes", nullable=True)])
+    schema = Schema(
+        [
+            Field("t", "str"),
+            Field("b", "bytes"),
+            Field("tn", "str", nullable=True),
+            Field("bn", "bytes", nullable=True),
+        ]
+    )
     texts = list(rs.TEXTS) + ["\U0010ffff", "\u200b", "a\nb\tc", "🏳️\u200d🌈" * 50]
     blobs = [b"", b"\x00", b"\xff" * 3, bytes(range(256)), b"\x00" * 1000, "é".encode()]
     rows = []
     for i, t in enumerate(texts):
-        rows.append({
-            "t": t, "b": blobs[i % len(blobs)],
-            "tn": None if i % 3 == 0 else t[::-1], "bn": None if i % 4 == 1 else blobs[(i + 1) % len(blobs)],
-        })  # fmt: skip
-    roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=4, heap_chunk_bytes=64)
+        rows.append(
+            {
+                "t": t,
+                "b": blobs[i % len(blobs)],
+                "tn": None if i % 3 == 0 else t[::-1],
+                "bn": None if i % 4 == 1 else blobs[(i + 1) % len(blobs)],
+            }
+        )
+    roundtrip(
+        rs, h5path, schema, rows, compression=compression, rows_per_block=4, heap_chunk_bytes=64
+    )
     b = rowstore.open(h5path).take([0, 1, 2, 3])
     assert b["t"].dtype == object and b["t"][0] == "" and b["b"][0] == b""
     assert b["tn"][0] is None and b["tn__null"].tolist() == [True, False, False, True]
@@ -186,14 +248,24 @@ def test_bytes_like_inputs(rs, h5path):
 
 # -- images ----------------------------------------------------------------------------------
 PNG_CASES = [
-    ("uint8", (9, 7)), ("uint8", (9, 7, 1)), ("uint8", (9, 7, 2)), ("uint8", (9, 7, 3)), ("uint8", (9, 7, 4)),
-    ("uint16", (9, 7)), ("uint16", (9, 7, 1)), ("uint16", (9, 7, 3)), ("uint16", (9, 7, 4)),
-]  # fmt: skip
+    ("uint8", (9, 7)),
+    ("uint8", (9, 7, 1)),
+    ("uint8", (9, 7, 2)),
+    ("uint8", (9, 7, 3)),
+    ("uint8", (9, 7, 4)),
+    ("uint16", (9, 7)),
+    ("uint16", (9, 7, 1)),
+    ("uint16", (9, 7, 3)),
+    ("uint16", (9, 7, 4)),
+]
 
 
 @pytest.mark.parametrize("compression", [None, "lz4"])
 def test_png_lossless(rs, h5path, compression):
-    fields = [Field(f"p{i}", dt, shape, codec={"id": "png", "level": 1 + i % 9}) for i, (dt, shape) in enumerate(PNG_CASES)]
+    fields = [
+        Field(f"p{i}", dt, shape, codec={"id": "png", "level": 1 + i % 9})
+        for i, (dt, shape) in enumerate(PNG_CASES)
+    ]
     schema = Schema(fields)
     rng = np.random.default_rng(3)
     rows = []
@@ -201,21 +273,35 @@ def test_png_lossless(rs, h5path, compression):
         row = {}
         for f in schema:
             info = np.iinfo(f.dtype)
-            img = rng.integers(0, info.max, f.shape, dtype=f.dtype, endpoint=True)  # noise: lossless or bust
+            img = rng.integers(
+                0, info.max, f.shape, dtype=f.dtype, endpoint=True
+            )  # noise: lossless or bust
             if k == 0:
                 img[...] = info.max
             elif k == 1:
                 img[...] = 0
             row[f.name] = img
         rows.append(row)
-    roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=2, heap_chunk_bytes=256)
+    roundtrip(
+        rs, h5path, schema, rows, compression=compression, rows_per_block=2, heap_chunk_bytes=256
+    )
 
 
 def test_png_variable_shape(rs, h5path):
-    schema = Schema([Field("img", "uint8", (None, None, 3), codec="png"), Field("g", "uint16", (None, 5), codec="png")])
+    schema = Schema(
+        [
+            Field("img", "uint8", (None, None, 3), codec="png"),
+            Field("g", "uint16", (None, 5), codec="png"),
+        ]
+    )
     rng = np.random.default_rng(4)
-    rows = [{"img": rng.integers(0, 256, (1 + i, 2 + 2 * i, 3), dtype=np.uint8),
-             "g": rng.integers(0, 65536, (1 + 3 * i, 5), dtype=np.uint16)} for i in range(6)]  # fmt: skip
+    rows = [
+        {
+            "img": rng.integers(0, 256, (1 + i, 2 + 2 * i, 3), dtype=np.uint8),
+            "g": rng.integers(0, 65536, (1 + 3 * i, 5), dtype=np.uint16),
+        }
+        for i in range(6)
+    ]
     roundtrip(rs, h5path, schema, rows, rows_per_block=4)
     b = rowstore.open(h5path).take([5, 0])
     assert b["img"].shapes.tolist() == [[6, 12, 3], [1, 2, 3]]
@@ -223,17 +309,24 @@ def test_png_variable_shape(rs, h5path):
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_jpeg_lossy_within_tolerance(rs, h5path, compression):
-    schema = Schema([
-        Field("rgb", "uint8", (32, 48, 3), codec="jpeg"),
-        Field("gray", "uint8", (32, 48), codec={"id": "jpeg", "quality": 95}),
-        Field("gray1", "uint8", (16, 16, 1), codec="jpeg"),
-        Field("var", "uint8", (None, None, 3), codec="jpeg"),
-    ])  # fmt: skip
+    schema = Schema(
+        [
+            Field("rgb", "uint8", (32, 48, 3), codec="jpeg"),
+            Field("gray", "uint8", (32, 48), codec={"id": "jpeg", "quality": 95}),
+            Field("gray1", "uint8", (16, 16, 1), codec="jpeg"),
+            Field("var", "uint8", (None, None, 3), codec="jpeg"),
+        ]
+    )
     rng = np.random.default_rng(5)
-    rows = [{
-        "rgb": rs.smooth_image(rng, (32, 48, 3)), "gray": rs.smooth_image(rng, (32, 48)),
-        "gray1": rs.smooth_image(rng, (16, 16, 1)), "var": rs.smooth_image(rng, (8 + 8 * i, 16, 3)),
-    } for i in range(5)]  # fmt: skip
+    rows = [
+        {
+            "rgb": rs.smooth_image(rng, (32, 48, 3)),
+            "gray": rs.smooth_image(rng, (32, 48)),
+            "gray1": rs.smooth_image(rng, (16, 16, 1)),
+            "var": rs.smooth_image(rng, (8 + 8 * i, 16, 3)),
+        }
+        for i in range(5)
+    ]
     roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=2)
     got = rowstore.open(h5path)[2]
     assert got["rgb"].shape == (32, 48, 3) and got["rgb"].dtype == np.uint8
@@ -263,7 +356,9 @@ def test_nullable_every_kind(rs, h5path, schema_all_nullable, compression):
     rows[0] = dict.fromkeys(schema.names)  # a row of nothing but nulls
     rows[1] = {}  # missing nullable fields are null
     rows[-1] = dict.fromkeys(schema.names)
-    roundtrip(rs, h5path, schema, rows, compression=compression, rows_per_block=6, heap_chunk_bytes=128)
+    roundtrip(
+        rs, h5path, schema, rows, compression=compression, rows_per_block=6, heap_chunk_bytes=128
+    )
     b = rowstore.open(h5path).take(np.arange(20))
     for f in schema:
         mask = b[f.name + "__null"]
@@ -281,7 +376,15 @@ def test_all_rows_null_heap_fields(rs, h5path, schema_all_nullable):
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
 def test_all_kinds_random(rs, h5path, schema_all_kinds, compression):
     rows = rs.make_rows(schema_all_kinds, 30, seed=8)
-    roundtrip(rs, h5path, schema_all_kinds, rows, compression=compression, rows_per_block=7, heap_chunk_bytes=200)
+    roundtrip(
+        rs,
+        h5path,
+        schema_all_kinds,
+        rows,
+        compression=compression,
+        rows_per_block=7,
+        heap_chunk_bytes=200,
+    )
     layout = rowstore.Layout.open(h5path, verify=True)
     assert layout.compressed == (compression is not None)
 
@@ -293,19 +396,32 @@ def test_all_kinds_random(rs, h5path, schema_all_kinds, compression):
         (Field("v", "float32", (None, 2)), np.arange(6, dtype=np.float32).reshape(3, 2)),
         (Field("v", "complex64", (None,)), np.array([1j, -1], np.complex64)),
         (Field("v", "int16", (None,)), np.zeros(0, np.int16)),
-        (Field("v", "uint8", (4, 4, 3), codec="png"), np.arange(48, dtype=np.uint8).reshape(4, 4, 3)),
+        (
+            Field("v", "uint8", (4, 4, 3), codec="png"),
+            np.arange(48, dtype=np.uint8).reshape(4, 4, 3),
+        ),
         (Field("v", "uint16", (4, 4), codec="png"), np.arange(16, dtype=np.uint16) * 4000),
-        (Field("v", "uint8", (4, 4, 1), codec="png"), np.arange(16, dtype=np.uint8).reshape(4, 4, 1)),
+        (
+            Field("v", "uint8", (4, 4, 1), codec="png"),
+            np.arange(16, dtype=np.uint8).reshape(4, 4, 1),
+        ),
     ],
 )
 def test_codec_encode_decode_direct(field, value):
-    value = np.asarray(value).reshape(tuple(s if s is not None else -1 for s in field.shape)) if field.codec["id"] == "png" else value
+    value = (
+        np.asarray(value).reshape(tuple(s if s is not None else -1 for s in field.shape))
+        if field.codec["id"] == "png"
+        else value
+    )
     codec = field.codec_obj
     payload = codec.encode(value, field)
     out = np.empty(value.shape, field.dtype)
     codec.decode_into(memoryview(bytes(payload)), out)
     assert out.tobytes() == value.tobytes()
-    assert codec.decode(np.frombuffer(bytes(payload), np.uint8), value.shape, field).tobytes() == value.tobytes()
+    assert (
+        codec.decode(np.frombuffer(bytes(payload), np.uint8), value.shape, field).tobytes()
+        == value.tobytes()
+    )
 
 
 def test_text_codecs_direct():
@@ -362,17 +478,26 @@ class _ZlibArray(Codec):
 def test_third_party_codec_in_a_file(rs, h5path):
     register_codec(_ZlibArray, replace=True)
     with pytest.raises(CodecError, match="already registered"):
+
         class Other(_ZlibArray):
             pass
 
         register_codec(Other)
-    schema = Schema([
-        Field("fixed", "float64", (3, 4), codec={"id": "test_zlib_array", "level": 9}),
-        Field("var", "int32", (None, 2), codec="test_zlib_array"),
-    ])  # fmt: skip
+    schema = Schema(
+        [
+            Field("fixed", "float64", (3, 4), codec={"id": "test_zlib_array", "level": 9}),
+            Field("var", "int32", (None, 2), codec="test_zlib_array"),
+        ]
+    )
     assert not schema["fixed"].inline
     rng = np.random.default_rng(9)
-    rows = [{"fixed": rng.standard_normal((3, 4)), "var": rng.integers(-9, 9, (i + 1, 2), dtype=np.int32)} for i in range(5)]
+    rows = [
+        {
+            "fixed": rng.standard_normal((3, 4)),
+            "var": rng.integers(-9, 9, (i + 1, 2), dtype=np.int32),
+        }
+        for i in range(5)
+    ]
     roundtrip(rs, h5path, schema, rows, rows_per_block=2)
     assert rowstore.open(h5path).schema["fixed"].codec == {"id": "test_zlib_array", "level": 9}
 
@@ -390,7 +515,10 @@ def test_file_with_a_codec_not_installed_says_so(rs, h5path):
     code = (
         "import rowstore, sys\n"
         "try:\n    rowstore.open(sys.argv[1])\n"
-        "except rowstore.CodecError as e:\n    print(type(e).__name__, e.codec, 'not installed' in str(e))\n"
+        "except rowstore.CodecError as e:\n    print(type(e).__name__, e.codec, 'not installed' in "
+        "str(e))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, h5path], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, h5path], capture_output=True, text=True, timeout=120
+    )
     assert out.stdout.split() == ["CodecError", "test_zlib_array", "True"], out.stdout + out.stderr

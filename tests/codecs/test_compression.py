@@ -24,15 +24,23 @@ SHUFFLES = list(bc.BLOSC2_SHUFFLES)
         (False, {"id": "none"}),
         ("none", {"id": "none"}),
         ({"id": "none"}, {"id": "none"}),
-        ({"id": "none", "cname": "lz4"}, {"id": "none"}),  # other keys have always been ignored for "none"
+        (
+            {"id": "none", "cname": "lz4"},
+            {"id": "none"},
+        ),  # other keys have always been ignored for "none"
         ("lz4", {"id": "blosc2", "cname": "lz4", "clevel": 5, "shuffle": "byte"}),
         ("zstd", {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}),
         ({}, {"id": "blosc2", "cname": "lz4", "clevel": 5, "shuffle": "byte"}),
-        ({"cname": "zlib", "clevel": 0, "shuffle": "bit"}, {"id": "blosc2", "cname": "zlib", "clevel": 0, "shuffle": "bit"}),
-        ({"id": "blosc2", "cname": "blosclz", "clevel": 9, "shuffle": "none"},
-         {"id": "blosc2", "cname": "blosclz", "clevel": 9, "shuffle": "none"}),
+        (
+            {"cname": "zlib", "clevel": 0, "shuffle": "bit"},
+            {"id": "blosc2", "cname": "zlib", "clevel": 0, "shuffle": "bit"},
+        ),
+        (
+            {"id": "blosc2", "cname": "blosclz", "clevel": 9, "shuffle": "none"},
+            {"id": "blosc2", "cname": "blosclz", "clevel": 9, "shuffle": "none"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_accepted_forms_and_stored_config(given, config):
     c = bc.block_compression(given)
     assert c.get_config() == config
@@ -45,16 +53,27 @@ def test_accepted_forms_and_stored_config(given, config):
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        (5, "compression must be None, a codec name ('lz4', 'lz4hc', 'zstd', 'blosclz', 'zlib') or a dict, got 5"),
+        (
+            5,
+            "compression must be None, a codec name ('lz4', 'lz4hc', 'zstd', 'blosclz', 'zlib') or "
+            "a dict, got 5",
+        ),
         (True, "compression must be None"),
         (["lz4"], "compression must be None"),
-        ("snappy", "unknown blosc2 codec 'snappy'; expected one of ('lz4', 'lz4hc', 'zstd', 'blosclz', 'zlib')"),
+        (
+            "snappy",
+            "unknown blosc2 codec 'snappy'; expected one of ('lz4', 'lz4hc', 'zstd', 'blosclz', "
+            "'zlib')",
+        ),
         ({"id": "gzip"}, "unknown block compression 'gzip'; expected 'none' or 'blosc2'"),
         ({"id": ["x"]}, "unknown block compression ['x']"),
         ({"clevel": 12}, "compression level must be an int in 0..9, got 12"),
         ({"clevel": 2.5}, "compression level must be an int in 0..9, got 2.5"),
         ({"shuffle": "word"}, "shuffle must be one of ('none', 'byte', 'bit'), got 'word'"),
-        ({"cname": "lz4", "typo": 1, "alpha": 2}, "unknown compression option(s) ['alpha', 'typo']"),
+        (
+            {"cname": "lz4", "typo": 1, "alpha": 2},
+            "unknown compression option(s) ['alpha', 'typo']",
+        ),
         ({"cname": ["lz4"]}, "unknown blosc2 codec ['lz4']"),
     ],
 )
@@ -68,7 +87,9 @@ def test_refused_forms(given, message):
 def test_objects_are_frozen_values():
     a = bc.block_compression({"cname": "zstd", "clevel": 3})
     b = bc.Blosc2(cname="zstd", clevel=3)
-    assert a == b and hash(a) == hash(b) and a != bc.Blosc2(cname="zstd") and a != bc.NoCompression()
+    assert (
+        a == b and hash(a) == hash(b) and a != bc.Blosc2(cname="zstd") and a != bc.NoCompression()
+    )
     assert repr(a) == "Blosc2(cname='zstd', clevel=3, shuffle='byte')"
     with pytest.raises(AttributeError):
         a.clevel = 4  # type: ignore[misc]
@@ -85,14 +106,21 @@ def test_frame_check_uses_the_declared_codes():
             assert got == (bc.BLOSC2_CODECS[cname], bc.BLOSC2_SHUFFLES[shuffle])
     # blosc2.h's codes, as hdf5plugin knows them too
     assert bc.BLOSC2_CODECS == {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
-    assert bc.BLOSC2_SHUFFLES == {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE,
-                                    "bit": hdf5plugin.Blosc2.BITSHUFFLE}  # fmt: skip
+    assert bc.BLOSC2_SHUFFLES == {
+        "none": hdf5plugin.Blosc2.NOFILTER,
+        "byte": hdf5plugin.Blosc2.SHUFFLE,
+        "bit": hdf5plugin.Blosc2.BITSHUFFLE,
+    }
 
 
 @pytest.mark.parametrize("cname", CNAMES)
 @pytest.mark.parametrize("shuffle", SHUFFLES)
 def test_hdf5_filter_kwargs(cname, shuffle):
-    names = {"none": hdf5plugin.Blosc2.NOFILTER, "byte": hdf5plugin.Blosc2.SHUFFLE, "bit": hdf5plugin.Blosc2.BITSHUFFLE}
+    names = {
+        "none": hdf5plugin.Blosc2.NOFILTER,
+        "byte": hdf5plugin.Blosc2.SHUFFLE,
+        "bit": hdf5plugin.Blosc2.BITSHUFFLE,
+    }
     kw = bc.Blosc2(cname=cname, clevel=2, shuffle=shuffle).hdf5_filter_kwargs()
     assert kw == dict(hdf5plugin.Blosc2(cname=cname, clevel=2, filters=names[shuffle]))
     assert kw["compression"] == bc.BLOSC2_FILTER_ID

@@ -11,8 +11,17 @@ import pytest
 import rowstore
 from rowstore import Field, RowValidationError, Schema, SchemaError
 
-UNITS = [("M", "D"), ("M", "s"), ("M", "ms"), ("M", "us"), ("M", "ns"),
-         ("m", "s"), ("m", "ms"), ("m", "us"), ("m", "ns")]  # fmt: skip
+UNITS = [
+    ("M", "D"),
+    ("M", "s"),
+    ("M", "ms"),
+    ("M", "us"),
+    ("M", "ns"),
+    ("m", "s"),
+    ("m", "ms"),
+    ("m", "us"),
+    ("m", "ns"),
+]
 COMPRESSIONS = [None, "lz4"]
 
 
@@ -28,12 +37,18 @@ def _values(kind, unit, n):
 def test_round_trip_every_unit(tmp_path, kind, unit, compression):
     n = 9
     dtype = np.dtype(f"<{kind}8[{unit}]")
-    schema = Schema([
-        Field("s", dtype), Field("f", dtype, (2,)), Field("v", dtype, (None,), nullable=True),
-        Field("ns", dtype, nullable=True),
-    ])  # fmt: skip
+    schema = Schema(
+        [
+            Field("s", dtype),
+            Field("f", dtype, (2,)),
+            Field("v", dtype, (None,), nullable=True),
+            Field("ns", dtype, nullable=True),
+        ]
+    )
     assert Schema.from_json(schema.to_json_str()) == schema
-    assert schema.to_json()["fields"][0]["dtype"] == dtype.str  # e.g. "<M8[ns]": the unit in the JSON
+    assert (
+        schema.to_json()["fields"][0]["dtype"] == dtype.str
+    )  # e.g. "<M8[ns]": the unit in the JSON
     s = _values(kind, unit, n)
     f = np.stack([s, s[::-1]], axis=1)
     v = [None if i == 3 else s[: i % 4] for i in range(n)]
@@ -49,7 +64,9 @@ def test_round_trip_every_unit(tmp_path, kind, unit, compression):
         for b in (r.take(rows), r.take(np.arange(n))):
             idx = rows if len(b["s"]) == len(rows) else list(range(n))
             assert b["s"].dtype == dtype and b["f"].dtype == dtype and b["v"].dtype == dtype
-            np.testing.assert_array_equal(b["s"], s[idx])  # NaT compares equal in assert_array_equal
+            np.testing.assert_array_equal(
+                b["s"], s[idx]
+            )  # NaT compares equal in assert_array_equal
             np.testing.assert_array_equal(b["f"], f[idx])
             assert b["v__null"].tolist() == [v[i] is None for i in idx]
             for j, i in enumerate(idx):
@@ -81,13 +98,17 @@ def test_other_units_convert_when_exact(tmp_path):
         w.write({"t": np.datetime64("NaT")})
     with rowstore.open(str(tmp_path / "w.h5")) as r:
         t = r.take(np.arange(5))["t"]
-    want = np.array(["2020-01-01", "NaT", "2021-01-02T03:04:05.000006", "2022-03-04", "NaT"], "M8[ns]")
+    want = np.array(
+        ["2020-01-01", "NaT", "2021-01-02T03:04:05.000006", "2022-03-04", "NaT"], "M8[ns]"
+    )
     np.testing.assert_array_equal(t, want)
 
 
 def test_lossy_casts_name_field_and_row(tmp_path):
     with _writer(tmp_path, Field("t", "M8[s]")) as w:
-        w.write_batch({"t": np.array(["2020-01-01T00:00:01", "2020-01-01"], "M8[ns]")})  # whole seconds: fine
+        w.write_batch(
+            {"t": np.array(["2020-01-01T00:00:01", "2020-01-01"], "M8[ns]")}
+        )  # whole seconds: fine
         col = np.array(["2020-01-01", "2020-01-01T00:00:00.5", "2020-01-02"], "M8[ms]")
         with pytest.raises(RowValidationError, match=r"row 3: field 't'.*without loss") as ei:
             w.write_batch({"t": col})
@@ -95,7 +116,9 @@ def test_lossy_casts_name_field_and_row(tmp_path):
         with pytest.raises(RowValidationError, match=r"row 2: field 't'"):
             w.write({"t": np.datetime64("2020-01-01T00:00:00.001")})
     with _writer(tmp_path, Field("d", "m8[ns]", (None,))) as w:
-        with pytest.raises(RowValidationError, match=r"row 0: field 'd'.*without loss"):  # overflows ns
+        with pytest.raises(
+            RowValidationError, match=r"row 0: field 'd'.*without loss"
+        ):  # overflows ns
             w.write({"d": np.array([10**12], "m8[s]")})
 
 
@@ -125,7 +148,11 @@ def test_torch_gets_int64_counts(tmp_path):
     assert schema["t"].torch_dtype() == torch.int64
     b = next(iter(rt.BatchedDataLoader(path, batch_size=3, shuffle="none")))
     assert b["t"].dtype == torch.int64 and b["t"].tolist() == t.view(np.int64).tolist()
-    assert b["d"].tolist() == [[1, -2], [0, 0], [7, 0]] and b["d__shape"].tolist() == [[2], [0], [1]]
+    assert b["d"].tolist() == [[1, -2], [0, 0], [7, 0]] and b["d__shape"].tolist() == [
+        [2],
+        [0],
+        [1],
+    ]
     b = next(iter(rt.BatchedDataLoader(path, batch_size=3, shuffle="none", fields=["t"])))
     assert b["t"].dtype == torch.int64 and b["t"][1].item() == np.iinfo(np.int64).min  # NaT
     row = rt.Dataset(path)[2]
@@ -145,4 +172,8 @@ def test_tf_gets_int64_counts(tmp_path):
     assert sig["t"].dtype == tf.int64 and sig["d"].dtype == tf.int64
     b = next(iter(rtf.make_dataset(path, batch_size=3, shuffle="none")))
     assert b["t"].numpy().tolist() == t.view(np.int64).tolist()
-    assert b["d"].to_list() == [[1, 2], [], [3]] and b["d__null"].numpy().tolist() == [False, True, False]
+    assert b["d"].to_list() == [[1, 2], [], [3]] and b["d__null"].numpy().tolist() == [
+        False,
+        True,
+        False,
+    ]

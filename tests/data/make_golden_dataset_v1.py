@@ -1,4 +1,5 @@
-"""Make the dataset-manifest-v1 golden dataset ``golden_dataset_v1/`` and ``golden_dataset_v1.json``.
+"""Make the dataset-manifest-v1 golden dataset ``golden_dataset_v1/`` and
+``golden_dataset_v1.json``.
 
 Run once, from the repository root::
 
@@ -31,11 +32,17 @@ JSON = os.path.join(HERE, "golden_dataset_v1.json")
 SHARDS = [(15, 8), (9, 5), (12, 8), (6, 4)]
 HEAP_CHUNK_BYTES = 256
 COMPRESSION = "lz4"
-ATTRS = {"name": "golden_dataset_v1", "made_by": "tests/data/make_golden_dataset_v1.py", "note": "never regenerate"}
+ATTRS = {
+    "name": "golden_dataset_v1",
+    "made_by": "tests/data/make_golden_dataset_v1.py",
+    "note": "never regenerate",
+}
 
 
 def _golden_v1():
-    spec = importlib.util.spec_from_file_location("make_golden_v1", os.path.join(HERE, "make_golden_v1.py"))
+    spec = importlib.util.spec_from_file_location(
+        "make_golden_v1", os.path.join(HERE, "make_golden_v1.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -44,7 +51,9 @@ def _golden_v1():
 def main() -> int:
     for path in (ROOT, JSON):
         if os.path.exists(path):
-            print(f"refusing to overwrite {path}: golden files are never regenerated", file=sys.stderr)
+            print(
+                f"refusing to overwrite {path}: golden files are never regenerated", file=sys.stderr
+            )
             return 1
     g = _golden_v1()
     rows = [g.make_row(i) for i in range(sum(n for n, _ in SHARDS))]
@@ -52,8 +61,14 @@ def main() -> int:
     entries, blocks, chunks, pos = [], [], [], 0
     for k, (n, rpb) in enumerate(SHARDS):
         rel = f"{manifest.SHARD_DIR}/part-{k:04d}.h5"
-        with rowstore.Writer(os.path.join(ROOT, rel), g.SCHEMA, mode="x", rows_per_block=rpb,
-                             heap_chunk_bytes=HEAP_CHUNK_BYTES, compression=COMPRESSION) as w:  # fmt: skip
+        with rowstore.Writer(
+            os.path.join(ROOT, rel),
+            g.SCHEMA,
+            mode="x",
+            rows_per_block=rpb,
+            heap_chunk_bytes=HEAP_CHUNK_BYTES,
+            compression=COMPRESSION,
+        ) as w:
             for r in rows[pos : pos + n]:
                 w.write(r)
         pos += n
@@ -63,10 +78,20 @@ def main() -> int:
         chunks.append(L.heap_chunks)
         if k >= len(SHARDS) - 2:  # after shard 2: version 1; after shard 3: version 2
             with manifest.commit_lock(ROOT):
-                manifest.publish(ROOT, schema=g.SCHEMA, attrs=ATTRS, compression=L.compression,
-                                 heap_chunk_bytes=HEAP_CHUNK_BYTES, shards=entries, blocks=blocks, heap_chunks=chunks,
-                                 parent=None if k == len(SHARDS) - 2 else 1)  # fmt: skip
-    os.remove(os.path.join(ROOT, manifest.MANIFEST_DIR, manifest.LOCK))  # a commit's lock file: not part of the format
+                manifest.publish(
+                    ROOT,
+                    schema=g.SCHEMA,
+                    attrs=ATTRS,
+                    compression=L.compression,
+                    heap_chunk_bytes=HEAP_CHUNK_BYTES,
+                    shards=entries,
+                    blocks=blocks,
+                    heap_chunks=chunks,
+                    parent=None if k == len(SHARDS) - 2 else 1,
+                )
+    os.remove(
+        os.path.join(ROOT, manifest.MANIFEST_DIR, manifest.LOCK)
+    )  # a commit's lock file: not part of the format
     expected = {
         "manifest_format_version": manifest.FORMAT_VERSION,
         "made_with": {"rowstore": rowstore.__version__, "numpy": np.__version__},

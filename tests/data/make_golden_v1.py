@@ -31,27 +31,34 @@ HEAP_CHUNK_BYTES = 256  # many heap chunks; payloads span chunk boundaries
 COMPRESSION = "lz4"
 ATTRS = {"name": "golden_v1", "made_by": "tests/data/make_golden_v1.py", "note": "never regenerate"}
 
-SCHEMA = Schema([
-    Field("id", "int64"),
-    Field("score", "float32"),
-    Field("vec", "float64", (3,)),
-    Field("mat", "int16", (2, 3)),
-    Field("flag", "bool"),
-    Field("maybe", "int32", nullable=True),
-    Field("label", "str"),
-    Field("note", "bytes", nullable=True),
-    Field("wave", "float32", (None,)),
-    Field("grid", "int32", (None, None)),
-    Field("pairs", "uint16", (None, 2)),
-    Field("image", "uint8", (8, 6, 3), codec={"id": "png", "level": 1}),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("id", "int64"),
+        Field("score", "float32"),
+        Field("vec", "float64", (3,)),
+        Field("mat", "int16", (2, 3)),
+        Field("flag", "bool"),
+        Field("maybe", "int32", nullable=True),
+        Field("label", "str"),
+        Field("note", "bytes", nullable=True),
+        Field("wave", "float32", (None,)),
+        Field("grid", "int32", (None, None)),
+        Field("pairs", "uint16", (None, 2)),
+        Field("image", "uint8", (8, 6, 3), codec={"id": "png", "level": 1}),
+    ]
+)
 
 LABELS = ["", "a", "golden", "café", "日本語", "😀 emoji", "e\u0301", "x" * 40]
 SPECIAL = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1.5, -2.25, 3.4e38]
 
 
 def make_row(i: int) -> dict:
-    image = ((np.arange(8)[:, None, None] * 30 + np.arange(6)[None, :, None] * 40 + np.arange(3) * 7 + i * 11) % 256)
+    image = (
+        np.arange(8)[:, None, None] * 30
+        + np.arange(6)[None, :, None] * 40
+        + np.arange(3) * 7
+        + i * 11
+    ) % 256
     return {
         "id": i * 1_000_000_007 - 2**40,
         "score": np.float32(SPECIAL[i % len(SPECIAL)] if i % 3 == 0 else i / 7),
@@ -63,13 +70,16 @@ def make_row(i: int) -> dict:
         "note": None if i % 5 == 0 else bytes((i * k) % 256 for k in range(i % 11)),
         "wave": (np.arange(i % 9, dtype=np.float32) - 4) * np.float32(0.5) ** (i % 4),
         "grid": np.arange((i % 4) * (i % 3), dtype=np.int32).reshape(i % 4, i % 3) * (-1) ** i,
-        "pairs": np.array([[k, 65535 - k * i] for k in range(i % 6)], dtype=np.uint16).reshape(-1, 2),
+        "pairs": np.array([[k, 65535 - k * i] for k in range(i % 6)], dtype=np.uint16).reshape(
+            -1, 2
+        ),
         "image": image.astype(np.uint8),
     }
 
 
 def encode_value(field: Field, value) -> object:
-    """JSON form of one value: null, a string, {"b64"} for bytes, {"dtype","shape","b64"} for numbers."""
+    """JSON form of one value: null, a string, {"b64"} for bytes, {"dtype","shape","b64"} for
+    numbers."""
     if value is None:
         return None
     if field.dtype == "str":
@@ -77,17 +87,30 @@ def encode_value(field: Field, value) -> object:
     if field.dtype == "bytes":
         return {"b64": base64.b64encode(bytes(value)).decode("ascii")}
     arr = np.asarray(value, dtype=field.dtype)  # not ascontiguousarray: it makes scalars 1-D
-    return {"dtype": arr.dtype.str, "shape": list(arr.shape), "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
+    return {
+        "dtype": arr.dtype.str,
+        "shape": list(arr.shape),
+        "b64": base64.b64encode(arr.tobytes()).decode("ascii"),
+    }
 
 
 def main() -> int:
     for path in (H5, JSON):
         if os.path.exists(path):
-            print(f"refusing to overwrite {path}: golden files are never regenerated", file=sys.stderr)
+            print(
+                f"refusing to overwrite {path}: golden files are never regenerated", file=sys.stderr
+            )
             return 1
     rows = [make_row(i) for i in range(NUM_ROWS)]
-    with rowstore.Writer(H5, SCHEMA, mode="x", rows_per_block=ROWS_PER_BLOCK, heap_chunk_bytes=HEAP_CHUNK_BYTES,
-                         compression=COMPRESSION, attrs=ATTRS) as w:  # fmt: skip
+    with rowstore.Writer(
+        H5,
+        SCHEMA,
+        mode="x",
+        rows_per_block=ROWS_PER_BLOCK,
+        heap_chunk_bytes=HEAP_CHUNK_BYTES,
+        compression=COMPRESSION,
+        attrs=ATTRS,
+    ) as w:
         for r in rows:
             w.write(r)
     layout = rowstore.Layout.open(H5, verify=True)
@@ -105,8 +128,13 @@ def main() -> int:
             "heap_nbytes": layout.heap_nbytes,
             "num_heap_chunks": len(layout.heap_chunks),
             "compression": layout.compression,
-            "blocks": {name: [int(x) for x in layout.blocks[name]] for name in layout.blocks.dtype.names},
-            "heap_chunks": {name: [int(x) for x in layout.heap_chunks[name]] for name in layout.heap_chunks.dtype.names},
+            "blocks": {
+                name: [int(x) for x in layout.blocks[name]] for name in layout.blocks.dtype.names
+            },
+            "heap_chunks": {
+                name: [int(x) for x in layout.heap_chunks[name]]
+                for name in layout.heap_chunks.dtype.names
+            },
         },
         "rows": [{f.name: encode_value(f, r.get(f.name)) for f in SCHEMA} for r in rows],
     }

@@ -34,10 +34,19 @@ JSON = os.path.join(HERE, "golden_v3.json")
 def main() -> int:
     for path in (H5, JSON):
         if os.path.exists(path):
-            print(f"refusing to overwrite {path}: golden files are never regenerated", file=sys.stderr)
+            print(
+                f"refusing to overwrite {path}: golden files are never regenerated", file=sys.stderr
+            )
             return 1
-    with rowstore.Writer(H5, v1.SCHEMA, mode="x", rows_per_block=v1.ROWS_PER_BLOCK, heap_chunk_bytes=v1.HEAP_CHUNK_BYTES,
-                         compression=None, attrs=v1.ATTRS) as w:  # fmt: skip
+    with rowstore.Writer(
+        H5,
+        v1.SCHEMA,
+        mode="x",
+        rows_per_block=v1.ROWS_PER_BLOCK,
+        heap_chunk_bytes=v1.HEAP_CHUNK_BYTES,
+        compression=None,
+        attrs=v1.ATTRS,
+    ) as w:
         for i in range(v1.NUM_ROWS):
             w.write(v1.make_row(i))
     layout = rowstore.Layout.open(H5, verify=True)
@@ -55,8 +64,13 @@ def main() -> int:
         "page_bytes": layout.page_bytes,
         "block_pages": [int(x) for x in layout.block_pages],
         "heap_pages": [int(x) for x in layout.heap_pages],
-        "blocks": {name: [int(x) for x in layout.blocks[name]] for name in layout.blocks.dtype.names},
-        "heap_chunks": {name: [int(x) for x in layout.heap_chunks[name]] for name in layout.heap_chunks.dtype.names},
+        "blocks": {
+            name: [int(x) for x in layout.blocks[name]] for name in layout.blocks.dtype.names
+        },
+        "heap_chunks": {
+            name: [int(x) for x in layout.heap_chunks[name]]
+            for name in layout.heap_chunks.dtype.names
+        },
     }
     with open(JSON, "x", encoding="utf-8") as f:
         json.dump(expected, f, indent=1)

@@ -29,7 +29,9 @@ def test_readme_python_blocks_run(tmp_path):
     """The ```python blocks of the README run as written, in order, in one fresh directory (as a
     user pasting them would: later blocks read the file the quickstart wrote)."""
     for i, code in enumerate(readme_blocks()):
-        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, f"README block {i} failed:\n{code}\n{out.stderr}"
 
 
@@ -38,6 +40,8 @@ def test_api_guide_blocks_run(tmp_path):
     illustrative, with placeholders such as an S3 endpoint, and are not run; what they show is
     tested against real servers in tests/test_remote*.py.)"""
     code = "\n\n".join(python_blocks(os.path.join("docs", "api.md")))
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert "(3, 64)" in out.stdout

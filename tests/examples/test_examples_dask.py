@@ -10,7 +10,6 @@ pytest.importorskip("dask.dataframe")
 pytest.importorskip("distributed")
 
 
-
 def test_dask_cluster_example(tmp_path, rs):
     out = rs.run_example("dask_cluster.py", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]

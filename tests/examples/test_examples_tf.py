@@ -1,10 +1,8 @@
 """examples/train_keras.py runs as written (in a subprocess: TensorFlow and Keras start fresh)."""
 
-
 import pytest
 
 pytest.importorskip("tensorflow")
-
 
 
 def test_train_keras_example(tmp_path, rs):

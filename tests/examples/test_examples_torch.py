@@ -7,7 +7,6 @@ import pytest
 pytest.importorskip("torch")
 
 
-
 def test_train_torch_example(tmp_path, rs):
     out = rs.run_example("train_torch.py", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]

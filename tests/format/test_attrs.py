@@ -60,7 +60,9 @@ def test_file_round_trip(tmp_path):
     # h5py sees ordinary JSON text
     with h5py.File(path, "r") as f:
         text = json.loads(f["rowstore"].attrs["user_attrs"])
-    assert text["alt"] == {"$ndarray": {"dtype": "<f8", "shape": [3], "base64": "AAAAAAAAAAAAAAAAAADwPwAAAAAAAABA"}}
+    assert text["alt"] == {
+        "$ndarray": {"dtype": "<f8", "shape": [3], "base64": "AAAAAAAAAAAAAAAAAADwPwAAAAAAAABA"}
+    }
 
 
 def test_dataset_round_trip(tmp_path):
@@ -81,15 +83,23 @@ def test_tuples_become_lists_and_check_normalizes():
     assert_same(got, {"t": [1, [2, np.int32(3)]]})
 
 
-@pytest.mark.parametrize("bad, what", [
-    ({"o": object()}, "attrs['o']: object"),
-    ({"a": [1, {"b": np.array([object()])}]}, "attrs['a'][1]['b']: a numpy value of dtype object"),
-    ({"s": np.zeros(2, [("a", "i4")])}, "attrs['s']"),
-    ({"k": {1: 2}}, "key 1 is not a str"),
-    ({"r": {"$ndarray": 1}}, "reserved"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, what",
+    [
+        ({"o": object()}, "attrs['o']: object"),
+        (
+            {"a": [1, {"b": np.array([object()])}]},
+            "attrs['a'][1]['b']: a numpy value of dtype object",
+        ),
+        ({"s": np.zeros(2, [("a", "i4")])}, "attrs['s']"),
+        ({"k": {1: 2}}, "key 1 is not a str"),
+        ({"r": {"$ndarray": 1}}, "reserved"),
+    ],
+)
 def test_unstorable_values_name_the_attribute(tmp_path, bad, what):
-    with pytest.raises(rowstore.AttrsError, match=what.replace("[", r"\[").replace("(", r"\(")) as e:
+    with pytest.raises(
+        rowstore.AttrsError, match=what.replace("[", r"\[").replace("(", r"\(")
+    ) as e:
         rowstore.Writer(str(tmp_path / "f.h5"), SCHEMA, attrs=bad)
     assert isinstance(e.value, TypeError) and isinstance(e.value, ValueError)
     assert not list(tmp_path.iterdir())
@@ -101,20 +111,25 @@ def _tag(body, tag="$ndarray"):
     return {"v": {tag: body}}
 
 
-@pytest.mark.parametrize("user", [
-    _tag({"dtype": "<f8", "shape": [3], "base64": "AAAA"}),  # too few bytes for the shape
-    _tag({"dtype": "<f8", "shape": [1 << 40], "base64": "AAAA"}),  # a huge shape: refused before any allocation
-    _tag({"dtype": "|O", "shape": [1], "base64": "AAAAAAAAAAA="}),
-    _tag({"dtype": "V8", "shape": [1], "base64": "AAAAAAAAAAA="}),
-    _tag({"dtype": "nonsense", "shape": [1], "base64": "AAAA"}),
-    _tag({"dtype": 5, "shape": [1], "base64": "AAAA"}),
-    _tag({"dtype": "<i4", "shape": [-1], "base64": "AAAAAA=="}),
-    _tag({"dtype": "<i4", "shape": "1", "base64": "AAAAAA=="}),
-    _tag({"dtype": "<i4", "shape": [1], "base64": "!!!!!!!!"}),
-    _tag({"dtype": "<i4", "shape": [1]}),
-    _tag({"dtype": "<i4", "base64": "AAAAAA==", "x": 1}, tag="$numpy"),
-    _tag([1, 2]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "user",
+    [
+        _tag({"dtype": "<f8", "shape": [3], "base64": "AAAA"}),  # too few bytes for the shape
+        _tag(
+            {"dtype": "<f8", "shape": [1 << 40], "base64": "AAAA"}
+        ),  # a huge shape: refused before any allocation
+        _tag({"dtype": "|O", "shape": [1], "base64": "AAAAAAAAAAA="}),
+        _tag({"dtype": "V8", "shape": [1], "base64": "AAAAAAAAAAA="}),
+        _tag({"dtype": "nonsense", "shape": [1], "base64": "AAAA"}),
+        _tag({"dtype": 5, "shape": [1], "base64": "AAAA"}),
+        _tag({"dtype": "<i4", "shape": [-1], "base64": "AAAAAA=="}),
+        _tag({"dtype": "<i4", "shape": "1", "base64": "AAAAAA=="}),
+        _tag({"dtype": "<i4", "shape": [1], "base64": "!!!!!!!!"}),
+        _tag({"dtype": "<i4", "shape": [1]}),
+        _tag({"dtype": "<i4", "base64": "AAAAAA==", "x": 1}, tag="$numpy"),
+        _tag([1, 2]),
+    ],
+)
 def test_hostile_tags_are_format_errors(tmp_path, user):
     path = str(tmp_path / "f.h5")
     with rowstore.Writer(path, SCHEMA) as w:

@@ -1,4 +1,5 @@
-"""Sealed hostile datasets found by ``tools/robustness/fuzz.py`` (dataset regions): a manifest and sidecar
+"""Sealed hostile datasets found by ``tools/robustness/fuzz.py`` (dataset regions): a manifest and
+sidecar
 whose checksums are all correct but whose numbers lie. Each must be refused with a
 :class:`FormatError` at open, before the reader sizes anything by them."""
 
@@ -22,8 +23,18 @@ def _dataset(root, compression="lz4"):
     schema = Schema([Field("id", "int64"), Field("b", "bytes")])
     rng = np.random.default_rng(0)
     rows = [{"id": i, "b": rng.bytes(int(rng.integers(0, 300)))} for i in range(40)]
-    infos = [rowstore.write_shard(root, schema, rows[a:z], rows_per_block=k, compression=compression,
-                                  heap_chunk_bytes=256, name=f"s{a}") for a, z, k in ((0, 25, 8), (25, 40, 5))]  # fmt: skip
+    infos = [
+        rowstore.write_shard(
+            root,
+            schema,
+            rows[a:z],
+            rows_per_block=k,
+            compression=compression,
+            heap_chunk_bytes=256,
+            name=f"s{a}",
+        )
+        for a, z, k in ((0, 25, 8), (25, 40, 5))
+    ]
     rowstore.commit(root, infos)
     return rows
 
@@ -31,7 +42,10 @@ def _dataset(root, compression="lz4"):
 def _reseal(root, edit):
     """Apply ``edit(manifest, blocks, heap_chunks)`` and recompute every CRC a reader checks."""
     version, _ = M.read_pointer(root)
-    mpath, ipath = os.path.join(root, M.manifest_path(version)), os.path.join(root, M.index_path(version))
+    mpath, ipath = (
+        os.path.join(root, M.manifest_path(version)),
+        os.path.join(root, M.index_path(version)),
+    )
     m = json.load(open(mpath))
     raw = open(ipath, "rb").read()[len(M.INDEX_MAGIC) :]
     nb = sum(e["blocks"] for e in m["shards"])
@@ -41,7 +55,9 @@ def _reseal(root, edit):
     edit(m, blocks, heap)
     b0 = h0 = 0
     for e in m["shards"]:
-        e["index_crc32"] = M.index_crc32(blocks[b0 : b0 + e["blocks"]], heap[h0 : h0 + e["heap_chunks"]])
+        e["index_crc32"] = M.index_crc32(
+            blocks[b0 : b0 + e["blocks"]], heap[h0 : h0 + e["heap_chunks"]]
+        )
         b0, h0 = b0 + e["blocks"], h0 + e["heap_chunks"]
     side = M.INDEX_MAGIC + blocks.tobytes() + heap.tobytes()
     open(ipath, "wb").write(side)
@@ -87,14 +103,21 @@ def test_incompressible_chunks_stay_within_the_frame_overhead(tmp_path):
     schema = Schema([Field("a", "uint8", (1000,)), Field("b", "bytes")])
     for comp in ("lz4", "zstd"):
         p = str(tmp_path / f"{comp}.h5")
-        with rowstore.Writer(p, schema, compression=comp, rows_per_block=64, heap_chunk_bytes=4096) as w:
+        with rowstore.Writer(
+            p, schema, compression=comp, rows_per_block=64, heap_chunk_bytes=4096
+        ) as w:
             for _ in range(200):
                 w.write({"a": rng.integers(0, 256, 1000, dtype=np.uint8), "b": rng.bytes(3000)})
         with rowstore.open(p) as r:
             assert len(r) == 200
             L = r.layout
-            assert int(L.heap_chunks["stored_nbytes"].max()) > L.heap_chunk_bytes  # stored as is, framed
-            assert int(L.heap_chunks["stored_nbytes"].max()) - L.heap_chunk_bytes < spec.MAX_FRAME_OVERHEAD
+            assert (
+                int(L.heap_chunks["stored_nbytes"].max()) > L.heap_chunk_bytes
+            )  # stored as is, framed
+            assert (
+                int(L.heap_chunks["stored_nbytes"].max()) - L.heap_chunk_bytes
+                < spec.MAX_FRAME_OVERHEAD
+            )
 
 
 def test_a_schema_whose_row_layout_numpy_cannot_build_is_a_format_error(tmp_path):
@@ -125,7 +148,9 @@ def test_a_manifest_version_that_is_not_an_int_is_a_format_error(tmp_path):
         rowstore.open(root)
     with pytest.raises(FormatError, match="holds version 1.0"):
         rowstore.gc_dataset(root)
-    info = rowstore.write_shard(root, Schema([Field("id", "int64"), Field("b", "bytes")]), rows[:3], name="more")
+    info = rowstore.write_shard(
+        root, Schema([Field("id", "int64"), Field("b", "bytes")]), rows[:3], name="more"
+    )
     with pytest.raises(FormatError, match="holds version 1.0"):
         rowstore.commit(root, [info], mode="a")
 
@@ -150,7 +175,9 @@ def test_a_resealed_manifest_with_its_shards_reordered_is_refused(tmp_path, caps
         m["shards"].reverse()
 
     _reseal(root, reverse)
-    with pytest.raises(FormatError, match="shard 0.: first_row 25, but the shards before it hold 0 rows"):
+    with pytest.raises(
+        FormatError, match="shard 0.: first_row 25, but the shards before it hold 0 rows"
+    ):
         rowstore.open(root)
     assert main(["verify", root]) == 1
     out = capsys.readouterr()

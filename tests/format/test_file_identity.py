@@ -33,8 +33,13 @@ def run_child(code: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter; a hang is a failure, not a hung suite."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the child did not finish within {timeout} s (a read waiting forever?)")
 
@@ -49,7 +54,8 @@ def test_fifo_in_place_of_a_file_or_shard_is_a_format_error_not_a_hang(tmp_path)
     os.mkfifo(shard)
     single = str(tmp_path / "pipe.h5")
     os.mkfifo(single)
-    proc = run_child(f"""
+    proc = run_child(
+        f"""
         import rowstore as rs
         from rowstore.errors import FormatError
         from rowstore.format.shards import DatasetLayout
@@ -63,9 +69,12 @@ def test_fifo_in_place_of_a_file_or_shard_is_a_format_error_not_a_hang(tmp_path)
             r.take([0])
         except FormatError as exc:
             out.append("shard: " + str(exc))
-        out += ["verify: " + str(e) for e in DatasetLayout.open({root!r}).damage(shard_indexes=True)]
+        out += ["verify: " + str(e) for e in
+        DatasetLayout.open({root!r}).damage(shard_indexes=True)]
         print("\\n".join(out))
-    """, timeout=120)
+    """,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and all("FIFO" in line for line in lines), proc.stdout
@@ -78,7 +87,9 @@ def replaced(tmp_path):
     shard s0 is removed (as gc does) and a new version commits another s0 of the same size
     (values 9)."""
     root = str(tmp_path / "ds")
-    commit(root, [write_shard(root, SCHEMA, {"v": np.full(50, k)}, name=f"s{k - 1}") for k in (1, 2)])
+    commit(
+        root, [write_shard(root, SCHEMA, {"v": np.full(50, k)}, name=f"s{k - 1}") for k in (1, 2)]
+    )
     r = rs.open(root, max_open_files=1, verify=False)  # unchecked: a stale read would pass silently
     assert r.take([0, 50])["v"].tolist() == [1, 2]  # shard 1's descriptor evicted shard 0's
     shard = os.path.join(root, "shards", "s0.h5")
@@ -144,7 +155,9 @@ def test_single_file_overwritten_in_place_with_its_mtime_restored_is_refused(tmp
         assert len(data) == st.st_size
         with open(p, "r+b") as f:  # rewritten in place: same inode and size ...
             f.write(data)
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and modification time (cp -p, rsync -t)
+        os.utime(
+            p, ns=(st.st_atime_ns, st.st_mtime_ns)
+        )  # ... and modification time (cp -p, rsync -t)
         r.close()
         with pytest.raises(StaleFileError, match="changed since it was opened"):
             r.take([0, 1])
@@ -158,7 +171,8 @@ def test_readers_and_mixes_share_one_descriptor_budget(tmp_path):
     commit(root, [write_shard(root, SCHEMA, {"v": np.full(5, k)}) for k in range(40)])
     proc = run_child(f"""
         import resource
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64,
+        resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         import numpy as np
         import rowstore as rs
         rows = np.arange(0, 200, 5)  # one row of every shard
@@ -259,7 +273,8 @@ def test_a_reader_collected_while_another_holds_the_budget_lock_does_not_deadloc
     thread that holds it, inside another reader's read, must not wait for it forever."""
     p = str(tmp_path / "a.h5")
     write_file(p, 3)
-    proc = run_child(f"""
+    proc = run_child(
+        f"""
         import gc
         import rowstore as rs
         from rowstore.storage import local as _store
@@ -279,5 +294,7 @@ def test_a_reader_collected_while_another_holds_the_budget_lock_does_not_deadloc
         _store.LocalStore._evict_locked = real
         assert not _store._BUDGET.pending
         print("ok")
-    """, timeout=120)
+    """,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -29,20 +29,30 @@ from rowstore.format import footer
 
 h5py = pytest.importorskip("h5py")
 
-SCHEMA = Schema([
-    Field("id", "int64"), Field("x", "float32", (4,)), Field("s", "str", nullable=True),
-    Field("v", "int16", (None, 2)),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("id", "int64"),
+        Field("x", "float32", (4,)),
+        Field("s", "str", nullable=True),
+        Field("v", "int16", (None, 2)),
+    ]
+)
 N = 50
 
 
 def _row(i):
-    return {"id": i, "x": np.full(4, i, np.float32), "s": None if i % 4 == 0 else f"s{i}",
-            "v": np.full((i % 3, 2), i, np.int16)}  # fmt: skip
+    return {
+        "id": i,
+        "x": np.full(4, i, np.float32),
+        "s": None if i % 4 == 0 else f"s{i}",
+        "v": np.full((i % 3, 2), i, np.int16),
+    }
 
 
 def _write(path, n=N, start=0, mode="w", compression=None):
-    with rowstore.Writer(path, SCHEMA, compression=compression, rows_per_block=8, heap_chunk_bytes=256, mode=mode) as w:
+    with rowstore.Writer(
+        path, SCHEMA, compression=compression, rows_per_block=8, heap_chunk_bytes=256, mode=mode
+    ) as w:
         for i in range(start, start + n):
             w.write(_row(i))
     return path
@@ -50,7 +60,9 @@ def _write(path, n=N, start=0, mode="w", compression=None):
 
 @pytest.fixture(scope="module", params=[None, "lz4"])
 def valid(tmp_path_factory, request):
-    return _write(str(tmp_path_factory.mktemp("footer") / f"v-{request.param}.h5"), compression=request.param)
+    return _write(
+        str(tmp_path_factory.mktemp("footer") / f"v-{request.param}.h5"), compression=request.param
+    )
 
 
 def _check_rows(path, n=N, **open_kwargs):
@@ -87,9 +99,22 @@ def _encode(header, blocks, heap_chunks, offset, *, text=None, pages=None):
     under test); ``text``: the header's JSON bytes as given; ``pages``: a v3 file's block and
     heap page CRC-32s."""
     text = json.dumps(header, sort_keys=True).encode() if text is None else text
-    body = b"".join([b"RSFOOTR2", struct.pack("<I", len(text)), text, b"RSDXIDX1", blocks.tobytes(), heap_chunks.tobytes()])
+    body = b"".join(
+        [
+            b"RSFOOTR2",
+            struct.pack("<I", len(text)),
+            text,
+            b"RSDXIDX1",
+            blocks.tobytes(),
+            heap_chunks.tobytes(),
+        ]
+    )
     if pages is not None:
-        body += b"RSPAGES3" + np.asarray(pages[0], "<u4").tobytes() + np.asarray(pages[1], "<u4").tobytes()
+        body += (
+            b"RSPAGES3"
+            + np.asarray(pages[0], "<u4").tobytes()
+            + np.asarray(pages[1], "<u4").tobytes()
+        )
     head = struct.pack("<8sQQI", b"RSTRAIL2", offset, len(body), zlib.crc32(body))
     return body + head + struct.pack("<I", zlib.crc32(head))
 
@@ -99,9 +124,14 @@ def _rewrite(src, dst, *, header=None, raw_header=None, blocks=None, heap_chunks
     writer can produce; the reader must check every value, not only the CRCs."""
     shutil.copyfile(src, dst)
     L = Layout.open(src)
-    data = _encode(_header(src) if header is None else header, L.blocks if blocks is None else blocks,
-                   L.heap_chunks if heap_chunks is None else heap_chunks, L.footer_offset, text=raw_header,
-                   pages=None if L.block_pages is None else (L.block_pages, L.heap_pages))
+    data = _encode(
+        _header(src) if header is None else header,
+        L.blocks if blocks is None else blocks,
+        L.heap_chunks if heap_chunks is None else heap_chunks,
+        L.footer_offset,
+        text=raw_header,
+        pages=None if L.block_pages is None else (L.block_pages, L.heap_pages),
+    )
     with open(dst, "r+b") as f:
         f.truncate(L.footer_offset)
         f.seek(L.footer_offset)
@@ -134,7 +164,8 @@ def as_v1(src, dst):
     return dst
 
 
-# -- what is written -----------------------------------------------------------------------------------
+# -- what is written
+# -----------------------------------------------------------------------------------
 def test_writer_appends_a_v2_footer_that_h5py_ignores(valid):
     L = Layout.open(valid)
     # Uncompressed files carry the page index (v3); compressed ones are v2 as before.
@@ -142,25 +173,51 @@ def test_writer_appends_a_v2_footer_that_h5py_ignores(valid):
     assert L.version == want and rowstore.FORMAT_VERSION == 3
     assert 0 < L.footer_offset < L.file_size == os.path.getsize(valid)
     off, f, t = _parts(valid)
-    assert off == L.footer_offset and f.startswith(footer.FOOTER_MAGIC) and t.startswith(footer.TRAILER_MAGIC)
+    assert (
+        off == L.footer_offset
+        and f.startswith(footer.FOOTER_MAGIC)
+        and t.startswith(footer.TRAILER_MAGIC)
+    )
     h = _header(valid)
-    assert h[footer.KEY_EOF] == off and h["format_version"] == want and json.loads(h["schema"]) == SCHEMA.to_json()
+    assert (
+        h[footer.KEY_EOF] == off
+        and h["format_version"] == want
+        and json.loads(h["schema"]) == SCHEMA.to_json()
+    )
     assert (h.get("page_bytes") == 4096) == (want == 3)
     with h5py.File(valid, "r") as hf:  # the HDF5 part is a complete file, with the same index
         g = hf["rowstore"]
         assert int(g.attrs["format_version"]) == want and g["rows"].shape == (N,)
-        assert np.array_equal(g["blocks"][()], L.blocks) and np.array_equal(g["heap_chunks"][()], L.heap_chunks)
+        assert np.array_equal(g["blocks"][()], L.blocks) and np.array_equal(
+            g["heap_chunks"][()], L.heap_chunks
+        )
         assert g["rows"]["id"][()].tolist() == list(range(N))
     assert (L.blocks["offset"] + L.blocks["stored_nbytes"] <= off).all()
     pages = None
     if want == 3:  # the page index: each page's CRC-32 of the stored bytes, as documented
         raw = open(valid, "rb").read()
         rs, plen = L.row_dtype.itemsize, max(1, 4096 // L.row_dtype.itemsize) * L.row_dtype.itemsize
-        chunk_pages = lambda at, size, step: [zlib.crc32(raw[at + a : at + min(a + step, size)])  # noqa: E731
-                                              for a in range(0, size, step)]
-        pages = ([c for b in L.blocks for c in chunk_pages(int(b["offset"]), L.rows_per_block * rs, plen)],
-                 [c for b in L.heap_chunks for c in chunk_pages(int(b["offset"]), L.heap_chunk_bytes, 4096)])
-    assert f + t == _encode(h, L.blocks, L.heap_chunks, off, pages=pages)  # the documented byte layout, exactly
+
+        def chunk_pages(at, size, step):
+            return [
+                zlib.crc32(raw[at + a : at + min(a + step, size)]) for a in range(0, size, step)
+            ]
+
+        pages = (
+            [
+                c
+                for b in L.blocks
+                for c in chunk_pages(int(b["offset"]), L.rows_per_block * rs, plen)
+            ],
+            [
+                c
+                for b in L.heap_chunks
+                for c in chunk_pages(int(b["offset"]), L.heap_chunk_bytes, 4096)
+            ],
+        )
+    assert f + t == _encode(
+        h, L.blocks, L.heap_chunks, off, pages=pages
+    )  # the documented byte layout, exactly
     _check_rows(valid)
 
 
@@ -172,7 +229,8 @@ def test_open_and_read_never_call_libhdf5(valid, tmp_path, rs):
     shutil.copyfile(valid, garbled)
     keep = np.zeros(L.file_size, bool)
     for off, n in list(zip(L.blocks["offset"], L.blocks["stored_nbytes"])) + list(
-            zip(L.heap_chunks["offset"], L.heap_chunks["stored_nbytes"])):
+        zip(L.heap_chunks["offset"], L.heap_chunks["stored_nbytes"])
+    ):
         keep[int(off) : int(off + n)] = True
     keep[L.footer_offset :] = True
     data = np.fromfile(garbled, np.uint8)
@@ -191,7 +249,8 @@ for p in ({valid!r}, {garbled!r}):
         assert got["id"].tolist() == list(range({N})), p
         assert (got["x"] == np.arange({N}, dtype=np.float32)[:, None]).all()
         assert r[5]["s"] == "s5" and r[5]["v"].tolist() == [[5, 5], [5, 5]]
-        assert sorted(int(i) for b in r.batches(7, shuffle="full", seed=1) for i in b["id"]) == list(range({N}))
+        assert sorted(int(i) for b in r.batches(7, shuffle="full", seed=1) for i in b["id"]) ==
+        list(range({N}))
     rowstore.Layout.open(p).verify()
 assert sys.modules["h5py"] is None
 print("ok")
@@ -200,7 +259,8 @@ print("ok")
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 
-# -- damage and hostile footers -------------------------------------------------------------------------
+# -- damage and hostile footers
+# -------------------------------------------------------------------------
 def test_every_flipped_footer_byte_is_an_error_or_exact(valid, tmp_path):
     off, f, t = _parts(valid)
     size = os.path.getsize(valid)
@@ -213,7 +273,9 @@ def test_every_flipped_footer_byte_is_an_error_or_exact(valid, tmp_path):
             b = fh.read(1)
             fh.seek(at)
             fh.write(bytes([b[0] ^ 0x5A]))
-        with pytest.raises(FormatError):  # a flipped trailer magic too: the footer is there, its trailer is not
+        with pytest.raises(
+            FormatError
+        ):  # a flipped trailer magic too: the footer is there, its trailer is not
             Layout.open(path)
         errors += 1
         with open(path, "r+b") as fh:
@@ -223,7 +285,7 @@ def test_every_flipped_footer_byte_is_an_error_or_exact(valid, tmp_path):
 
 
 def test_edited_schema_in_the_footer_is_refused(valid, tmp_path):
-    """"<f4" edited to "<i4" in the footer: a ChecksumError at open (v1 files cannot tell)."""
+    """ "<f4" edited to "<i4" in the footer: a ChecksumError at open (v1 files cannot tell)."""
     path = str(tmp_path / "schema.h5")
     shutil.copyfile(valid, path)
     off, f, _ = _parts(path)
@@ -278,14 +340,24 @@ def _hostile_cases():
     from test_hostile_metadata import ATTR_CASES
 
     cases = {k: (name, _jsonable(v)) for k, (name, v) in ATTR_CASES.items()}
-    cases.update({
-        "num_rows-bool": ("num_rows", True), "format_version-1": ("format_version", 1),
-        "format_version-4": ("format_version", 4), "format_version-str": ("format_version", "2"),
-        "schema-as-object": ("schema", SCHEMA.to_json()), "schema-int": ("schema", 7), "writer-int": ("writer", 3),
-        "eof-wrong": (footer.KEY_EOF, 10), "eof-missing": (footer.KEY_EOF, None), "eof-bool": (footer.KEY_EOF, True),
-        "format-other": ("format", "hdf5"), "user_attrs-list": ("user_attrs", "[1]"),
-        "heap_nbytes-negative": ("heap_nbytes", -5), "rows_per_block-float": ("rows_per_block", 8.0),
-    })  # fmt: skip
+    cases.update(
+        {
+            "num_rows-bool": ("num_rows", True),
+            "format_version-1": ("format_version", 1),
+            "format_version-4": ("format_version", 4),
+            "format_version-str": ("format_version", "2"),
+            "schema-as-object": ("schema", SCHEMA.to_json()),
+            "schema-int": ("schema", 7),
+            "writer-int": ("writer", 3),
+            "eof-wrong": (footer.KEY_EOF, 10),
+            "eof-missing": (footer.KEY_EOF, None),
+            "eof-bool": (footer.KEY_EOF, True),
+            "format-other": ("format", "hdf5"),
+            "user_attrs-list": ("user_attrs", "[1]"),
+            "heap_nbytes-negative": ("heap_nbytes", -5),
+            "rows_per_block-float": ("rows_per_block", 8.0),
+        }
+    )
     return cases
 
 
@@ -309,13 +381,17 @@ def test_hostile_header_values_with_valid_crcs(valid, tmp_path, case):
     elif case == "format_version-4":
         with pytest.raises(FormatVersionError, match="v4"):
             rowstore.open(path)
-    elif case == "schema-dtype-int-reinterpret":  # a CRC catches damage, not a deliberate edit that recomputes it
+    elif (
+        case == "schema-dtype-int-reinterpret"
+    ):  # a CRC catches damage, not a deliberate edit that recomputes it
         assert Layout.open(path).schema["x"].dtype == np.int32
         return
     _oracle(path)
 
 
-@pytest.mark.parametrize("raw", [b"[1, 2]", b"{", b"\xff\xfe", b"[" * 200_000 + b"]" * 200_000, b"null", b""])
+@pytest.mark.parametrize(
+    "raw", [b"[1, 2]", b"{", b"\xff\xfe", b"[" * 200_000 + b"]" * 200_000, b"null", b""]
+)
 def test_header_that_is_not_a_json_object(valid, tmp_path, raw):
     path = _rewrite(valid, str(tmp_path / "raw.h5"), raw_header=raw)
     with pytest.raises(FormatError):
@@ -329,17 +405,29 @@ def _col(L, name, column, fn):
 
 
 INDEX_CASES = {
-    "blocks-all-at-one-chunk": lambda L: _col(L, "blocks", "offset", lambda c: np.full_like(c, c[0])),
-    "blocks-swapped-offsets": lambda L: _col(L, "blocks", "offset", lambda c: c[[1, 0, *range(2, len(c))]]),
-    "blocks-overlapping": lambda L: _col(L, "blocks", "offset", lambda c: np.concatenate([c[:1], c[:1] + 1, c[2:]])),
+    "blocks-all-at-one-chunk": lambda L: _col(
+        L, "blocks", "offset", lambda c: np.full_like(c, c[0])
+    ),
+    "blocks-swapped-offsets": lambda L: _col(
+        L, "blocks", "offset", lambda c: c[[1, 0, *range(2, len(c))]]
+    ),
+    "blocks-overlapping": lambda L: _col(
+        L, "blocks", "offset", lambda c: np.concatenate([c[:1], c[:1] + 1, c[2:]])
+    ),
     "blocks-offset-huge": lambda L: _col(L, "blocks", "offset", lambda c: c + np.uint64(2**63)),
-    "blocks-into-footer": lambda L: _col(L, "blocks", "offset", lambda c: np.concatenate([c[:-1], [L.footer_offset]])),
-    "blocks-stored-huge": lambda L: _col(L, "blocks", "stored_nbytes", lambda c: c * np.uint64(2**40)),
+    "blocks-into-footer": lambda L: _col(
+        L, "blocks", "offset", lambda c: np.concatenate([c[:-1], [L.footer_offset]])
+    ),
+    "blocks-stored-huge": lambda L: _col(
+        L, "blocks", "stored_nbytes", lambda c: c * np.uint64(2**40)
+    ),
     "blocks-heap-end-huge": lambda L: _col(L, "blocks", "heap_end", lambda c: c + np.uint64(2**62)),
     "blocks-first-row": lambda L: _col(L, "blocks", "first_row", lambda c: c[::-1]),
     "blocks-one-missing": lambda L: {"blocks": L.blocks[:-1].copy()},
     "blocks-one-more": lambda L: {"blocks": np.concatenate([L.blocks, L.blocks[-1:]])},
-    "heap-chunks-at-one-offset": lambda L: _col(L, "heap_chunks", "offset", lambda c: np.full_like(c, c[0])),
+    "heap-chunks-at-one-offset": lambda L: _col(
+        L, "heap_chunks", "offset", lambda c: np.full_like(c, c[0])
+    ),
     "heap-chunks-missing": lambda L: {"heap_chunks": L.heap_chunks[:0].copy()},
 }
 
@@ -351,7 +439,9 @@ def test_hostile_index_entries_with_valid_crcs(valid, tmp_path, case):
     chunk's CRC catches: see test_swapped_whole_chunks_are_a_checksum_error)."""
     L = Layout.open(valid)
     path = _rewrite(valid, str(tmp_path / "i.h5"), **INDEX_CASES[case](L))
-    if case == "blocks-swapped-offsets" and not L.compressed:  # disjoint and in the file: the chunk CRCs catch it
+    if (
+        case == "blocks-swapped-offsets" and not L.compressed
+    ):  # disjoint and in the file: the chunk CRCs catch it
         with pytest.raises(ChecksumError):
             with rowstore.open(path) as r:
                 r.take(np.arange(N))
@@ -369,8 +459,22 @@ def test_truncation_at_every_footer_boundary_and_appended_bytes(valid, tmp_path)
     off, f, t = _parts(valid)
     (n,) = struct.unpack_from("<I", f, 8)
     size = os.path.getsize(valid)
-    cuts = {off - 1, off, off + 4, off + 8, off + 12, off + 12 + n // 2, off + 12 + n, off + 20 + n, off + 20 + n + 56,
-            off + len(f) - 1, off + len(f), size - 20, size - 4, size - 1}  # fmt: skip
+    cuts = {
+        off - 1,
+        off,
+        off + 4,
+        off + 8,
+        off + 12,
+        off + 12 + n // 2,
+        off + 12 + n,
+        off + 20 + n,
+        off + 20 + n + 56,
+        off + len(f) - 1,
+        off + len(f),
+        size - 20,
+        size - 4,
+        size - 1,
+    }
     for cut in sorted(cuts):
         p = str(tmp_path / f"cut{cut}.h5")
         shutil.copyfile(valid, p)
@@ -399,7 +503,8 @@ def test_truncation_at_every_footer_boundary_and_appended_bytes(valid, tmp_path)
             Layout.open(p)
 
 
-# -- append ---------------------------------------------------------------------------------------------
+# -- append
+# ---------------------------------------------------------------------------------------------
 def test_append_to_a_v2_file_writes_a_fresh_footer(valid, tmp_path):
     path = str(tmp_path / "a.h5")
     shutil.copyfile(valid, path)
@@ -444,7 +549,8 @@ def test_append_to_the_v1_golden_file(tmp_path):
         assert r[len(r) - 1]["id"] == rows[2]["id"] and r[0]["id"] == rows[0]["id"]
 
 
-# -- remote -----------------------------------------------------------------------------------------------
+# -- remote
+# -----------------------------------------------------------------------------------------------
 def test_remote_open_reads_the_footer_in_one_get(valid, tmp_path, http_factory):
     """HTTP: a HEAD and one ranged GET open a v2 file (a v1 file takes a HEAD and two GETs),
     and a big footer one GET more; the rows equal the local file's."""
@@ -457,7 +563,11 @@ def test_remote_open_reads_the_footer_in_one_get(valid, tmp_path, http_factory):
         w.write_batch({"i": np.arange(25_000, dtype=np.int32)})  # a 1.4 MB footer
     assert os.path.getsize(big) - Layout.open(big).footer_offset > footer.FIRST_READ
     srv = http_factory(d)
-    for name, want in (("v2.h5", 2), ("v1.h5", 2), ("big.h5", 3)):  # small files: the tail GET holds it all
+    for name, want in (
+        ("v2.h5", 2),
+        ("v1.h5", 2),
+        ("big.h5", 3),
+    ):  # small files: the tail GET holds it all
         before = srv.requests
         with rowstore.open(srv.url + "/" + name) as r:
             assert srv.requests - before == want, name
@@ -465,7 +575,9 @@ def test_remote_open_reads_the_footer_in_one_get(valid, tmp_path, http_factory):
             with rowstore.open(os.path.join(d, name)) as local:
                 k = np.arange(0, n, max(1, n // 50))
                 got, want_rows = r.take(k), local.take(k)
-                assert all(np.array_equal(got[f], want_rows[f]) for f in ("id", "x", "i") if f in got)
+                assert all(
+                    np.array_equal(got[f], want_rows[f]) for f in ("id", "x", "i") if f in got
+                )
 
 
 def test_remote_open_of_a_damaged_footer_is_refused(valid, tmp_path, http_factory):
@@ -495,7 +607,8 @@ def test_remote_open_from_moto(valid, s3_server):
         assert _same(r.take(np.arange(N)), local.take(np.arange(N)))
 
 
-# -- rowstore verify: the HDF5 part against the footer --------------------------------------------------
+# -- rowstore verify: the HDF5 part against the footer
+# --------------------------------------------------
 def test_verify_cross_checks_the_hdf5_part(valid, tmp_path, capsys):
     """``rowstore verify`` of a v2 file also checks, with libhdf5 in a child process, that the
     HDF5 part (what h5py users read) holds the footer's attributes and index: an HDF5 index
@@ -515,7 +628,9 @@ def test_verify_cross_checks_the_hdf5_part(valid, tmp_path, capsys):
         fh.seek(L.footer_offset)
         fh.write(tail)
         fh.truncate()
-    assert Layout.open(edited).footer_offset == L.footer_offset  # rowstore still reads the intact footer
+    assert (
+        Layout.open(edited).footer_offset == L.footer_offset
+    )  # rowstore still reads the intact footer
     capsys.readouterr()
     assert main(["verify", edited]) == 1
     assert "the footer and the HDF5 part disagree" in capsys.readouterr().err

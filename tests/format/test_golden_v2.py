@@ -46,14 +46,22 @@ def _check_values(path, expected, **open_kwargs):
                 elif f.dtype in ("str", "bytes"):
                     assert val == exp, (i, f.name)
                 else:
-                    assert np.asarray(val).tobytes() == exp.tobytes() and np.asarray(val).shape == exp.shape, (i, f.name)
+                    assert (
+                        np.asarray(val).tobytes() == exp.tobytes()
+                        and np.asarray(val).shape == exp.shape
+                    ), (i, f.name)
 
 
 def test_golden_v2_layout_from_its_footer(expected):
     L = Layout.open(GOLDEN, verify=True)
     assert L.version == expected["format_version"] == 2
-    assert L.footer_offset == expected["footer_offset"] and L.file_size == expected["file_size"] == os.path.getsize(GOLDEN)
-    assert L.schema == Schema.from_json(expected["v1"]["schema"]) and L.user_attrs == expected["v1"]["user_attrs"]
+    assert L.footer_offset == expected["footer_offset"] and L.file_size == expected[
+        "file_size"
+    ] == os.path.getsize(GOLDEN)
+    assert (
+        L.schema == Schema.from_json(expected["v1"]["schema"])
+        and L.user_attrs == expected["v1"]["user_attrs"]
+    )
     for name in spec.BLOCK_DTYPE.names:
         assert L.blocks[name].tolist() == expected["blocks"][name], name
     for name in spec.HEAP_CHUNK_DTYPE.names:
@@ -63,7 +71,9 @@ def test_golden_v2_layout_from_its_footer(expected):
         tail = f.read()
     assert len(tail) == expected["footer_and_trailer_bytes"]
     assert hashlib.sha256(tail).hexdigest() == expected["footer_and_trailer_sha256"]
-    assert tail.startswith(footer.FOOTER_MAGIC) and tail[-footer.TRAILER_SIZE :].startswith(footer.TRAILER_MAGIC)
+    assert tail.startswith(footer.FOOTER_MAGIC) and tail[-footer.TRAILER_SIZE :].startswith(
+        footer.TRAILER_MAGIC
+    )
 
 
 def test_golden_v2_values(expected):

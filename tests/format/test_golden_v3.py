@@ -38,14 +38,25 @@ def expected():
 
 def test_golden_v3_layout_and_page_index(expected):
     L = Layout.open(GOLDEN, verify=True)
-    assert L.version == expected["format_version"] == 3 and L.page_bytes == expected["page_bytes"] == 4096
-    assert L.footer_offset == expected["footer_offset"] and L.file_size == expected["file_size"] == os.path.getsize(GOLDEN)
-    assert L.schema == Schema.from_json(expected["v1"]["schema"]) and L.user_attrs == expected["v1"]["user_attrs"]
+    assert (
+        L.version == expected["format_version"] == 3
+        and L.page_bytes == expected["page_bytes"] == 4096
+    )
+    assert L.footer_offset == expected["footer_offset"] and L.file_size == expected[
+        "file_size"
+    ] == os.path.getsize(GOLDEN)
+    assert (
+        L.schema == Schema.from_json(expected["v1"]["schema"])
+        and L.user_attrs == expected["v1"]["user_attrs"]
+    )
     for name in spec.BLOCK_DTYPE.names:
         assert L.blocks[name].tolist() == expected["blocks"][name], name
     for name in spec.HEAP_CHUNK_DTYPE.names:
         assert L.heap_chunks[name].tolist() == expected["heap_chunks"][name], name
-    assert L.block_pages.tolist() == expected["block_pages"] and L.heap_pages.tolist() == expected["heap_pages"]
+    assert (
+        L.block_pages.tolist() == expected["block_pages"]
+        and L.heap_pages.tolist() == expected["heap_pages"]
+    )
     with open(GOLDEN, "rb") as f:
         raw = f.read()
     # Each page CRC is zlib.crc32 of the page's stored bytes (docs/format.md, the page index).

@@ -21,28 +21,40 @@ COMPRESSION_IDS = ["none", "lz4", "zstd", "blosclz-dict"]
 
 
 def interop_schema() -> Schema:
-    return Schema([
-        Field("fixed", "float32", (2, 3)),
-        Field("label", "int64", nullable=True),
-        Field("flag", "bool"),
-        Field("u", "uint64"),
-        Field("h", "float16", (2,)),
-        Field("c", "complex64"),
-        Field("text", "str", nullable=True),
-        Field("blob", "bytes"),
-        Field("wave", "float32", (None,)),
-        Field("grid", "int16", (None, 3, None), nullable=True),
-        Field("image", "uint8", (6, 5, 3), codec={"id": "png", "level": 1}),
-    ])  # fmt: skip
+    return Schema(
+        [
+            Field("fixed", "float32", (2, 3)),
+            Field("label", "int64", nullable=True),
+            Field("flag", "bool"),
+            Field("u", "uint64"),
+            Field("h", "float16", (2,)),
+            Field("c", "complex64"),
+            Field("text", "str", nullable=True),
+            Field("blob", "bytes"),
+            Field("wave", "float32", (None,)),
+            Field("grid", "int16", (None, 3, None), nullable=True),
+            Field("image", "uint8", (6, 5, 3), codec={"id": "png", "level": 1}),
+        ]
+    )
 
 
 def interop_rows(rs, schema, n=23):
     rows = rs.make_rows(schema, n, seed=21)
     # a whole block (rows 8..11 with rows_per_block=4) of zeros/empties: all-zero chunks
     for i in range(8, 12):
-        rows[i].update(fixed=np.zeros((2, 3), np.float32), label=0, flag=False, u=0, h=np.zeros(2, np.float16),
-                       c=0j, text="", blob=bytes(200), wave=np.zeros(0, np.float32), grid=np.zeros((0, 3, 0), np.int16),
-                       image=np.zeros((6, 5, 3), np.uint8))  # fmt: skip
+        rows[i].update(
+            fixed=np.zeros((2, 3), np.float32),
+            label=0,
+            flag=False,
+            u=0,
+            h=np.zeros(2, np.float16),
+            c=0j,
+            text="",
+            blob=bytes(200),
+            wave=np.zeros(0, np.float32),
+            grid=np.zeros((0, 3, 0), np.int16),
+            image=np.zeros((6, 5, 3), np.uint8),
+        )
     return rows
 
 
@@ -68,10 +80,18 @@ def check_table(schema, rows, table: np.ndarray, heap: bytes, *, exact_dtypes: b
         assert f.name in names
         col = table[f.name]
         if f.nullable:
-            assert table[f.name + "__null"].tolist() == [r.get(f.name) is None for r in rows], f.name
+            assert table[f.name + "__null"].tolist() == [r.get(f.name) is None for r in rows], (
+                f.name
+            )
         if f.inline:
-            exp = np.stack([np.zeros(f.shape, f.dtype) if r.get(f.name) is None else np.asarray(r[f.name], f.dtype)
-                            for r in rows])  # fmt: skip
+            exp = np.stack(
+                [
+                    np.zeros(f.shape, f.dtype)
+                    if r.get(f.name) is None
+                    else np.asarray(r[f.name], f.dtype)
+                    for r in rows
+                ]
+            )
             if exact_dtypes:
                 assert col.dtype.base == f.dtype, (f.name, col.dtype)
             assert col.dtype.base.itemsize == f.dtype.itemsize, (f.name, col.dtype)
@@ -85,14 +105,18 @@ def check_table(schema, rows, table: np.ndarray, heap: bytes, *, exact_dtypes: b
                 continue
             assert heap[off : off + nb] == expected_payload(f, v), (f.name, i)
             if f.variable_dims:
-                assert list(np.atleast_1d(col["shape"][i])) == [v.shape[d] for d in f.variable_dims], (f.name, i)
+                assert list(np.atleast_1d(col["shape"][i])) == [
+                    v.shape[d] for d in f.variable_dims
+                ], (f.name, i)
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
 def test_h5py_reads_the_table_and_heap(rs, h5path, compression):
     schema = interop_schema()
     rows = interop_rows(rs, schema)
-    rs.write_file(h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    rs.write_file(
+        h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+    )
     with h5py.File(h5path, "r") as f:
         g = f["rowstore"]
         ds = g["rows"]
@@ -124,8 +148,10 @@ with tables.open_file(path, "r") as f:
     heap = f.get_node("/rowstore/heap").read()
     filters = repr(t.filters)
     blocks = f.get_node("/rowstore/blocks").read()
-    attrs = {k: str(f.get_node_attr("/rowstore", k)) for k in ("format", "format_version", "num_rows")}
-assert "h5py" not in sys.modules and "hdf5plugin" not in sys.modules, "PyTables must decode on its own"
+    attrs = {k: str(f.get_node_attr("/rowstore", k)) for k in ("format", "format_version",
+    "num_rows")}
+assert "h5py" not in sys.modules and "hdf5plugin" not in sys.modules, "PyTables must decode on its
+own"
 assert "rowstore" not in sys.modules
 np.save(out + "rows.npy", rows)
 np.save(out + "heap.npy", heap)
@@ -142,7 +168,9 @@ def test_pytables_reads_the_table_and_heap_without_hdf5plugin(rs, h5path, tmp_pa
     pytest.importorskip("tables")
     schema = interop_schema()
     rows = interop_rows(rs, schema)
-    rs.write_file(h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    rs.write_file(
+        h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+    )
     prefix = str(tmp_path / "dump_")
     proc = rs.run_python(PYTABLES_DUMP, h5path, prefix)
     assert proc.returncode == 0, proc.stderr
@@ -161,9 +189,18 @@ def test_pytables_reads_the_table_and_heap_without_hdf5plugin(rs, h5path, tmp_pa
 
 def test_pytables_reads_a_file_without_heap(rs, h5path, tmp_path):
     pytest.importorskip("tables")
-    schema = Schema([Field("x", "float64", (9, 9, 27)), Field("bar", "int64", (9, 27)), Field("baz", "float64")])
+    schema = Schema(
+        [Field("x", "float64", (9, 9, 27)), Field("bar", "int64", (9, 27)), Field("baz", "float64")]
+    )
     rng = np.random.default_rng(22)
-    rows = [{"x": rng.standard_normal((9, 9, 27)), "bar": rng.integers(-99, 99, (9, 27)), "baz": float(i)} for i in range(7)]
+    rows = [
+        {
+            "x": rng.standard_normal((9, 9, 27)),
+            "bar": rng.integers(-99, 99, (9, 27)),
+            "baz": float(i),
+        }
+        for i in range(7)
+    ]
     rs.write_file(h5path, schema, rows, rows_per_block=3, compression="zstd")
     code = """
     import sys, numpy as np, tables

@@ -43,7 +43,9 @@ def _small(path, schema, rows):
 
 
 def test_terabyte_block_is_refused_at_open(tmp_path):
-    path = _small(str(tmp_path / "t.h5"), Schema([Field("x", "float64", (16,))]), [{"x": np.zeros(16)}] * 8)
+    path = _small(
+        str(tmp_path / "t.h5"), Schema([Field("x", "float64", (16,))]), [{"x": np.zeros(16)}] * 8
+    )
     rows = (1 << 40) // 128  # 1 TiB blocks of 128-byte rows
     with h5py.File(path, "r+") as f:
         f["rowstore"].attrs["rows_per_block"] = rows
@@ -52,7 +54,10 @@ def test_terabyte_block_is_refused_at_open(tmp_path):
     assert ei.value.path == path
 
 
-@pytest.mark.parametrize(("attr", "value"), [("heap_chunk_bytes", 1 << 40), ("num_rows", 1 << 50), ("heap_nbytes", 1 << 55)])
+@pytest.mark.parametrize(
+    ("attr", "value"),
+    [("heap_chunk_bytes", 1 << 40), ("num_rows", 1 << 50), ("heap_nbytes", 1 << 55)],
+)
 def test_huge_declared_sizes_are_refused_at_open(tmp_path, attr, value):
     schema = Schema([Field("i", "int64"), Field("s", "str")])
     path = _small(str(tmp_path / "h.h5"), schema, [{"i": i, "s": "x" * i} for i in range(8)])
@@ -64,7 +69,9 @@ def test_huge_declared_sizes_are_refused_at_open(tmp_path, attr, value):
 
 def test_index_longer_than_declared_is_refused_before_reading(tmp_path):
     """An index dataset declared (not stored) with 2**40 entries would be allocated by a read."""
-    path = _small(str(tmp_path / "i.h5"), Schema([Field("i", "int64")]), [{"i": i} for i in range(8)])
+    path = _small(
+        str(tmp_path / "i.h5"), Schema([Field("i", "int64")]), [{"i": i} for i in range(8)]
+    )
     with h5py.File(path, "r+") as f:
         g = f["rowstore"]
         del g["blocks"]
@@ -118,7 +125,11 @@ def test_verify_reports_every_damaged_chunk_with_rows_and_fails(tmp_path, capsys
             w.write({"i": i, "s": f"value {i:04d}"})
     L = rowstore.Layout.open(path)
     with open(path, "r+b") as fh:
-        for off in (int(L.blocks["offset"][1]) + 3, int(L.blocks["offset"][3]) + 3, int(L.heap_chunks["offset"][2]) + 1):
+        for off in (
+            int(L.blocks["offset"][1]) + 3,
+            int(L.blocks["offset"][3]) + 3,
+            int(L.heap_chunks["offset"][2]) + 1,
+        ):
             fh.seek(off)
             b = fh.read(1)
             fh.seek(off)
@@ -138,7 +149,11 @@ def test_schema_of_a_huge_fixed_shape_decoded_field_is_refused_before_allocating
     an allocation of n x 3 TiB."""
     pytest.importorskip("imagecodecs")
     schema = Schema([Field("i", "int64"), Field("img", "uint8", (2, 3, 3), codec="png")])
-    path = _small(str(tmp_path / "s.h5"), schema, [{"i": i, "img": np.zeros((2, 3, 3), np.uint8)} for i in range(8)])
+    path = _small(
+        str(tmp_path / "s.h5"),
+        schema,
+        [{"i": i, "img": np.zeros((2, 3, 3), np.uint8)} for i in range(8)],
+    )
     with h5py.File(path, "r+") as f:
         js = schema.to_json()
         js["fields"][1]["shape"] = [1 << 20, 1 << 20, 3]

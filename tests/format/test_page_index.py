@@ -23,7 +23,10 @@ SMALL = Schema([Field("id", "int64"), Field("x", "float32", (25,))])
 def _write(path, schema, n=400, rows_per_block=32):
     width = schema["x"].shape[0]
     with rowstore.Writer(path, schema, rows_per_block=rows_per_block) as w:
-        batch = {"id": np.arange(n), "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(width, np.float32)}
+        batch = {
+            "id": np.arange(n),
+            "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(width, np.float32),
+        }
         if "y" in schema.names:
             batch["y"] = np.ones((n, 8), np.float32)
         w.write_batch(batch)
@@ -37,14 +40,21 @@ def big(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    return _write(str(tmp_path_factory.mktemp("pages") / "small.h5"), SMALL, n=1000, rows_per_block=128)
+    return _write(
+        str(tmp_path_factory.mktemp("pages") / "small.h5"), SMALL, n=1000, rows_per_block=128
+    )
 
 
 def _flip(src, dst, row, field="x"):
     shutil.copyfile(src, dst)
     L = Layout.open(src)
     rpb = L.rows_per_block
-    off = int(L.blocks["offset"][row // rpb]) + (row % rpb) * L.row_dtype.itemsize + L.row_dtype.fields[field][1] + 3
+    off = (
+        int(L.blocks["offset"][row // rpb])
+        + (row % rpb) * L.row_dtype.itemsize
+        + L.row_dtype.fields[field][1]
+        + 3
+    )
     with open(dst, "r+b") as f:
         f.seek(off)
         b = f.read(1)
@@ -73,7 +83,9 @@ def test_a_flipped_byte_is_never_served(big, small, tmp_path, which, how):
         elif how == "getitem":
             r[100]
         elif how == "take_many":
-            r.take(np.random.default_rng(0).permutation(n)[:40].tolist() + [100], fields=["id", "x"])
+            r.take(
+                np.random.default_rng(0).permutation(n)[:40].tolist() + [100], fields=["id", "x"]
+            )
         elif how == "pieces":
             for _ in r.batches(16, shuffle="block", pieces=4, seed=1, fields=["id", "x"]):
                 pass
@@ -105,7 +117,9 @@ def test_a_clean_file_reads_the_same_over_epochs(big, small):
             for epoch in range(2):  # the first epoch checks pages, the second reads them directly
                 for shuffle in ("full", "block"):
                     ids = []
-                    for b in r.batches(25, shuffle=shuffle, seed=4, epoch=epoch, fields=["id", "x"]):
+                    for b in r.batches(
+                        25, shuffle=shuffle, seed=4, epoch=epoch, fields=["id", "x"]
+                    ):
                         assert (b["x"][:, 0] == b["id"]).all() and (b["x"][:, -1] == b["id"]).all()
                         ids.extend(b["id"].tolist())
                     assert sorted(ids) == list(range(n))
@@ -131,7 +145,9 @@ def test_an_edited_page_crc_is_refused(big, tmp_path):
     pages[7] ^= 1
     dst = str(tmp_path / "edited.h5")
     shutil.copyfile(big, dst)
-    data = _encode(_header(big), L.blocks, L.heap_chunks, L.footer_offset, pages=(pages, L.heap_pages))
+    data = _encode(
+        _header(big), L.blocks, L.heap_chunks, L.footer_offset, pages=(pages, L.heap_pages)
+    )
     with open(dst, "r+b") as f:
         f.truncate(L.footer_offset)
         f.seek(L.footer_offset)
@@ -146,13 +162,22 @@ def test_append_keeps_the_page_index(big, tmp_path):
     path = str(tmp_path / "a.h5")
     shutil.copyfile(big, path)
     with rowstore.Writer(path, mode="a") as w:
-        w.write_batch({"id": np.arange(400, 410), "x": np.full((10, 1100), 7, np.float32), "y": np.ones((10, 8), np.float32)})
+        w.write_batch(
+            {
+                "id": np.arange(400, 410),
+                "x": np.full((10, 1100), 7, np.float32),
+                "y": np.ones((10, 8), np.float32),
+            }
+        )
     L = Layout.open(path)
     assert L.version == 3 and L.num_rows == 410
     raw = open(path, "rb").read()
     rs = L.row_dtype.itemsize
-    want = [zlib.crc32(raw[int(b["offset"]) + j * rs : int(b["offset"]) + (j + 1) * rs])
-            for b in L.blocks for j in range(L.rows_per_block)]
+    want = [
+        zlib.crc32(raw[int(b["offset"]) + j * rs : int(b["offset"]) + (j + 1) * rs])
+        for b in L.blocks
+        for j in range(L.rows_per_block)
+    ]
     assert L.block_pages.tolist() == want
     with rowstore.open(path) as r:
         assert r.take([405], fields=["id"])["id"].tolist() == [405]
@@ -184,7 +209,9 @@ def test_page_crcs_and_check_buffer_match_zlib():
                 kernels.check_buffer(a, starts, sizes, bad)
             assert ei.value.index == k
     with pytest.raises(kernels.KernelError):
-        kernels.check_buffer(np.zeros(4, np.uint8), np.array([2]), np.array([3]), np.zeros(1, np.uint32))
+        kernels.check_buffer(
+            np.zeros(4, np.uint8), np.array([2]), np.array([3]), np.zeros(1, np.uint32)
+        )
 
 
 def test_check_ranges_and_checked_preadv_match_zlib(tmp_path):
@@ -196,8 +223,14 @@ def test_check_ranges_and_checked_preadv_match_zlib(tmp_path):
     try:
         # Runs of pages: each range split into pages of 1000 bytes, the last one the rest.
         offs, sizes = np.array([0, 7_000, 20_123]), np.array([2_500, 1_000, 4_100])
-        want = [zlib.crc32(data[o + a : o + min(a + 1000, s)].tobytes()) for o, s in zip(offs, sizes) for a in range(0, s, 1000)]
-        kernels.check_ranges(fd, offs, sizes, 1000, np.array(want, np.uint32), np.empty(5000, np.uint8))
+        want = [
+            zlib.crc32(data[o + a : o + min(a + 1000, s)].tobytes())
+            for o, s in zip(offs, sizes)
+            for a in range(0, s, 1000)
+        ]
+        kernels.check_ranges(
+            fd, offs, sizes, 1000, np.array(want, np.uint32), np.empty(5000, np.uint8)
+        )
         bad = np.array(want, np.uint32)
         bad[4] ^= 8
         with pytest.raises(kernels.KernelChecksumError) as ei:
@@ -209,14 +242,20 @@ def test_check_ranges_and_checked_preadv_match_zlib(tmp_path):
         segments = [(100, segs_out[0]), (150, None), (50, segs_out[1])]
         crc = np.array([zlib.crc32(data[r : r + 300].tobytes()) for r in rows], np.uint32)
         check = np.array([1, 0, 1, 1], bool)
-        kernels.preadv_rows(fd, rows, 300, segments, np.empty(300, np.uint8), check=check, expect=crc)
+        kernels.preadv_rows(
+            fd, rows, 300, segments, np.empty(300, np.uint8), check=check, expect=crc
+        )
         assert (segs_out[0] == np.stack([data[r : r + 100] for r in rows])).all()
         assert (segs_out[1] == np.stack([data[r + 250 : r + 300] for r in rows])).all()
         crc[1] ^= 1  # an unchecked row: not compared
-        kernels.preadv_rows(fd, rows, 300, segments, np.empty(300, np.uint8), check=check, expect=crc)
+        kernels.preadv_rows(
+            fd, rows, 300, segments, np.empty(300, np.uint8), check=check, expect=crc
+        )
         crc[3] ^= 1
         with pytest.raises(kernels.KernelChecksumError) as ei:
-            kernels.preadv_rows(fd, rows, 300, segments, np.empty(300, np.uint8), check=check, expect=crc)
+            kernels.preadv_rows(
+                fd, rows, 300, segments, np.empty(300, np.uint8), check=check, expect=crc
+            )
         assert ei.value.index == 3
     finally:
         os.close(fd)
@@ -300,13 +339,42 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
         plain = np.empty(int(dst[-1]), np.uint8)
         kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, plain, dst)
         with pytest.raises(ValueError):  # the scratch holds a head and a tail page
-            kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, np.empty_like(plain), dst,
-                               pages=(4096, L.heap_pages, np.zeros(len(L.heap_pages), bool), np.empty(4096, np.uint8)))
+            kernels.pread_heap(
+                fd,
+                src,
+                rs,
+                ref,
+                idx,
+                lo,
+                hi,
+                offs,
+                L.heap_chunk_bytes,
+                np.empty_like(plain),
+                dst,
+                pages=(
+                    4096,
+                    L.heap_pages,
+                    np.zeros(len(L.heap_pages), bool),
+                    np.empty(4096, np.uint8),
+                ),
+            )
         for scratch in (2 * 4096, 3 * 4096, 1 << 20):
             checked = np.zeros(len(L.heap_pages), bool)
             got = np.empty_like(plain)
-            kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, got, dst,
-                               pages=(4096, L.heap_pages, checked, np.empty(scratch, np.uint8)))
+            kernels.pread_heap(
+                fd,
+                src,
+                rs,
+                ref,
+                idx,
+                lo,
+                hi,
+                offs,
+                L.heap_chunk_bytes,
+                got,
+                dst,
+                pages=(4096, L.heap_pages, checked, np.empty(scratch, np.uint8)),
+            )
             assert np.array_equal(got, plain) and checked.any()
             # Every page a payload touches is flagged, and only those.
             want = np.zeros_like(checked)
@@ -318,18 +386,36 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
         bad = L.heap_pages.copy()
         bad[int(np.flatnonzero(want)[0])] ^= 1
         with pytest.raises(kernels.KernelChecksumError):
-            kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, np.empty_like(plain), dst,
-                               pages=(4096, bad, np.zeros(len(bad), bool), np.empty(8192, np.uint8)))
+            kernels.pread_heap(
+                fd,
+                src,
+                rs,
+                ref,
+                idx,
+                lo,
+                hi,
+                offs,
+                L.heap_chunk_bytes,
+                np.empty_like(plain),
+                dst,
+                pages=(4096, bad, np.zeros(len(bad), bool), np.empty(8192, np.uint8)),
+            )
     finally:
         os.close(fd)
 
 
 def _dataset(path, schema, n=400, rows_per_block=32, shard_rows=100):
     width = schema["x"].shape[0]
-    with rowstore.DatasetWriter(path, schema, rows_per_block=rows_per_block,
-                                shard_bytes=shard_rows * 4464) as w:  # rows of 4,464 bytes
-        w.write_batch({"id": np.arange(n), "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(width, np.float32),
-                       "y": np.ones((n, 8), np.float32)})
+    with rowstore.DatasetWriter(
+        path, schema, rows_per_block=rows_per_block, shard_bytes=shard_rows * 4464
+    ) as w:  # rows of 4,464 bytes
+        w.write_batch(
+            {
+                "id": np.arange(n),
+                "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(width, np.float32),
+                "y": np.ones((n, 8), np.float32),
+            }
+        )
     return path
 
 
@@ -360,7 +446,8 @@ def test_a_dataset_directory_uses_its_shards_page_indexes(dataset):
         assert L.num_shards >= 3 and L.shard_layouts is None  # opened from the manifest
         pi = L.page_index()
         assert pi is not None and len(pi.block_pages) == sum(
-            Layout.open(p).block_pages.size for p in L.shard_paths)
+            Layout.open(p).block_pages.size for p in L.shard_paths
+        )
 
 
 @pytest.mark.parametrize("how", ["take", "getitem", "full", "block"])
@@ -397,7 +484,13 @@ def test_a_replaced_shard_falls_back_to_whole_chunk_checks(dataset, tmp_path):
     other = str(tmp_path / "other.h5")
     with rowstore.Writer(other, BIG, rows_per_block=32) as w:
         n = int(Layout.open(path).num_rows)
-        w.write_batch({"id": np.arange(n) + 7, "x": np.ones((n, 1100), np.float32), "y": np.ones((n, 8), np.float32)})
+        w.write_batch(
+            {
+                "id": np.arange(n) + 7,
+                "x": np.ones((n, 1100), np.float32),
+                "y": np.ones((n, 8), np.float32),
+            }
+        )
     assert os.path.getsize(other) == os.path.getsize(path)
     os.replace(other, path)
     with rowstore.open(bad) as r:

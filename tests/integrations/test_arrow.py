@@ -1,4 +1,5 @@
-"""rowstore.arrow: from_arrow / from_parquet round trips, streaming memory, the decode option, errors."""
+"""rowstore.arrow: from_arrow / from_parquet round trips, streaming memory, the decode option,
+errors."""
 
 from __future__ import annotations
 
@@ -23,28 +24,43 @@ N = 23
 def _table(n: int = N, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     ragged = [rng.standard_normal(int(rng.integers(0, 5))).astype(np.float32) for _ in range(n)]
-    grids = [rng.integers(-9, 9, (int(rng.integers(0, 3)), int(rng.integers(1, 4)))).astype(np.int16) for _ in range(n)]
-    return pa.table({
-        "i32": pa.array([None if k % 7 == 3 else k for k in range(n)], pa.int32()),
-        "u8": pa.array(rng.integers(0, 255, n, dtype=np.uint8)),
-        "f64": pa.array(rng.standard_normal(n)),
-        "f16": pa.array(rng.standard_normal(n).astype(np.float16)),
-        "flag": pa.array([None if k % 5 == 1 else bool(k % 2) for k in range(n)]),
-        "text": pa.array([None if k % 4 == 0 else f"t{k} é😀" for k in range(n)]),
-        "big": pa.array([f"l{k}" for k in range(n)], pa.large_string()),
-        "blob": pa.array([bytes(range(k % 9)) for k in range(n)], pa.binary()),
-        "fixb": pa.array([bytes([k, k]) for k in range(n)], pa.binary(2)),
-        "ts": pa.array([dt.datetime(2020, 1, 1) + dt.timedelta(seconds=37 * k) for k in range(n)],
-                       pa.timestamp("ms", tz="Europe/Paris")),
-        "day": pa.array([dt.date(2001, 1, 1) + dt.timedelta(days=k) for k in range(n)], pa.date32()),
-        "dur": pa.array(np.arange(n) * 1000, pa.duration("us")),
-        "wave": pa.array([r.tolist() for r in ragged], pa.list_(pa.float32())),
-        "wave_l": pa.array([None if k == 2 else r.tolist() for k, r in enumerate(ragged)], pa.large_list(pa.float32())),
-        "vec3": pa.array([[k, k + 1, k + 2] for k in range(n)], pa.list_(pa.int64(), 3)),
-        "grid": pa.array([g.tolist() for g in grids], pa.list_(pa.list_(pa.int16()))),
-        "pairs": pa.array([g[:, :1].repeat(2, axis=1).tolist() for g in grids], pa.list_(pa.list_(pa.int16(), 2))),
-        "speaker id": pa.array([k % 3 for k in range(n)], pa.int64()),
-    })  # fmt: skip
+    grids = [
+        rng.integers(-9, 9, (int(rng.integers(0, 3)), int(rng.integers(1, 4)))).astype(np.int16)
+        for _ in range(n)
+    ]
+    return pa.table(
+        {
+            "i32": pa.array([None if k % 7 == 3 else k for k in range(n)], pa.int32()),
+            "u8": pa.array(rng.integers(0, 255, n, dtype=np.uint8)),
+            "f64": pa.array(rng.standard_normal(n)),
+            "f16": pa.array(rng.standard_normal(n).astype(np.float16)),
+            "flag": pa.array([None if k % 5 == 1 else bool(k % 2) for k in range(n)]),
+            "text": pa.array([None if k % 4 == 0 else f"t{k} é😀" for k in range(n)]),
+            "big": pa.array([f"l{k}" for k in range(n)], pa.large_string()),
+            "blob": pa.array([bytes(range(k % 9)) for k in range(n)], pa.binary()),
+            "fixb": pa.array([bytes([k, k]) for k in range(n)], pa.binary(2)),
+            "ts": pa.array(
+                [dt.datetime(2020, 1, 1) + dt.timedelta(seconds=37 * k) for k in range(n)],
+                pa.timestamp("ms", tz="Europe/Paris"),
+            ),
+            "day": pa.array(
+                [dt.date(2001, 1, 1) + dt.timedelta(days=k) for k in range(n)], pa.date32()
+            ),
+            "dur": pa.array(np.arange(n) * 1000, pa.duration("us")),
+            "wave": pa.array([r.tolist() for r in ragged], pa.list_(pa.float32())),
+            "wave_l": pa.array(
+                [None if k == 2 else r.tolist() for k, r in enumerate(ragged)],
+                pa.large_list(pa.float32()),
+            ),
+            "vec3": pa.array([[k, k + 1, k + 2] for k in range(n)], pa.list_(pa.int64(), 3)),
+            "grid": pa.array([g.tolist() for g in grids], pa.list_(pa.list_(pa.int16()))),
+            "pairs": pa.array(
+                [g[:, :1].repeat(2, axis=1).tolist() for g in grids],
+                pa.list_(pa.list_(pa.int16(), 2)),
+            ),
+            "speaker id": pa.array([k % 3 for k in range(n)], pa.int64()),
+        }
+    )
 
 
 def _expected(col: pa.ChunkedArray, field: Field, k: int):
@@ -54,9 +70,16 @@ def _expected(col: pa.ChunkedArray, field: Field, k: int):
     if field.dtype in (rowstore.STR, rowstore.BYTES):
         return v
     if field.shape:
-        return np.asarray(v, dtype=field.dtype).reshape([len(v)] + ([len(v[0])] if v and field.shape[1:] else
-                                                                   [0] if field.shape[1:] == (None,) else
-                                                                   list(field.shape[1:])))  # fmt: skip
+        return np.asarray(v, dtype=field.dtype).reshape(
+            [len(v)]
+            + (
+                [len(v[0])]
+                if v and field.shape[1:]
+                else [0]
+                if field.shape[1:] == (None,)
+                else list(field.shape[1:])
+            )
+        )
     if field.is_time:
         return np.asarray(col.slice(k, 1).to_numpy(zero_copy_only=False)[0])
     return np.asarray(v, dtype=field.dtype)
@@ -75,15 +98,29 @@ def _check(table: pa.Table, path: str, rs, schema: Schema | None = None) -> None
 
 
 def test_types_map_to_fields():
-    want = {"i32": ("int32", (), True), "u8": ("uint8", (), False), "f64": ("float64", (), False),
-            "f16": ("float16", (), False), "flag": ("bool", (), True), "text": ("str", (), True),
-            "big": ("str", (), False), "blob": ("bytes", (), False), "fixb": ("bytes", (), False),
-            "ts": ("datetime64[ms]", (), False), "day": ("datetime64[D]", (), False),
-            "dur": ("timedelta64[us]", (), False), "wave": ("float32", (None,), False),
-            "wave_l": ("float32", (None,), True), "vec3": ("int64", (3,), False),
-            "grid": ("int16", (None, None), False), "pairs": ("int16", (None, 2), False),
-            "speaker_id": ("int64", (), False)}  # fmt: skip
-    assert infer_schema(_table()) == Schema([Field(k, d, s, nullable=n) for k, (d, s, n) in want.items()])
+    want = {
+        "i32": ("int32", (), True),
+        "u8": ("uint8", (), False),
+        "f64": ("float64", (), False),
+        "f16": ("float16", (), False),
+        "flag": ("bool", (), True),
+        "text": ("str", (), True),
+        "big": ("str", (), False),
+        "blob": ("bytes", (), False),
+        "fixb": ("bytes", (), False),
+        "ts": ("datetime64[ms]", (), False),
+        "day": ("datetime64[D]", (), False),
+        "dur": ("timedelta64[us]", (), False),
+        "wave": ("float32", (None,), False),
+        "wave_l": ("float32", (None,), True),
+        "vec3": ("int64", (3,), False),
+        "grid": ("int16", (None, None), False),
+        "pairs": ("int16", (None, 2), False),
+        "speaker_id": ("int64", (), False),
+    }
+    assert infer_schema(_table()) == Schema(
+        [Field(k, d, s, nullable=n) for k, (d, s, n) in want.items()]
+    )
 
 
 @pytest.mark.parametrize("how", ["table", "sliced", "batches", "reader", "dataset"])
@@ -102,7 +139,11 @@ def test_from_arrow_round_trip(tmp_path, rs, how):
     else:
         src = t
     path = str(tmp_path / "t.h5")
-    if how in ("reader", "batches", "dataset"):  # a stream cannot be looked ahead: nullability from the Arrow flags
+    if how in (
+        "reader",
+        "batches",
+        "dataset",
+    ):  # a stream cannot be looked ahead: nullability from the Arrow flags
         schema = from_arrow(src, path, schema=infer_schema(t))
     else:
         schema = from_arrow(src, path, batch_rows=8)
@@ -110,14 +151,18 @@ def test_from_arrow_round_trip(tmp_path, rs, how):
     _check(t, path, rs)
     with rowstore.open(path) as r:
         meta = r.layout.user_attrs["arrow"]
-    assert meta["columns"]["speaker_id"] == "speaker id" and meta["timezones"] == {"ts": "Europe/Paris"}
+    assert meta["columns"]["speaker_id"] == "speaker id" and meta["timezones"] == {
+        "ts": "Europe/Paris"
+    }
 
 
 def test_from_parquet_directory_keeps_order_and_nulls(tmp_path, rs):
     t = _table(60, seed=3)
     d = tmp_path / "pq"
     d.mkdir()
-    for k, a in enumerate(range(0, 60, 20)):  # three files, names sort in row order; small row groups
+    for k, a in enumerate(
+        range(0, 60, 20)
+    ):  # three files, names sort in row order; small row groups
         pq.write_table(t.slice(a, 20), d / f"part-{k:05d}.parquet", row_group_size=6)
     (d / "_SUCCESS").write_bytes(b"")
     out = str(tmp_path / "ds")
@@ -125,8 +170,12 @@ def test_from_parquet_directory_keeps_order_and_nulls(tmp_path, rs):
     # Null counts of the row groups' statistics decide for top-level columns; list columns have
     # none (their leaves are counted), so their Arrow flag does.
     assert schema["u8"].nullable is False and schema["i32"].nullable is True
-    want = Schema([Field(f.name, f.dtype, f.shape, codec=f.codec, nullable=f.nullable or bool(f.shape)) for f in
-                   infer_schema(t)])  # fmt: skip
+    want = Schema(
+        [
+            Field(f.name, f.dtype, f.shape, codec=f.codec, nullable=f.nullable or bool(f.shape))
+            for f in infer_schema(t)
+        ]
+    )
     assert schema == want
     _check(t, out, rs, want)
     with rowstore.open(out) as r:
@@ -171,13 +220,24 @@ def _npy(a: np.ndarray) -> bytes:
 def test_decode_binary_columns(tmp_path, rs):
     imagecodecs = pytest.importorskip("imagecodecs")
     rng = np.random.default_rng(1)
-    arrays = [rng.standard_normal((2, int(rng.integers(1, 4)))).astype(np.float32) for _ in range(10)]
+    arrays = [
+        rng.standard_normal((2, int(rng.integers(1, 4)))).astype(np.float32) for _ in range(10)
+    ]
     images = [rs.smooth_image(rng, (8, 6, 3)) for _ in range(10)]
-    t = pa.table({"arr": [_npy(a) for a in arrays], "img": [imagecodecs.png_encode(i) for i in images],
-                  "img2": [imagecodecs.png_encode(i) for i in images]})  # fmt: skip
+    t = pa.table(
+        {
+            "arr": [_npy(a) for a in arrays],
+            "img": [imagecodecs.png_encode(i) for i in images],
+            "img2": [imagecodecs.png_encode(i) for i in images],
+        }
+    )
     target = Field("img2", "uint8", (None, None, 3), codec="png")
-    schema = from_arrow(t, str(tmp_path / "d.h5"), decode={"arr": "npy", "img": "png", "img2": target})
-    assert schema["arr"] == Field("arr", "float32", (2, None))  # the first batch's values: dim 1 varies
+    schema = from_arrow(
+        t, str(tmp_path / "d.h5"), decode={"arr": "npy", "img": "png", "img2": target}
+    )
+    assert schema["arr"] == Field(
+        "arr", "float32", (2, None)
+    )  # the first batch's values: dim 1 varies
     assert schema["img"].shape == (8, 6, 3) and schema["img"].codec["id"] == "png"
     assert schema["img2"].shape == (None, None, 3)
     with rowstore.open(str(tmp_path / "d.h5")) as r:
@@ -187,30 +247,46 @@ def test_decode_binary_columns(tmp_path, rs):
             np.testing.assert_array_equal(row["img"], images[k])
             np.testing.assert_array_equal(row["img2"], images[k])
     # a given schema decodes binary columns of numeric fields by the field's codec
-    again = from_arrow(t.select(["arr", "img"]), str(tmp_path / "e.h5"), schema=Schema([
-        Field("arr", "float32", (2, None)), Field("img", "uint8", (8, 6, 3), codec="png")]))
+    again = from_arrow(
+        t.select(["arr", "img"]),
+        str(tmp_path / "e.h5"),
+        schema=Schema(
+            [Field("arr", "float32", (2, None)), Field("img", "uint8", (8, 6, 3), codec="png")]
+        ),
+    )
     assert again.names == ["arr", "img"]
     bad = pa.table({"arr": [_npy(arrays[0]), b"not npy"]})
-    with pytest.raises(RowValidationError, match=r"column 'arr', row 1: the npy payload does not decode"):
+    with pytest.raises(
+        RowValidationError, match=r"column 'arr', row 1: the npy payload does not decode"
+    ):
         from_arrow(bad, str(tmp_path / "f.h5"), decode={"arr": "npy"})
     # a hostile header declaring a terabyte is refused before anything is allocated
     h = io.BytesIO()
-    np.lib.format.write_array_header_1_0(h, {"descr": "<f4", "fortran_order": False, "shape": (2, 10**12)})
+    np.lib.format.write_array_header_1_0(
+        h, {"descr": "<f4", "fortran_order": False, "shape": (2, 10**12)}
+    )
     huge = pa.table({"arr": [_npy(arrays[0]), h.getvalue() + b"x" * 64]})
-    with pytest.raises(RowValidationError, match=r"row 1: the npy payload does not decode: the npy header declares"):
+    with pytest.raises(
+        RowValidationError, match=r"row 1: the npy payload does not decode: the npy header declares"
+    ):
         from_arrow(huge, str(tmp_path / "g.h5"), decode={"arr": Field("arr", "float32", (2, None))})
     pickled = io.BytesIO()
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(RowValidationError, match="pickles are never loaded"):
-        from_arrow(pa.table({"arr": [pickled.getvalue()]}), str(tmp_path / "h.h5"),
-                   decode={"arr": Field("arr", "float32", (None,))})
+        from_arrow(
+            pa.table({"arr": [pickled.getvalue()]}),
+            str(tmp_path / "h.h5"),
+            decode={"arr": Field("arr", "float32", (None,))},
+        )
 
 
 def test_bad_input_names_column_and_row(tmp_path):
     p = str(tmp_path / "x.h5")
     with pytest.raises(RowValidationError, match=r"column 'l'.*a null inside a list"):
         from_arrow(pa.table({"l": pa.array([[1.0], [2.0, None]])}), p)
-    with pytest.raises(RowValidationError, match=r"column 'g', row 1: sub-lists of lengths \[1, 2\]"):
+    with pytest.raises(
+        RowValidationError, match=r"column 'g', row 1: sub-lists of lengths \[1, 2\]"
+    ):
         from_arrow(pa.table({"g": pa.array([[[1], [2]], [[1], [2, 3]]])}), p)
     with pytest.raises(SchemaError, match=r"column 's': Arrow type struct"):
         from_arrow(pa.table({"s": pa.array([{"a": 1}])}), p)
@@ -233,7 +309,12 @@ def test_write_shards_rolls_over_and_cleans_up(tmp_path):
     order, nothing committed; an error mid-stream removes the shards already written."""
     from rowstore.arrow import _columns, _source, write_shards
 
-    t = pa.table({"k": np.arange(100), "v": [np.arange(k % 7, dtype=np.float64).tolist() for k in range(100)]})
+    t = pa.table(
+        {
+            "k": np.arange(100),
+            "v": [np.arange(k % 7, dtype=np.float64).tolist() for k in range(100)],
+        }
+    )
     src = _source(t, 10)
     cols = _columns(src, None, None)
     path = str(tmp_path / "ds")
@@ -259,10 +340,17 @@ def _png_declaring(width: int, height: int) -> bytes:
     import zlib
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _npz_declaring(nbytes: int) -> bytes:
@@ -277,9 +365,9 @@ def _npz_declaring(nbytes: int) -> bytes:
     return bytes(b)
 
 
-
-
-@pytest.mark.parametrize("case", ["png of the field", "png of the format", "npz of the field", "npz of the format"])
+@pytest.mark.parametrize(
+    "case", ["png of the field", "png of the format", "npz of the field", "npz of the format"]
+)
 def test_a_cell_header_declaring_more_than_the_field_is_refused_unallocated(tmp_path, case):
     """A PNG header (or an npz member) may declare gigabytes in a few bytes: the size is bounded
     by the field's shape (fixed), else by the format's per-value limit, before decoding."""
@@ -302,8 +390,11 @@ def test_a_cell_header_declaring_more_than_the_field_is_refused_unallocated(tmp_
         # (a Petastorm CompressedNdarrayCodec column is decoded so; a plain field means npy)
         field = Decode("npz", Field("c", "float64", (8, 6))) if bound == "field" else "npz"
     pq.write_table(pa.table({"c": [good, bad]}), tmp_path / "cells.parquet")
-    err, peak = peak_allocations(lambda: from_parquet(str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"),
-                                           decode={"c": field}))
+    err, peak = peak_allocations(
+        lambda: from_parquet(
+            str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"), decode={"c": field}
+        )
+    )
     assert isinstance(err, RowValidationError), err
     assert "column 'c', row 1" in str(err) and "declares" in str(err), err
     assert peak < 64 << 20, peak
@@ -312,7 +403,10 @@ def test_a_cell_header_declaring_more_than_the_field_is_refused_unallocated(tmp_
 def _claim_rows(path: str, rows: int, claim: int) -> None:
     """Rewrite the footer of a Parquet file of ``rows`` rows (one row group) so that it declares
     ``claim`` rows (file, row group and column chunks), as a corrupt or hostile footer may."""
-    def varint(n: int) -> bytes:  # Thrift compact protocol: zigzag varint of an i64 after its field header
+
+    def varint(
+        n: int,
+    ) -> bytes:  # Thrift compact protocol: zigzag varint of an i64 after its field header
         out = bytearray()
         while True:
             b, n = n & 0x7F, n >> 7
@@ -330,7 +424,9 @@ def _claim_rows(path: str, rows: int, claim: int) -> None:
 
 def test_a_footer_claiming_billions_of_rows_is_refused_before_reading(tmp_path):
     p = str(tmp_path / "claim.parquet")
-    pq.write_table(pa.table({"id": np.arange(777), "f": np.ones(777, np.float32)}), p, compression="none")
+    pq.write_table(
+        pa.table({"id": np.arange(777), "f": np.ones(777, np.float32)}), p, compression="none"
+    )
     _claim_rows(p, 777, 10**10)
     assert pq.read_metadata(p).row_group(0).num_rows == 10**10
     err, peak = peak_allocations(lambda: from_parquet(p, str(tmp_path / "c.h5")))
@@ -348,12 +444,19 @@ def test_a_truncated_or_corrupt_parquet_file_is_a_format_error(tmp_path):
     """pyarrow's ArrowInvalid and its errno-less OSError (thrift, snappy, end of stream) come out
     as FormatError naming the file; no other exception leaks."""
     src = str(tmp_path / "t.parquet")
-    t = pa.table({"id": np.arange(3000), "s": [f"x{i}" for i in range(3000)],
-                  "v": pa.array([[1.0, 2.0]] * 3000, pa.list_(pa.float64()))})
+    t = pa.table(
+        {
+            "id": np.arange(3000),
+            "s": [f"x{i}" for i in range(3000)],
+            "v": pa.array([[1.0, 2.0]] * 3000, pa.list_(pa.float64())),
+        }
+    )
     pq.write_table(t, src, row_group_size=500)
     data = open(src, "rb").read()
     rng = np.random.default_rng(5)
-    cases = [data[:cut] for cut in (0, 3, len(data) // 3, len(data) // 2, len(data) - 9, len(data) - 1)]
+    cases = [
+        data[:cut] for cut in (0, 3, len(data) // 3, len(data) // 2, len(data) - 9, len(data) - 1)
+    ]
     for _ in range(40):
         b = bytearray(data)
         for k in rng.integers(4, len(data) - 8, 3):

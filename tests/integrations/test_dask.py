@@ -49,8 +49,10 @@ def manifests(path):
     """The manifest versions' files, and the pointer's bytes (what a reader opens)."""
     d = os.path.join(path, "_manifests")
     pointer = os.path.join(path, "rowstore.json")
-    return (sorted(os.listdir(d)) if os.path.isdir(d) else [],
-            open(pointer, "rb").read() if os.path.exists(pointer) else None)  # fmt: skip
+    return (
+        sorted(os.listdir(d)) if os.path.isdir(d) else [],
+        open(pointer, "rb").read() if os.path.exists(pointer) else None,
+    )
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "sync"])
@@ -107,14 +109,25 @@ def test_failed_partition_leaves_no_new_manifest(tmp_path, client):
 
 
 def test_bad_cells_and_partition_conflicts(tmp_path):
-    df = pd.DataFrame({"w": pd.Series([np.zeros(2, np.float32)] * 3 + [np.zeros(2, np.float64)] * 3, dtype=object)})
+    df = pd.DataFrame(
+        {
+            "w": pd.Series(
+                [np.zeros(2, np.float32)] * 3 + [np.zeros(2, np.float64)] * 3, dtype=object
+            )
+        }
+    )
     with dask.config.set(scheduler="sync"):
         with pytest.raises(SchemaError, match="column 'w': partition 1 holds"):
             to_rowstore(to_ddf(df, 2), str(tmp_path / "a"))
-        schema = rowstore.Schema([rowstore.Field("w", "float32", (2,)), rowstore.Field("index", "int64")])
+        schema = rowstore.Schema(
+            [rowstore.Field("w", "float32", (2,)), rowstore.Field("index", "int64")]
+        )
         with pytest.raises(RowValidationError, match="field 'w'"):
-            to_rowstore(to_ddf(df.iloc[:3], 1), str(tmp_path / "b"),
-                        schema=rowstore.Schema([rowstore.Field("w", "int8", (2,)), schema["index"]]))
+            to_rowstore(
+                to_ddf(df.iloc[:3], 1),
+                str(tmp_path / "b"),
+                schema=rowstore.Schema([rowstore.Field("w", "int8", (2,)), schema["index"]]),
+            )
         assert manifests(str(tmp_path / "b")) == ([], None)
 
 
@@ -152,7 +165,9 @@ def test_shard_bytes_below_one_row_gives_a_shard_per_row(tmp_path):
 def test_failure_in_a_later_slice_removes_the_partitions_shards(tmp_path):
     w = [np.zeros(2, np.float32)] * 30 + [np.zeros(3, np.float32)]
     df = pd.DataFrame({"w": pd.Series(w, dtype=object)})
-    schema = rowstore.Schema([rowstore.Field("w", "float32", (2,)), rowstore.Field("index", "int64")])
+    schema = rowstore.Schema(
+        [rowstore.Field("w", "float32", (2,)), rowstore.Field("index", "int64")]
+    )
     path = str(tmp_path / "ds")
     with dask.config.set(scheduler="sync"), pytest.raises(RowValidationError, match="field 'w'"):
         to_rowstore(to_ddf(df, 1), path, schema=schema, shard_bytes=64)
@@ -202,10 +217,14 @@ def test_a_given_schema_writes_without_the_describing_pass(tmp_path):
 # -- Dask's default string conversion ("dataframe.convert-string") ------------------------------
 def seed_frame(n=8):
     """Weather-like rows: an ndarray-cell column, a list-cell column, scalars and text."""
-    return pd.DataFrame({"foo": [np.arange(6.0).reshape(2, 3) + i for i in range(n)],
-                         "bar": [list(range(i % 3 + 1)) for i in range(n)],
-                         "baz": np.arange(n, dtype=np.float64),
-                         "name": [f"row{i}" for i in range(n)]})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "foo": [np.arange(6.0).reshape(2, 3) + i for i in range(n)],
+            "bar": [list(range(i % 3 + 1)) for i in range(n)],
+            "baz": np.arange(n, dtype=np.float64),
+            "name": [f"row{i}" for i in range(n)],
+        }
+    )
 
 
 def assert_seed_back(df, back):
@@ -241,18 +260,27 @@ def test_array_text_without_its_source_is_refused(tmp_path):
     path = str(tmp_path / "ds")
     with dask.config.set({"dataframe.convert-string": True, "scheduler": "sync"}):
         lost = dd.from_pandas(df, npartitions=2).persist()
-        with pytest.raises(SchemaError, match=r"column 'foo' holds text that reads as the str of arrays.*"
-                                              r"rowstore.dask.from_pandas.*'dataframe.convert-string': False"):
+        with pytest.raises(
+            SchemaError,
+            match=r"column 'foo' holds text that reads as the str of arrays.*"
+            r"rowstore.dask.from_pandas.*'dataframe.convert-string': False",
+        ):
             to_rowstore(lost[["baz", "foo"]], path)
         assert manifests(path) == ([], None)
         with pytest.raises(SchemaError, match="column 'bar'"):
             to_rowstore(lost[["bar"]], path)
         # A schema that stores the column as a number cannot take the text either...
-        schema = rowstore.Schema([rowstore.Field("baz", "float64"), rowstore.Field("foo", "float64", (2, 3))])
-        with pytest.raises(SchemaError, match="column 'foo' holds a string column, which schema= stores as"):
+        schema = rowstore.Schema(
+            [rowstore.Field("baz", "float64"), rowstore.Field("foo", "float64", (2, 3))]
+        )
+        with pytest.raises(
+            SchemaError, match="column 'foo' holds a string column, which schema= stores as"
+        ):
             to_rowstore(lost[["baz", "foo"]], path, schema=schema, index=False)
         # ...and one that says str stores it as the text it is.
-        schema = rowstore.Schema([rowstore.Field("baz", "float64"), rowstore.Field("foo", rowstore.STR, nullable=True)])
+        schema = rowstore.Schema(
+            [rowstore.Field("baz", "float64"), rowstore.Field("foo", rowstore.STR, nullable=True)]
+        )
         to_rowstore(lost[["baz", "foo"]], path, schema=schema, index=False)
         assert list(read_pandas(path)["foo"]) == [str(a) for a in df["foo"]]
         # Text that is not array-like passes as before.
@@ -280,6 +308,8 @@ def test_a_partition_of_empty_lists_takes_the_dtype_of_the_others(tmp_path):
         with dask.config.set(scheduler="sync"):
             to_rowstore(to_ddf(df, 2), path)
         back = read_pandas(path)
-        assert [c.tolist() for c in back["x"]] == cells and all(c.dtype == np.int64 for c in back["x"])
+        assert [c.tolist() for c in back["x"]] == cells and all(
+            c.dtype == np.int64 for c in back["x"]
+        )
         with rowstore.open(path) as r:
             assert "dtype_guessed" not in json.dumps(r.layout.user_attrs)

@@ -13,8 +13,15 @@ from rowstore import Field, Schema
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> str:
     p = str(tmp_path_factory.mktemp("jax") / "x.h5")
-    with rowstore.Writer(p, Schema([Field("id", "int64"), Field("x", "float32", (4,))]), rows_per_block=8) as w:
-        w.write_batch({"id": np.arange(100), "x": np.repeat(np.arange(100, dtype=np.float32)[:, None], 4, axis=1)})
+    with rowstore.Writer(
+        p, Schema([Field("id", "int64"), Field("x", "float32", (4,))]), rows_per_block=8
+    ) as w:
+        w.write_batch(
+            {
+                "id": np.arange(100),
+                "x": np.repeat(np.arange(100, dtype=np.float32)[:, None], 4, axis=1),
+            }
+        )
     return p
 
 
@@ -24,7 +31,9 @@ def test_jax_process_local_batches(path):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     seen = []
-    for b in r.deal(10, consumer=(jax.process_index(), jax.process_count()), seed=0, drop_last=True):
+    for b in r.deal(
+        10, consumer=(jax.process_index(), jax.process_count()), seed=0, drop_last=True
+    ):
         x = jax.make_array_from_process_local_data(sharding, b["x"])
         assert x.shape == (10 * jax.process_count(), 4)
         seen += b["id"].tolist()

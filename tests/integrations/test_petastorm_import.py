@@ -32,7 +32,10 @@ def expected():
 
 def test_unischema_read_without_petastorm():
     uni = read_unischema("file://" + HELLO)
-    got = {f.name: (f.dtype, f.shape, f.codec, f.nullable, f.image_format, f.spark_type) for f in uni.fields}
+    got = {
+        f.name: (f.dtype, f.shape, f.codec, f.nullable, f.image_format, f.spark_type)
+        for f in uni.fields
+    }
     assert got == {
         "id": ("int32", (), "scalar", False, None, "IntegerType"),
         "image1": ("uint8", (32, 64, 3), "image", False, "png", None),
@@ -52,10 +55,16 @@ def _check_values(path: str, expected: dict) -> None:
         s = r.schema
     assert n == 24
     assert s["image1"].codec["id"] == "png" and s["array_4d"].shape == (None, 4, 3, None)
-    np.testing.assert_array_equal(b["id"], expected["id"])  # Petastorm's row order (files, then row groups)
+    np.testing.assert_array_equal(
+        b["id"], expected["id"]
+    )  # Petastorm's row order (files, then row groups)
     for name in ("image1", "matrix", "score"):
-        assert b[name].dtype == expected[name].dtype and b[name].tobytes() == expected[name].tobytes(), name
-    np.testing.assert_array_equal(b["gray"], expected["gray_petastorm"])  # JPEG: as Petastorm decodes it
+        assert (
+            b[name].dtype == expected[name].dtype and b[name].tobytes() == expected[name].tobytes()
+        ), name
+    np.testing.assert_array_equal(
+        b["gray"], expected["gray_petastorm"]
+    )  # JPEG: as Petastorm decodes it
     for i in range(n):
         a = b["array_4d"][i]
         assert a.dtype == np.uint8 and a.shape == expected[f"array_4d_{i}"].shape
@@ -71,21 +80,36 @@ def test_fixture_converts_with_exact_values(tmp_path, expected):
     # from_parquet recognises a Petastorm directory by itself; petastorm=False keeps the payloads
     rowstore.arrow.from_parquet(HELLO, str(tmp_path / "one.h5"))
     _check_values(str(tmp_path / "one.h5"), expected)
-    raw = rowstore.arrow.from_parquet(HELLO, str(tmp_path / "raw.h5"), petastorm=False, columns=["id", "image1"])
+    raw = rowstore.arrow.from_parquet(
+        HELLO, str(tmp_path / "raw.h5"), petastorm=False, columns=["id", "image1"]
+    )
     assert raw["image1"].dtype == "bytes"
 
 
 def test_cli_import_petastorm(tmp_path, expected):
     out = str(tmp_path / "cli")
     root = ROOT  # this checkout first
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    p = subprocess.run([sys.executable, "-m", "rowstore.cli", "import-petastorm", "file://" + HELLO, out],
-                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "rowstore.cli", "import-petastorm", "file://" + HELLO, out],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "7 fields written" in p.stdout
     _check_values(out, expected)
-    p = subprocess.run([sys.executable, "-m", "rowstore.cli", "import-petastorm", str(tmp_path), out + "2"],
-                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-m", "rowstore.cli", "import-petastorm", str(tmp_path), out + "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 1 and "not a Petastorm dataset: no _common_metadata" in p.stderr
 
 
@@ -101,7 +125,9 @@ def _hostile_pickles(marker: str) -> dict[str, bytes]:
     assert real is not None
     return {
         "os.system": pickle.dumps(_Boom()),
-        "eval": b"cbuiltins\neval\n(V__import__('os').system('touch " + marker.encode() + b"')\ntR.",
+        "eval": b"cbuiltins\neval\n(V__import__('os').system('touch "
+        + marker.encode()
+        + b"')\ntR.",
         "nested global": good.replace(b"\x8c\x0bOrderedDict", b"\x8c\x0bSystemError"),
         "truncated": good[: len(good) // 2],
         "not a unischema": pickle.dumps(OrderedDict(a=1)),
@@ -109,9 +135,13 @@ def _hostile_pickles(marker: str) -> dict[str, bytes]:
         "empty": b"",
         "bad shape": good.replace(b"K\x20K\x40K\x03\x87", b"K\x20J\xff\xff\xff\xffK\x03\x87"),
         # numpy.dtype(s) for the first field's np.int32, three memo entries as before
-        **{f"dtype {s!r}": good.replace(b"\x8c\x05numpy\x94\x8c\x05int32\x94\x93\x94", b"\x8c\x05numpy\x94\x8c"
-                                        b"\x05dtype\x94\x93\x8c" + bytes([len(s)]) + s + b"\x85R\x94")
-           for s in (b"(1099511627776,)f8", b"(3,)f8", b"i4,i8", b"O")},
+        **{
+            f"dtype {s!r}": good.replace(
+                b"\x8c\x05numpy\x94\x8c\x05int32\x94\x93\x94",
+                b"\x8c\x05numpy\x94\x8c\x05dtype\x94\x93\x8c" + bytes([len(s)]) + s + b"\x85R\x94",
+            )
+            for s in (b"(1099511627776,)f8", b"(3,)f8", b"i4,i8", b"O")
+        },
     }
 
 
@@ -133,8 +163,12 @@ def test_hostile_metadata_file(tmp_path):
     _Boom.marker = marker
     table = pa.table({"x": [1, 2]})
     pq.write_table(table, d / "part-00000.parquet")
-    pq.write_metadata(table.schema.with_metadata({UNISCHEMA_KEY: pickle.dumps(_Boom())}), d / "_common_metadata")
-    with pytest.raises(FormatError, match=r"global 'posix.system' is not part of a Petastorm Unischema"):
+    pq.write_metadata(
+        table.schema.with_metadata({UNISCHEMA_KEY: pickle.dumps(_Boom())}), d / "_common_metadata"
+    )
+    with pytest.raises(
+        FormatError, match=r"global 'posix.system' is not part of a Petastorm Unischema"
+    ):
         import_petastorm(str(d), str(tmp_path / "out"))
     assert not os.path.exists(marker)
     (d / "_common_metadata").write_bytes(b"PAR1 not really")

@@ -12,7 +12,9 @@ import pytest
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
-pytestmark = pytest.mark.xdist_group("spark")  # one worker starts the one SparkSession (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group(
+    "spark"
+)  # one worker starts the one SparkSession (--dist loadgroup)
 
 import rowstore  # noqa: E402
 from rowstore import Field, RowValidationError, Schema, SchemaError  # noqa: E402
@@ -29,26 +31,51 @@ def _all_types(spark):
     from pyspark.ml.linalg import Vectors, VectorUDT
     from pyspark.sql import types as T
 
-    schema = T.StructType([
-        T.StructField("id", T.LongType(), False),
-        T.StructField("i8", T.ByteType()), T.StructField("i16", T.ShortType()), T.StructField("i32", T.IntegerType()),
-        T.StructField("f32", T.FloatType()), T.StructField("f64", T.DoubleType()), T.StructField("ok", T.BooleanType()),
-        T.StructField("text", T.StringType()), T.StructField("blob", T.BinaryType()), T.StructField("day", T.DateType()),
-        T.StructField("ts", T.TimestampType()), T.StructField("ntz", T.TimestampNTZType()),
-        T.StructField("ints", T.ArrayType(T.IntegerType())), T.StructField("grid", T.ArrayType(T.ArrayType(T.DoubleType()))),
-        T.StructField("vec", VectorUDT()),
-    ])  # fmt: skip
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType(), False),
+            T.StructField("i8", T.ByteType()),
+            T.StructField("i16", T.ShortType()),
+            T.StructField("i32", T.IntegerType()),
+            T.StructField("f32", T.FloatType()),
+            T.StructField("f64", T.DoubleType()),
+            T.StructField("ok", T.BooleanType()),
+            T.StructField("text", T.StringType()),
+            T.StructField("blob", T.BinaryType()),
+            T.StructField("day", T.DateType()),
+            T.StructField("ts", T.TimestampType()),
+            T.StructField("ntz", T.TimestampNTZType()),
+            T.StructField("ints", T.ArrayType(T.IntegerType())),
+            T.StructField("grid", T.ArrayType(T.ArrayType(T.DoubleType()))),
+            T.StructField("vec", VectorUDT()),
+        ]
+    )
     rows = []
     for i in range(30):
         null = i % 7 == 3
-        rows.append((
-            i, None if null else i - 128, -i * 300, i * 70_000, i / 4, i / 3, None if null else bool(i % 2),
-            None if null else f"ü{i}" * (i % 4), bytes(range(i % 5)), dt.date(1999, 12, 31) + dt.timedelta(days=i),
-            dt.datetime(2024, 2, 29, 23, 59, 59, 999_999 - i, tzinfo=dt.timezone.utc) if not null else None,
-            dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=i * 12_345_678),
-            list(range(i % 4)), [[float(i), -0.0]] * (i % 3),
-            Vectors.dense([i, 0.5, -1.0]) if i % 2 else Vectors.sparse(4, [1, 3], [float(i), 2.0]),
-        ))  # fmt: skip
+        rows.append(
+            (
+                i,
+                None if null else i - 128,
+                -i * 300,
+                i * 70_000,
+                i / 4,
+                i / 3,
+                None if null else bool(i % 2),
+                None if null else f"ü{i}" * (i % 4),
+                bytes(range(i % 5)),
+                dt.date(1999, 12, 31) + dt.timedelta(days=i),
+                dt.datetime(2024, 2, 29, 23, 59, 59, 999_999 - i, tzinfo=dt.timezone.utc)
+                if not null
+                else None,
+                dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=i * 12_345_678),
+                list(range(i % 4)),
+                [[float(i), -0.0]] * (i % 3),
+                Vectors.dense([i, 0.5, -1.0])
+                if i % 2
+                else Vectors.sparse(4, [1, 3], [float(i), 2.0]),
+            )
+        )
     return spark.createDataFrame(rows, schema).repartition(3, "id").sortWithinPartitions("id")
 
 
@@ -63,8 +90,13 @@ def _spark_value(v, field: Field):
             v = v.astimezone(dt.timezone.utc).replace(tzinfo=None)
         return np.datetime64(v, np.datetime_data(field.dtype)[0])
     if field.shape:
-        return np.asarray(v, dtype=field.dtype).reshape((len(v), len(v[0])) if field.shape == (None, None) and v else
-                                                        (0, 0) if field.shape == (None, None) else (len(v),))  # fmt: skip
+        return np.asarray(v, dtype=field.dtype).reshape(
+            (len(v), len(v[0]))
+            if field.shape == (None, None) and v
+            else (0, 0)
+            if field.shape == (None, None)
+            else (len(v),)
+        )
     return v
 
 
@@ -80,8 +112,22 @@ def test_every_type_round_trips_equal_to_collect(tmp_path, spark, rsp, rs):
         assert r.layout.num_shards == 3  # one per non-empty partition, in partition order
         assert r.layout.user_attrs["arrow"]["spark"] == {"vectors": ["vec"]}
     assert [f.dtype.name if f.dtype not in ("str", "bytes") else f.dtype for f in s] == [
-        "int64", "int8", "int16", "int32", "float32", "float64", "bool", "str", "bytes", "datetime64[D]",
-        "datetime64[us]", "datetime64[us]", "int32", "float64", "float64"]  # fmt: skip
+        "int64",
+        "int8",
+        "int16",
+        "int32",
+        "float32",
+        "float64",
+        "bool",
+        "str",
+        "bytes",
+        "datetime64[D]",
+        "datetime64[us]",
+        "datetime64[us]",
+        "int32",
+        "float64",
+        "float64",
+    ]
     assert [f.shape for f in s][12:] == [(None,), (None, None), (None,)]
     assert s["i8"].nullable and not s["id"].nullable  # Spark's flags (nullable="spark")
     assert len(got) == len(expected) == 30
@@ -90,28 +136,41 @@ def test_every_type_round_trips_equal_to_collect(tmp_path, spark, rsp, rs):
             rs.assert_value_equal(_spark_value(want[f.name], f), row[f.name], f, f"row {k}: ")
     # the shards of the job are all committed (none left over)
     with rowstore.open(path) as r:
-        assert sorted(os.listdir(os.path.join(path, "shards"))) == sorted(os.path.basename(p) for p in r.layout.shard_paths)
+        assert sorted(os.listdir(os.path.join(path, "shards"))) == sorted(
+            os.path.basename(p) for p in r.layout.shard_paths
+        )
 
 
-IMAGE = Schema([
-    Field("id", "int64"),
-    Field("image", "uint8", (16, 32, 3), codec="png"),
-    Field("blob", "float32", (None, 3, None, 2)),
-    Field("label", "uint8"),
-    Field("when", "datetime64[us]", nullable=True),
-])
+IMAGE = Schema(
+    [
+        Field("id", "int64"),
+        Field("image", "uint8", (16, 32, 3), codec="png"),
+        Field("blob", "float32", (None, 3, None, 2)),
+        Field("label", "uint8"),
+        Field("when", "datetime64[us]", nullable=True),
+    ]
+)
 
 
 def _image_rows(rs, n: int = 12) -> list[dict]:
     rng = np.random.default_rng(5)
-    return [{"id": i, "image": rs.smooth_image(rng, (16, 32, 3)),
-             "blob": rng.standard_normal((1 + i % 3, 3, i % 2, 2)).astype(np.float32), "label": 200 + i % 50,
-             "when": None if i % 4 == 0 else np.datetime64(1_700_000_000_000_000 + i, "us")} for i in range(n)]  # fmt: skip
+    return [
+        {
+            "id": i,
+            "image": rs.smooth_image(rng, (16, 32, 3)),
+            "blob": rng.standard_normal((1 + i % 3, 3, i % 2, 2)).astype(np.float32),
+            "label": 200 + i % 50,
+            "when": None if i % 4 == 0 else np.datetime64(1_700_000_000_000_000 + i, "us"),
+        }
+        for i in range(n)
+    ]
 
 
 def test_to_row_cells_decode_exactly(tmp_path, spark, rsp, rs):
     rows = _image_rows(rs)
-    df = spark.createDataFrame([rsp.to_row(IMAGE, r) for r in rows], rsp.spark_schema(IMAGE), verifySchema=False)
+    df = spark.createDataFrame(
+        [rsp.to_row(IMAGE, r) for r in rows], rsp.spark_schema(IMAGE), verifySchema=False
+    )
     # Shards roll over between record batches: small batches, several shards a partition.
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")
     try:
@@ -133,14 +192,24 @@ def test_to_row_and_schema_errors_name_the_field(spark, rsp, rs):
         rsp.to_row(IMAGE, {k: v for k, v in row.items() if k != "label"})
     with pytest.raises(SchemaError, match=r"field\(s\) \['extra'\] that the schema lacks"):
         rsp.to_row(IMAGE, {**row, "extra": 1})
-    df = spark.createDataFrame([], T.StructType([T.StructField("x", T.DoubleType()), T.StructField("s", T.StringType())]))
-    with pytest.raises(SchemaError, match=r"column 'x' is double, which field 'x' \(int64\) cannot store"):
-        rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "int64"), Field("s", "str")]))
+    df = spark.createDataFrame(
+        [], T.StructType([T.StructField("x", T.DoubleType()), T.StructField("s", T.StringType())])
+    )
+    with pytest.raises(
+        SchemaError, match=r"column 'x' is double, which field 'x' \(int64\) cannot store"
+    ):
+        rsp.to_rowstore(
+            df, "/nonexistent/never", schema=Schema([Field("x", "int64"), Field("s", "str")])
+        )
     with pytest.raises(SchemaError, match=r"column 's' is string, but field 's' is float32"):
-        rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "float64"), Field("s", "float32")]))
+        rsp.to_rowstore(
+            df, "/nonexistent/never", schema=Schema([Field("x", "float64"), Field("s", "float32")])
+        )
     with pytest.raises(SchemaError, match="schema fields"):
         rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
-    with pytest.warns(DeprecationWarning, match=r"write rowstore\.spark\.to_rowstore"):  # the old name
+    with pytest.warns(
+        DeprecationWarning, match=r"write rowstore\.spark\.to_rowstore"
+    ):  # the old name
         with pytest.raises(SchemaError, match="schema fields"):
             rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
     m = spark.createDataFrame([({"a": 1},)], "m map<string,int>")
@@ -154,7 +223,9 @@ def test_a_task_raising_mid_write_commits_nothing(tmp_path, spark, rsp):
     from pyspark.sql import types as T
 
     path = str(tmp_path / "ds")
-    foreign = rowstore.write_shard(path, Schema([Field("id", "int64"), Field("v", "int64")]), {"id": [1], "v": [2]})
+    foreign = rowstore.write_shard(
+        path, Schema([Field("id", "int64"), Field("v", "int64")]), {"id": [1], "v": [2]}
+    )
 
     @F.udf(T.LongType())
     def boom(i):
@@ -175,8 +246,9 @@ def test_converter_caches_reuses_deletes_and_loads(tmp_path, spark, rsp):
     cache = "file://" + str(tmp_path / "cache")
 
     def frame():  # the same query built twice: the same analyzed plan
-        return spark.range(0, 45, numPartitions=2).selectExpr("id", "cast(id * 2 as float) as x",
-                                                              "array(id, id + 1) as pair")  # fmt: skip
+        return spark.range(0, 45, numPartitions=2).selectExpr(
+            "id", "cast(id * 2 as float) as x", "array(id, id + 1) as pair"
+        )
 
     conv = rsp.make_converter(frame(), cache_dir=cache)
     assert not conv.cached and len(conv) == 45 and conv.dataset_size == 45
@@ -193,11 +265,17 @@ def test_converter_caches_reuses_deletes_and_loads(tmp_path, spark, rsp):
         ids = [b["id"] for b in loader]
     assert all(isinstance(t, torch.Tensor) for t in ids) and len(ids) == 2 * 6
     first, second = torch.cat(ids[:6]).tolist(), torch.cat(ids[6:]).tolist()
-    assert sorted(first) == sorted(second) == list(range(45)) and first != second  # every row once per epoch
+    assert (
+        sorted(first) == sorted(second) == list(range(45)) and first != second
+    )  # every row once per epoch
     halves = []
-    for rank in (0, 1):  # Petastorm's cur_shard/shard_count: the epoch dealt to 2 ranks, every row once
-        with conv.make_torch_dataloader(batch_size=10, num_epochs=1, cur_shard=rank, shard_count=2,
-                                        shuffle=False) as loader:  # fmt: skip
+    for rank in (
+        0,
+        1,
+    ):  # Petastorm's cur_shard/shard_count: the epoch dealt to 2 ranks, every row once
+        with conv.make_torch_dataloader(
+            batch_size=10, num_epochs=1, cur_shard=rank, shard_count=2, shuffle=False
+        ) as loader:
             halves.append(torch.cat([b["x"] for b in loader]).tolist())
     assert all(halves) and sorted(halves[0] + halves[1]) == [2.0 * i for i in range(45)]
 

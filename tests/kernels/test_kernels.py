@@ -12,7 +12,11 @@ RNG = np.random.default_rng(1234)
 
 
 def ref_gather(src, row_size, off, size, rows):
-    return np.stack([src[r * row_size + off : r * row_size + off + size] for r in rows]) if len(rows) else np.zeros((0, size), np.uint8)
+    return (
+        np.stack([src[r * row_size + off : r * row_size + off + size] for r in rows])
+        if len(rows)
+        else np.zeros((0, size), np.uint8)
+    )
 
 
 @pytest.mark.parametrize("trial", range(20))
@@ -48,18 +52,24 @@ def test_gather_rejects_rows_outside_source():
     with pytest.raises(ValueError):
         kernels.gather_rows(src, 8, np.array([0, 1], np.int64), [(4, 8, out)])  # field past the row
     with pytest.raises(ValueError):
-        kernels.gather_rows(src, 8, np.array([0, 1], np.int64), [(0, 8, np.empty((3, 8), np.uint8))])
+        kernels.gather_rows(
+            src, 8, np.array([0, 1], np.int64), [(0, 8, np.empty((3, 8), np.uint8))]
+        )
 
 
 def make_heap_case(nrows=50, row_size=24, ref_offset=4):
     """Rows holding (offset, nbytes) refs into a heap split in 3 slots of ranges."""
-    payloads = [RNG.integers(0, 256, int(RNG.integers(0, 40)), dtype=np.uint8) for _ in range(nrows)]
+    payloads = [
+        RNG.integers(0, 256, int(RNG.integers(0, 40)), dtype=np.uint8) for _ in range(nrows)
+    ]
     heap = np.concatenate(payloads) if payloads else np.zeros(0, np.uint8)
     offs = np.concatenate(([0], np.cumsum([len(p) for p in payloads])[:-1])).astype(np.uint64)
     src = np.zeros(nrows * row_size, np.uint8)
     view = src.reshape(nrows, row_size)
     view[:, ref_offset : ref_offset + 8] = offs.view(np.uint8).reshape(nrows, 8)
-    view[:, ref_offset + 8 : ref_offset + 16] = np.array([len(p) for p in payloads], np.uint64).view(np.uint8).reshape(nrows, 8)
+    view[:, ref_offset + 8 : ref_offset + 16] = (
+        np.array([len(p) for p in payloads], np.uint64).view(np.uint8).reshape(nrows, 8)
+    )
     return src, heap, payloads, offs
 
 
@@ -68,7 +78,11 @@ def test_gather_heap_matches_reference_padded_and_ragged():
     src, heap, payloads, offs = make_heap_case(row_size=row_size, ref_offset=ref)
     rows = RNG.integers(0, 50, 80).astype(np.int64)
     # one slot covering the whole heap, based at 0
-    lo, hi, base = (np.array([0], np.int64), np.array([len(heap)], np.int64), np.array([0], np.int64))
+    lo, hi, base = (
+        np.array([0], np.int64),
+        np.array([len(heap)], np.int64),
+        np.array([0], np.int64),
+    )
     nb = np.array([len(payloads[r]) for r in rows])
     dst = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(nb, out=dst[1:])
@@ -77,7 +91,20 @@ def test_gather_heap_matches_reference_padded_and_ragged():
     assert np.array_equal(out, np.concatenate([payloads[r] for r in rows]))
     stride = 40
     padded = np.full((len(rows), stride), 7, np.uint8)
-    kernels.gather_heap(src, row_size, ref, rows, 50, lo, hi, base, heap, padded, np.arange(len(rows), dtype=np.int64) * stride, stride)
+    kernels.gather_heap(
+        src,
+        row_size,
+        ref,
+        rows,
+        50,
+        lo,
+        hi,
+        base,
+        heap,
+        padded,
+        np.arange(len(rows), dtype=np.int64) * stride,
+        stride,
+    )
     for i, r in enumerate(rows):
         assert np.array_equal(padded[i, : len(payloads[r])], payloads[r])
         assert not padded[i, len(payloads[r]) :].any()
@@ -93,24 +120,84 @@ def test_gather_heap_bounds_checks():
     # a slot range that excludes the last payload
     last = int(offs[-1])
     with pytest.raises(FormatError, match="heap range"):
-        kernels.gather_heap(src, row_size, ref, rows, 50, np.array([0]), np.array([last]), np.array([0]), heap, out, dst)
+        kernels.gather_heap(
+            src,
+            row_size,
+            ref,
+            rows,
+            50,
+            np.array([0]),
+            np.array([last]),
+            np.array([0]),
+            heap,
+            out,
+            dst,
+        )
     # a hostile reference: offset huge
     bad = src.copy()
     bad.reshape(50, row_size)[3, ref : ref + 8] = np.array([2**62], np.uint64).view(np.uint8)
     with pytest.raises(FormatError):
-        kernels.gather_heap(bad, row_size, ref, rows, 50, np.array([0]), np.array([len(heap)]), np.array([0]), heap, out, dst)
+        kernels.gather_heap(
+            bad,
+            row_size,
+            ref,
+            rows,
+            50,
+            np.array([0]),
+            np.array([len(heap)]),
+            np.array([0]),
+            heap,
+            out,
+            dst,
+        )
     # a hostile nbytes: larger than the range, and "negative" (top bit set)
     for nb in (2**40, 2**64 - 1):
         bad = src.copy()
         bad.reshape(50, row_size)[3, ref + 8 : ref + 16] = np.array([nb], np.uint64).view(np.uint8)
         with pytest.raises(FormatError):
-            kernels.gather_heap(bad, row_size, ref, rows, 50, np.array([0]), np.array([len(heap)]), np.array([0]), heap, out, dst)
+            kernels.gather_heap(
+                bad,
+                row_size,
+                ref,
+                rows,
+                50,
+                np.array([0]),
+                np.array([len(heap)]),
+                np.array([0]),
+                heap,
+                out,
+                dst,
+            )
     # heap buffer shorter than the claimed range
     with pytest.raises(FormatError):
-        kernels.gather_heap(src, row_size, ref, rows, 50, np.array([0]), np.array([len(heap)]), np.array([0]), heap[:-1], out, dst)
+        kernels.gather_heap(
+            src,
+            row_size,
+            ref,
+            rows,
+            50,
+            np.array([0]),
+            np.array([len(heap)]),
+            np.array([0]),
+            heap[:-1],
+            out,
+            dst,
+        )
     # destination too small
     with pytest.raises(FormatError, match="destination"):
-        kernels.gather_heap(src, row_size, ref, rows, 50, np.array([0]), np.array([len(heap)]), np.array([0]), heap, out[:-1], dst)
+        kernels.gather_heap(
+            src,
+            row_size,
+            ref,
+            rows,
+            50,
+            np.array([0]),
+            np.array([len(heap)]),
+            np.array([0]),
+            heap,
+            out[:-1],
+            dst,
+        )
 
 
 def write_chunks(path, chunks):
@@ -131,7 +218,9 @@ SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
 
 def frame(raw: bytes, cname="lz4", shuffle="byte", clevel=5, typesize=4) -> np.ndarray:
     """A stored chunk as our writer makes it."""
-    return kernels.compress_frame(raw, compcode=CODECS[cname], clevel=clevel, shuffle=SHUFFLES[shuffle], typesize=typesize)
+    return kernels.compress_frame(
+        raw, compcode=CODECS[cname], clevel=clevel, shuffle=SHUFFLES[shuffle], typesize=typesize
+    )
 
 
 @pytest.mark.parametrize("codec", [None, (CODECS["lz4"], SHUFFLES["byte"])])
@@ -147,30 +236,90 @@ def test_load_chunks_matches_reference(tmp_path, codec):
     try:
         dst = np.empty(6 * raw_size, np.uint8)
         scratch = np.empty(int(sizes.max()), np.uint8)
-        kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=True, dst=dst, raw_size=raw_size, scratch=scratch)
+        kernels.load_chunks(
+            fd,
+            offs,
+            sizes,
+            checks,
+            codec=codec,
+            verify=True,
+            dst=dst,
+            raw_size=raw_size,
+            scratch=scratch,
+        )
         assert dst.tobytes() == b"".join(raws)
         sel = np.array([4, 1], np.int64)
-        kernels.load_chunks(fd, offs[sel], sizes[sel], checks[sel], codec=codec, verify=True, dst=dst[: 2 * raw_size], raw_size=raw_size, scratch=scratch)
+        kernels.load_chunks(
+            fd,
+            offs[sel],
+            sizes[sel],
+            checks[sel],
+            codec=codec,
+            verify=True,
+            dst=dst[: 2 * raw_size],
+            raw_size=raw_size,
+            scratch=scratch,
+        )
         assert dst[: 2 * raw_size].tobytes() == raws[4] + raws[1]
         # checksum mismatch
         bad = checks.copy()
         bad[2] ^= np.uint64(1)
         with pytest.raises(ChecksumError) as ei:
-            kernels.load_chunks(fd, offs, sizes, bad, codec=codec, verify=True, dst=dst, raw_size=raw_size, scratch=scratch)
+            kernels.load_chunks(
+                fd,
+                offs,
+                sizes,
+                bad,
+                codec=codec,
+                verify=True,
+                dst=dst,
+                raw_size=raw_size,
+                scratch=scratch,
+            )
         assert ei.value.index == 2 and ei.value.code == kernels.KernelCode.E_CHECKSUM
         # beyond the end of the file
         far = offs.copy()
         far[1] = os.path.getsize(path) - 10
         with pytest.raises(FormatError, match="truncated"):
-            kernels.load_chunks(fd, far, sizes, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch)
+            kernels.load_chunks(
+                fd,
+                far,
+                sizes,
+                checks,
+                codec=codec,
+                verify=False,
+                dst=dst,
+                raw_size=raw_size,
+                scratch=scratch,
+            )
         # wrong stored size for a raw chunk / zero size
         wrong = sizes.copy()
         wrong[0] = 0
         with pytest.raises(FormatError):
-            kernels.load_chunks(fd, offs, wrong, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch)
+            kernels.load_chunks(
+                fd,
+                offs,
+                wrong,
+                checks,
+                codec=codec,
+                verify=False,
+                dst=dst,
+                raw_size=raw_size,
+                scratch=scratch,
+            )
         # a destination or staging buffer too small
         with pytest.raises(FormatError, match="destination"):
-            kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=False, dst=dst[:-1], raw_size=raw_size, scratch=scratch)
+            kernels.load_chunks(
+                fd,
+                offs,
+                sizes,
+                checks,
+                codec=codec,
+                verify=False,
+                dst=dst[:-1],
+                raw_size=raw_size,
+                scratch=scratch,
+            )
         if codec is None:
             # A raw chunk stored short (a trimmed heap): its bytes, then zeros to raw_size, by
             # both kernels; one stored longer than raw_size is refused.
@@ -180,23 +329,55 @@ def test_load_chunks_matches_reference(tmp_path, codec):
             short_checks[3] = kernels.crc32(raws[3][:1000])
             want = b"".join(raws[:3]) + raws[3][:1000] + bytes(raw_size - 1000) + b"".join(raws[4:])
             dst[:] = 7
-            kernels.load_chunks(fd, offs, short, short_checks, codec=None, verify=True, dst=dst, raw_size=raw_size,
-                                scratch=scratch)  # fmt: skip
+            kernels.load_chunks(
+                fd,
+                offs,
+                short,
+                short_checks,
+                codec=None,
+                verify=True,
+                dst=dst,
+                raw_size=raw_size,
+                scratch=scratch,
+            )
             assert dst.tobytes() == want
             src = np.frombuffer(open(path, "rb").read(), np.uint8)
             dst[:] = 7
-            kernels.decode_chunks(src, offs, short, short_checks, codec=None, verify=True, dst=dst, raw_size=raw_size)
+            kernels.decode_chunks(
+                src, offs, short, short_checks, codec=None, verify=True, dst=dst, raw_size=raw_size
+            )
             assert dst.tobytes() == want
             long = sizes.copy()
             long[1] = raw_size + 1
             with pytest.raises(FormatError):
-                kernels.load_chunks(fd, offs, long, checks, codec=None, verify=False, dst=dst, raw_size=raw_size,
-                                    scratch=scratch)  # fmt: skip
+                kernels.load_chunks(
+                    fd,
+                    offs,
+                    long,
+                    checks,
+                    codec=None,
+                    verify=False,
+                    dst=dst,
+                    raw_size=raw_size,
+                    scratch=scratch,
+                )
             with pytest.raises(FormatError):
-                kernels.decode_chunks(src, offs, long, checks, codec=None, verify=False, dst=dst, raw_size=raw_size)
+                kernels.decode_chunks(
+                    src, offs, long, checks, codec=None, verify=False, dst=dst, raw_size=raw_size
+                )
         if codec:
             with pytest.raises(FormatError, match="destination"):
-                kernels.load_chunks(fd, offs, sizes, checks, codec=codec, verify=False, dst=dst, raw_size=raw_size, scratch=scratch[:10])
+                kernels.load_chunks(
+                    fd,
+                    offs,
+                    sizes,
+                    checks,
+                    codec=codec,
+                    verify=False,
+                    dst=dst,
+                    raw_size=raw_size,
+                    scratch=scratch[:10],
+                )
     finally:
         os.close(fd)
 
@@ -209,7 +390,9 @@ def test_decompress_rejects_corrupt_frames():
     kernels.decompress_frame(good, dst, codec=lz4)
     assert dst.tobytes() == raw
     with pytest.raises(FormatError):
-        kernels.decompress_frame(good, np.empty(8191, np.uint8), codec=lz4)  # size not the expected one
+        kernels.decompress_frame(
+            good, np.empty(8191, np.uint8), codec=lz4
+        )  # size not the expected one
     with pytest.raises(FormatError):
         kernels.decompress_frame(good[:50], dst, codec=lz4)  # truncated
     failures = 0
@@ -237,9 +420,18 @@ def old_writer_frame(raw: bytes, cname="lz4", shuffle="byte", clevel=5, typesize
     golden file's chunks): the shuffle sits in the first filter slot, not the last."""
     import blosc2
 
-    filters = {"none": blosc2.Filter.NOFILTER, "byte": blosc2.Filter.SHUFFLE, "bit": blosc2.Filter.BITSHUFFLE}
-    params = {"codec": getattr(blosc2.Codec, cname.upper()), "clevel": clevel if any(raw) else 0, "typesize": typesize,
-              "filters": [filters[shuffle]], "nthreads": 1}
+    filters = {
+        "none": blosc2.Filter.NOFILTER,
+        "byte": blosc2.Filter.SHUFFLE,
+        "bit": blosc2.Filter.BITSHUFFLE,
+    }
+    params = {
+        "codec": getattr(blosc2.Codec, cname.upper()),
+        "clevel": clevel if any(raw) else 0,
+        "typesize": typesize,
+        "filters": [filters[shuffle]],
+        "nthreads": 1,
+    }
     schunk = blosc2.SChunk(chunksize=len(raw), cparams=params, dparams={"nthreads": 1})
     schunk.append_chunk(blosc2.compress2(raw, **params))
     return np.frombuffer(schunk.to_cframe(), np.uint8)
@@ -248,8 +440,13 @@ def old_writer_frame(raw: bytes, cname="lz4", shuffle="byte", clevel=5, typesize
 def _kinds(n):
     """Block contents that take the writer's different paths: compressible, incompressible (Blosc2
     stores it memcpy'd), all zeros (the writer stores it memcpy'd at clevel 0), one value, tiny."""
-    return {"compressible": RNG.integers(0, 4, n, dtype=np.uint8), "random": RNG.integers(0, 256, n, dtype=np.uint8),
-            "zeros": np.zeros(n, np.uint8), "constant": np.full(n, 7, np.uint8), "tiny": RNG.integers(0, 256, 5, dtype=np.uint8)}
+    return {
+        "compressible": RNG.integers(0, 4, n, dtype=np.uint8),
+        "random": RNG.integers(0, 256, n, dtype=np.uint8),
+        "zeros": np.zeros(n, np.uint8),
+        "constant": np.full(n, 7, np.uint8),
+        "tiny": RNG.integers(0, 256, 5, dtype=np.uint8),
+    }
 
 
 @pytest.mark.parametrize("make", [frame, old_writer_frame], ids=["compress_frame", "python-blosc2"])
@@ -279,8 +476,17 @@ def test_every_chunk_the_writer_makes_passes_the_header_check(tmp_path, cname, m
         scratch = np.empty(max(len(c) for c in chunks), np.uint8)
         for i, (chunk, raw, codec) in enumerate(zip(chunks, raws, codecs)):
             dst = np.empty(len(raw), np.uint8)
-            kernels.load_chunks(fd, offs[i : i + 1], np.array([len(chunk)], np.int64), np.array([kernels.crc32(chunk)], np.uint64),
-                                codec=codec, verify=True, dst=dst, raw_size=len(raw), scratch=scratch)
+            kernels.load_chunks(
+                fd,
+                offs[i : i + 1],
+                np.array([len(chunk)], np.int64),
+                np.array([kernels.crc32(chunk)], np.uint64),
+                codec=codec,
+                verify=True,
+                dst=dst,
+                raw_size=len(raw),
+                scratch=scratch,
+            )
             assert np.array_equal(dst, raw)
     finally:
         os.close(fd)
@@ -293,15 +499,25 @@ def _load_one(tmp_path, chunk: np.ndarray, raw_size: int, codec) -> np.ndarray:
     dst = np.empty(raw_size, np.uint8)
     fd = os.open(path, os.O_RDONLY)
     try:
-        kernels.load_chunks(fd, offs, np.array([len(chunk)], np.int64), np.array([kernels.crc32(chunk)], np.uint64),
-                            codec=codec, verify=True, dst=dst, raw_size=raw_size, scratch=np.empty(len(chunk), np.uint8))
+        kernels.load_chunks(
+            fd,
+            offs,
+            np.array([len(chunk)], np.int64),
+            np.array([kernels.crc32(chunk)], np.uint64),
+            codec=codec,
+            verify=True,
+            dst=dst,
+            raw_size=raw_size,
+            scratch=np.empty(len(chunk), np.uint8),
+        )
     finally:
         os.close(fd)
     return dst
 
 
 # Patches of a chunk header (byte offset in the chunk: value or function of the old value), each
-# refused with E_CODEC naming that byte (or the one given third). Offsets and bits: c-blosc2 README_CHUNK_FORMAT.rst.
+# refused with E_CODEC naming that byte (or the one given third). Offsets and bits: c-blosc2
+# README_CHUNK_FORMAT.rst.
 HEADER_PATCHES = {
     "codec bits name zstd": (2, lambda v: (v & 0x1F) | (4 << 5)),
     "codec bits name a user-defined codec": (2, lambda v: (v & 0x1F) | (6 << 5)),
@@ -348,7 +564,11 @@ def test_header_check_refuses_other_codecs_and_filters(tmp_path, patch):
     with pytest.raises(FormatError, match="declared compression") as ei:
         _load_one(tmp_path, bad, len(raw), lz4)
     assert isinstance(ei.value, kernels.KernelError) and not isinstance(ei.value, ChecksumError)
-    assert (ei.value.code, ei.value.index, ei.value.detail) == (kernels.KernelCode.E_CODEC, 0, (named or [at])[0])
+    assert (ei.value.code, ei.value.index, ei.value.detail) == (
+        kernels.KernelCode.E_CODEC,
+        0,
+        (named or [at])[0],
+    )
     with pytest.raises(FormatError, match="declared compression"):
         kernels.decompress_frame(bad, np.empty(len(raw), np.uint8), codec=lz4)
 
@@ -359,7 +579,13 @@ def test_header_check_refuses_a_valid_chunk_of_another_codec(tmp_path):
     raw = RNG.integers(0, 4, 16384, dtype=np.uint8).tobytes()
     zstd = frame(raw, "zstd", "byte")
     assert _load_one(tmp_path, zstd, len(raw), (CODECS["zstd"], SHUFFLES["byte"])).tobytes() == raw
-    for declared in [("lz4", "byte"), ("lz4hc", "byte"), ("zstd", "bit"), ("zstd", "none"), ("zlib", "byte")]:
+    for declared in [
+        ("lz4", "byte"),
+        ("lz4hc", "byte"),
+        ("zstd", "bit"),
+        ("zstd", "none"),
+        ("zlib", "byte"),
+    ]:
         with pytest.raises(FormatError, match="declared compression") as ei:
             _load_one(tmp_path, zstd, len(raw), (CODECS[declared[0]], SHUFFLES[declared[1]]))
         assert ei.value.code == kernels.KernelCode.E_CODEC
@@ -375,9 +601,13 @@ def test_header_check_refuses_a_valid_chunk_of_another_codec(tmp_path):
 def test_compression_codes_are_checked():
     for compcode, shuffle in [(3, 0), (6, 0), (160, 0), (-1, 0), (1, 3), (1, 160), (1, -1)]:
         with pytest.raises(ValueError):
-            kernels.compress_frame(b"abcd" * 100, compcode=compcode, clevel=5, shuffle=shuffle, typesize=4)
+            kernels.compress_frame(
+                b"abcd" * 100, compcode=compcode, clevel=5, shuffle=shuffle, typesize=4
+            )
         with pytest.raises(ValueError):
-            kernels.decompress_frame(frame(b"abcd" * 100), np.empty(400, np.uint8), codec=(compcode, shuffle))
+            kernels.decompress_frame(
+                frame(b"abcd" * 100), np.empty(400, np.uint8), codec=(compcode, shuffle)
+            )
 
 
 def test_error_codes_are_one_enum_with_a_message_each():
@@ -404,16 +634,63 @@ def test_kernels_check_err_and_destinations_themselves(tmp_path):
     fds = np.array([fd], np.int32)
     calls = {
         "gather_fixed": lambda out, err: _gather.gather_fixed(src, 8, 0, 8, rows, out, err),
-        "gather_rows": lambda out, err: _gather.gather_rows(src, 8, rows, np.array([4, 0], np.int64), np.array([4, 8], np.int64),
-                                                            [np.empty(12, np.uint8), out], err),
-        "gather_heap": lambda out, err: _gather.gather_heap(np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), 1, i64, i64, i64,
-                                                            np.zeros(0, np.uint8), out, np.array([0], np.int64), 8, err),
+        "gather_rows": lambda out, err: _gather.gather_rows(
+            src,
+            8,
+            rows,
+            np.array([4, 0], np.int64),
+            np.array([4, 8], np.int64),
+            [np.empty(12, np.uint8), out],
+            err,
+        ),
+        "gather_heap": lambda out, err: _gather.gather_heap(
+            np.zeros(24, np.uint8),
+            24,
+            0,
+            np.array([0], np.int64),
+            1,
+            i64,
+            i64,
+            i64,
+            np.zeros(0, np.uint8),
+            out,
+            np.array([0], np.int64),
+            8,
+            err,
+        ),
         "pread_rows": lambda out, err: _io.pread_rows(fds, rows * 8, 8, out, err),
-        "pread_heap": lambda out, err: _io.pread_heap(fds, np.zeros(24, np.uint8), 24, 0, np.array([0], np.int64), i64, i64,
-                                                      np.array([0], np.int64), i64, 16, out, np.array([0], np.int64), 8, err),
-        "preadv_rows": lambda out, err: _io.preadv_rows(fds, rows * 8, 8, np.array([8], np.int64), [out], np.empty(0, np.uint8), err),
-        "load_chunks": lambda out, err: _frame.load_chunks(fds, rows * 8, np.full(3, 8, np.int64), np.zeros(3, np.uint64), -1, 0, False,
-                                                           out, 8, np.empty(1, np.uint8), err),
+        "pread_heap": lambda out, err: _io.pread_heap(
+            fds,
+            np.zeros(24, np.uint8),
+            24,
+            0,
+            np.array([0], np.int64),
+            i64,
+            i64,
+            np.array([0], np.int64),
+            i64,
+            16,
+            out,
+            np.array([0], np.int64),
+            8,
+            err,
+        ),
+        "preadv_rows": lambda out, err: _io.preadv_rows(
+            fds, rows * 8, 8, np.array([8], np.int64), [out], np.empty(0, np.uint8), err
+        ),
+        "load_chunks": lambda out, err: _frame.load_chunks(
+            fds,
+            rows * 8,
+            np.full(3, 8, np.int64),
+            np.zeros(3, np.uint64),
+            -1,
+            0,
+            False,
+            out,
+            8,
+            np.empty(1, np.uint8),
+            err,
+        ),
     }
     try:
         for name, call in calls.items():
@@ -422,12 +699,27 @@ def test_kernels_check_err_and_destinations_themselves(tmp_path):
                 call(big, np.zeros(2, np.int64))
             err = np.full(3, 99, np.int64)
             assert call(big, err) == 0 and err[0] == 0, name
-            assert call(big[:7] if name.endswith("heap") else big[:-1], err) == -1, name  # heap: pad stride 8
+            assert call(big[:7] if name.endswith("heap") else big[:-1], err) == -1, (
+                name
+            )  # heap: pad stride 8
             assert err[0] == kernels.KernelCode.E_DEST, (name, err)
         err = np.zeros(3, np.int64)  # the sink of a segment not asked for
-        assert _io.preadv_rows(fds, rows * 8, 8, np.array([2, 6], np.int64), [None, big[:18]], np.empty(1, np.uint8), err) == -1
+        assert (
+            _io.preadv_rows(
+                fds,
+                rows * 8,
+                8,
+                np.array([2, 6], np.int64),
+                [None, big[:18]],
+                np.empty(1, np.uint8),
+                err,
+            )
+            == -1
+        )
         assert err[0] == kernels.KernelCode.E_DEST
-        assert calls["gather_rows"](bytearray(24), np.zeros(3, np.int64)) == 0  # any writeable buffer of bytes
+        assert (
+            calls["gather_rows"](bytearray(24), np.zeros(3, np.int64)) == 0
+        )  # any writeable buffer of bytes
         with pytest.raises((ValueError, BufferError)):  # not C-contiguous
             calls["gather_rows"](np.empty((3, 16), np.uint8)[:, :8], np.zeros(3, np.int64))
         ro = np.empty(24, np.uint8)
@@ -482,12 +774,16 @@ def test_pread_rows_and_heap_match_reference(tmp_path):
         kernels.pread_heap(fd, src, row_size, ref, rows, lo, hi, chunk_offsets, H, out, dst)
         assert np.array_equal(out, np.concatenate([payloads[r] for r in rows]))
         with pytest.raises(FormatError, match="outside"):
-            kernels.pread_heap(fd, src, row_size, ref, rows + 50, lo, hi, chunk_offsets, H, out, dst)
+            kernels.pread_heap(
+                fd, src, row_size, ref, rows + 50, lo, hi, chunk_offsets, H, out, dst
+            )
         hi2 = hi.copy()
         hi2[:] = 0
         if nb.any():
             with pytest.raises(FormatError):
-                kernels.pread_heap(fd, buf, row_size, ref, ident, lo, hi2, chunk_offsets, H, out, dst)
+                kernels.pread_heap(
+                    fd, buf, row_size, ref, ident, lo, hi2, chunk_offsets, H, out, dst
+                )
         with pytest.raises(FormatError, match="truncated"):
             kernels.pread_rows(fd, np.array([os.path.getsize(path) - 3], np.int64), row_size, buf)
     finally:
@@ -500,8 +796,19 @@ def test_gather_heap_empty_payload_of_a_block_without_heap_bytes():
     src = np.zeros(row_size, np.uint8)
     src[ref : ref + 8] = np.array([300], np.uint64).view(np.uint8)  # offset 300, nbytes 0
     out = np.empty(0, np.uint8)
-    kernels.gather_heap(src, row_size, ref, np.array([0], np.int64), 1, np.array([300]), np.array([300]),
-                        np.array([0]), np.zeros(0, np.uint8), out, np.array([0, 0], np.int64))
+    kernels.gather_heap(
+        src,
+        row_size,
+        ref,
+        np.array([0], np.int64),
+        1,
+        np.array([300]),
+        np.array([300]),
+        np.array([0]),
+        np.zeros(0, np.uint8),
+        out,
+        np.array([0, 0], np.int64),
+    )
 
 
 def test_preadv_rows_matches_reference(tmp_path):
@@ -524,12 +831,23 @@ def test_preadv_rows_matches_reference(tmp_path):
         assert np.array_equal(a, table[rows, 3:11])
         assert np.array_equal(b, table[rows, 15:35])
         with pytest.raises(FormatError, match="truncated"):
-            kernels.preadv_rows(fd, np.array([11 + (nrows - 1) * row_size + 5], np.int64), row_size,
-                                [(3, None), (8, a[:1]), (4, None), (20, b[:1]), (2, None)], np.empty(row_size, np.uint8))
+            kernels.preadv_rows(
+                fd,
+                np.array([11 + (nrows - 1) * row_size + 5], np.int64),
+                row_size,
+                [(3, None), (8, a[:1]), (4, None), (20, b[:1]), (2, None)],
+                np.empty(row_size, np.uint8),
+            )
         with pytest.raises(ValueError):  # pieces must cover the row
             kernels.preadv_rows(fd, offs, row_size, segs[:-1], np.empty(row_size, np.uint8))
         with pytest.raises(ValueError):
-            kernels.preadv_rows(fd, offs, row_size, [(3, None), (8, a[:3]), (4, None), (20, b), (2, None)], np.empty(row_size, np.uint8))
+            kernels.preadv_rows(
+                fd,
+                offs,
+                row_size,
+                [(3, None), (8, a[:3]), (4, None), (20, b), (2, None)],
+                np.empty(row_size, np.uint8),
+            )
     finally:
         os.close(fd)
 
@@ -542,7 +860,11 @@ def test_nothing_imports_the_old_single_kernel_module():
     root = pathlib.Path(__file__).resolve().parent.parent
     for path in [*root.glob("rowstore/**/*.py"), *root.glob("_ext/*.p*"), *root.glob("bench/*.py")]:
         text = path.read_text()
-        assert "import _blocks" not in text and "rowstore._blocks" not in text and "cimport _blocks" not in text, path
+        assert (
+            "import _blocks" not in text
+            and "rowstore._blocks" not in text
+            and "cimport _blocks" not in text
+        ), path
 
 
 def test_heap_kernels_refuse_a_non_contiguous_out(tmp_path):
@@ -555,15 +877,37 @@ def test_heap_kernels_refuse_a_non_contiguous_out(tmp_path):
     np.cumsum([len(p) for p in payloads], out=dst[1:])
     strided = np.zeros(2 * int(dst[-1]), np.uint8)[::2]
     with pytest.raises(ValueError, match="C-contiguous"):
-        kernels.gather_heap(src, row_size, ref, rows, 50, np.array([0]), np.array([len(heap)]), np.array([0]),
-                            heap, strided, dst)
+        kernels.gather_heap(
+            src,
+            row_size,
+            ref,
+            rows,
+            50,
+            np.array([0]),
+            np.array([len(heap)]),
+            np.array([0]),
+            heap,
+            strided,
+            dst,
+        )
     path = tmp_path / "heap.bin"
     path.write_bytes(heap.tobytes())
     fd = os.open(path, os.O_RDONLY)
     try:
         with pytest.raises(ValueError, match="C-contiguous"):
-            kernels.pread_heap(fd, src, row_size, ref, rows, np.zeros(50, np.int64), np.full(50, len(heap), np.int64),
-                               np.array([0], np.int64), max(len(heap), 1), strided, dst)
+            kernels.pread_heap(
+                fd,
+                src,
+                row_size,
+                ref,
+                rows,
+                np.zeros(50, np.int64),
+                np.full(50, len(heap), np.int64),
+                np.array([0], np.int64),
+                max(len(heap), 1),
+                strided,
+                dst,
+            )
     finally:
         os.close(fd)
 
@@ -596,10 +940,14 @@ def test_per_item_descriptors_chunk_bases_and_strides_match_reference(tmp_path):
         per_fd = np.array(fds, np.int32)[which]
         buf = np.empty(len(rows) * row_size, np.uint8)
         kernels.pread_rows(per_fd, which * 7 + rows * row_size, row_size, buf)
-        assert np.array_equal(buf.reshape(-1, row_size), np.stack([srcs[w][r] for w, r in zip(which, rows)]))
+        assert np.array_equal(
+            buf.reshape(-1, row_size), np.stack([srcs[w][r] for w, r in zip(which, rows)])
+        )
         # preadv straight into two column arrays
         a, b = np.empty((80, 10), np.uint8), np.empty((80, 14), np.uint8)
-        kernels.preadv_rows(per_fd, which * 7 + rows * row_size, row_size, [(10, a), (14, b)], np.empty(1, np.uint8))
+        kernels.preadv_rows(
+            per_fd, which * 7 + rows * row_size, row_size, [(10, a), (14, b)], np.empty(1, np.uint8)
+        )
         assert np.array_equal(np.hstack([a, b]), buf.reshape(-1, row_size))
         # payloads: one concatenated chunk table, each row's file's chunks from its base
         allt = np.concatenate(tables)
@@ -609,28 +957,87 @@ def test_per_item_descriptors_chunk_bases_and_strides_match_reference(tmp_path):
         np.cumsum([len(p) for p in expect], out=dst[1:])
         out = np.empty(int(dst[-1]), np.uint8)
         lo, hi = np.zeros(80, np.int64), np.full(80, 50 * 1000, np.int64)
-        kernels.pread_heap(per_fd, buf, row_size, ref, np.arange(80, dtype=np.int64), lo, hi, allt, H, out, dst,
-                           chunk_base=base)  # fmt: skip
+        kernels.pread_heap(
+            per_fd,
+            buf,
+            row_size,
+            ref,
+            np.arange(80, dtype=np.int64),
+            lo,
+            hi,
+            allt,
+            H,
+            out,
+            dst,
+            chunk_base=base,
+        )
         assert np.array_equal(out, np.concatenate(expect))
         with pytest.raises(FormatError):  # a base beyond the table
-            kernels.pread_heap(per_fd, buf, row_size, ref, np.arange(80, dtype=np.int64), lo, hi, allt, H, out, dst,
-                               chunk_base=base + len(allt))  # fmt: skip
+            kernels.pread_heap(
+                per_fd,
+                buf,
+                row_size,
+                ref,
+                np.arange(80, dtype=np.int64),
+                lo,
+                hi,
+                allt,
+                H,
+                out,
+                dst,
+                chunk_base=base + len(allt),
+            )
         # whole chunks: 16-byte rows of the files as "chunks", each from its own descriptor, in
         # 40-byte slots (the gap is left alone)
         offs = (which * 7 + rows * row_size).astype(np.int64)
         sizes = np.full(80, 16, np.int64)
-        checks = np.array([kernels.crc32(srcs[w][r][:16].tobytes()) for w, r in zip(which, rows)], np.uint64)
+        checks = np.array(
+            [kernels.crc32(srcs[w][r][:16].tobytes()) for w, r in zip(which, rows)], np.uint64
+        )
         slots = np.full(80 * 40, 0xAB, np.uint8)
-        kernels.load_chunks(per_fd, offs, sizes, checks, codec=None, verify=True, dst=slots[: 79 * 40 + 16], raw_size=16,
-                            scratch=np.empty(1, np.uint8), dst_stride=40)  # fmt: skip
+        kernels.load_chunks(
+            per_fd,
+            offs,
+            sizes,
+            checks,
+            codec=None,
+            verify=True,
+            dst=slots[: 79 * 40 + 16],
+            raw_size=16,
+            scratch=np.empty(1, np.uint8),
+            dst_stride=40,
+        )
         got = slots.reshape(80, 40)
-        assert np.array_equal(got[:, :16], buf.reshape(-1, row_size)[:, :16]) and (got[:-1, 16:] == 0xAB).all()
+        assert (
+            np.array_equal(got[:, :16], buf.reshape(-1, row_size)[:, :16])
+            and (got[:-1, 16:] == 0xAB).all()
+        )
         with pytest.raises(FormatError, match="destination"):  # the last slot must fit
-            kernels.load_chunks(per_fd, offs, sizes, checks, codec=None, verify=True, dst=slots[: 79 * 40 + 15],
-                                raw_size=16, scratch=np.empty(1, np.uint8), dst_stride=40)  # fmt: skip
+            kernels.load_chunks(
+                per_fd,
+                offs,
+                sizes,
+                checks,
+                codec=None,
+                verify=True,
+                dst=slots[: 79 * 40 + 15],
+                raw_size=16,
+                scratch=np.empty(1, np.uint8),
+                dst_stride=40,
+            )
         with pytest.raises(ValueError, match="fds"):
-            kernels.load_chunks(per_fd[:3], offs, sizes, checks, codec=None, verify=True, dst=slots, raw_size=16,
-                                scratch=np.empty(1, np.uint8), dst_stride=40)  # fmt: skip
+            kernels.load_chunks(
+                per_fd[:3],
+                offs,
+                sizes,
+                checks,
+                codec=None,
+                verify=True,
+                dst=slots,
+                raw_size=16,
+                scratch=np.empty(1, np.uint8),
+                dst_stride=40,
+            )
     finally:
         for fd in fds:
             os.close(fd)

@@ -47,8 +47,11 @@ def _filter_row(f: int, row: np.ndarray, up: np.ndarray, bpp: int) -> np.ndarray
     return ((x - pred) % 256).astype(np.uint8)
 
 
-def make_png(img: np.ndarray, filters, *, idat_size: int = 50, extra: bytes = b"", level: int = 6) -> bytes:
-    """A PNG of ``img`` (uint8/uint16, HxW or HxWxC) whose row r uses filter ``filters[r % len]``."""
+def make_png(
+    img: np.ndarray, filters, *, idat_size: int = 50, extra: bytes = b"", level: int = 6
+) -> bytes:
+    """A PNG of ``img`` (uint8/uint16, HxW or HxWxC) whose row r uses filter ``filters[r %
+    len]``."""
     h, w = img.shape[:2]
     c = img.shape[2] if img.ndim == 3 else 1
     depth = 8 * img.dtype.itemsize
@@ -63,7 +66,11 @@ def make_png(img: np.ndarray, filters, *, idat_size: int = 50, extra: bytes = b"
         raw += _filter_row(f, rows[r], up, bpp).tobytes()
         up = rows[r]
     z = zlib.compress(bytes(raw), level)
-    out = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0)) + extra
+    out = (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0))
+        + extra
+    )
     for a in range(0, len(z), idat_size):
         out += _chunk(b"IDAT", z[a : a + idat_size])
     return out + _chunk(b"IEND", b"")
@@ -75,7 +82,9 @@ def decode(pngs: list[bytes], shape, dtype, *, nulls=None, lo=0, hi=None):
     np.cumsum([len(p) for p in pngs], out=offs[1:])
     out = np.zeros((len(pngs),) + tuple(shape), dtype)
     status = np.full(len(pngs), 255, np.uint8)
-    left = kernels.png_decode_batch(data, offs, nulls, out, lo, len(pngs) if hi is None else hi, status)
+    left = kernels.png_decode_batch(
+        data, offs, nulls, out, lo, len(pngs) if hi is None else hi, status
+    )
     return out, status, left
 
 
@@ -100,7 +109,9 @@ def test_every_filter_type_decodes_to_libpngs_bytes(shape, dtype):
     rng = np.random.default_rng(sum(shape))
     imgs = [_img(rng, shape, dtype, smooth=k % 2 == 1) for k in range(6)]
     filter_sets = [[0], [1], [2], [3], [4], [4, 3, 2, 1, 0]]
-    pngs = [make_png(im, fs, idat_size=7 + 13 * k) for k, (im, fs) in enumerate(zip(imgs, filter_sets))]
+    pngs = [
+        make_png(im, fs, idat_size=7 + 13 * k) for k, (im, fs) in enumerate(zip(imgs, filter_sets))
+    ]
     out, status, left = decode(pngs, shape, dtype)
     assert left == 0 and not status.any()
     for k, png in enumerate(pngs):
@@ -109,8 +120,16 @@ def test_every_filter_type_decodes_to_libpngs_bytes(shape, dtype):
 
 
 @pytest.mark.parametrize("level", [0, 1, 6, 9])
-@pytest.mark.parametrize("dtype,shape", [(np.uint8, (32, 48, 3)), (np.uint8, (20, 20)), (np.uint16, (16, 24, 4)),
-                                         (np.uint8, (40, 8, 2)), (np.uint16, (9, 9))])
+@pytest.mark.parametrize(
+    "dtype,shape",
+    [
+        (np.uint8, (32, 48, 3)),
+        (np.uint8, (20, 20)),
+        (np.uint16, (16, 24, 4)),
+        (np.uint8, (40, 8, 2)),
+        (np.uint16, (9, 9)),
+    ],
+)
 def test_the_codecs_own_pngs_at_every_level(level, dtype, shape):
     rng = np.random.default_rng(level)
     f = Field("v", np.dtype(dtype).name, shape, codec={"id": "png", "level": level})
@@ -127,7 +146,12 @@ def test_pil_written_pngs_decode_identically():
     import io
 
     rng = np.random.default_rng(3)
-    for mode, shape in (("RGB", (21, 34, 3)), ("RGBA", (8, 9, 4)), ("L", (30, 5)), ("LA", (7, 7, 2))):
+    for mode, shape in (
+        ("RGB", (21, 34, 3)),
+        ("RGBA", (8, 9, 4)),
+        ("L", (30, 5)),
+        ("LA", (7, 7, 2)),
+    ):
         img = _img(rng, shape, np.uint8, smooth=True)
         buf = io.BytesIO()
         Image.fromarray(img, mode).save(buf, format="PNG", optimize=True)
@@ -154,7 +178,9 @@ def test_kinds_it_leaves_to_the_reference_decoder():
     interlaced = bytearray(make_png(img, [0]))
     interlaced[28] = 1  # IHDR interlace byte (the CRC fixed below)
     interlaced[29:33] = struct.pack(">I", zlib.crc32(bytes(interlaced[12:29])))
-    out, status, left = decode([palette, trns, other_size, grey_for_rgb, bytes(interlaced)], (6, 5, 3), np.uint8)
+    out, status, left = decode(
+        [palette, trns, other_size, grey_for_rgb, bytes(interlaced)], (6, 5, 3), np.uint8
+    )
     assert left == 5 and (status == kernels.PNG_UNSUPPORTED).all()
 
 
@@ -171,8 +197,12 @@ def _corruptions(png: bytes):
         yield bytes(b)
     ihdr_end = 33
     z_ok = zlib.decompress(b"".join(_idats(png)))
-    for bad in (zlib.compress(z_ok + b"\x00" * 10), zlib.compress(z_ok[:-3]), b"\x78\x9c" + bytes(40),
-                zlib.compress(bytes([7]) + z_ok[1:])):
+    for bad in (
+        zlib.compress(z_ok + b"\x00" * 10),
+        zlib.compress(z_ok[:-3]),
+        b"\x78\x9c" + bytes(40),
+        zlib.compress(bytes([7]) + z_ok[1:]),
+    ):
         yield png[:ihdr_end] + _chunk(b"IDAT", bad) + _chunk(b"IEND", b"")
     yield png[:ihdr_end] + struct.pack(">I", 0x7FFFFFF0) + b"IDAT" + bytes(16)
 
@@ -216,9 +246,13 @@ def test_ranges_nulls_and_argument_checks():
     np.cumsum([len(p) for p in pngs], out=offs[1:])
     st = np.zeros(5, np.uint8)
     with pytest.raises(ValueError):
-        kernels.png_decode_batch(data, offs, None, np.zeros((4, 4, 4, 3), np.uint8), 0, 5, st)  # out too small
+        kernels.png_decode_batch(
+            data, offs, None, np.zeros((4, 4, 4, 3), np.uint8), 0, 5, st
+        )  # out too small
     with pytest.raises(ValueError):
-        kernels.png_decode_batch(data, offs, None, np.zeros((5, 4, 4, 3), np.uint8), 0, 6, st)  # range past n
+        kernels.png_decode_batch(
+            data, offs, None, np.zeros((5, 4, 4, 3), np.uint8), 0, 6, st
+        )  # range past n
     bad_offs = offs.copy()
     bad_offs[3] = len(data) + 100
     with pytest.raises(ValueError):
@@ -237,8 +271,14 @@ def test_threads_decode_disjoint_ranges_of_one_batch():
     out = np.zeros((64, 24, 24, 3), np.uint8)
     status = np.zeros(64, np.uint8)
     left = []
-    ts = [threading.Thread(target=lambda a=a: left.append(kernels.png_decode_batch(data, offs, None, out, a, a + 16, status)))
-          for a in range(0, 64, 16)]
+    ts = [
+        threading.Thread(
+            target=lambda a=a: left.append(
+                kernels.png_decode_batch(data, offs, None, out, a, a + 16, status)
+            )
+        )
+        for a in range(0, 64, 16)
+    ]
     for t in ts:
         t.start()
     for t in ts:
@@ -250,8 +290,13 @@ def test_threads_decode_disjoint_ranges_of_one_batch():
 @pytest.fixture(scope="module")
 def image_file(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("pngk") / "img.h5")
-    schema = Schema([Field("img", "uint8", (12, 10, 3), codec={"id": "png", "level": 1}),
-                     Field("g16", "uint16", (6, 5), codec="png", nullable=True), Field("id", "int64")])
+    schema = Schema(
+        [
+            Field("img", "uint8", (12, 10, 3), codec={"id": "png", "level": 1}),
+            Field("g16", "uint16", (6, 5), codec="png", nullable=True),
+            Field("id", "int64"),
+        ]
+    )
     rng = np.random.default_rng(8)
     n = 120
     imgs = np.stack([_img(rng, (12, 10, 3), np.uint8, smooth=k % 3 == 0) for k in range(n)])
@@ -274,7 +319,9 @@ def test_reader_batches_equal_the_codec_path(image_file, threads, monkeypatch):
         assert np.array_equal(a["img"], imgs[a["id"]])
         for k, i in enumerate(a["id"]):
             assert bool(a["g16__null"][k]) == (g16[i] is None)
-            assert np.array_equal(a["g16"][k], np.zeros((6, 5), np.uint16) if g16[i] is None else g16[i])
+            assert np.array_equal(
+                a["g16"][k], np.zeros((6, 5), np.uint16) if g16[i] is None else g16[i]
+            )
 
 
 def test_take_into_out_and_a_strided_out(image_file):
@@ -319,7 +366,9 @@ def test_a_corrupt_image_is_a_format_error_naming_field_and_row(tmp_path, thread
     path = str(tmp_path / "bad.h5")
     rng = np.random.default_rng(10)
     imgs = [_img(rng, (16, 16, 3), np.uint8) for _ in range(40)]
-    with rowstore.Writer(path, Schema([Field("img", "uint8", (16, 16, 3), codec="png"), Field("id", "int64")])) as w:
+    with rowstore.Writer(
+        path, Schema([Field("img", "uint8", (16, 16, 3), codec="png"), Field("id", "int64")])
+    ) as w:
         for k, im in enumerate(imgs):
             w.write({"img": im, "id": k})
     # Damage the IDAT data of one image (the 23rd PNG in the heap), past its chunk CRC.

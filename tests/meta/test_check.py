@@ -41,10 +41,18 @@ def test_one_of():
     assert one_of("flag", True, (True, False)) is True
 
 
-@pytest.mark.parametrize(("given", "n"), [
-    (1000, 1000), (np.int32(5), 5), ("2GB", 2 * 1000**3), ("512MiB", 512 << 20), ("1.5g", 1_500_000_000),
-    (" 3 kb ", 3000), ("7", 7),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("given", "n"),
+    [
+        (1000, 1000),
+        (np.int32(5), 5),
+        ("2GB", 2 * 1000**3),
+        ("512MiB", 512 << 20),
+        ("1.5g", 1_500_000_000),
+        (" 3 kb ", 3000),
+        ("7", 7),
+    ],
+)
 def test_parse_bytes(given, n):
     assert parse_bytes(given) == n
 

@@ -17,7 +17,6 @@ import rowstore
 ROOT = os.path.dirname(rowstore.__file__)
 
 
-
 def modules(root: str) -> dict[str, str]:
     """Module name -> source path for every ``.py`` file of the package at ``root``."""
     top = os.path.dirname(root)
@@ -70,8 +69,11 @@ def graph(root: str) -> dict[str, set[str]]:
             while name not in mods:
                 name = name.rpartition(".")[0]
             bits = name.split(".")
-            edges.update(p for p in (".".join(bits[:i]) for i in range(1, len(bits) + 1))
-                         if p in mods and p not in running)  # fmt: skip
+            edges.update(
+                p
+                for p in (".".join(bits[:i]) for i in range(1, len(bits) + 1))
+                if p in mods and p not in running
+            )
         out[module] = edges
     return out
 
@@ -133,17 +135,21 @@ def _package(tmp_path, files: dict[str, str]) -> str:
 
 
 def test_the_scan_sees_lazy_relative_and_package_circles(tmp_path):
-    root = _package(tmp_path, {
-        "__init__.py": "",
-        "a.py": "from pkg import b\n",
-        "b.py": "def f():\n    from . import a\n",  # a lazy, relative import closes a <-> b
-        "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n",
-        "d.py": "import pkg.c\n",  # c -> d only for type checkers: no circle
-        "sub/__init__.py": "from pkg.sub.x import X\n",
-        "sub/x.py": "from pkg.e import E\nX = 1\n",
-        "e.py": "import pkg.sub.y\nE = 2\n",  # importing pkg.sub.y runs pkg.sub, which imports e
-        "sub/y.py": "",
-    })  # fmt: skip
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from pkg import b\n",
+            "b.py": "def f():\n    from . import a\n",  # a lazy, relative import closes a <-> b
+            "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n",
+            "d.py": "import pkg.c\n",  # c -> d only for type checkers: no circle
+            "sub/__init__.py": "from pkg.sub.x import X\n",
+            "sub/x.py": "from pkg.e import E\nX = 1\n",
+            # importing pkg.sub.y runs pkg.sub, which imports e
+            "e.py": "import pkg.sub.y\nE = 2\n",
+            "sub/y.py": "",
+        },
+    )
     got = sorted(sorted(c) for c in circles(graph(root)))
     assert got == [["pkg.a", "pkg.b"], ["pkg.e", "pkg.sub", "pkg.sub.x"]]
 
@@ -154,5 +160,7 @@ def test_codecs_do_not_import_the_schema_even_for_type_checkers():
         if module.startswith("rowstore.codecs"):
             tree = ast.parse(open(path).read())
             names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-            names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            names |= {
+                n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+            }
             assert not [n for n in names if n.startswith("rowstore.schema")], module

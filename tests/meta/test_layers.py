@@ -21,11 +21,24 @@ LAYERS = [
     ("format", ["rowstore.format"]),
     ("writer", ["rowstore.writer"]),  # making files and dataset versions
     ("reader", ["rowstore.reader"]),
-    ("transforms", ["rowstore.global_shuffle", "rowstore.quality"]),  # whole-dataset jobs over format + reader
+    (
+        "transforms",
+        ["rowstore.global_shuffle", "rowstore.quality"],
+    ),  # whole-dataset jobs over format + reader
     ("adapters", ["rowstore.torch", "rowstore.tf"]),
-    ("integrations", ["rowstore.pandas", "rowstore.dask", "rowstore.xarray",
-                      "rowstore.arrow", "rowstore.petastorm", "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
-                      "rowstore._payloads", "rowstore._unischema"]),  # their payload decoders, the Unischema
+    (
+        "integrations",
+        [
+            "rowstore.pandas",
+            "rowstore.dask",
+            "rowstore.xarray",
+            "rowstore.arrow",
+            "rowstore.petastorm",
+            "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
+            "rowstore._payloads",
+            "rowstore._unischema",
+        ],
+    ),  # their payload decoders, the Unischema
     ("cli/bench", ["rowstore.cli", "rowstore.bench", "rowstore.demo", "rowstore"]),
 ]
 
@@ -37,7 +50,11 @@ def layer_of(module: str) -> int:
     best, best_len = None, -1
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            hit = module == p or module.startswith(p + ".") or (p.endswith("_") and module.startswith(p))
+            hit = (
+                module == p
+                or module.startswith(p + ".")
+                or (p.endswith("_") and module.startswith(p))
+            )
             if hit and len(p) > best_len:
                 best, best_len = i, len(p)
     assert best is not None, module
@@ -48,7 +65,10 @@ def _imports(path: str, module: str):
     tree = ast.parse(open(path).read())
     skip = set()
     for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+        if (
+            isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        ):
             skip.update(id(n) for n in ast.walk(node))
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     for node in ast.walk(tree):
@@ -62,8 +82,13 @@ def _imports(path: str, module: str):
                 name = base + ("." + node.module if node.module else "")
             else:
                 name = node.module or ""
-            if name == "rowstore":  # `from rowstore import kernels` names a module, `__version__` does not
-                yield from ("rowstore." + a.name if a.name in _SUBMODULES else "rowstore" for a in node.names)
+            if (
+                name == "rowstore"
+            ):  # `from rowstore import kernels` names a module, `__version__` does not
+                yield from (
+                    "rowstore." + a.name if a.name in _SUBMODULES else "rowstore"
+                    for a in node.names
+                )
             elif name.startswith("rowstore"):
                 yield name
 
@@ -84,7 +109,10 @@ def test_imports_follow_the_layers():
                 if target == "rowstore" and own < len(LAYERS) - 1:
                     wrong.append(f"{module} imports the package root (which imports every layer)")
                 elif layer_of(target) > own:
-                    wrong.append(f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
+                    wrong.append(
+                        f"{module} ({LAYERS[own][0]}) imports {target} "
+                        f"({LAYERS[layer_of(target)][0]})"
+                    )
     assert not wrong, "\n".join(wrong)
 
 

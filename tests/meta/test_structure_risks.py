@@ -25,7 +25,9 @@ def images(tmp_path_factory):
     schema = Schema([Field("img", "uint8", (8, 8, 3), codec="png"), Field("id", "int64")])
     rng = np.random.default_rng(0)
     with rowstore.Writer(path, schema) as w:
-        w.write_batch({"img": rng.integers(0, 255, (64, 8, 8, 3), dtype=np.uint8), "id": np.arange(64)})
+        w.write_batch(
+            {"img": rng.integers(0, 255, (64, 8, 8, 3), dtype=np.uint8), "id": np.arange(64)}
+        )
     return path
 
 
@@ -62,6 +64,7 @@ def test_fork_while_another_thread_holds_the_descriptor_lock(images):
 
 def test_decode_threads_are_reused_across_takes(images):
     """A new decode pool per take() (per torch batch on images) started threads every call."""
+
     def mine(r):  # this reader's decode threads (other tests' readers may have theirs alive)
         pool = r._decoder._pool
         return {t.ident for t in (pool._threads if pool is not None else ())}
@@ -95,7 +98,9 @@ def test_field_is_hashable_and_immutable():
     assert pickle.loads(pickle.dumps(f)) == f
     s = Schema([f, Field("y", "str", nullable=True)])
     assert hash(s) == hash(Schema.from_json(s.to_json()))
-    assert Field("y", "float32", (3,), codec=f.codec) == Field("y", "float32", (3,))  # a codec mapping is accepted
+    assert Field("y", "float32", (3,), codec=f.codec) == Field(
+        "y", "float32", (3,)
+    )  # a codec mapping is accepted
 
 
 def test_os_errors_are_not_labelled_malformed(images, tmp_path, monkeypatch):
@@ -109,7 +114,11 @@ def test_os_errors_are_not_labelled_malformed(images, tmp_path, monkeypatch):
         raise PermissionError(errno.EACCES, "Permission denied", images)
 
     with monkeypatch.context() as m:
-        m.setattr(footer.os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+        m.setattr(
+            footer.os,
+            "pread",
+            lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")),
+        )
         with pytest.raises(OSError) as ei:
             rowstore.open(images)
         assert ei.value.errno == errno.EIO and not isinstance(ei.value, FormatError)
@@ -129,7 +138,9 @@ def test_decode_error_keeps_type_of_missing_dependency(images, monkeypatch):
     from rowstore.errors import CodecNotAvailableError
 
     def missing():
-        raise CodecNotAvailableError("the png/jpeg codecs need imagecodecs: pip install 'rowstore[images]'")
+        raise CodecNotAvailableError(
+            "the png/jpeg codecs need imagecodecs: pip install 'rowstore[images]'"
+        )
 
     from rowstore.reader import _decode
 
@@ -188,7 +199,9 @@ def test_errors_pickle_with_their_context():
     kernel error's keyword-only constructor could not be replayed from its args)."""
     from rowstore import kernels
 
-    err = kernels.KernelError("'/x.h5': block 3: bad", code=4, index=1, detail=7, path="/x.h5", block=3)
+    err = kernels.KernelError(
+        "'/x.h5': block 3: bad", code=4, index=1, detail=7, path="/x.h5", block=3
+    )
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is kernels.KernelError and str(back) == str(err)
     assert (back.code, back.index, back.detail, back.path, back.block) == (4, 1, 7, "/x.h5", 3)

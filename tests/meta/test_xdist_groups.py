@@ -9,4 +9,6 @@ import pytest
 def test_a_grouped_test_carries_its_group_in_its_id(request):
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not run by pytest-xdist with --dist loadgroup")
-    assert request.node.nodeid.endswith("@one-worker"), request.node.nodeid  # what loadgroup schedules by
+    assert request.node.nodeid.endswith("@one-worker"), (
+        request.node.nodeid
+    )  # what loadgroup schedules by

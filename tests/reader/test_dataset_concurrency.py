@@ -27,9 +27,15 @@ def _reader(root: str, stop, sizes, errors) -> None:
             with rowstore.open(root) as r:
                 n = len(r)
                 b = r.take(np.arange(n))
-                if not np.array_equal(b["x"], np.arange(n)) or list(b["t"][-3:]) != [f"row {i}" for i in range(max(0, n - 3), n)]:
+                if not np.array_equal(b["x"], np.arange(n)) or list(b["t"][-3:]) != [
+                    f"row {i}" for i in range(max(0, n - 3), n)
+                ]:
                     errors.put(f"version {r.layout.version}: rows differ")
-                xs = np.concatenate([c["x"] for c in r.batches(128, shuffle="full", seed=len(seen))]) if n else np.zeros(0)
+                xs = (
+                    np.concatenate([c["x"] for c in r.batches(128, shuffle="full", seed=len(seen))])
+                    if n
+                    else np.zeros(0)
+                )
                 if sorted(xs.tolist()) != list(range(n)):
                     errors.put(f"version {r.layout.version}: an epoch is not every row once")
                 seen.add(n)

@@ -32,7 +32,9 @@ def build(root, schema, rows, *, shards=SHARDS, compression=None, attrs=None):
     existing = len(os.listdir(os.path.join(root, M.SHARD_DIR)))
     for k, (n, rpb) in enumerate(shards):
         rel = f"{M.SHARD_DIR}/s{existing + k:03d}.h5"
-        with rowstore.Writer(os.path.join(root, rel), schema, rows_per_block=rpb, compression=compression) as w:
+        with rowstore.Writer(
+            os.path.join(root, rel), schema, rows_per_block=rpb, compression=compression
+        ) as w:
             for r in rows[pos : pos + n]:
                 w.write(r)
         pos += n
@@ -45,8 +47,16 @@ def build(root, schema, rows, *, shards=SHARDS, compression=None, attrs=None):
 
 def publish(root, schema, entries, blocks, chunks, L, attrs=None):
     with M.commit_lock(root):
-        return M.publish(root, schema=schema, attrs=attrs or {}, compression=L.compression,
-                         heap_chunk_bytes=L.heap_chunk_bytes, shards=entries, blocks=blocks, heap_chunks=chunks)
+        return M.publish(
+            root,
+            schema=schema,
+            attrs=attrs or {},
+            compression=L.compression,
+            heap_chunk_bytes=L.heap_chunk_bytes,
+            shards=entries,
+            blocks=blocks,
+            heap_chunks=chunks,
+        )
 
 
 @pytest.fixture(params=[None, "lz4"], ids=["raw", "lz4"])
@@ -90,7 +100,9 @@ def test_every_row_once_per_epoch_and_orders_deterministic(dataset, rs, shuffle)
         rs.assert_batch_equal(schema, [rows[i] for i in order], got)
         assert np.array_equal(order, r.epoch_order(shuffle=shuffle, seed=5, epoch=1, window=3))
         if shuffle != "none":
-            assert not np.array_equal(order, r.epoch_order(shuffle=shuffle, seed=5, epoch=2, window=3))
+            assert not np.array_equal(
+                order, r.epoch_order(shuffle=shuffle, seed=5, epoch=2, window=3)
+            )
 
 
 def test_block_shuffle_mixes_blocks_of_different_shards(dataset):
@@ -117,7 +129,12 @@ def test_ddp_shards_are_disjoint_and_complete(dataset, shuffle, even):
         else:
             assert sorted(allrows.tolist()) == list(range(len(rows)))
         for k in range(3):
-            got = np.concatenate([b["label__null"] for b in r.batches(5, shuffle=shuffle, seed=2, shard=(k, 3), even=even)])
+            got = np.concatenate(
+                [
+                    b["label__null"]
+                    for b in r.batches(5, shuffle=shuffle, seed=2, shard=(k, 3), even=even)
+                ]
+            )
             assert len(got) == len(parts[k])
 
 
@@ -125,7 +142,9 @@ def test_resume_with_start(dataset, rs):
     root, schema, rows = dataset
     with rowstore.open(root) as r:
         order = r.epoch_order(shuffle="full", seed=9)
-        rest = rowstore.reader.buffers.concat_batches(list(r.batches(6, shuffle="full", seed=9, start=31)))
+        rest = rowstore.reader.buffers.concat_batches(
+            list(r.batches(6, shuffle="full", seed=9, start=31))
+        )
         rs.assert_batch_equal(schema, [rows[i] for i in order[31:]], rest)
 
 
@@ -133,7 +152,9 @@ def test_resume_with_start(dataset, rs):
 def test_verify_modes_read_the_same(dataset, rs, verify):
     root, schema, rows = dataset
     with rowstore.open(root, verify=verify) as r:
-        rs.assert_batch_equal(schema, rows, rowstore.reader.buffers.concat_batches(list(r.batches(7, shuffle="none"))))
+        rs.assert_batch_equal(
+            schema, rows, rowstore.reader.buffers.concat_batches(list(r.batches(7, shuffle="none")))
+        )
 
 
 def test_a_list_of_files_and_datasets_reads_as_one(dataset, rs, tmp_path):
@@ -147,7 +168,9 @@ def test_a_list_of_files_and_datasets_reads_as_one(dataset, rs, tmp_path):
         assert np.array_equal(order, r.epoch_order(shuffle="block", seed=4, window=2))
     with rowstore.open([root, files[0], root]) as r:
         assert len(r) == 2 * len(rows) + SHARDS[0][0]
-        rs.assert_batch_equal(schema, rows[: SHARDS[0][0]], r.take(np.arange(len(rows), len(rows) + SHARDS[0][0])))
+        rs.assert_batch_equal(
+            schema, rows[: SHARDS[0][0]], r.take(np.arange(len(rows), len(rows) + SHARDS[0][0]))
+        )
     other = rs.write_file(tmp_path / "other.h5", rowstore.Schema({"x": "int64"}), [{"x": 1}])
     with pytest.raises(SchemaError, match="schemas differ"):
         rowstore.open([root, other])
@@ -178,9 +201,13 @@ def test_descriptors_stay_bounded(dataset, rs):
     root, schema, rows = dataset
     with rowstore.open(root, max_open_files=2) as r:
         for shuffle in ("full", "block"):
-            got = rowstore.reader.buffers.concat_batches(list(r.batches(16, shuffle=shuffle, seed=1, num_threads=2)))
+            got = rowstore.reader.buffers.concat_batches(
+                list(r.batches(16, shuffle=shuffle, seed=1, num_threads=2))
+            )
             assert np.sort(got["label__null"].nonzero()[0]).size == sum(
-                x["label"] is None for x in (rows[i] for i in r.epoch_order(shuffle=shuffle, seed=1)))
+                x["label"] is None
+                for x in (rows[i] for i in r.epoch_order(shuffle=shuffle, seed=1))
+            )
             assert r._store.open_count() <= 2
         rs.assert_batch_equal(schema, rows, r.take(np.arange(len(rows))))
         assert r._store.open_count() <= 2
@@ -254,7 +281,9 @@ def test_corrupt_block_names_shard_block_and_rows(tmp_path, rs):
 @pytest.mark.parametrize("target", ["pointer", "manifest", "sidecar"])
 def test_corrupt_manifest_objects_are_format_errors(tmp_path, rs, target):
     root, _, _ = _small(tmp_path, rs)
-    path = {"pointer": M.POINTER, "manifest": M.manifest_path(1), "sidecar": M.index_path(1)}[target]
+    path = {"pointer": M.POINTER, "manifest": M.manifest_path(1), "sidecar": M.index_path(1)}[
+        target
+    ]
     full = os.path.join(root, path)
     data = bytearray(open(full, "rb").read())
     data[len(data) // 2] ^= 0x01
@@ -294,7 +323,9 @@ def test_hostile_but_sealed_manifests_are_refused(tmp_path, rs):
     blocks_at = len(M.INDEX_MAGIC)
 
     def outside(m, side):  # a block offset beyond its file (index CRC re-sealed too)
-        b = np.frombuffer(bytes(side[blocks_at:]), M.spec.BLOCK_DTYPE, count=sum(s["blocks"] for s in m["shards"])).copy()
+        b = np.frombuffer(
+            bytes(side[blocks_at:]), M.spec.BLOCK_DTYPE, count=sum(s["blocks"] for s in m["shards"])
+        ).copy()
         b["offset"][0] = 1 << 40
         nb = len(b) * M.spec.BLOCK_DTYPE.itemsize
         side[blocks_at : blocks_at + nb] = b.tobytes()
@@ -351,7 +382,9 @@ def test_many_uniform_shards_under_a_small_descriptor_bound(tmp_path, rs):
         assert r._store.open_count() <= 3
         for shuffle in ("block", "full"):
             order = r.epoch_order(shuffle=shuffle, seed=3, window=5)
-            got = rowstore.reader.buffers.concat_batches(list(r.batches(7, shuffle=shuffle, seed=3, window=5)))
+            got = rowstore.reader.buffers.concat_batches(
+                list(r.batches(7, shuffle=shuffle, seed=3, window=5))
+            )
             rs.assert_batch_equal(schema, [rows[i] for i in order], got)
             assert r._store.open_count() <= 3
 
@@ -374,11 +407,13 @@ def test_many_shards_under_a_low_ulimit(tmp_path, rs):
     publish(str(root), schema, entries, [L.blocks] * n, [L.heap_chunks] * n, L)
     code = f"""
         import resource, numpy as np, rowstore
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256,
+        resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         r = rowstore.open({str(root)!r})
         total = 0
         for shuffle in ("full", "block"):
-            xs = np.concatenate([b["x"] for b in r.batches(1000, shuffle=shuffle, seed=1, num_threads=2)])
+            xs = np.concatenate([b["x"] for b in r.batches(1000, shuffle=shuffle, seed=1,
+            num_threads=2)])
             assert sorted(xs.tolist()) == sorted(list(range(5)) * {n}), shuffle
             total += len(xs)
         assert r.take(np.arange(len(r)))["x"].tolist() == list(range(5)) * {n}

@@ -12,13 +12,23 @@ import pytest
 import rowstore
 from rowstore import ChecksumError, Field, Schema
 
-SCHEMA = Schema([Field("id", "int64"), Field("x", "float32", (64,)), Field("text", "str"),
-                 Field("wave", "float32", (None,))])
+SCHEMA = Schema(
+    [
+        Field("id", "int64"),
+        Field("x", "float32", (64,)),
+        Field("text", "str"),
+        Field("wave", "float32", (None,)),
+    ]
+)
 
 
 def _row(i):
-    return {"id": i, "x": np.full(64, i, np.float32), "text": f"row {i} " * 20,
-            "wave": np.arange(200 + i % 50, dtype=np.float32)}
+    return {
+        "id": i,
+        "x": np.full(64, i, np.float32),
+        "text": f"row {i} " * 20,
+        "wave": np.arange(200 + i % 50, dtype=np.float32),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +51,12 @@ def _flipped(clean, tmp_path, where):
     shutil.copyfile(clean, bad)
     L = rowstore.Layout.open(clean)
     if where == "row":
-        off = int(L.blocks["offset"][100 // 32]) + (100 % 32) * L.row_dtype.itemsize + L.row_dtype.fields["x"][1] + 5
+        off = (
+            int(L.blocks["offset"][100 // 32])
+            + (100 % 32) * L.row_dtype.itemsize
+            + L.row_dtype.fields["x"][1]
+            + 5
+        )
     else:
         with h5py.File(clean, "r") as f:
             ref = f["rowstore/rows"][100]["wave"]
@@ -67,7 +82,10 @@ def test_default_reader_refuses_a_flipped_byte(clean, tmp_path, where, how):
         elif how == "getitem":
             r[100]
         elif how == "take_many":
-            r.take(np.random.default_rng(0).permutation(400)[:40].tolist() + [100], fields=["id", field])
+            r.take(
+                np.random.default_rng(0).permutation(400)[:40].tolist() + [100],
+                fields=["id", field],
+            )
         else:
             for _ in r.batches(16, shuffle=how, seed=1, fields=["id", field]):
                 pass

@@ -19,15 +19,24 @@ SCHEMA = Schema([Field("id", "int64"), Field("src", "int64"), Field("v", "float3
 def _write(path, n, src, rpb=16):
     ids = np.arange(n, dtype=np.int64)
     with rowstore.Writer(path, SCHEMA, rows_per_block=rpb) as w:
-        w.write_batch({"id": ids, "src": np.full(n, src, np.int64),
-                       "v": [np.full(i % 3, i, np.float32) for i in range(n)]})
+        w.write_batch(
+            {
+                "id": ids,
+                "src": np.full(n, src, np.int64),
+                "v": [np.full(i % 3, i, np.float32) for i in range(n)],
+            }
+        )
     return path
 
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("mix")
-    return [_write(str(d / "a.h5"), 300, 0), _write(str(d / "b.h5"), 120, 1, rpb=8), _write(str(d / "c.h5"), 50, 2)]
+    return [
+        _write(str(d / "a.h5"), 300, 0),
+        _write(str(d / "b.h5"), 120, 1, rpb=8),
+        _write(str(d / "c.h5"), 50, 2),
+    ]
 
 
 def _rows(batches):
@@ -73,13 +82,21 @@ def test_mixture_resumes_elastically(paths, policy):
     kw = dict(seed=5, window=2, drop_last=policy == "drop", pad=policy == "pad", unit=2)
 
     def real(b):
-        return [r for r, p in zip(_rows([b]), b.get("__pad", np.zeros(len(b["id"]), bool))) if not p]
+        return [
+            r for r, p in zip(_rows([b]), b.get("__pad", np.zeros(len(b["id"]), bool))) if not p
+        ]
 
     plan = EpochPlan(m.epoch_rows, 16, drop_last=policy == "drop", pad=policy == "pad")
-    first = [r for c in range(3) for b in list(m.deal(16, consumer=(c, 3), **kw))[:2] for r in real(b)]
+    first = [
+        r for c in range(3) for b in list(m.deal(16, consumer=(c, 3), **kw))[:2] for r in real(b)
+    ]
     left = plan.after([2, 2, 2], 2)
-    rest = [r for c in range(2) for b in m.deal(16, consumer=(c, 2), remaining=left.remaining, **kw)
-            for r in real(b)]
+    rest = [
+        r
+        for c in range(2)
+        for b in m.deal(16, consumer=(c, 2), remaining=left.remaining, **kw)
+        for r in real(b)
+    ]
     got = first + rest
     assert len(got) == len(set(got))
     if policy != "drop":
@@ -115,7 +132,9 @@ def test_loaders_read_a_mixture(paths):
     m = rowstore.mix({paths[0]: 0.5, paths[2]: 0.5}, seed=1, with_source=True)
     first, states = [], []
     for r in range(2):
-        dl = rst.BatchedDataLoader(m, batch_size=10, shard=(r, 2), drop_last=True, fields=["id", "src"])
+        dl = rst.BatchedDataLoader(
+            m, batch_size=10, shard=(r, 2), drop_last=True, fields=["id", "src"]
+        )
         it = iter(dl)
         for _ in range(2):
             b = next(it)
@@ -133,7 +152,9 @@ def test_loaders_read_a_mixture(paths):
 def test_a_list_of_sources_has_equal_weights(paths):
     # the same source twice: two equal-weight sources, each read whole in its own order
     m = rowstore.mix([paths[2], paths[2]], seed=5, with_source=True)
-    assert m.weights.tolist() == [0.5, 0.5] and m.counts.tolist() == [50, 50] and m.epoch_rows == 100
+    assert (
+        m.weights.tolist() == [0.5, 0.5] and m.counts.tolist() == [50, 50] and m.epoch_rows == 100
+    )
     batches = list(m.deal(10, with_ids=True))
     for k in range(2):
         ids = [int(i) for b in batches for i, s in zip(b["id"], b["__source"]) if s == k]
@@ -142,7 +163,9 @@ def test_a_list_of_sources_has_equal_weights(paths):
         m = rowstore.mix([r, paths[1]], seed=1)
         assert m.counts.tolist() == [120, 120]
     assert rowstore.mix([(paths[0], 3), (paths[1], 1)]).weights.tolist() == [0.75, 0.25]
-    with pytest.raises(ValueError, match=r"entry 0 is a \(source, weight\) pair but entry 1 .* is a bare source"):
+    with pytest.raises(
+        ValueError, match=r"entry 0 is a \(source, weight\) pair but entry 1 .* is a bare source"
+    ):
         rowstore.mix([(paths[0], 1.0), paths[1]])
     with pytest.raises(TypeError, match="mix\\(\\) takes a dict"):
         rowstore.mix(7)

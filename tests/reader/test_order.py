@@ -49,7 +49,12 @@ def test_none_is_file_order():
 @pytest.mark.parametrize("even", [False, True])
 def test_shards_disjoint_and_complete(mode, world, even):
     br, rpb = layout()
-    parts = [order.epoch_order(br, rpb, shuffle=mode, seed=1, epoch=2, window=3, rank=r, world=world, even=even) for r in range(world)]
+    parts = [
+        order.epoch_order(
+            br, rpb, shuffle=mode, seed=1, epoch=2, window=3, rank=r, world=world, even=even
+        )
+        for r in range(world)
+    ]
     allrows = np.concatenate(parts)
     assert len(np.unique(allrows)) == len(allrows)  # disjoint
     n = int(br.sum())
@@ -112,7 +117,9 @@ def test_same_order_in_another_process():
         "br=np.full(37,50); br[-1]=13;"
         "print(json.dumps(order.epoch_order(br,50,shuffle='block',seed=11,epoch=4,window=2).tolist()))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     import json
 
     assert json.loads(out) == here
@@ -120,14 +127,24 @@ def test_same_order_in_another_process():
 
 def test_bad_arguments():
     br, rpb = layout()
-    for kwargs in ({"shuffle": "random"}, {"seed": -1}, {"epoch": 1.5}, {"window": 0}, {"rank": 2, "world": 2}, {"world": 0}):
+    for kwargs in (
+        {"shuffle": "random"},
+        {"seed": -1},
+        {"epoch": 1.5},
+        {"window": 0},
+        {"rank": 2, "world": 2},
+        {"world": 0},
+    ):
         with pytest.raises(ValueError):
             order.epoch_order(br, rpb, **kwargs)
 
 
 def test_shuffle_quality_orders():
     br, rpb = layout(nblocks=200, rpb=100, last=100)
-    q = {m: order.shuffle_quality(order.epoch_order(br, rpb, shuffle=m, window=8), rpb, 200, 64) for m in order.MODES}
+    q = {
+        m: order.shuffle_quality(order.epoch_order(br, rpb, shuffle=m, window=8), rpb, 200, 64)
+        for m in order.MODES
+    }
     assert q["none"] < 0.1
     assert 0.05 < q["block"] < 0.5
     assert q["full"] > 0.9

@@ -12,7 +12,9 @@ from rowstore.schema import Field, Schema
 
 
 def _valid(br, rpb, keep=None):
-    v = np.concatenate([np.arange(b * rpb, b * rpb + n) for b, n in enumerate(br)] or [np.zeros(0, np.int64)])
+    v = np.concatenate(
+        [np.arange(b * rpb, b * rpb + n) for b, n in enumerate(br)] or [np.zeros(0, np.int64)]
+    )
     return v if keep is None else v[keep]
 
 
@@ -35,7 +37,9 @@ def test_pieces_every_row_once_deterministic_randomized():
         assert np.array_equal(np.sort(ids), np.sort(_valid(br, rpb, keep)))
         assert np.array_equal(ids, b.ids(0, b.num_rows) if b.num_rows else ids)
         segs = list(a.segments(0, a.num_rows))
-        assert np.array_equal(np.concatenate([s.rows() for s in segs] or [np.zeros(0, np.int64)]), ids)
+        assert np.array_equal(
+            np.concatenate([s.rows() for s in segs] or [np.zeros(0, np.int64)]), ids
+        )
         P = -(-rpb // min(k, rpb))
         for s in segs:
             # a window holds at most W pieces; each row's position among the loaded pieces and
@@ -52,12 +56,18 @@ def test_pieces_one_is_the_block_order():
     br[-1] = 5
     for seed in range(5):
         old = order.epoch_order(br, 17, seed=seed, epoch=1, window=4)
-        assert np.array_equal(order.epoch_order(br, 17, seed=seed, epoch=1, window=4, pieces=1), old)
-        assert not np.array_equal(order.epoch_order(br, 17, seed=seed, epoch=1, window=4, pieces=3), old)
+        assert np.array_equal(
+            order.epoch_order(br, 17, seed=seed, epoch=1, window=4, pieces=1), old
+        )
+        assert not np.array_equal(
+            order.epoch_order(br, 17, seed=seed, epoch=1, window=4, pieces=3), old
+        )
         # pieces do not change file order or the uniform shuffle
         for mode in ("none", "full"):
-            assert np.array_equal(order.epoch_order(br, 17, shuffle=mode, seed=seed, pieces=3),
-                                  order.epoch_order(br, 17, shuffle=mode, seed=seed))
+            assert np.array_equal(
+                order.epoch_order(br, 17, shuffle=mode, seed=seed, pieces=3),
+                order.epoch_order(br, 17, shuffle=mode, seed=seed),
+            )
 
 
 def test_pieces_mix_more_blocks_in_the_same_memory():
@@ -83,8 +93,12 @@ def test_pieces_shards_and_elastic_resume_exactly_once():
         taken += [ids for ids, _ in step_rows(eo, left, c, 5, unit=3)]
     got = np.concatenate(taken)
     assert np.array_equal(np.sort(got), _valid(br, 25))
-    parts = [order.epoch_order(br, 25, seed=3, window=6, pieces=4, rank=r, world=3) for r in range(3)]
-    assert np.array_equal(np.concatenate(parts), order.epoch_order(br, 25, seed=3, window=6, pieces=4))
+    parts = [
+        order.epoch_order(br, 25, seed=3, window=6, pieces=4, rank=r, world=3) for r in range(3)
+    ]
+    assert np.array_equal(
+        np.concatenate(parts), order.epoch_order(br, 25, seed=3, window=6, pieces=4)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +121,20 @@ def test_reader_reads_the_pieces_order(tiny_files, name, pieces, window):
     with Reader(tiny_files[name]) as r:
         for shard in ((0, 1), (1, 2)):
             want = r.epoch_order(seed=5, window=window, pieces=pieces, shard=shard)
-            bs = list(r.batches(100, seed=5, window=window, pieces=pieces, shard=shard, num_threads=2))
+            bs = list(
+                r.batches(100, seed=5, window=window, pieces=pieces, shard=shard, num_threads=2)
+            )
             got = np.concatenate([b["i"] for b in bs])
             assert np.array_equal(got, want)
             assert all((b["x"] == b["i"][:, None]).all() for b in bs)
-        ids = np.concatenate([b["__id"] for b in r.deal(64, consumer=(1, 3), seed=5, window=window, pieces=pieces,
-                                                          with_ids=True)])
+        ids = np.concatenate(
+            [
+                b["__id"]
+                for b in r.deal(
+                    64, consumer=(1, 3), seed=5, window=window, pieces=pieces, with_ids=True
+                )
+            ]
+        )
         assert len(np.unique(ids)) == len(ids)
         q1 = r.shuffle_quality(100, window=window)
         qk = r.shuffle_quality(100, window=window, pieces=pieces)

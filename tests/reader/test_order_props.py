@@ -23,8 +23,10 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 def layouts(draw):
     nblocks = draw(st.integers(0, 12))
     rpb = draw(st.integers(1, 9))
-    rows = [draw(st.integers(0, rpb)) if i == nblocks - 1 or draw(st.booleans()) is False else rpb
-            for i in range(nblocks)]  # full blocks, some shards' last blocks short or empty
+    rows = [
+        draw(st.integers(0, rpb)) if i == nblocks - 1 or draw(st.booleans()) is False else rpb
+        for i in range(nblocks)
+    ]  # full blocks, some shards' last blocks short or empty
     return np.array(rows, np.int64), rpb
 
 
@@ -44,7 +46,9 @@ def _deliver(eo, plan, world, unit, taken=None):
         for k, (ids, mask) in enumerate(step_rows(eo, plan, c, world, unit)):
             if taken is not None and k >= taken[c]:
                 break
-            assert len(ids) == plan.batch_size or (not (plan.drop_last or plan.pad) and len(ids) <= plan.batch_size)
+            assert len(ids) == plan.batch_size or (
+                not (plan.drop_last or plan.pad) and len(ids) <= plan.batch_size
+            )
             out.extend(ids[~mask].tolist())
             n += 1
         steps.append(n)
@@ -59,9 +63,19 @@ def _valid(block_rows, rpb, keep=None):
 
 
 @SETTINGS
-@given(layout=layouts(), bs=st.integers(1, 12), world=st.integers(1, 6), unit=st.integers(1, 4),
-       policy=policies, shuffle=shuffles, seed=st.integers(0, 2**32), window=st.integers(1, 4))
-def test_one_epoch_exactly_once_and_equal_steps(layout, bs, world, unit, policy, shuffle, seed, window):
+@given(
+    layout=layouts(),
+    bs=st.integers(1, 12),
+    world=st.integers(1, 6),
+    unit=st.integers(1, 4),
+    policy=policies,
+    shuffle=shuffles,
+    seed=st.integers(0, 2**32),
+    window=st.integers(1, 4),
+)
+def test_one_epoch_exactly_once_and_equal_steps(
+    layout, bs, world, unit, policy, shuffle, seed, window
+):
     br, rpb = layout
     eo = EpochOrder(br, rpb, shuffle=shuffle, seed=seed, epoch=1, window=window)
     plan = _plan(eo.num_rows, bs, policy)
@@ -84,19 +98,49 @@ def test_one_epoch_exactly_once_and_equal_steps(layout, bs, world, unit, policy,
 
 
 @SETTINGS
-@given(layout=layouts(), bs=st.integers(1, 12), world=st.integers(1, 5), workers=st.integers(1, 4),
-       unit=st.integers(1, 4), policy=policies, shuffle=shuffles, seed=st.integers(0, 2**32),
-       at=st.floats(0, 1), world2=st.integers(1, 7), workers2=st.integers(1, 3), unit2=st.integers(1, 5),
-       at2=st.floats(0, 1), world3=st.integers(1, 4))
-def test_elastic_resume_exactly_once(layout, bs, world, workers, unit, policy, shuffle, seed, at, world2, workers2,
-                                     unit2, at2, world3):
+@given(
+    layout=layouts(),
+    bs=st.integers(1, 12),
+    world=st.integers(1, 5),
+    workers=st.integers(1, 4),
+    unit=st.integers(1, 4),
+    policy=policies,
+    shuffle=shuffles,
+    seed=st.integers(0, 2**32),
+    at=st.floats(0, 1),
+    world2=st.integers(1, 7),
+    workers2=st.integers(1, 3),
+    unit2=st.integers(1, 5),
+    at2=st.floats(0, 1),
+    world3=st.integers(1, 4),
+)
+def test_elastic_resume_exactly_once(
+    layout,
+    bs,
+    world,
+    workers,
+    unit,
+    policy,
+    shuffle,
+    seed,
+    at,
+    world2,
+    workers2,
+    unit2,
+    at2,
+    world3,
+):
     """Every rank hands out the same number of batches (steps); the job stops, resumes on
     another world with other workers and unit, stops again, and finishes on a third world."""
     br, rpb = layout
     eo = EpochOrder(br, rpb, shuffle=shuffle, seed=seed, epoch=0, window=2)
     delivered: list[int] = []
     plan = _plan(eo.num_rows, bs, policy)
-    for w, nw, u, frac in ((world, workers, unit, at), (world2, workers2, unit2, at2), (world3, 1, 1, 1.0)):
+    for w, nw, u, frac in (
+        (world, workers, unit, at),
+        (world2, workers2, unit2, at2),
+        (world3, 1, 1, 1.0),
+    ):
         C = w * nw
         rank_steps = plan.steps(C, u).reshape(w, nw).sum(axis=1)
         n = int(rank_steps.min() * frac) if frac < 1 else int(rank_steps.max())
@@ -117,8 +161,14 @@ def test_elastic_resume_exactly_once(layout, bs, world, workers, unit, policy, s
 
 
 @SETTINGS
-@given(layout=layouts(), bs=st.integers(1, 8), world=st.integers(1, 4), policy=policies, shuffle=shuffles,
-       data=st.data())
+@given(
+    layout=layouts(),
+    bs=st.integers(1, 8),
+    world=st.integers(1, 4),
+    policy=policies,
+    shuffle=shuffles,
+    data=st.data(),
+)
 def test_row_subsets_keep_the_guarantees(layout, bs, world, policy, shuffle, data):
     br, rpb = layout
     n = int(br.sum())
@@ -159,7 +209,9 @@ def test_bad_plans():
 def ids_path(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("props") / "ids.h5")
     ids = np.arange(203, dtype=np.int64)
-    with rowstore.Writer(path, Schema([Field("id", "int64"), Field("x", "float32", (2,))]), rows_per_block=16) as w:
+    with rowstore.Writer(
+        path, Schema([Field("id", "int64"), Field("x", "float32", (2,))]), rows_per_block=16
+    ) as w:
         w.write_batch({"id": ids, "x": np.repeat(ids[:, None] + 0.5, 2, axis=1).astype(np.float32)})
     return path
 
@@ -173,8 +225,17 @@ def test_reader_deal_reads_what_the_plan_says(ids_path, shuffle, policy):
     plan = _plan(r.num_rows, 10, policy)
     for c in range(3):
         want = list(step_rows(eo, plan, c, 3, 2))
-        got = list(r.deal(10, consumer=(c, 3), unit=2, drop_last=policy == "drop", pad=policy == "pad",
-                          with_ids=True, **kw))
+        got = list(
+            r.deal(
+                10,
+                consumer=(c, 3),
+                unit=2,
+                drop_last=policy == "drop",
+                pad=policy == "pad",
+                with_ids=True,
+                **kw,
+            )
+        )
         assert len(got) == len(want)
         for b, (ids, mask) in zip(got, want):
             assert b["id"].tolist() == ids.tolist() == b["__id"].tolist()
@@ -191,21 +252,38 @@ def mix_sources(tmp_path_factory):
     out = []
     for k, (n, rpb) in enumerate([(97, 8), (40, 5), (23, 16)]):
         p = str(d / f"s{k}.h5")
-        with rowstore.Writer(p, Schema([Field("id", "int64"), Field("src", "int64")]), rows_per_block=rpb) as w:
+        with rowstore.Writer(
+            p, Schema([Field("id", "int64"), Field("src", "int64")]), rows_per_block=rpb
+        ) as w:
             w.write_batch({"id": np.arange(n), "src": np.full(n, k)})
         out.append(p)
     return out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(weights=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(lambda w: sum(w) > 0),
-       seed=st.integers(0, 1000), replacement=st.booleans(), bs=st.integers(1, 9), world=st.integers(1, 4),
-       world2=st.integers(1, 4), policy=policies, at=st.floats(0, 1))
-def test_mixtures_deal_and_resume_like_a_dataset(mix_sources, weights, seed, replacement, bs, world, world2, policy,
-                                                  at):
-    m = rowstore.mix(list(zip(mix_sources, weights)), seed=seed, replacement=replacement,
-                     epoch_rows=150 if replacement else None)
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    weights=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(lambda w: sum(w) > 0),
+    seed=st.integers(0, 1000),
+    replacement=st.booleans(),
+    bs=st.integers(1, 9),
+    world=st.integers(1, 4),
+    world2=st.integers(1, 4),
+    policy=policies,
+    at=st.floats(0, 1),
+)
+def test_mixtures_deal_and_resume_like_a_dataset(
+    mix_sources, weights, seed, replacement, bs, world, world2, policy, at
+):
+    m = rowstore.mix(
+        list(zip(mix_sources, weights)),
+        seed=seed,
+        replacement=replacement,
+        epoch_rows=150 if replacement else None,
+    )
     kw = dict(seed=seed + 1, window=2, drop_last=policy == "drop", pad=policy == "pad", unit=2)
     plan = _plan(m.epoch_rows, bs, policy)
     n = int(plan.steps(world, 2).min() * at)
@@ -219,8 +297,15 @@ def test_mixtures_deal_and_resume_like_a_dataset(mix_sources, weights, seed, rep
 
     first = [r for c in range(world) for r in rows(list(m.deal(bs, consumer=(c, world), **kw))[:n])]
     left = plan.after([n] * world, 2)
-    rest = [] if left is None else [r for c in range(world2)
-                                    for r in rows(m.deal(bs, consumer=(c, world2), remaining=left.remaining, **kw))]
+    rest = (
+        []
+        if left is None
+        else [
+            r
+            for c in range(world2)
+            for r in rows(m.deal(bs, consumer=(c, world2), remaining=left.remaining, **kw))
+        ]
+    )
     got = first + rest
     counts = np.bincount([s for s, _ in got], minlength=3)
     if policy != "drop":
@@ -232,4 +317,6 @@ def test_mixtures_deal_and_resume_like_a_dataset(mix_sources, weights, seed, rep
     else:  # with replacement, a row repeats only across passes over its source
         for k in range(3):
             ids = [i for s, i in got if s == k]
-            assert max(np.bincount(ids, minlength=1)) <= -(-m.counts[k] // m.sizes[k]) if ids else True
+            assert (
+                max(np.bincount(ids, minlength=1)) <= -(-m.counts[k] // m.sizes[k]) if ids else True
+            )

@@ -30,8 +30,15 @@ def test_aligned_is_the_same_order_randomized(mode):
         br = np.full(nb, rpb, np.int64)
         br[-1] = int(rng.integers(0, rpb + 1))
         keep = rng.random(int(br.sum())) < 0.7 if trial % 3 == 0 else None
-        eo = order.EpochOrder(br, rpb, shuffle=mode, seed=trial, epoch=trial % 4, window=int(rng.integers(1, 6)),
-                              keep=keep)
+        eo = order.EpochOrder(
+            br,
+            rpb,
+            shuffle=mode,
+            seed=trial,
+            epoch=trial % 4,
+            window=int(rng.integers(1, 6)),
+            keep=keep,
+        )
         n = eo.num_rows
         lo = int(rng.integers(0, n + 1))
         hi = int(rng.integers(lo, n + 2))
@@ -104,14 +111,20 @@ def test_reader_batches_same_order_whole_batches(tmp_path, kind, batch):
             assert step % batch == 0
         for shard, start in (((0, 1), 0), ((1, 3), 0), ((0, 2), 2 * batch + 3), ((1, 2), len(r))):
             want = r.epoch_order(shuffle="block", seed=4, epoch=1, window=4, shard=shard)[start:]
-            bs = list(r.batches(batch, seed=4, epoch=1, window=4, shard=shard, start=start, num_threads=2))
+            bs = list(
+                r.batches(batch, seed=4, epoch=1, window=4, shard=shard, start=start, num_threads=2)
+            )
             got = np.concatenate([b["i"] for b in bs]) if bs else np.zeros(0, np.int64)
             assert np.array_equal(got, want)
             assert all(len(b["i"]) == batch for b in bs[:-1])
             if kind == "large":
                 assert all((b["x"] == b["i"][:, None]).all() for b in bs)
             if kind == "heap":
-                assert all(np.array_equal(v, np.full(1 + i % 50, i, np.float32)) for b in bs for i, v in zip(b["i"], b["w"]))
+                assert all(
+                    np.array_equal(v, np.full(1 + i % 50, i, np.float32))
+                    for b in bs
+                    for i, v in zip(b["i"], b["w"])
+                )
 
 
 @pytest.mark.parametrize("kind", ["large", "heap"])
@@ -125,7 +138,10 @@ def test_deal_aligned_resumes_exactly_once(tmp_path, kind):
             got += [b["i"] for _, b in zip(range(2), r.deal(B, consumer=(c, C), seed=9, window=4))]
         left = plan.after([2] * C, unit=order_unit(r, B))
         for c in range(2):
-            got += [b["i"] for b in r.deal(B, consumer=(c, 2), seed=9, window=4, remaining=left.remaining)]
+            got += [
+                b["i"]
+                for b in r.deal(B, consumer=(c, 2), seed=9, window=4, remaining=left.remaining)
+            ]
         ids = np.concatenate(got)
         assert np.array_equal(np.sort(ids), np.arange(len(r)))
 
@@ -142,7 +158,9 @@ def test_full_segments_are_whole_batches(tmp_path):
         for B in (3, 100, 1000, 5000):
             assert r._segment_rows("full", 16, B) % B == 0
         bs = list(r.batches(100, shuffle="full", seed=2))
-        assert np.array_equal(np.concatenate([b["i"] for b in bs]), r.epoch_order(shuffle="full", seed=2))
+        assert np.array_equal(
+            np.concatenate([b["i"] for b in bs]), r.epoch_order(shuffle="full", seed=2)
+        )
 
 
 # -- the buffer pool -------------------------------------------------------------
@@ -167,7 +185,7 @@ def test_pool_reuses_only_dropped_buffers():
     held = [pool.columns(spec, 5000) for _ in range(5)]  # past the cap: plain arrays, never shared
     assert len(pool._bufs) == 3
     bases = [h["a"].base for h in held] + [c3["a"].base, keep.base]
-    assert all(not np.shares_memory(x, y) for i, x in enumerate(bases) for y in bases[i + 1:])
+    assert all(not np.shares_memory(x, y) for i, x in enumerate(bases) for y in bases[i + 1 :])
     assert sys.getrefcount(pool._bufs[0]) >= 2
 
 
@@ -187,7 +205,10 @@ def test_batches_kept_by_the_caller_are_never_overwritten(tmp_path, kind, shuffl
             assert np.array_equal(b["x"], ref["x"][b["i"]])
         # a torch tensor sharing the memory holds it too
         torch = pytest.importorskip("torch")
-        ts = [(torch.from_numpy(b["x"]), b["i"].copy()) for b in r.batches(32, shuffle=shuffle, seed=2)]
+        ts = [
+            (torch.from_numpy(b["x"]), b["i"].copy())
+            for b in r.batches(32, shuffle=shuffle, seed=2)
+        ]
         for t, i in ts:
             assert np.array_equal(t.numpy(), ref["x"][i])
 
@@ -202,8 +223,12 @@ def test_heap_payload_batches_kept_by_the_caller_are_never_overwritten(tmp_path,
     sizes = 2000 + (np.arange(n) * 7919) % 3000  # 8-20 KB payloads
     with Writer(path, schema, rows_per_block=16) as w:
         for a in range(0, n, 500):
-            w.write_batch({"i": np.arange(a, a + 500), "w": [np.full(int(sizes[k]), k, np.float32)
-                                                             for k in range(a, a + 500)]})
+            w.write_batch(
+                {
+                    "i": np.arange(a, a + 500),
+                    "w": [np.full(int(sizes[k]), k, np.float32) for k in range(a, a + 500)],
+                }
+            )
     with Reader(path) as r:
         pool = r._gatherer._payloads
         kept = []

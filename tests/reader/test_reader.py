@@ -13,36 +13,46 @@ import rowstore as rs
 from rowstore.errors import ChecksumError, FormatError
 from rowstore.reader import Ragged
 
-SCHEMA = rs.Schema([
-    rs.Field("x", "float32", (3, 2)),
-    rs.Field("label", "int64"),
-    rs.Field("flag", "bool"),
-    rs.Field("maybe", "int16", nullable=True),
-    rs.Field("text", rs.STR, nullable=True),
-    rs.Field("blob", rs.BYTES),
-    rs.Field("wave", "float32", (None,)),
-    rs.Field("grid", "uint16", (None, 3, None), nullable=True),
-    rs.Field("img", "uint8", (8, 6, 3), codec="png"),
-    rs.Field("vimg", "uint8", (None, None), codec={"id": "png", "level": 1}),
-])  # fmt: skip
+SCHEMA = rs.Schema(
+    [
+        rs.Field("x", "float32", (3, 2)),
+        rs.Field("label", "int64"),
+        rs.Field("flag", "bool"),
+        rs.Field("maybe", "int16", nullable=True),
+        rs.Field("text", rs.STR, nullable=True),
+        rs.Field("blob", rs.BYTES),
+        rs.Field("wave", "float32", (None,)),
+        rs.Field("grid", "uint16", (None, 3, None), nullable=True),
+        rs.Field("img", "uint8", (8, 6, 3), codec="png"),
+        rs.Field("vimg", "uint8", (None, None), codec={"id": "png", "level": 1}),
+    ]
+)
 
 
 def make_rows(n, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
-        rows.append({
-            "x": rng.standard_normal((3, 2)).astype(np.float32),
-            "label": i,
-            "flag": bool(i % 2),
-            "maybe": None if i % 4 == 0 else int(rng.integers(-1000, 1000)),
-            "text": None if i % 7 == 3 else "é" * (i % 5) + f"row{i}",
-            "blob": bytes(rng.integers(0, 256, i % 9, dtype=np.uint8)),
-            "wave": rng.standard_normal(int(rng.integers(0, 30))).astype(np.float32),
-            "grid": None if i % 5 == 1 else rng.integers(0, 60000, (int(rng.integers(0, 4)), 3, int(rng.integers(1, 3))), dtype=np.uint16),
-            "img": rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
-            "vimg": rng.integers(0, 256, (int(rng.integers(1, 9)), int(rng.integers(1, 9))), dtype=np.uint8),
-        })  # fmt: skip
+        rows.append(
+            {
+                "x": rng.standard_normal((3, 2)).astype(np.float32),
+                "label": i,
+                "flag": bool(i % 2),
+                "maybe": None if i % 4 == 0 else int(rng.integers(-1000, 1000)),
+                "text": None if i % 7 == 3 else "é" * (i % 5) + f"row{i}",
+                "blob": bytes(rng.integers(0, 256, i % 9, dtype=np.uint8)),
+                "wave": rng.standard_normal(int(rng.integers(0, 30))).astype(np.float32),
+                "grid": None
+                if i % 5 == 1
+                else rng.integers(
+                    0, 60000, (int(rng.integers(0, 4)), 3, int(rng.integers(1, 3))), dtype=np.uint16
+                ),
+                "img": rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
+                "vimg": rng.integers(
+                    0, 256, (int(rng.integers(1, 9)), int(rng.integers(1, 9))), dtype=np.uint8
+                ),
+            }
+        )
     return rows
 
 
@@ -52,7 +62,9 @@ ROWS = make_rows(257)
 @pytest.fixture(scope="module", params=[None, "lz4", "zstd"])
 def dataset(request, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("r") / f"d-{request.param}.h5")
-    with rs.Writer(path, SCHEMA, compression=request.param, block_bytes=2000, heap_chunk_bytes=512) as w:
+    with rs.Writer(
+        path, SCHEMA, compression=request.param, block_bytes=2000, heap_chunk_bytes=512
+    ) as w:
         for r in ROWS[:100]:
             w.write(r)
         cols = {k: [r[k] for r in ROWS[100:]] for k in SCHEMA.names}
@@ -67,7 +79,11 @@ def assert_row_equal(got, want):
         if v is None:
             assert g is None, k
         elif isinstance(v, np.ndarray):
-            assert isinstance(g, np.ndarray) and g.dtype == v.dtype and g.shape == v.shape, (k, g, v)
+            assert isinstance(g, np.ndarray) and g.dtype == v.dtype and g.shape == v.shape, (
+                k,
+                g,
+                v,
+            )
             assert np.array_equal(g, v), k
         else:
             assert g == v, k
@@ -108,7 +124,9 @@ def test_getitem_every_row(dataset):
         want = dict(ROWS[i])
         got = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in got.items()}
         assert_row_equal(got, want)
-    assert_row_equal({k: (v.item() if isinstance(v, np.generic) else v) for k, v in r[-1].items()}, ROWS[-1])
+    assert_row_equal(
+        {k: (v.item() if isinstance(v, np.generic) else v) for k, v in r[-1].items()}, ROWS[-1]
+    )
     with pytest.raises(IndexError):
         r[257]
 
@@ -156,7 +174,15 @@ def test_batches_cover_epoch_in_order(dataset, shuffle, threads):
     r = rs.open(dataset)
     expect = r.epoch_order(shuffle=shuffle, seed=3, epoch=1, window=2)
     got = []
-    for b in r.batches(32, shuffle=shuffle, seed=3, epoch=1, window=2, num_threads=threads, fields=["label", "text", "wave"]):
+    for b in r.batches(
+        32,
+        shuffle=shuffle,
+        seed=3,
+        epoch=1,
+        window=2,
+        num_threads=threads,
+        fields=["label", "text", "wave"],
+    ):
         assert len(b["label"]) <= 32
         got.append(b["label"])
         for j, i in enumerate(b["label"]):
@@ -174,7 +200,9 @@ def test_batches_drop_last_shards_and_start(dataset):
     assert r.num_batches(50, drop_last=True) == 5 and r.num_batches(50) == 6
     seen = []
     for rank in range(3):
-        part = np.concatenate([b["label"] for b in r.batches(16, shard=(rank, 3), fields=["label"], window=3)])
+        part = np.concatenate(
+            [b["label"] for b in r.batches(16, shard=(rank, 3), fields=["label"], window=3)]
+        )
         assert np.array_equal(part, r.epoch_order(shard=(rank, 3), window=3))
         seen.append(part)
     assert sorted(np.concatenate(seen)) == list(range(257))
@@ -222,7 +250,9 @@ def test_pickle_and_threads(dataset):
 
 
 def _child(r, q, seed):
-    labels = np.concatenate([b["label"] for b in r.batches(20, seed=seed, fields=["label", "wave"])])
+    labels = np.concatenate(
+        [b["label"] for b in r.batches(20, seed=seed, fields=["label", "wave"])]
+    )
     q.put(labels.tolist())
 
 
@@ -271,10 +301,17 @@ def test_bad_arguments(dataset):
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"batch_size": True}, "batch_size"), ({"batch_size": 0}, "batch_size"),
-     ({"batch_size": 2.0}, "batch_size"), ({"epoch": True}, "epoch"), ({"epoch": -1}, "epoch"),
-     ({"seed": False}, "seed"), ({"window": True}, "window"), ({"window": 0}, "window")],
-)  # fmt: skip
+    [
+        ({"batch_size": True}, "batch_size"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 2.0}, "batch_size"),
+        ({"epoch": True}, "epoch"),
+        ({"epoch": -1}, "epoch"),
+        ({"seed": False}, "seed"),
+        ({"window": True}, "window"),
+        ({"window": 0}, "window"),
+    ],
+)
 def test_batches_rejects_bools_and_bad_counts(dataset, kwargs, name):
     r = rs.open(dataset)
     kwargs = {"batch_size": 4, **kwargs}
@@ -389,7 +426,9 @@ def test_rows_sharing_a_payload_cannot_multiply_memory(tmp_path, target):
     with pytest.raises(FormatError, match="overlaps"):
         r.take(np.arange(64), fields=["blob"])
     # rows of the other block, and a row asked for more than once, still read
-    assert r.take([64, 64, 65], fields=["blob"])["blob"].tolist() == [b"@" * 16384] * 2 + [b"A" * 16384]
+    assert r.take([64, 64, 65], fields=["blob"])["blob"].tolist() == [b"@" * 16384] * 2 + [
+        b"A" * 16384
+    ]
 
 
 def test_hostile_index_offsets_rejected_at_open(dataset, tmp_path):
@@ -463,7 +502,9 @@ def test_both_heap_paths_give_the_same_rows(dataset, monkeypatch, syscall_cost):
     b = r.take(idx)
     for j, i in enumerate(idx):
         assert_row_equal(unbatch(b, SCHEMA, j), ROWS[i])
-    got = np.concatenate([bt["label"] for bt in r.batches(64, fields=["label", "blob", "wave"], window=3)])
+    got = np.concatenate(
+        [bt["label"] for bt in r.batches(64, fields=["label", "blob", "wave"], window=3)]
+    )
     assert sorted(got) == list(range(257))
     # fixed-size fields only: uncompressed files may read each row straight into the arrays
     b = r.take(idx, fields=["x", "maybe", "label"])
@@ -472,7 +513,9 @@ def test_both_heap_paths_give_the_same_rows(dataset, monkeypatch, syscall_cost):
         assert b["maybe__null"][j] == (ROWS[i]["maybe"] is None)
         assert ROWS[i]["maybe"] is None or b["maybe"][j] == ROWS[i]["maybe"]
     for shuffle in ("block", "full"):
-        got = np.concatenate([bt["label"] for bt in r.batches(50, fields=["x", "label"], shuffle=shuffle, window=2)])
+        got = np.concatenate(
+            [bt["label"] for bt in r.batches(50, fields=["x", "label"], shuffle=shuffle, window=2)]
+        )
         assert np.array_equal(got, r.epoch_order(shuffle=shuffle, window=2))
 
 
@@ -502,7 +545,9 @@ def test_pad_ragged_matches_reference(big):
         nd = int(rng.integers(1, 4))
         n = int(rng.integers(0, 6))
         hi = 40 if big else 4
-        arrs = [rng.integers(0, 100, tuple(int(x) for x in rng.integers(0, hi, nd))) for _ in range(n)]
+        arrs = [
+            rng.integers(0, 100, tuple(int(x) for x in rng.integers(0, hi, nd))) for _ in range(n)
+        ]
         vals = np.concatenate([a.ravel() for a in arrs]) if n else np.zeros(0, np.int64)
         off = np.zeros(n + 1, np.int64)
         np.cumsum([a.size for a in arrs], out=off[1:])
@@ -563,8 +608,12 @@ def test_more_bad_arguments_are_refused(dataset):
 
 
 def _child_images(r, q):
-    got = np.concatenate([b["label"] for b in r.batches(40, fields=["label", "img"], num_threads=2)])
-    imgs_ok = all(np.array_equal(r.take([i], fields=["img"])["img"][0], ROWS[i]["img"]) for i in (0, 100, 256))
+    got = np.concatenate(
+        [b["label"] for b in r.batches(40, fields=["label", "img"], num_threads=2)]
+    )
+    imgs_ok = all(
+        np.array_equal(r.take([i], fields=["img"])["img"][0], ROWS[i]["img"]) for i in (0, 100, 256)
+    )
     q.put((sorted(got.tolist()), imgs_ok))
 
 

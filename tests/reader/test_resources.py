@@ -15,14 +15,21 @@ from helpers import wait_until
 import rowstore
 from rowstore import Field, Layout, Schema
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd"
+)
 
 N = 40
-SCHEMA = Schema([Field("id", "int64"), Field("x", "float32", (3,)), Field("wave", "float32", (None,))])
+SCHEMA = Schema(
+    [Field("id", "int64"), Field("x", "float32", (3,)), Field("wave", "float32", (None,))]
+)
 
 
 def _rows(n):
-    return [{"id": i, "x": np.full(3, i, np.float32), "wave": np.arange(i % 5, dtype=np.float32)} for i in range(n)]
+    return [
+        {"id": i, "x": np.full(3, i, np.float32), "wave": np.arange(i % 5, dtype=np.float32)}
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
@@ -48,6 +55,7 @@ def fds_to(path: str) -> int:
 def wait_fds(path: str, want: int, timeout: float = 10.0) -> int:
     """``fds_to(path)`` once it equals ``want`` (collecting garbage meanwhile), or at the hang
     guard ``scaled(timeout)``."""
+
     def settled() -> bool:
         gc.collect()
         return fds_to(path) == want
@@ -146,12 +154,16 @@ def test_torch_batched_loader_closes_the_reader_it_opened(rst, path):
     assert fds_to(path) == 0
 
 
-@pytest.mark.parametrize("kind", ["Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader"])
+@pytest.mark.parametrize(
+    "kind", ["Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader"]
+)
 def test_torch_adapters_leave_a_passed_reader_open(rst, path, kind):
     with rowstore.open(path) as r:
         r.take([0])
         assert fds_to(path) == 1
-        with getattr(rst, kind)(r, **({} if kind in ("Dataset", "IterableDataset") else {"batch_size": 8})) as a:
+        with getattr(rst, kind)(
+            r, **({} if kind in ("Dataset", "IterableDataset") else {"batch_size": 8})
+        ) as a:
             if kind == "Dataset":
                 a.__getitems__([0, 1])
             else:
@@ -202,7 +214,9 @@ def test_tf_distribute_dataset_fn_closes_the_reader_it_opened(rtf, path):
     fn = rtf.distribute_dataset_fn(path, global_batch_size=8, shuffle="none")
     got = []
     for pid in range(2):
-        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pid, num_replicas_in_sync=2)
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=2, input_pipeline_id=pid, num_replicas_in_sync=2
+        )
         got += _ids(fn(ctx))
     assert sorted(got) == list(range(N))
     assert wait_fds(path, 0) == 0
@@ -255,8 +269,15 @@ def test_bench_measure_closes_the_source_when_measuring_fails(monkeypatch):
     def broken_quality() -> float:
         raise RuntimeError("no quality today")
 
-    src = sources.Source(label="fake", description="", names=["id"], epoch=lambda k: iter(()),
-                         shuffle_quality=broken_quality, num_batches=0, close=lambda: closed.append(True))
+    src = sources.Source(
+        label="fake",
+        description="",
+        names=["id"],
+        epoch=lambda k: iter(()),
+        shuffle_quality=broken_quality,
+        num_batches=0,
+        close=lambda: closed.append(True),
+    )
     monkeypatch.setattr(sources, "open_source", lambda spec: src)
     with pytest.raises(RuntimeError, match="no quality today"):
         runner.measure_spec({"kind": "rowstore"}, emit=lambda ev: None)
@@ -279,13 +300,22 @@ def test_bench_run_spec_stops_its_child_when_the_caller_fails(path, monkeypatch)
         raise RuntimeError("the caller gave up")
 
     monkeypatch.setattr(runner.subprocess, "Popen", Recorded)
-    spec = {"kind": "rowstore", "path": path, "batch_size": 4, "shuffle": "none", "window": 4, "seed": 0,
-            "repeats": 10**6}  # far more than the test waits for
+    spec = {
+        "kind": "rowstore",
+        "path": path,
+        "batch_size": 4,
+        "shuffle": "none",
+        "window": 4,
+        "seed": 0,
+        "repeats": 10**6,
+    }  # far more than the test waits for
     try:
         with pytest.raises(RuntimeError, match="the caller gave up"):
             runner.run_spec(spec, on_event=on_event)
         (child,) = children
-        assert child.returncode is not None  # killed and reaped, not left writing to a pipe nobody reads
+        assert (
+            child.returncode is not None
+        )  # killed and reaped, not left writing to a pipe nobody reads
         assert child.stdout is not None and child.stdout.closed
     finally:
         for c in children:

@@ -48,10 +48,24 @@ def _read_all(path: str) -> None:
 
 
 def test_committed_corpus_and_crashers_replay():
-    dirs = [d for d in (os.path.join(DATA, "corpus"), os.path.join(DATA, "crashers")) if os.path.isdir(d)]
-    n = sum(len([f for f in glob.glob(os.path.join(d, "*")) if not f.endswith((".md", ".json"))]) for d in dirs)
+    dirs = [
+        d
+        for d in (os.path.join(DATA, "corpus"), os.path.join(DATA, "crashers"))
+        if os.path.isdir(d)
+    ]
+    n = sum(
+        len([f for f in glob.glob(os.path.join(d, "*")) if not f.endswith((".md", ".json"))])
+        for d in dirs
+    )
     assert n >= 20, "the committed atheris corpus is missing"
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "robustness", "fuzz_atheris.py"), "--replay", *dirs, "--timeout", "20"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "tools", "robustness", "fuzz_atheris.py"),
+        "--replay",
+        *dirs,
+        "--timeout",
+        "20",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-4000:]
     report = json.loads(proc.stdout)
@@ -87,7 +101,8 @@ def test_the_direct_read_kernels_are_reached(fa, monkeypatch):
     assert fa.one_input(b"\x00" + fa.seeds()[direct]["data"]) == "ok"
     assert set(calls) == {"pread_rows", "pread_heap", "preadv_rows"}, calls
     # a resealed heap reference pointing past its block's range: refused by the direct kernel
-    # mode 1 (resealed), 1 operation: heap-ref (code 2), block 0, row 3, ref 0 (s.offset), ODD[19] = 2^64-1
+    # mode 1 (resealed), 1 operation: heap-ref (code 2), block 0, row 3, ref 0 (s.offset), ODD[19] =
+    # 2^64-1
     data = bytes([1, direct, 0, 2, 0, 3, 0, 0, 19])
     blob, ops = fa.build_case(data)
     assert ops[1]["op"] == "heap-ref" and ops[1]["field"] == "s.offset", ops
@@ -138,13 +153,18 @@ def test_asan_reports_are_classified(tmp_path):
         sys.path.pop(0)
     (tmp_path / "asan.python.1").write_text(
         "==1==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x6020\n"
-        "    #0 0x7f01 in __asan_memcpy (/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so+0xeb)\n"
-        "    #1 0x7f02 in __pyx_f_7_gather__gather_rows /w/build/asan/rowstore/_gather.cpython-311-x86_64-linux-gnu.so+0x12\n"
-    )  # fmt: skip
+        "    #0 0x7f01 in __asan_memcpy "
+        "(/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so+0xeb)\n"
+        "    #1 0x7f02 in __pyx_f_7_gather__gather_rows "
+        "/w/build/asan/rowstore/_gather.cpython-311-x86_64-linux-gnu.so+0x12\n"
+    )
     (tmp_path / "asan.python.2").write_text(
         "==2==ERROR: AddressSanitizer: SEGV on unknown address 0x000000000008\n"
         "    #0 0x7f03 in H5VL_blob_put (/x/h5py.libs/libhdf5-8c29085d.so.310.5.1+0x2e7996)\n"
-    )  # fmt: skip
+    )
     found = {r["file"]: r for r in asan_check.reports(str(tmp_path))}
-    assert found["asan.python.1"]["kernel"] and "heap-buffer-overflow" in found["asan.python.1"]["summary"]
+    assert (
+        found["asan.python.1"]["kernel"]
+        and "heap-buffer-overflow" in found["asan.python.1"]["summary"]
+    )
     assert not found["asan.python.2"]["kernel"] and "SEGV" in found["asan.python.2"]["summary"]

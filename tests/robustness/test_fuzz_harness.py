@@ -16,11 +16,23 @@ from helpers import ROOT
 pytest.importorskip("h5py")
 
 
-
 def test_chunk_mutations_are_caught(tmp_path):
     out = tmp_path / "fuzz.json"
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "robustness", "fuzz.py"), "--cases", "100", "--region", "chunks",
-           "--seed", "17", "--out", str(out), "--cases-dir", str(tmp_path / "cases"), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "tools", "robustness", "fuzz.py"),
+        "--cases",
+        "100",
+        "--region",
+        "chunks",
+        "--seed",
+        "17",
+        "--out",
+        str(out),
+        "--cases-dir",
+        str(tmp_path / "cases"),
+        "--quiet",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -33,8 +45,21 @@ def test_chunk_mutations_are_caught(tmp_path):
 
 def _fuzz(tmp_path, region: str, cases: int, seed: int) -> dict:
     out = tmp_path / f"fuzz-{region}.json"
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "robustness", "fuzz.py"), "--cases", str(cases), "--region", region,
-           "--seed", str(seed), "--out", str(out), "--cases-dir", str(tmp_path / "cases"), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "tools", "robustness", "fuzz.py"),
+        "--cases",
+        str(cases),
+        "--region",
+        region,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--cases-dir",
+        str(tmp_path / "cases"),
+        "--quiet",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -51,7 +76,10 @@ def test_dataset_manifest_mutations_are_caught(tmp_path):
         counts = report["by_outcome"]
         assert counts["rowstore-error"] >= min_errors, (region, counts)
         bad = {k: counts[k] for k in ("WRONG-DATA", "LEAKED", "CRASH", "HANG")}
-        assert bad == dict.fromkeys(bad, 0), (region, json.dumps(report["findings"], indent=1)[:4000])
+        assert bad == dict.fromkeys(bad, 0), (
+            region,
+            json.dumps(report["findings"], indent=1)[:4000],
+        )
 
 
 def test_reseal_makes_a_valid_dataset(tmp_path):

@@ -20,14 +20,38 @@ OTHERS = ["shuffle", "dask", "remote"]
 
 def _campaign(tmp_path, kills: int, scenarios: list[str]):
     out = tmp_path / "kills.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, SCRIPT, "--kills", str(kills), "--seed", "17", "--rows", "2000",
-                           "--calibration-runs", "0", "--workdir", str(tmp_path), "--out", str(out),
-                           "--scenarios", *scenarios], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "--kills",
+            str(kills),
+            "--seed",
+            "17",
+            "--rows",
+            "2000",
+            "--calibration-runs",
+            "0",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--scenarios",
+            *scenarios,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     return proc, json.loads(out.read_text())
 
 
-@pytest.mark.slow  # three children that start a Dask cluster, a moto server and a shuffle: ~30 s idle
+# three children that start a Dask cluster, a moto server and a shuffle: ~30 s idle
+@pytest.mark.slow
 def test_kill_campaign_of_shuffle_dask_and_remote_commits_finds_no_violation(tmp_path):
     pytest.importorskip("distributed")
     pytest.importorskip("moto")
@@ -47,7 +71,9 @@ def test_kill_campaign_finds_no_violation(tmp_path):
     for name, s in doc["summary"].items():
         assert s["kills"] == 2 and s["violations"] == 0, (name, s)
         assert s["old"] + s["new"] + s["not_killed"] == 2, (name, s)
-    assert {(t["scenario"], t["compression"]) for t in doc["trials"]} == {(s, c) for s in SCENARIOS for c in ("raw", "lz4")}
+    assert {(t["scenario"], t["compression"]) for t in doc["trials"]} == {
+        (s, c) for s in SCENARIOS for c in ("raw", "lz4")
+    }
     assert sum(s["old"] for s in doc["summary"].values()) >= 1  # some kills did land mid-write
     for name in SCENARIOS:
         assert name in proc.stdout  # the table

@@ -45,7 +45,8 @@ def _sh(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def ext4(tmp_path_factory):
-    """``(mountpoint, image)`` of a fresh ext4 image on a loop device (skips where that is not allowed)."""
+    """``(mountpoint, image)`` of a fresh ext4 image on a loop device (skips where that is not
+    allowed)."""
     if sys.platform != "linux" or os.geteuid() != 0 or not all(shutil.which(t) for t in TOOLS):
         pytest.skip("needs root, loop devices and e2fsprogs")
     d = tmp_path_factory.mktemp("power")
@@ -89,7 +90,8 @@ if scenario == "append":
             w.write_batch(b)
             print("wrote", flush=True)
 else:
-    with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=40_000, rows_per_block=500) as w:
+    with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=40_000, rows_per_block=500) as
+    w:
         for b in batches():
             w.write_batch(b)
             print("wrote", flush=True)
@@ -128,20 +130,28 @@ def _syncfs(mnt: str) -> None:
 def _stopped(pid: int) -> bool:
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
-        return all(open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] in "tT" for t in tasks)
+        return all(
+            open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] in "tT"
+            for t in tasks
+        )
     except OSError:
         return False
 
 
-def _power_cut(mnt: str, img: str, scenario: str, delay: float | None, copy: str, *,
-               first_batch: bool = False) -> tuple[str | None, bool, float]:
+def _power_cut(
+    mnt: str, img: str, scenario: str, delay: float | None, copy: str, *, first_batch: bool = False
+) -> tuple[str | None, bool, float]:
     """Run the child on a fresh old content; after ``delay`` s (with ``first_batch``, once it
     wrote its first batch) stop it and copy the image (None: let it finish first, then copy).
     Returns (the copy's content "old"/"new"/None, done, the seconds from "ready" to "done"
     when it was let finish)."""
     path = _reset(mnt, scenario)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, path, scenario], stdout=subprocess.PIPE, text=True, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, path, scenario], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         t0 = time.perf_counter()
@@ -161,7 +171,9 @@ def _power_cut(mnt: str, img: str, scenario: str, delay: float | None, copy: str
         proc.kill()
         out = proc.communicate(timeout=scaled(60))[0]
     done = delay is None or "done" in out
-    assert _sh("e2fsck", "-fy", copy).returncode in (0, 1), "e2fsck could not repair the copy"  # 1: fixed (replayed)
+    assert _sh("e2fsck", "-fy", copy).returncode in (0, 1), (
+        "e2fsck could not repair the copy"
+    )  # 1: fixed (replayed)
     dev = _sh("losetup", "-f", "--show", copy).stdout.strip()
     view = copy + ".mnt"
     os.makedirs(view, exist_ok=True)
@@ -174,7 +186,13 @@ def _power_cut(mnt: str, img: str, scenario: str, delay: float | None, copy: str
             x, t = np.asarray(b["x"]), [str(v) for v in b["t"]]
             content = None
             if t == [f"r{i}" for i in x.tolist()]:
-                content = "old" if np.array_equal(x, np.arange(OLD)) else "new" if np.array_equal(x, np.arange(NEW)) else None
+                content = (
+                    "old"
+                    if np.array_equal(x, np.arange(OLD))
+                    else "new"
+                    if np.array_equal(x, np.arange(NEW))
+                    else None
+                )
         finally:
             _sh("umount", view)
     finally:
@@ -184,17 +202,29 @@ def _power_cut(mnt: str, img: str, scenario: str, delay: float | None, copy: str
 
 
 @pytest.mark.parametrize("scenario", ["append", "dataset"])
-def test_a_power_cut_leaves_the_old_or_the_new_content_and_keeps_what_was_acknowledged(ext4, tmp_path, scenario):
+def test_a_power_cut_leaves_the_old_or_the_new_content_and_keeps_what_was_acknowledged(
+    ext4, tmp_path, scenario
+):
     mnt, img = ext4
     copy = str(tmp_path / "copy.img")
-    content, done, T = _power_cut(mnt, img, scenario, None, copy)  # finished: acknowledged, so durable
+    content, done, T = _power_cut(
+        mnt, img, scenario, None, copy
+    )  # finished: acknowledged, so durable
     assert (content, done) == ("new", True)
     rng = random.Random(17)
     seen = []
-    for i in range(TRIALS):  # the first cut after the first batch (surely mid-write), the others anywhere
-        content, done, _ = _power_cut(mnt, img, scenario, rng.uniform(0.0, T * 1.1), copy, first_batch=i == 0)
-        assert content in ("old", "new"), "the device held neither the old nor the new content whole"
+    for i in range(
+        TRIALS
+    ):  # the first cut after the first batch (surely mid-write), the others anywhere
+        content, done, _ = _power_cut(
+            mnt, img, scenario, rng.uniform(0.0, T * 1.1), copy, first_batch=i == 0
+        )
+        assert content in ("old", "new"), (
+            "the device held neither the old nor the new content whole"
+        )
         if done:
-            assert content == "new", "close() had returned but the new content did not survive the power cut"
+            assert content == "new", (
+                "close() had returned but the new content did not survive the power cut"
+            )
         seen.append(content)
     assert seen[0] == "old"  # the cut after the first batch: before the new content was durable

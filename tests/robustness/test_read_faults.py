@@ -33,8 +33,10 @@ import rowstore
 
 FIU_RUN = shutil.which("fiu-run")
 PRELOAD = "/usr/lib/fiu/fiu_posix_preload.so"
-pytestmark = pytest.mark.skipif(not FIU_RUN or not os.path.exists(PRELOAD) or sys.platform != "linux",
-                                reason="needs libfiu (apt: fiu-utils, libfiu-dev)")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    not FIU_RUN or not os.path.exists(PRELOAD) or sys.platform != "linux",
+    reason="needs libfiu (apt: fiu-utils, libfiu-dev)",
+)
 
 SCHEMA = rowstore.Schema({"x": "int64", "t": rowstore.STR, "v": ("float32", (8,))})
 N = 3000
@@ -42,8 +44,11 @@ N = 3000
 
 def _rows(n: int = N) -> dict:
     x = np.arange(n, dtype=np.int64)
-    return {"x": x, "t": [f"r{i}" * (1 + i % 4) for i in range(n)],
-            "v": (x[:, None] * 8 + np.arange(8)).astype(np.float32)}  # fmt: skip
+    return {
+        "x": x,
+        "t": [f"r{i}" * (1 + i % 4) for i in range(n)],
+        "v": (x[:, None] * 8 + np.arange(8)).astype(np.float32),
+    }
 
 
 CHILD = r'''
@@ -60,8 +65,10 @@ if torch_too:
 fiu = ctypes.CDLL("libfiu.so.0")
 CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint))
-fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, CB]
-fiu.fiu_enable_random.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_double]
+fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
+CB]
+fiu.fiu_enable_random.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
+ctypes.c_double]
 fiu.fiu_disable.argtypes = [ctypes.c_char_p]
 S = {"n": 0, "lo": 0, "hi": 0, "read": False, "failed": 0}  # calls lo < n <= hi fail
 
@@ -109,12 +116,14 @@ def outcome(fn):
         fn()
     except BaseException as exc:
         e = exc
-        while e is not None and not isinstance(e, OSError):  # an OSError reached the caller, or is its cause
+        while e is not None and not isinstance(e, OSError):  # an OSError reached the caller, or is
+        its cause
             e = e.__cause__ or e.__context__
         rec = {"error": type(exc).__name__, "oserror": isinstance(exc, OSError),
                "errno": getattr(exc, "errno", None), "cause_errno": getattr(e, "errno", None),
                "rowstore": isinstance(exc, rowstore.RowstoreError),
-               "filename": getattr(exc, "filename", None) or getattr(exc, "path", None), "msg": str(exc)[-300:],
+               "filename": getattr(exc, "filename", None) or getattr(exc, "path", None), "msg":
+               str(exc)[-300:],
                "names": path in str(exc)}
     else:
         rec = {"error": None}
@@ -160,7 +169,8 @@ if torch_too:
     for workers in (0, 2):
         ds = rowstore.torch.Dataset(path)
         def run(ds=ds, workers=workers):
-            loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers,
+            loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True,
+            num_workers=workers,
                                                  collate_fn=ds.collate_fn)
             for _ in loader:
                 pass
@@ -182,7 +192,8 @@ rc_bad, err_bad = verify()
 faults = S["failed"]
 stop()
 rc_ok, _ = verify()
-out["verify"] = {"calls": calls, "rc_clean": rc, "rc_fault": rc_bad, "stderr": err_bad[-600:], "rc_after": rc_ok}
+out["verify"] = {"calls": calls, "rc_clean": rc, "rc_fault": rc_bad, "stderr": err_bad[-600:],
+"rc_after": rc_ok}
 
 # Short reads: libfiu's pread/reduce returns fewer bytes than asked, half the time.
 fiu.fiu_enable_random(b"posix/io/rw/pread/reduce", 1, None, 0, 0.5)
@@ -193,7 +204,8 @@ fiu.fiu_disable(b"posix/io/rw/pread/reduce")
 fiu.fiu_disable(b"posix/io/rw/preadv/reduce")
 
 r.close()
-for _ in range(1200):  # DataLoader workers and reader threads end soon after close (60 s: a hang guard)
+for _ in range(1200):  # DataLoader workers and reader threads end soon after close (60 s: a hang
+guard)
     if threads() == base_threads:
         break
     time.sleep(0.05)
@@ -210,8 +222,9 @@ def _write(tmp_path, kind: str, compression: str | None) -> str:
             w.write_batch(_rows())
         return path
     path = str(tmp_path / "ds")
-    with rowstore.DatasetWriter(path, SCHEMA, mode="w", compression=compression, rows_per_block=128,
-                                shard_bytes=60_000) as w:  # fmt: skip
+    with rowstore.DatasetWriter(
+        path, SCHEMA, mode="w", compression=compression, rows_per_block=128, shard_bytes=60_000
+    ) as w:
         w.write_batch(_rows())
     assert len(os.listdir(os.path.join(path, "shards"))) >= 3
     return path
@@ -220,12 +233,29 @@ def _write(tmp_path, kind: str, compression: str | None) -> str:
 def _child(tmp_path, path: str, torch_too: bool) -> dict:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([FIU_RUN, "-x", "-f", "", sys.executable, str(script), path, "1" if torch_too else "0", str(N)],
-                          capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    )
+    proc = subprocess.run(
+        [
+            FIU_RUN,
+            "-x",
+            "-f",
+            "",
+            sys.executable,
+            str(script),
+            path,
+            "1" if torch_too else "0",
+            str(N),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _assert_eio(rec: dict, path: str, what: str) -> None:
@@ -235,21 +265,32 @@ def _assert_eio(rec: dict, path: str, what: str) -> None:
     assert rec["filename"] and str(rec["filename"]).startswith(path), (what, rec)
 
 
-@pytest.mark.parametrize("kind,compression", [("file", None), ("dataset", "lz4"), ("file", "lz4"), ("dataset", None)])
+@pytest.mark.parametrize(
+    "kind,compression", [("file", None), ("dataset", "lz4"), ("file", "lz4"), ("dataset", None)]
+)
 def test_eio_on_reads(tmp_path, kind, compression):
     path = _write(tmp_path, kind, compression)
-    torch_too = kind == "file" and compression is None  # the DataLoader paths once (torch imports slowly)
+    torch_too = (
+        kind == "file" and compression is None
+    )  # the DataLoader paths once (torch imports slowly)
     if torch_too:
         pytest.importorskip("torch")
     out = _child(tmp_path, path, torch_too)
     # open: a single file's HDF5 metadata (libhdf5: OSError errno 5), a dataset's pointer
     # (read(): OSError errno 5).
     rec = out["open"]
-    assert rec["error"] is not None and rec["faults"] >= 1 and rec["oserror"] and rec["errno"] == 5, rec
+    assert (
+        rec["error"] is not None and rec["faults"] >= 1 and rec["oserror"] and rec["errno"] == 5
+    ), rec
     for name in ("take", "getitem", "block", "full", "none", "transient"):
         _assert_eio(out[name], path, name)
-        assert out[name]["rowstore"], (name, out[name])  # a KernelIOError: also a FormatError naming the file
-        assert out[name]["after"] is True, f"{name}: the reader was poisoned by a fault that has stopped"
+        assert out[name]["rowstore"], (
+            name,
+            out[name],
+        )  # a KernelIOError: also a FormatError naming the file
+        assert out[name]["after"] is True, (
+            f"{name}: the reader was poisoned by a fault that has stopped"
+        )
     if torch_too:
         _assert_eio(out["torch0"], path, "torch0")
         # Through worker processes torch re-raises the error from its message: still an
@@ -269,8 +310,14 @@ def test_kernel_io_error_is_an_oserror_that_pickles():
 
     from rowstore import kernels
 
-    err = kernels.KernelIOError("'/d/f.h5': block 2: read failed (errno 5: Input/output error)",
-                                code=kernels.KernelCode.E_IO, index=0, detail=5, path="/d/f.h5", block=2)  # fmt: skip
+    err = kernels.KernelIOError(
+        "'/d/f.h5': block 2: read failed (errno 5: Input/output error)",
+        code=kernels.KernelCode.E_IO,
+        index=0,
+        detail=5,
+        path="/d/f.h5",
+        block=2,
+    )
     for e in (err, pickle.loads(pickle.dumps(err))):
         assert isinstance(e, OSError) and isinstance(e, rowstore.FormatError)
         assert (e.errno, e.filename, e.path, e.block) == (5, "/d/f.h5", "/d/f.h5", 2)

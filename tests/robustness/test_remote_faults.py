@@ -63,8 +63,11 @@ def test_a_response_cut_mid_block_is_retried(served, proxy, name):
     p = proxy(fault=first_try_of_every_other_range, cut=1000)
     local = rowstore.open(os.path.join(served[0], name))
     remote = rowstore.open(p.url + "/" + name, remote=FAST)
-    for a, b in zip(local.batches(300, shuffle="block", seed=2), remote.batches(300, shuffle="block", seed=2),
-                    strict=True):  # fmt: skip
+    for a, b in zip(
+        local.batches(300, shuffle="block", seed=2),
+        remote.batches(300, shuffle="block", seed=2),
+        strict=True,
+    ):
         assert np.array_equal(a["x"], b["x"]) and np.array_equal(a["v"], b["v"])
     rows = np.arange(0, len(local), 37)
     assert np.array_equal(remote.take(rows)["v"], local.take(rows)["v"])
@@ -81,7 +84,13 @@ def test_a_response_always_cut_is_reported(served, proxy):
     with pytest.raises(RemoteError) as ei:
         r.take(np.arange(10))
     err = ei.value
-    assert err.url == p.url + "/lz4.h5" and err.attempts == FAST["retries"] + 1 and err.end > err.start >= 0
+    assert (
+        err.url == p.url + "/lz4.h5"
+        and err.attempts == FAST["retries"] + 1
+        and err.end > err.start >= 0
+    )
     armed["on"] = False
-    assert np.array_equal(r.take(np.arange(10))["x"], np.arange(10))  # the reader works once the network does
+    assert np.array_equal(
+        r.take(np.arange(10))["x"], np.arange(10)
+    )  # the reader works once the network does
     r.close()

@@ -50,17 +50,22 @@ rows = np.array([0, n // 2, n - 1])
 ys = r.take(rows)["y"].tolist()
 blocks = r.layout.num_blocks
 r.close()
-print("RESULT " + json.dumps({"blocks": blocks, "rows": n, "ys": ys, "traced_peak": peak, "traced_kept": cur,
+print("RESULT " + json.dumps({"blocks": blocks, "rows": n, "ys": ys, "traced_peak": peak,
+"traced_kept": cur,
                               "hwm_growth": h1 - h0}))
 """
 
 
 def _measure(path: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", CHILD, path], capture_output=True, text=True, timeout=120, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, path], capture_output=True, text=True, timeout=120, env=env
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _one_row_blocks(path: str, n: int, lo: int = 0) -> None:
@@ -81,9 +86,16 @@ def test_a_dataset_of_200k_blocks_opens_in_memory_bounded_by_its_index(tmp_path)
         os.link(one, root / rel)
         entries.append(manifest.shard_entry(rel, L))
     with manifest.commit_lock(str(root)):
-        manifest.publish(str(root), schema=SCHEMA, attrs={}, compression=L.compression,
-                         heap_chunk_bytes=L.heap_chunk_bytes, shards=entries, blocks=[L.blocks] * nshards,
-                         heap_chunks=[L.heap_chunks] * nshards)  # fmt: skip
+        manifest.publish(
+            str(root),
+            schema=SCHEMA,
+            attrs={},
+            compression=L.compression,
+            heap_chunk_bytes=L.heap_chunk_bytes,
+            shards=entries,
+            blocks=[L.blocks] * nshards,
+            heap_chunks=[L.heap_chunks] * nshards,
+        )
     index_bytes = os.path.getsize(root / manifest.index_path(1))
     got = _measure(str(root))
     blocks = nshards * per

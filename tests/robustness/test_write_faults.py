@@ -15,7 +15,9 @@ from helpers import ROOT
 
 import rowstore
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE semantics checked on Linux")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="RLIMIT_FSIZE semantics checked on Linux"
+)
 
 SCHEMA = rowstore.Schema({"x": ("float32", (64,)), "t": rowstore.STR})
 LIMIT = 300_000  # bytes per file in the child: a shard of 1 MiB cannot be written
@@ -37,7 +39,9 @@ print("no error")
 
 
 def _run(rs, body: str):
-    code = CHILD.format(limit=LIMIT, body="\n".join("    " + line for line in body.strip().splitlines()))
+    code = CHILD.format(
+        limit=LIMIT, body="\n".join("    " + line for line in body.strip().splitlines())
+    )
     proc = rs.run_python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.split()
@@ -48,7 +52,9 @@ def _small_rows(n: int) -> dict:
 
 
 def _temporaries(d: str) -> list[str]:
-    return [os.path.join(p, f) for p, _, fs in os.walk(d) for f in fs if f.endswith(".rowstore-tmp")]
+    return [
+        os.path.join(p, f) for p, _, fs in os.walk(d) for f in fs if f.endswith(".rowstore-tmp")
+    ]
 
 
 def test_a_failing_append_leaves_the_file_whole(rs, tmp_path):
@@ -56,12 +62,15 @@ def test_a_failing_append_leaves_the_file_whole(rs, tmp_path):
     with rowstore.Writer(path, SCHEMA) as w:
         w.write_batch(_small_rows(100))
     before = open(path, "rb").read()
-    out = _run(rs, f"""
+    out = _run(
+        rs,
+        f"""
 w = rowstore.Writer({path!r}, mode="a")
 for _ in range(10):
     w.write_batch(rows)
 w.close()
-""")
+""",
+    )
     assert out == ["errno", str(errno.EFBIG)]
     assert open(path, "rb").read() == before and not _temporaries(str(tmp_path))
     with rowstore.open(path) as r:
@@ -74,11 +83,14 @@ def test_a_failing_dataset_writer_leaves_the_version_current(rs, tmp_path, mode)
     with rowstore.DatasetWriter(root, SCHEMA) as w:
         w.write_batch(_small_rows(100))
     shards = sorted(os.listdir(os.path.join(root, "shards")))
-    out = _run(rs, f"""
+    out = _run(
+        rs,
+        f"""
 with rowstore.DatasetWriter({root!r}, schema, mode={mode!r}, shard_bytes=100_000) as w:
     for _ in range(10):
         w.write_batch(rows)
-""")
+""",
+    )
     assert out == ["errno", str(errno.EFBIG)]
     with rowstore.open(root) as r:
         assert len(r) == 100 and r.layout.version == 1
@@ -90,9 +102,12 @@ with rowstore.DatasetWriter({root!r}, schema, mode={mode!r}, shard_bytes=100_000
 def test_a_failing_write_shard_publishes_nothing(rs, tmp_path):
     root = str(tmp_path / "ds")
     rowstore.commit(root, [rowstore.write_shard(root, SCHEMA, _small_rows(10))])
-    out = _run(rs, f"""
+    out = _run(
+        rs,
+        f"""
 rowstore.write_shard({root!r}, schema, {{"x": np.ones((5000, 64), np.float32), "t": ["z"] * 5000}})
-""")
+""",
+    )
     assert out == ["errno", str(errno.EFBIG)]
     with rowstore.open(root) as r:
         assert len(r) == 10
@@ -117,7 +132,8 @@ import rowstore
 fiu = ctypes.CDLL("libfiu.so.0")
 CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint))
-fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, CB]
+fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
+CB]
 S = {"on": False, "n": 0, "fail": 0}
 family = sys.argv[3]
 
@@ -128,7 +144,8 @@ def decide(name, failnum, failinfo, flags):
     S["n"] += 1
     return 1 if S["n"] == S["fail"] else 0
 
-points = ([b"posix/io/rw/write", b"posix/io/rw/pwrite", b"posix/io/rw/writev", b"posix/io/rw/pwritev"]
+points = ([b"posix/io/rw/write", b"posix/io/rw/pwrite", b"posix/io/rw/writev",
+b"posix/io/rw/pwritev"]
           if family == "write" else [b"posix/io/sync/fsync", b"posix/io/sync/fdatasync"])
 for p in points:
     assert fiu.fiu_enable_external(p, 1, errno.EIO, 0, decide) == 0
@@ -146,7 +163,8 @@ def operation(work):
             for lo in range(100, 1600, 500):
                 w.write_batch(rows(lo, lo + 500))
     elif scenario == "dataset":
-        with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=8000, rows_per_block=200) as w:
+        with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=8000, rows_per_block=200) as
+        w:
             for lo in range(100, 1600, 500):
                 w.write_batch(rows(lo, lo + 500))
     else:  # two-phase: two shards, then one commit
@@ -196,7 +214,8 @@ def attempt(work, k):
     os.close(rfd)
     status = os.waitpid(pid, 0)[1]
     if os.WIFSIGNALED(status):
-        return {"calls": None, "error": f"signal {os.WTERMSIG(status)}", "oserror": False, "errno": None, "msg": ""}
+        return {"calls": None, "error": f"signal {os.WTERMSIG(status)}", "oserror": False, "errno":
+        None, "msg": ""}
     return json.loads(data)
 
 def trial(k):
@@ -214,11 +233,13 @@ def trial(k):
         from rowstore.storage.local import remove_stale
         remove_stale(work)
     else:
-        rowstore.commit(path, [rowstore.write_shard(path, schema, rows(5000, 5010))], mode="a", orphan_grace_s=0)
+        rowstore.commit(path, [rowstore.write_shard(path, schema, rows(5000, 5010))], mode="a",
+        orphan_grace_s=0)
         rowstore.gc_dataset(path, dry_run=False, orphan_grace_s=0)
         from rowstore.format import manifest
         named = set(manifest.load(path).shards["path"])
-        rec["orphans"] = [n for n in os.listdir(os.path.join(path, "shards")) if "shards/" + n not in named]
+        rec["orphans"] = [n for n in os.listdir(os.path.join(path, "shards")) if "shards/" + n not
+        in named]
     with rowstore.open(path) as r:
         rec["after"] = len(r)
     rec["left_after_recovery"] = temporaries(work)
@@ -227,13 +248,16 @@ def trial(k):
 
 clean = trial(0)  # fail = 0: nothing fails; counts the calls
 n = clean["calls"]
-ks = sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 2, n - 1, n} & set(range(1, n + 1)))  # the last: after the rename
+ks = sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 2, n - 1, n} & set(range(1, n + 1)))  # the
+last: after the rename
 print("RESULT " + json.dumps({"clean": clean, "trials": [trial(k) for k in ks]}))
 '''
 
 
-@pytest.mark.skipif(not FIU_RUN or not os.path.exists("/usr/lib/fiu/fiu_posix_preload.so"),
-                    reason="needs libfiu (apt: fiu-utils, libfiu-dev)")  # fmt: skip
+@pytest.mark.skipif(
+    not FIU_RUN or not os.path.exists("/usr/lib/fiu/fiu_posix_preload.so"),
+    reason="needs libfiu (apt: fiu-utils, libfiu-dev)",
+)
 @pytest.mark.parametrize("scenario", ["append", "dataset", "two_phase"])
 @pytest.mark.parametrize("family", ["write", "fsync"])
 def test_eio_on_write_and_fsync(tmp_path, scenario, family):
@@ -253,12 +277,19 @@ def test_eio_on_write_and_fsync(tmp_path, scenario, family):
     script = tmp_path / "child.py"
     script.write_text(FIU_CHILD)
     root = ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([FIU_RUN, "-x", "-f", "", sys.executable, str(script), str(template), scenario, family],
-                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    )
+    proc = subprocess.run(
+        [FIU_RUN, "-x", "-f", "", sys.executable, str(script), str(template), scenario, family],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     clean = out["clean"]
     assert clean["error"] is None and clean["content"] == "new" and clean["calls"] >= 1, clean
     assert len(out["trials"]) >= min(clean["calls"], 6)
@@ -271,17 +302,24 @@ def test_eio_on_write_and_fsync(tmp_path, scenario, family):
             assert family == "fsync", t
         assert t["left_after_recovery"] == [] and t.get("orphans", []) == [], t
         assert t["after"] == (1610 if t["content"] == "new" else 110), t
-        assert t["error"] is not None, f"call {t['k']} of {clean['calls']} failed with EIO and nothing was raised: {t}"
+        assert t["error"] is not None, (
+            f"call {t['k']} of {clean['calls']} failed with EIO and nothing was raised: {t}"
+        )
         if t["oserror"] and t["errno"] == errno.EIO:
             assert t["temporaries"] == [], t  # the writer's abort removed its temporary
             continue
         # Known: an EIO while libhdf5 flushes its metadata in File.close surfaces as
         # h5py's RuntimeError (the errno only in its message), or crashes the process inside
         # h5py's close; the data stays safe either way (checked above).
-        assert t["error"].startswith("signal") or (t["error"] == "RuntimeError" and "errno = 5" in t["msg"]), t
+        assert t["error"].startswith("signal") or (
+            t["error"] == "RuntimeError" and "errno = 5" in t["msg"]
+        ), t
         leaks.append(t)
     # the old content survives most of them (the failure came before the rename)
     assert sum(t["content"] == "old" for t in out["trials"]) >= len(out["trials"]) // 2
     if leaks:
-        pytest.xfail(f"{len(leaks)} of {len(out['trials'])} EIOs inside libhdf5's close: "
-                     + ", ".join(sorted({t['error'] for t in leaks})) + " instead of OSError (data safe)")
+        pytest.xfail(
+            f"{len(leaks)} of {len(out['trials'])} EIOs inside libhdf5's close: "
+            + ", ".join(sorted({t["error"] for t in leaks}))
+            + " instead of OSError (data safe)"
+        )

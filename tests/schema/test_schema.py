@@ -12,26 +12,40 @@ import rowstore
 from rowstore import BYTES, STR, CodecError, Field, Schema, SchemaError
 
 NUMERIC_DTYPES = [
-    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-]  # fmt: skip
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 def rich_schema() -> Schema:
-    return Schema([
-        Field("x", "float32", (16,)),
-        Field("label", np.int64),
-        Field("big_endian", ">f8", (2, 2)),
-        Field("flag", bool),
-        Field("speaker", str),
-        Field("note", bytes, nullable=True),
-        Field("wave", "float32", (None,)),
-        Field("array_4d", "uint8", (None, 128, 30, None)),
-        Field("image", "uint8", (128, 256, 3), codec={"id": "png", "level": 1}),
-        Field("photo", "uint8", (None, None, 3), codec="jpeg"),
-        Field("depth", "uint16", (8, 8), codec="png", nullable=True),
-        Field("z", "complex128", (3,), nullable=True),
-    ])  # fmt: skip
+    return Schema(
+        [
+            Field("x", "float32", (16,)),
+            Field("label", np.int64),
+            Field("big_endian", ">f8", (2, 2)),
+            Field("flag", bool),
+            Field("speaker", str),
+            Field("note", bytes, nullable=True),
+            Field("wave", "float32", (None,)),
+            Field("array_4d", "uint8", (None, 128, 30, None)),
+            Field("image", "uint8", (128, 256, 3), codec={"id": "png", "level": 1}),
+            Field("photo", "uint8", (None, None, 3), codec="jpeg"),
+            Field("depth", "uint16", (8, 8), codec="png", nullable=True),
+            Field("z", "complex128", (3,), nullable=True),
+        ]
+    )
 
 
 # -- fields ----------------------------------------------------------------------------------
@@ -52,7 +66,10 @@ def test_field_properties():
 
     img = Field("img", "uint8", (4, 4, 3), codec="png")
     assert not img.inline and img.codec == {"id": "png", "level": 6}
-    assert Field("j", "uint8", (4, 4), codec={"id": "jpeg", "quality": 70}).codec == {"id": "jpeg", "quality": 70}
+    assert Field("j", "uint8", (4, 4), codec={"id": "jpeg", "quality": 70}).codec == {
+        "id": "jpeg",
+        "quality": 70,
+    }
 
 
 @pytest.mark.parametrize("dtype", NUMERIC_DTYPES)
@@ -71,7 +88,15 @@ def test_big_endian_is_normalised_to_little_endian():
 
 @pytest.mark.parametrize(
     ("dtype", "expected"),
-    [(str, STR), ("str", STR), ("U10", STR), (np.str_, STR), (bytes, BYTES), ("bytes", BYTES), ("S4", BYTES)],
+    [
+        (str, STR),
+        ("str", STR),
+        ("U10", STR),
+        (np.str_, STR),
+        (bytes, BYTES),
+        ("bytes", BYTES),
+        ("S4", BYTES),
+    ],
 )
 def test_text_and_binary_dtype_spellings(dtype, expected):
     assert Field("v", dtype).dtype == expected
@@ -106,11 +131,21 @@ def test_duplicate_names():
 @pytest.mark.parametrize(
     "dtype",
     [
-        "notatype", "object", object, "datetime64", "datetime64[Y]", "datetime64[10s]", "timedelta64[D]",
-        "timedelta64", "V8",
-        np.dtype([("a", "<i4"), ("b", "<f4")]), np.dtype(("<f4", (3,))), 3.5, np.longdouble,
+        "notatype",
+        "object",
+        object,
+        "datetime64",
+        "datetime64[Y]",
+        "datetime64[10s]",
+        "timedelta64[D]",
+        "timedelta64",
+        "V8",
+        np.dtype([("a", "<i4"), ("b", "<f4")]),
+        np.dtype(("<f4", (3,))),
+        3.5,
+        np.longdouble,
     ],
-)  # fmt: skip
+)
 def test_unknown_or_unsupported_dtypes(dtype):
     if dtype is np.longdouble and np.dtype(np.longdouble).itemsize <= 8:
         pytest.skip("long double is float64 on this platform")
@@ -132,16 +167,26 @@ def test_missing_dtype_is_refused_not_float64():
 
 @pytest.mark.parametrize(
     ("shape", "expected"),
-    [(None, ()), ((), ()), (5, (5,)), ([2, 3], (2, 3)), ((None,), (None,)), ((-1, 4), (None, 4)),
-     ((np.int64(2), np.uint8(3)), (2, 3)), ((None, 128, 30, None), (None, 128, 30, None))],
-)  # fmt: skip
+    [
+        (None, ()),
+        ((), ()),
+        (5, (5,)),
+        ([2, 3], (2, 3)),
+        ((None,), (None,)),
+        ((-1, 4), (None, 4)),
+        ((np.int64(2), np.uint8(3)), (2, 3)),
+        ((None, 128, 30, None), (None, 128, 30, None)),
+    ],
+)
 def test_shape_normalisation(shape, expected):
     f = Field("v", "float32", shape)
     assert f.shape == expected
     assert all(type(d) is int or d is None for d in f.shape)
 
 
-@pytest.mark.parametrize("shape", [(-2,), (1.5,), ("a",), (True,), (2, False), "ab", object(), (3, -7)])
+@pytest.mark.parametrize(
+    "shape", [(-2,), (1.5,), ("a",), (True,), (2, False), "ab", object(), (3, -7)]
+)
 def test_bad_shapes(shape):
     with pytest.raises(SchemaError) as ei:
         Field("v", "float32", shape)
@@ -195,9 +240,18 @@ def test_codec_that_does_not_fit_the_field(dtype, shape, codec, match):
 
 @pytest.mark.parametrize(
     "codec",
-    ["nosuchcodec", {"id": "png", "level": 42}, {"id": "png", "level": "1"}, {"id": "jpeg", "quality": 0},
-     {"id": "jpeg", "quality": 101}, {"id": "png", "colour": 1}, {"id": "raw", "x": 1}, {"level": 1}, 42],
-)  # fmt: skip
+    [
+        "nosuchcodec",
+        {"id": "png", "level": 42},
+        {"id": "png", "level": "1"},
+        {"id": "jpeg", "quality": 0},
+        {"id": "jpeg", "quality": 101},
+        {"id": "png", "colour": 1},
+        {"id": "raw", "x": 1},
+        {"level": 1},
+        42,
+    ],
+)
 def test_bad_codec_specs(codec):
     with pytest.raises(CodecError):
         Field("v", "uint8", (8, 8), codec=codec)
@@ -205,11 +259,19 @@ def test_bad_codec_specs(codec):
 
 @pytest.mark.parametrize(
     ("dtype", "shape", "codec"),
-    [("uint8", (8, 8), "png"), ("uint8", (8, 8, 1), "png"), ("uint8", (8, 8, 2), "png"),
-     ("uint8", (8, 8, 3), "png"), ("uint8", (8, 8, 4), "png"), ("uint16", (8, 8, 3), "png"),
-     ("uint8", (None, None, 3), "png"), ("uint8", (8, 8), "jpeg"), ("uint8", (8, 8, 1), "jpeg"),
-     ("uint8", (8, 8, 3), "jpeg")],
-)  # fmt: skip
+    [
+        ("uint8", (8, 8), "png"),
+        ("uint8", (8, 8, 1), "png"),
+        ("uint8", (8, 8, 2), "png"),
+        ("uint8", (8, 8, 3), "png"),
+        ("uint8", (8, 8, 4), "png"),
+        ("uint16", (8, 8, 3), "png"),
+        ("uint8", (None, None, 3), "png"),
+        ("uint8", (8, 8), "jpeg"),
+        ("uint8", (8, 8, 1), "jpeg"),
+        ("uint8", (8, 8, 3), "jpeg"),
+    ],
+)
 def test_image_fields_that_fit(dtype, shape, codec):
     f = Field("img", dtype, shape, codec=codec)
     assert f.codec["id"] == codec and not f.inline
@@ -249,7 +311,13 @@ def test_schema_rejects_empty_and_non_fields():
 
 
 def test_schema_from_mapping():
-    s = Schema({"x": ("float32", (3,)), "label": "int64", "img": Field("img", "uint8", (4, 4), codec="png")})
+    s = Schema(
+        {
+            "x": ("float32", (3,)),
+            "label": "int64",
+            "img": Field("img", "uint8", (4, 4), codec="png"),
+        }
+    )
     assert s.names == ["x", "label", "img"]
     assert s["x"].shape == (3,) and s["label"].dtype == np.int64 and s["img"].codec["id"] == "png"
 
@@ -264,12 +332,23 @@ def test_json_round_trip():
     back = Schema.from_json(s.to_json_str())
     for a, b in zip(s, back, strict=True):
         assert a == b
-        assert a.dtype == b.dtype and a.shape == b.shape and a.codec == b.codec and a.nullable == b.nullable
+        assert (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.codec == b.codec
+            and a.nullable == b.nullable
+        )
     assert hash(back) == hash(s)
     # JSON is canonical: stable across round trips, sorted keys
     assert back.to_json_str() == s.to_json_str()
     j = s.to_json()
-    assert j["fields"][2] == {"name": "big_endian", "dtype": "<f8", "shape": [2, 2], "codec": {"id": "raw"}, "nullable": False}
+    assert j["fields"][2] == {
+        "name": "big_endian",
+        "dtype": "<f8",
+        "shape": [2, 2],
+        "codec": {"id": "raw"},
+        "nullable": False,
+    }
     assert j["fields"][7]["shape"] == [None, 128, 30, None]
 
 
@@ -279,16 +358,29 @@ def test_schema_inequality():
     assert a != Schema([Field("x", "float32", (4,))])
     assert a != Schema([Field("x", "float32", (3,), nullable=True)])
     assert a != Schema([Field("y", "float32", (3,))])
-    assert Schema([Field("i", "uint8", (4, 4), codec="png")]) != Schema([Field("i", "uint8", (4, 4), codec={"id": "png", "level": 1})])
+    assert Schema([Field("i", "uint8", (4, 4), codec="png")]) != Schema(
+        [Field("i", "uint8", (4, 4), codec={"id": "png", "level": 1})]
+    )
     assert a != "not a schema"
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["{not json", "[]", '{"fields": 3}', '{"fields": [{"dtype": "int64"}]}', '{"fields": [{"name": "x"}]}',
-     '{"fields": []}', '{"fields": [{"name": "x", "dtype": "int64", "shape": [-3]}]}', '{"fields": ["x"]}',
-     '{"fields": [3]}', '{"fields": [{"name": "x", "dtype": "int64", "shape": "ab"}]}', "null", '"text"'],
-)  # fmt: skip
+    [
+        "{not json",
+        "[]",
+        '{"fields": 3}',
+        '{"fields": [{"dtype": "int64"}]}',
+        '{"fields": [{"name": "x"}]}',
+        '{"fields": []}',
+        '{"fields": [{"name": "x", "dtype": "int64", "shape": [-3]}]}',
+        '{"fields": ["x"]}',
+        '{"fields": [3]}',
+        '{"fields": [{"name": "x", "dtype": "int64", "shape": "ab"}]}',
+        "null",
+        '"text"',
+    ],
+)
 def test_from_json_errors(bad):
     with pytest.raises(SchemaError):
         Schema.from_json(bad)
@@ -296,13 +388,26 @@ def test_from_json_errors(bad):
 
 def test_infer():
     s = Schema.infer(
-        {"a": np.zeros((2, 3), np.float32), "b": 3, "c": 1.5, "d": True, "e": "txt", "f": b"x", "g": [1, 2]},
+        {
+            "a": np.zeros((2, 3), np.float32),
+            "b": 3,
+            "c": 1.5,
+            "d": True,
+            "e": "txt",
+            "f": b"x",
+            "g": [1, 2],
+        },
         nullable=["f"],
     )
     assert [(f.name, str(f.dtype), f.shape) for f in s] == [
-        ("a", "float32", (2, 3)), ("b", "int64", ()), ("c", "float64", ()), ("d", "bool", ()),
-        ("e", "str", ()), ("f", "bytes", ()), ("g", "int64", (2,)),
-    ]  # fmt: skip
+        ("a", "float32", (2, 3)),
+        ("b", "int64", ()),
+        ("c", "float64", ()),
+        ("d", "bool", ()),
+        ("e", "str", ()),
+        ("f", "bytes", ()),
+        ("g", "int64", (2,)),
+    ]
     assert s["f"].nullable and not s["e"].nullable
     with pytest.raises(SchemaError):
         Schema.infer({"a": None})
@@ -321,11 +426,21 @@ def test_numpy_dtypes():
 def test_torch_dtypes():
     torch = pytest.importorskip("torch")
     expected = {
-        "bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
-        "uint16": torch.uint16, "int32": torch.int32, "uint32": torch.uint32, "int64": torch.int64,
-        "uint64": torch.uint64, "float16": torch.float16, "float32": torch.float32,
-        "float64": torch.float64, "complex64": torch.complex64, "complex128": torch.complex128,
-    }  # fmt: skip
+        "bool": torch.bool,
+        "int8": torch.int8,
+        "uint8": torch.uint8,
+        "int16": torch.int16,
+        "uint16": torch.uint16,
+        "int32": torch.int32,
+        "uint32": torch.uint32,
+        "int64": torch.int64,
+        "uint64": torch.uint64,
+        "float16": torch.float16,
+        "float32": torch.float32,
+        "float64": torch.float64,
+        "complex64": torch.complex64,
+        "complex128": torch.complex128,
+    }
     for name, tdt in expected.items():
         assert Field("v", name).torch_dtype() == tdt
         assert Field("v", name, (None, 3)).torch_dtype() == tdt

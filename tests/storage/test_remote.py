@@ -26,19 +26,24 @@ fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("moto")
 
 N = 3000
-SCHEMA = Schema([
-    Field("x", "float32", (8,)), Field("label", "int64"), Field("text", "str", nullable=True),
-    Field("wave", "float32", (None,)),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("x", "float32", (8,)),
+        Field("label", "int64"),
+        Field("text", "str", nullable=True),
+        Field("wave", "float32", (None,)),
+    ]
+)
 
 
 def _columns(n: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     return {
-        "x": rng.random((n, 8), dtype=np.float32), "label": np.arange(n, dtype=np.int64) * 7 + seed,
+        "x": rng.random((n, 8), dtype=np.float32),
+        "label": np.arange(n, dtype=np.int64) * 7 + seed,
         "text": [None if i % 11 == 0 else f"row {i} " + "z" * (i % 13) for i in range(n)],
         "wave": [rng.random(i % 9, dtype=np.float32) for i in range(n)],
-    }  # fmt: skip
+    }
 
 
 def same(a, b) -> bool:
@@ -48,8 +53,12 @@ def same(a, b) -> bool:
     for k in a:
         x, y = a[k], b[k]
         if isinstance(x, Ragged):
-            if not (isinstance(y, Ragged) and np.array_equal(x.values, y.values) and np.array_equal(x.offsets, y.offsets)
-                    and np.array_equal(x.shapes, y.shapes)):
+            if not (
+                isinstance(y, Ragged)
+                and np.array_equal(x.values, y.values)
+                and np.array_equal(x.offsets, y.offsets)
+                and np.array_equal(x.shapes, y.shapes)
+            ):
                 return False
         elif x.dtype == object:
             if list(x) != list(y):
@@ -73,9 +82,13 @@ def remote_data(tmp_path_factory) -> str:
     cols = _columns(N)
     with rowstore.Writer(os.path.join(d, "plain.h5"), SCHEMA, block_bytes=8 << 10) as w:
         w.write_batch(cols)
-    with rowstore.Writer(os.path.join(d, "lz4.h5"), SCHEMA, block_bytes=8 << 10, compression="lz4") as w:
+    with rowstore.Writer(
+        os.path.join(d, "lz4.h5"), SCHEMA, block_bytes=8 << 10, compression="lz4"
+    ) as w:
         w.write_batch(cols)
-    with rowstore.DatasetWriter(os.path.join(d, "ds"), SCHEMA, shard_bytes=40_000, block_bytes=8 << 10) as w:
+    with rowstore.DatasetWriter(
+        os.path.join(d, "ds"), SCHEMA, shard_bytes=40_000, block_bytes=8 << 10
+    ) as w:
         w.write_batch(cols)
     return d
 
@@ -106,7 +119,9 @@ def test_decode_chunks_equals_load_chunks(tmp_path, codec):
     """decode_chunks on bytes read into memory gives what load_chunks gives from the file,
     for every chunk of a file, in random subsets and orders."""
     p = str(tmp_path / "f.h5")
-    with rowstore.Writer(p, SCHEMA, block_bytes=4 << 10, **({"compression": codec} if codec else {})) as w:
+    with rowstore.Writer(
+        p, SCHEMA, block_bytes=4 << 10, **({"compression": codec} if codec else {})
+    ) as w:
         w.write_batch(_columns(800))
     L = rowstore.Layout.open(p)
     off, stored, crc, raw = L.chunk_index("block")
@@ -118,26 +133,67 @@ def test_decode_chunks_equals_load_chunks(tmp_path, codec):
             pick = rng.choice(len(off), size=rng.integers(1, len(off) + 1), replace=True)
             a = np.empty(len(pick) * raw, np.uint8)
             b = np.empty(len(pick) * raw, np.uint8)
-            kernels.load_chunks(fd, off[pick], stored[pick], crc[pick], codec=L.frame_check(), verify=True, dst=a,
-                                raw_size=raw, scratch=np.empty(int(stored.max()), np.uint8))
-            kernels.decode_chunks(data, off[pick], stored[pick], crc[pick], codec=L.frame_check(), verify=True, dst=b,
-                                  raw_size=raw)
+            kernels.load_chunks(
+                fd,
+                off[pick],
+                stored[pick],
+                crc[pick],
+                codec=L.frame_check(),
+                verify=True,
+                dst=a,
+                raw_size=raw,
+                scratch=np.empty(int(stored.max()), np.uint8),
+            )
+            kernels.decode_chunks(
+                data,
+                off[pick],
+                stored[pick],
+                crc[pick],
+                codec=L.frame_check(),
+                verify=True,
+                dst=b,
+                raw_size=raw,
+            )
             assert a.tobytes() == b.tobytes()
     finally:
         os.close(fd)
     # Bounds: a range past the buffer, a bad CRC, a short destination.
     with pytest.raises(kernels.KernelError) as ei:
-        kernels.decode_chunks(data[: int(off[1]) + 5], off[:2], stored[:2], crc[:2], codec=L.frame_check(),
-                              verify=True, dst=np.empty(2 * raw, np.uint8), raw_size=raw)
+        kernels.decode_chunks(
+            data[: int(off[1]) + 5],
+            off[:2],
+            stored[:2],
+            crc[:2],
+            codec=L.frame_check(),
+            verify=True,
+            dst=np.empty(2 * raw, np.uint8),
+            raw_size=raw,
+        )
     assert ei.value.code == kernels.KernelCode.E_SHORT and ei.value.index == 1
     bad = data.copy()
     bad[int(off[0]) + 3] ^= 1
     with pytest.raises(ChecksumError):
-        kernels.decode_chunks(bad, off[:1], stored[:1], crc[:1], codec=L.frame_check(), verify=True,
-                              dst=np.empty(raw, np.uint8), raw_size=raw)
+        kernels.decode_chunks(
+            bad,
+            off[:1],
+            stored[:1],
+            crc[:1],
+            codec=L.frame_check(),
+            verify=True,
+            dst=np.empty(raw, np.uint8),
+            raw_size=raw,
+        )
     with pytest.raises(kernels.KernelError) as ei:
-        kernels.decode_chunks(data, off[:2], stored[:2], crc[:2], codec=L.frame_check(), verify=True,
-                              dst=np.empty(2 * raw - 1, np.uint8), raw_size=raw)
+        kernels.decode_chunks(
+            data,
+            off[:2],
+            stored[:2],
+            crc[:2],
+            codec=L.frame_check(),
+            verify=True,
+            dst=np.empty(2 * raw - 1, np.uint8),
+            raw_size=raw,
+        )
     assert ei.value.code == kernels.KernelCode.E_DEST
 
 
@@ -153,9 +209,12 @@ def test_remote_reads_equal_local(remote_data, s3, http, kind, name):
     assert same(local.take(idx), remote.take(idx))
     row, want = remote[17], local[17]
     assert row.keys() == want.keys() and all(np.array_equal(row[k], want[k]) for k in row)
-    for kw in ({"shuffle": "block", "seed": 3, "window": 4}, {"shuffle": "none"},
-               {"shuffle": "block", "seed": 5, "shard": (1, 3), "start": 150, "epoch": 2},
-               {"shuffle": "full", "seed": 6, "shard": (2, 3), "start": 333, "window": 64}):
+    for kw in (
+        {"shuffle": "block", "seed": 3, "window": 4},
+        {"shuffle": "none"},
+        {"shuffle": "block", "seed": 5, "shard": (1, 3), "start": 150, "epoch": 2},
+        {"shuffle": "full", "seed": 6, "shard": (2, 3), "start": 333, "window": 64},
+    ):
         same_epochs(local.batches(128, **kw), remote.batches(128, **kw))
 
 
@@ -182,7 +241,9 @@ def test_scheduler_bounds_requests_in_flight(remote_data, s3):
     """The store fetches in epoch order ahead of the reader, never more than max_in_flight
     requests held at once; the reader's chunks come from the schedule (hits), and merged
     adjacent chunks take fewer requests than chunks."""
-    r = rowstore.open("s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3})
+    r = rowstore.open(
+        "s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3}
+    )
     seen = []
     n = 0
     sched = None
@@ -195,13 +256,17 @@ def test_scheduler_bounds_requests_in_flight(remote_data, s3):
     assert n == N and max(seen) <= 3
     # One gathering thread takes the chunks in the plan's order, so each was issued before it
     # was asked for (with two, which thread asks first is up to the OS: no count to assert).
-    one = rowstore.open("s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3})
+    one = rowstore.open(
+        "s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3}
+    )
     sched1 = None
     for _ in one.batches(64, seed=1, window=4, num_threads=1):
         sched1 = one._store.scheduler or sched1
     assert sched1 is not None
     assert sched1.hits >= one.layout.num_blocks * 0.9  # nearly every chunk came prefetched
-    merged = rowstore.open("s3://rowstore/data/plain.h5", storage_options=s3, remote={"merge_bytes": 1 << 20})
+    merged = rowstore.open(
+        "s3://rowstore/data/plain.h5", storage_options=s3, remote={"merge_bytes": 1 << 20}
+    )
     list(merged.batches(256, shuffle="none"))
     assert merged._store.scheduler is None  # stopped with the epoch
     assert merged._store.requests < r.layout.num_blocks / 2
@@ -210,7 +275,9 @@ def test_scheduler_bounds_requests_in_flight(remote_data, s3):
 def test_dealt_epochs_fetch_ahead(remote_data, s3):
     """The dealt epochs of the loaders (Reader.deal) are scheduled ahead like batches(), and
     give the local read's rows."""
-    r = rowstore.open("s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3})
+    r = rowstore.open(
+        "s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3}
+    )
     local = rowstore.open(os.path.join(remote_data, "plain.h5"))
     kw = dict(consumer=(1, 2), seed=1, window=4, with_ids=True, fields=["label"])
     sched, got = None, []
@@ -219,8 +286,12 @@ def test_dealt_epochs_fetch_ahead(remote_data, s3):
         got.append(batch)
     want = list(local.deal(64, **kw))
     assert sched is not None and sched.hits > 0
-    assert np.array_equal(np.concatenate([b["__id"] for b in got]), np.concatenate([b["__id"] for b in want]))
-    assert np.array_equal(np.concatenate([b["label"] for b in got]), np.concatenate([b["label"] for b in want]))
+    assert np.array_equal(
+        np.concatenate([b["__id"] for b in got]), np.concatenate([b["__id"] for b in want])
+    )
+    assert np.array_equal(
+        np.concatenate([b["label"] for b in got]), np.concatenate([b["label"] for b in want])
+    )
 
 
 @pytest.mark.parametrize("kind", ["s3", "http"])
@@ -228,8 +299,12 @@ def test_global_shuffle_of_a_remote_dataset(remote_data, s3, http, kind, tmp_pat
     """rowstore.shuffle reads its input by byte ranges: the output equals the local input's
     shuffle (the permutation is a function of the seed and the rows only)."""
     base, opts = _urls(kind, s3, http)
-    rowstore.shuffle(base + "/ds", str(tmp_path / "remote"), memory="8MiB", seed=5, storage_options=opts)
-    rowstore.shuffle(os.path.join(remote_data, "ds"), str(tmp_path / "local"), memory="8MiB", seed=5)
+    rowstore.shuffle(
+        base + "/ds", str(tmp_path / "remote"), memory="8MiB", seed=5, storage_options=opts
+    )
+    rowstore.shuffle(
+        os.path.join(remote_data, "ds"), str(tmp_path / "local"), memory="8MiB", seed=5
+    )
     got, want = (rowstore.open(str(tmp_path / n)) for n in ("remote", "local"))
     assert len(got) == len(want) == N
     for f in SCHEMA.names:
@@ -240,9 +315,26 @@ def test_global_shuffle_of_a_remote_dataset(remote_data, s3, http, kind, tmp_pat
     from rowstore.cli import main  # the command, with the order figures before and after
 
     flags = [] if opts is None else ["--storage-options", json.dumps(opts)]
-    assert main(["shuffle", base + "/ds", str(tmp_path / "cli"), "--memory", "8MiB", "--seed", "5", *flags]) == 0
+    assert (
+        main(
+            [
+                "shuffle",
+                base + "/ds",
+                str(tmp_path / "cli"),
+                "--memory",
+                "8MiB",
+                "--seed",
+                "5",
+                *flags,
+            ]
+        )
+        == 0
+    )
     cli = rowstore.open(str(tmp_path / "cli"))
-    assert np.array_equal(cli.take(np.arange(N), fields=["label"])["label"], want.take(np.arange(N), fields=["label"])["label"])
+    assert np.array_equal(
+        cli.take(np.arange(N), fields=["label"])["label"],
+        want.take(np.arange(N), fields=["label"])["label"],
+    )
 
 
 def test_a_request_cancelled_by_a_stopping_schedule_is_fetched_again(remote_data, http):
@@ -261,7 +353,9 @@ def test_a_request_cancelled_by_a_stopping_schedule_is_fetched_again(remote_data
     cancelled.cancel()  # what stop() leaves to a thread that took a pending request
     sched._requests[rid][0] = cancelled
     got = r.take(np.arange(64), fields=["label"])["label"]
-    want = rowstore.open(os.path.join(remote_data, "plain.h5")).take(np.arange(64), fields=["label"])["label"]
+    want = rowstore.open(os.path.join(remote_data, "plain.h5")).take(
+        np.arange(64), fields=["label"]
+    )["label"]
     assert np.array_equal(got, want) and sched.hits == 1
 
 
@@ -280,8 +374,12 @@ def test_pickled_and_forked_readers_read_their_shards(remote_data, s3):
     with ctx.Pool(3) as pool:
         parts = pool.starmap(_epoch_labels, [(r, k, 3) for k in range(3)])
     got = np.sort(np.concatenate(parts))
-    assert np.array_equal(got, np.sort(rowstore.open(os.path.join(remote_data, "ds")).take(np.arange(N))["label"]))
-    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a spawned worker: unpickled, its own client
+    assert np.array_equal(
+        got, np.sort(rowstore.open(os.path.join(remote_data, "ds")).take(np.arange(N))["label"])
+    )
+    with multiprocessing.get_context("spawn").Pool(
+        1
+    ) as pool:  # a spawned worker: unpickled, its own client
         part = pool.apply(_epoch_labels, (r, 1, 3))
     assert np.array_equal(part, parts[1])
 
@@ -360,7 +458,9 @@ def test_no_credentials_fail_at_once(s3, s3_server, monkeypatch, tmp_path):
     with pytest.raises(RemoteError, match="no credentials found") as ei:
         rowstore.open("s3://rowstore/data/plain.h5", storage_options=so)
     assert ei.value.attempts == 1
-    client = _remote.Client("s3://rowstore/data/plain.h5", _remote.RemoteOptions.make(so, None, None))
+    client = _remote.Client(
+        "s3://rowstore/data/plain.h5", _remote.RemoteOptions.make(so, None, None)
+    )
     with pytest.raises(RemoteError, match="no credentials found") as ei:
         client.get("s3://rowstore/data/plain.h5", 0, 100)
     assert ei.value.attempts == 1 and client.requests == 1
@@ -419,16 +519,24 @@ def test_transient_faults_are_retried(remote_data, s3, http, s3_server, proxy_fa
 def test_persistent_faults_are_reported(http, proxy_factory):
     """A range that keeps failing: an error naming the URL, the byte range and the attempts."""
     armed = {"fault": None}  # faults start after the open
-    proxy = proxy_factory(http.url, fault=lambda n, head: armed["fault"])  # a stall lasts until closed
+    proxy = proxy_factory(
+        http.url, fault=lambda n, head: armed["fault"]
+    )  # a stall lasts until closed
     r = rowstore.open(proxy.url + "/plain.h5", remote={"retries": 2, "backoff": 0.01})
     armed["fault"] = "503"
     with pytest.raises(RemoteError) as ei:
         r.take([0])
     err = ei.value
     assert err.attempts == 3 and err.url == proxy.url + "/plain.h5" and err.end > err.start >= 0
-    assert "plain.h5" in str(err) and f"bytes {err.start}-{err.end - 1}" in str(err) and "3 attempts" in str(err)
+    assert (
+        "plain.h5" in str(err)
+        and f"bytes {err.start}-{err.end - 1}" in str(err)
+        and "3 attempts" in str(err)
+    )
     armed["fault"] = None
-    r = rowstore.open(proxy.url + "/plain.h5", remote={"retries": 1, "backoff": 0.01, "timeout": 0.3})
+    r = rowstore.open(
+        proxy.url + "/plain.h5", remote={"retries": 1, "backoff": 0.01, "timeout": 0.3}
+    )
     armed["fault"] = "stall"
     with pytest.raises(RemoteError, match="stalled past the timeout"):
         r.take([0])
@@ -440,8 +548,23 @@ def test_rowstore_bench_reads_a_url(s3, capsys):
 
     from rowstore.bench import cli
 
-    rc = cli.main(["s3://rowstore/data/ds", "--storage-options", json.dumps(s3), "-q", "--repeats", "1", "-m", "0",
-                   "--compare", "--baselines", "h5py-row", "--memcpy-mib", "8"])
+    rc = cli.main(
+        [
+            "s3://rowstore/data/ds",
+            "--storage-options",
+            json.dumps(s3),
+            "-q",
+            "--repeats",
+            "1",
+            "-m",
+            "0",
+            "--compare",
+            "--baselines",
+            "h5py-row",
+            "--memcpy-mib",
+            "8",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "rowstore" in out and "baselines skipped for a URL" in out
 
@@ -454,8 +577,20 @@ def test_rowstore_bench_labels_remote_epochs_and_times_their_first_request(s3, c
     from rowstore.bench import cli
 
     out_json = str(tmp_path / "b.json")
-    rc = cli.main(["s3://rowstore/data/ds", "--storage-options", json.dumps(s3), "-q", "--repeats", "1", "-m", "5",
-                   "--json", out_json])
+    rc = cli.main(
+        [
+            "s3://rowstore/data/ds",
+            "--storage-options",
+            json.dumps(s3),
+            "-q",
+            "--repeats",
+            "1",
+            "-m",
+            "5",
+            "--json",
+            out_json,
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "warm page cache" not in out and "warm:" not in out
@@ -473,7 +608,9 @@ def test_file_urls_and_full_shuffle_coalescing(remote_data):
     segments share blocks, and a block asked for again while held is not fetched again (fewer
     requests than chunks taken)."""
     local = rowstore.open(os.path.join(remote_data, "lz4.h5"))
-    assert rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))._remote is None  # the local store
+    assert (
+        rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))._remote is None
+    )  # the local store
     r = rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"), remote={})
     sched = None
     got = []
@@ -490,8 +627,9 @@ def test_torch_dataloader_workers_over_http(remote_data, http):
     from rowstore.torch import IterableDataset
 
     ds = IterableDataset(rowstore.open(http.url + "/ds"), batch_size=100, fields=["label"], seed=3)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
     labels = np.sort(np.concatenate([np.asarray(b["label"]) for b in loader]))
     want = np.sort(rowstore.open(os.path.join(remote_data, "ds")).take(np.arange(N))["label"])
     assert np.array_equal(labels, want)

@@ -25,10 +25,14 @@ N = 4000
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, http_factory):
     d = str(tmp_path_factory.mktemp("cached"))
-    cols = {"x": np.random.default_rng(0).random((N, 16), dtype=np.float32), "label": np.arange(N),
-            "text": [f"row {i}" for i in range(N)]}
-    with rowstore.DatasetWriter(os.path.join(d, "ds"), SCHEMA, shard_bytes=100_000, block_bytes=8 << 10,
-                                compression="lz4") as w:
+    cols = {
+        "x": np.random.default_rng(0).random((N, 16), dtype=np.float32),
+        "label": np.arange(N),
+        "text": [f"row {i}" for i in range(N)],
+    }
+    with rowstore.DatasetWriter(
+        os.path.join(d, "ds"), SCHEMA, shard_bytes=100_000, block_bytes=8 << 10, compression="lz4"
+    ) as w:
         w.write_batch(cols)
     srv = http_factory(d)
     return srv.url + "/ds", os.path.join(d, "ds")
@@ -72,7 +76,8 @@ def test_two_processes_share_the_cache(served, tmp_path):
         assert p.exitcode == 0
     ref = rowstore.open(local)
     assert sorted(map(tuple, (tuple(r[0]) for r in res))) == sorted(
-        tuple(_epoch(ref, s)[0].tolist()) for s in (1, 2))
+        tuple(_epoch(ref, s)[0].tolist()) for s in (1, 2)
+    )
     r = rowstore.open(url, cache=cache)
     assert all(np.array_equal(a, b) for a, b in zip(_epoch(ref, 3), _epoch(r, 3)))
     assert r._store.requests == 0  # everything came from what the two processes cached
@@ -137,7 +142,9 @@ def test_a_single_files_metadata_is_cached(tmp_path, http_factory):
     d = tmp_path / "srv"
     d.mkdir()
     with rowstore.Writer(str(d / "f.h5"), SCHEMA, block_bytes=8 << 10) as w:
-        w.write_batch({"x": np.ones((500, 16), np.float32), "label": np.arange(500), "text": ["a"] * 500})
+        w.write_batch(
+            {"x": np.ones((500, 16), np.float32), "label": np.arange(500), "text": ["a"] * 500}
+        )
     srv = http_factory(str(d))
     cache = str(tmp_path / "c")
     before = srv.requests
@@ -162,4 +169,6 @@ def test_one_process_keeps_the_cache_within_its_limit(tmp_path):
     for k in range(15, 100):
         again.put((0, k * 500, 500), "http://h/x.h5", (1,), bytes([k % 256]) * 500)
         assert again.size() <= limit, k
-    assert again.get((0, 99 * 500, 500), "http://h/x.h5", (1,)) == bytes([99]) * 500  # the newest stay
+    assert (
+        again.get((0, 99 * 500, 500), "http://h/x.h5", (1,)) == bytes([99]) * 500
+    )  # the newest stay

@@ -33,8 +33,6 @@ def root(tmp_path_factory):
     return str(d)
 
 
-
-
 @pytest.mark.parametrize("mode", ["ignore-range", "long-body", "unsized-body"])
 def test_an_answer_longer_than_the_range_is_refused_unbuffered(root, http_factory, mode):
     from rowstore.storage.objstore import Client, RemoteOptions

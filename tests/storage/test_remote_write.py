@@ -19,8 +19,11 @@ SCHEMA = Schema([Field("x", "float32", (4,)), Field("label", "int64"), Field("te
 
 
 def _cols(a: int, n: int) -> dict:
-    return {"x": np.arange(a * 4, (a + n) * 4, dtype=np.float32).reshape(n, 4),
-            "label": np.arange(a, a + n, dtype=np.int64), "text": [f"t{i}" for i in range(a, a + n)]}
+    return {
+        "x": np.arange(a * 4, (a + n) * 4, dtype=np.float32).reshape(n, 4),
+        "label": np.arange(a, a + n, dtype=np.int64),
+        "text": [f"t{i}" for i in range(a, a + n)],
+    }
 
 
 def _labels(r) -> np.ndarray:
@@ -29,7 +32,9 @@ def _labels(r) -> np.ndarray:
 
 def test_writer_uploads_a_file(s3_server):
     _, so = s3_server
-    with rowstore.Writer("s3://rowstore/w/one.h5", SCHEMA, storage_options=so, block_bytes=4096) as w:
+    with rowstore.Writer(
+        "s3://rowstore/w/one.h5", SCHEMA, storage_options=so, block_bytes=4096
+    ) as w:
         w.write_batch(_cols(0, 700))
     r = rowstore.open("s3://rowstore/w/one.h5", storage_options=so)
     assert np.array_equal(_labels(r), np.arange(700)) and r[5]["text"] == "t5"
@@ -44,22 +49,34 @@ def test_writer_uploads_a_file(s3_server):
 def test_dataset_writer_and_append(s3_server):
     _, so = s3_server
     url = "s3://rowstore/w/ds"
-    with rowstore.DatasetWriter(url, SCHEMA, storage_options=so, shard_bytes=8000, block_bytes=2048) as w:
+    with rowstore.DatasetWriter(
+        url, SCHEMA, storage_options=so, shard_bytes=8000, block_bytes=2048
+    ) as w:
         w.write_batch(_cols(0, 1000))
     r = rowstore.open(url, storage_options=so)
-    assert r.layout.num_shards > 2 and r.layout.version == 1 and np.array_equal(_labels(r), np.arange(1000))
-    with rowstore.DatasetWriter(url, mode="a", storage_options=so, shard_bytes=8000, block_bytes=2048) as w:
+    assert (
+        r.layout.num_shards > 2
+        and r.layout.version == 1
+        and np.array_equal(_labels(r), np.arange(1000))
+    )
+    with rowstore.DatasetWriter(
+        url, mode="a", storage_options=so, shard_bytes=8000, block_bytes=2048
+    ) as w:
         w.write_batch(_cols(1000, 300))
     r = rowstore.open(url, storage_options=so)
     assert r.layout.version == 2 and np.array_equal(_labels(r), np.arange(1300))
-    assert np.array_equal(_labels(rowstore.open(url, storage_options=so, version=1)), np.arange(1000))
+    assert np.array_equal(
+        _labels(rowstore.open(url, storage_options=so, version=1)), np.arange(1000)
+    )
     with pytest.raises(FileExistsError):
         rowstore.DatasetWriter(url, SCHEMA, mode="x", storage_options=so)
 
 
 def _worker(args):
     url, so, k = args
-    return rowstore.write_shard(url, SCHEMA, _cols(k * 200, 200), storage_options=so, block_bytes=2048)
+    return rowstore.write_shard(
+        url, SCHEMA, _cols(k * 200, 200), storage_options=so, block_bytes=2048
+    )
 
 
 def test_shards_from_several_processes_then_commit(s3_server):
@@ -94,17 +111,26 @@ def test_commit_failing_at_the_pointer_leaves_the_previous_version(s3_server):
     url = "s3://rowstore/w/fail"
     first = rowstore.write_shard(url, SCHEMA, _cols(0, 100), storage_options=so)
     assert rowstore.commit(url, [first], storage_options=so) == 1
-    proxy = FaultProxy(endpoint.split("://", 1)[1], every_request=True,
-                       fault=lambda n, head: "503" if head.startswith(b"PUT ") and b"rowstore.json" in head else None)
+    proxy = FaultProxy(
+        endpoint.split("://", 1)[1],
+        every_request=True,
+        fault=lambda n, head: (
+            "503" if head.startswith(b"PUT ") and b"rowstore.json" in head else None
+        ),
+    )
     try:
-        second = rowstore.write_shard(url, SCHEMA, _cols(100, 50), storage_options=s3_options(proxy.url))
+        second = rowstore.write_shard(
+            url, SCHEMA, _cols(100, 50), storage_options=s3_options(proxy.url)
+        )
         with pytest.raises(rowstore.RowstoreError, match="rowstore.json"):
             rowstore.commit(url, [second], mode="a", storage_options=s3_options(proxy.url))
         assert proxy.injected >= 2
     finally:
         proxy.close()
     fs = fsspec.filesystem("s3", **so)
-    assert fs.exists("rowstore/w/fail/_manifests/v00000002.json")  # uploaded before the pointer failed
+    assert fs.exists(
+        "rowstore/w/fail/_manifests/v00000002.json"
+    )  # uploaded before the pointer failed
     r = rowstore.open(url, storage_options=so)
     assert r.layout.version == 1 and np.array_equal(_labels(r), np.arange(100))
     assert rowstore.commit(url, [second], mode="a", storage_options=so) == 3

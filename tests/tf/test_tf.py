@@ -19,8 +19,22 @@ from rowstore import BYTES, STR, Field, Schema, Writer  # noqa: E402
 N_ROWS = 83  # not a multiple of the batch sizes or block size used below
 RPB = 8  # rows per block: ~11 blocks
 
-SCALARS = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-           "float16", "float32", "float64", "complex64", "complex128"]  # fmt: skip
+SCALARS = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 def _schema() -> Schema:
@@ -102,8 +116,13 @@ def tiny(tmp_path_factory):
     schema = Schema([Field("id", "int64"), Field("x", "float32", (16,)), Field("label", "int64")])
     n = 1000
     with Writer(path, schema, rows_per_block=16) as w:
-        w.write_batch({"id": np.arange(n), "x": np.random.default_rng(0).standard_normal((n, 16), dtype=np.float32),
-                       "label": np.arange(n) % 10})  # fmt: skip
+        w.write_batch(
+            {
+                "id": np.arange(n),
+                "x": np.random.default_rng(0).standard_normal((n, 16), dtype=np.float32),
+                "label": np.arange(n) % 10,
+            }
+        )
     return path
 
 
@@ -383,8 +402,14 @@ def test_repeat_epochs(tiny):
 
 
 def test_even_shards(tiny):
-    sizes = [len(_ids(rtf.make_dataset(tiny, shard=(i, 3), even=True, num_parallel_reads=2), batched=False))
-             for i in range(3)]  # fmt: skip
+    sizes = [
+        len(
+            _ids(
+                rtf.make_dataset(tiny, shard=(i, 3), even=True, num_parallel_reads=2), batched=False
+            )
+        )
+        for i in range(3)
+    ]
     assert sizes == [1000 // 6 * 2] * 3
 
 
@@ -467,8 +492,9 @@ def test_fixed_fields_batches_are_the_readers(data, drop_last, k):
     r = rowstore.open(path)
     names = [f.name for f in r.schema if not f.is_variable]
     schema = r.schema.select(names)
-    ds = rtf.make_dataset(path, batch_size=16, fields=names, seed=3, drop_last=drop_last,
-                          num_parallel_reads=k)  # fmt: skip
+    ds = rtf.make_dataset(
+        path, batch_size=16, fields=names, seed=3, drop_last=drop_last, num_parallel_reads=k
+    )
     assert ds.element_spec == rtf.output_signature(
         schema, batch_size=16, drop_last=drop_last, fields=names
     )

@@ -21,10 +21,17 @@ N = 203
 def ids_path(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("tfresume") / "ids.h5")
     ids = np.arange(N, dtype=np.int64)
-    schema = Schema([Field("id", "int64"), Field("x", "float32", (3,)), Field("w", "float32", (None,))])
+    schema = Schema(
+        [Field("id", "int64"), Field("x", "float32", (3,)), Field("w", "float32", (None,))]
+    )
     with rowstore.Writer(path, schema, rows_per_block=16) as w:
-        w.write_batch({"id": ids, "x": np.repeat(ids[:, None] + 0.5, 3, axis=1).astype(np.float32),
-                       "w": [np.full(i % 4, i, np.float32) for i in range(N)]})
+        w.write_batch(
+            {
+                "id": ids,
+                "x": np.repeat(ids[:, None] + 0.5, 3, axis=1).astype(np.float32),
+                "w": [np.full(i % 4, i, np.float32) for i in range(N)],
+            }
+        )
     return path
 
 
@@ -37,7 +44,9 @@ def _real(b) -> list[int]:
 def test_resume_on_another_worker_count(ids_path, tmp_path, policy):
     first, states = [], []
     for r in range(2):
-        loader = rtf.Loader(ids_path, batch_size=8, seed=3, window=2, shard=(r, 2), with_ids=True, **policy)
+        loader = rtf.Loader(
+            ids_path, batch_size=8, seed=3, window=2, shard=(r, 2), with_ids=True, **policy
+        )
         it = iter(loader.dataset())
         for _ in range(4):
             b = next(it)
@@ -68,7 +77,9 @@ def test_resume_on_another_worker_count(ids_path, tmp_path, policy):
 
 def test_checkpoint_restores_the_position(ids_path, tmp_path):
     loader = rtf.Loader(ids_path, batch_size=10, seed=1, varlen="padded")
-    whole = [b["id"].numpy().tolist() for b in rtf.Loader(ids_path, batch_size=10, seed=1).dataset()]
+    whole = [
+        b["id"].numpy().tolist() for b in rtf.Loader(ids_path, batch_size=10, seed=1).dataset()
+    ]
     it = iter(loader.dataset())
     head = [next(it)["id"].numpy().tolist() for _ in range(5)]
     ck = tf.train.Checkpoint(data=loader)
@@ -95,8 +106,13 @@ def test_loader_reads_a_mixture(ids_path, tmp_path):
     other = str(tmp_path / "o.h5")
     schema = rowstore.open(ids_path).schema
     with rowstore.Writer(other, schema, rows_per_block=8) as w:
-        w.write_batch({"id": np.arange(1000, 1050), "x": np.zeros((50, 3), np.float32),
-                       "w": [np.zeros(1, np.float32)] * 50})
+        w.write_batch(
+            {
+                "id": np.arange(1000, 1050),
+                "x": np.zeros((50, 3), np.float32),
+                "w": [np.zeros(1, np.float32)] * 50,
+            }
+        )
     m = rowstore.mix({ids_path: 0.5, other: 0.5}, seed=2, with_source=True)
     got = list(rtf.Loader(m, batch_size=10, seed=1, fields=["id"]).dataset())
     src = np.concatenate([b["__source"].numpy() for b in got])

@@ -26,11 +26,13 @@ import rowstore.torch as rst  # noqa: E402
 #: (rows, rows_per_block) of each shard: partial blocks mid-dataset, a shard of one row.
 SHARDS = [(23, 7), (16, 4), (1, 3), (30, 5)]
 N = sum(n for n, _ in SHARDS)
-SCHEMA = rowstore.Schema([
-    rowstore.Field("id", "int64"),
-    rowstore.Field("x", "float32", (3,)),
-    rowstore.Field("name", rowstore.STR),
-])  # fmt: skip
+SCHEMA = rowstore.Schema(
+    [
+        rowstore.Field("id", "int64"),
+        rowstore.Field("x", "float32", (3,)),
+        rowstore.Field("name", rowstore.STR),
+    ]
+)
 
 
 def build_dataset(root: str, shards=SHARDS) -> list[str]:
@@ -43,8 +45,13 @@ def build_dataset(root: str, shards=SHARDS) -> list[str]:
         path = os.path.join(root, rel)
         ids = np.arange(pos, pos + n)
         with rowstore.Writer(path, SCHEMA, rows_per_block=rpb) as w:
-            w.write_batch({"id": ids, "x": np.repeat(ids[:, None], 3, 1).astype(np.float32),
-                           "name": [f"row-{i}" for i in ids]})
+            w.write_batch(
+                {
+                    "id": ids,
+                    "x": np.repeat(ids[:, None], 3, 1).astype(np.float32),
+                    "name": [f"row-{i}" for i in ids],
+                }
+            )
         pos += n
         L = Layout.open(path)
         entries.append(M.shard_entry(rel, L))
@@ -52,8 +59,16 @@ def build_dataset(root: str, shards=SHARDS) -> list[str]:
         chunks.append(L.heap_chunks)
         paths.append(path)
     with M.commit_lock(root):
-        M.publish(root, schema=SCHEMA, attrs={}, compression=L.compression, heap_chunk_bytes=L.heap_chunk_bytes,
-                  shards=entries, blocks=blocks, heap_chunks=chunks)
+        M.publish(
+            root,
+            schema=SCHEMA,
+            attrs={},
+            compression=L.compression,
+            heap_chunk_bytes=L.heap_chunk_bytes,
+            shards=entries,
+            blocks=blocks,
+            heap_chunks=chunks,
+        )
     return paths
 
 
@@ -70,7 +85,11 @@ def source(request, ds):
 
 
 def ids_of(batches) -> np.ndarray:
-    return np.concatenate([np.asarray(b["id"]).reshape(-1) for b in batches]) if batches else np.zeros(0, np.int64)
+    return (
+        np.concatenate([np.asarray(b["id"]).reshape(-1) for b in batches])
+        if batches
+        else np.zeros(0, np.int64)
+    )
 
 
 def test_layout_is_not_uniform(ds):
@@ -79,7 +98,9 @@ def test_layout_is_not_uniform(ds):
 
 
 # -- torch ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind, ctx", [("dir", "fork"), ("list", "fork"), ("dir", "spawn")])  # spawn: ~6 s
+@pytest.mark.parametrize(
+    "kind, ctx", [("dir", "fork"), ("list", "fork"), ("dir", "spawn")]
+)  # spawn: ~6 s
 def test_iterable_dataset_workers_read_every_row_once(ds, kind, ctx):
     source = ds[0] if kind == "dir" else ds[1]
     it = rst.IterableDataset(source, batch_size=6, shuffle="block", seed=1, window=2)
@@ -93,7 +114,9 @@ def test_iterable_dataset_workers_read_every_row_once(ds, kind, ctx):
 def test_map_dataset_with_workers_reads_every_row_once(source):
     d = rst.Dataset(source)
     g = torch.Generator().manual_seed(0)
-    dl = DataLoader(d, batch_size=8, shuffle=True, num_workers=2, collate_fn=rst.collate, generator=g)
+    dl = DataLoader(
+        d, batch_size=8, shuffle=True, num_workers=2, collate_fn=rst.collate, generator=g
+    )
     batches = list(dl)
     assert sorted(ids_of(batches).tolist()) == list(range(N))
     for b in batches:  # the right row behind each id: fields of one row stay together
@@ -106,11 +129,14 @@ def test_ddp_shards_are_disjoint_and_complete(source, shuffle, even):
     world = 3
     parts = []
     for rank in range(world):
-        with rst.BatchedDataLoader(source, batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world),
-                                   even=even) as dl:
+        with rst.BatchedDataLoader(
+            source, batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world), even=even
+        ) as dl:
             parts.append(ids_of(list(dl)))
             assert len(parts[-1]) == dl.shard_size
-        it = rst.IterableDataset(source, batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world), even=even)
+        it = rst.IterableDataset(
+            source, batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world), even=even
+        )
         assert ids_of(list(DataLoader(it, batch_size=None))).tolist() == parts[-1].tolist()
     allids = np.concatenate(parts)
     assert len(set(allids.tolist())) == len(allids)  # disjoint
@@ -130,7 +156,9 @@ def test_batched_loader_resumes_mid_epoch(source, shuffle):
         head = [next(it) for _ in range(3)]
         state = json.loads(json.dumps(dl.state_dict()))
         it.close()
-    assert state["remaining"][0][0] == 3 and state["dataset_version"] == (1 if isinstance(source, str) else None)
+    assert state["remaining"][0][0] == 3 and state["dataset_version"] == (
+        1 if isinstance(source, str) else None
+    )
     with rst.BatchedDataLoader(source, batch_size=4, shuffle=shuffle, seed=5, window=2) as dl2:
         dl2.load_state_dict(state)
         rest = ids_of(list(dl2))
@@ -170,14 +198,18 @@ def test_state_of_another_dataset_version_is_refused(ds, tmp_path):
 def test_tf_reads_every_row_once(source):
     rtf = pytest.importorskip("rowstore.tf")
     tf = pytest.importorskip("tensorflow")
-    ds = rtf.make_dataset(source, batch_size=6, shuffle="block", seed=1, window=2, num_parallel_reads=2)
+    ds = rtf.make_dataset(
+        source, batch_size=6, shuffle="block", seed=1, window=2, num_parallel_reads=2
+    )
     assert int(ds.cardinality()) == sum(-(-n // 6) for n in (N // 2, N - N // 2))
     got = np.concatenate([b["id"].numpy() for b in ds])
     assert sorted(got.tolist()) == list(range(N))
     parts = []
     fn = rtf.distribute_dataset_fn(source, global_batch_size=8, even=False)
     for i in range(2):
-        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2
+        )
         parts.append(np.concatenate([b["id"].numpy() for b in fn(ctx)]))
     allids = np.concatenate(parts)
     assert len(set(allids.tolist())) == N == len(allids)
@@ -188,13 +220,36 @@ def test_bench_runs_on_a_dataset_directory(ds, tmp_path, capsys):
     from rowstore.bench import cli as bench_cli
 
     out = str(tmp_path / "b.json")
-    argv = [ds[0], "-m", "1", "-n", "2", "-b", "8", "--repeats", "1", "--time-limit", "1", "--compare",
-            "--baselines", "h5py-fancy", "--memcpy-mib", "1", "--json", out, "--quiet"]
+    argv = [
+        ds[0],
+        "-m",
+        "1",
+        "-n",
+        "2",
+        "-b",
+        "8",
+        "--repeats",
+        "1",
+        "--time-limit",
+        "1",
+        "--compare",
+        "--baselines",
+        "h5py-fancy",
+        "--memcpy-mib",
+        "1",
+        "--json",
+        out,
+        "--quiet",
+    ]
     assert bench_cli.main(argv) == 0
     text = capsys.readouterr().out
     with open(out) as fh:
         doc = json.load(fh)
-    assert doc["dataset"]["shards"] == 4 and doc["dataset"]["rows"] == N and doc["dataset"]["version"] == 1
+    assert (
+        doc["dataset"]["shards"] == 4
+        and doc["dataset"]["rows"] == N
+        and doc["dataset"]["version"] == 1
+    )
     (r,) = doc["results"]
     assert not r.get("error") and r["rows_per_s"] > 0 and 0 <= r["shuffle_quality"] <= 1
     assert doc["baselines"] == [] and any("baselines skipped" in n for n in doc["notes"])
@@ -205,8 +260,19 @@ def test_bench_torch_mode_shuffle_quality_counts_real_blocks(ds):
     from rowstore.bench import sources
 
     B = 8
-    opts = {"kind": "rowstore", "path": ds[0], "fields": None, "batch_size": B, "shuffle": "block", "window": 2,
-            "seed": 0, "mode": "torch", "threads": 1, "workers": 0, "verify": True}
+    opts = {
+        "kind": "rowstore",
+        "path": ds[0],
+        "fields": None,
+        "batch_size": B,
+        "shuffle": "block",
+        "window": 2,
+        "seed": 0,
+        "mode": "torch",
+        "threads": 1,
+        "workers": 0,
+        "verify": True,
+    }
     src = sources.open_source(opts)
     try:
         assert sorted(ids_of(list(src.epoch(0))).tolist()) == list(range(N))
@@ -217,7 +283,9 @@ def test_bench_torch_mode_shuffle_quality_counts_real_blocks(ds):
         blk = np.searchsorted(np.cumsum(counts), order, side="right").reshape(-1, B)
         distinct = np.mean([len(set(b)) for b in blk.tolist()])
         nb = len(counts)
-        assert src.shuffle_quality() == pytest.approx(min(1.0, distinct / (nb * (1 - (1 - 1 / nb) ** B))))
+        assert src.shuffle_quality() == pytest.approx(
+            min(1.0, distinct / (nb * (1 - (1 - 1 / nb) ** B)))
+        )
     finally:
         src.close()
 

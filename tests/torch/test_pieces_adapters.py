@@ -25,14 +25,18 @@ KW = dict(seed=3, window=3, pieces=4)
 def ids_path(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("pieces") / "ids.h5")
     ids = np.arange(N, dtype=np.int64)
-    with rowstore.Writer(path, Schema([Field("id", "int64"), Field("x", "float32", (2,))]), rows_per_block=16) as w:
+    with rowstore.Writer(
+        path, Schema([Field("id", "int64"), Field("x", "float32", (2,))]), rows_per_block=16
+    ) as w:
         w.write_batch({"id": ids, "x": np.repeat(ids[:, None] + 0.5, 2, axis=1).astype(np.float32)})
     return path
 
 
 def _dealt(path, batch_size, consumer=(0, 1), **kw) -> list[list[int]]:
     with Reader(path) as r:
-        return [b["id"].tolist() for b in r.deal(batch_size, consumer=consumer, fields=["id"], **kw)]
+        return [
+            b["id"].tolist() for b in r.deal(batch_size, consumer=consumer, fields=["id"], **kw)
+        ]
 
 
 def _old(state: dict) -> dict:
@@ -48,7 +52,9 @@ def test_pieces_change_the_order(ids_path):
         one = r.epoch_order(seed=3, window=3)
         assert sorted(four.tolist()) == list(range(N)) and not np.array_equal(four, one)
         assert [i for b in _dealt(ids_path, 8, **KW) for i in b] == four.tolist()
-        assert [i for b in r.batches(8, fields=["id"], **KW) for i in b["id"].tolist()] == four.tolist()
+        assert [
+            i for b in r.batches(8, fields=["id"], **KW) for i in b["id"].tolist()
+        ] == four.tolist()
 
 
 # -- torch ------------------------------------------------------------------------------------
@@ -82,7 +88,9 @@ def test_batched_loader_order_resume_and_refusal(ids_path):
         with pytest.raises(ValueError, match="pieces=4"):
             rst.BatchedDataLoader(ids_path, batch_size=8, **bad).load_state_dict(state)
     with pytest.raises(ValueError, match="pieces"):
-        rst.BatchedDataLoader(ids_path, batch_size=8, **KW).load_state_dict(_old(state))  # an old state is pieces=1
+        rst.BatchedDataLoader(ids_path, batch_size=8, **KW).load_state_dict(
+            _old(state)
+        )  # an old state is pieces=1
     with pytest.raises(ValueError, match="pieces"):
         rst.BatchedDataLoader(ids_path, batch_size=8, pieces=0)
 
@@ -105,8 +113,12 @@ def test_iterable_dataset_two_workers(ids_path):
     want = _dealt(ids_path, 8, consumer=(0, 2), **KW) + _dealt(ids_path, 8, consumer=(1, 2), **KW)
     assert sorted(got) == sorted(want) and sorted(i for b in got for i in b) == list(range(N))
     # save after 5 batches; resume on 2 ranks x 0 workers
-    dl = rst.ResumableDataLoader(rst.IterableDataset(ids_path, batch_size=8, fields=["id"], **KW), batch_size=None,
-                                 num_workers=2, multiprocessing_context="fork")
+    dl = rst.ResumableDataLoader(
+        rst.IterableDataset(ids_path, batch_size=8, fields=["id"], **KW),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
     first = []
     for k, b in enumerate(dl):
         first += b["id"].tolist()
@@ -131,8 +143,13 @@ def test_map_style_sampler(ids_path):
     ds = rst.Dataset(ids_path)
     for rank in range(2):
         sampler = rst.ElasticBatchSampler(ds, batch_size=8, shard=(rank, 2), **KW)
-        dl = rst.ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=rst.collate, num_workers=2,
-                                     multiprocessing_context="fork")
+        dl = rst.ResumableDataLoader(
+            ds,
+            batch_sampler=sampler,
+            collate_fn=rst.collate,
+            num_workers=2,
+            multiprocessing_context="fork",
+        )
         assert [b["id"].tolist() for b in dl] == _dealt(ids_path, 8, consumer=(rank, 2), **KW)
     first, states = [], []
     for rank in range(3):
@@ -157,9 +174,13 @@ def test_map_style_sampler(ids_path):
 
 def test_quality_log_names_pieces(ids_path, caplog):
     seen = []
-    rst.BatchedDataLoader(ids_path, batch_size=8, quality=lambda e, q: seen.append(q), **KW).__iter__().__next__()
+    rst.BatchedDataLoader(
+        ids_path, batch_size=8, quality=lambda e, q: seen.append(q), **KW
+    ).__iter__().__next__()
     with Reader(ids_path) as r:
-        assert seen == [r.shuffle_quality(8, **KW)] and seen[0] != r.shuffle_quality(8, seed=3, window=3)
+        assert seen == [r.shuffle_quality(8, **KW)] and seen[0] != r.shuffle_quality(
+            8, seed=3, window=3
+        )
     with caplog.at_level("INFO", logger="rowstore"):
         next(iter(rst.BatchedDataLoader(ids_path, batch_size=8, quality="log", **KW)))
     assert "pieces=4" in caplog.text
@@ -170,7 +191,11 @@ def test_mixture_takes_pieces(ids_path, tmp_path):
     with rowstore.Writer(other, rowstore.open(ids_path).schema, rows_per_block=16) as w:
         w.write_batch({"id": np.arange(1000, 1100), "x": np.zeros((100, 2), np.float32)})
     m = rowstore.mix({ids_path: 0.5, other: 0.5}, seed=2)
-    got = [i for b in rst.BatchedDataLoader(m, batch_size=10, fields=["id"], **KW) for i in b["id"].tolist()]
+    got = [
+        i
+        for b in rst.BatchedDataLoader(m, batch_size=10, fields=["id"], **KW)
+        for i in b["id"].tolist()
+    ]
     assert got == [i for b in m.deal(10, fields=["id"], **KW) for i in b["id"].tolist()]
     assert len(got) == len(set(got)) == m.epoch_rows
     assert got != [i for b in m.deal(10, fields=["id"], seed=3, window=3) for i in b["id"].tolist()]
@@ -197,8 +222,29 @@ def test_cli_pieces(ids_path, capsys):
 
     (out4, q4), (_, q1) = quality("--pieces", "4"), quality()
     assert "pieces=4" in out4 and q4 > q1
-    assert main(["check-order", ids_path, "--batch-size", "8", "--window", "3", "--pieces", "4", "--world", "2",
-                 "--workers", "2", "--resume-at", "0.5", "--resume-world", "3"]) == 0
+    assert (
+        main(
+            [
+                "check-order",
+                ids_path,
+                "--batch-size",
+                "8",
+                "--window",
+                "3",
+                "--pieces",
+                "4",
+                "--world",
+                "2",
+                "--workers",
+                "2",
+                "--resume-at",
+                "0.5",
+                "--resume-world",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert "FAIL" not in capsys.readouterr().out
     assert main(["quality", ids_path, "--batch-size", "8", "--window", "3", "--pieces", "4"]) == 0
     assert "pieces 4" in capsys.readouterr().out
@@ -211,8 +257,14 @@ def test_tf_make_dataset_and_loader(ids_path, tmp_path):
 
     with Reader(ids_path) as r:
         want = [b["id"].tolist() for b in r.batches(8, fields=["id"], **KW)]
-    assert [b["id"].numpy().tolist() for b in rtf.make_dataset(ids_path, batch_size=8, fields=["id"], **KW)] == want
-    whole = [b["id"].numpy().tolist() for b in rtf.Loader(ids_path, batch_size=8, fields=["id"], **KW).dataset()]
+    assert [
+        b["id"].numpy().tolist()
+        for b in rtf.make_dataset(ids_path, batch_size=8, fields=["id"], **KW)
+    ] == want
+    whole = [
+        b["id"].numpy().tolist()
+        for b in rtf.Loader(ids_path, batch_size=8, fields=["id"], **KW).dataset()
+    ]
     assert whole == _dealt(ids_path, 8, **KW)
     # two workers take 3 steps each; resume on three (state_dict) and by a tf.train.Checkpoint
     first, states = [], []
@@ -233,8 +285,9 @@ def test_tf_make_dataset_and_loader(ids_path, tmp_path):
     fresh = rtf.Loader(ids_path, batch_size=8, shard=(1, 2), fields=["id"], **KW)
     tf.train.Checkpoint(data=fresh).read(ck).assert_consumed()
     tail = [b["id"].numpy().tolist() for b in fresh.dataset()]
-    assert first[24:] + [i for b in tail for i in b] == [i for b in _dealt(ids_path, 8, consumer=(1, 2), **KW)
-                                                         for i in b]
+    assert first[24:] + [i for b in tail for i in b] == [
+        i for b in _dealt(ids_path, 8, consumer=(1, 2), **KW) for i in b
+    ]
     with pytest.raises(ValueError, match="pieces"):
         rtf.Loader(ids_path, batch_size=8, **dict(KW, pieces=2)).load_state_dict(states[0])
     other = rtf.Loader(ids_path, batch_size=8, shard=(1, 2), fields=["id"], **dict(KW, pieces=2))
@@ -247,7 +300,10 @@ def test_tf_make_dataset_and_loader(ids_path, tmp_path):
     for base, epoch, tail in (("", -1, whole[2:]), (json.dumps(state["remaining"]), 0, None)):
         old = tf.Module()
         old._epoch, old._steps = tf.Variable(0, dtype=tf.int64), tf.Variable(2, dtype=tf.int64)
-        old._base_epoch, old._base = tf.Variable(epoch, dtype=tf.int64), tf.Variable(base, dtype=tf.string)
+        old._base_epoch, old._base = (
+            tf.Variable(epoch, dtype=tf.int64),
+            tf.Variable(base, dtype=tf.string),
+        )
         path = tf.train.Checkpoint(data=old).write(str(tmp_path / "old"))
         back = rtf.Loader(ids_path, batch_size=8, fields=["id"], **KW)
         tf.train.Checkpoint(data=back).read(path).assert_consumed()

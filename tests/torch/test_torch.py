@@ -39,15 +39,17 @@ def ids_path(tmp_path_factory) -> str:
     return path
 
 
-VAR_SCHEMA = Schema([
-    Field("id", "int64"),
-    Field("wave", "float32", (None,)),
-    Field("seq", "int16", (None, 2)),
-    Field("grid", "float32", (None, 3, None), nullable=True),
-    Field("text", "str", nullable=True),
-    Field("blob", "bytes"),
-    Field("label", "float32", nullable=True),
-])  # fmt: skip
+VAR_SCHEMA = Schema(
+    [
+        Field("id", "int64"),
+        Field("wave", "float32", (None,)),
+        Field("seq", "int16", (None, 2)),
+        Field("grid", "float32", (None, 3, None), nullable=True),
+        Field("text", "str", nullable=True),
+        Field("blob", "bytes"),
+        Field("label", "float32", nullable=True),
+    ]
+)
 
 
 def _var_row(i: int) -> dict:
@@ -128,7 +130,9 @@ def test_iterable_workers_batches_and_rows(ids_path):
     assert all(len(b["id"]) <= 10 for b in batches)
     # the union of worker parts is the epoch; each worker's part is its dealt part (consumer w of 2)
     r = rowstore.open(ids_path)
-    assert _ids(batches[0::2]) == _ids(r.deal(10, consumer=(0, 2), seed=3))  # worker 0 (in-order round robin)
+    assert _ids(batches[0::2]) == _ids(
+        r.deal(10, consumer=(0, 2), seed=3)
+    )  # worker 0 (in-order round robin)
     assert _ids(batches[1::2]) == _ids(r.deal(10, consumer=(1, 2), seed=3))
     # rows, collated by rowstore.torch.collate
     rows_ds = rst.IterableDataset(ids_path, shuffle="full", seed=1)
@@ -146,7 +150,9 @@ def test_iterable_workers_batches_and_rows(ids_path):
     even = rst.IterableDataset(ids_path, batch_size=8, even=True)
     batches = list(DataLoader(even, batch_size=None, num_workers=2, multiprocessing_context="fork"))
     ids = _ids(batches)
-    assert len(ids) == 24 * 8 and len(set(ids)) == len(ids) and {len(b["id"]) for b in batches} == {8}
+    assert (
+        len(ids) == 24 * 8 and len(set(ids)) == len(ids) and {len(b["id"]) for b in batches} == {8}
+    )
     assert even.num_items(num_workers=2) == 24
 
 
@@ -190,20 +196,24 @@ def run(rank, path, init, out):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     res = {}
     ds = rst.IterableDataset(path, batch_size=8, seed=7)  # shard from torch.distributed
-    res["iterable"] = [int(i) for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    res["iterable"] = [int(i) for b in DataLoader(ds, batch_size=None, num_workers=2,
+    multiprocessing_context="fork")
                        for i in b["id"]]
     ds = rst.IterableDataset(path, seed=7)  # rows
-    res["iterable_rows"] = [int(i) for b in DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork",
+    res["iterable_rows"] = [int(i) for b in DataLoader(ds, batch_size=16, num_workers=2,
+    multiprocessing_context="fork",
                                                        collate_fn=rst.collate) for i in b["id"]]
     mds = rst.Dataset(path)
     sampler = DistributedSampler(mds, shuffle=True, seed=7)
     sampler.set_epoch(1)
     res["sampler"] = [int(i) for b in DataLoader(mds, batch_size=16, sampler=sampler, num_workers=2,
-                                                 multiprocessing_context="fork", collate_fn=rst.collate)
+                                                 multiprocessing_context="fork",
+                                                 collate_fn=rst.collate)
                       for i in b["id"]]
     with rst.BatchedDataLoader(path, batch_size=16, seed=7) as dl:
         res["batched"] = [int(i) for b in dl for i in b["id"]]
-    res["inmem"] = [int(i) for b in rst.InMemBatchedDataLoader(path, batch_size=16, num_epochs=1) for i in b["id"]]
+    res["inmem"] = [int(i) for b in rst.InMemBatchedDataLoader(path, batch_size=16, num_epochs=1)
+    for i in b["id"]]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     dist.barrier()
@@ -211,7 +221,8 @@ def run(rank, path, init, out):
 
 if __name__ == "__main__":
     path, out = sys.argv[1], sys.argv[2]
-    torch.multiprocessing.spawn(run, args=(path, "file://" + os.path.join(out, "init"), out), nprocs=2)
+    init = "file://" + os.path.join(out, "init")
+    torch.multiprocessing.spawn(run, args=(path, init, out), nprocs=2)
 """
 
 
@@ -301,19 +312,32 @@ def test_batched_elastic_resume_on_another_world(ids_path, policy):
 
 def test_batched_ids_subsets_predicate_epochs_quality(ids_path, caplog):
     rows = np.arange(0, N, 3)
-    dl = rst.BatchedDataLoader(ids_path, batch_size=10, rows=rows, with_ids=True, num_epochs=2, seed=1)
+    dl = rst.BatchedDataLoader(
+        ids_path, batch_size=10, rows=rows, with_ids=True, num_epochs=2, seed=1
+    )
     assert len(dl) == 2 * -(-len(rows) // 10)
     ids = _ids(dl)
-    assert sorted(ids) == sorted(rows.tolist() * 2) and ids[: len(rows)] != ids[len(rows):]
-    pred = rst.BatchedDataLoader(ids_path, batch_size=10, predicate=lambda b: b["id"] % 3 == 0, fields=["x"],
-                                 with_ids=True, seed=1)
+    assert sorted(ids) == sorted(rows.tolist() * 2) and ids[: len(rows)] != ids[len(rows) :]
+    pred = rst.BatchedDataLoader(
+        ids_path,
+        batch_size=10,
+        predicate=lambda b: b["id"] % 3 == 0,
+        fields=["x"],
+        with_ids=True,
+        seed=1,
+    )
     assert sorted(i for b in pred for i in b["__id"].tolist()) == rows.tolist()
     seen = []
     with caplog.at_level("INFO", logger="rowstore"):
         dl = rst.BatchedDataLoader(ids_path, batch_size=10, quality="log", num_epochs=2)
         list(dl)
-        list(rst.BatchedDataLoader(ids_path, batch_size=10, quality=lambda e, q: seen.append((e, q))))
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["rowstore epoch 0", "rowstore epoch 1"]
+        list(
+            rst.BatchedDataLoader(ids_path, batch_size=10, quality=lambda e, q: seen.append((e, q)))
+        )
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "rowstore epoch 0",
+        "rowstore epoch 1",
+    ]
     assert len(seen) == 1 and seen[0][0] == 0 and 0 < seen[0][1] <= 1
     with pytest.raises(ValueError, match="num_threads"):
         rst.BatchedDataLoader(ids_path, batch_size=10, num_workers=2)
@@ -506,8 +530,22 @@ def test_batch_transform_spec_and_errors(ids_path):
 
 
 # -- dtypes ------------------------------------------------------------------------------------
-NUMERIC = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
-           "float64", "complex64", "complex128"]  # fmt: skip
+NUMERIC = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 def test_every_dtype(tmp_path, rs):
@@ -516,10 +554,22 @@ def test_every_dtype(tmp_path, rs):
     )
     rows = rs.make_rows(schema, 12, seed=1)
     path = rs.write_file(tmp_path / "dt.h5", schema, rows)
-    expect = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-              "int64": torch.int64, "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32,
-              "uint64": torch.uint64, "float16": torch.float16, "float32": torch.float32,
-              "float64": torch.float64, "complex64": torch.complex64, "complex128": torch.complex128}  # fmt: skip
+    expect = {
+        "bool": torch.bool,
+        "int8": torch.int8,
+        "int16": torch.int16,
+        "int32": torch.int32,
+        "int64": torch.int64,
+        "uint8": torch.uint8,
+        "uint16": torch.uint16,
+        "uint32": torch.uint32,
+        "uint64": torch.uint64,
+        "float16": torch.float16,
+        "float32": torch.float32,
+        "float64": torch.float64,
+        "complex64": torch.complex64,
+        "complex128": torch.complex128,
+    }
     for b in (
         next(iter(rst.BatchedDataLoader(path, batch_size=12, shuffle="none"))),
         next(iter(DataLoader(rst.Dataset(path), batch_size=12, collate_fn=rst.collate))),
@@ -767,6 +817,8 @@ def test_petastorm_dataloader_alias_warns_and_is_the_same_class(ids_path):
     assert imported is old
     assert "DataLoader" not in rst.__all__
     with old(ids_path, batch_size=4, shuffle=False) as loader:
-        assert torch.cat([b["id"] for b in loader]).tolist() == list(range(len(rowstore.open(ids_path))))
+        assert torch.cat([b["id"] for b in loader]).tolist() == list(
+            range(len(rowstore.open(ids_path)))
+        )
     with pytest.raises(AttributeError, match="no attribute 'NoSuchLoader'"):
         rst.NoSuchLoader  # noqa: B018

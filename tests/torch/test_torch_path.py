@@ -34,8 +34,13 @@ def path(tmp_path_factory) -> str:
     schema = Schema([Field("id", "int64"), Field("x", "float32", (3,)), Field("ok", "bool")])
     ids = np.arange(N, dtype=np.int64)
     with rowstore.Writer(p, schema, rows_per_block=16) as w:
-        w.write_batch({"id": ids, "x": np.repeat(ids[:, None] + 0.5, 3, axis=1).astype(np.float32),
-                       "ok": ids % 3 == 0})
+        w.write_batch(
+            {
+                "id": ids,
+                "x": np.repeat(ids[:, None] + 0.5, 3, axis=1).astype(np.float32),
+                "ok": ids % 3 == 0,
+            }
+        )
     return p
 
 
@@ -56,7 +61,9 @@ def test_cut_tensors_cuts_as_the_reader_cuts():
     rng = np.random.default_rng(0)
     for _ in range(300):
         sizes = rng.integers(0, 40, rng.integers(0, 6))
-        parts = [{"a": rng.random((n, 2)).astype(np.float32), "b": rng.integers(0, 9, n)} for n in sizes]
+        parts = [
+            {"a": rng.random((n, 2)).astype(np.float32), "b": rng.integers(0, 9, n)} for n in sizes
+        ]
         bs, drop = int(rng.integers(1, 30)), bool(rng.integers(0, 2))
         want = list(cut_batches(iter(parts), bs, drop, lambda b: b))
         got = list(_cut_tensors(iter(parts), bs, drop))
@@ -80,14 +87,27 @@ def test_cut_tensors_closes_its_reads_when_closed_early():
     assert closed == [True]
 
 
-@pytest.mark.parametrize("kw", [{}, {"with_ids": True}, {"pad": True, "shard": (1, 3)}, {"drop_last": True},
-                                {"shuffle": "full"}, {"shard": (0, 2), "unit": 3}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"with_ids": True},
+        {"pad": True, "shard": (1, 3)},
+        {"drop_last": True},
+        {"shuffle": "full"},
+        {"shard": (0, 2), "unit": 3},
+    ],
+)
 @pytest.mark.parametrize("bs", [1, 10, 48, 500])
 def test_dense_loader_yields_the_readers_batches(path, kw, bs):
     dl = rst.BatchedDataLoader(path, batch_size=bs, seed=5, **kw)
     assert dl._collator.dense_only and dl._post is None  # the fast path
     for epoch in (0, 1):
-        want = list(dl._read_epoch(bs, epoch=epoch, shard=dl.shard, drop_last=dl.drop_last, num_threads=None))
+        want = list(
+            dl._read_epoch(
+                bs, epoch=epoch, shard=dl.shard, drop_last=dl.drop_last, num_threads=None
+            )
+        )
         dl.set_epoch(epoch)
         got = list(dl)
         _same(want, got)
@@ -111,13 +131,19 @@ def test_dense_loader_resumes_mid_epoch(path):
 
 
 def test_shipped_batch_pickles_by_value():
-    out = {"x": torch.arange(12, dtype=torch.float32).view(4, 3), "ok": torch.tensor([True, False, True, True]),
-           "u": torch.from_numpy(np.arange(4, dtype=np.uint16)), "names": ["a", "b", "c", "d"]}
+    out = {
+        "x": torch.arange(12, dtype=torch.float32).view(4, 3),
+        "ok": torch.tensor([True, False, True, True]),
+        "u": torch.from_numpy(np.arange(4, dtype=np.uint16)),
+        "names": ["a", "b", "c", "d"],
+    }
     got = pickle.loads(ForkingPickler.dumps(_collate._Shipped(out)))
     assert type(got) is dict and list(got) == list(out)
     _same([out], [got])
     assert not got["x"].is_shared()  # by value: no shared-memory segment per tensor
-    assert copy.copy(_collate._Shipped(out)).__class__ is _collate._Shipped  # default_convert copies
+    assert (
+        copy.copy(_collate._Shipped(out)).__class__ is _collate._Shipped
+    )  # default_convert copies
 
 
 def test_shipped_batch_over_the_limit_goes_torchs_way(monkeypatch):

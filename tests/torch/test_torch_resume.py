@@ -30,7 +30,9 @@ N = 203
 def ids_path(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("resume") / "ids.h5")
     ids = np.arange(N, dtype=np.int64)
-    with rowstore.Writer(path, Schema([Field("id", "int64"), Field("x", "float32", (3,))]), rows_per_block=16) as w:
+    with rowstore.Writer(
+        path, Schema([Field("id", "int64"), Field("x", "float32", (3,))]), rows_per_block=16
+    ) as w:
         w.write_batch({"id": ids, "x": np.repeat(ids[:, None] + 0.5, 3, axis=1).astype(np.float32)})
     return path
 
@@ -49,12 +51,14 @@ import json, os, sys, time
 import torch
 import rowstore.torch as rst
 
-path, out, world, workers, save_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+path, out, world, workers, save_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+int(sys.argv[5])
 state_file = os.path.join(out, "state.json")
 loaders = []
 for rank in range(world):
     ds = rst.IterableDataset(path, batch_size=8, seed=5, window=2, shard=(rank, world), pad=True)
-    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork")
+    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=workers,
+    multiprocessing_context="fork")
     if os.path.exists(state_file):
         with open(state_file) as f:
             dl.load_state_dict(json.load(f))
@@ -91,7 +95,9 @@ def _read_log(out) -> list[dict]:
     recs = []
     for name in sorted(os.listdir(out)):
         if name.startswith("log"):
-            recs.append([json.loads(line) for line in open(os.path.join(out, name)) if line.endswith("\n")])
+            recs.append(
+                [json.loads(line) for line in open(os.path.join(out, name)) if line.endswith("\n")]
+            )
     return recs
 
 
@@ -102,10 +108,17 @@ def test_killed_mid_epoch_and_resumed_on_another_world(ids_path, tmp_path):
     out.mkdir()
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     # world 2 x 2 workers; the state is saved after 3 steps, then the process is killed
-    p = subprocess.Popen([sys.executable, str(script), ids_path, str(out), "2", "2", "3"], env=env,
-                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, str(script), ids_path, str(out), "2", "2", "3"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
-    def past_the_state() -> bool:  # batches delivered after the saved state (lost progress: they come again)
+    def past_the_state() -> (
+        bool
+    ):  # batches delivered after the saved state (lost progress: they come again)
         assert p.poll() is None, p.communicate()[1].decode()[-3000:]
         logs = _read_log(out) if (out / "state.json").exists() else []
         return any(r.get("step", 0) >= 4 for recs in logs for r in recs)
@@ -124,8 +137,13 @@ def test_killed_mid_epoch_and_resumed_on_another_world(ids_path, tmp_path):
         if name.startswith("log"):
             os.rename(out / name, out / ("old" + name))
     # restart on world 3 x 1 worker from the saved state
-    done = subprocess.run([sys.executable, str(script), ids_path, str(out), "3", "1", "0"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script), ids_path, str(out), "3", "1", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (second,) = _read_log(out)
     after = [i for r in second if "ids" in r for i in r["ids"]]
@@ -139,9 +157,16 @@ def test_map_style_sampler_resumes_on_another_world(ids_path):
     ds = rst.Dataset(ids_path)
     first, states = [], []
     for rank in range(3):
-        sampler = rst.ElasticBatchSampler(ds, batch_size=8, seed=2, shard=(rank, 3), drop_last=True, with_ids=True)
-        dl = rst.ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=rst.collate, num_workers=2,
-                                     multiprocessing_context="fork")
+        sampler = rst.ElasticBatchSampler(
+            ds, batch_size=8, seed=2, shard=(rank, 3), drop_last=True, with_ids=True
+        )
+        dl = rst.ResumableDataLoader(
+            ds,
+            batch_sampler=sampler,
+            collate_fn=rst.collate,
+            num_workers=2,
+            multiprocessing_context="fork",
+        )
         assert len(dl) == len(sampler) == (N // 8) // 3
         for k, b in enumerate(dl):
             assert b["id"].tolist() == b["__id"].tolist()
@@ -165,8 +190,13 @@ def test_map_style_sampler_resumes_on_another_world(ids_path):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_resumable_loader_continues_and_moves_on(ids_path, persistent):
     ds = rst.IterableDataset(ids_path, batch_size=10, seed=1)
-    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
-                                 persistent_workers=persistent)
+    dl = rst.ResumableDataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=persistent,
+    )
     n = len(dl)
     got = []
     for k, b in enumerate(dl):
@@ -201,8 +231,16 @@ def test_stateful_dataloader_workers(ids_path):
     assert sorted(first + rest) == list(range(N))
     # map-style: the sampler is deterministic, StatefulDataLoader fast-forwards it
     mds = rst.Dataset(ids_path)
-    mk = lambda: sdl.StatefulDataLoader(mds, batch_sampler=rst.ElasticBatchSampler(mds, batch_size=8, seed=9),  # noqa: E731
-                                        collate_fn=rst.collate, num_workers=2, multiprocessing_context="fork")
+
+    def mk():
+        return sdl.StatefulDataLoader(
+            mds,
+            batch_sampler=rst.ElasticBatchSampler(mds, batch_size=8, seed=9),
+            collate_fn=rst.collate,
+            num_workers=2,
+            multiprocessing_context="fork",
+        )
+
     dl = mk()
     first = []
     for k, b in enumerate(dl):
@@ -227,7 +265,9 @@ def test_row_mode_ids_and_len(ids_path):
 
 def test_quality_reported_by_the_dataset_and_sampler(ids_path, caplog):
     seen = []
-    ds = rst.IterableDataset(ids_path, batch_size=10, num_epochs=2, quality=lambda e, q: seen.append((e, q)))
+    ds = rst.IterableDataset(
+        ids_path, batch_size=10, num_epochs=2, quality=lambda e, q: seen.append((e, q))
+    )
     assert len(list(DataLoader(ds, batch_size=None))) == 2 * -(-N // 10)
     assert [e for e, _ in seen] == [0, 1] and all(0 < q <= 1 for _, q in seen)
     with caplog.at_level("INFO", logger="rowstore"):

@@ -31,21 +31,38 @@ from rowstore.global_shuffle._plan import Plan, make_plan, row_keys
 from rowstore.global_shuffle._work import PREFIX
 from rowstore.reader.raw import RawSource
 
-ID_SCHEMA = Schema([Field("id", "int64"), Field("x", "float32", (3,)), Field("wave", "uint8", (None,)),
-                    Field("name", rowstore.STR, nullable=True)])  # fmt: skip
+ID_SCHEMA = Schema(
+    [
+        Field("id", "int64"),
+        Field("x", "float32", (3,)),
+        Field("wave", "uint8", (None,)),
+        Field("name", rowstore.STR, nullable=True),
+    ]
+)
 
 
 def write_sorted(path, n, *, shard_bytes=200_000, block_bytes=8192, compression=None, dataset=True):
     """Rows 0..n-1 in id order: a fixed field, a variable one and nullable text, all from the id."""
-    cols = {"id": np.arange(n), "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(3, np.float32),
-            "wave": [np.full(i % 50, i % 251, np.uint8) for i in range(n)],
-            "name": [None if i % 5 == 0 else f"row {i}" for i in range(n)]}  # fmt: skip
+    cols = {
+        "id": np.arange(n),
+        "x": np.arange(n, dtype=np.float32)[:, None] * np.ones(3, np.float32),
+        "wave": [np.full(i % 50, i % 251, np.uint8) for i in range(n)],
+        "name": [None if i % 5 == 0 else f"row {i}" for i in range(n)],
+    }
     if dataset:
-        with rowstore.DatasetWriter(path, ID_SCHEMA, shard_bytes=shard_bytes, block_bytes=block_bytes,
-                                    compression=compression, attrs={"origin": "test"}) as w:  # fmt: skip
+        with rowstore.DatasetWriter(
+            path,
+            ID_SCHEMA,
+            shard_bytes=shard_bytes,
+            block_bytes=block_bytes,
+            compression=compression,
+            attrs={"origin": "test"},
+        ) as w:
             w.write_batch(cols)
     else:
-        with rowstore.Writer(path, ID_SCHEMA, block_bytes=block_bytes, compression=compression) as w:
+        with rowstore.Writer(
+            path, ID_SCHEMA, block_bytes=block_bytes, compression=compression
+        ) as w:
             w.write_batch(cols)
     return os.fspath(path)
 
@@ -118,28 +135,43 @@ def test_stored_bytes_identical_all_kinds_png_varlen_nulls(tmp_path, rs, tiny_pl
     rows = rs.make_rows(schema, 500, seed=3, max_len=40)
     for i, r in enumerate(rows):
         r["id"] = i
-    with rowstore.DatasetWriter(tmp_path / "in", schema, shard_bytes=40_000, block_bytes=4096, compression="lz4") as w:
+    with rowstore.DatasetWriter(
+        tmp_path / "in", schema, shard_bytes=40_000, block_bytes=4096, compression="lz4"
+    ) as w:
         for r in rows:
             w.write(r)
     before = stored_by_id(tmp_path / "in")
     tiny_plan(piles=2, limit=150_000)  # two piles, each split again
-    rep = rowstore.shuffle(tmp_path / "in", tmp_path / "out", memory="4MiB", seed=11, block_bytes=4096)
+    rep = rowstore.shuffle(
+        tmp_path / "in", tmp_path / "out", memory="4MiB", seed=11, block_bytes=4096
+    )
     assert rep.splits > 0 and rep.passes > 2
-    assert stored_by_id(tmp_path / "out") == before  # records and payloads byte for byte (PNG as stored)
+    assert (
+        stored_by_id(tmp_path / "out") == before
+    )  # records and payloads byte for byte (PNG as stored)
     with rowstore.open(tmp_path / "out") as r:
         assert r.layout.compression == rowstore.open(tmp_path / "in").layout.compression  # "same"
-        assert r.take(np.arange(len(r)), fields=["id"])["id"].tolist() == expected_order(11, 500).tolist()
+        assert (
+            r.take(np.arange(len(r)), fields=["id"])["id"].tolist()
+            == expected_order(11, 500).tolist()
+        )
         got = [r[i] for i in range(0, 500, 7)]
     rs.assert_rows_equal(schema, [rows[int(g["id"])] for g in got], got)  # decoded: the images too
 
 
 def test_shards_of_different_block_sizes_and_an_empty_shard(tmp_path):
     def cols(a, b):
-        return {"id": np.arange(a, b), "x": np.zeros((b - a, 3), np.float32),
-                "wave": [np.full(i % 9, i % 7, np.uint8) for i in range(a, b)], "name": [f"n{i}" for i in range(a, b)]}  # fmt: skip
+        return {
+            "id": np.arange(a, b),
+            "x": np.zeros((b - a, 3), np.float32),
+            "wave": [np.full(i % 9, i % 7, np.uint8) for i in range(a, b)],
+            "name": [f"n{i}" for i in range(a, b)],
+        }
 
-    infos = [rowstore.write_shard(tmp_path / "in", ID_SCHEMA, cols(a, b), rows_per_block=rpb)
-             for a, b, rpb in ((0, 300, 10), (300, 300, 5), (300, 1000, 37), (1000, 1333, 64))]  # fmt: skip
+    infos = [
+        rowstore.write_shard(tmp_path / "in", ID_SCHEMA, cols(a, b), rows_per_block=rpb)
+        for a, b, rpb in ((0, 300, 10), (300, 300, 5), (300, 1000, 37), (1000, 1333, 64))
+    ]
     rowstore.commit(tmp_path / "in", infos)
     assert not rowstore.open(tmp_path / "in").layout.uniform_blocks
     rowstore.shuffle(tmp_path / "in", tmp_path / "out", memory="4MiB", seed=2)
@@ -192,8 +224,12 @@ def test_deciles_land_uniformly_over_seeds(tmp_path):
     assert stat < crit, f"chi-square {stat:.1f} >= {crit:.1f}: deciles do not land uniformly"
     # The test can fail: the unshuffled order, or a block-local shuffle, is far off.
     assert _chi2(_decile_table([np.arange(n)] * 6, n)) > 50 * crit
-    local = [np.concatenate([np.random.default_rng(s).permutation(np.arange(a, a + 200)) for a in range(0, n, 200)])
-             for s in range(6)]  # fmt: skip
+    local = [
+        np.concatenate(
+            [np.random.default_rng(s).permutation(np.arange(a, a + 200)) for a in range(0, n, 200)]
+        )
+        for s in range(6)
+    ]
     assert _chi2(_decile_table(local, n)) > 10 * crit
     assert len({p.tobytes() for p in perms}) == 6  # seeds differ
 
@@ -235,7 +271,9 @@ def test_plan_sizes_piles_from_memory_and_data():
     assert p.pile_limit < 256 << 20 and p.pile_block_bytes * 2 * p.num_piles <= (256 << 20) // 2
     assert make_plan(256 << 20, 1 << 20, block_bytes=1 << 20).num_piles == 1
     assert make_plan(2 << 30, 1 << 40, block_bytes=1 << 20).num_piles == _plan.MAX_PILES
-    small = make_plan(16 << 20, 1 << 40, block_bytes=1 << 20)  # open files bound the piles: split again later
+    small = make_plan(
+        16 << 20, 1 << 40, block_bytes=1 << 20
+    )  # open files bound the piles: split again later
     assert small.num_piles * (_plan.OPEN_FILE_BYTES + 2 * small.pile_block_bytes) <= 8 << 20
     assert small.splits(1 << 40) == small.max_open == small.num_piles  # a re-split too
     assert p.splits(10 * p.pile_target) == 10 and p.splits(1) == 2
@@ -252,7 +290,10 @@ def test_take_raw_refuses_references_outside_the_block():
     src = rows.view(np.uint8)
     refs = heap_refs(schema, dt)
     raw = take_raw(src, dt, refs, np.array([2, 0]), heap, base=0, lo=0, hi=12)
-    assert raw.heap.tolist() == [8, 9, 10, 11, 0, 1, 2, 3] and raw.rows["b"]["offset"].tolist() == [0, 4]
+    assert raw.heap.tolist() == [8, 9, 10, 11, 0, 1, 2, 3] and raw.rows["b"]["offset"].tolist() == [
+        0,
+        4,
+    ]
     for off, nb in ((10, 4), (2**63, 4), (0, 2**64 - 1), (13, 0)):
         bad = rows.copy()
         bad["b"]["offset"][1], bad["b"]["nbytes"][1] = off, nb
@@ -269,12 +310,32 @@ def test_take_raw_refuses_rows_sharing_payload_bytes():
     rows["b"]["offset"], rows["b"]["nbytes"] = [0, 4, 8], 4
     heap = np.arange(12, dtype=np.uint8)
     refs = heap_refs(schema, dt)
-    assert take_raw(rows.view(np.uint8), dt, refs, np.array([1, 1, 0]), heap, base=0, lo=0, hi=12).heap.tolist() \
-        == [4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3]  # a row asked for twice is not an overlap
-    for offsets, sizes in (([0, 0, 0], [12, 12, 12]), ([0, 4, 6], [4, 4, 4]), ([0, 3, 8], [4, 4, 4])):
+    assert take_raw(
+        rows.view(np.uint8), dt, refs, np.array([1, 1, 0]), heap, base=0, lo=0, hi=12
+    ).heap.tolist() == [
+        4,
+        5,
+        6,
+        7,
+        4,
+        5,
+        6,
+        7,
+        0,
+        1,
+        2,
+        3,
+    ]  # a row asked for twice is not an overlap
+    for offsets, sizes in (
+        ([0, 0, 0], [12, 12, 12]),
+        ([0, 4, 6], [4, 4, 4]),
+        ([0, 3, 8], [4, 4, 4]),
+    ):
         bad = rows.copy()
         bad["b"]["offset"], bad["b"]["nbytes"] = offsets, sizes
-        with pytest.raises(rowstore.FormatError, match="field 'b': row .: a payload reference overlaps"):
+        with pytest.raises(
+            rowstore.FormatError, match="field 'b': row .: a payload reference overlaps"
+        ):
             take_raw(bad.view(np.uint8), dt, refs, np.array([0, 1, 2]), heap, base=0, lo=0, hi=12)
 
 
@@ -284,7 +345,10 @@ def test_write_raw_copies_stored_rows_also_when_appending(tmp_path, rs):
     rs.write_file(tmp_path / "a.h5", schema, rows, block_bytes=2048, compression="lz4")
     rs.write_file(tmp_path / "b.h5", schema, rows[:7])
     expected = list(rows[:7])
-    with RawSource(tmp_path / "a.h5") as src, rowstore.Writer(tmp_path / "b.h5", mode="a", block_bytes=1500) as w:
+    with (
+        RawSource(tmp_path / "a.h5") as src,
+        rowstore.Writer(tmp_path / "b.h5", mode="a", block_bytes=1500) as w,
+    ):
         for k0 in range(0, src.num_blocks, 3):  # runs of blocks, the rows reversed within each
             k1 = min(src.num_blocks, k0 + 3)
             first, _ = src.block_rows(k0)
@@ -295,7 +359,10 @@ def test_write_raw_copies_stored_rows_also_when_appending(tmp_path, rs):
             expected += rows[first : last + n][::-1]
     assert len(expected) == 127
     rs.assert_rows_equal(schema, expected, rs.read_rows(tmp_path / "b.h5"))
-    with pytest.raises(ValueError, match="row dtype"), rowstore.Writer(tmp_path / "c.h5", ID_SCHEMA) as w:
+    with (
+        pytest.raises(ValueError, match="row dtype"),
+        rowstore.Writer(tmp_path / "c.h5", ID_SCHEMA) as w,
+    ):
         w.write_raw(part)
 
 
@@ -311,11 +378,15 @@ def test_take_raw_checks_each_slot_against_its_own_block_range():
     raw = take_raw(rows.view(np.uint8), dt, refs, np.array([3, 0]), heap, **args)
     assert raw.heap.tolist() == [6, 7, 0, 1] and raw.starts.tolist() == [0, 2, 4]
     bad = rows.copy()
-    bad["b"]["offset"][2] = 1  # slot 1's row pointing into slot 0's range: in the heap, not in its block
+    bad["b"]["offset"][2] = (
+        1  # slot 1's row pointing into slot 0's range: in the heap, not in its block
+    )
     with pytest.raises(rowstore.FormatError, match="row 2"):
         take_raw(bad.view(np.uint8), dt, refs, np.array([2]), heap, **args)
     with pytest.raises(ValueError, match="slot"):
-        take_raw(rows.view(np.uint8), dt, refs, np.array([3]), heap, base=0, lo=0, hi=8, rows_per_slot=1)
+        take_raw(
+            rows.view(np.uint8), dt, refs, np.array([3]), heap, base=0, lo=0, hi=8, rows_per_slot=1
+        )
 
 
 def test_corrupt_input_fails_cleanly(tmp_path):
@@ -365,7 +436,9 @@ def test_the_losing_one_of_two_runs_into_one_output_says_so(tmp_path, monkeypatc
         real(*args, **kwargs)
         if not state["inner"]:
             state["inner"] = True
-            rowstore.shuffle(src, state["out"], memory="4MiB", seed=2)  # the other run wins the race
+            rowstore.shuffle(
+                src, state["out"], memory="4MiB", seed=2
+            )  # the other run wins the race
 
     monkeypatch.setattr(gs, "commit", commit_after_another_run)
     assert main(["shuffle", src, out, "--memory", "4MiB", "--seed", "1", "--quiet"]) == 1
@@ -404,11 +477,15 @@ def test_bad_arguments_say_what_was_expected(tmp_path):
     with pytest.raises(FileNotFoundError, match="directory"):
         rowstore.shuffle(src, tmp_path / "no" / "out")
     with pytest.raises(rowstore.FormatError):
-        rowstore.shuffle(tmp_path, tmp_path / "out", memory="4MiB")  # a directory that is no dataset
+        rowstore.shuffle(
+            tmp_path, tmp_path / "out", memory="4MiB"
+        )  # a directory that is no dataset
     with pytest.raises(rowstore.CodecError):
         rowstore.shuffle(src, tmp_path / "out", memory="4MiB", compression="snappy-ish")
     assert not os.path.exists(tmp_path / "out") and leftovers(tmp_path) == []
-    assert check_arguments(src, tmp_path / "out", memory="2GB", seed=0, tmp=None)[0] == 2_000_000_000
+    assert (
+        check_arguments(src, tmp_path / "out", memory="2GB", seed=0, tmp=None)[0] == 2_000_000_000
+    )
 
 
 def test_not_enough_disk_is_refused_before_any_work_and_big_blocks_warn(tmp_path):
@@ -420,13 +497,21 @@ def test_not_enough_disk_is_refused_before_any_work_and_big_blocks_warn(tmp_path
     _check_space(str(tmp_path), str(tmp_path), piles=1000, output=1000)
     src = write_sorted(tmp_path / "in.h5", 3000, dataset=False, block_bytes=1 << 20)
     with rowstore.Writer(tmp_path / "big.h5", ID_SCHEMA, rows_per_block=20_000) as w:
-        w.write_batch({"id": np.arange(20_000), "x": np.zeros((20_000, 3), np.float32),
-                       "wave": [np.zeros(1, np.uint8)] * 20_000, "name": ["a"] * 20_000})  # fmt: skip
+        w.write_batch(
+            {
+                "id": np.arange(20_000),
+                "x": np.zeros((20_000, 3), np.float32),
+                "wave": [np.zeros(1, np.uint8)] * 20_000,
+                "name": ["a"] * 20_000,
+            }
+        )
     with pytest.warns(RuntimeWarning, match="blocks"):
         rowstore.shuffle(tmp_path / "big.h5", tmp_path / "out", memory="4MiB", seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        rowstore.shuffle(src, tmp_path / "out2", memory="64MiB", seed=0)  # 1 MiB blocks, 64 MiB: no warning
+        rowstore.shuffle(
+            src, tmp_path / "out2", memory="64MiB", seed=0
+        )  # 1 MiB blocks, 64 MiB: no warning
 
 
 # -- memory and kills, in subprocesses ------------------------------------------------------------
@@ -455,17 +540,30 @@ def test_peak_rss_stays_within_the_budget_on_data_four_times_larger(tmp_path):
     n = 80_000  # ~70 MB raw through a 16 MiB budget
     with rowstore.DatasetWriter(tmp_path / "in", ID_SCHEMA, shard_bytes=16 << 20) as w:
         for a in range(0, n, 20_000):
-            w.write_batch({"id": np.arange(a, a + 20_000), "x": np.zeros((20_000, 3), np.float32),
-                           "wave": [np.full(600 + i % 400, i % 251, np.uint8) for i in range(a, a + 20_000)],
-                           "name": ["r"] * 20_000})  # fmt: skip
-    p = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(tmp_path / "in"), str(tmp_path / "out"), "16MiB"],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+            w.write_batch(
+                {
+                    "id": np.arange(a, a + 20_000),
+                    "x": np.zeros((20_000, 3), np.float32),
+                    "wave": [
+                        np.full(600 + i % 400, i % 251, np.uint8) for i in range(a, a + 20_000)
+                    ],
+                    "name": ["r"] * 20_000,
+                }
+            )
+    p = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(tmp_path / "in"), str(tmp_path / "out"), "16MiB"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout.strip().splitlines()[-1])
     print(m, (m["peak"] - m["base"] - m["memory"]) >> 20, "MiB over")
     assert m["nbytes"] > 4 * m["memory"] and m["piles"] >= 4
     over = m["peak"] - m["base"] - m["memory"]
-    assert over <= RSS_CONSTANT, f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
+    assert over <= RSS_CONSTANT, (
+        f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
+    )
     assert len(rowstore.open(tmp_path / "out")) == n
 
 
@@ -495,19 +593,42 @@ def test_remote_shuffle_stays_within_the_budget_too(tmp_path):
     n = 60_000  # ~48 MB raw through a 16 MiB budget
     with rowstore.DatasetWriter(tmp_path / "in", ID_SCHEMA, shard_bytes=16 << 20) as w:
         for a in range(0, n, 20_000):
-            w.write_batch({"id": np.arange(a, a + 20_000), "x": np.zeros((20_000, 3), np.float32),
-                           "wave": [np.full(600 + i % 400, i % 251, np.uint8) for i in range(a, a + 20_000)],
-                           "name": ["r"] * 20_000})  # fmt: skip
+            w.write_batch(
+                {
+                    "id": np.arange(a, a + 20_000),
+                    "x": np.zeros((20_000, 3), np.float32),
+                    "wave": [
+                        np.full(600 + i % 400, i % 251, np.uint8) for i in range(a, a + 20_000)
+                    ],
+                    "name": ["r"] * 20_000,
+                }
+            )
     with moto_s3(process=True) as (_, so):
-        fsspec.filesystem("s3", **so).put(str(tmp_path / "in") + "/", "rowstore/in/", recursive=True)
-        p = subprocess.run([sys.executable, "-c", _REMOTE_RSS_CHILD, "s3://rowstore/in", str(tmp_path / "out"), "16MiB",
-                            json.dumps(so)], capture_output=True, text=True, timeout=600)  # fmt: skip
+        fsspec.filesystem("s3", **so).put(
+            str(tmp_path / "in") + "/", "rowstore/in/", recursive=True
+        )
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _REMOTE_RSS_CHILD,
+                "s3://rowstore/in",
+                str(tmp_path / "out"),
+                "16MiB",
+                json.dumps(so),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout.strip().splitlines()[-1])
     over = m["peak"] - m["base"] - m["memory"]
     print(m, over >> 20, "MiB over")
     assert m["piles"] >= 3
-    assert over <= RSS_CONSTANT, f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
+    assert over <= RSS_CONSTANT, (
+        f"peak RSS {m['peak'] >> 20} MiB: {over >> 20} MiB over baseline + budget"
+    )
     assert len(rowstore.open(tmp_path / "out")) == n
 
 
@@ -532,12 +653,18 @@ def test_the_report_gives_the_shuffles_own_peak_not_the_processs(tmp_path):
     except OSError:
         pytest.skip("this kernel does not let a process reset its VmHWM")
     src = write_sorted(tmp_path / "in", 2000)
-    p = subprocess.run([sys.executable, "-c", _PEAK_CHILD, src, str(tmp_path / "out")], capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", _PEAK_CHILD, src, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["scope"] == "shuffle" and "(during the shuffle)" in m["summary"]
-    assert m["report"] < 256 << 20, f"reported peak {m['report'] >> 20} MiB includes memory freed before"
+    assert m["report"] < 256 << 20, (
+        f"reported peak {m['report'] >> 20} MiB includes memory freed before"
+    )
 
 
 _KILL_CHILD = r"""
@@ -582,8 +709,12 @@ def test_sigkill_at_random_points_leaves_no_output_and_the_next_run_cleans_up(tm
             child.send_signal(signal.SIGKILL)
             killed += 1
         child.wait(timeout=scaled(60))
-        if os.path.exists(out):  # finished before the kill, or killed after the final rename: complete
-            assert np.array_equal(ids_of(out), expected_order(9, n)), "a killed run left partial output"
+        if os.path.exists(
+            out
+        ):  # finished before the kill, or killed after the final rename: complete
+            assert np.array_equal(ids_of(out), expected_order(9, n)), (
+                "a killed run left partial output"
+            )
             shutil.rmtree(out)
         else:
             assert child.returncode == -signal.SIGKILL
@@ -602,7 +733,11 @@ def test_remove_stale_takes_only_unlocked_shuffle_directories(tmp_path):
     os.mkdir(tmp_path / "mine")
     (tmp_path / f"{PREFIX}file").write_text("not a directory")
     assert remove_stale(str(tmp_path)) == [str(tmp_path / f"{PREFIX}piles.dead")]
-    assert os.path.isdir(live.path) and os.path.isdir(tmp_path / "mine") and os.path.exists(tmp_path / f"{PREFIX}file")
+    assert (
+        os.path.isdir(live.path)
+        and os.path.isdir(tmp_path / "mine")
+        and os.path.exists(tmp_path / f"{PREFIX}file")
+    )
     live.release()  # as if its run died
     assert remove_stale(str(tmp_path)) == [live.path]
 
@@ -610,7 +745,22 @@ def test_remove_stale_takes_only_unlocked_shuffle_directories(tmp_path):
 # -- command line --------------------------------------------------------------------------------
 def test_cli_shuffle_prints_before_after_and_summary_quality_command(tmp_path, capsys):
     src = write_sorted(tmp_path / "in", 3000)
-    assert main(["shuffle", src, str(tmp_path / "out"), "--memory", "4MiB", "--seed", "3", "--shard-bytes", "64KiB"]) == 0
+    assert (
+        main(
+            [
+                "shuffle",
+                src,
+                str(tmp_path / "out"),
+                "--memory",
+                "4MiB",
+                "--seed",
+                "3",
+                "--shard-bytes",
+                "64KiB",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     before, after = out.split("before: ")[1].split("shuffled ")[0], out.split("after: ")[1]
     assert "Spearman)   +1.000" in before and "field 'id'" in before

@@ -35,14 +35,18 @@ def test_dask_output_equals_local_output(tmp_path, client, tiny_plan):  # noqa: 
     src = write_sorted(tmp_path / "in", 3000, shard_bytes=60_000)
     tiny_plan(piles=3, limit=100_000)  # piles split again on the workers too
     local = rowstore.shuffle(src, tmp_path / "local", memory="4MiB", seed=4, block_bytes=8192)
-    rep = rdask.shuffle(src, tmp_path / "dask", memory="4MiB", seed=4, block_bytes=8192, client=client, tasks=3)
+    rep = rdask.shuffle(
+        src, tmp_path / "dask", memory="4MiB", seed=4, block_bytes=8192, client=client, tasks=3
+    )
     assert rep.rows == local.rows == 3000 and rep.splits > 0 and rep.peak_rss > 0
     ids = ids_of(tmp_path / "dask")
     assert np.array_equal(ids, ids_of(tmp_path / "local"))
     assert np.array_equal(ids, expected_order(4, 3000))  # the uniform permutation of the seed
     assert stored_by_id(tmp_path / "dask") == stored_by_id(src)
     with rowstore.open(tmp_path / "dask") as r:
-        assert [r[i]["name"] for i in (0, 1)] == [None if i % 5 == 0 else f"row {i}" for i in ids[:2]]
+        assert [r[i]["name"] for i in (0, 1)] == [
+            None if i % 5 == 0 else f"row {i}" for i in ids[:2]
+        ]
     assert leftovers(tmp_path) == []
 
 
@@ -53,7 +57,9 @@ def test_dask_task_count_does_not_change_the_order(tmp_path, client):
         out = tmp_path / f"out{tasks}"
         rdask.shuffle(src, out, memory="4MiB", seed=8, client=client, tasks=tasks)
         orders.append(ids_of(out))
-    assert np.array_equal(orders[0], orders[1]) and np.array_equal(orders[0], expected_order(8, 2000))
+    assert np.array_equal(orders[0], orders[1]) and np.array_equal(
+        orders[0], expected_order(8, 2000)
+    )
 
 
 def test_dask_failure_leaves_no_output_and_no_piles(tmp_path, client):
@@ -71,8 +77,17 @@ def test_dask_failure_leaves_no_output_and_no_piles(tmp_path, client):
 
 def test_cli_dask_scheduler(tmp_path, cluster, capsys):
     src = write_sorted(tmp_path / "in", 1500)
-    args = ["shuffle", src, str(tmp_path / "out"), "--memory", "4MiB", "--seed", "2", "--dask-scheduler",
-            cluster.scheduler_address]  # fmt: skip
+    args = [
+        "shuffle",
+        src,
+        str(tmp_path / "out"),
+        "--memory",
+        "4MiB",
+        "--seed",
+        "2",
+        "--dask-scheduler",
+        cluster.scheduler_address,
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "shuffled 1,500 rows" in out and "after:" in out

@@ -19,7 +19,10 @@ SCHEMA = Schema([Field("i", "int64"), Field("t", "str"), Field("v", "float32", (
 
 
 def rows(start, n):
-    return [{"i": i, "t": f"row {i} é", "v": np.arange(i % 5, dtype=np.float32)} for i in range(start, start + n)]
+    return [
+        {"i": i, "t": f"row {i} é", "v": np.arange(i % 5, dtype=np.float32)}
+        for i in range(start, start + n)
+    ]
 
 
 def only_file(directory, name="data.h5"):
@@ -32,11 +35,15 @@ class Boom(Exception):
 
 # -- exceptions inside `with` ---------------------------------------------------------------
 @pytest.mark.parametrize("compression", [None, "lz4"])
-@pytest.mark.parametrize("n_before", [0, 3, 50], ids=["nothing-flushed", "partial-block", "many-blocks"])
+@pytest.mark.parametrize(
+    "n_before", [0, 3, 50], ids=["nothing-flushed", "partial-block", "many-blocks"]
+)
 def test_exception_in_with_leaves_no_file(tmp_path, compression, n_before):
     path = str(tmp_path / "data.h5")
     with pytest.raises(Boom):
-        with rowstore.Writer(path, SCHEMA, rows_per_block=4, heap_chunk_bytes=64, compression=compression) as w:
+        with rowstore.Writer(
+            path, SCHEMA, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+        ) as w:
             for r in rows(0, n_before):
                 w.write(r)
             raise Boom()
@@ -50,10 +57,14 @@ def test_exception_in_with_leaves_no_file(tmp_path, compression, n_before):
 def test_exception_in_with_keeps_previous_file(rs, tmp_path, mode, compression):
     path = str(tmp_path / "data.h5")
     first = rows(0, 10)  # partial last block (4 rows per block)
-    rs.write_file(path, SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    rs.write_file(
+        path, SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+    )
     before = open(path, "rb").read()
     with pytest.raises(Boom):
-        with rowstore.Writer(path, SCHEMA, mode=mode, rows_per_block=4, heap_chunk_bytes=64, compression=compression) as w:
+        with rowstore.Writer(
+            path, SCHEMA, mode=mode, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+        ) as w:
             for r in rows(10, 30):
                 w.write(r)
             raise Boom()
@@ -110,14 +121,24 @@ CHILD = textwrap.dedent(
 
 
 def run_and_kill(tmp_path, path, mode, compression):
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, path, mode, compression or "none"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, path, mode, compression or "none"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
-        assert line.startswith("written"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert line.startswith("written"), (
+            line,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
         # mid-write: blocks went to a temporary file beside the final path
         tmp = [n for n in os.listdir(tmp_path) if n != "data.h5"]
-        assert len(tmp) == 1 and tmp[0].startswith(".data.h5.") and tmp[0].endswith(".rowstore-tmp"), tmp
+        assert (
+            len(tmp) == 1 and tmp[0].startswith(".data.h5.") and tmp[0].endswith(".rowstore-tmp")
+        ), tmp
         assert os.path.getsize(tmp_path / tmp[0]) > 0
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -149,7 +170,9 @@ def test_sigkill_during_first_write_leaves_no_file(rs, tmp_path, compression):
 def test_sigkill_during_append_or_rewrite_keeps_previous_file(rs, tmp_path, mode, compression):
     path = str(tmp_path / "data.h5")
     first = rows(0, 10)  # partial last block and partial heap chunk: an append reopens them
-    rs.write_file(path, SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    rs.write_file(
+        path, SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+    )
     before = open(path, "rb").read()
     leftover = run_and_kill(tmp_path, path, mode, compression)
     assert sorted(os.listdir(tmp_path)) == sorted(["data.h5", leftover])
@@ -166,8 +189,13 @@ def test_sigkill_during_append_or_rewrite_keeps_previous_file(rs, tmp_path, mode
 def test_child_completes_when_not_killed(rs, tmp_path):
     """The child script itself works: let it finish and check its file."""
     path = str(tmp_path / "data.h5")
-    proc = subprocess.run([sys.executable, "-c", CHILD, path, "w", "lz4"], input="go\n", capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, path, "w", "lz4"],
+        input="go\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["written 41", "closed"]
     only_file(tmp_path)

@@ -26,29 +26,38 @@ from rowstore import (
 
 h5py = pytest.importorskip("h5py")
 
-SCHEMA = Schema([
-    Field("i", "int64"),
-    Field("i8", "int8"),
-    Field("u8", "uint8", (2,)),
-    Field("x", "float32", (3,)),
-    Field("flag", "bool"),
-    Field("t", "str"),
-    Field("b", "bytes", nullable=True),
-    Field("v", "int16", (None, 2)),
-    Field("img", "uint8", (4, 4, 3), codec="png"),
-    Field("vimg", "uint8", (None, None, 3), codec="png"),
-    Field("gray", "uint16", (4, 4), codec="png"),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("i", "int64"),
+        Field("i8", "int8"),
+        Field("u8", "uint8", (2,)),
+        Field("x", "float32", (3,)),
+        Field("flag", "bool"),
+        Field("t", "str"),
+        Field("b", "bytes", nullable=True),
+        Field("v", "int16", (None, 2)),
+        Field("img", "uint8", (4, 4, 3), codec="png"),
+        Field("vimg", "uint8", (None, None, 3), codec="png"),
+        Field("gray", "uint16", (4, 4), codec="png"),
+    ]
+)
 
 
 def good_row(i: int) -> dict:
     rng = np.random.default_rng(i)
     return {
-        "i": i, "i8": -i, "u8": [i, 255], "x": [i, i + 0.5, -i], "flag": i % 2 == 0, "t": f"t{i}é",
-        "b": None if i % 3 == 0 else bytes([i]) * i, "v": np.full((i % 3, 2), i, np.int16),
-        "img": rng.integers(0, 256, (4, 4, 3), dtype=np.uint8), "vimg": rng.integers(0, 256, (2, 3, 3), dtype=np.uint8),
+        "i": i,
+        "i8": -i,
+        "u8": [i, 255],
+        "x": [i, i + 0.5, -i],
+        "flag": i % 2 == 0,
+        "t": f"t{i}é",
+        "b": None if i % 3 == 0 else bytes([i]) * i,
+        "v": np.full((i % 3, 2), i, np.int16),
+        "img": rng.integers(0, 256, (4, 4, 3), dtype=np.uint8),
+        "vimg": rng.integers(0, 256, (2, 3, 3), dtype=np.uint8),
         "gray": rng.integers(0, 65536, (4, 4), dtype=np.uint16),
-    }  # fmt: skip
+    }
 
 
 # (field, bad value, fragment the message must contain; None: the row lacks the field)
@@ -117,7 +126,9 @@ def bad_row(i: int, field: str, value) -> dict:
 def check_error(ei, field: str, row: int, fragment: str) -> None:
     err = ei.value
     assert isinstance(err, RowValidationError)
-    assert isinstance(err, SchemaError) and isinstance(err, ValueError) and isinstance(err, TypeError)
+    assert (
+        isinstance(err, SchemaError) and isinstance(err, ValueError) and isinstance(err, TypeError)
+    )
     assert err.field == field and err.row == row, (err.field, err.row, str(err))
     msg = str(err)
     assert f"row {row}" in msg and repr(field) in msg, msg
@@ -166,7 +177,9 @@ def test_bad_row_in_write_batch_is_all_or_nothing(rs, h5path, field, value, frag
 
 
 def test_batch_level_errors(rs, h5path):
-    schema = Schema([Field("i8", "int8"), Field("x", "float32", (2,)), Field("t", "str", nullable=True)])
+    schema = Schema(
+        [Field("i8", "int8"), Field("x", "float32", (2,)), Field("t", "str", nullable=True)]
+    )
     with rowstore.Writer(h5path, schema, rows_per_block=3) as w:
         w.write_batch({"i8": np.arange(4, dtype=np.int64), "x": np.zeros((4, 2)), "t": ["a"] * 4})
         cases = [
@@ -175,8 +188,18 @@ def test_batch_level_errors(rs, h5path):
             ({"i8": np.zeros(4, np.int8), "x": np.zeros((4, 3))}, "x", 4, "shape"),
             ({"i8": np.zeros(4, np.int8), "x": np.zeros((4, 2), np.complex64)}, "x", 4, "float32"),
             ({"i8": np.zeros(4, np.int8)}, "x", 4, "missing"),
-            ({"i8": np.zeros(4, np.int8), "x": np.zeros((4, 2)), "nope": [1] * 4}, "nope", 4, "unknown"),
-            ({"i8": np.zeros(4, np.int8), "x": np.zeros((4, 2)), "t": ["a", 3, "b", "c"]}, "t", 5, "str"),
+            (
+                {"i8": np.zeros(4, np.int8), "x": np.zeros((4, 2)), "nope": [1] * 4},
+                "nope",
+                4,
+                "unknown",
+            ),
+            (
+                {"i8": np.zeros(4, np.int8), "x": np.zeros((4, 2)), "t": ["a", 3, "b", "c"]},
+                "t",
+                5,
+                "str",
+            ),
         ]
         for cols, field, row, fragment in cases:
             with pytest.raises(RowValidationError) as ei:
@@ -197,14 +220,37 @@ def test_batch_level_errors(rs, h5path):
 
 def test_accepted_conversions(rs, h5path):
     """What the casting policy accepts: safe casts, float narrowing, ints that fit."""
-    schema = Schema([Field("f", "float32", (2,)), Field("i8", "int8"), Field("u64", "uint64"), Field("c", "complex64"),
-                     Field("c2", "complex64"), Field("i", "int64"), Field("img", "uint8", (2, 2), codec="png")])  # fmt: skip
+    schema = Schema(
+        [
+            Field("f", "float32", (2,)),
+            Field("i8", "int8"),
+            Field("u64", "uint64"),
+            Field("c", "complex64"),
+            Field("c2", "complex64"),
+            Field("i", "int64"),
+            Field("img", "uint8", (2, 2), codec="png"),
+        ]
+    )
     rows = [
-        {"f": np.array([1.0, 2.0], np.float64), "i8": np.int64(-128), "u64": 2**64 - 1, "c": 1.5, "c2": 3, "i": True,
-         "img": np.full((2, 2), 255, np.int64)},
-        {"f": [1, 2], "i8": 127, "u64": np.uint8(3), "c": np.complex128(1 + 1j), "c2": np.int64(-2), "i": np.uint32(7),
-         "img": [[0, 1], [2, 3]]},
-    ]  # fmt: skip
+        {
+            "f": np.array([1.0, 2.0], np.float64),
+            "i8": np.int64(-128),
+            "u64": 2**64 - 1,
+            "c": 1.5,
+            "c2": 3,
+            "i": True,
+            "img": np.full((2, 2), 255, np.int64),
+        },
+        {
+            "f": [1, 2],
+            "i8": 127,
+            "u64": np.uint8(3),
+            "c": np.complex128(1 + 1j),
+            "c2": np.int64(-2),
+            "i": np.uint32(7),
+            "img": [[0, 1], [2, 3]],
+        },
+    ]
     rs.write_file(h5path, schema, rows)
     got = rs.read_rows(h5path)
     assert got[0]["i8"] == -128 and got[0]["u64"] == 2**64 - 1 and got[0]["i"] == 1
@@ -213,7 +259,11 @@ def test_accepted_conversions(rs, h5path):
 
 # -- bad files -------------------------------------------------------------------------------
 def opening_raises(path, exc_types):
-    for fn in (lambda: Layout.open(path), lambda: rowstore.open(path), lambda: Layout.open(path, verify=True)):
+    for fn in (
+        lambda: Layout.open(path),
+        lambda: rowstore.open(path),
+        lambda: Layout.open(path, verify=True),
+    ):
         with pytest.raises(exc_types) as ei:
             fn()
         assert not isinstance(ei.value, (AssertionError, KeyError, IndexError))
@@ -223,12 +273,18 @@ def opening_raises(path, exc_types):
 @pytest.fixture
 def good_file(rs, tmp_path):
     path = str(tmp_path / "good.h5")
-    rs.write_file(path, SCHEMA, [good_row(i) for i in range(20)], rows_per_block=4, heap_chunk_bytes=64)
+    rs.write_file(
+        path, SCHEMA, [good_row(i) for i in range(20)], rows_per_block=4, heap_chunk_bytes=64
+    )
     return path
 
 
 def test_not_hdf5(tmp_path):
-    for name, content in [("text.h5", b"hello, I am not HDF5\n" * 50), ("empty.h5", b""), ("zeros.h5", bytes(4096))]:
+    for name, content in [
+        ("text.h5", b"hello, I am not HDF5\n" * 50),
+        ("empty.h5", b""),
+        ("zeros.h5", bytes(4096)),
+    ]:
         p = tmp_path / name
         p.write_bytes(content)
         err = opening_raises(str(p), FormatError)
@@ -282,11 +338,22 @@ def edit_attr(src, dst, name, value):
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("num_rows", 21), ("num_rows", 19), ("num_rows", -1), ("rows_per_block", 5), ("rows_per_block", 0),
-     ("heap_nbytes", 10**9), ("heap_chunk_bytes", 32), ("schema", "{not json"), ("schema", '{"fields": []}'),
-     ("schema", json.dumps({"fields": [{"name": "i", "dtype": "int64"}]})), ("compression", '{"id": "lzma"}'),
-     ("checksum", "md5"), ("compression", "[not json")],
-)  # fmt: skip
+    [
+        ("num_rows", 21),
+        ("num_rows", 19),
+        ("num_rows", -1),
+        ("rows_per_block", 5),
+        ("rows_per_block", 0),
+        ("heap_nbytes", 10**9),
+        ("heap_chunk_bytes", 32),
+        ("schema", "{not json"),
+        ("schema", '{"fields": []}'),
+        ("schema", json.dumps({"fields": [{"name": "i", "dtype": "int64"}]})),
+        ("compression", '{"id": "lzma"}'),
+        ("checksum", "md5"),
+        ("compression", "[not json"),
+    ],
+)
 def test_tampered_attributes(good_file, tmp_path, name, value):
     p = str(tmp_path / "t.h5")
     edit_attr(good_file, p, name, value)
@@ -304,11 +371,19 @@ def edit_index(src, dst, dataset, column, index, value):
 
 @pytest.mark.parametrize(
     ("dataset", "column", "index", "value"),
-    [("blocks", "offset", 1, 2**40), ("blocks", "offset", 0, 2**64 - 8), ("blocks", "stored_nbytes", 2, 0),
-     ("blocks", "stored_nbytes", 2, 2**63), ("blocks", "first_row", 1, 3), ("blocks", "num_rows", 4, 5),
-     ("blocks", "heap_start", 1, 0), ("blocks", "heap_end", 4, 10**6), ("heap_chunks", "offset", 0, 2**50),
-     ("heap_chunks", "stored_nbytes", 1, 63)],
-)  # fmt: skip
+    [
+        ("blocks", "offset", 1, 2**40),
+        ("blocks", "offset", 0, 2**64 - 8),
+        ("blocks", "stored_nbytes", 2, 0),
+        ("blocks", "stored_nbytes", 2, 2**63),
+        ("blocks", "first_row", 1, 3),
+        ("blocks", "num_rows", 4, 5),
+        ("blocks", "heap_start", 1, 0),
+        ("blocks", "heap_end", 4, 10**6),
+        ("heap_chunks", "offset", 0, 2**50),
+        ("heap_chunks", "stored_nbytes", 1, 63),
+    ],
+)
 def test_tampered_index(good_file, tmp_path, dataset, column, index, value):
     p = str(tmp_path / "t.h5")
     edit_index(good_file, p, dataset, column, index, value)
@@ -353,9 +428,11 @@ for path in sys.argv[1:]:
 def run_damaged(rs, paths):
     """Read each damaged file in one subprocess; per path, {stage: "ok" or exception name}."""
     proc = rs.run_python(DAMAGED_READ, *paths)
-    assert proc.returncode >= 0, f"killed by signal {signal.Signals(-proc.returncode).name}: {proc.stderr[-2000:]}"
+    assert proc.returncode >= 0, (
+        f"killed by signal {signal.Signals(-proc.returncode).name}: {proc.stderr[-2000:]}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()[-len(paths):]
+    lines = proc.stdout.strip().splitlines()[-len(paths) :]
     assert len(lines) == len(paths), proc.stdout
     out = []
     for line in lines:
@@ -367,8 +444,14 @@ def run_damaged(rs, paths):
 @pytest.mark.parametrize("compression", [None, "lz4"])
 def test_truncated_files(rs, tmp_path, compression):
     src = str(tmp_path / "src.h5")
-    rs.write_file(src, SCHEMA, [good_row(i) for i in range(40)], rows_per_block=4, heap_chunk_bytes=64,
-                  compression=compression)  # fmt: skip
+    rs.write_file(
+        src,
+        SCHEMA,
+        [good_row(i) for i in range(40)],
+        rows_per_block=4,
+        heap_chunk_bytes=64,
+        compression=compression,
+    )
     size = os.path.getsize(src)
     cuts = sorted({0, 8, 100, 512, 2048, size // 4, size // 2, 3 * size // 4, size - 100, size - 1})
     data = open(src, "rb").read()
@@ -385,12 +468,23 @@ def test_truncated_files(rs, tmp_path, compression):
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_flipped_bytes_in_data(rs, tmp_path, compression):
     src = str(tmp_path / "src.h5")
-    rs.write_file(src, SCHEMA, [good_row(i) for i in range(20)], rows_per_block=4, heap_chunk_bytes=64,
-                  compression=compression)  # fmt: skip
+    rs.write_file(
+        src,
+        SCHEMA,
+        [good_row(i) for i in range(20)],
+        rows_per_block=4,
+        heap_chunk_bytes=64,
+        compression=compression,
+    )
     lay = Layout.open(src)
     data = bytearray(open(src, "rb").read())
-    targets = [("block", int(lay.blocks["offset"][k]) + int(lay.blocks["stored_nbytes"][k]) // 2) for k in (0, 2, 4)]
-    targets += [("heap", int(lay.heap_chunks["offset"][k]) + 5) for k in (0, len(lay.heap_chunks) - 1)]
+    targets = [
+        ("block", int(lay.blocks["offset"][k]) + int(lay.blocks["stored_nbytes"][k]) // 2)
+        for k in (0, 2, 4)
+    ]
+    targets += [
+        ("heap", int(lay.heap_chunks["offset"][k]) + 5) for k in (0, len(lay.heap_chunks) - 1)
+    ]
     paths = []
     for k, (_what, pos) in enumerate(targets):
         bad = bytearray(data)
@@ -416,11 +510,24 @@ def test_hostile_payload_references(rs, tmp_path):
 
     src = str(tmp_path / "src.h5")
     schema = Schema([Field("t", "str"), Field("v", "float32", (None,))])
-    rs.write_file(src, schema, [{"t": "abc" * i, "v": np.ones(i, np.float32)} for i in range(12)], rows_per_block=4)
+    rs.write_file(
+        src,
+        schema,
+        [{"t": "abc" * i, "v": np.ones(i, np.float32)} for i in range(12)],
+        rows_per_block=4,
+    )
     lay = Layout.open(src)
     paths, cases = [], []
-    for k, (col, part, value) in enumerate([("t", "offset", 10**6), ("t", "nbytes", 10**6), ("v", "nbytes", 2**63),
-                                           ("v", "shape", 10**6), ("t", "offset", 0), ("v", "offset", 2**64 - 1)]):
+    for k, (col, part, value) in enumerate(
+        [
+            ("t", "offset", 10**6),
+            ("t", "nbytes", 10**6),
+            ("v", "nbytes", 2**63),
+            ("v", "shape", 10**6),
+            ("t", "offset", 0),
+            ("v", "offset", 2**64 - 1),
+        ]
+    ):
         p = str(tmp_path / f"h{k}.h5")
         shutil.copy(src, p)
         rows = np.fromfile(p, dtype=lay.row_dtype, count=4, offset=int(lay.blocks["offset"][2]))
@@ -432,7 +539,9 @@ def test_hostile_payload_references(rs, tmp_path):
         # fix the block checksum so that the data looks authentic
         with h5py.File(p, "a") as f:
             blocks = f["rowstore/blocks"][()]
-            blocks["checksum"][2] = kernels.crc32(raw) if hasattr(kernels, "crc32") else kernels.xxh64(raw)
+            blocks["checksum"][2] = (
+                kernels.crc32(raw) if hasattr(kernels, "crc32") else kernels.xxh64(raw)
+            )
             del f["rowstore/blocks"]
             f["rowstore"].create_dataset("blocks", data=blocks)
         paths.append(p)
@@ -448,7 +557,9 @@ def test_float_narrowing_that_would_overflow_is_refused(tmp_path):
     path = str(tmp_path / "f.h5")
     with rs_.Writer(path, schema) as w:
         w.write({"f": np.array([1.0, np.inf]), "c": 1 + 2j})  # inf stays inf: accepted
-        with pytest.raises(rs_.RowValidationError, match="row 1: field 'f'.*outside the range of float32"):
+        with pytest.raises(
+            rs_.RowValidationError, match="row 1: field 'f'.*outside the range of float32"
+        ):
             w.write({"f": np.array([1e300, 0.0]), "c": 0})
         with pytest.raises(rs_.RowValidationError, match="field 'c'"):
             w.write({"f": [0.0, 0.0], "c": complex(1e300, 0)})
@@ -479,7 +590,9 @@ def test_a_field_numpy_cannot_lay_out_in_a_row_is_a_schema_error(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     from rowstore.arrow import from_parquet
 
-    t = pa.table({"id": pa.array([], pa.int64()), "v": pa.array([], pa.list_(pa.float64(), 1 << 28))})
+    t = pa.table(
+        {"id": pa.array([], pa.int64()), "v": pa.array([], pa.list_(pa.float64(), 1 << 28))}
+    )
     pq.write_table(t, tmp_path / "big.parquet")
     with pytest.raises(SchemaError, match="'v'"):
         from_parquet(str(tmp_path / "big.parquet"), str(tmp_path / "fromparquet.h5"))

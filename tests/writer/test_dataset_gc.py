@@ -69,9 +69,16 @@ def write_pointer(root, version):
     with open(os.path.join(root, manifest.manifest_path(version)), "rb") as f:
         crc = zlib.crc32(f.read())
     with open(os.path.join(root, manifest.POINTER), "w") as f:
-        json.dump({"format": manifest.FORMAT_NAME, "format_version": 1, "version": version,
-                   "manifest": manifest.manifest_path(version), "manifest_crc32": crc},
-                  f)  # fmt: skip
+        json.dump(
+            {
+                "format": manifest.FORMAT_NAME,
+                "format_version": 1,
+                "version": version,
+                "manifest": manifest.manifest_path(version),
+                "manifest_crc32": crc,
+            },
+            f,
+        )
 
 
 # -- a lost pointer ------------------------------------------------------------------------------
@@ -211,8 +218,12 @@ def test_gc_lists_and_removes_a_killed_shuffles_directories(tmp_path, capsys):
     src = str(tmp_path / "in")
     with rowstore.DatasetWriter(src, SCHEMA) as w:
         w.write_batch(cols(0, 20_000))
-    child = subprocess.run([sys.executable, "-c", KILLED_SHUFFLE, src, str(tmp_path / "out")],
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_SHUFFLE, src, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr
     left = shuffle_dirs(tmp_path)
     assert [n.split(".")[1] for n in left] == ["rowstore-shuffle-out", "rowstore-shuffle-piles"]

@@ -98,7 +98,9 @@ def test_rollover_keeps_rows_in_order_and_blocks_uniform(tmp_path):
     x, t = _read_all(root)
     assert np.array_equal(x, np.arange(900)) and t == [str(i).encode() * 3 for i in range(900)]
     raw = m.shards["rows"] * ITEMSIZE + m.shards["heap_nbytes"]
-    assert (raw[:-1] >= 3000).all() and (raw < 3000 + 200).all()  # rolled at the threshold, not far beyond
+    assert (raw[:-1] >= 3000).all() and (
+        raw < 3000 + 200
+    ).all()  # rolled at the threshold, not far beyond
     assert shard_files(root) == named(root)
 
 
@@ -138,7 +140,9 @@ def test_modes(tmp_path):
         w.write_batch(cols(0, 100))
     with pytest.raises(FileExistsError):
         DatasetWriter(root, SCHEMA, mode="x")
-    with DatasetWriter(root, mode="a", shard_bytes=1000, attrs={"a": 2}) as w:  # schema from the dataset
+    with DatasetWriter(
+        root, mode="a", shard_bytes=1000, attrs={"a": 2}
+    ) as w:  # schema from the dataset
         w.write_batch(cols(100, 200))
     assert np.array_equal(xs_of(root), np.arange(200)) and manifest.load(root).attrs == {"a": 2}
     v2_files = named(root)
@@ -146,7 +150,9 @@ def test_modes(tmp_path):
         w.write_batch(cols(1000, 1010))
     m = manifest.load(root)
     assert m.version == 3 and m.attrs == {} and np.array_equal(xs_of(root), np.arange(1000, 1010))
-    assert np.array_equal(xs_of(root, 2), np.arange(200))  # old files stay for the old version's readers
+    assert np.array_equal(
+        xs_of(root, 2), np.arange(200)
+    )  # old files stay for the old version's readers
     assert set(v2_files) <= set(shard_files(root))
     with pytest.raises(rowstore.SchemaError):
         DatasetWriter(root, INLINE, mode="a")
@@ -170,7 +176,9 @@ def test_modes(tmp_path):
 
 def test_append_keeps_the_datasets_settings(tmp_path):
     root = str(tmp_path / "ds")
-    with DatasetWriter(root, SCHEMA, rows_per_block=7, shard_bytes=1000, compression="lz4", heap_chunk_bytes=256) as w:
+    with DatasetWriter(
+        root, SCHEMA, rows_per_block=7, shard_bytes=1000, compression="lz4", heap_chunk_bytes=256
+    ) as w:
         w.write_batch(cols(0, 100))
     with DatasetWriter(root, mode="a", shard_bytes=1000) as w:
         w.write_batch(cols(100, 200))
@@ -263,15 +271,23 @@ def test_write_shard_from_processes_then_one_commit(tmp_path):
     for k in manifest.SHARD_KEYS[1:]:
         assert np.array_equal(a.shards[k], b.shards[k]), k
     info = infos[0]
-    assert pickle.loads(pickle.dumps(info)) == info and hash(info) == hash(pickle.loads(pickle.dumps(info)))
-    assert info.entry()["path"] == a.shards["path"][0] and info.entry()["index_crc32"] == int(a.shards["index_crc32"][0])
+    assert pickle.loads(pickle.dumps(info)) == info and hash(info) == hash(
+        pickle.loads(pickle.dumps(info))
+    )
+    assert info.entry()["path"] == a.shards["path"][0] and info.entry()["index_crc32"] == int(
+        a.shards["index_crc32"][0]
+    )
 
 
 def test_write_shard_takes_rows_and_a_name(tmp_path):
     root = str(tmp_path / "ds")
     a = write_shard(root, SCHEMA, rows(0, 10), name="first")
     b = write_shard(root, SCHEMA, iter(rows(10, 20)))
-    assert a.path == "shards/first.h5" and b.path.startswith("shards/part-") and len(b.path) == len("shards/part-.h5") + 32
+    assert (
+        a.path == "shards/first.h5"
+        and b.path.startswith("shards/part-")
+        and len(b.path) == len("shards/part-.h5") + 32
+    )
     with pytest.raises(FileExistsError):
         write_shard(root, SCHEMA, rows(0, 1), name="first")
     for bad in ("../x", "a/b", ".hidden", "", "x" * 300):
@@ -279,7 +295,9 @@ def test_write_shard_takes_rows_and_a_name(tmp_path):
             write_shard(root, SCHEMA, rows(0, 1), name=bad)
     with pytest.raises(rowstore.RowValidationError):
         write_shard(root, SCHEMA, [{"x": 1, "t": 2}], name="bad")
-    assert shard_files(root) == sorted([os.path.basename(a.path), os.path.basename(b.path)])  # no partial file
+    assert shard_files(root) == sorted(
+        [os.path.basename(a.path), os.path.basename(b.path)]
+    )  # no partial file
     commit(root, [b, a])
     assert np.array_equal(xs_of(root), np.r_[np.arange(10, 20), np.arange(10)])  # the order given
 
@@ -323,9 +341,20 @@ def test_commit_checks_every_shard(tmp_path):
         f.write(b"\0" * 10)
     _expect_refused(root, [resized], rowstore.FormatError, "bytes, expected", mode="a")
     tampered = write_shard(root, SCHEMA, cols(50, 60), rows_per_block=4)
-    _expect_refused(root, [dataclasses.replace(tampered, index_crc32=tampered.index_crc32 ^ 1)],
-                    rowstore.FormatError, "index CRC-32", mode="a")  # fmt: skip
-    _expect_refused(root, [dataclasses.replace(tampered, rows=11)], rowstore.FormatError, "rows of the file", mode="a")
+    _expect_refused(
+        root,
+        [dataclasses.replace(tampered, index_crc32=tampered.index_crc32 ^ 1)],
+        rowstore.FormatError,
+        "index CRC-32",
+        mode="a",
+    )
+    _expect_refused(
+        root,
+        [dataclasses.replace(tampered, rows=11)],
+        rowstore.FormatError,
+        "rows of the file",
+        mode="a",
+    )
     # The file's own block index (in its v2 footer, CRCs recomputed) changed in place (same size):
     # its CRC no longer matches the one recorded for the shard.
     p = os.path.join(root, tampered.path)
@@ -335,8 +364,13 @@ def test_commit_checks_every_shard(tmp_path):
     b = L.blocks.copy()
     b["checksum"][0] ^= 1
     data[at : at + b.nbytes] = b.tobytes()
-    head = struct.pack("<8sQQI", footer.TRAILER_MAGIC, L.footer_offset, len(data) - 32 - L.footer_offset,
-                       zlib.crc32(bytes(data[L.footer_offset : -32])))  # fmt: skip
+    head = struct.pack(
+        "<8sQQI",
+        footer.TRAILER_MAGIC,
+        L.footer_offset,
+        len(data) - 32 - L.footer_offset,
+        zlib.crc32(bytes(data[L.footer_offset : -32])),
+    )
     data[-32:] = head + struct.pack("<I", zlib.crc32(head))
     open(p, "wb").write(bytes(data))
     assert os.path.getsize(os.path.join(root, tampered.path)) == tampered.file_size
@@ -352,7 +386,13 @@ def test_commit_checks_every_shard(tmp_path):
     _expect_refused(root, [good, good], ValueError, "given twice", mode="a")
     _expect_refused(root, [ok], ValueError, "already in version 1", mode="a")
     _expect_refused(root, [good, ok], ValueError, "already in version 1", mode="a")
-    _expect_refused(root, [dataclasses.replace(good, path="../x.h5")], rowstore.FormatError, "relative path", mode="a")
+    _expect_refused(
+        root,
+        [dataclasses.replace(good, path="../x.h5")],
+        rowstore.FormatError,
+        "relative path",
+        mode="a",
+    )
     with pytest.raises(TypeError):
         commit(root, [good.entry()], mode="a")
     assert commit(root, [good], mode="a") == 2
@@ -371,7 +411,9 @@ def test_a_reader_of_version_k_is_unaffected_by_an_append(tmp_path):
     assert manifest.read_pointer(root)[0] == 2
     again = [r.take(np.arange(len(r)))["x"] for r in readers]
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
-    assert np.array_equal(xs_of(root, 1), np.arange(40)) and np.array_equal(xs_of(root), np.arange(200))
+    assert np.array_equal(xs_of(root, 1), np.arange(40)) and np.array_equal(
+        xs_of(root), np.arange(200)
+    )
     assert manifest.load(root, 1).shards["path"] == m1.shards["path"]
     for r in readers:
         r.close()
@@ -390,31 +432,49 @@ def test_gc_removes_only_what_no_kept_version_names(tmp_path, capsys):
     young = write_shard(root, SCHEMA, cols(0, 1))  # committed by nobody yet: a job still writing
     stale_tmp = os.path.join(root, "shards", ".x.h5.0123456789ab.rowstore-tmp")
     open(stale_tmp, "wb").close()
-    everything = sorted(os.listdir(os.path.join(root, "shards"))), sorted(os.listdir(os.path.join(root, "_manifests")))
+    everything = (
+        sorted(os.listdir(os.path.join(root, "shards"))),
+        sorted(os.listdir(os.path.join(root, "_manifests"))),
+    )
 
     report = gc(root)  # dry run by default
     assert report.dry_run and report.current == 3 and report.kept_versions == [3]
     assert sorted(report.shards) == sorted([a.path, old.path]) and report.young == [young.path]
-    assert set(report.manifests) == {"_manifests/v00000001.json", "_manifests/v00000001.index",
-                                     "_manifests/v00000002.json", "_manifests/v00000002.index"}  # fmt: skip
+    assert set(report.manifests) == {
+        "_manifests/v00000001.json",
+        "_manifests/v00000001.index",
+        "_manifests/v00000002.json",
+        "_manifests/v00000002.index",
+    }
     assert report.temporaries == ["shards/.x.h5.0123456789ab.rowstore-tmp"]
-    assert (sorted(os.listdir(os.path.join(root, "shards"))), sorted(os.listdir(os.path.join(root, "_manifests")))) == everything
-    assert cli_main(["gc", root]) == 0 and "dry run" in capsys.readouterr().out  # the CLI: lists only
+    assert (
+        sorted(os.listdir(os.path.join(root, "shards"))),
+        sorted(os.listdir(os.path.join(root, "_manifests"))),
+    ) == everything
+    assert (
+        cli_main(["gc", root]) == 0 and "dry run" in capsys.readouterr().out
+    )  # the CLI: lists only
     assert sorted(os.listdir(os.path.join(root, "shards"))) == everything[0]
 
     report = gc(root, dry_run=False, keep_versions=2)
     assert report.kept_versions == [2, 3] and sorted(report.shards) == sorted([a.path, old.path])
     assert manifest.versions(root) == [2, 3] and not os.path.exists(stale_tmp)
     assert sorted(shard_files(root)) == sorted(os.path.basename(i.path) for i in (b, c, young))
-    assert np.array_equal(xs_of(root, 2), np.arange(10, 20)) and np.array_equal(xs_of(root), np.arange(10, 30))
+    assert np.array_equal(xs_of(root, 2), np.arange(10, 20)) and np.array_equal(
+        xs_of(root), np.arange(10, 30)
+    )
 
-    assert cli_main(["gc", root, "--delete", "--grace", "0"]) == 0  # keeps 1 version; young is now old enough
+    assert (
+        cli_main(["gc", root, "--delete", "--grace", "0"]) == 0
+    )  # keeps 1 version; young is now old enough
     out = capsys.readouterr().out
     assert "removed: _manifests/v00000002.json" in out and f"removed: {young.path}" in out
     assert manifest.versions(root) == [3] and shard_files(root) == named(root)
     assert np.array_equal(xs_of(root), np.arange(10, 30))
     open(tmp_path / "file.h5", "wb").close()
-    assert cli_main(["gc", str(tmp_path / "file.h5")]) == 0  # not a dataset: the file behaviour, unchanged
+    assert (
+        cli_main(["gc", str(tmp_path / "file.h5")]) == 0
+    )  # not a dataset: the file behaviour, unchanged
     assert "stale temporary file(s), kept 0 in use" in capsys.readouterr().out
 
 
@@ -428,7 +488,11 @@ def test_commit_removes_old_orphans_and_temporaries(tmp_path):
     commit(root, [write_shard(root, SCHEMA, cols(10, 20))], mode="a")
     files = shard_files(root)
     assert os.path.basename(old.path) not in files and os.path.basename(young.path) in files
-    assert not any(n.endswith(".rowstore-tmp") for d in ("", "shards", "_manifests") for n in os.listdir(os.path.join(root, d)))
+    assert not any(
+        n.endswith(".rowstore-tmp")
+        for d in ("", "shards", "_manifests")
+        for n in os.listdir(os.path.join(root, d))
+    )
     commit(root, [], mode="a", orphan_grace_s=0)  # a new version with the same shards, new clean-up
     assert shard_files(root) == named(root) and np.array_equal(xs_of(root), np.arange(20))
 
@@ -456,7 +520,8 @@ CHILD = textwrap.dedent("""
 
     print("ready", flush=True)
     if how == "writer":
-        with rowstore.DatasetWriter(root, schema, mode="a", shard_bytes=1500, rows_per_block=8) as w:
+        with rowstore.DatasetWriter(root, schema, mode="a", shard_bytes=1500, rows_per_block=8) as
+        w:
             for lo in range(base, base + n, 20):
                 w.write_batch(cols(lo, min(lo + 20, base + n)))
                 print("wrote", flush=True)
@@ -479,8 +544,12 @@ def test_sigkill_leaves_the_previous_version_or_the_new_one(tmp_path):
     for round_ in range(10):
         how = ("writer", "two-phase")[round_ % 2]
         base, n = round_ * 1000, 400
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, root, how, str(base), str(n)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, root, how, str(base), str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         if round_ in (2, 3):  # killed once it wrote its first batch or shard: surely mid-write
             assert proc.stdout.readline() == "wrote\n", proc.stderr.read()
@@ -512,7 +581,12 @@ def test_sigkill_leaves_the_previous_version_or_the_new_one(tmp_path):
     assert shard_files(root) == named(root)
     v = manifest.read_pointer(root)[0]
     assert sorted(os.listdir(os.path.join(root, "_manifests"))) == sorted(
-        [".lock", os.path.basename(manifest.manifest_path(v)), os.path.basename(manifest.index_path(v))])
+        [
+            ".lock",
+            os.path.basename(manifest.manifest_path(v)),
+            os.path.basename(manifest.index_path(v)),
+        ]
+    )
     assert sorted(os.listdir(root)) == ["_manifests", "rowstore.json", "shards"]
 
 
@@ -523,14 +597,24 @@ def test_a_killed_commits_leftovers_block_nothing(tmp_path):
     root = str(tmp_path / "ds")
     commit(root, [write_shard(root, SCHEMA, cols(0, 10))])
     left = write_shard(root, SCHEMA, cols(10, 20))
-    with open(os.path.join(root, manifest.index_path(2)), "wb") as f:  # sidecar written, then killed
+    with open(
+        os.path.join(root, manifest.index_path(2)), "wb"
+    ) as f:  # sidecar written, then killed
         f.write(manifest.INDEX_MAGIC)
     assert commit(root, [write_shard(root, SCHEMA, cols(20, 30))], mode="a") == 3
     assert not os.path.exists(os.path.join(root, manifest.index_path(2)))  # removed by the clean-up
     with manifest.commit_lock(root):  # a manifest published but never made current
-        manifest.publish(root, schema=SCHEMA, attrs={}, compression={"id": "none"}, heap_chunk_bytes=left.heap_chunk_bytes,
-                         shards=[left.entry()], blocks=[Layout_of(root, left).blocks],
-                         heap_chunks=[Layout_of(root, left).heap_chunks], parent=3)  # fmt: skip
+        manifest.publish(
+            root,
+            schema=SCHEMA,
+            attrs={},
+            compression={"id": "none"},
+            heap_chunk_bytes=left.heap_chunk_bytes,
+            shards=[left.entry()],
+            blocks=[Layout_of(root, left).blocks],
+            heap_chunks=[Layout_of(root, left).heap_chunks],
+            parent=3,
+        )
     with open(os.path.join(root, manifest.POINTER), "w") as f:  # ...as if the pointer never moved
         f.write(pointer_of(root, 3))
     assert manifest.read_pointer(root)[0] == 3 and manifest.versions(root) == [1, 3, 4]
@@ -557,5 +641,12 @@ def pointer_of(root, version):
 
     with open(os.path.join(root, manifest.manifest_path(version)), "rb") as f:
         crc = zlib.crc32(f.read())
-    return json.dumps({"format": manifest.FORMAT_NAME, "format_version": 1, "version": version,
-                       "manifest": manifest.manifest_path(version), "manifest_crc32": crc})  # fmt: skip
+    return json.dumps(
+        {
+            "format": manifest.FORMAT_NAME,
+            "format_version": 1,
+            "version": version,
+            "manifest": manifest.manifest_path(version),
+            "manifest_crc32": crc,
+        }
+    )

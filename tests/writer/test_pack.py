@@ -51,7 +51,8 @@ def value_shape(f: Field, ref) -> tuple[int, ...]:
 
 
 def pack(schema, rows, *, batch=False, capacity=4):
-    """A packer holding ``rows``, added one by one or as one batch (validated as the writer does)."""
+    """A packer holding ``rows``, added one by one or as one batch (validated as the writer
+    does)."""
     from rowstore.writer.values import check_column, check_value
 
     p = RowPacker(schema, capacity=capacity)
@@ -119,7 +120,11 @@ def test_blocks_are_cut_with_their_heap_ranges():
     assert (p.n, p.rows_written, p.block_heap_start) == (6, 4, 5)
     assert p.rows["i"][:6].tolist() == [4, 5, 6, 7, 8, 9]
     part = p.peek_block(3, 8)  # the last, partial block: a zero-filled copy of rows_per_block rows
-    assert len(part.rows) == 8 and part.rows["i"][:3].tolist() == [4, 5, 6] and not part.rows[3:].tobytes().strip(b"\0")
+    assert (
+        len(part.rows) == 8
+        and part.rows["i"][:3].tolist() == [4, 5, 6]
+        and not part.rows[3:].tobytes().strip(b"\0")
+    )
     assert (part.heap_start, part.heap_end) == (5, 5 + 5 + 6)  # row 4 is null
     p.pop_block(part, 8)
     assert len(p.rows) == 8 and p.n == 3 and p.rows["i"][:3].tolist() == [7, 8, 9]
@@ -168,7 +173,9 @@ class Boom(rowstore.Codec):
 
 
 def test_failed_add_is_undone():
-    schema = Schema([Field("a", "bytes"), Field("v", "float32", (None,), codec=Boom()), Field("k", "int8")])
+    schema = Schema(
+        [Field("a", "bytes"), Field("v", "float32", (None,), codec=Boom()), Field("k", "int8")]
+    )
     p = RowPacker(schema)
     ok = [b"xy", np.zeros(2, np.float32), np.array(1, np.int8)]
     p.add_row(ok)
@@ -177,7 +184,14 @@ def test_failed_add_is_undone():
         p.add_row([b"stored before the failure", np.zeros(3, np.float32), np.array(2, np.int8)])
     assert (p.n, bytes(p.heap), p.heap_pos, p.rows[:1].tobytes()) == state
     with pytest.raises(CodecError):
-        p.add_columns([[b"a", b"b"], [np.zeros(1, np.float32), np.zeros(3, np.float32)], np.array([3, 4], np.int8)], 2)
+        p.add_columns(
+            [
+                [b"a", b"b"],
+                [np.zeros(1, np.float32), np.zeros(3, np.float32)],
+                np.array([3, 4], np.int8),
+            ],
+            2,
+        )
     assert (p.n, bytes(p.heap), p.heap_pos, p.rows[:1].tobytes()) == state
     assert not p.rows[1:].tobytes().strip(b"\0")  # half-filled slots are cleared
     p.add_row(ok)
@@ -212,13 +226,17 @@ class Q16Short(Q16):
 
 
 def q16_schema(codec=None) -> Schema:
-    return Schema([Field("i", "int64"), Field("q", "float32", (2, 3), codec=codec or Q16(), nullable=True)])
+    return Schema(
+        [Field("i", "int64"), Field("q", "float32", (2, 3), codec=codec or Q16(), nullable=True)]
+    )
 
 
 def test_row_dtype_of_an_inline_codec_that_is_not_raw():
     schema = q16_schema()
     assert schema["q"].inline
-    assert spec.row_dtype(schema) == np.dtype([("i", "<i8"), ("q", "u1", (12,)), ("q__null", "|b1")])
+    assert spec.row_dtype(schema) == np.dtype(
+        [("i", "<i8"), ("q", "u1", (12,)), ("q__null", "|b1")]
+    )
 
 
 def test_inline_codec_values_are_stored_encoded():
@@ -245,7 +263,11 @@ def test_inline_codec_values_are_stored_encoded():
 def test_inline_codec_of_the_wrong_length_is_an_error():
     schema = q16_schema(Q16Short())
     p = RowPacker(schema)
-    with pytest.raises(CodecError, match=r"row 0: field 'q': codec 'test_q16_short' encoded a value into 11 bytes; its stored_nbytes is 12") as info:
+    with pytest.raises(
+        CodecError,
+        match=r"row 0: field 'q': codec 'test_q16_short' encoded a value into 11 bytes; its "
+        r"stored_nbytes is 12",
+    ) as info:
         p.add_row([np.array(1), np.zeros((2, 3), np.float32)])
     assert info.value.field == "q" and p.n == 0
 
@@ -263,7 +285,10 @@ def test_check_value_size(monkeypatch):
     _pack.check_value_size(f, "12345678", 3)
     _pack.check_value_size(f, None, 3)
     _pack.check_value_size(f, "éé", 3)  # 4 UTF-8 bytes, under the bound without encoding
-    with pytest.raises(RowValidationError, match=r"row 3: field 't': a value of 10 bytes exceeds .*MAX_VALUE_BYTES = 8") as info:
+    with pytest.raises(
+        RowValidationError,
+        match=r"row 3: field 't': a value of 10 bytes exceeds .*MAX_VALUE_BYTES = 8",
+    ) as info:
         _pack.check_value_size(f, "ééééé", 3)
     assert (info.value.field, info.value.row) == ("t", 3)
     with pytest.raises(RowValidationError, match="a value of 9 bytes"):
@@ -292,12 +317,19 @@ def test_payload_and_heap_limits(monkeypatch):
     p = RowPacker(schema)
     monkeypatch.setattr(spec, "MAX_VALUE_BYTES", 20)
     p.add_row([np.array(0, np.int8), "abcd"])  # 20-byte payload
-    with pytest.raises(RowValidationError, match=r"row 1: field 't': a stored payload of 21 bytes exceeds .*MAX_VALUE_BYTES") as info:
+    with pytest.raises(
+        RowValidationError,
+        match=r"row 1: field 't': a stored payload of 21 bytes exceeds .*MAX_VALUE_BYTES",
+    ) as info:
         p.add_row([np.array(1, np.int8), "abcde"])
     assert info.value.row == 1 and p.n == 1 and p.heap_pos == 20
     monkeypatch.setattr(spec, "MAX_HEAP_BYTES", 50)
     p.add_row([np.array(1, np.int8), "abcd"])
-    with pytest.raises(RowValidationError, match=r"row 2: field 't': the heap with this payload \(60 bytes\) exceeds .*MAX_HEAP_BYTES = 50"):
+    with pytest.raises(
+        RowValidationError,
+        match=r"row 2: field 't': the heap with this payload \(60 bytes\) exceeds .*MAX_HEAP_BYTES "
+        r"= 50",
+    ):
         p.add_row([np.array(2, np.int8), "abcd"])
     assert p.n == 2 and p.heap_pos == 40
 
@@ -318,8 +350,17 @@ def test_resume_continues_a_tail():
     tail_rows = np.zeros(2, dtype=spec.row_dtype(schema))
     tail_rows["i"] = [8, 9]
     p = RowPacker(schema)
-    p.resume(PackerTail(rows=tail_rows, rows_written=8, heap=b"xyz", heap_flushed=64, heap_pos=67,
-                        block_heap_start=60), rows_per_block=4)  # fmt: skip
+    p.resume(
+        PackerTail(
+            rows=tail_rows,
+            rows_written=8,
+            heap=b"xyz",
+            heap_flushed=64,
+            heap_pos=67,
+            block_heap_start=60,
+        ),
+        rows_per_block=4,
+    )
     assert (p.n, p.num_rows, len(p.rows), p.heap_pos) == (2, 10, 4, 67)
     p.add_row([np.array(10, np.int32), b"!"])
     assert int(p.rows["b"]["offset"][2]) == 67 and bytes(p.heap) == b"xyz!"

@@ -97,6 +97,11 @@ def test_hdf5_work_on_other_threads_next_to_writers(tmp_path, scenario):
     for run in range(RUNS):
         d = tmp_path / f"run{run}"
         d.mkdir()
-        p = subprocess.run([sys.executable, "-X", "faulthandler", str(script), scenario, str(d)],
-                           capture_output=True, text=True, timeout=scaled(60), env=env)  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, "-X", "faulthandler", str(script), scenario, str(d)],
+            capture_output=True,
+            text=True,
+            timeout=scaled(60),
+            env=env,
+        )
         assert p.returncode == 0, f"run {run}: exit status {p.returncode}\n{p.stderr[-4000:]}"

@@ -25,34 +25,115 @@ def int_values(dt: np.dtype, rng) -> list:
     info = np.iinfo(dt)
     lo, hi = int(info.min), int(info.max)
     other = np.int16 if dt != np.int16 else np.int32
-    return [int(rng.integers(lo, hi, endpoint=True, dtype=np.int64 if dt.kind == "i" else np.uint64)), lo, hi, 0,
-            lo - 1, hi + 1, 1 << 63, (1 << 63) - 1, -(1 << 63), -(1 << 63) - 1, 1 << 64, 1 << 70, True, False,
-            dt.type(hi), other(7), 1.0, 1.5, "3", None, np.array(5), [5]]  # fmt: skip
+    return [
+        int(rng.integers(lo, hi, endpoint=True, dtype=np.int64 if dt.kind == "i" else np.uint64)),
+        lo,
+        hi,
+        0,
+        lo - 1,
+        hi + 1,
+        1 << 63,
+        (1 << 63) - 1,
+        -(1 << 63),
+        -(1 << 63) - 1,
+        1 << 64,
+        1 << 70,
+        True,
+        False,
+        dt.type(hi),
+        other(7),
+        1.0,
+        1.5,
+        "3",
+        None,
+        np.array(5),
+        [5],
+    ]
 
 
 def float_values(dt: np.dtype, rng) -> list:
     f32max = float(np.finfo(np.float32).max)
-    return [float(rng.standard_normal()), 0.0, -0.0, math.nan, math.inf, -math.inf, 1e300, -1e300, f32max,
-            np.nextafter(f32max, math.inf), 1e-46, 5e-324, dt.type(1.25), np.float32(math.nan), np.float64(2.5),
-            np.float16(0.5), 3, True, 1j, "x", None, np.array(1.0), [1.0]]  # fmt: skip
+    return [
+        float(rng.standard_normal()),
+        0.0,
+        -0.0,
+        math.nan,
+        math.inf,
+        -math.inf,
+        1e300,
+        -1e300,
+        f32max,
+        np.nextafter(f32max, math.inf),
+        1e-46,
+        5e-324,
+        dt.type(1.25),
+        np.float32(math.nan),
+        np.float64(2.5),
+        np.float16(0.5),
+        3,
+        True,
+        1j,
+        "x",
+        None,
+        np.array(1.0),
+        [1.0],
+    ]
 
 
 def array_values(f: Field, rng) -> list:
     dt = np.dtype(f.dtype)
     shape = tuple(int(rng.integers(0, 4)) if d is None else d for d in f.shape)
-    good = (rng.standard_normal(shape) * 50).astype(dt) if dt.kind != "b" else rng.random(shape) < 0.5
+    good = (
+        (rng.standard_normal(shape) * 50).astype(dt) if dt.kind != "b" else rng.random(shape) < 0.5
+    )
     wrong_dims = tuple(d + 1 for d in shape)
     wide = (good.real if dt.kind == "c" else good).astype(np.float64)
-    out = [good, good.copy(), wide, good.astype(dt.newbyteorder(">")), np.zeros(wrong_dims, dt),
-           good.reshape(-1), good.tolist(), np.zeros(shape, np.int64), np.full(shape, 1e300), np.ma.masked_array(good),
-           np.zeros(shape + (2,), dt)[..., 0], None, "abc", 3]  # fmt: skip
+    out = [
+        good,
+        good.copy(),
+        wide,
+        good.astype(dt.newbyteorder(">")),
+        np.zeros(wrong_dims, dt),
+        good.reshape(-1),
+        good.tolist(),
+        np.zeros(shape, np.int64),
+        np.full(shape, 1e300),
+        np.ma.masked_array(good),
+        np.zeros(shape + (2,), dt)[..., 0],
+        None,
+        "abc",
+        3,
+    ]
     if good.ndim >= 2:
         out.append(np.asfortranarray(good))
     return out
 
 
-TEXT = ["", "plain", "héllo wörld", "日本語テキスト", "\ud800 lone", "x" * 40, np.str_("numpy str"), b"bytes", math.nan, None, 5]
-BLOBS = [b"", b"abc", bytes(range(256)), bytearray(b"ba"), memoryview(b"mv"), np.bytes_(b"nb"), "str", None, math.nan, 7]
+TEXT = [
+    "",
+    "plain",
+    "héllo wörld",
+    "日本語テキスト",
+    "\ud800 lone",
+    "x" * 40,
+    np.str_("numpy str"),
+    b"bytes",
+    math.nan,
+    None,
+    5,
+]
+BLOBS = [
+    b"",
+    b"abc",
+    bytes(range(256)),
+    bytearray(b"ba"),
+    memoryview(b"mv"),
+    np.bytes_(b"nb"),
+    "str",
+    None,
+    math.nan,
+    7,
+]
 
 
 def candidates(f: Field, rng) -> list:
@@ -64,7 +145,18 @@ def candidates(f: Field, rng) -> list:
         return array_values(f, rng)
     dt = np.dtype(f.dtype)
     if dt.kind == "b":
-        return [True, False, np.bool_(True), np.bool_(False), 1, 0, 1.0, None, np.array(True), "yes"]
+        return [
+            True,
+            False,
+            np.bool_(True),
+            np.bool_(False),
+            1,
+            0,
+            1.0,
+            None,
+            np.array(True),
+            "yes",
+        ]
     if dt.kind in "iu":
         return int_values(dt, rng)
     return float_values(dt, rng)
@@ -89,16 +181,44 @@ def good_value(f: Field, rng):
 SCHEMAS = {
     "ints": Schema([Field(f"f_{t}", t) for t in INTS]),
     "floats_bool": Schema([Field("a", "float32"), Field("b", "float64"), Field("c", "bool")]),
-    "arrays": Schema([Field("v", "float32", (4,)), Field("m", "int16", (2, 3)), Field("h", "float16", (3,)),
-                      Field("z", "complex64", (2,)), Field("q", "bool", (5,))]),
-    "heap": Schema([Field("s", "str"), Field("b", "bytes"), Field("w", "int32", (None,)),
-                    Field("g", "uint16", (None, 3, None))]),
-    "nullable": Schema([Field("i", "int32", nullable=True), Field("x", "float32", nullable=True),
-                        Field("s", "str", nullable=True), Field("v", "float64", (3,), nullable=True),
-                        Field("w", "uint8", (None,), nullable=True), Field("k", "bool", nullable=True)]),
-    "bench_row": Schema([Field("id", "int64"), Field("label", "float32"), Field("name", "str"),
-                         Field("vector", "float32", (16,)), Field("flag", "bool"), Field("score", "float64")]),
-}  # fmt: skip
+    "arrays": Schema(
+        [
+            Field("v", "float32", (4,)),
+            Field("m", "int16", (2, 3)),
+            Field("h", "float16", (3,)),
+            Field("z", "complex64", (2,)),
+            Field("q", "bool", (5,)),
+        ]
+    ),
+    "heap": Schema(
+        [
+            Field("s", "str"),
+            Field("b", "bytes"),
+            Field("w", "int32", (None,)),
+            Field("g", "uint16", (None, 3, None)),
+        ]
+    ),
+    "nullable": Schema(
+        [
+            Field("i", "int32", nullable=True),
+            Field("x", "float32", nullable=True),
+            Field("s", "str", nullable=True),
+            Field("v", "float64", (3,), nullable=True),
+            Field("w", "uint8", (None,), nullable=True),
+            Field("k", "bool", nullable=True),
+        ]
+    ),
+    "bench_row": Schema(
+        [
+            Field("id", "int64"),
+            Field("label", "float32"),
+            Field("name", "str"),
+            Field("vector", "float32", (16,)),
+            Field("flag", "bool"),
+            Field("score", "float64"),
+        ]
+    ),
+}
 
 
 def outcome(w: rowstore.Writer, row) -> tuple | None:
@@ -167,21 +287,37 @@ def test_bench_row_reads_back_across_blocks_and_heap_chunks(rs, tmp_path):
 def test_bad_rows_in_a_stream_of_fast_rows_keep_nothing(tmp_path):
     schema = SCHEMAS["heap"]
     with rowstore.Writer(tmp_path / "a.h5", schema) as w:
-        good = {"s": "abc", "b": b"xy", "w": np.arange(3, dtype=np.int32), "g": np.zeros((1, 3, 2), np.uint16)}
+        good = {
+            "s": "abc",
+            "b": b"xy",
+            "w": np.arange(3, dtype=np.int32),
+            "g": np.zeros((1, 3, 2), np.uint16),
+        }
         w.write(good)
         heap = bytes(w._packer.heap)
-        bad = dict(good, g=np.zeros((1, 4, 2), np.uint16))  # the last field is bad: the others were packed first
+        bad = dict(
+            good, g=np.zeros((1, 4, 2), np.uint16)
+        )  # the last field is bad: the others were packed first
         with pytest.raises(RowValidationError, match=r"row 1: field 'g'") as exc:
             w.write(bad)
         assert exc.value.field == "g" and exc.value.row == 1
         assert bytes(w._packer.heap) == heap and w.num_rows == 1
-        assert not w._packer.rows[1:].tobytes().strip(b"\0")  # the slot the fast path began is zeroed
+        assert (
+            not w._packer.rows[1:].tobytes().strip(b"\0")
+        )  # the slot the fast path began is zeroed
         w.write(good)
     assert len(rowstore.open(tmp_path / "a.h5")) == 2
 
 
-@pytest.mark.parametrize("field", [Field("t", "datetime64[ns]"), Field("h", "float16"), Field("c", "complex128"),
-                                   Field("img", "uint8", (4, 4, 3), codec="png")])  # fmt: skip
+@pytest.mark.parametrize(
+    "field",
+    [
+        Field("t", "datetime64[ns]"),
+        Field("h", "float16"),
+        Field("c", "complex128"),
+        Field("img", "uint8", (4, 4, 3), codec="png"),
+    ],
+)
 def test_fields_without_a_fast_path_disable_it(tmp_path, rs, field):
     schema = Schema([Field("i", "int64"), field])
     assert _pack.fast_plan(schema, spec.row_dtype(schema)) is None
@@ -198,10 +334,17 @@ def test_plan_refuses_descriptors_outside_the_row():
         return ("x", int(kind), offset, null, size, 0, 1, dtype, dtype.type, dims, shape_offset)
 
     RowPlan([desc(RowKind.K_INT, 0)], 8, 10, 10)  # fits
-    bad = [desc(RowKind.K_INT, 1), desc(RowKind.K_INT, -1), desc(RowKind.K_INT, 0, size=3),
-           desc(RowKind.K_INT, 0, null=8), desc(RowKind.K_ARRAY, 0, size=16, dims=(2,)),
-           desc(RowKind.K_STR, 1), desc(RowKind.K_VARRAY, 0, dims=(-1,), shape_offset=16),
-           desc(RowKind.K_VARRAY, 0, dims=(2,), shape_offset=0), desc(99, 0)]  # fmt: skip
+    bad = [
+        desc(RowKind.K_INT, 1),
+        desc(RowKind.K_INT, -1),
+        desc(RowKind.K_INT, 0, size=3),
+        desc(RowKind.K_INT, 0, null=8),
+        desc(RowKind.K_ARRAY, 0, size=16, dims=(2,)),
+        desc(RowKind.K_STR, 1),
+        desc(RowKind.K_VARRAY, 0, dims=(-1,), shape_offset=16),
+        desc(RowKind.K_VARRAY, 0, dims=(2,), shape_offset=0),
+        desc(99, 0),
+    ]
     for d in bad:
         with pytest.raises(ValueError, match="RowPlan"):
             RowPlan([d], 8 if d[1] not in (RowKind.K_STR, RowKind.K_VARRAY) else 16, 10, 10)
@@ -220,7 +363,10 @@ def test_plan_checks_its_buffer_and_slot():
     with pytest.raises((BufferError, ValueError)):
         plan.set_rows(np.zeros(4, dt)[::2])  # not contiguous
     plan.set_rows(buf)
-    assert plan.pack({"i": 1, "s": "a"}, 2, heap, 0) == -1 and plan.pack({"i": 1, "s": "a"}, -1, heap, 0) == -1
+    assert (
+        plan.pack({"i": 1, "s": "a"}, 2, heap, 0) == -1
+        and plan.pack({"i": 1, "s": "a"}, -1, heap, 0) == -1
+    )
     assert plan.pack({"i": 7, "s": "héllo"}, 1, heap, 5) == 5 + len("héllo".encode())
     assert buf["i"][1] == 7 and buf["s"]["offset"][1] == 5 and bytes(heap) == "héllo".encode()
     assert plan.pack({"i": 7, "s": "x"}, 0, heap, spec.MAX_HEAP_BYTES) == -1  # the heap limit

@@ -21,7 +21,8 @@ COMPRESSION_IDS = ["none", "lz4", "zstd-dict"]
 
 
 def raw_content(path):
-    """The logical content of a file: rows table, heap bytes, index (without file offsets), attrs."""
+    """The logical content of a file: rows table, heap bytes, index (without file offsets),
+    attrs."""
     with h5py.File(path, "r") as f:
         g = f["rowstore"]
         rows = g["rows"][()]
@@ -29,7 +30,11 @@ def raw_content(path):
         blocks = g["blocks"][()]
         blocks = {name: blocks[name].tolist() for name in blocks.dtype.names if name != "offset"}
         hc = g["heap_chunks"][()] if "heap_chunks" in g else None
-        hc = None if hc is None else {name: hc[name].tolist() for name in hc.dtype.names if name != "offset"}
+        hc = (
+            None
+            if hc is None
+            else {name: hc[name].tolist() for name in hc.dtype.names if name != "offset"}
+        )
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()}
     return rows, heap, blocks, hc, attrs
 
@@ -63,8 +68,12 @@ def check_layout(path, n, rpb=None):
 
 # -- write vs write_batch --------------------------------------------------------------------
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
-@pytest.mark.parametrize("sizing", [{"rows_per_block": 7}, {"block_bytes": 600}], ids=["rpb", "block_bytes"])
-def test_write_and_write_batch_give_identical_content(rs, tmp_path, schema_all_nullable, compression, sizing):
+@pytest.mark.parametrize(
+    "sizing", [{"rows_per_block": 7}, {"block_bytes": 600}], ids=["rpb", "block_bytes"]
+)
+def test_write_and_write_batch_give_identical_content(
+    rs, tmp_path, schema_all_nullable, compression, sizing
+):
     schema = schema_all_nullable
     rows = rs.make_rows(schema, 40, seed=11)
     a, b, c = (str(tmp_path / f"{k}.h5") for k in "abc")
@@ -83,10 +92,15 @@ def test_write_and_write_batch_give_identical_content(rs, tmp_path, schema_all_n
 
 
 def test_write_batch_column_forms(rs, h5path):
-    schema = Schema([
-        Field("x", "float32", (2,)), Field("k", "int8", nullable=True), Field("v", "int16", (None,)),
-        Field("t", "str"), Field("img", "uint8", (3, 3), codec="png"),
-    ])  # fmt: skip
+    schema = Schema(
+        [
+            Field("x", "float32", (2,)),
+            Field("k", "int8", nullable=True),
+            Field("v", "int16", (None,)),
+            Field("t", "str"),
+            Field("img", "uint8", (3, 3), codec="png"),
+        ]
+    )
     n = 5
     cols = {
         "x": [[1, 2]] * n,  # a list of lists for an inline field
@@ -106,7 +120,9 @@ def test_write_batch_column_forms(rs, h5path):
 
 
 # -- block sizing and boundaries -------------------------------------------------------------
-@pytest.mark.parametrize(("n", "rpb"), [(1, 1), (10, 1), (10, 3), (12, 3), (5, 100), (100, 7), (64, 64)])
+@pytest.mark.parametrize(
+    ("n", "rpb"), [(1, 1), (10, 1), (10, 3), (12, 3), (5, 100), (100, 7), (64, 64)]
+)
 def test_block_boundaries_exact(rs, h5path, n, rpb):
     schema = Schema([Field("i", "int64"), Field("v", "uint8", (None,))])
     rows = [{"i": i, "v": np.full(i % 4, i, np.uint8)} for i in range(n)]
@@ -151,7 +167,15 @@ def test_many_blocks(rs, h5path, compression):
     schema = Schema([Field("i", "int32"), Field("t", "str")])
     n = 2000
     rows = [{"i": i, "t": str(i)} for i in range(n)]
-    rs.write_file(h5path, schema, rows, rows_per_block=3, heap_chunk_bytes=64, compression=compression, batch=True)
+    rs.write_file(
+        h5path,
+        schema,
+        rows,
+        rows_per_block=3,
+        heap_chunk_bytes=64,
+        compression=compression,
+        batch=True,
+    )
     lay = check_layout(h5path, n, 3)
     assert lay.num_blocks == 667
     r = rowstore.open(h5path)
@@ -166,9 +190,17 @@ def test_many_blocks(rs, h5path, compression):
 def test_heap_payloads_spanning_heap_chunks(rs, h5path, compression):
     schema = Schema([Field("b", "bytes"), Field("w", "float64", (None,)), Field("k", "uint8")])
     rng = np.random.default_rng(12)
-    rows = [{"b": rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes(),
-             "w": rng.standard_normal(int(rng.integers(0, 40))), "k": i} for i in range(30)]  # fmt: skip
-    rs.write_file(h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    rows = [
+        {
+            "b": rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes(),
+            "w": rng.standard_normal(int(rng.integers(0, 40))),
+            "k": i,
+        }
+        for i in range(30)
+    ]
+    rs.write_file(
+        h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+    )
     lay = check_layout(h5path, 30, 4)
     assert lay.heap_chunk_bytes == 64
     total = sum(len(r["b"]) + 8 * len(r["w"]) for r in rows)
@@ -242,18 +274,29 @@ def test_empty_file(rs, h5path):
 
 
 # -- append ----------------------------------------------------------------------------------
-APPEND_SCHEMA = Schema([
-    Field("i", "int64"), Field("x", "float32", (3,)), Field("t", "str", nullable=True),
-    Field("v", "int16", (None,)), Field("img", "uint8", (4, 4), codec="png", nullable=True),
-])  # fmt: skip
+APPEND_SCHEMA = Schema(
+    [
+        Field("i", "int64"),
+        Field("x", "float32", (3,)),
+        Field("t", "str", nullable=True),
+        Field("v", "int16", (None,)),
+        Field("img", "uint8", (4, 4), codec="png", nullable=True),
+    ]
+)
 
 
 def append_rows(start, n):
     rng = np.random.default_rng(start)
-    return [{
-        "i": i, "x": np.full(3, i, np.float32), "t": None if i % 5 == 0 else "r" * (i % 7),
-        "v": np.arange(i % 6, dtype=np.int16) * i, "img": None if i % 4 == 1 else rng.integers(0, 256, (4, 4), dtype=np.uint8),
-    } for i in range(start, start + n)]  # fmt: skip
+    return [
+        {
+            "i": i,
+            "x": np.full(3, i, np.float32),
+            "t": None if i % 5 == 0 else "r" * (i % 7),
+            "v": np.arange(i % 6, dtype=np.int16) * i,
+            "img": None if i % 4 == 1 else rng.integers(0, 256, (4, 4), dtype=np.uint8),
+        }
+        for i in range(start, start + n)
+    ]
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
@@ -262,8 +305,15 @@ def test_append(rs, h5path, compression, n1, n2):
     """n1 = 10 with 4 rows per block: partial last block; heap_chunk_bytes 64 leaves the heap's
     last chunk partial in most cases; n1 = 8: the last block full."""
     first, second = append_rows(0, n1), append_rows(n1, n2)
-    rs.write_file(h5path, APPEND_SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression,
-                  attrs={"a": 1})
+    rs.write_file(
+        h5path,
+        APPEND_SCHEMA,
+        first,
+        rows_per_block=4,
+        heap_chunk_bytes=64,
+        compression=compression,
+        attrs={"a": 1},
+    )
     lay1 = Layout.open(h5path)
     with rowstore.Writer(h5path, mode="a", attrs={"b": 2}) as w:
         assert w.num_rows == n1
@@ -277,8 +327,15 @@ def test_append(rs, h5path, compression, n1, n2):
     rs.assert_rows_equal(APPEND_SCHEMA, first + second, rs.read_rows(h5path))
     # the same content as writing everything at once
     once = h5path + ".once.h5"
-    rs.write_file(once, APPEND_SCHEMA, first + second, rows_per_block=4, heap_chunk_bytes=64, compression=compression,
-                  attrs={"a": 1, "b": 2})
+    rs.write_file(
+        once,
+        APPEND_SCHEMA,
+        first + second,
+        rows_per_block=4,
+        heap_chunk_bytes=64,
+        compression=compression,
+        attrs={"a": 1, "b": 2},
+    )
     assert_same_content(h5path, once)
 
 
@@ -286,7 +343,9 @@ def test_append(rs, h5path, compression, n1, n2):
 def test_append_heap_last_chunk_exactly_full_and_partial(rs, h5path, compression):
     schema = Schema([Field("b", "bytes"), Field("k", "int8")])
     rows = [{"b": bytes([i]) * 32, "k": i} for i in range(4)]  # 128 heap bytes: 2 full chunks
-    rs.write_file(h5path, schema, rows, rows_per_block=3, heap_chunk_bytes=64, compression=compression)
+    rs.write_file(
+        h5path, schema, rows, rows_per_block=3, heap_chunk_bytes=64, compression=compression
+    )
     assert Layout.open(h5path).heap_nbytes == 128
     more = [{"b": bytes([100 + i]) * (i * 13), "k": 100 + i} for i in range(5)]
     for chunk in (more[:1], more[1:3], more[3:]):  # several appends in a row
@@ -301,7 +360,9 @@ def test_append_heap_last_chunk_exactly_full_and_partial(rs, h5path, compression
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_append_with_write_batch(rs, h5path, compression):
     first, second = append_rows(0, 6), append_rows(6, 11)
-    rs.write_file(h5path, APPEND_SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression)
+    rs.write_file(
+        h5path, APPEND_SCHEMA, first, rows_per_block=4, heap_chunk_bytes=64, compression=compression
+    )
     with rowstore.Writer(h5path, APPEND_SCHEMA, mode="a", compression=compression) as w:
         w.write_batch(rs.rows_to_columns(APPEND_SCHEMA, second))
     check_layout(h5path, 17, 4)
@@ -376,10 +437,20 @@ def test_unclosed_writer_warns_and_leaves_nothing(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"mode": "r"}, {"mode": "rw"}, {"block_bytes": 0}, {"block_bytes": 2.5}, {"heap_chunk_bytes": 8},
-     {"rows_per_block": 0}, {"rows_per_block": 1.5}, {"compression": "snappy"}, {"compression": {"clevel": 12}},
-     {"compression": {"cname": "lz4", "typo": 1}}, {"compression": 5}],
-)  # fmt: skip
+    [
+        {"mode": "r"},
+        {"mode": "rw"},
+        {"block_bytes": 0},
+        {"block_bytes": 2.5},
+        {"heap_chunk_bytes": 8},
+        {"rows_per_block": 0},
+        {"rows_per_block": 1.5},
+        {"compression": "snappy"},
+        {"compression": {"clevel": 12}},
+        {"compression": {"cname": "lz4", "typo": 1}},
+        {"compression": 5},
+    ],
+)
 def test_bad_writer_arguments(tmp_path, kwargs):
     with pytest.raises(ValueError):
         rowstore.Writer(str(tmp_path / "a.h5"), Schema([Field("i", "int64")]), **kwargs)
@@ -395,15 +466,35 @@ def test_writer_needs_schema_and_directory(tmp_path):
 
 def test_stored_attributes(rs, h5path):
     schema = Schema([Field("i", "int64"), Field("t", "str")])
-    rs.write_file(h5path, schema, [{"i": 1, "t": "x"}], rows_per_block=4, compression="zstd", heap_chunk_bytes=256)
+    rs.write_file(
+        h5path,
+        schema,
+        [{"i": 1, "t": "x"}],
+        rows_per_block=4,
+        compression="zstd",
+        heap_chunk_bytes=256,
+    )
     with h5py.File(h5path, "r") as f:
         a = f["rowstore"].attrs
         # Compressed: no page index, so format v2 (uncompressed files are v3).
-        assert a["format"] == "rowstore" and int(a["format_version"]) == 2 and rowstore.FORMAT_VERSION == 3
+        assert (
+            a["format"] == "rowstore"
+            and int(a["format_version"]) == 2
+            and rowstore.FORMAT_VERSION == 3
+        )
         assert "page_bytes" not in a
         assert Schema.from_json(a["schema"]) == schema
-        assert json.loads(a["compression"]) == {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"}
-        assert int(a["num_rows"]) == 1 and int(a["rows_per_block"]) == 4 and int(a["heap_chunk_bytes"]) == 256
+        assert json.loads(a["compression"]) == {
+            "id": "blosc2",
+            "cname": "zstd",
+            "clevel": 5,
+            "shuffle": "byte",
+        }
+        assert (
+            int(a["num_rows"]) == 1
+            and int(a["rows_per_block"]) == 4
+            and int(a["heap_chunk_bytes"]) == 256
+        )
         assert int(a["heap_nbytes"]) == 1
         assert a["writer"] == f"rowstore {rowstore.__version__}"
         assert "32026" in f["rowstore/rows"]._filters and "32026" in f["rowstore/heap"]._filters
@@ -444,10 +535,14 @@ def test_empty_file_block_size_then_append(rs, h5path, heap):
 def test_input_memory_layouts(rs, h5path, batch):
     """Big-endian, non-contiguous (strided, transposed, negative strides) and read-only inputs
     are stored as the little-endian values they hold."""
-    schema = Schema([
-        Field("a", "float32", (3, 2)), Field("b", "int32", (None,)), Field("img", "uint8", (4, 3, 3), codec="png"),
-        Field("be", "uint16", (2,)),
-    ])  # fmt: skip
+    schema = Schema(
+        [
+            Field("a", "float32", (3, 2)),
+            Field("b", "int32", (None,)),
+            Field("img", "uint8", (4, 3, 3), codec="png"),
+            Field("be", "uint16", (2,)),
+        ]
+    )
     base = np.arange(60, dtype=">f8").reshape(5, 3, 4)
     ints = np.arange(40, dtype=">i4")
     img = np.arange(4 * 3 * 3 * 2, dtype=np.uint8).reshape(3, 4, 2, 3)
@@ -455,8 +550,14 @@ def test_input_memory_layouts(rs, h5path, batch):
     ro.flags.writeable = False
     rows = []
     for i in range(5):
-        rows.append({"a": base[i, :, ::2] if i % 2 else base[i, ::-1, 1::2], "b": ints[::-(i + 1)][: i * 2],
-                     "img": img.transpose(1, 0, 3, 2)[:, :, :, i % 2], "be": ro})  # fmt: skip
+        rows.append(
+            {
+                "a": base[i, :, ::2] if i % 2 else base[i, ::-1, 1::2],
+                "b": ints[:: -(i + 1)][: i * 2],
+                "img": img.transpose(1, 0, 3, 2)[:, :, :, i % 2],
+                "be": ro,
+            }
+        )
     rs.write_file(h5path, schema, rows, rows_per_block=2, batch=batch)
     got = rs.read_rows(h5path)
     for r, g in zip(rows, got, strict=True):
@@ -480,7 +581,9 @@ def test_failed_constructor_does_not_warn_or_leave_files(rs, h5path, tmp_path):
         with pytest.raises(rowstore.FormatError):
             rowstore.Writer(str(junk), mode="a")
         gc.collect()
-    assert not [c for c in caught if issubclass(c.category, ResourceWarning)], [str(c.message) for c in caught]
+    assert not [c for c in caught if issubclass(c.category, ResourceWarning)], [
+        str(c.message) for c in caught
+    ]
     assert sorted(os.listdir(tmp_path)) == ["data.h5", "junk.h5"]
 
 
@@ -489,7 +592,14 @@ def test_failed_constructor_does_not_warn_or_leave_files(rs, h5path, tmp_path):
 def test_every_blosc2_codec_and_shuffle(rs, h5path, schema_all_kinds, cname, shuffle):
     rows = rs.make_rows(schema_all_kinds, 9, seed=13)
     compression = {"cname": cname, "clevel": 1, "shuffle": shuffle}
-    rs.write_file(h5path, schema_all_kinds, rows, rows_per_block=4, heap_chunk_bytes=128, compression=compression)
+    rs.write_file(
+        h5path,
+        schema_all_kinds,
+        rows,
+        rows_per_block=4,
+        heap_chunk_bytes=128,
+        compression=compression,
+    )
     lay = Layout.open(h5path, verify=True)
     assert lay.compression == {"id": "blosc2", **compression}
     rs.assert_rows_equal(schema_all_kinds, rows, rs.read_rows(h5path))
@@ -529,18 +639,35 @@ def test_compression_threads_give_the_same_file_and_stop(tmp_path, fail):
 
     schema = rs_.Schema([rs_.Field("x", "float32", (64,)), rs_.Field("s", rs_.STR)])
     rng = np.random.default_rng(0)
-    rows = {"x": rng.standard_normal((3000, 64)).astype(np.float32), "s": [f"row {i}" * (i % 7) for i in range(3000)]}
+    rows = {
+        "x": rng.standard_normal((3000, 64)).astype(np.float32),
+        "s": [f"row {i}" * (i % 7) for i in range(3000)],
+    }
     layouts = []
     for threads in (1, 3):
         path = str(tmp_path / f"t{threads}.h5")
         if fail:
             with pytest.raises(RuntimeError):
-                with rs_.Writer(path, schema, compression="zstd", block_bytes=20_000, heap_chunk_bytes=4096, threads=threads) as w:
+                with rs_.Writer(
+                    path,
+                    schema,
+                    compression="zstd",
+                    block_bytes=20_000,
+                    heap_chunk_bytes=4096,
+                    threads=threads,
+                ) as w:
                     w.write_batch(rows)
                     raise RuntimeError("boom")
             assert not os.path.exists(path)
         else:
-            with rs_.Writer(path, schema, compression="zstd", block_bytes=20_000, heap_chunk_bytes=4096, threads=threads) as w:
+            with rs_.Writer(
+                path,
+                schema,
+                compression="zstd",
+                block_bytes=20_000,
+                heap_chunk_bytes=4096,
+                threads=threads,
+            ) as w:
                 w.write_batch(rows)
             layouts.append(rs_.Layout.open(path, verify=True))
         assert not [t for t in threading.enumerate() if t.name.startswith("rowstore-compress")]
@@ -563,7 +690,9 @@ def test_limits_are_declared_in_spec():
 
 
 def test_row_larger_than_a_block_is_refused(tmp_path):
-    schema = Schema([Field("x", "uint8", (1 << 30,)), Field("y", "int8")])  # 1 GiB + 1 byte: never allocated
+    schema = Schema(
+        [Field("x", "uint8", (1 << 30,)), Field("y", "int8")]
+    )  # 1 GiB + 1 byte: never allocated
     with pytest.raises(SchemaError, match="MAX_CHUNK_BYTES"):
         rowstore.Writer(str(tmp_path / "big.h5"), schema)
     assert os.listdir(tmp_path) == []
@@ -573,15 +702,21 @@ def test_value_larger_than_max_value_bytes_is_refused(rs, h5path, monkeypatch):
     from rowstore.format import spec
 
     monkeypatch.setattr(spec, "MAX_VALUE_BYTES", 64)
-    schema = Schema([Field("i", "int64"), Field("b", "bytes"), Field("v", "float64", (None,), nullable=True)])
+    schema = Schema(
+        [Field("i", "int64"), Field("b", "bytes"), Field("v", "float64", (None,), nullable=True)]
+    )
     ok = [{"i": 0, "b": b"x" * 64, "v": np.zeros(8)}, {"i": 1, "b": b"", "v": None}]
     with rowstore.Writer(h5path, schema, rows_per_block=2) as w:
         for r in ok:
             w.write(r)
-        with pytest.raises(rowstore.RowValidationError, match=r"row 2: field 'v': a value of 72 bytes exceeds") as info:
+        with pytest.raises(
+            rowstore.RowValidationError, match=r"row 2: field 'v': a value of 72 bytes exceeds"
+        ) as info:
             w.write({"i": 2, "b": b"", "v": np.zeros(9)})
         assert (info.value.field, info.value.row) == ("v", 2)
-        with pytest.raises(rowstore.RowValidationError, match=r"row 3: field 'b': a value of 65 bytes"):
+        with pytest.raises(
+            rowstore.RowValidationError, match=r"row 3: field 'b': a value of 65 bytes"
+        ):
             w.write_batch({"i": [2, 3], "b": [b"", b"y" * 65], "v": [None, None]})  # all or nothing
         assert w.num_rows == 2
         w.write({"i": 2, "b": b"z", "v": np.ones(1)})
@@ -609,9 +744,17 @@ class BigEndian(rowstore.Codec):
 
 
 def test_inline_codec_that_is_not_raw_is_stored_encoded(rs, tmp_path):
-    schema = Schema([Field("i", "int32"), Field("e", "uint16", (3,), codec=BigEndian(), nullable=True),
-                     Field("t", "str")])  # fmt: skip
-    rows = [{"i": k, "e": None if k == 3 else np.array([k, 256 * k, 7], np.uint16), "t": "r" * k} for k in range(9)]
+    schema = Schema(
+        [
+            Field("i", "int32"),
+            Field("e", "uint16", (3,), codec=BigEndian(), nullable=True),
+            Field("t", "str"),
+        ]
+    )
+    rows = [
+        {"i": k, "e": None if k == 3 else np.array([k, 256 * k, 7], np.uint16), "t": "r" * k}
+        for k in range(9)
+    ]
     a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
     rs.write_file(a, schema, rows, rows_per_block=4, heap_chunk_bytes=64)
     rs.write_file(b, schema, rows, rows_per_block=4, heap_chunk_bytes=64, batch=True)
@@ -631,7 +774,9 @@ SMALL_HEAP_SCHEMA = Schema([Field("w", "float32", (None,)), Field("y", "int64")]
 
 
 def _small_rows(n, start=0, k=50):
-    return [{"w": np.arange((i % k) + 1, dtype=np.float32) + start, "y": start + i} for i in range(n)]
+    return [
+        {"w": np.arange((i % k) + 1, dtype=np.float32) + start, "y": start + i} for i in range(n)
+    ]
 
 
 def _assert_rows(path, rows):
@@ -686,7 +831,9 @@ def test_small_shards_share_the_dataset_heap_chunk_size(tmp_path):
     they still form one dataset (one heap_chunk_bytes)."""
     root = str(tmp_path / "ds")
     rows = _small_rows(900)
-    infos = [rowstore.write_shard(root, SMALL_HEAP_SCHEMA, rows[i : i + 100]) for i in range(0, 900, 100)]
+    infos = [
+        rowstore.write_shard(root, SMALL_HEAP_SCHEMA, rows[i : i + 100]) for i in range(0, 900, 100)
+    ]
     rowstore.commit(root, infos)
     shard_bytes = sum(os.path.getsize(os.path.join(root, i.path)) for i in infos)
     assert shard_bytes < 9 * (1 << 20) // 4
@@ -723,14 +870,26 @@ def test_a_trimmed_heap_chunk_shorter_than_the_heap_is_refused():
         def bad(_file, msg):
             return FormatError(msg)
 
-        check_indexes(bad, blocks=blocks, heap_chunks=hc, rows=np.array([1]), rows_per_block=np.array([1]),
-                      heap_nbytes=np.array([heap_nbytes]), file_size=np.array([10_000]),
-                      block_counts=np.array([1]), heap_chunk_counts=np.array([n_chunks]), heap_chunk_bytes=1000,
-                      row_size=8, compressed=False)  # fmt: skip
+        check_indexes(
+            bad,
+            blocks=blocks,
+            heap_chunks=hc,
+            rows=np.array([1]),
+            rows_per_block=np.array([1]),
+            heap_nbytes=np.array([heap_nbytes]),
+            file_size=np.array([10_000]),
+            block_counts=np.array([1]),
+            heap_chunk_counts=np.array([n_chunks]),
+            heap_chunk_bytes=1000,
+            row_size=8,
+            compressed=False,
+        )
 
     check([500], 500, 1)  # trimmed to the heap
     check([1000], 500, 1)  # the full chunk
     with pytest.raises(FormatError, match="uncompressed heap chunk's stored size"):
         check([499], 500, 1)  # shorter than the heap's bytes
     with pytest.raises(FormatError, match="uncompressed heap chunk's stored size"):
-        check([1000, 700], 1700, 2)  # the last of two chunks: HDF5 chunks of one dataset are one size
+        check(
+            [1000, 700], 1700, 2
+        )  # the last of two chunks: HDF5 chunks of one dataset are one size

@@ -29,8 +29,14 @@ def rows(start, n):
 
 
 def write(path, n, *, compression=None, schema=SCHEMA):
-    with rowstore.Writer(path, schema, rows_per_block=8, heap_chunk_bytes=128, compression=compression) as w:
-        for r in rows(0, n) if schema is SCHEMA else ({"i": i, "x": np.full(4, i, np.float32)} for i in range(n)):
+    with rowstore.Writer(
+        path, schema, rows_per_block=8, heap_chunk_bytes=128, compression=compression
+    ) as w:
+        for r in (
+            rows(0, n)
+            if schema is SCHEMA
+            else ({"i": i, "x": np.full(4, i, np.float32)} for i in range(n))
+        ):
             w.write(r)
 
 
@@ -100,8 +106,14 @@ def test_second_writer_in_process_is_refused(tmp_path):
     for mode in ("a", "w"):
         with pytest.raises(rowstore.ConcurrentWriterError) as info:
             rowstore.Writer(path, SCHEMA, mode=mode)
-        assert isinstance(info.value, BlockingIOError) and isinstance(info.value, rowstore.RowstoreError)
-        assert path in str(info.value) and "another writer" in str(info.value) and info.value.path == path
+        assert isinstance(info.value, BlockingIOError) and isinstance(
+            info.value, rowstore.RowstoreError
+        )
+        assert (
+            path in str(info.value)
+            and "another writer" in str(info.value)
+            and info.value.path == path
+        )
     new = str(tmp_path / "new.h5")
     with rowstore.Writer(new, SCHEMA, mode="x"):  # a file not there yet is locked too
         with pytest.raises(rowstore.ConcurrentWriterError):
@@ -155,8 +167,13 @@ APPENDER = textwrap.dedent(
 def appender(path, n):
     """A child process that has appended ``n`` rows to ``path`` and holds its writer open
     (send it "close" to commit); killed on the way out if still running."""
-    proc = subprocess.Popen([sys.executable, "-c", APPENDER, path, str(n)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", APPENDER, path, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().startswith("ready"), proc.stderr.read()
         yield proc
@@ -172,8 +189,16 @@ def test_two_processes_appending_one_is_refused_none_lost(tmp_path):
     path = str(tmp_path / "data.h5")
     write(path, 1000)
     with appender(path, 5000) as a:
-        b = subprocess.run([sys.executable, "-c", APPENDER, path, "5000"], capture_output=True, text=True, timeout=60)
-        assert b.returncode == 3 and b.stdout.startswith("busy") and "another writer" in b.stdout, (b.stdout, b.stderr)
+        b = subprocess.run(
+            [sys.executable, "-c", APPENDER, path, "5000"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert b.returncode == 3 and b.stdout.startswith("busy") and "another writer" in b.stdout, (
+            b.stdout,
+            b.stderr,
+        )
         assert rowstore.Layout.open(path).num_rows == 1000  # readers see the old file meanwhile
         out, err = a.communicate("close\n", timeout=60)
         assert a.returncode == 0 and "closed" in out, err
@@ -201,17 +226,32 @@ def test_new_writer_removes_stale_temporaries_of_its_target_only(tmp_path):
     kill_mid_write(str(tmp_path / "other.h5"))
     stale = temporaries(tmp_path)
     assert len(stale) == 2 and any(n.startswith(".data.h5.") for n in stale)
-    (tmp_path / ".data.h5.notarandom.rowstore-tmp").write_bytes(b"not ours")  # not the exact pattern
+    (tmp_path / ".data.h5.notarandom.rowstore-tmp").write_bytes(
+        b"not ours"
+    )  # not the exact pattern
     before = pathlib.Path(path).read_bytes()
     with rowstore.Writer(path, mode="a") as w:  # the dead writer's lock went with it
         now = temporaries(tmp_path)
         assert {n for n in stale if n.startswith(".data.h5.")}.isdisjoint(now)  # removed
-        assert {n for n in stale if n.startswith(".other.h5.")} <= set(now)  # another target's: kept
-        assert len([n for n in now if n.startswith(".data.h5.") and n not in stale and "notarandom" not in n]) == 1  # w's
+        assert {n for n in stale if n.startswith(".other.h5.")} <= set(
+            now
+        )  # another target's: kept
+        assert (
+            len(
+                [
+                    n
+                    for n in now
+                    if n.startswith(".data.h5.") and n not in stale and "notarandom" not in n
+                ]
+            )
+            == 1
+        )  # w's
         w.write(rows(20, 1)[0])
     assert pathlib.Path(path).read_bytes() != before
     left = temporaries(tmp_path)
-    assert sorted(left) == sorted([n for n in stale if n.startswith(".other.h5.")] + [".data.h5.notarandom.rowstore-tmp"])
+    assert sorted(left) == sorted(
+        [n for n in stale if n.startswith(".other.h5.")] + [".data.h5.notarandom.rowstore-tmp"]
+    )
 
 
 def test_gc_removes_stale_temporaries_but_not_a_live_writers(tmp_path, capsys):
@@ -229,7 +269,10 @@ def test_gc_removes_stale_temporaries_but_not_a_live_writers(tmp_path, capsys):
         assert sorted(temporaries(tmp_path)) == sorted(stale + live_tmp)
         assert cli_main(["gc", str(tmp_path)]) == 0
         out = capsys.readouterr().out
-        assert f"removed: {tmp_path / stale[0]}" in out and f"kept (a writer is active): {tmp_path / live_tmp[0]}" in out
+        assert (
+            f"removed: {tmp_path / stale[0]}" in out
+            and f"kept (a writer is active): {tmp_path / live_tmp[0]}" in out
+        )
         assert temporaries(tmp_path) == live_tmp
         live.communicate("close\n", timeout=60)
     assert rowstore.Layout.open(other).num_rows == 70

@@ -1,6 +1,7 @@
 """Run the fuzz corpus and the kernel tests through the ASan + UBSan build.
 
-    python tools/robustness/asan_check.py [--cases 300] [--seed 0] [--out bench/results/asan_check.json]
+    python tools/robustness/asan_check.py [--cases 300] [--seed 0] [--out
+    bench/results/asan_check.json]
 
 Builds ``build/asan`` first if it is missing (``scripts/build_sanitized.sh asan``: clang
 ``-fsanitize=address,undefined -fno-omit-frame-pointer``; the normal ``rowstore/_*.so`` are not
@@ -40,13 +41,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.path.join(ROOT, "build", "asan")
 PY = sys.executable
 
-KERNEL_TESTS = ("tests/kernels/test_kernels.py", "tests/format/test_limits.py", "tests/writer/test_bad_input.py", "tests/format/test_hostile_metadata.py",
-                "tests/reader/test_default_integrity.py", "tests/robustness/test_fuzz_atheris.py", "tests/codecs/test_compression.py",
-                "tests/kernels/test_png_kernel.py", "tests/writer/test_write_fast.py")  # fmt: skip
+KERNEL_TESTS = (
+    "tests/kernels/test_kernels.py",
+    "tests/format/test_limits.py",
+    "tests/writer/test_bad_input.py",
+    "tests/format/test_hostile_metadata.py",
+    "tests/reader/test_default_integrity.py",
+    "tests/robustness/test_fuzz_atheris.py",
+    "tests/codecs/test_compression.py",
+    "tests/kernels/test_png_kernel.py",
+    "tests/writer/test_write_fast.py",
+)
 
 
 def runtime() -> str:
-    out = subprocess.run([os.path.join(ROOT, "scripts", "build_sanitized.sh"), "--runtime"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [os.path.join(ROOT, "scripts", "build_sanitized.sh"), "--runtime"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     path = out.stdout.strip()
     if not os.path.exists(path):
         raise SystemExit(f"ASan runtime {path!r} not found (apt-get install -y clang)")
@@ -55,24 +69,41 @@ def runtime() -> str:
 
 def sanitized_env(logs: str) -> dict:
     env = dict(os.environ)
-    env.update({
-        "PYTHONPATH": os.pathsep.join([BUILD, ROOT]),
-        "LD_PRELOAD": runtime(),
-        "ASAN_OPTIONS": ("detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:max_allocation_size_mb=4096:"
-                         f"handle_segv=1:log_path={logs}/asan:log_exe_name=1"),
-        "UBSAN_OPTIONS": f"halt_on_error=1:print_stacktrace=1:log_path={logs}/ubsan",
-        "PYTHONFAULTHANDLER": "",
-    })  # fmt: skip
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([BUILD, ROOT]),
+            "LD_PRELOAD": runtime(),
+            "ASAN_OPTIONS": (
+                "detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:max_allocation_size_mb=4096:"
+                f"handle_segv=1:log_path={logs}/asan:log_exe_name=1"
+            ),
+            "UBSAN_OPTIONS": f"halt_on_error=1:print_stacktrace=1:log_path={logs}/ubsan",
+            "PYTHONFAULTHANDLER": "",
+        }
+    )
     return env
 
 
 def _run(name: str, cmd: list[str], env: dict, timeout: float) -> dict:
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=BUILD, env=env, capture_output=True, text=True, errors="replace", timeout=timeout)
+        proc = subprocess.run(
+            cmd,
+            cwd=BUILD,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+        )
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        rc, out = "timeout", (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")
+        rc, out = (
+            "timeout",
+            (exc.stdout or b"").decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
+            else str(exc.stdout or ""),
+        )
     secs = round(time.monotonic() - t0, 1)
     print(f"[{name}] rc={rc} in {secs} s", file=sys.stderr)
     return {"step": name, "rc": rc, "seconds": secs, "tail": out[-3000:], "_out": out}
@@ -98,17 +129,27 @@ def reports(logs: str) -> list[dict]:
     for path in sorted(glob.glob(os.path.join(logs, "*"))):
         with open(path, errors="replace") as fh:
             text = fh.read()
-        head = next((ln for ln in text.splitlines() if "ERROR:" in ln or "runtime error:" in ln), text[:200])
+        head = next(
+            (ln for ln in text.splitlines() if "ERROR:" in ln or "runtime error:" in ln), text[:200]
+        )
         frames = _FRAME.findall(text)
         kernel = any("/rowstore/_" in where or "_ext/" in where for _, where in frames)
-        out.append({"file": os.path.basename(path), "summary": head.strip()[:300], "kernel": kernel,
-                    "frames": [f"{fn} {where}" for fn, where in frames[:8]]})  # fmt: skip
+        out.append(
+            {
+                "file": os.path.basename(path),
+                "summary": head.strip()[:300],
+                "kernel": kernel,
+                "frames": [f"{fn} {where}" for fn, where in frames[:8]],
+            }
+        )
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", type=int, default=300, help="new tools/robustness/fuzz.py cases per target kind")
+    ap.add_argument(
+        "--cases", type=int, default=300, help="new tools/robustness/fuzz.py cases per target kind"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build", action="store_true", help="rebuild build/asan even if present")
     ap.add_argument("--logs", default=os.path.join(BUILD, "logs"))
@@ -123,10 +164,14 @@ def main(argv=None) -> int:
     env = sanitized_env(logs)
     steps = []
     t0 = time.monotonic()
-    probe = ("import rowstore, rowstore._frame as f, rowstore._gather as g; "
-             "maps = open('/proc/self/maps').read(); "
-             "assert '/build/asan/' in f.__file__ and '/build/asan/' in g.__file__, (f.__file__, g.__file__); "
-             "assert 'libclang_rt.asan' in maps, 'ASan runtime not loaded'; print('sanitized:', f.__file__)")  # fmt: skip
+    probe = (
+        "import rowstore, rowstore._frame as f, rowstore._gather as g; "
+        "maps = open('/proc/self/maps').read(); "
+        "assert '/build/asan/' in f.__file__ and '/build/asan/' in g.__file__, (f.__file__, "
+        "g.__file__); "
+        "assert 'libclang_rt.asan' in maps, 'ASan runtime not loaded'; print('sanitized:', "
+        "f.__file__)"
+    )
     steps.append(_run("probe", [PY, "-c", probe], env, 120))
     if steps[-1]["rc"] != 0:
         print(steps[-1]["tail"], file=sys.stderr)
@@ -134,13 +179,32 @@ def main(argv=None) -> int:
     fuzz = os.path.join(ROOT, "tools", "robustness", "fuzz.py")
     repro = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "fuzz", "*.h5.gz")))
     if repro:
-        s = _run("fuzz-replay", [PY, fuzz, "--replay", *repro, "--mem-gib", "0", "--timeout", "10"], env, 60 + 15 * len(repro))
+        s = _run(
+            "fuzz-replay",
+            [PY, fuzz, "--replay", *repro, "--mem-gib", "0", "--timeout", "10"],
+            env,
+            60 + 15 * len(repro),
+        )
         s["outcomes"] = _outcomes(s["_out"])
         steps.append(s)
     atheris_data = os.path.join(ROOT, "tests", "data", "atheris")
-    targets = [d for d in (os.path.join(atheris_data, "corpus"), os.path.join(atheris_data, "crashers")) if os.path.isdir(d)]
+    targets = [
+        d
+        for d in (os.path.join(atheris_data, "corpus"), os.path.join(atheris_data, "crashers"))
+        if os.path.isdir(d)
+    ]
     if targets:
-        s = _run("atheris-replay", [PY, os.path.join(ROOT, "tools", "robustness", "fuzz_atheris.py"), "--replay", *targets], env, 1200)
+        s = _run(
+            "atheris-replay",
+            [
+                PY,
+                os.path.join(ROOT, "tools", "robustness", "fuzz_atheris.py"),
+                "--replay",
+                *targets,
+            ],
+            env,
+            1200,
+        )
         try:
             s["replay"] = json.loads(s["_out"][s["_out"].index("{\n") :])
         except ValueError:
@@ -148,23 +212,72 @@ def main(argv=None) -> int:
         steps.append(s)
     for region in ("all", "datasets"):
         out = os.path.join(logs, f"fuzz-{region}.json")
-        s = _run(f"fuzz-{region}", [PY, fuzz, "--cases", str(args.cases), "--region", region, "--seed", str(args.seed), "--mem-gib", "0",
-                                    "--out", out, "--cases-dir", os.path.join(BUILD, "fuzz-cases"), "--quiet"], env, 40 * args.cases + 120)  # fmt: skip
+        s = _run(
+            f"fuzz-{region}",
+            [
+                PY,
+                fuzz,
+                "--cases",
+                str(args.cases),
+                "--region",
+                region,
+                "--seed",
+                str(args.seed),
+                "--mem-gib",
+                "0",
+                "--out",
+                out,
+                "--cases-dir",
+                os.path.join(BUILD, "fuzz-cases"),
+                "--quiet",
+            ],
+            env,
+            40 * args.cases + 120,
+        )
         if os.path.exists(out):
             with open(out) as fh:
                 s["by_outcome"] = json.load(fh)["by_outcome"]
             os.remove(out)
         steps.append(s)
     if not args.skip_tests:
-        tests = [os.path.join(ROOT, t) for t in KERNEL_TESTS if os.path.exists(os.path.join(ROOT, t))]
-        s = _run("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", ROOT,
-                            "-c", os.path.join(ROOT, "pyproject.toml"), *tests], env, 1800)  # fmt: skip
-        s["summary"] = next((ln for ln in reversed(s["tail"].splitlines()) if " passed" in ln or " failed" in ln), None)
+        tests = [
+            os.path.join(ROOT, t) for t in KERNEL_TESTS if os.path.exists(os.path.join(ROOT, t))
+        ]
+        s = _run(
+            "pytest",
+            [
+                PY,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "--rootdir",
+                ROOT,
+                "-c",
+                os.path.join(ROOT, "pyproject.toml"),
+                *tests,
+            ],
+            env,
+            1800,
+        )
+        s["summary"] = next(
+            (ln for ln in reversed(s["tail"].splitlines()) if " passed" in ln or " failed" in ln),
+            None,
+        )
         steps.append(s)
     found = reports(logs)
     kernel = [r for r in found if r["kernel"]]
-    report = {"seconds": round(time.monotonic() - t0, 1), "cases": args.cases, "seed": args.seed, "steps": steps,
-              "sanitizer_reports": found, "kernel_findings": len(kernel)}  # fmt: skip
+    report = {
+        "seconds": round(time.monotonic() - t0, 1),
+        "cases": args.cases,
+        "seed": args.seed,
+        "steps": steps,
+        "sanitizer_reports": found,
+        "kernel_findings": len(kernel),
+    }
     for st in report["steps"]:
         st.pop("_out", None)
         if st["rc"] == 0 and st["step"] != "pytest":
@@ -174,12 +287,24 @@ def main(argv=None) -> int:
         with open(args.out, "w") as fh:
             json.dump(report, fh, indent=1)
     for st in steps:
-        extra = st.get("outcomes") or st.get("by_outcome") or st.get("summary") or (st.get("replay") or {}).get("by_outcome")
+        extra = (
+            st.get("outcomes")
+            or st.get("by_outcome")
+            or st.get("summary")
+            or (st.get("replay") or {}).get("by_outcome")
+        )
         print(f"{st['step']:16s} rc={st['rc']} {st['seconds']:7.1f} s  {extra or ''}")
     print(f"sanitizer reports: {len(found)} ({len(kernel)} in rowstore's kernels)")
     for r in found:
-        print(f"  {'KERNEL ' if r['kernel'] else ''}{r['summary']}\n    " + "\n    ".join(r["frames"][:4]))
-    failed = [st["step"] for st in steps if st["step"] in ("probe", "pytest", "atheris-replay") and st["rc"] != 0]
+        print(
+            f"  {'KERNEL ' if r['kernel'] else ''}{r['summary']}\n    "
+            + "\n    ".join(r["frames"][:4])
+        )
+    failed = [
+        st["step"]
+        for st in steps
+        if st["step"] in ("probe", "pytest", "atheris-replay") and st["rc"] != 0
+    ]
     return 1 if kernel or failed else 0
 
 

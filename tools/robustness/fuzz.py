@@ -2,7 +2,8 @@
 
     python tools/robustness/fuzz.py --minutes N [--seed S] [--out bench/results/fuzz.json]
     python tools/robustness/fuzz.py --cases N [--region all|chunks|metadata|index] [--seed S]
-    python tools/robustness/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias   (dataset targets)
+    python tools/robustness/fuzz.py --cases N --region manifest|sealed|shard|datasets|alias
+    (dataset targets)
 
 Seed files are format v2 (a checksummed footer after the HDF5 file; ``--format v1`` cuts it off
 and sets ``format_version`` 1, as the v1 writer left files). ``--region footer``: the footer's and
@@ -90,9 +91,11 @@ def seed_schema(with_image: bool):
     from rowstore import Field, Schema
 
     fields = [
-        Field("id", "int64"), Field("x", "float32", (4,)), Field("s", "str", nullable=True),
+        Field("id", "int64"),
+        Field("x", "float32", (4,)),
+        Field("s", "str", nullable=True),
         Field("v", "int16", (None, 2)),
-    ]  # fmt: skip
+    ]
     if with_image:
         fields.append(Field("img", "uint8", (8, 8, 3), codec="png"))
     return Schema(fields)
@@ -101,8 +104,12 @@ def seed_schema(with_image: bool):
 def seed_rows(with_image: bool) -> list[dict]:
     rows = []
     for i in range(N_ROWS):
-        row = {"id": i, "x": np.full(4, i * 0.5, np.float32), "s": None if i % 4 == 0 else f"s{i}",
-               "v": np.full((i % 3, 2), i, np.int16)}  # fmt: skip
+        row = {
+            "id": i,
+            "x": np.full(4, i * 0.5, np.float32),
+            "s": None if i % 4 == 0 else f"s{i}",
+            "v": np.full((i % 3, 2), i, np.int16),
+        }
         if with_image:
             row["img"] = (np.arange(192, dtype=np.uint8).reshape(8, 8, 3) + i).astype(np.uint8)
         rows.append(row)
@@ -116,8 +123,9 @@ def build_seeds(tmp: str, with_image: bool) -> dict[str, str]:
     for comp in (None, "lz4"):
         name = f"seed-{comp or 'raw'}"
         path = os.path.join(tmp, name + ".h5")
-        with rowstore.Writer(path, seed_schema(with_image), compression=comp, rows_per_block=8,
-                             heap_chunk_bytes=256) as w:  # fmt: skip
+        with rowstore.Writer(
+            path, seed_schema(with_image), compression=comp, rows_per_block=8, heap_chunk_bytes=256
+        ) as w:
             for r in seed_rows(with_image):
                 w.write(r)
         out[name] = path
@@ -181,8 +189,11 @@ def structure_map(path: str) -> dict:
         hlen = int.from_bytes(tail[8:12], "little")
         regions.append(("footer", footer_offset, size - 32))
         regions.append(("trailer", size - 32, size))
-        footer = {"offset": footer_offset, "header": (footer_offset + 12, footer_offset + 12 + hlen),
-                  "index": footer_offset + 20 + hlen}  # fmt: skip
+        footer = {
+            "offset": footer_offset,
+            "header": (footer_offset + 12, footer_offset + 12 + hlen),
+            "index": footer_offset + 20 + hlen,
+        }
     regions.sort(key=lambda r: r[1])
     meta, pos = [], 0
     for _, a, b in regions:
@@ -191,27 +202,57 @@ def structure_map(path: str) -> dict:
         pos = max(pos, b)
     if pos < size:
         meta.append(("metadata", pos, size))
-    return {"size": size, "compressed": compressed, "regions": regions, "metadata": meta,
-            "refs": refs, "row_size": row_size, "footer": footer}  # fmt: skip
+    return {
+        "size": size,
+        "compressed": compressed,
+        "regions": regions,
+        "metadata": meta,
+        "refs": refs,
+        "row_size": row_size,
+        "footer": footer,
+    }
 
 
 # --------------------------------------------------------------------------- mutations
 
-CHUNK_KINDS = ("chunk-bitflip", "chunk-setbyte", "chunk-zero", "row-bytes", "heap-ref", "blosc-frame-header",
-               "blosc-chunk-header")  # fmt: skip
+CHUNK_KINDS = (
+    "chunk-bitflip",
+    "chunk-setbyte",
+    "chunk-zero",
+    "row-bytes",
+    "heap-ref",
+    "blosc-frame-header",
+    "blosc-chunk-header",
+)
 META_KINDS = ("meta-bitflip", "meta-setbyte", "meta-zero")
 INDEX_KINDS = ("index-bitflip", "index-setbyte")
-FILE_KINDS = ("bitflip", "setbyte", "zero-range", "insert-garbage", "truncate-random", "truncate-boundary",
-              "append-garbage")  # fmt: skip
+FILE_KINDS = (
+    "bitflip",
+    "setbyte",
+    "zero-range",
+    "insert-garbage",
+    "truncate-random",
+    "truncate-boundary",
+    "append-garbage",
+)
 #: Format v2 footer: its bytes as stored (the CRCs must refuse them), and sealed edits (a header
 #: value or an index record field changed, both CRCs recomputed: the semantic checks must).
 FOOTER_KINDS = ("footer-bitflip", "footer-setbyte", "footer-zero", "footer-sealed")
-KINDS = {"chunks": CHUNK_KINDS, "metadata": META_KINDS, "index": INDEX_KINDS, "footer": FOOTER_KINDS,
-         "all": CHUNK_KINDS + META_KINDS + INDEX_KINDS + FOOTER_KINDS + FILE_KINDS}  # fmt: skip
+KINDS = {
+    "chunks": CHUNK_KINDS,
+    "metadata": META_KINDS,
+    "index": INDEX_KINDS,
+    "footer": FOOTER_KINDS,
+    "all": CHUNK_KINDS + META_KINDS + INDEX_KINDS + FOOTER_KINDS + FILE_KINDS,
+}
 
 
 def _pick_region(rng, smap, kinds):
-    cands = [r for r in smap["regions"] if r[0] in kinds] if kinds != ("metadata",) else smap["metadata"]
+    cands = (
+        [r for r in smap["regions"] if r[0] in kinds]
+        if kinds != ("metadata",)
+        else smap["metadata"]
+    )
     cands = [r for r in cands if r[2] > r[1]]
     return cands[rng.integers(len(cands))] if cands else None
 
@@ -270,7 +311,11 @@ def _chunk_mutation(kind, data, rng, smap):
         val = int(rng.choice([0, 1, 2**31, 2**32 - 1, int(rng.integers(0, 4096))]))
         if length == 8:
             val = int(rng.choice([val, 2**63, 2**64 - 1]))
-        chunk = np.frombuffer(bytes(data[p : p + length]), f"<u{length}").copy() if length in (1, 2, 4, 8) else None
+        chunk = (
+            np.frombuffer(bytes(data[p : p + length]), f"<u{length}").copy()
+            if length in (1, 2, 4, 8)
+            else None
+        )
         if chunk is None:  # the shape column: (k,) <u4
             p += 4 * int(rng.integers(length // 4))
             length = 4
@@ -300,8 +345,17 @@ def _footer_sealed(data: bytearray, rng, smap) -> tuple[bytearray, dict | None]:
     index = bytearray(data[ft["index"] + 8 : len(data) - footer.TRAILER_SIZE])
     nb = -(-int(header["num_rows"]) // int(header["rows_per_block"]))
     if rng.random() < 0.4:
-        key = _pick(rng, ["num_rows", "rows_per_block", "heap_chunk_bytes", "heap_nbytes", "format_version",
-                          footer.KEY_EOF])  # fmt: skip
+        key = _pick(
+            rng,
+            [
+                "num_rows",
+                "rows_per_block",
+                "heap_chunk_bytes",
+                "heap_nbytes",
+                "format_version",
+                footer.KEY_EOF,
+            ],
+        )
         old = header[key]
         header[key] = _odd_int(rng, int(old))
         op = {"op": "footer-sealed", "key": key, "old": old, "value": header[key]}
@@ -317,12 +371,27 @@ def _footer_sealed(data: bytearray, rng, smap) -> tuple[bytearray, dict | None]:
         old = int(rec[field][k])
         rec[field][k] = _odd_int(rng, old) % (1 << 64)
         index[base : base + count * dt.itemsize] = rec.tobytes()
-        op = {"op": "footer-sealed", "record": ("heap chunk " if heap else "block ") + str(k), "field": field,
-              "old": old, "value": int(rec[field][k])}  # fmt: skip
+        op = {
+            "op": "footer-sealed",
+            "record": ("heap chunk " if heap else "block ") + str(k),
+            "field": field,
+            "old": old,
+            "value": int(rec[field][k]),
+        }
     text = json.dumps(header, sort_keys=True).encode()
-    body = footer.FOOTER_MAGIC + len(text).to_bytes(4, "little") + text + bytes(data[ft["index"] : ft["index"] + 8]) + bytes(index)
-    head = footer.TRAILER_MAGIC + off.to_bytes(8, "little") + len(body).to_bytes(8, "little") + \
-        zlib.crc32(body).to_bytes(4, "little")
+    body = (
+        footer.FOOTER_MAGIC
+        + len(text).to_bytes(4, "little")
+        + text
+        + bytes(data[ft["index"] : ft["index"] + 8])
+        + bytes(index)
+    )
+    head = (
+        footer.TRAILER_MAGIC
+        + off.to_bytes(8, "little")
+        + len(body).to_bytes(8, "little")
+        + zlib.crc32(body).to_bytes(4, "little")
+    )
     return data[:off] + body + head + zlib.crc32(head).to_bytes(4, "little"), op
 
 
@@ -331,7 +400,12 @@ def mutate(kind: str, data: bytearray, rng, smap) -> tuple[bytearray, dict | Non
     if kind == "footer-sealed":
         try:
             return _footer_sealed(data, rng, smap)
-        except (ValueError, KeyError, TypeError, OverflowError):  # an earlier mutation of this case broke the footer
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            OverflowError,
+        ):  # an earlier mutation of this case broke the footer
             return data, None
     if kind in FOOTER_KINDS:
         reg = _pick_region(rng, smap, ("footer", "trailer"))
@@ -365,10 +439,21 @@ def mutate(kind: str, data: bytearray, rng, smap) -> tuple[bytearray, dict | Non
         p = int(rng.integers(0, n))
         return data[:p], {"op": "truncate", "at": p}
     if kind == "truncate-boundary":
-        bounds = sorted({x for r in smap["regions"] for x in (r[1], r[2])} | {p for r in smap["regions"] for p in (r[1] + 1, r[2] - 1)})
+        bounds = sorted(
+            {x for r in smap["regions"] for x in (r[1], r[2])}
+            | {p for r in smap["regions"] for p in (r[1] + 1, r[2] - 1)}
+        )
         if smap.get("footer"):
             ft = smap["footer"]
-            bounds += [ft["offset"] + 8, ft["offset"] + 12, ft["header"][1], ft["index"], ft["index"] + 8, n - 32 + 8, n - 4]
+            bounds += [
+                ft["offset"] + 8,
+                ft["offset"] + 12,
+                ft["header"][1],
+                ft["index"],
+                ft["index"] + 8,
+                n - 32 + 8,
+                n - 4,
+            ]
         bounds = [x for x in bounds if 0 < x < n]
         p = int(bounds[int(rng.integers(len(bounds)))])
         return data[:p], {"op": "truncate", "at": p, "boundary": True}
@@ -390,16 +475,30 @@ DS_APPEND = ((38, 50, 5),)
 DS_TARGETS = ("pointer", "manifest", "sidecar")
 DS_BYTE_OPS = ("bitflip", "setbyte", "zero", "truncate", "extend")
 DS_BYTE_KINDS = tuple(f"{t}-{op}" for t in DS_TARGETS for op in DS_BYTE_OPS)
-SEALED_KINDS = ("sealed-shard-int", "sealed-shard-path", "sealed-schema", "sealed-compression", "sealed-header",
-                "sealed-pointer", "sealed-delete-key", "sealed-type", "sealed-sidecar")  # fmt: skip
+SEALED_KINDS = (
+    "sealed-shard-int",
+    "sealed-shard-path",
+    "sealed-schema",
+    "sealed-compression",
+    "sealed-header",
+    "sealed-pointer",
+    "sealed-delete-key",
+    "sealed-type",
+    "sealed-sidecar",
+)
 #: Same-size dtype and shape changes of the schema: a consistent dataset whose bytes mean other
 #: values. Nothing a reader opens can tell (the manifest is the schema's only source the read
 #: path uses; ``rowstore verify`` compares each shard's own): a limit of the design, not in
 #: ``sealed``/``datasets``, run on its own to measure it.
 ALIAS_KINDS = ("sealed-schema-alias",)
 DS_SHARD_KINDS = tuple("shard-" + k for k in CHUNK_KINDS + INDEX_KINDS)
-DATASET_KINDS = {"manifest": DS_BYTE_KINDS, "sealed": SEALED_KINDS, "shard": DS_SHARD_KINDS,
-                 "datasets": DS_BYTE_KINDS + SEALED_KINDS + DS_SHARD_KINDS, "alias": ALIAS_KINDS}  # fmt: skip
+DATASET_KINDS = {
+    "manifest": DS_BYTE_KINDS,
+    "sealed": SEALED_KINDS,
+    "shard": DS_SHARD_KINDS,
+    "datasets": DS_BYTE_KINDS + SEALED_KINDS + DS_SHARD_KINDS,
+    "alias": ALIAS_KINDS,
+}
 KINDS.update(DATASET_KINDS)
 
 
@@ -414,8 +513,18 @@ def build_dataset_seeds(tmp: str, with_image: bool) -> dict[str, str]:
         name = f"ds-{comp or 'raw'}"
         root = os.path.join(tmp, name)
         for mode, parts in (("w", DS_SHARDS), ("a", DS_APPEND)):
-            infos = [rowstore.write_shard(root, schema, rows[a:z], rows_per_block=k, compression=comp,
-                                          heap_chunk_bytes=256, name=f"s{a:02d}-{z:02d}") for a, z, k in parts]  # fmt: skip
+            infos = [
+                rowstore.write_shard(
+                    root,
+                    schema,
+                    rows[a:z],
+                    rows_per_block=k,
+                    compression=comp,
+                    heap_chunk_bytes=256,
+                    name=f"s{a:02d}-{z:02d}",
+                )
+                for a, z, k in parts
+            ]
             rowstore.commit(root, infos, mode=mode)
         out[name] = root
     return out
@@ -460,9 +569,16 @@ def dataset_map(root: str) -> dict:
     with open(os.path.join(root, pointer["manifest"]), "rb") as fh:
         m = json.loads(fh.read())
     shards = [dict(e) for e in m["shards"]]
-    return {"root": os.path.abspath(root), "pointer": mf.POINTER, "manifest": pointer["manifest"], "sidecar": m["index"]["path"], "json": m,
-            "shards": shards, "smaps": {e["path"]: structure_map(os.path.join(root, e["path"])) for e in shards},
-            "versions": mf.versions(root)}  # fmt: skip
+    return {
+        "root": os.path.abspath(root),
+        "pointer": mf.POINTER,
+        "manifest": pointer["manifest"],
+        "sidecar": m["index"]["path"],
+        "json": m,
+        "shards": shards,
+        "smaps": {e["path"]: structure_map(os.path.join(root, e["path"])) for e in shards},
+        "versions": mf.versions(root),
+    }
 
 
 def _sidecar_arrays(data: bytes, m: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -472,7 +588,9 @@ def _sidecar_arrays(data: bytes, m: dict) -> tuple[np.ndarray, np.ndarray]:
     nb = sum(e["blocks"] for e in m["shards"])
     body = np.frombuffer(data[len(mf.INDEX_MAGIC) :], np.uint8)
     split = nb * spec.BLOCK_DTYPE.itemsize
-    return body[:split].view(spec.BLOCK_DTYPE).copy(), body[split:].view(spec.HEAP_CHUNK_DTYPE).copy()
+    return body[:split].view(spec.BLOCK_DTYPE).copy(), body[split:].view(
+        spec.HEAP_CHUNK_DTYPE
+    ).copy()
 
 
 def _is_count(v) -> bool:
@@ -491,7 +609,10 @@ def reseal(files: dict[str, bytes], dmap: dict, keep: frozenset = frozenset()) -
     side = files.get(dmap["sidecar"])
     entries = m.get("shards") if isinstance(m, dict) else None
     if side is not None and isinstance(entries, list) and "index_crc32" not in keep:
-        ok = [isinstance(e, dict) and _is_count(e.get("blocks")) and _is_count(e.get("heap_chunks")) for e in entries]
+        ok = [
+            isinstance(e, dict) and _is_count(e.get("blocks")) and _is_count(e.get("heap_chunks"))
+            for e in entries
+        ]
         if all(ok):
             nb = sum(e["blocks"] for e in entries)
             body = side[len(mf.INDEX_MAGIC) :]
@@ -502,7 +623,12 @@ def reseal(files: dict[str, bytes], dmap: dict, keep: frozenset = frozenset()) -
                 hc = body[h0 : h0 + e["heap_chunks"] * hsz]
                 e["index_crc32"] = zlib.crc32(hc, zlib.crc32(bl))
                 b0, h0 = b0 + len(bl), h0 + len(hc)
-    if side is not None and isinstance(m, dict) and isinstance(m.get("index"), dict) and "index" not in keep:
+    if (
+        side is not None
+        and isinstance(m, dict)
+        and isinstance(m.get("index"), dict)
+        and "index" not in keep
+    ):
         idx = m["index"]
         for k, v in (("nbytes", len(side)), ("crc32", zlib.crc32(side))):
             if k in idx:
@@ -518,13 +644,29 @@ def reseal(files: dict[str, bytes], dmap: dict, keep: frozenset = frozenset()) -
 
 def _odd_int(rng, v: int):
     """A number next to, far from or outside what a count or size ``v`` may be."""
-    return [0, -1, 1, v + 1, v - 1, 2 * v, v + 4096, 2**31, 2**32, 2**62, 2**63 - 1, 2**63, 2**64 + v,
-            -(2**63)][int(rng.integers(14))]  # fmt: skip
+    return [
+        0,
+        -1,
+        1,
+        v + 1,
+        v - 1,
+        2 * v,
+        v + 4096,
+        2**31,
+        2**32,
+        2**62,
+        2**63 - 1,
+        2**63,
+        2**64 + v,
+        -(2**63),
+    ][int(rng.integers(14))]
 
 
 def _odd_value(rng):
     """A JSON value of the wrong type."""
-    return [None, True, False, 1.5, "7", "", [], {}, [1, 2], {"a": 1}, 1e308, -0.0][int(rng.integers(12))]
+    return [None, True, False, 1.5, "7", "", [], {}, [1, 2], {"a": 1}, 1e308, -0.0][
+        int(rng.integers(12))
+    ]
 
 
 def _pick(rng, seq):
@@ -541,8 +683,13 @@ def _schema_edit(rng, schema: dict, alias: bool) -> dict:
     fields = schema["fields"]
     i = int(rng.integers(len(fields)))
     f = fields[i]
-    inline = [k for k, fl in enumerate(fields) if fl["dtype"] not in ("str", "bytes") and None not in fl["shape"]
-              and fl["codec"].get("id") == "raw"]  # fmt: skip
+    inline = [
+        k
+        for k, fl in enumerate(fields)
+        if fl["dtype"] not in ("str", "bytes")
+        and None not in fl["shape"]
+        and fl["codec"].get("id") == "raw"
+    ]
     if alias:
         alias_of = {"<i8": ("<f8", "<u8", "<M8[ns]"), "<f4": ("<i4", "<u4"), "<i2": ("<u2", "<f2")}
         how = _pick(rng, ("dtype", "dtype", "shape", "rename", "heap-dtype"))
@@ -564,33 +711,112 @@ def _schema_edit(rng, schema: dict, alias: bool) -> dict:
         f = fields[_pick(rng, inline)]
     if what == "dtype":  # another size, or not a dtype
         size = {"<i8": 8, "<f4": 4}.get(f["dtype"])
-        cands = [d for d in ("<i4", "<f8", "<i2", "|u1", "str", "bytes", "<c16", "O", "<U4", "", "<i0", "V8", "<m8", "<f2")
-                 if {"<i4": 4, "<f8": 8, "<i2": 2, "|u1": 1, "<c16": 16, "V8": 8, "<m8": 8, "<f2": 2}.get(d) != size]  # fmt: skip
+        cands = [
+            d
+            for d in (
+                "<i4",
+                "<f8",
+                "<i2",
+                "|u1",
+                "str",
+                "bytes",
+                "<c16",
+                "O",
+                "<U4",
+                "",
+                "<i0",
+                "V8",
+                "<m8",
+                "<f2",
+            )
+            if {
+                "<i4": 4,
+                "<f8": 8,
+                "<i2": 2,
+                "|u1": 1,
+                "<c16": 16,
+                "V8": 8,
+                "<m8": 8,
+                "<f2": 2,
+            }.get(d)
+            != size
+        ]
         old, f["dtype"] = f["dtype"], _pick(rng, cands)
         return {"field": f["name"], "dtype": [old, f["dtype"]]}
     if what == "shape":  # another number of elements, variable, or invalid
         old = f["shape"]
         n_old = int(np.prod(old)) if old else 1
-        cands = [sh for sh in ([], [3], [5], [None], [None, None], [0], [-1], [2**40, 2**40], [None, 3], [1.5], "4",
-                               [4, None], [8]) if not isinstance(sh, list) or None in sh or not all(isinstance(d, int) for d in sh)
-                 or int(np.prod(sh or [1])) != n_old]  # fmt: skip
+        cands = [
+            sh
+            for sh in (
+                [],
+                [3],
+                [5],
+                [None],
+                [None, None],
+                [0],
+                [-1],
+                [2**40, 2**40],
+                [None, 3],
+                [1.5],
+                "4",
+                [4, None],
+                [8],
+            )
+            if not isinstance(sh, list)
+            or None in sh
+            or not all(isinstance(d, int) for d in sh)
+            or int(np.prod(sh or [1])) != n_old
+        ]
         f["shape"] = _pick(rng, cands)
         return {"field": f["name"], "shape": [old, f["shape"]]}
     if what == "nullable":
         f["nullable"] = not f["nullable"]
         return {"field": f["name"], "nullable": f["nullable"]}
     if what == "codec":
-        f["codec"] = _pick(rng, ({"id": "raw"}, {"id": "utf8"}, {"id": "png"}, {"id": "zstd"}, {"id": "nope"}, {"id": "pickle"},
-                                 {}, "raw", None, {"id": "png", "level": 99}))  # fmt: skip
+        f["codec"] = _pick(
+            rng,
+            (
+                {"id": "raw"},
+                {"id": "utf8"},
+                {"id": "png"},
+                {"id": "zstd"},
+                {"id": "nope"},
+                {"id": "pickle"},
+                {},
+                "raw",
+                None,
+                {"id": "png", "level": 99},
+            ),
+        )
         return {"field": f["name"], "codec": f["codec"]}
     if what == "name":  # a duplicate or invalid name (a valid new one is an alias)
-        f["name"] = _pick(rng, (fields[(i + 1) % len(fields)]["name"], "", "a b", "1x", fields[0]["name"] + "__null", 7))
+        f["name"] = _pick(
+            rng,
+            (
+                fields[(i + 1) % len(fields)]["name"],
+                "",
+                "a b",
+                "1x",
+                fields[0]["name"] + "__null",
+                7,
+            ),
+        )
         return {"field": i, "name": f["name"]}
     if what == "drop":
         del fields[i]
         return {"drop": f["name"]}
     if what == "add":
-        fields.insert(i, {"name": "extra", "dtype": "<i4", "shape": [], "codec": {"id": "raw"}, "nullable": False})
+        fields.insert(
+            i,
+            {
+                "name": "extra",
+                "dtype": "<i4",
+                "shape": [],
+                "codec": {"id": "raw"},
+                "nullable": False,
+            },
+        )
         return {"add": i}
     key = _pick(rng, ("name", "dtype", "shape", "codec", "nullable"))
     f[key] = _odd_value(rng)
@@ -605,14 +831,28 @@ def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | 
     keep: set[str] = set()
     shards = m.get("shards") if isinstance(m.get("shards"), list) else []
     op: dict = {"op": kind}
-    if kind in ("sealed-shard-int", "sealed-shard-path") and not all(isinstance(e, dict) for e in shards):
+    if kind in ("sealed-shard-int", "sealed-shard-path") and not all(
+        isinstance(e, dict) for e in shards
+    ):
         return None
     if kind == "sealed-shard-int":
         if not shards:
             return None
         s = int(rng.integers(len(shards)))
-        key = _pick(rng, ("rows", "blocks", "rows_per_block", "heap_nbytes", "heap_chunks", "file_size", "rows", "blocks",
-                          "index_crc32"))  # fmt: skip
+        key = _pick(
+            rng,
+            (
+                "rows",
+                "blocks",
+                "rows_per_block",
+                "heap_nbytes",
+                "heap_chunks",
+                "file_size",
+                "rows",
+                "blocks",
+                "index_crc32",
+            ),
+        )
         v = shards[s].get(key)
         new = _odd_int(rng, v if isinstance(v, int) else 1)
         if key == "index_crc32":
@@ -626,15 +866,43 @@ def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | 
         other = shards[(s + 1) % len(shards)].get("path")
         p = shards[s].get("path")
         base = p.rsplit("/", 1)[-1] if isinstance(p, str) else "x.h5"
-        how = _pick(rng, ("escape", "absolute", "duplicate", "other", "swap", "dotted", "empty-part", "backslash", "nul",
-                          "missing", "manifest", "pointer", "dir", "type", "dup-entry"))  # fmt: skip
+        how = _pick(
+            rng,
+            (
+                "escape",
+                "absolute",
+                "duplicate",
+                "other",
+                "swap",
+                "dotted",
+                "empty-part",
+                "backslash",
+                "nul",
+                "missing",
+                "manifest",
+                "pointer",
+                "dir",
+                "type",
+                "dup-entry",
+            ),
+        )
         new: object = {
-            # outside the case directory: the seed's own file next to it, by a relative and an absolute path
-            "escape": f"../{os.path.basename(dmap['root'])}/shards/{base}", "absolute": os.path.join(dmap["root"], "shards", base),
-            "duplicate": other, "other": other, "dotted": f"./shards/{base}", "empty-part": f"shards//{base}",
-            "backslash": f"shards\\{base}", "nul": f"shards/{base}\x00", "missing": "shards/nope.h5",
-            "manifest": dmap["manifest"], "pointer": "rowstore.json", "dir": "shards", "type": _odd_value(rng),
-        }.get(how)  # fmt: skip
+            # outside the case directory: the seed's own file next to it, by a relative and an
+            # absolute path
+            "escape": f"../{os.path.basename(dmap['root'])}/shards/{base}",
+            "absolute": os.path.join(dmap["root"], "shards", base),
+            "duplicate": other,
+            "other": other,
+            "dotted": f"./shards/{base}",
+            "empty-part": f"shards//{base}",
+            "backslash": f"shards\\{base}",
+            "nul": f"shards/{base}\x00",
+            "missing": "shards/nope.h5",
+            "manifest": dmap["manifest"],
+            "pointer": "rowstore.json",
+            "dir": "shards",
+            "type": _odd_value(rng),
+        }.get(how)
         if how == "swap":
             shards[s]["path"], shards[(s + 1) % len(shards)]["path"] = other, p
         elif how == "dup-entry":  # the same shard twice, its index records twice too
@@ -645,28 +913,69 @@ def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | 
             shards[s]["path"] = new
         op.update(shard=s, how=how, path=shards[s].get("path"))
     elif kind in ("sealed-schema", "sealed-schema-alias"):
-        if not isinstance(m.get("schema"), dict) or not isinstance(m["schema"].get("fields"), list) or not m["schema"]["fields"]:
+        if (
+            not isinstance(m.get("schema"), dict)
+            or not isinstance(m["schema"].get("fields"), list)
+            or not m["schema"]["fields"]
+        ):
             return None
         try:
             op.update(_schema_edit(rng, m["schema"], kind == "sealed-schema-alias"))
         except (KeyError, TypeError, IndexError, ValueError):
             return None
     elif kind == "sealed-compression":
-        new = _pick(rng, ({"id": "none"}, compression_config("lz4"), compression_config("zstd"),
-                          {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"},
-                          {"id": "blosc2", "cname": "lz4", "clevel": 1, "shuffle": "none"},
-                          {"id": "blosc2", "cname": "lz4", "clevel": 99, "shuffle": "byte"},
-                          {"id": "blosc2", "cname": "nope"}, {"id": "gzip"}, {"id": "none", "x": 1}, {}, "lz4", None, 5))  # fmt: skip
+        new = _pick(
+            rng,
+            (
+                {"id": "none"},
+                compression_config("lz4"),
+                compression_config("zstd"),
+                {"id": "blosc2", "cname": "zstd", "clevel": 5, "shuffle": "byte"},
+                {"id": "blosc2", "cname": "lz4", "clevel": 1, "shuffle": "none"},
+                {"id": "blosc2", "cname": "lz4", "clevel": 99, "shuffle": "byte"},
+                {"id": "blosc2", "cname": "nope"},
+                {"id": "gzip"},
+                {"id": "none", "x": 1},
+                {},
+                "lz4",
+                None,
+                5,
+            ),
+        )
         m["compression"] = new
         op.update(value=new)
     elif kind == "sealed-header":
-        key = _pick(rng, ("kind", "version", "format_version", "format", "heap_chunk_bytes", "index", "num_rows", "parent"))
-        new = {"kind": _pick(rng, ("mixture", "", "SHARDS", None)), "version": _odd_int(rng, m.get("version", 2)),
-               "format_version": _pick(rng, (0, 2, 99, -1, "1", 1.0, True)), "format": _pick(rng, ("rowstore", "", None)),
-               "heap_chunk_bytes": _odd_int(rng, 256),
-               "index": _pick(rng, ({"path": "_manifests/v00000001.index"}, {"path": "../x.index", "nbytes": 8, "crc32": 0},
-                                    [], "x")),
-               "num_rows": _odd_int(rng, 50), "parent": _odd_value(rng)}[key]  # fmt: skip
+        key = _pick(
+            rng,
+            (
+                "kind",
+                "version",
+                "format_version",
+                "format",
+                "heap_chunk_bytes",
+                "index",
+                "num_rows",
+                "parent",
+            ),
+        )
+        new = {
+            "kind": _pick(rng, ("mixture", "", "SHARDS", None)),
+            "version": _odd_int(rng, m.get("version", 2)),
+            "format_version": _pick(rng, (0, 2, 99, -1, "1", 1.0, True)),
+            "format": _pick(rng, ("rowstore", "", None)),
+            "heap_chunk_bytes": _odd_int(rng, 256),
+            "index": _pick(
+                rng,
+                (
+                    {"path": "_manifests/v00000001.index"},
+                    {"path": "../x.index", "nbytes": 8, "crc32": 0},
+                    [],
+                    "x",
+                ),
+            ),
+            "num_rows": _odd_int(rng, 50),
+            "parent": _odd_value(rng),
+        }[key]
         if key == "index":
             keep.add("index")
             if isinstance(new, dict) and "nbytes" not in new and isinstance(m.get("index"), dict):
@@ -677,11 +986,23 @@ def _sealed_edit(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict | 
         p = json.loads(files[dmap["pointer"]])
         key = _pick(rng, ("version", "format_version", "format", "manifest", "manifest_crc32"))
         v = p.get("version", 2)
-        new = {"version": _pick(rng, (v + 1, 0, -1, 2**63, "2", True, None, 1.5)),
-               "format_version": _pick(rng, (0, 2, "1", None)), "format": _pick(rng, ("rowstore", None, 1)),
-               "manifest": _pick(rng, ("_manifests/v00000001.json", "../rowstore.json", "/etc/passwd",
-                                       dmap["manifest"] + "\x00", "_manifests/v2.json", None)),
-               "manifest_crc32": _odd_int(rng, p.get("manifest_crc32", 0))}[key]  # fmt: skip
+        new = {
+            "version": _pick(rng, (v + 1, 0, -1, 2**63, "2", True, None, 1.5)),
+            "format_version": _pick(rng, (0, 2, "1", None)),
+            "format": _pick(rng, ("rowstore", None, 1)),
+            "manifest": _pick(
+                rng,
+                (
+                    "_manifests/v00000001.json",
+                    "../rowstore.json",
+                    "/etc/passwd",
+                    dmap["manifest"] + "\x00",
+                    "_manifests/v2.json",
+                    None,
+                ),
+            ),
+            "manifest_crc32": _odd_int(rng, p.get("manifest_crc32", 0)),
+        }[key]
         if key == "version" and new == 1:  # a consistent roll-back to version 1: not damage
             return None
         p[key] = new
@@ -747,8 +1068,16 @@ def _dup_entry(files, dmap, m, s, rng) -> dict:
     b0 = sum(e["blocks"] for e in shards[:s])
     h0 = sum(e["heap_chunks"] for e in shards[:s])
     e = shards[s]
-    blocks = np.concatenate([blocks[: b0 + e["blocks"]], blocks[b0 : b0 + e["blocks"]], blocks[b0 + e["blocks"] :]])
-    heap = np.concatenate([heap[: h0 + e["heap_chunks"]], heap[h0 : h0 + e["heap_chunks"]], heap[h0 + e["heap_chunks"] :]])
+    blocks = np.concatenate(
+        [blocks[: b0 + e["blocks"]], blocks[b0 : b0 + e["blocks"]], blocks[b0 + e["blocks"] :]]
+    )
+    heap = np.concatenate(
+        [
+            heap[: h0 + e["heap_chunks"]],
+            heap[h0 : h0 + e["heap_chunks"]],
+            heap[h0 + e["heap_chunks"] :],
+        ]
+    )
     shards.insert(s + 1, dict(e))
     from rowstore.format import manifest as mf
 
@@ -773,14 +1102,32 @@ def _sidecar_edit(files, dmap, m, rng) -> dict | None:
     name = _pick(rng, arr.dtype.names)
     v = int(arr[name][k])
     other = int(arr[name][int(rng.integers(len(arr)))])
-    new = [0, 1, 2**64 - 1, 2**63, 2**32, v + 1, v - 1, v + 8, v - 8, other, v + 4096, v ^ 1, v ^ (1 << 40),
-           int(rng.integers(0, 1 << 16))][int(rng.integers(14))] % (1 << 64)  # fmt: skip
+    new = [
+        0,
+        1,
+        2**64 - 1,
+        2**63,
+        2**32,
+        v + 1,
+        v - 1,
+        v + 8,
+        v - 8,
+        other,
+        v + 4096,
+        v ^ 1,
+        v ^ (1 << 40),
+        int(rng.integers(0, 1 << 16)),
+    ][int(rng.integers(14))] % (1 << 64)
     if new == v:
         new = (v + 1) % (1 << 64)
     arr[name][k] = new
     op = {"op": "sealed-sidecar", "record": what, "index": k, "field": name, "old": v, "value": new}
-    if rng.random() < 0.25:  # the owning shard's file_size inflated too: it bounds offsets and sizes
-        counts = np.cumsum([e["heap_chunks" if what == "heap chunk" else "blocks"] for e in m["shards"]])
+    if (
+        rng.random() < 0.25
+    ):  # the owning shard's file_size inflated too: it bounds offsets and sizes
+        counts = np.cumsum(
+            [e["heap_chunks" if what == "heap chunk" else "blocks"] for e in m["shards"]]
+        )
         s = int(np.searchsorted(counts, k, side="right"))
         m["shards"][s]["file_size"] = 1 << 62
         op["file_size"] = {"shard": s, "value": 1 << 62}
@@ -806,7 +1153,9 @@ def mutate_dataset(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict 
         elif how == "extend":
             g = rng.integers(0, 256, int(rng.integers(1, 65)), dtype=np.uint8).tobytes()
             if rng.random() < 0.3:
-                g = b" \n"[: int(rng.integers(1, 3))]  # JSON-neutral bytes: still the CRC's to refuse
+                g = b" \n"[
+                    : int(rng.integers(1, 3))
+                ]  # JSON-neutral bytes: still the CRC's to refuse
             files[rel] = bytes(data) + g
             op = {"op": "extend", "n": len(g)}
         else:
@@ -817,7 +1166,12 @@ def mutate_dataset(kind: str, files: dict[str, bytes], rng, dmap: dict) -> dict 
     if kind in SEALED_KINDS or kind in ALIAS_KINDS:
         try:
             return _sealed_edit(kind, files, rng, dmap)
-        except (ValueError, TypeError, KeyError, AttributeError):  # an earlier op left JSON this edit cannot walk
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+        ):  # an earlier op left JSON this edit cannot walk
             return None
     if kind in DS_SHARD_KINDS:
         e = dmap["shards"][int(rng.integers(len(dmap["shards"])))]
@@ -875,7 +1229,10 @@ class _Wrong(Exception):
 def _check_rows(got: list[tuple], expected: list[tuple], ordered: bool, what: str):
     if ordered:
         if got != expected:
-            bad = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e), min(len(got), len(expected)))
+            bad = next(
+                (i for i, (g, e) in enumerate(zip(got, expected)) if g != e),
+                min(len(got), len(expected)),
+            )
             raise _Wrong(f"{what}: row {bad} differs ({len(got)} rows read)")
         return
     if sorted(got, key=repr) != sorted(expected, key=repr):
@@ -895,7 +1252,9 @@ def _steps(path: str, expected: list[tuple], names, nullable):
 
     def fields(what):
         if [f.name for f in state["r"].schema] != list(names):
-            raise _Wrong(f"{what}: fields {[f.name for f in state['r'].schema]}, {list(names)} written")
+            raise _Wrong(
+                f"{what}: fields {[f.name for f in state['r'].schema]}, {list(names)} written"
+            )
 
     def op():
         state["r"] = rowstore.open(path)
@@ -929,7 +1288,9 @@ def _steps(path: str, expected: list[tuple], names, nullable):
 
     def cli():
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            rc = cli_main(["verify", path, "--no-hdf5-check"])  # the cross-check runs libhdf5 in a child of its own
+            rc = cli_main(
+                ["verify", path, "--no-hdf5-check"]
+            )  # the cross-check runs libhdf5 in a child of its own
         if rc != 0:
             raise rowstore.RowstoreError(f"rowstore verify exited {rc}")
 
@@ -938,6 +1299,7 @@ def _steps(path: str, expected: list[tuple], names, nullable):
     yield "take", take
     for s in ("block", "full", "none"):
         yield f"batches-{s}", batches(s)
+
     def damage():
         found = state["r"].layout.damage()
         if found:
@@ -975,7 +1337,10 @@ def run_oracle(path: str, with_image: bool, progress=None) -> dict:
             res, info = "rowstore-error", {"step": name, "type": type(exc).__name__}
         except OSError as exc:
             if exc.errno is not None:
-                res, info = "rowstore-error", {"step": name, "type": type(exc).__name__, "errno": exc.errno}
+                res, info = (
+                    "rowstore-error",
+                    {"step": name, "type": type(exc).__name__, "errno": exc.errno},
+                )
             else:
                 res, info = "LEAKED", _leak(name, exc)
         except BaseException as exc:  # noqa: BLE001 - the oracle classifies everything
@@ -992,13 +1357,18 @@ def run_oracle(path: str, with_image: bool, progress=None) -> dict:
 def _leak(step, exc):
     tb = traceback.extract_tb(exc.__traceback__)
     last = tb[-1] if tb else None
-    return {"step": step, "type": type(exc).__name__, "message": str(exc)[:300],
-            "where": f"{last.filename}:{last.lineno} in {last.name}" if last else None}  # fmt: skip
+    return {
+        "step": step,
+        "type": type(exc).__name__,
+        "message": str(exc)[:300],
+        "where": f"{last.filename}:{last.lineno} in {last.name}" if last else None,
+    }
 
 
 def child_main(conn, mem_limit: int, target: str | None = None):
     """Runs cases sent by :class:`Child`; ``target`` ("module:function", same signature as
-    :func:`run_oracle`) replaces the oracle (``tools/robustness/fuzz_atheris.py`` replays with its own)."""
+    :func:`run_oracle`) replaces the oracle (``tools/robustness/fuzz_atheris.py`` replays with its
+    own)."""
     import importlib
     import resource
 
@@ -1031,7 +1401,9 @@ class Child:
     def __init__(self, mem_limit: int, target: str | None = None):
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=child_main, args=(child_conn, mem_limit, target), daemon=True)
+        self.proc = ctx.Process(
+            target=child_main, args=(child_conn, mem_limit, target), daemon=True
+        )
         self.proc.start()
         child_conn.close()
         if not self.conn.poll(120):
@@ -1070,7 +1442,10 @@ class Child:
                 self.proc.join()
                 code = self.proc.exitcode
                 sig = -code if code is not None and code < 0 else None
-                return {"outcome": "CRASH", "steps": [{"step": step, "signal": sig, "exitcode": code, "started": started}]}, False
+                return {
+                    "outcome": "CRASH",
+                    "steps": [{"step": step, "signal": sig, "exitcode": code, "started": started}],
+                }, False
             if time.monotonic() > deadline:
                 self.kill()
                 return {"outcome": "HANG", "steps": [{"step": step, "timeout_s": timeout}]}, False
@@ -1098,14 +1473,26 @@ def main(argv=None) -> int:
     ap.add_argument("--region", choices=sorted(KINDS), default="all")
     ap.add_argument("--out", default="bench/results/fuzz.json")
     ap.add_argument("--cases-dir", default="bench/results/fuzz-cases")
-    ap.add_argument("--timeout", type=float, default=10.0, help="seconds per case before it is a HANG")
+    ap.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds per case before it is a HANG"
+    )
     ap.add_argument("--per-child", type=int, default=50, help="cases per child process")
     ap.add_argument("--mem-gib", type=float, default=4.0, help="RLIMIT_AS of the child")
     ap.add_argument("--no-image", action="store_true", help="leave the PNG field out")
-    ap.add_argument("--format", choices=("v1", "v2"), default="v2",
-                    help="seed files as written (v2, with a footer) or as the v1 writer left them")
+    ap.add_argument(
+        "--format",
+        choices=("v1", "v2"),
+        default="v2",
+        help="seed files as written (v2, with a footer) or as the v1 writer left them",
+    )
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--replay", nargs="+", metavar="FILE", help="run the oracle on these files (.h5 or .h5.gz) or dataset directories and print the outcomes")
+    ap.add_argument(
+        "--replay",
+        nargs="+",
+        metavar="FILE",
+        help="run the oracle on these files (.h5 or .h5.gz) or dataset directories and print the "
+        "outcomes",
+    )
     args = ap.parse_args(argv)
     if args.replay:
         return replay(args)
@@ -1139,7 +1526,9 @@ def main(argv=None) -> int:
         by_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         findings = []
         error_types = collections.Counter()
-        case_path = os.path.join(tmp, "case-ds" if dataset else "case.h5")  # next to the seeds (escaping paths)
+        case_path = os.path.join(
+            tmp, "case-ds" if dataset else "case.h5"
+        )  # next to the seeds (escaping paths)
         deadline = t0 + 60 * args.minutes if args.minutes is not None else None
         i = 0
         while True:
@@ -1187,23 +1576,42 @@ def main(argv=None) -> int:
             by_outcome[out] += 1
             if res["steps"]:
                 first = res["steps"][0]
-                error_types[f"{first.get('outcome', out)}: {first.get('type', first.get('signal', '-'))} at {first.get('step', '-')}"] += 1
+                error_types[
+                    f"{first.get('outcome', out)}: {first.get('type', first.get('signal', '-'))} "
+                    f"at {first.get('step', '-')}"
+                ] += 1
             label = "+".join(sorted(set(case_kinds)))
             by_kind[label if len(set(case_kinds)) == 1 else "multi"][out] += 1
             if out in BAD:
                 os.makedirs(args.cases_dir, exist_ok=True)
                 if dataset:  # the case directory, as it was read
                     h = tree_digest(files)
-                    rec = {"case": i, "seed_file": seed_name, "outcome": out, "kinds": case_kinds, "ops": ops,
-                           "steps": res["steps"], "file": f"{out}-{h}", "nbytes": sum(map(len, files.values()))}  # fmt: skip
+                    rec = {
+                        "case": i,
+                        "seed_file": seed_name,
+                        "outcome": out,
+                        "kinds": case_kinds,
+                        "ops": ops,
+                        "steps": res["steps"],
+                        "file": f"{out}-{h}",
+                        "nbytes": sum(map(len, files.values())),
+                    }
                     shutil.rmtree(os.path.join(args.cases_dir, rec["file"]), ignore_errors=True)
                     shutil.copytree(case_path, os.path.join(args.cases_dir, rec["file"]))
                     stem = rec["file"]
                 else:
                     h = hashlib.sha1(bytes(data)).hexdigest()[:10]
-                    rec = {"case": i, "seed_file": seed_name, "outcome": out, "kinds": case_kinds, "ops": ops,
-                           "steps": res["steps"], "file": f"{out}-{h}.h5", "nbytes": len(data),
-                           "crc32": zlib.crc32(data)}  # fmt: skip
+                    rec = {
+                        "case": i,
+                        "seed_file": seed_name,
+                        "outcome": out,
+                        "kinds": case_kinds,
+                        "ops": ops,
+                        "steps": res["steps"],
+                        "file": f"{out}-{h}.h5",
+                        "nbytes": len(data),
+                        "crc32": zlib.crc32(data),
+                    }
                     shutil.copyfile(case_path, os.path.join(args.cases_dir, rec["file"]))
                     stem = rec["file"][:-3]
                 findings.append(rec)
@@ -1217,13 +1625,20 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - t0
     report = {
-        "seed": args.seed, "region": args.region, "format": args.format if not dataset else None, "cases": i, "seconds": round(elapsed, 1), "with_image": with_image,
-        "seed_files": {k: sum(map(len, v.values())) if dataset else len(v) for k, v in blobs.items()},
+        "seed": args.seed,
+        "region": args.region,
+        "format": args.format if not dataset else None,
+        "cases": i,
+        "seconds": round(elapsed, 1),
+        "with_image": with_image,
+        "seed_files": {
+            k: sum(map(len, v.values())) if dataset else len(v) for k, v in blobs.items()
+        },
         "by_outcome": {o: by_outcome[o] for o in OUTCOMES},
         "by_kind": {k: {o: c[o] for o in OUTCOMES if c[o]} for k, c in sorted(by_kind.items())},
         "first_error": dict(error_types.most_common()),
         "findings": findings,
-    }  # fmt: skip
+    }
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as fh:
@@ -1258,7 +1673,10 @@ def replay(args) -> int:
 
 def print_table(report):
     cols = OUTCOMES
-    print(f"{report['cases']} cases in {report['seconds']} s (region {report['region']}, seed {report['seed']})")
+    print(
+        f"{report['cases']} cases in {report['seconds']} s (region {report['region']}, seed "
+        f"{report['seed']})"
+    )
     print("| kind | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
     for k, c in report["by_kind"].items():

@@ -1,11 +1,13 @@
 """Coverage-guided fuzzing of the read path with atheris (libFuzzer).
 
     scripts/fuzz_venv.sh && scripts/build_sanitized.sh fuzz      # once: .fuzz-venv, build/fuzz
-    .fuzz-venv/bin/python tools/robustness/fuzz_atheris.py --minutes 10     # the campaign (make fuzz)
+    .fuzz-venv/bin/python tools/robustness/fuzz_atheris.py --minutes 10     # the campaign (make
+    fuzz)
     python tools/robustness/fuzz_atheris.py --replay tests/data/atheris     # no atheris needed
 
 The target, :func:`one_input`, turns the fuzzer's bytes into a rowstore file and reads it with
-the oracle of ``tools/robustness/fuzz.py`` (a ``RowstoreError``, or exactly the rows written; anything else
+the oracle of ``tools/robustness/fuzz.py`` (a ``RowstoreError``, or exactly the rows written;
+anything else
 is a finding). The bytes are decoded by :class:`Bytes`, a plain consumer (no
 ``atheris.FuzzedDataProvider``), so that the suite replays the committed corpus and crashers
 through the normal build without atheris (``tests/robustness/test_fuzz_atheris.py``).
@@ -57,7 +59,9 @@ import zlib
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:  # this checkout's rowstore (a sanitized build/<kind> put first on PYTHONPATH wins)
+if (
+    ROOT not in sys.path
+):  # this checkout's rowstore (a sanitized build/<kind> put first on PYTHONPATH wins)
     sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fuzz  # noqa: E402 - tools/robustness/fuzz.py: the seeds, the oracle and the child runner
@@ -67,8 +71,28 @@ SEEDS = os.path.join(DATA, "seeds")
 WORK = os.path.join(ROOT, "bench", "results", "atheris-work")
 
 #: Values an edited size, offset or count takes (besides raw fuzzer bytes).
-ODD = (0, 1, 2, 7, 8, 31, 32, 255, 256, 4096, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**48, 2**62,
-       2**63 - 1, 2**63, 2**64 - 1)  # fmt: skip
+ODD = (
+    0,
+    1,
+    2,
+    7,
+    8,
+    31,
+    32,
+    255,
+    256,
+    4096,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**40,
+    2**48,
+    2**62,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+)
 
 
 class Finding(Exception):
@@ -127,10 +151,17 @@ def build_seed_files(out: str) -> None:
 
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        built = {name + ".h5": path for name, path in fuzz.build_seeds(tmp, with_image=False).items()}
+        built = {
+            name + ".h5": path for name, path in fuzz.build_seeds(tmp, with_image=False).items()
+        }
         path = built["seed-raw-direct.h5"] = os.path.join(tmp, "seed-raw-direct.h5")
-        with rowstore.Writer(path, fuzz.seed_schema(False), compression=None, rows_per_block=256,
-                             heap_chunk_bytes=4096) as w:  # fmt: skip
+        with rowstore.Writer(
+            path,
+            fuzz.seed_schema(False),
+            compression=None,
+            rows_per_block=256,
+            heap_chunk_bytes=4096,
+        ) as w:
             for r in fuzz.seed_rows(False):
                 w.write(r)
         for name in SEED_NAMES:
@@ -152,7 +183,13 @@ def _seed_info(path: str) -> dict:
     with open(path, "rb") as fh:
         data = fh.read()
     chunks = [r for r in smap["regions"] if r[0] in ("block", "heap")]
-    return {"name": os.path.basename(path), "data": data, "smap": smap, "index": index, "chunks": chunks}
+    return {
+        "name": os.path.basename(path),
+        "data": data,
+        "smap": smap,
+        "index": index,
+        "chunks": chunks,
+    }
 
 
 def seeds() -> list[dict]:
@@ -160,7 +197,10 @@ def seeds() -> list[dict]:
     if _SEEDS is None:
         missing = [n for n in SEED_NAMES if not os.path.exists(os.path.join(SEEDS, n))]
         if missing:
-            raise SystemExit(f"seed files {missing} missing from {SEEDS} (tools/robustness/fuzz_atheris.py --make-seeds)")
+            raise SystemExit(
+                f"seed files {missing} missing from {SEEDS} (tools/robustness/fuzz_atheris.py "
+                f"--make-seeds)"
+            )
         _SEEDS = [_seed_info(os.path.join(SEEDS, n)) for n in SEED_NAMES]
     return _SEEDS
 
@@ -299,16 +339,28 @@ def check_file(path: str, exact: bool = True) -> str:
                 raise Finding(f"WRONG-DATA: open: {n} rows, fields {[f.name for f in r.schema]}")
             names = [f.name for f in r.schema]
             nullable = {f.name for f in r.schema if f.nullable}
-            fixed = [f.name for f in r.schema if f.dtype not in ("str", "bytes") and None not in f.shape and not f.nullable]
+            fixed = [
+                f.name
+                for f in r.schema
+                if f.dtype not in ("str", "bytes") and None not in f.shape and not f.nullable
+            ]
             # Single rows first, while no block is loaded: the direct reads (large blocks of an
             # uncompressed file), all fields (pread_rows + pread_heap) and fixed ones (preadv_rows).
             single = []
             for i in sorted({0, n // 2, n - 1}) if n else ():
                 one = fuzz._batch_rows(r.take([i], varlen="ragged"), names, nullable)
-                part = fuzz._batch_rows(r.take([i], fields=fixed, varlen="ragged"), fixed, set()) if fixed else None
+                part = (
+                    fuzz._batch_rows(r.take([i], fields=fixed, varlen="ragged"), fixed, set())
+                    if fixed
+                    else None
+                )
                 single.append((i, one, part))
             k = min(n, MAX_CHECKED_ROWS)
-            t = fuzz._batch_rows(r.take(np.arange(k), varlen="ragged"), names, nullable) if k else []
+            t = (
+                fuzz._batch_rows(r.take(np.arange(k), varlen="ragged"), names, nullable)
+                if k
+                else []
+            )
             if exact:
                 fuzz._check_rows(t, expected, True, "take")
             for i, one, part in single:
@@ -316,7 +368,12 @@ def check_file(path: str, exact: bool = True) -> str:
                     fuzz._check_rows(one, t[i : i + 1], True, f"take([{i}]) vs take")
                     if part is not None:
                         cols = [names.index(c) for c in fixed]
-                        fuzz._check_rows(part, [tuple(t[i][c] for c in cols)], True, f"take([{i}], fields) vs take")
+                        fuzz._check_rows(
+                            part,
+                            [tuple(t[i][c] for c in cols)],
+                            True,
+                            f"take([{i}], fields) vs take",
+                        )
             if n <= MAX_CHECKED_ROWS:
                 got = []
                 for bt in r.batches(16, shuffle="none", num_threads=1, varlen="ragged"):
@@ -354,7 +411,9 @@ def one_input(data: bytes) -> str:
     """The fuzz target: the file of ``data`` through :func:`check_file`."""
     global _CASE_DIR
     if _CASE_DIR is None:
-        _CASE_DIR = tempfile.mkdtemp(prefix="rowstore-atheris-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        _CASE_DIR = tempfile.mkdtemp(
+            prefix="rowstore-atheris-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
     blob, ops = build_case(data)
     path = os.path.join(_CASE_DIR, "case.h5")
     with open(path, "wb") as fh:
@@ -396,7 +455,10 @@ def replay_oracle(path: str, exact: bool, progress=None) -> dict:
         return {"outcome": check_file(path, exact), "steps": []}
     except Finding as exc:
         wrong = str(exc).startswith("WRONG-DATA")
-        return {"outcome": "WRONG-DATA" if wrong else "LEAKED", "steps": [{"step": "check", "message": str(exc)[:300]}]}
+        return {
+            "outcome": "WRONG-DATA" if wrong else "LEAKED",
+            "steps": [{"step": "check", "message": str(exc)[:300]}],
+        }
     except BaseException as exc:  # noqa: BLE001 - the oracle classifies everything
         return {"outcome": "LEAKED", "steps": [fuzz._leak("check", exc)]}
 
@@ -408,7 +470,15 @@ def replay(paths: list[str], timeout: float = 10.0) -> dict:
     run). Returns counts and the inputs whose outcome was not ok/rowstore-error."""
     files = []
     for p in paths:
-        files += sorted(q for q in glob.glob(os.path.join(p, "**", "*"), recursive=True) if os.path.isfile(q)) if os.path.isdir(p) else [p]
+        files += (
+            sorted(
+                q
+                for q in glob.glob(os.path.join(p, "**", "*"), recursive=True)
+                if os.path.isfile(q)
+            )
+            if os.path.isdir(p)
+            else [p]
+        )
     files = [f for f in files if not f.endswith((".md", ".json"))]
     mem = 0 if "asan" in os.environ.get("LD_PRELOAD", "") else 4 << 30
     counts = dict.fromkeys(fuzz.OUTCOMES, 0)
@@ -436,7 +506,9 @@ def replay(paths: list[str], timeout: float = 10.0) -> dict:
 
 # --------------------------------------------------------------------------- the campaign
 
-_STAT = re.compile(r"^#(\d+)\s+(\w+)\s+cov: (\d+) ft: (\d+)(?: corp: (\d+)/(\S+))?.*?(?:exec/s: (\d+))?", re.M)
+_STAT = re.compile(
+    r"^#(\d+)\s+(\w+)\s+cov: (\d+) ft: (\d+)(?: corp: (\d+)/(\S+))?.*?(?:exec/s: (\d+))?", re.M
+)
 
 
 def _runtime() -> str:
@@ -444,7 +516,9 @@ def _runtime() -> str:
 
     spec = importlib.util.find_spec("atheris")
     if spec is None or spec.origin is None:
-        raise SystemExit("atheris is not installed: scripts/fuzz_venv.sh, then .fuzz-venv/bin/python")
+        raise SystemExit(
+            "atheris is not installed: scripts/fuzz_venv.sh, then .fuzz-venv/bin/python"
+        )
     lib = os.path.join(os.path.dirname(os.path.dirname(spec.origin)), "asan_with_fuzzer.so")
     if not os.path.exists(lib):
         raise SystemExit(f"{lib} missing (atheris wheel without its sanitizer runtimes?)")
@@ -457,7 +531,10 @@ def campaign(args) -> int:
     build = os.path.join(ROOT, "build", "fuzz")
     native = bool(glob.glob(os.path.join(build, "rowstore", "_frame*.so"))) and not args.no_native
     if not native and not args.no_native:
-        print("build/fuzz missing (scripts/build_sanitized.sh fuzz): Python coverage only", file=sys.stderr)
+        print(
+            "build/fuzz missing (scripts/build_sanitized.sh fuzz): Python coverage only",
+            file=sys.stderr,
+        )
     work = args.work
     corpus = os.path.join(work, "corpus")
     crashers = os.path.abspath(args.crashers) + os.sep
@@ -477,10 +554,25 @@ def campaign(args) -> int:
     malloc_mb = (1 << 30) // (1 << 20) + 64  # MAX_CHUNK_BYTES (one block) and some slack
     if args.merge:  # minimize the working corpus into the committed one (libFuzzer -merge=1)
         os.makedirs(args.merge, exist_ok=True)
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", os.path.abspath(args.merge),
-               *[d for d in dirs if os.path.abspath(d) != os.path.abspath(args.merge)], "-merge=1",
-               f"-timeout={int(args.timeout)}", f"-rss_limit_mb={args.rss_mb}", "-max_len=32768"]  # fmt: skip
-        proc = subprocess.run(cmd, cwd=build if native else ROOT, env=env, capture_output=True, text=True, errors="replace")
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            os.path.abspath(args.merge),
+            *[d for d in dirs if os.path.abspath(d) != os.path.abspath(args.merge)],
+            "-merge=1",
+            f"-timeout={int(args.timeout)}",
+            f"-rss_limit_mb={args.rss_mb}",
+            "-max_len=32768",
+        ]
+        proc = subprocess.run(
+            cmd,
+            cwd=build if native else ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+        )
         print(proc.stdout[-1500:] + proc.stderr[-1500:], file=sys.stderr)
         print(f"{len(os.listdir(args.merge))} inputs in {args.merge}")
         return proc.returncode
@@ -491,12 +583,32 @@ def campaign(args) -> int:
         left = int(t_end - time.monotonic())
         if left < 5:
             break
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", *dirs, f"-max_total_time={left}",
-               f"-timeout={int(args.timeout)}", f"-rss_limit_mb={args.rss_mb}", f"-malloc_limit_mb={malloc_mb}",
-               f"-max_len={args.max_len}", "-len_control=0", f"-artifact_prefix={crashers}", "-print_final_stats=1", f"-seed={args.seed + runs}",
-               "-reload=0"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            *dirs,
+            f"-max_total_time={left}",
+            f"-timeout={int(args.timeout)}",
+            f"-rss_limit_mb={args.rss_mb}",
+            f"-malloc_limit_mb={malloc_mb}",
+            f"-max_len={args.max_len}",
+            "-len_control=0",
+            f"-artifact_prefix={crashers}",
+            "-print_final_stats=1",
+            f"-seed={args.seed + runs}",
+            "-reload=0",
+        ]
         runs += 1
-        proc = subprocess.Popen(cmd, cwd=build if native else ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(
+            cmd,
+            cwd=build if native else ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
         assert proc.stdout is not None
         last_execs = 0
         for line in proc.stdout:
@@ -518,9 +630,18 @@ def campaign(args) -> int:
         proc.wait()
         execs += last_execs
     log.close()
-    report = {"minutes": args.minutes, "native_coverage": native, "libfuzzer_runs": runs, "executions": execs,
-              "cov_edges": cov, "features": ft, "corpus_inputs": len(os.listdir(corpus)),
-              "findings": findings, "errors": log_lines[:50], "seed": args.seed}  # fmt: skip
+    report = {
+        "minutes": args.minutes,
+        "native_coverage": native,
+        "libfuzzer_runs": runs,
+        "executions": execs,
+        "cov_edges": cov,
+        "features": ft,
+        "corpus_inputs": len(os.listdir(corpus)),
+        "findings": findings,
+        "errors": log_lines[:50],
+        "seed": args.seed,
+    }
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as fh:
@@ -549,7 +670,10 @@ def worker(argv: list[str]) -> None:
     # libFuzzer re-runs argv[0] through the shell for -merge=1 (and -fork): make it this worker
     import shlex
 
-    atheris.Setup([f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))} --worker", *argv], target)
+    atheris.Setup(
+        [f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))} --worker", *argv],
+        target,
+    )
     atheris.Fuzz()
 
 
@@ -560,18 +684,39 @@ def main(argv=None) -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, help="run the coverage-guided campaign this long")
-    ap.add_argument("--replay", nargs="+", metavar="PATH", help="run these inputs (files or directories) through the oracle, no atheris needed")
-    ap.add_argument("--make-seeds", action="store_true", help="write the seed files into tests/data/atheris/seeds")
+    ap.add_argument(
+        "--replay",
+        nargs="+",
+        metavar="PATH",
+        help="run these inputs (files or directories) through the oracle, no atheris needed",
+    )
+    ap.add_argument(
+        "--make-seeds",
+        action="store_true",
+        help="write the seed files into tests/data/atheris/seeds",
+    )
     ap.add_argument("--work", default=WORK, help="libFuzzer's working corpus and log")
     ap.add_argument("--crashers", default=os.path.join(WORK, "crashers"))
     ap.add_argument("--out", default="bench/results/fuzz_atheris.json")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per input")
     ap.add_argument("--rss-mb", type=int, default=4096)
-    ap.add_argument("--max-len", type=int, default=128, help="longest input; whole raw files (mode 0 over the seeds) need 32768")
+    ap.add_argument(
+        "--max-len",
+        type=int,
+        default=128,
+        help="longest input; whole raw files (mode 0 over the seeds) need 32768",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-native", action="store_true", help="the normal build: Python coverage only")
+    ap.add_argument(
+        "--no-native", action="store_true", help="the normal build: Python coverage only"
+    )
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--merge", metavar="DIR", help="merge the working corpus into DIR (tests/data/atheris/corpus), keeping only inputs that add coverage")
+    ap.add_argument(
+        "--merge",
+        metavar="DIR",
+        help="merge the working corpus into DIR (tests/data/atheris/corpus), keeping only inputs "
+        "that add coverage",
+    )
     args = ap.parse_args(argv)
     if args.make_seeds:
         build_seed_files(SEEDS)

@@ -235,7 +235,8 @@ def main(argv=None) -> int:
     info = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     if not torch.cuda.is_available():
         info["message"] = (
-            "no CUDA: rowstore.torch's GPU path was not checked (CPU fallback is tested in tests/torch/test_torch.py)"
+            "no CUDA: rowstore.torch's GPU path was not checked (CPU fallback is tested in "
+            "tests/torch/test_torch.py)"
         )
         print(json.dumps(info))
         return 0

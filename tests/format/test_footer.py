@@ -29,24 +29,16 @@ from rowstore.format import footer
 
 h5py = pytest.importorskip("h5py")
 
-SCHEMA = Schema(
-    [
-        Field("id", "int64"),
-        Field("x", "float32", (4,)),
-        Field("s", "str", nullable=True),
-        Field("v", "int16", (None, 2)),
-    ]
-)
+SCHEMA = Schema([
+    Field("id", "int64"), Field("x", "float32", (4,)), Field("s", "str", nullable=True),
+    Field("v", "int16", (None, 2)),
+])  # fmt: skip
 N = 50
 
 
 def _row(i):
-    return {
-        "id": i,
-        "x": np.full(4, i, np.float32),
-        "s": None if i % 4 == 0 else f"s{i}",
-        "v": np.full((i % 3, 2), i, np.int16),
-    }
+    return {"id": i, "x": np.full(4, i, np.float32), "s": None if i % 4 == 0 else f"s{i}",
+            "v": np.full((i % 3, 2), i, np.int16)}  # fmt: skip
 
 
 def _write(path, n=N, start=0, mode="w", compression=None):
@@ -164,8 +156,7 @@ def as_v1(src, dst):
     return dst
 
 
-# -- what is written
-# -----------------------------------------------------------------------------------
+# -- what is written -----------------------------------------------------------------------------------
 def test_writer_appends_a_v2_footer_that_h5py_ignores(valid):
     L = Layout.open(valid)
     # Uncompressed files carry the page index (v3); compressed ones are v2 as before.
@@ -197,12 +188,10 @@ def test_writer_appends_a_v2_footer_that_h5py_ignores(valid):
     if want == 3:  # the page index: each page's CRC-32 of the stored bytes, as documented
         raw = open(valid, "rb").read()
         rs, plen = L.row_dtype.itemsize, max(1, 4096 // L.row_dtype.itemsize) * L.row_dtype.itemsize
-
-        def chunk_pages(at, size, step):
-            return [
-                zlib.crc32(raw[at + a : at + min(a + step, size)]) for a in range(0, size, step)
-            ]
-
+        chunk_pages = lambda at, size, step: [
+            zlib.crc32(raw[at + a : at + min(a + step, size)])  # noqa: E731
+            for a in range(0, size, step)
+        ]
         pages = (
             [
                 c
@@ -249,8 +238,7 @@ for p in ({valid!r}, {garbled!r}):
         assert got["id"].tolist() == list(range({N})), p
         assert (got["x"] == np.arange({N}, dtype=np.float32)[:, None]).all()
         assert r[5]["s"] == "s5" and r[5]["v"].tolist() == [[5, 5], [5, 5]]
-        assert sorted(int(i) for b in r.batches(7, shuffle="full", seed=1) for i in b["id"]) ==
-        list(range({N}))
+        assert sorted(int(i) for b in r.batches(7, shuffle="full", seed=1) for i in b["id"]) == list(range({N}))
     rowstore.Layout.open(p).verify()
 assert sys.modules["h5py"] is None
 print("ok")
@@ -259,8 +247,7 @@ print("ok")
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 
-# -- damage and hostile footers
-# -------------------------------------------------------------------------
+# -- damage and hostile footers -------------------------------------------------------------------------
 def test_every_flipped_footer_byte_is_an_error_or_exact(valid, tmp_path):
     off, f, t = _parts(valid)
     size = os.path.getsize(valid)
@@ -340,24 +327,14 @@ def _hostile_cases():
     from test_hostile_metadata import ATTR_CASES
 
     cases = {k: (name, _jsonable(v)) for k, (name, v) in ATTR_CASES.items()}
-    cases.update(
-        {
-            "num_rows-bool": ("num_rows", True),
-            "format_version-1": ("format_version", 1),
-            "format_version-4": ("format_version", 4),
-            "format_version-str": ("format_version", "2"),
-            "schema-as-object": ("schema", SCHEMA.to_json()),
-            "schema-int": ("schema", 7),
-            "writer-int": ("writer", 3),
-            "eof-wrong": (footer.KEY_EOF, 10),
-            "eof-missing": (footer.KEY_EOF, None),
-            "eof-bool": (footer.KEY_EOF, True),
-            "format-other": ("format", "hdf5"),
-            "user_attrs-list": ("user_attrs", "[1]"),
-            "heap_nbytes-negative": ("heap_nbytes", -5),
-            "rows_per_block-float": ("rows_per_block", 8.0),
-        }
-    )
+    cases.update({
+        "num_rows-bool": ("num_rows", True), "format_version-1": ("format_version", 1),
+        "format_version-4": ("format_version", 4), "format_version-str": ("format_version", "2"),
+        "schema-as-object": ("schema", SCHEMA.to_json()), "schema-int": ("schema", 7), "writer-int": ("writer", 3),
+        "eof-wrong": (footer.KEY_EOF, 10), "eof-missing": (footer.KEY_EOF, None), "eof-bool": (footer.KEY_EOF, True),
+        "format-other": ("format", "hdf5"), "user_attrs-list": ("user_attrs", "[1]"),
+        "heap_nbytes-negative": ("heap_nbytes", -5), "rows_per_block-float": ("rows_per_block", 8.0),
+    })  # fmt: skip
     return cases
 
 
@@ -459,22 +436,8 @@ def test_truncation_at_every_footer_boundary_and_appended_bytes(valid, tmp_path)
     off, f, t = _parts(valid)
     (n,) = struct.unpack_from("<I", f, 8)
     size = os.path.getsize(valid)
-    cuts = {
-        off - 1,
-        off,
-        off + 4,
-        off + 8,
-        off + 12,
-        off + 12 + n // 2,
-        off + 12 + n,
-        off + 20 + n,
-        off + 20 + n + 56,
-        off + len(f) - 1,
-        off + len(f),
-        size - 20,
-        size - 4,
-        size - 1,
-    }
+    cuts = {off - 1, off, off + 4, off + 8, off + 12, off + 12 + n // 2, off + 12 + n, off + 20 + n, off + 20 + n + 56,
+            off + len(f) - 1, off + len(f), size - 20, size - 4, size - 1}  # fmt: skip
     for cut in sorted(cuts):
         p = str(tmp_path / f"cut{cut}.h5")
         shutil.copyfile(valid, p)
@@ -503,8 +466,7 @@ def test_truncation_at_every_footer_boundary_and_appended_bytes(valid, tmp_path)
             Layout.open(p)
 
 
-# -- append
-# ---------------------------------------------------------------------------------------------
+# -- append ---------------------------------------------------------------------------------------------
 def test_append_to_a_v2_file_writes_a_fresh_footer(valid, tmp_path):
     path = str(tmp_path / "a.h5")
     shutil.copyfile(valid, path)
@@ -549,8 +511,7 @@ def test_append_to_the_v1_golden_file(tmp_path):
         assert r[len(r) - 1]["id"] == rows[2]["id"] and r[0]["id"] == rows[0]["id"]
 
 
-# -- remote
-# -----------------------------------------------------------------------------------------------
+# -- remote -----------------------------------------------------------------------------------------------
 def test_remote_open_reads_the_footer_in_one_get(valid, tmp_path, http_factory):
     """HTTP: a HEAD and one ranged GET open a v2 file (a v1 file takes a HEAD and two GETs),
     and a big footer one GET more; the rows equal the local file's."""
@@ -607,8 +568,7 @@ def test_remote_open_from_moto(valid, s3_server):
         assert _same(r.take(np.arange(N)), local.take(np.arange(N)))
 
 
-# -- rowstore verify: the HDF5 part against the footer
-# --------------------------------------------------
+# -- rowstore verify: the HDF5 part against the footer --------------------------------------------------
 def test_verify_cross_checks_the_hdf5_part(valid, tmp_path, capsys):
     """``rowstore verify`` of a v2 file also checks, with libhdf5 in a child process, that the
     HDF5 part (what h5py users read) holds the footer's attributes and index: an HDF5 index

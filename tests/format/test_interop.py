@@ -21,40 +21,28 @@ COMPRESSION_IDS = ["none", "lz4", "zstd", "blosclz-dict"]
 
 
 def interop_schema() -> Schema:
-    return Schema(
-        [
-            Field("fixed", "float32", (2, 3)),
-            Field("label", "int64", nullable=True),
-            Field("flag", "bool"),
-            Field("u", "uint64"),
-            Field("h", "float16", (2,)),
-            Field("c", "complex64"),
-            Field("text", "str", nullable=True),
-            Field("blob", "bytes"),
-            Field("wave", "float32", (None,)),
-            Field("grid", "int16", (None, 3, None), nullable=True),
-            Field("image", "uint8", (6, 5, 3), codec={"id": "png", "level": 1}),
-        ]
-    )
+    return Schema([
+        Field("fixed", "float32", (2, 3)),
+        Field("label", "int64", nullable=True),
+        Field("flag", "bool"),
+        Field("u", "uint64"),
+        Field("h", "float16", (2,)),
+        Field("c", "complex64"),
+        Field("text", "str", nullable=True),
+        Field("blob", "bytes"),
+        Field("wave", "float32", (None,)),
+        Field("grid", "int16", (None, 3, None), nullable=True),
+        Field("image", "uint8", (6, 5, 3), codec={"id": "png", "level": 1}),
+    ])  # fmt: skip
 
 
 def interop_rows(rs, schema, n=23):
     rows = rs.make_rows(schema, n, seed=21)
     # a whole block (rows 8..11 with rows_per_block=4) of zeros/empties: all-zero chunks
     for i in range(8, 12):
-        rows[i].update(
-            fixed=np.zeros((2, 3), np.float32),
-            label=0,
-            flag=False,
-            u=0,
-            h=np.zeros(2, np.float16),
-            c=0j,
-            text="",
-            blob=bytes(200),
-            wave=np.zeros(0, np.float32),
-            grid=np.zeros((0, 3, 0), np.int16),
-            image=np.zeros((6, 5, 3), np.uint8),
-        )
+        rows[i].update(fixed=np.zeros((2, 3), np.float32), label=0, flag=False, u=0, h=np.zeros(2, np.float16),
+                       c=0j, text="", blob=bytes(200), wave=np.zeros(0, np.float32), grid=np.zeros((0, 3, 0), np.int16),
+                       image=np.zeros((6, 5, 3), np.uint8))  # fmt: skip
     return rows
 
 
@@ -84,14 +72,8 @@ def check_table(schema, rows, table: np.ndarray, heap: bytes, *, exact_dtypes: b
                 f.name
             )
         if f.inline:
-            exp = np.stack(
-                [
-                    np.zeros(f.shape, f.dtype)
-                    if r.get(f.name) is None
-                    else np.asarray(r[f.name], f.dtype)
-                    for r in rows
-                ]
-            )
+            exp = np.stack([np.zeros(f.shape, f.dtype) if r.get(f.name) is None else np.asarray(r[f.name], f.dtype)
+                            for r in rows])  # fmt: skip
             if exact_dtypes:
                 assert col.dtype.base == f.dtype, (f.name, col.dtype)
             assert col.dtype.base.itemsize == f.dtype.itemsize, (f.name, col.dtype)
@@ -148,10 +130,8 @@ with tables.open_file(path, "r") as f:
     heap = f.get_node("/rowstore/heap").read()
     filters = repr(t.filters)
     blocks = f.get_node("/rowstore/blocks").read()
-    attrs = {k: str(f.get_node_attr("/rowstore", k)) for k in ("format", "format_version",
-    "num_rows")}
-assert "h5py" not in sys.modules and "hdf5plugin" not in sys.modules, "PyTables must decode on its
-own"
+    attrs = {k: str(f.get_node_attr("/rowstore", k)) for k in ("format", "format_version", "num_rows")}
+assert "h5py" not in sys.modules and "hdf5plugin" not in sys.modules, "PyTables must decode on its own"
 assert "rowstore" not in sys.modules
 np.save(out + "rows.npy", rows)
 np.save(out + "heap.npy", heap)

@@ -45,8 +45,7 @@ def _sh(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def ext4(tmp_path_factory):
-    """``(mountpoint, image)`` of a fresh ext4 image on a loop device (skips where that is not
-    allowed)."""
+    """``(mountpoint, image)`` of a fresh ext4 image on a loop device (skips where that is not allowed)."""
     if sys.platform != "linux" or os.geteuid() != 0 or not all(shutil.which(t) for t in TOOLS):
         pytest.skip("needs root, loop devices and e2fsprogs")
     d = tmp_path_factory.mktemp("power")
@@ -90,8 +89,7 @@ if scenario == "append":
             w.write_batch(b)
             print("wrote", flush=True)
 else:
-    with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=40_000, rows_per_block=500) as
-    w:
+    with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=40_000, rows_per_block=500) as w:
         for b in batches():
             w.write_batch(b)
             print("wrote", flush=True)

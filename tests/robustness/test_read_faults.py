@@ -33,10 +33,8 @@ import rowstore
 
 FIU_RUN = shutil.which("fiu-run")
 PRELOAD = "/usr/lib/fiu/fiu_posix_preload.so"
-pytestmark = pytest.mark.skipif(
-    not FIU_RUN or not os.path.exists(PRELOAD) or sys.platform != "linux",
-    reason="needs libfiu (apt: fiu-utils, libfiu-dev)",
-)
+pytestmark = pytest.mark.skipif(not FIU_RUN or not os.path.exists(PRELOAD) or sys.platform != "linux",
+                                reason="needs libfiu (apt: fiu-utils, libfiu-dev)")  # fmt: skip
 
 SCHEMA = rowstore.Schema({"x": "int64", "t": rowstore.STR, "v": ("float32", (8,))})
 N = 3000
@@ -44,11 +42,8 @@ N = 3000
 
 def _rows(n: int = N) -> dict:
     x = np.arange(n, dtype=np.int64)
-    return {
-        "x": x,
-        "t": [f"r{i}" * (1 + i % 4) for i in range(n)],
-        "v": (x[:, None] * 8 + np.arange(8)).astype(np.float32),
-    }
+    return {"x": x, "t": [f"r{i}" * (1 + i % 4) for i in range(n)],
+            "v": (x[:, None] * 8 + np.arange(8)).astype(np.float32)}  # fmt: skip
 
 
 CHILD = r'''
@@ -65,10 +60,8 @@ if torch_too:
 fiu = ctypes.CDLL("libfiu.so.0")
 CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint))
-fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
-CB]
-fiu.fiu_enable_random.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
-ctypes.c_double]
+fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, CB]
+fiu.fiu_enable_random.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_double]
 fiu.fiu_disable.argtypes = [ctypes.c_char_p]
 S = {"n": 0, "lo": 0, "hi": 0, "read": False, "failed": 0}  # calls lo < n <= hi fail
 
@@ -116,14 +109,12 @@ def outcome(fn):
         fn()
     except BaseException as exc:
         e = exc
-        while e is not None and not isinstance(e, OSError):  # an OSError reached the caller, or is
-        its cause
+        while e is not None and not isinstance(e, OSError):  # an OSError reached the caller, or is its cause
             e = e.__cause__ or e.__context__
         rec = {"error": type(exc).__name__, "oserror": isinstance(exc, OSError),
                "errno": getattr(exc, "errno", None), "cause_errno": getattr(e, "errno", None),
                "rowstore": isinstance(exc, rowstore.RowstoreError),
-               "filename": getattr(exc, "filename", None) or getattr(exc, "path", None), "msg":
-               str(exc)[-300:],
+               "filename": getattr(exc, "filename", None) or getattr(exc, "path", None), "msg": str(exc)[-300:],
                "names": path in str(exc)}
     else:
         rec = {"error": None}
@@ -169,8 +160,7 @@ if torch_too:
     for workers in (0, 2):
         ds = rowstore.torch.Dataset(path)
         def run(ds=ds, workers=workers):
-            loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True,
-            num_workers=workers,
+            loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers,
                                                  collate_fn=ds.collate_fn)
             for _ in loader:
                 pass
@@ -192,8 +182,7 @@ rc_bad, err_bad = verify()
 faults = S["failed"]
 stop()
 rc_ok, _ = verify()
-out["verify"] = {"calls": calls, "rc_clean": rc, "rc_fault": rc_bad, "stderr": err_bad[-600:],
-"rc_after": rc_ok}
+out["verify"] = {"calls": calls, "rc_clean": rc, "rc_fault": rc_bad, "stderr": err_bad[-600:], "rc_after": rc_ok}
 
 # Short reads: libfiu's pread/reduce returns fewer bytes than asked, half the time.
 fiu.fiu_enable_random(b"posix/io/rw/pread/reduce", 1, None, 0, 0.5)
@@ -204,8 +193,7 @@ fiu.fiu_disable(b"posix/io/rw/pread/reduce")
 fiu.fiu_disable(b"posix/io/rw/preadv/reduce")
 
 r.close()
-for _ in range(1200):  # DataLoader workers and reader threads end soon after close (60 s: a hang
-guard)
+for _ in range(1200):  # DataLoader workers and reader threads end soon after close (60 s: a hang guard)
     if threads() == base_threads:
         break
     time.sleep(0.05)
@@ -222,9 +210,8 @@ def _write(tmp_path, kind: str, compression: str | None) -> str:
             w.write_batch(_rows())
         return path
     path = str(tmp_path / "ds")
-    with rowstore.DatasetWriter(
-        path, SCHEMA, mode="w", compression=compression, rows_per_block=128, shard_bytes=60_000
-    ) as w:
+    with rowstore.DatasetWriter(path, SCHEMA, mode="w", compression=compression, rows_per_block=128,
+                                shard_bytes=60_000) as w:  # fmt: skip
         w.write_batch(_rows())
     assert len(os.listdir(os.path.join(path, "shards"))) >= 3
     return path
@@ -236,23 +223,8 @@ def _child(tmp_path, path: str, torch_too: bool) -> dict:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     )
-    proc = subprocess.run(
-        [
-            FIU_RUN,
-            "-x",
-            "-f",
-            "",
-            sys.executable,
-            str(script),
-            path,
-            "1" if torch_too else "0",
-            str(N),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
+    proc = subprocess.run([FIU_RUN, "-x", "-f", "", sys.executable, str(script), path, "1" if torch_too else "0", str(N)],
+                          capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULT ") :])
@@ -310,14 +282,8 @@ def test_kernel_io_error_is_an_oserror_that_pickles():
 
     from rowstore import kernels
 
-    err = kernels.KernelIOError(
-        "'/d/f.h5': block 2: read failed (errno 5: Input/output error)",
-        code=kernels.KernelCode.E_IO,
-        index=0,
-        detail=5,
-        path="/d/f.h5",
-        block=2,
-    )
+    err = kernels.KernelIOError("'/d/f.h5': block 2: read failed (errno 5: Input/output error)",
+                                code=kernels.KernelCode.E_IO, index=0, detail=5, path="/d/f.h5", block=2)  # fmt: skip
     for e in (err, pickle.loads(pickle.dumps(err))):
         assert isinstance(e, OSError) and isinstance(e, rowstore.FormatError)
         assert (e.errno, e.filename, e.path, e.block) == (5, "/d/f.h5", "/d/f.h5", 2)

@@ -132,8 +132,7 @@ import rowstore
 fiu = ctypes.CDLL("libfiu.so.0")
 CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint))
-fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
-CB]
+fiu.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, CB]
 S = {"on": False, "n": 0, "fail": 0}
 family = sys.argv[3]
 
@@ -144,8 +143,7 @@ def decide(name, failnum, failinfo, flags):
     S["n"] += 1
     return 1 if S["n"] == S["fail"] else 0
 
-points = ([b"posix/io/rw/write", b"posix/io/rw/pwrite", b"posix/io/rw/writev",
-b"posix/io/rw/pwritev"]
+points = ([b"posix/io/rw/write", b"posix/io/rw/pwrite", b"posix/io/rw/writev", b"posix/io/rw/pwritev"]
           if family == "write" else [b"posix/io/sync/fsync", b"posix/io/sync/fdatasync"])
 for p in points:
     assert fiu.fiu_enable_external(p, 1, errno.EIO, 0, decide) == 0
@@ -163,8 +161,7 @@ def operation(work):
             for lo in range(100, 1600, 500):
                 w.write_batch(rows(lo, lo + 500))
     elif scenario == "dataset":
-        with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=8000, rows_per_block=200) as
-        w:
+        with rowstore.DatasetWriter(path, schema, mode="a", shard_bytes=8000, rows_per_block=200) as w:
             for lo in range(100, 1600, 500):
                 w.write_batch(rows(lo, lo + 500))
     else:  # two-phase: two shards, then one commit
@@ -214,8 +211,7 @@ def attempt(work, k):
     os.close(rfd)
     status = os.waitpid(pid, 0)[1]
     if os.WIFSIGNALED(status):
-        return {"calls": None, "error": f"signal {os.WTERMSIG(status)}", "oserror": False, "errno":
-        None, "msg": ""}
+        return {"calls": None, "error": f"signal {os.WTERMSIG(status)}", "oserror": False, "errno": None, "msg": ""}
     return json.loads(data)
 
 def trial(k):
@@ -233,13 +229,11 @@ def trial(k):
         from rowstore.storage.local import remove_stale
         remove_stale(work)
     else:
-        rowstore.commit(path, [rowstore.write_shard(path, schema, rows(5000, 5010))], mode="a",
-        orphan_grace_s=0)
+        rowstore.commit(path, [rowstore.write_shard(path, schema, rows(5000, 5010))], mode="a", orphan_grace_s=0)
         rowstore.gc_dataset(path, dry_run=False, orphan_grace_s=0)
         from rowstore.format import manifest
         named = set(manifest.load(path).shards["path"])
-        rec["orphans"] = [n for n in os.listdir(os.path.join(path, "shards")) if "shards/" + n not
-        in named]
+        rec["orphans"] = [n for n in os.listdir(os.path.join(path, "shards")) if "shards/" + n not in named]
     with rowstore.open(path) as r:
         rec["after"] = len(r)
     rec["left_after_recovery"] = temporaries(work)
@@ -248,16 +242,13 @@ def trial(k):
 
 clean = trial(0)  # fail = 0: nothing fails; counts the calls
 n = clean["calls"]
-ks = sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 2, n - 1, n} & set(range(1, n + 1)))  # the
-last: after the rename
+ks = sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 2, n - 1, n} & set(range(1, n + 1)))  # the last: after the rename
 print("RESULT " + json.dumps({"clean": clean, "trials": [trial(k) for k in ks]}))
 '''
 
 
-@pytest.mark.skipif(
-    not FIU_RUN or not os.path.exists("/usr/lib/fiu/fiu_posix_preload.so"),
-    reason="needs libfiu (apt: fiu-utils, libfiu-dev)",
-)
+@pytest.mark.skipif(not FIU_RUN or not os.path.exists("/usr/lib/fiu/fiu_posix_preload.so"),
+                    reason="needs libfiu (apt: fiu-utils, libfiu-dev)")  # fmt: skip
 @pytest.mark.parametrize("scenario", ["append", "dataset", "two_phase"])
 @pytest.mark.parametrize("family", ["write", "fsync"])
 def test_eio_on_write_and_fsync(tmp_path, scenario, family):
@@ -280,13 +271,8 @@ def test_eio_on_write_and_fsync(tmp_path, scenario, family):
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     )
-    proc = subprocess.run(
-        [FIU_RUN, "-x", "-f", "", sys.executable, str(script), str(template), scenario, family],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
+    proc = subprocess.run([FIU_RUN, "-x", "-f", "", sys.executable, str(script), str(template), scenario, family],
+                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = json.loads(lines[-1][len("RESULT ") :])

@@ -51,14 +51,12 @@ import json, os, sys, time
 import torch
 import rowstore.torch as rst
 
-path, out, world, workers, save_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
-int(sys.argv[5])
+path, out, world, workers, save_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 state_file = os.path.join(out, "state.json")
 loaders = []
 for rank in range(world):
     ds = rst.IterableDataset(path, batch_size=8, seed=5, window=2, shard=(rank, world), pad=True)
-    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=workers,
-    multiprocessing_context="fork")
+    dl = rst.ResumableDataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork")
     if os.path.exists(state_file):
         with open(state_file) as f:
             dl.load_state_dict(json.load(f))
@@ -231,16 +229,13 @@ def test_stateful_dataloader_workers(ids_path):
     assert sorted(first + rest) == list(range(N))
     # map-style: the sampler is deterministic, StatefulDataLoader fast-forwards it
     mds = rst.Dataset(ids_path)
-
-    def mk():
-        return sdl.StatefulDataLoader(
-            mds,
-            batch_sampler=rst.ElasticBatchSampler(mds, batch_size=8, seed=9),
-            collate_fn=rst.collate,
-            num_workers=2,
-            multiprocessing_context="fork",
-        )
-
+    mk = lambda: sdl.StatefulDataLoader(
+        mds,
+        batch_sampler=rst.ElasticBatchSampler(mds, batch_size=8, seed=9),  # noqa: E731
+        collate_fn=rst.collate,
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
     dl = mk()
     first = []
     for k, b in enumerate(dl):

@@ -341,13 +341,8 @@ def test_commit_checks_every_shard(tmp_path):
         f.write(b"\0" * 10)
     _expect_refused(root, [resized], rowstore.FormatError, "bytes, expected", mode="a")
     tampered = write_shard(root, SCHEMA, cols(50, 60), rows_per_block=4)
-    _expect_refused(
-        root,
-        [dataclasses.replace(tampered, index_crc32=tampered.index_crc32 ^ 1)],
-        rowstore.FormatError,
-        "index CRC-32",
-        mode="a",
-    )
+    _expect_refused(root, [dataclasses.replace(tampered, index_crc32=tampered.index_crc32 ^ 1)],
+                    rowstore.FormatError, "index CRC-32", mode="a")  # fmt: skip
     _expect_refused(
         root,
         [dataclasses.replace(tampered, rows=11)],
@@ -364,13 +359,8 @@ def test_commit_checks_every_shard(tmp_path):
     b = L.blocks.copy()
     b["checksum"][0] ^= 1
     data[at : at + b.nbytes] = b.tobytes()
-    head = struct.pack(
-        "<8sQQI",
-        footer.TRAILER_MAGIC,
-        L.footer_offset,
-        len(data) - 32 - L.footer_offset,
-        zlib.crc32(bytes(data[L.footer_offset : -32])),
-    )
+    head = struct.pack("<8sQQI", footer.TRAILER_MAGIC, L.footer_offset, len(data) - 32 - L.footer_offset,
+                       zlib.crc32(bytes(data[L.footer_offset : -32])))  # fmt: skip
     data[-32:] = head + struct.pack("<I", zlib.crc32(head))
     open(p, "wb").write(bytes(data))
     assert os.path.getsize(os.path.join(root, tampered.path)) == tampered.file_size
@@ -440,12 +430,8 @@ def test_gc_removes_only_what_no_kept_version_names(tmp_path, capsys):
     report = gc(root)  # dry run by default
     assert report.dry_run and report.current == 3 and report.kept_versions == [3]
     assert sorted(report.shards) == sorted([a.path, old.path]) and report.young == [young.path]
-    assert set(report.manifests) == {
-        "_manifests/v00000001.json",
-        "_manifests/v00000001.index",
-        "_manifests/v00000002.json",
-        "_manifests/v00000002.index",
-    }
+    assert set(report.manifests) == {"_manifests/v00000001.json", "_manifests/v00000001.index",
+                                     "_manifests/v00000002.json", "_manifests/v00000002.index"}  # fmt: skip
     assert report.temporaries == ["shards/.x.h5.0123456789ab.rowstore-tmp"]
     assert (
         sorted(os.listdir(os.path.join(root, "shards"))),
@@ -520,8 +506,7 @@ CHILD = textwrap.dedent("""
 
     print("ready", flush=True)
     if how == "writer":
-        with rowstore.DatasetWriter(root, schema, mode="a", shard_bytes=1500, rows_per_block=8) as
-        w:
+        with rowstore.DatasetWriter(root, schema, mode="a", shard_bytes=1500, rows_per_block=8) as w:
             for lo in range(base, base + n, 20):
                 w.write_batch(cols(lo, min(lo + 20, base + n)))
                 print("wrote", flush=True)
@@ -544,12 +529,8 @@ def test_sigkill_leaves_the_previous_version_or_the_new_one(tmp_path):
     for round_ in range(10):
         how = ("writer", "two-phase")[round_ % 2]
         base, n = round_ * 1000, 400
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, root, how, str(base), str(n)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, root, how, str(base), str(n)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         if round_ in (2, 3):  # killed once it wrote its first batch or shard: surely mid-write
             assert proc.stdout.readline() == "wrote\n", proc.stderr.read()
@@ -604,17 +585,9 @@ def test_a_killed_commits_leftovers_block_nothing(tmp_path):
     assert commit(root, [write_shard(root, SCHEMA, cols(20, 30))], mode="a") == 3
     assert not os.path.exists(os.path.join(root, manifest.index_path(2)))  # removed by the clean-up
     with manifest.commit_lock(root):  # a manifest published but never made current
-        manifest.publish(
-            root,
-            schema=SCHEMA,
-            attrs={},
-            compression={"id": "none"},
-            heap_chunk_bytes=left.heap_chunk_bytes,
-            shards=[left.entry()],
-            blocks=[Layout_of(root, left).blocks],
-            heap_chunks=[Layout_of(root, left).heap_chunks],
-            parent=3,
-        )
+        manifest.publish(root, schema=SCHEMA, attrs={}, compression={"id": "none"}, heap_chunk_bytes=left.heap_chunk_bytes,
+                         shards=[left.entry()], blocks=[Layout_of(root, left).blocks],
+                         heap_chunks=[Layout_of(root, left).heap_chunks], parent=3)  # fmt: skip
     with open(os.path.join(root, manifest.POINTER), "w") as f:  # ...as if the pointer never moved
         f.write(pointer_of(root, 3))
     assert manifest.read_pointer(root)[0] == 3 and manifest.versions(root) == [1, 3, 4]
@@ -641,12 +614,5 @@ def pointer_of(root, version):
 
     with open(os.path.join(root, manifest.manifest_path(version)), "rb") as f:
         crc = zlib.crc32(f.read())
-    return json.dumps(
-        {
-            "format": manifest.FORMAT_NAME,
-            "format_version": 1,
-            "version": version,
-            "manifest": manifest.manifest_path(version),
-            "manifest_crc32": crc,
-        }
-    )
+    return json.dumps({"format": manifest.FORMAT_NAME, "format_version": 1, "version": version,
+                       "manifest": manifest.manifest_path(version), "manifest_crc32": crc})  # fmt: skip

@@ -21,8 +21,7 @@ COMPRESSION_IDS = ["none", "lz4", "zstd-dict"]
 
 
 def raw_content(path):
-    """The logical content of a file: rows table, heap bytes, index (without file offsets),
-    attrs."""
+    """The logical content of a file: rows table, heap bytes, index (without file offsets), attrs."""
     with h5py.File(path, "r") as f:
         g = f["rowstore"]
         rows = g["rows"][()]
@@ -92,15 +91,10 @@ def test_write_and_write_batch_give_identical_content(
 
 
 def test_write_batch_column_forms(rs, h5path):
-    schema = Schema(
-        [
-            Field("x", "float32", (2,)),
-            Field("k", "int8", nullable=True),
-            Field("v", "int16", (None,)),
-            Field("t", "str"),
-            Field("img", "uint8", (3, 3), codec="png"),
-        ]
-    )
+    schema = Schema([
+        Field("x", "float32", (2,)), Field("k", "int8", nullable=True), Field("v", "int16", (None,)),
+        Field("t", "str"), Field("img", "uint8", (3, 3), codec="png"),
+    ])  # fmt: skip
     n = 5
     cols = {
         "x": [[1, 2]] * n,  # a list of lists for an inline field
@@ -190,14 +184,8 @@ def test_many_blocks(rs, h5path, compression):
 def test_heap_payloads_spanning_heap_chunks(rs, h5path, compression):
     schema = Schema([Field("b", "bytes"), Field("w", "float64", (None,)), Field("k", "uint8")])
     rng = np.random.default_rng(12)
-    rows = [
-        {
-            "b": rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes(),
-            "w": rng.standard_normal(int(rng.integers(0, 40))),
-            "k": i,
-        }
-        for i in range(30)
-    ]
+    rows = [{"b": rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes(),
+             "w": rng.standard_normal(int(rng.integers(0, 40))), "k": i} for i in range(30)]  # fmt: skip
     rs.write_file(
         h5path, schema, rows, rows_per_block=4, heap_chunk_bytes=64, compression=compression
     )
@@ -274,29 +262,18 @@ def test_empty_file(rs, h5path):
 
 
 # -- append ----------------------------------------------------------------------------------
-APPEND_SCHEMA = Schema(
-    [
-        Field("i", "int64"),
-        Field("x", "float32", (3,)),
-        Field("t", "str", nullable=True),
-        Field("v", "int16", (None,)),
-        Field("img", "uint8", (4, 4), codec="png", nullable=True),
-    ]
-)
+APPEND_SCHEMA = Schema([
+    Field("i", "int64"), Field("x", "float32", (3,)), Field("t", "str", nullable=True),
+    Field("v", "int16", (None,)), Field("img", "uint8", (4, 4), codec="png", nullable=True),
+])  # fmt: skip
 
 
 def append_rows(start, n):
     rng = np.random.default_rng(start)
-    return [
-        {
-            "i": i,
-            "x": np.full(3, i, np.float32),
-            "t": None if i % 5 == 0 else "r" * (i % 7),
-            "v": np.arange(i % 6, dtype=np.int16) * i,
-            "img": None if i % 4 == 1 else rng.integers(0, 256, (4, 4), dtype=np.uint8),
-        }
-        for i in range(start, start + n)
-    ]
+    return [{
+        "i": i, "x": np.full(3, i, np.float32), "t": None if i % 5 == 0 else "r" * (i % 7),
+        "v": np.arange(i % 6, dtype=np.int16) * i, "img": None if i % 4 == 1 else rng.integers(0, 256, (4, 4), dtype=np.uint8),
+    } for i in range(start, start + n)]  # fmt: skip
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS, ids=COMPRESSION_IDS)
@@ -437,20 +414,10 @@ def test_unclosed_writer_warns_and_leaves_nothing(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        {"mode": "r"},
-        {"mode": "rw"},
-        {"block_bytes": 0},
-        {"block_bytes": 2.5},
-        {"heap_chunk_bytes": 8},
-        {"rows_per_block": 0},
-        {"rows_per_block": 1.5},
-        {"compression": "snappy"},
-        {"compression": {"clevel": 12}},
-        {"compression": {"cname": "lz4", "typo": 1}},
-        {"compression": 5},
-    ],
-)
+    [{"mode": "r"}, {"mode": "rw"}, {"block_bytes": 0}, {"block_bytes": 2.5}, {"heap_chunk_bytes": 8},
+     {"rows_per_block": 0}, {"rows_per_block": 1.5}, {"compression": "snappy"}, {"compression": {"clevel": 12}},
+     {"compression": {"cname": "lz4", "typo": 1}}, {"compression": 5}],
+)  # fmt: skip
 def test_bad_writer_arguments(tmp_path, kwargs):
     with pytest.raises(ValueError):
         rowstore.Writer(str(tmp_path / "a.h5"), Schema([Field("i", "int64")]), **kwargs)
@@ -535,14 +502,10 @@ def test_empty_file_block_size_then_append(rs, h5path, heap):
 def test_input_memory_layouts(rs, h5path, batch):
     """Big-endian, non-contiguous (strided, transposed, negative strides) and read-only inputs
     are stored as the little-endian values they hold."""
-    schema = Schema(
-        [
-            Field("a", "float32", (3, 2)),
-            Field("b", "int32", (None,)),
-            Field("img", "uint8", (4, 3, 3), codec="png"),
-            Field("be", "uint16", (2,)),
-        ]
-    )
+    schema = Schema([
+        Field("a", "float32", (3, 2)), Field("b", "int32", (None,)), Field("img", "uint8", (4, 3, 3), codec="png"),
+        Field("be", "uint16", (2,)),
+    ])  # fmt: skip
     base = np.arange(60, dtype=">f8").reshape(5, 3, 4)
     ints = np.arange(40, dtype=">i4")
     img = np.arange(4 * 3 * 3 * 2, dtype=np.uint8).reshape(3, 4, 2, 3)
@@ -550,14 +513,8 @@ def test_input_memory_layouts(rs, h5path, batch):
     ro.flags.writeable = False
     rows = []
     for i in range(5):
-        rows.append(
-            {
-                "a": base[i, :, ::2] if i % 2 else base[i, ::-1, 1::2],
-                "b": ints[:: -(i + 1)][: i * 2],
-                "img": img.transpose(1, 0, 3, 2)[:, :, :, i % 2],
-                "be": ro,
-            }
-        )
+        rows.append({"a": base[i, :, ::2] if i % 2 else base[i, ::-1, 1::2], "b": ints[::-(i + 1)][: i * 2],
+                     "img": img.transpose(1, 0, 3, 2)[:, :, :, i % 2], "be": ro})  # fmt: skip
     rs.write_file(h5path, schema, rows, rows_per_block=2, batch=batch)
     got = rs.read_rows(h5path)
     for r, g in zip(rows, got, strict=True):
@@ -744,13 +701,8 @@ class BigEndian(rowstore.Codec):
 
 
 def test_inline_codec_that_is_not_raw_is_stored_encoded(rs, tmp_path):
-    schema = Schema(
-        [
-            Field("i", "int32"),
-            Field("e", "uint16", (3,), codec=BigEndian(), nullable=True),
-            Field("t", "str"),
-        ]
-    )
+    schema = Schema([Field("i", "int32"), Field("e", "uint16", (3,), codec=BigEndian(), nullable=True),
+                     Field("t", "str")])  # fmt: skip
     rows = [
         {"i": k, "e": None if k == 3 else np.array([k, 256 * k, 7], np.uint16), "t": "r" * k}
         for k in range(9)
@@ -870,20 +822,10 @@ def test_a_trimmed_heap_chunk_shorter_than_the_heap_is_refused():
         def bad(_file, msg):
             return FormatError(msg)
 
-        check_indexes(
-            bad,
-            blocks=blocks,
-            heap_chunks=hc,
-            rows=np.array([1]),
-            rows_per_block=np.array([1]),
-            heap_nbytes=np.array([heap_nbytes]),
-            file_size=np.array([10_000]),
-            block_counts=np.array([1]),
-            heap_chunk_counts=np.array([n_chunks]),
-            heap_chunk_bytes=1000,
-            row_size=8,
-            compressed=False,
-        )
+        check_indexes(bad, blocks=blocks, heap_chunks=hc, rows=np.array([1]), rows_per_block=np.array([1]),
+                      heap_nbytes=np.array([heap_nbytes]), file_size=np.array([10_000]),
+                      block_counts=np.array([1]), heap_chunk_counts=np.array([n_chunks]), heap_chunk_bytes=1000,
+                      row_size=8, compressed=False)  # fmt: skip
 
     check([500], 500, 1)  # trimmed to the heap
     check([1000], 500, 1)  # the full chunk

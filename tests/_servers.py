@@ -273,6 +273,9 @@ def http_process(root: str):
 
 
 # -- fault-injecting proxy -----------------------------------------------------------------------
+_RETIRED_LOOPS: list[asyncio.AbstractEventLoop] = []  # stopped, left open (see FaultProxy.close)
+
+
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``upstream`` ("host:port"), on its own event loop.
 
@@ -457,6 +460,7 @@ class FaultProxy:
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(scaled(30))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(scaled(30))
+        _RETIRED_LOOPS.append(self.loop)  # never collected: no "unclosed event loop" warning
 
 
 class FirstTries:

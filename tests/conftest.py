@@ -297,8 +297,9 @@ def rs() -> _Helpers:
     return _Helpers()
 
 
-# -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
-from _servers import http_factory, s3_server  # noqa: E402, F401
+# -- object storage servers (tests/_servers.py: moto S3, a GCS emulator, HTTP with Range, a fault
+# proxy)
+from _servers import gcs_server, http_factory, s3_server  # noqa: E402, F401
 from helpers import scaled  # noqa: E402
 
 

@@ -115,6 +115,55 @@ def test_fit_resumes_from_a_mid_epoch_checkpoint(path, tmp_path, how):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+class _SaveAtEpochEnd(tf.keras.callbacks.Callback):
+    def __init__(self, ckpt, where, at):
+        super().__init__()
+        self.ckpt, self.where, self.at, self.written = ckpt, where, at, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.at:
+            self.written = self.ckpt.write(self.where)
+
+
+def test_endless_fit_in_chunks_resumes_across_an_epoch_boundary(path, tmp_path):
+    """docs/tf.md's recipe: one endless dataset, Keras epochs of ``chunk`` steps as checkpoint
+    intervals, ``initial_epoch`` from the optimizer's step count; the checkpoint falls one step
+    into the loader's second epoch, and the resumed fit ends where the uninterrupted one did."""
+    chunk, total = 4, 24
+
+    def fit(model, loader, callbacks=()):
+        done = int(model.optimizer.iterations.numpy())
+        ds = loader.dataset(num_epochs=None, map_fn=_xy, num_parallel_calls=tf.data.AUTOTUNE)
+        model.fit(
+            ds,
+            epochs=total // chunk,
+            initial_epoch=done // chunk,
+            steps_per_epoch=chunk,
+            shuffle=False,
+            verbose=0,
+            callbacks=list(callbacks),
+        )
+
+    model, loader = _model(), _loader(path)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, data=loader)
+    save = _SaveAtEpochEnd(ckpt, str(tmp_path / "ck"), at=3)  # after 16 steps: 15 + 1
+    fit(model, loader, [save])
+    assert (loader.epoch, loader.steps) == (1, total - STEPS)
+    whole = [w.numpy() for w in model.weights]
+
+    again, resumed = _model(), _loader(path)
+    tf.train.Checkpoint(model=again, optimizer=again.optimizer, data=resumed).read(
+        save.written
+    ).assert_consumed()
+    assert (resumed.epoch, resumed.steps) == (1, 1)
+    assert int(again.optimizer.iterations.numpy()) == 16
+    fit(again, resumed)
+    assert (resumed.epoch, resumed.steps) == (1, total - STEPS)
+    assert int(again.optimizer.iterations.numpy()) == total
+    for got, want in zip(again.weights, whole):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_fit_trains_a_few_steps_and_learns(path):
     """A couple of Keras epochs over the loader (``num_epochs=None``: Keras' epoch e reads the
     loader's epoch e, a new order each); the loss goes down."""

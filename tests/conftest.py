@@ -297,8 +297,19 @@ def rs() -> _Helpers:
     return _Helpers()
 
 
-# -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
-from _servers import http_factory, s3_server  # noqa: E402, F401
+# -- object storage servers (tests/_servers.py: moto S3, a GCS emulator, HTTP with Range, a fault
+# proxy)
+from _servers import gcs_server, http_factory, s3_server  # noqa: E402, F401
+
+
+@pytest.fixture(params=["s3", "gs"])
+def object_store(request):
+    """``(root URL, storage_options)`` of the bucket ``rowstore`` on the moto S3 server, then on
+    the GCS emulator: what every writable object store does is tested through this."""
+    server = request.getfixturevalue("s3_server" if request.param == "s3" else "gcs_server")
+    return f"{request.param}://rowstore", server[1]
+
+
 from helpers import scaled  # noqa: E402
 
 

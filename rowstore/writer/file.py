@@ -121,6 +121,11 @@ class Writer(Closing):
     durable : bool
         ``False``: no ``fsync`` at close (the file still appears only complete, but a power loss
         may lose it): for temporary files, such as the piles of :func:`rowstore.shuffle`.
+    verify_encoded : bool
+        Values given encoded (PNG/JPEG bytes for a ``png``/``jpeg`` field, stored as they are)
+        are checked by their header: format, size, channels, bit depth against the field.
+        ``True`` also decodes each one in full, so that corrupt or truncated image data is
+        refused at write time rather than met at read time (costs a decode per image).
 
     Notes
     -----
@@ -130,6 +135,10 @@ class Writer(Closing):
     left. An append first checks the checksums of the partial last block and heap chunk it will
     rewrite (:class:`~rowstore.errors.ChecksumError` otherwise, nothing written). A directory as
     ``path`` raises :class:`IsADirectoryError`.
+
+    Encoded images: for a ``png`` or ``jpeg`` field, a ``bytes``/``bytearray``/``memoryview``
+    value is taken as an image already encoded in that format and stored unchanged (no decode,
+    no re-encode); a NumPy array is pixels and is encoded. See ``docs/images.md``.
 
     Not thread-safe: one writer per thread or process. Rows are validated against the schema; a
     bad row raises :class:`~rowstore.errors.RowValidationError` (a ``SchemaError``) naming the
@@ -151,8 +160,10 @@ class Writer(Closing):
         threads: int | None = None,
         durable: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        verify_encoded: bool = False,
     ):
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
+        self._verify_encoded = bool(verify_encoded)
         self._pool: ThreadPoolExecutor | None = None
         self._file: H5File | None = None  # the file being written: the temporary one
         self._atomic: AtomicFile | None = None  # that temporary file, moved onto path at close
@@ -402,7 +413,9 @@ class Writer(Closing):
         values = []
         for f in self.schema:
             if f.name in row:
-                values.append(check_value(f, row[f.name], rownum))
+                values.append(
+                    check_value(f, row[f.name], rownum, verify_encoded=self._verify_encoded)
+                )
             elif f.nullable:
                 values.append(None)
             else:
@@ -440,7 +453,9 @@ class Writer(Closing):
                     )
                 parts.append([None] * n)
                 continue
-            parts.append(check_column(f, columns[f.name], n, first)[0])
+            parts.append(
+                check_column(f, columns[f.name], n, first, verify_encoded=self._verify_encoded)[0]
+            )
         for k, f in self._heap_fields:
             for i, v in enumerate(parts[k]):
                 check_value_size(f, v, first + i)

@@ -61,11 +61,13 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.arrow import _Column, arrow_field, column_values
+from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
 from rowstore.errors import RowValidationError, SchemaError
-from rowstore.format import DatasetWriter, Writer
+from rowstore.format import DatasetWriter, Writer, spec
 from rowstore.format.manifest import POINTER
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY, Ragged
+from rowstore.reader.raw import RawSource
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 
 __all__ = ["from_huggingface", "to_huggingface", "infer_schema", "META_KEY"]
@@ -234,14 +236,6 @@ def _payloads(plan: _Plan, arr: pa.Array | pa.ChunkedArray) -> list:
 
 
 # -- images -----------------------------------------------------------------------------------
-def _image_format(b: bytes) -> str | None:
-    if b[:8] == b"\x89PNG\r\n\x1a\n":
-        return "png"
-    if b[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    return None
-
-
 def _decode_image(plan: _Plan, b: bytes, row: int) -> np.ndarray:
     """An image as ``datasets`` decodes it (Pillow; the feature's ``mode``, EXIF orientation),
     as the array ``numpy.asarray`` makes of it."""
@@ -301,7 +295,7 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
         vals = [v for v in _payloads(plan, first.column(plan.column)) if v is not None]
     name, column = plan.field.name, plan.column
     if plan.kind == "image":
-        formats = {_image_format(v) for v in vals}
+        formats = {sniff_image_format(v) for v in vals}
         if not vals:
             fmt = "png"
         elif formats - {"png", "jpeg"} or len(formats) > 1:
@@ -315,8 +309,19 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
         else:
             fmt = formats.pop()
         plan.codec = fmt
-        arrays = [_decode_image(plan, v, i) for i, v in enumerate(vals[:1])]
-        return _image_field(name, fmt, arrays, nullable)
+        headers = [_header(plan, fmt, v, i) for i, v in enumerate(vals)]
+        kinds = {(h.channels, h.bits) for h in headers} or {(3, 8)}
+        if len(kinds) > 1:
+            raise _unsupported(
+                column,
+                plan.feature,
+                f"images of {sorted(kinds)} (channels, bits) in the first batch; give the "
+                "feature a mode (ds.cast_column(name, Image(mode='RGB'))) and pass "
+                "decode_images=True",
+            )
+        channels, bits = kinds.pop()
+        shape = (None, None) if channels == 1 else (None, None, channels)
+        return Field(name, "uint16" if bits == 16 else "uint8", shape, codec=fmt, nullable=nullable)
     decode = _decode_image if plan.kind == "image_decoded" else _decode_audio
     arrays = [decode(plan, v, i) for i, v in enumerate(vals)]
     if not arrays:
@@ -339,12 +344,42 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
     return Field(name, a0.dtype, shape, nullable=nullable)
 
 
-def _image_field(name: str, fmt: str, arrays: list, nullable: bool) -> Field:
-    raise NotImplementedError  # replaced once the writer takes encoded images
+def _header(plan: _Plan, fmt: str, b: bytes, row: int) -> Any:
+    """What an image's header says (size, channels, bits), read without decoding."""
+    got = sniff_image_format(b)
+    if got != fmt:
+        raise RowValidationError(
+            f"feature {plan.column!r}, row {row}: {got or 'unknown'} bytes in a column of "
+            f"{fmt} images (the first batch's); rowstore stores one format a column as it is: "
+            "pass decode_images=True to store them decoded",
+            field=plan.column,
+            row=row,
+        )
+    try:
+        return (png_header if fmt == "png" else jpeg_header)(b)
+    except ValueError as exc:
+        raise RowValidationError(
+            f"feature {plan.column!r}, row {row}: {exc}", field=plan.column, row=row
+        ) from None
 
 
-def _checked_image(plan: _Plan, b: bytes, row: int) -> Any:
-    raise NotImplementedError  # replaced once the writer takes encoded images
+def _checked_image(plan: _Plan, b: bytes, row: int) -> bytes:
+    """An image's bytes, stored as they are (the writer checks the header against the field);
+    one of other channels than the first batch's names its row."""
+    assert plan.codec is not None
+    h = _header(plan, plan.codec, b, row)
+    f = plan.field
+    channels = f.shape[2] if len(f.shape) == 3 else 1
+    if h.channels != channels or h.dtype != f.dtype:
+        raise RowValidationError(
+            f"feature {plan.column!r}, row {row}: a {h.dtype} image of {h.channels} channel(s); "
+            f"the field holds {f.dtype} images of {channels} (learnt from the first batch): give "
+            "the feature a mode (ds.cast_column(name, Image(mode='RGB'))) and pass "
+            "decode_images=True",
+            field=plan.column,
+            row=row,
+        )
+    return b
 
 
 def _checked(plan: _Plan, a: np.ndarray, row: int) -> np.ndarray:
@@ -681,7 +716,7 @@ def _column(f: Field, batch: dict, feature: Any, rate: int | None) -> pa.Array:
         paths = pa.nulls(len(data), pa.string())
         return pa.StructArray.from_arrays([data, paths], ["bytes", "path"], mask=data.is_null())
     if isinstance(feature, datasets.Image):
-        if f.dtype == BYTES:
+        if f.dtype == BYTES or f.codec["id"] in ("png", "jpeg"):  # the stored bytes
             data = pa.array(list(vals), pa.binary())
         else:  # decoded: encoded again as datasets encodes arrays (PNG, or TIFF for floats...)
             from datasets.features.image import encode_np_array
@@ -782,25 +817,37 @@ def _read_one(
                 for n in names
             }
         )
-        split_field = meta.get("split_field")
-        if split_field is not None and split is None:
-            return datasets.DatasetDict(
-                {
-                    s: _read_rows(
-                        r,
-                        names,
-                        columns,
-                        features,
-                        range(*meta["split_rows"][s]),
-                        batch_rows,
-                        cache_dir,
-                        s,
-                    )
-                    for s in meta["splits"]
-                }
+        raw = None
+        if _encoded_images(schema, names, features, columns):
+            raw = RawSource(
+                path,
+                verify=reader_kwargs.get("verify", True),
+                storage_options=reader_kwargs.get("storage_options"),
             )
-        name = split or meta.get("split")
-        return _read_rows(r, names, columns, features, range(len(r)), batch_rows, cache_dir, name)
+        try:
+            if meta.get("split_field") is not None and split is None:
+                return datasets.DatasetDict(
+                    {
+                        s: _read_rows(
+                            r,
+                            names,
+                            columns,
+                            features,
+                            range(*meta["split_rows"][s]),
+                            batch_rows,
+                            cache_dir,
+                            s,
+                            raw,
+                        )
+                        for s in meta["splits"]
+                    }
+                )
+            name = split or meta.get("split")
+            rows = range(len(r))
+            return _read_rows(r, names, columns, features, rows, batch_rows, cache_dir, name, raw)
+        finally:
+            if raw is not None:
+                raw.close()
 
 
 def _read_rows(
@@ -812,16 +859,26 @@ def _read_rows(
     batch_rows: int,
     cache_dir: Any,
     split: str | None,
+    raw: RawSource | None,
 ) -> Any:
     from datasets.table import cast_table_to_features
 
     audio = (r.layout.user_attrs.get(META_KEY) or {}).get("audio", {})
     rates = {n: a.get("sampling_rate") for n, a in audio.items()}
 
+    images = _encoded_images(r.schema, names, features, columns)
+    others = [n for n in names if n not in images]
+
     def tables() -> Iterator[pa.Table]:
         for a in range(rows.start, rows.stop, batch_rows):
-            idx = np.arange(a, min(a + batch_rows, rows.stop), dtype=np.int64)
-            batch = _take(r, idx, names)
+            b = min(a + batch_rows, rows.stop)
+            idx = np.arange(a, b, dtype=np.int64)
+            batch = r.take(idx, fields=others, varlen="ragged") if others else {}
+            if images:
+                assert raw is not None
+                for n, vals in _stored_bytes(raw, images, a, b).items():
+                    batch[n] = vals
+                    batch[n + NULL_KEY] = np.array([v is None for v in vals], bool)
             cols = {
                 columns[n]: _column(r.schema[n], batch, features[columns[n]], rates.get(n))
                 for n in names
@@ -845,5 +902,40 @@ def _read_rows(
     return datasets.Dataset.from_file(file, info=info, split=named)
 
 
-def _take(r: Reader, idx: np.ndarray, names: list[str]) -> dict:
-    return r.take(idx, fields=names, varlen="ragged")
+def _encoded_images(schema: Schema, names: list[str], features: Any, columns: Mapping) -> list:
+    """The png/jpeg fields read as ``Image`` features: their stored bytes go to ``datasets`` as
+    they are (no decode, no re-encode)."""
+    return [
+        n
+        for n in names
+        if schema[n].codec["id"] in ("png", "jpeg")
+        and isinstance(features[columns[n]], datasets.Image)
+    ]
+
+
+def _stored_bytes(src: RawSource, names: list[str], a: int, b: int) -> dict[str, list]:
+    """The stored payloads of fields ``names`` in rows ``a:b`` (None for a null), read block by
+    block (every chunk checksummed and decompressed as a read would, nothing decoded)."""
+    out: dict[str, list] = {n: [] for n in names}
+    if a >= b:
+        return out
+    first = np.array([src.block_rows(k)[0] for k in range(src.num_blocks)], np.int64)
+    k = int(np.searchsorted(first, a, side="right")) - 1
+    while a < b:
+        start, count = src.block_rows(k)
+        raw = src.block(k)
+        lo, hi = a - start, min(b, start + count) - start
+        rows = raw.rows[lo:hi]
+        for n in names:
+            ref = rows[n]
+            null = n + spec.NULL_SUFFIX
+            nulls = rows[null] if null in (rows.dtype.names or ()) else None
+            for i in range(len(rows)):
+                if nulls is not None and nulls[i]:
+                    out[n].append(None)
+                    continue
+                o = int(ref["offset"][i]) - raw.origin
+                out[n].append(raw.heap[o : o + int(ref["nbytes"][i])].tobytes())
+        a = start + hi
+        k += 1
+    return out

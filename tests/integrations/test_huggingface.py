@@ -500,3 +500,80 @@ def test_memory_stays_bounded_by_a_batch(tmp_path):
     with rowstore.open(str(tmp_path / "big.h5")) as r:
         assert len(r) == n
         np.testing.assert_array_equal(r[n - 1]["x"], np.asarray(ds[n - 1]["x"], np.float32))
+
+
+# -- images stored as they are -------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+@pytest.mark.parametrize("channels", [None, 3])
+def test_image_bytes_are_stored_as_they_are(tmp_path, fmt, channels):
+    ds, arrays, blobs = _image_dataset(fmt, channels=channels)
+    path = str(tmp_path / "i.h5")
+    schema = from_huggingface(ds, path, batch_rows=4, rows_per_block=2)
+    shape = (None, None) if channels is None else (None, None, channels)
+    assert schema["image"].shape == shape and schema["image"].codec["id"] == fmt
+    with rowstore.open(path) as r:
+        assert r.layout.user_attrs["huggingface"]["images"] == {"image": fmt}
+        for k, blob in enumerate(blobs):  # the reader decodes the stored bytes
+            want = imagecodecs.png_decode(blob) if fmt == "png" else imagecodecs.jpeg8_decode(blob)
+            np.testing.assert_array_equal(r[k]["image"], want)
+            if fmt == "png":
+                np.testing.assert_array_equal(r[k]["image"], arrays[k])
+    from rowstore.reader.raw import RawSource
+
+    with RawSource(path) as src:  # the file holds the very bytes
+        got = []
+        for k in range(src.num_blocks):
+            raw = src.block(k)
+            for ref in raw.rows["image"]:
+                o = int(ref["offset"]) - raw.origin
+                got.append(raw.heap[o : o + int(ref["nbytes"])].tobytes())
+    assert got == blobs
+    back = to_huggingface(path, batch_rows=3)
+    assert_same_dataset(back, ds)  # bytes identical, not re-encoded
+    assert back.cast_column("image", Image(decode=False))[4]["image"]["bytes"] == blobs[4]
+
+
+def test_image_bytes_with_nulls_and_split_field(tmp_path):
+    ds, _, blobs = _image_dataset("png", n=7)
+    rows = [{"bytes": None if k == 2 else b, "path": None} for k, b in enumerate(blobs)]
+    table = pa.table({"image": rows, "label": list(range(7))}, schema=ds.features.arrow_schema)
+    table = table.set_column(
+        0,
+        "image",
+        pa.array([None if k == 2 else r for k, r in enumerate(rows)], table.schema[0].type),
+    )
+    holes = Dataset(table)
+    dd = DatasetDict({"a": holes.select(range(4)), "b": holes.select(range(4, 7))})
+    path = str(tmp_path / "one")
+    schema = from_huggingface(dd, path, split_field="part", dataset=True, rows_per_block=3)
+    assert schema["image"].nullable
+    with rowstore.open(path) as r:
+        assert r[2]["image"] is None
+    back = to_huggingface(path)
+    for s in dd:
+        assert_same_dataset(back[s], dd[s])
+
+
+def test_image_formats_and_channels_that_do_not_fit_name_the_feature_or_row(tmp_path):
+    rng = np.random.default_rng(7)
+    png = imagecodecs.png_encode(_image(rng, 4, 4, 3))
+    jpeg = imagecodecs.jpeg8_encode(_image(rng, 4, 4, 3))
+    rgba = imagecodecs.png_encode(_image(rng, 4, 4, 4))
+    webp = imagecodecs.webp_encode(_image(rng, 4, 4, 3))
+
+    def ds(blobs):
+        return Dataset.from_dict({"pic": blobs}, features=Features({"pic": Image()}))
+
+    with pytest.raises(SchemaError, match=r"feature 'pic'.*\['jpeg', 'png'\].*decode_images"):
+        from_huggingface(ds([png, jpeg]), str(tmp_path / "a.h5"))
+    with pytest.raises(SchemaError, match=r"feature 'pic'.*\['webp'\]"):
+        from_huggingface(ds([webp]), str(tmp_path / "b.h5"))
+    with pytest.raises(RowValidationError, match="feature 'pic', row 2: jpeg bytes") as e:
+        from_huggingface(ds([png, png, jpeg]), str(tmp_path / "c.h5"), batch_rows=2)
+    assert e.value.row == 2
+    with pytest.raises(RowValidationError, match="feature 'pic', row 3: a uint8 image of 4"):
+        from_huggingface(ds([png, png, png, rgba]), str(tmp_path / "d.h5"), batch_rows=2)
+    # Decoded, they all fit (one mode for all).
+    mixed = ds([png, jpeg, rgba, webp]).cast_column("pic", Image(mode="RGB"))
+    schema = from_huggingface(mixed, str(tmp_path / "e.h5"), decode_images=True)
+    assert schema["pic"].shape == (None, None, 3)

@@ -39,9 +39,15 @@ turns structs into columns, ``ds.cast_column`` changes a type.
 
 The dataset's features (``Features.to_dict()``), the column of each field, the class names of
 ``ClassLabel`` fields and the split are the ``"huggingface"`` entry of the user attributes
-(:data:`META_KEY`): they are all :func:`to_huggingface` needs to restore the features. Images
-and audio are not re-encoded, and the paths beside their bytes (file names inside an archive)
-are not kept.
+(:data:`META_KEY`): they are all :func:`to_huggingface` needs to restore the features.
+
+Image and audio bytes are stored as they are and handed back as they are (the writer checks an
+image's header against the field: nothing is decoded or re-encoded); an image field's format,
+channels and bit depth are the column's first image's, and a later image that differs names its
+row. Images given by a local path are read from their files; the paths beside the bytes (file
+names inside an archive) are not kept. Values decoded on request are encoded again by
+:func:`to_huggingface` (images as ``datasets`` encodes arrays, audio as 32-bit float WAV):
+pixels and samples unchanged, bytes not.
 
 A ``DatasetDict`` is written as one dataset directory per split (``path/<split>/``), or, with
 ``split_field="split"``, as one output holding every split's rows in order and an ``int16``
@@ -59,6 +65,7 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rowstore.arrow import _Column, arrow_field, column_values
 from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
@@ -182,19 +189,14 @@ def _plan(
             if kind == "array":
                 shape = tuple(feature.shape)
                 f = Field(name, f.dtype, shape, nullable=nullable)
-            elif f.shape and f.dtype in (STR, BYTES):  # pragma: no cover - refused by arrow
-                raise _unsupported(column, feature, "lists of strings are not supported")
             plans.append(
                 _Plan(column, feature, f, kind, _Column(column, f, pa.field(name, storage)))
             )
             continue
-        if kind != "audio":  # what the values decide, from the first batch
-            nullable = nullable or _struct_nulls(table.column(column))
+        nullable = nullable or _struct_nulls(table.column(column))
         plan = _Plan(column, feature, Field(name, BYTES, nullable=nullable), kind)
-        if kind == "audio":
-            plans.append(plan)
-            continue
-        plan.field = _first_field(plan, first, nullable)
+        if kind != "audio":  # what the values decide, from the first batch
+            plan.field = _first_field(plan, first, nullable)
         plans.append(plan)
     if not plans:
         raise SchemaError("the dataset has no columns: nothing to store")
@@ -207,7 +209,7 @@ def _struct_nulls(col: pa.ChunkedArray) -> bool:
         if chunk.null_count:
             return True
         b, p = chunk.field("bytes"), chunk.field("path")
-        if b.null_count and pa.compute.any(pa.compute.and_(b.is_null(), p.is_null())).as_py():
+        if b.null_count and pc.any(pc.and_(b.is_null(), p.is_null())).as_py():
             return True
     return False
 
@@ -217,8 +219,6 @@ def _payloads(plan: _Plan, arr: pa.Array | pa.ChunkedArray) -> list:
     rows holding a local path instead of bytes are read from it (``embed_storage``)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if arr.type != plan.feature.pa_type and not pa.types.is_struct(arr.type):
-        arr = plan.feature.cast_storage(arr)
     b = arr.field("bytes")
     if b.null_count and arr.field("path").null_count < len(arr):
         arr = plan.feature.embed_storage(arr)
@@ -227,11 +227,6 @@ def _payloads(plan: _Plan, arr: pa.Array | pa.ChunkedArray) -> list:
     vals = b.to_pylist()
     if valid is not None:
         vals = [v if ok else None for v, ok in zip(vals, valid)]
-    for i, v in enumerate(vals):
-        if v is None and not plan.field.nullable:  # pragma: no cover - nulls were counted
-            raise RowValidationError(
-                f"feature {plan.column!r}: a row without bytes", field=plan.column, row=i
-            )
     return vals
 
 
@@ -289,59 +284,39 @@ def _decode_audio(plan: _Plan, b: bytes, row: int) -> np.ndarray:
 
 
 def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
-    """The field of an image or decoded audio column, learnt from its first batch's values."""
-    vals = []
-    if first is not None:
-        vals = [v for v in _payloads(plan, first.column(plan.column)) if v is not None]
+    """The field of an image or decoded audio column, learnt from its first value (in the first
+    batch): the format, channels and bit depth of an image (its header), the dtype and channels
+    of a decoded one or of audio. A later value that differs names its row."""
+    payloads = [] if first is None else _payloads(plan, first.column(plan.column))
+    row, b = next(((i, v) for i, v in enumerate(payloads) if v is not None), (0, None))
     name, column = plan.field.name, plan.column
+    if b is None:
+        if plan.kind != "image":
+            raise _unsupported(
+                column, plan.feature, "no value in the first batch to learn the array's shape from"
+            )
+        plan.codec = "png"  # a column of nulls only
+        return Field(name, "uint8", (None, None, 3), codec="png", nullable=nullable)
     if plan.kind == "image":
-        formats = {sniff_image_format(v) for v in vals}
-        if not vals:
-            fmt = "png"
-        elif formats - {"png", "jpeg"} or len(formats) > 1:
+        fmt = sniff_image_format(b)
+        if fmt not in ("png", "jpeg"):
             raise _unsupported(
                 column,
                 plan.feature,
-                f"images of formats {sorted(str(f) for f in formats)} in one column; rowstore "
-                "stores PNG or JPEG bytes as they are (one format a column): pass "
-                "decode_images=True to store them decoded",
+                f"row {row} holds {fmt or 'unknown'} bytes; rowstore stores PNG or JPEG bytes "
+                "as they are: pass decode_images=True to store the images decoded",
             )
-        else:
-            fmt = formats.pop()
         plan.codec = fmt
-        headers = [_header(plan, fmt, v, i) for i, v in enumerate(vals)]
-        kinds = {(h.channels, h.bits) for h in headers} or {(3, 8)}
-        if len(kinds) > 1:
-            raise _unsupported(
-                column,
-                plan.feature,
-                f"images of {sorted(kinds)} (channels, bits) in the first batch; give the "
-                "feature a mode (ds.cast_column(name, Image(mode='RGB'))) and pass "
-                "decode_images=True",
-            )
-        channels, bits = kinds.pop()
-        shape = (None, None) if channels == 1 else (None, None, channels)
-        return Field(name, "uint16" if bits == 16 else "uint8", shape, codec=fmt, nullable=nullable)
-    decode = _decode_image if plan.kind == "image_decoded" else _decode_audio
-    arrays = [decode(plan, v, i) for i, v in enumerate(vals)]
-    if not arrays:
-        raise _unsupported(
-            column, plan.feature, "no value in the first batch to learn the array's shape from"
-        )
-    a0 = arrays[0]
-    for i, a in enumerate(arrays):
-        if a.dtype != a0.dtype or a.ndim != a0.ndim or (a.ndim == 3 and a.shape[2] != a0.shape[2]):
-            raise _unsupported(
-                column,
-                plan.feature,
-                f"row {i} decodes to {a.dtype} {a.shape}, row 0 to {a0.dtype} {a0.shape}; "
-                "give the Image feature a mode (ds.cast_column(name, Image(mode='RGB')))",
-            )
+        h = _header(plan, fmt, b, row)
+        dims = (None, None) if h.channels == 1 else (None, None, h.channels)
+        return Field(name, h.dtype, dims, codec=fmt, nullable=nullable)
+    a = (_decode_image if plan.kind == "image_decoded" else _decode_audio)(plan, b, row)
+    shape: tuple[int | None, ...]
     if plan.kind == "image_decoded":
-        shape = (None, None) + a0.shape[2:]
+        shape = (None, None) + a.shape[2:]
     else:
-        shape = (None,) if a0.ndim == 1 else (a0.shape[0], None)
-    return Field(name, a0.dtype, shape, nullable=nullable)
+        shape = (None,) if a.ndim == 1 else (a.shape[0], None)
+    return Field(name, a.dtype, shape, nullable=nullable)
 
 
 def _header(plan: _Plan, fmt: str, b: bytes, row: int) -> Any:
@@ -581,7 +556,7 @@ def from_huggingface(
     """
     if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or batch_rows < 1:
         raise ValueError(f"batch_rows must be an int >= 1, got {batch_rows!r}")
-    opts = dict(
+    opts: dict[str, Any] = dict(
         attrs=attrs,
         batch_rows=batch_rows,
         decode_images=bool(decode_images),

@@ -564,9 +564,9 @@ def test_image_formats_and_channels_that_do_not_fit_name_the_feature_or_row(tmp_
     def ds(blobs):
         return Dataset.from_dict({"pic": blobs}, features=Features({"pic": Image()}))
 
-    with pytest.raises(SchemaError, match=r"feature 'pic'.*\['jpeg', 'png'\].*decode_images"):
+    with pytest.raises(RowValidationError, match=r"feature 'pic', row 1: jpeg bytes.*decode_"):
         from_huggingface(ds([png, jpeg]), str(tmp_path / "a.h5"))
-    with pytest.raises(SchemaError, match=r"feature 'pic'.*\['webp'\]"):
+    with pytest.raises(SchemaError, match=r"feature 'pic'.*row 0 holds webp bytes.*decode_images"):
         from_huggingface(ds([webp]), str(tmp_path / "b.h5"))
     with pytest.raises(RowValidationError, match="feature 'pic', row 2: jpeg bytes") as e:
         from_huggingface(ds([png, png, jpeg]), str(tmp_path / "c.h5"), batch_rows=2)
@@ -577,3 +577,34 @@ def test_image_formats_and_channels_that_do_not_fit_name_the_feature_or_row(tmp_
     mixed = ds([png, jpeg, rgba, webp]).cast_column("pic", Image(mode="RGB"))
     schema = from_huggingface(mixed, str(tmp_path / "e.h5"), decode_images=True)
     assert schema["pic"].shape == (None, None, 3)
+
+
+def test_images_given_by_local_path_are_read_from_their_files(tmp_path):
+    _, _, blobs = _image_dataset("jpeg", n=3)
+    files = []
+    for k, b in enumerate(blobs):
+        files.append(str(tmp_path / f"{k}.jpg"))
+        with open(files[-1], "wb") as f:
+            f.write(b)
+    ds = Dataset.from_dict({"image": files}, features=Features({"image": Image()}))
+    assert ds.with_format("arrow")[:]["image"][0]["bytes"].as_py() is None  # a path only
+    path = str(tmp_path / "p.h5")
+    from_huggingface(ds, path)
+    back = to_huggingface(path).cast_column("image", Image(decode=False))
+    assert [v["bytes"] for v in back["image"]] == blobs
+
+
+def test_audio_rows_without_bytes_are_nulls(tmp_path):
+    ds, clips, blobs = _audio_dataset(n=4)
+    rows = [None if k == 1 else {"bytes": b, "path": None} for k, b in enumerate(blobs)]
+    ds = _from_storage({"audio": rows, "text": list("abcd")}, ds.features)
+    path = str(tmp_path / "a.h5")
+    assert from_huggingface(ds, path)["audio"].nullable
+    with rowstore.open(path) as r:
+        assert r[1]["audio"] is None and r[2]["audio"] == blobs[2]
+    assert_same_dataset(to_huggingface(path), ds)
+    dec = str(tmp_path / "d.h5")
+    assert from_huggingface(ds, dec, decode_audio=True)["audio"].nullable
+    with rowstore.open(dec) as r:
+        assert r[1]["audio"] is None
+        np.testing.assert_array_equal(r[3]["audio"], clips[3][:, 0])

@@ -249,10 +249,32 @@ def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
 
 
 # -- values ---------------------------------------------------------------------------------------
-def _cells(arr: pa.Array, col: str, first_row: int) -> list:
-    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``."""
+def _has_fixed_level(t: pa.DataType) -> bool:
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if pa.types.is_fixed_size_list(t):
+            return True
+        t = t.value_type
+    return False
+
+
+def _cells(arr: pa.Array, col: str, first_row: int, rows: np.ndarray | None = None) -> list:
+    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``
+    (``rows``: the batch row of each of its rows, for errors; default ``0..len - 1``)."""
     if _is_list_view(arr.type):  # offsets may overlap: rebuild as a plain list array
         arr = pa.array(arr.to_pylist(), pa.large_list(arr.type.value_type))
+    if (arr.null_count or arr.offset) and _has_fixed_level(arr.type):
+        # A null row of a fixed-size list keeps its slots, null ones as a rule, and a slice's
+        # fixed-size `.values` starts at the array's first row, not the slice's: convert a copy
+        # of the rows that are not null (take), then put the nulls back in their places.
+        keep = np.flatnonzero(np.asarray(arr.is_valid()))
+        cells: list = [None] * len(arr)
+        for i, v in zip(keep, _cells(arr.take(pa.array(keep)), col, first_row, keep)):
+            cells[i] = v
+        return cells
+
+    def row_of(i: int) -> int:
+        return first_row + (i if rows is None else int(rows[i]))
+
     # Per level: ("list", logical offsets) or ("fixed", (array offset, size)). List offsets
     # index the logical positions of `.values`; a fixed-size level's `.values` ignores the
     # array's own offset.
@@ -270,10 +292,10 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
         a = a.values
         if a.null_count:
             raise RowValidationError(
-                f"column {col!r} (rows {first_row}..{first_row + len(arr) - 1}): a null inside "
+                f"column {col!r} (rows {row_of(0)}..{row_of(len(arr) - 1)}): a null inside "
                 "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
                 field=col,
-                row=first_row,
+                row=row_of(0),
             )
     values = a.to_numpy(zero_copy_only=False)
     valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
@@ -301,10 +323,10 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
                 lens = np.diff(starts)
                 if len(lens) and (lens != lens[0]).any():
                     raise RowValidationError(
-                        f"column {col!r}, row {first_row + i}: sub-lists of lengths "
+                        f"column {col!r}, row {row_of(i)}: sub-lists of lengths "
                         f"{sorted(set(lens.tolist()))[:5]} do not make an n-D array",
                         field=col,
-                        row=first_row + i,
+                        row=row_of(i),
                     )
                 dims.append(int(lens[0]) if len(lens) else 0)
                 lo, hi = int(starts[0]), int(starts[-1])

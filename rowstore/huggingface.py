@@ -101,6 +101,7 @@ class _Plan:
     kind: str  # "arrow", "array", "image", "image_decoded", "audio", "audio_decoded"
     arrow: _Column | None = None
     codec: str | None = None  # "png" / "jpeg": the format of the stored image bytes
+    rate: int | None = None  # decoded audio: the sampling rate of every row
 
     def values(self, arr: pa.ChunkedArray | pa.Array, first_row: int) -> Any:
         if isinstance(arr, pa.ChunkedArray):
@@ -262,7 +263,7 @@ def _decode_audio(plan: _Plan, b: bytes, row: int) -> np.ndarray:
             field=plan.column,
             row=row,
         ) from exc
-    want = plan.feature.sampling_rate or getattr(plan, "rate", None)
+    want = plan.feature.sampling_rate or plan.rate
     if want is not None and rate != want:
         raise RowValidationError(
             f"feature {plan.column!r}, row {row}: sampled at {rate} Hz, the "
@@ -271,7 +272,7 @@ def _decode_audio(plan: _Plan, b: bytes, row: int) -> np.ndarray:
             field=plan.column,
             row=row,
         )
-    plan.rate = rate  # type: ignore[attr-defined]
+    plan.rate = rate
     want_ch = plan.feature.num_channels
     if want_ch is not None and samples.shape[1] != want_ch:
         raise RowValidationError(
@@ -403,7 +404,7 @@ def _meta(ds: Any, plans: list[_Plan], extra: Mapping[str, Any]) -> dict:
     audio = {
         p.field.name: {
             "decoded": p.kind == "audio_decoded",
-            "sampling_rate": getattr(p, "rate", None) or p.feature.sampling_rate,
+            "sampling_rate": p.rate or p.feature.sampling_rate,
         }
         for p in plans
         if p.kind.startswith("audio")
@@ -523,7 +524,9 @@ def from_huggingface(
     decode_images : bool
         Store ``Image`` columns decoded (``uint8`` ``(H, W)`` / ``(H, W, C)`` arrays, as
         ``datasets`` decodes them: the feature's ``mode`` applied) instead of their bytes. The
-        channels (and dtype) come from the first batch; a later image that differs names its row.
+        channels (and dtype) are the first image's; a later image that differs names its row.
+        By default the PNG/JPEG bytes are stored as they are (format, channels and bit depth
+        of the first image; each image's header checked).
     decode_audio : bool
         Store ``Audio`` columns as ``float32`` samples (needs ``soundfile``); every row must be
         sampled at one rate (the feature's ``sampling_rate`` when it sets one; no resampling),
@@ -551,8 +554,8 @@ def from_huggingface(
     SchemaError
         A feature that cannot be stored, naming it.
     RowValidationError
-        A value that does not fit (a null inside a list, an image that does not decode, a
-        decoded image of other channels than the first batch's), naming the column and row.
+        A value that does not fit (a null inside a list, an image that does not decode or
+        differs from the first image in format or channels), naming the column and row.
     """
     if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or batch_rows < 1:
         raise ValueError(f"batch_rows must be an int >= 1, got {batch_rows!r}")
@@ -649,10 +652,15 @@ def _nested(vals: Any, f: Field, nulls: np.ndarray | None) -> pa.Array:
     """A batch of arrays (an ``(n, *shape)`` ndarray or a :class:`Ragged`) as nested Arrow
     lists, one level per dimension."""
     if isinstance(vals, Ragged):
-        flat, shapes = vals.values, vals.shapes.astype(np.int64)
+        shapes = vals.shapes.astype(np.int64)
+        if nulls is None:
+            flat = vals.values
+        else:  # the values of the rows that are not null
+            o = vals.offsets
+            flat = np.concatenate([vals.values[o[i] : o[i + 1]] for i in np.flatnonzero(~nulls)])
     else:
         n = len(vals)
-        flat = np.ascontiguousarray(vals).reshape(-1)
+        flat = np.ascontiguousarray(vals if nulls is None else vals[~nulls]).reshape(-1)
         shapes = np.broadcast_to(np.asarray(vals.shape[1:], np.int64), (n, len(vals.shape) - 1))
     if nulls is not None:
         shapes = np.where(nulls[:, None], 0, shapes)

@@ -268,8 +268,8 @@ def _cells(arr: pa.Array, col: str, first_row: int, rows: np.ndarray | None = No
         # of the rows that are not null (take), then put the nulls back in their places.
         keep = np.flatnonzero(np.asarray(arr.is_valid()))
         cells: list = [None] * len(arr)
-        for i, v in zip(keep, _cells(arr.take(pa.array(keep)), col, first_row, keep)):
-            cells[i] = v
+        for j, v in zip(keep.tolist(), _cells(arr.take(pa.array(keep)), col, first_row, keep)):
+            cells[j] = v
         return cells
 
     def row_of(i: int) -> int:

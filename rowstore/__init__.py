@@ -67,6 +67,7 @@ _LAZY = {
     "order_quality": "rowstore.quality",
     "from_arrow": "rowstore.arrow",
     "from_parquet": "rowstore.arrow",
+    "from_images": "rowstore.images",
     "make_reader": "rowstore.reader.make_reader",
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",

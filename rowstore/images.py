@@ -34,8 +34,9 @@ __all__ = ["from_images", "IMAGE_EXTENSIONS"]
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 #: Key of the dataset attributes this module adds.
 META_KEY = "images"
-#: Bytes read from each file to find its header (more only when the header goes on).
-_PROBE_BYTES = 1 << 16
+#: Bytes read from each file to find its header (the whole file when the header goes on: a
+#: JPEG's EXIF or ICC segments before its frame header).
+_PROBE_BYTES = 4096
 #: Files per ``write_batch`` in a worker.
 _BATCH_FILES = 256
 #: Fewest files a worker process is started for (fewer: written in this process).
@@ -333,18 +334,9 @@ def from_images(
                 field=image_field,
                 row=i,
             )
-    headers = [h for h, _ in probed]
-    assert all(isinstance(h, ImageHeader) for h in headers)
+    headers = [h for h, _ in probed if isinstance(h, ImageHeader)]  # all of them, by now
     label_name = label_field if lab is not None else None
-    schema = _schema(
-        headers,
-        files,
-        shape,
-        image_field,
-        label_name,
-        path_field,
-        codec,  # type: ignore[arg-type]
-    )
+    schema = _schema(headers, files, shape, image_field, label_name, path_field, codec)
     sizes = np.asarray([s for _, s in probed], np.int64)
     n_parts = min(nworkers, math.ceil(len(files) / _MIN_PART_FILES))
     n_parts = max(n_parts, math.ceil(float(sizes.sum()) / max(1, shard_bytes)))

@@ -84,6 +84,14 @@ def test_shapes_from_headers(tmp_path):
     s = rowstore.from_images(root, tmp_path / "j", path_field=None)
     assert s["image"].codec["id"] == "jpeg" and s["image"].shape == (None, 8, 3)
     assert s.names == ["image", "label"]
+    # a JPEG whose frame header lies past the first bytes read (a large EXIF segment first)
+    Image = pytest.importorskip("PIL.Image")
+    exif = tmp_path / "exif"
+    os.makedirs(exif / "a")
+    Image.fromarray(image(6, 8)).save(exif / "a" / "0.jpg", exif=b"Exif\x00\x00" + bytes(20000))
+    assert (exif / "a" / "0.jpg").stat().st_size > 20000
+    s = rowstore.from_images(exif, tmp_path / "e")
+    assert s["image"].shape == (6, 8, 3)
     gray = tmp_path / "gray"
     put(str(gray / "a" / "0.png"), ic.png_encode(image(5, 7, c=1, dtype=np.uint16)))
     s = rowstore.from_images(gray, tmp_path / "g", labels=None)

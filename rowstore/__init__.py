@@ -70,6 +70,7 @@ _LAZY = {
     "from_parquet": "rowstore.arrow",
     "from_huggingface": "rowstore.huggingface",
     "to_huggingface": "rowstore.huggingface",
+    "from_images": "rowstore.images",
     "make_reader": "rowstore.reader.make_reader",
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",

@@ -32,7 +32,13 @@ of ``numpy.save``), ``"npz"`` (``numpy.savez``: its only array), ``"png"`` or ``
 :class:`~rowstore.Field` giving the dtype, shape and codec to store with (the name is the
 column's). With a name only, the dtype and the shape come from the first batch's values
 (dimensions that differ there are variable; a later value that does not fit names its row and
-asks for a ``Field``); PNG fields are stored as PNG again, the others raw.
+asks for a ``Field``; for ``"png"``/``"jpeg"`` read from the images' headers); PNG fields are
+stored as PNG, the others raw.
+
+PNG or JPEG cells going to a field of the same codec (``"png"`` by name, a ``png``/``jpeg``
+``Field``, a schema's image field, Petastorm's ``CompressedImageCodec``) are stored as they
+are: not decoded, not encoded again; the writer checks each one's header against the field
+(a mismatch is a :class:`~rowstore.errors.RowValidationError` naming the field and row).
 """
 
 from __future__ import annotations
@@ -221,7 +227,7 @@ def _infer_decoded(
             "rowstore.Field (decode={col: Field(...)})",
             field=col,
         )
-    arrays = [_decoded(d, v, col, i) for i, v in enumerate(values)]
+    arrays = [_kind(d, v, col, i) for i, v in enumerate(values)]
     a0 = arrays[0]
     shape: list[int | None] = list(a0.shape)
     for a in arrays[1:]:
@@ -235,6 +241,60 @@ def _infer_decoded(
     shape = [None if s == 0 else s for s in shape]
     codec = {"id": "png", "level": 1} if d.how == "png" else None
     return Field(fname, a0.dtype, tuple(shape), codec=codec, nullable=nullable)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """Dtype and shape of a decoded value, as much as inference needs of it."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _kind(d: Decode, v: bytes, col: str, row: int) -> Any:
+    """What ``v`` decodes to: for images from the header (nothing decoded), else decoded."""
+    if d.how not in ("png", "jpeg"):
+        return _decoded(d, v, col, row)
+    from rowstore.codecs.image import jpeg_header, png_header
+
+    try:
+        h = (png_header if d.how == "png" else jpeg_header)(v)
+    except ValueError as exc:
+        raise RowValidationError(
+            f"column {col!r}, row {row}: the {d.how} payload does not decode: {exc}",
+            field=col,
+            row=row,
+        ) from None
+    shape = (h.height, h.width) if h.channels == 1 else (h.height, h.width, h.channels)
+    return _Kind(h.dtype, shape)
+
+
+def as_is(c: _Column) -> bool:
+    """Whether column ``c``'s cells are stored as they are: PNG/JPEG cells going to a field of
+    that codec (the writer checks their headers)."""
+    d = c.decode
+    return d is not None and d.how in ("png", "jpeg") and c.field.codec.get("id") == d.how
+
+
+def binary_cells(arr: pa.Array) -> list:
+    """Per row the bytes of a binary array (a ``memoryview`` into its buffer: no copy; the
+    writer copies it into the file within ``write_batch``), or None."""
+    t = arr.type
+    if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return arr.to_pylist()
+    _, offsets, data = arr.buffers()
+    n = len(arr)
+    offs = np.frombuffer(offsets, np.int32 if pa.types.is_binary(t) else np.int64)
+    o = offs[arr.offset : arr.offset + n + 1].tolist()
+    view = memoryview(data) if data is not None else memoryview(b"")
+    if arr.null_count == 0:
+        return [view[o[i] : o[i + 1]] for i in range(n)]
+    valid = np.asarray(arr.is_valid()).tolist()
+    return [view[o[i] : o[i + 1]] if valid[i] else None for i in range(n)]
 
 
 def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
@@ -340,6 +400,8 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
+    if as_is(c):
+        return binary_cells(arr)
     if c.decode is not None:
         out: list = []
         for i, v in enumerate(arr.to_pylist()):

@@ -23,7 +23,9 @@ stores the bytes unchanged (an :class:`Encoded` value).
 A codec whose stored bytes *are* the value's little-endian bytes sets ``raw_bytes = True``
 (only :class:`~rowstore.codecs.raw.Raw` does): the reader's kernels then copy those bytes
 straight into the batch arrays and nothing is decoded. A codec whose ``decode_into`` releases
-the GIL sets ``releases_gil = True``: the reader then decodes a batch on several threads.
+the GIL sets ``releases_gil = True``: the reader then decodes a batch on several threads; one
+whose ``encode`` does sets ``encode_releases_gil = True``: the writer then encodes a batch's
+values on several threads (``Writer(threads=...)``).
 
 Third-party codecs subclass :class:`Codec` and are registered with
 :func:`rowstore.codecs.register_codec` or under the ``rowstore.codecs`` entry-point group.
@@ -161,6 +163,9 @@ class Codec(abc.ABC):
     raw_bytes: ClassVar[bool] = False
     #: ``decode_into`` releases the GIL for most of its work, so threads decode in parallel.
     releases_gil: ClassVar[bool] = False
+    #: ``encode`` releases the GIL for most of its work and is thread-safe: the writer encodes
+    #: a batch's values on several threads.
+    encode_releases_gil: ClassVar[bool] = False
     #: Values may be given already encoded (``bytes``, ``bytearray``, ``memoryview``); see
     #: :meth:`inspect_encoded`.
     accepts_encoded: ClassVar[bool] = False

@@ -27,7 +27,15 @@ import numpy as np
 from rowstore.codecs.abc import Codec, FieldLike
 from rowstore.errors import CodecError, CodecNotAvailableError, SchemaError
 
-__all__ = ["Png", "Jpeg", "ImageHeader", "png_header", "jpeg_header", "sniff_image_format"]
+__all__ = [
+    "Png",
+    "Jpeg",
+    "ImageHeader",
+    "image_header",
+    "png_header",
+    "jpeg_header",
+    "sniff_image_format",
+]
 
 
 def _imagecodecs():
@@ -57,6 +65,10 @@ class ImageHeader:
 
 class _BadImage(ValueError):
     """An encoded image whose header is invalid, truncated or not one the codec stores."""
+
+
+class _Truncated(_BadImage):
+    """The bytes end before the header does (for :func:`image_header`'s prefixes)."""
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -94,16 +106,17 @@ def _not(fmt: str, data: memoryview) -> _BadImage:
     return _BadImage(f"not {fmt.upper()} bytes (no {fmt.upper()} signature)")
 
 
-def png_header(data: Any) -> ImageHeader:
+def png_header(data: Any, *, complete: bool = True) -> ImageHeader:
     """Read a PNG's header: ``IHDR`` (checked, CRC included), then the chunk headers up to the
-    first ``IDAT`` (for ``PLTE``/``tRNS``); no pixel data is read. ``data``: bytes-like.
-    Raises ``ValueError`` for bytes that are not a valid PNG header."""
+    first ``IDAT`` (for ``PLTE``/``tRNS``); no pixel data is read. ``data``: bytes-like, the
+    whole file (``complete=False``: maybe only its beginning, so the first ``IDAT`` chunk need
+    not fit). Raises ``ValueError`` for bytes that are not a valid PNG header."""
     buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     n = len(buf)
     if bytes(buf[:8]) != _PNG_SIGNATURE:
         raise _not("png", memoryview(buf))
     if n < 33:
-        raise _BadImage(f"truncated PNG: {n} bytes, the header alone takes 33")
+        raise _Truncated(f"truncated PNG: {n} bytes, the header alone takes 33")
     length, kind = struct.unpack_from(">I4s", buf, 8)
     if kind != b"IHDR" or length != 13:
         raise _BadImage("invalid PNG: the first chunk is not a 13-byte IHDR")
@@ -121,12 +134,12 @@ def png_header(data: Any) -> ImageHeader:
     pos, palette, transparency = 33, False, False
     while True:  # chunk headers up to the image data: each step moves >= 12 bytes
         if pos + 8 > n:
-            raise _BadImage("truncated PNG: it ends before its image data (IDAT)")
+            raise _Truncated("truncated PNG: it ends before its image data (IDAT)")
         length, kind = struct.unpack_from(">I4s", buf, pos)
         if length > _PNG_MAX_DIM:
             raise _BadImage(f"invalid PNG: a chunk of {length} bytes")
         if kind == b"IDAT":
-            if pos + 12 + length > n:
+            if complete and pos + 12 + length > n:
                 raise _BadImage("truncated PNG: it ends inside its first IDAT chunk")
             break
         if kind == b"IEND":
@@ -139,6 +152,23 @@ def png_header(data: Any) -> ImageHeader:
     if transparency and colour in (0, 2, 3):
         channels += 1  # the decoder turns tRNS into an alpha channel
     return ImageHeader("png", height, width, channels, 16 if depth == 16 else 8)
+
+
+def image_header(data: Any, *, complete: bool = True) -> ImageHeader | None:
+    """The header of PNG or JPEG bytes (the format from the signature). ``complete=False``:
+    ``data`` may be the beginning of a file only, and None means that the header does not end
+    within it (read more). Raises ``ValueError`` for bytes that are neither, or invalid."""
+    fmt = sniff_image_format(data)
+    if fmt not in ("png", "jpeg"):
+        raise _BadImage(f"not PNG or JPEG bytes ({(fmt or 'unknown format').upper()})")
+    try:
+        if fmt == "png":
+            return png_header(data, complete=complete)
+        return jpeg_header(data)
+    except _Truncated:
+        if complete:
+            raise
+        return None
 
 
 #: SOF markers of JPEG processes the jpeg codec's decoder reads: baseline, extended, progressive
@@ -156,7 +186,7 @@ def jpeg_header(data: Any) -> ImageHeader:
     pos = 2
     while True:  # each step moves >= 1 byte (fill bytes), a segment >= 4
         if pos + 2 > n:
-            raise _BadImage("truncated JPEG: it ends before its frame header (SOF)")
+            raise _Truncated("truncated JPEG: it ends before its frame header (SOF)")
         if buf[pos] != 0xFF:
             raise _BadImage(f"invalid JPEG: no marker at byte {pos}")
         marker = buf[pos + 1]
@@ -169,13 +199,13 @@ def jpeg_header(data: Any) -> ImageHeader:
         if marker in (0x00, 0xD8, 0xD9, 0xDA):
             raise _BadImage(f"invalid JPEG: marker 0x{marker:02X} before the frame header (SOF)")
         if pos + 2 > n:
-            raise _BadImage("truncated JPEG: it ends before its frame header (SOF)")
+            raise _Truncated("truncated JPEG: it ends before its frame header (SOF)")
         (seglen,) = struct.unpack_from(">H", buf, pos)
         if seglen < 2:
             raise _BadImage(f"invalid JPEG: a segment of length {seglen} at byte {pos}")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
             if seglen < 8 or pos + seglen > n:
-                raise _BadImage("truncated JPEG: it ends inside its frame header (SOF)")
+                raise _Truncated("truncated JPEG: it ends inside its frame header (SOF)")
             bits, height, width, components = struct.unpack_from(">BHHB", buf, pos + 2)
             if marker not in _JPEG_SOF_OK:
                 raise _BadImage(
@@ -199,6 +229,7 @@ def jpeg_header(data: Any) -> ImageHeader:
 
 class _Image(Codec):
     releases_gil = True  # imagecodecs' decoders release the GIL
+    encode_releases_gil = True  # and its encoders
     accepts_encoded = True  # PNG/JPEG bytes are stored as they are (header checked)
     dtypes: tuple[str, ...] = ("u1",)
     channels: tuple[int, ...] = (1, 3, 4)

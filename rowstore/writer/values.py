@@ -202,6 +202,17 @@ def _values_fit(arr: np.ndarray, dst: np.dtype) -> bool:
         return all(not (np.isfinite(p) & (np.abs(p) > big)).any() for p in parts)
 
 
+def _encoded_fail(
+    field: Field, row: int, codec_id: str, shape: Any, dtype: np.dtype, why: str
+) -> RowValidationError:
+    return RowValidationError(
+        f"row {row}: field {field.name!r}: expected {expected(field)}, got {codec_id} bytes of a "
+        f"{dtype} image of shape {tuple(shape)}{why}",
+        field=field.name,
+        row=row,
+    )
+
+
 def _check_encoded(field: Field, value: Any, row: int, verify: bool) -> Encoded:
     """An encoded value (bytes-like) for a codec that takes them, checked by its header."""
     codec = field.codec_obj
@@ -215,19 +226,10 @@ def _check_encoded(field: Field, value: Any, row: int, verify: bool) -> Encoded:
     except CodecError as exc:
         raise RowValidationError(f"row {row}: {exc}", field=field.name, row=row) from exc
     dtype = np.dtype(dtype)
-    got = f"{codec.codec_id} bytes of a {dtype} image of shape {tuple(shape)}"
     if dtype != field.dtype or len(shape) != len(field.shape):
-        raise RowValidationError(
-            f"row {row}: field {field.name!r}: expected {expected(field)}, got {got}",
-            field=field.name,
-            row=row,
-        )
+        raise _encoded_fail(field, row, codec.codec_id, shape, dtype, "")
     if any(d is not None and d != s for d, s in zip(field.shape, shape)):
-        raise RowValidationError(
-            f"row {row}: field {field.name!r}: expected {expected(field)}, got {got} (wrong shape)",
-            field=field.name,
-            row=row,
-        )
+        raise _encoded_fail(field, row, codec.codec_id, shape, dtype, " (wrong shape)")
     enc = Encoded(data, tuple(shape), dtype)
     try:
         codec.check_value(enc, field)

@@ -36,6 +36,7 @@ LAYERS = [
             "rowstore.petastorm",
             "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
             "rowstore.huggingface",
+            "rowstore.images",  # folders of image files
             "rowstore._payloads",
             "rowstore._unischema",
         ],

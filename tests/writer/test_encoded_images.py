@@ -9,11 +9,11 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import stored_payloads
 
 import rowstore
 from rowstore import Field, RowValidationError, Schema
 from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
-from rowstore.reader.raw import RawSource
 
 ic = pytest.importorskip("imagecodecs")
 Image = pytest.importorskip("PIL.Image")
@@ -59,19 +59,6 @@ def pil_bytes(arr, fmt, **kw) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, fmt, **kw)
     return buf.getvalue()
-
-
-def stored_payloads(path, name) -> list[bytes]:
-    """The stored bytes of field ``name``, row by row, read undecoded."""
-    out = []
-    with RawSource(path) as src:
-        for k in range(src.num_blocks):
-            raw = src.block(k)
-            ref = raw.rows[name]
-            for off, nb in zip(ref["offset"].tolist(), ref["nbytes"].tolist()):
-                lo = off - raw.origin
-                out.append(raw.heap[lo : lo + nb].tobytes())
-    return out
 
 
 # -- the header parsers agree with imagecodecs' decoder --------------------------------------
@@ -417,3 +404,19 @@ def test_arrays_and_bytes_fields_unchanged(h5path):
             w.write({"b": enc, "img": np.frombuffer(enc, np.uint8), "x": np.zeros(4, np.uint8)})
     with rowstore.open(h5path) as r:
         assert r[0]["b"] == enc
+
+
+def test_batch_arrays_encoded_on_threads_same_bytes(tmp_path):
+    """Arrays of a batch are encoded on the writer's threads: the same bytes as on one, in
+    row order, bytes given encoded kept as they are among them."""
+    imgs = [smooth((16, 20, 3)) + i for i in range(9)]
+    given = png(imgs[4], level=9)
+    cells = imgs[:4] + [given] + imgs[5:]
+    schema = Schema([Field("img", "uint8", (16, 20, 3), codec="png"), Field("i", "int64", ())])
+    for threads in (1, 4):
+        with rowstore.Writer(tmp_path / f"{threads}.h5", schema, threads=threads) as w:
+            w.write_batch({"img": list(cells), "i": list(range(9))})
+            w.write_batch({"img": [imgs[0], imgs[1]], "i": [9, 10]})
+    one, four = (stored_payloads(tmp_path / f"{t}.h5", "img") for t in (1, 4))
+    assert one == four and four[4] == given
+    assert four[0] == png(imgs[0]) and len(four) == 11

@@ -249,8 +249,9 @@ def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
 
 
 # -- values ---------------------------------------------------------------------------------------
-def _cells(arr: pa.Array, col: str, first_row: int) -> list:
-    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``."""
+def _cells(arr: pa.Array, col: str, first_row: int, stack: bool = False) -> Any:
+    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``;
+    with ``stack``, fixed-size lists only and no null: one ``(n, *shape)`` view instead."""
     if _is_list_view(arr.type):  # offsets may overlap: rebuild as a plain list array
         arr = pa.array(arr.to_pylist(), pa.large_list(arr.type.value_type))
     # Per level: ("list", logical offsets) or ("fixed", (array offset, size)). List offsets
@@ -278,6 +279,11 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
     values = a.to_numpy(zero_copy_only=False)
     valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
     n = len(arr)
+    if stack and valid is None and all(kind == "fixed" for kind, _ in levels):
+        lo, hi = 0, n
+        for _, (off, size) in levels:
+            lo, hi = (off + lo) * size, (off + hi) * size
+        return values[lo:hi].reshape(n, *(size for _, (_, size) in levels))
     if len(levels) == 1 and levels[0][0] == "list":  # the common case: 1-D variable arrays
         offs = levels[0][1]
         out: list = [values[offs[i] : offs[i + 1]] for i in range(n)]
@@ -338,7 +344,7 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
             return [None if v is None else bytes(v) for v in vals]
         return vals
     if f.shape:
-        return _cells(arr, c.source, first_row)
+        return _cells(arr, c.source, first_row, stack=None not in f.shape)
     if arr.null_count == 0:
         return arr.to_numpy(zero_copy_only=False)
     mask = np.asarray(arr.is_null())
@@ -590,6 +596,11 @@ def from_arrow(
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
 
 
+class _Converting(Exception):
+    """A conversion's RowValidationError on its way through the shard writer (its row counted
+    from the first batch already)."""
+
+
 def write_shards(
     path: str,
     cols: list[_Column],
@@ -602,15 +613,16 @@ def write_shards(
     """Write a stream of record batches as shards of about ``shard_bytes`` (Arrow bytes of the
     batches) with :func:`rowstore.write_shard` (named ``<name_prefix>-<k>``), consecutive rows in
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
-    error the shards already written are removed."""
+    error the shards already written are removed. A bad value's
+    :class:`~rowstore.errors.RowValidationError` counts its row from the first of ``batches``."""
     from rowstore.format import write_shard
-    from rowstore.writer.dataset import discard
+    from rowstore.writer.dataset import _renumber, discard
 
     schema = Schema([c.field for c in cols])
     it = iter(batches)
     infos: list = []
     pending: list[pa.RecordBatch] = []
-    row = [0]
+    row = [0, 0]  # rows converted, rows before the current shard
 
     def shard_batches() -> Iterator[dict]:
         size = 0
@@ -620,7 +632,11 @@ def write_shards(
                 return
             if b.num_rows == 0:
                 continue
-            yield {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            try:
+                values = {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            except RowValidationError as exc:
+                raise _Converting(exc) from exc
+            yield values
             row[0] += b.num_rows
             size += b.nbytes
 
@@ -632,8 +648,9 @@ def write_shards(
             if first is None:
                 break
             pending.append(first)
-            infos.append(
-                write_shard(
+            row[1] = row[0]
+            try:
+                info = write_shard(
                     path,
                     schema,
                     shard_batches(),
@@ -641,7 +658,11 @@ def write_shards(
                     batches=True,
                     **writer_kwargs,
                 )
-            )
+            except _Converting as exc:
+                raise exc.args[0] from None
+            except RowValidationError as exc:  # the writer's: rows counted in the shard
+                raise _renumber(exc, row[1]) from exc.__cause__
+            infos.append(info)
     except BaseException:
         discard(path, infos)
         raise

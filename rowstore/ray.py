@@ -22,11 +22,11 @@ This is the only module that imports ray (``pip install rowstore[ray]``).
 - :func:`read_rowstore` (``ray.data.read_datasource(RowstoreDatasource(...))``): one read task
   per shard, or per ``blocks_per_task`` blocks of a shard, or consecutive ones grouped to the
   parallelism Ray asks for; the rows in the reader's ``"none"`` order (shard by shard, as
-  stored). Fixed-shape fields become tensor columns, variable-shape fields variable-shaped tensor
-  columns (``iter_batches`` gives numpy arrays; ``iter_torch_batches`` tensors), ``str`` and
-  ``bytes`` Arrow strings and binaries, scalars their Arrow type; a null is an Arrow null
-  (a nullable array field's null rows: ``<name>__null`` is True, the cell zero-filled, as
-  :class:`rowstore.Reader` gives them).
+  stored; ``preserve_order``). Fixed-shape fields become tensor columns, variable-shape
+  fields variable-shaped tensor columns (``iter_batches`` gives numpy arrays,
+  ``iter_torch_batches`` tensors), ``str`` and ``bytes`` Arrow strings and binaries, scalars
+  their Arrow type; a null is an Arrow null (a nullable array field's null rows:
+  ``<name>__null`` is True, the cell zero-filled, as :class:`rowstore.Reader` gives them).
 
 The workers must see the dataset directory (one machine, or a filesystem shared by the
 cluster); URLs (``s3://``...) work with ``storage_options``, which each task passes to fsspec.
@@ -666,12 +666,19 @@ def read_rowstore(
     blocks_per_task: int | None = None,
     version: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    preserve_order: bool = True,
     override_num_blocks: int | None = None,
     **read_args: Any,
 ) -> ray.data.Dataset:
     """A Ray dataset of a rowstore dataset (or file): ``ray.data.read_datasource`` of a
     :class:`RowstoreDatasource` (parameters as there; ``override_num_blocks`` and
-    ``read_args`` for ``read_datasource``: ``concurrency``, ``ray_remote_args``...)."""
+    ``read_args`` for ``read_datasource``: ``concurrency``, ``ray_remote_args``...).
+
+    ``preserve_order`` (default True) sets the dataset's own
+    ``context.execution_options.preserve_order`` (the ``DataContext`` copy it was made with,
+    which the datasets derived from it share): its rows then come in the reader's ``"none"``
+    order, shard by shard. ``False`` lets Ray hand out blocks as their tasks finish.
+    """
     src = RowstoreDatasource(
         path,
         fields=fields,
@@ -679,4 +686,7 @@ def read_rowstore(
         version=version,
         storage_options=storage_options,
     )
-    return ray.data.read_datasource(src, override_num_blocks=override_num_blocks, **read_args)
+    ds = ray.data.read_datasource(src, override_num_blocks=override_num_blocks, **read_args)
+    if preserve_order:
+        ds.context.execution_options.preserve_order = True
+    return ds

@@ -259,6 +259,7 @@ def _cells(arr: pa.Array, col: str, first_row: int, stack: bool = False) -> Any:
     # array's own offset.
     levels: list[tuple[str, Any]] = []
     a = arr
+    lo, hi = 0, len(arr)  # the positions of `a` that the rows of `arr` hold
     while (
         pa.types.is_list(a.type)
         or pa.types.is_large_list(a.type)
@@ -266,16 +267,22 @@ def _cells(arr: pa.Array, col: str, first_row: int, stack: bool = False) -> Any:
     ):
         if pa.types.is_fixed_size_list(a.type):
             levels.append(("fixed", (a.offset, a.type.list_size)))
+            lo, hi = (a.offset + lo) * a.type.list_size, (a.offset + hi) * a.type.list_size
         else:
-            levels.append(("list", np.asarray(a.offsets).astype(np.int64, copy=False)))
+            offs = np.asarray(a.offsets).astype(np.int64, copy=False)
+            levels.append(("list", offs))
+            lo, hi = int(offs[lo]), int(offs[hi])
         a = a.values
-        if a.null_count:
+        # a slice's `.values` is its whole parent's: only its own rows' values count
+        if a.null_count and a.slice(lo, hi - lo).null_count:
             raise RowValidationError(
                 f"column {col!r} (rows {first_row}..{first_row + len(arr) - 1}): a null inside "
                 "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
                 field=col,
                 row=first_row,
             )
+    if a.null_count:  # outside this slice's rows only: filled so the dtype stays
+        a = a.fill_null(pa.scalar(False if pa.types.is_boolean(a.type) else 0, type=a.type))
     values = a.to_numpy(zero_copy_only=False)
     valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
     n = len(arr)

@@ -159,9 +159,7 @@ def plain_array(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
         return out
     if arr.null_count:
         return _plain_cells(arr, t)
-    data, shape_col = storage.field("data"), storage.field("shape")
-    if storage.offset:  # a struct's children ignore its offset
-        data, shape_col = data.slice(storage.offset, n), shape_col.slice(storage.offset, n)
+    data, shape_col = storage.field("data"), storage.field("shape")  # sliced as the struct is
     ndim = arr.type.ndim
     shapes = shape_col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
     shapes = shapes.reshape(n, ndim)

@@ -257,3 +257,24 @@ def test_s3_round_trip(tmp_path, s3_server):
     with rowstore.Reader(url, storage_options=opts) as r:
         assert r.layout.num_shards == 3
     assert_rows_equal(read_rowstore(url, storage_options=opts).take_all(), want)
+
+
+def test_sliced_tensor_columns_convert_as_their_rows():
+    """Ray hands a task slices of blocks: the tensor columns' offsets are honoured."""
+    from ray.data.extensions import ArrowTensorArray
+
+    from rowstore.arrow import _cells
+    from rowstore.ray import plain_array
+
+    cells = np.empty(5, dtype=object)
+    cells[:] = [np.arange(k * 2, dtype=np.float32).reshape(k, 2) for k in (1, 3, 2, 4, 1)]
+    ragged = ArrowTensorArray.from_numpy(cells)
+    fixed_values = np.arange(30).reshape(5, 2, 3)
+    fixed = ArrowTensorArray.from_numpy(fixed_values)
+    for a, b in [(0, 5), (1, 4), (2, 5), (4, 5)]:
+        got = _cells(plain_array(ragged.slice(a, b - a)), "m", 0)
+        assert len(got) == b - a
+        for g, w in zip(got, cells[a:b]):
+            np.testing.assert_array_equal(g, w)
+        got = _cells(plain_array(fixed.slice(a, b - a)), "x", 0, stack=True)
+        np.testing.assert_array_equal(got, fixed_values[a:b])

@@ -35,6 +35,7 @@ LAYERS = [
             "rowstore.arrow",
             "rowstore.petastorm",
             "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
+            "rowstore.ray",
             "rowstore._payloads",
             "rowstore._unischema",
         ],

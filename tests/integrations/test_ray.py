@@ -278,3 +278,14 @@ def test_sliced_tensor_columns_convert_as_their_rows():
             np.testing.assert_array_equal(g, w)
         got = _cells(plain_array(fixed.slice(a, b - a)), "x", 0, stack=True)
         np.testing.assert_array_equal(got, fixed_values[a:b])
+
+
+def test_an_empty_dataset_is_an_empty_version(tmp_path):
+    path = str(tmp_path / "ds")
+    from ray.data.expressions import col
+
+    empty = ray.data.from_items(items(4), override_num_blocks=2).filter(expr=col("i") < 0)
+    assert to_rowstore(empty, path, nullable=()) == 1
+    with rowstore.Reader(path) as r:
+        assert len(r) == 0 and r.schema["x"].shape == (2, 3)
+    assert read_rowstore(path).take_all() == []

@@ -317,14 +317,20 @@ def _has_fixed_level(t: pa.DataType) -> bool:
     return False
 
 
-def _cells(arr: pa.Array, col: str, first_row: int, rows: np.ndarray | None = None) -> list:
+def _cells(
+    arr: pa.Array,
+    col: str,
+    first_row: int,
+    rows: np.ndarray | None = None,
+    stack: bool = False,
+) -> Any:
     """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``
-    (``rows``: the batch row of each of its rows, for errors; default ``0..len - 1``)."""
+    (``rows``: the batch row of each of its rows, for errors; default ``0..len - 1``); with
+    ``stack``, fixed-size lists only and no null: one ``(n, *shape)`` view instead."""
     if _is_list_view(arr.type):  # offsets may overlap: rebuild as a plain list array
         arr = pa.array(arr.to_pylist(), pa.large_list(arr.type.value_type))
-    if (arr.null_count or arr.offset) and _has_fixed_level(arr.type):
-        # A null row of a fixed-size list keeps its slots, null ones as a rule, and a slice's
-        # fixed-size `.values` starts at the array's first row, not the slice's: convert a copy
+    if arr.null_count and _has_fixed_level(arr.type):
+        # A null row of a fixed-size list keeps its slots, null ones as a rule: convert a copy
         # of the rows that are not null (take), then put the nulls back in their places.
         keep = np.flatnonzero(np.asarray(arr.is_valid()))
         cells: list = [None] * len(arr)
@@ -340,6 +346,7 @@ def _cells(arr: pa.Array, col: str, first_row: int, rows: np.ndarray | None = No
     # array's own offset.
     levels: list[tuple[str, Any]] = []
     a = arr
+    lo, hi = 0, len(arr)  # the positions of `a` that the rows of `arr` hold
     while (
         pa.types.is_list(a.type)
         or pa.types.is_large_list(a.type)
@@ -347,19 +354,30 @@ def _cells(arr: pa.Array, col: str, first_row: int, rows: np.ndarray | None = No
     ):
         if pa.types.is_fixed_size_list(a.type):
             levels.append(("fixed", (a.offset, a.type.list_size)))
+            lo, hi = (a.offset + lo) * a.type.list_size, (a.offset + hi) * a.type.list_size
         else:
-            levels.append(("list", np.asarray(a.offsets).astype(np.int64, copy=False)))
+            offs = np.asarray(a.offsets).astype(np.int64, copy=False)
+            levels.append(("list", offs))
+            lo, hi = int(offs[lo]), int(offs[hi])
         a = a.values
-        if a.null_count:
+        # a slice's `.values` is its whole parent's: only its own rows' values count
+        if a.null_count and a.slice(lo, hi - lo).null_count:
             raise RowValidationError(
                 f"column {col!r} (rows {row_of(0)}..{row_of(len(arr) - 1)}): a null inside "
                 "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
                 field=col,
                 row=row_of(0),
             )
+    if a.null_count:  # outside this slice's rows only: filled so the dtype stays
+        a = a.fill_null(pa.scalar(False if pa.types.is_boolean(a.type) else 0, type=a.type))
     values = a.to_numpy(zero_copy_only=False)
     valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
     n = len(arr)
+    if stack and valid is None and all(kind == "fixed" for kind, _ in levels):
+        lo, hi = 0, n
+        for _, (off, size) in levels:
+            lo, hi = (off + lo) * size, (off + hi) * size
+        return values[lo:hi].reshape(n, *(size for _, (_, size) in levels))
     if len(levels) == 1 and levels[0][0] == "list":  # the common case: 1-D variable arrays
         offs = levels[0][1]
         out: list = [values[offs[i] : offs[i + 1]] for i in range(n)]
@@ -422,7 +440,7 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
             return [None if v is None else bytes(v) for v in vals]
         return vals
     if f.shape:
-        return _cells(arr, c.source, first_row)
+        return _cells(arr, c.source, first_row, stack=None not in f.shape)
     if arr.null_count == 0:
         return arr.to_numpy(zero_copy_only=False)
     mask = np.asarray(arr.is_null())
@@ -674,6 +692,11 @@ def from_arrow(
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
 
 
+class _Converting(Exception):
+    """A conversion's RowValidationError on its way through the shard writer (its row counted
+    from the first batch already)."""
+
+
 def write_shards(
     path: str,
     cols: list[_Column],
@@ -686,15 +709,16 @@ def write_shards(
     """Write a stream of record batches as shards of about ``shard_bytes`` (Arrow bytes of the
     batches) with :func:`rowstore.write_shard` (named ``<name_prefix>-<k>``), consecutive rows in
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
-    error the shards already written are removed."""
+    error the shards already written are removed. A bad value's
+    :class:`~rowstore.errors.RowValidationError` counts its row from the first of ``batches``."""
     from rowstore.format import write_shard
-    from rowstore.writer.dataset import discard
+    from rowstore.writer.dataset import _renumber, discard
 
     schema = Schema([c.field for c in cols])
     it = iter(batches)
     infos: list = []
     pending: list[pa.RecordBatch] = []
-    row = [0]
+    row = [0, 0]  # rows converted, rows before the current shard
 
     def shard_batches() -> Iterator[dict]:
         size = 0
@@ -704,7 +728,11 @@ def write_shards(
                 return
             if b.num_rows == 0:
                 continue
-            yield {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            try:
+                values = {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            except RowValidationError as exc:
+                raise _Converting(exc) from exc
+            yield values
             row[0] += b.num_rows
             size += b.nbytes
 
@@ -716,8 +744,9 @@ def write_shards(
             if first is None:
                 break
             pending.append(first)
-            infos.append(
-                write_shard(
+            row[1] = row[0]
+            try:
+                info = write_shard(
                     path,
                     schema,
                     shard_batches(),
@@ -725,7 +754,11 @@ def write_shards(
                     batches=True,
                     **writer_kwargs,
                 )
-            )
+            except _Converting as exc:
+                raise exc.args[0] from None
+            except RowValidationError as exc:  # the writer's: rows counted in the shard
+                raise _renumber(exc, row[1]) from exc.__cause__
+            infos.append(info)
     except BaseException:
         discard(path, infos)
         raise

@@ -361,6 +361,32 @@ def test_write_shards_rolls_over_and_cleans_up(tmp_path):
     assert not [n for n in os.listdir(os.path.join(path, "shards")) if n.startswith("part-y")]
 
 
+def test_a_bad_row_is_counted_from_the_first_batch_and_in_its_own_slice(tmp_path):
+    """write_shards numbers a bad row from the first batch of the stream, whichever shard it
+    falls in; a batch (a slice of a table) is judged by its own rows only, not by the rows
+    of the table it shares its buffers with."""
+    from rowstore.arrow import _columns, _source, write_shards
+
+    n = 12
+    k = pa.array([None if i == 9 else i for i in range(n)], pa.int64())
+    lists = pa.array([[1, 2]] * 7 + [[1, None]] + [[1, 2]] * 4, pa.list_(pa.int64()))
+    good = pa.table({"k": pa.array(range(n), pa.int64()), "l": pa.array([[1, 2]] * n)})
+    cols = _columns(_source(good, n), None, None)
+    path = str(tmp_path / "ds")
+    with pytest.raises(RowValidationError, match="row 9: field 'k' is not nullable") as info:
+        bad = pa.table({"k": k, "l": good.column("l")})
+        write_shards(path, cols, bad.to_batches(max_chunksize=2), shard_bytes=50, name_prefix="a")
+    assert info.value.row == 9
+    with pytest.raises(RowValidationError, match=r"column 'l' \(rows 6\.\.7\): a null inside"):
+        bad = pa.table({"k": good.column("k"), "l": lists})
+        write_shards(path, cols, bad.to_batches(max_chunksize=2), shard_bytes=50, name_prefix="b")
+    assert not os.listdir(os.path.join(path, "shards"))  # what was written is removed
+    # the rows before the null, as a slice of the same table: stored, ints staying ints
+    from_arrow(pa.table({"l": lists}).slice(0, 7), str(tmp_path / "x.h5"))
+    with rowstore.open(str(tmp_path / "x.h5")) as r:
+        assert r.schema["l"].dtype == np.int64 and r[6]["l"].tolist() == [1, 2]
+
+
 def _png_declaring(width: int, height: int) -> bytes:
     """A PNG whose header declares ``width x height`` RGBA pixels, with a few bytes of data."""
     import struct

@@ -408,7 +408,7 @@ class Writer(Closing):
         GIL on the writer's threads, in place (as :class:`Encoded` values the packer stores as
         they are), before anything of the batch is stored. The first failure is raised, as the
         packer would have raised it, and nothing is kept."""
-        if self._threads < 2:
+        if self._threads < 2 or not parts:  # (an empty batch has no parts)
             return
         for k, f in self._heap_fields:
             codec = f.codec_obj

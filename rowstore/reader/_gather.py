@@ -158,6 +158,7 @@ class Gatherer:
         self._want_pages = verify is True and self.direct_ok
         self._pages: Any = None
         self._pages_lock = threading.Lock()
+        self._pages_done = False  # every block page checked (direct reads check nothing more)
 
     @property
     def pages(self) -> Any:
@@ -203,7 +204,7 @@ class Gatherer:
             strategy not in ("blocks", "pieces")
             or heap_plans
             or r.local is None
-            or (strategy != "blocks" and self.pages is not None)
+            or (strategy != "blocks" and self.pages is not None and not self._pages_done)
         ):
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
@@ -212,7 +213,7 @@ class Gatherer:
         if strategy != "blocks":
             if self.pages is None:
                 self._check_first_touch(r.ublocks, "block")
-            else:
+            elif not self._pages_done:  # once every page is checked, rows need no page lookup
                 in_pass = self._row_pages(r)
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
@@ -694,6 +695,7 @@ class Gatherer:
     def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         if in_pass is not None:
             self._pchecked[in_pass[0][in_pass[1]]] = True
+            self._pages_done = bool(self._pchecked.all())
 
     def _row_error(self, exc: kernels.KernelError, r: _Rows) -> FormatError:
         """A page check of requested row ``exc.index`` failed: the error, located at its block."""
@@ -735,6 +737,7 @@ class Gatherer:
                 k = int(chunk[starts[exc.index]]) if 0 <= exc.index < len(starts) else None
             raise self.located(exc, "block", k) from None
         self._pchecked[pages] = True
+        self._pages_done = bool(self._pchecked.all())
 
     def _check_first_touch(self, which: np.ndarray, what: str) -> None:
         """verify=True before a direct read: checksum, whole, each chunk of ``which`` (blocks or

@@ -84,7 +84,7 @@ def check_order(
     shuffle: str = "block",
     seed: int = 0,
     epoch: int = 0,
-    window: int = 16,
+    window: int | None = None,
     world: int = 1,
     workers: int = 1,
     unit: int | None = None,
@@ -94,7 +94,7 @@ def check_order(
     resume_world: int | None = None,
     resume_workers: int | None = None,
     resume_unit: int | None = None,
-    pieces: int = 1,
+    pieces: int | None = None,
 ) -> dict[str, Any]:
     """Simulate one epoch (see the module) and return the checks and figures as a dict
     (``ok`` is True when every check passed)."""
@@ -206,7 +206,7 @@ def check_digest(
     unit,
     drop_last,
     pad,
-    pieces=1,
+    pieces=None,
 ) -> str:
     """A hash of what every consumer delivers (its rows, step by step)."""
     eo = EpochOrder(

@@ -171,7 +171,15 @@ class Gatherer:
                 if self._pages is None:
                     pi = self.layout.page_index()
                     if pi is not None:
-                        self._pchecked = np.zeros(len(pi.block_pages), np.bool_)
+                        # Pages past a block's valid rows are never read: counted as checked,
+                        # so that every page read being checked is ``_pchecked.all()``.
+                        self._pchecked = np.ones(len(pi.block_pages), np.bool_)
+                        rpp = pi.rows_per_page
+                        used = -(-self.layout.block_rows() // rpp)
+                        first = np.asarray(pi.block_page0, np.int64)
+                        k = np.arange(int(used.sum()), dtype=np.int64)
+                        start = np.cumsum(used) - used
+                        self._pchecked[np.repeat(first - start, used) + k] = False
                         self._hpchecked = np.zeros(len(pi.heap_pages), np.bool_)
                     self._pages = pi if pi is not None else False
         return self._pages or None
@@ -372,11 +380,13 @@ class Gatherer:
         return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
 
     def _load_pieces(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
-        """A window of pieces (uncompressed local file): each unit's rows read into a slot of
-        ``piece_rows`` rows (checked by :meth:`gather`, as every direct read).
-        Full pieces go to the first slots in one ``pread_rows`` call; the short pieces at the
-        ends of blocks to the slots after them, one read each; ``r.local`` (positions among the
-        units in sorted order) is mapped to those slots."""
+        """A window of pieces (uncompressed local file): each unit's rows read into its slot of
+        ``piece_rows`` rows (checked by :meth:`gather`, as every direct read), so ``r.local``
+        (``slot * piece_rows + row in the piece``) indexes the buffer as it is. All pieces go
+        in one ``pread_rows`` call of ``piece_rows`` rows each: a short piece at the end of a
+        block reads the bytes after it into the rest of its slot (rows never indexed), except
+        where that would read past the end of the file (the last block's pieces): one read
+        each of its own rows."""
         assert r.units is not None and r.local is not None
         P = -(-self.rpb // r.pieces)
         blk = r.units // r.pieces
@@ -385,35 +395,29 @@ class Gatherer:
         rowbuf = self.scratch.get("rows", len(r.units) * P * self.rs)
         offsets = self.arr["offset"][blk] + start * self.rs
         shards = self.layout.block_shard[blk] if self.multi else None
-        full = counts == P
-        if full.all():
+        size = self.layout.shard_file_size[shards if shards is not None else 0]
+        whole = (counts == P) | (offsets + P * self.rs <= size)
+        if whole.all():
             self.store.read_rows(shards, offsets, P * self.rs, rowbuf)
             return rowbuf, r.local
-        order = np.concatenate(
-            (np.flatnonzero(full), np.flatnonzero(~full))
-        )  # load slot -> unit slot
-        nfull = int(full.sum())
-        if nfull:
-            sel = order[:nfull]
+        slot = P * self.rs
+        runs = np.flatnonzero(np.diff(np.concatenate(([0], whole.view(np.int8), [0]))))
+        for a, b in zip(runs[::2], runs[1::2]):  # consecutive whole slots: one call each
             self.store.read_rows(
-                None if shards is None else shards[sel],
-                offsets[sel],
-                P * self.rs,
-                rowbuf[: nfull * P * self.rs],
+                None if shards is None else shards[a:b],
+                offsets[a:b],
+                slot,
+                rowbuf[a * slot : b * slot],
             )
-        for k in range(nfull, len(order)):
-            i = int(order[k])
-            if counts[i]:
-                at = k * P * self.rs
-                self.store.read_rows(
-                    None if shards is None else shards[i : i + 1],
-                    offsets[i : i + 1],
-                    int(counts[i]) * self.rs,
-                    rowbuf[at : at + int(counts[i]) * self.rs],
-                )
-        shift = np.empty(len(order), np.int64)
-        shift[order] = (np.arange(len(order), dtype=np.int64) - order) * P
-        return rowbuf, r.local + shift[r.local // P]
+        for i in np.flatnonzero(~whole & (counts > 0)).tolist():
+            n = int(counts[i]) * self.rs
+            self.store.read_rows(
+                None if shards is None else shards[i : i + 1],
+                offsets[i : i + 1],
+                n,
+                rowbuf[i * slot : i * slot + n],
+            )
+        return rowbuf, r.local
 
     def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
         """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of

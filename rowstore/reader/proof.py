@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.reader.order import EpochOrder, batch_blocks, shard_bounds
+from rowstore.reader.order import EpochOrder, batch_blocks, resolve_order, shard_bounds
 from rowstore.reader.plan import EpochPlan, default_unit, rank_steps_taken
 
 __all__ = ["batch_blocks", "read_cost", "check_order"]
@@ -97,7 +97,9 @@ def check_order(
     pieces: int | None = None,
 ) -> dict[str, Any]:
     """Simulate one epoch (see the module) and return the checks and figures as a dict
-    (``ok`` is True when every check passed)."""
+    (``ok`` is True when every check passed). ``window``/``pieces`` None:
+    :func:`~rowstore.reader.order.resolve_order`'s defaults (a reader passes its own)."""
+    window, pieces = resolve_order(shuffle, window, pieces, rows_per_block)
     eo = EpochOrder(
         block_rows,
         rows_per_block,

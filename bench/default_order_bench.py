@@ -1,15 +1,16 @@
 """The default block order against the old one: shuffle quality and speed per workload.
 
-    python bench/default_order_bench.py [--repeats 5] [--batch 256] [--json out.json]
+    python bench/default_order_bench.py [--repeats 5] [--batch 256] [--threads N] [--json out.json]
 
 On the four bench workloads (demo schemas ``tiny``, ``patch``, ``image``, ``speech``, 1 MiB
 blocks, uncompressed and LZ4) it reads one epoch with ``Reader.batches`` per order
-configuration, every batch touched, configurations interleaved within each repeat; medians of
-``--repeats``. ``default`` is what the reader resolves with no ``window``/``pieces`` given;
+configuration, every batch touched, configurations interleaved within each repeat (their order
+reversed every other repeat); medians of ``--repeats``. ``--threads``: reader threads (default:
+the reader's). ``default`` is what the reader resolves with no ``window``/``pieces`` given;
 ``window=16`` is the old default (16 whole blocks). Quality is exact (computed from the block
 index); rows per CPU second of this process (user + system) are given beside wall rows/s since
-a shared machine makes wall time noisy, and the speed ratio against ``window=16`` is the
-median of the per-repeat ratios.
+a shared machine makes wall time noisy, and the speed ratios against ``window=16`` are the
+medians of the per-repeat ratios.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ CONFIGS = {
 }
 
 
-def _epoch(r, batch: int, kw: dict) -> tuple[float, float]:
+def _epoch(r, batch: int, kw: dict, threads: int | None = None) -> tuple[float, float]:
     t0, c0 = time.perf_counter(), time.process_time()
     n = 0
-    for b in r.batches(batch, seed=1, **kw):
+    for b in r.batches(batch, seed=1, num_threads=threads, **kw):
         v = next(iter(b.values()))
         n += len(v)
     return n / (time.perf_counter() - t0), n / max(1e-9, time.process_time() - c0)
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--compression", nargs="+", default=["none", "lz4"])
+    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json")
     args = ap.parse_args()
     out = []
@@ -68,11 +70,12 @@ def main() -> None:
                 make_demo(name, path, WORKLOADS[name], compression=None if comp == "none" else comp)
                 with rowstore.open(path) as r:
                     runs: dict = {c: [] for c in CONFIGS}
-                    for kw in CONFIGS.values():  # warm up: page cache, imports
-                        _epoch(r, args.batch, kw)
-                    for _ in range(args.repeats):
-                        for c, kw in CONFIGS.items():
-                            runs[c].append(_epoch(r, args.batch, kw))
+                    for kw in CONFIGS.values():  # warm up: page cache, imports, page checks
+                        _epoch(r, args.batch, kw, args.threads)
+                    for i in range(args.repeats):
+                        names = list(CONFIGS) if i % 2 == 0 else list(CONFIGS)[::-1]
+                        for c in names:
+                            runs[c].append(_epoch(r, args.batch, CONFIGS[c], args.threads))
                     for c, kw in CONFIGS.items():
                         base = runs["window=16"]
                         out.append(
@@ -104,7 +107,18 @@ def main() -> None:
     print(f"batch {args.batch}, medians of {args.repeats}; load {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"batch": args.batch, "repeats": args.repeats, "results": out}, f, indent=1)
+            json.dump(
+                {
+                    "batch": args.batch,
+                    "repeats": args.repeats,
+                    "threads": args.threads,
+                    "load_average": os.getloadavg(),
+                    "note": "machine shared with other jobs: ratios are same-run, medians",
+                    "results": out,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -693,7 +693,9 @@ class Gatherer:
             return None
         if pi.rows_per_page == 1:
             return pg, todo, pi.block_pages[pg]
-        self._check_pages(np.unique(pg[todo]))
+        want = np.zeros(len(self._pchecked), np.bool_)  # the pages to check, sorted, unique
+        want[pg[todo]] = True
+        self._check_pages(np.flatnonzero(want))
         return None
 
     def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:

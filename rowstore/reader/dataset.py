@@ -395,7 +395,7 @@ class Reader:
         """The ``(window, pieces)`` of an epoch of this file, ``window``/``pieces`` None being
         the defaults (:func:`~rowstore.reader.order.resolve_order`): in block mode, pieces of
         blocks where this reader loads a piece alone (uncompressed blocks, a store with direct
-        reads), so a window of about
+        reads, ``verify`` not ``"always"``, which checks whole blocks), so a window of about
         :data:`~rowstore.reader.order.WINDOW_BLOCKS` blocks of rows mixes rows of up to 8 times
         more blocks; whole blocks otherwise."""
         L = self.layout
@@ -403,7 +403,7 @@ class Reader:
         table = L.block_raw_bytes
         auto = _order.auto_pieces(
             self._rpb,
-            bool(self._store.direct) and self._gatherer.codec is None,
+            bool(self._gatherer.direct_ok),
             table / (table + heap) if heap > 0 else 0.0,
         )
         return _order.resolve_order(_order.shuffle_mode(shuffle), window, pieces, self._rpb, auto)

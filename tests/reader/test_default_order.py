@@ -65,6 +65,11 @@ def test_compressed_blocks_keep_whole_blocks(tmp_path):
         assert np.array_equal(r.epoch_order(seed=1), r.epoch_order(seed=1, window=16, pieces=1))
 
 
+def test_whole_block_checks_keep_whole_blocks(demos):
+    with rowstore.open(demos["tiny"], verify="always") as r:
+        assert r.order_defaults() == (order.WINDOW_BLOCKS, 1)
+
+
 def test_given_values_keep_their_meaning(demos):
     with rowstore.open(demos["tiny"]) as r:
         assert r.order_defaults("block", 16, None) == (16, 1)  # a window alone: whole blocks

@@ -428,12 +428,16 @@ def _add_shuffle_commands(sub: Any) -> None:
     p.add_argument("path")
     p.add_argument("--field", help="a scalar numeric field (default: the first one)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
-    p.add_argument("--window", type=_positive, default=16, help="block-shuffle window (default 16)")
+    p.add_argument(
+        "--window",
+        type=_positive,
+        help="block-shuffle window (default: the file's, see docs/order.md)",
+    )
     p.add_argument(
         "--pieces",
         type=_positive,
-        default=1,
-        help="block shuffle of pieces: cut each block into this many (default 1: whole blocks)",
+        help="block shuffle of pieces: cut each block into this many (default: the file's, 8 "
+        "for uncompressed blocks read directly, else 1: whole blocks)",
     )
     _storage_options_argument(p)
 
@@ -512,12 +516,12 @@ def _epoch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path")
     p.add_argument("--batch-size", type=_positive, default=64)
     p.add_argument("--shuffle", choices=["block", "full", "none"], default="block")
-    p.add_argument("--window", type=_positive, default=16)
+    p.add_argument("--window", type=_positive, help="block-shuffle window (default: the file's)")
     p.add_argument(
         "--pieces",
         type=_positive,
-        default=1,
-        help="block shuffle of pieces: cut each block into this many (default 1: whole blocks)",
+        help="block shuffle of pieces: cut each block into this many (default: the file's, 8 "
+        "for uncompressed blocks read directly, else 1: whole blocks)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
@@ -565,17 +569,30 @@ def _add_order_commands(sub: Any) -> None:
     )
 
 
+def _order_defaults(
+    path: str, storage_options: dict | None, shuffle: str, window: Any, pieces: Any
+) -> tuple[int, int]:
+    """The window and pieces a reader of ``path`` uses for these arguments (None: its
+    defaults, :meth:`rowstore.reader.Reader.order_defaults`)."""
+    if window is not None and pieces is not None:
+        return window, pieces
+    from rowstore.reader import Reader
+
+    with Reader(path, storage_options=storage_options) as r:
+        return r.order_defaults(shuffle, window, pieces)
+
+
 def order_text(
     path: str,
     *,
     batch_size: int = 64,
     shuffle: str = "block",
-    window: int = 16,
+    window: int | None = None,
     seed: int = 0,
     epoch: int = 0,
     world: int = 1,
     plot: str | None = None,
-    pieces: int = 1,
+    pieces: int | None = None,
     storage_options: dict | None = None,
 ) -> str:
     """What ``rowstore order`` prints (see docs/order.md)."""
@@ -586,6 +603,7 @@ def order_text(
 
     L, _ = _open_layout(path, storage_options)
     br, rpb = L.block_rows(), L.rows_per_block
+    window, pieces = _order_defaults(path, storage_options, shuffle, window, pieces)
     eo = EpochOrder(br, rpb, shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces)
     ids = eo.ids()
     bb = batch_blocks(ids, rpb, batch_size)
@@ -659,6 +677,13 @@ def check_order_text(
     from rowstore.reader.proof import check_order
 
     L, _ = _open_layout(path, storage_options)
+    kwargs["window"], kwargs["pieces"] = _order_defaults(
+        path,
+        storage_options,
+        kwargs.get("shuffle", "block"),
+        kwargs.get("window"),
+        kwargs.get("pieces"),
+    )
     r = check_order(L.block_rows(), L.rows_per_block, **kwargs)
     w, k = kwargs.get("world", 1), kwargs.get("workers", 1)
     lines = [

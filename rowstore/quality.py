@@ -113,21 +113,23 @@ def order_quality(
     *,
     field: str | None = None,
     batch_size: int = 64,
-    window: int = 16,
+    window: int | None = None,
     seed: int = 0,
     max_rows: int = 1_000_000,
     max_batches: int = 256,
     storage_options: dict | None = None,
-    pieces: int = 1,
+    pieces: int | None = None,
 ) -> OrderQuality:
     """Order figures of the file or dataset at ``path`` (see :class:`OrderQuality`; a URL with
     ``storage_options`` as for :func:`rowstore.open`); ``window`` and ``pieces`` are the block
-    shuffle's (:meth:`Reader.batches <rowstore.reader.Reader.batches>`).
+    shuffle's (:meth:`Reader.batches <rowstore.reader.Reader.batches>`; None: the defaults the
+    reader resolves for the file, which the result reports).
 
     ``field`` must be a scalar numeric field (default: :func:`default_field`). Reads at most
     ``max_rows + max_batches * batch_size * 2`` values of that field.
     """
     with Reader(path, storage_options=storage_options) as r:
+        window, pieces = r.order_defaults("block", window, pieces)
         n = len(r)
         name = default_field(r.schema) if field is None else field
         if name is not None:

@@ -58,11 +58,7 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
     mode = opts.get("mode", "numpy")
     B = opts["batch_size"]
     threads = opts.get("threads") or None
-    shuffle, seed, window = (
-        opts.get("shuffle", "block"),
-        opts.get("seed", 0),
-        opts.get("window", 16),
-    )
+    shuffle, seed = opts.get("shuffle", "block"), opts.get("seed", 0)
     # opts["path"], not layout.path: that of a list of paths is their names joined, not a path.
     remote = (
         {"storage_options": opts["storage_options"]}
@@ -73,10 +69,14 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
         opts["path"], verify=opts.get("verify", True), num_threads=threads, **remote
     )  # a fresh reader
     threads = reader.num_threads
+    # The window and pieces the reader uses (None: its defaults for this file).
+    window, pieces = reader.order_defaults(shuffle, opts.get("window"), opts.get("pieces"))
     label = f"rowstore {shuffle}"
     if mode != "numpy":
         label = f"rowstore {mode} {shuffle}"
-    label += f" B={B} t={threads}" + (f" W={window}" if shuffle == "block" else "")
+    label += f" B={B} t={threads}" + (
+        f" W={window}" + (f" P={pieces}" if pieces > 1 else "") if shuffle == "block" else ""
+    )
     verify = opts.get("verify", True)
     info: dict[str, Any] = {
         "threads": threads,
@@ -85,7 +85,7 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
     extra_close: list = []
 
     def quality() -> float:
-        return reader.shuffle_quality(B, shuffle=shuffle, seed=seed, window=window)
+        return reader.shuffle_quality(B, shuffle=shuffle, seed=seed, window=window, pieces=pieces)
 
     if mode == "numpy":
 
@@ -96,6 +96,7 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
                 seed=seed,
                 epoch=k,
                 window=window,
+                pieces=pieces,
                 fields=names,
                 num_threads=threads,
             )
@@ -108,6 +109,7 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
             seed=seed,
             fields=names,
             window=window,
+            pieces=pieces,
             num_threads=threads,
             num_epochs=1,
         )
@@ -125,6 +127,7 @@ def rowstore_source(layout: DatasetLayout, names: list[str], opts: dict[str, Any
             fields=names,
             num_threads=threads,
             window=window,
+            pieces=pieces,
         )
         extra_close.append(loader.close)
 

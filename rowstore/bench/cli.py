@@ -54,6 +54,8 @@ _SWEEP_KEYS = {
     "b": "batch_size",
     "window": "window",
     "w": "window",
+    "pieces": "pieces",
+    "p": "pieces",
     "shuffle": "shuffle",
     "workers": "workers",
     "mode": "mode",
@@ -151,7 +153,7 @@ def parse_sweep(items: list[str]) -> list[dict[str, Any]]:
         if not sep or key.strip().lower() not in _SWEEP_KEYS:
             raise SystemExit(
                 f"rowstore-bench: --sweep takes KEY=V1,V2,... with KEY in threads, batch, window, "
-                f"shuffle, "
+                f"pieces, shuffle, "
                 f"workers, mode; got {it!r}"
             )
         k = _SWEEP_KEYS[key.strip().lower()]
@@ -250,8 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--window",
         type=int,
-        default=16,
-        help="blocks mixed together in block shuffling (default 16)",
+        default=None,
+        help="units (blocks, or pieces) mixed together in block shuffling (default: the "
+        "reader's for the file, docs/order.md)",
+    )
+    p.add_argument(
+        "--pieces",
+        type=int,
+        default=None,
+        help="block shuffle of pieces: cut each block into this many (default: the reader's, "
+        "8 for uncompressed blocks read directly, else 1)",
     )
     p.add_argument("--fields", nargs="+", help="read only these fields")
     p.add_argument(
@@ -401,8 +411,9 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         ("--batch-size", args.batch_size),
         ("--repeats", args.repeats),
         ("--window", args.window),
+        ("--pieces", args.pieces),
     ):
-        if v < 1:
+        if v is not None and v < 1:
             raise SystemExit(f"rowstore-bench: {name} must be >= 1, got {v}")
     if args.warmup < 0 or (args.measure is not None and args.measure < 1):
         raise SystemExit("rowstore-bench: -m must be >= 0 and -n >= 1")
@@ -437,6 +448,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "shuffle": args.shuffle,
         "window": args.window,
+        "pieces": args.pieces,
         "seed": args.seed,
         "threads": args.threads,
         "workers": args.workers,
@@ -523,6 +535,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
                     "workers",
                     "shuffle",
                     "window",
+                    "pieces",
                     "warmup",
                     "measure",
                     "max_rows",

@@ -47,6 +47,7 @@ COLUMNS = [
         "baselines",
     ),
     ("samples", "samples/s", "rows delivered per second in the measure phase (median of repeats)"),
+    ("quality", "shuffle q", "shuffle quality 0..1 of the epoch order (1 = as mixed as uniform)"),
     (
         "first",
         "1st epoch/s",
@@ -57,7 +58,6 @@ COLUMNS = [
     ("ttfb", "1st batch", "time from creating the iterator to the first batch (median)"),
     ("cpu", "CPU%", "process CPU time / wall time in the measure phase; >100% = several cores"),
     ("rss", "peak RSS", "peak resident memory of the measuring process (fresh process per config)"),
-    ("quality", "shuffle q", "shuffle quality 0..1 of the epoch order (1 = as mixed as uniform)"),
 ]
 
 

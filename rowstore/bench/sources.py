@@ -262,10 +262,15 @@ def _block_segments(layout: Layout, opts: dict, k: int):
         shuffle="block",
         seed=opts["seed"],
         epoch=k,
-        window=opts["window"],
+        window=_baseline_window(opts),
         rank=0,
         world=1,
     )
+
+
+def _baseline_window(opts: dict) -> int:
+    """The block baseline's window of whole blocks (it reads blocks whole: no pieces)."""
+    return opts.get("window") or _order.WINDOW_BLOCKS
 
 
 def _join(parts: list[dict]) -> dict:
@@ -552,13 +557,13 @@ def open_source(opts: dict[str, Any]) -> Source:
                 shuffle="block",
                 seed=opts["seed"],
                 epoch=0,
-                window=opts["window"],
+                window=_baseline_window(opts),
                 rank=0,
                 world=1,
             )
             return _order.shuffle_quality(order, layout.rows_per_block, nblocks, B)
 
-        label = f"{label} W={opts['window']}"
+        label = f"{label} W={_baseline_window(opts)}"
     else:
 
         def quality() -> float:

@@ -158,6 +158,7 @@ class Gatherer:
         self._want_pages = verify is True and self.direct_ok
         self._pages: Any = None
         self._pages_lock = threading.Lock()
+        self._pages_done = False  # every block page checked (direct reads check nothing more)
 
     @property
     def pages(self) -> Any:
@@ -170,7 +171,15 @@ class Gatherer:
                 if self._pages is None:
                     pi = self.layout.page_index()
                     if pi is not None:
-                        self._pchecked = np.zeros(len(pi.block_pages), np.bool_)
+                        # Pages past a block's valid rows are never read: counted as checked,
+                        # so that every page read being checked is ``_pchecked.all()``.
+                        self._pchecked = np.ones(len(pi.block_pages), np.bool_)
+                        rpp = pi.rows_per_page
+                        used = -(-self.layout.block_rows() // rpp)
+                        first = np.asarray(pi.block_page0, np.int64)
+                        k = np.arange(int(used.sum()), dtype=np.int64)
+                        start = np.cumsum(used) - used
+                        self._pchecked[np.repeat(first - start, used) + k] = False
                         self._hpchecked = np.zeros(len(pi.heap_pages), np.bool_)
                     self._pages = pi if pi is not None else False
         return self._pages or None
@@ -203,7 +212,7 @@ class Gatherer:
             strategy not in ("blocks", "pieces")
             or heap_plans
             or r.local is None
-            or (strategy != "blocks" and self.pages is not None)
+            or (strategy != "blocks" and self.pages is not None and not self._pages_done)
         ):
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
@@ -212,7 +221,7 @@ class Gatherer:
         if strategy != "blocks":
             if self.pages is None:
                 self._check_first_touch(r.ublocks, "block")
-            else:
+            elif not self._pages_done:  # once every page is checked, rows need no page lookup
                 in_pass = self._row_pages(r)
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
@@ -371,11 +380,13 @@ class Gatherer:
         return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
 
     def _load_pieces(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
-        """A window of pieces (uncompressed local file): each unit's rows read into a slot of
-        ``piece_rows`` rows (checked by :meth:`gather`, as every direct read).
-        Full pieces go to the first slots in one ``pread_rows`` call; the short pieces at the
-        ends of blocks to the slots after them, one read each; ``r.local`` (positions among the
-        units in sorted order) is mapped to those slots."""
+        """A window of pieces (uncompressed local file): each unit's rows read into its slot of
+        ``piece_rows`` rows (checked by :meth:`gather`, as every direct read), so ``r.local``
+        (``slot * piece_rows + row in the piece``) indexes the buffer as it is. All pieces go
+        in one ``pread_rows`` call of ``piece_rows`` rows each: a short piece at the end of a
+        block reads the bytes after it into the rest of its slot (rows never indexed), except
+        where that would read past the end of the file (the last block's pieces): one read
+        each of its own rows."""
         assert r.units is not None and r.local is not None
         P = -(-self.rpb // r.pieces)
         blk = r.units // r.pieces
@@ -384,35 +395,29 @@ class Gatherer:
         rowbuf = self.scratch.get("rows", len(r.units) * P * self.rs)
         offsets = self.arr["offset"][blk] + start * self.rs
         shards = self.layout.block_shard[blk] if self.multi else None
-        full = counts == P
-        if full.all():
+        size = self.layout.shard_file_size[shards if shards is not None else 0]
+        whole = (counts == P) | (offsets + P * self.rs <= size)
+        if whole.all():
             self.store.read_rows(shards, offsets, P * self.rs, rowbuf)
             return rowbuf, r.local
-        order = np.concatenate(
-            (np.flatnonzero(full), np.flatnonzero(~full))
-        )  # load slot -> unit slot
-        nfull = int(full.sum())
-        if nfull:
-            sel = order[:nfull]
+        slot = P * self.rs
+        runs = np.flatnonzero(np.diff(np.concatenate(([0], whole.view(np.int8), [0]))))
+        for a, b in zip(runs[::2], runs[1::2]):  # consecutive whole slots: one call each
             self.store.read_rows(
-                None if shards is None else shards[sel],
-                offsets[sel],
-                P * self.rs,
-                rowbuf[: nfull * P * self.rs],
+                None if shards is None else shards[a:b],
+                offsets[a:b],
+                slot,
+                rowbuf[a * slot : b * slot],
             )
-        for k in range(nfull, len(order)):
-            i = int(order[k])
-            if counts[i]:
-                at = k * P * self.rs
-                self.store.read_rows(
-                    None if shards is None else shards[i : i + 1],
-                    offsets[i : i + 1],
-                    int(counts[i]) * self.rs,
-                    rowbuf[at : at + int(counts[i]) * self.rs],
-                )
-        shift = np.empty(len(order), np.int64)
-        shift[order] = (np.arange(len(order), dtype=np.int64) - order) * P
-        return rowbuf, r.local + shift[r.local // P]
+        for i in np.flatnonzero(~whole & (counts > 0)).tolist():
+            n = int(counts[i]) * self.rs
+            self.store.read_rows(
+                None if shards is None else shards[i : i + 1],
+                offsets[i : i + 1],
+                n,
+                rowbuf[i * slot : i * slot + n],
+            )
+        return rowbuf, r.local
 
     def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
         """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of
@@ -688,12 +693,15 @@ class Gatherer:
             return None
         if pi.rows_per_page == 1:
             return pg, todo, pi.block_pages[pg]
-        self._check_pages(np.unique(pg[todo]))
+        want = np.zeros(len(self._pchecked), np.bool_)  # the pages to check, sorted, unique
+        want[pg[todo]] = True
+        self._check_pages(np.flatnonzero(want))
         return None
 
     def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         if in_pass is not None:
             self._pchecked[in_pass[0][in_pass[1]]] = True
+            self._pages_done = bool(self._pchecked.all())
 
     def _row_error(self, exc: kernels.KernelError, r: _Rows) -> FormatError:
         """A page check of requested row ``exc.index`` failed: the error, located at its block."""
@@ -735,6 +743,7 @@ class Gatherer:
                 k = int(chunk[starts[exc.index]]) if 0 <= exc.index < len(starts) else None
             raise self.located(exc, "block", k) from None
         self._pchecked[pages] = True
+        self._pages_done = bool(self._pchecked.all())
 
     def _check_first_touch(self, which: np.ndarray, what: str) -> None:
         """verify=True before a direct read: checksum, whole, each chunk of ``which`` (blocks or

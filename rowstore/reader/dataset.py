@@ -389,16 +389,35 @@ class Reader:
         return finish_varlen(batch, plans, varlen)
 
     # -- epochs ----------------------------------------------------------------------------
+    def order_defaults(
+        self, shuffle: str | bool = "block", window: int | None = None, pieces: int | None = None
+    ) -> tuple[int, int]:
+        """The ``(window, pieces)`` of an epoch of this file, ``window``/``pieces`` None being
+        the defaults (:func:`~rowstore.reader.order.resolve_order`): in block mode, pieces of
+        blocks where this reader loads a piece alone (uncompressed blocks, a store with direct
+        reads, ``verify`` not ``"always"``, which checks whole blocks), so a window of about
+        :data:`~rowstore.reader.order.WINDOW_BLOCKS` blocks of rows mixes rows of up to 8 times
+        more blocks; whole blocks otherwise."""
+        L = self.layout
+        heap = L.heap_nbytes / max(1, L.num_blocks)
+        table = L.block_raw_bytes
+        auto = _order.auto_pieces(
+            self._rpb,
+            bool(self._gatherer.direct_ok),
+            table / (table + heap) if heap > 0 else 0.0,
+        )
+        return _order.resolve_order(_order.shuffle_mode(shuffle), window, pieces, self._rpb, auto)
+
     def epoch_order(
         self,
         *,
         shuffle: str | bool = "block",
         seed: int = 0,
         epoch: int = 0,
-        window: int = 16,
+        window: int | None = None,
         part: tuple[int, int] | None = None,
         even: bool = False,
-        pieces: int = 1,
+        pieces: int | None = None,
         shard: tuple[int, int] | None = None,
     ) -> np.ndarray:
         """The row numbers of one epoch of :meth:`batches` with these arguments, in order
@@ -425,6 +444,7 @@ class Reader:
         **order: Any,
     ) -> np.ndarray:
         spec, (rank, world) = part_spec("Reader.epoch_order", None, part, shard, order, 4)
+        spec = spec.resolve(self)
         return _order.epoch_order(
             self.layout.block_rows(),
             self._rpb,
@@ -553,6 +573,7 @@ class Reader:
             Arrays owned by the caller (never overwritten by the reader).
         """
         spec, (rank, world) = part_spec("Reader.batches", spec, part, shard, order)
+        spec = spec.resolve(self)
         positive_int("batch_size", batch_size)
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
@@ -731,13 +752,14 @@ class Reader:
         shuffle: str | bool = "block",
         seed: int = 0,
         epoch: int = 0,
-        window: int = 16,
+        window: int | None = None,
         keep: np.ndarray | None = None,
-        pieces: int = 1,
+        pieces: int | None = None,
     ) -> _order.EpochOrder:
         """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with
-        ``keep``)."""
+        ``keep``; ``window``/``pieces`` None: :meth:`order_defaults`)."""
         shuffle = _order.shuffle_mode(shuffle)
+        window, pieces = self.order_defaults(shuffle, window, pieces)
         return _order.EpochOrder(
             self.layout.block_rows(),
             self._rpb,
@@ -822,7 +844,7 @@ class Reader:
         if consumer is not None:
             deprecated("Reader.deal", "consumer=", "shard=")
             order["shard"] = consumer
-        spec = EpochSpec.make(spec, **order)
+        spec = EpochSpec.make(spec, **order).resolve(self)
         positive_int("batch_size", batch_size)
         positive_int("prefetch", prefetch)
         positive_int("num_threads", num_threads, optional=True)

@@ -32,6 +32,7 @@ import numpy as np
 from rowstore._check import positive_int
 from rowstore.reader.order import check_args, check_shard, shuffle_mode
 from rowstore.reader.plan import (
+    ORDER_DEFAULTS,
     EpochPlan,
     default_unit,
     make_state,
@@ -96,11 +97,14 @@ class EpochSpec:
         ``"none"``. Stored as the mode name.
     seed, epoch : int
         The order is a pure function of (seed, epoch, the dataset's block layout).
-    window : int
+    window : int, optional
         Units (blocks, or pieces with ``pieces``) whose rows are mixed together in block mode.
-    pieces : int
+        Default: :data:`~rowstore.reader.order.WINDOW_BLOCKS` blocks of rows
+        (``WINDOW_BLOCKS * pieces`` units).
+    pieces : int, optional
         Block mode: cut each block into this many pieces, the unit of the permutation and of
-        ``window`` (1: whole blocks).
+        ``window`` (1: whole blocks). Default: resolved from the file by :meth:`resolve`
+        (8 for uncompressed blocks read directly, else 1; 1 when ``window`` is given).
     shard : (rank, world)
         The consumer's dealt part of the epoch (:mod:`rowstore.reader.plan`); None is (0, 1).
     drop_last, pad : bool
@@ -114,8 +118,8 @@ class EpochSpec:
     shuffle: Any = "block"
     seed: int = 0
     epoch: int = 0
-    window: int = 16
-    pieces: int = 1
+    window: int | None = None
+    pieces: int | None = None
     shard: tuple[int, int] = (0, 1)
     drop_last: bool = False
     pad: bool = False
@@ -126,11 +130,12 @@ class EpochSpec:
         put = object.__setattr__
         put(self, "shuffle", shuffle_mode(self.shuffle))
         put(self, "shard", as_pair("shard", (0, 1) if self.shard is None else self.shard))
-        check_args(self.shuffle, self.seed, self.epoch, self.window, *self.shard)
+        check_args(self.shuffle, self.seed, self.epoch, self.window or 1, *self.shard)
         put(self, "seed", int(self.seed))
         put(self, "epoch", int(self.epoch))
-        put(self, "window", int(self.window))
-        put(self, "pieces", positive_int("pieces", self.pieces))
+        if self.window is not None:
+            put(self, "window", positive_int("window", self.window))
+        put(self, "pieces", positive_int("pieces", self.pieces, optional=True))
         put(self, "unit", positive_int("unit", self.unit, optional=True))
         put(self, "drop_last", bool(self.drop_last))
         put(self, "pad", bool(self.pad))
@@ -153,6 +158,41 @@ class EpochSpec:
         """A copy with these arguments changed (checked again)."""
         return EpochSpec.make(self, **order)
 
+    # -- the defaults ----------------------------------------------------------------------------
+    @property
+    def resolved(self) -> bool:
+        """True when ``window`` and ``pieces`` are both given (nothing left to resolve)."""
+        return self.window is not None and self.pieces is not None
+
+    def resolve(self, source: Any) -> EpochSpec:
+        """The spec with the default ``window``/``pieces`` decided for ``source`` (a reader or a
+        mixture: ``source.order_defaults``, :func:`~rowstore.reader.order.resolve_order`);
+        itself when both are given."""
+        if self.resolved:
+            return self
+        window, pieces = source.order_defaults(self.shuffle, self.window, self.pieces)
+        return dataclasses.replace(self, window=window, pieces=pieces)
+
+    def adopt(self, state: Any) -> EpochSpec:
+        """The spec a saved ``state`` resumes with: when this spec leaves both window and
+        pieces to their defaults, the window and pieces the state was saved with (a state
+        without ``pieces`` is a ``pieces=1`` order), so a state saved under other defaults
+        resumes its own order; otherwise this spec (and :meth:`read_state` refuses a state
+        saved with other values)."""
+        if (
+            self.window is not None
+            or self.pieces is not None
+            or not isinstance(state, dict)
+            or "window" not in state
+        ):
+            return self
+        try:
+            return self.replace(
+                window=state["window"], pieces=state.get("pieces", ORDER_DEFAULTS["pieces"])
+            )
+        except (TypeError, ValueError):
+            return self  # not a valid order: read_state says what is wrong with the state
+
     # -- what the order depends on ---------------------------------------------------------------
     def order_kwargs(self, epoch: int | None = None) -> dict[str, Any]:
         """The keywords of ``Reader.epoch``/``shuffle_quality`` for ``epoch`` (default: the
@@ -167,8 +207,11 @@ class EpochSpec:
 
     def unit_for(self, source: EpochSource, batch_size: int) -> int:
         """Global batches per dealt unit for ``batch_size``-row batches of ``source``."""
-        return self.unit or default_unit(
-            self.shuffle, self.window, source.layout.rows_per_block, batch_size, self.pieces
+        if self.unit:
+            return self.unit
+        spec = self.resolve(source)
+        return default_unit(
+            spec.shuffle, spec.window, source.layout.rows_per_block, batch_size, spec.pieces
         )
 
     def plan(
@@ -181,13 +224,15 @@ class EpochSpec:
         )
 
     def order_key(self, source: EpochSource, batch_size: int) -> dict[str, Any]:
-        """What a resumable state's order depends on (checked when a state is loaded)."""
+        """What a resumable state's order depends on (checked when a state is loaded): the
+        resolved window and pieces."""
         plan = self.plan(source, batch_size)
+        spec = self.resolve(source)
         return {
             "seed": self.seed,
             "shuffle": self.shuffle,
-            "window": self.window,
-            "pieces": self.pieces,
+            "window": spec.window,
+            "pieces": spec.pieces,
             "dataset_rows": len(source),
             "dataset_version": source.layout.version,
             "subset": subset_key(self.keep),
@@ -219,8 +264,9 @@ class EpochSpec:
     def read_state(
         self, source: EpochSource, state: Any, batch_size: int
     ) -> tuple[int, list | None]:
-        """``(epoch, remaining)`` of a saved state; ``ValueError`` if it is for another order."""
-        return read_state(state, self.order_key(source, batch_size))
+        """``(epoch, remaining)`` of a saved state; ``ValueError`` if it is for another order.
+        Checked against :meth:`adopt`'s spec: a loader resumes with ``self.adopt(state)``."""
+        return read_state(state, self.adopt(state).order_key(source, batch_size))
 
     def steps(self, source: EpochSource, batch_size: int, remaining: list | None = None) -> int:
         """Steps (batches) this spec's consumer takes in an epoch (or what is left of it)."""
@@ -244,6 +290,7 @@ def report_quality(
     if quality is None:
         return
     q = spec.quality(source, batch_size, epoch)
+    spec = spec.resolve(source)
     if quality == "log":
         _log.info(
             "rowstore epoch %d: shuffle quality %.3f "
@@ -281,6 +328,8 @@ class EpochSource(Protocol):
     def num_rows(self) -> int: ...
 
     def keep_mask(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def order_defaults(self, shuffle: str, window: Any, pieces: Any) -> tuple[int, int]: ...
 
     def plan(self, *args: Any, **kwargs: Any) -> EpochPlan: ...
 

@@ -114,10 +114,10 @@ class PetastormStyleReader:
         predicate: Callable[[dict], Any] | None,
         predicate_fields: Any,
         transform_spec: Any,
-        window: int,
+        window: int | None,
         num_threads: int | None,
         verify: Any,
-        pieces: int = 1,
+        pieces: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(url, Reader):
@@ -150,7 +150,9 @@ class PetastormStyleReader:
             else as_pair("cur_shard, shard_count", (cur_shard, shard_count))
         )
         #: The order arguments, checked once (what the loaders over this reader use).
-        self.spec = spec = EpochSpec(shuffle=shuffle, seed=seed, window=window, pieces=pieces)
+        self.spec = spec = EpochSpec(
+            shuffle=shuffle, seed=seed, window=window, pieces=pieces
+        ).resolve(self.reader)
         self.shuffle, self.seed, self.window, self.pieces = (
             spec.shuffle,
             spec.seed,
@@ -311,11 +313,11 @@ def make_reader(
     transform_spec: Any = None,
     storage_options: Mapping[str, Any] | None = None,
     batch_size: int = 1024,
-    window: int = 16,
+    window: int | None = None,
     workers_count: int | None = None,
     reader_pool_type: str | None = None,
     verify: bool | str = True,
-    pieces: int = 1,
+    pieces: int | None = None,
 ) -> PetastormStyleReader:
     """Rows of a rowstore dataset as named tuples (Petastorm's ``make_reader``).
 
@@ -418,11 +420,11 @@ def _make(
     transform_spec: Any = None,
     storage_options: Any = None,
     batch_size: int = 1024,
-    window: int = 16,
+    window: int | None = None,
     workers_count: int | None = None,
     reader_pool_type: str | None = None,
     verify: bool | str = True,
-    pieces: int = 1,
+    pieces: int | None = None,
 ) -> PetastormStyleReader:
     del reader_pool_type
     return PetastormStyleReader(

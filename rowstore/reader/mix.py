@@ -206,8 +206,23 @@ class Mixture:
             self.epoch_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining
         )
 
+    def order_defaults(
+        self, shuffle: str | bool = "block", window: int | None = None, pieces: int | None = None
+    ) -> tuple[int, int]:
+        """The ``(window, pieces)`` every source's order uses: as
+        :meth:`Reader.order_defaults <rowstore.reader.Reader.order_defaults>`, with the
+        pieces all sources take (the fewest of their defaults) and their fewest rows per
+        block."""
+        shuffle = _order.shuffle_mode(shuffle)
+        own = [r.order_defaults(shuffle) for r in self.sources]
+        auto = min((p for _, p in own), default=1)
+        rpb = min((r.layout.rows_per_block for r in self.sources), default=1)
+        return _order.resolve_order(shuffle, window, pieces, rpb, auto)
+
     def shuffle_quality(self, batch_size: int, **order_kwargs: Any) -> float:
         """The sources' shuffle qualities, weighted (a mixture batch draws from every source)."""
+        spec = EpochSpec.make(**order_kwargs).resolve(self)
+        order_kwargs = dict(order_kwargs, window=spec.window, pieces=spec.pieces)
         qs = [
             r.shuffle_quality(max(1, int(round(batch_size * w))), **order_kwargs) if w > 0 else 0.0
             for r, w in zip(self.sources, self.weights)
@@ -330,7 +345,7 @@ class Mixture:
         if consumer is not None:
             deprecated("Mixture.deal", "consumer=", "shard=")
             order["shard"] = consumer
-        spec = EpochSpec.make(spec, **order)
+        spec = EpochSpec.make(spec, **order).resolve(self)
         positive_int("batch_size", batch_size)
         skip = nonneg_int("skip", skip)
         c, C = spec.shard
@@ -384,6 +399,7 @@ class Mixture:
         the epoch's positions, ``even``, ``start`` rows skipped; ``with_ids`` adds ``"__id"``,
         row numbers within each source)."""
         spec, (rank, world) = part_spec("Mixture.batches", spec, part, shard, order)
+        spec = spec.resolve(self)
         lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
         lo = min(hi, lo + nonneg_int("start", start))
         items = ((a, min(hi, a + _PIECE), False) for a in range(lo, hi, _PIECE))
@@ -406,6 +422,7 @@ class Mixture:
         """Each position's ``(source, row number within it)`` of :meth:`batches` with these
         arguments, as an ``(n, 2)`` int64 array."""
         spec, (rank, world) = part_spec("Mixture.epoch_order", None, part, None, order)
+        spec = spec.resolve(self)
         lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
         mo, orders = self._order(spec.epoch), dict[Any, Any]()
         src = mo.src[lo:hi].astype(np.int64)

@@ -50,9 +50,62 @@ __all__ = [
     "epoch_order",
     "batch_blocks",
     "shuffle_quality",
+    "WINDOW_BLOCKS",
+    "AUTO_PIECES",
+    "auto_pieces",
+    "resolve_order",
 ]
 
 MODES = ("block", "full", "none")
+
+#: Memory of a window by default, in blocks: the default ``window`` is this many units of
+#: ``pieces`` pieces each, so a window holds about ``WINDOW_BLOCKS`` blocks of rows whatever
+#: ``pieces`` is.
+WINDOW_BLOCKS = 16
+#: Pieces per block of the default block order where the reader loads pieces alone
+#: (uncompressed blocks read directly): batches draw from up to 8 times more blocks for the
+#: same memory and about the same speed (``docs/order.md``).
+AUTO_PIECES = 8
+
+
+def auto_pieces(rows_per_block: int, piecewise: bool, table_share: float = 0.0) -> int:
+    """Pieces per block of the default block order: 1 unless ``piecewise`` (the reader loads
+    a piece without the rest of its block: uncompressed blocks, direct reads); then
+    :data:`AUTO_PIECES`, at most ``rows_per_block``, and at most ``1 / table_share`` where
+    ``table_share`` is the row table's share of a block's bytes (rows with heap payloads: a
+    window of ``p`` times more units loads up to that many row-table blocks whole, so they
+    must be small)."""
+    if not piecewise:
+        return 1
+    p = min(AUTO_PIECES, max(1, int(rows_per_block)))
+    if table_share > 0:
+        p = min(p, max(1, int(1.0 / table_share)))
+    return p
+
+
+def resolve_order(
+    shuffle: str,
+    window: int | None,
+    pieces: int | None,
+    rows_per_block: int,
+    auto: int = 1,
+) -> tuple[int, int]:
+    """The ``(window, pieces)`` an epoch uses, from the given ones (None: the default).
+
+    ``pieces`` None: ``auto`` (:func:`auto_pieces` of the layout) in block mode when ``window``
+    is not given either, else 1 (a given ``window`` alone keeps whole blocks). ``window`` None:
+    :data:`WINDOW_BLOCKS` blocks of rows, ``WINDOW_BLOCKS * pieces`` units (``pieces`` at most
+    ``rows_per_block``, as the order cuts them). The one place the defaults are decided.
+    """
+    if pieces is None:
+        pieces = auto if window is None and shuffle == "block" else 1
+    pieces = positive_int("pieces", pieces)
+    if window is None:
+        cut = min(pieces, max(1, int(rows_per_block))) if shuffle == "block" else 1
+        window = WINDOW_BLOCKS * cut
+    return positive_int("window", window), pieces
+
+
 _STREAM_BLOCKS, _STREAM_WINDOW, _STREAM_FULL = 1, 2, 3
 _MASK64 = (1 << 64) - 1
 
@@ -276,10 +329,11 @@ class EpochOrder:
     position range ``[lo, hi)`` (the dealt plans read many short ranges of one epoch).
 
     ``pieces`` (block mode): pieces per block, the unit of the permutation and of ``window``
-    (see the module). ``keep`` (bool per dataset row, optional) restricts the epoch to a row subset:
-    the order is
-    the full epoch order with the other rows left out (so a subset's order is a pure function
-    of the same arguments, and positions count kept rows only).
+    (see the module); ``window``/``pieces`` None are :func:`resolve_order`'s defaults with
+    ``auto=1`` (a reader passes the values it resolved for its file). ``keep`` (bool per
+    dataset row, optional) restricts the epoch to a row subset: the order is the full epoch
+    order with the other rows left out (so a subset's order is a pure function of the same
+    arguments, and positions count kept rows only).
     """
 
     def __init__(
@@ -290,12 +344,12 @@ class EpochOrder:
         shuffle: str = "block",
         seed: int = 0,
         epoch: int = 0,
-        window: int = 16,
+        window: int | None = None,
         keep: np.ndarray | None = None,
-        pieces: int = 1,
+        pieces: int | None = None,
     ):
+        window, pieces = resolve_order(shuffle, window, pieces, rows_per_block)
         check_args(shuffle, seed, epoch, window, 0, 1)
-        positive_int("pieces", pieces)
         self.block_rows = br = np.asarray(block_rows, dtype=np.int64)
         self.rpb, self.shuffle, self.seed, self.epoch, self.window = (
             rows_per_block,
@@ -467,14 +521,14 @@ def iter_segments(
     shuffle: str = "block",
     seed: int = 0,
     epoch: int = 0,
-    window: int = 16,
+    window: int | None = None,
     rank: int = 0,
     world: int = 1,
     even: bool = False,
     start: int = 0,
     segment_rows: int | None = None,
     keep: np.ndarray | None = None,
-    pieces: int = 1,
+    pieces: int | None = None,
 ) -> Iterator[Segment]:
     """Yield this shard's epoch order as consecutive :class:`Segment`\\ s.
 
@@ -482,7 +536,7 @@ def iter_segments(
     ``full`` mode, ``segment_rows`` rows of the permutation. ``start`` skips that many rows of
     the shard's order (resuming mid-epoch). ``keep``, ``pieces``: see :class:`EpochOrder`.
     """
-    check_args(shuffle, seed, epoch, window, rank, world)
+    check_args(shuffle, seed, epoch, window or 1, rank, world)
     eo = EpochOrder(
         block_rows,
         rows_per_block,

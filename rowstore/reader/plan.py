@@ -342,9 +342,14 @@ def read_state(state: Any, order: dict[str, Any]) -> tuple[int, list | None]:
     for k, v in order.items():
         saved = state.get(k, ORDER_DEFAULTS.get(k))
         if (list(saved) if isinstance(saved, tuple) else saved) != v:
+            hint = (
+                f"; pass {k}={saved!r} (or leave window and pieces to their defaults) to resume it"
+                if k in ("window", "pieces")
+                else ""
+            )
             raise ValueError(
                 f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
-                f"(the epoch order would differ)"
+                f"(the epoch order would differ){hint}"
             )
     epoch = nonneg_int("epoch", state.get("epoch"))
     remaining = state.get("remaining")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.reader.order import EpochOrder, batch_blocks, shard_bounds
+from rowstore.reader.order import EpochOrder, batch_blocks, resolve_order, shard_bounds
 from rowstore.reader.plan import EpochPlan, default_unit, rank_steps_taken
 
 __all__ = ["batch_blocks", "read_cost", "check_order"]
@@ -84,7 +84,7 @@ def check_order(
     shuffle: str = "block",
     seed: int = 0,
     epoch: int = 0,
-    window: int = 16,
+    window: int | None = None,
     world: int = 1,
     workers: int = 1,
     unit: int | None = None,
@@ -94,10 +94,12 @@ def check_order(
     resume_world: int | None = None,
     resume_workers: int | None = None,
     resume_unit: int | None = None,
-    pieces: int = 1,
+    pieces: int | None = None,
 ) -> dict[str, Any]:
     """Simulate one epoch (see the module) and return the checks and figures as a dict
-    (``ok`` is True when every check passed)."""
+    (``ok`` is True when every check passed). ``window``/``pieces`` None:
+    :func:`~rowstore.reader.order.resolve_order`'s defaults (a reader passes its own)."""
+    window, pieces = resolve_order(shuffle, window, pieces, rows_per_block)
     eo = EpochOrder(
         block_rows,
         rows_per_block,
@@ -206,7 +208,7 @@ def check_digest(
     unit,
     drop_last,
     pad,
-    pieces=1,
+    pieces=None,
 ) -> str:
     """A hash of what every consumer delivers (its rows, step by step)."""
     eo = EpochOrder(

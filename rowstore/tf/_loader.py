@@ -117,8 +117,9 @@ class Loader(tf.Module):
     # The order arguments, as the spec holds them.
     shuffle = property(lambda self: self.spec.shuffle)
     seed = property(lambda self: self.spec.seed)
-    window = property(lambda self: self.spec.window)
-    pieces = property(lambda self: self.spec.pieces)
+    # The window and pieces the reader resolved (the defaults decided for its file).
+    window = property(lambda self: self.spec.resolve(self.reader).window)
+    pieces = property(lambda self: self.spec.resolve(self.reader).pieces)
     drop_last = property(lambda self: self.spec.drop_last)
     pad = property(lambda self: self.spec.pad)
     _keep = property(lambda self: self.spec.keep)
@@ -158,6 +159,7 @@ class Loader(tf.Module):
         text = self._base.numpy().decode()
         v = json.loads(text) if text else None
         if isinstance(v, dict):
+            self.spec = self.spec.adopt(v["order"])
             if json.dumps(v["order"], sort_keys=True) != json.dumps(
                 self._order_key(), sort_keys=True
             ):
@@ -180,6 +182,7 @@ class Loader(tf.Module):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of any worker of any worker count: the next :meth:`dataset`
         deals exactly the batches not yet delivered."""
+        self.spec = self.spec.adopt(dict(state))
         epoch, remaining = read_state(dict(state), self._order_key())
         self._epoch.assign(epoch)
         self._steps.assign(0)

@@ -84,8 +84,9 @@ class _EpochReader:
     # The order arguments, as the spec holds them.
     shuffle = property(lambda self: self.spec.shuffle)
     seed = property(lambda self: self.spec.seed)
-    window = property(lambda self: self.spec.window)
-    pieces = property(lambda self: self.spec.pieces)
+    # The window and pieces the reader resolved (the defaults decided for its file).
+    window = property(lambda self: self.spec.resolve(self.reader).window)
+    pieces = property(lambda self: self.spec.resolve(self.reader).pieces)
     pad = property(lambda self: self.spec.pad)
     unit = property(lambda self: self.spec.unit)
     _keep = property(lambda self: self.spec.keep)
@@ -108,7 +109,11 @@ class _EpochReader:
         return self.spec.state_after(self.reader, epoch, remaining, steps, batch_size, workers)
 
     def _load(self, state: Any, batch_size: int) -> tuple[int, list | None]:
-        return self.spec.read_state(self.reader, state, batch_size)
+        """``(epoch, remaining)`` of ``state``; from now on the order is the state's where the
+        loader left window and pieces to their defaults (:meth:`EpochSpec.adopt`)."""
+        got = self.spec.read_state(self.reader, state, batch_size)
+        self.spec = self.spec.adopt(state)
+        return got
 
     def _report_quality(self, epoch: int, batch_size: int) -> None:
         """Log (``quality="log"``) or pass to the callback each epoch's shuffle quality, once."""

@@ -119,3 +119,28 @@ def test_loader_reads_a_mixture(ids_path, tmp_path):
     ids = np.concatenate([b["id"].numpy() for b in got])
     assert len(ids) == m.epoch_rows == 100 and (src == 1).sum() == 50
     assert ((ids >= 1000) == (src == 1)).all() and len(set(ids.tolist())) == 100
+
+
+@pytest.mark.parametrize("pre_pieces", [False, True])
+def test_an_old_default_state_resumes_exactly(tmp_path, pre_pieces):
+    """A state of the old default order (window 16 whole blocks) resumes with that order on a
+    loader left to the new defaults (pieces of blocks here: uncompressed fixed-size rows)."""
+    ids_path = str(tmp_path / "fixed.h5")
+    with rowstore.Writer(ids_path, Schema([Field("id", "int64")]), rows_per_block=16) as w:
+        w.write_batch({"id": np.arange(N, dtype=np.int64)})
+    old_kw = dict(window=16, pieces=1)
+    with rowstore.open(ids_path) as r:
+        assert r.order_defaults() != (16, 1)
+        whole = [i for b in r.deal(10, seed=1, fields=["id"], **old_kw) for i in b["id"].tolist()]
+    old = rtf.Loader(ids_path, batch_size=10, seed=1, fields=["id"], **old_kw)
+    it = iter(old.dataset())
+    head = [i for _ in range(4) for i in next(it)["id"].numpy().tolist()]
+    state = json.loads(json.dumps(old.state_dict()))
+    if pre_pieces:
+        del state["pieces"]
+    new = rtf.Loader(ids_path, batch_size=10, seed=1, fields=["id"])
+    new.load_state_dict(state)
+    assert (new.window, new.pieces) == (16, 1)
+    assert head + [i for b in new.dataset() for i in b["id"].numpy().tolist()] == whole
+    with pytest.raises(ValueError, match="pass window=16"):
+        rtf.Loader(ids_path, batch_size=10, seed=1, window=128, pieces=8).load_state_dict(state)

@@ -578,13 +578,8 @@ class Reader:
         nonneg_int("start", start)
         positive_int("prefetch", prefetch)
         positive_int("num_threads", num_threads, optional=True)
-        shuffle, seed, epoch, window, pieces = (
-            spec.shuffle,
-            spec.seed,
-            spec.epoch,
-            spec.window,
-            spec.pieces,
-        )
+        shuffle, seed, epoch = spec.shuffle, spec.seed, spec.epoch
+        window, pieces = spec.window_pieces()
         keep = None if spec.keep is None else self._check_keep(spec.keep)
         plans = self._select(fields)
         varlen = _check_varlen(varlen or self.varlen)
@@ -850,7 +845,8 @@ class Reader:
         positive_int("num_threads", num_threads, optional=True)
         nonneg_int("skip", skip)
         c, C = spec.shard
-        shuffle, window, pieces, pad = spec.shuffle, spec.window, spec.pieces, spec.pad
+        shuffle, pad = spec.shuffle, spec.pad
+        window, pieces = spec.window_pieces()
         unit = spec.unit_for(self, batch_size)
         eo = self.epoch(keep=spec.keep, **spec.order_kwargs())
         plan = EpochPlan(

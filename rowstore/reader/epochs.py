@@ -164,6 +164,12 @@ class EpochSpec:
         """True when ``window`` and ``pieces`` are both given (nothing left to resolve)."""
         return self.window is not None and self.pieces is not None
 
+    def window_pieces(self) -> tuple[int, int]:
+        """``(window, pieces)`` of a resolved spec (:meth:`resolve`)."""
+        if self.window is None or self.pieces is None:
+            raise RuntimeError("window/pieces are not resolved yet: call resolve(source) first")
+        return self.window, self.pieces
+
     def resolve(self, source: Any) -> EpochSpec:
         """The spec with the default ``window``/``pieces`` decided for ``source`` (a reader or a
         mixture: ``source.order_defaults``, :func:`~rowstore.reader.order.resolve_order`);
@@ -210,9 +216,8 @@ class EpochSpec:
         if self.unit:
             return self.unit
         spec = self.resolve(source)
-        return default_unit(
-            spec.shuffle, spec.window, source.layout.rows_per_block, batch_size, spec.pieces
-        )
+        window, pieces = spec.window_pieces()
+        return default_unit(spec.shuffle, window, source.layout.rows_per_block, batch_size, pieces)
 
     def plan(
         self, source: EpochSource, batch_size: int, remaining: list | None = None

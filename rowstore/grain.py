@@ -25,6 +25,7 @@ rowstore[grain]``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -456,6 +457,33 @@ class CheckpointHandler(_GrainHandler):
         item.set_state(state)
         item.start_prefetch()
         return item
+
+
+# Orbax's argument classes for the handler (as Grain registers its own): ``ocp.args.Composite(
+# data=rowstore.grain.CheckpointSave(it))`` saves with it, ``CheckpointRestore(it)`` restores.
+# Grain's module imports Orbax already when it is installed.
+try:
+    import orbax.checkpoint as _ocp
+except ImportError:  # pragma: no cover - without Orbax the handler is used directly
+    pass
+else:
+
+    @_ocp.args.register_with_handler(CheckpointHandler, for_save=True)
+    @dataclasses.dataclass
+    class CheckpointSave(_ocp.args.CheckpointArgs):
+        """Orbax's save argument of a Grain iterator with :class:`CheckpointHandler`."""
+
+        item: Any
+
+    @_ocp.args.register_with_handler(CheckpointHandler, for_restore=True)
+    @dataclasses.dataclass
+    class CheckpointRestore(_ocp.args.CheckpointArgs):
+        """Orbax's restore argument of a Grain iterator with :class:`CheckpointHandler` (any
+        process count, for rowstore epoch states)."""
+
+        item: Any
+
+    __all__ += ["CheckpointSave", "CheckpointRestore"]
 
 
 # -- JAX --------------------------------------------------------------------------------------

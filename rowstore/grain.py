@@ -305,7 +305,8 @@ class EpochDataset(grain.IterDataset):
     def __str__(self) -> str:
         s = self.spec
         return (
-            f"rowstore.grain.EpochDataset({self.reader.path!r}, batch_size={self.batch_size}, "
+            f"rowstore.grain.EpochDataset({getattr(self.reader, 'path', self.reader)!r}, "
+            f"batch_size={self.batch_size}, "
             f"shuffle={s.shuffle!r}, seed={s.seed}, shard={s.shard})"
         )
 

@@ -145,6 +145,32 @@ def test_epoch_dataset_is_reader_deal(reader, world):
             same_batch(a, b)
 
 
+def test_epoch_dataset_over_a_mixture(path, tmp_path):
+    other = str(tmp_path / "y.h5")
+    with rowstore.Writer(other, rowstore.open(path).schema, rows_per_block=8) as w:
+        for i in range(40):
+            w.write(
+                {
+                    "id": 1000 + i,
+                    "x": np.zeros(4, np.float32),
+                    "v": np.zeros(0, np.int16),
+                    "t": None,
+                }
+            )
+    m = rowstore.mix({path: 3, other: 1}, seed=0)
+    got = list(rg.EpochDataset(m, batch_size=8, seed=2, shard=(1, 2)))
+    want = list(m.deal(8, seed=2, shard=(1, 2), varlen="padded"))
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        same_batch(a, b)
+    one = lambda: iter(rg.EpochDataset(m, batch_size=8, seed=2, shard=(0, 1)))  # noqa: E731
+    whole, it = ids(one()), one()
+    head = [next(it) for _ in range(3)]
+    it2 = one()
+    it2.set_state(it.get_state())
+    assert ids(head) + ids(it2) == whole
+
+
 def test_epoch_dataset_defaults_to_the_jax_process(reader):
     ds = rg.EpochDataset(reader, batch_size=8)
     assert ds.shard == (jax.process_index(), jax.process_count()) == rg.process_shard()

@@ -1,6 +1,7 @@
 """examples/train_jax.py runs as written (CPU, two XLA host devices): it trains through Grain,
 resumes from an Orbax checkpoint mid-epoch with exactly the batches left, and learns."""
 
+import os
 import re
 
 import pytest
@@ -23,3 +24,15 @@ def test_train_jax_example(tmp_path, rs):
     assert last < first / 2, out.stdout
     acc = float(re.search(r"accuracy (\d\.\d+) on 8192 rows", out.stdout).group(1))
     assert acc > 0.8, out.stdout
+
+
+def test_jax_guide_blocks_run(tmp_path, rs):
+    """docs/jax.md's ```python blocks build on each other: run them as one script (```py
+    blocks are illustrative; what they show is tested in tests/integrations/test_jax_grain.py)."""
+    from test_examples import python_blocks
+
+    code = "\n\n".join(python_blocks(os.path.join("docs", "jax.md")))
+    out = rs.run_python(code, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(50, 16) 0 [[6, 20]]" in out.stdout
+    assert "34 batches left" in out.stdout and "1000 rows" in out.stdout

@@ -25,7 +25,7 @@ LAYERS = [
         "transforms",
         ["rowstore.global_shuffle", "rowstore.quality"],
     ),  # whole-dataset jobs over format + reader
-    ("adapters", ["rowstore.torch", "rowstore.tf"]),
+    ("adapters", ["rowstore.torch", "rowstore.tf", "rowstore.grain"]),
     (
         "integrations",
         [

@@ -14,7 +14,10 @@ keyword arguments, so the same words have the same meaning everywhere (``docs/or
   units, round-robin: :mod:`rowstore.reader.plan`);
 - ``part=(index, count)``: a **contiguous** slice of the epoch order (``Reader.batches``,
   ``rowstore.tf.make_dataset``), with ``even=True`` making every slice the same size;
-- ``drop_last`` / ``pad``: the equal-steps policy of a dealt epoch.
+- ``drop_last`` / ``pad``: the equal-steps policy of a dealt epoch;
+- ``decode``: decode-time image ops of ``jpeg`` fields (``{field: RandomResizedCrop(224)}``,
+  :mod:`rowstore.reader.image_ops`), their random parameters a pure function of (seed, epoch,
+  field, row).
 
 The spec also gives what the resumable loaders share: the order key a saved state is checked
 against, the state once every consumer took ``k`` steps, and the shuffle-quality report.
@@ -30,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from rowstore._check import positive_int
+from rowstore.reader.image_ops import check_decode
 from rowstore.reader.order import check_args, check_shard, shuffle_mode
 from rowstore.reader.plan import (
     EpochPlan,
@@ -109,6 +113,10 @@ class EpochSpec:
         Global batches dealt at a time (default: about four windows of rows).
     keep : bool array, optional
         A row subset (one bool per dataset row; :meth:`Reader.keep_mask`).
+    decode : dict, optional
+        ``{field: ImageOp}``: ``jpeg`` fields decoded through a crop/resize/flip
+        (:mod:`rowstore.reader.image_ops`) into fixed-size uint8 batches; the op's random
+        parameters are drawn from (seed, epoch, field, dataset row), so resuming is exact.
     """
 
     shuffle: Any = "block"
@@ -121,9 +129,11 @@ class EpochSpec:
     pad: bool = False
     unit: int | None = None
     keep: np.ndarray | None = None
+    decode: Any = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        put(self, "decode", check_decode(self.decode))
         put(self, "shuffle", shuffle_mode(self.shuffle))
         put(self, "shard", as_pair("shard", (0, 1) if self.shard is None else self.shard))
         check_args(self.shuffle, self.seed, self.epoch, self.window, *self.shard)

@@ -145,7 +145,7 @@ class RandomResizedCrop(ImageOp):
         return self.scale[0], self.scale[1], math.log(self.ratio[0]), math.log(self.ratio[1]), 1.0
 
 
-# -- declarations checked against a schema ----------------------------------------------------------
+# -- declarations checked against a schema ------------------------------------------------------
 def _channels(f: Field) -> int:
     return f.shape[2] if len(f.shape) == 3 else 1
 
@@ -197,7 +197,7 @@ def decoded_schema(schema: Schema, decode: Mapping[str, ImageOp] | None) -> Sche
     return Schema(fields)
 
 
-# -- the random parameters: a pure function of (seed, epoch, field, row, image size) ----------------
+# -- the random parameters: a pure function of (seed, epoch, field, row, image size) ------------
 def image_base(seed: int, epoch: int, field: str) -> int:
     """The 64-bit base of a field's keys in an epoch (``order.seed64``, on its own stream)."""
     from rowstore.reader.order import seed64

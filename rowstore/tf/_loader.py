@@ -57,7 +57,9 @@ class Loader(tf.Module):
     **order
         The order arguments of a dealt epoch, with the meanings of ``docs/order.md``:
         ``shuffle``, ``seed``, ``window``, ``pieces``, ``shard`` (this worker's dealt part,
-        default (0, 1)), ``drop_last``/``pad`` (equal steps), ``unit``. All but ``unit`` are
+        default (0, 1)), ``drop_last``/``pad`` (equal steps), ``unit``, ``decode`` (image ops
+        of jpeg fields, ``{field: RandomResizedCrop(224)}``: fixed-size uint8 images,
+        :mod:`rowstore.reader.image_ops`). All but ``unit`` are
         part of the order: a state (or a ``tf.train.Checkpoint``) resumes only with the same
         values (one saved before ``pieces`` existed is a ``pieces=1`` state).
     with_ids : bool
@@ -97,7 +99,7 @@ class Loader(tf.Module):
         self.fields = fields
         self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self.quality = check_quality(quality)
-        self._schema = self.reader.schema.select(fields)
+        self._schema = self.reader.output_schema(fields, self.spec.decode)
         self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")

@@ -68,9 +68,11 @@ class _Transform:
 
 
 def _schemas(
-    reader: Reader, fields, transforms: Sequence[TransformSpec | None]
+    reader: Reader, fields, transforms: Sequence[TransformSpec | None], decode=None
 ) -> tuple[Schema, list[_Transform | None], Schema]:
-    schema = reader.schema.select(fields)
+    """The input schema (the reader's batches: ``fields``, image ops ``decode`` applied), each
+    transform bound to its input, the output schema."""
+    schema = reader.output_schema(fields, decode)
     bound: list[_Transform | None] = []
     cur = schema
     for spec in transforms:

@@ -312,8 +312,10 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
         return RJ_UNSUPPORTED;
     }
     /* the crop in scaled pixels, and the rows and columns the filter reads around it */
-    sy = (double)cinfo.output_height / (double)h;
-    sx = (double)cinfo.output_width / (double)w;
+    /* scaled pixel k covers source pixels [k d, (k + 1) d): the scale is exactly 1/d (the
+     * last, partial block rounds output_width up, not the scale) */
+    sy = 1.0 / (double)d;
+    sx = 1.0 / (double)d;
     {
         double fy = (double)ch * sy / op->out_h, fx = (double)cw * sx / op->out_w;
         double py = (fy < 1 ? 1 : fy) + 1, px = (fx < 1 ? 1 : fx) + 1;

@@ -50,6 +50,7 @@ __all__ = [
     "as_pair",
     "check_quality",
     "deprecated",
+    "no_decode",
     "part_spec",
     "report_quality",
 ]
@@ -71,6 +72,22 @@ def as_pair(name: str, value: Any) -> tuple[int, int]:
             f"{name} must be (rank, world) with ints 0 <= rank < world, got {value!r}"
         ) from None
     return int(rank), int(world)
+
+
+#: The entry points that decode through image ops (``decode=``).
+DECODE_ENTRY_POINTS = (
+    "Reader.batches/deal, rowstore.torch.BatchedDataLoader and IterableDataset, "
+    "rowstore.tf.Loader and make_dataset"
+)
+
+
+def no_decode(where: str, spec: EpochSpec) -> None:
+    """``ValueError`` if ``spec`` declares image ops that ``where`` does not apply (rather than
+    ignoring them and handing out images of another shape)."""
+    if spec.decode:
+        raise ValueError(
+            f"{where} does not apply decode= image ops; they are read by {DECODE_ENTRY_POINTS}"
+        )
 
 
 def deprecated(where: str, old: str, new: str, stacklevel: int = 2) -> None:

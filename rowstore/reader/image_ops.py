@@ -79,6 +79,7 @@ class ImageOp:
     square) and ``flip`` (the probability of a left-right mirror; True is 0.5)."""
 
     size: tuple[int, int]
+    _: dataclasses.KW_ONLY
     flip: float = 0.0
     mode = -1
 
@@ -91,14 +92,14 @@ class ImageOp:
         return 1.0, 1.0, 0.0, 0.0, 1.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Resize(ImageOp):
     """The whole image resized to ``size`` (its aspect ratio not kept)."""
 
     mode = 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CenterCrop(ImageOp):
     """The largest centred box of the output's aspect ratio, ``fraction`` of it each way
     (torchvision's ``Resize(256)`` + ``CenterCrop(224)`` is ``fraction=0.875``), resized to
@@ -118,7 +119,7 @@ class CenterCrop(ImageOp):
         return 1.0, 1.0, 0.0, 0.0, self.fraction
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RandomResizedCrop(ImageOp):
     """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (+ ``RandomHorizontalFlip`` with
     ``flip``, default 0.5): a box of ``scale`` of the image's area and an aspect ratio drawn

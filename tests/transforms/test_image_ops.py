@@ -210,3 +210,12 @@ def test_declarations_are_checked_against_the_schema(images):
     with pytest.raises(TypeError):
         list(r.batches(8, decode={"image": (224, 224)}))
     assert rowstore.RandomResizedCrop is io.RandomResizedCrop
+
+
+def test_entry_points_without_ops_refuse_them(images):
+    path, _ = images
+    m = rowstore.mix({path: 1.0}, seed=0)
+    with pytest.raises(ValueError, match="does not apply decode"):
+        list(m.deal(8, decode={"image": RRC}))
+    with pytest.raises(ValueError, match="does not apply decode"):
+        list(m.batches(8, decode={"image": RRC}))

@@ -316,7 +316,8 @@ def decode_reference(
     import imagecodecs
 
     space = "GRAYSCALE" if channels == 1 else "RGB"
-    img = imagecodecs.jpeg8_decode(np.frombuffer(payload, np.uint8), outcolorspace=space)
+    data: Any = np.frombuffer(payload, np.uint8)  # imagecodecs reads any buffer (its stubs: bytes)
+    img = imagecodecs.jpeg8_decode(data, outcolorspace=space)
     if img.ndim == 2:
         img = img[..., None]
     p = crop_params(op, img.shape[0], img.shape[1], key)

@@ -368,7 +368,7 @@ class Reader:
         """The schema of the batches of ``fields`` (default all) read with the image ops
         ``decode`` (``{field: ImageOp}``): each such field a fixed-size uint8 image."""
         schema = self.schema.select(select_fields(self.schema, fields))
-        return decoded_schema(schema, check_decode(decode, schema))
+        return decoded_schema(schema, decode)
 
     def _pieces(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Split a take into pieces that bound the blocks loaded at once."""

@@ -183,8 +183,10 @@ def check_decode(decode: Any, schema: Schema | None = None) -> dict[str, ImageOp
 
 
 def decoded_schema(schema: Schema, decode: Mapping[str, ImageOp] | None) -> Schema:
-    """``schema`` with each field of ``decode`` as its op outputs it: uint8 of the op's size
-    (and the field's channels, for a 3-D field), fixed shape, nullability kept."""
+    """``schema`` with each field of ``decode`` (checked against it: :func:`check_decode`) as
+    its op outputs it: uint8 of the op's size (and the field's channels, for a 3-D field),
+    fixed shape, nullability kept."""
+    decode = check_decode(decode, schema)
     if not decode:
         return schema
     fields = []

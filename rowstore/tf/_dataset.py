@@ -17,6 +17,7 @@ from rowstore.reader import Reader
 from rowstore.reader._args import varlen_modes
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import EpochSpec, part_spec
+from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.order import shard_bounds
 from rowstore.tf._signature import (
     _ROWSHAPE_KEY,
@@ -192,7 +193,7 @@ def make_dataset(
     positive_int("num_epochs", num_epochs, optional=True)
     spec, (rank, world) = part_spec("rowstore.tf.make_dataset", spec, part, shard, order)
     epoch, drop_last = spec.epoch, spec.drop_last
-    schema = reader.output_schema(fields, spec.decode)
+    schema = decoded_schema(reader.schema.select(fields), spec.decode)
     modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="ragged")
     k = int(num_parallel_reads or 1)
     threads = int(num_threads or max(1, reader.num_threads // k))

@@ -14,6 +14,7 @@ from rowstore._check import positive_int
 from rowstore.reader._args import varlen_modes
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import EpochSpec, check_quality, report_quality
+from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.plan import (
     EXTRA_KEYS,
     ID_KEY,
@@ -99,7 +100,7 @@ class Loader(tf.Module):
         self.fields = fields
         self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self.quality = check_quality(quality)
-        self._schema = self.reader.output_schema(fields, self.spec.decode)
+        self._schema = decoded_schema(self.reader.schema.select(fields), self.spec.decode)
         self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")

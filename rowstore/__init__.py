@@ -5,7 +5,8 @@ Write a file with :class:`Writer`, a dataset of many files with :class:`DatasetW
 versions left), read with :func:`open` (a :class:`Reader`); adapters live in ``rowstore.torch``
 and ``rowstore.tf`` (importing ``rowstore`` imports neither framework); DataFrames go in and out
 through ``rowstore.pandas`` (``rowstore.from_pandas``/``read_pandas``, imported on first use) and
-``rowstore.dask``; Petastorm's names are in ``rowstore.petastorm``.
+``rowstore.dask``; Hugging Face datasets through ``rowstore.huggingface``
+(``rowstore.from_huggingface``/``to_huggingface``); Petastorm's names are in ``rowstore.petastorm``.
 """
 
 from rowstore._version import __version__
@@ -67,6 +68,9 @@ _LAZY = {
     "order_quality": "rowstore.quality",
     "from_arrow": "rowstore.arrow",
     "from_parquet": "rowstore.arrow",
+    "from_huggingface": "rowstore.huggingface",
+    "to_huggingface": "rowstore.huggingface",
+    "from_images": "rowstore.images",
     "make_reader": "rowstore.reader.make_reader",
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",
@@ -94,6 +98,7 @@ _LAZY.update(
 _NEEDS = {
     "rowstore.pandas": ("pandas", ("pandas", "pyarrow")),
     "rowstore.arrow": ("parquet", ("pyarrow",)),
+    "rowstore.huggingface": ("huggingface", ("datasets", "pyarrow")),
 }
 
 
@@ -112,9 +117,9 @@ __all__ += [name for name, module in _LAZY.items() if name not in __all__ and _i
 def __getattr__(name):
     """The names of ``_LAZY`` (the writer's names, :class:`~rowstore.reader.Reader`,
     ``from_pandas``/``read_pandas`` (pandas), ``shuffle``, ``order_quality``,
-    ``from_arrow``/``from_parquet`` (pyarrow), ``make_reader``/``make_batch_reader`` and
-    ``TransformSpec``, the image ops ``Resize``/``CenterCrop``/``RandomResizedCrop``) import
-    their modules on first use only."""
+    ``from_arrow``/``from_parquet`` (pyarrow), ``from_huggingface``/``to_huggingface``
+    (datasets), ``make_reader``/``make_batch_reader``, ``TransformSpec`` and the image ops
+    ``Resize``/``CenterCrop``/``RandomResizedCrop``) import their modules on first use only."""
     if name in _LAZY:
         import importlib
 

@@ -337,8 +337,8 @@ def rowstore_field(pf: PetastormField, name: str) -> tuple[Field | None, Decode 
                 f"Petastorm field {pf.name!r}: arrays of {pf.dtype} are not supported",
                 field=pf.name,
             )
-        if pf.codec == "image":
-            codec = {"id": "png", "level": 1} if pf.image_format == "png" else None
+        if pf.codec == "image":  # the cells are stored as they are (rowstore.arrow.as_is)
+            codec = {"id": "png", "level": 1} if pf.image_format == "png" else {"id": "jpeg"}
             field = Field(name, pf.dtype, pf.shape, codec=codec, nullable=pf.nullable)
             return field, Decode(pf.image_format or "png", field)
         field = Field(name, pf.dtype, pf.shape, nullable=pf.nullable)

@@ -32,7 +32,13 @@ of ``numpy.save``), ``"npz"`` (``numpy.savez``: its only array), ``"png"`` or ``
 :class:`~rowstore.Field` giving the dtype, shape and codec to store with (the name is the
 column's). With a name only, the dtype and the shape come from the first batch's values
 (dimensions that differ there are variable; a later value that does not fit names its row and
-asks for a ``Field``); PNG fields are stored as PNG again, the others raw.
+asks for a ``Field``; for ``"png"``/``"jpeg"`` read from the images' headers); PNG fields are
+stored as PNG, the others raw.
+
+PNG or JPEG cells going to a field of the same codec (``"png"`` by name, a ``png``/``jpeg``
+``Field``, a schema's image field, Petastorm's ``CompressedImageCodec``) are stored as they
+are: not decoded, not encoded again; the writer checks each one's header against the field
+(a mismatch is a :class:`~rowstore.errors.RowValidationError` naming the field and row).
 """
 
 from __future__ import annotations
@@ -221,7 +227,7 @@ def _infer_decoded(
             "rowstore.Field (decode={col: Field(...)})",
             field=col,
         )
-    arrays = [_decoded(d, v, col, i) for i, v in enumerate(values)]
+    arrays = [_kind(d, v, col, i) for i, v in enumerate(values)]
     a0 = arrays[0]
     shape: list[int | None] = list(a0.shape)
     for a in arrays[1:]:
@@ -237,6 +243,60 @@ def _infer_decoded(
     return Field(fname, a0.dtype, tuple(shape), codec=codec, nullable=nullable)
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """Dtype and shape of a decoded value, as much as inference needs of it."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _kind(d: Decode, v: bytes, col: str, row: int) -> Any:
+    """What ``v`` decodes to: for images from the header (nothing decoded), else decoded."""
+    if d.how not in ("png", "jpeg"):
+        return _decoded(d, v, col, row)
+    from rowstore.codecs.image import jpeg_header, png_header
+
+    try:
+        h = (png_header if d.how == "png" else jpeg_header)(v)
+    except ValueError as exc:
+        raise RowValidationError(
+            f"column {col!r}, row {row}: the {d.how} payload does not decode: {exc}",
+            field=col,
+            row=row,
+        ) from None
+    shape = (h.height, h.width) if h.channels == 1 else (h.height, h.width, h.channels)
+    return _Kind(h.dtype, shape)
+
+
+def as_is(c: _Column) -> bool:
+    """Whether column ``c``'s cells are stored as they are: PNG/JPEG cells going to a field of
+    that codec (the writer checks their headers)."""
+    d = c.decode
+    return d is not None and d.how in ("png", "jpeg") and c.field.codec.get("id") == d.how
+
+
+def binary_cells(arr: pa.Array) -> list:
+    """Per row the bytes of a binary array (a ``memoryview`` into its buffer: no copy; the
+    writer copies it into the file within ``write_batch``), or None."""
+    t = arr.type
+    if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return arr.to_pylist()
+    _, offsets, data = arr.buffers()
+    n = len(arr)
+    offs = np.frombuffer(offsets, np.int32 if pa.types.is_binary(t) else np.int64)
+    o = offs[arr.offset : arr.offset + n + 1].tolist()
+    view = memoryview(data) if data is not None else memoryview(b"")
+    if arr.null_count == 0:
+        return [view[o[i] : o[i + 1]] for i in range(n)]
+    valid = np.asarray(arr.is_valid()).tolist()
+    return [view[o[i] : o[i + 1]] if valid[i] else None for i in range(n)]
+
+
 def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
     try:
         return d(v)
@@ -249,15 +309,44 @@ def _decoded(d: Decode, v: bytes, col: str, row: int) -> np.ndarray:
 
 
 # -- values ---------------------------------------------------------------------------------------
-def _cells(arr: pa.Array, col: str, first_row: int) -> list:
-    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``."""
+def _has_fixed_level(t: pa.DataType) -> bool:
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if pa.types.is_fixed_size_list(t):
+            return True
+        t = t.value_type
+    return False
+
+
+def _cells(
+    arr: pa.Array,
+    col: str,
+    first_row: int,
+    rows: np.ndarray | None = None,
+    stack: bool = False,
+) -> Any:
+    """Per row an ndarray (its list levels as dimensions) or None, for a list-typed ``arr``
+    (``rows``: the batch row of each of its rows, for errors; default ``0..len - 1``); with
+    ``stack``, fixed-size lists only and no null: one ``(n, *shape)`` view instead."""
     if _is_list_view(arr.type):  # offsets may overlap: rebuild as a plain list array
         arr = pa.array(arr.to_pylist(), pa.large_list(arr.type.value_type))
+    if arr.null_count and _has_fixed_level(arr.type):
+        # A null row of a fixed-size list keeps its slots, null ones as a rule: convert a copy
+        # of the rows that are not null (take), then put the nulls back in their places.
+        keep = np.flatnonzero(np.asarray(arr.is_valid()))
+        cells: list = [None] * len(arr)
+        for j, v in zip(keep.tolist(), _cells(arr.take(pa.array(keep)), col, first_row, keep)):
+            cells[j] = v
+        return cells
+
+    def row_of(i: int) -> int:
+        return first_row + (i if rows is None else int(rows[i]))
+
     # Per level: ("list", logical offsets) or ("fixed", (array offset, size)). List offsets
     # index the logical positions of `.values`; a fixed-size level's `.values` ignores the
     # array's own offset.
     levels: list[tuple[str, Any]] = []
     a = arr
+    lo, hi = 0, len(arr)  # the positions of `a` that the rows of `arr` hold
     while (
         pa.types.is_list(a.type)
         or pa.types.is_large_list(a.type)
@@ -265,19 +354,30 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
     ):
         if pa.types.is_fixed_size_list(a.type):
             levels.append(("fixed", (a.offset, a.type.list_size)))
+            lo, hi = (a.offset + lo) * a.type.list_size, (a.offset + hi) * a.type.list_size
         else:
-            levels.append(("list", np.asarray(a.offsets).astype(np.int64, copy=False)))
+            offs = np.asarray(a.offsets).astype(np.int64, copy=False)
+            levels.append(("list", offs))
+            lo, hi = int(offs[lo]), int(offs[hi])
         a = a.values
-        if a.null_count:
+        # a slice's `.values` is its whole parent's: only its own rows' values count
+        if a.null_count and a.slice(lo, hi - lo).null_count:
             raise RowValidationError(
-                f"column {col!r} (rows {first_row}..{first_row + len(arr) - 1}): a null inside "
+                f"column {col!r} (rows {row_of(0)}..{row_of(len(arr) - 1)}): a null inside "
                 "a list value; arrays cannot hold nulls (fill them, e.g. with NaN)",
                 field=col,
-                row=first_row,
+                row=row_of(0),
             )
+    if a.null_count:  # outside this slice's rows only: filled so the dtype stays
+        a = a.fill_null(pa.scalar(False if pa.types.is_boolean(a.type) else 0, type=a.type))
     values = a.to_numpy(zero_copy_only=False)
     valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
     n = len(arr)
+    if stack and valid is None and all(kind == "fixed" for kind, _ in levels):
+        lo, hi = 0, n
+        for _, (off, size) in levels:
+            lo, hi = (off + lo) * size, (off + hi) * size
+        return values[lo:hi].reshape(n, *(size for _, (_, size) in levels))
     if len(levels) == 1 and levels[0][0] == "list":  # the common case: 1-D variable arrays
         offs = levels[0][1]
         out: list = [values[offs[i] : offs[i + 1]] for i in range(n)]
@@ -301,10 +401,10 @@ def _cells(arr: pa.Array, col: str, first_row: int) -> list:
                 lens = np.diff(starts)
                 if len(lens) and (lens != lens[0]).any():
                     raise RowValidationError(
-                        f"column {col!r}, row {first_row + i}: sub-lists of lengths "
+                        f"column {col!r}, row {row_of(i)}: sub-lists of lengths "
                         f"{sorted(set(lens.tolist()))[:5]} do not make an n-D array",
                         field=col,
-                        row=first_row + i,
+                        row=row_of(i),
                     )
                 dims.append(int(lens[0]) if len(lens) else 0)
                 lo, hi = int(starts[0]), int(starts[-1])
@@ -318,6 +418,8 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
+    if as_is(c):
+        return binary_cells(arr)
     if c.decode is not None:
         out: list = []
         for i, v in enumerate(arr.to_pylist()):
@@ -338,7 +440,7 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
             return [None if v is None else bytes(v) for v in vals]
         return vals
     if f.shape:
-        return _cells(arr, c.source, first_row)
+        return _cells(arr, c.source, first_row, stack=None not in f.shape)
     if arr.null_count == 0:
         return arr.to_numpy(zero_copy_only=False)
     mask = np.asarray(arr.is_null())
@@ -590,6 +692,11 @@ def from_arrow(
     return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
 
 
+class _Converting(Exception):
+    """A conversion's RowValidationError on its way through the shard writer (its row counted
+    from the first batch already)."""
+
+
 def write_shards(
     path: str,
     cols: list[_Column],
@@ -602,15 +709,16 @@ def write_shards(
     """Write a stream of record batches as shards of about ``shard_bytes`` (Arrow bytes of the
     batches) with :func:`rowstore.write_shard` (named ``<name_prefix>-<k>``), consecutive rows in
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
-    error the shards already written are removed."""
+    error the shards already written are removed. A bad value's
+    :class:`~rowstore.errors.RowValidationError` counts its row from the first of ``batches``."""
     from rowstore.format import write_shard
-    from rowstore.writer.dataset import discard
+    from rowstore.writer.dataset import _renumber, discard
 
     schema = Schema([c.field for c in cols])
     it = iter(batches)
     infos: list = []
     pending: list[pa.RecordBatch] = []
-    row = [0]
+    row = [0, 0]  # rows converted, rows before the current shard
 
     def shard_batches() -> Iterator[dict]:
         size = 0
@@ -620,7 +728,11 @@ def write_shards(
                 return
             if b.num_rows == 0:
                 continue
-            yield {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            try:
+                values = {c.field.name: column_values(c, b.column(c.source), row[0]) for c in cols}
+            except RowValidationError as exc:
+                raise _Converting(exc) from exc
+            yield values
             row[0] += b.num_rows
             size += b.nbytes
 
@@ -632,8 +744,9 @@ def write_shards(
             if first is None:
                 break
             pending.append(first)
-            infos.append(
-                write_shard(
+            row[1] = row[0]
+            try:
+                info = write_shard(
                     path,
                     schema,
                     shard_batches(),
@@ -641,7 +754,11 @@ def write_shards(
                     batches=True,
                     **writer_kwargs,
                 )
-            )
+            except _Converting as exc:
+                raise exc.args[0] from None
+            except RowValidationError as exc:  # the writer's: rows counted in the shard
+                raise _renumber(exc, row[1]) from exc.__cause__
+            infos.append(info)
     except BaseException:
         discard(path, infos)
         raise

@@ -11,6 +11,9 @@
     rowstore quality PATH     how ordered it is (rank correlation, batch spread, block mixing)
     rowstore import-petastorm URL OUT
                               convert a Petastorm dataset (petastorm not needed) to a dataset
+    rowstore from-images SRC OUT [--labels folders|none|CSV] [--workers N]
+                              a folder of PNG/JPEG files (class folders) to a dataset, the
+                              images' bytes as they are
 
 PATH is a ``.h5`` file or a dataset directory, local or at a URL (``s3://``, ``http(s)://``, any
 fsspec protocol; ``--storage-options JSON`` passes credentials and endpoints). ``rowstore
@@ -870,6 +873,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--file", action="store_true", help="write one .h5 file rather than a dataset directory"
     )
     p.add_argument("--fields", nargs="+", help="only these fields, in this order")
+    # -- from-images (rowstore.images) --
+    p = sub.add_parser(
+        "from-images",
+        help="write a folder of PNG/JPEG files as a dataset directory, the images' bytes as "
+        "they are (labels from class folders or a CSV)",
+    )
+    p.add_argument("src", help="the directory of image files")
+    p.add_argument("out", help="the dataset directory to write")
+    p.add_argument(
+        "--labels",
+        default="folders",
+        help="'folders' (SRC/<class>/..., default), 'none', or a CSV file of path,label rows",
+    )
+    p.add_argument(
+        "--workers", type=_positive, help="processes writing shards (default: every core)"
+    )
+    p.add_argument("--no-path", action="store_true", help="do not store each file's path")
+    p.add_argument(
+        "--verify-images",
+        action="store_true",
+        help="decode every image in full (not only its header) before it is written",
+    )
     return parser
 
 
@@ -986,6 +1011,23 @@ def _run(args: argparse.Namespace) -> int:
 
         schema = import_petastorm(args.url, args.out, dataset=not args.file, columns=args.fields)
         print(f"{args.out}: {len(schema)} fields written from {args.url}")
+    elif args.cmd == "from-images":
+        from rowstore.images import from_images
+
+        labels = None if args.labels == "none" else args.labels
+        schema = from_images(
+            args.src,
+            args.out,
+            labels=labels,
+            workers=args.workers,
+            path_field=None if args.no_path else "path",
+            verify_encoded=args.verify_images,
+        )
+        from rowstore.format import manifest
+
+        n = int(manifest.load(args.out).shards["rows"].sum())
+        f = schema[schema.names[0]]
+        print(f"{args.out}: {n} images ({f.codec['id']}, {f.dtype} {f.shape}) from {args.src}")
     return 0
 
 

@@ -6,6 +6,7 @@ demo into ``.cache/`` and prints ``rowstore info`` of it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -157,9 +158,17 @@ def make_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    name = argv[0] if argv else "tiny"
-    rows = int(argv[1]) if len(argv) > 1 else None
+    parser = argparse.ArgumentParser(
+        prog="python -m rowstore.demo",
+        description="Write a demo dataset to the cache (once) and print its summary.",
+        epilog="datasets: " + "; ".join(f"{k}: {v[1]}" for k, v in DEMOS.items()),
+    )
+    parser.add_argument("name", nargs="?", default="tiny", choices=sorted(DEMOS))
+    parser.add_argument("rows", nargs="?", type=int, help="rows (default: the dataset's own)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    name, rows = args.name, args.rows
+    if rows is not None and rows < 1:
+        parser.error(f"rows must be >= 1, got {rows}")
     os.makedirs(default_cache_dir(), exist_ok=True)
     path = os.path.join(default_cache_dir(), f"{name}-{rows or DEMOS[name][0]}.h5")
     if not os.path.exists(path):

@@ -195,7 +195,8 @@ def to_row(schema: Schema, row: Mapping[str, Any]) -> Row:
 
     Every value is checked against its field first (dtype, shape, nullability, codec limits:
     :class:`~rowstore.errors.RowValidationError` names the field); arrays become ``.npy``
-    bytes, images their PNG/JPEG bytes (the field's codec), times ``datetime``/``date``."""
+    bytes, images their PNG/JPEG bytes (the field's codec; PNG/JPEG bytes given for an image
+    field are checked by their header and kept as they are), times ``datetime``/``date``."""
     if not isinstance(schema, Schema):
         raise TypeError(f"schema must be a rowstore.Schema, got {type(schema).__name__}")
     extra = [k for k in row if k not in schema]
@@ -213,7 +214,7 @@ def to_row(schema: Schema, row: Mapping[str, Any]) -> Row:
             values[f.name] = v
         elif f.shape:
             values[f.name] = (
-                f.codec_obj.encode(v, f) if f.codec["id"] in ("png", "jpeg") else _npy(v)
+                bytes(f.codec_obj.payload(v, f)) if f.codec["id"] in ("png", "jpeg") else _npy(v)
             )
         elif f.dtype.kind == "M":
             unit = "D" if np.datetime_data(f.dtype)[0] == "D" else "us"

@@ -2,6 +2,8 @@
 
 * :func:`moto_s3` - moto's S3 server in this process (``ThreadedMotoServer``, port 0), with a
   bucket; objects are kept to a few MB (stock moto copies the whole object per ranged GET);
+* :func:`gcs_emulator` - ``gcp-storage-emulator``'s GCS JSON API in this process (a thread,
+  port 0, objects in memory), with a bucket, read and written by gcsfs;
 * :class:`RangeHTTPServer` - a directory over HTTP/1.1 with ``Range``, ``ETag`` and ``If-Match``
   (``http.server`` does not do ranges);
 * :class:`FaultProxy` - a TCP proxy in front of either, adding first-byte latency per request
@@ -26,7 +28,8 @@ import struct
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from functools import partial
+from http.server import HTTPServer, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from helpers import scaled
@@ -111,6 +114,54 @@ def s3_options(endpoint: str) -> dict[str, Any]:
         "secret": "testing",
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
     }
+
+
+# -- GCS (gcp-storage-emulator) --------------------------------------------------------------------
+@contextmanager
+def gcs_emulator(bucket: str = "rowstore"):
+    """``(endpoint_url, storage_options)`` of a ``gcp-storage-emulator`` server in this process
+    with ``bucket`` created.
+
+    The emulator's request handler is served by our own ``HTTPServer`` (one request at a time,
+    as the emulator's own server, whose in-memory store is not thread-safe) with a listen
+    backlog for the 32 requests a reader keeps in flight, and quiet about clients that close
+    early. gcsfs's experimental zonal/HNS layer is turned off before gcsfs is first imported:
+    it asks the gRPC Storage Control API (which no emulator serves) for the bucket's type, for
+    a minute per call."""
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    import gcsfs
+    from gcp_storage_emulator.handlers import buckets
+    from gcp_storage_emulator.server import RequestHandler
+    from gcp_storage_emulator.storage import Storage
+
+    if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
+        raise RuntimeError(
+            "gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set"
+        )
+
+    class Server(HTTPServer):
+        request_queue_size = 128
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass  # a client that closed its connection early (a cancelled request)
+
+    storage = Storage(use_memory_fs=True)
+    buckets.create_bucket(bucket, storage)
+    httpd = Server(("127.0.0.1", 0), partial(RequestHandler, storage))
+    thread = threading.Thread(target=httpd.serve_forever, name="gcs-emulator", daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield endpoint, gcs_options(endpoint)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(scaled(10))
+
+
+def gcs_options(endpoint: str) -> dict[str, Any]:
+    """fsspec storage_options for the emulator at ``endpoint`` (no credentials)."""
+    return {"endpoint_url": endpoint, "token": "anon"}
 
 
 # -- HTTP with Range ---------------------------------------------------------------------------
@@ -516,6 +567,16 @@ def _fixtures():
             yield got
 
     @pytest.fixture(scope="session")
+    def gcs_server():
+        """``(endpoint_url, storage_options)`` of one GCS emulator for the session (bucket
+        ``rowstore``)."""
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported
+        pytest.importorskip("gcsfs")
+        pytest.importorskip("gcp_storage_emulator")
+        with gcs_emulator() as got:
+            yield got
+
+    @pytest.fixture(scope="session")
     def http_factory():
         """``http_factory(root, **kw)``: a :class:`RangeHTTPServer` serving ``root`` (closed at
         the end)."""
@@ -530,7 +591,7 @@ def _fixtures():
         for srv in servers:
             srv.close()
 
-    return s3_server, http_factory
+    return s3_server, gcs_server, http_factory
 
 
-s3_server, http_factory = _fixtures()
+s3_server, gcs_server, http_factory = _fixtures()

@@ -297,8 +297,19 @@ def rs() -> _Helpers:
     return _Helpers()
 
 
-# -- object storage servers (tests/_servers.py: moto S3, HTTP with Range, a fault proxy) --------
-from _servers import http_factory, s3_server  # noqa: E402, F401
+# -- object storage servers (tests/_servers.py: moto S3, a GCS emulator, HTTP with Range, a fault
+# proxy)
+from _servers import gcs_server, http_factory, s3_server  # noqa: E402, F401
+
+
+@pytest.fixture(params=["s3", "gs"])
+def object_store(request):
+    """``(root URL, storage_options)`` of the bucket ``rowstore`` on the moto S3 server, then on
+    the GCS emulator: what every writable object store does is tested through this."""
+    server = request.getfixturevalue("s3_server" if request.param == "s3" else "gcs_server")
+    return f"{request.param}://rowstore", server[1]
+
+
 from helpers import scaled  # noqa: E402
 
 
@@ -352,3 +363,27 @@ def dask_cluster():
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
     ) as cluster:
         yield cluster
+
+
+# -- Ray: one local cluster (2 CPUs, worker processes) for the whole test session ---------------
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The shared local Ray cluster: started on first use (seconds), once per test process, and
+    shut down at the end. Its users are marked ``xdist_group("ray")`` so that under ``-n 2
+    --dist loadgroup`` one worker runs them all. No dashboard, a small object store, progress
+    bars off; the workers run this interpreter (rowstore is importable there)."""
+    ray = pytest.importorskip("ray")
+    data = pytest.importorskip("ray.data")
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=128 << 20,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    ctx = data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    yield ray
+    ray.shutdown()

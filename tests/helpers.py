@@ -51,3 +51,19 @@ def peak_allocations(call: Callable[[], Any]) -> tuple[Exception | None, int]:
         return None, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def stored_payloads(path: Any, name: str) -> list[bytes]:
+    """The stored bytes of heap field ``name`` of a file or dataset, row by row, undecoded
+    (what the writer put in the heap: e.g. an image's PNG bytes)."""
+    from rowstore.reader.raw import RawSource
+
+    out = []
+    with RawSource(os.fspath(path)) as src:
+        for k in range(src.num_blocks):
+            raw = src.block(k)
+            ref = raw.rows[name]
+            for off, nb in zip(ref["offset"].tolist(), ref["nbytes"].tolist()):
+                lo = off - raw.origin
+                out.append(raw.heap[lo : lo + nb].tobytes())
+    return out

@@ -13,11 +13,14 @@ id          values                                      placement
 ``jpeg``    ``uint8`` images, lossy                     heap
 ==========  =========================================  =========
 
+``png`` and ``jpeg`` also take images already encoded (PNG/JPEG bytes), stored as they are
+after a header check (:mod:`rowstore.codecs.image`; :class:`~rowstore.codecs.abc.Encoded`).
+
 Placement is the codec's choice (:meth:`Codec.stored_nbytes`); a third-party codec may store
 fixed-size values in the row too.
 """
 
-from rowstore.codecs.abc import Codec, Payloads
+from rowstore.codecs.abc import Codec, Encoded, Payloads
 from rowstore.codecs.image import Jpeg, Png
 from rowstore.codecs.raw import Raw
 from rowstore.codecs.registry import ENTRY_POINT_GROUP, get_codec, register_codec, registered_codecs
@@ -29,6 +32,7 @@ del _cls
 
 __all__ = [
     "Codec",
+    "Encoded",
     "Payloads",
     "Raw",
     "Utf8",

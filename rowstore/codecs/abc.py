@@ -15,10 +15,17 @@ A codec decides two things:
   :meth:`Codec.decode_into`, so a simple codec implements only that; a codec with a faster
   whole-column path overrides ``decode_batch``.
 
+A codec may also take values already in its stored form (``accepts_encoded = True``: the image
+codecs take PNG/JPEG bytes). :meth:`Codec.inspect_encoded` reads such a value's shape and dtype
+from its header, cheaply and without decoding; the writer checks them against the field and
+stores the bytes unchanged (an :class:`Encoded` value).
+
 A codec whose stored bytes *are* the value's little-endian bytes sets ``raw_bytes = True``
 (only :class:`~rowstore.codecs.raw.Raw` does): the reader's kernels then copy those bytes
 straight into the batch arrays and nothing is decoded. A codec whose ``decode_into`` releases
-the GIL sets ``releases_gil = True``: the reader then decodes a batch on several threads.
+the GIL sets ``releases_gil = True``: the reader then decodes a batch on several threads; one
+whose ``encode`` does sets ``encode_releases_gil = True``: the writer then encodes a batch's
+values on several threads (``Writer(threads=...)``).
 
 Third-party codecs subclass :class:`Codec` and are registered with
 :func:`rowstore.codecs.register_codec` or under the ``rowstore.codecs`` entry-point group.
@@ -35,7 +42,7 @@ import numpy as np
 
 from rowstore.errors import CodecError
 
-__all__ = ["Codec", "FieldLike", "Payloads", "ParallelMap"]
+__all__ = ["Codec", "Encoded", "FieldLike", "Payloads", "ParallelMap"]
 
 
 class FieldLike(Protocol):
@@ -106,6 +113,41 @@ class Payloads:
         return e
 
 
+@dataclass(frozen=True, eq=False)
+class Encoded:
+    """A value given in its codec's stored form (e.g. the bytes of a PNG file), validated: the
+    writer stores ``data`` unchanged. ``shape`` and ``dtype`` are those of the decoded value
+    (read from its header by :meth:`Codec.inspect_encoded`), so a variable-shape field records
+    its dimensions and size limits apply to what a reader will allocate.
+
+    ``data`` is the caller's object (``bytes``, or a byte ``memoryview`` of a bytes-like
+    object): it is copied into the file's heap within the ``write``/``write_batch`` call."""
+
+    data: bytes | memoryview
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the decoded value (what a reader allocates for it)."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def stored_nbytes(self) -> int:
+        return self.data.nbytes if isinstance(self.data, memoryview) else len(self.data)
+
+
 class Codec(abc.ABC):
     """Base class of every codec.
 
@@ -121,6 +163,12 @@ class Codec(abc.ABC):
     raw_bytes: ClassVar[bool] = False
     #: ``decode_into`` releases the GIL for most of its work, so threads decode in parallel.
     releases_gil: ClassVar[bool] = False
+    #: ``encode`` releases the GIL for most of its work and is thread-safe: the writer encodes
+    #: a batch's values on several threads.
+    encode_releases_gil: ClassVar[bool] = False
+    #: Values may be given already encoded (``bytes``, ``bytearray``, ``memoryview``); see
+    #: :meth:`inspect_encoded`.
+    accepts_encoded: ClassVar[bool] = False
 
     def __init__(self, **config: Any):
         if config:
@@ -178,6 +226,32 @@ class Codec(abc.ABC):
         """The stored bytes of one value (exactly ``stored_nbytes(field)`` bytes for values
         stored in the row). ``value`` was already validated against the field: an ``ndarray``
         of the field's dtype and shape, ``str`` or ``bytes``."""
+
+    def inspect_encoded(self, data: memoryview, field: FieldLike) -> tuple[tuple[int, ...], Any]:
+        """``(shape, dtype)`` of the value that ``data`` (a value in this codec's stored form,
+        as a byte ``memoryview``) decodes to, read cheaply (a header, not a decode), in the
+        field's layout (its number of dimensions). Raise :class:`~rowstore.errors.CodecError`
+        for bytes that are not such a value or cannot be one of ``field``'s. Only called when
+        :attr:`accepts_encoded` is True; the writer then checks shape and dtype against the
+        field."""
+        raise CodecError(
+            f"field {field.name!r}: codec {self.codec_id!r} takes values, not encoded bytes",
+            codec=self.codec_id,
+            field=field.name,
+        )
+
+    def verify_encoded(self, data: memoryview, shape: tuple[int, ...], field: FieldLike) -> None:
+        """Decode ``data`` in full into a scratch array of ``shape`` (the writer's
+        ``verify_encoded=True``); a :class:`~rowstore.errors.CodecError` if it does not."""
+        out = np.empty(shape, dtype=field.numpy_dtype)
+        self.decode_into(np.frombuffer(data, np.uint8), out)
+
+    def payload(self, value: Any, field: FieldLike) -> bytes | memoryview | np.ndarray:
+        """The stored bytes of a validated value: an :class:`Encoded` value's bytes as they are,
+        else :meth:`encode`'s."""
+        if isinstance(value, Encoded):
+            return value.data
+        return self.encode(value, field)
 
     # -- reading -----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,10 +1,25 @@
 """``png`` and ``jpeg`` images of ``uint8`` (PNG also ``uint16``), ``HxW`` or ``HxWxC``.
 
 Encoding and decoding use `imagecodecs` (``pip install rowstore[images]``), whose decoders write
-into a caller-owned array and release the GIL, so reader threads decode in parallel."""
+into a caller-owned array and release the GIL, so reader threads decode in parallel.
+
+Both codecs also take images already encoded (``accepts_encoded``): the bytes of a PNG or JPEG
+file are stored as they are, after :func:`png_header` / :func:`jpeg_header` read the size,
+channels and bit depth from the header (pure Python, bounds-checked, microseconds: nothing is
+decompressed). What the header says is what imagecodecs' decoder returns:
+
+* PNG: grey 1, grey+alpha 2, RGB 3, RGBA 4 channels; a palette image decodes to RGB (3); a
+  ``tRNS`` chunk (transparency of grey, RGB or palette images) adds an alpha channel; bit depth
+  16 is ``uint16``, 8 and below (expanded to 8) ``uint8``;
+* JPEG: baseline, extended or progressive Huffman-coded, 8-bit, 1 or 3 components (``uint8``);
+  other processes (lossless, arithmetic-coded, 12-bit) and CMYK are refused.
+"""
 
 from __future__ import annotations
 
+import struct
+import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,7 +27,15 @@ import numpy as np
 from rowstore.codecs.abc import Codec, FieldLike
 from rowstore.errors import CodecError, CodecNotAvailableError, SchemaError
 
-__all__ = ["Png", "Jpeg"]
+__all__ = [
+    "Png",
+    "Jpeg",
+    "ImageHeader",
+    "image_header",
+    "png_header",
+    "jpeg_header",
+    "sniff_image_format",
+]
 
 
 def _imagecodecs():
@@ -25,10 +48,219 @@ def _imagecodecs():
     return imagecodecs
 
 
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an encoded image's header says about the array it decodes to."""
+
+    format: str  # "png" or "jpeg"
+    height: int
+    width: int
+    channels: int
+    bits: int  # bits per sample of the decoded array: 8 (uint8) or 16 (uint16)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.uint16 if self.bits == 16 else np.uint8)
+
+
+class _BadImage(ValueError):
+    """An encoded image whose header is invalid, truncated or not one the codec stores."""
+
+
+class _Truncated(_BadImage):
+    """The bytes end before the header does (for :func:`image_header`'s prefixes)."""
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: PNG colour type -> (channels, allowed bit depths)
+_PNG_COLOUR = {0: (1, (1, 2, 4, 8, 16)), 2: (3, (8, 16)), 3: (3, (1, 2, 4, 8)), 4: (2, (8, 16))}
+_PNG_COLOUR[6] = (4, (8, 16))
+_PNG_MAX_DIM = (1 << 31) - 1
+
+
+def sniff_image_format(data: Any) -> str | None:
+    """The format whose signature ``data`` starts with (``"png"``, ``"jpeg"``, ``"webp"``,
+    ``"gif"``, ``"tiff"``, ``"bmp"``), or None: for error messages."""
+    head = bytes(memoryview(data)[:12])
+    if head.startswith(_PNG_SIGNATURE):
+        return "png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "webp"
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if head.startswith((b"II*\x00", b"MM\x00*")):
+        return "tiff"
+    if head.startswith(b"BM"):
+        return "bmp"
+    return None
+
+
+def _not(fmt: str, data: memoryview) -> _BadImage:
+    other = sniff_image_format(data)
+    if other is not None and other != fmt:
+        return _BadImage(f"got {other.upper()} bytes, not {fmt.upper()}")
+    if len(data) < 16:
+        return _BadImage(f"not {fmt.upper()} bytes ({len(data)} bytes: truncated or empty)")
+    return _BadImage(f"not {fmt.upper()} bytes (no {fmt.upper()} signature)")
+
+
+def png_header(data: Any, *, complete: bool = True) -> ImageHeader:
+    """Read a PNG's header: ``IHDR`` (checked, CRC included), then the chunk headers up to the
+    first ``IDAT`` (for ``PLTE``/``tRNS``); no pixel data is read. ``data``: bytes-like, the
+    whole file (``complete=False``: maybe only its beginning, so the first ``IDAT`` chunk need
+    not fit). Raises ``ValueError`` for bytes that are not a valid PNG header."""
+    buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    n = len(buf)
+    if bytes(buf[:8]) != _PNG_SIGNATURE:
+        raise _not("png", memoryview(buf))
+    if n < 33:
+        raise _Truncated(f"truncated PNG: {n} bytes, the header alone takes 33")
+    length, kind = struct.unpack_from(">I4s", buf, 8)
+    if kind != b"IHDR" or length != 13:
+        raise _BadImage("invalid PNG: the first chunk is not a 13-byte IHDR")
+    width, height, depth, colour, method, filt, interlace = struct.unpack_from(">IIBBBBB", buf, 16)
+    (crc,) = struct.unpack_from(">I", buf, 29)
+    if zlib.crc32(buf[12:29]) != crc:
+        raise _BadImage("corrupt PNG: the IHDR chunk's CRC does not match")
+    if not (1 <= width <= _PNG_MAX_DIM and 1 <= height <= _PNG_MAX_DIM):
+        raise _BadImage(f"invalid PNG: size {width}x{height}")
+    if colour not in _PNG_COLOUR or depth not in _PNG_COLOUR[colour][1]:
+        raise _BadImage(f"invalid PNG: bit depth {depth} with colour type {colour}")
+    if method != 0 or filt != 0 or interlace not in (0, 1):
+        raise _BadImage(f"invalid PNG: compression {method}, filter {filt}, interlace {interlace}")
+    channels = _PNG_COLOUR[colour][0]
+    pos, palette, transparency = 33, False, False
+    while True:  # chunk headers up to the image data: each step moves >= 12 bytes
+        if pos + 8 > n:
+            raise _Truncated("truncated PNG: it ends before its image data (IDAT)")
+        length, kind = struct.unpack_from(">I4s", buf, pos)
+        if length > _PNG_MAX_DIM:
+            raise _BadImage(f"invalid PNG: a chunk of {length} bytes")
+        if kind == b"IDAT":
+            if complete and pos + 12 + length > n:
+                raise _BadImage("truncated PNG: it ends inside its first IDAT chunk")
+            break
+        if kind == b"IEND":
+            raise _BadImage("invalid PNG: no image data (IDAT)")
+        palette |= kind == b"PLTE"
+        transparency |= kind == b"tRNS"
+        pos += 12 + length
+    if colour == 3 and not palette:
+        raise _BadImage("invalid PNG: a palette image without a PLTE chunk")
+    if transparency and colour in (0, 2, 3):
+        channels += 1  # the decoder turns tRNS into an alpha channel
+    return ImageHeader("png", height, width, channels, 16 if depth == 16 else 8)
+
+
+def image_header(data: Any, *, complete: bool = True) -> ImageHeader | None:
+    """The header of PNG or JPEG bytes (the format from the signature). ``complete=False``:
+    ``data`` may be the beginning of a file only, and None means that the header does not end
+    within it (read more). Raises ``ValueError`` for bytes that are neither, or invalid."""
+    fmt = sniff_image_format(data)
+    if fmt not in ("png", "jpeg"):
+        raise _BadImage(f"not PNG or JPEG bytes ({(fmt or 'unknown format').upper()})")
+    try:
+        if fmt == "png":
+            return png_header(data, complete=complete)
+        return jpeg_header(data)
+    except _Truncated:
+        if complete:
+            raise
+        return None
+
+
+#: SOF markers of JPEG processes the jpeg codec's decoder reads: baseline, extended, progressive
+_JPEG_SOF_OK = (0xC0, 0xC1, 0xC2)
+
+
+def jpeg_header(data: Any) -> ImageHeader:
+    """Read a JPEG's frame header: the marker segments are walked up to the first SOF marker
+    (nothing is decompressed). ``data``: bytes-like. Raises ``ValueError`` for bytes that are
+    not a valid JPEG header or one of a process the jpeg codec does not read."""
+    buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    n = len(buf)
+    if n < 3 or buf[0] != 0xFF or buf[1] != 0xD8 or buf[2] != 0xFF:
+        raise _not("jpeg", memoryview(buf))
+    pos = 2
+    while True:  # each step moves >= 1 byte (fill bytes), a segment >= 4
+        if pos + 2 > n:
+            raise _Truncated("truncated JPEG: it ends before its frame header (SOF)")
+        if buf[pos] != 0xFF:
+            raise _BadImage(f"invalid JPEG: no marker at byte {pos}")
+        marker = buf[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        pos += 2
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a segment
+            continue
+        if marker in (0x00, 0xD8, 0xD9, 0xDA):
+            raise _BadImage(f"invalid JPEG: marker 0x{marker:02X} before the frame header (SOF)")
+        if pos + 2 > n:
+            raise _Truncated("truncated JPEG: it ends before its frame header (SOF)")
+        (seglen,) = struct.unpack_from(">H", buf, pos)
+        if seglen < 2:
+            raise _BadImage(f"invalid JPEG: a segment of length {seglen} at byte {pos}")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if seglen < 8 or pos + seglen > n:
+                raise _Truncated("truncated JPEG: it ends inside its frame header (SOF)")
+            bits, height, width, components = struct.unpack_from(">BHHB", buf, pos + 2)
+            if marker not in _JPEG_SOF_OK:
+                raise _BadImage(
+                    f"a JPEG of process SOF{marker - 0xC0} (lossless, hierarchical or "
+                    "arithmetic-coded), which the jpeg codec does not read"
+                )
+            if bits != 8:
+                raise _BadImage(f"a {bits}-bit JPEG; the jpeg codec stores 8-bit images")
+            if width == 0 or height == 0:
+                raise _BadImage(f"invalid or unsupported JPEG: size {width}x{height}")
+            if components not in (1, 3):
+                raise _BadImage(
+                    f"a JPEG of {components} components (CMYK or other); the jpeg codec "
+                    "stores grey (1) or colour (3) images"
+                )
+            if seglen < 8 + 3 * components:
+                raise _BadImage("invalid JPEG: a frame header too short for its components")
+            return ImageHeader("jpeg", height, width, components, 8)
+        pos += seglen
+
+
 class _Image(Codec):
     releases_gil = True  # imagecodecs' decoders release the GIL
+    encode_releases_gil = True  # and its encoders
+    accepts_encoded = True  # PNG/JPEG bytes are stored as they are (header checked)
     dtypes: tuple[str, ...] = ("u1",)
     channels: tuple[int, ...] = (1, 3, 4)
+
+    @staticmethod
+    def read_header(data: Any) -> ImageHeader:
+        raise NotImplementedError
+
+    def inspect_encoded(self, data: memoryview, field: FieldLike) -> tuple[tuple[int, ...], Any]:
+        """Shape and dtype of the image ``data`` holds, from its header: ``(H, W)`` for a
+        single-channel image when the field is ``(H, W)``, else ``(H, W, C)``."""
+        try:
+            hdr = self.read_header(data)
+        except _BadImage as exc:
+            raise CodecError(
+                f"field {field.name!r}: codec {self.codec_id!r}: {exc}",
+                codec=self.codec_id,
+                field=field.name,
+            ) from None
+        if len(field.shape) == 2 and hdr.channels == 1:
+            return (hdr.height, hdr.width), hdr.dtype
+        return (hdr.height, hdr.width, hdr.channels), hdr.dtype
+
+    def verify_encoded(self, data: memoryview, shape: tuple[int, ...], field: FieldLike) -> None:
+        out = np.empty(shape, dtype=field.numpy_dtype)
+        try:
+            self.decode_into(np.frombuffer(data, np.uint8), out)
+        except CodecError as exc:
+            raise CodecError(
+                f"field {field.name!r}: {exc}", codec=self.codec_id, field=field.name
+            ) from None
 
     def check_field(self, field: FieldLike) -> None:
         name = field.name
@@ -77,6 +309,7 @@ class Png(_Image):
     codec_id = "png"
     dtypes = ("u1", "u2")
     channels = (1, 2, 3, 4)
+    read_header = staticmethod(png_header)
 
     def __init__(self, level: int = 6):
         if not isinstance(level, int) or not 0 <= level <= 9:
@@ -99,6 +332,7 @@ class Jpeg(_Image):
 
     codec_id = "jpeg"
     channels = (1, 3)
+    read_header = staticmethod(jpeg_header)
 
     def __init__(self, quality: int = 90):
         if not isinstance(quality, int) or not 1 <= quality <= 100:

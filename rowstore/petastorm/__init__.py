@@ -24,9 +24,10 @@ Petastorm codec                        rowstore field
 ==============================================================
 ``NdarrayCodec`` (``numpy.save``)      the Unischema's dtype and shape, stored raw
 ``CompressedNdarrayCodec`` (``savez``) the same
-``CompressedImageCodec('png')``        PNG again (lossless; the files hold RGB: Petastorm's BGR swap
-                                       and OpenCV's cancel out)
-``CompressedImageCodec('jpeg')``       the decoded pixels, stored raw (no second lossy encoding)
+``CompressedImageCodec('png')``        the PNG bytes as they are (codec ``png``; the files hold RGB:
+                                       Petastorm's BGR swap and OpenCV's cancel out)
+``CompressedImageCodec('jpeg')``       the JPEG bytes as they are (codec ``jpeg``: no decode, no
+                                       second lossy encoding)
 ``ScalarCodec(spark type)``, none      the Parquet value: numbers, ``str`` (``np.str_``), ``bytes``
 =====================================
 ==============================================================

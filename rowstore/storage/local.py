@@ -705,6 +705,8 @@ class LocalStore:
         """Close this process's descriptors (reopened on next use); reads still in flight on
         other threads finish first, the last of them closes theirs."""
         budget = _BUDGET
+        if budget is None or threading is None:  # interpreter exit: the OS closes them
+            return
         if budget.owner == threading.get_ident():  # from a finalizer inside a critical section
             budget.pending.append(self)
             return

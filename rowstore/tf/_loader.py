@@ -4,7 +4,7 @@ with a state that resumes on another number of workers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,10 +44,14 @@ class Loader(tf.Module):
     that took the same number of steps and resumes on any ``shard`` count.
 
     Progress counts the batches the dataset hands out: the dataset's last step records it, and
-    tf.data's automatic prefetch at the end is turned off (``inject_prefetch=False``), so a
-    batch counts when your loop receives it. Keras ``fit`` and distribution strategies read
-    ahead of the step they train; there, save the state returned by :meth:`state_at` for the
-    step you trained (``batch["__step"]``).
+    tf.data's automatic prefetch at the end and its parallelizing of later maps are turned off
+    (``inject_prefetch=False``, ``map_parallelization=False``), so a batch counts when your
+    loop receives it. Keras ``fit`` (one step per execution, no distribution strategy) takes
+    one batch per step, so a checkpoint written in a callback after step ``k`` resumes at batch
+    ``k + 1``; give the transform to ``fit``'s ``(x, y)`` as :meth:`dataset`'s ``map_fn``
+    (it may run in parallel there, before the count). Distribution strategies and
+    ``steps_per_execution > 1`` read ahead of the step they train; there, save the state
+    returned by :meth:`state_at` for the step you trained (``batch["__step"]``).
 
     Parameters
     ----------
@@ -198,10 +202,33 @@ class Loader(tf.Module):
         return int(plan.steps(self.shard[1], self.unit)[self.shard[0]]) - self.steps
 
     # -- the dataset ---------------------------------------------------------------------------
-    def dataset(self, num_epochs: int | None = 1) -> tf.data.Dataset:
+    def dataset(
+        self,
+        num_epochs: int | None = 1,
+        *,
+        map_fn: Callable[[dict], Any] | None = None,
+        num_parallel_calls: int | None = None,
+    ) -> tf.data.Dataset:
         """Batches from where the loader stands, for ``num_epochs`` epochs (the current one
-        counts; None: endless). Recording progress is the dataset's last step."""
+        counts; None: endless). Recording progress is the dataset's last step.
+
+        Parameters
+        ----------
+        num_epochs : int or None
+        map_fn : callable, optional
+            Applied to each element (the dict of tensors) before its progress is recorded, so
+            the elements are what it returns: ``lambda b: (b["x"], b["label"])`` for Keras
+            ``fit``. A transform applied after the dataset instead runs sequentially (later
+            maps are not parallelized) but an explicit ``prefetch`` or ``num_parallel_calls``
+            there reads batches ahead of your loop and the state counts them as taken.
+        num_parallel_calls : int, optional
+            ``map_fn``'s parallelism (``tf.data.AUTOTUNE``...; None: sequential), in order.
+        """
         positive_int("num_epochs", num_epochs, optional=True)
+        if map_fn is not None and not callable(map_fn):
+            raise TypeError(f"map_fn must be callable, got {type(map_fn).__name__}")
+        if map_fn is None and num_parallel_calls is not None:
+            raise ValueError("num_parallel_calls applies to map_fn; none was given")
         self._check_order()
         schema, modes = self._schema, self._modes
         variable = [f for f in schema if f.is_variable]
@@ -260,11 +287,24 @@ class Loader(tf.Module):
         ds = ds.prefetch(2)
         epoch_v, steps_v = self._epoch, self._steps
 
-        def record(el):
-            epoch_v.assign(el["__epoch"])
-            steps_v.assign(el["__step"])
+        def record(epoch, step, el):
+            epoch_v.assign(epoch)
+            steps_v.assign(step)
             return el
 
+        if map_fn is None:
+            ds = ds.map(lambda el: record(el["__epoch"], el["__step"], el))
+        else:
+            par = {} if num_parallel_calls is None else {"deterministic": True}
+            ds = ds.map(
+                lambda el: (el["__epoch"], el["__step"], map_fn(el)),
+                num_parallel_calls=num_parallel_calls,
+                **par,
+            ).map(record)
+        # Nothing after the recording step may read ahead of the consumer unasked: no prefetch
+        # injected at the end, and a stateless map after it (Keras' (x, y) split) stays
+        # sequential rather than becoming a parallel map with a buffer of batches read ahead.
         opts = tf.data.Options()
         opts.experimental_optimization.inject_prefetch = False
-        return ds.map(record).with_options(opts)
+        opts.experimental_optimization.map_parallelization = False
+        return ds.with_options(opts)

@@ -11,7 +11,8 @@ A stored row holds, per field (see :func:`spec.row_dtype`):
 * inline field of another codec: ``codec.encode(value, field)``, exactly
   ``codec.stored_nbytes(field)`` bytes;
 * heap field: :func:`spec.heap_ref_dtype` (``offset``, ``nbytes`` in the logical heap, and the
-  variable dimensions), the payload ``codec.encode(value, field)`` appended to the heap;
+  variable dimensions), the payload ``codec.payload(value, field)`` appended to the heap (that
+  is ``codec.encode``'s bytes, or a value given encoded as it is);
 * nullable field: a ``<name>__null`` flag; a null stores zeros (inline) or an empty payload at the
   current heap offset (heap).
 
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.codecs.abc import Encoded
 from rowstore.codecs.raw import Raw
 from rowstore.codecs.text import Bytes, Utf8
 from rowstore.errors import CodecError, RowValidationError
@@ -55,8 +57,9 @@ _RAW, _CODEC, _HEAP = range(3)
 
 
 def value_nbytes(value: Any) -> int:
-    """Bytes of a validated value as a reader decodes it: array bytes, text as UTF-8, bytes."""
-    if isinstance(value, np.ndarray):
+    """Bytes of a validated value as a reader decodes it: array bytes (also of an encoded
+    value's decoded array), text as UTF-8, bytes."""
+    if isinstance(value, (np.ndarray, Encoded)):
         return int(value.nbytes)
     if isinstance(value, str):
         return len(value) if value.isascii() else len(value.encode("utf-8"))
@@ -371,7 +374,7 @@ class RowPacker:
             if entry[5] is not None:
                 entry[5][i] = 0
         else:
-            payload = f.codec_obj.encode(v, f)
+            payload = f.codec_obj.payload(v, f)  # an Encoded value's bytes as they are
             size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
             self._check_payload(f, size, row)
             entry[3][i] = self.heap_pos
@@ -383,7 +386,7 @@ class RowPacker:
 
     @staticmethod
     def _encode_inline(f: Field, v: Any, row: int, nbytes: int) -> np.ndarray:
-        stored = np.frombuffer(f.codec_obj.encode(v, f), np.uint8)
+        stored = np.frombuffer(f.codec_obj.payload(v, f), np.uint8)
         if stored.size != nbytes:
             cid = f.codec["id"]
             raise CodecError(

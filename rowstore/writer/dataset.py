@@ -92,6 +92,7 @@ def write_shard(
     threads: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     batches: bool = False,
+    verify_encoded: bool = False,
 ) -> ShardInfo:
     """Write one shard file of the dataset at ``path``; :func:`commit` makes it part of a version.
 
@@ -105,7 +106,7 @@ def write_shard(
     data : mapping or iterable of mappings
         Either columns, ``{name: array or sequence}``, as :meth:`.Writer.write_batch` takes (any
         mapping is taken as columns), or an iterable of rows, each as :meth:`.Writer.write` takes.
-    block_bytes, rows_per_block, compression, heap_chunk_bytes, threads
+    block_bytes, rows_per_block, compression, heap_chunk_bytes, threads, verify_encoded
         As for :class:`.Writer` (compression and heap_chunk_bytes must be the dataset's).
     name : str, optional
         File name without ``.h5`` (a plain name, unique in the dataset); default
@@ -139,6 +140,7 @@ def write_shard(
             name=name,
             threads=threads,
             batches=batches,
+            verify_encoded=verify_encoded,
         )
         staging.publish(info.path)
     finally:
@@ -158,6 +160,7 @@ def _write_shard_file(
     name: str | None,
     threads: int | None,
     batches: bool,
+    verify_encoded: bool = False,
 ) -> ShardInfo:
     shards = _prepare_dir(root)
     fname = (f"part-{uuid.uuid4().hex}" if name is None else _check_name(name)) + ".h5"
@@ -171,6 +174,7 @@ def _write_shard_file(
         compression=compression,
         heap_chunk_bytes=heap_chunk_bytes,
         threads=threads,
+        verify_encoded=verify_encoded,
     ) as w:
         if batches:
             for columns in data:
@@ -240,7 +244,7 @@ class DatasetWriter(Closing):
     shard_bytes : int
         Start a new shard once the current one holds this many raw bytes (rows times the row
         size plus heap payloads); a large batch is split between shards by rows.
-    block_bytes, rows_per_block, threads
+    block_bytes, rows_per_block, threads, verify_encoded
         As for :class:`.Writer`. The first shard's ``rows_per_block`` is used by every later
         shard (when appending with ``rows_per_block=None``, that of the existing shards if they
         share one).
@@ -277,6 +281,7 @@ class DatasetWriter(Closing):
         attrs: Mapping[str, Any] | None = None,
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        verify_encoded: bool = False,
     ):
         self._closed = True
         self.url: str | None = None  # a URL: shards written locally, each uploaded when complete
@@ -347,6 +352,7 @@ class DatasetWriter(Closing):
             if heap_chunk_bytes is None
             else heap_chunk_bytes,
             threads=threads,
+            verify_encoded=verify_encoded,
         )
         self._itemsize = spec.row_dtype(schema).itemsize
         self._heap_fields = [f.name for f in schema if not f.inline]

@@ -23,6 +23,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Self
 
+import numpy as np
+
+from rowstore.codecs.abc import Encoded
 from rowstore.codecs.blocks import block_compression
 from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import attrs as attrs_json
@@ -116,11 +119,17 @@ class Writer(Closing):
         :mod:`rowstore.format.attrs`); anything else raises :class:`~rowstore.errors.AttrsError`.
     threads : int, optional
         Threads that compress and checksum blocks while rows are packed (compressed files
-        only; default ``min(4, os.cpu_count())``; 1 compresses on the calling thread). Chunks
-        are still written in order, by the calling thread.
+        only), and that encode the arrays of a ``write_batch`` for codecs whose encoder releases
+        the GIL (``png``, ``jpeg``). Default ``min(4, os.cpu_count())``; 1 does everything on
+        the calling thread. Chunks are still written in order, by the calling thread.
     durable : bool
         ``False``: no ``fsync`` at close (the file still appears only complete, but a power loss
         may lose it): for temporary files, such as the piles of :func:`rowstore.shuffle`.
+    verify_encoded : bool
+        Values given encoded (PNG/JPEG bytes for a ``png``/``jpeg`` field, stored as they are)
+        are checked by their header: format, size, channels, bit depth against the field.
+        ``True`` also decodes each one in full, so that corrupt or truncated image data is
+        refused at write time rather than met at read time (costs a decode per image).
 
     Notes
     -----
@@ -130,6 +139,10 @@ class Writer(Closing):
     left. An append first checks the checksums of the partial last block and heap chunk it will
     rewrite (:class:`~rowstore.errors.ChecksumError` otherwise, nothing written). A directory as
     ``path`` raises :class:`IsADirectoryError`.
+
+    Encoded images: for a ``png`` or ``jpeg`` field, a ``bytes``/``bytearray``/``memoryview``
+    value is taken as an image already encoded in that format and stored unchanged (no decode,
+    no re-encode); a NumPy array is pixels and is encoded. See ``docs/images.md``.
 
     Not thread-safe: one writer per thread or process. Rows are validated against the schema; a
     bad row raises :class:`~rowstore.errors.RowValidationError` (a ``SchemaError``) naming the
@@ -151,9 +164,12 @@ class Writer(Closing):
         threads: int | None = None,
         durable: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        verify_encoded: bool = False,
     ):
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
+        self._verify_encoded = bool(verify_encoded)
         self._pool: ThreadPoolExecutor | None = None
+        self._encoders: ThreadPoolExecutor | None = None  # started by the first batch to encode
         self._file: H5File | None = None  # the file being written: the temporary one
         self._atomic: AtomicFile | None = None  # that temporary file, moved onto path at close
         _check_arguments(mode, block_bytes, heap_chunk_bytes, rows_per_block)
@@ -246,6 +262,7 @@ class Writer(Closing):
         nthreads = min(4, os.cpu_count() or 1) if threads is None else threads
         if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
+        self._threads = nthreads
         if self._compression.compressed and nthreads > 1:
             self._pool = ThreadPoolExecutor(nthreads, thread_name_prefix="rowstore-compress")
         self._compressor = Compressor(self._compression, self._pool, nthreads)
@@ -296,10 +313,12 @@ class Writer(Closing):
         columns as they are; :func:`rowstore.pandas.from_pandas` also keeps dtypes and index).
 
         Inline (fixed-shape) fields given as arrays are checked and copied without per-row
-        Python work. The batch is all-or-nothing: a bad value rejects the whole batch.
+        Python work; arrays of ``png``/``jpeg`` fields are encoded on ``threads`` threads. The
+        batch is all-or-nothing: a bad value rejects the whole batch.
         """
         self._check_open()
         n, parts = self._check_columns(columns, self.num_rows)
+        self._encode_ahead(parts)
         done = 0
         while done < n:  # validated: now store, in slices that fit the pending block
             if self._rpb:
@@ -378,9 +397,39 @@ class Writer(Closing):
             stage.discard()
 
     def _stop_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        for attr in ("_pool", "_encoders"):
+            pool = getattr(self, attr, None)
+            setattr(self, attr, None)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _encode_ahead(self, parts: list[Any]) -> None:
+        """Encode a validated batch's arrays of heap fields whose codec's encoder releases the
+        GIL on the writer's threads, in place (as :class:`Encoded` values the packer stores as
+        they are), before anything of the batch is stored. The first failure is raised, as the
+        packer would have raised it, and nothing is kept."""
+        if self._threads < 2:
+            return
+        for k, f in self._heap_fields:
+            codec = f.codec_obj
+            values = parts[k] if codec.encode_releases_gil else None
+            if not isinstance(values, list):
+                continue
+            todo = [i for i, v in enumerate(values) if isinstance(v, np.ndarray)]
+            if len(todo) < 2:
+                continue
+            if self._encoders is None:
+                self._encoders = ThreadPoolExecutor(
+                    self._threads, thread_name_prefix="rowstore-encode"
+                )
+
+            def encode(i: int, f: Any = f, codec: Any = codec, values: list = values) -> Encoded:
+                v = values[i]
+                return Encoded(codec.encode(v, f), v.shape, v.dtype)
+
+            done = list(self._encoders.map(encode, todo))
+            for i, e in zip(todo, done):
+                values[i] = e
 
     # -- validation ------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -402,7 +451,9 @@ class Writer(Closing):
         values = []
         for f in self.schema:
             if f.name in row:
-                values.append(check_value(f, row[f.name], rownum))
+                values.append(
+                    check_value(f, row[f.name], rownum, verify_encoded=self._verify_encoded)
+                )
             elif f.nullable:
                 values.append(None)
             else:
@@ -440,7 +491,9 @@ class Writer(Closing):
                     )
                 parts.append([None] * n)
                 continue
-            parts.append(check_column(f, columns[f.name], n, first)[0])
+            parts.append(
+                check_column(f, columns[f.name], n, first, verify_encoded=self._verify_encoded)[0]
+            )
         for k, f in self._heap_fields:
             for i, v in enumerate(parts[k]):
                 check_value_size(f, v, first + i)

@@ -11,6 +11,13 @@ whole seconds); a lossy conversion is refused naming the row. NaT is a value (st
 null needs ``nullable=True``. Integers (and other kinds) are refused: counts of the unit are
 passed explicitly as ``np.asarray(counts).astype("datetime64[ns]")`` (or ``.view``).
 Python ``datetime``/``timedelta`` and pandas ``Timestamp``/``Timedelta`` scalars are accepted.
+
+Encoded values: for a field whose codec takes them (``png``, ``jpeg``), a ``bytes``,
+``bytearray`` or byte ``memoryview`` value is the encoded image itself (a NumPy array is always
+pixels; pass ``memoryview(arr)`` for encoded bytes held in a ``uint8`` array). Its header gives
+the shape and dtype it decodes to, checked against the field like an array's; the bytes are
+stored unchanged (:class:`~rowstore.codecs.abc.Encoded`). ``verify_encoded=True`` also decodes
+each one in full.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.codecs.abc import Encoded
 from rowstore.errors import CodecError, RowValidationError
 from rowstore.schema import BYTES, STR, Field
 
@@ -194,10 +202,50 @@ def _values_fit(arr: np.ndarray, dst: np.dtype) -> bool:
         return all(not (np.isfinite(p) & (np.abs(p) > big)).any() for p in parts)
 
 
-def check_value(field: Field, value: Any, row: int) -> Any:
-    """Return the value normalised for storage (ndarray of the field's dtype, str or bytes),
-    ``None`` for a null, or raise :class:`RowValidationError`. pandas' ``pd.NA`` is a null,
-    and so is a float NaN in a ``str``/``bytes`` field (in numeric fields NaN is a value)."""
+def _encoded_fail(
+    field: Field, row: int, codec_id: str, shape: Any, dtype: np.dtype, why: str
+) -> RowValidationError:
+    return RowValidationError(
+        f"row {row}: field {field.name!r}: expected {expected(field)}, got {codec_id} bytes of a "
+        f"{dtype} image of shape {tuple(shape)}{why}",
+        field=field.name,
+        row=row,
+    )
+
+
+def _check_encoded(field: Field, value: Any, row: int, verify: bool) -> Encoded:
+    """An encoded value (bytes-like) for a codec that takes them, checked by its header."""
+    codec = field.codec_obj
+    try:
+        data = value if isinstance(value, bytes) else memoryview(value).cast("B")
+    except TypeError:  # a non-contiguous buffer
+        raise _fail(field, row, value, "a non-contiguous buffer") from None
+    view = memoryview(data)
+    try:
+        shape, dtype = codec.inspect_encoded(view, field)
+    except CodecError as exc:
+        raise RowValidationError(f"row {row}: {exc}", field=field.name, row=row) from exc
+    dtype = np.dtype(dtype)
+    if dtype != field.dtype or len(shape) != len(field.shape):
+        raise _encoded_fail(field, row, codec.codec_id, shape, dtype, "")
+    if any(d is not None and d != s for d, s in zip(field.shape, shape)):
+        raise _encoded_fail(field, row, codec.codec_id, shape, dtype, " (wrong shape)")
+    enc = Encoded(data, tuple(shape), dtype)
+    try:
+        codec.check_value(enc, field)
+        if verify:
+            codec.verify_encoded(view, enc.shape, field)
+    except CodecError as exc:
+        raise RowValidationError(f"row {row}: {exc}", field=field.name, row=row) from exc
+    return enc
+
+
+def check_value(field: Field, value: Any, row: int, *, verify_encoded: bool = False) -> Any:
+    """Return the value normalised for storage (ndarray of the field's dtype, str, bytes, or
+    :class:`~rowstore.codecs.abc.Encoded` for a value given encoded), ``None`` for a null, or
+    raise :class:`RowValidationError`. pandas' ``pd.NA`` is a null, and so is a float NaN in a
+    ``str``/``bytes`` field (in numeric fields NaN is a value). ``verify_encoded``: decode
+    encoded values in full (else their header is checked)."""
     if value is None or (
         not isinstance(value, (np.ndarray, str, bytes)) and _missing(field, value)
     ):
@@ -222,6 +270,8 @@ def check_value(field: Field, value: Any, row: int) -> Any:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
         raise _fail(field, row, value)
+    if isinstance(value, (bytes, bytearray, memoryview)) and field.codec_obj.accepts_encoded:
+        return _check_encoded(field, value, row, verify_encoded)
     if isinstance(value, (str, bytes)):
         raise _fail(field, row, value)
     if field.is_time:
@@ -263,7 +313,7 @@ def check_value(field: Field, value: Any, row: int) -> Any:
 
 
 def check_column(
-    field: Field, column: Any, n: int, first_row: int
+    field: Field, column: Any, n: int, first_row: int, *, verify_encoded: bool = False
 ) -> tuple[np.ndarray | list, np.ndarray | None]:
     """Validate a whole column of ``n`` values for a batch write.
 
@@ -338,7 +388,10 @@ def check_column(
             field=field.name,
             row=first_row,
         )
-    values = [check_value(field, v, first_row + i) for i, v in enumerate(items)]
+    values = [
+        check_value(field, v, first_row + i, verify_encoded=verify_encoded)
+        for i, v in enumerate(items)
+    ]
     mask = None
     if field.nullable:
         m = np.fromiter((v is None for v in values), dtype=bool, count=n)

@@ -347,3 +347,16 @@ def test_ctrl_c_prints_one_line_and_exits_130(command):
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [f"{name}: interrupted"], err
     assert "Traceback" not in out + err
+
+
+def test_demo_module_has_help_and_refuses_unknown_names(capsys):
+    from rowstore import demo
+
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--help"])
+    assert e.value.code == 0 and "tiny" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        demo.main(["bogus"])
+    assert e.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        demo.main(["tiny", "0"])

@@ -89,6 +89,8 @@ def test_lazy_names_are_listed_and_reader_is_exported(rs):
         "order_quality",
         "from_arrow",
         "from_parquet",
+        "from_huggingface",
+        "to_huggingface",
         "make_reader",
         "make_batch_reader",
         "TransformSpec",

@@ -35,6 +35,9 @@ LAYERS = [
             "rowstore.arrow",
             "rowstore.petastorm",
             "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
+            "rowstore.huggingface",
+            "rowstore.images",  # folders of image files
+            "rowstore.ray",
             "rowstore._payloads",
             "rowstore._unischema",
         ],

@@ -2,6 +2,10 @@
 both read the same current version, then both publish; one wins, the other starts again on top
 of it. The race is made deterministic by holding both commits at the listing of the manifest
 directory (each has read the pointer and the version it builds on by then) until both are there.
+
+A store without conditional writes (gs://: ``RemoteDir.conditional`` is False) checks just
+before each write, which closes the race only when the other commit has finished by then: that
+case is tested on S3 and GCS alike (one commit held at the listing while another commits).
 """
 
 from __future__ import annotations
@@ -113,6 +117,57 @@ def test_two_concurrent_remote_commits_lose_no_version(s3_server, mode):
         assert len(rowstore.open(url, storage_options=so)) == 22
     else:  # each version holds exactly its commit's shards
         assert set(map(frozenset, shards.values())) == {frozenset({a.path}), frozenset({b.path})}
+
+
+class _HeldAtListing:
+    """Wraps the shared fsspec filesystem's ``ls``: the first listing of the manifest directory
+    by the thread ``held`` (which sets it) waits until ``go`` is set; ``waiting`` is set when
+    it does (a generous timeout only guards against a hang)."""
+
+    def __init__(self, fs):
+        self.fs, self.inner = fs, fs.ls
+        self.held: int | None = None
+        self.waiting, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, *args, **kw):
+        if threading.get_ident() == self.held and not self.waiting.is_set():
+            if "_manifests" in str(args[0]):
+                self.waiting.set()
+                assert self.go.wait(300)
+        return self.inner(*args, **kw)
+
+
+@pytest.mark.parametrize("mode", ["a", "w"])
+def test_a_commit_overtaken_after_reading_starts_again_on_top(object_store, mode):
+    """Commit A reads the pointer (version 1) and is held; commit B publishes version 2; A then
+    finds version 2 taken and the pointer moved, and publishes version 3 on top of B's."""
+    root, so = object_store
+    url = f"{root}/overtaken-{mode}"
+    first = _shard(url, so, 0, 10)
+    assert rowstore.commit(url, [first], storage_options=so) == 1
+    a, b = _shard(url, so, 100, 5), _shard(url, so, 200, 7)
+    fs = Client(url, RemoteOptions.make(so, None, None)).fs
+    hold = _HeldAtListing(fs)
+    fs.ls = hold
+    got: list = []
+
+    def commit_a() -> None:
+        hold.held = threading.get_ident()
+        got.append(rowstore.commit(url, [a], mode=mode, storage_options=so))
+
+    t = threading.Thread(target=commit_a)
+    try:
+        t.start()
+        assert hold.waiting.wait(300)
+        assert rowstore.commit(url, [b], mode=mode, storage_options=so) == 2
+    finally:
+        hold.go.set()
+        t.join(300)
+        fs.ls = hold.inner
+    assert got == [3] and _chain(url, so) == [3, 2, 1]
+    c = Client(url, RemoteOptions.make(so, None, None))
+    shards = set(manifest.load(url, 3, read=c.cat_small).shards["path"])
+    assert shards == ({first.path, a.path, b.path} if mode == "a" else {a.path})
 
 
 class _PointerAlwaysMoved(LocalDir):

@@ -103,13 +103,23 @@ def s3(remote_data, s3_server):
 
 
 @pytest.fixture(scope="session")
+def gcs(remote_data, gcs_server):
+    """The GCS emulator holding ``remote_data`` under ``gs://rowstore/data/``."""
+    _, opts = gcs_server
+    fsspec.filesystem("gs", **opts).put(remote_data + "/", "rowstore/data/", recursive=True)
+    return opts
+
+
+@pytest.fixture(scope="session")
 def http(remote_data, http_factory):
     return http_factory(remote_data)
 
 
-def _urls(kind: str, s3, http) -> tuple[str, dict | None]:
+def _urls(kind: str, s3, http, gcs=None) -> tuple[str, dict | None]:
     if kind == "s3":
         return "s3://rowstore/data", s3
+    if kind == "gs":
+        return "gs://rowstore/data", gcs
     return http.url, None
 
 
@@ -198,10 +208,11 @@ def test_decode_chunks_equals_load_chunks(tmp_path, codec):
 
 
 # -- equal to the local read -------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["s3", "http"])
+@pytest.mark.parametrize("kind", ["s3", "gs", "http"])
 @pytest.mark.parametrize("name", ["plain.h5", "lz4.h5", "ds"])
-def test_remote_reads_equal_local(remote_data, s3, http, kind, name):
-    base, opts = _urls(kind, s3, http)
+def test_remote_reads_equal_local(remote_data, s3, http, kind, name, request):
+    gcs = request.getfixturevalue("gcs") if kind == "gs" else None
+    base, opts = _urls(kind, s3, http, gcs)
     local = rowstore.open(os.path.join(remote_data, name))
     remote = rowstore.open(f"{base}/{name}", storage_options=opts)
     assert isinstance(remote._store, _remote.RemoteStore) and len(remote) == len(local) == N
@@ -439,6 +450,42 @@ def test_changed_objects_are_refused(tmp_path, http_factory, s3):
     with pytest.raises(ChecksumError):
         r2.take(np.arange(100))
     del data
+
+
+def test_changed_objects_are_refused_on_gcs(tmp_path, gcs):
+    """GCS (no ``If-Match`` on its reads here): a single file replaced after open fails its
+    chunks' CRC, and the HEAD that follows names it as changed (its ETag); a dataset's shard
+    replaced by another of another size is refused by its size, as on S3."""
+    fs = fsspec.filesystem("gs", **gcs)
+    p = str(tmp_path / "f.h5")
+    with rowstore.Writer(p, SCHEMA, block_bytes=8 << 10) as w:
+        w.write_batch(_columns(500))
+    fs.put(p, "rowstore/changing.h5")
+    r = rowstore.open("gs://rowstore/changing.h5", storage_options=gcs)
+    assert same(r.take([0]), rowstore.open(p).take([0]))
+    with rowstore.Writer(p, SCHEMA, block_bytes=8 << 10) as w:
+        w.write_batch(_columns(500, seed=2))
+    fs.put(p, "rowstore/changing.h5")
+    with pytest.raises(ObjectChangedError, match="changed since it was opened"):
+        r.take(np.arange(500))
+    ds = str(tmp_path / "ds")
+    with rowstore.DatasetWriter(ds, SCHEMA, shard_bytes=40_000, block_bytes=8 << 10) as w:
+        w.write_batch(_columns(1000))
+    fs.put(ds + "/", "rowstore/changing-ds/", recursive=True)
+    r = rowstore.open("gs://rowstore/changing-ds", storage_options=gcs)
+    other = str(tmp_path / "other.h5")
+    with rowstore.Writer(other, SCHEMA, block_bytes=8 << 10) as w:
+        w.write_batch(_columns(300, seed=3))
+    fs.put(other, "rowstore/changing-ds/" + r.layout.shard_paths[0].split("changing-ds/", 1)[1])
+    with pytest.raises(ObjectChangedError, match="bytes"):
+        r.take(np.arange(100))
+
+
+def test_missing_gcs_objects_are_named(gcs):
+    with pytest.raises(FormatError, match="missing"):
+        rowstore.open("gs://rowstore/data/nothing.h5", storage_options=gcs)
+    with pytest.raises(FileNotFoundError):
+        rowstore.open("gs://rowstore/no-such-dataset", storage_options=gcs)
 
 
 def test_access_refused_at_open(http):

@@ -1,6 +1,6 @@
 """The local block cache of remote reads (``rowstore.open(url, cache=DIR)``), over a real HTTP
-server: later epochs read locally; two processes share it; a SIGKILLed filler and damaged files
-are never trusted; the size limit holds."""
+server and a GCS emulator: later epochs read locally; two processes share it; a SIGKILLed
+filler and damaged files are never trusted; the size limit holds."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ SCHEMA = Schema([Field("x", "float32", (16,)), Field("label", "int64"), Field("t
 N = 4000
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, http_factory):
+@pytest.fixture(scope="module", params=["http", "gs"])
+def served(request, tmp_path_factory, http_factory):
+    """``(url, local directory, storage_options)`` of one dataset served over HTTP, then GCS."""
     d = str(tmp_path_factory.mktemp("cached"))
     cols = {
         "x": np.random.default_rng(0).random((N, 16), dtype=np.float32),
@@ -34,8 +35,14 @@ def served(tmp_path_factory, http_factory):
         os.path.join(d, "ds"), SCHEMA, shard_bytes=100_000, block_bytes=8 << 10, compression="lz4"
     ) as w:
         w.write_batch(cols)
+    if request.param == "gs":
+        import fsspec
+
+        _, so = request.getfixturevalue("gcs_server")
+        fsspec.filesystem("gs", **so).put(d + "/ds/", "rowstore/cached/ds/", recursive=True)
+        return "gs://rowstore/cached/ds", os.path.join(d, "ds"), so
     srv = http_factory(d)
-    return srv.url + "/ds", os.path.join(d, "ds")
+    return srv.url + "/ds", os.path.join(d, "ds"), None
 
 
 def _epoch(r, seed=0):
@@ -44,9 +51,9 @@ def _epoch(r, seed=0):
 
 
 def test_later_epochs_read_from_the_cache(served, tmp_path):
-    url, local = served
+    url, local, so = served
     want = _epoch(rowstore.open(local))
-    r = rowstore.open(url, cache=str(tmp_path / "c"))
+    r = rowstore.open(url, cache=str(tmp_path / "c"), storage_options=so)
     got = _epoch(r)
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     first = r._store.requests
@@ -57,17 +64,17 @@ def test_later_epochs_read_from_the_cache(served, tmp_path):
     assert r._store._cache.hits >= r.layout.num_blocks
 
 
-def _fill(url, cache, seed, q):
-    r = rowstore.open(url, cache=cache)
+def _fill(url, so, cache, seed, q):
+    r = rowstore.open(url, cache=cache, storage_options=so)
     q.put([a.tolist() for a in _epoch(r, seed)[:1]])
 
 
 def test_two_processes_share_the_cache(served, tmp_path):
-    url, local = served
+    url, local, so = served
     cache = str(tmp_path / "c")
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_fill, args=(url, cache, s, q)) for s in (1, 2)]
+    procs = [ctx.Process(target=_fill, args=(url, so, cache, s, q)) for s in (1, 2)]
     for p in procs:
         p.start()
     res = [q.get(timeout=scaled(120)) for _ in procs]
@@ -78,23 +85,23 @@ def test_two_processes_share_the_cache(served, tmp_path):
     assert sorted(map(tuple, (tuple(r[0]) for r in res))) == sorted(
         tuple(_epoch(ref, s)[0].tolist()) for s in (1, 2)
     )
-    r = rowstore.open(url, cache=cache)
+    r = rowstore.open(url, cache=cache, storage_options=so)
     assert all(np.array_equal(a, b) for a, b in zip(_epoch(ref, 3), _epoch(r, 3)))
     assert r._store.requests == 0  # everything came from what the two processes cached
 
 
-def _read_forever(url, cache):
-    r = rowstore.open(url, cache=cache)
+def _read_forever(url, so, cache):
+    r = rowstore.open(url, cache=cache, storage_options=so)
     for s in range(1000):
         for _ in r.batches(100, seed=s, window=2):
             pass
 
 
 def test_killed_filler_and_damaged_files_are_not_trusted(served, tmp_path):
-    url, local = served
+    url, local, so = served
     cache = str(tmp_path / "c")
     ctx = multiprocessing.get_context("fork")
-    p = ctx.Process(target=_read_forever, args=(url, cache))
+    p = ctx.Process(target=_read_forever, args=(url, so, cache))
     p.start()
     c = BlockCache(cache, 1 << 30)
     wait_until(lambda: len(c._files()) >= 5, timeout=60)  # asserted below
@@ -108,7 +115,7 @@ def test_killed_filler_and_damaged_files_are_not_trusted(served, tmp_path):
     with open(files[1], "r+b") as f:
         f.seek(40)
         f.write(b"garbage!")
-    r = rowstore.open(url, cache=cache)
+    r = rowstore.open(url, cache=cache, storage_options=so)
     ref = rowstore.open(local)
     assert all(np.array_equal(a, b) for a, b in zip(_epoch(ref, 5), _epoch(r, 5)))
     # Both damaged files were dropped and cached again, whole; every file now checks.
@@ -128,9 +135,11 @@ def _valid(path: str) -> bool:
 
 
 def test_size_limit(served, tmp_path):
-    url, local = served
+    url, local, so = served
     limit = 40_000
-    r = rowstore.open(url, cache=str(tmp_path / "c"), remote={"cache_bytes": limit})
+    r = rowstore.open(
+        url, cache=str(tmp_path / "c"), remote={"cache_bytes": limit}, storage_options=so
+    )
     ref = rowstore.open(local)
     assert all(np.array_equal(a, b) for a, b in zip(_epoch(ref), _epoch(r)))
     assert 0 < r._store._cache.size() <= limit

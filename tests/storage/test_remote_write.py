@@ -1,6 +1,6 @@
-"""Writing to object storage (a real moto S3 server): Writer, DatasetWriter and write_shard +
-commit with s3:// URLs; what is committed reads back equal; a failed commit leaves the previous
-version current and readable."""
+"""Writing to object storage (a real moto S3 server and a GCS emulator): Writer, DatasetWriter
+and write_shard + commit with s3:// and gs:// URLs; what is committed reads back equal; a failed
+commit leaves the previous version current and readable."""
 
 from __future__ import annotations
 
@@ -30,25 +30,27 @@ def _labels(r) -> np.ndarray:
     return r.take(np.arange(len(r)))["label"]
 
 
-def test_writer_uploads_a_file(s3_server):
-    _, so = s3_server
-    with rowstore.Writer(
-        "s3://rowstore/w/one.h5", SCHEMA, storage_options=so, block_bytes=4096
-    ) as w:
+def _fs(root: str, so: dict):
+    return fsspec.filesystem(root.split("://", 1)[0], **so)
+
+
+def test_writer_uploads_a_file(object_store):
+    root, so = object_store
+    with rowstore.Writer(f"{root}/w/one.h5", SCHEMA, storage_options=so, block_bytes=4096) as w:
         w.write_batch(_cols(0, 700))
-    r = rowstore.open("s3://rowstore/w/one.h5", storage_options=so)
+    r = rowstore.open(f"{root}/w/one.h5", storage_options=so)
     assert np.array_equal(_labels(r), np.arange(700)) and r[5]["text"] == "t5"
-    fs = fsspec.filesystem("s3", **so)
+    fs = _fs(root, so)
     with pytest.raises(RuntimeError):
-        with rowstore.Writer("s3://rowstore/w/two.h5", SCHEMA, storage_options=so) as w:
+        with rowstore.Writer(f"{root}/w/two.h5", SCHEMA, storage_options=so) as w:
             w.write_batch(_cols(0, 10))
             raise RuntimeError("job failed")
     assert not fs.exists("rowstore/w/two.h5")  # nothing uploaded
 
 
-def test_dataset_writer_and_append(s3_server):
-    _, so = s3_server
-    url = "s3://rowstore/w/ds"
+def test_dataset_writer_and_append(object_store):
+    root, so = object_store
+    url = f"{root}/w/ds"
     with rowstore.DatasetWriter(
         url, SCHEMA, storage_options=so, shard_bytes=8000, block_bytes=2048
     ) as w:
@@ -79,11 +81,11 @@ def _worker(args):
     )
 
 
-def test_shards_from_several_processes_then_commit(s3_server):
+def test_shards_from_several_processes_then_commit(object_store):
     """write_shard in 3 forked processes (each makes its own client), one commit: readable, in
     order; a failed commit (a shard that is not there) leaves the previous version current."""
-    _, so = s3_server
-    url = "s3://rowstore/w/par"
+    root, so = object_store
+    url = f"{root}/w/par"
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(3) as pool:
         infos = pool.map(_worker, [(url, so, k) for k in range(3)])
@@ -92,7 +94,7 @@ def test_shards_from_several_processes_then_commit(s3_server):
     assert np.array_equal(_labels(r), np.arange(600)) and r.layout.num_shards == 3
     more = _worker((url, so, 3))
     gone = rowstore.write_shard(url, SCHEMA, _cols(0, 5), storage_options=so)
-    fsspec.filesystem("s3", **so).rm_file(f"rowstore/w/par/{gone.path}")
+    _fs(root, so).rm_file(f"rowstore/w/par/{gone.path}")
     with pytest.raises(FormatError, match="missing"):
         rowstore.commit(url, [more, gone], mode="a", storage_options=so)
     r = rowstore.open(url, storage_options=so)

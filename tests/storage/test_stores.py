@@ -1,5 +1,5 @@
-"""The storage conformance suites (:mod:`conformance`) run against local disk, a moto S3 server
-and an HTTP server (read-only: its chunk store only)."""
+"""The storage conformance suites (:mod:`conformance`) run against local disk, a moto S3 server,
+a GCS emulator and an HTTP server (read-only: its chunk store only)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,34 @@ class TestS3Store(ChunkStoreTests):
     @pytest.fixture
     def served(self, s3_dataset, local_dataset):
         url, so = s3_dataset
+        return open_layout(url, storage_options=so), local_dataset
+
+
+# -- GCS (gcp-storage-emulator) ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gcs_dataset(local_dataset, gcs_server):
+    import fsspec
+
+    _, so = gcs_server
+    fsspec.filesystem("gs", **so).put(
+        local_dataset + "/", "rowstore/conformance/ds/", recursive=True
+    )
+    return "gs://rowstore/conformance/ds", so
+
+
+class TestGCSDir(DestinationTests):
+    @pytest.fixture
+    def dest(self, gcs_server):
+        _, so = gcs_server
+        d = storage.destination(f"gs://rowstore/dest-{next(_PREFIXES)}", so)
+        assert isinstance(d, RemoteDir) and not d.conditional
+        return d
+
+
+class TestGCSStore(ChunkStoreTests):
+    @pytest.fixture
+    def served(self, gcs_dataset, local_dataset):
+        url, so = gcs_dataset
         return open_layout(url, storage_options=so), local_dataset
 
 

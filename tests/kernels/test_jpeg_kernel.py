@@ -333,3 +333,27 @@ def test_op_declarations_are_checked():
         io.check_decode({"image": "RandomResizedCrop"})
     with pytest.raises(TypeError):
         io.check_decode([io.Resize(3)])
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_progressive_and_every_subsampling(progressive):
+    """PIL's encoder: baseline and progressive scans, 4:4:4, 4:2:2 and 4:2:0, grey."""
+    import io as _io
+
+    rng = np.random.default_rng(11)
+    for channels in (3, 1):
+        payloads = []
+        for sub in (0, 1, 2):
+            a = photo(rng, int(rng.integers(100, 900)), int(rng.integers(100, 900)), channels)
+            buf = _io.BytesIO()
+            Image.fromarray(a).save(
+                buf, "JPEG", quality=88, progressive=progressive, subsampling=sub
+            )
+            payloads.append(buf.getvalue())
+        for op in (io.RandomResizedCrop(96), io.CenterCrop(64), io.Resize((70, 50))):
+            out, status, _, _ = decode(payloads, op, channels)
+            assert not status.any()
+            for i, p in enumerate(payloads):
+                ref, _ = io.decode_reference(op, p, io.row_key(BASE, i), channels)
+                d = np.abs(ref.reshape(out[i].shape).astype(int) - out[i])
+                assert d.mean() < 1.5 and d.max() <= 24

@@ -52,6 +52,15 @@ def images(tmp_path_factory):
     return path, rows
 
 
+@pytest.fixture
+def reader(images):
+    """A reader of the images, closed (its decode threads stopped) after the test; the loaders
+    are given it, so they never own one."""
+    r = rowstore.open(images[0])
+    yield r
+    r.close()
+
+
 def expected(rows, field, op, seed, epoch, row, channels):
     """What row ``row`` of ``field`` decodes to under ``op`` in (seed, epoch): the reference
     decode of its JPEG (the codec's encoding is deterministic) with its key."""
@@ -61,9 +70,9 @@ def expected(rows, field, op, seed, epoch, row, channels):
     return img.reshape(op.size + ((3,) if channels == 3 else ())), params
 
 
-def test_batches_are_fixed_size_and_each_row_is_its_key(images):
-    path, rows = images
-    r = rowstore.open(path)
+def test_batches_are_fixed_size_and_each_row_is_its_key(images, reader):
+    _, rows = images
+    r = reader
     decode = {"image": RRC, "gray": io.CenterCrop((20, 24), fraction=0.9)}
     got = list(r.deal(10, shuffle="full", seed=4, epoch=2, with_ids=True, decode=decode))
     assert [b["image"].shape for b in got] == [(10, 32, 32, 3)] * 4 + [(5, 32, 32, 3)]
@@ -95,9 +104,8 @@ def by_row(batches):
     return out
 
 
-def test_images_depend_on_seed_epoch_and_row_only(images):
-    path, _ = images
-    r = rowstore.open(path)
+def test_images_depend_on_seed_epoch_and_row_only(reader):
+    r = reader
     d = {"image": RRC}
     e0 = by_row(r.deal(8, shuffle="full", seed=1, epoch=0, with_ids=True, decode=d))
     again = by_row(r.deal(8, shuffle="block", seed=1, epoch=0, with_ids=True, decode=d))
@@ -120,9 +128,8 @@ def test_images_depend_on_seed_epoch_and_row_only(images):
     assert all(np.array_equal(b[k], e0[k]) for k in range(N))
 
 
-def test_the_fallback_decoder_gives_the_same_geometry(images, monkeypatch):
-    path, _ = images
-    r = rowstore.open(path)
+def test_the_fallback_decoder_gives_the_same_geometry(reader, monkeypatch):
+    r = reader
     d = {"image": io.RandomResizedCrop((24, 40)), "gray": io.Resize(16)}
     fast = list(r.batches(N, shuffle="none", seed=3, decode=d))[0]
     monkeypatch.setattr(_decode, "JPEG_KERNEL", False)
@@ -134,11 +141,11 @@ def test_the_fallback_decoder_gives_the_same_geometry(images, monkeypatch):
     assert np.array_equal(fast["gray__null"], slow["gray__null"])
 
 
-def test_torch_loader_resumes_exactly(images):
+def test_torch_loader_resumes_exactly(reader):
     torch = pytest.importorskip("torch")
     from rowstore.torch import BatchedDataLoader, IterableDataset
 
-    path, _ = images
+    path = reader
     kw = dict(batch_size=8, seed=5, shuffle="full", decode={"image": RRC}, fields=["image"])
     whole = [b["image"] for b in BatchedDataLoader(path, **kw)]
     assert whole[0].shape == (8, 32, 32, 3) and whole[0].dtype == torch.uint8
@@ -158,12 +165,12 @@ def test_torch_loader_resumes_exactly(images):
     assert all(torch.equal(a, b) for a, b in zip(got, whole))
 
 
-def test_tf_loader_gives_the_same_images(images):
+def test_tf_loader_gives_the_same_images(reader):
     pytest.importorskip("tensorflow")
     import rowstore.tf as rtf
     from rowstore.torch import BatchedDataLoader
 
-    path, _ = images
+    path = reader
     kw = dict(batch_size=8, seed=5, shuffle="full", decode={"image": RRC}, fields=["image"])
     want = [b["image"].numpy() for b in BatchedDataLoader(path, **kw)]
     loader = rtf.Loader(path, **kw)
@@ -191,16 +198,14 @@ def test_a_damaged_stored_jpeg_names_field_and_row(tmp_path):
     sof = at + payload.find(b"\xff\xc0")
     blob[sof + 5 : sof + 9] = b"\x00" * 4  # a frame of 0 x 0 pixels: every decode sees it
     open(path, "wb").write(bytes(blob))
-    r = rowstore.open(path, verify=False)
-    with pytest.raises(FormatError, match="row 4") as e:
+    with rowstore.open(path, verify=False) as r, pytest.raises(FormatError, match="row 4") as e:
         list(r.batches(6, shuffle="none", decode={"image": io.Resize(8)}))
     assert e.value.field == "image" and e.value.row == 4
     assert isinstance(e.value, rowstore.RowstoreError)
 
 
-def test_declarations_are_checked_against_the_schema(images):
-    path, _ = images
-    r = rowstore.open(path)
+def test_declarations_are_checked_against_the_schema(reader):
+    r = reader
     with pytest.raises(SchemaError, match="label"):
         list(r.batches(8, decode={"label": RRC}))
     with pytest.raises(SchemaError, match="nope"):
@@ -215,7 +220,10 @@ def test_declarations_are_checked_against_the_schema(images):
 def test_entry_points_without_ops_refuse_them(images):
     path, _ = images
     m = rowstore.mix({path: 1.0}, seed=0)
-    with pytest.raises(ValueError, match="does not apply decode"):
-        list(m.deal(8, decode={"image": RRC}))
-    with pytest.raises(ValueError, match="does not apply decode"):
-        list(m.batches(8, decode={"image": RRC}))
+    try:
+        with pytest.raises(ValueError, match="does not apply decode"):
+            list(m.deal(8, decode={"image": RRC}))
+        with pytest.raises(ValueError, match="does not apply decode"):
+            list(m.batches(8, decode={"image": RRC}))
+    finally:
+        m.close()

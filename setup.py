@@ -2,12 +2,17 @@
 
 Only ``_frame`` (everything that needs c-blosc2) links the static ``libblosc2.a`` shipped in the
 ``blosc2`` wheel (a build requirement), hiding its symbols, so the built package needs no shared
-libblosc2 at run time and cannot clash with the one python-blosc2 or PyTables load. The other
-modules need libc only. ``_ext/*.pxd`` hold the shared C declarations (see docs/kernels.md).
+libblosc2 at run time and cannot clash with the one python-blosc2 or PyTables load. ``_jpeg``
+(the JPEG batch kernel) needs libjpeg-turbo's ``jpeglib.h`` (Debian ``libjpeg62-turbo-dev``)
+and links its shared ``libjpeg.so.62`` (Debian's ``libjpeg.a`` is not position-independent);
+without the header
+it is not built and the reader decodes JPEG through imagecodecs. The other modules need libc
+only. ``_ext/*.pxd`` hold the shared C declarations (see docs/kernels.md).
 """
 
 import os
 import sys
+import sysconfig
 from glob import glob
 
 import numpy as np
@@ -29,7 +34,24 @@ def _blosc2_paths():
     return include, static
 
 
-def _extension(src: str) -> Extension:
+def _libjpeg() -> tuple[list[str], list[str], list[str]] | None:
+    """(include dirs, extra objects, link args) of libjpeg-turbo, or None without jpeglib.h.
+    ``ROWSTORE_LIBJPEG=0`` builds without the kernel (the fallback's tests)."""
+    if os.environ.get("ROWSTORE_LIBJPEG", "1") == "0":
+        return None
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    roots = [os.environ.get("ROWSTORE_LIBJPEG_PREFIX", ""), "/usr/local", "/usr"]
+    for root in filter(None, roots):
+        include = os.path.join(root, "include")
+        if not os.path.exists(os.path.join(include, "jpeglib.h")):
+            continue
+        includes = [include] + [os.path.join(include, multiarch)] * bool(multiarch)
+        libdirs = [os.path.join(root, "lib", multiarch), os.path.join(root, "lib")]
+        return includes, [], [f"-L{d}" for d in libdirs if os.path.isdir(d)] + ["-ljpeg"]
+    return None
+
+
+def _extension(src: str) -> Extension | None:
     name = os.path.splitext(os.path.basename(src))[0]
     include_dirs = [np.get_include(), "_ext"]
     extra_objects: list[str] = []
@@ -39,6 +61,14 @@ def _extension(src: str) -> Extension:
         include_dirs.append(blosc2_include)
         extra_objects.append(blosc2_static)
         libs = ["-lpthread", "-lm", "-ldl"]
+    if name == "_jpeg":
+        jpeg = _libjpeg()
+        if jpeg is None:
+            print("rowstore: no jpeglib.h (libjpeg62-turbo-dev): _jpeg not built", file=sys.stderr)
+            return None
+        include_dirs += jpeg[0]
+        extra_objects += jpeg[1]
+        libs = [*jpeg[2], "-lm"]
     return Extension(
         name,
         [src],
@@ -53,7 +83,11 @@ def _extension(src: str) -> Extension:
 # Cythonized under their own names, so that each module finds its _ext/<name>.pxd (the name a
 # cimport uses), then installed as private modules of the package.
 extensions = cythonize(
-    [_extension(src) for src in sorted(glob(os.path.join("_ext", "*.pyx")))],
+    [
+        ext
+        for ext in map(_extension, sorted(glob(os.path.join("_ext", "*.pyx"))))
+        if ext is not None
+    ],
     compiler_directives={"language_level": "3", "embedsignature": True},
 )
 for ext in extensions:

@@ -74,6 +74,9 @@ _LAZY = {
     "make_reader": "rowstore.reader.make_reader",
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",
+    "Resize": "rowstore.reader.image_ops",
+    "CenterCrop": "rowstore.reader.image_ops",
+    "RandomResizedCrop": "rowstore.reader.image_ops",
 }
 # The write path loads on first use too: importing the format's declarations (or reading
 # files) does not import the writer.
@@ -115,8 +118,8 @@ def __getattr__(name):
     """The names of ``_LAZY`` (the writer's names, :class:`~rowstore.reader.Reader`,
     ``from_pandas``/``read_pandas`` (pandas), ``shuffle``, ``order_quality``,
     ``from_arrow``/``from_parquet`` (pyarrow), ``from_huggingface``/``to_huggingface``
-    (datasets), ``make_reader``/``make_batch_reader`` and
-    ``TransformSpec``) import their modules on first use only."""
+    (datasets), ``make_reader``/``make_batch_reader``, ``TransformSpec`` and the image ops
+    ``Resize``/``CenterCrop``/``RandomResizedCrop``) import their modules on first use only."""
     if name in _LAZY:
         import importlib
 

@@ -39,6 +39,8 @@ __all__ = [
     "PNG_UNSUPPORTED",
     "PNG_CORRUPT",
     "PNG_NOMEM",
+    "jpeg_decode_batch",
+    "JPEG_AVAILABLE",
     "KernelCode",
     "KernelError",
     "KernelChecksumError",
@@ -520,5 +522,81 @@ def png_decode_batch(
     return int(
         _png.png_decode_batch(
             data, offsets, nul, flat, h, w, c, 8 * out.dtype.itemsize, lo, hi, status
+        )
+    )
+
+
+#: ``jpeg_decode_batch`` status codes, one per image: decoded (or null, zeroed); damaged
+#: bytes (a libjpeg error or warning); a JPEG the kernel does not decode (CMYK, 12-bit); no
+#: memory for the scratch buffers; a decoded crop over ``max_bytes``. Every code but JPEG_OK
+#: means "not decoded". JPEG_AVAILABLE is False where the kernel was not built (no
+#: ``jpeglib.h``): the reader then decodes with :func:`rowstore.reader.image_ops.decode_reference`.
+try:
+    from rowstore import _jpeg  # type: ignore[attr-defined, unused-ignore]
+except ImportError:  # built without libjpeg-turbo's headers
+    _jpeg = None
+JPEG_AVAILABLE = _jpeg is not None
+JPEG_OK, JPEG_CORRUPT, JPEG_UNSUPPORTED, JPEG_NOMEM, JPEG_TOO_LARGE = range(5)
+JPEG_INFO = 8
+
+
+def jpeg_decode_batch(
+    data: np.ndarray,
+    offsets: np.ndarray,
+    nulls: np.ndarray | None,
+    rows: np.ndarray,
+    base: int,
+    op,
+    out: np.ndarray,
+    lo: int,
+    hi: int,
+    status: np.ndarray,
+    *,
+    info: np.ndarray | None = None,
+    max_bytes: int = 1 << 30,
+) -> int:
+    """Decode JPEG images ``lo..hi`` of a batch through the image op ``op``
+    (:mod:`rowstore.reader.image_ops`) into ``out`` (``(n, H, W)`` or ``(n, H, W, C)`` uint8,
+    C-contiguous, ``(H, W)`` the op's size, C 1 or 3): image i is
+    ``data[offsets[i]:offsets[i + 1]]``, its parameters drawn from ``row_key(base, rows[i])``;
+    null images (``nulls``) are zeroed. The GIL is released for the whole range; several
+    threads may decode disjoint ranges of one batch at once. ``status[i]`` gets a ``JPEG_*``
+    code; ``info`` (``n x JPEG_INFO`` int64, optional) gets, per image, its height and width,
+    the crop ``(y0, x0, h, w)``, the flip and the DCT scale denominator. Returns the number of
+    images not decoded (their slots unspecified)."""
+    if _jpeg is None:
+        raise RuntimeError("rowstore was built without libjpeg-turbo: no JPEG kernel")
+    h, w = op.size
+    if out.dtype != np.uint8 or out.ndim not in (3, 4) or out.shape[1:3] != (h, w):
+        raise ValueError(
+            f"jpeg_decode_batch: out must be (n, {h}, {w}[, C]) uint8, got {out.dtype} {out.shape}"
+        )
+    c = out.shape[3] if out.ndim == 4 else 1
+    flat = _flat_bytes(out, "jpeg_decode_batch")
+    nul = None if nulls is None else nulls.view(np.uint8)
+    slo, shi, rlo, rhi, fraction = op._params()
+    return int(
+        _jpeg.jpeg_decode_batch(
+            data,
+            offsets,
+            nul,
+            np.ascontiguousarray(rows, np.int64),
+            np.uint64(base),
+            flat,
+            h,
+            w,
+            c,
+            op.mode,
+            slo,
+            shi,
+            rlo,
+            rhi,
+            fraction,
+            op.flip,
+            max_bytes,
+            lo,
+            hi,
+            status,
+            info,
         )
     )

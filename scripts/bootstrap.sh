@@ -24,6 +24,19 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
+# The JPEG kernel (_ext/_jpeg.pyx) needs libjpeg-turbo's headers; installed here when we may
+# (root with apt), else the kernel is not built and JPEG image ops decode through imagecodecs.
+if [ ! -f /usr/include/jpeglib.h ] && [ ! -f /usr/local/include/jpeglib.h ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing libjpeg62-turbo-dev for the JPEG kernel"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libjpeg62-turbo-dev >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libjpeg62-turbo-dev >/dev/null 2>&1; } \
+            || echo "bootstrap: could not install libjpeg62-turbo-dev: no JPEG kernel (imagecodecs decodes)"
+    else
+        echo "bootstrap: no jpeglib.h: the JPEG kernel is not built (apt-get install libjpeg62-turbo-dev)"
+    fi
+fi
+
 # Rebuilds only kernels whose sources changed.
 "$VENV/bin/python" setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|skipping)|SetuptoolsDeprecationWarning|^\s*$|^\s*!!|^\s*\*+|Please|See https|^\s*\*\*\*" || true
 

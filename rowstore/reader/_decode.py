@@ -6,9 +6,11 @@ bytes; every other field is decoded by its codec's ``decode_batch`` into an arra
 here from the schema (or the caller's ``out=``), on the decode pool when the codec releases
 the GIL. PNG images of a fixed shape (the built-in ``png`` codec) are decoded by a kernel
 instead, a range of images per call and thread without the GIL (:func:`_png_batch`); the
-images it leaves undecoded go through the codec. Sizes that come from the file are checked against
-the limits of
-:mod:`rowstore.format.spec` before they size an allocation.
+images it leaves undecoded go through the codec. A ``jpeg`` field read through an image op
+(``decode=`` of the epoch, :mod:`rowstore.reader.image_ops`) is decoded, cropped and resized
+to the op's fixed size by the JPEG kernel (:func:`_jpeg_batch`). Sizes that come from the
+file are checked against the limits of :mod:`rowstore.format.spec` before they size an
+allocation.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rowstore.codecs import Payloads, Png
 from rowstore.codecs.abc import Codec, ParallelMap, serial
 from rowstore.errors import CodecError, CodecNotAvailableError, FormatError
 from rowstore.format import spec
+from rowstore.reader import image_ops
 from rowstore.reader._gather import FieldPlan, Gathered
 from rowstore.reader.buffers import Ragged
 
@@ -44,9 +47,15 @@ class Decoder:
     made it (a forked child makes its own) and ends with :meth:`close`.
     """
 
-    def __init__(self, path: str, where: Callable[[int], tuple[str, int, int]]):
+    def __init__(
+        self,
+        path: str,
+        where: Callable[[int], tuple[str, int, int]],
+        rows_of: Callable[[np.ndarray], np.ndarray] | None = None,
+    ):
         self.path = path  # the dataset's, for errors that concern no row
         self.where = where  # row id -> (shard path, block in the shard, dataset row), for errors
+        self.rows_of = rows_of or (lambda ids: ids)  # row ids -> dataset rows (image op keys)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._workers = 0
@@ -94,8 +103,11 @@ class Decoder:
         out: dict | None = None,
         out_start: int = 0,
         threads: int = 1,
+        images: dict[str, tuple[image_ops.ImageOp, int]] | None = None,
     ) -> dict[str, Any]:
-        """The batch dict of ``g``: every selected field decoded, null flags kept."""
+        """The batch dict of ``g``: every selected field decoded, null flags kept; the fields
+        of ``images`` (``{field: (op, base)}``: the op and its epoch's key base) through their
+        image op."""
         batch = g.columns
         par: ParallelMap | None = None
         for p in plans:
@@ -104,8 +116,45 @@ class Decoder:
                 continue  # raw bytes, already in their batch array
             if p.field.codec_obj.releases_gil and par is None:
                 par = self.parallel(threads)
+            if images and p.field.name in images:
+                op, base = images[p.field.name]
+                batch[p.field.name] = self._image(p, col, g, op, base, par or serial)
+                continue
             batch[p.field.name] = self._field(p, col, g, out, out_start, par or serial)
         return batch
+
+    def _image(
+        self,
+        p: FieldPlan,
+        col: Payloads,
+        g: Gathered,
+        op: image_ops.ImageOp,
+        base: int,
+        par: ParallelMap,
+    ) -> np.ndarray:
+        """A jpeg column through its image op: ``n x H x W[ x C]`` uint8."""
+        f = p.field
+        c = f.shape[2] if len(f.shape) == 3 else 1
+        dst = np.empty((len(col),) + op.size + ((c,) if len(f.shape) == 3 else ()), np.uint8)
+        rows = np.ascontiguousarray(self.rows_of(g.row_ids()), np.int64)
+        status = np.zeros(len(col), np.uint8)
+        _jpeg_batch(op, base, col, rows, dst, c, status, par)
+        bad = np.flatnonzero(status)
+        if len(bad):
+            i = int(bad[0])
+            why = _JPEG_WHY.get(int(status[i]), f"status {int(status[i])}")
+            if status[i] == kernels.JPEG_NOMEM:
+                raise MemoryError(f"field {f.name!r}: no memory to decode a JPEG image")
+            path, blk, row = self.where(int(g.row_ids()[i]))
+            raise FormatError(
+                f"{path!r}: field {f.name!r}: row {row}: stored JPEG does not decode ({why}; "
+                f"corrupt file?)",
+                path=path,
+                block=blk,
+                field=f.name,
+                row=row,
+            ) from CodecError(why, codec="jpeg", field=f.name)
+        return dst
 
     def _field(
         self,
@@ -235,6 +284,64 @@ def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -
         if kernels.png_decode_batch(col.data, col.offsets, col.nulls, dst, lo, hi, status):
             for i in lo + np.flatnonzero(status[lo:hi]):
                 codec.decode_into(col.payload(int(i)), dst[i])
+
+    par(run, len(col))
+
+
+#: Decode ``jpeg`` fields read through an image op with ``kernels.jpeg_decode_batch`` (False,
+#: or no kernel built: :func:`rowstore.reader.image_ops.decode_reference`, image by image).
+JPEG_KERNEL = True
+
+_JPEG_WHY = {
+    kernels.JPEG_CORRUPT: "libjpeg reports damaged or truncated data",
+    kernels.JPEG_UNSUPPORTED: "a JPEG of a kind the reader does not decode (CMYK, 12-bit)",
+    kernels.JPEG_TOO_LARGE: "its header declares an image too large to decode",
+}
+
+
+def _jpeg_batch(
+    op: image_ops.ImageOp,
+    base: int,
+    col: Payloads,
+    rows: np.ndarray,
+    dst: np.ndarray,
+    channels: int,
+    status: np.ndarray,
+    par: ParallelMap,
+) -> None:
+    """Decode a batch of JPEG images through ``op`` into ``dst``: each range of images in one
+    kernel call without the GIL, on the decode threads; ``status`` gets each image's code.
+    Without the kernel, the reference decoder (imagecodecs, then NumPy)."""
+    use_kernel = JPEG_KERNEL and kernels.JPEG_AVAILABLE
+
+    def run(lo: int, hi: int) -> None:
+        if use_kernel:
+            kernels.jpeg_decode_batch(
+                col.data,
+                col.offsets,
+                col.nulls,
+                rows,
+                base,
+                op,
+                dst,
+                lo,
+                hi,
+                status,
+                max_bytes=image_ops.MAX_DECODED_BYTES,
+            )
+            return
+        for i in range(lo, hi):
+            if col.is_null(i):
+                dst[i] = 0
+                continue
+            try:
+                img, _ = image_ops.decode_reference(
+                    op, col.payload(i), image_ops.row_key(base, int(rows[i])), channels
+                )
+            except Exception:
+                status[i] = kernels.JPEG_CORRUPT
+                continue
+            dst[i] = img.reshape(dst[i].shape)
 
     par(run, len(col))
 

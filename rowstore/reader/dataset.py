@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from rowstore._check import nonneg_int, positive_int
+from rowstore.errors import SchemaError
 from rowstore.format.open import open_layout
 from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
@@ -31,6 +32,7 @@ from rowstore.reader.buffers import (
     pad_ragged,
 )
 from rowstore.reader.epochs import EpochSource, EpochSpec, as_pair, deprecated, part_spec
+from rowstore.reader.image_ops import check_decode, decoded_schema, image_base
 from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, pad_ids
 from rowstore.schema import Schema
 from rowstore.storage import ChunkStore, chunk_store
@@ -200,7 +202,7 @@ class Reader:
             max_open=self.max_open_files,
         )
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
-        self._decoder = Decoder(self.path, layout.where)
+        self._decoder = Decoder(self.path, layout.where, layout.rows_of)
 
     # -- pickling / fork -------------------------------------------------------------------
     def __getstate__(self) -> dict:
@@ -319,9 +321,11 @@ class Reader:
         out: dict | None = None,
         out_start: int = 0,
         threads: int = 1,
+        images: dict | None = None,
     ) -> dict[str, Any]:
         """Gather then decode one request (rows or a segment); thread-safe. A request touching
-        more shards than the store keeps open is read in parts."""
+        more shards than the store keeps open is read in parts. ``images``: the image ops of
+        :meth:`_images`."""
         if self.layout.num_shards > self._store.max_open and (
             not isinstance(request, _order.Segment) or request.blocks is None
         ):
@@ -331,13 +335,40 @@ class Reader:
                 h = len(rows) // 2
                 return concat_batches(
                     [
-                        self._read(rows[:h], plans, out, out_start, threads),
-                        self._read(rows[h:], plans, out, out_start + h, threads),
+                        self._read(rows[:h], plans, out, out_start, threads, images),
+                        self._read(rows[h:], plans, out, out_start + h, threads, images),
                     ]
                 )
         return self._decoder.decode(
-            self._gatherer.gather(request, plans, out, out_start), plans, out, out_start, threads
+            self._gatherer.gather(request, plans, out, out_start),
+            plans,
+            out,
+            out_start,
+            threads,
+            images,
         )
+
+    def _images(self, spec: EpochSpec, plans: list[FieldPlan]) -> dict | None:
+        """``{field: (op, key base)}`` of the spec's ``decode`` ops (checked against the schema
+        and the fields read) for its (seed, epoch); None without ops."""
+        decode = check_decode(spec.decode, self.schema)
+        if not decode:
+            return None
+        read = {p.field.name for p in plans}
+        for name in decode:
+            if name not in read:
+                raise SchemaError(
+                    f"decode names field {name!r}, which is not among the fields read "
+                    f"{sorted(read)}",
+                    field=name,
+                )
+        return {n: (op, image_base(spec.seed, spec.epoch, n)) for n, op in decode.items()}
+
+    def output_schema(self, fields: Sequence[Any] | None = None, decode: Any = None) -> Schema:
+        """The schema of the batches of ``fields`` (default all) read with the image ops
+        ``decode`` (``{field: ImageOp}``): each such field a fixed-size uint8 image."""
+        schema = self.schema.select(select_fields(self.schema, fields))
+        return decoded_schema(schema, decode)
 
     def _pieces(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Split a take into pieces that bound the blocks loaded at once."""
@@ -548,7 +579,8 @@ class Reader:
             The order arguments of :class:`~rowstore.reader.epochs.EpochSpec` (one meaning
             each, ``docs/order.md``): ``shuffle`` (``"block"``, ``"full"``, ``"none"``, or
             True/False), ``seed``, ``epoch``, ``window``, ``pieces``, ``drop_last`` (drop the
-            last partial batch). A dealt ``shard`` and ``pad`` are :meth:`deal`'s.
+            last partial batch), ``decode`` (image ops of jpeg fields: ``{field: ImageOp}``,
+            :mod:`rowstore.reader.image_ops`). A dealt ``shard`` and ``pad`` are :meth:`deal`'s.
         fields : sequence of str, optional
             Fields to read (default: all).
         part : (index, count)
@@ -609,12 +641,13 @@ class Reader:
             lo, hi = _order.shard_bounds(eo.num_rows, rank, world, even)
             return eo.aligned(min(lo + start, hi), hi, step)
 
+        images = self._images(spec, plans)
         segments = self._fetch_ahead(order_segments, plans)
         threads = num_threads or self.num_threads
         columns = self._pooled_columns(plans, threads, prefetch)
 
         def produce(seg: _order.Segment) -> dict:
-            return self._read(seg, plans, columns(len(seg)), 0, threads)
+            return self._read(seg, plans, columns(len(seg)), 0, threads, images)
 
         def finish(batch: dict) -> dict:
             return self._finish_varlen(batch, plans, varlen)
@@ -820,7 +853,7 @@ class Reader:
             ``shuffle``, ``seed``, ``epoch``, ``window``, ``pieces``, ``shard`` (this
             consumer's dealt part), ``drop_last``/``pad`` (equal steps; ``pad`` adds
             ``"__pad"``, True for rows repeated to even out steps), ``unit``, ``keep`` (a row
-            subset, :meth:`keep_mask`).
+            subset, :meth:`keep_mask`), ``decode`` (image ops of jpeg fields).
         remaining : list of [a, b), optional
             From a saved state: deal only those global batches.
         skip : int
@@ -876,9 +909,10 @@ class Reader:
         threads = num_threads or self.num_threads
         rows_of = self.layout.rows_of
         columns = self._pooled_columns(plans, threads, prefetch)
+        images = self._images(spec, plans)
 
         def produce(seg: _order.Segment) -> dict:
-            b = self._read(seg, plans, columns(len(seg)), 0, threads)
+            b = self._read(seg, plans, columns(len(seg)), 0, threads, images)
             if with_ids:
                 b[ID_KEY] = rows_of(seg.rows())
             if pad:

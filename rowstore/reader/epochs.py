@@ -14,7 +14,10 @@ keyword arguments, so the same words have the same meaning everywhere (``docs/or
   units, round-robin: :mod:`rowstore.reader.plan`);
 - ``part=(index, count)``: a **contiguous** slice of the epoch order (``Reader.batches``,
   ``rowstore.tf.make_dataset``), with ``even=True`` making every slice the same size;
-- ``drop_last`` / ``pad``: the equal-steps policy of a dealt epoch.
+- ``drop_last`` / ``pad``: the equal-steps policy of a dealt epoch;
+- ``decode``: decode-time image ops of ``jpeg`` fields (``{field: RandomResizedCrop(224)}``,
+  :mod:`rowstore.reader.image_ops`), their random parameters a pure function of (seed, epoch,
+  field, row).
 
 The spec also gives what the resumable loaders share: the order key a saved state is checked
 against, the state once every consumer took ``k`` steps, and the shuffle-quality report.
@@ -30,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from rowstore._check import positive_int
+from rowstore.reader.image_ops import check_decode
 from rowstore.reader.order import check_args, check_shard, shuffle_mode
 from rowstore.reader.plan import (
     ORDER_DEFAULTS,
@@ -47,6 +51,7 @@ __all__ = [
     "as_pair",
     "check_quality",
     "deprecated",
+    "no_decode",
     "part_spec",
     "report_quality",
 ]
@@ -68,6 +73,22 @@ def as_pair(name: str, value: Any) -> tuple[int, int]:
             f"{name} must be (rank, world) with ints 0 <= rank < world, got {value!r}"
         ) from None
     return int(rank), int(world)
+
+
+#: The entry points that decode through image ops (``decode=``).
+DECODE_ENTRY_POINTS = (
+    "Reader.batches/deal, rowstore.torch.BatchedDataLoader and IterableDataset, "
+    "rowstore.tf.Loader and make_dataset"
+)
+
+
+def no_decode(where: str, spec: EpochSpec) -> None:
+    """``ValueError`` if ``spec`` declares image ops that ``where`` does not apply (rather than
+    ignoring them and handing out images of another shape)."""
+    if spec.decode:
+        raise ValueError(
+            f"{where} does not apply decode= image ops; they are read by {DECODE_ENTRY_POINTS}"
+        )
 
 
 def deprecated(where: str, old: str, new: str, stacklevel: int = 2) -> None:
@@ -113,6 +134,10 @@ class EpochSpec:
         Global batches dealt at a time (default: about four windows of rows).
     keep : bool array, optional
         A row subset (one bool per dataset row; :meth:`Reader.keep_mask`).
+    decode : dict, optional
+        ``{field: ImageOp}``: ``jpeg`` fields decoded through a crop/resize/flip
+        (:mod:`rowstore.reader.image_ops`) into fixed-size uint8 batches; the op's random
+        parameters are drawn from (seed, epoch, field, dataset row), so resuming is exact.
     """
 
     shuffle: Any = "block"
@@ -125,9 +150,11 @@ class EpochSpec:
     pad: bool = False
     unit: int | None = None
     keep: np.ndarray | None = None
+    decode: Any = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        put(self, "decode", check_decode(self.decode))
         put(self, "shuffle", shuffle_mode(self.shuffle))
         put(self, "shard", as_pair("shard", (0, 1) if self.shard is None else self.shard))
         check_args(self.shuffle, self.seed, self.epoch, self.window or 1, *self.shard)

@@ -34,7 +34,7 @@ from rowstore.reader import order as _order
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import Ragged, concat_batches
 from rowstore.reader.dataset import Reader, as_reader, finish_varlen
-from rowstore.reader.epochs import EpochSpec, deprecated, part_spec
+from rowstore.reader.epochs import EpochSpec, deprecated, no_decode, part_spec
 from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY, EpochPlan
 
 __all__ = ["Mixture", "mix", "SOURCE_KEY"]
@@ -346,6 +346,7 @@ class Mixture:
             deprecated("Mixture.deal", "consumer=", "shard=")
             order["shard"] = consumer
         spec = EpochSpec.make(spec, **order).resolve(self)
+        no_decode("Mixture.deal", spec)
         positive_int("batch_size", batch_size)
         skip = nonneg_int("skip", skip)
         c, C = spec.shard
@@ -400,6 +401,7 @@ class Mixture:
         row numbers within each source)."""
         spec, (rank, world) = part_spec("Mixture.batches", spec, part, shard, order)
         spec = spec.resolve(self)
+        no_decode("Mixture.batches", spec)
         lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
         lo = min(hi, lo + nonneg_int("start", start))
         items = ((a, min(hi, a + _PIECE), False) for a in range(lo, hi, _PIECE))

@@ -17,6 +17,7 @@ from rowstore.reader import Reader
 from rowstore.reader._args import varlen_modes
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import EpochSpec, part_spec
+from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.order import shard_bounds
 from rowstore.tf._signature import (
     _ROWSHAPE_KEY,
@@ -139,7 +140,8 @@ def make_dataset(
         ``epoch`` (the first epoch), ``window``, ``pieces``, ``drop_last`` (drop each part's
         last partial batch; the batch dimension is then static, ``batch_size``). The order
         is a pure function of them and of the layout, ``part``, ``num_parallel_reads`` and
-        ``batch_size``.
+        ``batch_size``. ``decode``: image ops of jpeg fields (``{"image":
+        RandomResizedCrop(224)}``, :mod:`rowstore.reader.image_ops`), fixed-size uint8 images.
     num_epochs : int or None
         Epochs ``epoch, epoch + 1, ...`` in one dataset, each in its own order (None: without
         end). Keras ``fit`` re-iterates a dataset each epoch and would replay one order: give it
@@ -191,7 +193,7 @@ def make_dataset(
     positive_int("num_epochs", num_epochs, optional=True)
     spec, (rank, world) = part_spec("rowstore.tf.make_dataset", spec, part, shard, order)
     epoch, drop_last = spec.epoch, spec.drop_last
-    schema = reader.schema.select(fields)
+    schema = decoded_schema(reader.schema.select(fields), spec.decode)
     modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="ragged")
     k = int(num_parallel_reads or 1)
     threads = int(num_threads or max(1, reader.num_threads // k))

@@ -14,6 +14,7 @@ from rowstore._check import positive_int
 from rowstore.reader._args import varlen_modes
 from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import EpochSpec, check_quality, report_quality
+from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.plan import (
     EXTRA_KEYS,
     ID_KEY,
@@ -61,7 +62,9 @@ class Loader(tf.Module):
     **order
         The order arguments of a dealt epoch, with the meanings of ``docs/order.md``:
         ``shuffle``, ``seed``, ``window``, ``pieces``, ``shard`` (this worker's dealt part,
-        default (0, 1)), ``drop_last``/``pad`` (equal steps), ``unit``. All but ``unit`` are
+        default (0, 1)), ``drop_last``/``pad`` (equal steps), ``unit``, ``decode`` (image ops
+        of jpeg fields, ``{field: RandomResizedCrop(224)}``: fixed-size uint8 images,
+        :mod:`rowstore.reader.image_ops`). All but ``unit`` are
         part of the order: a state (or a ``tf.train.Checkpoint``) resumes only with the same
         values (one saved before ``pieces`` existed is a ``pieces=1`` state).
     with_ids : bool
@@ -101,7 +104,7 @@ class Loader(tf.Module):
         self.fields = fields
         self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self.quality = check_quality(quality)
-        self._schema = self.reader.schema.select(fields)
+        self._schema = decoded_schema(self.reader.schema.select(fields), self.spec.decode)
         self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")

@@ -213,7 +213,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         )
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
-            self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]
+            self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)], self.spec.decode
         )
         self._collator = _Collator(self.output_schema, varlen)
         # Shared memory: persistent DataLoader workers (fork or spawn) see set_epoch.

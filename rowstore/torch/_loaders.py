@@ -58,6 +58,7 @@ class _Loader(_OwnsReader):
         prefetch,
         drop_last,
         even,
+        decode=None,
     ):
         self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size)
@@ -67,7 +68,7 @@ class _Loader(_OwnsReader):
         self.prefetch = max(1, int(prefetch))
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._tf,), self.output_schema = _schemas(
-            self.reader, fields, [_as_spec(transform)]
+            self.reader, fields, [_as_spec(transform)], decode
         )
         self._collator = _Collator(self.output_schema, varlen)
         self.device = self._resolve_device(device)
@@ -319,7 +320,10 @@ class BatchedDataLoader(_Loader, _EpochReader):
         The order arguments of ``docs/order.md``: ``shuffle`` (default ``"block"``; True/False
         allowed), ``seed``, ``window``, ``pieces``, ``pad`` (equal steps on every rank by
         repeating rows: batches get ``"__pad"``, True for a repeated row, to mask out of the
-        loss), ``unit``. All but ``unit`` are part of a resume state.
+        loss), ``unit``, ``decode`` (image ops of jpeg fields, ``{"image":
+        RandomResizedCrop(224)}``: fixed-size uint8 images decoded, cropped and resized by the
+        JPEG kernel; :mod:`rowstore.reader.image_ops`). All but ``unit`` and ``decode`` are part
+        of a resume state.
     fields : sequence of str, optional
     shard : (rank, world), optional
         This rank's dealt part of each epoch. Default: torch.distributed's rank and world size
@@ -422,6 +426,7 @@ class BatchedDataLoader(_Loader, _EpochReader):
             prefetch=prefetch,
             drop_last=drop_last,
             even=even,
+            decode=order.get("decode", spec.decode if spec is not None else None),
         )
         self.num_threads = num_threads
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)

@@ -11,7 +11,7 @@ from typing import Any
 import torch.utils.data as _tud
 
 from rowstore._check import nonneg_int, positive_int
-from rowstore.reader.epochs import EpochSpec
+from rowstore.reader.epochs import EpochSpec, no_decode
 from rowstore.reader.plan import make_state, step_rows
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
 from rowstore.torch._epoch import _EpochReader, _OwnsReader
@@ -63,6 +63,7 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
             quality=quality,
             **order,
         )
+        no_decode("ElasticBatchSampler", self.spec)
         self.epoch = 0
         self._resume: tuple[int, list | None] | None = None
 

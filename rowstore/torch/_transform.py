@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from rowstore.errors import SchemaError
 from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY
 from rowstore.reader.dataset import Reader
+from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.transform import TransformSpec
 from rowstore.schema import Schema
 from rowstore.torch._convert import _columns_of, _conform_batch, _conform_row, _row_of
@@ -68,9 +69,11 @@ class _Transform:
 
 
 def _schemas(
-    reader: Reader, fields, transforms: Sequence[TransformSpec | None]
+    reader: Reader, fields, transforms: Sequence[TransformSpec | None], decode=None
 ) -> tuple[Schema, list[_Transform | None], Schema]:
-    schema = reader.schema.select(fields)
+    """The input schema (the reader's batches: ``fields``, image ops ``decode`` applied), each
+    transform bound to its input, the output schema."""
+    schema = decoded_schema(reader.schema.select(fields), decode)
     bound: list[_Transform | None] = []
     cur = schema
     for spec in transforms:

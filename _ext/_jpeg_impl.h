@@ -1,0 +1,443 @@
+/* The C side of _ext/_jpeg.pyx: one JPEG decoded with a crop, a DCT scale and a resize.
+ *
+ * Kept in C (not Cython) because libjpeg reports errors by calling error_exit, which must not
+ * return: rj_decode_one sets a jump point with setjmp and the error manager longjmps back to
+ * it, so a corrupt stream becomes a status code, never an abort. Everything a longjmp may
+ * leave behind lives in memory the caller owns (the scratch struct), not in locals.
+ *
+ * The geometry (which crop, which flip) is a pure function of the image size, the op and a
+ * 64-bit key; rowstore/reader/image_ops.py states the same function in Python
+ * (crop_params) and the tests compare the two.
+ */
+#ifndef ROWSTORE_JPEG_IMPL_H
+#define ROWSTORE_JPEG_IMPL_H
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+enum { RJ_OK = 0, RJ_CORRUPT = 1, RJ_UNSUPPORTED = 2, RJ_NOMEM = 3, RJ_TOO_LARGE = 4 };
+enum { RJ_RESIZE = 0, RJ_CENTER = 1, RJ_RRC = 2 };
+enum { RJ_INFO = 8 }; /* info per image: h, w, y0, x0, crop_h, crop_w, flip, dct denominator */
+
+typedef struct {
+    int mode;
+    int out_h, out_w, channels;
+    double scale_lo, scale_hi, logr_lo, logr_hi; /* RandomResizedCrop */
+    double fraction;                             /* CenterCrop */
+    double flip_p;
+    int64_t max_bytes; /* the most bytes of decoded (scaled) crop one image may take */
+} rj_op;
+
+typedef struct {
+    uint8_t* buf; /* decoded rows of the crop */
+    size_t cap;
+    uint8_t* mid; /* horizontally resized rows */
+    size_t mid_cap;
+    int32_t* acc; /* one output row's accumulators */
+    size_t acc_cap;
+    int32_t* kx; /* coefficients */
+    int32_t* ky;
+    int* bx;
+    int* by;
+    size_t kcap, kycap;
+} rj_scratch;
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+} rj_err;
+
+static void rj_error_exit(j_common_ptr cinfo) {
+    longjmp(((rj_err*)cinfo->err)->jump, 1);
+}
+
+/* Warnings (level -1) are corrupt data libjpeg would paper over (a truncated stream padded
+ * with grey, a bad Huffman code): refused like errors. Trace messages (level >= 0) ignored. */
+static void rj_emit_message(j_common_ptr cinfo, int level) {
+    if (level < 0) longjmp(((rj_err*)cinfo->err)->jump, 1);
+}
+
+static void rj_output_message(j_common_ptr cinfo) { (void)cinfo; }
+
+/* -- the random parameters: SplitMix64 from the key ------------------------------------------ */
+static inline uint64_t rj_next(uint64_t* s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static inline double rj_uniform(uint64_t* s) { return (double)(rj_next(s) >> 11) * 0x1.0p-53; }
+
+/* A uniform integer in [0, b) (b >= 1): Lemire's multiply-and-reject, as order.py's shuffle. */
+static inline uint64_t rj_bounded(uint64_t* s, uint64_t b) {
+    uint64_t x = rj_next(s);
+    __uint128_t m = (__uint128_t)x * b;
+    uint64_t lo = (uint64_t)m;
+    if (lo < b) {
+        uint64_t t = (0 - b) % b;
+        while (lo < t) {
+            x = rj_next(s);
+            m = (__uint128_t)x * b;
+            lo = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+static inline int64_t rj_round(double x) { return (int64_t)floor(x + 0.5); }
+
+/* The crop (y0, x0, ch, cw) of an h x w image and the flip, from the op and the key. */
+static void rj_crop(const rj_op* op, int64_t h, int64_t w, uint64_t key, int64_t* y0,
+                    int64_t* x0, int64_t* ch, int64_t* cw, int* flip) {
+    uint64_t s = key;
+    int64_t a, b;
+    int k;
+    double ar;
+    *y0 = 0; *x0 = 0; *ch = h; *cw = w;
+    if (op->mode == RJ_RRC) {
+        double area = (double)h * (double)w;
+        for (k = 0; k < 10; k++) {
+            double t = area * (op->scale_lo + rj_uniform(&s) * (op->scale_hi - op->scale_lo));
+            double r = exp(op->logr_lo + rj_uniform(&s) * (op->logr_hi - op->logr_lo));
+            a = rj_round(sqrt(t * r)); /* width */
+            b = rj_round(sqrt(t / r)); /* height */
+            if (a > 0 && a <= w && b > 0 && b <= h) {
+                *ch = b; *cw = a;
+                *y0 = (int64_t)rj_bounded(&s, (uint64_t)(h - b + 1));
+                *x0 = (int64_t)rj_bounded(&s, (uint64_t)(w - a + 1));
+                goto flip;
+            }
+        }
+        /* torchvision's fallback: the whole image, its ratio clamped into the range */
+        ar = (double)w / (double)h;
+        if (ar < exp(op->logr_lo)) {
+            *cw = w; *ch = rj_round((double)w / exp(op->logr_lo));
+        } else if (ar > exp(op->logr_hi)) {
+            *ch = h; *cw = rj_round((double)h * exp(op->logr_hi));
+        }
+        if (*ch < 1) *ch = 1;
+        if (*ch > h) *ch = h;
+        if (*cw < 1) *cw = 1;
+        if (*cw > w) *cw = w;
+        *y0 = (h - *ch) / 2; *x0 = (w - *cw) / 2;
+    } else if (op->mode == RJ_CENTER) {
+        /* the largest centred box of the output's aspect, times fraction each way */
+        double want = (double)op->out_w / (double)op->out_h;
+        double bh = (double)h, bw = (double)w;
+        if (bw / bh > want) bw = bh * want; else bh = bw / want;
+        *ch = rj_round(bh * op->fraction);
+        *cw = rj_round(bw * op->fraction);
+        if (*ch < 1) *ch = 1;
+        if (*ch > h) *ch = h;
+        if (*cw < 1) *cw = 1;
+        if (*cw > w) *cw = w;
+        *y0 = (h - *ch) / 2; *x0 = (w - *cw) / 2;
+    }
+flip:
+    *flip = op->flip_p > 0 && rj_uniform(&s) < op->flip_p;
+}
+
+/* -- resampling: PIL's separable triangle (bilinear) filter, antialiased when it shrinks ----- */
+#define RJ_PREC 22
+
+/* Coefficients of out_size outputs over the input interval [in0, in1) of an in_size axis:
+ * output i reads inputs bounds[2i] .. bounds[2i] + bounds[2i+1] - 1 with weights
+ * k[i * ksize ...]. Returns ksize (the most taps), or -1 without memory. PIL's
+ * precompute_coeffs, with its fixed-point normalisation. */
+static int rj_coeffs(double in0, double in1, int in_size, int out_size, int** bounds,
+                     int32_t** kk, size_t* cap) {
+    double scale = (in1 - in0) / out_size;
+    double fs = scale < 1.0 ? 1.0 : scale;
+    double support = fs; /* the triangle's support is 1, stretched when shrinking */
+    int ksize = (int)ceil(support) * 2 + 1;
+    size_t need = (size_t)out_size * (size_t)ksize;
+    double* w;
+    int i, x;
+    if (need > *cap) {
+        int32_t* nk = (int32_t*)realloc(*kk, need * sizeof(int32_t));
+        int* nb;
+        if (nk == NULL) return -1;
+        *kk = nk;
+        /* need >= 3 * out_size: the bounds (2 per output) fit in need ints as long as the
+         * coefficients fit in cap */
+        nb = (int*)realloc(*bounds, need * sizeof(int));
+        if (nb == NULL) return -1;
+        *bounds = nb;
+        *cap = need;
+    }
+    w = (double*)malloc((size_t)ksize * sizeof(double));
+    if (w == NULL) return -1;
+    for (i = 0; i < out_size; i++) {
+        double center = in0 + (i + 0.5) * scale, ww = 0.0, ss = 1.0 / fs;
+        int xmin = (int)(center - support + 0.5), xmax;
+        if (xmin < 0) xmin = 0;
+        xmax = (int)(center + support + 0.5);
+        if (xmax > in_size) xmax = in_size;
+        xmax -= xmin;
+        for (x = 0; x < xmax; x++) {
+            double t = (x + xmin - center + 0.5) * ss;
+            t = t < 0 ? -t : t;
+            w[x] = t < 1.0 ? 1.0 - t : 0.0;
+            ww += w[x];
+        }
+        for (x = 0; x < ksize; x++) {
+            double v = (x < xmax && ww != 0.0) ? w[x] / ww : 0.0;
+            (*kk)[i * ksize + x] = (int32_t)(v < 0 ? -0.5 + v * (1 << RJ_PREC)
+                                                   : 0.5 + v * (1 << RJ_PREC));
+        }
+        (*bounds)[2 * i] = xmin;
+        (*bounds)[2 * i + 1] = xmax;
+    }
+    free(w);
+    return ksize;
+}
+
+/* The weights are >= 0 and sum to 1 << RJ_PREC, so 255 * 2^22 + 2^21 fits an int32. */
+static inline uint8_t rj_clip32(int32_t v) {
+    v >>= RJ_PREC;
+    return v < 0 ? 0 : (v > 255 ? 255 : (uint8_t)v);
+}
+
+/* Resize the box [bx0, bx1) x [by0, by1) of src (sh rows of sw pixels, c channels) to
+ * out (oh x ow x c), mirrored left-right with flip: a vertical pass over the columns the
+ * horizontal pass reads (tap by tap over whole rows, which vectorises), then the horizontal
+ * pass over the output's rows only. (PIL filters horizontally first; the intermediate
+ * rounding differs by at most a level.) An axis whose box is the output's size at a
+ * whole-pixel offset is copied, not filtered (its weights would be one tap of 1).
+ * RJ_OK or RJ_NOMEM. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define RJ_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RJ_CLONES
+#endif
+RJ_CLONES
+static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, double by1,
+                     double bx0, double bx1, uint8_t* out, int oh, int ow, int flip,
+                     rj_scratch* s) {
+    int kx = rj_coeffs(bx0, bx1, sw, ow, &s->bx, &s->kx, &s->kcap);
+    int ky, c0, c1, y, x, i, j, n;
+    int copy_x = bx1 - bx0 == ow && bx0 == floor(bx0) && bx0 >= 0 && bx1 <= sw;
+    int copy_y = by1 - by0 == oh && by0 == floor(by0) && by0 >= 0 && by1 <= sh;
+    size_t midn, mw, orow = (size_t)ow * c, sstride = (size_t)sw * c;
+    if (kx < 0) return RJ_NOMEM;
+    ky = rj_coeffs(by0, by1, sh, oh, &s->by, &s->ky, &s->kycap);
+    if (ky < 0) return RJ_NOMEM;
+    if (copy_x) {
+        c0 = (int)bx0;
+        c1 = c0 + ow;
+    } else {
+        c0 = s->bx[0];
+        c1 = s->bx[2 * (ow - 1)] + s->bx[2 * (ow - 1) + 1];
+        if (c1 <= c0) c1 = c0 + 1;
+    }
+    mw = (size_t)(c1 - c0) * c;
+    midn = (size_t)oh * mw;
+    if (midn > s->mid_cap) {
+        uint8_t* m = (uint8_t*)realloc(s->mid, midn);
+        if (m == NULL) return RJ_NOMEM;
+        s->mid = m;
+        s->mid_cap = midn;
+    }
+    if (mw > s->acc_cap) {
+        int32_t* a = (int32_t*)realloc(s->acc, mw * sizeof(int32_t));
+        if (a == NULL) return RJ_NOMEM;
+        s->acc = a;
+        s->acc_cap = mw;
+    }
+    for (y = 0; y < oh; y++) {
+        uint8_t* m = s->mid + (size_t)y * mw;
+        int32_t* acc = s->acc;
+        const int32_t* k = s->ky + (size_t)y * ky;
+        const uint8_t* base;
+        if (copy_y) {
+            memcpy(m, src + ((size_t)by0 + y) * sstride + (size_t)c0 * c, mw);
+            continue;
+        }
+        base = src + (size_t)s->by[2 * y] * sstride + (size_t)c0 * c;
+        n = s->by[2 * y + 1];
+        for (i = 0; i < (int)mw; i++) acc[i] = 1 << (RJ_PREC - 1);
+        for (j = 0; j < n; j++) {
+            const uint8_t* r = base + (size_t)j * sstride;
+            int32_t kj = k[j];
+            for (i = 0; i < (int)mw; i++) acc[i] += (int32_t)r[i] * kj;
+        }
+        for (i = 0; i < (int)mw; i++) m[i] = rj_clip32(acc[i]);
+    }
+    for (y = 0; y < oh; y++) {
+        const uint8_t* row = s->mid + (size_t)y * mw;
+        uint8_t* d = out + (size_t)y * orow;
+        if (copy_x) {
+            if (!flip) {
+                memcpy(d, row, orow);
+            } else {
+                for (x = 0; x < ow; x++)
+                    for (i = 0; i < c; i++) d[(ow - 1 - x) * c + i] = row[x * c + i];
+            }
+            continue;
+        }
+        for (x = 0; x < ow; x++) {
+            const uint8_t* in = row + (size_t)(s->bx[2 * x] - c0) * c;
+            const int32_t* k = s->kx + (size_t)x * kx;
+            uint8_t* o = d + (size_t)(flip ? ow - 1 - x : x) * c;
+            n = s->bx[2 * x + 1];
+            if (c == 3) {
+                int32_t a0 = 1 << (RJ_PREC - 1), a1 = a0, a2 = a0;
+                for (j = 0; j < n; j++) {
+                    a0 += (int32_t)in[3 * j] * k[j];
+                    a1 += (int32_t)in[3 * j + 1] * k[j];
+                    a2 += (int32_t)in[3 * j + 2] * k[j];
+                }
+                o[0] = rj_clip32(a0);
+                o[1] = rj_clip32(a1);
+                o[2] = rj_clip32(a2);
+            } else {
+                int32_t a0 = 1 << (RJ_PREC - 1);
+                for (j = 0; j < n; j++) a0 += (int32_t)in[j] * k[j];
+                o[0] = rj_clip32(a0);
+            }
+        }
+    }
+    return RJ_OK;
+}
+
+/* -- one image --------------------------------------------------------------------------------- */
+
+/* Decode the n bytes at p per op into out (op->out_h x op->out_w x op->channels), the
+ * geometry drawn from key; info (RJ_INFO int64s, or NULL) gets what was done. Returns a
+ * status code; never aborts, never writes outside out and the scratch. */
+static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t key,
+                         uint8_t* out, rj_scratch* s, int64_t* info) {
+    struct jpeg_decompress_struct cinfo;
+    rj_err err;
+    int64_t h, w, y0, x0, ch, cw, c0, c1, r0, r1, d;
+    int flip, status = RJ_OK, c = op->channels;
+    JDIMENSION xoff, xw;
+    double sy, sx;
+    size_t need, stride;
+    int64_t y;
+
+    if (n <= 0 || n > 0xFFFFFFFFLL) return RJ_CORRUPT;
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = rj_error_exit;
+    err.pub.emit_message = rj_emit_message;
+    err.pub.output_message = rj_output_message;
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_CORRUPT;
+    }
+    jpeg_mem_src(&cinfo, (const unsigned char*)p, (unsigned long)n);
+    if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_CORRUPT;
+    }
+    h = cinfo.image_height;
+    w = cinfo.image_width;
+    if (h < 1 || w < 1) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_CORRUPT;
+    }
+    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK ||
+        cinfo.jpeg_color_space == JCS_UNKNOWN || cinfo.data_precision != 8) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_UNSUPPORTED;
+    }
+    cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    rj_crop(op, h, w, key, &y0, &x0, &ch, &cw, &flip);
+    /* the smallest DCT scale 1/d that keeps the crop at or above the output size */
+    for (d = 8; d > 1; d /= 2)
+        if (ch >= (int64_t)op->out_h * d && cw >= (int64_t)op->out_w * d) break;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)d;
+    cinfo.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&cinfo);
+    if (cinfo.output_components != c) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_UNSUPPORTED;
+    }
+    /* the crop in scaled pixels, and the rows and columns the filter reads around it */
+    /* scaled pixel k covers source pixels [k d, (k + 1) d): the scale is exactly 1/d (the
+     * last, partial block rounds output_width up, not the scale) */
+    sy = 1.0 / (double)d;
+    sx = 1.0 / (double)d;
+    {
+        double fy = (double)ch * sy / op->out_h, fx = (double)cw * sx / op->out_w;
+        double py = (fy < 1 ? 1 : fy) + 1, px = (fx < 1 ? 1 : fx) + 1;
+        r0 = (int64_t)floor(y0 * sy - py);
+        r1 = (int64_t)ceil((y0 + ch) * sy + py);
+        c0 = (int64_t)floor(x0 * sx - px);
+        c1 = (int64_t)ceil((x0 + cw) * sx + px);
+    }
+    if (r0 < 0) r0 = 0;
+    if (c0 < 0) c0 = 0;
+    if (r1 > (int64_t)cinfo.output_height) r1 = cinfo.output_height;
+    if (c1 > (int64_t)cinfo.output_width) c1 = cinfo.output_width;
+    xoff = (JDIMENSION)c0;
+    xw = (JDIMENSION)(c1 - c0);
+    if (c0 > 0 || c1 < (int64_t)cinfo.output_width)
+        jpeg_crop_scanline(&cinfo, &xoff, &xw); /* widened to iMCU boundaries */
+    stride = (size_t)cinfo.output_width * (size_t)c;
+    need = stride * (size_t)(r1 - r0);
+    if ((int64_t)need > op->max_bytes) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_TOO_LARGE;
+    }
+    if (need > s->cap) {
+        uint8_t* b = (uint8_t*)realloc(s->buf, need);
+        if (b == NULL) {
+            jpeg_destroy_decompress(&cinfo);
+            return RJ_NOMEM;
+        }
+        s->buf = b;
+        s->cap = need;
+    }
+    if (r0 > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)r0) != (JDIMENSION)r0) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_CORRUPT;
+    }
+    for (y = r0; y < r1;) {
+        JSAMPROW row = s->buf + (size_t)(y - r0) * stride;
+        JDIMENSION got = jpeg_read_scanlines(&cinfo, &row, 1);
+        if (got != 1) {
+            jpeg_destroy_decompress(&cinfo);
+            return RJ_CORRUPT;
+        }
+        y += got;
+    }
+    if (r1 == (int64_t)cinfo.output_height)
+        jpeg_finish_decompress(&cinfo); /* reads on to the end marker: a damaged tail is seen */
+    else
+        jpeg_abort_decompress(&cinfo);
+    {
+        double by0 = y0 * sy - r0, by1 = (y0 + ch) * sy - r0;
+        double bx0 = x0 * sx - (double)xoff, bx1 = (x0 + cw) * sx - (double)xoff;
+        status = rj_resize(s->buf, (int)(r1 - r0), (int)cinfo.output_width, c, by0, by1, bx0,
+                           bx1, out, op->out_h, op->out_w, flip, s);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    if (info != NULL) {
+        info[0] = h; info[1] = w; info[2] = y0; info[3] = x0;
+        info[4] = ch; info[5] = cw; info[6] = flip; info[7] = d;
+    }
+    return status;
+}
+
+static void rj_scratch_free(rj_scratch* s) {
+    free(s->buf);
+    free(s->mid);
+    free(s->acc);
+    free(s->kx);
+    free(s->ky);
+    free(s->bx);
+    free(s->by);
+    memset(s, 0, sizeof(*s));
+}
+
+#endif

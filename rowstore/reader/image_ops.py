@@ -1,0 +1,326 @@
+"""Decode-time image ops: what a ``jpeg`` field becomes as it is decoded (a crop, a resize, a
+flip), declared once per read as ``decode={"image": RandomResizedCrop(224)}``.
+
+The same declaration means the same thing in every entry point: ``Reader.batches``/``deal``,
+``rowstore.torch.BatchedDataLoader``, ``rowstore.tf.DataLoader`` (it is an
+:class:`~rowstore.reader.epochs.EpochSpec` argument, like ``seed``). A field read through an op
+comes out as a fixed-size ``uint8`` batch, ``n x H x W x C`` (``n x H x W`` for a 2-D field),
+whatever the stored images' sizes, and the output schema says so (:func:`decoded_schema`).
+
+The random parameters of an image (its crop and its flip) are a pure function of (seed, epoch,
+field, dataset row, the image's size): :func:`crop_params` states it. So an epoch resumed from
+a saved state, on any world size, decodes every row exactly as the uninterrupted epoch would.
+
+Decoding is done by ``kernels.jpeg_decode_batch`` (libjpeg-turbo, without the GIL: the
+smallest DCT scale that keeps the crop at or above the output size, only the crop's rows and
+columns decoded, then PIL's bilinear filter, antialiased when it shrinks). Where the kernel
+was not built (no ``jpeglib.h``), :func:`decode_reference` decodes the whole image with
+imagecodecs, crops and resizes with the same filter in NumPy: the same geometry, pixels within
+a few levels (the kernel's DCT scaling averages slightly differently from the filter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rowstore.errors import SchemaError
+from rowstore.schema import Field, Schema
+
+__all__ = [
+    "ImageOp",
+    "Resize",
+    "CenterCrop",
+    "RandomResizedCrop",
+    "check_decode",
+    "decoded_schema",
+    "image_base",
+    "row_key",
+    "crop_params",
+    "resize_reference",
+    "decode_reference",
+]
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0xD1B54A32D192ED03  # the per-row key step (odd: distinct rows, distinct keys)
+_STREAM_IMAGES = 4  # order.py's streams are 1..3
+
+#: Decoded (DCT-scaled) crop bytes one image may take before it is refused as hostile.
+MAX_DECODED_BYTES = 1 << 30
+
+
+def _size(size: Any) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        size = (size, size)
+    try:
+        h, w = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"size must be an int or (height, width), got {size!r}") from None
+    if not (1 <= h <= 65535 and 1 <= w <= 65535):
+        raise ValueError(f"size must be 1..65535 each way, got {size!r}")
+    return h, w
+
+
+def _flip(flip: Any) -> float:
+    p = 0.5 if flip is True else 0.0 if flip is False else float(flip)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOp:
+    """Base of the decode-time ops: ``size`` (the output's ``(height, width)``; an int is a
+    square) and ``flip`` (the probability of a left-right mirror; True is 0.5)."""
+
+    size: tuple[int, int]
+    _: dataclasses.KW_ONLY
+    flip: float = 0.0
+    mode = -1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _size(self.size))
+        object.__setattr__(self, "flip", _flip(self.flip))
+
+    # the kernel's arguments beyond the output size and the flip
+    def _params(self) -> tuple[float, float, float, float, float]:
+        return 1.0, 1.0, 0.0, 0.0, 1.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resize(ImageOp):
+    """The whole image resized to ``size`` (its aspect ratio not kept)."""
+
+    mode = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CenterCrop(ImageOp):
+    """The largest centred box of the output's aspect ratio, ``fraction`` of it each way
+    (torchvision's ``Resize(256)`` + ``CenterCrop(224)`` is ``fraction=0.875``), resized to
+    ``size``."""
+
+    fraction: float = 1.0
+    mode = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        f = float(self.fraction)
+        if not 0.0 < f <= 1.0:
+            raise ValueError(f"CenterCrop fraction must be in (0, 1], got {self.fraction!r}")
+        object.__setattr__(self, "fraction", f)
+
+    def _params(self) -> tuple[float, float, float, float, float]:
+        return 1.0, 1.0, 0.0, 0.0, self.fraction
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RandomResizedCrop(ImageOp):
+    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (+ ``RandomHorizontalFlip`` with
+    ``flip``, default 0.5): a box of ``scale`` of the image's area and an aspect ratio drawn
+    log-uniformly from ``ratio``, placed uniformly, resized to ``size``; ten tries, then the
+    whole image with its ratio clamped into ``ratio``, centred."""
+
+    flip: float = 0.5
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    mode = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        lo, hi = (float(v) for v in self.scale)
+        if not 0.0 < lo <= hi <= 1.0:
+            raise ValueError(f"scale must be (lo, hi) with 0 < lo <= hi <= 1, got {self.scale!r}")
+        rlo, rhi = (float(v) for v in self.ratio)
+        if not 0.0 < rlo <= rhi:
+            raise ValueError(f"ratio must be (lo, hi) with 0 < lo <= hi, got {self.ratio!r}")
+        object.__setattr__(self, "scale", (lo, hi))
+        object.__setattr__(self, "ratio", (rlo, rhi))
+
+    def _params(self) -> tuple[float, float, float, float, float]:
+        return self.scale[0], self.scale[1], math.log(self.ratio[0]), math.log(self.ratio[1]), 1.0
+
+
+# -- declarations checked against a schema ------------------------------------------------------
+def _channels(f: Field) -> int:
+    return f.shape[2] if len(f.shape) == 3 else 1
+
+
+def check_decode(decode: Any, schema: Schema | None = None) -> dict[str, ImageOp] | None:
+    """``decode`` as a ``{field: ImageOp}`` dict (None or empty: None). With ``schema``, each
+    field must be in it, a ``jpeg`` field of uint8 with 1 or 3 channels (else SchemaError)."""
+    if decode is None:
+        return None
+    if not isinstance(decode, Mapping):
+        raise TypeError(f"decode must be a dict {{field: ImageOp}}, got {type(decode).__name__}")
+    out: dict[str, ImageOp] = {}
+    for name, op in decode.items():
+        if not isinstance(name, str) or not isinstance(op, ImageOp):
+            raise TypeError(
+                f"decode maps field names to rowstore image ops (Resize, CenterCrop, "
+                f"RandomResizedCrop), got {name!r}: {op!r}"
+            )
+        out[name] = op
+    if schema is not None:
+        for name in out:
+            if name not in schema:
+                raise SchemaError(
+                    f"decode names field {name!r}, which is not in {schema.names}", field=name
+                )
+            f = schema[name]
+            if getattr(f.codec_obj, "codec_id", None) != "jpeg" or _channels(f) not in (1, 3):
+                raise SchemaError(
+                    f"decode={{{name!r}: ...}}: image ops decode jpeg fields of 1 or 3 channels; "
+                    f"field {name!r} is {f.dtype} {f.shape} with codec {f.codec!r}",
+                    field=name,
+                )
+    return out or None
+
+
+def decoded_schema(schema: Schema, decode: Mapping[str, ImageOp] | None) -> Schema:
+    """``schema`` with each field of ``decode`` (checked against it: :func:`check_decode`) as
+    its op outputs it: uint8 of the op's size (and the field's channels, for a 3-D field),
+    fixed shape, nullability kept."""
+    decode = check_decode(decode, schema)
+    if not decode:
+        return schema
+    fields = []
+    for f in schema:
+        op = decode.get(f.name)
+        if op is None:
+            fields.append(f)
+            continue
+        shape = op.size + ((f.shape[2],) if len(f.shape) == 3 else ())
+        fields.append(Field(f.name, np.uint8, shape, nullable=f.nullable))
+    return Schema(fields)
+
+
+# -- the random parameters: a pure function of (seed, epoch, field, row, image size) ------------
+def image_base(seed: int, epoch: int, field: str) -> int:
+    """The 64-bit base of a field's keys in an epoch (``order.seed64``, on its own stream)."""
+    from rowstore.reader.order import seed64
+
+    return seed64(seed, epoch, _STREAM_IMAGES, zlib.crc32(field.encode()))
+
+
+def row_key(base: int, row: int) -> int:
+    """The SplitMix64 state a row's parameters are drawn from (the kernel's)."""
+    return (base + int(row) * _GOLDEN) & _MASK64
+
+
+class _SplitMix:
+    def __init__(self, state: int):
+        self.s = state
+
+    def next(self) -> int:
+        self.s = (self.s + 0x9E3779B97F4A7C15) & _MASK64
+        z = self.s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+    def uniform(self) -> float:
+        return (self.next() >> 11) * 2.0**-53
+
+    def bounded(self, b: int) -> int:
+        x = self.next()
+        if (x * b) & _MASK64 < b:
+            t = ((1 << 64) - b) % b
+            while (x * b) & _MASK64 < t:
+                x = self.next()
+        return (x * b) >> 64
+
+
+def _round(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def crop_params(op: ImageOp, h: int, w: int, key: int) -> tuple[int, int, int, int, bool]:
+    """``(y0, x0, crop_h, crop_w, flip)`` of an ``h x w`` image under ``op`` with key ``key``
+    (:func:`row_key`): the statement of what the kernel computes (``_ext/_jpeg_impl.h``)."""
+    rng = _SplitMix(key)
+    y0, x0, ch, cw = 0, 0, h, w
+    if isinstance(op, RandomResizedCrop):
+        slo, shi, rlo, rhi, _ = op._params()
+        area = float(h) * float(w)
+        for _ in range(10):
+            t = area * (slo + rng.uniform() * (shi - slo))
+            r = math.exp(rlo + rng.uniform() * (rhi - rlo))
+            a, b = _round(math.sqrt(t * r)), _round(math.sqrt(t / r))
+            if 0 < a <= w and 0 < b <= h:
+                ch, cw = b, a
+                y0 = rng.bounded(h - b + 1)
+                x0 = rng.bounded(w - a + 1)
+                break
+        else:
+            ar = w / h
+            if ar < math.exp(rlo):
+                cw, ch = w, _round(w / math.exp(rlo))
+            elif ar > math.exp(rhi):
+                ch, cw = h, _round(h * math.exp(rhi))
+            ch, cw = min(max(ch, 1), h), min(max(cw, 1), w)
+            y0, x0 = (h - ch) // 2, (w - cw) // 2
+    elif isinstance(op, CenterCrop):
+        want = op.size[1] / op.size[0]
+        bh, bw = float(h), float(w)
+        if bw / bh > want:
+            bw = bh * want
+        else:
+            bh = bw / want
+        ch = min(max(_round(bh * op.fraction), 1), h)
+        cw = min(max(_round(bw * op.fraction), 1), w)
+        y0, x0 = (h - ch) // 2, (w - cw) // 2
+    flip = op.flip > 0 and rng.uniform() < op.flip
+    return y0, x0, ch, cw, bool(flip)
+
+
+# -- the NumPy reference of the resampling (and the fallback without the kernel) -------------------
+def _coeffs(in0: float, in1: float, in_size: int, out_size: int) -> np.ndarray:
+    """``out_size x in_size`` weights of PIL's bilinear (triangle) filter over ``[in0, in1)``."""
+    scale = (in1 - in0) / out_size
+    fs = max(scale, 1.0)
+    centers = in0 + (np.arange(out_size) + 0.5) * scale
+    lo = np.maximum((centers - fs + 0.5).astype(np.int64), 0)
+    hi = np.minimum((centers + fs + 0.5).astype(np.int64), in_size)
+    x = np.arange(in_size)
+    t = np.abs((x[None, :] - centers[:, None] + 0.5) / fs)
+    k = np.where((x[None, :] >= lo[:, None]) & (x[None, :] < hi[:, None]), np.maximum(1 - t, 0), 0)
+    s = k.sum(axis=1, keepdims=True)
+    return k / np.where(s == 0, 1, s)
+
+
+def resize_reference(
+    img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], flip: bool = False
+) -> np.ndarray:
+    """The ``(y0, x0, crop_h, crop_w)`` box of ``img`` (``H x W`` or ``H x W x C`` uint8)
+    resized to ``size`` with PIL's bilinear filter (float arithmetic), mirrored with ``flip``."""
+    y0, x0, ch, cw = box
+    a = img if img.ndim == 3 else img[..., None]
+    ky = _coeffs(y0, y0 + ch, a.shape[0], size[0])
+    kx = _coeffs(x0, x0 + cw, a.shape[1], size[1])
+    mid = np.clip(np.rint(np.einsum("ox,yxc->yoc", kx, a.astype(np.float64))), 0, 255)
+    out = np.clip(np.rint(np.einsum("oy,yxc->oxc", ky, mid)), 0, 255).astype(np.uint8)
+    if flip:
+        out = out[:, ::-1]
+    return out if img.ndim == 3 else out[..., 0]
+
+
+def decode_reference(
+    op: ImageOp, payload: Any, key: int, channels: int
+) -> tuple[np.ndarray, tuple[int, int, int, int, bool]]:
+    """One image decoded whole with imagecodecs, then cropped and resized per ``op``: the
+    output (``H x W x channels``) and its :func:`crop_params`."""
+    import imagecodecs
+
+    space = "GRAYSCALE" if channels == 1 else "RGB"
+    data: Any = np.frombuffer(payload, np.uint8)  # imagecodecs reads any buffer (its stubs: bytes)
+    img = imagecodecs.jpeg8_decode(data, outcolorspace=space)
+    if img.ndim == 2:
+        img = img[..., None]
+    p = crop_params(op, img.shape[0], img.shape[1], key)
+    return resize_reference(img, p[:4], op.size, p[4]), p

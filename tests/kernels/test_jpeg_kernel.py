@@ -1,0 +1,359 @@
+"""The JPEG batch kernel (``kernels.jpeg_decode_batch``): its geometry is
+``image_ops.crop_params`` exactly, its pixels are within a few levels of the reference
+(imagecodecs decode of the whole image, crop, PIL's bilinear resize) at every DCT scale, for
+RGB and grayscale of any size; damaged payloads get a status (never a crash); the kernel checks
+its own arguments; threads decoding disjoint ranges give one call's bytes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from rowstore import kernels
+from rowstore.reader import image_ops as io
+
+imagecodecs = pytest.importorskip("imagecodecs")
+Image = pytest.importorskip("PIL.Image")
+pytestmark = pytest.mark.skipif(not kernels.JPEG_AVAILABLE, reason="built without jpeglib.h")
+
+BASE = 0x1234_5678_9ABC_DEF0
+
+
+def photo(rng, h, w, c=3, noise=6.0):
+    """Smooth content plus noise, like a photograph (what JPEG is for)."""
+    y, x = np.mgrid[0:h, 0:w]
+    fx, fy = rng.uniform(15, 60, 2)
+    chans = [
+        128 + 90 * np.sin(x / fx + k) * np.cos(y / fy - k) + 20 * np.sin((x + y) / 9.0)
+        for k in range(c)
+    ]
+    a = np.stack(chans, -1) + rng.normal(0, noise, (h, w, c))
+    a = np.clip(a, 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(a[..., 0]) if c == 1 else a
+
+
+def batch(payloads):
+    data = np.frombuffer(b"".join(payloads), np.uint8)
+    offsets = np.zeros(len(payloads) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(p) for p in payloads])
+    return data, offsets
+
+
+def decode(payloads, op, channels=3, rows=None, nulls=None, lo=0, hi=None):
+    data, offsets = batch(payloads)
+    n = len(payloads)
+    rows = np.arange(n, dtype=np.int64) if rows is None else rows
+    out = np.full((n, *op.size, channels) if channels == 3 else (n, *op.size), 77, np.uint8)
+    status = np.zeros(n, np.uint8)
+    info = np.zeros((n, kernels.JPEG_INFO), np.int64)
+    failed = kernels.jpeg_decode_batch(
+        data, offsets, nulls, rows, BASE, op, out, lo, n if hi is None else hi, status, info=info
+    )
+    return out, status, info, failed
+
+
+OPS = [
+    io.RandomResizedCrop(64),
+    io.RandomResizedCrop((48, 80), scale=(0.3, 0.9), ratio=(0.5, 2.0), flip=1.0),
+    io.CenterCrop(56, fraction=0.875),
+    io.CenterCrop((40, 72)),
+    io.Resize((50, 30)),
+    io.Resize(200, flip=True),  # upscaling the small images
+]
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+@pytest.mark.parametrize("op", OPS, ids=repr)
+def test_kernel_matches_the_reference(op, channels):
+    rng = np.random.default_rng(hash((repr(op), channels)) % 2**32)
+    sizes = [(int(rng.integers(20, 700)), int(rng.integers(20, 700))) for _ in range(10)]
+    sizes += [(1, 1), (9, 700), (1100, 800)]  # degenerate, a thin strip, DCT scale 1/8
+    imgs = [photo(rng, h, w, channels) for h, w in sizes]
+    payloads = [imagecodecs.jpeg8_encode(a, level=int(rng.integers(70, 96))) for a in imgs]
+    out, status, info, failed = decode(payloads, op, channels)
+    assert failed == 0 and not status.any()
+    for i, p in enumerate(payloads):
+        ref, params = io.decode_reference(op, p, io.row_key(BASE, i), channels)
+        ref = ref.reshape(out[i].shape)
+        assert tuple(info[i, :2]) == sizes[i]
+        assert tuple(int(v) for v in info[i, 2:7]) == tuple(int(v) for v in params), i
+        d = np.abs(ref.astype(np.int64) - out[i])
+        # the kernel's DCT scaling averages a little differently from the filter
+        assert d.mean() < 1.5 and np.percentile(d, 99) <= 8 and d.max() <= 24, (i, info[i])
+    # the DCT scale: the smallest that keeps the crop at or above the output size
+    for i in range(len(payloads)):
+        ch, cw, den = info[i, 4], info[i, 5], info[i, 7]
+        assert den in (1, 2, 4, 8)
+        assert ch >= op.size[0] * den and cw >= op.size[1] * den or den == 1
+        assert den == 8 or ch < op.size[0] * den * 2 or cw < op.size[1] * den * 2
+
+
+def test_reference_resize_is_pils_bilinear():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        h, w = (int(v) for v in rng.integers(5, 300, 2))
+        a = photo(rng, h, w)
+        ch, cw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
+        y0, x0 = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        size = (int(rng.integers(1, 120)), int(rng.integers(1, 120)))
+        pil = Image.fromarray(a).resize(size[::-1], Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
+        ours = io.resize_reference(a, (y0, x0, ch, cw), size)
+        d = np.asarray(pil).astype(int) - ours  # PIL rounds in fixed point, twice
+        assert np.abs(d).max() <= 2 and np.abs(d).mean() < 0.35 and abs(d.mean()) < 0.05
+
+
+def test_full_scale_decode_is_the_reference_to_a_level():
+    # at DCT scale 1 the kernel decodes what imagecodecs decodes; only rounding may differ
+    rng = np.random.default_rng(4)
+    payloads = [imagecodecs.jpeg8_encode(photo(rng, 120, 160), level=90) for _ in range(4)]
+    for op in (io.Resize((120, 160)), io.CenterCrop((90, 90)), io.RandomResizedCrop(100)):
+        out, status, info, _ = decode(payloads, op)
+        assert (info[:, 7] == 1).all()
+        for i, p in enumerate(payloads):
+            ref, _ = io.decode_reference(op, p, io.row_key(BASE, i), 3)
+            assert np.abs(ref.astype(int) - out[i]).max() <= 1
+    out, *_ = decode(payloads, io.Resize((120, 160)))
+    assert (out[0] == imagecodecs.jpeg8_decode(payloads[0])).all()
+
+
+def test_parameters_are_a_pure_function_of_the_key():
+    rng = np.random.default_rng(5)
+    payloads = [imagecodecs.jpeg8_encode(photo(rng, 200, 300), level=90) for _ in range(6)]
+    op = io.RandomResizedCrop(32)
+    rows = np.array([5, 9, 5, 100, 9, 7], np.int64)
+    payloads = [payloads[0]] * 6
+    a, _, ia, _ = decode(payloads, op, rows=rows)
+    b, _, ib, _ = decode(payloads, op, rows=rows)
+    assert (a == b).all() and (ia == ib).all()
+    assert (a[0] == a[2]).all() and (a[1] == a[4]).all()  # same row, same crop
+    assert not (ia[0, 2:6] == ia[1, 2:6]).all()
+    # a draw over many keys: RandomResizedCrop's distribution
+    keys = [io.row_key(BASE, r) for r in range(4000)]
+    p = np.array([io.crop_params(op, 375, 500, k) for k in keys], float)
+    frac = p[:, 2] * p[:, 3] / (375 * 500)
+    assert 0.06 < frac.min() and frac.max() <= 1.0 and 0.4 < frac.mean() < 0.6
+    assert 0.45 < p[:, 4].mean() < 0.55  # flips
+    aspect = p[:, 3] / p[:, 2]
+    assert 0.7 < aspect.min() and aspect.max() < 1.43
+
+
+def test_nulls_are_zeroed_and_ranges_decode_alone():
+    rng = np.random.default_rng(6)
+    payloads = [imagecodecs.jpeg8_encode(photo(rng, 90, 120), level=90) for _ in range(5)]
+    nulls = np.array([0, 1, 0, 0, 1], bool)
+    out, status, _, failed = decode(payloads, io.Resize(16), nulls=nulls)
+    assert failed == 0 and not status.any()
+    assert (out[1] == 0).all() and (out[4] == 0).all() and out[0].any()
+    part, _, _, _ = decode(payloads, io.Resize(16), nulls=nulls, lo=1, hi=3)
+    assert (part[1:3] == out[1:3]).all()
+    assert (part[0] == 77).all() and (part[3:] == 77).all()  # outside the range: untouched
+
+
+def test_threads_on_disjoint_ranges_equal_one_call():
+    rng = np.random.default_rng(7)
+    payloads = [
+        imagecodecs.jpeg8_encode(photo(rng, int(h), int(w)), level=90)
+        for h, w in rng.integers(50, 400, (24, 2))
+    ]
+    op = io.RandomResizedCrop(40)
+    whole, *_ = decode(payloads, op)
+    data, offsets = batch(payloads)
+    out = np.zeros_like(whole)
+    status = np.zeros(len(payloads), np.uint8)
+    rows = np.arange(len(payloads), dtype=np.int64)
+
+    def run(lo, hi):
+        kernels.jpeg_decode_batch(data, offsets, None, rows, BASE, op, out, lo, hi, status)
+
+    ts = [threading.Thread(target=run, args=(i, i + 6)) for i in range(0, 24, 6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert (out == whole).all() and not status.any()
+
+
+def damaged(payload: bytes, rng) -> tuple[list[bytes], list[bytes]]:
+    """Payloads damaged where every decode reads (the header, the tables), and payloads cut
+    in the scan (only a decode reading the rows past the cut can see it)."""
+    p = bytearray(payload)
+    head = [b"", b"\xff", b"\xff\xd8", b"not a jpeg at all", bytes(rng.integers(0, 256, 999))]
+    head += [bytes(p[:n]) for n in (2, 20, 100)]
+    sof = payload.find(b"\xff\xc0")
+    for patch in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x00"):  # the frame's size/precision
+        q = bytearray(p)
+        q[sof + 5 : sof + 9] = patch
+        head.append(bytes(q))
+    tail = [bytes(p[:n]) for n in (len(p) // 3, len(p) // 2, len(p) - 2)]
+    return head, tail
+
+
+@pytest.mark.parametrize("op", [io.Resize(32), io.CenterCrop(32), io.RandomResizedCrop(32)])
+def test_damaged_payloads_get_a_status_never_a_crash(op):
+    rng = np.random.default_rng(8)
+    good = imagecodecs.jpeg8_encode(photo(rng, 64, 96), level=90)
+    head, tail = damaged(good, rng)
+    cases = head + tail
+    out, status, _, failed = decode([good, *cases, good], op)
+    assert status[0] == status[-1] == kernels.JPEG_OK
+    assert (status[1 : 1 + len(head)] == kernels.JPEG_CORRUPT).all(), status
+    if isinstance(op, io.Resize):  # reads every row, to the end marker: sees every cut
+        assert (status[1 + len(head) : -1] == kernels.JPEG_CORRUPT).all(), status
+    else:  # a crop above the cut decodes; one that reads past it is refused
+        assert set(status[1 + len(head) : -1]) <= {kernels.JPEG_OK, kernels.JPEG_CORRUPT}
+    assert failed == np.count_nonzero(status)
+    alone, *_ = decode([good, good], op, rows=np.array([0, len(cases) + 1], np.int64))
+    assert (out[0] == alone[0]).all() and (out[-1] == alone[1]).all()  # damage stays put
+    # random byte damage anywhere: decoded or refused, never a crash
+    p = np.frombuffer(good, np.uint8)
+    flips = []
+    for _ in range(300):
+        q = p.copy()
+        idx = rng.integers(0, len(q), int(rng.integers(1, 6)))
+        q[idx] = rng.integers(0, 256, len(idx))
+        flips.append(q.tobytes())
+    _, status, _, _ = decode(flips, op)
+    assert set(np.unique(status)) <= {kernels.JPEG_OK, kernels.JPEG_CORRUPT, 2}
+
+
+def test_a_hostile_size_is_refused_before_it_is_allocated():
+    rng = np.random.default_rng(9)
+    good = imagecodecs.jpeg8_encode(photo(rng, 64, 64), level=90)
+    data, offsets = batch([good])
+    out = np.zeros((1, 16, 16, 3), np.uint8)
+    status = np.zeros(1, np.uint8)
+    rows = np.zeros(1, np.int64)
+    kernels.jpeg_decode_batch(
+        data, offsets, None, rows, 0, io.Resize(16), out, 0, 1, status, max_bytes=700
+    )
+    assert status[0] == kernels.JPEG_TOO_LARGE
+
+
+def test_kernel_checks_its_arguments():
+    from rowstore import _jpeg
+
+    rng = np.random.default_rng(10)
+    good = imagecodecs.jpeg8_encode(photo(rng, 32, 32), level=90)
+    data, offsets = batch([good, good])
+    rows = np.zeros(2, np.int64)
+    status = np.zeros(2, np.uint8)
+    out = np.zeros(2 * 8 * 8 * 3, np.uint8)
+    args = dict(
+        out_h=8,
+        out_w=8,
+        channels=3,
+        mode=0,
+        scale_lo=1.0,
+        scale_hi=1.0,
+        logr_lo=0.0,
+        logr_hi=0.0,
+        fraction=1.0,
+        flip_p=0.0,
+        max_bytes=1 << 20,
+    )
+
+    def call(data=data, offsets=offsets, out=out, lo=0, hi=2, **kw):
+        a = {**args, **kw}
+        return _jpeg.jpeg_decode_batch(
+            data,
+            offsets,
+            None,
+            rows,
+            0,
+            out,
+            a["out_h"],
+            a["out_w"],
+            a["channels"],
+            a["mode"],
+            a["scale_lo"],
+            a["scale_hi"],
+            a["logr_lo"],
+            a["logr_hi"],
+            a["fraction"],
+            a["flip_p"],
+            a["max_bytes"],
+            lo,
+            hi,
+            status,
+            None,
+        )
+
+    assert call() == 0
+    bad_offsets = offsets.copy()
+    bad_offsets[1] = len(data) + 10
+    with pytest.raises(ValueError, match="offsets"):
+        call(offsets=bad_offsets)
+    back = offsets.copy()
+    back[1] = -1
+    with pytest.raises(ValueError, match="offsets"):
+        call(offsets=back)
+    with pytest.raises(ValueError, match="out holds"):
+        call(out=np.zeros(2 * 8 * 8 * 3 - 1, np.uint8))
+    with pytest.raises(ValueError, match="range"):
+        call(hi=3)
+    with pytest.raises(ValueError, match="channels"):
+        call(channels=2)
+    with pytest.raises(ValueError, match="mode"):
+        call(mode=7)
+    with pytest.raises(ValueError, match="scale"):
+        call(mode=2, scale_lo=0.0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        call(max_bytes=0)
+    with pytest.raises(ValueError):
+        kernels.jpeg_decode_batch(
+            data,
+            offsets,
+            None,
+            rows,
+            0,
+            io.Resize(9),
+            np.zeros((2, 8, 8, 3), np.uint8),
+            0,
+            2,
+            status,
+        )
+
+
+def test_op_declarations_are_checked():
+    with pytest.raises(ValueError):
+        io.RandomResizedCrop(0)
+    with pytest.raises(ValueError):
+        io.RandomResizedCrop(224, scale=(0.5, 0.1))
+    with pytest.raises(ValueError):
+        io.RandomResizedCrop(224, ratio=(0, 1))
+    with pytest.raises(ValueError):
+        io.CenterCrop(224, fraction=1.5)
+    with pytest.raises(ValueError):
+        io.Resize(224, flip=2)
+    assert io.Resize(7).size == (7, 7) and io.RandomResizedCrop(5).flip == 0.5
+    assert io.CenterCrop((3, 4), flip=True).flip == 0.5
+    with pytest.raises(TypeError):
+        io.check_decode({"image": "RandomResizedCrop"})
+    with pytest.raises(TypeError):
+        io.check_decode([io.Resize(3)])
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_progressive_and_every_subsampling(progressive):
+    """PIL's encoder: baseline and progressive scans, 4:4:4, 4:2:2 and 4:2:0, grey."""
+    import io as _io
+
+    rng = np.random.default_rng(11)
+    for channels in (3, 1):
+        payloads = []
+        for sub in (0, 1, 2):
+            a = photo(rng, int(rng.integers(100, 900)), int(rng.integers(100, 900)), channels)
+            buf = _io.BytesIO()
+            Image.fromarray(a).save(
+                buf, "JPEG", quality=88, progressive=progressive, subsampling=sub
+            )
+            payloads.append(buf.getvalue())
+        for op in (io.RandomResizedCrop(96), io.CenterCrop(64), io.Resize((70, 50))):
+            out, status, _, _ = decode(payloads, op, channels)
+            assert not status.any()
+            for i, p in enumerate(payloads):
+                ref, _ = io.decode_reference(op, p, io.row_key(BASE, i), channels)
+                d = np.abs(ref.reshape(out[i].shape).astype(int) - out[i])
+                assert d.mean() < 1.5 and d.max() <= 24

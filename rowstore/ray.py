@@ -53,7 +53,7 @@ from rowstore.format import commit, manifest, write_shard
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.schema import BYTES, STR, Schema
-from rowstore.storage import destination, local_path
+from rowstore.storage import absolute, destination, file_url_path
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 
 __all__ = ["to_rowstore", "read_rowstore", "RowstoreDatasink", "RowstoreDatasource"]
@@ -421,9 +421,7 @@ def to_rowstore(
     """
     positive_int("shard_bytes", shard_bytes)
     one_of("mode", mode, ("w", "x", "a"))
-    root = os.fspath(path)
-    if "://" not in root or root.startswith("file://"):
-        root = os.path.abspath(local_path(root))
+    root = absolute(file_url_path(os.fspath(path)))  # Ray's workers run elsewhere
     cols = _plan(ds, schema, nullable)
     sink = RowstoreDatasink(
         root,

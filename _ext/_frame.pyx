@@ -152,7 +152,9 @@ cdef int _check_chunk(const uint8_t* c, int64_t avail, int compcode, int shuffle
 cdef int _frame_decompress(blosc2_context* ctx, const uint8_t* src, int64_t size, int compcode,
                            int shuffle, uint8_t* dst, int64_t raw_size, int64_t* err,
                            int64_t index) noexcept nogil:
-    """Decompress a single-chunk Blosc2 frame into exactly ``raw_size`` bytes at ``dst``.
+    """Decompress a single-chunk Blosc2 frame into exactly ``raw_size`` bytes at ``dst``
+    (``dst`` NULL: check the frame's and the chunk's headers only, returning the frame's header
+    length; only those ``header length + 32`` bytes of ``src`` are read then).
 
     Of the frame only the msgpack fields locating the chunk are read (fixarray, the magic, int32
     header_len, uint64 frame_len) and its int64 uncompressed size, which must be ``raw_size``
@@ -180,6 +182,8 @@ cdef int _frame_decompress(blosc2_context* ctx, const uint8_t* src, int64_t size
         return _fail(err, E_SIZE, index, <int64_t>_be64(src + 0x1E))
     if _check_chunk(src + hlen, flen - hlen, compcode, shuffle, raw_size, err, index) < 0:
         return -1
+    if dst == NULL:
+        return hlen  # the headers only (_load_memcpyed)
     cbytes = _le32(src + hlen + BLOSC2_CHUNK_CBYTES)  # checked to lie within the frame
     rc = blosc2_decompress_ctx(ctx, src + hlen, cbytes, dst, <int32_t>raw_size)
     if rc != raw_size:
@@ -256,6 +260,52 @@ def load_chunks(const int32_t[::1] fds not None,
     return rc
 
 
+#: Bytes of a stored frame read first, where a memcpy'd chunk may follow (its headers fit).
+DEF _PEEK = 512
+
+
+cdef int _load_memcpyed(int fd, int64_t offset, int64_t stored, uint64_t checksum, bint verify,
+                        int compcode, int shuffle, uint8_t* slot, int64_t raw_size,
+                        uint8_t* scratch, int64_t* err, int64_t index) noexcept nogil:
+    """Load one stored frame whose chunk may be memcpy'd: its first ``_PEEK`` bytes go to
+    ``scratch``; when they show a memcpy'd chunk of ``raw_size`` bytes, its raw bytes are read
+    straight into ``slot`` and the frame's trailer after its headers in ``scratch`` (the CRC-32
+    is taken over the three parts in file order), then the headers are checked: returns 1.
+    Otherwise the rest of the frame is read after the first bytes (``scratch`` then holds it
+    whole, for :func:`_frame_decompress`): returns 0. -1 on an error (``err``). The caller
+    ensures ``_PEEK <= stored <= scratch size`` and ``raw_size > _PEEK``."""
+    cdef int64_t hlen, start, rest
+    cdef uint32_t h
+    if _pread_full(fd, scratch, _PEEK, offset, err, index) < 0:
+        return -1
+    hlen = _be32(scratch + 11) if scratch[10] == 0xD2 else 0
+    start = hlen + BLOSC_EXTENDED_HEADER_LENGTH  # the raw bytes of a memcpy'd chunk
+    if (hlen < 0x26 or start > _PEEK or stored < start + raw_size
+            or not scratch[hlen + BLOSC2_CHUNK_FLAGS] & BLOSC_MEMCPYED):
+        if _pread_full(fd, scratch + _PEEK, stored - _PEEK, offset + _PEEK, err, index) < 0:
+            return -1
+        return 0
+    memcpy(slot, scratch + start, <size_t>(_PEEK - start))
+    if _pread_full(fd, slot + _PEEK - start, raw_size - (_PEEK - start), offset + _PEEK, err,
+                   index) < 0:
+        return -1
+    rest = stored - start - raw_size
+    if rest and _pread_full(fd, scratch + start, rest, offset + start + raw_size, err, index) < 0:
+        return -1
+    if verify:
+        h = zng_crc32(0, scratch, <size_t>start)
+        h = zng_crc32(h, slot, <size_t>raw_size)
+        h = zng_crc32(h, scratch + start, <size_t>rest)
+        if <uint64_t>h != checksum:
+            return _fail(err, E_CHECKSUM, index, 0)
+    # The frame's and chunk's headers (memcpy'd, nbytes == raw_size, cbytes within the frame).
+    if _frame_decompress(NULL, scratch, stored, compcode, shuffle, NULL, raw_size, err, index) < 0:
+        return -1
+    if not scratch[hlen + BLOSC2_CHUNK_FLAGS] & BLOSC_MEMCPYED:  # checked above; never
+        return _fail(err, E_FRAME, index, hlen + BLOSC2_CHUNK_FLAGS)
+    return 1
+
+
 cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64_t* offsets,
                const int64_t* stored, const uint64_t* checksums, blosc2_context* ctx, int compcode,
                int shuffle, bint verify, uint8_t* dst, int64_t raw_size, int64_t dst_stride,
@@ -263,6 +313,7 @@ cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64
     """The loop of :func:`load_chunks` (arguments checked there; ``ctx`` NULL: stored raw)."""
     cdef Py_ssize_t i
     cdef uint8_t* target
+    cdef int rc
     for i in range(n):
         if stored[i] <= 0 or offsets[i] < 0:
             return _fail(err, E_SIZE, i, stored[i])
@@ -270,6 +321,21 @@ cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64
             if stored[i] > scratch_size:
                 return _fail(err, E_DEST, i, stored[i])
             target = scratch
+            if stored[i] >= _PEEK and raw_size > _PEEK:
+                # A memcpy'd chunk is read straight into its slot; any other is staged whole.
+                rc = _load_memcpyed(fds[i * fd_step], offsets[i], stored[i], checksums[i],
+                                    verify, compcode, shuffle, dst + i * dst_stride, raw_size,
+                                    scratch, err, i)
+                if rc < 0:
+                    return -1
+                if rc == 1:
+                    continue
+                if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
+                    return _fail(err, E_CHECKSUM, i, 0)
+                if _frame_decompress(ctx, target, stored[i], compcode, shuffle,
+                                     dst + i * dst_stride, raw_size, err, i) < 0:
+                    return -1
+                continue
         else:
             if stored[i] > raw_size:
                 return _fail(err, E_SIZE, i, stored[i])

@@ -51,6 +51,7 @@ __all__ = [
     "BLOSC2_FILTER_ID",
     "BLOSC2_CODECS",
     "BLOSC2_SHUFFLES",
+    "BLOSC2_MIN_SAVING",
 ]
 
 #: HDF5 filter id of the Blosc2 filter (PyTables, hdf5plugin): each chunk is one Blosc2 frame.
@@ -61,6 +62,12 @@ BLOSC2_CODECS = {"lz4": 1, "lz4hc": 2, "zstd": 5, "blosclz": 0, "zlib": 4}
 #: Blosc2 shuffle filters (``shuffle`` in the stored config) and their codes in ``blosc2.h``
 #: (``BLOSC_NOSHUFFLE``, ``BLOSC_SHUFFLE``, ``BLOSC_BITSHUFFLE``; hdf5plugin uses the same ints).
 BLOSC2_SHUFFLES = {"none": 0, "byte": 1, "bit": 2}
+#: A Blosc2 chunk that compresses by less than this fraction of its raw size is stored
+#: memcpy'd instead (Blosc2's own uncompressed chunk: clevel 0, ``BLOSC_MEMCPYED`` in its header,
+#: which every Blosc2 reader decodes as a copy). Decompressing LZ4 + byte shuffle runs at about
+#: 2.7 GB/s per core, a copy at 10 GB/s: saving 10% of the bytes pays for the difference only
+#: when the chunks come from a store slower than about 0.3 GB/s (``docs/performance.md``).
+BLOSC2_MIN_SAVING = 0.10
 
 
 class BlockCompression(abc.ABC):
@@ -201,10 +208,22 @@ class Blosc2(BlockCompression):
         )
 
     def compress(self, raw: Any, *, typesize: int) -> np.ndarray:
+        """The chunk compressed, or stored memcpy'd when that saves less than
+        :data:`BLOSC2_MIN_SAVING` of its raw size (still one Blosc2 frame of this codec)."""
         compcode, shuffle = self.frame_check()
-        return kernels.compress_frame(
+        frame = kernels.compress_frame(
             raw, compcode=compcode, clevel=self.clevel, shuffle=shuffle, typesize=typesize
         )
+        # The chunk's own sizes (its header at the frame's header length, bytes 11..14): the
+        # frame's fixed ~200 bytes of header and trailer are the same either way.
+        h = int.from_bytes(frame[11:15].tobytes(), "big")
+        nbytes = int.from_bytes(frame[h + 4 : h + 8].tobytes(), "little")
+        cbytes = int.from_bytes(frame[h + 12 : h + 16].tobytes(), "little")
+        if self.clevel and cbytes > (1 - BLOSC2_MIN_SAVING) * nbytes:
+            frame = kernels.compress_frame(
+                raw, compcode=compcode, clevel=0, shuffle=shuffle, typesize=typesize
+            )
+        return frame
 
     def decompress_into(self, stored: Any, out: np.ndarray) -> None:
         kernels.decompress_frame(

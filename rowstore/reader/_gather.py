@@ -85,6 +85,72 @@ class Gathered:
 
 #: Bytes of heap payload buffers a reader keeps for reuse, at most.
 _PAYLOAD_POOL_BYTES = 128 << 20
+#: Bytes of decompressed heap chunks a reader keeps between window segments, at most (at least
+#: two chunks): the chunks that a segment's blocks share with blocks outside it.
+_HEAP_CACHE_BYTES = 64 << 20
+
+
+class _HeapCache:
+    """Decompressed heap chunks that straddle requests, kept for the next block that needs them.
+
+    A block's heap range rarely ends on a chunk boundary, so the chunk holding its end is also
+    needed by the next block; a window segment loads whole chunks, so without this cache a
+    chunk shared with a block of another window is decompressed once per window. Each chunk
+    at the end of some block's heap range counts its blocks still to be read in this pass
+    over them (``remaining``): after a request it is kept (a copy, never modified) while that
+    count is above 0, and dropped once every block touching it has been read, so in an epoch
+    that reads each block once (block and none orders) each such chunk is decompressed once
+    while the cache holds it: up to ``capacity`` chunks, the oldest dropped first. Other
+    orders (full) only make hits rarer. Thread-safe; entries are shared by the reader's
+    threads.
+    """
+
+    def __init__(self, capacity: int, users: np.ndarray, chunk_bytes: int):
+        self.capacity = capacity
+        self._users = users  # blocks touching each chunk (0: inside one block, never kept)
+        self._remaining = np.zeros(len(users), np.int64)
+        self._chunks: dict[int, np.ndarray] = {}  # insertion order: the oldest first
+        # Buffers of dropped chunks, reused (a fresh one costs a page fault per page); with
+        # the kept ones never more than ``capacity``.
+        self._free: list[np.ndarray] = []
+        self._chunk_bytes = chunk_bytes
+        self._lock = threading.Lock()
+
+    def take_into(self, ids: list[int], heap: np.ndarray) -> set[int]:
+        """Copy the cached chunks among ``ids`` into their slots of ``heap`` (slot i for
+        ``ids[i]``); returns them (they stay cached until :meth:`settle`)."""
+        H = self._chunk_bytes
+        hits = set()
+        with self._lock:  # copied under the lock: a dropped chunk's buffer is reused
+            for i, c in enumerate(ids):
+                data = self._chunks.get(c)
+                if data is not None:
+                    heap[i * H : (i + 1) * H] = data
+                    hits.add(c)
+        return hits
+
+    def settle(self, ids: np.ndarray, touching: np.ndarray, slots: dict[int, np.ndarray]) -> None:
+        """A request read ``touching[i]`` of the blocks touching chunk ``ids[i]``: count them
+        off; keep the chunks with blocks still to read (copied from ``slots[c]``, the chunk's
+        bytes, unless still cached), drop the others."""
+        with self._lock:
+            rem = self._remaining[ids]
+            rem = np.where(rem <= 0, self._users[ids], rem) - touching
+            self._remaining[ids] = np.maximum(rem, 0)
+            for c, left in zip(ids.tolist(), rem.tolist()):
+                if left <= 0:
+                    self._drop(c)
+                elif c not in self._chunks:
+                    buf = self._free.pop() if self._free else np.empty(self._chunk_bytes, np.uint8)
+                    buf[:] = slots[c]
+                    self._chunks[c] = buf
+            while len(self._chunks) > self.capacity:
+                self._drop(next(iter(self._chunks)))
+
+    def _drop(self, c: int) -> None:
+        buf = self._chunks.pop(c, None)
+        if buf is not None:
+            self._free.append(buf)
 
 
 class _Scratch(threading.local):
@@ -159,6 +225,19 @@ class Gatherer:
         self._pages: Any = None
         self._pages_lock = threading.Lock()
         self._pages_done = False  # every block page checked (direct reads check nothing more)
+        # Compressed files (not verify="always", which checks every read): heap chunks shared
+        # by the blocks of two window segments are decompressed once (_HeapCache).
+        self._heap_cache: _HeapCache | None = None
+        #: Heap chunks decompressed (or read, uncompressed) into a segment's heap buffer.
+        self.heap_chunks_loaded = 0
+        self._count_lock = threading.Lock()
+        if codec is not None and verify != "always" and len(self.arr["hc_offset"]):
+            self._chunk_users = self._heap_chunk_users()
+            self._heap_cache = _HeapCache(
+                max(2, _HEAP_CACHE_BYTES // layout.heap_chunk_bytes),
+                self._chunk_users[2],
+                layout.heap_chunk_bytes,
+            )
 
     @property
     def pages(self) -> Any:
@@ -662,6 +741,65 @@ class Gatherer:
             present[a : b + 1] = True
         return np.flatnonzero(present[:-1]).astype(np.int64)
 
+    def _heap_chunk_users(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per heap chunk, the first and last block whose heap range starts or ends in it, and
+        the number of blocks with a heap range between them (-1, -1, 0 for chunks inside one
+        block's range: no other block needs them)."""
+        n = len(self.arr["hc_offset"])
+        H = self.layout.heap_chunk_bytes
+        lo_b, hi_b = self.arr["heap_start"], self.arr["heap_end"]
+        full = hi_b > lo_b
+        b = np.flatnonzero(full)
+        base = self.arr["chunk_base"][b]
+        ends = np.concatenate([base + lo_b[b] // H, base + (hi_b[b] - 1) // H])
+        ends = np.clip(ends, 0, n - 1)  # bounded by the index checks; clipped for safety
+        first = np.full(n, np.iinfo(np.int64).max, np.int64)
+        last = np.full(n, -1, np.int64)
+        np.minimum.at(first, ends, np.concatenate([b, b]))
+        np.maximum.at(last, ends, np.concatenate([b, b]))
+        inner = last < 0
+        first[inner] = -1
+        cum = np.concatenate(([0], np.cumsum(full)))
+        users = np.where(inner, 0, cum[last + 1] - cum[np.maximum(first, 0)])
+        users[users < 2] = 0  # one block only: never needed by another request
+        # A chunk stored uncompressed (Blosc2 memcpy'd: larger than its raw size) is read again
+        # at about the cost of copying it into the cache and out, so it is not kept.
+        users[self.arr["hc_stored"] >= H] = 0
+        self._nonempty = full
+        return first, last, users
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self.heap_chunks_loaded += n
+
+    def _load_heap(self, need: np.ndarray, ublocks: np.ndarray, heap: np.ndarray) -> None:
+        """Heap chunks ``need`` (sorted) into consecutive slots of ``heap``: cached ones copied
+        out of the :class:`_HeapCache`, the others loaded (one kernel call per run of them);
+        then the ones shared with a block outside ``ublocks`` are cached."""
+        H = self.layout.heap_chunk_bytes
+        cache = self._heap_cache
+        if cache is None:
+            self._load(need, "heap chunk", heap)
+            self._count(len(need))
+            return
+        ids = need.tolist()
+        hits = cache.take_into(ids, heap)
+        missing = np.fromiter((c not in hits for c in ids), np.bool_, len(ids))
+        runs = np.flatnonzero(np.diff(np.concatenate(([0], missing.view(np.int8), [0]))))
+        for a, z in zip(runs[::2].tolist(), runs[1::2].tolist()):
+            self._load(need[a:z], "heap chunk", heap[a * H : z * H])
+            self._count(z - a)
+        first, last, _ = self._chunk_users
+        edge = np.flatnonzero(last[need] >= 0)
+        if not len(edge):
+            return
+        f, la = first[need[edge]], last[need[edge]]
+        # Blocks of this request with a heap range, among those touching each edge chunk.
+        cum = np.concatenate(([0], np.cumsum(self._nonempty[ublocks])))
+        touching = cum[np.searchsorted(ublocks, la, "right")] - cum[np.searchsorted(ublocks, f)]
+        slots = {ids[i]: heap[i * H : (i + 1) * H] for i in edge.tolist()}
+        cache.settle(need[edge], touching, slots)
+
     def _heap_context(
         self, ublocks: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -672,7 +810,7 @@ class Gatherer:
         need = self._heap_chunks_of(ublocks)
         heap = self.scratch.get("heap", len(need) * H)
         if len(need):
-            self._load(need, "heap chunk", heap)
+            self._load_heap(need, ublocks, heap)
         first = (
             self.arr["chunk_base"][ublocks] + lo_b // H
         )  # each block's first chunk, dataset-wide

@@ -110,6 +110,8 @@ class Writer(Closing):
         Per-block compression: ``None`` (default), ``"lz4"``, ``"zstd"``, ``"blosclz"``,
         ``"zlib"``, or ``{"cname": "zstd", "clevel": 5, "shuffle": "byte"}``. Stored through the
         Blosc2 HDF5 filter (id 32026) so h5py (with ``hdf5plugin``) and PyTables read it too.
+        A chunk that compresses by less than 10% is stored as Blosc2's uncompressed
+        (memcpy'd) chunk, which reads at copy speed.
     heap_chunk_bytes : int
         Chunk size of the heap of variable-size payloads. An uncompressed heap smaller than
         one chunk is stored as one chunk of its own size (``docs/format.md``, section 4).

@@ -1041,3 +1041,69 @@ def test_per_item_descriptors_chunk_bases_and_strides_match_reference(tmp_path):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+@pytest.mark.parametrize("raw_size", [513, 4096, 100_000])
+def test_load_chunks_reads_memcpyd_chunks_into_place(tmp_path, raw_size):
+    """Memcpy'd chunks (clevel 0), read straight into their slots, beside compressed ones and
+    an all-zero one: the same bytes; a flipped byte anywhere in a frame (headers, raw bytes,
+    trailer) is a checksum error with verify, and a bad header is refused without it."""
+    codec = (CODECS["zstd"], SHUFFLES["byte"])
+    raws = [
+        RNG.integers(0, 256, raw_size, dtype=np.uint8).tobytes(),
+        RNG.integers(0, 4, raw_size, dtype=np.uint8).tobytes(),
+        bytes(raw_size),
+        RNG.integers(0, 256, raw_size, dtype=np.uint8).tobytes(),
+    ]
+    stored = [
+        frame(raws[0], "zstd", clevel=0).tobytes(),
+        frame(raws[1], "zstd").tobytes(),
+        frame(raws[2], "zstd").tobytes(),
+        frame(raws[3], "zstd", clevel=0).tobytes(),
+    ]
+    path = str(tmp_path / "c.bin")
+    offs = write_chunks(path, stored)
+    sizes = np.array([len(s) for s in stored], np.int64)
+    checks = np.array([kernels.crc32(s) for s in stored], np.uint64)
+    stride = raw_size + 7
+    dst = np.zeros(3 * stride + raw_size, np.uint8)
+    scratch = np.empty(int(sizes.max()), np.uint8)
+
+    def load(path=path, verify=True):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            kernels.load_chunks(
+                fd,
+                offs,
+                sizes,
+                checks,
+                codec=codec,
+                verify=verify,
+                dst=dst,
+                raw_size=raw_size,
+                scratch=scratch,
+                dst_stride=stride,
+            )
+        finally:
+            os.close(fd)
+
+    load()
+    for i, r in enumerate(raws):
+        assert dst[i * stride : i * stride + raw_size].tobytes() == r
+    assert not dst[raw_size:stride].any()  # the gaps between slots untouched
+    data = open(path, "rb").read()
+    h = int.from_bytes(stored[3][11:15], "big")
+    for at in (5, h + 2, h + 40, len(stored[3]) - 3):  # frame header, chunk, raw, trailer
+        bad = bytearray(data)
+        bad[int(offs[3]) + at] ^= 0x10
+        bad_path = str(tmp_path / f"bad{at}.bin")
+        open(bad_path, "wb").write(bytes(bad))
+        with pytest.raises(ChecksumError) as ei:
+            load(bad_path)
+        assert ei.value.index == 3
+    bad = bytearray(data)  # nbytes of the memcpy'd chunk: refused without checksums too
+    bad[int(offs[3]) + h + 4] ^= 0x01
+    bad_path = str(tmp_path / "bad_nbytes.bin")
+    open(bad_path, "wb").write(bytes(bad))
+    with pytest.raises(FormatError):
+        load(bad_path, verify=False)

@@ -836,3 +836,53 @@ def test_a_trimmed_heap_chunk_shorter_than_the_heap_is_refused():
         check(
             [1000, 700], 1700, 2
         )  # the last of two chunks: HDF5 chunks of one dataset are one size
+
+
+@pytest.mark.parametrize("cname", ["lz4", "zstd"])
+def test_incompressible_chunks_are_stored_memcpyd(h5path, cname):
+    """A chunk saving less than BLOSC2_MIN_SAVING is Blosc2's memcpy'd chunk (its header says
+    so; the file's declared compression is unchanged); compressible ones stay compressed. The
+    index's sizes and CRCs are those of the stored frames; rowstore and h5py read both."""
+    import zlib
+
+    from rowstore.codecs.blocks import BLOSC2_MIN_SAVING
+
+    schema = Schema([Field("k", "int64"), Field("b", "bytes")])
+    rng = np.random.default_rng(5)
+    # Payloads that compress by a few percent (5% zeros, then noise), like audio waveforms.
+    noise = [bytes(150) + rng.integers(0, 256, 2850, dtype=np.uint8).tobytes() for _ in range(40)]
+    rows = [{"k": i // 7, "b": noise[i]} for i in range(40)]
+    compression = {"cname": cname, "clevel": 5, "shuffle": "byte"}
+    with rowstore.Writer(
+        h5path, schema, rows_per_block=16, heap_chunk_bytes=8192, compression=compression
+    ) as w:
+        for row in rows:
+            w.write(row)
+    lay = Layout.open(h5path, verify=True)
+    assert lay.compression == {"id": "blosc2", **compression}
+    a = lay.arrays()
+    data = open(h5path, "rb").read()
+
+    def memcpyd(offsets, stored, checksums, raw):
+        out = []
+        for off, n, crc in zip(offsets.tolist(), stored.tolist(), checksums.tolist()):
+            frame = data[off : off + n]
+            assert zlib.crc32(frame) == crc  # the index describes the stored frame
+            h = int.from_bytes(frame[11:15], "big")
+            flags, nbytes = frame[h + 2], int.from_bytes(frame[h + 4 : h + 8], "little")
+            cbytes = int.from_bytes(frame[h + 12 : h + 16], "little")
+            assert nbytes == raw
+            out.append(bool(flags & 0x02))
+            assert out[-1] == (cbytes == raw + 32)
+            assert out[-1] or cbytes <= (1 - BLOSC2_MIN_SAVING) * raw
+        return out
+
+    heap = memcpyd(a["hc_offset"], a["hc_stored"], a["hc_checksum"], lay.heap_chunk_bytes)
+    blocks = memcpyd(a["offset"], a["stored"], a["checksum"], lay.block_raw_bytes)
+    assert all(heap[:-1]) and not any(blocks)  # random payloads; a counter and offsets
+    got = rowstore.open(h5path).take(np.arange(40))
+    assert got["k"].tolist() == [r["k"] for r in rows]
+    assert [bytes(v) for v in got["b"]] == noise
+    with h5py.File(h5path, "r") as f:  # HDF5's own Blosc2 filter reads memcpy'd chunks too
+        assert f["rowstore/rows"]["k"].tolist()[:40] == [r["k"] for r in rows]
+        assert bytes(f["rowstore/heap"][()][: lay.heap_nbytes]) == b"".join(noise)

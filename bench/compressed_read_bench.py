@@ -1,0 +1,144 @@
+"""Compressed against uncompressed epochs, per core, before and after in one run.
+
+    python bench/compressed_read_bench.py [--before /path/to/previous/checkout] [--reps 5]
+                                          [--rounds 2] [--out bench/results/compressed_read.json]
+
+Demo patch (6,000 rows) and speech (3,000 rows) files, each written uncompressed, Blosc2 LZ4
+and Blosc2 Zstd (clevel 5, byte shuffle) by the code tree that reads them (so ``before`` reads
+files its writer made). Each (code tree, workload) runs in a fresh process with one reader
+thread: an untimed epoch per file, then ``--reps`` block-order epochs per file, the files
+interleaved, every batch touched; timed by process CPU time (user + system: steadier than wall
+time on a shared machine). ``--rounds`` runs of the before and after processes alternate.
+Reported per file: stored/raw bytes, heap chunks loaded per epoch (the kernel's decompressions)
+and the median epoch CPU time, and the speed ratio against the same process's uncompressed
+file (``none`` CPU / file CPU; medians over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = {"patch": 6_000, "speech": 3_000}
+COMPRESSIONS = {
+    "none": None,
+    "lz4": {"cname": "lz4", "clevel": 5, "shuffle": "byte"},
+    "zstd": {"cname": "zstd", "clevel": 5, "shuffle": "byte"},
+}
+
+
+def child(spec: dict[str, Any]) -> None:
+    import resource
+
+    from rowstore import Layout
+    from rowstore.bench.measure import touch_batch
+    from rowstore.demo import make_demo
+    from rowstore.reader import Reader
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    paths = {}
+    for c, comp in COMPRESSIONS.items():
+        path = os.path.join(spec["dir"], f"{spec['workload']}_{c}.h5")
+        if not os.path.exists(path):
+            make_demo(spec["workload"], path + ".tmp", spec["rows"], compression=comp)
+            os.replace(path + ".tmp", path)
+        paths[c] = path
+    readers = {c: Reader(p, num_threads=1) for c, p in paths.items()}
+    out: dict[str, Any] = {}
+    for c, path in paths.items():
+        L = Layout.open(path)
+        a = L.arrays()
+        raw = len(a["stored"]) * L.block_raw_bytes + len(a["hc_stored"]) * L.heap_chunk_bytes
+        out[c] = {"stored_over_raw": (a["stored"].sum() + a["hc_stored"].sum()) / raw, "cpu": []}
+    names = list(readers["none"].schema.names)
+
+    def epoch(c: str, ep: int) -> float:
+        r = readers[c]
+        before = getattr(r._gatherer, "heap_chunks_loaded", None)
+        t = cpu()
+        for b in r.batches(64, shuffle="block", seed=0, epoch=ep):
+            touch_batch(b, names)
+        dt = cpu() - t
+        if before is not None:
+            out[c]["heap_chunks_per_epoch"] = r._gatherer.heap_chunks_loaded - before
+        return dt
+
+    for c in readers:
+        epoch(c, 0)
+    for rep in range(spec["reps"]):
+        for c in readers:
+            out[c]["cpu"].append(epoch(c, rep + 1))
+    print("RESULT " + json.dumps(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", default=None, help="a checkout of the code to compare with")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--dir", default=os.path.join(ROOT, ".cache", "compressed_read_bench"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compressed_read.json"))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    trees = ([("before", os.path.abspath(args.before))] if args.before else []) + [("after", ROOT)]
+    doc: dict[str, Any] = {
+        "tool": "bench/compressed_read_bench.py",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "trees": dict(trees),
+        "reps": args.reps,
+        "rounds": args.rounds,
+        "runs": [],
+    }
+    for name in args.workloads:
+        for rnd in range(args.rounds):
+            for label, tree in trees:
+                d = os.path.join(args.dir, label)
+                os.makedirs(d, exist_ok=True)
+                spec = {"workload": name, "rows": WORKLOADS[name], "dir": d, "reps": args.reps}
+                load = os.getloadavg()[0]
+                p = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                    capture_output=True,
+                    text=True,
+                    env=dict(os.environ, PYTHONPATH=tree),
+                    cwd=tree,
+                    timeout=1800,
+                )
+                line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    print(p.stdout, p.stderr, file=sys.stderr)
+                    return 1
+                res = json.loads(line[7:])
+                doc["runs"].append({"workload": name, "tree": label, "round": rnd, "load": load})
+                doc["runs"][-1]["files"] = res
+                none = statistics.median(res["none"]["cpu"])
+                for c, v in res.items():
+                    m = statistics.median(v["cpu"])
+                    print(
+                        f"{name:7s} {label:6s} round {rnd} {c:5s} stored/raw "
+                        f"{v['stored_over_raw']:.3f} heap chunks/epoch "
+                        f"{v.get('heap_chunks_per_epoch', '-')} cpu {m * 1e3:7.1f} ms "
+                        f"ratio {none / m:.2f} (load {load:.1f})",
+                        flush=True,
+                    )
+    with open(args.out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -376,29 +376,6 @@ def to_rowstore(
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _bounds(reader: Reader, blocks_per_partition: int | None) -> list[tuple[int, int]]:
-    """Row ranges of the partitions: one per shard, or per ``blocks_per_partition`` blocks of a
-    shard."""
-    L = reader.layout
-    if blocks_per_partition is None:
-        ends = np.cumsum(L.shard_rows)
-        starts = ends - L.shard_rows
-        return [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
-    positive_int("blocks_per_partition", blocks_per_partition)
-    rows = L.block_rows()
-    first = np.concatenate([[0], np.cumsum(rows)])
-    out, b = [], 0
-    shard = L.block_shard
-    while b < len(rows):
-        e = b
-        while e < len(rows) and e - b < blocks_per_partition and shard[e] == shard[b]:
-            e += 1
-        if first[e] > first[b]:
-            out.append((int(first[b]), int(first[e])))
-        b = e
-    return out
-
-
 def _read_part(
     bounds: tuple[int, int], path: str, fields: list | None, version: int | None
 ) -> pd.DataFrame:
@@ -424,7 +401,7 @@ def read_rowstore(
     path = os.fspath(path)
     with Reader(path, version=version) as r:
         version = r.layout.version
-        bounds = _bounds(r, blocks_per_partition)
+        bounds = r.row_ranges(blocks_per_partition, name="blocks_per_partition")
         meta_df = to_pandas(r, rows=[], fields=fields)
         divisions: Any = None
         info = r.layout.user_attrs.get(META_KEY)

@@ -449,29 +449,6 @@ def to_rowstore(
 
 
 # -- reading --------------------------------------------------------------------------------
-def row_ranges(reader: Reader, blocks_per_part: int | None) -> list[tuple[int, int]]:
-    """Row ranges of the parts of a read: one per shard, or per ``blocks_per_part`` blocks of a
-    shard (never across shards); empty ones left out."""
-    L = reader.layout
-    if blocks_per_part is None:
-        ends = np.cumsum(L.shard_rows)
-        starts = ends - L.shard_rows
-        return [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
-    positive_int("blocks_per_task", blocks_per_part)
-    rows = L.block_rows()
-    first = np.concatenate([[0], np.cumsum(rows)])
-    out, b = [], 0
-    shard = L.block_shard
-    while b < len(rows):
-        e = b
-        while e < len(rows) and e - b < blocks_per_part and shard[e] == shard[b]:
-            e += 1
-        if first[e] > first[b]:
-            out.append((int(first[b]), int(first[e])))
-        b = e
-    return out
-
-
 def _arrow_column(f: Any, v: Any, nulls: np.ndarray | None) -> list[tuple[str, pa.Array]]:
     """The Ray columns of field ``f`` from a reader batch: the values, plus ``<name>__null``
     for a nullable array field."""
@@ -589,7 +566,7 @@ class RowstoreDatasource(Datasource):
                 )
             self.fields = list(fields) if fields is not None else None
             self.schema = r.schema if fields is None else Schema([r.schema[n] for n in fields])
-            self.ranges = row_ranges(r, blocks_per_task)
+            self.ranges = r.row_ranges(blocks_per_task, name="blocks_per_task")
             # decoded bytes of a row: fixed part, plus the heap's payloads (str, bytes, variable
             # arrays, images: their stored size, a lower bound when compressed) spread evenly
             heap = r.layout.heap_nbytes * len(self.schema) // max(1, len(r.schema))

@@ -515,6 +515,31 @@ class Reader:
 
         return keys_of
 
+    def row_ranges(
+        self, blocks_per_part: int | None = None, *, name: str = "blocks_per_part"
+    ) -> list[tuple[int, int]]:
+        """Row ranges ``[start, stop)`` of the parts of a parallel read (a Dask partition, a
+        Ray read task): one per shard, or per ``blocks_per_part`` consecutive blocks of a shard
+        (never across shards); empty ones left out. ``name``: the argument, for errors."""
+        L = self.layout
+        if blocks_per_part is None:
+            ends = np.cumsum(L.shard_rows)
+            starts = ends - L.shard_rows
+            return [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
+        positive_int(name, blocks_per_part)
+        rows = L.block_rows()
+        first = np.concatenate([[0], np.cumsum(rows)])
+        out, b = [], 0
+        shard = L.block_shard
+        while b < len(rows):
+            e = b
+            while e < len(rows) and e - b < blocks_per_part and shard[e] == shard[b]:
+                e += 1
+            if first[e] > first[b]:
+                out.append((int(first[b]), int(first[e])))
+            b = e
+        return out
+
     def shard_size(
         self,
         *,

@@ -1,20 +1,32 @@
 """Ingest of encoded images: a folder of PNG files into a dataset, same files, same run.
 
+    bash bench/setup_ffcv.sh; bash bench/setup_lance.sh     # once: the peers in their own venvs
     python bench/ingest_bench.py [--n 20000] [--repeats 3] [--workers N] [--quick]
-        [--out bench/results/ingest_bench.json]
+        [--skip CASE ...] [--out bench/results/ingest_bench.json]
 
 The source is ``n`` PNG files of 128x256x3 (smooth images with noise, 10 class folders), made
-once and read from the page cache by every contender (the first repeat is a warm-up):
+once and read from the page cache by every contender. Every writer reads the files itself
+inside its timed part; the cases run interleaved, their order rotated each round, the first
+round a warm-up:
 
-* ``from_images``: ``rowstore.from_images`` (bytes as they are, header checked; ``workers``
-  processes) and the same with ``workers=1``;
+* ``from_images``: ``rowstore.from_images`` (bytes as they are, header checked, fsync'd and
+  committed; ``workers`` processes) and ``from_images_1``: the same with ``workers=1``;
 * ``reencode``: the path before encoded values were taken: each file read, decoded
   (imagecodecs), the arrays written with ``DatasetWriter.write_batch`` and encoded again,
   ``threads=1``; ``reencode_threads``: the same with the writer's encode threads (``workers``);
 * ``tfrecord``: the bytes as they are into one TFRecord file of ``tf.train.Example`` (image
-  bytes, label), the usual TensorFlow peer (skipped without tensorflow).
+  bytes, label), the usual TensorFlow peer (skipped without tensorflow);
+* ``arrayrecord``: ``ArrayRecordWriter`` (its default options: ``group_size:1``, ``zstd:3``),
+  one record a file: a pickled ``{"image": bytes, "label": int}``, as Grain users write them;
+* ``lance``: ``lance.write_dataset`` of a pyarrow table (PNG bytes, int64 label), in
+  ``.lance-venv`` (bench/setup_lance.sh), a child process timing only its write;
+* ``ffcv``: FFCV 1.0's ``DatasetWriter``, ``RGBImageField(write_mode="raw")`` (FFCV cannot keep
+  PNG bytes: each file is decoded, OpenCV, and its pixels stored; raw is its least work) and an
+  ``IntField``, ``num_workers=workers``, in ``.ffcv-venv`` (bench/setup_ffcv.sh), a child
+  process timing only its write. A peer whose venv is missing is skipped, and said so.
 
-Median seconds of the timed repeats, images/s and ratios to ``reencode`` (and to ``tfrecord``).
+None of the peers fsyncs. Median seconds of the timed rounds, images/s, bytes written, and
+each case's time over ``from_images``' and ``from_images_1``'s (above 1: rowstore is faster).
 """
 
 from __future__ import annotations
@@ -22,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +50,8 @@ import rowstore
 
 SHAPE = (128, 256, 3)
 CLASSES = 10
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(ROOT, "bench", "ingest_peers.py")
 
 
 def make_source(root: str, n: int) -> tuple[list[str], list[int], int]:
@@ -98,6 +114,38 @@ def run_tfrecord(paths: list[str], labels: list[int], dest: str) -> None:
             w.write(ex.SerializeToString())
 
 
+def run_arrayrecord(paths: list[str], labels: list[int], dest: str) -> None:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    os.makedirs(dest, exist_ok=True)
+    w = ArrayRecordWriter(os.path.join(dest, "data.array_record"), "")
+    try:
+        for p, lab in zip(paths, labels):
+            with open(p, "rb") as fh:
+                data = fh.read()
+            w.write(pickle.dumps({"image": data, "label": lab}, protocol=5))
+    finally:
+        w.close()
+
+
+def run_peer(python: str, peer: str, listing: str, dest: str, workers: int) -> float:
+    """One write by a peer in its own venv; the child's own timing of the write (its start-up
+    and imports are not counted), its rows checked."""
+    proc = subprocess.run(
+        [python, PEERS, peer, listing, dest, "--workers", str(workers)],
+        capture_output=True,
+        text=True,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("PEER-RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{peer} failed: {(proc.stderr or proc.stdout)[-2000:]}")
+    out = json.loads(lines[-1][len("PEER-RESULT ") :])
+    with open(listing) as fh:
+        n = len(json.load(fh))
+    assert out["rows"] == n, (peer, out["rows"], n)
+    return out["seconds"]
+
+
 def check(dest: str, paths: list[str]) -> None:
     """The dataset holds every file, the first one's pixels those of its PNG."""
     with rowstore.open(dest) as r:
@@ -107,22 +155,55 @@ def check(dest: str, paths: list[str]) -> None:
         assert np.array_equal(r[0]["image"], want)
 
 
+def check_tfrecord(dest: str, paths: list[str]) -> None:
+    import tensorflow as tf
+
+    k = sum(1 for _ in tf.data.TFRecordDataset(os.path.join(dest, "data.tfrecord")))
+    assert k == len(paths), (k, len(paths))
+
+
+def check_arrayrecord(dest: str, paths: list[str]) -> None:
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    r = ArrayRecordReader(os.path.join(dest, "data.array_record"))
+    try:
+        assert r.num_records() == len(paths), (r.num_records(), len(paths))
+        with open(paths[0], "rb") as fh:
+            assert pickle.loads(r.read([0])[0])["image"] == fh.read()
+    finally:
+        r.close()
+
+
+def dir_bytes(dest: str) -> int:
+    if os.path.isfile(dest):
+        return os.path.getsize(dest)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dest) for f in fs)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20000, help="PNG files (default 20000)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (after one warm-up)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quick", action="store_true", help="n=600, 2 repeats")
+    ap.add_argument("--skip", nargs="*", default=[], help="cases not to run")
     ap.add_argument("--no-tfrecord", action="store_true")
+    ap.add_argument("--ffcv-python", default=os.path.join(ROOT, ".ffcv-venv", "bin", "python"))
+    ap.add_argument("--lance-python", default=os.path.join(ROOT, ".lance-venv", "bin", "python"))
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.repeats = 600, 2
+    if args.no_tfrecord:
+        args.skip.append("tfrecord")
     tmp = tempfile.mkdtemp(prefix="ingest_bench_")
     try:
         src = os.path.join(tmp, "src")
         t0 = time.perf_counter()
         paths, labels, total = make_source(src, args.n)
+        listing = os.path.join(tmp, "files.json")
+        with open(listing, "w") as fh:
+            json.dump([[p, lab] for p, lab in zip(paths, labels)], fh)
         print(
             f"{args.n} PNGs of {SHAPE}: {total / 1e6:.1f} MB ({total / args.n / 1e3:.1f} kB "
             f"each), made in {time.perf_counter() - t0:.1f} s",
@@ -133,27 +214,54 @@ def main(argv: list[str] | None = None) -> dict:
             "from_images_1": lambda d: run_from_images(src, d, 1),
             "reencode": lambda d: run_reencode(paths, labels, d, 1),
             "reencode_threads": lambda d: run_reencode(paths, labels, d, args.workers),
+            "arrayrecord": lambda d: run_arrayrecord(paths, labels, d),
         }
-        if not args.no_tfrecord:
-            try:
-                import tensorflow  # noqa: F401
+        checks = {"arrayrecord": check_arrayrecord}
+        skipped = {k: "--skip" for k in args.skip}
+        try:
+            import tensorflow  # noqa: F401
 
-                cases["tfrecord"] = lambda d: run_tfrecord(paths, labels, d)
-            except ImportError:
-                pass
+            cases["tfrecord"] = lambda d: run_tfrecord(paths, labels, d)
+            checks["tfrecord"] = check_tfrecord
+        except ImportError:
+            skipped["tfrecord"] = "tensorflow not installed"
+        for peer, python, setup in (
+            ("lance", args.lance_python, "bench/setup_lance.sh"),
+            ("ffcv", args.ffcv_python, "bench/setup_ffcv.sh"),
+        ):
+            probe = subprocess.run(
+                [python, "-c", f"import {peer}"] if os.path.exists(python) else ["false"],
+                capture_output=True,
+            )
+            if not probe.returncode:
+                cases[peer] = lambda d, peer=peer, python=python: run_peer(
+                    python, peer, listing, d, args.workers
+                )
+                checks[peer] = lambda d, p: None  # rows counted back by the child
+            else:
+                skipped[peer] = f"{python} cannot import {peer}: run {setup}"
+        cases = {k: v for k, v in cases.items() if k not in args.skip}
+        for k, why in skipped.items():
+            print(f"  {k}: skipped ({why})", file=sys.stderr)
         times: dict[str, list[float]] = {k: [] for k in cases}
-        for rep in range(args.repeats + 1):  # interleaved; repeat 0 warms up
-            for name, fn in cases.items():
+        sizes: dict[str, int] = {}
+        loads = []
+        names = list(cases)
+        for rep in range(args.repeats + 1):  # interleaved, rotated; round 0 warms up
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
                 dest = os.path.join(tmp, f"out_{name}")
                 shutil.rmtree(dest, ignore_errors=True)
                 t = time.perf_counter()
-                fn(dest)
-                dt = time.perf_counter() - t
-                if name != "tfrecord":
-                    check(dest, paths)
+                inner = cases[name](dest)
+                dt = time.perf_counter() - t if inner is None else inner
+                checks.get(name, check)(dest, paths)
+                sizes[name] = dir_bytes(dest)
+                shutil.rmtree(dest, ignore_errors=True)
                 if rep:
                     times[name].append(dt)
-                print(f"  {name:18s} repeat {rep}: {dt:.2f} s", file=sys.stderr)
+                print(f"  {name:18s} round {rep}: {dt:.2f} s", file=sys.stderr)
+            loads.append(round(os.getloadavg()[0], 1))
         med = {k: statistics.median(v) for k, v in times.items()}
         result = {
             "bench": "ingest_bench",
@@ -163,16 +271,18 @@ def main(argv: list[str] | None = None) -> dict:
             "workers": args.workers,
             "repeats": args.repeats,
             "cpus": os.cpu_count(),
+            "load_avg_1m_per_round": loads,
             "python": platform.python_version(),
             "rowstore": rowstore.__version__,
+            "skipped": skipped,
             "median_s": {k: round(v, 3) for k, v in med.items()},
+            "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
             "images_per_s": {k: round(args.n / v) for k, v in med.items()},
-            "speedup_vs_reencode": {k: round(med["reencode"] / v, 2) for k, v in med.items()},
+            "written_mb": {k: round(v / 1e6, 1) for k, v in sizes.items()},
         }
-        if "tfrecord" in med:
-            result["speedup_vs_tfrecord"] = {
-                k: round(med["tfrecord"] / v, 2) for k, v in med.items()
-            }
+        for base in ("from_images", "from_images_1", "reencode"):
+            if base in med:
+                result[f"time_over_{base}"] = {k: round(v / med[base], 2) for k, v in med.items()}
         print(json.dumps(result, indent=2))
         if args.out:
             with open(args.out, "w") as fh:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# FFCV in its own venv (.ffcv-venv) for bench/jpeg_bench.py's baseline: FFCV needs numpy < 2
-# and numba, which must not touch the project's .venv. Its C extension finds libturbojpeg and
-# OpenCV through pkg-config (apt, as root: libturbojpeg0-dev, libopencv-dev, pkg-config).
+# FFCV in its own venv (.ffcv-venv) for the FFCV baselines of bench/jpeg_bench.py and
+# bench/ingest_bench.py: FFCV needs numpy < 2 and numba, which must not touch the project's
+# .venv. Its C extension finds libturbojpeg and OpenCV through pkg-config (apt, as root:
+# libturbojpeg0-dev, libopencv-dev, pkg-config).
 # Idempotent; fails loudly (pip's message) when it cannot be built.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -912,7 +912,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="'folders' (SRC/<class>/..., default), 'none', or a CSV file of path,label rows",
     )
     p.add_argument(
-        "--workers", type=_positive, help="processes writing shards (default: every core)"
+        "--workers",
+        type=_positive,
+        help="processes writing shards (default: one per 20,000 files, up to every core)",
     )
     p.add_argument("--no-path", action="store_true", help="do not store each file's path")
     p.add_argument(

@@ -41,6 +41,10 @@ _PROBE_BYTES = 4096
 _BATCH_FILES = 256
 #: Fewest files a worker process is started for (fewer: written in this process).
 _MIN_PART_FILES = 256
+#: Files per worker process by default: a spawned worker costs about a second to start and
+#: import, and writes ~5,000 files/s (bench/ingest_bench.py), so fewer files per worker than
+#: this ran slower on two processes than on one.
+_AUTO_FILES_PER_WORKER = 20_000
 
 
 @dataclass(frozen=True)
@@ -280,7 +284,8 @@ def from_images(
         The image field's codec (its id must be the files' format: ``"png"`` or ``"jpeg"``; the
         config is what later arrays written to the dataset are encoded with).
     workers : int, optional
-        Processes writing shards (default ``os.cpu_count()``); ``1`` writes in this process.
+        Processes writing shards (default: one per 20,000 files, up to ``os.cpu_count()``: a
+        worker process pays for its start-up only past that); ``1`` writes in this process.
         The files are split into at least ``workers`` runs of consecutive files of about equal
         bytes (more where a run would exceed ``shard_bytes``), one shard each.
     shard_bytes, mode, attrs, verify_encoded, **writer_kwargs
@@ -308,7 +313,7 @@ def from_images(
     src, dest = os.fspath(src), os.fspath(dest)
     if not os.path.isdir(src):
         raise NotADirectoryError(f"{src!r} is not a directory of images")
-    nworkers = (os.cpu_count() or 1) if workers is None else workers
+    nworkers = 1 if workers is None else workers  # the default: once the files are listed
     if not isinstance(nworkers, int) or isinstance(nworkers, bool) or nworkers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     classes: list[str] | None = None
@@ -321,8 +326,11 @@ def from_images(
         files, lab, classes = _csv_labels(src, os.fspath(labels))
     if not files:
         raise FileNotFoundError(f"no image files ({', '.join(extensions)}) under {src!r}")
+    if workers is None:
+        nworkers = max(1, min(os.cpu_count() or 1, len(files) // _AUTO_FILES_PER_WORKER))
     step = 256
-    with ThreadPoolExecutor(min(32, 4 * nworkers)) as pool:  # I/O: reads of a file's start
+    # I/O: reads of each file's start
+    with ThreadPoolExecutor(min(32, 4 * (os.cpu_count() or 1))) as pool:
         runs = pool.map(
             lambda a: [_probe(src, r) for r in files[a : a + step]], range(0, len(files), step)
         )

@@ -64,7 +64,13 @@ def _walk(root: str, extensions: Sequence[str]) -> list[str]:
     """Image files under ``root``, relative to it, in ``ImageFolder``'s order: by directory,
     then by name."""
     found = []
+    seen: set[tuple[int, int]] = set()  # directories walked: a symlink loop is walked once
     for d, dirs, files in os.walk(root, followlinks=True):
+        st = os.stat(d)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirs[:] = [x for x in dirs if not x.startswith(".")]
         rel = os.path.relpath(d, root)
         found += [(rel, f) for f in files if _is_image(f, extensions)]

@@ -177,3 +177,15 @@ def test_cli(folder, tmp_path, capsys):
         assert r.schema.names == ["image", "label"] and len(r) == 15
     assert main(["from-images", str(tmp_path / "nope"), out]) == 1
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_symlink_loop_is_walked_once(folder, tmp_path):
+    """Symlinked directories are followed (as ImageFolder does), but a loop ends: each real
+    directory is walked once, so the files are those without the link."""
+    want = [p for p, _ in image_folder_order(folder)[0]]
+    os.symlink(".", os.path.join(folder, "ant", "again"))  # ant/again -> ant
+    os.symlink("..", os.path.join(folder, "moth", "deep", "up"))  # moth/deep/up -> moth
+    out = tmp_path / "ds"
+    rowstore.from_images(folder, out, workers=1)
+    with rowstore.open(out) as r:
+        assert list(r.take(np.arange(len(r)))["path"]) == want

@@ -68,7 +68,7 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                uint8_t[::1] out not None, const int64_t[::1] dst_offsets not None,
                int64_t pad_stride, int64_t[::1] err not None,
                int64_t page_len=0, const uint32_t[::1] page_crcs=None, uint8_t[::1] page_checked=None,
-               uint8_t[::1] scratch=None):
+               uint8_t[::1] scratch=None, const uint32_t[::1] page_shift=None):
     """Direct path for uncompressed heaps: for each row ``rows[i]`` of ``src``, read its payload
     straight from the file into ``out`` at ``dst_offsets[i]`` (one copy, no heap chunk loaded).
 
@@ -80,11 +80,12 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
 
     With ``page_len`` > 0 (format v3's heap pages: ``page_len`` bytes of a chunk, its last page
     the rest; ``page_crcs`` one CRC-32 per page, ``ceil(chunk_bytes / page_len)`` per chunk;
-    ``page_checked`` one flag per page, set here): a payload piece whose pages are all flagged
-    is read straight into ``out``; otherwise one ``preadv`` reads it into ``out`` and the rest
-    of its first and last pages into ``scratch`` (two pages), and each of its pages is checked
-    against its CRC right after (else ``E_CHECKSUM`` with detail the page) and flagged: one
-    read, checked in its pass, no copy. Returns 0 or -1 (``err``).
+    ``page_checked`` one flag per page, set here; ``page_shift`` the :func:`crc_shift_table` of
+    ``page_len``): a payload piece whose pages are all flagged is read straight into ``out``;
+    otherwise one ``preadv`` reads it into ``out`` and the rest of its first and last pages not
+    checked yet into ``scratch`` (two pages), and its pages are checked against their CRCs in
+    one pass right after (else ``E_CHECKSUM`` with detail the page) and flagged: one read,
+    checked in its pass, no copy. Returns 0 or -1 (``err``).
     """
     cdef int64_t* e = _errbuf(err)
     cdef Py_ssize_t n = lo.shape[0], i, step, bstep
@@ -105,12 +106,16 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
     cdef const uint32_t* crcs = NULL
     cdef uint8_t* flags = NULL
     cdef uint8_t* sp = NULL
+    cdef const uint32_t* shift = NULL
     if page_len > 0:
         per = (chunk_bytes + page_len - 1) // page_len
         if page_crcs is None or page_checked is None or scratch is None or scratch.shape[0] < 2 * page_len:
             raise ValueError("pread_heap: pages need page_crcs, page_checked and a scratch of two pages")
         if page_crcs.shape[0] != nchunks * per or page_checked.shape[0] != page_crcs.shape[0]:
             raise ValueError("pread_heap: one page CRC and flag per page of every chunk")
+        if page_shift is None or page_shift.shape[0] != 1024:
+            raise ValueError("pread_heap: pages need page_shift, the crc_shift_table of page_len")
+        shift = &page_shift[0]
         if per * nchunks:
             crcs, flags = &page_crcs[0], &page_checked[0]
         sp = &scratch[0]
@@ -139,7 +144,7 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                 if per > 0 and not _all_checked(flags + k * per, within // page_len,
                                                 (within + take - 1) // page_len):
                     if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len,
-                                     crcs + k * per, flags + k * per, sp, within, take,
+                                     crcs + k * per, flags + k * per, shift, sp, within, take,
                                      op + d, e, i, k * per) < 0:
                         rc = -1
                         break
@@ -150,6 +155,61 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
                 d += take
                 nb -= take
             if rc != 0:
+                break
+    return rc
+
+
+def pread_pages(const int32_t[::1] fds not None, const int64_t[::1] chunk_offsets not None,
+                const int64_t[::1] chunk_bytes not None, const int64_t[::1] within not None,
+                const int64_t[::1] take not None, const int64_t[::1] page_first not None,
+                int64_t page_len, const uint32_t[::1] page_crcs not None,
+                uint8_t[::1] page_checked not None, const uint32_t[::1] page_shift not None,
+                uint8_t[::1] scratch not None, uint8_t[::1] out not None,
+                const int64_t[::1] dst_offsets not None, int64_t[::1] err not None):
+    """Read range i, bytes ``[within[i], within[i] + take[i])`` of the uncompressed chunk at
+    ``chunk_offsets[i]`` of descriptor ``fds[i]`` (or ``fds[0]``), into ``out`` at
+    ``dst_offsets[i]``, checked by the chunk's pages in the read's pass: the chunk holds
+    ``chunk_bytes[i]`` raw bytes in pages of ``page_len`` (its last page the rest), whose
+    CRC-32s and flags start at ``page_first[i]`` in ``page_crcs`` and ``page_checked``
+    (``page_shift``: the :func:`crc_shift_table` of ``page_len``). A range whose pages are all
+    flagged is read straight into place; otherwise as ``pread_heap`` reads a payload (one
+    ``preadv`` with the rest of its first and last pages into ``scratch``, two pages; one CRC
+    pass; pages flagged). The pieces of blocks of a window, checked without a second read.
+    Returns 0 or -1 (``err``: ``E_CHECKSUM`` with detail the page's index in ``page_crcs``)."""
+    cdef int64_t* e = _errbuf(err)
+    cdef Py_ssize_t n = within.shape[0], i, step
+    cdef int64_t npages = page_crcs.shape[0], per, first, w, t
+    cdef int rc = 0
+    if page_len <= 0 or page_checked.shape[0] != npages or page_shift.shape[0] != 1024:
+        raise ValueError("pread_pages: a page length, one flag per page and the shift table")
+    if scratch.shape[0] < 2 * page_len:
+        raise ValueError("pread_pages: the scratch holds a head and a tail page")
+    if chunk_offsets.shape[0] != n or chunk_bytes.shape[0] != n or take.shape[0] != n or \
+            page_first.shape[0] != n or dst_offsets.shape[0] < n:
+        raise ValueError("pread_pages: argument lengths differ")
+    step = _fd_step(fds, n)
+    with nogil:
+        for i in range(n):
+            w, t = within[i], take[i]
+            if t == 0:
+                continue
+            per = (chunk_bytes[i] + page_len - 1) // page_len
+            first = page_first[i]
+            if chunk_bytes[i] <= 0 or w < 0 or t < 0 or w > chunk_bytes[i] - t or chunk_offsets[i] < 0 \
+                    or first < 0 or first > npages - per:
+                rc = _fail(e, E_BOUNDS, i, w)
+                break
+            if dst_offsets[i] < 0 or dst_offsets[i] > out.shape[0] - t:
+                rc = _fail(e, E_DEST, i, out.shape[0])
+                break
+            if _all_checked(&page_checked[first], w // page_len, (w + t - 1) // page_len):
+                if _pread_full(fds[i * step], &out[dst_offsets[i]], t, chunk_offsets[i] + w, e, i) < 0:
+                    rc = -1
+                    break
+            elif _read_checked(fds[i * step], chunk_offsets[i], chunk_bytes[i], page_len,
+                               &page_crcs[first], &page_checked[first], &page_shift[0], &scratch[0],
+                               w, t, &out[dst_offsets[i]], e, i, first) < 0:
+                rc = -1
                 break
     return rc
 
@@ -181,23 +241,77 @@ cdef inline uint32_t _crc_parts(uint32_t crc, int64_t lo, int64_t hi, int64_t a,
     return crc
 
 
+cdef inline uint32_t _crc_shift(const uint32_t* t, uint32_t c) noexcept nogil:
+    """``c`` moved past ``n`` more bytes by the table ``t`` of :func:`crc_shift_table`: with
+    ``A`` and ``B`` byte strings, ``len(B) == n``, ``crc32(A + B) == _crc_shift(t, crc32(A)) ^
+    crc32(B)`` (the CRC's shift is linear: four lookups, one per byte of ``c``)."""
+    return t[c & 255] ^ t[256 + ((c >> 8) & 255)] ^ t[512 + ((c >> 16) & 255)] ^ t[768 + (c >> 24)]
+
+
+def crc_shift_table(int64_t nbytes, uint32_t[::1] out not None):
+    """Fill ``out`` (1,024 entries) with the table that moves a CRC-32 past ``nbytes`` bytes
+    (see ``_crc_shift``): the combination of page CRCs into the CRC of a run of pages, so a run
+    is checked in one CRC pass. The map is x^(8 * nbytes) mod P on zlib's reflected CRC: for
+    each bit, ``nbytes`` steps of the byte-wise update with a zero byte."""
+    cdef uint32_t byte_tab[256]
+    cdef uint32_t basis[32]
+    cdef uint32_t c
+    cdef int64_t k
+    cdef int b, j, bit
+    if nbytes < 0 or out.shape[0] != 1024:
+        raise ValueError("crc_shift_table: nbytes >= 0 and 1,024 entries expected")
+    with nogil:
+        for b in range(256):
+            c = <uint32_t>b
+            for j in range(8):
+                c = (c >> 1) ^ (<uint32_t>0xEDB88320 if c & 1 else <uint32_t>0)
+            byte_tab[b] = c
+        for bit in range(32):
+            c = (<uint32_t>1) << bit
+            for k in range(nbytes):
+                c = byte_tab[c & 255] ^ (c >> 8)
+            basis[bit] = c
+        for j in range(4):
+            for b in range(256):
+                c = 0
+                for bit in range(8):
+                    if b & (1 << bit):
+                        c ^= basis[8 * j + bit]
+                out[256 * j + b] = c
+    return 0
+
+
 cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_t page_len,
-                       const uint32_t* crcs, uint8_t* flags, uint8_t* scratch,
+                       const uint32_t* crcs, uint8_t* flags, const uint32_t* shift, uint8_t* scratch,
                        int64_t within, int64_t take, uint8_t* dst, int64_t* e, int64_t i,
                        int64_t page0) noexcept nogil:
-    """Bytes ``[within, within + take)`` of one heap chunk into ``dst``, with the rest of their
-    first and last pages (into ``scratch``: the head at 0, the tail at ``page_len``; it holds two
-    pages) in the same ``preadv``; then each of those pages' CRC-32, computed over the three
-    parts while they are in cache, is checked against ``crcs`` and flagged in ``flags`` (pages
-    of this chunk). 0, or -1 (``E_CHECKSUM``: detail the page, ``page0`` + its index)."""
-    cdef int64_t a = (within // page_len) * page_len, end = within + take, done, want, at, ps, pe
-    cdef int64_t last = ((end + page_len - 1) // page_len) * page_len  # the end of the last page
+    """Bytes ``[within, within + take)`` of one heap chunk into ``dst``, checked by the pages
+    they touch (CRC-32s ``crcs``, flags ``flags``: pages of this chunk), in the read's pass.
+
+    Pages ``[pa, pz]``: those touched, less the first and last ones already checked (by a
+    neighbouring payload: not read again). One ``preadv`` reads the payload into ``dst`` and
+    the rest of pages ``pa`` and ``pz`` (the head at ``scratch``, the tail at ``scratch +
+    page_len``: two pages); then one CRC pass over the three parts, while they are in cache, is
+    compared with the pages' CRCs combined (``shift``: :func:`crc_shift_table` of ``page_len``),
+    the chunk's shorter last page on its own, and the pages are flagged. A mismatch is located
+    page by page: -1 with ``E_CHECKSUM``, detail the page (``page0`` + its index); else 0."""
+    cdef int64_t end = within + take, done, want, at, a, last, lo, full_end, ps, pe, p
+    cdef int64_t pa = within // page_len, pz = (end - 1) // page_len
     cdef iovec iov[3]
     cdef int nv = 0, j
     cdef ssize_t got
-    cdef uint32_t crc
+    cdef uint32_t crc, expect
+    while pa <= pz and flags[pa]:
+        pa += 1
+    while pz >= pa and flags[pz]:
+        pz -= 1
+    if pa > pz:  # the pages between were checked by other payloads: a plain read
+        return _pread_full(fd, dst, take, chunk_offset + within, e, i)
+    a = pa * page_len
+    last = (pz + 1) * page_len
     if last > chunk_bytes:
         last = chunk_bytes
+    lo = a if a < within else within
     if within > a:
         iov[nv].iov_base, iov[nv].iov_len = <void*>scratch, <size_t>(within - a)
         nv += 1
@@ -206,13 +320,14 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
     if last > end:
         iov[nv].iov_base, iov[nv].iov_len = <void*>(scratch + page_len), <size_t>(last - end)
         nv += 1
-    got = preadv(fd, iov, nv, <long>(chunk_offset + a))
+    want = (last if last > end else end) - lo
+    got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
     while got < 0 and errno == EINTR:
-        got = preadv(fd, iov, nv, <long>(chunk_offset + a))
+        got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
     if got < 0:
         return _fail(e, E_IO, i, errno)
-    if got < last - a:  # a short read: finish with plain preads (a truncated file ends in E_SHORT)
-        done, at = got, chunk_offset + a + got
+    if got < want:  # a short read: finish with plain preads (a truncated file ends in E_SHORT)
+        done, at = got, chunk_offset + lo + got
         for j in range(nv):
             want = <int64_t>iov[j].iov_len
             if done >= want:
@@ -222,14 +337,29 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
                 return -1
             at += want - done
             done = 0
-    ps = a
-    while ps < last:
-        pe = ps + page_len if ps + page_len < last else last
-        crc = _crc_parts(0, ps, pe, a, within, end, scratch, dst, scratch + page_len)
-        if crc != crcs[ps // page_len]:
+    # Whole pages [a, full_end) in one pass; the chunk's shorter last page, if touched, alone.
+    full_end = (chunk_bytes // page_len) * page_len
+    if full_end > last:
+        full_end = last
+    if full_end > a:
+        crc = _crc_parts(0, a, full_end, a, within, end, scratch, dst, scratch + page_len)
+        expect = crcs[pa]
+        for p in range(pa + 1, full_end // page_len):
+            expect = _crc_shift(shift, expect) ^ crcs[p]
+        if crc != expect:
+            ps = a
+            while ps < full_end:  # which page: the error names it
+                pe = ps + page_len
+                if _crc_parts(0, ps, pe, a, within, end, scratch, dst, scratch + page_len) != crcs[ps // page_len]:
+                    return _fail(e, E_CHECKSUM, i, page0 + ps // page_len)
+                ps = pe
+            return _fail(e, E_CHECKSUM, i, page0 + pa)
+    ps = full_end if full_end > a else a
+    if last > ps:
+        if _crc_parts(0, ps, last, a, within, end, scratch, dst, scratch + page_len) != crcs[ps // page_len]:
             return _fail(e, E_CHECKSUM, i, page0 + ps // page_len)
-        flags[ps // page_len] = 1
-        ps = pe
+    for p in range(pa, pz + 1):
+        flags[p] = 1
     return 0
 
 

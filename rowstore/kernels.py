@@ -13,6 +13,7 @@ the names are the block compressions' (``rowstore.codecs.blocks``).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = [
     "gather_heap",
     "pread_rows",
     "pread_heap",
+    "pread_pages",
     "preadv_rows",
     "shuffle",
     "compress_frame",
@@ -295,6 +297,48 @@ def pread_rows(fds, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) ->
         _raise(err, f"row read {int(err[1])}")
 
 
+def pread_pages(
+    fds,
+    chunk_offsets: np.ndarray,
+    chunk_bytes: np.ndarray,
+    within: np.ndarray,
+    take: np.ndarray,
+    page_first: np.ndarray,
+    pages: tuple,
+    out: np.ndarray,
+    dst_offsets: np.ndarray,
+) -> None:
+    """Read range i, bytes ``[within[i], within[i] + take[i])`` of the uncompressed chunk of
+    ``chunk_bytes[i]`` raw bytes at ``chunk_offsets[i]`` (descriptor ``fds``: one for all, or
+    one per range), into ``out`` at ``dst_offsets[i]``, checked in the read's pass by the
+    chunk's pages, which start at ``page_first[i]`` of the page index. ``pages``: ``(page_len,
+    crcs, checked, scratch)``, the CRC-32s (uint32) and flags (bool, set as pages are checked)
+    of the page index and a scratch of two pages (see ``pread_heap``)."""
+    err = _err()
+    page_len, crcs, checked, scratch = pages
+    i64 = lambda a: np.ascontiguousarray(a, np.int64)  # noqa: E731
+    if (
+        _io.pread_pages(
+            _fds(fds),
+            i64(chunk_offsets),
+            i64(chunk_bytes),
+            i64(within),
+            i64(take),
+            i64(page_first),
+            page_len,
+            crcs,
+            checked.view(np.uint8),
+            crc_shift_table(page_len),
+            scratch,
+            _flat_bytes(out, "pread_pages"),
+            i64(dst_offsets),
+            err,
+        )
+        != 0
+    ):
+        _raise(err, f"range {int(err[1])}")
+
+
 def pread_heap(
     fds,
     src: np.ndarray,
@@ -321,8 +365,10 @@ def pread_heap(
     err = _err()
     flat = _flat_bytes(out, "pread_heap")
     page_len, crcs, checked, scratch = pages if pages is not None else (0, None, None, None)
+    shift = None
     if checked is not None:
         checked = checked.view(np.uint8)
+        shift = crc_shift_table(page_len)
     if (
         _io.pread_heap(
             _fds(fds),
@@ -343,6 +389,7 @@ def pread_heap(
             crcs,
             checked,
             scratch,
+            shift,
         )
         != 0
     ):
@@ -407,6 +454,18 @@ def preadv_rows(
         != 0
     ):
         _raise(err, f"row read {int(err[1])}")
+
+
+@functools.lru_cache(maxsize=8)
+def crc_shift_table(nbytes: int) -> np.ndarray:
+    """The table (uint32[1024], read-only) that moves a CRC-32 past ``nbytes`` more bytes:
+    ``crc32(a + b) == t(crc32(a)) ^ crc32(b)`` for ``len(b) == nbytes``, where ``t(c)`` XORs
+    ``table[256 * j + (c >> 8 * j & 255)]`` over j in 0..3: how the page checks combine the
+    CRCs of a run of pages to check the run in one pass."""
+    out = np.empty(1024, np.uint32)
+    _io.crc_shift_table(int(nbytes), out)
+    out.flags.writeable = False
+    return out
 
 
 def page_crcs(data, page_len: int) -> np.ndarray:

@@ -585,22 +585,29 @@ class DatasetLayout(IndexSizes):
         the footer's chunk index is the manifest's, checksum for checksum."""
         c = self._cache
         if "pages" not in c:
-            layouts = self.shard_layouts
-            if layouts is None and self.compression["id"] == "none":
-                layouts = self._footer_layouts()
-            c["pages"] = PageIndex.of(self, layouts) if layouts else None
+            if self.shard_layouts is not None:
+                parts = tuple(ShardPages.of_layout(x) for x in self.shard_layouts)
+            elif self.compression["id"] == "none":
+                parts = self._footer_pages()
+            else:
+                parts = None
+            c["pages"] = PageIndex.of(self, parts) if parts and all(parts) else None
         return c["pages"]
 
-    def _footer_layouts(self) -> tuple[Layout, ...] | None:
-        """Each local shard's layout from its own footer, if every shard has one that agrees
-        with the manifest (else None: a reader then checks whole chunks, as without pages).
+    def _footer_pages(self) -> tuple[ShardPages | None, ...] | None:
+        """Each local shard's page CRC-32s from its own footer, if every shard has them and
+        the footer's chunk index is the manifest's (else None: a reader then checks whole
+        chunks, as without pages).
 
-        The footer's page checksums describe the manifest's chunks only if its chunk index is
-        the manifest's: a shard replaced by another file of the same size fails that test."""
+        Only what the pages need is read from a footer (its page size and its indexes, sized
+        by the manifest's geometry): the manifest's index, already checked, is the one the
+        reader trusts, and a footer whose index differs in any checksum, offset or size (a
+        shard replaced by another file of the same size) is not used."""
         out = []
         nb = np.bincount(self.block_shard, minlength=self.num_shards)
         nh = np.bincount(self.chunk_shard, minlength=self.num_shards)
         b0, h0 = np.cumsum(nb) - nb, np.cumsum(nh) - nh
+        rs = self.row_dtype.itemsize
         for s, path in enumerate(self.shard_paths):
             try:
                 fd, st = open_regular(path)
@@ -610,32 +617,31 @@ class DatasetLayout(IndexSizes):
                     ft = footer.read_local(fd, st.st_size, path)
                 finally:
                     os.close(fd)
-                if ft is None:
-                    return None
-                x = Layout.from_footer(ft, path, st.st_size)
             except (OSError, RowstoreError):
                 return None
-            if not x.page_bytes or x.block_pages is None:
+            P = ft.header.get(spec.ATTR_PAGE_BYTES) if ft is not None else None
+            if not isinstance(P, int) or isinstance(P, bool) or not 1 <= P <= spec.MAX_PAGE_BYTES:
                 return None
-            if x.num_blocks != nb[s] or len(x.heap_chunks) != nh[s]:
+            raw = int(self.shard_rpb[s]) * rs
+            ppb = spec.page_geometry(P, raw, rs)[1]
+            pph = spec.page_geometry(P, self.heap_chunk_bytes)[1]
+            try:  # a footer that disagrees with the manifest is not used (a FormatError)
+                blocks, heap, pages = ft.indexes(
+                    int(nb[s]), int(nh[s]), FormatError, (int(nb[s]) * ppb, int(nh[s]) * pph)
+                )
+            except FormatError:
                 return None
             mine = self.blocks[b0[s] : b0[s] + nb[s]]
-            heap = self.heap_chunks[h0[s] : h0[s] + nh[s]]
-            block_cols = (
-                "offset",
-                "stored_nbytes",
-                "checksum",
-                "num_rows",
-                "heap_start",
-                "heap_end",
-            )
+            theirs = self.heap_chunks[h0[s] : h0[s] + nh[s]]
             for a, b, cols in (
-                (mine, x.blocks, block_cols),
-                (heap, x.heap_chunks, ("offset", "stored_nbytes", "checksum")),
+                (mine, blocks, _BLOCK_COLS),
+                (theirs, heap, ("offset", "stored_nbytes", "checksum")),
             ):
                 if any(not np.array_equal(a[k], b[k]) for k in cols):
                     return None
-            out.append(x)
+            out.append(
+                ShardPages(P, raw, rs, int(nb[s]), self.heap_chunk_bytes, int(nh[s]), *pages)
+            )
         return tuple(out)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -668,6 +674,40 @@ def _check_same(
         )
 
 
+#: The block index columns a shard's footer must share with the manifest for its pages to be used.
+_BLOCK_COLS = ("offset", "stored_nbytes", "checksum", "num_rows", "heap_start", "heap_end")
+
+
+@dataclass(frozen=True)
+class ShardPages:
+    """One shard's page CRC-32s (format v3) and the chunk geometry they describe."""
+
+    page_bytes: int
+    block_raw_bytes: int
+    row_size: int
+    num_blocks: int
+    heap_chunk_bytes: int
+    num_heap_chunks: int
+    block_pages: np.ndarray  # uint32
+    heap_pages: np.ndarray  # uint32
+
+    @classmethod
+    def of_layout(cls, x: Layout) -> ShardPages | None:
+        """A file's pages (None: it has none)."""
+        if not x.page_bytes or x.block_pages is None or x.heap_pages is None:
+            return None
+        return cls(
+            x.page_bytes,
+            x.block_raw_bytes,
+            x.row_dtype.itemsize,
+            x.num_blocks,
+            x.heap_chunk_bytes,
+            len(x.heap_chunks),
+            x.block_pages,
+            x.heap_pages,
+        )
+
+
 @dataclass(frozen=True)
 class PageIndex:
     """The page CRC-32s of a dataset's uncompressed chunks (format v3), dataset-wide.
@@ -676,7 +716,8 @@ class PageIndex:
     row ``j`` of block ``k`` lies in page ``block_page0[k] + j // rows_per_page`` of
     ``block_pages``, whose stored size is ``block_page_size``. A heap chunk's pages are
     ``page_bytes`` each (the last one the rest): byte ``x`` of heap chunk ``c`` lies in page
-    ``c * heap_pages_per_chunk + x // page_bytes`` of ``heap_pages``.
+    ``c * heap_pages_per_chunk + x // page_bytes`` of ``heap_pages`` (the kernels derive a heap
+    page's size from the chunk size: heaps hold most pages, no size array is kept for them).
     """
 
     page_bytes: int
@@ -686,30 +727,23 @@ class PageIndex:
     block_page_size: np.ndarray  # int64 bytes per block page
     heap_pages_per_chunk: int
     heap_pages: np.ndarray  # uint32 CRC-32 per heap page
-    heap_page_size: np.ndarray  # int64 bytes per heap page
 
     @classmethod
-    def of(cls, L: DatasetLayout, layouts: Sequence[Layout] | None = None) -> PageIndex | None:
-        """The page index of ``L`` from its shards' ``layouts`` (default: its own)."""
-        layouts = L.shard_layouts if layouts is None else layouts
-        if not layouts or any(not x.page_bytes or x.block_pages is None for x in layouts):
-            return None
-        P = layouts[0].page_bytes
-        if any(x.page_bytes != P for x in layouts):
+    def of(cls, L: DatasetLayout, parts: Sequence[ShardPages]) -> PageIndex | None:
+        """The page index of ``L`` from its shards' pages (None unless they share a page size)."""
+        P = parts[0].page_bytes
+        if any(x.page_bytes != P for x in parts):
             return None
         rs = L.row_dtype.itemsize
-        sizes, heap_sizes = [], []
-        for x in layouts:
-            plen, per = x.page_geometry("block")
+        sizes = []
+        for x in parts:
+            plen, per = spec.page_geometry(P, x.block_raw_bytes, x.row_size)
             one = np.full(per, plen, np.int64)
             one[-1] = x.block_raw_bytes - (per - 1) * plen
             sizes.append(np.tile(one, x.num_blocks))
-            hlen, hper = x.page_geometry("heap chunk")
-            one = np.full(hper, hlen, np.int64)
-            one[-1] = x.heap_chunk_bytes - (hper - 1) * hlen
-            heap_sizes.append(np.tile(one, len(x.heap_chunks)))
         per_block = np.repeat(
-            [x.page_geometry("block")[1] for x in layouts], [x.num_blocks for x in layouts]
+            [spec.page_geometry(P, x.block_raw_bytes, x.row_size)[1] for x in parts],
+            [x.num_blocks for x in parts],
         )
         page0 = np.cumsum(per_block) - per_block
         i64 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.int64)  # noqa: E731
@@ -718,9 +752,8 @@ class PageIndex:
             P,
             max(1, P // rs),
             np.ascontiguousarray(page0, np.int64),
-            u32([x.block_pages for x in layouts]),
+            u32([x.block_pages for x in parts]),
             i64(sizes),
-            layouts[0].page_geometry("heap chunk")[1],
-            u32([x.heap_pages for x in layouts]),
-            i64(heap_sizes),
+            spec.page_geometry(P, parts[0].heap_chunk_bytes)[1],
+            u32([x.heap_pages for x in parts]),
         )

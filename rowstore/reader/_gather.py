@@ -287,12 +287,7 @@ class Gatherer:
         else:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
-        if (
-            strategy not in ("blocks", "pieces")
-            or heap_plans
-            or r.local is None
-            or (strategy != "blocks" and self.pages is not None and not self._pages_done)
-        ):
+        if strategy not in ("blocks", "pieces") or heap_plans or r.local is None:
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
@@ -300,7 +295,7 @@ class Gatherer:
         if strategy != "blocks":
             if self.pages is None:
                 self._check_first_touch(r.ublocks, "block")
-            elif not self._pages_done:  # once every page is checked, rows need no page lookup
+            elif not self._pages_done and strategy != "pieces":  # pieces: checked as read
                 in_pass = self._row_pages(r)
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
@@ -472,8 +467,30 @@ class Gatherer:
         start = (r.units % r.pieces) * P
         counts = np.minimum(np.maximum(self.layout.block_rows()[blk] - start, 0), P)
         rowbuf = self.scratch.get("rows", len(r.units) * P * self.rs)
-        offsets = self.arr["offset"][blk] + start * self.rs
         shards = self.layout.block_shard[blk] if self.multi else None
+        pi = self.pages
+        if pi is not None and not self._pages_done:
+            # Each piece's own rows, with the rest of its first and last pages, checked by
+            # their pages in the read's pass (the pieces of a block share its pages).
+            plen = pi.rows_per_page * self.rs
+            try:
+                self.store.read_pages(
+                    shards,
+                    self.arr["offset"][blk],
+                    self.layout.shard_rpb[self.layout.block_shard[blk]] * self.rs,
+                    start * self.rs,
+                    counts * self.rs,
+                    pi.block_page0[blk],
+                    (plen, pi.block_pages, self._pchecked, self.scratch.get("pages2", 2 * plen)),
+                    rowbuf,
+                    np.arange(len(blk), dtype=np.int64) * (P * self.rs),
+                )
+            except kernels.KernelError as exc:
+                k = int(blk[exc.index]) if 0 <= exc.index < len(blk) else None
+                raise self.located(exc, "block", k) from None
+            self._pages_done = bool(self._pchecked.all())
+            return rowbuf, r.local
+        offsets = self.arr["offset"][blk] + start * self.rs
         size = self.layout.shard_file_size[shards if shards is not None else 0]
         whole = (counts == P) | (offsets + P * self.rs <= size)
         if whole.all():
@@ -819,22 +836,28 @@ class Gatherer:
 
     # -- the page index (format v3) ----------------------------------------------------------
     def _row_pages(self, r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """verify=True, a file with a page index, before rows are read directly: rows of a
-        page or more are their own page, checked in the read's pass: returns ``(page of each
-        row, whether to check it, its CRC-32)`` (None when all are checked); the pages of
-        smaller rows that are not checked yet are checked here, before the read."""
+        """verify=True, a file with a page index, before rows are read directly: a row that
+        is its page's only row (rows of a page or more; a block of one row) is checked in the
+        read's pass: returns ``(page of each row, whether to check it, its CRC-32)`` (None when
+        none is left to check); the pages of other rows that are not checked yet are checked
+        here, before the read (a read of their own, as they hold rows not asked for)."""
         pi = self.pages
         assert pi is not None
         pg = pi.block_page0[r.blk] + (r.rows - r.blk * self.rpb) // pi.rows_per_page
         todo = ~self._pchecked[pg]
         if not todo.any():
             return None
-        if pi.rows_per_page == 1:
-            return pg, todo, pi.block_pages[pg]
-        want = np.zeros(len(self._pchecked), np.bool_)  # the pages to check, sorted, unique
-        want[pg[todo]] = True
-        self._check_pages(np.flatnonzero(want))
-        return None
+        if pi.rows_per_page > 1:
+            alone = pi.block_page_size[pg] == self.rs
+            before = todo & ~alone
+            if before.any():
+                want = np.zeros(len(self._pchecked), np.bool_)  # pages to check, sorted, unique
+                want[pg[before]] = True
+                self._check_pages(np.flatnonzero(want))
+                todo &= alone
+                if not todo.any():
+                    return None
+        return pg, todo, pi.block_pages[pg]
 
     def _mark_rows(self, in_pass: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         if in_pass is not None:

@@ -32,9 +32,9 @@ class ChunkStore(Protocol):
     path : str
         What the store reads (a shard's path or URL, or a count of shards), for messages.
     direct : bool
-        Capability flag: the store serves single rows and payloads (:meth:`read_rows`,
-        :meth:`read_rows_into`, :meth:`read_payloads`) cheaply; when False the gather always
-        reads whole chunks (:meth:`load_chunks`) and never calls those methods.
+        Capability flag: the store serves single rows, payloads and ranges (:meth:`read_rows`,
+        :meth:`read_rows_into`, :meth:`read_payloads`, :meth:`read_pages`) cheaply; when False
+        the gather always reads whole chunks (:meth:`load_chunks`) and never calls those.
     max_open : int
         How many shard files the store keeps open at most.
 
@@ -98,6 +98,21 @@ class ChunkStore(Protocol):
         expect: np.ndarray | None = None,
     ) -> None:
         """Single rows cut straight into per-field arrays (``direct`` stores only)."""
+
+    def read_pages(
+        self,
+        shards: np.ndarray | None,
+        chunk_offsets: np.ndarray,
+        chunk_bytes: np.ndarray,
+        within: np.ndarray,
+        take: np.ndarray,
+        page_first: np.ndarray,
+        pages: tuple,
+        out: np.ndarray,
+        dst_offsets: np.ndarray,
+    ) -> None:
+        """Ranges of uncompressed chunks into ``out``, checked by their pages in the read's
+        pass (``direct`` stores only; see kernels.pread_pages)."""
 
     def read_payloads(
         self,

@@ -831,6 +831,28 @@ class LocalStore:
         finally:
             self._release(held)
 
+    def read_pages(
+        self,
+        shards: np.ndarray | None,
+        chunk_offsets: np.ndarray,
+        chunk_bytes: np.ndarray,
+        within: np.ndarray,
+        take: np.ndarray,
+        page_first: np.ndarray,
+        pages: tuple,
+        out: np.ndarray,
+        dst_offsets: np.ndarray,
+    ) -> None:
+        """Ranges of uncompressed chunks (range i of shard ``shards[i]``) into ``out``, checked
+        by their pages in the read's pass (see kernels.pread_pages)."""
+        fd, held = self._per_item(shards)
+        try:
+            kernels.pread_pages(
+                fd, chunk_offsets, chunk_bytes, within, take, page_first, pages, out, dst_offsets
+            )
+        finally:
+            self._release(held)
+
     def read_payloads(
         self,
         shards: np.ndarray | None,

@@ -310,7 +310,7 @@ class RemoteStore:
     def read_rows(self, *args: Any, **kw: Any) -> None:  # pragma: no cover - direct is False
         raise NotImplementedError("a remote store reads whole chunks only (direct is False)")
 
-    read_rows_into = read_payloads = read_rows
+    read_rows_into = read_payloads = read_pages = read_rows
 
 
 def _merge(keys: list[Key], limit: int) -> list[tuple[tuple[int, int, int], list[int]]]:

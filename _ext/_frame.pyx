@@ -306,6 +306,51 @@ cdef int _load_memcpyed(int fd, int64_t offset, int64_t stored, uint64_t checksu
     return 1
 
 
+def memcpyed_starts(const int32_t[::1] fds not None, const int64_t[::1] offsets not None,
+                    const int64_t[::1] stored not None, int compcode, int shuffle, int64_t raw_size,
+                    int64_t[::1] out not None, int64_t[::1] err not None):
+    """Where the raw bytes of each stored frame's chunk lie in the file, if it is memcpy'd:
+    frame i (``stored[i]`` bytes at ``offsets[i]`` of ``fds[i]``, or ``fds[0]``) has its first
+    bytes read and its frame and chunk headers checked as :func:`load_chunks` checks them
+    (the file's codec, ``raw_size`` bytes, within the frame); ``out[i]`` is then the file
+    offset of its ``raw_size`` raw bytes (a memcpy'd chunk: they lie there as they are, so a
+    payload can be read straight from the file), or -1 for a compressed chunk. Says nothing
+    of the bytes' checksum (a reader checks the chunk whole once, as for uncompressed chunks).
+    Returns 0, or -1 with ``err`` (a bad header: ``E_FRAME``/``E_SIZE``/``E_CODEC``)."""
+    cdef int64_t* e = _errbuf(err)
+    cdef Py_ssize_t n = offsets.shape[0], i
+    cdef Py_ssize_t fd_step = 0 if fds.shape[0] == 1 else 1
+    cdef uint8_t head[_PEEK]
+    cdef int64_t hlen, start, got
+    cdef int rc = 0
+    if stored.shape[0] != n or out.shape[0] != n or (fds.shape[0] != 1 and fds.shape[0] != n):
+        raise ValueError("memcpyed_starts: argument lengths differ")
+    _check_codec(compcode, shuffle)
+    if raw_size <= 0:
+        raise ValueError("memcpyed_starts: raw_size must be positive")
+    with nogil:
+        for i in range(n):
+            out[i] = -1
+            if stored[i] <= 0 or offsets[i] < 0:
+                rc = _fail(e, E_SIZE, i, stored[i])
+                break
+            got = stored[i] if stored[i] < _PEEK else _PEEK
+            if _pread_full(fds[i * fd_step], head, got, offsets[i], e, i) < 0:
+                rc = -1
+                break
+            hlen = _be32(head + 11) if got >= 0x26 and head[10] == 0xD2 else 0
+            start = hlen + BLOSC_EXTENDED_HEADER_LENGTH
+            if hlen < 0x26 or start > got or stored[i] < start + raw_size \
+                    or not head[hlen + BLOSC2_CHUNK_FLAGS] & BLOSC_MEMCPYED:
+                continue  # compressed (or not a frame: load_chunks says which)
+            # The headers, as load_chunks checks them (they lie in the first bytes read).
+            if _frame_decompress(NULL, head, stored[i], compcode, shuffle, NULL, raw_size, e, i) < 0:
+                rc = -1
+                break
+            out[i] = offsets[i] + start
+    return rc
+
+
 cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64_t* offsets,
                const int64_t* stored, const uint64_t* checksums, blosc2_context* ctx, int compcode,
                int shuffle, bint verify, uint8_t* dst, int64_t raw_size, int64_t dst_stride,

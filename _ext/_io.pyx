@@ -256,19 +256,19 @@ def crc_shift_table(int64_t nbytes, uint32_t[::1] out not None):
     cdef uint32_t byte_tab[256]
     cdef uint32_t basis[32]
     cdef uint32_t c
-    cdef int64_t k
-    cdef int b, j, bit
+    cdef int64_t _k
+    cdef int b, j, _j, bit
     if nbytes < 0 or out.shape[0] != 1024:
         raise ValueError("crc_shift_table: nbytes >= 0 and 1,024 entries expected")
     with nogil:
         for b in range(256):
             c = <uint32_t>b
-            for j in range(8):
+            for _j in range(8):
                 c = (c >> 1) ^ (<uint32_t>0xEDB88320 if c & 1 else <uint32_t>0)
             byte_tab[b] = c
         for bit in range(32):
             c = (<uint32_t>1) << bit
-            for k in range(nbytes):
+            for _k in range(nbytes):
                 c = byte_tab[c & 255] ^ (c >> 8)
             basis[bit] = c
         for j in range(4):
@@ -350,7 +350,8 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
             ps = a
             while ps < full_end:  # which page: the error names it
                 pe = ps + page_len
-                if _crc_parts(0, ps, pe, a, within, end, scratch, dst, scratch + page_len) != crcs[ps // page_len]:
+                crc = _crc_parts(0, ps, pe, a, within, end, scratch, dst, scratch + page_len)
+                if crc != crcs[ps // page_len]:
                     return _fail(e, E_CHECKSUM, i, page0 + ps // page_len)
                 ps = pe
             return _fail(e, E_CHECKSUM, i, page0 + pa)

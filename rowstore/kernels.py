@@ -33,6 +33,7 @@ __all__ = [
     "pread_rows",
     "pread_heap",
     "pread_pages",
+    "memcpyed_starts",
     "preadv_rows",
     "shuffle",
     "compress_frame",
@@ -287,6 +288,32 @@ def gather_heap(
         != 0
     ):
         _raise(err, f"row {int(err[1])}")
+
+
+def memcpyed_starts(
+    fds, offsets, stored, *, codec: tuple[int, int], raw_size: int, what: str = "chunk"
+) -> np.ndarray:
+    """The file offset (int64) of each stored Blosc2 frame's raw bytes where its chunk is
+    memcpy'd (-1 where it is compressed), its headers checked as :func:`load_chunks` checks
+    them: a memcpy'd chunk's bytes can be read in place, like an uncompressed one's."""
+    compcode, shuffle_ = _codec(codec)
+    out = np.empty(len(offsets), np.int64)
+    err = _err()
+    if (
+        _frame.memcpyed_starts(
+            _fds(fds),
+            np.ascontiguousarray(offsets, np.int64),
+            np.ascontiguousarray(stored, np.int64),
+            compcode,
+            shuffle_,
+            raw_size,
+            out,
+            err,
+        )
+        != 0
+    ):
+        _raise(err, f"{what} {int(err[1])}")
+    return out
 
 
 def pread_rows(fds, file_offsets: np.ndarray, row_size: int, dst: np.ndarray) -> None:

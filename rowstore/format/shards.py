@@ -585,16 +585,18 @@ class DatasetLayout(IndexSizes):
         the footer's chunk index is the manifest's, checksum for checksum."""
         c = self._cache
         if "pages" not in c:
+            parts: Sequence[ShardPages | None] | None = None
             if self.shard_layouts is not None:
-                parts = tuple(ShardPages.of_layout(x) for x in self.shard_layouts)
+                parts = [ShardPages.of_layout(x) for x in self.shard_layouts]
             elif self.compression["id"] == "none":
                 parts = self._footer_pages()
-            else:
-                parts = None
-            c["pages"] = PageIndex.of(self, parts) if parts and all(parts) else None
+            have = [x for x in parts or () if x is not None]
+            c["pages"] = (
+                PageIndex.of(self, have) if have and len(have) == len(parts or ()) else None
+            )
         return c["pages"]
 
-    def _footer_pages(self) -> tuple[ShardPages | None, ...] | None:
+    def _footer_pages(self) -> tuple[ShardPages, ...] | None:
         """Each local shard's page CRC-32s from its own footer, if every shard has them and
         the footer's chunk index is the manifest's (else None: a reader then checks whole
         chunks, as without pages).
@@ -619,14 +621,16 @@ class DatasetLayout(IndexSizes):
                     os.close(fd)
             except (OSError, RowstoreError):
                 return None
-            P = ft.header.get(spec.ATTR_PAGE_BYTES) if ft is not None else None
+            if ft is None:
+                return None
+            P = ft.header.get(spec.ATTR_PAGE_BYTES)
             if not isinstance(P, int) or isinstance(P, bool) or not 1 <= P <= spec.MAX_PAGE_BYTES:
                 return None
             raw = int(self.shard_rpb[s]) * rs
             ppb = spec.page_geometry(P, raw, rs)[1]
             pph = spec.page_geometry(P, self.heap_chunk_bytes)[1]
             try:  # a footer that disagrees with the manifest is not used (a FormatError)
-                blocks, heap, pages = ft.indexes(
+                blocks, heap, got = ft.indexes(
                     int(nb[s]), int(nh[s]), FormatError, (int(nb[s]) * ppb, int(nh[s]) * pph)
                 )
             except FormatError:
@@ -639,9 +643,9 @@ class DatasetLayout(IndexSizes):
             ):
                 if any(not np.array_equal(a[k], b[k]) for k in cols):
                     return None
-            out.append(
-                ShardPages(P, raw, rs, int(nb[s]), self.heap_chunk_bytes, int(nh[s]), *pages)
-            )
+            if got is None:
+                return None
+            out.append(ShardPages(P, raw, rs, int(nb[s]), self.heap_chunk_bytes, int(nh[s]), *got))
         return tuple(out)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -215,6 +215,7 @@ class Gatherer:
         # unchecked chunk. Races between threads only verify twice.
         self._checked = np.zeros(layout.num_blocks, np.bool_) if verify is True else None
         self._hchecked = np.zeros(len(self.arr["hc_offset"]), np.bool_) if verify is True else None
+        self._hc_raw: np.ndarray | None = None  # memcpy'd heap chunks' raw offsets (compressed)
         self._check_lock = threading.Lock()  # one thread checks a chunk; the others wait for it
         # Files with a page index (format v3): direct reads check pages instead of whole chunks,
         # rows of a page or more in the pass that reads them, smaller rows and payloads by
@@ -609,6 +610,7 @@ class Gatherer:
             p.field.name: self._payload_sizes(p, r, rowbuf, idx, heap_lo, heap_hi) for p in plans
         }
         heap_ctx = None
+        hc_off = self.arr["hc_offset"]  # where the heap chunks' raw bytes lie (direct reads)
         if not direct:
             # Pread each payload into place when that moves fewer bytes than loading the heap
             # chunks under the blocks' ranges (large payloads, few fields).
@@ -618,7 +620,14 @@ class Gatherer:
             )
             to_load += self.layout.heap_chunk_bytes * len(r.ublocks)
             per_payload = r.n * len(plans) * _SYSCALL_S + needed / _BYTES_PER_S
-            direct = self.direct_ok and per_payload < 2 * to_load / _BYTES_PER_S
+            direct = per_payload < 2 * to_load / _BYTES_PER_S
+            if direct and not self.direct_ok:
+                # A compressed file: its memcpy'd heap chunks (those that did not compress)
+                # hold their bytes as they are, so payloads in them are read in place too.
+                raw_at = self._memcpyed_heap(self._heap_chunks_of(r.ublocks))
+                direct = raw_at is not None
+                if raw_at is not None:
+                    hc_off = raw_at
             if not direct:
                 heap_ctx = self._heap_context(r.ublocks)
         pages = None
@@ -648,7 +657,7 @@ class Gatherer:
                         idx,
                         heap_lo,
                         heap_hi,
-                        self.arr["hc_offset"],
+                        hc_off,
                         chunk_base,
                         self.layout.heap_chunk_bytes,
                         payload,
@@ -757,6 +766,33 @@ class Gatherer:
         for a, b in zip(c_lo, c_hi):
             present[a : b + 1] = True
         return np.flatnonzero(present[:-1]).astype(np.int64)
+
+    def _memcpyed_heap(self, chunks: np.ndarray) -> np.ndarray | None:
+        """Compressed files on a direct store (not verify="always"): the file offset of every
+        heap chunk's raw bytes where ``chunks`` (sorted ids) are all memcpy'd (their headers
+        read and checked once per reader), else None. verify=True then checks each chunk
+        whole the first time a payload read touches it, as for uncompressed files."""
+        if not self.store.direct or self.codec is None or self.verify == "always":
+            return None
+        if self._hc_raw is None:
+            self._hc_raw = np.full(len(self.arr["hc_offset"]), -2, np.int64)  # -2: not read
+        raw_at = self._hc_raw
+        todo = chunks[raw_at[chunks] == -2]
+        if len(todo):
+            try:
+                got = self.store.memcpyed_starts(
+                    self.layout.chunk_shard[todo] if self.multi else None,
+                    self.arr["hc_offset"][todo],
+                    self.arr["hc_stored"][todo],
+                    codec=self.codec,
+                    raw_size=self.layout.heap_chunk_bytes,
+                    what="heap chunk",
+                )
+            except kernels.KernelError as exc:
+                k = int(todo[exc.index]) if 0 <= exc.index < len(todo) else None
+                raise self.located(exc, "heap chunk", k) from None
+            raw_at[todo] = got
+        return raw_at if bool((raw_at[chunks] >= 0).all()) else None
 
     def _heap_chunk_users(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per heap chunk, the first and last block whose heap range starts or ends in it, and

@@ -99,6 +99,20 @@ class ChunkStore(Protocol):
     ) -> None:
         """Single rows cut straight into per-field arrays (``direct`` stores only)."""
 
+    def memcpyed_starts(
+        self,
+        shards: np.ndarray | None,
+        offsets: np.ndarray,
+        stored: np.ndarray,
+        *,
+        codec: tuple[int, int],
+        raw_size: int,
+        what: str,
+    ) -> np.ndarray:
+        """Where each stored frame's memcpy'd raw bytes lie in its file (-1: compressed), the
+        headers checked (``direct`` stores only; see kernels.memcpyed_starts)."""
+        ...
+
     def read_pages(
         self,
         shards: np.ndarray | None,

@@ -831,6 +831,26 @@ class LocalStore:
         finally:
             self._release(held)
 
+    def memcpyed_starts(
+        self,
+        shards: np.ndarray | None,
+        offsets: np.ndarray,
+        stored: np.ndarray,
+        *,
+        codec: tuple[int, int],
+        raw_size: int,
+        what: str,
+    ) -> np.ndarray:
+        """Where each stored frame's memcpy'd raw bytes lie in its file (-1: compressed), the
+        headers checked (frame i of shard ``shards[i]``; see kernels.memcpyed_starts)."""
+        fd, held = self._per_item(shards)
+        try:
+            return kernels.memcpyed_starts(
+                fd, offsets, stored, codec=codec, raw_size=raw_size, what=what
+            )
+        finally:
+            self._release(held)
+
     def read_pages(
         self,
         shards: np.ndarray | None,

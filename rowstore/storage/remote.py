@@ -312,6 +312,9 @@ class RemoteStore:
 
     read_rows_into = read_payloads = read_pages = read_rows
 
+    def memcpyed_starts(self, *args: Any, **kw: Any) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError("a remote store reads whole chunks only (direct is False)")
+
 
 def _merge(keys: list[Key], limit: int) -> list[tuple[tuple[int, int, int], list[int]]]:
     """Group keys (in any order) into requests: ``((shard, start, end), [positions])``;

@@ -739,16 +739,14 @@ class PageIndex:
         if any(x.page_bytes != P for x in parts):
             return None
         rs = L.row_dtype.itemsize
-        sizes = []
+        sizes, pers = [], []
         for x in parts:
             plen, per = spec.page_geometry(P, x.block_raw_bytes, x.row_size)
             one = np.full(per, plen, np.int64)
             one[-1] = x.block_raw_bytes - (per - 1) * plen
             sizes.append(np.tile(one, x.num_blocks))
-        per_block = np.repeat(
-            [spec.page_geometry(P, x.block_raw_bytes, x.row_size)[1] for x in parts],
-            [x.num_blocks for x in parts],
-        )
+            pers.append(per)
+        per_block = np.repeat(pers, [x.num_blocks for x in parts])
         page0 = np.cumsum(per_block) - per_block
         i64 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.int64)  # noqa: E731
         u32 = lambda a: np.ascontiguousarray(np.concatenate(a) if a else np.zeros(0), np.uint32)  # noqa: E731

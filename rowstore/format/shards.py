@@ -588,7 +588,7 @@ class DatasetLayout(IndexSizes):
             parts: Sequence[ShardPages | None] | None = None
             if self.shard_layouts is not None:
                 parts = [ShardPages.of_layout(x) for x in self.shard_layouts]
-            elif self.compression["id"] == "none":
+            else:
                 parts = self._footer_pages()
             have = [x for x in parts or () if x is not None]
             c["pages"] = (
@@ -714,7 +714,7 @@ class ShardPages:
 
 @dataclass(frozen=True)
 class PageIndex:
-    """The page CRC-32s of a dataset's uncompressed chunks (format v3), dataset-wide.
+    """The page CRC-32s of a dataset's chunks' raw bytes (format v3), dataset-wide.
 
     A block's pages are ``rows_per_page`` whole rows each (its last one the rest of its chunk):
     row ``j`` of block ``k`` lies in page ``block_page0[k] + j // rows_per_page`` of

@@ -12,9 +12,10 @@ Format v2 is the same HDF5 file (``format_version`` 2) followed by a footer: the
 both indexes again, checksummed, which a reader opens the file from without libhdf5 (declared
 in :mod:`rowstore.format.footer`).
 
-Format v3 is v2 whose footer also holds a page index: a CRC-32 per page of every uncompressed
-chunk (:data:`PAGE_BYTES`, :func:`page_geometry`), so that a read of a few rows or payloads
-checks only the pages it touches. Compressed files have no page index and are written as v2.
+Format v3 is v2 whose footer also holds a page index: a CRC-32 per page of every chunk's raw
+bytes (:data:`PAGE_BYTES`, :func:`page_geometry`), so that a read of a few rows or payloads in
+place (uncompressed chunks, memcpy'd heap chunks of compressed files) checks only the pages it
+touches.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from rowstore.schema import Field, Schema
 
 FORMAT_NAME = "rowstore"
 #: Format v2 = the v1 HDF5 file followed by a checksummed footer (:mod:`rowstore.format.footer`)
-#: that readers open it from without libhdf5; v3 = v2 whose footer adds the page index (files
-#: with uncompressed chunks; a compressed file is written as v2).
+#: that readers open it from without libhdf5; v3 = v2 whose footer adds the page index (every
+#: new file).
 FORMAT_VERSION = 3
-#: The version of files without a page index (compressed chunks).
+#: The version of files without a page index (appended to a v1 or v2 file).
 FORMAT_VERSION_NO_PAGES = 2
 #: Versions this code reads (v1 files, without a footer, through h5py).
 READABLE_VERSIONS = (1, 2, 3)

@@ -221,8 +221,9 @@ class Gatherer:
         # rows of a page or more in the pass that reads them, smaller rows and payloads by
         # reading the pages they touch that this reader has not checked yet (a few KiB each).
         # The page index is found on the first direct read (a dataset opened from its manifest
-        # reads its shards' footers for it), so block-order epochs never pay for it.
-        self._want_pages = verify is True and self.direct_ok
+        # reads its shards' footers for it), so block-order epochs never pay for it. Compressed
+        # files use only the heap pages, for the payloads read in place from memcpy'd chunks.
+        self._want_pages = verify is True and store.direct
         self._pages: Any = None
         self._pages_lock = threading.Lock()
         self._pages_done = False  # every block page checked (direct reads check nothing more)
@@ -243,7 +244,7 @@ class Gatherer:
     @property
     def pages(self) -> Any:
         """The dataset's :class:`~rowstore.format.shards.PageIndex` where direct reads check
-        pages (verify=True, uncompressed, a store with direct reads), else None."""
+        pages (verify=True, a store with direct reads, v3 files), else None."""
         if not self._want_pages:
             return None
         if self._pages is None:
@@ -770,8 +771,9 @@ class Gatherer:
     def _memcpyed_heap(self, chunks: np.ndarray) -> np.ndarray | None:
         """Compressed files on a direct store (not verify="always"): the file offset of every
         heap chunk's raw bytes where ``chunks`` (sorted ids) are all memcpy'd (their headers
-        read and checked once per reader), else None. verify=True then checks each chunk
-        whole the first time a payload read touches it, as for uncompressed files."""
+        read and checked once per reader), else None. verify=True then checks the pages a
+        payload read touches (v3 files: the page index holds the CRCs of every heap chunk's
+        raw bytes), or each chunk whole the first time a payload read touches it (v2)."""
         if not self.store.direct or self.codec is None or self.verify == "always":
             return None
         if self._hc_raw is None:

@@ -77,11 +77,12 @@ class ChunkStream:
         # A lone heap chunk trimmed below heap_chunk_bytes (``logical_bytes``) still has the
         # page-index entries of a whole chunk: those past its bytes are zero pages' CRCs.
         self.logical_bytes = logical_bytes
-        # The page index (format v3) of uncompressed chunks: per chunk its pages' CRC-32s;
-        # None: the file has none (compressed, or appended to a file written without one).
+        # The page index (format v3): per chunk the CRC-32s of its raw bytes' pages (a
+        # compressed file's memcpy'd heap chunks hold them as they are: payloads read in place
+        # are checked by them); None: the file has none (appended to a file written without).
         self.page_len = 0
         self.pages: list[np.ndarray] | None = None
-        if not compressor.compression.compressed and (pages is not None or not start_chunk):
+        if pages is not None or not start_chunk:
             self.page_len = spec.page_geometry(spec.PAGE_BYTES, chunk_len * itemsize, itemsize)[0]
             self.pages = pages if pages is not None else []
         self.chunk_len = chunk_len
@@ -116,7 +117,7 @@ class ChunkStream:
         data = self.compression.compress(raw, typesize=self.typesize)
         if not self.page_len:
             return data, crc32(data), None
-        pages = page_crcs(data, self.page_len)
+        pages = page_crcs(raw, self.page_len)
         missing = -(-self.logical_bytes // self.page_len) - len(pages)
         if missing > 0:
             zero = page_crcs(bytes(self.page_len), self.page_len)

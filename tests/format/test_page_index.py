@@ -189,12 +189,69 @@ def test_append_keeps_the_page_index(big, tmp_path):
         assert r.take([405], fields=["id"])["id"].tolist() == [405]
 
 
-def test_compressed_files_stay_v2_without_pages(tmp_path):
+def _raw_chunks(path: str, what: str) -> list[bytes]:
+    """Each block's (``"block"``) or heap chunk's raw bytes, decoded by h5py (hdf5plugin); the
+    last one zero-filled to a whole chunk, as it is written."""
+    import h5py
+    import hdf5plugin  # noqa: F401
+
+    with h5py.File(path, "r") as f:
+        ds = f["rowstore"]["rows" if what == "block" else "heap"]
+        data = ds[()].tobytes()
+        size = ds.chunks[0] * ds.dtype.itemsize
+    data += bytes(-len(data) % size)
+    return [data[a : a + size] for a in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_compressed_files_have_pages_of_their_raw_bytes(tmp_path, compression):
+    """A compressed file is v3 too: its page CRCs are of each chunk's raw (decompressed) bytes,
+    which a memcpy'd heap chunk stores as they are."""
     p = str(tmp_path / "c.h5")
-    with rowstore.Writer(p, SMALL, compression="lz4") as w:
-        w.write_batch({"id": np.arange(10), "x": np.zeros((10, 25), np.float32)})
+    schema = Schema([Field("id", "int64"), Field("w", "float32", (None,))])
+    rng = np.random.default_rng(0)
+    with rowstore.Writer(
+        p, schema, compression=compression, rows_per_block=8, heap_chunk_bytes=1 << 14
+    ) as w:
+        for i in range(40):
+            w.write({"id": i, "w": rng.standard_normal(300 + 50 * i).astype(np.float32)})
     L = Layout.open(p)
-    assert L.version == 2 and L.page_bytes == 0 and L.block_pages is None
+    assert L.version == 3 and L.page_bytes == 4096
+    for what, pages in (("block", L.block_pages), ("heap chunk", L.heap_pages)):
+        plen, per = L.page_geometry(what)
+        raws = _raw_chunks(p, what)
+        want = [zlib.crc32(r[j * plen : (j + 1) * plen]) for r in raws for j in range(per)]
+        assert pages.tolist() == want, what
+
+
+def test_append_to_a_compressed_file_keeps_its_pages(tmp_path):
+    p = str(tmp_path / "c.h5")
+    schema = Schema([Field("id", "int64"), Field("w", "float32", (None,))])
+    rng = np.random.default_rng(1)
+    vals = [rng.standard_normal(200 + 40 * i).astype(np.float32) for i in range(60)]
+    with rowstore.Writer(
+        p, schema, compression="lz4", rows_per_block=8, heap_chunk_bytes=1 << 14
+    ) as w:
+        for i in range(45):
+            w.write({"id": i, "w": vals[i]})
+    before = Layout.open(p)
+    with rowstore.Writer(p, mode="a") as w:
+        for i in range(45, 60):
+            w.write({"id": i, "w": vals[i]})
+    L = Layout.open(p)
+    assert L.version == 3 and L.num_rows == 60 and len(L.heap_pages) > len(before.heap_pages)
+    fresh = str(tmp_path / "fresh.h5")
+    with rowstore.Writer(
+        fresh, schema, compression="lz4", rows_per_block=8, heap_chunk_bytes=1 << 14
+    ) as w:
+        for i in range(60):
+            w.write({"id": i, "w": vals[i]})
+    F = Layout.open(fresh)
+    assert L.heap_pages.tolist() == F.heap_pages.tolist()
+    assert L.block_pages.tolist() == F.block_pages.tolist()
+    with rowstore.open(p) as r:
+        got = r.take(list(range(60)), fields=["w"])["w"]
+        assert all(np.array_equal(np.asarray(g), v) for g, v in zip(got, vals))
 
 
 # -- the kernels against a zlib reference ----------------------------------------------------

@@ -33,6 +33,29 @@ def noise(tmp_path_factory) -> str:
     return path
 
 
+@pytest.fixture(scope="module")
+def noise_v2(noise, tmp_path_factory) -> str:
+    """``noise`` as compressed files were written before they had a page index (format v2)."""
+    from rowstore.format import footer, spec
+
+    path = str(tmp_path_factory.mktemp("memcpyed") / "noise-v2.h5")
+    shutil.copyfile(noise, path)
+    L = Layout.open(noise)
+    fd = os.open(noise, os.O_RDONLY)
+    try:
+        header = dict(footer.read_local(fd, L.file_size, noise).header)
+    finally:
+        os.close(fd)
+    header.pop(footer.KEY_EOF)
+    header.pop(spec.ATTR_PAGE_BYTES)
+    header[spec.ATTR_VERSION] = spec.FORMAT_VERSION_NO_PAGES
+    footer.cut(path, L.footer_offset)
+    with open(path, "ab") as f:
+        f.write(footer.encode(header, L.blocks, L.heap_chunks, L.footer_offset))
+    assert Layout.open(path).version == 2 and Layout.open(noise).version == 3
+    return path
+
+
 def _starts(path: str) -> np.ndarray:
     L = Layout.open(path)
     fd = os.open(path, os.O_RDONLY)
@@ -82,10 +105,13 @@ def test_payloads_read_in_place_are_the_written_ones(noise, shuffle, verify):
     assert seen == ROWS
 
 
+@pytest.mark.parametrize("version", [3, 2])
 @pytest.mark.parametrize("how", ["block", "full", "take"])
-def test_a_flipped_payload_byte_is_never_served(noise, tmp_path, how):
-    starts = _starts(noise)
-    bad = _flip(noise, str(tmp_path / "bad.h5"), int(starts[3]) + 100)
+def test_a_flipped_payload_byte_is_never_served(noise, noise_v2, tmp_path, how, version):
+    """v3: by the page checks of the payload reads; v2: by each chunk's whole check."""
+    src = noise if version == 3 else noise_v2
+    starts = _starts(src)
+    bad = _flip(src, str(tmp_path / "bad.h5"), int(starts[3]) + 100)
     with rowstore.open(bad) as r, pytest.raises(ChecksumError):
         if how == "take":
             r.take(list(range(ROWS)), fields=["w"])
@@ -117,14 +143,50 @@ def _loads(path: str, verify) -> tuple[int, object]:
 
 
 @pytest.mark.parametrize("verify", [False, True])
-def test_payloads_of_memcpyed_chunks_load_no_chunk(noise, verify, monkeypatch):
-    """Heap chunks are loaded whole only for segments that touch the compressed (last) one;
-    with verify=True each memcpy'd chunk is also read whole once, for its checksum."""
+def test_payloads_of_memcpyed_chunks_load_no_chunk(noise, noise_v2, verify, monkeypatch):
+    """Heap chunks are loaded whole only for segments that touch the compressed (last) one.
+    With verify=True a v3 file's payloads are checked by their pages (no memcpy'd chunk is read
+    whole); a v2 file's memcpy'd chunks are each read whole once, for their checksums."""
     loads, g = _loads(noise, verify)
     if verify:
-        assert g._hchecked[:-1].all()  # the compressed one is checked as it is loaded
+        assert not g._hchecked[:-1].any()  # no whole-chunk check of a memcpy'd chunk
+        # Pages checked as payloads were read in place (the chunks of segments that also touch
+        # the compressed one are loaded whole, checked by their chunk CRCs as they decompress).
+        assert g.pages is not None and g._hpchecked.mean() > 0.5
+        _, g2 = _loads(noise_v2, verify)
+        assert g2.pages is None and g2._hchecked[:-1].all()
     from rowstore.reader._gather import Gatherer
 
     monkeypatch.setattr(Gatherer, "_memcpyed_heap", lambda self, chunks: None)
     before, _ = _loads(noise, verify)
     assert 0 < loads * 4 < before
+
+
+@pytest.mark.parametrize("how", ["take", "getitem"])
+def test_a_payload_read_checks_only_its_pages(noise, tmp_path, how):
+    """A flipped byte on a page of a memcpy'd chunk costs only the reads of that page: the
+    payloads away from it are served, those on it are refused."""
+    L = Layout.open(noise)
+    P, H = L.page_bytes, L.heap_chunk_bytes
+    sizes = [_wave(i).nbytes for i in range(ROWS)]
+    at = np.concatenate(([0], np.cumsum(sizes)))  # payloads lie in the heap in row order
+    page = (2 * H + 5 * P) // P  # the heap's page 5 of chunk 2
+    bad = _flip(noise, str(tmp_path / "bad.h5"), int(_starts(noise)[2]) + 5 * P + 17)
+    first, last = at[:-1] // P, (at[1:] - 1) // P
+    dirty = [i for i in range(ROWS) if first[i] <= page <= last[i]]
+    # Rows whose payloads neither touch that page nor share a first/last page with one that
+    # does (a payload read checks its own first and last pages whole).
+    clean = [i for i in range(ROWS) if last[i] < page - 1 or first[i] > page + 1]
+    assert dirty and len(clean) > ROWS // 2
+    with rowstore.open(bad) as r:
+        if how == "take":
+            got = dict(zip(clean, r.take(clean, fields=["w"])["w"]))
+        else:
+            got = {i: r[i]["w"] for i in clean[::7]}
+        assert len(got) > 20
+        assert all(np.array_equal(np.asarray(w), _wave(i)) for i, w in got.items())
+        with pytest.raises(ChecksumError):
+            if how == "take":
+                r.take(dirty[:1], fields=["w"])
+            else:
+                r[dirty[-1]]

@@ -443,13 +443,13 @@ def test_stored_attributes(rs, h5path):
     )
     with h5py.File(h5path, "r") as f:
         a = f["rowstore"].attrs
-        # Compressed: no page index, so format v2 (uncompressed files are v3).
+        # Compressed files carry the page index (of their chunks' raw bytes) too: format v3.
         assert (
             a["format"] == "rowstore"
-            and int(a["format_version"]) == 2
+            and int(a["format_version"]) == 3
             and rowstore.FORMAT_VERSION == 3
         )
-        assert "page_bytes" not in a
+        assert int(a["page_bytes"]) == 4096
         assert Schema.from_json(a["schema"]) == schema
         assert json.loads(a["compression"]) == {
             "id": "blosc2",

@@ -521,8 +521,12 @@ class Gatherer:
         """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of
         ``dst`` (a block's slot is ``layout.block_raw_bytes``, a heap chunk's
         ``heap_chunk_bytes``), checked and decompressed: one kernel call (one per shard when
-        the shards' blocks differ in size)."""
+        the shards' blocks differ in size). verify=True checks each chunk once per reader, as
+        direct reads check each page once: a request whose chunks were all checked by an
+        earlier load is not checked again (verify="always" checks every load)."""
         a = self.arr
+        checked = self._checked if what == "block" else self._hchecked
+        verify = bool(self.verify) if checked is None else not bool(checked[which].all())
         if what == "block":
             off, stored, check, stride = (
                 a["offset"],
@@ -559,7 +563,7 @@ class Gatherer:
                     stored[part],
                     check[part],
                     codec=self.codec,
-                    verify=bool(self.verify),
+                    verify=verify,
                     dst=dst[i * stride : (j - 1) * stride + raw],
                     raw_size=raw,
                     scratch=scratch,
@@ -569,6 +573,8 @@ class Gatherer:
             except kernels.KernelError as exc:
                 k = int(part[exc.index]) if 0 <= exc.index < len(part) else None
                 raise self.located(exc, what, k) from None
+        if verify and checked is not None:
+            checked[which] = True
 
     def located(self, exc: kernels.KernelError, what: str, k: int | None = None) -> FormatError:
         """The kernel error re-raised with the shard file and its block (``what`` "block") or

@@ -147,16 +147,25 @@ def test_payloads_of_memcpyed_chunks_load_no_chunk(noise, noise_v2, verify, monk
     """Heap chunks are loaded whole only for segments that touch the compressed (last) one.
     With verify=True a v3 file's payloads are checked by their pages (no memcpy'd chunk is read
     whole); a v2 file's memcpy'd chunks are each read whole once, for their checksums."""
+    from rowstore.reader._gather import Gatherer
+
+    checks: list[int] = []  # chunks read whole for their checksums before payloads are read
+    check = Gatherer._check_chunks
+
+    def counted(self, todo, what, checked):
+        checks.append(len(todo))
+        check(self, todo, what, checked)
+
+    monkeypatch.setattr(Gatherer, "_check_chunks", counted)
     loads, g = _loads(noise, verify)
     if verify:
-        assert not g._hchecked[:-1].any()  # no whole-chunk check of a memcpy'd chunk
+        assert not checks  # no whole-chunk check of a memcpy'd chunk
         # Pages checked as payloads were read in place (the chunks of segments that also touch
         # the compressed one are loaded whole, checked by their chunk CRCs as they decompress).
         assert g.pages is not None and g._hpchecked.mean() > 0.5
         _, g2 = _loads(noise_v2, verify)
         assert g2.pages is None and g2._hchecked[:-1].all()
-    from rowstore.reader._gather import Gatherer
-
+        assert checks  # v2: memcpy'd chunks read whole once for their chunk checksums
     monkeypatch.setattr(Gatherer, "_memcpyed_heap", lambda self, chunks: None)
     before, _ = _loads(noise, verify)
     assert 0 < loads * 4 < before
@@ -192,7 +201,7 @@ def test_a_payload_read_checks_only_its_pages(noise, tmp_path, how):
                 r[dirty[-1]]
 
 
-def test_a_compressed_dataset_checks_payloads_by_its_shards_pages(tmp_path):
+def test_a_compressed_dataset_checks_payloads_by_its_shards_pages(tmp_path, monkeypatch):
     """A dataset of compressed shards opened from its manifest uses the shards' page indexes
     for payloads in memcpy'd chunks; a flipped byte in one is still never served."""
     root = str(tmp_path / "ds")
@@ -206,12 +215,22 @@ def test_a_compressed_dataset_checks_payloads_by_its_shards_pages(tmp_path):
     ) as w:
         for i in range(ROWS):
             w.write({"id": i, "w": _wave(i)})
+    from rowstore.reader._gather import Gatherer
+
+    checks: list[int] = []  # chunks read whole for their checksums before payloads are read
+    check = Gatherer._check_chunks
+
+    def counted(self, todo, what, checked):
+        checks.append(len(todo))
+        check(self, todo, what, checked)
+
+    monkeypatch.setattr(Gatherer, "_check_chunks", counted)
     with rowstore.open(root) as r:
         assert r.layout.num_shards >= 2
         for i in range(0, ROWS, 9):  # single rows: read in place
             assert np.array_equal(np.asarray(r.take([i], fields=["w"])["w"][0]), _wave(i))
         g = r._gatherer
-        assert g.pages is not None and g._hpchecked.any() and not g._hchecked.any()
+        assert g.pages is not None and g._hpchecked.any() and not checks
         shard = r.layout.shard_paths[1]
     starts = _starts(shard)
     assert starts[0] >= 0

@@ -137,7 +137,7 @@ def child(spec: dict[str, Any]) -> None:
     dst = np.empty(16 * max(lay.block_raw_bytes, lay.heap_chunk_bytes), np.uint8)
     for c, fr in frames.items():
         decompress_only(fr, readers[c]._gatherer.codec, dst)  # untimed: dst's pages, caches
-    for rep in range(spec["reps"]):
+    for _rep in range(spec["reps"]):
         for c, fr in frames.items():
             t = decompress_only(fr, readers[c]._gatherer.codec, dst)
             out[c].setdefault("decompress_cpu", []).append(t)

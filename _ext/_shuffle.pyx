@@ -61,3 +61,29 @@ def shuffle(int64_t[::1] a not None, uint64_t seed):
             a[i] = a[j]
             a[j] = t
             i -= 1
+
+
+def fill_runs(const int64_t[::1] starts not None, const int64_t[::1] counts not None,
+              int64_t[::1] out not None):
+    """Write run i, ``counts[i]`` consecutive values from ``starts[i]``, into ``out``, the runs
+    back to back from ``out[0]`` (what ``np.repeat(starts - first, counts) + np.arange(n)``
+    makes, without its temporaries); returns the values written. Refuses (``ValueError``,
+    nothing promised of ``out``) a negative count or runs that do not fit in ``out``."""
+    cdef Py_ssize_t i, k = 0, m = starts.shape[0], n = out.shape[0]
+    cdef int64_t j, c, s
+    cdef bint bad = False
+    if counts.shape[0] != m:
+        raise ValueError("fill_runs: starts and counts differ in length")
+    with nogil:
+        for i in range(m):
+            c = counts[i]
+            if c < 0 or c > n - k:
+                bad = True
+                break
+            s = starts[i]
+            for j in range(c):
+                out[k + j] = s + j
+            k += c
+    if bad:
+        raise ValueError("fill_runs: a count is negative or the runs do not fit in out")
+    return k

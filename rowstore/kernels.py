@@ -430,6 +430,17 @@ def shuffle(a: np.ndarray, seed: int) -> None:
     _shuffle.shuffle(a, np.uint64(seed))
 
 
+def fill_runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """int64 array of ``counts.sum()`` values: ``counts[i]`` consecutive values from
+    ``starts[i]`` for each i, back to back (one allocation, no temporaries: an epoch window's
+    row positions are built from these)."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    out = np.empty(int(counts.sum()), np.int64)
+    _shuffle.fill_runs(starts, counts, out)
+    return out
+
+
 def gather_rows(
     src: np.ndarray, row_size: int, rows: np.ndarray, fields: list[tuple[int, int, np.ndarray]]
 ) -> None:

@@ -276,12 +276,8 @@ class Segment:
 
             units, P = (self.units if self.units is not None else self.blocks), self.piece_rows
             counts, start = self.unit_rows()
-            slot_start = np.arange(len(units), dtype=np.int64) * P
-            first = np.concatenate(([0], np.cumsum(counts)[:-1]))
             # The window's rows, unit after unit in sorted order, then shuffled in place.
-            loc = np.repeat(slot_start - first, counts) + np.arange(
-                int(counts.sum()), dtype=np.int64
-            )
+            loc = kernels.fill_runs(np.arange(len(units), dtype=np.int64) * P, counts)
             if self._seed is not None:
                 kernels.shuffle(loc, self._seed)
             if self._keep is not None:  # a row subset: the window's order without the other rows

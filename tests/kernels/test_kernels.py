@@ -1107,3 +1107,29 @@ def test_load_chunks_reads_memcpyd_chunks_into_place(tmp_path, raw_size):
     open(bad_path, "wb").write(bytes(bad))
     with pytest.raises(FormatError):
         load(bad_path, verify=False)
+
+
+def test_fill_runs_is_repeat_plus_arange():
+    rng = np.random.default_rng(5)
+    for m in (0, 1, 7, 300):
+        counts = rng.integers(0, 40, m)
+        counts[::5] = 0  # empty runs
+        starts = rng.integers(-1000, 1 << 40, m)
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        want = np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
+        got = kernels.fill_runs(starts, counts)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_fill_runs_refuses_bad_counts():
+    from rowstore import _shuffle
+
+    out = np.zeros(4, np.int64)
+    with pytest.raises(ValueError, match="negative"):
+        _shuffle.fill_runs(np.zeros(2, np.int64), np.array([1, -1], np.int64), out)
+    with pytest.raises(ValueError, match="do not fit"):
+        _shuffle.fill_runs(np.zeros(2, np.int64), np.array([3, 2], np.int64), out)
+    with pytest.raises(ValueError, match="differ in length"):
+        _shuffle.fill_runs(np.zeros(2, np.int64), np.zeros(3, np.int64), out)
+    assert _shuffle.fill_runs(np.array([9], np.int64), np.array([4], np.int64), out) == 4
+    assert out.tolist() == [9, 10, 11, 12]

@@ -67,3 +67,38 @@ def stored_payloads(path: Any, name: str) -> list[bytes]:
                 lo = off - raw.origin
                 out.append(raw.heap[lo : lo + nb].tobytes())
     return out
+
+
+def memcpyed_starts(path: str) -> Any:
+    """The file offset of each heap chunk's raw bytes in a compressed file, -1 for a chunk
+    that is not memcpy'd (``kernels.memcpyed_starts``)."""
+    from rowstore import Layout, kernels
+
+    L = Layout.open(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return kernels.memcpyed_starts(
+            fd,
+            L.heap_chunks["offset"],
+            L.heap_chunks["stored_nbytes"],
+            codec=L.frame_check(),
+            raw_size=L.heap_chunk_bytes,
+        )
+    finally:
+        os.close(fd)
+
+
+def count_whole_checks(monkeypatch: Any) -> list[int]:
+    """Record, for the rest of the test, how many chunks each whole-chunk check reads before a
+    direct read (the reader's ``Gatherer._check_chunks``); returns the list it appends to."""
+    from rowstore.reader._gather import Gatherer
+
+    checks: list[int] = []
+    check = Gatherer._check_chunks
+
+    def counted(self: Any, todo: Any, what: str, checked: Any) -> None:
+        checks.append(len(todo))
+        check(self, todo, what, checked)
+
+    monkeypatch.setattr(Gatherer, "_check_chunks", counted)
+    return checks

@@ -14,11 +14,11 @@ import sys
 import zlib
 
 import pytest
-from helpers import DATA
+from helpers import DATA, memcpyed_starts
 from test_golden import assert_unchanged_in_git
 
 import rowstore
-from rowstore import ChecksumError, Layout, kernels
+from rowstore import ChecksumError, Layout
 from rowstore.cli import main as cli_main
 from rowstore.format import footer
 
@@ -79,17 +79,7 @@ def test_golden_v3_lz4_memcpyed_chunks(expected):
     """Most heap chunks are memcpy'd (their raw bytes in the file as they are), the last one,
     zero-padded, compressed."""
     L = Layout.open(GOLDEN)
-    fd = os.open(GOLDEN, os.O_RDONLY)
-    try:
-        starts = kernels.memcpyed_starts(
-            fd,
-            L.heap_chunks["offset"],
-            L.heap_chunks["stored_nbytes"],
-            codec=L.frame_check(),
-            raw_size=L.heap_chunk_bytes,
-        )
-    finally:
-        os.close(fd)
+    starts = memcpyed_starts(GOLDEN)
     assert starts.tolist() == expected["memcpyed_raw_offsets"]
     assert (starts[:-1] >= 0).all() and starts[-1] == -1
     raw = _raw("heap", L.heap_chunk_bytes)

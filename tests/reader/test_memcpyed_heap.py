@@ -8,9 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers import count_whole_checks, memcpyed_starts
 
 import rowstore
-from rowstore import ChecksumError, Field, FormatError, Layout, Schema, kernels
+from rowstore import ChecksumError, Field, FormatError, Layout, Schema
 
 ROWS = 400
 SCHEMA = Schema([Field("id", "int64"), Field("w", "float32", (None,))])
@@ -56,21 +57,6 @@ def noise_v2(noise, tmp_path_factory) -> str:
     return path
 
 
-def _starts(path: str) -> np.ndarray:
-    L = Layout.open(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return kernels.memcpyed_starts(
-            fd,
-            L.heap_chunks["offset"],
-            L.heap_chunks["stored_nbytes"],
-            codec=L.frame_check(),
-            raw_size=L.heap_chunk_bytes,
-        )
-    finally:
-        os.close(fd)
-
-
 def _flip(src: str, dst: str, at: int) -> str:
     shutil.copyfile(src, dst)
     with open(dst, "r+b") as f:
@@ -83,7 +69,7 @@ def _flip(src: str, dst: str, at: int) -> str:
 
 def test_memcpyed_chunks_are_found_in_place(noise):
     L = Layout.open(noise)
-    starts = _starts(noise)
+    starts = memcpyed_starts(noise)
     # Every chunk memcpy'd (its raw bytes past its headers) but the last, zero-padded one.
     assert (starts[:-1] > L.heap_chunks["offset"][:-1]).all() and starts[-1] == -1
     with open(noise, "rb") as f:  # the raw bytes at that offset are the heap's own
@@ -110,7 +96,7 @@ def test_payloads_read_in_place_are_the_written_ones(noise, shuffle, verify):
 def test_a_flipped_payload_byte_is_never_served(noise, noise_v2, tmp_path, how, version):
     """v3: by the page checks of the payload reads; v2: by each chunk's whole check."""
     src = noise if version == 3 else noise_v2
-    starts = _starts(src)
+    starts = memcpyed_starts(src)
     bad = _flip(src, str(tmp_path / "bad.h5"), int(starts[3]) + 100)
     with rowstore.open(bad) as r, pytest.raises(ChecksumError):
         if how == "take":
@@ -124,7 +110,7 @@ def test_a_bad_chunk_header_is_refused(noise, tmp_path):
     """A memcpy'd chunk whose header claims another size is refused when its payloads are
     first read in place, with verify=False too (the header is always checked)."""
     L = Layout.open(noise)
-    starts = _starts(noise)
+    starts = memcpyed_starts(noise)
     hdr = int(starts[2]) - 32  # the chunk header: nbytes at byte 4
     bad = _flip(noise, str(tmp_path / "hdr.h5"), hdr + 5)
     with rowstore.open(bad, verify=False) as r, pytest.raises(FormatError) as ei:
@@ -147,16 +133,7 @@ def test_payloads_of_memcpyed_chunks_load_no_chunk(noise, noise_v2, verify, monk
     """Heap chunks are loaded whole only for segments that touch the compressed (last) one.
     With verify=True a v3 file's payloads are checked by their pages (no memcpy'd chunk is read
     whole); a v2 file's memcpy'd chunks are each read whole once, for their checksums."""
-    from rowstore.reader._gather import Gatherer
-
-    checks: list[int] = []  # chunks read whole for their checksums before payloads are read
-    check = Gatherer._check_chunks
-
-    def counted(self, todo, what, checked):
-        checks.append(len(todo))
-        check(self, todo, what, checked)
-
-    monkeypatch.setattr(Gatherer, "_check_chunks", counted)
+    checks = count_whole_checks(monkeypatch)  # chunks read whole for their checksums
     loads, g = _loads(noise, verify)
     if verify:
         assert not checks  # no whole-chunk check of a memcpy'd chunk
@@ -166,6 +143,8 @@ def test_payloads_of_memcpyed_chunks_load_no_chunk(noise, noise_v2, verify, monk
         _, g2 = _loads(noise_v2, verify)
         assert g2.pages is None and g2._hchecked[:-1].all()
         assert checks  # v2: memcpy'd chunks read whole once for their chunk checksums
+    from rowstore.reader._gather import Gatherer
+
     monkeypatch.setattr(Gatherer, "_memcpyed_heap", lambda self, chunks: None)
     before, _ = _loads(noise, verify)
     assert 0 < loads * 4 < before
@@ -180,7 +159,7 @@ def test_a_payload_read_checks_only_its_pages(noise, tmp_path, how):
     sizes = [_wave(i).nbytes for i in range(ROWS)]
     at = np.concatenate(([0], np.cumsum(sizes)))  # payloads lie in the heap in row order
     page = (2 * H + 5 * P) // P  # the heap's page 5 of chunk 2
-    bad = _flip(noise, str(tmp_path / "bad.h5"), int(_starts(noise)[2]) + 5 * P + 17)
+    bad = _flip(noise, str(tmp_path / "bad.h5"), int(memcpyed_starts(noise)[2]) + 5 * P + 17)
     first, last = at[:-1] // P, (at[1:] - 1) // P
     dirty = [i for i in range(ROWS) if first[i] <= page <= last[i]]
     # Rows whose payloads neither touch that page nor share a first/last page with one that
@@ -215,16 +194,7 @@ def test_a_compressed_dataset_checks_payloads_by_its_shards_pages(tmp_path, monk
     ) as w:
         for i in range(ROWS):
             w.write({"id": i, "w": _wave(i)})
-    from rowstore.reader._gather import Gatherer
-
-    checks: list[int] = []  # chunks read whole for their checksums before payloads are read
-    check = Gatherer._check_chunks
-
-    def counted(self, todo, what, checked):
-        checks.append(len(todo))
-        check(self, todo, what, checked)
-
-    monkeypatch.setattr(Gatherer, "_check_chunks", counted)
+    checks = count_whole_checks(monkeypatch)  # chunks read whole for their checksums
     with rowstore.open(root) as r:
         assert r.layout.num_shards >= 2
         for i in range(0, ROWS, 9):  # single rows: read in place
@@ -232,7 +202,7 @@ def test_a_compressed_dataset_checks_payloads_by_its_shards_pages(tmp_path, monk
         g = r._gatherer
         assert g.pages is not None and g._hpchecked.any() and not checks
         shard = r.layout.shard_paths[1]
-    starts = _starts(shard)
+    starts = memcpyed_starts(shard)
     assert starts[0] >= 0
     _flip(shard, shard + ".tmp", int(starts[0]) + 300)
     os.replace(shard + ".tmp", shard)

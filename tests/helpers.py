@@ -96,9 +96,9 @@ def count_whole_checks(monkeypatch: Any) -> list[int]:
     checks: list[int] = []
     check = Gatherer._check_chunks
 
-    def counted(self: Any, todo: Any, what: str, checked: Any) -> None:
+    def counted(self: Any, todo: Any, what: str) -> None:
         checks.append(len(todo))
-        check(self, todo, what, checked)
+        check(self, todo, what)
 
     monkeypatch.setattr(Gatherer, "_check_chunks", counted)
     return checks

@@ -958,13 +958,13 @@ class Gatherer:
         if checked is None or not len(which) or checked[which].all():
             return
         with self._check_lock:
-            self._check_chunks(which[~checked[which]], what, checked)
+            self._check_chunks(which[~checked[which]], what)
 
-    def _check_chunks(self, todo: np.ndarray, what: str, checked: np.ndarray) -> None:
+    def _check_chunks(self, todo: np.ndarray, what: str) -> None:
+        """Load ``todo`` whole, for their checksums (:meth:`_load` marks them checked)."""
         raw = self.layout.block_raw_bytes if what == "block" else self.layout.heap_chunk_bytes
         step = max(1, (16 << 20) // raw)
         buf = self.scratch.get("check", min(step, len(todo)) * raw)
         for a in range(0, len(todo), step):
             part = todo[a : a + step]
             self._load(part, what, buf[: len(part) * raw])
-            checked[part] = True

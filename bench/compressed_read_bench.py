@@ -83,20 +83,20 @@ def child(spec: dict[str, Any]) -> None:
     def frames_of(c: str) -> list:
         """The stored frames of every chunk a block-order epoch decompresses (each block and
         each compressed heap chunk once; memcpy'd chunks are read in place), with raw sizes."""
-        L = readers[c].layout
+        L, codec = readers[c].layout, readers[c]._gatherer.codec
         a = L.arrays()
         frames = []
-        with open(paths[c], "rb") as fh:
+        fd = os.open(paths[c], os.O_RDONLY)
+        try:
             for offs, sizes, raw in (
                 (a["offset"], a["stored"], L.block_raw_bytes),
                 (a["hc_offset"], a["hc_stored"], L.heap_chunk_bytes),
             ):
-                for off, n in zip(offs.tolist(), sizes.tolist()):
-                    fh.seek(off)
-                    f = np.frombuffer(fh.read(n), np.uint8)
-                    h = int.from_bytes(f[11:15].tobytes(), "big")  # the chunk's header
-                    if not f[h + 2] & 0x02:  # BLOSC_MEMCPYED
-                        frames.append((f, raw))
+                raw_at = kernels.memcpyed_starts(fd, offs, sizes, codec=codec, raw_size=raw)
+                for off, n in zip(offs[raw_at < 0].tolist(), sizes[raw_at < 0].tolist()):
+                    frames.append((np.frombuffer(os.pread(fd, n, off), np.uint8), raw))
+        finally:
+            os.close(fd)
         return frames
 
     def decompress_only(frames: list, codec: tuple[int, int], dst: np.ndarray) -> float:

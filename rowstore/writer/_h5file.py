@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkStream", "Compressor", "H5File", "Tail", "file_attributes", "read_tail"]
 
+#: libhdf5's placement of large objects (H5Pset_alignment): see spec.ALIGN_BYTES.
+_ALIGNMENT = {"alignment_threshold": spec.ALIGN_THRESHOLD, "alignment_interval": spec.ALIGN_BYTES}
+
 
 @dataclass(frozen=True)
 class Compressor:
@@ -357,7 +360,7 @@ class H5File:
 
         # Default libver: PyTables and older HDF5 open it. No HDF5 file locking: the AtomicFile's
         # own lock on this file excludes other writers (and HDF5's would conflict with it).
-        f = h5py.File(path, "w", locking=False)
+        f = h5py.File(path, "w", locking=False, **_ALIGNMENT)
         try:
             g = f.create_group(spec.GROUP)
             kw = compressor.compression.hdf5_filter_kwargs()
@@ -402,7 +405,7 @@ class H5File:
 
         if layout.footer_offset:  # libhdf5 would cut it at close; a new one is written by finish
             footer.cut(path, layout.footer_offset)
-        f = h5py.File(path, "r+", locking=False)  # as in create
+        f = h5py.File(path, "r+", locking=False, **_ALIGNMENT)  # as in create
         try:
             g = f[spec.GROUP]
             rows = cls._reopen_stream(

@@ -316,6 +316,42 @@ def test_append(rs, h5path, compression, n1, n2):
     assert_same_content(h5path, once)
 
 
+def test_large_chunks_start_on_os_pages(h5path):
+    """Heap chunks and blocks of spec.ALIGN_THRESHOLD bytes or more start at multiples of
+    spec.ALIGN_BYTES, in a new file and after an append (checked reads of payloads then touch
+    only the page-cache pages the payloads do); smaller blocks stay packed."""
+    from rowstore.format import spec
+
+    schema = Schema([Field("w", "uint8", (None,)), Field("k", "int64")])
+    rng = np.random.default_rng(3)
+
+    def rows(n):
+        return [{"w": rng.integers(0, 256, int(rng.integers(1, 40_000)), dtype=np.uint8), "k": i}
+                for i in range(n)]  # fmt: skip
+
+    big = spec.ALIGN_THRESHOLD // 16  # rows of 16 bytes: blocks of ALIGN_THRESHOLD bytes
+    first, second = rows(120), rows(90)
+    with rowstore.Writer(h5path, schema, rows_per_block=big, heap_chunk_bytes=1 << 20) as w:
+        for r in first:
+            w.write(r)
+    with rowstore.Writer(h5path, mode="a") as w:
+        for r in second:
+            w.write(r)
+    lay = Layout.open(h5path)
+    assert len(lay.heap_chunks) >= 4
+    assert (lay.heap_chunks["offset"] % spec.ALIGN_BYTES == 0).all()
+    assert (lay.blocks["offset"] % spec.ALIGN_BYTES == 0).all()
+    with rowstore.open(h5path) as r:
+        got = [r[i]["w"] for i in range(len(r))]
+    assert [v.tobytes() for v in got] == [r["w"].tobytes() for r in first + second]
+    small = h5path + ".small.h5"
+    with rowstore.Writer(small, schema, rows_per_block=64, heap_chunk_bytes=1 << 20) as w:
+        for r in first:
+            w.write(r)
+    offs = Layout.open(small).blocks["offset"]
+    assert (offs % spec.ALIGN_BYTES != 0).any()  # 1 KiB blocks: packed, not padded to pages
+
+
 @pytest.mark.parametrize("compression", [None, "lz4"])
 def test_append_heap_last_chunk_exactly_full_and_partial(rs, h5path, compression):
     schema = Schema([Field("b", "bytes"), Field("k", "int8")])

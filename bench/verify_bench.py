@@ -8,10 +8,14 @@ uncompressed and LZ4, ``block`` and ``full`` shuffle, and the uncompressed patch
 files rewritten as dataset directories of 4 shards (``--dataset-workloads``): epoch 0 of a fresh
 ``Reader`` (the state
 of every new DDP rank, DataLoader worker or restarted job) in a fresh process, warm page cache,
-2 threads, ``verify=True`` and ``verify=False`` alternately, ``--repeats`` times each. Prints
-the table of medians and their ratio (``True / False``; 1.0: the checks cost nothing) and
-writes a JSON to ``bench/results/verify_bench.json``. Runs in a few minutes on 2 cores; on a
-shared machine compare ratios, not absolute rates.
+2 threads. Each of ``--repeats`` fresh processes per configuration times pairs of fresh
+readers, one ``verify=True`` and one ``verify=False`` back to back (which goes first
+alternates), for two seconds or more: the ratio of a configuration is the median over its
+pairs' ratios (``True / False``; 1.0: the checks cost nothing), with the medians of each mode's
+rates beside it. Rates of one configuration drift 10-30% between processes on these shared
+machines (the page cache's state, other tenants); the two readers of a pair are timed a few
+tenths of a second apart, so drifts hit both alike. Writes a JSON (every pair) to
+``bench/results/verify_bench.json``. Runs in about ten minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ WORKLOADS: dict[str, dict[str, int]] = {
 COMPRESSIONS = ("none", "lz4")
 SHUFFLES = ("block", "full")
 THREADS = 2
-#: Fresh readers timed per process: at least this many, and for at least this long.
-MIN_READERS = 3
-MIN_SECONDS = 1.0
+#: Pairs of fresh readers timed per process: at least this many, and for at least this long.
+MIN_PAIRS = 3
+MIN_SECONDS = 2.0
 #: A full-shuffle epoch of compressed blocks (a window of blocks decompressed per segment of
 #: rows) stops after this long: its rate then covers the part read, which is representative
 #: (its checks are spread over the epoch). Other orders run whole (a segment may be the epoch).
@@ -93,30 +97,43 @@ def dataset_dir(name: str, cache_dir: str, shards: int) -> str:
     return path
 
 
-def one_epoch(opts: dict[str, Any]) -> dict[str, Any]:
-    """Epoch 0 of fresh Readers (run in its own process, after one untimed open that imports
-    everything): the median rows/s over ``MIN_READERS`` readers or more, until
-    ``MIN_SECONDS`` have passed. Each reader is new: nothing it checked before carries over."""
+def _epoch(opts: dict[str, Any], verify: bool, seed: int) -> float:
+    """Rows/s of epoch 0 of one fresh Reader (nothing it checks carries over from another)."""
     import rowstore
 
-    with rowstore.open(opts["path"], verify=opts["verify"], num_threads=THREADS) as r:
+    t0 = time.perf_counter()
+    n = 0
+    with rowstore.open(opts["path"], verify=verify, num_threads=THREADS) as r:
+        for b in r.batches(opts["batch"], shuffle=opts["shuffle"], seed=seed, epoch=0):
+            n += len(next(iter(b.values())))
+            if opts.get("cap") and time.perf_counter() - t0 > MAX_EPOCH_SECONDS:
+                break  # full shuffle of compressed blocks (window segments): part of epoch 0
+    return n / (time.perf_counter() - t0)
+
+
+def one_process(opts: dict[str, Any]) -> dict[str, Any]:
+    """Pairs of fresh Readers, one ``verify=True`` and one ``verify=False`` back to back (which
+    goes first alternates), in this fresh process after one untimed reader of each, at least
+    ``MIN_PAIRS`` pairs and for at least ``MIN_SECONDS``: each pair's ratio, and each mode's
+    rates. A pair is read a few tenths of a second apart, so the machine's drifts (10-30%
+    between processes here) hit both of its readers alike."""
+    import rowstore
+
+    with rowstore.open(opts["path"], verify=False) as r:
         version = rowstore.Layout.open(r.layout.shard_paths[0]).version
-    rates, n, t_all = [], 0, time.perf_counter()
-    while len(rates) < MIN_READERS or time.perf_counter() - t_all < MIN_SECONDS:
-        t0 = time.perf_counter()
-        n = 0
-        with rowstore.open(opts["path"], verify=opts["verify"], num_threads=THREADS) as r:
-            for b in r.batches(opts["batch"], shuffle=opts["shuffle"], seed=len(rates), epoch=0):
-                n += len(next(iter(b.values())))
-                if opts.get("cap") and time.perf_counter() - t0 > MAX_EPOCH_SECONDS:
-                    break  # full shuffle of compressed blocks (window segments): part of epoch 0
-        rates.append(n / (time.perf_counter() - t0))
-    return {
-        "rows": n,
-        "readers": len(rates),
-        "rows_per_s": statistics.median(rates),
-        "format_version": version,
-    }
+    _epoch(opts, True, 0)
+    _epoch(opts, False, 0)
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    ratios: list[float] = []
+    t_all = time.perf_counter()
+    while len(ratios) < MIN_PAIRS or time.perf_counter() - t_all < MIN_SECONDS:
+        j = len(ratios)
+        order = (True, False) if (j + opts["repeat"]) % 2 == 0 else (False, True)
+        got = {v: _epoch(opts, v, 1000 * opts["repeat"] + j) for v in order}
+        for v in got:
+            rates[v].append(got[v])
+        ratios.append(got[True] / got[False])
+    return {"ratios": ratios, "true": rates[True], "false": rates[False], "format_version": version}
 
 
 def _run_child(opts: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +149,10 @@ def _run_child(opts: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--repeats", type=int, default=4, help="runs of each (even: each goes first as often)"
+        "--repeats",
+        type=int,
+        default=4,
+        help="fresh processes per configuration (even: each mode goes first as often)",
     )
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--compressions", default=",".join(COMPRESSIONS))
@@ -154,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
-        print(json.dumps(one_epoch(json.loads(a.one))))
+        print(json.dumps(one_process(json.loads(a.one))))
         return 0
     from rowstore.bench import measure
 
@@ -179,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if True:
             measure.warm_cache([path])
             for shuffle in a.shuffles.split(","):
-                runs: dict[bool, list[float]] = {True: [], False: []}
+                runs: dict[str, list[float]] = {"ratios": [], "true": [], "false": []}
                 version = None
                 opts = {
                     "path": path,
@@ -187,14 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                     "batch": WORKLOADS[name]["batch"],
                     "cap": comp != "none" and shuffle == "full",
                 }
-                _run_child(dict(opts, verify=False))  # untimed: the first process after a switch
                 for k in range(a.repeats):
-                    # Alternate which goes first, so drifts of a shared machine hit both alike.
-                    for verify in (True, False) if k % 2 == 0 else (False, True):
-                        got = _run_child(dict(opts, verify=verify))
-                        runs[verify].append(got["rows_per_s"])
-                        version = got["format_version"]
-                on, off = statistics.median(runs[True]), statistics.median(runs[False])
+                    got = _run_child(dict(opts, repeat=k))
+                    for key in runs:
+                        runs[key].extend(got[key])
+                    version = got["format_version"]
+                on, off = statistics.median(runs["true"]), statistics.median(runs["false"])
+                ratio = statistics.median(runs["ratios"])
                 row = {
                     "workload": name,
                     "compression": comp,
@@ -203,14 +222,17 @@ def main(argv: list[str] | None = None) -> int:
                     "kind": kind,
                     "verify_true_rows_per_s": on,
                     "verify_false_rows_per_s": off,
-                    "ratio": on / off,
-                    "runs": {"true": runs[True], "false": runs[False]},
+                    "ratio": ratio,
+                    "pairs": len(runs["ratios"]),
+                    "ratio_quartiles": statistics.quantiles(runs["ratios"], n=4),
+                    "runs": runs,
                 }
                 results.append(row)
                 print(
                     f"{name:7s} {kind:9s} {comp:5s} {shuffle:6s} v{version}  verify=True "
                     f"{on:>12,.0f} rows/s  "
-                    f"verify=False {off:>12,.0f} rows/s  ratio {on / off:.2f}",
+                    f"verify=False {off:>12,.0f} rows/s  ratio {ratio:.2f} "
+                    f"({len(runs['ratios'])} pairs)",
                     flush=True,
                 )
     doc = {
@@ -228,14 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(doc, f, indent=1)
     print(
         "\n| workload | as | compression | shuffle | verify=True rows/s | verify=False rows/s | "
-        "ratio |"
+        "ratio | quartiles | pairs |"
     )
-    print("|---|---|---|---|---:|---:|---:|")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['workload']} | {r['kind']} | {r['compression']} | {r['shuffle']} | "
             f"{r['verify_true_rows_per_s']:,.0f} | "
-            f"{r['verify_false_rows_per_s']:,.0f} | {r['ratio']:.2f} |"
+            f"{r['verify_false_rows_per_s']:,.0f} | {r['ratio']:.2f} | "
+            f"{r['ratio_quartiles'][0]:.2f}-{r['ratio_quartiles'][2]:.2f} | {r['pairs']} |"
         )
     print(f"\nwrote {a.out} ({doc['seconds']:.0f} s)")
     return 0

@@ -18,6 +18,10 @@ from _common cimport (
 from libblosc2 cimport zng_crc32
 
 
+cdef extern from *:
+    void __builtin_prefetch(const void* p) nogil
+
+
 cdef extern from "sys/uio.h" nogil:
     struct iovec:
         void* iov_base
@@ -291,7 +295,8 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
     Pages ``[pa, pz]``: those touched, less the first and last ones already checked (by a
     neighbouring payload: not read again). One ``preadv`` reads the payload into ``dst`` and
     the rest of pages ``pa`` and ``pz`` (the head at ``scratch``, the tail at ``scratch +
-    page_len``: two pages); then one CRC pass over the three parts, while they are in cache, is
+    page_len``: two pages; a plain ``pread`` when the bytes are whole pages); then one CRC pass
+    over the three parts, while they are in cache, is
     compared with the pages' CRCs combined (``shift``: :func:`crc_shift_table` of ``page_len``),
     the chunk's shorter last page on its own, and the pages are flagged. A mismatch is located
     page by page: -1 with ``E_CHECKSUM``, detail the page (``page0`` + its index); else 0."""
@@ -307,6 +312,10 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
         pz -= 1
     if pa > pz:  # the pages between were checked by other payloads: a plain read
         return _pread_full(fd, dst, take, chunk_offset + within, e, i)
+    # The pages' CRCs are needed right after the read: fetched into cache while it runs (in a
+    # first epoch they are cold, and waiting for them cost as much as the CRC pass of a piece).
+    __builtin_prefetch(crcs + pa)
+    __builtin_prefetch(crcs + pz)
     a = pa * page_len
     last = (pz + 1) * page_len
     if last > chunk_bytes:
@@ -320,23 +329,27 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
     if last > end:
         iov[nv].iov_base, iov[nv].iov_len = <void*>(scratch + page_len), <size_t>(last - end)
         nv += 1
-    want = (last if last > end else end) - lo
-    got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
-    while got < 0 and errno == EINTR:
+    if nv == 1:  # the range is whole pages: a plain read (preadv costs more per call)
+        if _pread_full(fd, dst, take, chunk_offset + within, e, i) < 0:
+            return -1
+    else:
+        want = (last if last > end else end) - lo
         got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
-    if got < 0:
-        return _fail(e, E_IO, i, errno)
-    if got < want:  # a short read: finish with plain preads (a truncated file ends in E_SHORT)
-        done, at = got, chunk_offset + lo + got
-        for j in range(nv):
-            want = <int64_t>iov[j].iov_len
-            if done >= want:
-                done -= want
-                continue
-            if _pread_full(fd, <uint8_t*>iov[j].iov_base + done, want - done, at, e, i) < 0:
-                return -1
-            at += want - done
-            done = 0
+        while got < 0 and errno == EINTR:
+            got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
+        if got < 0:
+            return _fail(e, E_IO, i, errno)
+        if got < want:  # a short read: finish with plain preads (a truncated file ends in E_SHORT)
+            done, at = got, chunk_offset + lo + got
+            for j in range(nv):
+                want = <int64_t>iov[j].iov_len
+                if done >= want:
+                    done -= want
+                    continue
+                if _pread_full(fd, <uint8_t*>iov[j].iov_base + done, want - done, at, e, i) < 0:
+                    return -1
+                at += want - done
+                done = 0
     # Whole pages [a, full_end) in one pass; the chunk's shorter last page, if touched, alone.
     full_end = (chunk_bytes // page_len) * page_len
     if full_end > last:

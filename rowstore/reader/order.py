@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from rowstore._check import nonneg_int, positive_int
+from rowstore.format import spec
 
 __all__ = [
     "MODES",
@@ -65,7 +66,7 @@ WINDOW_BLOCKS = 16
 #: Pieces per block of the default block order where the reader loads pieces alone
 #: (uncompressed blocks read directly): batches draw from up to 8 times more blocks for the
 #: same memory and about the same speed (``docs/order.md``).
-AUTO_PIECES = 8
+AUTO_PIECES = spec.BLOCK_PIECES  # the writer makes these pieces start on pages
 
 
 def auto_pieces(rows_per_block: int, piecewise: bool, table_share: float = 0.0) -> int:

@@ -257,7 +257,7 @@ class Writer(Closing):
         self._heap_chunk_bytes = heap_chunk_bytes
         self._rpb: int | None = rows_per_block
         if self._rpb is None and not self._heap_fields:
-            self._rpb = max(1, block_bytes // itemsize)
+            self._rpb = spec.page_rows_per_block(max(1, block_bytes // itemsize), itemsize)
         if self._rpb is not None:
             self._rpb = min(self._rpb, max_rows_per_block(itemsize))
         self._packer = RowPacker(self.schema, capacity=self._rpb or 64)

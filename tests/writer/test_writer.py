@@ -142,7 +142,23 @@ def test_block_bytes_sets_rows_per_block_without_heap(rs, h5path):
     rs.write_file(h5path, schema, rows, block_bytes=1)  # smaller than a row: one row per block
     check_layout(h5path, 50, 1)
     rs.write_file(h5path, schema, rows)  # default 1 MiB: everything in one block
-    check_layout(h5path, 50, (1 << 20) // 36)
+    # 29,127 rows of 36 bytes fit; rounded down to a multiple of 8 pages of 113 rows (28,928),
+    # so that the default order's 8 pieces start on pages
+    check_layout(h5path, 50, 28928)
+
+
+@pytest.mark.parametrize("row_size", [8, 24, 36, 53, 72, 1000, 4096, 19448])
+@pytest.mark.parametrize("block_bytes", [1 << 16, 1 << 18, 1 << 20])
+def test_derived_rows_per_block_cut_into_pieces_on_pages(row_size, block_bytes):
+    from rowstore.format import spec
+
+    fit = max(1, block_bytes // row_size)
+    rpb = spec.page_rows_per_block(fit, row_size)
+    assert fit - fit // 8 <= rpb <= fit  # loses at most an eighth of the block
+    rpp = spec.page_geometry(spec.PAGE_BYTES, rpb * row_size, row_size)[0] // row_size
+    if rpb >= spec.BLOCK_PIECES * rpp:  # blocks large enough to cut on pages
+        for pieces in (spec.BLOCK_PIECES, spec.BLOCK_PIECES // 2, 2):
+            assert (-(-rpb // pieces)) % rpp == 0  # each piece starts on a page
 
 
 def test_block_bytes_with_heap_payloads(rs, h5path):

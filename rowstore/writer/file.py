@@ -103,8 +103,8 @@ class Writer(Closing):
     block_bytes : int
         Target bytes of one block (its rows plus their heap payloads); sets ``rows_per_block``
         from the first rows when that is not given (rows without payloads: rounded down to a
-        multiple of 8 pages of rows, :func:`rowstore.format.spec.page_rows_per_block`). Blocks are the unit of reading and
-        shuffling: ~1 MiB reads at near-``memcpy`` speed.
+        multiple of 8 pages of rows, :func:`rowstore.format.spec.page_rows_per_block`). Blocks
+        are the unit of reading and shuffling: ~1 MiB reads at near-``memcpy`` speed.
     rows_per_block : int, optional
         Fix the number of rows per block instead.
     compression : None, str or dict

@@ -345,7 +345,7 @@ def test_large_chunks_start_on_os_pages(h5path):
         return [{"w": rng.integers(0, 256, int(rng.integers(1, 40_000)), dtype=np.uint8), "k": i}
                 for i in range(n)]  # fmt: skip
 
-    big = spec.ALIGN_THRESHOLD // 16  # rows of 16 bytes: blocks of ALIGN_THRESHOLD bytes
+    big = spec.ALIGN_THRESHOLD // 16  # rows of more than 16 bytes: blocks above the threshold
     first, second = rows(120), rows(90)
     with rowstore.Writer(h5path, schema, rows_per_block=big, heap_chunk_bytes=1 << 20) as w:
         for r in first:
@@ -365,7 +365,7 @@ def test_large_chunks_start_on_os_pages(h5path):
         for r in first:
             w.write(r)
     offs = Layout.open(small).blocks["offset"]
-    assert (offs % spec.ALIGN_BYTES != 0).any()  # 1 KiB blocks: packed, not padded to pages
+    assert (offs % spec.ALIGN_BYTES != 0).any()  # small blocks: packed, not padded to pages
 
 
 @pytest.mark.parametrize("compression", [None, "lz4"])

@@ -9,11 +9,13 @@ the pass that reads them) use zlib-ng's CRC-32 inside libblosc2.a.
 """
 
 from libc.errno cimport EINTR, errno
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.stdlib cimport free, malloc, qsort, realloc
 
 from _common cimport (
-    E_BOUNDS, E_CHECKSUM, E_DEST, E_IO, E_OK, E_ROW, E_SIZE, _errbuf, _fail, _fits, _heap_payload, _hold,
-    _pread_full, _release,
+    E_BOUNDS, E_CHECKSUM, E_DEST, E_IO, E_NOMEM, E_OK, E_ROW, E_SIZE, _errbuf, _fail, _fits, _heap_payload,
+    _hold, _pread_full, _release,
 )
 from libblosc2 cimport zng_crc32
 
@@ -31,6 +33,8 @@ cdef extern from "sys/uio.h" nogil:
 
 cdef enum:
     MAX_SEGMENTS = 64  # segments of a row in preadv_rows (sizes its stack arrays)
+    MAX_IOV = 256      # parts of one preadv of pread_heap's extents (its stack array)
+    MAX_GAP = 4096     # bytes between two payloads read (into a sink) rather than a call each
 
 
 cdef inline Py_ssize_t _fd_step(const int32_t[::1] fds, Py_ssize_t n) except -1:
@@ -64,17 +68,99 @@ def pread_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets 
     return rc
 
 
+cdef struct _Extent:
+    int64_t file_off   # where the bytes lie in the file
+    int64_t length
+    uint8_t* dst       # where they go
+    int32_t fd
+    int32_t field      # which field, and which item (row), an error names
+    int64_t item
+
+
+cdef int _extent_order(const void* a, const void* b) noexcept nogil:
+    """qsort order of extents: by descriptor, then file offset."""
+    cdef const _Extent* x = <const _Extent*>a
+    cdef const _Extent* y = <const _Extent*>b
+    if x.fd != y.fd:
+        return -1 if x.fd < y.fd else 1
+    if x.file_off != y.file_off:
+        return -1 if x.file_off < y.file_off else 1
+    return 0
+
+
+cdef int _preadv_full(int fd, iovec* iov, int nv, int64_t offset, int64_t want, int64_t* e,
+                      int64_t i) noexcept nogil:
+    """One ``preadv`` of ``want`` bytes at ``offset`` into ``iov[0..nv)`` (retrying EINTR); a
+    short read is finished with plain preads, so a truncated file ends in ``E_SHORT``."""
+    cdef ssize_t got
+    cdef int64_t done, at, part
+    cdef int j
+    got = preadv(fd, iov, nv, <long>offset)
+    while got < 0 and errno == EINTR:
+        got = preadv(fd, iov, nv, <long>offset)
+    if got < 0:
+        return _fail(e, E_IO, i, errno)
+    if got < want:
+        done, at = got, offset + got
+        for j in range(nv):
+            part = <int64_t>iov[j].iov_len
+            if done >= part:
+                done -= part
+                continue
+            if _pread_full(fd, <uint8_t*>iov[j].iov_base + done, part - done, at, e, i) < 0:
+                return -1
+            at += part - done
+            done = 0
+    return 0
+
+
+cdef int _read_extents(_Extent* ex, Py_ssize_t m, uint8_t* sink, int64_t* e, int64_t* field) noexcept nogil:
+    """Read extents ``ex[0..m)`` (sorted here by descriptor and file offset): extents that follow
+    each other in a file, apart by at most ``MAX_GAP`` bytes (read into ``sink``), go in one
+    ``preadv`` of up to ``MAX_IOV`` parts; ``field`` names the failing extent's field."""
+    cdef Py_ssize_t a = 0, b
+    cdef int nv
+    cdef int64_t end, gap
+    cdef iovec iov[MAX_IOV]
+    qsort(ex, <size_t>m, sizeof(_Extent), _extent_order)
+    while a < m:
+        iov[0].iov_base, iov[0].iov_len = <void*>ex[a].dst, <size_t>ex[a].length
+        nv = 1
+        end = ex[a].file_off + ex[a].length
+        b = a + 1
+        while b < m and nv + 2 <= MAX_IOV and ex[b].fd == ex[a].fd and ex[b].file_off >= end:
+            gap = ex[b].file_off - end
+            if gap > MAX_GAP:
+                break
+            if gap > 0:
+                iov[nv].iov_base, iov[nv].iov_len = <void*>sink, <size_t>gap
+                nv += 1
+            iov[nv].iov_base, iov[nv].iov_len = <void*>ex[b].dst, <size_t>ex[b].length
+            nv += 1
+            end = ex[b].file_off + ex[b].length
+            b += 1
+        field[0] = ex[a].field
+        if nv == 1:
+            if _pread_full(ex[a].fd, ex[a].dst, ex[a].length, ex[a].file_off, e, ex[a].item) < 0:
+                return -1
+        elif _preadv_full(ex[a].fd, iov, nv, ex[a].file_off, end - ex[a].file_off, e, ex[a].item) < 0:
+            return -1
+        a = b
+    return 0
+
+
 def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None, int64_t row_size,
-               int64_t ref_offset, const int64_t[::1] rows not None,
+               const int64_t[::1] ref_offsets not None, const int64_t[::1] rows not None,
                const int64_t[::1] lo not None, const int64_t[::1] hi not None,
                const int64_t[::1] chunk_offsets not None, const int64_t[::1] chunk_base not None,
-               int64_t chunk_bytes,
-               uint8_t[::1] out not None, const int64_t[::1] dst_offsets not None,
-               int64_t pad_stride, int64_t[::1] err not None,
+               int64_t chunk_bytes, outs, dst_offsets, int64_t pad_stride, int64_t[::1] err not None,
                int64_t page_len=0, const uint32_t[::1] page_crcs=None, uint8_t[::1] page_checked=None,
                uint8_t[::1] scratch=None, const uint32_t[::1] page_shift=None):
-    """Direct path for uncompressed heaps: for each row ``rows[i]`` of ``src``, read its payload
-    straight from the file into ``out`` at ``dst_offsets[i]`` (one copy, no heap chunk loaded).
+    """Direct path for uncompressed heaps: for each heap field j (its reference at byte
+    ``ref_offsets[j]`` of a row) and each row ``rows[i]`` of ``src``, read the row's payload
+    straight from the file into ``outs[j]`` at ``dst_offsets[j][i]`` (one copy, no heap chunk
+    loaded; ``outs[j]`` a writeable C-contiguous buffer, ``dst_offsets[j]`` int64, at least one
+    per row).
 
     The reference must lie in ``[lo[i], hi[i])`` (its block's heap range); logical heap offsets
     map to file offsets through ``chunk_offsets`` (one per heap chunk of ``chunk_bytes``; row i's
@@ -82,24 +168,42 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
     several files' chunk tables concatenated), a payload may span chunks. Row i is read from
     descriptor ``fds[i]`` (or ``fds[0]``). ``pad_stride`` as in ``gather_heap``.
 
+    The payloads of all fields and rows are read together in file order: those that follow
+    each other in the file (a row's fields, the rows of a block's piece), apart by at most
+    ``MAX_GAP`` bytes, go in one ``preadv``, so a row of several heap fields costs about one
+    call instead of one per field.
+
     With ``page_len`` > 0 (format v3's heap pages: ``page_len`` bytes of a chunk, its last page
     the rest; ``page_crcs`` one CRC-32 per page, ``ceil(chunk_bytes / page_len)`` per chunk;
     ``page_checked`` one flag per page, set here; ``page_shift`` the :func:`crc_shift_table` of
-    ``page_len``): a payload piece whose pages are all flagged is read straight into ``out``;
-    otherwise one ``preadv`` reads it into ``out`` and the rest of its first and last pages not
-    checked yet into ``scratch`` (two pages), and its pages are checked against their CRCs in
-    one pass right after (else ``E_CHECKSUM`` with detail the page) and flagged: one read,
-    checked in its pass, no copy. Returns 0 or -1 (``err``).
+    ``page_len``): a payload piece whose pages are all flagged is read as above; otherwise one
+    ``preadv`` reads it into place and the rest of its first and last pages not checked yet
+    into ``scratch`` (two pages), and its pages are checked against their CRCs in one pass
+    right after (else ``E_CHECKSUM`` with detail the page) and flagged: one read, checked in
+    its pass, no copy. Returns 0 or -1 (``err``: index the row; ``err[3]``, where ``err`` holds
+    four values, the field).
     """
     cdef int64_t* e = _errbuf(err)
-    cdef Py_ssize_t n = lo.shape[0], i, step, bstep
+    cdef Py_ssize_t n = lo.shape[0], nf = ref_offsets.shape[0], i, j, step, bstep, m = 0, cap = 0
+    cdef Py_ssize_t nheld = 0, ndheld = 0
     cdef int64_t off, nb, d, k, within, take, r, nchunks = chunk_offsets.shape[0]
-    cdef int64_t nrows_src, out_len = out.shape[0]
+    cdef int64_t nrows_src, out_len, failed = 0
     cdef int rc = 0, code
-    cdef uint8_t* op = &out[0] if out.shape[0] else NULL
-    if row_size <= 0 or ref_offset < 0 or ref_offset > row_size - 16 or chunk_bytes <= 0:
+    cdef uint8_t* op
+    cdef const int64_t* dsts
+    cdef _Extent* ex = NULL
+    cdef _Extent* grown
+    cdef uint8_t sink[MAX_GAP]
+    cdef Py_buffer* views = NULL
+    cdef Py_buffer* dviews = NULL
+    if row_size <= 0 or chunk_bytes <= 0:
         raise ValueError("pread_heap: bad geometry")
-    if hi.shape[0] != n or rows.shape[0] != n or dst_offsets.shape[0] < n:
+    if len(outs) != nf or len(dst_offsets) != nf:
+        raise ValueError("pread_heap: one out and one dst_offsets per field")
+    for j in range(nf):
+        if ref_offsets[j] < 0 or ref_offsets[j] > row_size - 16:
+            raise ValueError("pread_heap: bad geometry")
+    if hi.shape[0] != n or rows.shape[0] != n:
         raise ValueError("pread_heap: argument lengths differ")
     step = _fd_step(fds, n)
     if chunk_base.shape[0] != 1 and chunk_base.shape[0] != n:
@@ -123,43 +227,90 @@ def pread_heap(const int32_t[::1] fds not None, const uint8_t[::1] src not None,
         if per * nchunks:
             crcs, flags = &page_crcs[0], &page_checked[0]
         sp = &scratch[0]
-    with nogil:
-        for i in range(n):
-            r = rows[i]
-            if r < 0 or r >= nrows_src:
-                rc = _fail(e, E_ROW, i, r)
-                break
-            d = dst_offsets[i]
-            code = _heap_payload(&src[r * row_size + ref_offset], lo[i], hi[i], op, out_len, d, pad_stride,
-                                 &off, &nb)
-            if code != E_OK:
-                rc = _fail(e, code, i, r if code == E_BOUNDS else nb)
-                break
-            while nb > 0:
-                k = off // chunk_bytes
-                within = off - k * chunk_bytes
-                k += chunk_base[i * bstep]  # the file's chunks start there in chunk_offsets
-                if k < 0 or k >= nchunks:
-                    rc = _fail(e, E_BOUNDS, i, r)
-                    break
-                take = chunk_bytes - within
-                if take > nb:
-                    take = nb
-                if per > 0 and not _all_checked(flags + k * per, within // page_len,
-                                                (within + take - 1) // page_len):
-                    if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len,
-                                     crcs + k * per, flags + k * per, shift, sp, within, take,
-                                     op + d, e, i, k * per) < 0:
-                        rc = -1
+    if n == 0 or nf == 0:
+        return 0
+    views = <Py_buffer*>malloc(nf * sizeof(Py_buffer))
+    dviews = <Py_buffer*>malloc(nf * sizeof(Py_buffer))
+    if views == NULL or dviews == NULL:
+        free(views)
+        free(dviews)
+        return _fail(e, E_NOMEM, 0, 0)
+    try:
+        for j in range(nf):
+            _hold(outs[j], &views[j])
+            nheld += 1
+            PyObject_GetBuffer(dst_offsets[j], &dviews[j], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+            ndheld += 1
+            if dviews[j].itemsize != 8 or dviews[j].format == NULL or \
+                    dviews[j].format[0] not in b"ql" or dviews[j].len < n * 8:
+                raise ValueError("pread_heap: dst_offsets must be int64, at least one per row")
+        with nogil:
+            for j in range(nf):
+                op = <uint8_t*>views[j].buf
+                out_len = views[j].len
+                dsts = <const int64_t*>dviews[j].buf
+                failed = j
+                for i in range(n):
+                    r = rows[i]
+                    if r < 0 or r >= nrows_src:
+                        rc = _fail(e, E_ROW, i, r)
                         break
-                elif _pread_full(fds[i * step], op + d, take, chunk_offsets[k] + within, e, i) < 0:
-                    rc = -1
+                    d = dsts[i]
+                    code = _heap_payload(&src[r * row_size + ref_offsets[j]], lo[i], hi[i], op, out_len, d,
+                                         pad_stride, &off, &nb)
+                    if code != E_OK:
+                        rc = _fail(e, code, i, r if code == E_BOUNDS else nb)
+                        break
+                    while nb > 0:
+                        k = off // chunk_bytes
+                        within = off - k * chunk_bytes
+                        k += chunk_base[i * bstep]  # the file's chunks start there in chunk_offsets
+                        if k < 0 or k >= nchunks:
+                            rc = _fail(e, E_BOUNDS, i, r)
+                            break
+                        take = chunk_bytes - within
+                        if take > nb:
+                            take = nb
+                        if per > 0 and not _all_checked(flags + k * per, within // page_len,
+                                                        (within + take - 1) // page_len):
+                            if _read_checked(fds[i * step], chunk_offsets[k], chunk_bytes, page_len,
+                                             crcs + k * per, flags + k * per, shift, sp, within, take,
+                                             op + d, e, i, k * per) < 0:
+                                rc = -1
+                                break
+                        else:  # checked (or no pages): read below, in file order
+                            if m == cap:
+                                cap = 2 * cap if cap else 64
+                                grown = <_Extent*>realloc(ex, cap * sizeof(_Extent))
+                                if grown == NULL:
+                                    rc = _fail(e, E_NOMEM, i, 0)
+                                    break
+                                ex = grown
+                            ex[m].file_off = chunk_offsets[k] + within
+                            ex[m].length = take
+                            ex[m].dst = op + d
+                            ex[m].fd = fds[i * step]
+                            ex[m].field = <int32_t>j
+                            ex[m].item = i
+                            m += 1
+                        off += take
+                        d += take
+                        nb -= take
+                    if rc != 0:
+                        break
+                if rc != 0:
                     break
-                off += take
-                d += take
-                nb -= take
-            if rc != 0:
-                break
+            if rc == 0 and m:
+                rc = _read_extents(ex, m, sink, e, &failed)
+    finally:
+        free(ex)
+        for j in range(ndheld):
+            PyBuffer_Release(&dviews[j])
+        _release(views, nheld)
+        free(views)
+        free(dviews)
+    if rc != 0 and err.shape[0] > 3:
+        err[3] = failed
     return rc
 
 
@@ -300,11 +451,10 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
     compared with the pages' CRCs combined (``shift``: :func:`crc_shift_table` of ``page_len``),
     the chunk's shorter last page on its own, and the pages are flagged. A mismatch is located
     page by page: -1 with ``E_CHECKSUM``, detail the page (``page0`` + its index); else 0."""
-    cdef int64_t end = within + take, done, want, at, a, last, lo, full_end, ps, pe, p
+    cdef int64_t end = within + take, a, last, lo, full_end, ps, pe, p
     cdef int64_t pa = within // page_len, pz = (end - 1) // page_len
     cdef iovec iov[3]
-    cdef int nv = 0, j
-    cdef ssize_t got
+    cdef int nv = 0
     cdef uint32_t crc, expect
     while pa <= pz and flags[pa]:
         pa += 1
@@ -332,24 +482,8 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
     if nv == 1:  # the range is whole pages: a plain read (preadv costs more per call)
         if _pread_full(fd, dst, take, chunk_offset + within, e, i) < 0:
             return -1
-    else:
-        want = (last if last > end else end) - lo
-        got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
-        while got < 0 and errno == EINTR:
-            got = preadv(fd, iov, nv, <long>(chunk_offset + lo))
-        if got < 0:
-            return _fail(e, E_IO, i, errno)
-        if got < want:  # a short read: finish with plain preads (a truncated file ends in E_SHORT)
-            done, at = got, chunk_offset + lo + got
-            for j in range(nv):
-                want = <int64_t>iov[j].iov_len
-                if done >= want:
-                    done -= want
-                    continue
-                if _pread_full(fd, <uint8_t*>iov[j].iov_base + done, want - done, at, e, i) < 0:
-                    return -1
-                at += want - done
-                done = 0
+    elif _preadv_full(fd, iov, nv, chunk_offset + lo, (last if last > end else end) - lo, e, i) < 0:
+        return -1
     # Whole pages [a, full_end) in one pass; the chunk's shorter last page, if touched, alone.
     full_end = (chunk_bytes // page_len) * page_len
     if full_end > last:

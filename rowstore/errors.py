@@ -163,7 +163,11 @@ class CommitConflictError(RowstoreError, RuntimeError):
 class KernelError(FormatError):
     """A kernel reported an error; ``code`` (a ``rowstore.kernels.KernelCode``) and ``index`` tell
     which
-    and where, ``detail`` adds what the code documents (errno, a size, a header byte...)."""
+    and where, ``detail`` adds what the code documents (errno, a size, a header byte...);
+    ``part``, for a kernel that reads several parts in one call (``pread_heap``'s fields), the
+    failing part's position, else None."""
+
+    part: int | None = None
 
     def __init__(self, message: str, *, code: int, index: int, detail: int, path=None, block=None):
         super().__init__(message, path=path, block=block)

@@ -370,27 +370,32 @@ def pread_heap(
     fds,
     src: np.ndarray,
     row_size: int,
-    ref_offset: int,
+    ref_offsets,
     rows: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
     chunk_offsets: np.ndarray,
     chunk_bytes: int,
-    out: np.ndarray,
-    dst_offsets: np.ndarray,
+    outs,
+    dst_offsets,
     pad_stride: int = 0,
     chunk_base=0,
     pages: tuple | None = None,
 ) -> None:
-    """Read the heap payload of each row ``rows[i]`` of ``src`` straight from the file into
-    ``out`` at ``dst_offsets[i]`` (uncompressed heaps); ``[lo[i], hi[i])`` bounds the reference.
-    ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in ``chunk_offsets``) are
-    one value for all rows, or one per row. ``pages``: ``(page_len, crcs, checked, scratch)``,
-    the heap pages' CRC-32s (uint32) and flags (bool, set as pages are checked): payloads on
-    pages not yet checked are read into place with the rest of their first and last pages
-    (into ``scratch``, two pages) and their pages checked in that pass."""
-    err = _err()
-    flat = _flat_bytes(out, "pread_heap")
+    """Read the heap payloads of each row ``rows[i]`` of ``src`` straight from the file
+    (uncompressed heaps): field j's (its reference at byte ``ref_offsets[j]`` of a row) into
+    ``outs[j]`` at ``dst_offsets[j][i]``; ``[lo[i], hi[i])`` bounds the references. Payloads
+    that follow each other in the file (a row's fields, neighbouring rows) are read in one
+    ``preadv``. ``fds`` and ``chunk_base`` (where row i's file's heap chunks start in
+    ``chunk_offsets``) are one value for all rows, or one per row. ``pages``: ``(page_len,
+    crcs, checked, scratch)``, the heap pages' CRC-32s (uint32) and flags (bool, set as pages
+    are checked): payloads on pages not yet checked are read into place with the rest of their
+    first and last pages (into ``scratch``, two pages) and their pages checked in that pass. A
+    failure raises :class:`KernelError` with ``index`` the row's position and ``part`` the
+    field's."""
+    err = np.zeros(4, np.int64)
+    flats = tuple(_flat_bytes(o, "pread_heap") for o in outs)
+    dsts = tuple(np.ascontiguousarray(d, np.int64) for d in dst_offsets)
     page_len, crcs, checked, scratch = pages if pages is not None else (0, None, None, None)
     shift = None
     if checked is not None:
@@ -401,15 +406,15 @@ def pread_heap(
             _fds(fds),
             src,
             row_size,
-            ref_offset,
+            np.ascontiguousarray(ref_offsets, np.int64).reshape(-1),
             rows,
             lo,
             hi,
             chunk_offsets,
             _base(chunk_base),
             chunk_bytes,
-            flat,
-            dst_offsets,
+            flats,
+            dsts,
             pad_stride,
             err,
             page_len,
@@ -420,7 +425,12 @@ def pread_heap(
         )
         != 0
     ):
-        _raise(err, f"row {int(err[1])}")
+        part = int(err[3])
+        try:
+            _raise(err, f"field {part}: row {int(err[1])}")
+        except KernelError as exc:
+            exc.part = part
+            raise
 
 
 def shuffle(a: np.ndarray, seed: int) -> None:

@@ -619,14 +619,15 @@ class Gatherer:
         heap_ctx = None
         hc_off = self.arr["hc_offset"]  # where the heap chunks' raw bytes lie (direct reads)
         if not direct:
-            # Pread each payload into place when that moves fewer bytes than loading the heap
-            # chunks under the blocks' ranges (large payloads, few fields).
+            # Pread the payloads into place when that moves fewer bytes than loading the heap
+            # chunks under the blocks' ranges (large payloads); a row's fields lie together
+            # in the heap and are read in one call.
             needed = sum(int(v.sum()) for v in sizes.values())
             to_load = int(
                 (self.arr["heap_end"][r.ublocks] - self.arr["heap_start"][r.ublocks]).sum()
             )
             to_load += self.layout.heap_chunk_bytes * len(r.ublocks)
-            per_payload = r.n * len(plans) * _SYSCALL_S + needed / _BYTES_PER_S
+            per_payload = r.n * _SYSCALL_S + needed / _BYTES_PER_S
             direct = per_payload < 2 * to_load / _BYTES_PER_S
             if direct and not self.direct_ok:
                 # A compressed file: its memcpy'd heap chunks (those that did not compress)
@@ -649,30 +650,39 @@ class Gatherer:
             )
         elif direct:
             self._check_first_touch(self._heap_chunks_of(r.ublocks), "heap chunk")
+        bufs = []
         for p in plans:
-            name = p.field.name
             dst_off = np.zeros(r.n + 1, np.int64)
-            np.cumsum(sizes[name], out=dst_off[1:])
-            payload = self._payloads.take(int(dst_off[-1]))
+            np.cumsum(sizes[p.field.name], out=dst_off[1:])
+            bufs.append((self._payloads.take(int(dst_off[-1])), dst_off))
+        if heap_ctx is None:
+            # Every field's payloads in one call: a row's payloads lie next to each other in
+            # its block's heap, so they are read together (one preadv per run in the file).
             try:
-                if heap_ctx is None:
-                    self.store.read_payloads(
-                        self._shards(r),
-                        rowbuf,
-                        self.rs,
-                        p.offset,
-                        idx,
-                        heap_lo,
-                        heap_hi,
-                        hc_off,
-                        chunk_base,
-                        self.layout.heap_chunk_bytes,
-                        payload,
-                        dst_off,
-                        pages=pages,
-                    )
-                else:
-                    heap, lo, hi, base = heap_ctx
+                self.store.read_payloads(
+                    self._shards(r),
+                    rowbuf,
+                    self.rs,
+                    [p.offset for p in plans],
+                    idx,
+                    heap_lo,
+                    heap_hi,
+                    hc_off,
+                    chunk_base,
+                    self.layout.heap_chunk_bytes,
+                    [b for b, _ in bufs],
+                    [d for _, d in bufs],
+                    pages=pages,
+                )
+            except kernels.KernelError as exc:
+                blk = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
+                name = plans[exc.part or 0].field.name
+                raise self.located(exc, f"field {name!r}", blk) from None
+        for p, (payload, dst_off) in zip(plans, bufs):
+            name = p.field.name
+            if heap_ctx is not None:
+                heap, lo, hi, base = heap_ctx
+                try:
                     kernels.gather_heap(
                         rowbuf,
                         self.rs,
@@ -686,9 +696,9 @@ class Gatherer:
                         payload,
                         dst_off,
                     )
-            except kernels.KernelError as exc:
-                blk = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
-                raise self.located(exc, f"field {name!r}", blk) from None
+                except kernels.KernelError as exc:
+                    blk = int(r.blk[exc.index]) if 0 <= exc.index < r.n else None
+                    raise self.located(exc, f"field {name!r}", blk) from None
             columns[name] = Payloads(
                 payload, dst_off, self._shapes(p, rowbuf, idx), columns.get(name + NULL_KEY)
             )

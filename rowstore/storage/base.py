@@ -133,19 +133,20 @@ class ChunkStore(Protocol):
         shards: np.ndarray | None,
         rowbuf: np.ndarray,
         row_size: int,
-        ref_offset: int,
+        ref_offsets: list[int],
         rows: np.ndarray,
         lo: np.ndarray,
         hi: np.ndarray,
         chunk_offsets: np.ndarray,
         chunk_base: Any,
         chunk_bytes: int,
-        out: np.ndarray,
-        dst_offsets: np.ndarray,
+        outs: list[np.ndarray],
+        dst_offsets: list[np.ndarray],
         *,
         pages: tuple | None = None,
     ) -> None:
-        """Single heap payloads into ``out`` (``direct`` stores only)."""
+        """Rows' heap payloads of one or more fields (references at ``ref_offsets``) into
+        ``outs`` at ``dst_offsets``, in one call (``direct`` stores only)."""
 
     def close(self) -> None:
         """Release this process's descriptors or connections (they come back on next use)."""

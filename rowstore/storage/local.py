@@ -878,33 +878,35 @@ class LocalStore:
         shards: np.ndarray | None,
         rowbuf: np.ndarray,
         row_size: int,
-        ref_offset: int,
+        ref_offsets: list[int],
         rows: np.ndarray,
         lo: np.ndarray,
         hi: np.ndarray,
         chunk_offsets: np.ndarray,
         chunk_base: Any,
         chunk_bytes: int,
-        out: np.ndarray,
-        dst_offsets: np.ndarray,
+        outs: list[np.ndarray],
+        dst_offsets: list[np.ndarray],
         *,
         pages: tuple | None = None,
     ) -> None:
-        """Single heap payloads into ``out`` (``direct`` stores of uncompressed heaps only),
-        checked by heap pages with ``pages`` (see kernels.pread_heap)."""
+        """The heap payloads of fields (references at ``ref_offsets`` of a row) into ``outs``
+        in one call, those next to each other in the file in one read (``direct`` stores of
+        uncompressed heaps only), checked by heap pages with ``pages`` (see
+        kernels.pread_heap)."""
         fd, held = self._per_item(shards)
         try:
             kernels.pread_heap(
                 fd,
                 rowbuf,
                 row_size,
-                ref_offset,
+                ref_offsets,
                 rows,
                 lo,
                 hi,
                 chunk_offsets,
                 chunk_bytes,
-                out,
+                outs,
                 dst_offsets,
                 chunk_base=chunk_base,
                 pages=pages,

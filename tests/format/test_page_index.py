@@ -400,20 +400,22 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
     fd = os.open(heapfile, os.O_RDONLY)
     try:
         plain = np.empty(int(dst[-1]), np.uint8)
-        kernels.pread_heap(fd, src, rs, ref, idx, lo, hi, offs, L.heap_chunk_bytes, plain, dst)
+        kernels.pread_heap(
+            fd, src, rs, [ref], idx, lo, hi, offs, L.heap_chunk_bytes, [plain], [dst]
+        )
         with pytest.raises(ValueError):  # the scratch holds a head and a tail page
             kernels.pread_heap(
                 fd,
                 src,
                 rs,
-                ref,
+                [ref],
                 idx,
                 lo,
                 hi,
                 offs,
                 L.heap_chunk_bytes,
-                np.empty_like(plain),
-                dst,
+                [np.empty_like(plain)],
+                [dst],
                 pages=(
                     4096,
                     L.heap_pages,
@@ -428,14 +430,14 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
                 fd,
                 src,
                 rs,
-                ref,
+                [ref],
                 idx,
                 lo,
                 hi,
                 offs,
                 L.heap_chunk_bytes,
-                got,
-                dst,
+                [got],
+                [dst],
                 pages=(4096, L.heap_pages, checked, np.empty(scratch, np.uint8)),
             )
             assert np.array_equal(got, plain) and checked.any()
@@ -453,14 +455,14 @@ def test_checked_pread_heap_matches_plain_reads(heapfile):
                 fd,
                 src,
                 rs,
-                ref,
+                [ref],
                 idx,
                 lo,
                 hi,
                 offs,
                 L.heap_chunk_bytes,
-                np.empty_like(plain),
-                dst,
+                [np.empty_like(plain)],
+                [dst],
                 pages=(4096, bad, np.zeros(len(bad), bool), np.empty(8192, np.uint8)),
             )
     finally:
@@ -516,14 +518,14 @@ def test_checked_pread_heap_names_the_page_it_refuses(tmp_path, chunk):
             fd,
             src,
             rs,
-            ref,
+            [ref],
             idx,
             np.zeros(len(idx), np.int64),
             np.full(len(idx), L.heap_nbytes, np.int64),
             offs,
             chunk,
-            out,
-            dst,
+            [out],
+            [dst],
             pages=(4096, crcs, checked, np.empty(8192, np.uint8)),
         )
         return out

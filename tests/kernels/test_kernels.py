@@ -663,15 +663,15 @@ def test_kernels_check_err_and_destinations_themselves(tmp_path):
             fds,
             np.zeros(24, np.uint8),
             24,
-            0,
+            np.array([0], np.int64),
             np.array([0], np.int64),
             i64,
             i64,
             np.array([0], np.int64),
             i64,
             16,
-            out,
-            np.array([0], np.int64),
+            (out,),
+            (np.array([0], np.int64),),
             8,
             err,
         ),
@@ -768,21 +768,21 @@ def test_pread_rows_and_heap_match_reference(tmp_path):
         lo = np.zeros(len(rows), np.int64)
         hi = np.full(len(rows), len(heap), np.int64)
         ident = np.arange(len(rows), dtype=np.int64)
-        kernels.pread_heap(fd, buf, row_size, ref, ident, lo, hi, chunk_offsets, H, out, dst)
+        kernels.pread_heap(fd, buf, row_size, [ref], ident, lo, hi, chunk_offsets, H, [out], [dst])
         assert np.array_equal(out, np.concatenate([payloads[r] for r in rows]))
         # through a row index into the source rows (the block path): same payloads
-        kernels.pread_heap(fd, src, row_size, ref, rows, lo, hi, chunk_offsets, H, out, dst)
+        kernels.pread_heap(fd, src, row_size, [ref], rows, lo, hi, chunk_offsets, H, [out], [dst])
         assert np.array_equal(out, np.concatenate([payloads[r] for r in rows]))
         with pytest.raises(FormatError, match="outside"):
             kernels.pread_heap(
-                fd, src, row_size, ref, rows + 50, lo, hi, chunk_offsets, H, out, dst
+                fd, src, row_size, [ref], rows + 50, lo, hi, chunk_offsets, H, [out], [dst]
             )
         hi2 = hi.copy()
         hi2[:] = 0
         if nb.any():
             with pytest.raises(FormatError):
                 kernels.pread_heap(
-                    fd, buf, row_size, ref, ident, lo, hi2, chunk_offsets, H, out, dst
+                    fd, buf, row_size, [ref], ident, lo, hi2, chunk_offsets, H, [out], [dst]
                 )
         with pytest.raises(FormatError, match="truncated"):
             kernels.pread_rows(fd, np.array([os.path.getsize(path) - 3], np.int64), row_size, buf)
@@ -899,15 +899,89 @@ def test_heap_kernels_refuse_a_non_contiguous_out(tmp_path):
                 fd,
                 src,
                 row_size,
-                ref,
+                [ref],
                 rows,
                 np.zeros(50, np.int64),
                 np.full(50, len(heap), np.int64),
                 np.array([0], np.int64),
                 max(len(heap), 1),
-                strided,
-                dst,
+                [strided],
+                [dst],
             )
+    finally:
+        os.close(fd)
+
+
+def _interleaved_heap_file(path, nrows, nfields, H, rng):
+    """A file of rows (``nfields`` references of 16 bytes each, then 8 bytes of padding) and a
+    heap written row after row, field after field, as the writer lays payloads out, with gaps
+    between some rows (some wider than the kernel's merge gap); heap chunks of ``H`` bytes lie
+    in the file in a shuffled order, a run of them consecutive."""
+    row_size = 16 * nfields + 8
+    payloads, heap = [], bytearray()
+    src = np.zeros(nrows * row_size, np.uint8)
+    for r in range(nrows):
+        heap += bytes(int(rng.choice([0, 0, 100, 5000])))  # a gap before the row
+        row = []
+        for j in range(nfields):
+            p = rng.integers(0, 256, int(rng.choice([0, 3, 40, 700, 2500])), dtype=np.uint8)
+            ref = np.array([len(heap), len(p)], np.uint64).view(np.uint8)
+            src[r * row_size + 16 * j : r * row_size + 16 * j + 16] = ref
+            heap += p.tobytes()
+            row.append(p)
+        payloads.append(row)
+    nchunks = -(-len(heap) // H)
+    order = list(range(nchunks))
+    cut = nchunks // 3
+    tail = order[cut:]
+    rng.shuffle(tail)
+    order = order[:cut] + tail  # the first third in order: consecutive in the file
+    table = np.zeros(nchunks, np.int64)
+    with open(path, "wb") as f:
+        f.write(src.tobytes())
+        for c in order:
+            table[c] = f.tell()
+            f.write(bytes(heap[c * H : (c + 1) * H]).ljust(H, b"\0"))
+    return src, row_size, len(heap), table, payloads
+
+
+def test_pread_heap_reads_several_fields_in_file_order(tmp_path):
+    """Several heap fields in one call, rows shuffled and repeated, payloads read together in
+    file order (merged across neighbours and small gaps, split at chunks and wide gaps): every
+    field's bytes equal the reference; a field subset reads past the others' payloads; a bad
+    reference names its field (``part``) and row."""
+    rng = np.random.default_rng(7)
+    nrows, nfields, H = 120, 3, 3000
+    path = str(tmp_path / "heap.bin")
+    src, row_size, heap_len, table, payloads = _interleaved_heap_file(path, nrows, nfields, H, rng)
+    rows = np.concatenate([rng.permutation(nrows), rng.integers(0, nrows, 30)]).astype(np.int64)
+    lo, hi = np.zeros(len(rows), np.int64), np.full(len(rows), heap_len, np.int64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for fields in ([0, 1, 2], [0, 2], [1]):
+            outs, dsts = [], []
+            for j in fields:
+                dst = np.zeros(len(rows) + 1, np.int64)
+                np.cumsum([len(payloads[r][j]) for r in rows], out=dst[1:])
+                outs.append(np.full(int(dst[-1]), 0xEE, np.uint8))
+                dsts.append(dst)
+            kernels.pread_heap(
+                fd, src, row_size, [16 * j for j in fields], rows, lo, hi, table, H, outs, dsts
+            )
+            for j, out in zip(fields, outs):
+                want = np.concatenate([payloads[r][j] for r in rows])
+                assert np.array_equal(out, want), (fields, j)
+        bad = src.copy()
+        r = int(rows[17])
+        bad[r * row_size + 32 : r * row_size + 40] = np.array([heap_len + 1], np.uint64).view(
+            np.uint8
+        )
+        outs = [np.empty(10**6, np.uint8) for _ in range(3)]
+        dsts = [np.zeros(len(rows) + 1, np.int64) for _ in range(3)]
+        with pytest.raises(kernels.KernelError) as info:
+            kernels.pread_heap(fd, bad, row_size, [0, 16, 32], rows, lo, hi, table, H, outs, dsts)
+        assert info.value.part == 2 and info.value.index == 17
+        assert info.value.code == kernels.KernelCode.E_BOUNDS
     finally:
         os.close(fd)
 
@@ -961,14 +1035,14 @@ def test_per_item_descriptors_chunk_bases_and_strides_match_reference(tmp_path):
             per_fd,
             buf,
             row_size,
-            ref,
+            [ref],
             np.arange(80, dtype=np.int64),
             lo,
             hi,
             allt,
             H,
-            out,
-            dst,
+            [out],
+            [dst],
             chunk_base=base,
         )
         assert np.array_equal(out, np.concatenate(expect))
@@ -977,14 +1051,14 @@ def test_per_item_descriptors_chunk_bases_and_strides_match_reference(tmp_path):
                 per_fd,
                 buf,
                 row_size,
-                ref,
+                [ref],
                 np.arange(80, dtype=np.int64),
                 lo,
                 hi,
                 allt,
                 H,
-                out,
-                dst,
+                [out],
+                [dst],
                 chunk_base=base + len(allt),
             )
         # whole chunks: 16-byte rows of the files as "chunks", each from its own descriptor, in

@@ -88,6 +88,11 @@ _PAYLOAD_POOL_BYTES = 128 << 20
 #: Bytes of decompressed heap chunks a reader keeps between window segments, at most (at least
 #: two chunks): the chunks that a segment's blocks share with blocks outside it.
 _HEAP_CACHE_BYTES = 64 << 20
+#: A row table of heap-bearing rows is kept whole by a reader (loaded once, at its first
+#: window) when it is at most this large and at most ``1 / _RESIDENT_HEAP_SHARE`` of the heap:
+#: each window then reads only payloads, not the row-table blocks of every unit it holds.
+_RESIDENT_ROWS_BYTES = 16 << 20
+_RESIDENT_HEAP_SHARE = 8
 
 
 class _HeapCache:
@@ -227,6 +232,20 @@ class Gatherer:
         self._pages: Any = None
         self._pages_lock = threading.Lock()
         self._pages_done = False  # every block page checked (direct reads check nothing more)
+        # Rows with payloads, whose row table is small beside their heap: the table is loaded
+        # (checked, decompressed) once, at the first window, and kept (not under
+        # verify="always", which checks every read; local stores only).
+        table = layout.num_blocks * layout.block_raw_bytes
+        self._resident_ok = bool(
+            store.direct
+            and verify != "always"
+            and len(self.arr["hc_offset"])
+            and layout.block_raw_bytes == self.rpb * self.rs
+            and table <= _RESIDENT_ROWS_BYTES
+            and table * _RESIDENT_HEAP_SHARE <= layout.heap_nbytes
+        )
+        self._resident: np.ndarray | None = None
+        self._resident_lock = threading.Lock()
         # Compressed files (not verify="always", which checks every read): heap chunks shared
         # by the blocks of two window segments are decompressed once (_HeapCache).
         self._heap_cache: _HeapCache | None = None
@@ -286,6 +305,9 @@ class Gatherer:
             # A window of pieces of an uncompressed local file: load only its pieces.
             r = _Rows(len(seg), None, None, seg.blocks, seg.piece_local(), seg.units, seg.pieces)
             strategy = "pieces"
+        elif seg is not None and heap_plans and self._resident_ok:
+            r = self._locate(request)  # rows from the resident table (checked when loaded)
+            strategy = "resident"
         else:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
@@ -294,7 +316,7 @@ class Gatherer:
         columns: dict[str, Any] = {}
         fixed = self._fixed_targets(plans, r.n, out, out_start, columns)
         in_pass = None  # (pages, to check) of rows checked in the pass that reads them
-        if strategy != "blocks":
+        if strategy not in ("blocks", "resident"):
             if self.pages is None:
                 self._check_first_touch(r.ublocks, "block")
             elif not self._pages_done and strategy != "pieces":  # pieces: checked as read
@@ -321,6 +343,8 @@ class Gatherer:
         else:
             if strategy == "pieces":
                 rowbuf, idx = self._load_pieces(r)
+            elif strategy == "resident":
+                rowbuf, idx = self._resident_rows(), r.rows
             else:
                 rowbuf, idx = self._load_rows(r, strategy == "rows")
             if in_pass is not None and strategy != "blocks":
@@ -340,7 +364,9 @@ class Gatherer:
                 # One pass over the rows for all fields: one cache miss per row, not per field.
                 kernels.gather_rows(rowbuf, self.rs, idx, fixed)
             if heap_plans:
-                self._gather_heap(r, heap_plans, rowbuf, idx, strategy == "rows", columns)
+                self._gather_heap(
+                    r, heap_plans, rowbuf, idx, strategy == "rows", columns, strategy == "resident"
+                )
         for p in plans:
             if p.inline and not p.raw:  # stored bytes for the codec to decode
                 data = columns[p.field.name]
@@ -454,6 +480,20 @@ class Gatherer:
         lookup = np.empty(self.layout.num_blocks, np.int64)
         lookup[r.ublocks] = np.arange(len(r.ublocks), dtype=np.int64) * self.rpb
         return rowbuf, lookup[r.blk] + (r.rows - r.blk * self.rpb)
+
+    def _resident_rows(self) -> np.ndarray:
+        """The whole row table, block b's rows in slot b (so a row's position is its id),
+        loaded and checked once by the first thread that asks."""
+        table = self._resident
+        if table is None:
+            with self._resident_lock:
+                table = self._resident
+                if table is None:
+                    L = self.layout
+                    table = np.empty(L.num_blocks * L.block_raw_bytes, np.uint8)
+                    self._load(np.arange(L.num_blocks, dtype=np.int64), "block", table)
+                    self._resident = table
+        return table
 
     def _load_pieces(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
         """A window of pieces (uncompressed local file): each unit's rows read into its slot of
@@ -610,7 +650,12 @@ class Gatherer:
         idx: np.ndarray,
         direct: bool,
         columns: dict[str, Any],
+        by_block: bool = False,
     ) -> None:
+        """The heap fields' payloads of rows ``idx`` of ``rowbuf`` into ``columns``: read in
+        place (``direct``, or where the cost model says so) or gathered from the heap chunks
+        of the rows' blocks. ``by_block``: ``rowbuf`` is the resident table (a row's position
+        is its id), so a row's slot among the loaded chunks' blocks is its block."""
         heap_lo, heap_hi = self.arr["heap_start"][r.blk], self.arr["heap_end"][r.blk]
         chunk_base = self.arr["chunk_base"][r.blk] if self.multi else 0
         sizes = {
@@ -638,6 +683,11 @@ class Gatherer:
                     hc_off = raw_at
             if not direct:
                 heap_ctx = self._heap_context(r.ublocks)
+                if by_block:  # slots by block id: the loaded blocks' ranges, the rest empty
+                    full = [np.zeros(self.layout.num_blocks, np.int64) for _ in range(3)]
+                    for a, v in zip(full, heap_ctx[1:]):
+                        a[r.ublocks] = v
+                    heap_ctx = (heap_ctx[0], *full)
         pages = None
         if direct and self.pages is not None:
             # Payloads on pages not yet checked are read with the rest of their first and last

@@ -203,6 +203,7 @@ class Reader:
         )
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
         self._decoder = Decoder(self.path, layout.where, layout.rows_of)
+        self._column_pool: tuple[int, BufferPool] = (os.getpid(), BufferPool(0))
 
     # -- pickling / fork -------------------------------------------------------------------
     def __getstate__(self) -> dict:
@@ -225,9 +226,11 @@ class Reader:
         self._init_state(state["layout"])
 
     def close(self) -> None:
-        """Close this process's file descriptors and decode threads (both come back on next use)."""
+        """Close this process's file descriptors and decode threads (both come back on next use)
+        and drop its pooled batch buffers."""
         self._store.close()
         self._decoder.close()
+        self._column_pool = (os.getpid(), BufferPool(0))
 
     def __enter__(self) -> Reader:
         return self
@@ -739,12 +742,19 @@ class Reader:
         return batch_size * max(1, -(-rows // batch_size))
 
     def _pooled_columns(self, plans: list[FieldPlan], threads: int, prefetch: int):
-        """``columns(n)``: the ``out=`` arrays of a segment's raw fields, from a
-        :class:`~rowstore.reader.buffers.BufferPool` of this iteration (None: no raw field)."""
+        """``columns(n)``: the ``out=`` arrays of a segment's raw fields, from this reader's
+        :class:`~rowstore.reader.buffers.BufferPool` (None: no raw field). The pool outlives
+        an iteration: the next epoch's segments reuse its buffers instead of faulting in (and
+        the system zeroing) a fresh segment's worth of pages each; it holds at most the
+        buffers one iteration has in flight (``threads * prefetch + 3``), as an epoch does."""
         raw = [(p.field.name, tuple(p.field.shape), p.field.dtype) for p in plans if p.raw]
         if not raw:
             return lambda n: None
-        pool = BufferPool(max(1, threads) * prefetch + 3)
+        pid, pool = self._column_pool
+        if pid != os.getpid():  # a forked child (a DataLoader worker): its own pool and lock
+            pool = BufferPool(0)
+            self._column_pool = (os.getpid(), pool)
+        pool.cap = max(pool.cap, max(1, threads) * prefetch + 3)
         return lambda n: pool.columns(raw, n)
 
     def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:

@@ -7,6 +7,7 @@ segments. These tests check that it is the same order (every row once, determini
 and that the reader takes that path where it should and only there.
 """
 
+import os
 import threading
 
 import numpy as np
@@ -211,6 +212,38 @@ def test_batches_kept_by_the_caller_are_never_overwritten(tmp_path, kind, shuffl
         ]
         for t, i in ts:
             assert np.array_equal(t.numpy(), ref["x"][i])
+
+
+def test_the_next_epoch_reuses_the_last_ones_buffers_but_never_a_kept_batch(tmp_path):
+    """A reader's segment buffers outlive an iteration: a second epoch takes the first one's
+    dropped buffers (no new allocation), never one a batch the caller kept still uses; a
+    forked child starts a pool of its own."""
+    path = _write(str(tmp_path / "large.h5"), "large")  # 1.6 MB segments: pooled
+    with Reader(path) as r:
+        ref = r.take(np.arange(len(r)))
+        kept = []
+        for k, b in enumerate(r.batches(32, seed=1, num_threads=2, prefetch=1)):
+            if k == 2:
+                kept.append(b)
+        pool = r._column_pool[1]
+        assert pool._bufs, "the segments did not come from the reader's pool"
+        sizes = []
+        for epoch, threads in ((1, 2), (2, 1), (3, 1)):  # one thread: what is in flight is fixed
+            for b in r.batches(32, seed=1, epoch=epoch, num_threads=threads, prefetch=1):
+                assert np.array_equal(b["x"], ref["x"][b["i"]])
+                assert not np.shares_memory(b["x"], kept[0]["x"])
+            sizes.append(len(pool._bufs))
+        # at most what an iteration may have in flight, and no new buffer epoch after epoch
+        assert r._column_pool[1] is pool and max(sizes) <= pool.cap and sizes[2] == sizes[1]
+        assert np.array_equal(kept[0]["x"], ref["x"][kept[0]["i"]])
+        if hasattr(os, "fork"):
+            pid = os.fork()
+            if pid == 0:  # the child: a pool of its own, the same batches
+                ok = all(np.array_equal(b["x"], ref["x"][b["i"]]) for b in r.batches(32, seed=1))
+                os._exit(0 if ok and r._column_pool[1] is not pool else 1)
+            assert os.waitpid(pid, 0)[1] == 0
+        r.close()
+        assert r._column_pool[1] is not pool and not r._column_pool[1]._bufs
 
 
 @pytest.mark.parametrize("shuffle", ["block", "full"])

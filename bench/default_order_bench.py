@@ -80,55 +80,70 @@ def _in_process(tree: str, path: str, kw: dict, args) -> float:
     return got["rows_per_cpu_s"]
 
 
-def against_baseline(args) -> list[dict]:
-    """This checkout's default order against ``args.baseline``'s ``window=16``, in pairs of
-    fresh processes (see the module)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = []
+def _demo_files(args):
+    """``(workload, compression, path)`` of each demo file the run reads, written into a
+    temporary directory that lasts while the run iterates."""
     with tempfile.TemporaryDirectory(prefix="default_order") as d:
         for name in args.workloads:
             for comp in args.compression:
                 path = os.path.join(d, f"{name}-{comp}.h5")
                 make_demo(name, path, WORKLOADS[name], compression=None if comp == "none" else comp)
-                with rowstore.open(path) as r:
-                    quality = r.shuffle_quality(args.batch, seed=1)
-                    old_quality = r.shuffle_quality(args.batch, seed=1, window=16, pieces=1)
-                    resolved = _resolved(r, {})
-                pairs = []
-                for i in range(args.pairs):
-                    one = [
-                        (here, {}),
-                        (args.baseline, {"window": 16, "pieces": 1}),
-                    ]
-                    if i % 2:
-                        one.reverse()
-                    got = {t: _in_process(t, path, kw, args) for t, kw in one}
-                    pairs.append((got[here], got[args.baseline]))
-                ratios = sorted(a / b for a, b in pairs)
-                q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-                out.append(
-                    {
-                        "workload": name,
-                        "compression": comp,
-                        **resolved,
-                        "quality": quality,
-                        "baseline_quality": old_quality,
-                        "rows_per_cpu_s": statistics.median(a for a, _ in pairs),
-                        "baseline_rows_per_cpu_s": statistics.median(b for _, b in pairs),
-                        "ratio": statistics.median(ratios),
-                        "quartiles": [q[0], q[2]],
-                        "pairs": len(pairs),
-                    }
-                )
-                o = out[-1]
-                print(
-                    f"| {name} | {comp} | {o['window']} | {o['pieces']} | "
-                    f"{old_quality:.3f} -> {quality:.3f} | {o['baseline_rows_per_cpu_s']:,.0f} | "
-                    f"{o['rows_per_cpu_s']:,.0f} | {o['ratio']:.2f}x | "
-                    f"{q[0]:.2f}-{q[2]:.2f} |",
-                    flush=True,
-                )
+                yield name, comp, path
+
+
+def against_baseline(args) -> list[dict]:
+    """This checkout's default order against ``args.baseline``'s ``window=16``, in pairs of
+    fresh processes (see the module)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for name, comp, path in _demo_files(args):
+        with rowstore.open(path) as r:
+            quality = r.shuffle_quality(args.batch, seed=1)
+            old_quality = r.shuffle_quality(args.batch, seed=1, window=16, pieces=1)
+            resolved = _resolved(r, {})
+        pairs = []
+        for i in range(args.pairs):
+            one = [
+                (here, {}),
+                (args.baseline, {"window": 16, "pieces": 1}),
+            ]
+            if i % 2:
+                one.reverse()
+            got = {t: _in_process(t, path, kw, args) for t, kw in one}
+            pairs.append((got[here], got[args.baseline]))
+        ratios = sorted(a / b for a, b in pairs)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        out.append(
+            {
+                "workload": name,
+                "compression": comp,
+                **resolved,
+                "quality": quality,
+                "baseline_quality": old_quality,
+                "rows_per_cpu_s": statistics.median(a for a, _ in pairs),
+                "baseline_rows_per_cpu_s": statistics.median(b for _, b in pairs),
+                "ratio": statistics.median(ratios),
+                "quartiles": [q[0], q[2]],
+                "pairs": len(pairs),
+            }
+        )
+        o = out[-1]
+        print(
+            f"| {name} | {comp} | {o['window']} | {o['pieces']} | "
+            f"{old_quality:.3f} -> {quality:.3f} | {o['baseline_rows_per_cpu_s']:,.0f} | "
+            f"{o['rows_per_cpu_s']:,.0f} | {o['ratio']:.2f}x | "
+            f"{q[0]:.2f}-{q[2]:.2f} |",
+            flush=True,
+        )
     return out
+
+
+def _save(path: str | None, *, args, results: list[dict], **meta) -> None:
+    """The run's JSON (batch, threads, load average, ``meta`` and the results) at ``path``."""
+    if path:
+        head = {"batch": args.batch, "threads": args.threads, "load_average": os.getloadavg()}
+        with open(path, "w") as f:
+            json.dump({**head, **meta, "results": results}, f, indent=1)
 
 
 def _resolved(r, kw: dict) -> dict:
@@ -158,79 +173,61 @@ def main() -> None:
     if args.baseline:
         out = against_baseline(args)
         print(f"batch {args.batch}, {args.pairs} pairs; load {os.getloadavg()[0]:.1f}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(
-                    {
-                        "batch": args.batch,
-                        "pairs": args.pairs,
-                        "epochs": args.epochs,
-                        "threads": args.threads,
-                        "baseline": os.path.abspath(args.baseline),
-                        "load_average": os.getloadavg(),
-                        "results": out,
-                    },
-                    f,
-                    indent=1,
-                )
+        _save(
+            args.json,
+            pairs=args.pairs,
+            epochs=args.epochs,
+            baseline=os.path.abspath(args.baseline),
+            results=out,
+            args=args,
+        )
         return
     out = []
-    with tempfile.TemporaryDirectory(prefix="default_order") as d:
-        for name in args.workloads:
-            for comp in args.compression:
-                path = os.path.join(d, f"{name}-{comp}.h5")
-                make_demo(name, path, WORKLOADS[name], compression=None if comp == "none" else comp)
-                with rowstore.open(path) as r:
-                    runs: dict = {c: [] for c in CONFIGS}
-                    for kw in CONFIGS.values():  # warm up: page cache, imports, page checks
-                        _epoch(r, args.batch, kw, args.threads)
-                    for i in range(args.repeats):
-                        names = list(CONFIGS) if i % 2 == 0 else list(CONFIGS)[::-1]
-                        for c in names:
-                            runs[c].append(_epoch(r, args.batch, CONFIGS[c], args.threads))
-                    for c, kw in CONFIGS.items():
-                        base = runs["window=16"]
-                        out.append(
-                            {
-                                "workload": name,
-                                "compression": comp,
-                                "rows_per_block": r.layout.rows_per_block,
-                                "config": c,
-                                **_resolved(r, kw),
-                                "quality": r.shuffle_quality(args.batch, seed=1, **kw),
-                                "rows_per_s": statistics.median(w for w, _ in runs[c]),
-                                "rows_per_cpu_s": statistics.median(p for _, p in runs[c]),
-                                "cpu_ratio": statistics.median(
-                                    p / bp for (_, p), (_, bp) in zip(runs[c], base)
-                                ),
-                                "wall_ratio": statistics.median(
-                                    w / bw for (w, _), (bw, _) in zip(runs[c], base)
-                                ),
-                            }
-                        )
-                        o = out[-1]
-                        print(
-                            f"| {name} | {comp} | {c} | {o['window']} | {o['pieces']} | "
-                            f"{o['quality']:.3f} | {o['rows_per_s']:,.0f} | "
-                            f"{o['rows_per_cpu_s']:,.0f} | {o['cpu_ratio']:.2f}x | "
-                            f"{o['wall_ratio']:.2f}x |",
-                            flush=True,
-                        )
+    for name, comp, path in _demo_files(args):
+        with rowstore.open(path) as r:
+            runs: dict = {c: [] for c in CONFIGS}
+            for kw in CONFIGS.values():  # warm up: page cache, imports, page checks
+                _epoch(r, args.batch, kw, args.threads)
+            for i in range(args.repeats):
+                names = list(CONFIGS) if i % 2 == 0 else list(CONFIGS)[::-1]
+                for c in names:
+                    runs[c].append(_epoch(r, args.batch, CONFIGS[c], args.threads))
+            for c, kw in CONFIGS.items():
+                base = runs["window=16"]
+                out.append(
+                    {
+                        "workload": name,
+                        "compression": comp,
+                        "rows_per_block": r.layout.rows_per_block,
+                        "config": c,
+                        **_resolved(r, kw),
+                        "quality": r.shuffle_quality(args.batch, seed=1, **kw),
+                        "rows_per_s": statistics.median(w for w, _ in runs[c]),
+                        "rows_per_cpu_s": statistics.median(p for _, p in runs[c]),
+                        "cpu_ratio": statistics.median(
+                            p / bp for (_, p), (_, bp) in zip(runs[c], base)
+                        ),
+                        "wall_ratio": statistics.median(
+                            w / bw for (w, _), (bw, _) in zip(runs[c], base)
+                        ),
+                    }
+                )
+                o = out[-1]
+                print(
+                    f"| {name} | {comp} | {c} | {o['window']} | {o['pieces']} | "
+                    f"{o['quality']:.3f} | {o['rows_per_s']:,.0f} | "
+                    f"{o['rows_per_cpu_s']:,.0f} | {o['cpu_ratio']:.2f}x | "
+                    f"{o['wall_ratio']:.2f}x |",
+                    flush=True,
+                )
     print(f"batch {args.batch}, medians of {args.repeats}; load {os.getloadavg()[0]:.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "batch": args.batch,
-                    "repeats": args.repeats,
-                    "threads": args.threads,
-                    "load_average": os.getloadavg(),
-                    "note": "machine shared with other jobs: ratios are same-run, medians",
-                    "results": out,
-                },
-                f,
-                indent=1,
-            )
+    _save(
+        args.json,
+        repeats=args.repeats,
+        note="machine shared with other jobs: ratios are same-run, medians",
+        results=out,
+        args=args,
+    )
 
 
 if __name__ == "__main__":

@@ -102,3 +102,12 @@ def count_whole_checks(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(Gatherer, "_check_chunks", counted)
     return checks
+
+
+def flip_byte(path: str, offset: int, mask: int = 0x5A) -> None:
+    """XOR the byte at ``offset`` of the file ``path`` with ``mask`` (in place)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))

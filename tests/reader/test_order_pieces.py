@@ -4,6 +4,7 @@ of up to ``k`` times more blocks. ``pieces=1`` is the order of earlier versions.
 
 import numpy as np
 import pytest
+from helpers import flip_byte
 
 from rowstore import Writer
 from rowstore.reader import Reader, order
@@ -164,12 +165,7 @@ def test_reader_pieces_path_checks_chunks(tiny_files, tmp_path):
     p = str(tmp_path / "bad.h5")
     shutil.copy(tiny_files["raw"], p)
     L = Layout.open(p)
-    off = int(L.blocks["offset"][3]) + 100
-    with open(p, "r+b") as fh:
-        fh.seek(off)
-        b = fh.read(1)
-        fh.seek(off)
-        fh.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(p, int(L.blocks["offset"][3]) + 100, 0xFF)
     with Reader(p) as r, pytest.raises(ChecksumError):
         for _ in r.batches(100, seed=5, window=9, pieces=7):
             pass

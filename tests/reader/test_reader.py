@@ -8,6 +8,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
+from helpers import flip_byte
 
 import rowstore as rs
 from rowstore.errors import ChecksumError, FormatError
@@ -325,14 +326,6 @@ def corrupt_copy(src, dst, mutate):
     shutil.copyfile(src, dst)
     mutate(dst)
     return dst
-
-
-def flip_byte(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x5A]))
 
 
 def test_flipped_byte_in_block_is_detected(dataset, tmp_path):

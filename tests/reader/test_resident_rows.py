@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import flip_byte
 
 import rowstore
 from rowstore import Field, Schema
@@ -109,12 +110,7 @@ def test_verify_always_and_small_heaps_keep_reading_blocks(tmp_path):
 def test_a_damaged_row_block_is_refused_at_the_first_window(tmp_path):
     path = _write(str(tmp_path / "c.h5"), None)
     L = rowstore.Layout.open(path)
-    at = int(L.blocks["offset"][5]) + 3
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x40]))
+    flip_byte(path, int(L.blocks["offset"][5]) + 3)
     with rowstore.open(path) as r:
         with pytest.raises(ChecksumError, match="block 5"):
             _epoch(r)

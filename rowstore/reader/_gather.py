@@ -687,7 +687,7 @@ class Gatherer:
                     full = [np.zeros(self.layout.num_blocks, np.int64) for _ in range(3)]
                     for a, v in zip(full, heap_ctx[1:]):
                         a[r.ublocks] = v
-                    heap_ctx = (heap_ctx[0], *full)
+                    heap_ctx = (heap_ctx[0], full[0], full[1], full[2])
         pages = None
         if direct and self.pages is not None:
             # Payloads on pages not yet checked are read with the rest of their first and last

@@ -84,7 +84,9 @@ def _err() -> np.ndarray:
     return np.zeros(3, np.int64)
 
 
-def _raise(err: np.ndarray, what: str) -> None:
+def _raise(err: np.ndarray, what: str, part: int | None = None) -> None:
+    """Raise the error ``err`` records (``part``: which part of the call failed, kept on the
+    exception as ``KernelError.part``)."""
     code, index, detail = (int(x) for x in err[:3])
     msg = _MESSAGES.get(code, "kernel error {code}").format(detail=detail, code=code)
     if code == KernelCode.E_IO and detail > 0:
@@ -96,7 +98,9 @@ def _raise(err: np.ndarray, what: str) -> None:
         KernelCode.E_IO: KernelIOError,
     }
     cls = classes.get(code, KernelError)
-    raise cls(f"{what}: {msg}", code=_CODES.get(code, code), index=index, detail=detail)
+    exc = cls(f"{what}: {msg}", code=_CODES.get(code, code), index=index, detail=detail)
+    exc.part = part
+    raise exc
 
 
 def _flat(out: np.ndarray, nbytes: int, what: str) -> np.ndarray:
@@ -425,12 +429,7 @@ def pread_heap(
         )
         != 0
     ):
-        part = int(err[3])
-        try:
-            _raise(err, f"field {part}: row {int(err[1])}")
-        except KernelError as exc:
-            exc.part = part
-            raise
+        _raise(err, f"field {int(err[3])}: row {int(err[1])}", part=int(err[3]))
 
 
 def shuffle(a: np.ndarray, seed: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "RowstoreError",
     "SchemaError",
+    "StateError",
     "RowValidationError",
     "CodecError",
     "CodecNotAvailableError",
@@ -32,6 +33,8 @@ __all__ = [
     "RemoteError",
     "ObjectChangedError",
     "AttrsError",
+    "InputError",
+    "OutsideRootError",
 ]
 
 
@@ -231,6 +234,23 @@ class AttrsError(RowstoreError, TypeError, ValueError):
     message names it (``attrs['a'][2]``). Both a ``TypeError`` and a ``ValueError``."""
 
 
+class StateError(RowstoreError, ValueError):
+    """A saved resume state (a loader's ``state_dict``, a Grain iterator state, a
+    ``tf.train.Checkpoint`` of a loader) is refused: not a rowstore state, a field of the wrong
+    type or out of range, or saved for another dataset or order (resuming would not give the
+    remaining rows).
+
+    Attributes
+    ----------
+    field : str or None
+        The state's key concerned (``"remaining"``, ``"dataset"``...), when there is one.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
 class WriterClosedError(RowstoreError, RuntimeError):
     """A writer was used after it was closed or aborted."""
 
@@ -284,3 +304,54 @@ class RemoteError(RowstoreError, OSError):
 class ObjectChangedError(FormatError):
     """A remote object differs (size or ETag) from the one the reader opened: it was replaced,
     and its bytes are refused rather than mixed with the old version's index."""
+
+
+# -- inputs of ingest paths (rowstore.storage.inputs) ---------------------------------------
+class InputError(RowstoreError, ValueError):
+    """A file or name given to an ingest path (an image folder, a label CSV, Parquet files, a
+    Hugging Face dataset) is refused: not a regular file (a FIFO, device, socket or
+    directory), larger than its bound, text that does not decode, a value out of range.
+
+    Attributes
+    ----------
+    path : str or None
+        The file concerned.
+    line : int or None
+        The 1-based line of a text file (a label CSV), when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class OutsideRootError(InputError):
+    """A name that becomes a path (a split name, an image or CSV path, a shard name) leads
+    outside the directory it must stay in: an absolute name, a ``..`` component, or (unless
+    links out are allowed) a symlink resolving elsewhere.
+
+    Attributes
+    ----------
+    root : str or None
+        The directory the name must stay in.
+    name : str or None
+        The name as given.
+    real : str or None
+        Where a symlink led, when one did.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        root: str | None = None,
+        name: str | None = None,
+        real: str | None = None,
+    ):
+        super().__init__(message, path=path, line=line)
+        self.root = root
+        self.name = name
+        self.real = real

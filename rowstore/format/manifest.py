@@ -55,6 +55,7 @@ from rowstore.errors import (
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.schema import Schema
+from rowstore.storage import inputs
 from rowstore.storage.base import Destination
 from rowstore.storage.local import LocalDir
 
@@ -136,35 +137,15 @@ def is_dataset(path: str | os.PathLike) -> bool:
 
 def outside_links(root: str | os.PathLike, rels: Sequence[str]) -> list[tuple[str, str]]:
     """``(rel, real path)`` of each of ``rels`` (plain relative paths under the local directory
-    ``root``) whose real path, symlinks resolved, is not inside the real path of ``root``.
-
-    One ``realpath`` per distinct directory and one ``lstat`` per path (a shard that is itself
-    a symlink is resolved); a missing path is not outside (its absence is reported where it is
-    read)."""
-    root = os.fspath(root)
-    real_root = os.path.realpath(root)
-    prefix = real_root if real_root.endswith(os.sep) else real_root + os.sep
-    dirs: dict[str, str] = {}
-    out: list[tuple[str, str]] = []
-    for rel in rels:
-        d, _, name = rel.rpartition("/")
-        rd = dirs.get(d)
-        if rd is None:
-            rd = dirs[d] = os.path.realpath(os.path.join(root, d)) if d else real_root
-        p = os.path.join(rd, name)
-        if rd != real_root and not rd.startswith(prefix):
-            out.append((rel, p))
-        elif os.path.islink(p):
-            rp = os.path.realpath(p)
-            if not rp.startswith(prefix):
-                out.append((rel, rp))
-    return out
+    ``root``) whose real path, symlinks resolved, is not inside the real path of ``root``: the
+    containment check every surface uses (:func:`rowstore.storage.inputs.outside`)."""
+    return inputs.outside(root, rels)
 
 
 def check_inside(root: str | os.PathLike, rels: Sequence[str], *, what: str) -> None:
     """Raise :class:`FormatError` for the first of ``rels`` that :func:`outside_links` finds
     (``what``: the objects, for the message)."""
-    bad = outside_links(root, rels)
+    bad = inputs.outside(root, rels)
     if bad:
         rel, real = bad[0]
         root = os.fspath(root)
@@ -318,11 +299,14 @@ def versions(root: str | os.PathLike) -> list[int]:
 
 
 def _safe_relpath(where: str, rel: Any) -> str:
-    """A shard path inside the dataset: relative, normalised, no ``..``, no NUL."""
-    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
-        raise _bad(where, f"shard path {rel!r} is not a relative path")
-    parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    """A shard path inside the dataset: relative, normalised, no ``..``, no NUL (the escape
+    check is every surface's, :func:`rowstore.storage.inputs.name_problem`; the format adds
+    its normal form: no empty or ``.`` component, no backslash)."""
+    why = inputs.name_problem(rel)
+    if why is not None or "\\" in rel:
+        why = why or "holds a backslash"
+        raise _bad(where, f"shard path {rel!r} {why}: not a plain relative path inside the dataset")
+    if any(p in ("", ".") for p in rel.split("/")):
         raise _bad(where, f"shard path {rel!r} must be a plain relative path inside the dataset")
     return rel
 

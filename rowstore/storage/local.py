@@ -82,6 +82,7 @@ from rowstore.errors import (
     StaleFileError,
 )
 from rowstore.storage.base import Staging
+from rowstore.storage.inputs import open_regular  # the dataset opener: one opener of inputs
 
 try:
     import fcntl
@@ -358,40 +359,6 @@ def file_identity(st: os.stat_result) -> tuple:
     status change time (which every write changes, and which, unlike the modification time,
     no ``utime`` can set back)."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """A read-only descriptor of the regular file ``path`` and its ``fstat``.
-
-    Opened with ``O_NONBLOCK`` (cleared once the file is known to be regular), so that a FIFO,
-    device or socket put where a file belongs is a :class:`FormatError` naming what it is,
-    never a read that waits forever. ``FileNotFoundError`` and the system's other refusals
-    propagate.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise FormatError(
-                f"{path!r} is {kind}, not a regular file (a rowstore file or shard is a regular "
-                f"file)",
-                path=path,
-            )
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -19,24 +19,31 @@ This is the only module that imports pyspark (``pip install rowstore[spark]``, J
   cells made by :func:`to_row` (``.npy`` bytes, or the field's PNG/JPEG codec), with the Spark
   schema :func:`spark_schema` gives; :func:`to_rowstore` with that ``schema=`` decodes them.
 - :func:`make_converter`: the DataFrame is written once under a cache directory, keyed by its
-  analyzed plan (``semanticHash``), and reused when the same plan is converted again.
+  analyzed plan (``semanticHash``), and reused when the same plan is converted again; its
+  ``make_torch_dataloader`` yields a ``torch.utils.data.DataLoader``.
 
 The executors must see the dataset directory (``local[*]``, or a filesystem shared by the
-cluster); paths may be ``file://`` URLs.
+cluster); paths may be ``file://`` URLs. Their Python must import this rowstore:
+:func:`check_workers` (run before every write job) points a local session started without
+``PYSPARK_PYTHON`` at the driver's Python, and otherwise fails at once naming
+``PYSPARK_PYTHON``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import itertools
 import os
 import pickle
+import re
 import shutil
+import sys
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,8 +53,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from rowstore._check import one_of, positive_int
+from rowstore._version import __version__
 from rowstore.arrow import _attrs, _columns, _Source, local_path, write_shards
-from rowstore.errors import SchemaError
+from rowstore.errors import RowstoreError, SchemaError
 from rowstore.format import commit, manifest, write_shard
 from rowstore.reader import Reader
 from rowstore.schema import BYTES, STR, Field, Schema
@@ -62,6 +70,7 @@ __all__ = [
     "make_converter",
     "SparkDatasetConverter",
     "CACHE_DIR_CONF",
+    "check_workers",
 ]
 
 #: Spark conf key of the converter's parent cache directory (Petastorm's
@@ -226,6 +235,87 @@ def to_row(schema: Schema, row: Mapping[str, Any]) -> Row:
     return Row(**values)
 
 
+# -- the executors' Python ----------------------------------------------------------------------
+#: (application id, workers' Python) pairs whose workers imported this rowstore.
+_CHECKED_WORKERS: set[tuple[str, str]] = set()
+_FAILURE_LINES = re.compile(
+    r"(Cannot run program[^\n]*|(?:ModuleNotFound|Import)Error:[^\n]*|"
+    r"Python in worker has different version[^\n]*)"
+)
+
+
+def _worker_python_error(python: str, detail: str) -> RowstoreError:
+    """The error naming ``PYSPARK_PYTHON`` when Spark's Python workers cannot run rowstore."""
+    return RowstoreError(
+        f"Spark's Python workers run {python!r}, which cannot run this rowstore "
+        f"({__version__}, imported by the driver's {sys.executable}): {detail}. Start the "
+        f"SparkSession with PYSPARK_PYTHON={sys.executable} in the environment (or the Spark "
+        f"conf spark.pyspark.python with spark-submit), or install rowstore {__version__} "
+        f"into the workers' Python"
+    )
+
+
+def _failure_text(exc: BaseException) -> str:
+    """The line of a failed Spark job's error that says why (not its executor trace)."""
+    text = str(exc)
+    m = _FAILURE_LINES.search(text)
+    if m:
+        return m.group(1).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return first[:300]
+
+
+def check_workers(spark: Any) -> None:
+    """Make a session's Python workers run a Python that imports this rowstore, or fail now.
+
+    On a local session (master ``local[...]``) started without ``PYSPARK_PYTHON``, pyspark's
+    workers would run the ``python3`` on ``PATH``: they are set to run the driver's Python
+    (``sys.executable``) instead. Then one task of one row imports rowstore on a worker (once
+    per session and worker Python): where the workers cannot start, cannot import rowstore or
+    import another version, a :class:`~rowstore.errors.RowstoreError` naming
+    ``PYSPARK_PYTHON`` is raised at once, instead of a failed job's executor trace.
+    :func:`to_rowstore` calls it before its job.
+
+    Parameters
+    ----------
+    spark : pyspark.sql.SparkSession
+        The session (a Spark Connect session is left alone: its workers are the server's).
+    """
+    try:
+        sc = spark.sparkContext
+    except Exception:  # Spark Connect: no SparkContext on the client
+        return
+    if (
+        str(sc.master).startswith("local")
+        and sc.pythonExec == "python3"  # pyspark's default when PYSPARK_PYTHON was unset
+        and not os.environ.get("PYSPARK_PYTHON")
+        and not sc.getConf().get("spark.pyspark.python", None)
+    ):
+        sc.pythonExec = sys.executable
+    key = (str(sc.applicationId), str(sc.pythonExec))
+    if key in _CHECKED_WORKERS:
+        return
+
+    def probe(_: Any) -> tuple[str | None, str | None]:  # pickled by value: needs no rowstore
+        import importlib
+
+        try:  # what the write job's tasks import
+            version = importlib.import_module("rowstore.spark").__version__
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return version, None
+
+    try:
+        ((version, error),) = sc.parallelize([0], 1).map(probe).collect()
+    except Exception as exc:
+        raise _worker_python_error(sc.pythonExec, _failure_text(exc)) from None
+    if error is not None:
+        raise _worker_python_error(sc.pythonExec, error)
+    if version != __version__:
+        raise _worker_python_error(sc.pythonExec, f"it imports rowstore {version}")
+    _CHECKED_WORKERS.add(key)
+
+
 # -- writing --------------------------------------------------------------------------------------
 def _write_partition(
     root: str,
@@ -316,6 +406,7 @@ def to_rowstore(
     positive_int("shard_bytes", shard_bytes)
     one_of("mode", mode, ("w", "x", "a"))
     root = os.path.abspath(local_path(path))
+    check_workers(df.sparkSession)
     df, vectors = _prepare(df)
     cols = _plan(df, schema, nullable)
     job = uuid.uuid4().hex[:16]
@@ -415,7 +506,12 @@ class SparkDatasetConverter:
         self,
         batch_size: int = 32,
         num_epochs: int | None = None,
+        workers_count: int | None = None,
+        shuffling_queue_capacity: int = 0,
+        data_loader_fn: Callable[..., Any] | None = None,
         *,
+        num_workers: int = 0,
+        pin_memory: bool = False,
         shuffle: Any = "block",
         seed: int = 0,
         shard: tuple[int, int] | None = None,
@@ -423,33 +519,95 @@ class SparkDatasetConverter:
         shard_count: int | None = None,
         transform: Any = None,
         transform_spec: Any = None,
-        **loader_kwargs: Any,
+        **dataset_kwargs: Any,
     ) -> Iterator[Any]:
         """``with converter.make_torch_dataloader(batch_size=...) as loader:`` a
-        :class:`rowstore.torch.BatchedDataLoader` over the cached copy that iterates
-        ``num_epochs`` epochs (None: without end, as Petastorm's), closed on exit.
+        ``torch.utils.data.DataLoader`` over the cached copy (Petastorm's signature), closed on
+        exit.
 
-        ``shard=(rank, world)`` (or Petastorm's ``cur_shard``/``shard_count``; default: torch
-        distributed's when initialized), ``transform``/``transform_spec`` (a callable or
-        :class:`rowstore.torch.TransformSpec`) and the loader's other arguments
-        (``fields``, ``device``, ``drop_last``, ``varlen``, ``num_threads``...) are passed on.
-        The loader's ``state_dict``/``load_state_dict`` resume mid-epoch."""
-        from rowstore.torch import BatchedDataLoader
+        The DataLoader wraps a :class:`rowstore.torch.IterableDataset` of whole batches
+        (``batch_size`` rows, made by rowstore: the DataLoader's own ``batch_size`` is None and
+        it only moves them): it is a :class:`rowstore.torch.ResumableDataLoader`, so
+        ``len(loader)``, ``loader.num_workers``, ``state_dict``/``load_state_dict`` (resume on
+        any world and number of workers) and ``set_epoch`` work as documented there.
 
-        shard = _shard(shard, cur_shard, shard_count)
-        loader = BatchedDataLoader(
+        Parameters
+        ----------
+        batch_size : int
+            Rows per batch (``loader.dataset.batch_size``).
+        num_epochs : int or None
+            Epochs each ``for`` loop over the loader yields (None: without end, as Petastorm's).
+            Epoch ``k`` has the order of (``seed``, ``k``); a loop after a completed one goes
+            on with the next epochs, one left early continues where it stopped.
+        workers_count : int, optional
+            Reader threads in each process (Petastorm's reader pool; rowstore's
+            ``num_threads``, as in :func:`rowstore.make_reader`). Default: the reader's in the
+            main process, 1 in each DataLoader worker.
+        shuffling_queue_capacity : int
+            Accepted for Petastorm's signature; rows are already mixed by the epoch order
+            (``shuffle=``, ``window=``), so it changes nothing.
+        data_loader_fn : callable, optional
+            Makes the loader instead: called as ``data_loader_fn(dataset, batch_size=None,
+            num_workers=..., pin_memory=...)`` with the IterableDataset (e.g.
+            ``functools.partial(torch.utils.data.DataLoader, persistent_workers=True)``, or
+            torchdata's ``StatefulDataLoader``); the dataset then yields ``num_epochs`` epochs
+            per iteration, which must be an int.
+        num_workers : int
+            torch DataLoader worker processes; each epoch's batches are dealt to the workers
+            (and to the ranks of ``shard``): every row once per epoch.
+        pin_memory : bool
+            torch's ``pin_memory`` (for ``non_blocking`` copies to a GPU).
+        shuffle, seed, shard, cur_shard, shard_count
+            The epoch order (``docs/order.md``); ``shard=(rank, world)`` or Petastorm's
+            ``cur_shard``/``shard_count`` (default: torch distributed's rank and world size
+            when it is initialized).
+        transform, transform_spec : callable or TransformSpec, optional
+            Applied to each batch (numpy) before it becomes tensors.
+        **dataset_kwargs
+            The other arguments of :class:`rowstore.torch.IterableDataset`: ``fields``,
+            ``drop_last``, ``varlen``, ``window``, ``pieces``, ``with_ids``, ``predicate``...
+        """
+        import rowstore.torch as rst
+
+        if "device" in dataset_kwargs:
+            raise TypeError(
+                "make_torch_dataloader yields a torch DataLoader, which has no device=: move "
+                "each batch with .to(device) (pin_memory=True for non_blocking copies), or use "
+                "rowstore.torch.BatchedDataLoader(converter.path, device=...)"
+            )
+        if workers_count is not None and dataset_kwargs.get("num_threads") is not None:
+            raise ValueError("pass workers_count (Petastorm's name) or num_threads, not both")
+        if workers_count is not None:
+            dataset_kwargs["num_threads"] = positive_int("workers_count", workers_count)
+        del shuffling_queue_capacity  # the epoch order mixes rows (see the docstring)
+        num_epochs = positive_int("num_epochs", num_epochs, optional=True)
+        if data_loader_fn is not None and num_epochs is None:
+            raise ValueError(
+                "with data_loader_fn, num_epochs must be an int (the dataset yields that many "
+                "epochs per iteration)"
+            )
+        dataset = rst.IterableDataset(
             self.path,
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
-            shard=shard,
-            transform=transform if transform is not None else transform_spec,
-            **loader_kwargs,
+            shard=_shard(shard, cur_shard, shard_count),
+            batch_transform=transform if transform is not None else transform_spec,
+            num_epochs=1 if data_loader_fn is None else num_epochs,
+            **dataset_kwargs,
         )
         try:
-            yield _Epochs(loader, num_epochs)
+            if data_loader_fn is None:
+                loader = _torch_loader_class()(
+                    dataset, num_epochs=num_epochs, num_workers=num_workers, pin_memory=pin_memory
+                )
+            else:
+                loader = data_loader_fn(
+                    dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory
+                )
+            yield loader
         finally:
-            loader.close()
+            dataset.close()
 
     @contextlib.contextmanager
     def make_tf_dataset(
@@ -503,25 +661,31 @@ def _shard(
     return (cur, count)
 
 
-class _Epochs:
-    """A loader iterated ``num_epochs`` epochs per ``for`` loop (None: without end)."""
+@functools.cache
+def _torch_loader_class() -> type:
+    """The converter's loader class, made on first use (torch is imported only then)."""
+    from rowstore.torch import ResumableDataLoader
 
-    def __init__(self, loader: Any, num_epochs: int | None):
-        self.loader = loader
-        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
+    class ConverterDataLoader(ResumableDataLoader):
+        """A :class:`rowstore.torch.ResumableDataLoader` (a ``torch.utils.data.DataLoader``)
+        whose ``for`` loop yields ``num_epochs`` epochs (None: without end)."""
 
-    def __iter__(self) -> Iterator[Any]:
-        epochs = itertools.count() if self.num_epochs is None else range(self.num_epochs)
-        for _ in epochs:
-            yield from self.loader
+        def __init__(self, dataset: Any, *, num_epochs: int | None, **kwargs: Any):
+            super().__init__(dataset, batch_size=None, **kwargs)
+            self.num_epochs = num_epochs
 
-    def __len__(self) -> int:
-        if self.num_epochs is None:
-            raise TypeError("a loader of num_epochs=None has no length")
-        return len(self.loader) * self.num_epochs
+        def __iter__(self) -> Iterator[Any]:
+            epochs = itertools.count() if self.num_epochs is None else range(self.num_epochs)
+            for _ in epochs:  # each completed pass moves the dataset to the next epoch
+                yield from super().__iter__()
 
-    def __getattr__(self, name: str) -> Any:  # state_dict, set_epoch, output_schema...
-        return getattr(self.loader, name)
+        def __len__(self) -> int:
+            """Batches of the next ``num_epochs`` epochs (this rank's)."""
+            if self.num_epochs is None:
+                raise TypeError("a loader of num_epochs=None has no length")
+            return super().__len__() * self.num_epochs
+
+    return ConverterDataLoader
 
 
 def make_converter(

@@ -1,11 +1,14 @@
 """rowstore.spark on local[2] (one SparkSession for the test session, tests/_spark.py): every
 supported Spark type round-trips equal to ``df.collect()``, to_row cells decode exactly, a task
-that raises commits nothing, and the converter caches, reuses, deletes and feeds torch and tf."""
+that raises commits nothing, the workers run the driver's Python (or the write fails at once
+naming PYSPARK_PYTHON), and the converter caches, reuses, deletes and feeds torch (a real
+``torch.utils.data.DataLoader``, every row once per epoch with 0 and 2 workers) and tf."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -262,6 +265,7 @@ def test_converter_caches_reuses_deletes_and_loads(tmp_path, spark, rsp):
     assert not other.cached and other.path != conv.path and len(other) == 10
 
     with conv.make_torch_dataloader(batch_size=8, num_epochs=2, seed=3) as loader:
+        assert isinstance(loader, torch.utils.data.DataLoader) and len(loader) == 2 * 6
         ids = [b["id"] for b in loader]
     assert all(isinstance(t, torch.Tensor) for t in ids) and len(ids) == 2 * 6
     first, second = torch.cat(ids[:6]).tolist(), torch.cat(ids[6:]).tolist()
@@ -290,3 +294,135 @@ def test_converter_caches_reuses_deletes_and_loads(tmp_path, spark, rsp):
     assert not rsp.make_converter(frame(), cache_dir=cache).cached  # written again
     with pytest.raises(ValueError, match="needs cache_dir="):
         rsp.make_converter(frame())
+
+
+# -- the workers' Python ----------------------------------------------------------------------
+def test_local_workers_run_the_drivers_python(spark, rsp, monkeypatch):
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    sc.pythonExec = "python3"  # what pyspark runs when the session started without PYSPARK_PYTHON
+    try:
+        rsp.check_workers(spark)
+        assert sc.pythonExec == sys.executable
+        worker = sc.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
+        assert worker == [sys.executable]
+    finally:
+        sc.pythonExec = saved
+
+
+def test_workers_that_cannot_run_rowstore_fail_at_once_naming_pyspark_python(spark, rsp, tmp_path):
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    bogus = str(tmp_path / "no-such-python")
+    sc.pythonExec = bogus  # a session started with PYSPARK_PYTHON=<a Python that is not there>
+    try:
+        with pytest.raises(rowstore.RowstoreError, match="PYSPARK_PYTHON=") as err:
+            rsp.to_rowstore(spark.range(3), str(tmp_path / "ds"))
+    finally:
+        sc.pythonExec = saved
+    message = str(err.value)
+    assert bogus in message and "Cannot run program" in message and sys.executable in message
+    assert "\n" not in message  # one line, not the executor's trace
+    assert not os.path.exists(tmp_path / "ds")  # nothing written
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_failure_text_is_the_line_that_says_why(rsp_module):
+    rsp = rsp_module
+    trace = (
+        "An error occurred while calling o1.collectAndServe.\n"
+        + "\tat org.apache.spark.api.python.PythonRunner.compute(PythonRunner.scala:1)\n" * 100
+        + "ModuleNotFoundError: No module named 'rowstore'\n\tat more.java(X.java:2)\n"
+    )
+    assert rsp._failure_text(RuntimeError(trace)) == (
+        "ModuleNotFoundError: No module named 'rowstore'"
+    )
+    assert rsp._failure_text(RuntimeError("first line\nsecond")) == "first line"
+
+
+# -- the converter's torch DataLoader (no Spark job: a converter of a dataset written here) ----
+@pytest.fixture(scope="module")
+def converter(tmp_path_factory, rsp_module):
+    path = str(tmp_path_factory.mktemp("conv") / "ds")
+    schema = Schema([Field("id", "int64"), Field("x", "float32")])
+    ids = np.arange(45)
+    info = rowstore.write_shard(
+        path, schema, {"id": ids, "x": ids.astype(np.float32) * 2}, rows_per_block=8
+    )
+    rowstore.commit(path, [info])
+    return rsp_module.SparkDatasetConverter(path, cached=True)
+
+
+@pytest.fixture(scope="module")
+def rsp_module():
+    import rowstore.spark as rsp
+
+    return rsp
+
+
+def _epochs(loader, n: int) -> list[list[list[int]]]:
+    """The loader's batches of row ids, split into its ``n`` epochs."""
+    batches = [b["id"].tolist() for b in loader]
+    per = len(batches) // n
+    assert len(batches) == per * n
+    return [batches[k * per : (k + 1) * per] for k in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_dataloader_is_torchs_and_deals_every_row_once_per_epoch(converter, workers):
+    torch = pytest.importorskip("torch")
+    import rowstore.torch as rst
+
+    with converter.make_torch_dataloader(
+        batch_size=8, num_epochs=2, seed=3, num_workers=workers
+    ) as loader:
+        assert isinstance(loader, torch.utils.data.DataLoader)
+        assert loader.num_workers == workers and loader.batch_size is None  # rowstore batches
+        assert loader.dataset.batch_size == 8 and len(loader) == 2 * 6
+        epochs = _epochs(loader, 2)
+        later = _epochs(loader, 2)  # the next loop: epochs 2 and 3
+    with rst.BatchedDataLoader(converter.path, batch_size=8, seed=3) as ref:
+        want = [[b["id"].tolist() for b in ref] for _ in range(4)]  # epochs 0..3
+    for got, expected in zip(epochs + later, want):
+        assert sorted(sum(got, [])) == list(range(45))  # every row once per epoch
+        # the epoch's batches are rowstore's (seed, epoch) order; workers interleave them
+        assert sorted(got) == sorted(expected) and (workers or got == expected)
+    assert epochs[0] != epochs[1]
+
+
+def test_torch_dataloader_petastorm_arguments(converter):
+    torch = pytest.importorskip("torch")
+
+    with converter.make_torch_dataloader(  # Petastorm's positional order
+        16, None, 2, 100, None, shuffle=False
+    ) as loader:
+        assert loader.dataset.num_threads == 2  # workers_count: the reader's threads
+        with pytest.raises(TypeError, match="num_epochs=None has no length"):
+            len(loader)
+        it = iter(loader)
+        rows = torch.cat([next(it)["id"] for _ in range(9)]).tolist()  # past one epoch
+    assert rows == list(range(45)) * 3  # three epochs of batches 16, 16, 13
+
+    made = []
+
+    def data_loader_fn(dataset, **kwargs):
+        made.append(kwargs)
+        return torch.utils.data.DataLoader(dataset, **kwargs)
+
+    with converter.make_torch_dataloader(
+        batch_size=10, num_epochs=2, data_loader_fn=data_loader_fn, transform_spec=_double
+    ) as loader:
+        xs = torch.cat([b["x"] for b in loader]).tolist()
+    assert made == [{"batch_size": None, "num_workers": 0, "pin_memory": False}]
+    assert sorted(xs) == sorted([4.0 * i for i in range(45)] * 2)
+    with pytest.raises(ValueError, match="num_epochs must be an int"):
+        with converter.make_torch_dataloader(data_loader_fn=data_loader_fn):
+            pass
+    with pytest.raises(TypeError, match=r"\.to\(device\)"):
+        with converter.make_torch_dataloader(device="cpu"):
+            pass
+
+
+def _double(batch):
+    return {**batch, "x": batch["x"] * 2}

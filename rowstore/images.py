@@ -13,6 +13,8 @@ a CSV file of ``path,label`` rows, or nowhere.
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from rowstore.codecs.image import ImageHeader, image_header
-from rowstore.errors import RowValidationError, SchemaError
+from rowstore.errors import InputError, OutsideRootError, RowValidationError, SchemaError
+from rowstore.format.spec import MAX_VALUE_BYTES
 from rowstore.schema import Field, Schema
+from rowstore.storage.inputs import contained, open_input, read_at, read_input, walk
 from rowstore.writer.commit import commit
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, discard, write_shard
 
@@ -45,6 +49,9 @@ _MIN_PART_FILES = 256
 #: import, and writes ~5,000 files/s (bench/ingest_bench.py), so fewer files per worker than
 #: this ran slower on two processes than on one.
 _AUTO_FILES_PER_WORKER = 20_000
+#: Largest label CSV read (it is read whole, before any image).
+_MAX_CSV_BYTES = 1 << 30
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass(frozen=True)
@@ -60,33 +67,32 @@ def _is_image(name: str, extensions: Sequence[str]) -> bool:
     return name.lower().endswith(tuple(e.lower() for e in extensions)) and not name.startswith(".")
 
 
-def _walk(root: str, extensions: Sequence[str]) -> list[str]:
-    """Image files under ``root``, relative to it, in ``ImageFolder``'s order: by directory,
-    then by name."""
-    found = []
-    seen: set[tuple[int, int]] = set()  # directories walked: a symlink loop is walked once
-    for d, dirs, files in os.walk(root, followlinks=True):
-        st = os.stat(d)
-        if (st.st_dev, st.st_ino) in seen:
-            dirs[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        dirs[:] = [x for x in dirs if not x.startswith(".")]
-        rel = os.path.relpath(d, root)
-        found += [(rel, f) for f in files if _is_image(f, extensions)]
-    found.sort()
-    return [f if rel == "." else os.path.join(rel, f) for rel, f in found]
+def _walk(
+    root: str, extensions: Sequence[str], *, under: str = "", allow_outside: bool = False
+) -> list[str]:
+    """Image files under ``root`` (or its subdirectory ``under``), relative to ``root``, in
+    ``ImageFolder``'s order: by directory, then by name. Symlinks are followed while they stay
+    inside ``root`` (one leading out of it is refused unless ``allow_outside``)."""
+    return walk(
+        root,
+        lambda name: _is_image(name, extensions),
+        under=under,
+        what="image file or folder",
+        follow_links=allow_outside,
+    )
 
 
-def _folder_labels(src: str, extensions: Sequence[str]) -> tuple[list[str], list[int], list[str]]:
+def _folder_labels(
+    src: str, extensions: Sequence[str], allow_outside: bool
+) -> tuple[list[str], list[int], list[str]]:
     """ImageFolder: ``(files, labels, classes)``; the classes are ``src``'s subdirectories,
     sorted, each holding image files at any depth (files directly in ``src`` are not taken)."""
     classes = sorted(e.name for e in os.scandir(src) if e.is_dir() and not e.name.startswith("."))
     files: list[str] = []
     labels: list[int] = []
     for i, c in enumerate(classes):
-        found = _walk(os.path.join(src, c), extensions)
-        files += [os.path.join(c, f) for f in found]
+        found = _walk(src, extensions, under=c, allow_outside=allow_outside)
+        files += found
         labels += [i] * len(found)
     if not classes:
         raise FileNotFoundError(
@@ -96,45 +102,90 @@ def _folder_labels(src: str, extensions: Sequence[str]) -> tuple[list[str], list
     return files, labels, classes
 
 
-def _csv_labels(src: str, table: str) -> tuple[list[str], list[Any], list[str] | None]:
+def _csv_text(table: str) -> str:
+    """The text of a label CSV: UTF-8 (a leading byte order mark dropped), read whole within
+    :data:`_MAX_CSV_BYTES`."""
+    data = read_input(table, what="label CSV", max_bytes=_MAX_CSV_BYTES)
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        line = data.count(b"\n", 0, at) + 1
+        raise InputError(
+            f"{table!r}, line {line}: byte {data[at]:#04x} (offset {at}) is not UTF-8; "
+            "expected a UTF-8 CSV file (re-encode it, e.g. iconv -f latin1 -t utf-8)",
+            path=table,
+            line=line,
+        ) from None
+
+
+def _csv_labels(
+    src: str, table: str, allow_outside: bool
+) -> tuple[list[str], list[Any], list[str] | None]:
     """``(files, labels, classes)`` of a CSV file of ``path,label`` rows (an optional header
     row ``path,label``); integer labels are kept, other labels are class names (sorted, then
-    numbered, as folders are)."""
-    files, raw = [], []
-    with open(table, newline="") as fh:
-        for line, row in enumerate(csv.reader(fh), 1):
-            if not row or (line == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]):
-                continue
-            if len(row) != 2:
-                raise ValueError(f"{table}, line {line}: expected path,label, got {row!r}")
-            path, label = row[0].strip(), row[1].strip()
+    numbered, as folders are). Paths stay inside ``src`` unless ``allow_outside``."""
+    files, raw, lines = [], [], []
+    reader = csv.reader(io.StringIO(_csv_text(table), newline=""))
+    for k, row in enumerate(reader):
+        line = reader.line_num
+        if not row or (k == 0 and [c.strip().lower() for c in row[:2]] == ["path", "label"]):
+            continue
+        if len(row) != 2:
+            raise InputError(
+                f"{table!r}, line {line}: expected path,label, got {row!r}", path=table, line=line
+            )
+        path, label = row[0].strip(), row[1].strip()
+        if allow_outside:
             full = path if os.path.isabs(path) else os.path.join(src, path)
-            if not os.path.isfile(full):
-                raise FileNotFoundError(f"{table}, line {line}: no file {full!r}")
-            files.append(os.path.relpath(full, src))
-            raw.append(label)
+        else:
+            try:
+                full = contained(src, path, what=f"{table!r}, line {line}: image path")
+            except OutsideRootError as exc:
+                exc.line = line
+                raise
+        if not os.path.exists(full):
+            raise FileNotFoundError(errno.ENOENT, f"{table!r}, line {line}: no file", full)
+        files.append(os.path.relpath(full, src))
+        raw.append(label)
+        lines.append(line)
     try:
-        return files, [int(v) for v in raw], None
+        ints = [int(v) for v in raw]
     except ValueError:
         classes = sorted(set(raw))
         index = {c: i for i, c in enumerate(classes)}
         return files, [index[v] for v in raw], classes
+    for v, line in zip(ints, lines):
+        if not _INT64[0] <= v <= _INT64[1]:
+            raise InputError(
+                f"{table!r}, line {line}: label {v} does not fit the int64 label field "
+                f"(expected {_INT64[0]} .. {_INT64[1]})",
+                path=table,
+                line=line,
+            )
+    return files, ints, None
 
 
 def _probe(src: str, rel: str) -> tuple[ImageHeader | str, int]:
-    """``(header or an error message, file size)`` of one file, from its first bytes."""
+    """``(header or an error message, file size)`` of one file, from its first bytes. A file
+    that is not a regular file, or larger than a value may be, is refused before it is read
+    (:class:`InputError`)."""
     path = os.path.join(src, rel)
+    fd, st = open_input(path, what="image file", max_bytes=MAX_VALUE_BYTES)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(_PROBE_BYTES)
-            hdr = image_header(head, complete=len(head) >= size)
-            if hdr is None:
-                hdr = image_header(head + fh.read(), complete=True)
+        head = read_at(fd, _PROBE_BYTES)
+        hdr = image_header(head, complete=len(head) >= st.st_size)
+        if hdr is None:
+            hdr = image_header(read_at(fd, st.st_size), complete=True)
+    except InputError:
+        raise
     except ValueError as exc:
         return str(exc), 0
+    finally:
+        os.close(fd)
     assert hdr is not None  # complete=True never returns None
-    return hdr, size
+    return hdr, st.st_size
 
 
 def _schema(
@@ -209,8 +260,9 @@ def _batches(src: str, part: _Part, names: tuple[str, str | None, str | None]) -
         rel = part.files[lo : lo + _BATCH_FILES]
         cells = []
         for r in rel:
-            with open(os.path.join(src, r), "rb") as fh:
-                cells.append(fh.read())
+            cells.append(
+                read_input(os.path.join(src, r), what="image file", max_bytes=MAX_VALUE_BYTES)
+            )
         batch: dict[str, Any] = {image: cells}
         if label is not None:
             assert part.labels is not None
@@ -261,6 +313,7 @@ def from_images(
     mode: str = "w",
     attrs: Mapping[str, Any] | None = None,
     verify_encoded: bool = False,
+    allow_outside: bool = False,
     **writer_kwargs: Any,
 ) -> Schema:
     """Write the image files under ``src`` as a dataset directory ``dest``, their PNG/JPEG bytes
@@ -294,6 +347,11 @@ def from_images(
         worker process pays for its start-up only past that); ``1`` writes in this process.
         The files are split into at least ``workers`` runs of consecutive files of about equal
         bytes (more where a run would exceed ``shard_bytes``), one shard each.
+    allow_outside : bool
+        Read files outside ``src``: follow symlinks that lead out of it, and take CSV paths
+        that are absolute or climb out with ``..``. By default such a link or path is refused
+        (:class:`~rowstore.errors.OutsideRootError`, naming it); symlinks that stay inside
+        ``src`` are always followed.
     shard_bytes, mode, attrs, verify_encoded, **writer_kwargs
         As for :class:`~rowstore.DatasetWriter` (``block_bytes``, ``rows_per_block``,
         ``compression``, ``heap_chunk_bytes``); ``mode`` as for :func:`rowstore.commit`.
@@ -310,6 +368,13 @@ def from_images(
         this process, before anything is written), naming the file and its row.
     SchemaError
         Files of different formats, bit depths or channel counts.
+    InputError
+        A file that is not a regular file (a FIFO, socket or device named like an image:
+        found without blocking) or is larger than a value may be (2 GiB, from its size before
+        anything is read); a label CSV that is not UTF-8, has a row that is not ``path,label``
+        or an integer label beyond ``int64``, naming the CSV file and line.
+    OutsideRootError
+        A symlink or CSV path leading outside ``src`` (without ``allow_outside``), naming it.
 
     Notes
     -----
@@ -324,12 +389,14 @@ def from_images(
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     classes: list[str] | None = None
     lab: list | None
+    if not isinstance(allow_outside, bool):
+        raise TypeError(f"allow_outside must be a bool, got {allow_outside!r}")
     if labels is None:
-        files, lab = _walk(src, extensions), None
+        files, lab = _walk(src, extensions, allow_outside=allow_outside), None
     elif isinstance(labels, str) and labels == "folders":
-        files, lab, classes = _folder_labels(src, extensions)
+        files, lab, classes = _folder_labels(src, extensions, allow_outside)
     else:
-        files, lab, classes = _csv_labels(src, os.fspath(labels))
+        files, lab, classes = _csv_labels(src, os.fspath(labels), allow_outside)
     if not files:
         raise FileNotFoundError(f"no image files ({', '.join(extensions)}) under {src!r}")
     if workers is None:

@@ -3,16 +3,20 @@ class folders (ImageFolder's order) or a CSV, shards written by worker processes
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
+import threading
 
 import numpy as np
 import pytest
-from helpers import stored_payloads
+from helpers import scaled, stored_payloads
 
 import rowstore
 import rowstore.images
 from rowstore import RowValidationError, SchemaError
 from rowstore.cli import main
+from rowstore.errors import InputError, OutsideRootError
 from rowstore.format import manifest
 
 ic = pytest.importorskip("imagecodecs")
@@ -189,3 +193,128 @@ def test_a_symlink_loop_is_walked_once(folder, tmp_path):
     rowstore.from_images(folder, out, workers=1)
     with rowstore.open(out) as r:
         assert list(r.take(np.arange(len(r)))["path"]) == want
+
+
+# -- inputs opened as every ingest input is (rowstore.storage.inputs) -----------------------------
+def finished(call, fifo=None):
+    """What ``call()`` raised (None if nothing), run in a thread. A hang guard only: if it is
+    still running after a generous limit, a writer opens and closes ``fifo`` (releasing an
+    ``open`` blocked on it) and the test fails."""
+    box = {}
+
+    def run():
+        try:
+            call()
+            box["exc"] = None
+        except BaseException as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(scaled(15))
+    blocked = t.is_alive()
+    if blocked and fifo is not None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(scaled(15))
+    assert not blocked, "blocked (a FIFO opened for reading, or a walk of the whole filesystem)"
+    return box["exc"]
+
+
+def test_a_fifo_named_like_an_image_is_refused_without_blocking(folder, tmp_path):
+    fifo = os.path.join(folder, "ant", "x.png")
+    os.mkfifo(fifo)
+    exc = finished(lambda: rowstore.from_images(folder, tmp_path / "ds", workers=1), fifo)
+    assert isinstance(exc, InputError) and isinstance(exc, ValueError), exc
+    assert "ant/x.png" in str(exc) and "FIFO" in str(exc) and exc.path == fifo
+    assert not manifest.is_dataset(str(tmp_path / "ds"))
+
+
+def test_a_huge_sparse_image_is_refused_before_it_is_read(folder, tmp_path):
+    """A valid PNG header, then a hole up to 3 GiB: its size (from fstat) is over what a value
+    may hold, refused before a byte of it is read (the peak memory shows it was not read)."""
+    big = os.path.join(folder, "moth", "big.png")
+    put(big, ic.png_encode(image(6, 8)))
+    os.truncate(big, 3 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with pytest.raises(InputError, match=r"moth/big.png.*3221225472 bytes, more than") as e:
+        rowstore.from_images(folder, tmp_path / "ds", workers=1)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 256 << 20, grown
+    assert e.value.path == big and not manifest.is_dataset(str(tmp_path / "ds"))
+
+
+def test_a_symlink_to_the_root_of_the_filesystem_is_not_walked(folder, tmp_path):
+    os.symlink("/", os.path.join(folder, "ant", "everything"))
+    for labels in ("folders", None):
+        exc = finished(lambda k=labels: rowstore.from_images(folder, tmp_path / "ds", labels=k))
+        assert isinstance(exc, OutsideRootError), exc
+        assert "ant/everything" in str(exc) and exc.real == "/"
+    assert not manifest.is_dataset(str(tmp_path / "ds"))
+
+
+def test_symlinks_out_of_the_tree_only_when_asked_for(folder, tmp_path):
+    """A link inside the tree is followed; one leading out of it (a class folder or a file)
+    is refused, naming it, unless allow_outside=True."""
+    elsewhere = tmp_path / "elsewhere"
+    extra = put(str(elsewhere / "e.png"), ic.png_encode(image(6, 8, k=77)))
+    os.symlink(os.path.join(folder, "ant"), os.path.join(folder, "zebra", "ants"))  # inside
+    os.symlink(elsewhere, os.path.join(folder, "moth", "out"))
+    with pytest.raises(OutsideRootError, match=r"moth/out.*outside") as e:
+        rowstore.from_images(folder, tmp_path / "a", workers=1)
+    assert e.value.real == os.path.realpath(elsewhere)
+    rowstore.from_images(folder, tmp_path / "a", workers=1, allow_outside=True)
+    with rowstore.open(tmp_path / "a") as r:
+        paths = list(r.take(np.arange(len(r)))["path"])
+    assert "moth/out/e.png" in paths and "zebra/ants/0.png" in paths
+    assert stored_payloads(tmp_path / "a", "image")[paths.index("moth/out/e.png")] == extra
+    os.remove(os.path.join(folder, "moth", "out"))
+    os.symlink(elsewhere / "e.png", os.path.join(folder, "moth", "e.png"))  # a file
+    with pytest.raises(OutsideRootError, match=r"moth/e.png"):
+        rowstore.from_images(folder, tmp_path / "b", workers=1)
+
+
+def test_csv_paths_stay_inside_the_source_unless_asked_for(folder, tmp_path):
+    outside = put(str(tmp_path / "x.png"), ic.png_encode(image(6, 8, k=5)))
+    table = tmp_path / "labels.csv"
+    for bad in ("../x.png", str(tmp_path / "x.png"), "ant/../../x.png"):
+        table.write_text(f"path,label\nant/0.png,1\n{bad},2\n")
+        with pytest.raises(OutsideRootError, match=r"labels.csv', line 3: image path") as e:
+            rowstore.from_images(folder, tmp_path / "ds", labels=table)
+        assert e.value.line == 3 and e.value.name == bad
+        assert not manifest.is_dataset(str(tmp_path / "ds"))
+    rowstore.from_images(folder, tmp_path / "ds", labels=table, allow_outside=True)
+    assert stored_payloads(tmp_path / "ds", "image")[1] == outside
+    os.symlink(tmp_path / "x.png", os.path.join(folder, "ant", "link.png"))
+    table.write_text("ant/link.png,1\n")
+    with pytest.raises(OutsideRootError, match=r"line 1: image path 'ant/link.png'"):
+        rowstore.from_images(folder, tmp_path / "ds2", labels=table)
+
+
+def test_csv_with_a_byte_order_mark_is_read(folder, tmp_path):
+    table = tmp_path / "labels.csv"
+    table.write_bytes(b"\xef\xbb\xbfpath,label\r\nmoth/0.png,7\r\nant/0.png,3\r\n")
+    rowstore.from_images(folder, tmp_path / "ds", labels=table)
+    with rowstore.open(tmp_path / "ds") as r:
+        b = r.take(np.arange(len(r)))
+    assert list(b["path"]) == ["moth/0.png", "ant/0.png"] and b["label"].tolist() == [7, 3]
+    table.write_bytes(b"\xef\xbb\xbfmoth/0.png,7\n")  # no header: the first path is clean too
+    rowstore.from_images(folder, tmp_path / "ds2", labels=table)
+
+
+def test_csv_that_is_not_utf8_or_a_label_beyond_int64_names_file_and_line(folder, tmp_path):
+    put(os.path.join(folder, "ant", "caf\xe9.png"), ic.png_encode(image(6, 8)))
+    table = tmp_path / "labels.csv"
+    table.write_bytes("path,label\nant/0.png,1\nant/caf\xe9.png,2\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"labels.csv', line 3: byte 0xe9 .*not UTF-8") as e:
+        rowstore.from_images(folder, tmp_path / "ds", labels=table)
+    assert e.value.line == 3 and e.value.path == str(table)
+    table.write_text(f"ant/0.png,1\nmoth/0.png,{1 << 63}\n")
+    with pytest.raises(InputError, match=r"labels.csv', line 2: label 9223372036854775808 .*int64"):
+        rowstore.from_images(folder, tmp_path / "ds", labels=table)
+    table.write_text(f"ant/0.png,{-(1 << 63)}\nmoth/0.png,{(1 << 63) - 1}\n")  # the limits fit
+    rowstore.from_images(folder, tmp_path / "ds", labels=table)
+    table.write_text("ant/0.png,1,extra\n")
+    with pytest.raises(InputError, match=r"line 1: expected path,label"):
+        rowstore.from_images(folder, tmp_path / "ds3", labels=table)
+    assert not manifest.is_dataset(str(tmp_path / "ds3"))

@@ -66,6 +66,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.utils.file_utils import is_local_path
 
 from rowstore.arrow import _Column, arrow_field, column_values
 from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
@@ -76,6 +77,7 @@ from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.reader.raw import RawSource
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
+from rowstore.storage.inputs import contained, read_input
 
 __all__ = ["from_huggingface", "to_huggingface", "infer_schema", "META_KEY"]
 
@@ -115,7 +117,7 @@ class _Plan:
             # An empty outer list has no sub-lists to tell the other dimensions: the feature's.
             empty = tuple(0 if s is None else s for s in self.field.shape)
             return [v if v is None or v.size else v.reshape(empty) for v in vals]
-        payloads = _payloads(self, arr)
+        payloads = _payloads(self, arr, first_row)
         if self.kind == "image":
             return [
                 None if b is None else _checked_image(self, b, first_row + i)
@@ -215,17 +217,32 @@ def _struct_nulls(col: pa.ChunkedArray) -> bool:
     return False
 
 
-def _payloads(plan: _Plan, arr: pa.Array | pa.ChunkedArray) -> list:
-    """The encoded bytes of each row of an image/audio struct column (None for a null row);
-    rows holding a local path instead of bytes are read from it (``embed_storage``)."""
+def _payloads(plan: _Plan, arr: pa.Array | pa.ChunkedArray, first_row: int) -> list:
+    """The encoded bytes of each row of an image/audio struct column (None for a null row).
+    Rows holding a local path instead of bytes are read from their files as every ingest
+    input is (:func:`rowstore.storage.inputs.read_input`: a regular file, at most a value's
+    bytes, the size checked before reading); rows holding a remote URL are fetched by
+    ``datasets`` (``embed_storage``)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     b = arr.field("bytes")
-    if b.null_count and arr.field("path").null_count < len(arr):
-        arr = plan.feature.embed_storage(arr)
-        b = arr.field("bytes")
     valid = np.asarray(arr.is_valid()) if arr.null_count else None
     vals = b.to_pylist()
+    if b.null_count and arr.field("path").null_count < len(arr):
+        remote = False
+        for i, p in enumerate(arr.field("path").to_pylist()):
+            if vals[i] is not None or p is None or (valid is not None and not valid[i]):
+                continue
+            if is_local_path(p):
+                what = f"feature {plan.column!r}, row {first_row + i}: file"
+                vals[i] = read_input(p, what=what, max_bytes=spec.MAX_VALUE_BYTES)
+            else:
+                remote = True
+        if remote:  # the local files' bytes in place: embed_storage fetches the URLs only
+            filled = pa.StructArray.from_arrays(
+                [pa.array(vals, b.type), arr.field("path")], ["bytes", "path"], mask=arr.is_null()
+            )
+            vals = plan.feature.embed_storage(filled).field("bytes").to_pylist()
     if valid is not None:
         vals = [v if ok else None for v, ok in zip(vals, valid)]
     return vals
@@ -288,7 +305,7 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
     """The field of an image or decoded audio column, learnt from its first value (in the first
     batch): the format, channels and bit depth of an image (its header), the dtype and channels
     of a decoded one or of audio. A later value that differs names its row."""
-    payloads = [] if first is None else _payloads(plan, first.column(plan.column))
+    payloads = [] if first is None else _payloads(plan, first.column(plan.column), 0)
     row, b = next(((i, v) for i, v in enumerate(payloads) if v is not None), (0, None))
     name, column = plan.field.name, plan.column
     if b is None:
@@ -573,12 +590,13 @@ def from_huggingface(
         if split_field is not None:
             return _write_split_field(data, path, split_field, dataset=dataset, **opts)
         root = os.fspath(path)
+        dirs = {s: contained(root, s, what="split name", nested=False) for s in splits}
         os.makedirs(root, exist_ok=True)
         out = {}
         for s in splits:
             out[s] = _write_one(
                 data[s],
-                os.path.join(root, s),
+                dirs[s],
                 dataset=True,
                 extra={"split": s, "splits": splits},
                 split_field=None,

@@ -4,14 +4,16 @@ streaming memory, errors naming the feature."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import io
 import os
+import threading
 
 import numpy as np
 import pytest
-from helpers import peak_allocations
+from helpers import peak_allocations, scaled
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -36,6 +38,7 @@ from datasets import (  # noqa: E402  (after the importorskip)
 
 import rowstore  # noqa: E402
 from rowstore import Field, RowValidationError, Schema, SchemaError  # noqa: E402
+from rowstore.errors import InputError, OutsideRootError  # noqa: E402
 from rowstore.huggingface import from_huggingface, infer_schema, to_huggingface  # noqa: E402
 
 N = 13
@@ -629,3 +632,48 @@ def test_audio_rows_without_bytes_are_nulls(tmp_path):
     with rowstore.open(dec) as r:
         assert r[1]["audio"] is None
         np.testing.assert_array_equal(r[3]["audio"], clips[3][:, 0])
+
+
+def test_split_names_stay_inside_the_output(tmp_path):
+    """A split name becomes a directory under the output: one that climbs out (``..``), is
+    absolute, nested or empty is refused before anything is written; a symlinked split
+    directory leading out of the output is refused too."""
+    out = tmp_path / "out"
+    victim = tmp_path / "victim"
+    for name in ["../evil", str(victim), "a/b", "", ".."]:
+        dd = DatasetDict({"train": _values(3), name: _values(2)})
+        with pytest.raises(OutsideRootError, match="split name") as e:
+            from_huggingface(dd, str(out), mode="w")
+        assert e.value.name == name and e.value.root == str(out)
+        assert not os.path.exists(tmp_path / "evil") and not os.path.exists(victim)
+        assert not os.path.exists(out)  # nothing written, not even the output directory
+    os.makedirs(out)
+    os.makedirs(victim)
+    os.symlink(victim, out / "train")
+    with pytest.raises(OutsideRootError, match=r"split name 'train' resolves to .* symlink"):
+        from_huggingface(DatasetDict({"train": _values(3)}), str(out))
+    assert os.listdir(victim) == []
+
+
+def test_images_given_by_a_path_to_a_fifo_are_refused_without_blocking(tmp_path):
+    fifo = str(tmp_path / "x.png")
+    os.mkfifo(fifo)
+    ds = Dataset.from_dict({"image": [fifo]}, features=Features({"image": Image()}))
+    box = {}
+
+    def run():
+        try:
+            from_huggingface(ds, str(tmp_path / "p.h5"))
+        except BaseException as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(scaled(15))
+    if t.is_alive():  # a hang guard only: release the open() blocked on the FIFO
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(scaled(15))
+        pytest.fail("blocked opening a FIFO given as an image path")
+    assert isinstance(box.get("exc"), InputError), box
+    assert "FIFO" in str(box["exc"]) and "'image', row 0" in str(box["exc"])

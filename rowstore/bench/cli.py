@@ -6,9 +6,15 @@
     rowstore-bench PATH --json out.json --plot out.png
 
 Each configuration runs in a fresh process (so its peak memory is its own) after the file was
-read once (warm page cache). Per repeat: a fresh epoch iterator, ``-m`` warm-up batches not
-counted, then ``-n`` batches timed (default: the rest of the epoch), every batch touched;
-figures are medians of ``--repeats``.
+read once (warm page cache). Per repeat: a fresh epoch iterator, ``-m`` warm-up rows not
+counted, then ``-n`` rows timed (default: the rest of the epoch), both rounded up to whole
+batches, every batch touched; figures are medians of ``--repeats``.
+
+``petastorm-throughput.py``'s flags are accepted with their meaning (``docs/petastorm.md``):
+``-m``/``--warmup-cycles`` and ``-n``/``--measure-cycles`` count rows, ``-w``/``--workers-count``
+readers of the ``-p``/``--pool-type`` pool (``thread``: reader threads; ``process``: DataLoader
+worker processes; ``dummy``: one thread), ``--field-regex`` selects fields, ``-d``/
+``--read-method`` picks the mode.
 
 A URL is measured as remote epochs: nothing is read before measuring, no local cache, and the
 timed phase starts before the epoch's first request (``-m`` does not apply): the reader
@@ -31,10 +37,12 @@ from rowstore._version import __version__
 from rowstore.bench import adapters, measure, report, runner, sources
 from rowstore.demo import DEMOS, default_cache_dir, make_demo
 from rowstore.errors import RowstoreError
+from rowstore.reader._args import select_fields
 
 __all__ = [
     "main",
     "run",
+    "resolve_petastorm_flags",
     "build_parser",
     "parse_sweep",
     "demo_path",
@@ -44,6 +52,13 @@ __all__ = [
 ]
 
 DEFAULT_BASELINES = ("h5py-row", "tables-block", "memmap")
+#: Warm-up batches per repeat when ``-m`` is not given.
+DEFAULT_WARMUP_BATCHES = 10
+#: Readers ``-p thread|process`` starts without ``-w`` (``petastorm-throughput.py``'s default).
+PETASTORM_WORKERS = 3
+#: A configuration's timed pass (median of its repeats) shorter than this is too brief to be
+#: ranked by ``--sweep``: at that length its figure is mostly start-up and noise.
+MIN_RANKED_S = 2.0
 #: Rows timed for the h5py per-row baseline (at a few thousand rows/s, an epoch would take long).
 PER_ROW_ROWS = 5_000
 _SWEEP_KEYS = {
@@ -215,16 +230,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-m",
         "--warmup",
+        "--warmup-cycles",
+        dest="warmup",
+        metavar="ROWS",
         type=int,
-        default=10,
-        help="warm-up batches per repeat, not timed (default 10)",
+        default=None,
+        help="warm-up rows per repeat, not timed, rounded up to whole batches "
+        f"(petastorm-throughput.py's -m; default {DEFAULT_WARMUP_BATCHES} batches)",
     )
     p.add_argument(
         "-n",
         "--measure",
+        "--measure-cycles",
+        dest="measure",
+        metavar="ROWS",
         type=int,
         default=None,
-        help="batches timed per repeat (default: the rest of the epoch)",
+        help="rows timed per repeat, rounded up to whole batches (petastorm-throughput.py's "
+        "-n; default: the rest of the epoch)",
+    )
+    p.add_argument(
+        "-w",
+        "--workers-count",
+        metavar="N",
+        type=int,
+        default=None,
+        help="readers of the -p pool (petastorm-throughput.py's -w): reader threads with -p "
+        "thread (--threads), DataLoader worker processes with -p process (--workers)",
+    )
+    p.add_argument(
+        "-p",
+        "--pool-type",
+        choices=["thread", "process", "dummy"],
+        default=None,
+        help="petastorm-throughput.py's pool: thread = reader threads, process = --mode torch "
+        "with -w DataLoader worker processes, dummy = one reader thread; with -p and no -w, "
+        f"{PETASTORM_WORKERS} readers (default: no -p, the reader's threads)",
+    )
+    p.add_argument(
+        "-d",
+        "--read-method",
+        choices=["python", "tf"],
+        default=None,
+        help="petastorm-throughput.py's read method: python = --mode numpy, tf = --mode tf",
     )
     p.add_argument("--batch-size", "-b", type=int, default=256, help="rows per batch (default 256)")
     p.add_argument(
@@ -236,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        default="numpy",
+        default=None,
         choices=list(sources.MODES),
         help="how batches are consumed (default numpy)",
     )
@@ -264,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
         "8 for uncompressed blocks read directly, else 1)",
     )
     p.add_argument("--fields", nargs="+", help="read only these fields")
+    p.add_argument(
+        "--field-regex",
+        nargs="+",
+        metavar="REGEX",
+        help="read only the fields whose names fully match one of these regular expressions "
+        "(petastorm-throughput.py's --field-regex)",
+    )
     p.add_argument(
         "--repeats",
         type=int,
@@ -394,8 +449,59 @@ def _dataset_info(path: str, storage_options: dict | None = None) -> dict[str, A
     }
 
 
+def resolve_petastorm_flags(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``petastorm-throughput.py``'s ``-w``, ``-p`` and ``-d`` turned into
+    rowstore's ``--threads``, ``--workers`` and ``--mode`` (a copy; ``args`` is left as is).
+
+    ``-p thread`` (or no ``-p``): ``-w`` reader threads; ``-p process``: ``--mode torch`` with
+    ``-w`` DataLoader worker processes; ``-p dummy``: one reader thread, ``-w`` ignored (as
+    Petastorm's dummy pool). With ``-p`` and no ``-w``, Petastorm's default of
+    :data:`PETASTORM_WORKERS`. ``-d python`` is ``--mode numpy``, ``-d tf`` ``--mode tf``.
+    A flag that contradicts an explicit rowstore option is a ``SystemExit`` naming both.
+    """
+    args = argparse.Namespace(**vars(args))
+    mode = getattr(args, "mode", None)
+    method = getattr(args, "read_method", None)
+    pool = getattr(args, "pool_type", None)
+    count = getattr(args, "workers_count", None)
+    if count is not None and count < 1:
+        raise SystemExit(f"rowstore-bench: -w must be >= 1, got {count}")
+    if method is not None:
+        want = "numpy" if method == "python" else "tf"
+        if mode not in (None, want):
+            raise SystemExit(f"rowstore-bench: -d {method} is --mode {want}, not --mode {mode}")
+        mode = want
+    if pool is not None and count is None:
+        count = PETASTORM_WORKERS
+    if pool == "process":
+        if mode not in (None, "torch"):
+            raise SystemExit(
+                f"rowstore-bench: -p process reads with DataLoader worker processes, which "
+                f"--mode {mode} has not: use --mode torch (or leave --mode out)"
+            )
+        if args.workers and args.workers != count:
+            raise SystemExit(f"rowstore-bench: -w {count} and --workers {args.workers} disagree")
+        mode, args.workers = "torch", count
+    elif count is not None:
+        threads = 1 if pool == "dummy" else count
+        if args.threads is not None and args.threads != threads:
+            raise SystemExit(
+                f"rowstore-bench: -p {pool or 'thread'} -w {count} means {threads} reader "
+                f"thread(s), but --threads {args.threads} was given"
+            )
+        args.threads = threads
+    args.mode = mode or "numpy"
+    return args
+
+
+def _batches(rows: int | None, batch_size: int) -> int | None:
+    """Whole batches holding ``rows`` rows (None stays None)."""
+    return None if rows is None else -(-rows // batch_size)
+
+
 def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     """Run the benchmark that ``args`` describe; return the JSON document (also printed)."""
+    args = resolve_petastorm_flags(args)
     cache_dir = bench_cache_dir(args.cache_dir)
     if args.plot:  # before measuring anything: say what to install
         report.require_matplotlib()
@@ -415,25 +521,33 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     ):
         if v is not None and v < 1:
             raise SystemExit(f"rowstore-bench: {name} must be >= 1, got {v}")
-    if args.warmup < 0 or (args.measure is not None and args.measure < 1):
+    if (args.warmup is not None and args.warmup < 0) or (
+        args.measure is not None and args.measure < 1
+    ):
         raise SystemExit("rowstore-bench: -m must be >= 0 and -n >= 1")
 
     so = getattr(args, "storage_options", None)
     info = _dataset_info(path, so)
-    warmup = args.warmup
+    warmup = args.warmup  # rows; None: DEFAULT_WARMUP_BATCHES batches
     notes = []
-    if remote and warmup:
+    if remote and warmup != 0:
         warmup = 0
         notes.append(
-            f"-m {args.warmup} not applied to a URL: every timed epoch starts before its first "
-            f"request "
+            f"-m {DEFAULT_WARMUP_BATCHES * args.batch_size if args.warmup is None else args.warmup}"
+            " not applied to a URL: every timed epoch starts before its first request "
             "(warm-up batches would time batches the reader had already prefetched)"
         )
-    fields = (
-        list(sources.open_layout(path, so).schema.select(args.fields).names)
-        if args.fields
-        else None
-    )
+    regexes = getattr(args, "field_regex", None)
+    if args.fields and regexes:
+        raise SystemExit("rowstore-bench: give --fields or --field-regex, not both")
+    fields = None
+    if args.fields or regexes:
+        schema = sources.open_layout(path, so).schema
+        fields = (
+            list(schema.select(args.fields).names)
+            if args.fields
+            else select_fields(schema, regexes, regex=True)
+        )
     configs = parse_sweep(args.sweep) if args.sweep else [{}]
     modes = {c.get("mode", args.mode) for c in configs}
     for mode in modes:
@@ -454,8 +568,10 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         "workers": args.workers,
         "mode": args.mode,
         "verify": args.verify,
-        "warmup": warmup,
-        "measure": args.measure,
+        "warmup": DEFAULT_WARMUP_BATCHES if warmup is None else _batches(warmup, args.batch_size),
+        "measure": _batches(args.measure, args.batch_size),
+        "warmup_rows": warmup,
+        "measure_rows": args.measure,
         "repeats": args.repeats,
         "time_limit": args.time_limit,
     }
@@ -463,10 +579,9 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         base["storage_options"] = so
     specs = []
     for c in configs:
-        s = dict(base, kind="rowstore", **c)
-        specs.append(_clamp(s, info["rows"]))
+        specs.append(_clamp(_in_batches(dict(base, kind="rowstore", **c)), info["rows"]))
     if any(s["_clamped"] for s in specs):
-        notes.append("-m/-n were reduced to fit one epoch (batches are counted within one epoch).")
+        notes.append("-m/-n were reduced to fit one epoch (timed batches stay within one epoch).")
 
     baseline_specs = []
     npy_dir = None
@@ -487,7 +602,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
             s = dict(base, kind=kind, threads=None, mode="numpy")
             if kind == "h5py-row":
                 s["max_rows"] = PER_ROW_ROWS
-            baseline_specs.append(_clamp(s, info["rows"]))
+            baseline_specs.append(_clamp(_in_batches(s), info["rows"]))
         if "memmap" in args.baselines:
             npy_dir = npy_export_dir(path, cache_dir)
             log(
@@ -503,7 +618,7 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     warmed = 0 if remote else measure.warm_cache([path] + ([npy_dir] if npy_dir else []))
     warm_s = time.perf_counter() - t
 
-    log(_header(info, args, warmed, warm_s, warmup=warmup, remote=remote))
+    log(_header(info, args, warmed, warm_s, warmup=base["warmup"], remote=remote))
     total = sum(s["repeats"] for s in specs + baseline_specs)
     progress = _Progress(total, enabled=not args.quiet and sys.stderr.isatty())
     results: list[dict[str, Any]] = []
@@ -573,12 +688,17 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         ok = [r for r in rs_results if not r.get("error")]
         best = max(ok, key=lambda r: r["rows_per_s"]) if ok else None
         best_cfg = configs[rs_results.index(best)] if best else None
+        brief = [r for r in ok if (r.get("seconds") or 0.0) < MIN_RANKED_S]
         doc["sweep"] = {
             "grid": configs,
             "best": best["label"] if best else None,
             "best_config": best_cfg,
             "best_rows_per_s": best["rows_per_s"] if best else None,
+            "min_ranked_s": MIN_RANKED_S,
+            "too_brief": [r["label"] for r in brief],
         }
+        if brief:
+            notes.append(_too_brief_text(brief, len(ok)))
     doc["notes"] = notes + [
         f"{r['label']}: partial epoch ({_partial_text(r)}), rate extrapolated"
         for r in results
@@ -606,6 +726,29 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
     return doc
 
 
+def _too_brief_text(brief: list[dict], ranked: int) -> str:
+    """The report's warning that ``brief`` configurations ran too briefly to be ranked."""
+    each = ", ".join(f"{r['label']}: {_secs(r['seconds'])}" for r in brief)
+    return (
+        f"--sweep: {len(brief)} of {ranked} configurations timed under {MIN_RANKED_S:g} s per "
+        f"repeat ({each}): too brief to be ranked, so the best configuration is not established "
+        "(time more rows: -n up to an epoch, or a larger dataset, e.g. --rows for a demo)"
+    )
+
+
+def _secs(t: float) -> str:
+    return f"{t:.2f} s" if t >= 0.1 else f"{t * 1e3:.2g} ms"
+
+
+def _in_batches(s: dict[str, Any]) -> dict[str, Any]:
+    """A spec's -m/-n rows as whole batches of its batch size (what the runner counts)."""
+    B = s["batch_size"]
+    rows = s.pop("warmup_rows"), s.pop("measure_rows")
+    s["warmup"] = DEFAULT_WARMUP_BATCHES if rows[0] is None else _batches(rows[0], B)
+    s["measure"] = _batches(rows[1], B)
+    return s
+
+
 def _partial_text(r: dict) -> str:
     reps = r.get("repeats") or [{}]
     return f"{reps[0].get('rows', 0):,} rows timed per repeat"
@@ -622,6 +765,13 @@ def _clamp(s: dict[str, Any], num_rows: int) -> dict[str, Any]:
         n, clamped = nb - m, True
     s.update(warmup=m, measure=n, _clamped=clamped)
     return s
+
+
+def _rows_text(rows: int | None, batches: int | None, batch_size: int) -> str:
+    """``"1,000 rows (4 batches of 256)"``; ``rows`` None: the batches' rows."""
+    if rows is None:
+        rows = (batches or 0) * batch_size
+    return f"{rows:,} rows ({batches} batch{'es' if batches != 1 else ''} of {batch_size})"
 
 
 def _cfg_text(s: dict) -> str:
@@ -656,9 +806,9 @@ _REMOTE_CACHE = (
 
 
 def _header(
-    info: dict, args, warmed: int, warm_s: float, *, warmup: int | None = None, remote: bool = False
+    info: dict, args, warmed: int, warm_s: float, *, warmup: int, remote: bool = False
 ) -> str:
-    warmup = args.warmup if warmup is None else warmup
+    """The report's first lines; ``warmup`` is the warm-up batches per repeat."""
     comp = info["compression"]
     comp_s = "uncompressed" if comp.get("id") == "none" else f"blosc2 {comp.get('cname')}"
     return (
@@ -675,11 +825,15 @@ def _header(
             else f"cache    warm: file read once before measuring ({warmed / 1e6:,.0f} MB in "
             f"{warm_s:.2f} s)\n"
         )
-        + f"method   fresh process per config; {args.repeats} repeats, medians; {warmup} warm-up "
-        f"batches per repeat "
-        f"not timed; timed: "
-        f"{'the rest of the epoch' if args.measure is None else f'{args.measure} batches'} "
-        f"(at most {args.time_limit:g} s per repeat); every batch touched"
+        + f"method   fresh process per config; {args.repeats} repeats, medians; "
+        f"{_rows_text(args.warmup if warmup else 0, warmup, args.batch_size)} of warm-up per "
+        "repeat not timed; timed: "
+        + (
+            "the rest of the epoch"
+            if args.measure is None
+            else _rows_text(args.measure, _batches(args.measure, args.batch_size), args.batch_size)
+        )
+        + f" (at most {args.time_limit:g} s per repeat); every batch touched"
     )
 
 
@@ -723,7 +877,7 @@ def _print_report(doc: dict, *, console=None, log=print) -> None:
         cfg = " ".join(f"{k}={v}" for k, v in sw["best_config"].items())
         log(
             f"best configuration: {cfg}  ({sw['best']}: {report.fmt_rate(sw['best_rows_per_s'])} "
-            f"samples/s)"
+            "samples/s)" + (" - not ranked: see the note below" if sw.get("too_brief") else "")
         )
     for n in doc.get("notes", []):
         log(f"note: {n}")

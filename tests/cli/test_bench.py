@@ -67,7 +67,7 @@ def test_every_demo(demo, cache, tmp_path, capsys):
             "-m",
             "1",
             "-n",
-            "3",
+            "96",
             "-b",
             "32",
             "--repeats",
@@ -88,6 +88,7 @@ def test_every_demo(demo, cache, tmp_path, capsys):
     assert r["label"].startswith("rowstore")
     assert "samples/s" in text and "warm" in text
     assert "baselines" not in doc and "sweep" not in doc
+    assert not any("too brief" in n for n in doc["notes"])  # only a sweep ranks
 
 
 def test_full_epoch_counts_every_row(cache, tmp_path, capsys):
@@ -154,6 +155,7 @@ def test_table_says_whether_checks_were_on_and_gives_the_first_epoch(
 
 
 def test_measure_is_clamped_to_one_epoch(cache, tmp_path, capsys):
+    """-m 320 -n 6400 rows are 5 + 100 batches of 64; the epoch has 5 (300 rows): 4 + 1."""
     out = str(tmp_path / "b.json")
     doc, text = bench(
         [
@@ -162,9 +164,9 @@ def test_measure_is_clamped_to_one_epoch(cache, tmp_path, capsys):
             "--rows",
             "300",
             "-m",
-            "5",
+            "320",
             "-n",
-            "100",
+            "6400",
             "-b",
             "64",
             "--repeats",
@@ -250,7 +252,7 @@ def test_sweep(cache, tmp_path, capsys):
             "-m",
             "1",
             "-n",
-            "2",
+            "64",
             "--repeats",
             "1",
             "--sweep",
@@ -268,12 +270,70 @@ def test_sweep(cache, tmp_path, capsys):
     assert len(doc["results"]) == 4
     grid = [(r["config"]["threads"], r["config"]["batch_size"]) for r in doc["results"]]
     assert grid == [(1, 16), (1, 32), (2, 16), (2, 32)]
-    for r in doc["results"]:
-        check_result(r, r["config"]["batch_size"], expect_batches=2)
+    for r in doc["results"]:  # -n counts rows: 64 rows are 4 batches of 16 or 2 of 32
+        B = r["config"]["batch_size"]
+        check_result(r, B, expect_batches=64 // B, expect_rows=64)
     labels = [r["label"] for r in doc["results"]]
     assert doc["sweep"]["best"] in labels and "best configuration" in text
+    # 64 rows of 72 bytes are timed far under the 2 s a ranking needs: the report says so
+    assert doc["sweep"]["too_brief"] == labels and doc["sweep"]["min_ranked_s"] == 2
+    assert "not ranked: see the note below" in text
+    (note,) = [n for n in doc["notes"] if n.startswith("--sweep:")]
+    assert "4 of 4 configurations timed under 2 s per repeat" in note
+    assert "too brief to be ranked" in note and all(label in note for label in labels)
+    assert f"note: {note}" in " ".join(text.split())
     with open(png, "rb") as fh:
         assert fh.read(4) == b"\x89PNG"
+
+
+def _flags(*argv: str):
+    return cli.resolve_petastorm_flags(cli.build_parser().parse_args(["data.h5", *argv]))
+
+
+def test_petastorm_throughput_flags_have_their_meaning():
+    """petastorm-throughput.py's flags: -m/-n rows, -w readers of the -p pool, -d the mode."""
+    a = _flags("--warmup-cycles", "200", "--measure-cycles", "1000")
+    assert (a.warmup, a.measure, a.mode, a.threads, a.workers) == (200, 1000, "numpy", None, 0)
+    assert (_flags("-m", "200", "-n", "1000").warmup, _flags("-n", "1000").measure) == (200, 1000)
+    a = _flags("-w", "4")  # a thread pool by default: reader threads
+    assert (a.threads, a.workers, a.mode) == (4, 0, "numpy")
+    assert _flags("-p", "thread").threads == cli.PETASTORM_WORKERS == 3  # Petastorm's default
+    a = _flags("-p", "process", "-w", "2")  # processes: DataLoader workers
+    assert (a.mode, a.workers, a.threads) == ("torch", 2, None)
+    assert _flags("--workers-count", "5", "--pool-type", "dummy").threads == 1
+    assert _flags("-d", "tf").mode == "tf" and _flags("--read-method", "python").mode == "numpy"
+    a = cli.build_parser().parse_args(["data.h5", "-w", "2"])
+    cli.resolve_petastorm_flags(a)
+    assert a.threads is None  # a copy: the parsed arguments stay as given
+    for argv, match in [
+        (["-p", "process", "--mode", "numpy"], "use --mode torch"),
+        (["-p", "process", "-w", "2", "--workers", "3"], "-w 2 and --workers 3 disagree"),
+        (["-w", "2", "--threads", "3"], "--threads 3 was given"),
+        (["-d", "tf", "--mode", "torch"], "-d tf is --mode tf"),
+        (["-w", "0"], "-w must be >= 1"),
+    ]:
+        with pytest.raises(SystemExit, match=match):
+            _flags(*argv)
+    with pytest.raises(SystemExit):  # argparse: not a pool Petastorm has
+        _flags("-p", "greenlet")
+
+
+def test_petastorm_flags_end_to_end_count_rows(cache, tmp_path, capsys):
+    out = str(tmp_path / "p.json")
+    doc, text = bench(
+        ["--demo", "tiny", "--rows", "300", "-b", "32", "--repeats", "1", "--cache-dir", cache]
+        + ["-m", "40", "-n", "50", "-p", "thread", "-w", "2", "--field-regex", "l.*"]
+        + ["--json", out],
+        capsys,
+    )
+    (r,) = doc["results"]
+    # 40 warm-up rows: 2 batches of 32 untimed; 50 timed rows: 2 batches (64 rows)
+    check_result(r, 32, expect_batches=2, expect_rows=64)
+    assert r["repeats"][0]["warmup_batches"] == 2 and r["config"]["threads"] == 2
+    assert r["fields"] == ["label"]
+    s = doc["settings"]
+    assert (s["warmup_rows"], s["measure_rows"], s["warmup"], s["measure"]) == (40, 50, 2, 2)
+    assert "40 rows (2 batches of 32) of warm-up" in text and "timed: 50 rows" in text
 
 
 def test_sweep_rejects_unknown_keys():
@@ -326,7 +386,7 @@ def test_torch_modes(mode, cache, tmp_path, capsys):
             "-m",
             "1",
             "-n",
-            "3",
+            "96",
             "-b",
             "32",
             "--threads",
@@ -345,7 +405,10 @@ def test_torch_modes(mode, cache, tmp_path, capsys):
     assert mode.split("-")[0] in r["label"]
 
 
-def test_torch_workers(cache, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "flags", [["--mode", "torch", "--workers", "2"], ["-p", "process", "-w", "2"]]
+)
+def test_torch_workers(flags, cache, tmp_path, capsys):
     pytest.importorskip("torch")
     try:
         from rowstore.bench.adapters import check_mode
@@ -360,10 +423,7 @@ def test_torch_workers(cache, tmp_path, capsys):
             "tiny",
             "--rows",
             "300",
-            "--mode",
-            "torch",
-            "--workers",
-            "2",
+            *flags,
             "-m",
             "1",
             "-b",
@@ -397,7 +457,7 @@ def test_tf_mode(cache, tmp_path, capsys):
             "-m",
             "1",
             "-n",
-            "3",
+            "96",
             "-b",
             "32",
             "--repeats",

@@ -59,6 +59,7 @@ from rowstore.errors import FormatError, RowstoreError, RowValidationError, Sche
 from rowstore.format import DatasetWriter, Writer
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 from rowstore.storage import local_path as _local_path
+from rowstore.storage.inputs import open_input
 
 __all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODERS", "local_path"]
 
@@ -789,6 +790,26 @@ def parquet_files(root: str) -> list[str]:
     return out
 
 
+def _parquet_input(f: str) -> Any:
+    """Parquet file ``f`` opened as every ingest input is (a regular file, found without
+    blocking on a FIFO or device: :func:`rowstore.storage.inputs.open_input`), as the binary
+    file object pyarrow reads; the caller closes it."""
+    fd, _ = open_input(f, what="Parquet file")
+    return os.fdopen(fd, "rb")
+
+
+def _parquet_file(f: str) -> pq.ParquetFile:
+    """Parquet file ``f`` (see :func:`_parquet_input`) as a ``ParquetFile``; close it with
+    ``close(force=True)``."""
+    fh = _parquet_input(f)
+    try:
+        with _parquet_read(f):
+            return pq.ParquetFile(fh)
+    except BaseException:
+        fh.close()
+        raise
+
+
 @contextmanager
 def _parquet_read(f: str) -> Iterator[None]:
     """pyarrow's errors reading Parquet file ``f`` as ours: a corrupt or truncated file (pyarrow's
@@ -843,8 +864,8 @@ def _parquet_nulls(files: list[str], schema: pa.Schema) -> Callable[[str], bool 
     where a file has no statistics for it: the Arrow flag decides)."""
     counts: dict[str, int | None] = {}
     for f in files:
-        with _parquet_read(f):
-            _null_counts(pq.read_metadata(f), schema, counts)
+        with _parquet_input(f) as fh, _parquet_read(f):
+            _null_counts(pq.read_metadata(fh), schema, counts)
     return lambda c: None if counts.get(c) is None else counts[c] > 0  # type: ignore[operator]
 
 
@@ -873,8 +894,7 @@ def _parquet_batches(
     max_row_group_bytes: int,
 ) -> Iterator[pa.RecordBatch]:
     for f in files:
-        with _parquet_read(f):
-            pf = pq.ParquetFile(f)
+        pf = _parquet_file(f)
         try:
             with _parquet_read(f):
                 got = pf.schema_arrow
@@ -897,7 +917,7 @@ def _parquet_batches(
                 yield from batches
                 del batches
         finally:
-            pf.close()
+            pf.close(force=True)
 
 
 def _unischema_schema(uni: Unischema, arrow_schema: pa.Schema) -> Schema:
@@ -955,6 +975,9 @@ def from_parquet(
     if petastorm not in (True, False, "auto"):
         raise ValueError(f"petastorm must be True, False or 'auto', got {petastorm!r}")
     if petastorm:
+        meta = os.path.join(root, "_common_metadata")
+        if os.path.exists(meta):  # a regular file (a FIFO there would block pyarrow's open)
+            os.close(open_input(meta, what="Petastorm metadata file")[0])
         uni = read_unischema(root, required=petastorm is True)
         if uni is not None:
             if schema is not None or decode is not None:
@@ -973,8 +996,8 @@ def from_parquet(
     ):
         raise ValueError(f"max_row_group_bytes must be an int >= 1, got {max_row_group_bytes!r}")
     files = parquet_files(root)
-    with _parquet_read(files[0]):
-        ref = pq.read_schema(files[0]).remove_metadata()
+    with _parquet_input(files[0]) as fh, _parquet_read(files[0]):
+        ref = pq.read_schema(fh).remove_metadata()
     if columns is not None:
         missing = [c for c in columns if c not in ref.names]
         if missing:

@@ -581,11 +581,14 @@ class SparkDatasetConverter:
             dataset_kwargs["num_threads"] = positive_int("workers_count", workers_count)
         del shuffling_queue_capacity  # the epoch order mixes rows (see the docstring)
         num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        if data_loader_fn is not None and num_epochs is None:
-            raise ValueError(
-                "with data_loader_fn, num_epochs must be an int (the dataset yields that many "
-                "epochs per iteration)"
-            )
+        per_iteration = 1  # epochs one iteration of the dataset yields
+        if data_loader_fn is not None:
+            if num_epochs is None:
+                raise ValueError(
+                    "with data_loader_fn, num_epochs must be an int (the dataset yields that "
+                    "many epochs per iteration)"
+                )
+            per_iteration = num_epochs
         dataset = rst.IterableDataset(
             self.path,
             batch_size=batch_size,
@@ -593,7 +596,7 @@ class SparkDatasetConverter:
             seed=seed,
             shard=_shard(shard, cur_shard, shard_count),
             batch_transform=transform if transform is not None else transform_spec,
-            num_epochs=1 if data_loader_fn is None else num_epochs,
+            num_epochs=per_iteration,
             **dataset_kwargs,
         )
         try:

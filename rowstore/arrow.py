@@ -43,6 +43,7 @@ are: not decoded, not encoded again; the writer checks each one's header against
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,10 +54,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rowstore._payloads import DECODERS, Decode
+from rowstore._payloads import DECODERS, Decode, declared_array
 from rowstore._unischema import Unischema, read_unischema
 from rowstore.errors import FormatError, RowstoreError, RowValidationError, SchemaError
-from rowstore.format import DatasetWriter, Writer
+from rowstore.format import DatasetWriter, Writer, spec
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 from rowstore.storage import local_path as _local_path
 from rowstore.storage.inputs import open_input
@@ -161,6 +162,15 @@ def arrow_field(af: pa.Field, *, name: str | None = None, nullable: bool | None 
     dtype, shape = _leaf(af.type, af.name)
     if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
         shape = tuple(None if s == 0 else s for s in shape)
+    if shape and None not in shape:  # stored in the row, which must fit a block
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # (Python ints: no wrap-around)
+        if nbytes > spec.MAX_CHUNK_BYTES:
+            raise SchemaError(
+                f"column {af.name!r}: {af.type} makes values of {nbytes} bytes, stored in the "
+                f"row, which must fit a block (spec.MAX_CHUNK_BYTES = {spec.MAX_CHUNK_BYTES} "
+                "bytes); cast it to a variable-size list to store its values on the heap",
+                field=af.name,
+            )
     return Field(
         name or af.name, dtype, shape, nullable=af.nullable if nullable is None else bool(nullable)
     )
@@ -208,6 +218,7 @@ def _plan(
                 )
             else:
                 field = _infer_decoded(fname, af.name, d, first, nullable)
+                d = Decode(d.how, field)  # its shape bounds every payload before it is decoded
             out.append(_Column(af.name, field, af, d))
         else:
             out.append(_Column(af.name, arrow_field(af, name=fname, nullable=nullable), af))
@@ -257,7 +268,18 @@ class _Kind:
 
 
 def _kind(d: Decode, v: bytes, col: str, row: int) -> Any:
-    """What ``v`` decodes to: for images from the header (nothing decoded), else decoded."""
+    """What ``v`` decodes to, from its header (nothing decoded: an npz member's values are
+    not inflated) for the built-in decoders; decoded for others."""
+    if d.how in ("npy", "npz"):
+        try:
+            shape, dtype = declared_array(d.how, v)
+        except Exception as exc:  # a payload the decoder rejects: name it
+            raise RowValidationError(
+                f"column {col!r}, row {row}: the {d.how} payload does not decode: {exc}",
+                field=col,
+                row=row,
+            ) from exc
+        return _Kind(dtype, shape)
     if d.how not in ("png", "jpeg"):
         return _decoded(d, v, col, row)
     from rowstore.codecs.image import jpeg_header, png_header

@@ -36,7 +36,7 @@ import numpy as np
 from rowstore.codecs.abc import Encoded
 from rowstore.codecs.raw import Raw
 from rowstore.codecs.text import Bytes, Utf8
-from rowstore.errors import CodecError, RowValidationError
+from rowstore.errors import CodecError, RowValidationError, SchemaError
 from rowstore.format import spec
 from rowstore.kernels import RowKind, RowPlan
 from rowstore.schema import BYTES, STR, Field, Schema
@@ -46,6 +46,7 @@ __all__ = [
     "PackedBlock",
     "PackerTail",
     "check_value_size",
+    "check_row_bytes",
     "value_nbytes",
     "max_rows_per_block",
     "first_rows_per_block",
@@ -83,6 +84,27 @@ def _too_big(field: Field, row: int, what: str, limit: str) -> RowValidationErro
         field=field.name,
         row=row,
     )
+
+
+def check_row_bytes(schema: Schema) -> int:
+    """The bytes of one stored row of ``schema``, counted in Python ints (numpy's dtype size
+    wraps around past ``2**31 - 1``); :class:`SchemaError` naming the largest field when a row
+    would not fit a block (:data:`spec.MAX_CHUNK_BYTES`)."""
+    sizes = {
+        f.name: (f.stored_nbytes if f.inline else spec.heap_ref_dtype(f).itemsize) + f.nullable
+        for f in schema
+    }
+    total = sum(sizes.values())
+    if total > spec.MAX_CHUNK_BYTES:
+        big = max(sizes, key=sizes.__getitem__)
+        raise SchemaError(
+            f"field {big!r}: a row of this schema takes {total} bytes ({sizes[big]} of them "
+            f"this field's), more than a block may hold (spec.MAX_CHUNK_BYTES = "
+            f"{spec.MAX_CHUNK_BYTES}); store large arrays as variable-shape fields (on the "
+            "heap) or split them over rows",
+            field=big,
+        )
+    return total
 
 
 def max_rows_per_block(itemsize: int) -> int:
@@ -219,6 +241,7 @@ class RowPacker:
 
     def __init__(self, schema: Schema, *, capacity: int = 64):
         self.schema = schema
+        check_row_bytes(schema)  # before numpy sizes the row (in a C int)
         self.row_dtype = spec.row_dtype(schema)
         self.itemsize = self.row_dtype.itemsize
         self.heap_fields = [f.name for f in schema if not f.inline]

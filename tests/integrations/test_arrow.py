@@ -529,3 +529,106 @@ def test_a_truncated_or_corrupt_parquet_file_is_a_format_error(tmp_path):
             kinds.add(type(exc.__cause__).__name__ if exc.__cause__ else type(exc).__name__)
             assert isinstance(exc, (rowstore.FormatError, RowValidationError)), (k, exc)
     assert {"ArrowInvalid", "OSError"} <= kinds, kinds
+
+
+def test_a_fixed_size_list_too_large_for_a_row_is_a_schema_error(tmp_path):
+    """``fixed_size_list<int8>[2**31 - 1]``: its values would be stored in the row, which must
+    fit a block; refused naming the column when the schema is inferred (before any batch is
+    read), and naming the field when a schema is given (numpy's row size wraps around)."""
+    t = pa.list_(pa.int8(), 2**31 - 1)
+    empty = pa.table({"x": pa.array([], t)})
+    src = str(tmp_path / "big.parquet")
+    pq.write_table(empty, src)
+    calls = [
+        lambda: infer_schema(empty.schema),
+        lambda: from_arrow(empty, str(tmp_path / "a.h5")),
+        lambda: from_parquet(src, str(tmp_path / "b.h5")),
+    ]
+    for call in calls:
+        with pytest.raises(SchemaError, match="column 'x'.*MAX_CHUNK_BYTES") as e:
+            call()
+        assert e.value.field == "x"
+    given = Schema([Field("x", "int8", (2**31 - 1,), nullable=True)])  # a row of 2**31 bytes
+    with pytest.raises(SchemaError, match="field 'x'.*MAX_CHUNK_BYTES") as e:
+        from_arrow(empty, str(tmp_path / "c.h5"), schema=given)
+    assert e.value.field == "x"
+    assert sorted(os.listdir(tmp_path)) == ["big.parquet"]
+
+
+def _npz_bomb(shape: tuple[int, ...], zeros: int) -> bytes:
+    """An npz (a zip of one deflated member, ``arr_0.npy``) whose npy header declares a float64
+    array of ``shape``, followed by ``zeros`` bytes (a multiple of 16 MiB) of zeros: the zip's
+    declared size and CRC are true, but it is about 1/1000 of that on disk."""
+    import struct
+    import zlib
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        head, {"descr": "<f8", "fortran_order": False, "shape": shape}
+    )
+    head_bytes = head.getvalue()
+    block = bytes(16 << 20)
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    # A full flush resets the window: every block of zeros compresses to the same bytes.
+    first = c.compress(head_bytes) + c.flush(zlib.Z_FULL_FLUSH)
+    again = c.compress(block) + c.flush(zlib.Z_FULL_FLUSH)
+    data = first + again * (zeros // len(block)) + c.flush()
+    crc = zlib.crc32(head_bytes)
+    for _ in range(zeros // len(block)):
+        crc = zlib.crc32(block, crc)
+    size = len(head_bytes) + zeros
+    name = b"arr_0.npy"
+    common = struct.pack("<HHHHHIII", 20, 0, 8, 0, 0, crc, len(data), size)
+    local = b"PK\x03\x04" + common + struct.pack("<HH", len(name), 0) + name
+    central = (
+        b"PK\x01\x02"
+        + struct.pack("<H", 20)
+        + common
+        + struct.pack("<HHHHHII", len(name), 0, 0, 0, 0, 0, 0)  # ... local header at 0
+        + name
+    )
+    end = b"PK\x05\x06" + struct.pack(
+        "<HHHHIIH", 0, 0, 1, 1, len(central), len(local) + len(data), 0
+    )
+    return local + data + central + end
+
+
+_PEAK_RSS = """
+import json, resource, sys
+from rowstore.arrow import from_parquet
+try:
+    from_parquet(sys.argv[1], sys.argv[2], decode={"c": "npz"}, batch_rows=1)
+    err = None
+except Exception as exc:
+    err = [type(exc).__name__, getattr(exc, "field", None), getattr(exc, "row", None), str(exc)]
+print(json.dumps([err, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))
+"""
+
+
+@pytest.mark.parametrize("lie", ["npy header", "zip size only"])
+def test_an_npz_bomb_is_bounded_by_the_inferred_field_before_inflating(tmp_path, lie):
+    """A decoded column whose field was inferred from the first batch ((8, 6) float64), then
+    an npz cell of 1.9 GiB of deflated zeros (2 MB on disk), its npy header declaring them (or
+    declaring (8, 6), the zip member 1.9 GiB): refused from the headers, never inflated; the
+    peak memory of the converting process stays far below what the cell declares."""
+    import json
+    import subprocess
+    import sys
+
+    good = io.BytesIO()
+    np.savez_compressed(good, np.ones((8, 6)))
+    zeros = 121 << 24  # 1.89 GiB
+    shape = (8, zeros // 64) if lie == "npy header" else (8, 6)
+    bad = _npz_bomb(shape, zeros)
+    assert len(bad) < 4 << 20
+    src, out = str(tmp_path / "bomb.parquet"), str(tmp_path / "out.h5")
+    pq.write_table(pa.table({"c": [good.getvalue(), bad]}), src)
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, src, out], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    err, peak = json.loads(run.stdout.splitlines()[-1])
+    assert peak < 500 << 20, f"peak RSS {peak >> 20} MiB ({err})"
+    assert err is not None and err[:3] == ["RowValidationError", "c", 1], err
+    assert "column 'c', row 1" in err[3] and "declares" in err[3], err
+    assert not os.path.exists(out)

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rowstore.errors import SchemaError
+from rowstore.errors import RowValidationError, SchemaError
 from rowstore.format import DatasetWriter, Writer
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY
@@ -148,7 +148,15 @@ def _object_plan(name: Any, fname: str, values: np.ndarray) -> tuple[Field, dict
             )
         if k != "array":
             continue
-        arr = v if isinstance(v, np.ndarray) else np.asarray(v)
+        try:
+            arr = v if isinstance(v, np.ndarray) else np.asarray(v)
+        except (ValueError, TypeError) as exc:  # ragged nested lists: [[1, 2], [3]]
+            raise RowValidationError(
+                f"column {name!r}, row {i}: a {type(v).__name__} cell that is not an n-D "
+                f"array (nested lists of different lengths?): {exc}",
+                field=fname,
+                row=i,
+            ) from None
         if arr.dtype == object or arr.dtype.kind in "USV":
             raise SchemaError(
                 f"column {name!r}, row {i}: a {arr.dtype} array cell cannot be stored; expected "

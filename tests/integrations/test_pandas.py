@@ -268,6 +268,20 @@ def test_conflicts_named_by_column_and_row(tmp_path):
         infer_schema(pd.DataFrame({"p": pd.period_range("2020", periods=2, freq="Y")}))
 
 
+@pytest.mark.parametrize("given", [False, True])
+def test_ragged_nested_lists_are_named_by_column_and_row(tmp_path, given):
+    """Nested lists of different lengths make no n-D array: the cell is named, not numpy's
+    ValueError let through (with an inferred schema or a given one)."""
+    df = pd.DataFrame({"w": [[[1, 2], [3, 4]], [[1, 2], [3]], [[5, 6], [7, 8]]]})
+    schema = rowstore.Schema([rowstore.Field("w", "int64", (None, 2))]) if given else None
+    with pytest.raises(RowValidationError, match=r"column 'w', row 1: a list cell") as e:
+        from_pandas(df, str(tmp_path / "a.h5"), schema=schema)
+    assert (e.value.field, e.value.row) == ("w", 1)
+    assert not (tmp_path / "a.h5").exists()
+    with pytest.raises(RowValidationError, match="row 1"):
+        infer_schema(df)
+
+
 def test_given_schema_checks_cells(tmp_path):
     df = pd.DataFrame({"w": [np.zeros(3, np.float64), np.zeros(4, np.float64)]})
     schema = rowstore.Schema([rowstore.Field("w", "float32", (None,))])

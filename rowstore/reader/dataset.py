@@ -8,6 +8,7 @@ Afterwards reads are ``pread`` calls on plain file descriptors, opened lazily in
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any, cast
@@ -18,6 +19,7 @@ from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import SchemaError
 from rowstore.format.open import open_layout
 from rowstore.format.shards import DatasetLayout
+from rowstore.format.spec import BLOCK_DTYPE, HEAP_CHUNK_DTYPE
 from rowstore.reader import order as _order
 from rowstore.reader._args import select_fields
 from rowstore.reader._decode import Decoder
@@ -190,6 +192,7 @@ class Reader:
 
     def _init_state(self, layout: DatasetLayout) -> None:
         self.layout = layout
+        self._fingerprint: str | None = None
         self.path: str = layout.path
         self.schema: Schema = layout.schema
         self._plans = plan_fields(layout.schema, layout.row_dtype)
@@ -257,6 +260,19 @@ class Reader:
     @property
     def num_rows(self) -> int:
         return self.layout.num_rows
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's identity, as a resume state names it (16 hex digits).
+
+        A hash (BLAKE2b, 64 bits) of the schema, the rows of each shard and the block and heap
+        chunk indexes, whose entries hold each stored chunk's CRC-32: two datasets differ in it
+        whenever their bytes do, even with the same rows and manifest version, and the same
+        bytes give the same fingerprint wherever they are (a copied or moved dataset, a
+        directory or its shard files). Computed once per reader, on first use."""
+        if self._fingerprint is None:
+            self._fingerprint = layout_fingerprint(self.layout)
+        return self._fingerprint
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         """One row as a dict: arrays, scalars (0-d arrays), str/bytes, ``None`` for nulls."""
@@ -963,6 +979,17 @@ class Reader:
         return cut_batches(
             prefetched(segs, produce, threads, prefetch), batch_size, spec.drop_last, finish
         )
+
+
+def layout_fingerprint(layout: DatasetLayout) -> str:
+    """:attr:`Reader.fingerprint` of a layout."""
+    h = hashlib.blake2b(b"rowstore.dataset\0", digest_size=8)
+    h.update(layout.schema.to_json_str().encode())
+    h.update(np.ascontiguousarray(layout.shard_rows, dtype="<i8").tobytes())
+    for arr, dtype in ((layout.blocks, BLOCK_DTYPE), (layout.heap_chunks, HEAP_CHUNK_DTYPE)):
+        h.update(len(arr).to_bytes(8, "little"))
+        h.update(np.ascontiguousarray(arr, dtype=dtype).view(np.uint8).data)
+    return h.hexdigest()
 
 
 def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:

@@ -21,6 +21,7 @@ Source ``k``'s pass ``p`` of mixture epoch ``e`` uses source epoch ``e * 2**20 +
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Generator, Mapping, Sequence
@@ -166,6 +167,17 @@ class Mixture:
     @property
     def num_rows(self) -> int:
         return self.epoch_rows
+
+    @property
+    def fingerprint(self) -> str:
+        """The mixture's identity, as a resume state names it (16 hex digits): a hash of its
+        sources' :attr:`~rowstore.reader.Reader.fingerprint`\\ s, the rows each gives an epoch
+        (the weights), its seed and replacement mode."""
+        h = hashlib.blake2b(b"rowstore.mixture\0", digest_size=8)
+        h.update(json.dumps([self.seed, self.replacement, self.counts.tolist()]).encode())
+        for r in self.sources:
+            h.update(r.fingerprint.encode())
+        return h.hexdigest()
 
     def __repr__(self) -> str:
         ws = ", ".join(f"{p!r}: {w:.3g}" for p, w in zip(self._paths, self.weights))

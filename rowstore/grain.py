@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,10 +34,19 @@ import numpy as np
 from grain.checkpoint import CheckpointHandler as _GrainHandler
 
 from rowstore._check import positive_int
+from rowstore.errors import StateError
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.reader.dataset import as_reader
-from rowstore.reader.epochs import EpochSpec, as_pair, check_quality, report_quality
-from rowstore.reader.plan import ID_KEY, STATE_KIND, EpochPlan
+from rowstore.reader.epochs import (
+    MAX_STATE_BYTES,
+    STATE_KIND,
+    EpochSpec,
+    as_pair,
+    check_quality,
+    loads_state,
+    report_quality,
+)
+from rowstore.reader.plan import ID_KEY, EpochPlan
 
 __all__ = [
     "BatchSource",
@@ -322,12 +330,14 @@ class EpochIterator(grain.DatasetIterator):
     """The iterator of an :class:`EpochDataset`: its batches in order, and where it stands.
 
     ``get_state()`` is rowstore's epoch state once every process took as many steps as this
-    one (``rowstore.reader.plan.make_state``: the epoch, what the order depends on, and the
-    epoch's global batches not yet delivered; plain JSON values). It is the same on every
-    process, and ``set_state()`` on an iterator of an ``EpochDataset`` with *another* ``shard``
-    world (the same order arguments and ``batch_size``) deals exactly the batches not yet
-    delivered: every row once across the interruption. A state of another order (seed,
-    dataset, batch size...) is refused with ``ValueError``. States of
+    one (:class:`rowstore.reader.epochs.StreamState`: the epoch, the dataset's fingerprint
+    and what the order depends on, and the epoch's global batches not yet delivered; plain
+    JSON values). It is the same on every process, and ``set_state()`` on an iterator of an
+    ``EpochDataset`` with *another* ``shard`` world (the same order arguments and
+    ``batch_size``) deals exactly the batches not yet delivered: every row once across the
+    interruption. A state of another dataset or order
+    (seed, batch size...), or with an invalid field, is refused with
+    :class:`~rowstore.errors.StateError` (a ``ValueError``) naming the field. States of
     ``rowstore.torch.ResumableDataLoader`` and ``rowstore.tf.Loader`` load here too.
 
     Not thread-safe (as Grain's iterators are not): one thread calls ``next`` and the state
@@ -407,9 +417,9 @@ class EpochIterator(grain.DatasetIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a state of :meth:`get_state` (of any process, of any world)."""
         ds = self._ds
-        epoch, remaining = ds.spec.read_state(ds.reader, dict(state), ds.batch_size)
+        st = ds.spec.read_state(ds.reader, state, ds.batch_size)
         self._drop()
-        self._epoch, self._remaining, self._steps = epoch, remaining, 0
+        self._epoch, self._remaining, self._steps = st.epoch, st.remaining, 0
         self._state = None
 
     def close(self) -> None:
@@ -437,27 +447,40 @@ class CheckpointHandler(_GrainHandler):
         item = item or args.item
         from grain._src.core import sharding  # the pair Grain's save named the file by
 
+        if not isinstance(item, grain.DatasetIterator):
+            return super().restore(directory, item=item)  # Grain's DataLoader: its own bytes
         rank, world = sharding.get_process_index_and_count()
-        if (directory / f"process_{rank}-of-{world}.json").exists():
-            return super().restore(directory, item=item)
+        mine = directory / f"process_{rank}-of-{world}.json"
+        if mine.exists():
+            item.set_state(_read_state(mine))
+            item.start_prefetch()
+            return item
         files = sorted(directory.glob("process_*-of-*.json"))
         if not files:
-            raise ValueError(f"no Grain iterator state (process_*-of-*.json) in {directory}")
-        states = [json.loads(f.read_text()) for f in files]
+            raise StateError(f"no Grain iterator state (process_*-of-*.json) in {directory}")
+        states = [_read_state(f) for f in files]
         state = states[0]
         if not isinstance(state, dict) or state.get("kind") != STATE_KIND:
-            raise ValueError(
+            raise StateError(
                 f"{directory} holds the states of another process count ({files[0].name}) "
                 f"that are not rowstore epoch states: only those resume on {world} processes"
             )
         if any(s != state for s in states[1:]):
-            raise ValueError(
+            raise StateError(
                 f"the saved processes' states differ ({len(files)} files in {directory}): save "
                 f"when every process took the same number of steps"
             )
         item.set_state(state)
         item.start_prefetch()
         return item
+
+
+def _read_state(path: Any) -> Any:
+    """A process's saved iterator state: at most ``MAX_STATE_BYTES`` of JSON, parsed with
+    bounded nesting (:func:`~rowstore.reader.epochs.loads_state`)."""
+    with path.open("rb") as f:
+        data = f.read(MAX_STATE_BYTES + 1)
+    return loads_state(data, str(path))
 
 
 # Orbax's argument classes for the handler (as Grain registers its own): ``ocp.args.Composite(

@@ -21,36 +21,41 @@ keyword arguments, so the same words have the same meaning everywhere (``docs/or
 
 The spec also gives what the resumable loaders share: the order key a saved state is checked
 against, the state once every consumer took ``k`` steps, and the shuffle-quality report.
+
+:class:`StreamState` is the one resume-state codec: every loader's saved state is one, as
+versioned JSON that names its dataset (the source's ``fingerprint``), and every loaded state is
+checked here field by field (type, range, and against the loader's dataset and order), refused
+with :class:`~rowstore.errors.StateError` naming the field. :func:`loads_state` bounds a state
+read as JSON text.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 import warnings
+import zlib
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from rowstore._check import positive_int
+from rowstore.errors import StateError
 from rowstore.reader.image_ops import check_decode
-from rowstore.reader.order import check_args, check_shard, shuffle_mode
-from rowstore.reader.plan import (
-    ORDER_DEFAULTS,
-    EpochPlan,
-    default_unit,
-    make_state,
-    rank_steps_taken,
-    read_state,
-    subset_key,
-)
+from rowstore.reader.order import MODES, check_args, check_shard, shuffle_mode
+from rowstore.reader.plan import EpochPlan, default_unit, rank_steps_taken
 
 __all__ = [
     "EpochSpec",
     "EpochSource",
+    "StreamState",
     "as_pair",
     "check_quality",
     "deprecated",
+    "loads_state",
     "no_decode",
     "part_spec",
     "report_quality",
@@ -207,21 +212,22 @@ class EpochSpec:
         return dataclasses.replace(self, window=window, pieces=pieces)
 
     def adopt(self, state: Any) -> EpochSpec:
-        """The spec a saved ``state`` resumes with: when this spec leaves both window and
-        pieces to their defaults, the window and pieces the state was saved with (a state
-        without ``pieces`` is a ``pieces=1`` order), so a state saved under other defaults
-        resumes its own order; otherwise this spec (and :meth:`read_state` refuses a state
-        saved with other values)."""
+        """The spec a saved ``state`` (a :class:`StreamState`, or its order keys) resumes with:
+        when this spec leaves both window and pieces to their defaults, the window and pieces
+        the state was saved with (a state without ``pieces`` is a ``pieces=1`` order), so a
+        state saved under other defaults resumes its own order; otherwise this spec (and
+        :meth:`read_state` refuses a state saved with other values)."""
+        order = state.order if isinstance(state, StreamState) else state
         if (
             self.window is not None
             or self.pieces is not None
-            or not isinstance(state, dict)
-            or "window" not in state
+            or not isinstance(order, Mapping)
+            or "window" not in order
         ):
             return self
         try:
             return self.replace(
-                window=state["window"], pieces=state.get("pieces", ORDER_DEFAULTS["pieces"])
+                window=order["window"], pieces=order.get("pieces", ORDER_DEFAULTS["pieces"])
             )
         except (TypeError, ValueError):
             return self  # not a valid order: read_state says what is wrong with the state
@@ -257,22 +263,49 @@ class EpochSpec:
 
     def order_key(self, source: EpochSource, batch_size: int) -> dict[str, Any]:
         """What a resumable state's order depends on (checked when a state is loaded): the
-        resolved window and pieces."""
+        dataset (its rows, manifest version and :attr:`~rowstore.reader.Reader.fingerprint`),
+        the resolved window and pieces, the row subset, the batches."""
         plan = self.plan(source, batch_size)
         spec = self.resolve(source)
         return {
+            "dataset_version": source.layout.version,
+            "dataset_rows": len(source),
+            "dataset": source.fingerprint,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "window": spec.window,
             "pieces": spec.pieces,
-            "dataset_rows": len(source),
-            "dataset_version": source.layout.version,
             "subset": subset_key(self.keep),
             "batch_size": batch_size,
             "num_rows": plan.num_rows,
             "drop_last": plan.drop_last,
             "pad": plan.pad,
         }
+
+    def state(
+        self,
+        source: EpochSource,
+        batch_size: int,
+        epoch: int,
+        remaining: list | None = None,
+        *,
+        consumer: tuple[int, int] | None = None,
+        taken: int = 0,
+        row: int = 0,
+    ) -> dict[str, Any]:
+        """The state (:meth:`StreamState.to_json`) of ``epoch`` with ``remaining`` global
+        batches left (None: the epoch from its start); with ``consumer``, a DataLoader
+        worker's own progress in it."""
+        plan = self.plan(source, batch_size, remaining)
+        return StreamState(
+            STATE_KIND,
+            _int("epoch", epoch, 0, MAX_EPOCH),
+            self.order_key(source, batch_size),
+            remaining=None if plan.fresh else plan.remaining,
+            consumer=consumer,
+            taken=taken,
+            row=row,
+        ).to_json()
 
     def state_after(
         self,
@@ -290,15 +323,36 @@ class EpochSpec:
         unit = self.unit_for(source, batch_size)
         left = plan.after(rank_steps_taken(plan, int(steps), world, workers, unit), unit)
         if left is None:
-            return make_state(int(epoch) + 1, self.order_key(source, batch_size), None)
-        return make_state(int(epoch), self.order_key(source, batch_size), left)
+            return self.state(source, batch_size, int(epoch) + 1)
+        return self.state(source, batch_size, int(epoch), left.remaining)
 
     def read_state(
-        self, source: EpochSource, state: Any, batch_size: int
-    ) -> tuple[int, list | None]:
-        """``(epoch, remaining)`` of a saved state; ``ValueError`` if it is for another order.
-        Checked against :meth:`adopt`'s spec: a loader resumes with ``self.adopt(state)``."""
-        return read_state(state, self.adopt(state).order_key(source, batch_size))
+        self, source: EpochSource, state: Any, batch_size: int, *, worker: bool = False
+    ) -> StreamState:
+        """The checked :class:`StreamState` of a saved dealt-epoch state
+        (:class:`~rowstore.errors.StateError` if a field is invalid or the state is for another
+        dataset or order). Checked against :meth:`adopt`'s spec: a loader resumes with
+        ``self.adopt(state)``. A DataLoader worker's own state (``consumer``) is refused unless
+        ``worker``: only that worker resumes it."""
+        st = StreamState.from_json(state)
+        if st.kind != STATE_KIND:
+            raise StateError(
+                f"a {st.kind!r} state resumes only that loader; this one reads "
+                f"{STATE_KIND!r} states",
+                field="kind",
+            )
+        if st.consumer is not None and not worker:
+            raise StateError(
+                f"this state is DataLoader worker {st.consumer}'s own (saved inside a worker): "
+                f"only an IterableDataset with the same workers resumes it; save the job's "
+                f"state with ResumableDataLoader.state_dict() instead",
+                field="consumer",
+            )
+        spec = self.adopt(st)
+        st.check(
+            spec.order_key(source, batch_size), batches=spec.plan(source, batch_size).num_batches
+        )
+        return st
 
     def steps(self, source: EpochSource, batch_size: int, remaining: list | None = None) -> int:
         """Steps (batches) this spec's consumer takes in an epoch (or what is left of it)."""
@@ -346,13 +400,17 @@ class EpochSource(Protocol):
     ``batches`` yields a contiguous ``part`` of an epoch, ``deal`` a consumer's dealt
     ``shard``; both take an :class:`EpochSpec` (or its keywords). ``plan`` gives the epoch's
     global batches, ``keep_mask`` a row subset, ``shuffle_quality`` the quality of an order,
-    ``read_ids`` the rows of row ids (what a mixture reads of its sources).
+    ``read_ids`` the rows of row ids (what a mixture reads of its sources), ``fingerprint``
+    the identity a resume state names (:class:`StreamState`).
     """
 
     schema: Any
     layout: Any
     num_threads: int
     varlen: str
+
+    @property
+    def fingerprint(self) -> str: ...
 
     def __len__(self) -> int: ...
 
@@ -409,3 +467,374 @@ def part_spec(
             f"shard=(rank, world) and pad= are deal()'s (got shard={spec.shard}, pad={spec.pad})"
         )
     return spec, pair
+
+
+# -- resume states: the one codec every loader's state goes through -----------------------------
+#: The kind of a dealt epoch's state (every loader but the in-memory one), and of the in-memory
+#: loader's (a position in a permutation of the rows it holds).
+STATE_KIND = "rowstore.epoch"
+INMEM_KIND = "InMemBatchedDataLoader"
+#: The state format written. Version 3 added ``"dataset"``, the dataset's fingerprint.
+STATE_VERSION = 3
+#: Earlier versions still read (they do not name their dataset: a ``FutureWarning`` says so).
+OLD_VERSIONS = {STATE_KIND: 2, INMEM_KIND: 1}
+#: Epochs (and batch numbers, rows) a state may hold: below ``2**62``, so that ``epoch + 1``
+#: and int64 arithmetic never overflow.
+MAX_EPOCH = 1 << 62
+#: Bounds of a state read as JSON text (:func:`loads_state`): bytes, and nesting depth.
+MAX_STATE_BYTES = 16 << 20
+MAX_STATE_DEPTH = 16
+
+#: Order keys added after states were first saved, and the value a state without them was saved
+#: with (a state from before ``pieces`` existed is a ``pieces=1`` order).
+ORDER_DEFAULTS: dict[str, Any] = {"pieces": 1}
+
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+
+
+def subset_key(keep: np.ndarray | None) -> int | None:
+    """A checksum of a row subset (None: all rows), so a state is not resumed on another subset."""
+    if keep is None:
+        return None
+    return zlib.crc32(np.packbits(np.asarray(keep, bool)).tobytes())
+
+
+def _bad(field: str, expected: str, value: Any) -> StateError:
+    got = repr(value)
+    got = got if len(got) <= 80 else got[:77] + "..."
+    return StateError(
+        f"{field} must be {expected}, got {got} ({type(value).__name__}) in a resume state",
+        field=field,
+    )
+
+
+def _int(field: str, value: Any, low: int = 0, high: int | None = None) -> int:
+    """An int (Python or NumPy; not bool, float or str) in ``[low, high)``."""
+    what = {0: "a non-negative int", 1: "a positive int"}.get(low, f"an int >= {low}")
+    if high is not None:
+        what += " below 2**62" if high == MAX_EPOCH else f" below {high}"
+    if (
+        not isinstance(value, (int, np.integer))
+        or isinstance(value, (bool, np.bool_))
+        or value < low
+        or (high is not None and value >= high)
+    ):
+        raise _bad(field, what, value)
+    return int(value)
+
+
+def _opt_int(field: str, value: Any, low: int = 0, high: int | None = None) -> int | None:
+    return None if value is None else _int(field, value, low, high)
+
+
+def _bool(field: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise _bad(field, "a bool", value)
+    return bool(value)
+
+
+def _seq(field: str, value: Any, what: str) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise _bad(field, what, value)
+    return list(value)
+
+
+def _pair(field: str, value: Any) -> tuple[int, int]:
+    """``[rank, world]`` with ints ``0 <= rank < world``."""
+    what = "[rank, world] with ints 0 <= rank < world"
+    v = _seq(field, value, what)
+    if len(v) != 2:
+        raise _bad(field, what, value)
+    world = _int(field, v[1], 1, MAX_EPOCH)
+    return _int(field, v[0], 0, world), world
+
+
+def _ranges(field: str, value: Any) -> list[list[int]] | None:
+    """None, or sorted disjoint non-empty ``[start, stop)`` ranges of ints."""
+    if value is None:
+        return None
+    what = "None or a list of [start, stop) int pairs, sorted, disjoint, non-empty"
+    out: list[list[int]] = []
+    last = 0
+    for r in _seq(field, value, what):
+        r = _seq(field, r, what)
+        if len(r) != 2:
+            raise _bad(field, what + f" (a range of {len(r)} items)", value)
+        a, b = _int(field, r[0], 0, MAX_EPOCH), _int(field, r[1], 0, MAX_EPOCH)
+        if b <= a or a < last:
+            raise _bad(field, what + f" (at [{a}, {b}))", value)
+        out.append([a, b])
+        last = b
+    return out
+
+
+def _shuffle(field: str, value: Any, kind: str) -> Any:
+    if kind == INMEM_KIND:
+        return _bool(field, value)
+    if not isinstance(value, str) or value not in MODES:
+        raise _bad(field, f"one of {MODES}", value)
+    return value
+
+
+def _fingerprint(field: str, value: Any) -> str:
+    if not isinstance(value, str) or not _FINGERPRINT.fullmatch(value):
+        raise _bad(field, "a dataset fingerprint (16 hex digits)", value)
+    return value
+
+
+#: Each key of a state: how it is checked (``check(key, value, kind)``), and for which kinds.
+#: ``order``: compared with the loader's own value when loaded (:meth:`StreamState.check`).
+_BOTH, _DEALT, _INMEM = (STATE_KIND, INMEM_KIND), (STATE_KIND,), (INMEM_KIND,)
+_FIELDS: dict[str, tuple[Any, tuple[str, ...], bool]] = {
+    "dataset_rows": (lambda k, v, _: _int(k, v), _DEALT, True),
+    "num_rows": (lambda k, v, _: _int(k, v), _BOTH, True),
+    "dataset_version": (lambda k, v, _: _opt_int(k, v), _BOTH, True),
+    "dataset": (lambda k, v, _: _fingerprint(k, v), _BOTH, True),
+    "seed": (lambda k, v, _: _int(k, v), _BOTH, True),
+    "shuffle": (_shuffle, _BOTH, True),
+    "window": (lambda k, v, _: _opt_int(k, v, 1), _DEALT, True),
+    "pieces": (lambda k, v, _: _opt_int(k, v, 1), _DEALT, True),
+    "subset": (lambda k, v, _: _opt_int(k, v, 0, 1 << 32), _DEALT, True),
+    "batch_size": (lambda k, v, _: _int(k, v, 1), _BOTH, True),
+    "drop_last": (lambda k, v, _: _bool(k, v), _DEALT, True),
+    "pad": (lambda k, v, _: _bool(k, v), _DEALT, True),
+    "shard": (lambda k, v, _: list(_pair(k, v)), _INMEM, True),
+    "even": (lambda k, v, _: _bool(k, v), _INMEM, True),
+}
+#: The order keys a state of each kind must hold (``ORDER_DEFAULTS`` fill the others).
+_ORDER_KEYS = {kind: [k for k, (_, kinds, _) in _FIELDS.items() if kind in kinds] for kind in _BOTH}
+#: The other keys: where the stream stands.
+_PROGRESS_KEYS = {
+    STATE_KIND: ("remaining", "consumer", "taken", "row"),
+    INMEM_KIND: ("position", "stop_epoch"),
+}
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of JSON brackets in ``text`` (strings left out), computed without
+    recursion."""
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    b = np.frombuffer(bare.encode("utf-8", "replace"), np.uint8)
+    step = np.isin(b, (91, 123)).astype(np.int64) - np.isin(b, (93, 125))
+    return int(np.cumsum(step).max()) if len(step) else 0
+
+
+def loads_state(text: str | bytes, where: str = "state") -> Any:
+    """Parse a saved state's JSON text with bounded size (:data:`MAX_STATE_BYTES`) and nesting
+    (:data:`MAX_STATE_DEPTH`), so a hostile file cannot exhaust memory or the stack;
+    :class:`~rowstore.errors.StateError` naming ``where`` otherwise."""
+    if len(text) > MAX_STATE_BYTES:
+        raise StateError(
+            f"{where}: a saved state of {len(text)} bytes, more than the {MAX_STATE_BYTES} "
+            f"a rowstore state may have"
+        )
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise StateError(f"{where}: a saved state must be UTF-8 JSON text ({e})") from None
+    depth = _depth(text)
+    if depth > MAX_STATE_DEPTH:
+        raise StateError(
+            f"{where}: a saved state nested {depth} levels deep; a rowstore state has at most "
+            f"{MAX_STATE_DEPTH}"
+        )
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise StateError(f"{where}: not a JSON state ({e})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamState:
+    """A saved position in a resumable epoch stream, checked field by field.
+
+    Every loader's ``state_dict`` (torch's :class:`~rowstore.torch.BatchedDataLoader`,
+    ``ResumableDataLoader``, ``IterableDataset``, ``InMemBatchedDataLoader``, ``rowstore.tf``'s
+    ``Loader`` and its ``tf.train.Checkpoint``, the Grain iterators) is :meth:`to_json` of one,
+    and every ``load_state_dict`` goes through :meth:`from_json` and :meth:`check`, which refuse
+    a state with :class:`~rowstore.errors.StateError` naming the field.
+
+    Attributes
+    ----------
+    kind : str
+        :data:`STATE_KIND` (a dealt epoch: the global batches not yet delivered, resumable on
+        any world) or :data:`INMEM_KIND` (the in-memory loader's position).
+    epoch : int
+        The epoch to read, ``0 <= epoch < 2**62``.
+    order : dict
+        What the order depends on, compared with the loader's when loaded: ``dataset`` (the
+        source's :attr:`~rowstore.reader.Reader.fingerprint`), ``dataset_rows``,
+        ``dataset_version`` (a dataset directory's manifest version), ``seed``, ``shuffle``,
+        ``batch_size`` and the kind's other order arguments.
+    remaining : list of [start, stop) or None
+        A dealt epoch's global batches not yet delivered (None: all of them).
+    consumer, taken, row
+        A torch ``DataLoader`` worker's own progress (``IterableDataset.state_dict`` inside a
+        worker): its ``(consumer, consumers)``, steps and rows of the current step taken.
+    position, stop_epoch
+        The in-memory loader's rows handed out in ``epoch``, and the epoch its run stops at.
+    version : int
+        The format read (:data:`STATE_VERSION`; older ones do not name their dataset).
+    """
+
+    kind: str
+    epoch: int
+    order: dict[str, Any]
+    remaining: list[list[int]] | None = None
+    consumer: tuple[int, int] | None = None
+    taken: int = 0
+    row: int = 0
+    position: int = 0
+    stop_epoch: int | None = None
+    version: int = STATE_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """The state as plain JSON values (``json``, ``torch.save`` and ``tf`` friendly)."""
+        out: dict[str, Any] = {"kind": self.kind, "version": self.version, "epoch": self.epoch}
+        out.update(self.order)
+        if self.kind == INMEM_KIND:
+            out.update(position=self.position, stop_epoch=self.stop_epoch)
+        else:
+            out["remaining"] = self.remaining
+            if self.consumer is not None:
+                out.update(consumer=list(self.consumer), taken=self.taken, row=self.row)
+        return out
+
+    @classmethod
+    def from_json(cls, state: Any) -> StreamState:
+        """Parse and check a saved state (a mapping of plain values): its kind and version,
+        every field's type and range, no unknown field; :class:`StateError` otherwise."""
+        if not isinstance(state, Mapping):
+            raise StateError(
+                f"not a rowstore epoch state: a dict was expected, got {type(state).__name__}"
+            )
+        kind, version = state.get("kind"), state.get("version")
+        if not isinstance(kind, str) or kind not in OLD_VERSIONS:
+            raise StateError(
+                f"not a rowstore epoch state: 'kind' must be one of {tuple(OLD_VERSIONS)}, "
+                f"got {kind!r}",
+                field="kind",
+            )
+        if isinstance(version, bool) or version not in (STATE_VERSION, OLD_VERSIONS[kind]):
+            raise StateError(
+                f"a {kind!r} state of version {version!r}: this rowstore reads versions "
+                f"{OLD_VERSIONS[kind]} and {STATE_VERSION}"
+                + (" (it was saved by a newer rowstore)" if _newer(version) else ""),
+                field="version",
+            )
+        progress = _PROGRESS_KEYS[kind]
+        known = {"kind", "version", "epoch", *_ORDER_KEYS[kind], *progress}
+        unknown = sorted(map(str, set(state) - known))
+        if unknown:
+            raise StateError(
+                f"invalid resume state: unknown field(s) {unknown} in a {kind!r} state "
+                f"(its fields are {sorted(known)})",
+                field=unknown[0],
+            )
+        order: dict[str, Any] = {}
+        for k in _ORDER_KEYS[kind]:
+            if k not in state:
+                if k in ORDER_DEFAULTS:
+                    order[k] = ORDER_DEFAULTS[k]
+                    continue
+                if k == "dataset" and version != STATE_VERSION:
+                    continue  # an old state: it does not name its dataset
+                raise StateError(f"invalid resume state: it has no {k!r}", field=k)
+            order[k] = _FIELDS[k][0](k, state[k], kind)
+        for k in ("epoch", *progress):
+            if k not in state and k not in ("consumer", "taken", "row"):
+                raise StateError(f"invalid resume state: it has no {k!r}", field=k)
+        epoch = _int("epoch", state["epoch"], 0, MAX_EPOCH)
+        if kind == INMEM_KIND:
+            return cls(
+                kind,
+                epoch,
+                order,
+                position=_int("position", state["position"], 0, MAX_EPOCH),
+                stop_epoch=_opt_int("stop_epoch", state["stop_epoch"], 0, MAX_EPOCH),
+                version=version,
+            )
+        consumer = state.get("consumer")
+        return cls(
+            kind,
+            epoch,
+            order,
+            remaining=_ranges("remaining", state["remaining"]),
+            consumer=None if consumer is None else _pair("consumer", consumer),
+            taken=_int("taken", state.get("taken", 0), 0, MAX_EPOCH),
+            row=_int("row", state.get("row", 0), 0, MAX_EPOCH),
+            version=version,
+        )
+
+    def check(
+        self,
+        expected: Mapping[str, Any],
+        *,
+        batches: int | None = None,
+        positions: int | None = None,
+    ) -> None:
+        """:class:`StateError` unless the state was saved for the order ``expected`` (the
+        loader's own, with its ``dataset`` fingerprint), its ``remaining`` batches lie below
+        ``batches`` (the epoch's global batches) and its ``position`` at most ``positions``.
+
+        A state of an earlier version, which does not name its dataset, resumes when all the
+        rest matches, with a ``FutureWarning``."""
+        for k, v in expected.items():
+            if k == "dataset" and "dataset" not in self.order:
+                warnings.warn(
+                    f"this resume state (version {self.version}) was saved by an older rowstore "
+                    f"and does not name its dataset: it resumes because its rows, version and "
+                    f"order match, but cannot be checked to be this dataset's. The states saved "
+                    f"from now on carry the dataset's fingerprint; a future rowstore will refuse "
+                    f"states without one",
+                    FutureWarning,
+                    stacklevel=4,
+                )
+                continue
+            saved = self.order.get(k, ORDER_DEFAULTS.get(k))
+            if saved == v and type(saved) is type(v):
+                continue
+            if k == "dataset":
+                raise StateError(
+                    f"cannot resume: the state was saved on another dataset (fingerprint "
+                    f"{saved}, this one is {v}) with the same rows and version; a state resumes "
+                    f"only on the dataset it was saved on",
+                    field=k,
+                )
+            hint = ""
+            if k in ("window", "pieces"):
+                hint = (
+                    f"; pass {k}={saved!r} (or leave window and pieces to their defaults) to "
+                    f"resume it"
+                )
+            elif k == "dataset_version" and saved is not None:
+                hint = (
+                    f"; open the version it was saved on (rowstore.open(path, "
+                    f"version={saved})) to finish its epoch"
+                )
+            raise StateError(
+                f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
+                f"(the epoch order would differ){hint}",
+                field=k,
+            )
+        if batches is not None and self.remaining and self.remaining[-1][1] > batches:
+            raise StateError(
+                f"invalid resume state: 'remaining' batches {self.remaining} go beyond the "
+                f"epoch's {batches} global batches",
+                field="remaining",
+            )
+        if positions is not None and self.position > positions:
+            raise StateError(
+                f"invalid resume state: 'position' {self.position} is beyond the {positions} "
+                f"rows of the epoch",
+                field="position",
+            )
+
+
+def _newer(version: Any) -> bool:
+    return bool(
+        isinstance(version, (int, np.integer))
+        and not isinstance(version, bool)
+        and version > STATE_VERSION
+    )

@@ -18,7 +18,8 @@ it. The plan deals it to ``C`` consumers (DDP ranks x DataLoader workers):
   a repeated row); neither: counts may differ by one (every row once).
 
 **Resume**: the plan's state is the set of global batches not yet delivered (``remaining``,
-intervals of batch numbers), plus what the order depends on. After every consumer took its
+intervals of batch numbers), plus what the order depends on (the state itself is
+:class:`rowstore.reader.epochs.StreamState`). After every consumer took its
 steps, :meth:`EpochPlan.after` gives the new remaining set. It depends on nothing but the
 steps taken, so when all consumers took the same number of steps every consumer computes the
 same state, and a plan for *another* world (or unit) deals exactly the batches not yet
@@ -72,6 +73,13 @@ def default_unit(
     return max(1, -(-UNIT_WINDOWS * window * rows // batch_size))
 
 
+def _index(v: Any) -> int:
+    """An int (Python or NumPy, not bool: a float 5.5 or a str "5" is a ``TypeError``)."""
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"not an int: {v!r}")
+    return int(v)
+
+
 def _intervals(ids: np.ndarray) -> list[list[int]]:
     """Sorted unique ints -> ``[[a, b), ...]`` runs."""
     if not len(ids):
@@ -117,10 +125,10 @@ class EpochPlan:
             ).reshape(-1, 2)
         else:
             try:
-                iv = np.array([[int(a), int(b)] for a, b in remaining], dtype=np.int64).reshape(
-                    -1, 2
-                )
-            except (TypeError, ValueError):
+                iv = np.array(
+                    [[_index(a), _index(b)] for a, b in remaining], dtype=np.int64
+                ).reshape(-1, 2)
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(
                     f"remaining must be a list of [start, stop) pairs, got {remaining!r}"
                 ) from None
@@ -236,16 +244,6 @@ class EpochPlan:
             remaining=_intervals(left),
         )
 
-    def state(self) -> dict[str, Any]:
-        """The plan's part of a resumable state (plain Python)."""
-        return {
-            "batch_size": self.batch_size,
-            "num_rows": self.num_rows,
-            "drop_last": self.drop_last,
-            "pad": self.pad,
-            "remaining": None if self.fresh else self.remaining,
-        }
-
 
 def rank_steps_taken(
     plan: EpochPlan, steps: int, world: int, workers: int, unit: int
@@ -290,67 +288,3 @@ def pad_ids(order: Any, n: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     first = order.ids(0, m)
     return np.resize(first, n)
-
-
-# -- resumable states (shared by the torch and tf adapters) -----------------------------------
-STATE_KIND = "rowstore.epoch"
-STATE_VERSION = 2
-
-
-def subset_key(keep: np.ndarray | None) -> int | None:
-    """A checksum of a row subset (None: all rows), so a state is not resumed on another subset."""
-    if keep is None:
-        return None
-    import zlib
-
-    return zlib.crc32(np.packbits(np.asarray(keep, bool)).tobytes())
-
-
-def make_state(epoch: int, order: dict[str, Any], plan: EpochPlan | None) -> dict[str, Any]:
-    """A resumable state: the epoch, what its order depends on (``order``), and the plan's
-    remaining batches (``plan`` None: the epoch starts from its beginning). Plain Python
-    values (``json``, ``torch.save`` and ``tf`` friendly); the same on every consumer that
-    took the same number of steps, and resumable on any world."""
-    st = {"kind": STATE_KIND, "version": STATE_VERSION, "epoch": int(epoch), **order}
-    st["remaining"] = None if plan is None or plan.fresh else plan.remaining
-    return st
-
-
-#: Order keys added after states were first saved, and the value a state without them was saved
-#: with (a state from before ``pieces`` existed is a ``pieces=1`` order).
-ORDER_DEFAULTS: dict[str, Any] = {"pieces": 1}
-
-
-def read_state(state: Any, order: dict[str, Any]) -> tuple[int, list | None]:
-    """``(epoch, remaining)`` of a state from :func:`make_state`; ``ValueError`` if it is not
-    one, or if the order it was saved for differs from ``order`` (another seed, dataset,
-    batch size...: resuming would not give the remaining rows)."""
-    if (
-        not isinstance(state, dict)
-        or state.get("kind") != STATE_KIND
-        or state.get("version") != STATE_VERSION
-    ):
-        got = (
-            (state.get("kind"), state.get("version"))
-            if isinstance(state, dict)
-            else type(state).__name__
-        )
-        raise ValueError(
-            f"not a rowstore epoch state (kind {STATE_KIND!r}, version {STATE_VERSION}): got "
-            f"{got!r}"
-        )
-    for k, v in order.items():
-        saved = state.get(k, ORDER_DEFAULTS.get(k))
-        if (list(saved) if isinstance(saved, tuple) else saved) != v:
-            hint = (
-                f"; pass {k}={saved!r} (or leave window and pieces to their defaults) to resume it"
-                if k in ("window", "pieces")
-                else ""
-            )
-            raise ValueError(
-                f"cannot resume: the saved state has {k}={saved!r}, this reader {v!r} "
-                f"(the epoch order would differ){hint}"
-            )
-    epoch = nonneg_int("epoch", state.get("epoch"))
-    remaining = state.get("remaining")
-    return epoch, None if remaining is None else [list(map(int, r)) for r in remaining]

@@ -11,18 +11,21 @@ import numpy as np
 import tensorflow as tf
 
 from rowstore._check import positive_int
+from rowstore.errors import StateError
 from rowstore.reader._args import varlen_modes
 from rowstore.reader.dataset import as_reader
-from rowstore.reader.epochs import EpochSpec, check_quality, report_quality
-from rowstore.reader.image_ops import decoded_schema
-from rowstore.reader.plan import (
-    EXTRA_KEYS,
-    ID_KEY,
-    PAD_KEY,
-    SOURCE_KEY,
-    make_state,
-    read_state,
+from rowstore.reader.epochs import (
+    MAX_EPOCH,
+    STATE_KIND,
+    STATE_VERSION,
+    EpochSpec,
+    StreamState,
+    check_quality,
+    loads_state,
+    report_quality,
 )
+from rowstore.reader.image_ops import decoded_schema
+from rowstore.reader.plan import EXTRA_KEYS, ID_KEY, PAD_KEY, SOURCE_KEY
 from rowstore.tf._dataset import _Source
 from rowstore.tf._signature import VARLEN_MODES, _BatchConverter, _pad_fn, output_signature
 
@@ -109,10 +112,12 @@ class Loader(tf.Module):
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self._base_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="base_epoch")
-        # JSON {"order": what the order depends on, "remaining": the resumed epoch's remaining
-        # batches}: a tf.train.Checkpoint holds the order key, so restoring one of another order
-        # (seed, window, pieces...) is refused as load_state_dict refuses it. Checkpoints saved
-        # before the order key was kept here hold "" or the bare remaining list (accepted).
+        # JSON {"version", "order": what the order depends on, "remaining": the resumed epoch's
+        # remaining batches}: a tf.train.Checkpoint holds the order key, so restoring one of
+        # another dataset or order is refused as load_state_dict refuses it (both through
+        # StreamState). Checkpoints saved before the order key was kept here hold "" or the bare
+        # remaining list (taken as this loader's order); those saved before it named the
+        # dataset, no "version" (a version-2 state).
         self._base = tf.Variable(
             self._base_json(None), dtype=tf.string, trainable=False, name="base"
         )
@@ -140,10 +145,7 @@ class Loader(tf.Module):
     def _remaining(self, epoch: int) -> list | None:
         if int(self._base_epoch.numpy()) != epoch:
             return None
-
-        text = self._base.numpy().decode()
-        v = json.loads(text) if text else None
-        return v["remaining"] if isinstance(v, dict) else v
+        return self._restored()[0].remaining
 
     def _plan(self, remaining: list | None):
         return self.spec.plan(self.reader, self.batch_size, remaining)
@@ -152,23 +154,55 @@ class Loader(tf.Module):
         return self.spec.order_key(self.reader, self.batch_size)
 
     def _base_json(self, remaining: list | None) -> str:
+        return json.dumps(
+            {"version": STATE_VERSION, "order": self._order_key(), "remaining": remaining},
+            sort_keys=True,
+        )
 
-        return json.dumps({"order": self._order_key(), "remaining": remaining}, sort_keys=True)
+    def _restored(self) -> tuple[StreamState, bool]:
+        """The state the variables hold (a restored ``tf.train.Checkpoint``'s too), through
+        :class:`StreamState` (every field checked, ``StateError`` otherwise), and whether the
+        variable holds the current format (else :meth:`_check_order` rewrites it)."""
+        where = "the tf.train.Checkpoint of a rowstore.tf.Loader"
+        text = self._base.numpy()
+        v = loads_state(text, where) if text else None
+        base_epoch = int(self._base_epoch.numpy())
+        for name, var, low in (("epoch", self._epoch, 0), ("steps", self._steps, 0)):
+            value = int(var.numpy())
+            if not low <= value < MAX_EPOCH:
+                raise StateError(
+                    f"{where}: its {name} variable holds {value}, not in [{low}, {MAX_EPOCH})",
+                    field=name,
+                )
+        if isinstance(v, dict):
+            extra = sorted(set(v) - {"order", "remaining", "version"})
+            if "order" not in v or extra or not isinstance(v["order"], dict):
+                raise StateError(
+                    f"{where}: its base variable is not a rowstore state (keys {sorted(v)})",
+                    field="base",
+                )
+            order, remaining, version = v["order"], v.get("remaining"), v.get("version", 2)
+        else:  # saved before the order key was kept: "" or the remaining list
+            order, remaining, version = self._order_key(), v, STATE_VERSION
+        state = {
+            **order,
+            "kind": STATE_KIND,
+            "version": version,
+            "epoch": base_epoch if base_epoch != -1 else int(self._epoch.numpy()),
+            "remaining": remaining,
+        }
+        st = StreamState.from_json(state)
+        return st, isinstance(v, dict) and st.version == STATE_VERSION
 
     def _check_order(self) -> None:
-        """``ValueError`` if a restored ``tf.train.Checkpoint`` was saved for another order; a
-        checkpoint from before the order key was saved is taken as this loader's order."""
-
-        text = self._base.numpy().decode()
-        v = json.loads(text) if text else None
-        if isinstance(v, dict):
-            self.spec = self.spec.adopt(v["order"])
-            if json.dumps(v["order"], sort_keys=True) != json.dumps(
-                self._order_key(), sort_keys=True
-            ):
-                read_state(make_state(0, v["order"], None), self._order_key())
-        else:  # an old checkpoint: from now on the variable holds this loader's order key
-            self._base.assign(self._base_json(v))
+        """``StateError`` if a restored ``tf.train.Checkpoint`` was saved for another dataset or
+        order, or holds an invalid field; a checkpoint from before the order key was saved is
+        taken as this loader's order."""
+        st, current = self._restored()
+        self.spec = self.spec.adopt(st)
+        st.check(self._order_key(), batches=self._plan(None).num_batches)
+        if not current:  # from now on the variable holds this loader's order key
+            self._base.assign(self._base_json(st.remaining))
 
     def state_at(self, epoch: int, steps: int) -> dict:
         """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
@@ -184,13 +218,14 @@ class Loader(tf.Module):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of any worker of any worker count: the next :meth:`dataset`
-        deals exactly the batches not yet delivered."""
-        self.spec = self.spec.adopt(dict(state))
-        epoch, remaining = read_state(dict(state), self._order_key())
-        self._epoch.assign(epoch)
+        deals exactly the batches not yet delivered. :class:`~rowstore.errors.StateError` if
+        a field is invalid or the state is for another dataset or order."""
+        st = self.spec.read_state(self.reader, state, self.batch_size)
+        self.spec = self.spec.adopt(st)
+        self._epoch.assign(st.epoch)
         self._steps.assign(0)
-        self._base_epoch.assign(epoch)
-        self._base.assign(self._base_json(remaining))
+        self._base_epoch.assign(st.epoch)
+        self._base.assign(self._base_json(st.remaining))
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""

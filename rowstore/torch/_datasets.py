@@ -12,8 +12,9 @@ import torch
 import torch.utils.data as _tud
 
 from rowstore._check import nonneg_int, positive_int
+from rowstore.errors import StateError
 from rowstore.reader.epochs import EpochSpec
-from rowstore.reader.plan import ID_KEY, PAD_KEY, make_state
+from rowstore.reader.plan import ID_KEY, PAD_KEY
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
 from rowstore.torch._epoch import (
@@ -260,9 +261,10 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         epoch, remaining = value
         if remaining is not None:
             if len(remaining) > _MAX_RANGES:
-                raise ValueError(
+                raise StateError(
                     f"this state has {len(remaining)} ranges of remaining batches, more than the "
-                    f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first"
+                    f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first",
+                    field="remaining",
                 )
             sh[2] = len(remaining)
             if remaining:
@@ -329,31 +331,36 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     def state_dict(self) -> dict:
         """Where this process's iteration stands (inside a DataLoader worker: that worker's
         progress, for ``StatefulDataLoader``; resumes the same worker). Before any iteration,
-        the state of the epoch to read."""
+        the state of the epoch to read. Plain JSON values
+        (:class:`~rowstore.reader.epochs.StreamState`)."""
         bs = self._bs()
         p = self._progress
         if p is None:
             e = self.epoch
-            return make_state(e, self._order_key(bs), self._plan(self._remaining(e), bs))
-        st = make_state(p["epoch"], self._order_key(bs), self._plan(p["remaining"], bs))
-        st.update(consumer=list(p["consumer"]), taken=p["taken"], row=p["row"])
-        return st
+            return self.spec.state(self.reader, bs, e, self._remaining(e))
+        return self.spec.state(
+            self.reader,
+            bs,
+            p["epoch"],
+            p["remaining"],
+            consumer=p["consumer"],
+            taken=p["taken"],
+            row=p["row"],
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state: a job state (:meth:`ResumableDataLoader.state_dict`, any world
         and workers: the next iteration deals exactly the batches not yet delivered) or a
-        worker's (:meth:`state_dict` inside a worker, as ``StatefulDataLoader`` does)."""
-        epoch, remaining = self._load(dict(state), self._bs())
-        self._epoch[0] = epoch
-        self._resume = (epoch, remaining)
-        self._skip = None
-        if state.get("consumer") is not None:
-            c0, c1 = (int(x) for x in state["consumer"])
-            self._skip = (
-                (c0, c1),
-                nonneg_int("taken", state.get("taken", 0)),
-                nonneg_int("row", state.get("row", 0)),
-            )
+        worker's (:meth:`state_dict` inside a worker, as ``StatefulDataLoader`` does).
+        :class:`~rowstore.errors.StateError` if a field is invalid or the state was saved for
+        another dataset or order."""
+        self._load_state(state, worker=True)
+
+    def _load_state(self, state: Mapping[str, Any], *, worker: bool) -> None:
+        st = self._load(state, self._bs(), worker=worker)
+        self._resume = (st.epoch, st.remaining)
+        self._epoch[0] = st.epoch
+        self._skip = None if st.consumer is None else (st.consumer, st.taken, st.row)
 
     def __iter__(self) -> Iterator[Any]:
         gen = self._iterate()
@@ -374,11 +381,11 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         skip, skip_rows = 0, 0
         if self._skip is not None:
             if self._skip[0] != shard:
-                raise ValueError(
+                raise StateError(
                     f"this state is DataLoader worker consumer {self._skip[0]}'s; this process is "
-                    f"{shard}: a "
-                    f"worker state resumes with the same workers (use ResumableDataLoader for "
-                    f"another world)"
+                    f"{shard}: a worker state resumes with the same workers (use "
+                    f"ResumableDataLoader for another world)",
+                    field="consumer",
                 )
             _, skip, skip_rows = self._skip
         first = self.epoch

@@ -10,7 +10,14 @@ from typing import Any, TypeVar
 import torch
 
 from rowstore.reader.dataset import Reader, as_reader
-from rowstore.reader.epochs import EpochSpec, as_pair, check_quality, deprecated, report_quality
+from rowstore.reader.epochs import (
+    EpochSpec,
+    StreamState,
+    as_pair,
+    check_quality,
+    deprecated,
+    report_quality,
+)
 from rowstore.reader.plan import EXTRA_KEYS, EpochPlan
 
 _ROW_BATCH = 512  # rows read at once (and dealt as one global batch) by IterableDataset in row mode
@@ -108,12 +115,13 @@ class _EpochReader:
         ``remaining``) with ``workers`` DataLoader workers each."""
         return self.spec.state_after(self.reader, epoch, remaining, steps, batch_size, workers)
 
-    def _load(self, state: Any, batch_size: int) -> tuple[int, list | None]:
-        """``(epoch, remaining)`` of ``state``; from now on the order is the state's where the
-        loader left window and pieces to their defaults (:meth:`EpochSpec.adopt`)."""
-        got = self.spec.read_state(self.reader, state, batch_size)
-        self.spec = self.spec.adopt(state)
-        return got
+    def _load(self, state: Any, batch_size: int, *, worker: bool = False) -> StreamState:
+        """The checked ``state`` (:meth:`EpochSpec.read_state`); from now on the order is the
+        state's where the loader left window and pieces to their defaults
+        (:meth:`EpochSpec.adopt`)."""
+        st = self.spec.read_state(self.reader, state, batch_size, worker=worker)
+        self.spec = self.spec.adopt(st)
+        return st
 
     def _report_quality(self, epoch: int, batch_size: int) -> None:
         """Log (``quality="log"``) or pass to the callback each epoch's shuffle quality, once."""

@@ -16,16 +16,16 @@ import numpy as np
 import torch
 
 from rowstore._check import nonneg_int, positive_int
+from rowstore.errors import StateError
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import Ragged
-from rowstore.reader.epochs import EpochSpec, deprecated
+from rowstore.reader.epochs import INMEM_KIND, EpochSpec, StreamState, deprecated
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
 from rowstore.torch._epoch import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
 from rowstore.torch._transform import _schemas
 
-_STATE_VERSION = 1
 _INMEM_STREAM = 0x1A3E  # key of the in-memory loader's permutations in order.seed64
 
 
@@ -159,54 +159,6 @@ class _Loader(_OwnsReader):
         self._reset_run()
 
     def _reset_run(self) -> None:
-        pass
-
-    def _order_state(self) -> dict:
-        # A dataset directory's manifest version: another version of the same number of rows
-        # (a rewrite) would give another order. None for files.
-        return {
-            "shard": list(self.shard),
-            "even": self.even,
-            "num_rows": len(self.reader),
-            "dataset_version": self.reader.layout.version,
-        }
-
-    def state_dict(self) -> dict:
-        """Where this loader stands: epoch, rows handed out in it, and what the order depends
-        on. Plain Python values (``torch.save`` / ``json`` friendly). Call it between batches
-        (inside the loop is fine): it counts only batches already handed out, not prefetched."""
-        return {
-            "version": _STATE_VERSION,
-            "kind": type(self).__name__,
-            "epoch": self._epoch,
-            "position": self._position,
-            "batch_size": self.batch_size,
-            **self._order_state(),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining rows
-        of that epoch in the same order. Raises ``ValueError`` if the order would differ."""
-        if state.get("version") != _STATE_VERSION or state.get("kind") != type(self).__name__:
-            raise ValueError(
-                f"not a {type(self).__name__} state (version {_STATE_VERSION}): "
-                f"kind={state.get('kind')!r} version={state.get('version')!r}"
-            )
-        mine = self._order_state()
-        for k, v in mine.items():
-            got = state.get(k)
-            if (list(got) if isinstance(got, tuple) else got) != v:
-                raise ValueError(
-                    f"cannot resume: the saved state has {k}={got!r}, this loader {v!r} "
-                    f"(the epoch order would differ)"
-                )
-        self._stop()
-        self._epoch = nonneg_int("epoch", state["epoch"])
-        self._position = int(state["position"])
-        self._load_extra(state)
-        self._resume_pending = True
-
-    def _load_extra(self, state: Mapping[str, Any]) -> None:
         pass
 
     # -- iteration -----------------------------------------------------------------------------
@@ -480,12 +432,13 @@ class BatchedDataLoader(_Loader, _EpochReader):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state (:meth:`state_dict` of any rank, any world size): the next
-        iteration yields this rank's part of exactly the batches not yet delivered. Raises
-        ``ValueError`` if the state is for another order (seed, dataset, batch size...)."""
-        epoch, remaining = self._load(dict(state), self.batch_size)
+        iteration yields this rank's part of exactly the batches not yet delivered.
+        :class:`~rowstore.errors.StateError` (a ``ValueError``) if a field is invalid or the
+        state is for another dataset or order (seed, batch size...)."""
+        st = self._load(state, self.batch_size)
         self._stop()
-        self._epoch, self._position = epoch, 0
-        self._base = (epoch, remaining)
+        self._epoch, self._position = st.epoch, 0
+        self._base = (st.epoch, st.remaining)
         self._resume_pending = True
 
     @property
@@ -714,15 +667,49 @@ class InMemBatchedDataLoader(_Loader):
                 self.reader.close()  # read once: no descriptor kept for the loader's lifetime
         self._perm: tuple[int, np.ndarray] | None = None
 
-    def _order_state(self) -> dict:
-        return {"seed": self.seed, "shuffle": self.shuffle, **super()._order_state()}
+    def _order_key(self) -> dict:
+        """What the state's order depends on: the dataset (rows, a directory's manifest
+        version, fingerprint), the part, the permutations and the batches."""
+        return {
+            "dataset_version": self.reader.layout.version,
+            "num_rows": len(self.reader),
+            "dataset": self.reader.fingerprint,
+            "shard": list(self.shard),
+            "even": self.even,
+            "seed": int(self.seed),
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+        }
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "stop_epoch": self._stop_epoch}
+        """Where this loader stands: epoch, rows handed out in it, the epoch at which the
+        current run of ``num_epochs`` ends, and what the order depends on. Plain JSON values
+        (:class:`~rowstore.reader.epochs.StreamState`). Call it between batches (inside the
+        loop is fine): it counts only batches already handed out, not prefetched."""
+        return StreamState(
+            INMEM_KIND,
+            self._epoch,
+            self._order_key(),
+            position=self._position,
+            stop_epoch=self._stop_epoch,
+        ).to_json()
 
-    def _load_extra(self, state: Mapping[str, Any]) -> None:
-        stop = state.get("stop_epoch")
-        self._stop_epoch = None if stop is None else int(stop)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining rows
+        of that epoch in the same order. :class:`~rowstore.errors.StateError` if a field is
+        invalid or the state was saved for another dataset or order."""
+        st = StreamState.from_json(state)
+        if st.kind != INMEM_KIND:
+            raise StateError(
+                f"a {st.kind!r} state is another loader's; InMemBatchedDataLoader resumes "
+                f"{INMEM_KIND!r} states",
+                field="kind",
+            )
+        st.check(self._order_key(), positions=self._n)
+        self._stop()
+        self._epoch, self._position = st.epoch, st.position
+        self._stop_epoch = st.stop_epoch
+        self._resume_pending = True
 
     def _reset_run(self) -> None:
         self._stop_epoch = None

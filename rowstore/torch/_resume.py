@@ -12,7 +12,7 @@ import torch.utils.data as _tud
 
 from rowstore._check import nonneg_int, positive_int
 from rowstore.reader.epochs import EpochSpec, no_decode
-from rowstore.reader.plan import make_state, step_rows
+from rowstore.reader.plan import step_rows
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
 from rowstore.torch._epoch import _EpochReader, _OwnsReader
 
@@ -78,8 +78,9 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
 
     def resume_from(self, state: Mapping[str, Any]) -> None:
         """Deal only the batches a job state (:meth:`ResumableDataLoader.state_dict`) has left."""
-        self.epoch, remaining = self._load(dict(state), self.batch_size)
-        self._resume = (self.epoch, remaining)
+        st = self._load(state, self.batch_size)
+        self.epoch = st.epoch
+        self._resume = (st.epoch, st.remaining)
 
     def __len__(self) -> int:
         rank, world = self.shard
@@ -160,7 +161,7 @@ class ResumableDataLoader(_tud.DataLoader):
         src = self._source
         epoch = src.epoch
         if self._done:
-            return make_state(epoch + 1, src._order_key(src.batch_size), None)
+            return src.spec.state(src.reader, src.batch_size, epoch + 1)
         return src._state_after(
             epoch, src._remaining(epoch), self._steps, self._workers(), src.batch_size
         )
@@ -168,7 +169,7 @@ class ResumableDataLoader(_tud.DataLoader):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` of any rank of any world."""
         if isinstance(self._source, IterableDataset):
-            self._source.load_state_dict(dict(state, consumer=None))
+            self._source._load_state(state, worker=False)
         else:
             self._source.resume_from(state)
         self._steps, self._done = 0, False

@@ -89,7 +89,10 @@ def import_petastorm(
     """Convert the Petastorm dataset at ``url`` (a directory or ``file://`` URL) to rowstore at
     ``out`` (a dataset directory, or one ``.h5`` file with ``dataset=False``); the other
     arguments are :func:`rowstore.from_parquet`'s (``columns``, ``batch_rows``, ``shard_bytes``,
-    ``compression``...). Petastorm need not be installed; pyarrow must be."""
+    ``compression``...). Petastorm need not be installed; pyarrow must be. The dataset's files
+    are opened as every ingest input is (:mod:`rowstore.storage.inputs`): a FIFO or device
+    where a Parquet or metadata file belongs is an :class:`~rowstore.errors.InputError` naming
+    it, never an ``open`` that blocks."""
     from rowstore.arrow import from_parquet  # pyarrow: imported when a dataset is converted
 
     return from_parquet(url, out, petastorm=True, dataset=dataset, **kwargs)

@@ -12,8 +12,14 @@
       shards/<name>.h5              shard files: ordinary format-v1 files, never rewritten
 
 A commit writes the sidecar and the manifest of version k+1 (each atomically), then replaces the
-pointer. A reader reads the pointer, the manifest it names and that manifest's sidecar (three
-small reads, never a shard's HDF5 metadata): what it opened stays readable while later versions
+pointer. On a store without conditional writes (no lock, no put-if-absent) a version's objects
+carry a unique id as well, ``_manifests/v00000003-<32 hex>.json`` and ``.index``, so two commits
+never write one name; the pointer names the manifest exactly, and such a manifest names its
+parent's manifest (``parent_manifest``); ``_manifests/v00000003-<32 hex>.pending`` marks such a
+commit while it may still move the pointer (``docs/format.md``, "Commit protocol").
+
+A reader reads the pointer, the manifest it names and that manifest's sidecar (three small
+reads, never a shard's HDF5 metadata): what it opened stays readable while later versions
 are committed (shards are never modified; only ``gc`` removes what no kept version names).
 
 Everything a reader trusts is checksummed: the pointer holds the manifest's CRC-32, the manifest
@@ -36,10 +42,11 @@ import datetime
 import json
 import os
 import re
+import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -71,8 +78,17 @@ __all__ = [
     "is_dataset",
     "index_crc32",
     "shard_entry",
+    "Pointer",
+    "pointer",
     "read_pointer",
     "load",
+    "find_manifest",
+    "parent_of",
+    "manifest_names",
+    "pending_path",
+    "index_of",
+    "version_of",
+    "owner_of",
     "versions",
     "publish",
     "commit_lock",
@@ -117,17 +133,55 @@ SHARD_KEYS = (
 FIRST_ROW = "first_row"
 
 
-def manifest_path(version: int) -> str:
-    """The manifest of ``version``, relative to the dataset directory."""
-    return f"{MANIFEST_DIR}/v{version:08d}.json"
+def manifest_path(version: int, uid: str | None = None) -> str:
+    """The manifest of ``version``, relative to the dataset directory (``uid``: the unique id a
+    commit without conditional writes gives its objects)."""
+    return f"{MANIFEST_DIR}/v{version:08d}{'-' + uid if uid else ''}.json"
 
 
-def index_path(version: int) -> str:
+def index_path(version: int, uid: str | None = None) -> str:
     """The block-index sidecar of ``version``, relative to the dataset directory."""
-    return f"{MANIFEST_DIR}/v{version:08d}.index"
+    return f"{MANIFEST_DIR}/v{version:08d}{'-' + uid if uid else ''}.index"
 
 
-_VERSION_FILE = re.compile(r"v(\d{8})\.json")
+def pending_path(version: int, uid: str) -> str:
+    """The object a commit without conditional writes keeps while it may still move the
+    pointer (its content: the manifest its version is built on)."""
+    return f"{MANIFEST_DIR}/v{version:08d}-{uid}{PENDING}"
+
+
+def new_uid() -> str:
+    """A unique id for one commit attempt's objects (no other commit can choose it)."""
+    return uuid.uuid4().hex
+
+
+#: What follows a manifest's name in its sidecar's and a pending commit's.
+PENDING = ".pending"
+#: Every object name in ``_manifests/`` a commit writes: version, unique id (or none), kind.
+_SIDE_NAME = re.compile(r"v(\d{8})(?:-([0-9a-f]{32}))?\.(json|index|pending)")
+_MANIFEST_NAME = re.compile(rf"{MANIFEST_DIR}/v(\d{{8}})(?:-[0-9a-f]{{32}})?\.json")
+
+
+def version_of(rel: Any) -> int | None:
+    """The version a manifest name (``_manifests/v00000003.json`` or
+    ``_manifests/v00000003-<32 hex>.json``) holds; None for any other name."""
+    m = _MANIFEST_NAME.fullmatch(rel) if isinstance(rel, str) else None
+    return int(m.group(1)) if m else None
+
+
+def owner_of(name: str) -> tuple[str, str] | None:
+    """``(manifest name, kind)`` of an object in ``_manifests/`` (kind ``json``, ``index`` or
+    ``pending``: the manifest's own, its sidecar or its pending commit's); None for other names."""
+    m = _SIDE_NAME.fullmatch(name)
+    if not m:
+        return None
+    uid = f"-{m.group(2)}" if m.group(2) else ""
+    return f"{MANIFEST_DIR}/v{m.group(1)}{uid}.json", m.group(3)
+
+
+def index_of(mrel: str) -> str:
+    """The sidecar name of the manifest ``mrel``."""
+    return mrel[: -len(".json")] + ".index"
 
 
 def is_dataset(path: str | os.PathLike) -> bool:
@@ -187,7 +241,8 @@ class Manifest:
 
     ``shards`` holds one column per key of :data:`SHARD_KEYS` (``path``: a list of str, relative
     to ``root``; the others int64 arrays); ``blocks`` and ``heap_chunks`` are every shard's index,
-    concatenated in shard order (views of the sidecar; do not modify).
+    concatenated in shard order (views of the sidecar; do not modify). ``name``: its manifest,
+    relative to ``root``.
     """
 
     root: str
@@ -201,6 +256,7 @@ class Manifest:
     heap_chunks: np.ndarray
     created: str = ""
     writer: str = ""
+    name: str = ""
 
     @property
     def num_shards(self) -> int:
@@ -272,30 +328,102 @@ def _int(path: str, obj: dict, key: str, lo: int = 0) -> int:
     return int(v)  # type: ignore[arg-type]  # checked: an int
 
 
-def read_pointer(root: str | os.PathLike, *, read: Reader | None = None) -> tuple[int, int]:
-    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``
-    (``read``: as in :func:`load`)."""
+class Pointer(NamedTuple):
+    """What the pointer says: the current ``version``, the name of its ``manifest`` (relative to
+    the dataset directory) and that manifest's ``crc32``."""
+
+    version: int
+    manifest: str
+    crc32: int
+
+
+def pointer(root: str | os.PathLike, *, read: Reader | None = None) -> Pointer:
+    """The pointer of the dataset at ``root``, checked (``read``: as in :func:`load`)."""
     root = os.fspath(root)
     p = os.path.join(root, POINTER)
     obj = _json_object(p, (read or _read_small)(p, _POINTER_MAX))
     _check_format(p, obj)
     version = _int(p, obj, "version", 1)
-    if obj.get("manifest") != manifest_path(version):
+    name = obj.get("manifest")
+    if version_of(name) != version or not isinstance(name, str):
         raise _bad(
             p,
-            f"names manifest {obj.get('manifest')!r}, expected {manifest_path(version)!r} for "
-            f"version {version}",
+            f"names manifest {name!r}, expected {manifest_path(version)!r} (or "
+            f"{manifest_path(version, '<32 hex>')!r}) for version {version}",
         )
-    return version, _int(p, obj, "manifest_crc32")
+    return Pointer(version, name, _int(p, obj, "manifest_crc32"))
 
 
-def versions(root: str | os.PathLike) -> list[int]:
-    """The versions whose manifest exists under ``root``, ascending."""
+def read_pointer(root: str | os.PathLike, *, read: Reader | None = None) -> tuple[int, int]:
+    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``
+    (``read``: as in :func:`load`)."""
+    p = pointer(root, read=read)
+    return p.version, p.crc32
+
+
+def manifest_names(root: str | os.PathLike) -> list[str]:
+    """The manifests under the local directory ``root`` (relative names, both forms), by
+    version then name."""
     try:
         names = os.listdir(os.path.join(os.fspath(root), MANIFEST_DIR))
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for m in map(_VERSION_FILE.fullmatch, names) if m)
+    out = [f"{MANIFEST_DIR}/{n}" for n in names]
+    return sorted((r for r in out if version_of(r) is not None), key=lambda r: (version_of(r), r))
+
+
+def versions(root: str | os.PathLike) -> list[int]:
+    """The versions whose manifest exists under ``root``, ascending."""
+    return sorted({version_of(r) or 0 for r in manifest_names(root)})
+
+
+def parent_of(root: str | os.PathLike, name: str, *, read: Reader | None = None) -> str | None:
+    """The name of the parent manifest of the manifest ``name`` (None for a first version):
+    its ``parent_manifest``, else the fixed name of its ``parent`` version."""
+    mpath = os.path.join(os.fspath(root), name)
+    m = _json_object(mpath, (read or _read_small)(mpath, MAX_MANIFEST_BYTES))
+    return _parent_name(mpath, m)
+
+
+def _parent_name(mpath: str, m: dict) -> str | None:
+    named = m.get("parent_manifest")
+    if named is not None:
+        if not isinstance(named, str) or version_of(named) is None:
+            raise _bad(mpath, f"parent_manifest {named!r} is not a manifest name")
+        return named
+    parent = m.get("parent")
+    return manifest_path(parent) if _int_ok(parent, 1) else None  # type: ignore[arg-type]
+
+
+def find_manifest(root: str | os.PathLike, version: int, *, read: Reader | None = None) -> str:
+    """The name of ``version``'s manifest: ``_manifests/v%08d.json`` where it exists, else the
+    manifest of that version on the current version's chain of parents (a version committed
+    without conditional writes has a unique name). :class:`MissingObjectError` if none."""
+    root = os.fspath(root)
+    read = read or _read_small
+    fixed = manifest_path(version)
+    if read is _read_small:
+        if os.path.exists(os.path.join(root, fixed)):
+            return fixed
+    else:
+        try:
+            read(os.path.join(root, fixed), 0)
+            return fixed
+        except MissingObjectError:
+            pass
+        except FormatError:  # larger than 0 bytes: it exists
+            return fixed
+    name: str | None = pointer(root, read=read).manifest
+    while name is not None and (version_of(name) or 0) > version:
+        name = parent_of(root, name, read=read)
+    if name is None or version_of(name) != version:
+        where = os.path.join(root, fixed)
+        raise MissingObjectError(
+            f"{where!r} is missing, and no manifest of version {version} is on the current "
+            "version's chain",
+            path=where,
+        )
+    return name
 
 
 def _safe_relpath(where: str, rel: Any) -> str:
@@ -354,7 +482,11 @@ def _int_ok(v: Any, lo: int) -> bool:
 
 
 def load(
-    root: str | os.PathLike, version: int | None = None, *, read: Reader | None = None
+    root: str | os.PathLike,
+    version: int | None = None,
+    *,
+    read: Reader | None = None,
+    at: Pointer | None = None,
 ) -> Manifest:
     """Read and structurally check a version (default: the current one) of the dataset at
     ``root``: pointer, manifest and sidecar, with their checksums. Raises :class:`FormatError`
@@ -362,13 +494,17 @@ def load(
 
     ``read(path, limit)`` returns an object's bytes, refusing one larger than ``limit`` with a
     :class:`FormatError` (a missing one: :class:`FormatError` "is missing"); default: local
-    files. A remote store passes its own (``root`` is then a URL: one request per object)."""
+    files. A remote store passes its own (``root`` is then a URL: one request per object).
+    ``at``: a :class:`Pointer` already read (the version it names is loaded, its CRC checked)."""
     root = os.fspath(root)
     read = read or _read_small
     expected_crc = None
     if version is None:
-        version, expected_crc = read_pointer(root, read=read)
-    mpath = os.path.join(root, manifest_path(version))
+        at = at or pointer(root, read=read)
+        version, name, expected_crc = at
+    else:
+        name = find_manifest(root, version, read=read)
+    mpath = os.path.join(root, name)
     data = read(mpath, MAX_MANIFEST_BYTES)
     if expected_crc is not None and zlib.crc32(data) != expected_crc:
         raise _bad(
@@ -410,7 +546,8 @@ def load(
         raise _bad(mpath, "'shards' must be a list")
     shards = _shard_columns(mpath, entries)
     _check_first_rows(mpath, entries, shards["rows"])
-    blocks, heap_chunks = _read_index(root, m, shards, mpath, read)
+    _parent_name(mpath, m)  # a parent_manifest must be a manifest name
+    blocks, heap_chunks = _read_index(root, m, name, shards, mpath, read)
     return Manifest(
         root=root,
         version=version,
@@ -423,6 +560,7 @@ def load(
         heap_chunks=heap_chunks,
         created=str(m.get("created", "")),
         writer=str(m.get("writer", "")),
+        name=name,
     )
 
 
@@ -445,11 +583,11 @@ def _check_first_rows(mpath: str, entries: list, rows: np.ndarray) -> None:
 
 
 def _read_index(
-    root: str, m: dict, shards: dict, mpath: str, read: Reader
+    root: str, m: dict, name: str, shards: dict, mpath: str, read: Reader
 ) -> tuple[np.ndarray, np.ndarray]:
     idx = m.get("index")
-    if not isinstance(idx, dict) or idx.get("path") != index_path(m["version"]):
-        raise _bad(mpath, f"'index' must name the sidecar {index_path(m['version'])!r}")
+    if not isinstance(idx, dict) or idx.get("path") != index_of(name):
+        raise _bad(mpath, f"'index' must name the sidecar {index_of(name)!r}")
     nbytes, crc = _int(mpath, idx, "nbytes"), _int(mpath, idx, "crc32")
     nb, nh = int(shards["blocks"].sum()), int(shards["heap_chunks"].sum())
     expect = len(INDEX_MAGIC) + nb * spec.BLOCK_DTYPE.itemsize + nh * spec.HEAP_CHUNK_DTYPE.itemsize
@@ -574,10 +712,9 @@ def publish(
 
 def next_version(names: Sequence[str]) -> int:
     """The version a commit publishes, given the names in the ``_manifests`` directory: past
-    every manifest and every sidecar (a commit killed between its sidecar and its manifest
-    leaves a sidecar that an exclusive write would collide with)."""
-    taken = re.compile(r"v(\d{8})\.(?:json|index)")
-    have = [int(m.group(1)) for m in map(taken.fullmatch, names) if m]
+    every manifest, sidecar and pending commit (a commit killed between its sidecar and its
+    manifest leaves a sidecar that an exclusive write would collide with)."""
+    have = [int(m.group(1)) for m in map(_SIDE_NAME.fullmatch, names) if m]
     return (max(have) if have else 0) + 1
 
 
@@ -601,9 +738,16 @@ def version_objects(
     blocks: Sequence[np.ndarray],
     heap_chunks: Sequence[np.ndarray],
     parent: int | None = None,
+    uid: str | None = None,
+    parent_manifest: str | None = None,
 ) -> tuple[bytes, bytes, bytes]:
     """The bytes of version ``version``'s sidecar, manifest and pointer (what :func:`publish`
-    writes, in that order; a remote commit uploads them in that order too)."""
+    writes, in that order; a remote commit uploads them in that order too).
+
+    ``uid``: the objects' unique id (:func:`manifest_path`), for a commit without conditional
+    writes; its manifest then also records ``parent_manifest``, the name of the manifest it was
+    built on (None: the first version). Without ``uid`` the bytes are those every earlier
+    version of this format has."""
     parts = [INDEX_MAGIC]
     parts += [np.ascontiguousarray(b, dtype=spec.BLOCK_DTYPE).tobytes() for b in blocks]
     parts += [np.ascontiguousarray(h, dtype=spec.HEAP_CHUNK_DTYPE).tobytes() for h in heap_chunks]
@@ -623,23 +767,26 @@ def version_objects(
         "heap_chunk_bytes": heap_chunk_bytes,
         "num_rows": int(sum(s["rows"] for s in shards)),
         "index": {
-            "path": index_path(version),
+            "path": index_path(version, uid),
             "nbytes": len(sidecar),
             "crc32": zlib.crc32(sidecar),
         },
         "shards": _entries(shards),
     }
+    if uid is not None:
+        manifest["parent_manifest"] = parent_manifest
     text = json.dumps(manifest, indent=1).encode()
-    return sidecar, text, pointer_bytes(version, text)
+    return sidecar, text, pointer_bytes(version, text, manifest_path(version, uid))
 
 
-def pointer_bytes(version: int, manifest_text: bytes) -> bytes:
-    """The pointer that makes ``version`` current, its manifest's bytes being ``manifest_text``."""
+def pointer_bytes(version: int, manifest_text: bytes, name: str | None = None) -> bytes:
+    """The pointer that makes ``version`` current, its manifest's bytes being ``manifest_text``
+    and its name ``name`` (default: the fixed name of ``version``)."""
     pointer = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "version": version,
-        "manifest": manifest_path(version),
+        "manifest": name or manifest_path(version),
         "manifest_crc32": zlib.crc32(manifest_text),
     }
     return json.dumps(pointer, indent=1).encode() + b"\n"

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from rowstore.schema import Schema
 from rowstore.storage import Destination, destination, under
 from rowstore.writer.gc import DEFAULT_ORPHAN_GRACE_S, _collect
 
-__all__ = ["ShardInfo", "commit", "commit_to", "next_version", "reader"]
+__all__ = ["ShardInfo", "commit", "commit_to", "publish_unconditional", "next_version", "reader"]
 
 
 @dataclass(frozen=True)
@@ -230,10 +233,15 @@ def commit(
     Notes
     -----
     A local dataset's commits run under its commit lock (one at a time, in any process; a
-    waiting commit sees the one before it). On an object store there is no lock: the version's
-    objects are created only if absent and the pointer is replaced only if it is still the one
-    read (S3's conditional writes), so of two commits at once one wins and the other starts
-    again on top of the new version (``"a"`` then appends to it); see :func:`commit_to`.
+    waiting commit sees the one before it). On an object store there is no lock. On S3 the
+    version's objects are created only if absent and the pointer is replaced only if it is
+    still the one read (conditional writes), so of two commits at once one wins and the other
+    starts again on top of the new version (``"a"`` then appends to it). A store without
+    conditional writes (GCS through gcsfs) gets objects under names no other commit chooses,
+    and each commit, after writing the pointer, checks that its version stays on the current
+    version's chain while other commits may still write the pointer (waiting for them), or
+    starts again on top; see :func:`commit_to`. Either way every state of the store opens as
+    some complete version, and a commit that returns is in the current version's history.
     Nothing is published when a check fails. Each shard's HDF5 metadata is read once.
     """
     root = os.fspath(path)
@@ -274,6 +282,10 @@ def reader(dest: Destination) -> Any:
 
 #: How many times a commit starts again after another commit published first.
 MAX_COMMIT_ATTEMPTS = 8
+#: Seconds a commit without conditional writes waits for another commit's pending object to go
+#: before it takes that commit for dead (killed between its pending object and its end) and
+#: removes the object.
+PENDING_STALE_S = 300.0
 
 
 def commit_to(
@@ -286,6 +298,7 @@ def commit_to(
     orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
     storage_options: Mapping[str, Any] | None = None,
     max_attempts: int = MAX_COMMIT_ATTEMPTS,
+    stale_s: float = PENDING_STALE_S,
 ) -> int:
     """Publish the next version of the dataset at ``dest``: :func:`commit`'s algorithm.
 
@@ -294,12 +307,18 @@ def commit_to(
     2. Under the destination's commit lock (local: ``flock``; object stores have none), read
        the pointer and its :meth:`~rowstore.storage.base.Destination.token`, the base version
        (``"a"``), and build the new version.
-    3. :func:`rowstore.format.manifest.publish`: sidecar and manifest as new objects, then the
-       pointer replaced only if its token is unchanged.
+    3. Where the destination's writes are conditional (a local directory under its lock, S3's
+       conditional PUTs), :func:`rowstore.format.manifest.publish`: sidecar and manifest as
+       new objects, then the pointer replaced only if its token is unchanged. Elsewhere
+       (:attr:`~rowstore.storage.base.Destination.conditional` False: GCS through gcsfs),
+       :func:`publish_unconditional`: objects under names only this attempt can choose, the
+       pointer written, then checked until no other commit can still replace it.
     4. If another commit took the version number or moved the pointer meanwhile (possible only
        without a lock), start again at 2 on top of that commit's version, at most
        ``max_attempts`` times, then :class:`~rowstore.errors.CommitConflictError`. A version
-       is never lost: the pointer moves only from the version this commit was built on.
+       is never lost: the pointer moves only from the version this commit was built on, or
+       (without conditional writes) a commit whose version was replaced finds out and starts
+       again. ``stale_s``: see :func:`publish_unconditional`.
     """
     if mode not in ("w", "x", "a"):
         raise ValueError(f"mode must be 'w', 'x' or 'a', got {mode!r}")
@@ -323,24 +342,27 @@ def commit_to(
             exists = token is not None
             if mode == "x" and exists:
                 raise FileExistsError(f"{where!r} already holds a dataset (mode='x')")
-            base = manifest.load(where, read=read) if mode == "a" and exists else None
-            parent = _current_version(where, read) if exists else None
+            at = _current(where, read) if exists else None
+            base = manifest.load(where, read=read, at=at) if mode == "a" and exists else None
             ref, entries, blocks, heap_chunks, new_attrs = next_version(
                 where, base, infos, layouts, attrs
             )
+            objects = dict(
+                schema=ref[1],
+                attrs=new_attrs,
+                compression=ref[2],
+                heap_chunk_bytes=ref[3],
+                shards=entries,
+                blocks=blocks,
+                heap_chunks=heap_chunks,
+            )
             try:
-                version = manifest.publish(
-                    dest,
-                    schema=ref[1],
-                    attrs=new_attrs,
-                    compression=ref[2],
-                    heap_chunk_bytes=ref[3],
-                    shards=entries,
-                    blocks=blocks,
-                    heap_chunks=heap_chunks,
-                    parent=parent,
-                    expect=token,
-                )
+                if dest.conditional:
+                    version = manifest.publish(
+                        dest, **objects, parent=at.version if at else None, expect=token
+                    )
+                else:
+                    version = publish_unconditional(dest, objects, at, stale_s=stale_s)
             except (FileExistsError, ObjectChangedError) as exc:  # another commit was first
                 conflict = exc
                 continue
@@ -363,6 +385,151 @@ def commit_to(
                     stacklevel=3,
                 )
     return version
+
+
+def publish_unconditional(
+    dest: Destination,
+    objects: Mapping[str, Any],
+    at: manifest.Pointer | None,
+    *,
+    stale_s: float = PENDING_STALE_S,
+) -> int:
+    """Publish a version built on ``at`` (the pointer read, None if there was none) on a store
+    without conditional writes; returns it. ``objects``: :func:`.manifest.version_objects`'
+    keyword arguments.
+
+    1. The version is one past every name in ``_manifests/`` (and past ``at``); its sidecar,
+       manifest and pending object get a unique id (``v%08d-<32 hex>``), written in that
+       order: no other commit writes these names, and no pointer names them yet.
+    2. The pointer is read again; if it no longer names ``at``'s manifest, the sidecar and
+       manifest are removed (nothing named them) and :class:`ObjectChangedError` is raised.
+    3. The pointer is written (unconditionally): it names this manifest and its CRC-32.
+    4. Until this version is settled: the pointer is read, and its chain of parents walked; if
+       this version is not on it (another commit's pointer landed after this one),
+       :class:`ObjectChangedError` (the objects stay: a reader may have opened them). Then
+       ``_manifests/`` is listed: another commit's pending object whose base does not hold
+       this version may still write the pointer, so this waits (backing off) until it goes.
+       One that stays ``stale_s`` seconds is taken for a killed commit's and removed.
+    5. The pending object is removed (also when anything above fails).
+
+    Every commit that can still write the pointer has a pending object, written before it read
+    the pointer a second time; once one was seen gone, its commit will not write the pointer
+    again. So when step 4 returns, every later pointer holds this version (or the pointer was
+    moved by a commit taken for dead). Steps 2 and 4 cost one GET of the pointer, one listing,
+    one GET per pending object and per manifest walked.
+    """
+    where = dest.root
+    read = reader(dest)
+    names = dest.list(manifest.MANIFEST_DIR)
+    version = max(manifest.next_version(names), at.version + 1 if at else 1)
+    uid = manifest.new_uid()
+    base = at.manifest if at else None
+    sidecar, text, pointer = manifest.version_objects(
+        version,
+        **objects,
+        parent=at.version if at else None,
+        uid=uid,
+        parent_manifest=base,
+    )
+    mine = manifest.manifest_path(version, uid)
+    pending = manifest.pending_path(version, uid)
+    dest.write_new(manifest.index_path(version, uid), sidecar)
+    dest.write_new(mine, text)
+    dest.write_new(pending, json.dumps({"base": base}).encode())
+    try:
+        if _pointed(dest, read) != base:
+            for rel in (mine, manifest.index_path(version, uid)):
+                with contextlib.suppress(OSError, FormatError):
+                    dest.remove(rel)
+            raise ObjectChangedError(
+                f"{where}/{manifest.POINTER}: another commit moved it while version {version} "
+                "was written",
+                path=f"{where}/{manifest.POINTER}",
+            )
+        dest.replace(manifest.POINTER, pointer)
+        if not _settle(dest, read, mine, pending, stale_s):
+            raise ObjectChangedError(
+                f"{where}/{manifest.POINTER}: another commit replaced version {version} "
+                f"({mine}) after it was made current",
+                path=f"{where}/{manifest.POINTER}",
+            )
+    finally:
+        with contextlib.suppress(OSError, FormatError):
+            dest.remove(pending)
+    return version
+
+
+def _pointed(dest: Destination, read: Any) -> str | None:
+    """The manifest the pointer names now (None: no pointer, or one that does not load)."""
+    try:
+        return manifest.pointer(dest.root, read=read).manifest
+    except FormatError:
+        return None
+
+
+def _pending_base(dest: Destination, rel: str) -> str | None:
+    """The manifest a pending commit is built on (None: none, or a pending object that does not
+    say); :class:`MissingObjectError` if the object is gone."""
+    data = dest.read_small(rel, 1 << 16)
+    try:
+        base = json.loads(data.decode("utf-8")).get("base")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return base if manifest.version_of(base) is not None else None
+
+
+def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: float) -> bool:
+    """Step 4 of :func:`publish_unconditional`: False when ``mine`` is not on the current
+    version's chain; True once no other pending commit can take it off."""
+    where, version = dest.root, manifest.version_of(mine) or 0
+    parents: dict[str, str | None] = {}
+
+    def holds(name: str | None) -> bool:  # whether ``name``'s chain of parents has ``mine``
+        try:
+            while name is not None:
+                if name == mine:
+                    return True
+                if (manifest.version_of(name) or 0) <= version:
+                    return False
+                if name not in parents:
+                    parents[name] = manifest.parent_of(where, name, read=read)
+                name = parents[name]
+        except FormatError:  # a manifest of the chain does not read: not known to hold it
+            return False
+        return False
+
+    first_seen: dict[str, float] = {}
+    delay = 0.005
+    while True:
+        if not holds(_pointed(dest, read)):  # the pointer first, then the pending commits
+            return False
+        live = []
+        for n in dest.list(manifest.MANIFEST_DIR):
+            rel = f"{manifest.MANIFEST_DIR}/{n}"
+            owner = manifest.owner_of(n)
+            if owner is None or owner[1] != "pending" or rel == pending:
+                continue
+            try:
+                if holds(_pending_base(dest, rel)):
+                    continue
+            except MissingObjectError:
+                continue  # finished meanwhile
+            now = time.monotonic()
+            if now - first_seen.setdefault(rel, now) < stale_s:
+                live.append(rel)
+                continue
+            warnings.warn(
+                f"rowstore: {where}/{rel} stayed {stale_s:g} s: taken for a killed commit's "
+                "and removed",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            with contextlib.suppress(OSError, FormatError):
+                dest.remove(rel)
+        if not live:
+            return True
+        time.sleep(delay)
+        delay = min(2 * delay, 0.25)
 
 
 def next_version(
@@ -406,10 +573,10 @@ def next_version(
     return ref, entries, blocks, heap_chunks, dict(attrs)
 
 
-def _current_version(root: str, read: Any = None) -> int | None:
-    """The current version, None if the pointer cannot be read (a "w" commit replaces it)."""
+def _current(root: str, read: Any = None) -> manifest.Pointer | None:
+    """The pointer, None if it cannot be read (a "w" commit replaces it)."""
     try:
-        return manifest.read_pointer(root, read=read)[0]
+        return manifest.pointer(root, read=read)
     except FormatError:
         return None
 

@@ -207,8 +207,8 @@ def _fetch_current(staging: Staging) -> bool:
         staging.fetch(manifest.POINTER, manifest.MAX_MANIFEST_BYTES)
     except MissingObjectError:
         return False
-    v = manifest.read_pointer(staging.root)[0]
-    for rel in (manifest.manifest_path(v), manifest.index_path(v)):
+    name = manifest.pointer(staging.root).manifest
+    for rel in (name, manifest.index_of(name)):
         staging.fetch(rel, manifest.MAX_MANIFEST_BYTES)
     return True
 

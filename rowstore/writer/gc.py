@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,10 +71,11 @@ class GCReport:
         return self.manifests + self.shards + self.temporaries
 
 
-def _read_names(root: str, version: int, read: Any = None) -> tuple[list[str], int | None]:
-    """The shard paths a manifest names and its parent version (read without its sidecar:
-    cheap, for gc; ``read`` as for :func:`rowstore.format.manifest.load`)."""
-    mpath = os.path.join(root, manifest.manifest_path(version))
+def _read_names(root: str, name: str, read: Any = None) -> tuple[list[str], str | None]:
+    """The shard paths the manifest ``name`` (relative to ``root``) names and its parent's
+    manifest name (read without its sidecar: cheap, for gc; ``read`` as for
+    :func:`rowstore.format.manifest.load`)."""
+    mpath = os.path.join(root, name)
     m = manifest._json_object(
         mpath, (read or manifest._read_small)(mpath, manifest.MAX_MANIFEST_BYTES)
     )
@@ -86,15 +87,13 @@ def _read_names(root: str, version: int, read: Any = None) -> tuple[list[str], i
         manifest._safe_relpath(where, e.get("path") if isinstance(e, dict) else None)
         for e in entries
     ]
-    parent = m.get("parent")
-    return paths, parent if isinstance(parent, int) and not isinstance(parent, bool) else None
+    return paths, manifest._parent_name(mpath, m)
 
 
-def _shard_paths(root: str, version: int, read: Any = None) -> list[str]:
-    return _read_names(root, version, read)[0]
-
-
-_SIDE_FILE = re.compile(r"v(\d{8})\.(json|index)")
+def _shard_paths(root: str, version: int | str, read: Any = None) -> list[str]:
+    """The shard paths of a version (its number, or its manifest's name)."""
+    name = version if isinstance(version, str) else manifest.find_manifest(root, version, read=read)
+    return _read_names(root, name, read)[0]
 
 
 def _own_dir(root: str, name: str, allow_outside_links: bool) -> str | None:
@@ -116,72 +115,99 @@ def _open_dir(real: str | None) -> int | None:
     return os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
 
 
-def _newest_loading(root: str, have: Sequence[int], kept: Sequence[int]) -> int | None:
-    """The newest version whose manifest and sidecar load, if newer than every kept one."""
-    for v in reversed(have):
-        if kept and v <= max(kept):
+def _newest_loading(root: str, have: Sequence[str], kept: Sequence[str]) -> str | None:
+    """The newest manifest (by version) whose manifest and sidecar load, if newer than every
+    kept one."""
+    top = max((_version(n) for n in kept), default=0)
+    for n in reversed(have):
+        if kept and _version(n) <= top:
             return None
         try:
-            manifest.load(root, v)
+            manifest.load(root, at=manifest.Pointer(_version(n), n, _crc(root, n)))
         except FormatError:
             continue
-        return v
+        return n
     return None
+
+
+def _version(name: str) -> int:
+    return manifest.version_of(name) or 0
+
+
+def _crc(root: str, name: str) -> int:
+    """The CRC-32 of the manifest ``name`` (what a pointer to it records)."""
+    path = os.path.join(root, name)
+    return zlib.crc32(manifest._read_small(path, manifest.MAX_MANIFEST_BYTES))
 
 
 def _collect(
     root: str, *, keep: int | None, grace_s: float, dry_run: bool, allow_outside_links: bool = False
 ) -> GCReport:
     """The work of :func:`gc` and of a commit's clean-up (``keep=None``: keep every version);
-    the caller holds the commit lock and has checked that the pointer reads."""
+    the caller holds the commit lock and has checked that the pointer reads.
+
+    Versions are told apart by their manifests' names (two manifests of one version number,
+    left by commits without conditional writes, are two versions; ``parent_manifest`` links
+    them)."""
     report = GCReport(root=root, dry_run=dry_run)
     mreal = _own_dir(root, manifest.MANIFEST_DIR, allow_outside_links)
     sreal = _own_dir(root, manifest.SHARD_DIR, allow_outside_links)
-    current = manifest.read_pointer(root)[0]
-    report.current = current
-    have = manifest.versions(root)
+    at = manifest.pointer(root)
+    current = at.manifest
+    report.current = at.version
+    have = manifest.manifest_names(root)
     if current not in have:
         raise FormatError(
-            f"{root!r}: the current version {current} has no manifest; not collecting", path=root
+            f"{root!r}: the current version {at.version} has no manifest ({current}); not "
+            "collecting",
+            path=root,
         )
-    names: dict[int, list[str]] = {}
+    names: dict[str, list[str]] = {}
+    spared: str | None = None
     if keep is None:  # a commit's clean-up removes no version
         kept, chain = list(have), set(have)
     else:
         # The versions that were current once: the current one and its parents. A manifest
         # outside that chain was left by a commit killed before its pointer was written.
-        order: list[int] = []
-        v: int | None = current
-        while v is not None and v in have and v not in order:
+        order: list[str] = []
+        n: str | None = current
+        while n is not None and n in have and n not in order:
             try:
-                names[v], parent = _read_names(root, v)
+                names[n], parent = _read_names(root, n)
             except FormatError:
                 if len(order) < keep:
                     raise  # a version to keep that cannot be read: remove nothing
                 break  # its shards then stay under the grace rule
-            order.append(v)
-            v = parent
-        kept, chain = sorted(order[:keep]), set(order)
-        report.spared = _newest_loading(root, have, kept)
-    spare = kept + ([report.spared] if report.spared is not None else [])
+            order.append(n)
+            n = parent
+        kept, chain = order[:keep], set(order)
+        spared = _newest_loading(root, have, kept)
+        report.spared = _version(spared) if spared is not None else None
+    spare = set(kept) | ({spared} if spared is not None else set())
     named_kept: set[str] = set()
-    for v in spare:
-        named_kept.update(names[v] if v in names else _shard_paths(root, v))  # unreadable: raise
+    for n in spare:
+        named_kept.update(names[n] if n in names else _shard_paths(root, n))  # unreadable: raise
     # Shards named only by versions that were current once go with them; those named only by a
     # never-current manifest stay under the grace rule (a killed commit of them may be retried).
     named_removed: set[str] = set()
-    for v in chain.difference(spare):
-        named_removed.update(names[v])
-    report.kept_versions = kept
+    for n in chain.difference(spare):
+        named_removed.update(names[n])
+    report.kept_versions = sorted(_version(n) for n in kept)
     mfd, sfd = _open_dir(mreal), None
     try:
         sfd = _open_dir(sreal)
         side = sorted(os.listdir(mfd)) if mfd is not None else []
-        for n in sorted(side, key=lambda n: n.endswith(".index")):  # manifests, then sidecars
-            m = _SIDE_FILE.fullmatch(n)
-            v = int(m.group(1)) if m else None
-            if v is not None and v not in spare and (keep is not None or v not in have):
-                # (a sidecar without manifest: a killed commit's)
+        # manifests, then sidecars and pending objects
+        for n in sorted(side, key=lambda n: not n.endswith(".json")):
+            owner = manifest.owner_of(n)
+            if owner is None:
+                continue
+            mname, kind = owner
+            if kind == "pending":  # (a commit without conditional writes; none runs here)
+                gone = keep is not None or mname not in have
+            else:  # (a sidecar without manifest: a killed commit's)
+                gone = mname not in spare and (keep is not None or mname not in have)
+            if gone:
                 report.manifests.append(f"{manifest.MANIFEST_DIR}/{n}")
         files = sorted(os.listdir(sfd)) if sfd is not None else []
         now = time.time()
@@ -406,10 +432,10 @@ def restore_pointer(
                 report.problem = str(exc)
         else:
             report.problem = f"{os.path.join(root, manifest.POINTER)!r} is missing"
-        have = manifest.versions(root)
-        for v in reversed(have):
+        for name in reversed(manifest.manifest_names(root)):
+            v = _version(name)
             try:
-                _sound(root, v, verify=verify, allow_outside_links=allow_outside_links)
+                _sound(root, name, verify=verify, allow_outside_links=allow_outside_links)
             except FormatError as exc:
                 report.skipped.append((v, str(exc)))
                 continue
@@ -417,10 +443,10 @@ def restore_pointer(
             if not dry_run:
                 if not allow_outside_links:  # (a symlinked pointer's target is what is replaced)
                     manifest.check_inside(root, [manifest.POINTER], what="pointer")
-                mpath = os.path.join(root, manifest.manifest_path(v))
+                mpath = os.path.join(root, name)
                 text = manifest._read_small(mpath, manifest.MAX_MANIFEST_BYTES)
                 dest = LocalDir(root)
-                dest.replace(manifest.POINTER, manifest.pointer_bytes(v, text))
+                dest.replace(manifest.POINTER, manifest.pointer_bytes(v, text, name))
                 dest.sync()
                 manifest.load(root)  # what a reader now sees: this version, checksums and all
             return report
@@ -435,10 +461,12 @@ def restore_pointer(
     )
 
 
-def _sound(root: str, version: int | None, *, verify: bool, allow_outside_links: bool) -> None:
-    """Raise the first :class:`FormatError` that makes ``version`` (None: the pointer's) unsound."""
+def _sound(root: str, name: str | None, *, verify: bool, allow_outside_links: bool) -> None:
+    """Raise the first :class:`FormatError` that makes the version whose manifest is ``name``
+    (None: the pointer's) unsound."""
+    at = None if name is None else manifest.Pointer(_version(name), name, _crc(root, name))
     L = DatasetLayout.from_manifest(
-        manifest.load(root, version), allow_outside_links=allow_outside_links
+        manifest.load(root, at=at), allow_outside_links=allow_outside_links
     )
     for err in L.damage(limit=1, shard_indexes=True, chunks=verify):
         raise err

@@ -1,11 +1,15 @@
-"""Two commits to one remote dataset at the same time (a real moto S3 server) lose no version:
-both read the same current version, then both publish; one wins, the other starts again on top
-of it. The race is made deterministic by holding both commits at the listing of the manifest
-directory (each has read the pointer and the version it builds on by then) until both are there.
+"""Commits to one remote dataset at the same time lose no version and never leave a dataset that
+does not open.
 
-A store without conditional writes (gs://: ``RemoteDir.conditional`` is False) checks just
-before each write, which closes the race only when the other commit has finished by then: that
-case is tested on S3 and GCS alike (one commit held at the listing while another commits).
+On S3 (a real moto server) the version's objects are created only if absent and the pointer is
+replaced only if unchanged: of two commits at once one wins, the other starts again on top of it.
+The GCS emulator, like any store without conditional writes (``RemoteDir.conditional`` is False;
+the emulator ignores ``ifGenerationMatch``), gets each commit's objects under unique names, and
+each commit checks after writing the pointer that its version stays in the current version's
+history while other commits may still write the pointer.
+
+Races are made deterministic by holding commits at a chosen request (a listing of the manifest
+directory, a PUT of the pointer) until the others are there: no test depends on timing.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import rowstore
 from rowstore import Field, Schema
 from rowstore.errors import CommitConflictError, ObjectChangedError
 from rowstore.format import manifest
+from rowstore.storage import destination
 from rowstore.storage.local import LocalDir
 from rowstore.storage.objstore import Client, RemoteOptions
+from rowstore.storage.remote import RemoteDir
 from rowstore.writer.commit import commit_to
 
 pytest.importorskip("s3fs")
@@ -75,12 +81,16 @@ def _run_both(commits):
 def _chain(url: str, so: dict) -> list[int]:
     """The versions from the current one back through each manifest's parent."""
     c = Client(url, RemoteOptions.make(so, None, None))
-    out, v = [], manifest.read_pointer(url, read=c.cat_small)[0]
-    while v is not None:
-        out.append(v)
-        text = c.cat_small(f"{url}/{manifest.manifest_path(v)}", manifest.MAX_MANIFEST_BYTES)
-        v = json.loads(text)["parent"]
+    out, name = [], manifest.pointer(url, read=c.cat_small).manifest
+    while name is not None:
+        out.append(manifest.version_of(name))
+        name = manifest.parent_of(url, name, read=c.cat_small)
     return out
+
+
+def _xs(url: str, so: dict) -> np.ndarray:
+    r = rowstore.open(url, storage_options=so)
+    return r.take(np.arange(len(r)))["x"]
 
 
 @pytest.mark.parametrize("mode", ["a", "w"])
@@ -191,3 +201,181 @@ def test_a_commit_that_keeps_losing_the_race_fails_clearly_and_leaves_nothing(tm
         "v00000001.json",
     ]
     assert len(rowstore.open(root)) == 3
+
+
+class _HoldPointerWrites:
+    """Wraps the shared fsspec filesystem's ``pipe_file``: the first PUT of the pointer by each
+    of ``parties`` threads waits until all of them are there, so that every commit has read the
+    pointer, written its objects and checked the pointer again before any pointer is written.
+    A thread that ends without getting there breaks the barrier (the others then go on)."""
+
+    def __init__(self, fs, parties: int):
+        self.fs, self.inner = fs, fs.pipe_file
+        self.barrier = threading.Barrier(parties, timeout=300)
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, path, *args, **kw):
+        if str(path).endswith(manifest.POINTER):
+            with self.lock:
+                first = threading.get_ident() not in self.seen
+                self.seen.add(threading.get_ident())
+            if first:
+                try:
+                    self.barrier.wait()
+                except threading.BrokenBarrierError:
+                    pass
+        return self.inner(path, *args, **kw)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_concurrent_appends_keep_every_returned_commit(object_store, n):
+    """``n`` commits (mode "a") at once, each held at its first pointer write until all are
+    there: the dataset opens, every row of every commit that returned is in it, and a commit
+    that raised CommitConflictError added nothing. gs:// runs the protocol without conditional
+    writes (the emulator honours no precondition), s3:// the conditional one."""
+    root, so = object_store
+    url = f"{root}/race-{n}"
+    assert destination(url, so).conditional is root.startswith("s3")
+    first = _shard(url, so, 0, 10)
+    assert rowstore.commit(url, [first], storage_options=so) == 1
+    shards = [_shard(url, so, 1000 * (i + 1), 3 + i) for i in range(n)]
+    fs = Client(url, RemoteOptions.make(so, None, None)).fs
+    hold = _HoldPointerWrites(fs, n)
+    fs.pipe_file = hold
+    outcome: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            outcome[i] = rowstore.commit(url, [shards[i]], mode="a", storage_options=so)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome[i] = exc
+            hold.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        fs.pipe_file = hold.inner
+    assert len(outcome) == n
+    unexpected = [e for e in outcome.values() if isinstance(e, BaseException)]
+    assert all(isinstance(e, CommitConflictError) for e in unexpected), unexpected
+    won = [i for i, v in outcome.items() if isinstance(v, int)]
+    assert won and len({outcome[i] for i in won}) == len(won)  # each its own version
+    expected = set(range(10)) | {
+        x for i in won for x in range(1000 * (i + 1), 1000 * (i + 1) + 3 + i)
+    }
+    xs = _xs(url, so)  # opens: pointer, manifest and sidecar agree
+    assert len(xs) == len(expected) and set(xs.tolist()) == expected
+    chain = _chain(url, so)
+    assert chain[-1] == 1 and all(outcome[i] in chain for i in won)
+
+
+class _PointerWriteHeld:
+    """Wraps ``pipe_file``: the first PUT of the pointer by the thread ``held`` waits until
+    ``go`` is set (``waiting`` is set then); ``landed`` is set when another thread's PUT of the
+    pointer has returned."""
+
+    def __init__(self, fs):
+        self.fs, self.inner = fs, fs.pipe_file
+        self.held: int | None = None
+        self.waiting, self.go, self.landed = threading.Event(), threading.Event(), threading.Event()
+
+    def __call__(self, path, *args, **kw):
+        pointer = str(path).endswith(manifest.POINTER)
+        me = threading.get_ident()
+        if pointer and me == self.held and not self.waiting.is_set():
+            self.waiting.set()
+            assert self.go.wait(300)
+        out = self.inner(path, *args, **kw)
+        if pointer and me != self.held:
+            self.landed.set()
+        return out
+
+
+def test_a_pointer_write_landing_late_loses_no_commit(gcs_server):
+    """Commit A checks the pointer (version 1) and is held just before writing it; commit B
+    publishes on top of version 1 and writes the pointer; then A's write lands over B's. Without
+    conditional writes nothing refuses A's write: B must not return as if committed (it finds
+    its version gone from the pointer's chain and commits again on top of A's), and both
+    commits' rows are in the dataset."""
+    _, so = gcs_server
+    url = "gs://rowstore/late-pointer"
+    first = _shard(url, so, 0, 10)
+    assert rowstore.commit(url, [first], storage_options=so) == 1
+    a, b = _shard(url, so, 100, 5), _shard(url, so, 200, 7)
+    fs = Client(url, RemoteOptions.make(so, None, None)).fs
+    hold = _PointerWriteHeld(fs)
+    fs.pipe_file = hold
+    got: dict[str, object] = {}
+
+    def commit(name, info, held=False):
+        if held:
+            hold.held = threading.get_ident()
+        try:
+            got[name] = rowstore.commit(url, [info], mode="a", storage_options=so)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            got[name] = exc
+
+    ta = threading.Thread(target=commit, args=("a", a, True))
+    tb = threading.Thread(target=commit, args=("b", b))
+    try:
+        ta.start()
+        assert hold.waiting.wait(300)
+        tb.start()
+        assert hold.landed.wait(300)  # B's pointer is written; A's lands after it
+        hold.go.set()
+        ta.join(300)
+        tb.join(300)
+    finally:
+        hold.go.set()
+        fs.pipe_file = hold.inner
+    assert isinstance(got["a"], int) and isinstance(got["b"], int), got
+    assert sorted(_xs(url, so).tolist()) == [*range(10), *range(100, 105), *range(200, 207)]
+    chain = _chain(url, so)
+    assert chain[0] == got["b"] and got["a"] in chain and chain[-1] == 1
+
+
+def test_without_conditional_writes_objects_have_unique_names(gcs_server):
+    """On gs:// each version's manifest and sidecar carry a unique id, the pointer names the
+    manifest exactly, the manifest its parent's; no pending object stays; every version of the
+    chain opens by number."""
+    _, so = gcs_server
+    url = "gs://rowstore/unique-names"
+    assert rowstore.commit(url, [_shard(url, so, 0, 4)], storage_options=so) == 1
+    assert rowstore.commit(url, [_shard(url, so, 4, 3)], mode="a", storage_options=so) == 2
+    dest = RemoteDir(url, so)
+    names = sorted(dest.list(manifest.MANIFEST_DIR))
+    assert len(names) == 4 and all(manifest.owner_of(n) for n in names)
+    assert not [n for n in names if n.endswith(manifest.PENDING)]
+    ptr = json.loads(dest.read_small(manifest.POINTER, 1 << 16))
+    assert set(ptr) == {"format", "format_version", "version", "manifest", "manifest_crc32"}
+    assert ptr["format_version"] == 1 and ptr["version"] == 2
+    assert ptr["manifest"].startswith("_manifests/v00000002-") and ptr["manifest"] != (
+        manifest.manifest_path(2)
+    )
+    m2 = json.loads(dest.read_small(ptr["manifest"], 1 << 20))
+    assert m2["parent"] == 1 and manifest.version_of(m2["parent_manifest"]) == 1
+    assert m2["index"]["path"] == ptr["manifest"][: -len(".json")] + ".index"
+    assert len(rowstore.open(url, storage_options=so, version=1)) == 4
+    assert sorted(_xs(url, so).tolist()) == list(range(7))
+
+
+def test_a_killed_commits_pending_object_is_removed_once_stale(gcs_server):
+    """A pending object left by a killed commit (built on no version) would hold every later
+    commit; once it has stayed ``stale_s`` (here 0) it is removed with a warning and the commit
+    returns."""
+    _, so = gcs_server
+    url = "gs://rowstore/stale-pending"
+    assert rowstore.commit(url, [_shard(url, so, 0, 4)], storage_options=so) == 1
+    dest = RemoteDir(url, so)
+    dead = manifest.pending_path(5, "0" * 32)
+    dest.write_new(dead, b'{"base": null}')
+    more = _shard(url, so, 4, 2)
+    with pytest.warns(RuntimeWarning, match="killed commit"):
+        v = commit_to(dest, [more], mode="a", stale_s=0, storage_options=so)
+    assert v == 6 and not dest.exists(dead)
+    assert sorted(_xs(url, so).tolist()) == list(range(6))

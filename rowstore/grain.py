@@ -440,7 +440,11 @@ class CheckpointHandler(_GrainHandler):
     rowstore epoch state (:class:`EpochIterator`'s, also through Grain transformations that
     pass their parent's state on), it reads the files of the saving run, checks that they hold
     one state (every process had taken the same steps) and loads it: the iterator then deals
-    exactly the batches not yet delivered to the new process count.
+    exactly the batches not yet delivered to the new process count. An iterator's files are
+    read here, not by Grain: at most :data:`~rowstore.reader.epochs.MAX_STATE_BYTES` each and
+    nested at most :data:`~rowstore.reader.epochs.MAX_STATE_DEPTH` levels deep
+    (:func:`~rowstore.reader.epochs.loads_state`), so a hostile file is a
+    :class:`~rowstore.errors.StateError`, not a ``RecursionError`` or an unbounded read.
     """
 
     def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:

@@ -187,10 +187,13 @@ def test_json_text_is_bounded(monkeypatch):
         "a": [[1, 2]],
         "s": "[" * 21,
     }
+    # brackets in strings (escaped quotes and backslashes too) are not nesting
+    text = '{"s": "\\"' + "[" * 20 + '\\\\", "t": ["\\\\", [[1]]]}'
+    assert loads_state(text) == {"s": '"' + "[" * 20 + "\\", "t": ["\\", [[1]]]}
     for text in ("[" * 100_000, "[" * 100_000 + "]" * 100_000, '{"a":' * 50 + "1" + "}" * 50):
         with pytest.raises(StateError, match="nested"):
             loads_state(text)
-    for bad in (b"\xff\xfe{}", "{'a': 1}", ""):
+    for bad in (b"\xff\xfe{}", "{'a': 1}", "", '"' + '\\"' * 10_000):
         with pytest.raises(StateError):
             loads_state(bad)
     monkeypatch.setattr(epochs, "MAX_STATE_BYTES", 64)

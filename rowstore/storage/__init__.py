@@ -25,6 +25,7 @@ from rowstore.storage.base import ChunkStore, Destination, StagedFile, Staging
 from rowstore.storage.local import LocalDir, LocalStore
 from rowstore.storage.objstore import Client, RemoteOptions
 from rowstore.storage.url import (
+    check_url,
     file_url_path,
     is_url,
     join,
@@ -69,8 +70,8 @@ def locate(
     Raises
     ------
     ValueError
-        ``storage_options``, ``cache`` or ``remote`` given for local paths, or local paths and
-        URLs mixed.
+        ``storage_options``, ``cache`` or ``remote`` given for local paths, local paths and
+        URLs mixed, or a URL without its bucket or host (``s3://``): before any request.
     """
     if storage_options is None and cache is None and remote is None:
         path = (
@@ -79,7 +80,7 @@ def locate(
             else file_url_path(path)
         )
     many = path if isinstance(path, (list, tuple)) else [path]
-    urls = [u for u in many if is_url(u)]
+    urls = [check_url(u) for u in many if is_url(u)]
     if not urls and storage_options is None and cache is None and remote is None:
         return path, None
     if len(urls) != len(many):
@@ -120,9 +121,12 @@ def destination(
     Raises
     ------
     ValueError
-        ``storage_options`` given for a local path, or a read-only protocol (``http(s)://``).
+        ``storage_options`` given for a local path, a read-only protocol (``http(s)://``), or
+        a URL without its bucket (``s3://``): before any request.
     """
     path = os.fspath(path_or_url)
+    if is_url(path):
+        check_url(path)
     root = local_root(path) if storage_options is None else (None if is_url(path) else path)
     if root is not None:
         if storage_options is not None:
@@ -146,6 +150,8 @@ def stage_file(
     """Where a writer makes the single file ``path``: the path itself for a local file, a
     temporary local file uploaded (one PUT) at :meth:`~.base.StagedFile.publish` for a URL."""
     p = os.fspath(path)
+    if is_url(p):
+        check_url(p)
     root = local_root(p) if storage_options is None else (None if is_url(p) else p)
     if root is not None:
         if storage_options is not None:

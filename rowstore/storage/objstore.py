@@ -135,6 +135,35 @@ def _no_credentials(exc: BaseException) -> bool:
     )
 
 
+#: botocore's errors raised before a request is sent: parameters or configuration it refuses
+#: (a bucket name that is not one, no region, a bad endpoint or addressing style).
+_INVALID_REQUEST = frozenset(
+    {
+        "ParamValidationError",
+        "ValidationError",
+        "NoRegionError",
+        "InvalidS3AddressingStyleError",
+        "InvalidEndpointConfigurationError",
+        "InvalidConfigError",
+        "InvalidHostLabelError",
+        "UnsupportedS3ArnError",
+        "UnknownServiceError",
+    }
+)
+
+
+def _invalid_request(exc: BaseException) -> bool:
+    """A request refused before it was sent (botocore's parameter and configuration checks; a
+    ``TypeError`` or ``NotImplementedError`` of the filesystem, e.g. an unknown storage
+    option): the same arguments fail the same way, so it is never retried."""
+    for e in (exc, exc.__cause__):
+        if isinstance(e, (TypeError, NotImplementedError)) or any(
+            c.__name__ in _INVALID_REQUEST for c in type(e).__mro__
+        ):
+            return True
+    return False
+
+
 def _no_bucket(exc: BaseException) -> bool:
     """S3's NoSuchBucket (s3fs raises FileNotFoundError with S3's message, the cause kept)."""
     return any(
@@ -550,6 +579,15 @@ class Client:
                 f"{where}: no credentials found ({type(exc).__name__}: {exc}); pass them in "
                 f"storage_options (key/secret, profile), the environment or a credentials file, "
                 f"or anon=True for a public bucket",
+                url=url,
+                start=start,
+                end=end,
+                attempts=attempt,
+            )
+        if _invalid_request(exc):
+            return RemoteError(
+                f"{where}: the request is invalid, so it was not retried ({type(exc).__name__}: "
+                f"{exc}); check the URL and storage_options",
                 url=url,
                 start=start,
                 end=end,

@@ -9,14 +9,40 @@ import os
 import re
 from typing import Any
 
-__all__ = ["is_url", "join", "local_root", "file_url_path", "local_path", "looks_like_file"]
+__all__ = [
+    "is_url",
+    "check_url",
+    "join",
+    "local_root",
+    "file_url_path",
+    "local_path",
+    "looks_like_file",
+]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+#: Protocols whose URLs start with a bucket, container or host (``s3://bucket/key``): one
+#: without it is refused before any client is made (boto refused it only after its retries).
+NEEDS_BUCKET = frozenset(
+    {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "http", "https"}
+)
 
 
 def is_url(path: object) -> bool:
     """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, str) and _SCHEME.match(path) is not None
+
+
+def check_url(url: str) -> str:
+    """``url`` as it is, or :class:`ValueError` when a protocol of :data:`NEEDS_BUCKET` has no
+    bucket or host after its ``://`` (``s3://``, ``s3:///key``, ``https://``)."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() in NEEDS_BUCKET and not rest.split("/", 1)[0]:
+        what = "host" if scheme.lower() in ("http", "https") else "bucket"
+        raise ValueError(
+            f"{url!r} names no {what}: {scheme}:// URLs start with one ({scheme}://{what}/path)"
+        )
+    return url
 
 
 def local_root(path: str) -> str | None:

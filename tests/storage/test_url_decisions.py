@@ -10,7 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import rowstore
+from rowstore import storage
 
 ROOT = os.path.dirname(rowstore.__file__)
 STORAGE = os.path.join(ROOT, "storage")
@@ -95,3 +98,67 @@ def test_format_spec_imports_without_the_writer():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.split() == ["rowstore.writer.file", "True"]
+
+
+BUCKETLESS = ["s3://", "s3:///data/ds", "gs://", "https://"]
+
+
+def _no_client(monkeypatch) -> list:
+    """Record every object-store client made (none should be)."""
+    from rowstore.storage import objstore
+
+    made: list = []
+    real = objstore.Client.__init__
+
+    def init(self, url, options):
+        made.append(url)
+        real(self, url, options)
+
+    monkeypatch.setattr(objstore.Client, "__init__", init)
+    return made
+
+
+@pytest.mark.parametrize("url", BUCKETLESS)
+def test_a_url_without_its_bucket_is_refused_before_any_client(url, monkeypatch, capsys):
+    """``s3://`` (no bucket) reached botocore, whose parameter error was retried; every entry
+    point (reading, writing, the CLI) now refuses it where URLs are located, before a client
+    or a request exists."""
+    from rowstore.cli import main
+
+    made = _no_client(monkeypatch)
+    schema = rowstore.Schema([rowstore.Field("x", "int64")])
+    what = "host" if url.startswith("https") else "bucket"
+    calls = [
+        lambda: storage.locate(url),
+        lambda: storage.locate([url], storage_options={"anon": True}),
+        lambda: storage.destination(url),
+        lambda: rowstore.Reader(url),
+        lambda: rowstore.DatasetWriter(url, schema),
+        lambda: rowstore.Writer(url + "/x.h5", schema),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"names no {what}"):
+            call()
+    assert main(["info", url]) == 1
+    assert f"names no {what}" in capsys.readouterr().err
+    assert made == []
+
+
+def test_a_parameter_error_is_not_retried():
+    """botocore's parameter errors are raised before any request: no retry can fix them, so
+    the first one is the error (6 attempts with backoff before)."""
+    exceptions = pytest.importorskip("botocore.exceptions")
+    from rowstore.errors import RemoteError
+    from rowstore.storage.objstore import Client, RemoteOptions
+
+    client = Client("s3://bad bucket/x", RemoteOptions.make(None, None, {"retries": 5}))
+    calls = []
+
+    def call():
+        calls.append(1)
+        raise exceptions.ParamValidationError(report="Invalid bucket name 'bad bucket'")
+
+    with pytest.raises(RemoteError, match="invalid, so it was not retried") as e:
+        client._retrying("s3://bad bucket/x", None, None, call)
+    assert len(calls) == 1 and e.value.attempts == 1
+    assert storage.locate("s3://bucket/key")[0] == "s3://bucket/key"  # a bucket: located

@@ -24,9 +24,10 @@ from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.errors import FormatError
 from rowstore.format import manifest
-from rowstore.writer.commit import commit
+from rowstore.storage.local import LocalDir
+from rowstore.writer.commit import commit, commit_to
 from rowstore.writer.dataset import write_shard
-from rowstore.writer.gc import gc
+from rowstore.writer.gc import gc, restore_pointer
 
 SCHEMA = Schema([Field("x", "int64"), Field("t", BYTES)])
 
@@ -336,3 +337,48 @@ def test_gc_removes_an_orphan_link_not_its_target(tmp_path):
     r = gc(root, dry_run=False, orphan_grace_s=0)
     assert r.shards == ["shards/orphan.h5"] and not os.path.lexists(link)
     assert target.read_bytes() == b"someone's file"
+
+
+class _Unconditional(LocalDir):
+    """A directory committed to as a store without conditional writes commits (unique names),
+    as a copy of a gs:// dataset holds them; the first pointer write of :attr:`lose` commits
+    is lost (another commit's pointer landed over it)."""
+
+    conditional = False
+
+    def __init__(self, root, lose=0):
+        super().__init__(root)
+        self.lose = lose
+
+    def replace(self, rel, data, *, expect=...):
+        if rel == manifest.POINTER and self.lose:
+            self.lose -= 1
+            return
+        super().replace(rel, data, expect=expect)
+
+
+def test_gc_and_restore_tell_versions_by_manifest_name(tmp_path):
+    """Versions under unique names (one of them overtaken, never current): restore_pointer
+    picks the newest sound manifest by name, gc keeps the current chain's manifests and the
+    shards they name, and removes the others' manifests, sidecars and the chain's old ones."""
+    root = str(tmp_path / "ds")
+    a = write_shard(root, SCHEMA, cols(0, 10))
+    assert commit_to(_Unconditional(root), [a]) == 1
+    b = write_shard(root, SCHEMA, cols(10, 20))
+    assert commit_to(_Unconditional(root), [b], mode="a") == 2
+    c = write_shard(root, SCHEMA, cols(20, 30))
+    assert commit_to(_Unconditional(root, lose=1), [c], mode="a") == 4  # 3 was overtaken
+    names = manifest.manifest_names(root)
+    assert [manifest.version_of(n) for n in names] == [1, 2, 3, 4]
+    assert all(n != manifest.manifest_path(manifest.version_of(n)) for n in names)
+    current = manifest.pointer(root).manifest
+    assert current == names[-1] and manifest.parent_of(root, current) == names[1]
+    assert np.array_equal(xs(root), np.arange(30)) and len(rowstore.open(root, version=2)) == 20
+    os.remove(os.path.join(root, manifest.POINTER))
+    assert restore_pointer(root).version == 4 and manifest.pointer(root).manifest == current
+    r = gc(root, dry_run=False, keep_versions=1, orphan_grace_s=0)
+    assert r.current == 4 and r.kept_versions == [4] and r.spared is None
+    assert sorted(os.listdir(os.path.join(root, manifest.MANIFEST_DIR))) == sorted(
+        [".lock", os.path.basename(current), os.path.basename(manifest.index_of(current))]
+    )
+    assert np.array_equal(xs(root), np.arange(30))

@@ -404,19 +404,21 @@ def publish_unconditional(
     2. The pointer is read again; if it no longer names ``at``'s manifest, the sidecar and
        manifest are removed (nothing named them) and :class:`ObjectChangedError` is raised.
     3. The pointer is written (unconditionally): it names this manifest and its CRC-32.
-    4. Until this version is settled: the pointer is read, and its chain of parents walked; if
-       this version is not on it (another commit's pointer landed after this one),
-       :class:`ObjectChangedError` (the objects stay: a reader may have opened them). Then
-       ``_manifests/`` is listed: another commit's pending object whose base does not hold
-       this version may still write the pointer, so this waits (backing off) until it goes.
-       One that stays ``stale_s`` seconds is taken for a killed commit's and removed.
+    4. Settle: read the pointer and walk its chain of parents: is this version on it? Then
+       list ``_manifests/``: another commit's pending object may still write the pointer, and
+       if its base's chain holds this version and the pointer's does not (it would put this
+       version back into the history), or the other way round (it would take it out), wait
+       (backing off) and settle again. One that stays ``stale_s`` seconds is taken for a
+       killed commit's and removed, with a warning. Not on the chain when settled:
+       :class:`ObjectChangedError` (the objects stay: a reader may have opened them).
     5. The pending object is removed (also when anything above fails).
 
     Every commit that can still write the pointer has a pending object, written before it read
-    the pointer a second time; once one was seen gone, its commit will not write the pointer
-    again. So when step 4 returns, every later pointer holds this version (or the pointer was
-    moved by a commit taken for dead). Steps 2 and 4 cost one GET of the pointer, one listing,
-    one GET per pending object and per manifest walked.
+    the pointer a second time, and writes the pointer once; once one is seen gone, it will not
+    write again. So the settled answer is final: a version on the chain stays in every later
+    version's history, one off it never enters it (no commit builds on it again), so a commit
+    that starts again adds its rows once. Steps 2 and 4 cost one GET of the pointer, one
+    listing, one GET per pending object and per manifest walked.
     """
     where = dest.root
     read = reader(dest)
@@ -479,8 +481,8 @@ def _pending_base(dest: Destination, rel: str) -> str | None:
 
 
 def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: float) -> bool:
-    """Step 4 of :func:`publish_unconditional`: False when ``mine`` is not on the current
-    version's chain; True once no other pending commit can take it off."""
+    """Step 4 of :func:`publish_unconditional`: whether ``mine`` is on the current version's
+    chain, once no other pending commit's pointer can change that (put it on or take it off)."""
     where, version = dest.root, manifest.version_of(mine) or 0
     parents: dict[str, str | None] = {}
 
@@ -501,8 +503,7 @@ def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: floa
     first_seen: dict[str, float] = {}
     delay = 0.005
     while True:
-        if not holds(_pointed(dest, read)):  # the pointer first, then the pending commits
-            return False
+        held = holds(_pointed(dest, read))  # the pointer first, then the pending commits
         live = []
         for n in dest.list(manifest.MANIFEST_DIR):
             rel = f"{manifest.MANIFEST_DIR}/{n}"
@@ -510,8 +511,8 @@ def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: floa
             if owner is None or owner[1] != "pending" or rel == pending:
                 continue
             try:
-                if holds(_pending_base(dest, rel)):
-                    continue
+                if holds(_pending_base(dest, rel)) == held:
+                    continue  # its pointer, if it writes one, keeps the outcome
             except MissingObjectError:
                 continue  # finished meanwhile
             now = time.monotonic()
@@ -527,7 +528,7 @@ def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: floa
             with contextlib.suppress(OSError, FormatError):
                 dest.remove(rel)
         if not live:
-            return True
+            return held
         time.sleep(delay)
         delay = min(2 * delay, 0.25)
 

@@ -379,3 +379,76 @@ def test_a_killed_commits_pending_object_is_removed_once_stale(gcs_server):
         v = commit_to(dest, [more], mode="a", stale_s=0, storage_options=so)
     assert v == 6 and not dest.exists(dead)
     assert sorted(_xs(url, so).tolist()) == list(range(6))
+
+
+class _PointerGates:
+    """Wraps ``pipe_file``: the first PUT of the pointer by a thread named in ``names`` waits
+    until that name's ``go`` is set (``arrived`` is set then); ``landed`` is set when the PUT
+    has returned."""
+
+    def __init__(self, fs, names):
+        self.fs, self.inner = fs, fs.pipe_file
+        ev = threading.Event
+        self.arrived, self.go, self.landed = (
+            {n: ev() for n in names},
+            {n: ev() for n in names},
+            {n: ev() for n in names},
+        )
+
+    def __call__(self, path, *args, **kw):
+        me = threading.current_thread().name
+        gated = str(path).endswith(manifest.POINTER) and me in self.go
+        if gated and not self.arrived[me].is_set():
+            self.arrived[me].set()
+            assert self.go[me].wait(300)
+        out = self.inner(path, *args, **kw)
+        if gated:
+            self.landed[me].set()
+        return out
+
+
+def test_a_version_overtaken_then_built_on_counts_once(gcs_server):
+    """A and B both build on version 1 and are held at their pointer writes. A's lands; C reads
+    it, builds on A's version and is held at its pointer write; B's lands (A's version is off
+    the chain); C's lands (A's version is back on it). A must not start again (its rows would
+    be in twice, or its append refused as already there): it settles only when no pending
+    commit can change its outcome, and returns its version; B starts again on top of C."""
+    _, so = gcs_server
+    url = "gs://rowstore/overtaken-then-built-on"
+    assert rowstore.commit(url, [_shard(url, so, 0, 10)], storage_options=so) == 1
+    infos = {n: _shard(url, so, k, 3) for n, k in (("A", 100), ("B", 200), ("C", 300))}
+    fs = Client(url, RemoteOptions.make(so, None, None)).fs
+    gates = _PointerGates(fs, "ABC")
+    fs.pipe_file = gates
+    got: dict[str, object] = {}
+
+    def commit():
+        me = threading.current_thread().name
+        try:
+            got[me] = rowstore.commit(url, [infos[me]], mode="a", storage_options=so)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            got[me] = exc
+
+    threads = {n: threading.Thread(target=commit, name=n) for n in "ABC"}
+    try:
+        threads["A"].start()
+        threads["B"].start()
+        assert gates.arrived["A"].wait(300) and gates.arrived["B"].wait(300)
+        gates.go["A"].set()
+        assert gates.landed["A"].wait(300)
+        threads["C"].start()
+        assert gates.arrived["C"].wait(300)
+        gates.go["B"].set()
+        assert gates.landed["B"].wait(300)
+        gates.go["C"].set()
+        for t in threads.values():
+            t.join(300)
+    finally:
+        for e in gates.go.values():
+            e.set()
+        fs.pipe_file = gates.inner
+    assert all(isinstance(v, int) for v in got.values()) and len(got) == 3, got
+    xs = sorted(_xs(url, so).tolist())
+    assert xs == [*range(10), *range(100, 103), *range(200, 203), *range(300, 303)]
+    chain = _chain(url, so)
+    assert chain[0] == got["B"] and got["A"] in chain and got["C"] in chain

@@ -201,6 +201,15 @@ class Loader(tf.Module):
         st, current = self._restored()
         self.spec = self.spec.adopt(st)
         st.check(self._order_key(), batches=self._plan(None).num_batches)
+        epoch = self.epoch
+        plan = self._plan(st.remaining if int(self._base_epoch.numpy()) == epoch else None)
+        most = int(plan.steps(self.shard[1], self.unit)[self.shard[0]])
+        if self.steps > most:
+            raise StateError(
+                f"the tf.train.Checkpoint of a rowstore.tf.Loader: its steps variable holds "
+                f"{self.steps}, more than the {most} steps of this worker's epoch {epoch}",
+                field="steps",
+            )
         if not current:  # from now on the variable holds this loader's order key
             self._base.assign(self._base_json(st.remaining))
 

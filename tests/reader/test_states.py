@@ -314,6 +314,11 @@ def test_tf_loader_refuses_another_dataset_and_bad_fields(files, tmp_path):
         same.state_dict()
     assert e.value.field == "epoch"
     same._epoch.assign(0)
+    same._steps.assign(13)
+    with pytest.raises(StateError, match="13, more than the 12 steps") as e:
+        len(same)
+    assert e.value.field == "steps"
+    same._steps.assign(0)
     same._base.assign("[" * 10_000)
     with pytest.raises(StateError, match="nested"):
         same.dataset()

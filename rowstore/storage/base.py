@@ -164,7 +164,9 @@ class Destination(Protocol):
     conditional : bool
         Capability flag: :meth:`write_new` and :meth:`replace` with ``expect`` are atomic
         checks (a lock, or the store's conditional writes). When False they check first and
-        write after, and two writers at the same instant can both pass the check.
+        write after, and two writers at the same instant can both pass the check: a commit
+        then relies on neither, writing its version's objects under names no other commit
+        chooses (``docs/format.md``, "Commit protocol").
     local_root : str or None
         The local directory (None for an object store), for what works on local files only
         (removing a dataset's leftovers).

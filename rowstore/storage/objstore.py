@@ -322,7 +322,11 @@ class Client:
     @property
     def conditional(self) -> bool:
         """Whether the store makes writes conditional atomically (S3's ``If-None-Match: *``
-        and ``If-Match`` on PutObject); other stores are checked first and written after."""
+        and ``If-Match`` on PutObject); other stores are checked first and written after.
+
+        GCS has preconditions (``ifGenerationMatch``), but gcsfs's uploads carry only the
+        "create" one (no replacement if the generation is unchanged), and emulators such as
+        gcp-storage-emulator ignore it: ``gs://`` is not conditional here."""
         return self.url.split("://", 1)[0] in ("s3", "s3a")
 
     def put_file(self, local: str, url: str) -> None:

@@ -511,7 +511,9 @@ class RemoteDir:
     Where the store has conditional writes (:attr:`conditional`: S3's ``If-None-Match: *`` and
     ``If-Match`` on PutObject), :meth:`write_new` and :meth:`replace` with ``expect`` are
     atomic checks, so two writers racing for one name or one pointer never both win; on other
-    stores they check just before writing, and two writers at the same instant can both pass.
+    stores they check just before writing, and two writers at the same instant can both pass
+    (a commit there writes each version's objects under unique names and checks the pointer
+    after writing it instead: :func:`rowstore.writer.commit.publish_unconditional`).
 
     Parameters
     ----------

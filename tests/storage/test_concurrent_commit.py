@@ -452,3 +452,38 @@ def test_a_version_overtaken_then_built_on_counts_once(gcs_server):
     assert xs == [*range(10), *range(100, 103), *range(200, 203), *range(300, 303)]
     chain = _chain(url, so)
     assert chain[0] == got["B"] and got["A"] in chain and got["C"] in chain
+
+
+def test_two_creating_commits_at_once_one_wins(object_store):
+    """Two commits with mode "x" to a new dataset, held at their pointer writes until both are
+    there (both found no dataset): one returns its version (on S3 the loser of the race for
+    version 1's names may be the one to win the pointer, with version 2), the other raises
+    FileExistsError, and the dataset holds the winner's rows only."""
+    root, so = object_store
+    url = f"{root}/create-race"
+    a, b = _shard(url, so, 0, 4), _shard(url, so, 100, 6)
+    fs = Client(url, RemoteOptions.make(so, None, None)).fs
+    hold = _HoldPointerWrites(fs, 2)
+    fs.pipe_file = hold
+    got: dict[str, object] = {}
+
+    def run(name, info):
+        try:
+            got[name] = rowstore.commit(url, [info], mode="x", storage_options=so)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            got[name] = exc
+            hold.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=x) for x in (("a", a), ("b", b))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        fs.pipe_file = hold.inner
+    won = [n for n, v in got.items() if isinstance(v, int)]
+    lost = [v for v in got.values() if isinstance(v, FileExistsError)]
+    assert len(won) == 1 and len(lost) == 1, got
+    want = list(range(4)) if won == ["a"] else list(range(100, 106))
+    assert sorted(_xs(url, so).tolist()) == want and _chain(url, so) == [got[won[0]]]

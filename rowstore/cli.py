@@ -52,6 +52,13 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _n(n: int, noun: str, plural: str | None = None, *, commas: bool = False) -> str:
+    """``n`` and ``noun`` in the number's form: ``1 shard file``, ``2 shard files``
+    (``commas``: ``1,024``)."""
+    number = f"{n:,}" if commas else str(n)
+    return f"{number} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
@@ -151,11 +158,11 @@ def info_text(
             f"dataset         {path}",
             f"format          rowstore dataset manifest v{manifest.FORMAT_VERSION}, version "
             f"{L.version}, "
-            f"{L.num_shards:,} shard files",
+            f"{_n(L.num_shards, 'shard file', commas=True)}",
         ]
     lo, hi = (int(L.shard_rpb.min()), int(L.shard_rpb.max())) if L.num_shards else (0, 0)
     per = (
-        f"{hi:,} rows ({_human(L.block_raw_bytes)} of rows each)"
+        f"{_n(hi, 'row', commas=True)} ({_human(L.block_raw_bytes)} of rows each)"
         if lo == hi
         else f"{lo:,}..{hi:,} rows (per shard)"
     )
@@ -163,8 +170,8 @@ def info_text(
         f"rows            {L.num_rows:,}",
         f"blocks          {L.num_blocks:,} x {per}",
         f"row size        {L.row_dtype.itemsize:,} bytes in the row table",
-        f"heap            {_human(L.heap_nbytes)} in {len(L.heap_chunks):,} chunks of "
-        f"{_human(L.heap_chunk_bytes)}"
+        f"heap            {_human(L.heap_nbytes)} in "
+        f"{_n(len(L.heap_chunks), 'chunk', commas=True)} of {_human(L.heap_chunk_bytes)}"
         if len(L.heap_chunks)
         else "heap            none",
         f"compression     {comp_s}",
@@ -232,7 +239,7 @@ def head_text(
             if r.schema[name].nullable and batch[name + "__null"][i]:
                 v = None
             out.append(f"  {name}: {_summary(v)}")
-    out.append(f"({k} of {len(r):,} rows)")
+    out.append(f"({k} of {_n(len(r), 'row', commas=True)})")
     return "\n".join(out)
 
 
@@ -246,8 +253,12 @@ def _count(text: str) -> int:
 def gc_text(path: str, *, dry_run: bool = False) -> str:
     """Remove (or with ``dry_run`` only list) the stale temporary files of a dataset file or of
     every dataset in a directory, and in a directory the work directories of killed shuffles
-    (``.rowstore-shuffle-*``); those of live writers and runs are listed and kept."""
+    (``.rowstore-shuffle-*``); those of live writers and runs are listed and kept.
+
+    A directory holding none of those and no ``.h5`` file is no place of rowstore's (a typo,
+    or a dataset's parent): :class:`FormatError`, rather than reporting nothing removed."""
     from rowstore.global_shuffle._work import PREFIX, sweep
+    from rowstore.storage import looks_like_file
     from rowstore.storage.local import remove_stale, temporaries
 
     is_dir = os.path.isdir(path)
@@ -264,6 +275,15 @@ def gc_text(path: str, *, dry_run: bool = False) -> str:
         raise FileNotFoundError(
             errno.ENOENT, f"{path!r} does not exist and has no temporary files{hint}"
         )
+    if is_dir and not temporaries(path):
+        names = os.listdir(directory)
+        if not any(n.startswith(PREFIX) or looks_like_file(n) for n in names):
+            raise FormatError(
+                f"{path!r} is not a dataset directory (no rowstore.json or _manifests/) and "
+                "holds no rowstore file (.h5), temporary file or shuffle work directory: "
+                "nothing to collect",
+                path=path,
+            )
     verb = "would remove" if dry_run else "removed"
     stale, live = remove_stale(path, dry_run=dry_run)
     lines = [f"{'stale' if dry_run else 'removed'}: {p}" for p in stale]
@@ -334,8 +354,22 @@ def gc_dataset_text(
 def repair_text(
     path: str, *, dry_run: bool = False, verify: bool = False, allow_outside_links: bool = False
 ) -> str:
-    """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`)."""
+    """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`); a
+    directory with neither a pointer nor manifests is no dataset: :class:`FormatError`, and
+    nothing is created in it."""
+    from rowstore.format import manifest
     from rowstore.writer.gc import restore_pointer
+
+    if (
+        os.path.isdir(path)
+        and not manifest.is_dataset(path)
+        and not os.path.isdir(os.path.join(path, manifest.MANIFEST_DIR))
+    ):
+        raise FormatError(
+            f"{path!r} is not a dataset directory (no {manifest.POINTER}, no "
+            f"{manifest.MANIFEST_DIR}/): nothing to repair",
+            path=path,
+        )
 
     r = restore_pointer(
         path, dry_run=dry_run, verify=verify, allow_outside_links=allow_outside_links
@@ -611,7 +645,8 @@ def order_text(
     uniform = nblocks * (1.0 - (1.0 - 1.0 / max(nblocks, 1)) ** batch_size) if nblocks else 0.0
     quality = min(1.0, bb.mean() / uniform) if len(bb) and nblocks > 1 else 1.0
     lines = [
-        f"{path}: {eo.num_rows} rows in {nblocks} blocks of up to {rpb} rows; shuffle={shuffle} "
+        f"{path}: {_n(eo.num_rows, 'row')} in {_n(nblocks, 'block')} of up to {_n(rpb, 'row')}; "
+        f"shuffle={shuffle} "
         f"window={window} "
         + (f"pieces={pieces} " if pieces > 1 else "")
         + f"batch_size={batch_size} seed={seed} epoch={epoch}",
@@ -687,7 +722,8 @@ def check_order_text(
     r = check_order(L.block_rows(), L.rows_per_block, **kwargs)
     w, k = kwargs.get("world", 1), kwargs.get("workers", 1)
     lines = [
-        f"{path}: {r['rows']} rows, {r['global_batches']} global batches of "
+        f"{path}: {_n(r['rows'], 'row')}, "
+        f"{_n(r['global_batches'], 'global batch', 'global batches')} of "
         f"{kwargs['batch_size']}, dealt in "
         f"units of {r['unit']} to {w} ranks x {k} workers"
     ]
@@ -790,7 +826,8 @@ def verify_command(
         )
         return 1
     print(
-        f"{path}: OK ({L.num_blocks} blocks, {len(L.heap_chunks)} heap chunks{shards}, checksums "
+        f"{path}: OK ({_n(L.num_blocks, 'block')}, {_n(len(L.heap_chunks), 'heap chunk')}{shards}, "
+        "checksums "
         f"match{skipped})"
     )
     return 0
@@ -1037,7 +1074,7 @@ def _run(args: argparse.Namespace) -> int:
         from rowstore.petastorm import import_petastorm
 
         schema = import_petastorm(args.url, args.out, dataset=not args.file, columns=args.fields)
-        print(f"{args.out}: {len(schema)} fields written from {args.url}")
+        print(f"{args.out}: {_n(len(schema), 'field')} written from {args.url}")
     elif args.cmd == "from-images":
         from rowstore.images import from_images
 
@@ -1054,7 +1091,9 @@ def _run(args: argparse.Namespace) -> int:
 
         n = int(manifest.load(args.out).shards["rows"].sum())
         f = schema[schema.names[0]]
-        print(f"{args.out}: {n} images ({f.codec['id']}, {f.dtype} {f.shape}) from {args.src}")
+        print(
+            f"{args.out}: {_n(n, 'image')} ({f.codec['id']}, {f.dtype} {f.shape}) from {args.src}"
+        )
     return 0
 
 

@@ -357,3 +357,42 @@ def test_demo_module_has_help_and_refuses_unknown_names(capsys):
     assert e.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         demo.main(["tiny", "0"])
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    """A dataset of one shard and one row: "1 shard file", "1 row", "1 block", never "1 shard
+    files" (or "1 heap chunks")."""
+    import rowstore
+
+    path = str(tmp_path / "one")
+    with rowstore.DatasetWriter(path, SCHEMA, rows_per_block=1) as w:
+        w.write(rows(2)[1])
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert "version 1, 1 shard file\n" in out and "1 x 1 row (" in out
+    assert "in 1 chunk of" in out
+    assert main(["verify", path]) == 0
+    out = capsys.readouterr().out
+    assert "OK (1 block, 1 heap chunk, checksums match" in out, out
+    assert main(["head", path]) == 0 and "(1 of 1 row)" in capsys.readouterr().out
+    assert not any(bad in out for bad in ("1 shard files", "1 blocks", "1 heap chunks", "1 rows"))
+
+
+@pytest.mark.parametrize("what", ["empty", "other files"])
+def test_gc_and_repair_of_a_directory_that_is_no_dataset_fail(tmp_path, capsys, what):
+    """``rowstore gc`` on a directory that is no dataset and holds nothing of rowstore's (a
+    typo, a dataset's parent) said nothing and exited 0; ``repair`` made ``_manifests/`` in
+    it. Both now exit 1 naming it, and leave it as it was."""
+    d = tmp_path / "not-a-dataset"
+    d.mkdir()
+    if what == "other files":
+        (d / "notes.txt").write_text("hello")
+    before = sorted(os.listdir(d))
+    for cmd in (["gc"], ["gc", "--dry-run"], ["repair"], ["repair", "--dry-run"]):
+        assert main([*cmd, str(d)]) == 1, cmd
+        err = capsys.readouterr().err
+        assert f"rowstore {cmd[0]}: error" in err and "not a dataset directory" in err, err
+        assert sorted(os.listdir(d)) == before
+    (d / "data.h5").write_bytes(b"")  # a directory of files: gc looks for their temporaries
+    assert main(["gc", str(d)]) == 0
+    assert "removed 0 stale temporary file(s)" in capsys.readouterr().out

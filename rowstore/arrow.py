@@ -30,10 +30,13 @@ Arrow field is nullable. A null *inside* a list is an error naming the column an
 ``decode={column: how}`` turns binary columns into typed fields: ``how`` is ``"npy"`` (bytes
 of ``numpy.save``), ``"npz"`` (``numpy.savez``: its only array), ``"png"`` or ``"jpeg"``, or a
 :class:`~rowstore.Field` giving the dtype, shape and codec to store with (the name is the
-column's). With a name only, the dtype and the shape come from the first batch's values
-(dimensions that differ there are variable; a later value that does not fit names its row and
-asks for a ``Field``; for ``"png"``/``"jpeg"`` read from the images' headers); PNG fields are
-stored as PNG, the others raw.
+column's). With a name only, the dtype and the shape come from the headers of the first
+batch's values (dimensions that differ there are variable; a later value that does not fit
+names its row and asks for a ``Field``); PNG fields are stored as PNG, the others raw. Every
+payload's header is checked against the field, given or inferred, before its values are
+decoded: a fixed shape bounds the values it may declare, an ``npy``/``npz`` header must have
+the field's rank and fixed dimensions (an npz member's values are not inflated until its
+header and the zip's declared size agree), else the format's limit per value holds.
 
 PNG or JPEG cells going to a field of the same codec (``"png"`` by name, a ``png``/``jpeg``
 ``Field``, a schema's image field, Petastorm's ``CompressedImageCodec``) are stored as they

@@ -100,7 +100,10 @@ def _npz_header(member: IO[bytes], size: int) -> tuple[tuple[int, ...], bool, np
     shape, fortran, dtype = _npy_header(f)  # (a header cut short: numpy's ValueError "EOF...")
     nbytes, start = _npy_nbytes(shape, dtype), f.tell()
     if nbytes != size - start or nbytes > spec.MAX_VALUE_BYTES:
-        raise _too_many(shape, dtype, nbytes, size - start)
+        raise ValueError(
+            f"the npy header declares {shape} of {dtype} ({nbytes} bytes), the npz member "
+            f"{size - start} bytes of values"
+        )
     return shape, fortran, dtype, head[start:]
 
 

@@ -236,10 +236,10 @@ class Decode:
             if len(shape) != len(f.shape) or any(
                 d is not None and d != s for d, s in zip(f.shape, shape)
             ):
-                want = ", ".join("?" if d is None else str(d) for d in f.shape)
+                dims = ", ".join("?" if d is None else str(d) for d in f.shape)
                 raise ValueError(
                     f"the {self.how} header declares an array of shape {shape}, the field "
-                    f"holds shape ({want}{',' if len(f.shape) == 1 else ''})"
+                    f"holds shape ({dims}{',' if len(f.shape) == 1 else ''})"
                 )
         declared = _declared(self.how, b)
         if declared is not None:

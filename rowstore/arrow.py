@@ -165,8 +165,9 @@ def arrow_field(af: pa.Field, *, name: str | None = None, nullable: bool | None 
     dtype, shape = _leaf(af.type, af.name)
     if any(s == 0 for s in shape):  # a fixed 0 dimension cannot be stored inline
         shape = tuple(None if s == 0 else s for s in shape)
-    if shape and None not in shape:  # stored in the row, which must fit a block
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # (Python ints: no wrap-around)
+    fixed = [d for d in shape if d is not None]
+    if shape and len(fixed) == len(shape):  # stored in the row, which must fit a block
+        nbytes = math.prod(fixed) * np.dtype(dtype).itemsize  # (Python ints: no wrap-around)
         if nbytes > spec.MAX_CHUNK_BYTES:
             raise SchemaError(
                 f"column {af.name!r}: {af.type} makes values of {nbytes} bytes, stored in the "

@@ -90,10 +90,11 @@ def check_row_bytes(schema: Schema) -> int:
     """The bytes of one stored row of ``schema``, counted in Python ints (numpy's dtype size
     wraps around past ``2**31 - 1``); :class:`SchemaError` naming the largest field when a row
     would not fit a block (:data:`spec.MAX_CHUNK_BYTES`)."""
-    sizes = {
-        f.name: (f.stored_nbytes if f.inline else spec.heap_ref_dtype(f).itemsize) + f.nullable
-        for f in schema
-    }
+    sizes = {}
+    for f in schema:
+        inline = f.stored_nbytes
+        ref = inline if inline is not None else spec.heap_ref_dtype(f).itemsize
+        sizes[f.name] = ref + f.nullable
     total = sum(sizes.values())
     if total > spec.MAX_CHUNK_BYTES:
         big = max(sizes, key=sizes.__getitem__)

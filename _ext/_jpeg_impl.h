@@ -1,9 +1,18 @@
-/* The C side of _ext/_jpeg.pyx: one JPEG decoded with a crop, a DCT scale and a resize.
+/* The C side of _ext/_jpeg.pyx: one JPEG decoded with a crop, a DCT scale and a resize
+ * (rj_decode_one), or decoded whole into an image of its own size (rj_decode_whole).
  *
  * Kept in C (not Cython) because libjpeg reports errors by calling error_exit, which must not
- * return: rj_decode_one sets a jump point with setjmp and the error manager longjmps back to
+ * return: each decode sets a jump point with setjmp and the error manager longjmps back to
  * it, so a corrupt stream becomes a status code, never an abort. Everything a longjmp may
  * leave behind lives in memory the caller owns (the scratch struct), not in locals.
+ *
+ * Memory: libjpeg's own allocations for one image are bounded by max_work. A progressive or
+ * multi-scan image keeps every DCT coefficient of the image (2 bytes per coefficient, 64 per
+ * block: jdcoefct.c's whole-image buffer), allocated in jpeg_start_decompress whatever the
+ * crop; rj_check_header refuses such an image when that buffer exceeds max_work before
+ * anything is allocated, and max_memory_to_use makes libjpeg's memory manager refuse the same
+ * (its virtual arrays have no backing store here: JERR_NO_BACKING_STORE). A single-scan image
+ * needs only a few rows of its width.
  *
  * The geometry (which crop, which flip) is a pure function of the image size, the op and a
  * 64-bit key; rowstore/reader/image_ops.py states the same function in Python
@@ -20,10 +29,12 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
-enum { RJ_OK = 0, RJ_CORRUPT = 1, RJ_UNSUPPORTED = 2, RJ_NOMEM = 3, RJ_TOO_LARGE = 4 };
+enum { RJ_OK = 0, RJ_CORRUPT = 1, RJ_UNSUPPORTED = 2, RJ_NOMEM = 3, RJ_TOO_LARGE = 4, RJ_SIZE = 5 };
 enum { RJ_RESIZE = 0, RJ_CENTER = 1, RJ_RRC = 2 };
 enum { RJ_INFO = 8 }; /* info per image: h, w, y0, x0, crop_h, crop_w, flip, dct denominator */
+enum { RJ_ROWS = 16 }; /* rows per jpeg_read_scanlines call of a whole decode */
 
 typedef struct {
     int mode;
@@ -32,6 +43,7 @@ typedef struct {
     double fraction;                             /* CenterCrop */
     double flip_p;
     int64_t max_bytes; /* the most bytes of decoded (scaled) crop one image may take */
+    int64_t max_work;  /* the most bytes libjpeg may allocate for one image */
 } rj_op;
 
 typedef struct {
@@ -51,19 +63,79 @@ typedef struct {
 typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
+    int status; /* what the longjmp means: RJ_CORRUPT, RJ_NOMEM or RJ_TOO_LARGE */
 } rj_err;
 
 static void rj_error_exit(j_common_ptr cinfo) {
-    longjmp(((rj_err*)cinfo->err)->jump, 1);
+    rj_err* e = (rj_err*)cinfo->err;
+    int code = cinfo->err->msg_code;
+    e->status = code == JERR_OUT_OF_MEMORY      ? RJ_NOMEM
+                : code == JERR_NO_BACKING_STORE ? RJ_TOO_LARGE /* over max_memory_to_use */
+                                                : RJ_CORRUPT;
+    longjmp(e->jump, 1);
 }
 
 /* Warnings (level -1) are corrupt data libjpeg would paper over (a truncated stream padded
- * with grey, a bad Huffman code): refused like errors. Trace messages (level >= 0) ignored. */
+ * with grey, a bad Huffman code, extraneous bytes): refused like errors. Trace messages
+ * (level >= 0) ignored. */
 static void rj_emit_message(j_common_ptr cinfo, int level) {
-    if (level < 0) longjmp(((rj_err*)cinfo->err)->jump, 1);
+    if (level < 0) {
+        ((rj_err*)cinfo->err)->status = RJ_CORRUPT;
+        longjmp(((rj_err*)cinfo->err)->jump, 1);
+    }
 }
 
 static void rj_output_message(j_common_ptr cinfo) { (void)cinfo; }
+
+/* The status a longjmp left (read from memory: the jump may skip register writes). */
+static int rj_jumped(rj_err* e) { return *(volatile int*)&e->status; }
+
+/* Set up cinfo (zeroed first, so that destroying it after an early jump is safe) with the
+ * error manager; the caller sets its jump point next, then calls rj_create. */
+static void rj_init(struct jpeg_decompress_struct* cinfo, rj_err* err) {
+    memset(cinfo, 0, sizeof(*cinfo));
+    cinfo->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = rj_error_exit;
+    err->pub.emit_message = rj_emit_message;
+    err->pub.output_message = rj_output_message;
+    err->status = RJ_CORRUPT;
+}
+
+static void rj_create(struct jpeg_decompress_struct* cinfo, int64_t max_work) {
+    jpeg_create_decompress(cinfo);
+    /* jinit_memory_mgr may have read JPEGMEM from the environment: ours decides */
+    cinfo->mem->max_memory_to_use = (long)max_work;
+}
+
+/* The bytes of libjpeg's whole-image coefficient buffer (jdcoefct.c: a progressive or
+ * multi-scan image, each component padded to its sampling factors), 0 for a single scan. */
+static int64_t rj_coef_bytes(const struct jpeg_decompress_struct* cinfo) {
+    int64_t total = 0;
+    int ci;
+    if (!cinfo->progressive_mode && cinfo->comps_in_scan >= cinfo->num_components) return 0;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        const jpeg_component_info* c = &cinfo->comp_info[ci];
+        int64_t hs = c->h_samp_factor > 0 ? c->h_samp_factor : 1;
+        int64_t vs = c->v_samp_factor > 0 ? c->v_samp_factor : 1;
+        int64_t bw = ((int64_t)c->width_in_blocks + hs - 1) / hs * hs;
+        int64_t bh = ((int64_t)c->height_in_blocks + vs - 1) / vs * vs;
+        total += bw * bh * DCTSIZE2 * (int64_t)sizeof(JCOEF);
+    }
+    return total;
+}
+
+/* What every decode checks after jpeg_read_header, before jpeg_start_decompress allocates:
+ * a size, an 8-bit Huffman-coded grey/YCbCr/RGB image (the jpeg codec's processes), and a
+ * coefficient buffer within max_work. */
+static int rj_check_header(const struct jpeg_decompress_struct* cinfo, int64_t max_work) {
+    if (cinfo->image_height < 1 || cinfo->image_width < 1) return RJ_CORRUPT;
+    if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK ||
+        cinfo->jpeg_color_space == JCS_UNKNOWN || cinfo->data_precision != 8 ||
+        cinfo->arith_code)
+        return RJ_UNSUPPORTED;
+    if (rj_coef_bytes(cinfo) > max_work) return RJ_TOO_LARGE;
+    return RJ_OK;
+}
 
 /* -- the random parameters: SplitMix64 from the key ------------------------------------------ */
 static inline uint64_t rj_next(uint64_t* s) {
@@ -324,31 +396,24 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
     int64_t y;
 
     if (n <= 0 || n > 0xFFFFFFFFLL) return RJ_CORRUPT;
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = rj_error_exit;
-    err.pub.emit_message = rj_emit_message;
-    err.pub.output_message = rj_output_message;
-    jpeg_create_decompress(&cinfo);
+    rj_init(&cinfo, &err);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
-        return RJ_CORRUPT;
+        return rj_jumped(&err);
     }
+    rj_create(&cinfo, op->max_work);
     jpeg_mem_src(&cinfo, (const unsigned char*)p, (unsigned long)n);
     if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
         jpeg_destroy_decompress(&cinfo);
         return RJ_CORRUPT;
     }
+    status = rj_check_header(&cinfo, op->max_work);
+    if (status != RJ_OK) {
+        jpeg_destroy_decompress(&cinfo);
+        return status;
+    }
     h = cinfo.image_height;
     w = cinfo.image_width;
-    if (h < 1 || w < 1) {
-        jpeg_destroy_decompress(&cinfo);
-        return RJ_CORRUPT;
-    }
-    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK ||
-        cinfo.jpeg_color_space == JCS_UNKNOWN || cinfo.data_precision != 8) {
-        jpeg_destroy_decompress(&cinfo);
-        return RJ_UNSUPPORTED;
-    }
     cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
     rj_crop(op, h, w, key, &y0, &x0, &ch, &cw, &flip);
     /* the smallest DCT scale 1/d that keeps the crop at or above the output size */
@@ -427,6 +492,61 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
         info[4] = ch; info[5] = cw; info[6] = flip; info[7] = d;
     }
     return status;
+}
+
+/* Decode the n bytes at p whole, at full scale, straight into out: h rows of w * c samples
+ * (c 1: grey, 3: RGB), the image's own components and size (RJ_SIZE for another size,
+ * RJ_UNSUPPORTED for other components). Reads to the end marker: every warning on the way is
+ * a refusal. A failed image leaves out partly written. Allocates nothing but libjpeg's
+ * memory (at most max_work). */
+static int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, int c,
+                           int64_t max_work, uint8_t* out) {
+    struct jpeg_decompress_struct cinfo;
+    rj_err err;
+    JSAMPROW rows[RJ_ROWS];
+    size_t stride = (size_t)w * (size_t)c;
+    int status;
+
+    if (n <= 0 || n > 0xFFFFFFFFLL) return RJ_CORRUPT;
+    rj_init(&cinfo, &err);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        return rj_jumped(&err);
+    }
+    rj_create(&cinfo, max_work);
+    jpeg_mem_src(&cinfo, (const unsigned char*)p, (unsigned long)n);
+    if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_CORRUPT;
+    }
+    status = rj_check_header(&cinfo, max_work);
+    if (status == RJ_OK && cinfo.num_components != c) status = RJ_UNSUPPORTED;
+    if (status == RJ_OK && ((int64_t)cinfo.image_height != h || (int64_t)cinfo.image_width != w))
+        status = RJ_SIZE;
+    if (status != RJ_OK) {
+        jpeg_destroy_decompress(&cinfo);
+        return status;
+    }
+    cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    cinfo.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&cinfo);
+    if (cinfo.output_components != c || (int64_t)cinfo.output_height != h ||
+        (int64_t)cinfo.output_width != w) {
+        jpeg_destroy_decompress(&cinfo);
+        return RJ_UNSUPPORTED;
+    }
+    while (cinfo.output_scanline < cinfo.output_height) {
+        JDIMENSION y = cinfo.output_scanline, m = cinfo.output_height - y, k;
+        if (m > RJ_ROWS) m = RJ_ROWS;
+        for (k = 0; k < m; k++) rows[k] = out + ((size_t)y + k) * stride;
+        if (jpeg_read_scanlines(&cinfo, rows, m) == 0) {
+            jpeg_destroy_decompress(&cinfo);
+            return RJ_CORRUPT;
+        }
+    }
+    jpeg_finish_decompress(&cinfo); /* on to the end marker: a damaged tail is seen */
+    jpeg_destroy_decompress(&cinfo);
+    return RJ_OK;
 }
 
 static void rj_scratch_free(rj_scratch* s) {

@@ -114,11 +114,11 @@ def rowstore_cases(payloads: list[bytes], path: str) -> dict:
                     None,
                     rows,
                     12345,
-                    op,
                     out,
                     int(a),
                     int(b),
                     status,
+                    **op.kernel_args(),
                 )
                 for a, b in zip(bounds[:-1], bounds[1:])
             ]

@@ -43,7 +43,17 @@ __all__ = [
     "PNG_CORRUPT",
     "PNG_NOMEM",
     "jpeg_decode_batch",
+    "jpeg_decode_whole",
     "JPEG_AVAILABLE",
+    "JPEG_OK",
+    "JPEG_CORRUPT",
+    "JPEG_UNSUPPORTED",
+    "JPEG_NOMEM",
+    "JPEG_TOO_LARGE",
+    "JPEG_SIZE",
+    "JPEG_WHY",
+    "JPEG_MAX_WORK_BYTES",
+    "JPEG_MAX_CROP_BYTES",
     "KernelCode",
     "KernelError",
     "KernelChecksumError",
@@ -632,18 +642,49 @@ def png_decode_batch(
     )
 
 
-#: ``jpeg_decode_batch`` status codes, one per image: decoded (or null, zeroed); damaged
-#: bytes (a libjpeg error or warning); a JPEG the kernel does not decode (CMYK, 12-bit); no
-#: memory for the scratch buffers; a decoded crop over ``max_bytes``. Every code but JPEG_OK
-#: means "not decoded". JPEG_AVAILABLE is False where the kernel was not built (no
-#: ``jpeglib.h``): the reader then decodes with :func:`rowstore.reader.image_ops.decode_reference`.
+#: ``jpeg_decode_batch`` / ``jpeg_decode_whole`` status codes, one per image: decoded (or
+#: null); damaged bytes (a libjpeg error or warning: corrupt data is refused, never concealed);
+#: a JPEG the kernel does not decode (CMYK, 12-bit, arithmetic-coded; other components than
+#: the output's); no memory for the scratch buffers; too large (the decoded crop over
+#: ``max_bytes``, or libjpeg's memory over ``max_work``); another size than the output's
+#: (``jpeg_decode_whole``). Every code but JPEG_OK means "not decoded". JPEG_AVAILABLE is
+#: False where the kernel was not built (no ``jpeglib.h``): the reader then decodes with
+#: imagecodecs (:func:`rowstore.reader.image_ops.decode_reference`, the ``jpeg`` codec).
 try:
     from rowstore import _jpeg  # type: ignore[attr-defined, unused-ignore]
 except ImportError:  # built without libjpeg-turbo's headers
     _jpeg = None
 JPEG_AVAILABLE = _jpeg is not None
-JPEG_OK, JPEG_CORRUPT, JPEG_UNSUPPORTED, JPEG_NOMEM, JPEG_TOO_LARGE = range(5)
+JPEG_OK, JPEG_CORRUPT, JPEG_UNSUPPORTED, JPEG_NOMEM, JPEG_TOO_LARGE, JPEG_SIZE = range(6)
 JPEG_INFO = 8
+#: What each status but JPEG_OK means, for error messages.
+JPEG_WHY = {
+    JPEG_CORRUPT: "libjpeg reports damaged or truncated data",
+    JPEG_UNSUPPORTED: "a JPEG of a kind rowstore does not decode (CMYK, 12-bit, arithmetic-coded, "
+    "or other components than expected)",
+    JPEG_NOMEM: "no memory to decode it",
+    JPEG_TOO_LARGE: "its header declares an image too large to decode within the memory bound",
+    JPEG_SIZE: "its frame header (SOF) gives another size than the one expected",
+}
+#: The most bytes libjpeg may allocate to decode one image (``max_work``): a progressive or
+#: multi-scan JPEG keeps all its DCT coefficients (2 bytes each, a 4:2:0 colour image 3 bytes
+#: per pixel), so 256 MiB admits such images up to 89.5 million pixels (4:2:0; 44.7 million
+#: at 4:4:4, 134 million grey), PIL's ``MAX_IMAGE_PIXELS``; single-scan images need a few
+#: rows.
+JPEG_MAX_WORK_BYTES = 1 << 28
+#: The most bytes of decoded (DCT-scaled) crop one image may take in ``jpeg_decode_batch``.
+JPEG_MAX_CROP_BYTES = 1 << 30
+_JPEG_MODES = {"resize": 0, "center": 1, "random_resized": 2}
+
+
+def _jpeg_out(out: np.ndarray, what: str) -> tuple[np.ndarray, int]:
+    if _jpeg is None:
+        raise RuntimeError("rowstore was built without libjpeg-turbo: no JPEG kernel")
+    if out.dtype != np.uint8 or out.ndim not in (3, 4) or (out.ndim == 4 and out.shape[3] != 3):
+        raise ValueError(
+            f"{what}: out must be (n, H, W) or (n, H, W, 3) uint8, got {out.dtype} {out.shape}"
+        )
+    return _flat_bytes(out, what), 3 if out.ndim == 4 else 1
 
 
 def jpeg_decode_batch(
@@ -652,35 +693,38 @@ def jpeg_decode_batch(
     nulls: np.ndarray | None,
     rows: np.ndarray,
     base: int,
-    op,
     out: np.ndarray,
     lo: int,
     hi: int,
     status: np.ndarray,
     *,
+    mode: str,
+    scale: tuple[float, float] = (1.0, 1.0),
+    log_ratio: tuple[float, float] = (0.0, 0.0),
+    fraction: float = 1.0,
+    flip: float = 0.0,
     info: np.ndarray | None = None,
-    max_bytes: int = 1 << 30,
+    max_bytes: int = JPEG_MAX_CROP_BYTES,
+    max_work: int = JPEG_MAX_WORK_BYTES,
 ) -> int:
-    """Decode JPEG images ``lo..hi`` of a batch through the image op ``op``
-    (:mod:`rowstore.reader.image_ops`) into ``out`` (``(n, H, W)`` or ``(n, H, W, C)`` uint8,
-    C-contiguous, ``(H, W)`` the op's size, C 1 or 3): image i is
-    ``data[offsets[i]:offsets[i + 1]]``, its parameters drawn from ``row_key(base, rows[i])``;
-    null images (``nulls``) are zeroed. The GIL is released for the whole range; several
-    threads may decode disjoint ranges of one batch at once. ``status[i]`` gets a ``JPEG_*``
-    code; ``info`` (``n x JPEG_INFO`` int64, optional) gets, per image, its height and width,
-    the crop ``(y0, x0, h, w)``, the flip and the DCT scale denominator. Returns the number of
-    images not decoded (their slots unspecified)."""
-    if _jpeg is None:
-        raise RuntimeError("rowstore was built without libjpeg-turbo: no JPEG kernel")
-    h, w = op.size
-    if out.dtype != np.uint8 or out.ndim not in (3, 4) or out.shape[1:3] != (h, w):
-        raise ValueError(
-            f"jpeg_decode_batch: out must be (n, {h}, {w}[, C]) uint8, got {out.dtype} {out.shape}"
-        )
-    c = out.shape[3] if out.ndim == 4 else 1
-    flat = _flat_bytes(out, "jpeg_decode_batch")
+    """Decode JPEG images ``lo..hi`` of a batch with a crop, a DCT scale and a resize to
+    ``out``'s size (``(n, H, W)`` or ``(n, H, W, 3)`` uint8, C-contiguous): image i is
+    ``data[offsets[i]:offsets[i + 1]]``, its crop and flip drawn from
+    ``image_ops.row_key(base, rows[i])``; null images (``nulls``) are zeroed.
+
+    ``mode``: ``"resize"`` (the whole image), ``"center"`` (the largest centred box of the
+    output's aspect, ``fraction`` of it each way) or ``"random_resized"`` (torchvision's
+    RandomResizedCrop: an area ``scale`` of the image, the log aspect ratio uniform in
+    ``log_ratio``); ``flip``: the probability of a left-right mirror. ``max_bytes`` bounds the
+    decoded crop and ``max_work`` libjpeg's memory, per image. The GIL is released for the
+    whole range; several threads may decode disjoint ranges of one batch at once.
+    ``status[i]`` gets a ``JPEG_*`` code; ``info`` (``n x JPEG_INFO`` int64, optional) gets,
+    per image, its height and width, the crop ``(y0, x0, h, w)``, the flip and the DCT scale
+    denominator. Returns the number of images not decoded (their slots unspecified)."""
+    flat, c = _jpeg_out(out, "jpeg_decode_batch")
+    if mode not in _JPEG_MODES:
+        raise ValueError(f"jpeg_decode_batch: mode must be one of {sorted(_JPEG_MODES)}")
     nul = None if nulls is None else nulls.view(np.uint8)
-    slo, shi, rlo, rhi, fraction = op._params()
     return int(
         _jpeg.jpeg_decode_batch(
             data,
@@ -689,20 +733,50 @@ def jpeg_decode_batch(
             np.ascontiguousarray(rows, np.int64),
             np.uint64(base),
             flat,
-            h,
-            w,
+            out.shape[1],
+            out.shape[2],
             c,
-            op.mode,
-            slo,
-            shi,
-            rlo,
-            rhi,
-            fraction,
-            op.flip,
+            _JPEG_MODES[mode],
+            float(scale[0]),
+            float(scale[1]),
+            float(log_ratio[0]),
+            float(log_ratio[1]),
+            float(fraction),
+            float(flip),
             max_bytes,
+            max_work,
             lo,
             hi,
             status,
             info,
+        )
+    )
+
+
+def jpeg_decode_whole(
+    data: np.ndarray,
+    offsets: np.ndarray,
+    nulls: np.ndarray | None,
+    out: np.ndarray,
+    lo: int,
+    hi: int,
+    status: np.ndarray,
+    *,
+    max_work: int = JPEG_MAX_WORK_BYTES,
+) -> int:
+    """Decode JPEG images ``lo..hi`` of a batch whole into ``out`` (``(n, H, W)`` grey or
+    ``(n, H, W, 3)`` colour uint8, C-contiguous): image i is ``data[offsets[i]:offsets[i +
+    1]]`` and must be an ``H x W`` JPEG of as many components (else ``JPEG_SIZE`` or
+    ``JPEG_UNSUPPORTED``); null images (``nulls``) are skipped. Every image is read to its end
+    marker and a libjpeg warning is a refusal (``JPEG_CORRUPT``), so damaged bytes never come
+    back as concealed pixels; ``max_work`` bounds libjpeg's memory per image. The GIL is
+    released for the whole range; threads may decode disjoint ranges at once. ``status[i]``
+    gets a ``JPEG_*`` code; returns the number of images not decoded (their slots partly
+    written)."""
+    flat, c = _jpeg_out(out, "jpeg_decode_whole")
+    nul = None if nulls is None else nulls.view(np.uint8)
+    return int(
+        _jpeg.jpeg_decode_whole(
+            data, offsets, nul, flat, out.shape[1], out.shape[2], c, max_work, lo, hi, status
         )
     )

@@ -142,7 +142,7 @@ class Decoder:
         bad = np.flatnonzero(status)
         if len(bad):
             i = int(bad[0])
-            why = _JPEG_WHY.get(int(status[i]), f"status {int(status[i])}")
+            why = kernels.JPEG_WHY.get(int(status[i]), f"status {int(status[i])}")
             if status[i] == kernels.JPEG_NOMEM:
                 raise MemoryError(f"field {f.name!r}: no memory to decode a JPEG image")
             path, blk, row = self.where(int(g.row_ids()[i]))
@@ -292,12 +292,6 @@ def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -
 #: or no kernel built: :func:`rowstore.reader.image_ops.decode_reference`, image by image).
 JPEG_KERNEL = True
 
-_JPEG_WHY = {
-    kernels.JPEG_CORRUPT: "libjpeg reports damaged or truncated data",
-    kernels.JPEG_UNSUPPORTED: "a JPEG of a kind the reader does not decode (CMYK, 12-bit)",
-    kernels.JPEG_TOO_LARGE: "its header declares an image too large to decode",
-}
-
 
 def _jpeg_batch(
     op: image_ops.ImageOp,
@@ -313,6 +307,7 @@ def _jpeg_batch(
     kernel call without the GIL, on the decode threads; ``status`` gets each image's code.
     Without the kernel, the reference decoder (imagecodecs, then NumPy)."""
     use_kernel = JPEG_KERNEL and kernels.JPEG_AVAILABLE
+    args = op.kernel_args()  # the kernel sees numbers, not the op
 
     def run(lo: int, hi: int) -> None:
         if use_kernel:
@@ -322,11 +317,11 @@ def _jpeg_batch(
                 col.nulls,
                 rows,
                 base,
-                op,
                 dst,
                 lo,
                 hi,
                 status,
+                **args,
                 max_bytes=image_ops.MAX_DECODED_BYTES,
             )
             return

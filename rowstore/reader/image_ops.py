@@ -81,22 +81,23 @@ class ImageOp:
     size: tuple[int, int]
     _: dataclasses.KW_ONLY
     flip: float = 0.0
-    mode = -1
+    mode = ""  # the kernel's name for the op
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _size(self.size))
         object.__setattr__(self, "flip", _flip(self.flip))
 
-    # the kernel's arguments beyond the output size and the flip
-    def _params(self) -> tuple[float, float, float, float, float]:
-        return 1.0, 1.0, 0.0, 0.0, 1.0
+    def kernel_args(self) -> dict[str, Any]:
+        """The op as the keyword arguments of ``kernels.jpeg_decode_batch`` (plain numbers;
+        the output size is the ``out`` array's)."""
+        return {"mode": self.mode, "flip": self.flip}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Resize(ImageOp):
     """The whole image resized to ``size`` (its aspect ratio not kept)."""
 
-    mode = 0
+    mode = "resize"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,7 +107,7 @@ class CenterCrop(ImageOp):
     ``size``."""
 
     fraction: float = 1.0
-    mode = 1
+    mode = "center"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -115,8 +116,8 @@ class CenterCrop(ImageOp):
             raise ValueError(f"CenterCrop fraction must be in (0, 1], got {self.fraction!r}")
         object.__setattr__(self, "fraction", f)
 
-    def _params(self) -> tuple[float, float, float, float, float]:
-        return 1.0, 1.0, 0.0, 0.0, self.fraction
+    def kernel_args(self) -> dict[str, Any]:
+        return {**super().kernel_args(), "fraction": self.fraction}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,7 +130,7 @@ class RandomResizedCrop(ImageOp):
     flip: float = 0.5
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    mode = 2
+    mode = "random_resized"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -142,8 +143,9 @@ class RandomResizedCrop(ImageOp):
         object.__setattr__(self, "scale", (lo, hi))
         object.__setattr__(self, "ratio", (rlo, rhi))
 
-    def _params(self) -> tuple[float, float, float, float, float]:
-        return self.scale[0], self.scale[1], math.log(self.ratio[0]), math.log(self.ratio[1]), 1.0
+    def kernel_args(self) -> dict[str, Any]:
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        return {**super().kernel_args(), "scale": self.scale, "log_ratio": log_ratio}
 
 
 # -- declarations checked against a schema ------------------------------------------------------
@@ -246,7 +248,7 @@ def crop_params(op: ImageOp, h: int, w: int, key: int) -> tuple[int, int, int, i
     rng = _SplitMix(key)
     y0, x0, ch, cw = 0, 0, h, w
     if isinstance(op, RandomResizedCrop):
-        slo, shi, rlo, rhi, _ = op._params()
+        (slo, shi), (rlo, rhi) = op.scale, (math.log(op.ratio[0]), math.log(op.ratio[1]))
         area = float(h) * float(w)
         for _ in range(10):
             t = area * (slo + rng.uniform() * (shi - slo))

@@ -1,8 +1,10 @@
-"""The JPEG batch kernel (``kernels.jpeg_decode_batch``): its geometry is
+"""The JPEG batch kernels: ``kernels.jpeg_decode_batch``'s geometry is
 ``image_ops.crop_params`` exactly, its pixels are within a few levels of the reference
 (imagecodecs decode of the whole image, crop, PIL's bilinear resize) at every DCT scale, for
-RGB and grayscale of any size; damaged payloads get a status (never a crash); the kernel checks
-its own arguments; threads decoding disjoint ranges give one call's bytes."""
+RGB and grayscale of any size; ``kernels.jpeg_decode_whole`` decodes libjpeg's pixels; damaged
+payloads get a status (never a crash, never concealed pixels); libjpeg's memory is bounded
+before a hostile or huge progressive image can size it; the kernels check their own
+arguments; threads decoding disjoint ranges give one call's bytes."""
 
 from __future__ import annotations
 
@@ -10,6 +12,13 @@ import threading
 
 import numpy as np
 import pytest
+from damaged_images import (
+    damaged_jpegs,
+    flat_progressive_jpeg,
+    peak_rss_mb,
+    progressive_coefficient_bytes,
+    sof_lies,
+)
 
 from rowstore import kernels
 from rowstore.reader import image_ops as io
@@ -49,7 +58,17 @@ def decode(payloads, op, channels=3, rows=None, nulls=None, lo=0, hi=None):
     status = np.zeros(n, np.uint8)
     info = np.zeros((n, kernels.JPEG_INFO), np.int64)
     failed = kernels.jpeg_decode_batch(
-        data, offsets, nulls, rows, BASE, op, out, lo, n if hi is None else hi, status, info=info
+        data,
+        offsets,
+        nulls,
+        rows,
+        BASE,
+        out,
+        lo,
+        n if hi is None else hi,
+        status,
+        info=info,
+        **op.kernel_args(),
     )
     return out, status, info, failed
 
@@ -165,7 +184,9 @@ def test_threads_on_disjoint_ranges_equal_one_call():
     rows = np.arange(len(payloads), dtype=np.int64)
 
     def run(lo, hi):
-        kernels.jpeg_decode_batch(data, offsets, None, rows, BASE, op, out, lo, hi, status)
+        kernels.jpeg_decode_batch(
+            data, offsets, None, rows, BASE, out, lo, hi, status, **op.kernel_args()
+        )
 
     ts = [threading.Thread(target=run, args=(i, i + 6)) for i in range(0, 24, 6)]
     for t in ts:
@@ -226,7 +247,7 @@ def test_a_hostile_size_is_refused_before_it_is_allocated():
     status = np.zeros(1, np.uint8)
     rows = np.zeros(1, np.int64)
     kernels.jpeg_decode_batch(
-        data, offsets, None, rows, 0, io.Resize(16), out, 0, 1, status, max_bytes=700
+        data, offsets, None, rows, 0, out, 0, 1, status, mode="resize", max_bytes=700
     )
     assert status[0] == kernels.JPEG_TOO_LARGE
 
@@ -252,6 +273,7 @@ def test_kernel_checks_its_arguments():
         fraction=1.0,
         flip_p=0.0,
         max_bytes=1 << 20,
+        max_work=1 << 24,
     )
 
     def call(data=data, offsets=offsets, out=out, lo=0, hi=2, **kw):
@@ -274,6 +296,7 @@ def test_kernel_checks_its_arguments():
             a["fraction"],
             a["flip_p"],
             a["max_bytes"],
+            a["max_work"],
             lo,
             hi,
             status,
@@ -301,18 +324,24 @@ def test_kernel_checks_its_arguments():
         call(mode=2, scale_lo=0.0)
     with pytest.raises(ValueError, match="max_bytes"):
         call(max_bytes=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_work"):
+        call(max_work=0)
+    with pytest.raises(ValueError, match="mode"):
+        kernels.jpeg_decode_batch(
+            data, offsets, None, rows, 0, np.zeros((2, 8, 8, 3), np.uint8), 0, 2, status, mode="x"
+        )
+    with pytest.raises(ValueError, match="out must be"):
         kernels.jpeg_decode_batch(
             data,
             offsets,
             None,
             rows,
             0,
-            io.Resize(9),
-            np.zeros((2, 8, 8, 3), np.uint8),
+            np.zeros((2, 8, 8, 2), np.uint8),
             0,
             2,
             status,
+            mode="resize",
         )
 
 
@@ -357,3 +386,177 @@ def test_progressive_and_every_subsampling(progressive):
                 ref, _ = io.decode_reference(op, p, io.row_key(BASE, i), channels)
                 d = np.abs(ref.reshape(out[i].shape).astype(int) - out[i])
                 assert d.mean() < 1.5 and d.max() <= 24
+
+
+# -- the whole decode (the jpeg codec's), damaged bytes and memory ------------------------------
+def whole(payloads, shape, *, nulls=None, max_work=kernels.JPEG_MAX_WORK_BYTES):
+    data, offsets = batch(payloads)
+    out = np.full((len(payloads), *shape), 77, np.uint8)
+    status = np.zeros(len(payloads), np.uint8)
+    failed = kernels.jpeg_decode_whole(
+        data, offsets, nulls, out, 0, len(payloads), status, max_work=max_work
+    )
+    return out, status, failed
+
+
+def pil_jpeg(a, **kw) -> bytes:
+    import io as _io
+
+    buf = _io.BytesIO()
+    Image.fromarray(a).save(buf, "JPEG", **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_whole_decode_is_libjpegs_image(progressive):
+    """Every subsampling, grey, baseline and progressive: imagecodecs' pixels exactly (both are
+    libjpeg-turbo's islow DCT and fancy upsampling)."""
+    rng = np.random.default_rng(12)
+    for channels, shape in ((3, (37, 53, 3)), (1, (41, 30))):
+        payloads = [
+            pil_jpeg(photo(rng, *shape[:2], channels), quality=q, progressive=progressive, **kw)
+            for q, kw in ((90, {"subsampling": 0}), (75, {"subsampling": 1}), (95, {}))
+        ]
+        out, status, failed = whole(payloads, shape)
+        assert failed == 0 and not status.any()
+        for i, p in enumerate(payloads):
+            assert np.array_equal(out[i], imagecodecs.jpeg8_decode(p))
+
+
+def test_whole_decode_refuses_another_size_or_kind():
+    rng = np.random.default_rng(13)
+    rgb = imagecodecs.jpeg8_encode(photo(rng, 32, 40), level=90)
+    grey = imagecodecs.jpeg8_encode(photo(rng, 32, 40, 1), level=90)
+    arithmetic = rgb.replace(b"\xff\xc0", b"\xff\xc9", 1)  # SOF9: arithmetic-coded
+    _, status, failed = whole([rgb, rgb], (32, 41, 3))
+    assert failed == 2 and (status == kernels.JPEG_SIZE).all()
+    _, status, _ = whole([grey, rgb, arithmetic], (32, 40, 3))
+    assert status.tolist() == [kernels.JPEG_UNSUPPORTED, 0, kernels.JPEG_UNSUPPORTED]
+    _, status, _ = whole([rgb, grey], (32, 40))
+    assert status.tolist() == [kernels.JPEG_UNSUPPORTED, 0]
+    out, status, failed = whole([rgb, rgb], (32, 40, 3), nulls=np.array([True, False]))
+    assert failed == 0 and (out[0] == 77).all()  # a null's slot is left to the caller
+    data, offsets = batch([rgb])
+    status = np.zeros(1, np.uint8)
+    for bad, match in (
+        (np.zeros((1, 32, 40, 2), np.uint8), "out must be"),
+        (np.zeros((1, 32, 40, 3), np.uint16), "out must be"),
+        (np.zeros((1, 32, 40, 3), np.uint8)[:, ::2], "C-contiguous"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            kernels.jpeg_decode_whole(data, offsets, None, bad, 0, 1, status)
+    with pytest.raises(ValueError, match="max_work"):
+        kernels.jpeg_decode_whole(
+            data, offsets, None, np.zeros((1, 32, 40, 3), np.uint8), 0, 1, status, max_work=0
+        )
+    with pytest.raises(ValueError, match="range"):
+        kernels.jpeg_decode_whole(
+            data, offsets, None, np.zeros((1, 32, 40, 3), np.uint8), 0, 2, status
+        )
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_damaged_jpegs_are_refused_not_concealed(progressive):
+    """A cut scan, a missing end marker, an inserted run of zeros: libjpeg decodes each with a
+    warning and made-up grey pixels; every decode that reads the damage refuses it (the whole
+    decode and Resize read every row; a progressive image is read whole before its first row
+    whatever the crop)."""
+    rng = np.random.default_rng(14)
+    good = pil_jpeg(photo(rng, 48, 64), quality=90, progressive=progressive)
+    bad = list(damaged_jpegs(good).values())
+    _, status, _ = whole([good, *bad], (48, 64, 3))
+    assert status.tolist() == [0] + [kernels.JPEG_CORRUPT] * len(bad)
+    ops = [io.Resize(16), io.Resize((48, 64))]
+    if progressive:
+        ops += [io.CenterCrop(16), io.RandomResizedCrop(16)]
+    for op in ops:
+        _, status, _, _ = decode([good, *bad], op)
+        assert status.tolist() == [0] + [kernels.JPEG_CORRUPT] * len(bad), op
+
+
+def test_a_frame_header_that_lies_about_the_size_is_refused():
+    """64 x 64 pixels of data under a frame header of 8000 x 8000: the data ends long before
+    the image does (a warning): refused, not an 8000 x 8000 grey image."""
+    rng = np.random.default_rng(15)
+    liar = sof_lies(imagecodecs.jpeg8_encode(photo(rng, 64, 64), level=90))
+    for op in (io.Resize(64), io.CenterCrop(64), io.RandomResizedCrop(64)):
+        _, status, info, _ = decode([liar], op)
+        assert status[0] == kernels.JPEG_CORRUPT, op
+    data, offsets = batch([liar])
+    status = np.zeros(1, np.uint8)
+    out = np.empty((1, 8000, 8000, 3), np.uint8)  # virtual: only the rows decoded are touched
+    kernels.jpeg_decode_whole(data, offsets, None, out, 0, 1, status)
+    assert status[0] == kernels.JPEG_CORRUPT
+
+
+def test_a_huge_progressive_jpeg_is_refused_before_libjpeg_allocates():
+    """A valid 14000 x 14000 progressive JPEG of 1.1 MB: libjpeg would hold its 1.2 GB of DCT
+    coefficients before the first row, whatever the crop. The kernels refuse it
+    (JPEG_TOO_LARGE) before that allocation: the peak memory of the decoding process does not
+    move. The same for the lying header of the test above, decoded whole into a virtual
+    8000 x 8000 image. An image within the bound decodes."""
+    got = peak_rss_mb(
+        """
+        from damaged_images import flat_progressive_jpeg, sof_lies
+        from rowstore import kernels
+        from rowstore.reader import image_ops as io
+        import imagecodecs
+        def one(p):
+            return np.frombuffer(p, np.uint8), np.array([0, len(p)], np.int64)
+        huge = one(flat_progressive_jpeg(14000, 14000, 3))
+        liar = one(sof_lies(imagecodecs.jpeg8_encode(np.full((64, 64, 3), 9, np.uint8))))
+        status = np.zeros(1, np.uint8)
+        rows = np.zeros(1, np.int64)
+        small = np.zeros((1, 224, 224, 3), np.uint8)
+        big = np.empty((1, 14000, 14000, 3), np.uint8)
+        lied = np.empty((1, 8000, 8000, 3), np.uint8)
+        mark()
+        for op in (io.RandomResizedCrop(224), io.CenterCrop(224, fraction=0.875)):
+            kernels.jpeg_decode_batch(*huge, None, rows, 1, small, 0, 1, status,
+                                      **op.kernel_args())
+            result[op.mode] = int(status[0])
+        kernels.jpeg_decode_whole(*huge, None, big, 0, 1, status)
+        result["whole"] = int(status[0])
+        kernels.jpeg_decode_whole(*liar, None, lied, 0, 1, status)
+        result["liar"] = int(status[0])
+        fits = one(flat_progressive_jpeg(2000, 3000, 3))
+        kernels.jpeg_decode_whole(*fits, None, big.reshape(-1)[: 2000 * 3000 * 3].reshape(
+            1, 2000, 3000, 3), 0, 1, status)
+        result["fits"] = int(status[0])
+        """
+    )
+    too_large = kernels.JPEG_TOO_LARGE
+    assert got["random_resized"] == got["center"] == got["whole"] == too_large, got
+    assert got["liar"] == kernels.JPEG_CORRUPT and got["fits"] == kernels.JPEG_OK, got
+    # the image that fits: 36 MB of coefficients and 18 MB of pixels; nothing else moved
+    assert got["delta"] < 150, got
+
+
+def test_libjpegs_memory_manager_is_the_backstop():
+    """``max_work`` also caps libjpeg's memory manager (``max_memory_to_use``): a coefficient
+    buffer within the kernel's own check but not within the whole budget is refused by libjpeg
+    (no backing store) and reported as JPEG_TOO_LARGE, not as damage."""
+    p = flat_progressive_jpeg(512, 512, 1)
+    coef = progressive_coefficient_bytes(512, 512, 1)
+    for max_work, want in ((coef - 1, kernels.JPEG_TOO_LARGE), (coef, kernels.JPEG_TOO_LARGE)):
+        out, status, _ = whole([p], (512, 512), max_work=max_work)
+        assert status[0] == want, max_work
+    out, status, _ = whole([p], (512, 512), max_work=2 * coef)
+    assert status[0] == kernels.JPEG_OK and (out == 128).all()
+    data, offsets = batch([p])
+    status = np.zeros(1, np.uint8)
+    for mode in ("resize", "center"):
+        kernels.jpeg_decode_batch(
+            data,
+            offsets,
+            None,
+            np.zeros(1, np.int64),
+            0,
+            np.zeros((1, 8, 8), np.uint8),
+            0,
+            1,
+            status,
+            mode=mode,
+            max_work=coef,
+        )
+        assert status[0] == kernels.JPEG_TOO_LARGE

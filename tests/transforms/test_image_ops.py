@@ -227,3 +227,18 @@ def test_entry_points_without_ops_refuse_them(images):
             list(m.batches(8, decode={"image": RRC}))
     finally:
         m.close()
+
+
+def test_the_kernel_gets_plain_numbers_from_an_op():
+    """The reader hands the JPEG kernel numbers (``ImageOp.kernel_args``), never the op."""
+    import math
+
+    for op in (io.Resize(8), io.CenterCrop(8, fraction=0.5), RRC, io.Resize(4, flip=True)):
+        args = op.kernel_args()
+        flat = [v for a in args.values() for v in (a if isinstance(a, tuple) else (a,))]
+        assert isinstance(args["mode"], str) and all(isinstance(v, (str, float)) for v in flat), (
+            args
+        )
+    assert io.CenterCrop(8, fraction=0.5).kernel_args()["fraction"] == 0.5
+    assert RRC.kernel_args()["log_ratio"] == (math.log(3 / 4), math.log(4 / 3))
+    assert RRC.kernel_args()["scale"] == (0.08, 1.0) and RRC.kernel_args()["flip"] == 0.5

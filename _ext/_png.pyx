@@ -105,7 +105,7 @@ cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, 
     cdef int64_t pos = 8, zlen = 0, stride, bpp, i
     cdef uint32_t ln
     cdef const uint8_t* t
-    cdef int ctype, seen_end = 0
+    cdef int ctype, seen_end = 0, seen_idat = 0, idat_done = 0
     cdef size_t dlen, slen
     cdef uint8_t tmp
     if n < 8 + 25 + 12:
@@ -136,13 +136,18 @@ cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, 
         if _be32(p + pos + 8 + ln) != zng_crc32(0, t, ln + 4):
             return S_CORRUPT
         if _is(t, b"IDAT"):
+            if idat_done:
+                return S_CORRUPT  # the image data is one run of IDAT chunks
+            seen_idat = 1
             memcpy(zbuf + zlen, t + 4, ln)  # zlen + ln <= n: each chunk lies inside the payload
             zlen += ln
-        elif _is(t, b"IEND"):
-            seen_end = 1
-            break
-        elif not (t[0] & 0x20) or _is(t, b"tRNS"):
-            return S_UNSUPPORTED  # a critical chunk (PLTE) or transparency: libpng's business
+        else:
+            idat_done = seen_idat
+            if _is(t, b"IEND"):
+                seen_end = 1
+                break
+            if not (t[0] & 0x20) or _is(t, b"tRNS"):
+                return S_UNSUPPORTED  # a critical chunk (PLTE) or transparency: libpng's business
         pos += 12 + ln
     if not seen_end or zlen == 0:
         return S_CORRUPT
@@ -152,6 +157,8 @@ cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, 
     slen = <size_t>zlen
     if zng_uncompress2(raw, &dlen, zbuf, &slen) != 0 or dlen != <size_t>(height * (stride + 1)):
         return S_CORRUPT
+    if slen != <size_t>zlen:
+        return S_CORRUPT  # bytes after the end of the zlib stream
     if _unfilter(raw, out, height, stride, bpp, zero) != S_OK:
         return S_CORRUPT
     if depth == 16:  # PNG samples are big-endian

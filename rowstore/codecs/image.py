@@ -1,7 +1,23 @@
 """``png`` and ``jpeg`` images of ``uint8`` (PNG also ``uint16``), ``HxW`` or ``HxWxC``.
 
-Encoding and decoding use `imagecodecs` (``pip install rowstore[images]``), whose decoders write
-into a caller-owned array and release the GIL, so reader threads decode in parallel.
+Encoding uses `imagecodecs` (``pip install rowstore[images]``). Decoding writes into a
+caller-owned array without the GIL, so reader threads decode in parallel, and refuses damaged
+bytes (a ``CodecError``) rather than return the pixels a decoder would make up for them:
+
+* JPEG: rowstore's libjpeg-turbo kernel (``kernels.jpeg_decode_whole``), which reads each image
+  to its end marker and takes every libjpeg warning (truncated data, a bad Huffman code,
+  extraneous bytes) as an error; the frame header is checked against the output's shape before
+  anything is decoded, and libjpeg's memory per image is bounded
+  (``kernels.JPEG_MAX_WORK_BYTES``: a huge progressive image is refused before its coefficient
+  buffer is allocated). Where the kernel was not built (no ``jpeglib.h``), imagecodecs decodes,
+  which conceals some damage.
+* PNG: every chunk's CRC, one run of ``IDAT`` chunks, an ``IEND``, and a zlib stream that
+  inflates to exactly the image's bytes and ends where the data ends are checked
+  (:func:`check_png`, what libpng only warns about), then imagecodecs (libpng) decodes. The
+  reader decodes most PNGs with its own kernel instead (``kernels.png_decode_batch``), which
+  checks the same.
+
+:func:`verify_image` decodes one encoded image in full under these rules (for ingest).
 
 Both codecs also take images already encoded (``accepts_encoded``): the bytes of a PNG or JPEG
 file are stored as they are, after :func:`png_header` / :func:`jpeg_header` read the size,
@@ -24,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.codecs.abc import Codec, FieldLike
+from rowstore import kernels
+from rowstore.codecs.abc import Codec, FieldLike, ParallelMap, Payloads, serial
 from rowstore.errors import CodecError, CodecNotAvailableError, SchemaError
 
 __all__ = [
@@ -35,6 +52,8 @@ __all__ = [
     "png_header",
     "jpeg_header",
     "sniff_image_format",
+    "check_png",
+    "verify_image",
 ]
 
 
@@ -324,7 +343,11 @@ class Png(_Image):
         return _imagecodecs().png_encode(np.ascontiguousarray(value), level=self.level)
 
     def decode_into(self, src, out: np.ndarray) -> None:
-        _decode_into(_imagecodecs().png_decode, "png", src, out)
+        decode = _imagecodecs().png_decode
+        data = _bytes_of(src)
+        hdr = _header_for(png_header, "png", data, out)
+        check_png(data, hdr)
+        _decode_into(decode, "png", data, out)
 
 
 class Jpeg(_Image):
@@ -352,13 +375,204 @@ class Jpeg(_Image):
         return _imagecodecs().jpeg8_encode(arr, level=self.quality)
 
     def decode_into(self, src, out: np.ndarray) -> None:
-        _decode_into(_imagecodecs().jpeg8_decode, "jpeg", src, out)
+        data = _bytes_of(src)
+        if not kernels.JPEG_AVAILABLE:  # built without jpeglib.h: imagecodecs
+            _decode_into(_imagecodecs().jpeg8_decode, "jpeg", data, out)
+            return
+        _header_for(jpeg_header, "jpeg", data, out)
+        one = out if out.flags.c_contiguous and out.flags.writeable else np.empty_like(out)
+        status = np.zeros(1, np.uint8)
+        kernels.jpeg_decode_whole(
+            data, np.array([0, len(data)], np.int64), None, _kernel_view(one), 0, 1, status
+        )
+        _jpeg_raise(int(status[0]))
+        if one is not out:
+            out[...] = one
+
+    def decode_batch(self, src: Payloads, out: np.ndarray, parallel: ParallelMap = serial) -> None:
+        """Images of one shape (``out`` ``n x shape``, C-contiguous uint8) in one kernel call
+        per range of images, on ``parallel``'s threads; others image by image."""
+        if not (
+            kernels.JPEG_AVAILABLE
+            and src.shapes is None
+            and out.dtype == np.uint8
+            and out.ndim in (3, 4)
+            and out.shape[3:] in ((), (1,), (3,))
+            and out.flags.c_contiguous
+            and out.flags.writeable
+        ):
+            super().decode_batch(src, out, parallel)
+            return
+        status = np.zeros(len(src), np.uint8)
+        view = out.reshape(out.shape[:3]) if out.shape[3:] == (1,) else out
+
+        def run(lo: int, hi: int) -> None:
+            kernels.jpeg_decode_whole(src.data, src.offsets, src.nulls, view, lo, hi, status)
+
+        parallel(run, len(src))
+        bad = np.flatnonzero(status)
+        if len(bad):
+            i = int(bad[0])
+            hdr = _header_for(jpeg_header, "jpeg", _bytes_of(src.payload(i)), out[i])
+            _jpeg_raise(int(status[i]), hdr)
+
+
+def _bytes_of(src: Any) -> Any:
+    return src if isinstance(src, (bytes, np.ndarray)) else np.frombuffer(src, np.uint8)
+
+
+def _expected(out: np.ndarray) -> tuple[int, int, int]:
+    """(height, width, channels) of the image ``out`` receives: ``H x W`` is one channel."""
+    if out.ndim == 2:
+        return out.shape[0], out.shape[1], 1
+    if out.ndim == 3:
+        return out.shape[0], out.shape[1], out.shape[2]
+    raise CodecError(f"an image decodes into H x W or H x W x C, not {out.shape}")
+
+
+def _header_for(read, codec_id: str, data: Any, out: np.ndarray) -> ImageHeader:
+    """The header of ``data`` (``read``: png_header or jpeg_header), checked against ``out``
+    before anything is decoded or allocated: a header that lies about the size is refused
+    here."""
+    try:
+        hdr = read(data)
+    except _BadImage as exc:
+        raise CodecError(f"{codec_id} payload: {exc}", codec=codec_id) from None
+    if (hdr.height, hdr.width, hdr.channels) != _expected(out) or hdr.dtype != out.dtype:
+        raise CodecError(
+            f"{codec_id} payload's header says {hdr.dtype} {hdr.height}x{hdr.width}x"
+            f"{hdr.channels}, expected {out.dtype} {out.shape}",
+            codec=codec_id,
+        )
+    return hdr
+
+
+def _kernel_view(one: np.ndarray) -> np.ndarray:
+    """One image as the kernel's batch of one: ``1 x H x W`` or ``1 x H x W x 3``."""
+    return one.reshape((1,) + one.shape[:2] + ((3,) if one.ndim == 3 and one.shape[2] == 3 else ()))
+
+
+def _jpeg_raise(status: int, hdr: ImageHeader | None = None) -> None:
+    if status == kernels.JPEG_OK:
+        return
+    if status == kernels.JPEG_NOMEM:
+        raise MemoryError("no memory to decode a JPEG image")
+    why = kernels.JPEG_WHY.get(status, f"status {status}")
+    if status == kernels.JPEG_TOO_LARGE and hdr is not None:
+        why += f" ({hdr.height}x{hdr.width})"
+    raise CodecError(f"jpeg payload does not decode: {why}", codec="jpeg")
+
+
+#: Adam7's passes: (x0, y0, dx, dy)
+_ADAM7 = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+def _png_raw_bytes(data: Any) -> int:
+    """The bytes a PNG's zlib stream inflates to (filter bytes included), from its IHDR."""
+    width, height, depth, colour, _, _, interlace = struct.unpack_from(">IIBBBBB", data, 16)
+    bits = depth * _PNG_SAMPLES[colour]
+    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+    total = 0
+    for x0, y0, dx, dy in passes:
+        w, h = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
+        if w > 0 and h > 0:
+            total += h * (1 + (w * bits + 7) // 8)
+    return total
+
+
+def check_png(data: Any, hdr: ImageHeader | None = None) -> None:
+    """Check what libpng only warns about, or conceals, in a whole PNG file: every chunk's
+    CRC-32, one run of ``IDAT`` chunks, an ``IEND`` chunk, and a zlib stream that ends with
+    the ``IDAT`` data and inflates to exactly the bytes the ``IHDR`` declares (inflated in
+    1 MiB pieces, nothing kept). ``hdr``: :func:`png_header`'s result, if already read.
+    Raises ``CodecError``."""
+    buf = memoryview(data).cast("B")
+    if hdr is None:
+        try:
+            png_header(buf)
+        except _BadImage as exc:
+            raise CodecError(f"png payload: {exc}", codec="png") from None
+    n, pos = len(buf), 8
+    want, got = _png_raw_bytes(buf), 0
+    inflate = zlib.decompressobj()
+    state = 0  # 0: before the IDAT run, 1: in it, 2: after it
+
+    def bad(why: str) -> CodecError:
+        return CodecError(f"png payload does not decode (damaged): {why}", codec="png")
+
+    while True:
+        if pos + 12 > n:
+            raise bad("it ends before its IEND chunk (truncated)")
+        length, kind = struct.unpack_from(">I4s", buf, pos)
+        if length > n - pos - 12:
+            raise bad(f"a {kind!r} chunk runs past the end of the data (truncated)")
+        body = buf[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack_from(">I", buf, pos + 8 + length)
+        if zlib.crc32(body, zlib.crc32(kind)) != crc:
+            raise bad(f"the CRC of a {kind.decode('latin-1')!r} chunk does not match")
+        if kind == b"IDAT":
+            if state == 2:
+                raise bad("IDAT chunks apart from the image data's run")
+            state = 1
+            try:
+                while body and not inflate.eof:
+                    got += len(inflate.decompress(body, 1 << 20))
+                    if got > want:
+                        raise bad(f"the image data inflates to more than {want} bytes")
+                    body = memoryview(inflate.unconsumed_tail)
+            except zlib.error as exc:
+                raise bad(f"the image data does not inflate ({exc})") from None
+            if body or inflate.unused_data:
+                raise bad("bytes after the end of the image data's zlib stream")
+        else:
+            state = 2 if state else 0
+            if kind == b"IEND":
+                break
+        pos += 12 + length
+    if not inflate.eof or got != want:
+        raise bad(f"the image data inflates to {got} bytes, not {want} (truncated)")
+
+
+def verify_image(data: Any, *, max_bytes: int = 1 << 31) -> ImageHeader:
+    """Decode one encoded PNG or JPEG file in full, as the reader would, and return its header:
+    a ``CodecError`` for bytes that are not a valid image or are damaged anywhere (what the
+    reader would refuse, including damage a crop at read time would not reach), before
+    anything is stored. ``max_bytes``: the most bytes the decoded image may take (checked from
+    the header before it is allocated). Releases the GIL while it decodes."""
+    data = _bytes_of(data)
+    fmt = sniff_image_format(data)
+    try:
+        if fmt not in ("png", "jpeg"):
+            raise _BadImage(f"not PNG or JPEG bytes ({(fmt or 'unknown format').upper()})")
+        hdr = png_header(data) if fmt == "png" else jpeg_header(data)
+    except _BadImage as exc:
+        raise CodecError(f"not a valid image: {exc}") from None
+    nbytes = hdr.height * hdr.width * hdr.channels * hdr.dtype.itemsize
+    if nbytes > max_bytes:
+        raise CodecError(
+            f"{hdr.format} image of {hdr.height}x{hdr.width}x{hdr.channels} takes {nbytes} "
+            f"bytes decoded, over {max_bytes}",
+            codec=hdr.format,
+        )
+    out = np.empty((hdr.height, hdr.width, hdr.channels), hdr.dtype)
+    codec = Png() if hdr.format == "png" else Jpeg()
+    codec.decode_into(data, out)
+    return hdr
 
 
 def _decode_into(decode, codec_id: str, src, out: np.ndarray) -> None:
     """Decode straight into ``out`` (imagecodecs checks its shape and dtype against the image
     and releases the GIL); a non-contiguous ``out`` gets a decoded copy."""
-    data = src if isinstance(src, (bytes, np.ndarray)) else np.frombuffer(src, np.uint8)
+    data = _bytes_of(src)
     try:
         if out.flags.c_contiguous and out.flags.writeable:
             decode(data, out=out)

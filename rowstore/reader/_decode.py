@@ -4,11 +4,13 @@ Raw bytes in the row are already final (the kernels put them in their batch arra
 variable-shape field becomes a :class:`~rowstore.reader.buffers.Ragged` view of its payload
 bytes; every other field is decoded by its codec's ``decode_batch`` into an array allocated
 here from the schema (or the caller's ``out=``), on the decode pool when the codec releases
-the GIL. PNG images of a fixed shape (the built-in ``png`` codec) are decoded by a kernel
-instead, a range of images per call and thread without the GIL (:func:`_png_batch`); the
-images it leaves undecoded go through the codec. A ``jpeg`` field read through an image op
-(``decode=`` of the epoch, :mod:`rowstore.reader.image_ops`) is decoded, cropped and resized
-to the op's fixed size by the JPEG kernel (:func:`_jpeg_batch`). Sizes that come from the
+the GIL. PNG images (the built-in ``png`` codec) are decoded by a kernel instead, a range of
+images of a fixed shape per call and thread without the GIL (:func:`_png_batch`), or one
+image of a variable shape per call (:func:`_png_each`); the images it leaves undecoded go
+through the codec, which decodes them or refuses damaged bytes. A ``jpeg`` field read
+through an image op (``decode=`` of the epoch, :mod:`rowstore.reader.image_ops`) is decoded,
+cropped and resized to the op's fixed size by the JPEG kernel (:func:`_jpeg_batch`); without
+an op the ``jpeg`` codec decodes it (with the kernel too, whole). Sizes that come from the
 file are checked against the limits of :mod:`rowstore.format.spec` before they size an
 allocation.
 """
@@ -196,6 +198,8 @@ class Decoder:
         try:
             if col.shapes is None and _png_kernel_fits(codec, dst):
                 _png_batch(codec, col, dst, par)
+            elif col.shapes is not None and _png_kernel_fits(codec, dst.reshape(1, 1, -1)):
+                _png_each(codec, col, dst, elems, par)
             else:
                 codec.decode_batch(col, dst, par if codec.releases_gil else serial)
         except CodecNotAvailableError:
@@ -284,6 +288,29 @@ def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -
         if kernels.png_decode_batch(col.data, col.offsets, col.nulls, dst, lo, hi, status):
             for i in lo + np.flatnonzero(status[lo:hi]):
                 codec.decode_into(col.payload(int(i)), dst[i])
+
+    par(run, len(col))
+
+
+def _png_each(
+    codec: Codec, col: Payloads, dst: np.ndarray, elems: np.ndarray, par: ParallelMap
+) -> None:
+    """Decode PNG images of a variable-shape field into the flat ``dst`` (image i is
+    ``dst[elems[i]:elems[i + 1]]`` of its stored shape): one kernel call per image, on the
+    decode threads; an image the kernel leaves undecoded goes through ``codec.decode_into``."""
+    shapes = col.shapes
+    assert shapes is not None  # variable shapes come with their shapes
+
+    def run(lo: int, hi: int) -> None:
+        status = np.zeros(1, np.uint8)
+        for i in range(lo, hi):
+            if col.is_null(i):
+                continue
+            one = dst[elems[i] : elems[i + 1]].reshape((1, *(int(v) for v in shapes[i])))
+            if one.ndim not in (3, 4) or kernels.png_decode_batch(
+                col.data, col.offsets[i : i + 2], None, one, 0, 1, status
+            ):
+                codec.decode_into(col.payload(i), one[0])
 
     par(run, len(col))
 

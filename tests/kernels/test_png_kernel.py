@@ -1,8 +1,8 @@
 """The PNG batch-decode kernel (``kernels.png_decode_batch``) and the reader's use of it: the
 bytes it returns are libpng's (imagecodecs) for every PNG the ``png`` codec writes and every
 filter type, anything else is left to the codec (palette, transparency, another size, damaged
-bytes), a corrupt stored image is a FormatError naming field and row, and threads decode
-disjoint ranges of one batch."""
+bytes), a corrupt stored image (also one libpng would only warn about) is a FormatError naming
+field and row on every read path, and threads decode disjoint ranges of one batch."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import zlib
 
 import numpy as np
 import pytest
+from damaged_images import damaged_pngs
 
 import rowstore
 from rowstore import kernels
@@ -388,3 +389,67 @@ def test_a_corrupt_image_is_a_format_error_naming_field_and_row(tmp_path, thread
         assert isinstance(e, RowstoreError) and e.field == "img" and e.row == 23
         assert "'img'" in str(e) and "row 23" in str(e)
         assert np.array_equal(r.take([22])["img"][0], imgs[22])
+
+
+# -- what libpng only warns about is damage too, on every read path -------------------------------
+def _palette_png(img: np.ndarray) -> bytes:
+    """A palette PNG of ``img`` (at most 256 colours), which the kernel leaves to the codec."""
+    Image = pytest.importorskip("PIL.Image")
+    import io
+
+    colours, index = np.unique(img.reshape(-1, 3), axis=0, return_inverse=True)
+    im = Image.fromarray(index.reshape(img.shape[:2]).astype(np.uint8), "P")
+    im.putpalette(colours.astype(np.uint8).reshape(-1).tolist())
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_the_kernel_refuses_what_libpng_only_warns_about():
+    """Bytes after the zlib stream, more image data than the size needs, an ancillary chunk's
+    CRC, no IEND, image data split around another chunk: libpng warns and returns the image;
+    the kernel says PNG_CORRUPT (and leaves a palette PNG to the codec, damaged or not)."""
+    rng = np.random.default_rng(11)
+    img = _img(rng, (12, 10, 3), np.uint8, smooth=True)
+    bad = damaged_pngs(make_png(img, [1], idat_size=1 << 20))
+    out, status, left = decode(list(bad.values()), img.shape, np.uint8)
+    assert left == len(bad) and (status == kernels.PNG_CORRUPT).all(), dict(zip(bad, status))
+    pal = damaged_pngs(_palette_png(img))
+    _, status, _ = decode(list(pal.values()), img.shape, np.uint8)
+    assert (status == kernels.PNG_UNSUPPORTED).all()
+
+
+@pytest.mark.parametrize("kind", ["rgb", "palette"])  # the kernel's PNGs; the codec's (libpng's)
+@pytest.mark.parametrize("shape", [(12, 10, 3), (None, None, 3)])
+def test_damaged_pngs_are_refused_on_every_read_path(tmp_path, monkeypatch, kind, shape):
+    """Every damaged PNG of ``damaged_pngs`` stored (only the header is checked at write time)
+    is refused by ``r[i]``, ``take`` and ``batches``, with or without the PNG kernel: a
+    FormatError naming the field and the row, never libpng's image of a damaged file."""
+    rng = np.random.default_rng(12)
+    img = (rng.integers(0, 4, (12, 10, 3)) * 60).astype(np.uint8)  # exact in a palette
+    good = make_png(img, [1]) if kind == "rgb" else _palette_png(img)
+    bad = damaged_pngs(good)
+    cells = [good]
+    for b in bad.values():
+        cells += [b, good]
+    path = str(tmp_path / "damaged.h5")
+    schema = Schema([Field("img", "uint8", shape, codec="png"), Field("id", "int64")])
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch({"img": cells, "id": list(range(len(cells)))})
+
+    def refused(call, row):
+        with pytest.raises(FormatError) as ei:
+            call()
+        e = ei.value
+        assert isinstance(e, RowstoreError) and (e.field, e.row) == ("img", row), e
+        assert f"row {row}" in str(e) and "'img'" in str(e)
+
+    for kernel in (True, False):
+        monkeypatch.setattr(_decode, "PNG_KERNEL", kernel)
+        with rowstore.open(path) as r:
+            for row in range(1, len(cells), 2):
+                refused(lambda row=row: r[row], row)
+                refused(lambda row=row: r.take([row - 1, row]), row)
+            refused(lambda r=r: list(r.batches(4, shuffle="none")), 1)
+            goods = r.take(np.arange(0, len(cells), 2))["img"]
+            assert all(np.array_equal(g, img) for g in goods)

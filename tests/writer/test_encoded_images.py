@@ -1,5 +1,6 @@
 """Encoded images in, as they are: PNG/JPEG bytes given for a png/jpeg field are checked by their
-header and stored unchanged; read back they decode to imagecodecs' pixels."""
+header and stored unchanged; read back they decode to imagecodecs' pixels, and damaged ones (also
+those a decoder would conceal) are refused on every read path, or at write time on request."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ import zlib
 
 import numpy as np
 import pytest
+from damaged_images import damaged_jpegs, damaged_pngs, peak_rss_mb, sof_lies
 from helpers import stored_payloads
 
 import rowstore
 from rowstore import Field, RowValidationError, Schema
-from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
+from rowstore.codecs.image import (
+    check_png,
+    jpeg_header,
+    png_header,
+    sniff_image_format,
+    verify_image,
+)
 
 ic = pytest.importorskip("imagecodecs")
 Image = pytest.importorskip("PIL.Image")
@@ -55,6 +63,26 @@ def handmade_png(w, h, depth, colour, rows: bytes, extra=b"") -> bytes:
     )
 
 
+def adam7_png(img) -> bytes:
+    """An Adam7-interlaced 8-bit PNG of ``img`` (HxW grey or HxWx3), built by hand (PIL writes
+    no interlaced PNGs)."""
+    h, w = img.shape[:2]
+    raw = b""
+    for x0, y0, dx, dy in ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4)):
+        sub = img[y0::dy, x0::dx]
+        raw += b"".join(b"\x00" + r.tobytes() for r in sub) if sub.size else b""
+    for x0, y0, dx, dy in ((1, 0, 2, 2), (0, 1, 1, 2)):
+        sub = img[y0::dy, x0::dx]
+        raw += b"".join(b"\x00" + r.tobytes() for r in sub) if sub.size else b""
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2 if img.ndim == 3 else 0, 0, 0, 1)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
 def pil_bytes(arr, fmt, **kw) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, fmt, **kw)
@@ -70,6 +98,8 @@ def _png_cases():
     yield "rgba16", png(smooth((6, 5, 4), np.uint16))
     yield "ga8", png(smooth((6, 5, 2)))
     yield "interlaced", pil_bytes(rgb, "PNG", interlace=1)
+    yield "adam7", adam7_png(rgb)
+    yield "adam7_grey_3x2", adam7_png(rgb[:3, :2, 0])
     pal = Image.fromarray(rgb).convert("P", palette=1, colors=16)
     buf = io.BytesIO()
     pal.save(buf, "PNG")
@@ -420,3 +450,125 @@ def test_batch_arrays_encoded_on_threads_same_bytes(tmp_path):
     one, four = (stored_payloads(tmp_path / f"{t}.h5", "img") for t in (1, 4))
     assert one == four and four[4] == given
     assert four[0] == png(imgs[0]) and len(four) == 11
+
+
+# -- damaged images: stored as they came (only the header is checked), refused when read ---------
+def _photo(shape, seed=0):
+    """Smooth content with noise, so that a JPEG of it has a long scan to damage."""
+    rng = np.random.default_rng(seed)
+    return np.clip(smooth(shape).astype(int) + rng.integers(-20, 20, shape), 0, 255).astype(
+        np.uint8
+    )
+
+
+def _refused(call, row, field="img"):
+    with pytest.raises(rowstore.RowstoreError) as ei:
+        call()
+    e = ei.value
+    assert (e.field, e.row) == (field, row), e
+    assert f"row {row}" in str(e) and repr(field) in str(e)
+
+
+@pytest.mark.parametrize("progressive", [False, True], ids=["baseline", "progressive"])
+@pytest.mark.parametrize("shape", [(48, 64, 3), (None, None, 3)], ids=["fixed", "variable"])
+def test_damaged_jpegs_are_refused_on_every_read_path(tmp_path, progressive, shape):
+    """A cut scan, a missing end marker, an inserted run of zeros: libjpeg decodes each with a
+    warning and made-up grey pixels. ``r[i]``, ``take`` and ``batches``, without and with an
+    image op, refuse them: an error naming the field and the row."""
+    from rowstore.reader.image_ops import Resize
+
+    good = pil_bytes(_photo((48, 64, 3)), "JPEG", quality=90, progressive=progressive)
+    cells = [good]
+    for b in damaged_jpegs(good).values():
+        cells += [b, good]
+    path = tmp_path / "damaged.h5"
+    schema = Schema([Field("img", "uint8", shape, codec="jpeg"), Field("id", "int64", ())])
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch({"img": cells, "id": list(range(len(cells)))})
+    with rowstore.open(path) as r:
+        for row in range(1, len(cells), 2):
+            _refused(lambda row=row: r[row], row)
+            _refused(lambda row=row: r.take([row - 1, row]), row)
+        _refused(lambda: list(r.batches(2, shuffle="none")), 1)
+        _refused(lambda: list(r.batches(2, shuffle="none", decode={"img": Resize(16)})), 1)
+        for row in range(0, len(cells), 2):
+            assert np.array_equal(r[row]["img"], ic.jpeg8_decode(good))
+
+
+def test_lying_and_huge_jpegs_are_refused_before_their_memory_is_touched(tmp_path):
+    """A 64 x 64 JPEG whose frame header says 8000 x 8000 and a valid 14000 x 14000 progressive
+    JPEG (1.1 MB; libjpeg would hold 1.2 GB of coefficients) in a variable-shape field: read
+    back, each is an error naming field and row, and the reading process's peak memory stays
+    where it was (the output array the stored shape sizes is allocated, never filled)."""
+    got = peak_rss_mb(
+        f"""
+        import imagecodecs, rowstore
+        from damaged_images import flat_progressive_jpeg, sof_lies
+        from rowstore import Field, Schema
+        small = imagecodecs.jpeg8_encode(np.full((64, 64, 3), 90, np.uint8))
+        cells = [small, sof_lies(small), flat_progressive_jpeg(14000, 14000, 3)]
+        path = {str(tmp_path / "big.h5")!r}
+        schema = Schema([Field("img", "uint8", (None, None, 3), codec="jpeg")])
+        with rowstore.Writer(path, schema) as w:
+            w.write_batch({{"img": cells}})
+        with rowstore.open(path) as r:
+            r[0]
+            mark()
+            for row in (1, 2):
+                try:
+                    r[row]
+                except rowstore.RowstoreError as e:
+                    result[str(row)] = [e.field, e.row, str(e)]
+        """
+    )
+    assert got["1"][:2] == ["img", 1] and "damaged" in got["1"][2], got
+    assert got["2"][:2] == ["img", 2] and "too large" in got["2"][2], got
+    assert got["delta"] < 64, got
+
+
+def test_a_jpeg_header_is_checked_against_the_output_before_decoding():
+    from rowstore.codecs.image import Jpeg
+
+    small = jpg(_photo((64, 64, 3)))
+    with pytest.raises(rowstore.CodecError, match="8000x8000x3, expected uint8"):
+        Jpeg().decode_into(sof_lies(small), np.empty((64, 64, 3), np.uint8))
+    with pytest.raises(rowstore.CodecError, match="64x64x3, expected"):
+        Jpeg().decode_into(small, np.empty((64, 64), np.uint8))
+    out = np.empty((64, 64, 3), np.uint8)[:, ::-1]  # a strided out: decoded, then copied
+    Jpeg().decode_into(small, out)
+    assert np.array_equal(out, ic.jpeg8_decode(small))
+
+
+@pytest.mark.parametrize(
+    "name,data", list(_png_cases()), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_check_png_passes_every_kind_of_valid_png(name, data):
+    check_png(data)
+    for bad in damaged_pngs(data).values():
+        with pytest.raises(rowstore.CodecError, match="png payload does not decode"):
+            check_png(bad)
+
+
+def test_verify_image_decodes_in_full_and_refuses_damage():
+    good_jpg = pil_bytes(_photo((48, 64, 3)), "JPEG", quality=90, progressive=True)
+    good_png = png(smooth((9, 13, 3)))
+    assert verify_image(good_jpg) == jpeg_header(good_jpg)
+    assert verify_image(memoryview(good_png)) == png_header(good_png)
+    for bad in [*damaged_jpegs(good_jpg).values(), *damaged_pngs(good_png).values()]:
+        with pytest.raises(rowstore.CodecError, match="does not decode"):
+            verify_image(bad)
+    with pytest.raises(rowstore.CodecError, match="not a valid image"):
+        verify_image(b"GIF89a" + bytes(20))
+    with pytest.raises(rowstore.CodecError, match="over 1000"):
+        verify_image(good_jpg, max_bytes=1000)
+
+
+def test_verify_encoded_refuses_a_damaged_jpeg(h5path):
+    good = jpg(_photo((48, 64, 3)))
+    schema = Schema([Field("img", "uint8", (48, 64, 3), codec="jpeg")])
+    with rowstore.Writer(h5path, schema, verify_encoded=True) as w:
+        w.write({"img": good})
+        for bad in damaged_jpegs(good).values():
+            with pytest.raises(RowValidationError, match="does not decode") as e:
+                w.write_batch({"img": [good, bad]})  # refused whole: the next starts at row 1
+            assert (e.value.field, e.value.row) == ("img", 2)

@@ -20,6 +20,7 @@ touches.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -200,27 +201,27 @@ def row_dtype(schema: Schema) -> np.dtype:
             parts.append((f.name, "u1", (f.stored_nbytes,)))
         if f.nullable:
             parts.append((f.name + NULL_SUFFIX, "|b1"))
+
+    def nbytes(p: tuple) -> int:
+        return math.prod(p[2] if len(p) == 3 else ()) * np.dtype(p[1]).itemsize
+
+    # numpy sizes a dtype (each field's, the row's) in a C int: it refuses some sizes past it and
+    # wraps others around to a negative itemsize, so the row's size is counted here in Python ints
     try:
-        return np.dtype(parts)
-    except (
-        ValueError,
-        OverflowError,
-    ) as exc:  # numpy sizes a dtype (each field's, the row's) in a C int
-
-        def nbytes(p: tuple) -> float:
-            return (
-                float(np.prod(p[2] if len(p) == 3 else (), dtype=np.float64))
-                * np.dtype(p[1]).itemsize
-            )
-
-        big = max(parts, key=nbytes)
-        raise SchemaError(
-            f"field {big[0]!r}: a value of {nbytes(big):.0f} bytes in the row; numpy limits a row, "
-            f"and "
-            f"each value in it, to {MAX_ROW_BYTES} bytes ({exc}); store large arrays as "
-            f"variable-shape fields (on the heap) or split them over rows",
-            field=big[0],
-        ) from None
+        dtype = np.dtype(parts)
+    except (ValueError, OverflowError) as exc:
+        why = str(exc)
+    else:
+        if 0 < dtype.itemsize <= MAX_ROW_BYTES and dtype.itemsize == sum(map(nbytes, parts)):
+            return dtype
+        why = f"the row has {sum(map(nbytes, parts))} bytes"
+    big = max(parts, key=nbytes)
+    raise SchemaError(
+        f"field {big[0]!r}: a value of {nbytes(big)} bytes in the row; numpy limits a row, and "
+        f"each value in it, to {MAX_ROW_BYTES} bytes ({why}); store large arrays as "
+        f"variable-shape fields (on the heap) or split them over rows",
+        field=big[0],
+    )
 
 
 def blosc_typesize(dtype: np.dtype) -> int:

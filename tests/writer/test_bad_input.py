@@ -596,3 +596,19 @@ def test_a_field_numpy_cannot_lay_out_in_a_row_is_a_schema_error(tmp_path):
     pq.write_table(t, tmp_path / "big.parquet")
     with pytest.raises(SchemaError, match="'v'"):
         from_parquet(str(tmp_path / "big.parquet"), str(tmp_path / "fromparquet.h5"))
+
+
+@pytest.mark.parametrize("nullable", [False, True])
+def test_a_row_numpy_cannot_size_is_a_schema_error_naming_the_field(tmp_path, nullable):
+    """A value of 2**31-1 bytes, with its null flag, makes a row numpy sizes as a negative
+    number: refused before anything is written, naming the field."""
+    schema = rowstore.Schema(
+        [
+            rowstore.Field("id", "int64"),
+            rowstore.Field("big", "int8", (2**31 - 1,), nullable=nullable),
+        ]
+    )
+    with pytest.raises(rowstore.SchemaError, match=r"field 'big'") as e:
+        rowstore.Writer(tmp_path / "f.h5", schema)
+    assert e.value.field == "big"
+    assert not os.path.exists(tmp_path / "f.h5")

@@ -959,6 +959,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode every image in full (not only its header) before it is written",
     )
+    p.add_argument(
+        "--allow-outside",
+        action="store_true",
+        help="follow symlinks that lead out of SRC, and take CSV paths outside it (absolute or "
+        "with '..'); by default both are refused",
+    )
     return parser
 
 
@@ -1086,6 +1092,7 @@ def _run(args: argparse.Namespace) -> int:
             workers=args.workers,
             path_field=None if args.no_path else "path",
             verify_encoded=args.verify_images,
+            allow_outside=args.allow_outside,
         )
         from rowstore.format import manifest
 

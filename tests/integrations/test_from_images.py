@@ -318,3 +318,19 @@ def test_csv_that_is_not_utf8_or_a_label_beyond_int64_names_file_and_line(folder
     with pytest.raises(InputError, match=r"line 1: expected path,label"):
         rowstore.from_images(folder, tmp_path / "ds3", labels=table)
     assert not manifest.is_dataset(str(tmp_path / "ds3"))
+
+
+def test_the_command_refuses_links_out_of_the_tree_unless_asked_for(folder, tmp_path, capsys):
+    """`rowstore from-images` keeps the API's default and its opt-in (--allow-outside)."""
+    from rowstore.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    put(str(elsewhere / "e.png"), ic.png_encode(image(6, 8, k=77)))
+    os.symlink(elsewhere, os.path.join(folder, "moth", "out"))
+    assert main(["from-images", folder, str(tmp_path / "a"), "--workers", "1"]) == 1
+    assert "outside" in capsys.readouterr().err
+    assert not manifest.is_dataset(str(tmp_path / "a"))
+    out = str(tmp_path / "b")
+    assert main(["from-images", folder, out, "--workers", "1", "--allow-outside"]) == 0
+    with rowstore.open(out) as r:
+        assert "moth/out/e.png" in list(r.take(np.arange(len(r)))["path"])

@@ -50,6 +50,8 @@ KERNEL_TESTS = (
     "tests/robustness/test_fuzz_atheris.py",
     "tests/codecs/test_compression.py",
     "tests/kernels/test_png_kernel.py",
+    "tests/kernels/test_jpeg_kernel.py",
+    "tests/writer/test_encoded_images.py",
     "tests/writer/test_write_fast.py",
 )
 

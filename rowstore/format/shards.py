@@ -458,7 +458,8 @@ class DatasetLayout(IndexSizes):
         sh = m.shards
         local = local_root(m.root)
         if not allow_outside_links and local is not None:
-            own = [_manifest.manifest_path(m.version), _manifest.index_path(m.version)]
+            name = m.name or _manifest.manifest_path(m.version)  # unique names on some stores
+            own = [name, _manifest.index_of(name)]
             _manifest.check_inside(local, own, what="manifest file")
             _manifest.check_inside(local, sh["path"], what="shard path")
         paths = under_all(absolute(m.root), sh["path"])  # plain relative paths (checked)

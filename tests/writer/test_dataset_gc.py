@@ -382,3 +382,19 @@ def test_gc_and_restore_tell_versions_by_manifest_name(tmp_path):
         [".lock", os.path.basename(current), os.path.basename(manifest.index_of(current))]
     )
     assert np.array_equal(xs(root), np.arange(30))
+
+
+def test_a_uniquely_named_manifest_leading_out_is_refused(tmp_path):
+    """A local dataset whose versions have unique names (a copy of a gs:// dataset): its
+    manifest and sidecar are held inside the directory like fixed-name ones."""
+    root = str(tmp_path / "ds")
+    a = write_shard(root, SCHEMA, cols(0, 10))
+    assert commit_to(_Unconditional(root), [a]) == 1
+    current = manifest.pointer(root).manifest
+    side = os.path.join(root, manifest.index_of(current))
+    moved = str(tmp_path / "elsewhere.index")
+    os.replace(side, moved)
+    os.symlink(moved, side)
+    with pytest.raises(FormatError, match="outside"):
+        rowstore.open(root)
+    assert len(rowstore.open(root, allow_outside_links=True)) == 10

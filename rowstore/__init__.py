@@ -95,20 +95,13 @@ _LAZY = {
     "RandomResizedCrop": "rowstore.reader.image_ops",
 }
 # The write path loads on first use too: importing the format's declarations (or reading
-# files) does not import the writer.
+# files) does not import the writer. A value "module:attribute" names another attribute.
 _LAZY.update(
     dict.fromkeys(
-        [
-            "Writer",
-            "DatasetWriter",
-            "ShardInfo",
-            "write_shard",
-            "commit",
-            "gc_dataset",
-            "restore_pointer",
-        ],
-        "rowstore.format",
-    )
+        ["Writer", "DatasetWriter", "ShardInfo", "write_shard", "commit", "restore_pointer"],
+        "rowstore.writer",
+    ),
+    gc_dataset="rowstore.writer:gc",
 )
 #: The extra and the optional packages a lazy module needs (``pip install rowstore[<extra>]``).
 _NEEDS = {
@@ -121,6 +114,7 @@ _NEEDS = {
 def _installed(module):
     import importlib.util
 
+    module = module.partition(":")[0]
     return all(importlib.util.find_spec(p) is not None for p in _NEEDS.get(module, ("", ()))[1])
 
 
@@ -139,9 +133,9 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        module = _LAZY[name]
+        module, _, attr = _LAZY[name].partition(":")
         try:
-            value = getattr(importlib.import_module(module), name)
+            value = getattr(importlib.import_module(module), attr or name)
             globals()[name] = value  # later lookups are plain attribute reads
             return value
         except ModuleNotFoundError as exc:

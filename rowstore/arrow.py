@@ -60,10 +60,11 @@ import pyarrow.parquet as pq
 from rowstore._payloads import DECODERS, Decode, declared_array
 from rowstore._unischema import Unischema, read_unischema
 from rowstore.errors import FormatError, RowstoreError, RowValidationError, SchemaError
-from rowstore.format import DatasetWriter, Writer, spec
+from rowstore.format import spec
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 from rowstore.storage import local_path as _local_path
 from rowstore.storage.inputs import open_input
+from rowstore.writer import DatasetWriter, Writer
 
 __all__ = ["from_arrow", "from_parquet", "arrow_field", "infer_schema", "DECODERS", "local_path"]
 
@@ -738,7 +739,7 @@ def write_shards(
     order; the :class:`~rowstore.ShardInfo` of each, to commit. Nothing is committed here; on an
     error the shards already written are removed. A bad value's
     :class:`~rowstore.errors.RowValidationError` counts its row from the first of ``batches``."""
-    from rowstore.format import write_shard
+    from rowstore.writer import write_shard
     from rowstore.writer.dataset import _renumber, discard
 
     schema = Schema([c.field for c in cols])

@@ -40,7 +40,7 @@ import pandas as pd
 
 from rowstore._check import positive_int
 from rowstore.errors import SchemaError
-from rowstore.format import commit, spec, write_shard
+from rowstore.format import spec
 from rowstore.global_shuffle import run as shuffle_run
 from rowstore.pandas import (
     GUESSED,
@@ -54,6 +54,7 @@ from rowstore.pandas import (
 )
 from rowstore.reader import Reader
 from rowstore.schema import STR, Schema
+from rowstore.writer import commit, write_shard
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, discard
 
 __all__ = ["from_pandas", "to_rowstore", "read_rowstore", "shuffle"]

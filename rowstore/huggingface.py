@@ -71,13 +71,14 @@ from datasets.utils.file_utils import is_local_path
 from rowstore.arrow import _Column, arrow_field, column_values
 from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
 from rowstore.errors import RowValidationError, SchemaError
-from rowstore.format import DatasetWriter, Writer, spec
+from rowstore.format import spec
 from rowstore.format.manifest import POINTER
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.reader.raw import RawSource
 from rowstore.schema import BYTES, STR, Field, Schema, field_name
 from rowstore.storage.inputs import contained, read_input
+from rowstore.writer import DatasetWriter, Writer
 
 __all__ = ["from_huggingface", "to_huggingface", "infer_schema", "META_KEY"]
 

@@ -57,11 +57,11 @@ import numpy as np
 import pandas as pd
 
 from rowstore.errors import RowValidationError, SchemaError
-from rowstore.format import DatasetWriter, Writer
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY
 from rowstore.schema import BYTES, STR, Field, Schema
 from rowstore.schema import field_name as _field_name
+from rowstore.writer import DatasetWriter, Writer
 
 __all__ = ["from_pandas", "read_pandas", "to_pandas", "infer_schema", "frame_columns"]
 

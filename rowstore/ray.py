@@ -49,11 +49,12 @@ from ray.data.block import BlockAccessor, BlockMetadata
 from rowstore._check import one_of, positive_int
 from rowstore.arrow import _attrs, _Column, _columns, _Source, write_shards
 from rowstore.errors import RowValidationError, SchemaError
-from rowstore.format import commit, manifest, write_shard
+from rowstore.format import manifest
 from rowstore.reader import Reader
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.schema import BYTES, STR, Schema
 from rowstore.storage import absolute, destination, file_url_path
+from rowstore.writer import commit, write_shard
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 
 __all__ = ["to_rowstore", "read_rowstore", "RowstoreDatasink", "RowstoreDatasource"]

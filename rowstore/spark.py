@@ -56,9 +56,10 @@ from rowstore._check import one_of, positive_int
 from rowstore._version import __version__
 from rowstore.arrow import _attrs, _columns, _Source, local_path, write_shards
 from rowstore.errors import RowstoreError, SchemaError
-from rowstore.format import commit, manifest, write_shard
+from rowstore.format import manifest
 from rowstore.reader import Reader
 from rowstore.schema import BYTES, STR, Field, Schema
+from rowstore.writer import commit, write_shard
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES
 from rowstore.writer.values import check_value
 

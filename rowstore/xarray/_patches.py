@@ -16,9 +16,10 @@ import xarray as xr
 
 from rowstore._check import one_of
 from rowstore.errors import SchemaError
-from rowstore.format import commit, manifest, write_shard
+from rowstore.format import manifest
 from rowstore.global_shuffle import shuffle as local_shuffle
 from rowstore.schema import Field, Schema
+from rowstore.writer import commit, write_shard
 from rowstore.writer.commit import ShardInfo
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES
 from rowstore.xarray._meta import (

@@ -14,9 +14,9 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from rowstore.errors import FormatError, SchemaError
-from rowstore.format import commit, write_shard
 from rowstore.reader import Reader
 from rowstore.schema import Field, Schema
+from rowstore.writer import commit, write_shard
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, ShardInfo
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, Writer
 from rowstore.xarray._meta import (

@@ -13,8 +13,10 @@ demo: setup
 test: setup
 	@.venv/bin/python -m pytest -q -n 2 --dist loadgroup
 
+# The linter and the formatter's check, over the trees tests/meta/test_lint.py checks.
 lint: setup
-	@.venv/bin/ruff check rowstore tests bench examples
+	@.venv/bin/ruff check rowstore tests bench examples tools
+	@.venv/bin/ruff format --check rowstore tests bench examples tools
 
 bench: setup
 	@.venv/bin/python bench/read_bench.py

@@ -64,7 +64,7 @@ from rowstore.format import spec
 from rowstore.schema import Schema
 from rowstore.storage import inputs
 from rowstore.storage.base import Destination
-from rowstore.storage.local import LocalDir
+from rowstore.storage.localdir import LocalDir
 
 __all__ = [
     "FORMAT_NAME",

@@ -6,8 +6,12 @@ The functions here turn what a user passes (a path, a ``file://`` URL, any fsspe
 ``storage_options``) into those objects; they hold the package's only local-or-remote
 decision, so no other layer looks at a URL's scheme.
 
-* :mod:`.local`: local files (:class:`~.local.LocalStore`, :class:`~.local.LocalDir`,
-  :class:`~.local.AtomicFile`, file identity, the commit lock);
+* :mod:`.local`: reading local shard files (:class:`~.local.LocalStore`, the process's
+  descriptor budget, file identity);
+* :mod:`.localdir`: a local directory as a destination (:class:`~.localdir.LocalDir`, the
+  commit lock);
+* :mod:`.atomic`: files replaced atomically (:class:`~.atomic.AtomicFile`), ``fsync``, stale
+  temporary files;
 * :mod:`.objstore`: the fsspec client with retried ranged GETs and conditional PUTs;
 * :mod:`.remote`: :class:`~.remote.RemoteStore` (scheduled ranged reads) and
   :class:`~.remote.RemoteDir`;
@@ -22,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rowstore.storage.base import ChunkStore, Destination, StagedFile, Staging
-from rowstore.storage.local import LocalDir, LocalStore
+from rowstore.storage.local import LocalStore
+from rowstore.storage.localdir import LocalDir
 from rowstore.storage.objstore import Client, RemoteOptions
 from rowstore.storage.url import (
     check_url,
@@ -115,7 +120,7 @@ def destination(
     *,
     durable: bool = True,
 ) -> Destination:
-    """Where a writer writes: a :class:`~.local.LocalDir` for a local path or a ``file://``
+    """Where a writer writes: a :class:`~.localdir.LocalDir` for a local path or a ``file://``
     URL (flock, fsync, atomic rename), a :class:`~.remote.RemoteDir` for an object store URL.
 
     Raises

@@ -4,7 +4,7 @@ where a writer's files and dataset versions go (:class:`Destination`).
 Storage deals in bytes and relative names; it knows nothing of layouts, manifests or schemas.
 Implementations: :class:`~rowstore.storage.local.LocalStore` and
 :class:`~rowstore.storage.remote.RemoteStore` (chunk stores),
-:class:`~rowstore.storage.local.LocalDir` and :class:`~rowstore.storage.remote.RemoteDir`
+:class:`~rowstore.storage.localdir.LocalDir` and :class:`~rowstore.storage.remote.RemoteDir`
 (destinations). :func:`rowstore.storage.chunk_store` and :func:`rowstore.storage.destination`
 pick one from a path or URL. How a store batches, coalesces or schedules its reads (merge sizes,
 requests in flight, epoch-order prefetch) is its own concern, not part of the interface.

@@ -15,7 +15,8 @@ from rowstore.errors import FormatError
 from rowstore.format import manifest
 from rowstore.format.shards import DatasetLayout
 from rowstore.storage import local_only
-from rowstore.storage.local import LocalDir, remove_stale
+from rowstore.storage.atomic import remove_stale
+from rowstore.storage.localdir import LocalDir
 
 __all__ = ["gc", "GCReport", "restore_pointer", "PointerRepair", "DEFAULT_ORPHAN_GRACE_S"]
 

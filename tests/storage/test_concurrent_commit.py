@@ -26,7 +26,7 @@ from rowstore import Field, Schema
 from rowstore.errors import CommitConflictError, ObjectChangedError
 from rowstore.format import manifest
 from rowstore.storage import destination
-from rowstore.storage.local import LocalDir
+from rowstore.storage.localdir import LocalDir
 from rowstore.storage.objstore import Client, RemoteOptions
 from rowstore.storage.remote import RemoteDir
 from rowstore.writer.commit import commit_to

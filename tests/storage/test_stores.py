@@ -10,7 +10,7 @@ from conformance import ChunkStoreTests, DestinationTests, dataset_dir
 
 from rowstore import storage
 from rowstore.format.open import open_layout
-from rowstore.storage.local import LocalDir
+from rowstore.storage.localdir import LocalDir
 from rowstore.storage.remote import RemoteDir
 
 _PREFIXES = itertools.count()

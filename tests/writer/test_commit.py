@@ -1,4 +1,4 @@
-"""AtomicFile (rowstore.storage.local): a temporary file beside the target that replaces it
+"""AtomicFile (rowstore.storage.atomic): a temporary file beside the target that replaces it
 only on commit, fsynced; exclusive commits never overwrite; abort removes the temporary file."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rowstore.storage import local as _commit
-from rowstore.storage.local import AtomicFile
+from rowstore.storage import atomic as _commit
+from rowstore.storage.atomic import AtomicFile
 
 
 def names(directory):

@@ -24,7 +24,7 @@ from rowstore import BYTES, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.errors import FormatError
 from rowstore.format import manifest
-from rowstore.storage.local import LocalDir
+from rowstore.storage.localdir import LocalDir
 from rowstore.writer.commit import commit, commit_to
 from rowstore.writer.dataset import write_shard
 from rowstore.writer.gc import gc, restore_pointer

@@ -222,7 +222,7 @@ def read_side(root: str, T: int) -> dict:
 
 
 def _stack_case(parts: list, repeats: int) -> dict:
-    from rowstore.xarray._patches import _concat_channels
+    from rowstore.xarray._cut import concat_channels
 
     first, last, via, used = [], [], [], []
     for _ in range(repeats):
@@ -239,7 +239,7 @@ def _stack_case(parts: list, repeats: int) -> dict:
         np.ascontiguousarray(np.moveaxis(np.concatenate(parts, axis=1), 1, -1))
         via.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        _concat_channels(parts, "last", np.float32)
+        concat_channels(parts, "last", np.float32)
         used.append(time.perf_counter() - t0)
     f, la, v, u = (statistics.median(x) for x in (first, last, via, used))
     return {

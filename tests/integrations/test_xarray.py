@@ -302,10 +302,10 @@ def test_patches_match_numpy_slicing(tmp_path, case, chunks, task_bytes):
 
 
 def test_tasks_follow_chunks_merged_along_the_first_dimension():
-    from rowstore.xarray._patches import _Plan, _regions
+    from rowstore.xarray._plan import PatchPlan, task_regions
 
     ds = grid_ds().chunk({"time": 1, "lat": (3, 7, 3)})
-    plan = _Plan(
+    plan = PatchPlan(
         ds,
         patch={"lat": 5, "lon": 4},
         stride=None,
@@ -319,7 +319,7 @@ def test_tasks_follow_chunks_merged_along_the_first_dimension():
         dtype=None,
         sample_dim="sample",
     )
-    one = _regions(plan, dict(ds.chunks), 1)
+    one = task_regions(plan, dict(ds.chunks), 1)
     assert len(one) == 5 * 2 and {r[1]["time"] for r in one} == {
         1
     }  # lat chunk [10, 13) holds no origin
@@ -327,12 +327,12 @@ def test_tasks_follow_chunks_merged_along_the_first_dimension():
         slice(0, 5),
         slice(5, 10),
     ]  # the halo: the chunk [0, 3) reads to 5
-    merged = _regions(plan, dict(ds.chunks), 3_000)
+    merged = task_regions(plan, dict(ds.chunks), 3_000)
     assert (
         sorted({r[1]["time"] for r in merged}) == [1, 2]
         and sum(r[1]["time"] for r in merged) == 5 * 2
     )
-    whole = _regions(plan, dict(ds.chunks), 1 << 30)
+    whole = task_regions(plan, dict(ds.chunks), 1 << 30)
     assert len(whole) == 2 and whole[0][2]["time"] == slice(0, 5)
 
 
@@ -556,12 +556,12 @@ def test_distributed_cluster_writes_the_same_samples(tmp_path, dask_cluster):
 
 @pytest.mark.parametrize("channels", [(5, 4), (1, 3, 8), (6,)])
 def test_concat_channels_both_strategies(channels):
-    from rowstore.xarray._patches import _concat_channels
+    from rowstore.xarray._cut import concat_channels
 
     rng = np.random.default_rng(0)
     pieces = [rng.random((7, c, 3, 2)) for c in channels]
-    first = _concat_channels(pieces, "first", np.float32)
-    last = _concat_channels(pieces, "last", np.float32)  # direct when every piece has >= 4 channels
+    first = concat_channels(pieces, "first", np.float32)
+    last = concat_channels(pieces, "last", np.float32)  # direct when every piece has >= 4 channels
     want = np.concatenate(pieces, axis=1).astype(np.float32)
     np.testing.assert_array_equal(first, want)
     np.testing.assert_array_equal(last, np.moveaxis(want, 1, -1))

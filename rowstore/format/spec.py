@@ -68,8 +68,9 @@ PAGE_BYTES = 4096
 #: chunks and larger blocks) at a file offset that is a multiple of :data:`ALIGN_BYTES`, so that
 #: their pages are the operating system's pages: a checked payload read, with the rest of its
 #: first and last pages, then touches no page-cache page the payload itself does not (speech
-#: rows, full shuffle, epoch 0: verify=True 0.89-0.91 -> 0.91-0.94 of verify=False in 3 paired
-#: runs, docs/performance.md). Padding costs at most 4 KiB per object (0.4% of a 1 MiB chunk).
+#: rows, full shuffle, epoch 0, 3 paired runs of the same rows written both ways: verify=True
+#: reads at 0.91-0.94 of verify=False aligned, 0.89-0.91 packed; docs/performance.md).
+#: Padding costs at most 4 KiB per object (0.4% of a 1 MiB chunk).
 #: Smaller blocks stay packed. Readers do not depend on it.
 ALIGN_BYTES = 4096
 ALIGN_THRESHOLD = 256 << 10
@@ -125,8 +126,9 @@ def page_rows_per_block(rows_per_block: int, row_size: int, page_bytes: int = PA
     a multiple of :data:`BLOCK_PIECES` pages of rows where that loses at most an eighth of the
     block, so that each of its ``BLOCK_PIECES`` pieces (and halves, quarters) starts and ends
     on a page. A first-epoch checked read of a piece then reads no page it shares with a
-    neighbour (tiny rows of 72 bytes, 64 KiB blocks: 910 -> 896 rows, the check's extra samples
-    of an epoch from 9% to 5%). Rows of a page or more, and blocks too small to round, keep
+    neighbour (tiny rows of 72 bytes, 64 KiB blocks: 896 rows rather than 910, for which the
+    check costs 5% of an epoch's samples rather than 9%). Rows of a page or more, and blocks
+    too small to round, keep
     ``rows_per_block``."""
     rpp = page_geometry(page_bytes, row_size, row_size)[0] // row_size  # rows per page
     unit = BLOCK_PIECES * rpp

@@ -56,8 +56,8 @@ EXTRA_KEYS = (ID_KEY, PAD_KEY, SOURCE_KEY)
 
 
 #: Windows of rows per dealt unit by default: a unit straddles about one window boundary, so a
-#: consumer loads ``1 + 1 / UNIT_WINDOWS`` blocks per block delivered (measured 1.15-1.28 for 4
-#: in bench/order_bench.py, 1.6-2.0 for 1; contiguous slices: 1.0-1.1).
+#: consumer loads ``1 + 1 / UNIT_WINDOWS`` blocks per block delivered: 1.15-1.28 with 4
+#: (bench/order_bench.py), where units of 1 window load 1.6-2.0 and contiguous slices 1.0-1.1.
 UNIT_WINDOWS = 4
 
 

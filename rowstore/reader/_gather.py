@@ -28,6 +28,7 @@ from rowstore.format.shards import DatasetLayout
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import NULL_KEY, BufferPool
 from rowstore.schema import Field, Schema
+from rowstore.storage.base import DirectReads
 
 __all__ = ["FieldPlan", "Gathered", "Gatherer", "plan_fields"]
 
@@ -198,6 +199,8 @@ class Gatherer:
     ):
         self.layout = layout
         self.store = store
+        # Single rows, payloads and page ranges only from stores that read them in place.
+        self.direct = isinstance(store, DirectReads)
         self.verify = verify
         self.codec = codec
         self.arr = layout.arrays()
@@ -214,7 +217,7 @@ class Gatherer:
         )
         # Single rows and payloads only where the store serves them cheaply, from uncompressed
         # chunks, and not under verify="always" (whole chunks only).
-        self.direct_ok = store.direct and codec is None and verify != "always"
+        self.direct_ok = self.direct and codec is None and verify != "always"
         # verify=True, files without a page index: a chunk is checksummed whole the first time a
         # direct read touches it (per process), so that no byte handed out comes from an
         # unchecked chunk. Races between threads only verify twice.
@@ -228,7 +231,7 @@ class Gatherer:
         # The page index is found on the first direct read (a dataset opened from its manifest
         # reads its shards' footers for it), so block-order epochs never pay for it. Compressed
         # files use only the heap pages, for the payloads read in place from memcpy'd chunks.
-        self._want_pages = verify is True and store.direct
+        self._want_pages = verify is True and self.direct
         self._pages: Any = None
         self._pages_lock = threading.Lock()
         self._pages_done = False  # every block page checked (direct reads check nothing more)
@@ -237,7 +240,7 @@ class Gatherer:
         # verify="always", which checks every read; local stores only).
         table = layout.num_blocks * layout.block_raw_bytes
         self._resident_ok = bool(
-            store.direct
+            self.direct
             and verify != "always"
             and len(self.arr["hc_offset"])
             and layout.block_raw_bytes == self.rpb * self.rs
@@ -718,10 +721,10 @@ class Gatherer:
                     heap_lo,
                     heap_hi,
                     hc_off,
-                    chunk_base,
                     self.layout.heap_chunk_bytes,
                     [b for b, _ in bufs],
                     [d for _, d in bufs],
+                    chunk_base=chunk_base,
                     pages=pages,
                 )
             except kernels.KernelError as exc:
@@ -840,7 +843,7 @@ class Gatherer:
         read and checked once per reader), else None. verify=True then checks the pages a
         payload read touches (v3 files: the page index holds the CRCs of every heap chunk's
         raw bytes), or each chunk whole the first time a payload read touches it (v2)."""
-        if not self.store.direct or self.codec is None or self.verify == "always":
+        if not self.direct or self.codec is None or self.verify == "always":
             return None
         if self._hc_raw is None:
             self._hc_raw = np.full(len(self.arr["hc_offset"]), -2, np.int64)  # -2: not read

@@ -20,21 +20,22 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["ChunkStore", "Destination", "Staging", "StagedFile"]
+__all__ = ["ChunkStore", "DirectReads", "Destination", "Staging", "StagedFile"]
 
 
 @runtime_checkable
 class ChunkStore(Protocol):
-    """The stored bytes of a dataset's shards, as the block index names them.
+    """The stored bytes of a dataset's shards, as the block index names them: whole chunks,
+    checked and decompressed.
 
     Attributes
     ----------
     path : str
         What the store reads (a shard's path or URL, or a count of shards), for messages.
     direct : bool
-        Capability flag: the store serves single rows, payloads and ranges (:meth:`read_rows`,
-        :meth:`read_rows_into`, :meth:`read_payloads`, :meth:`read_pages`) cheaply; when False
-        the gather always reads whole chunks (:meth:`load_chunks`) and never calls those.
+        Capability flag: True exactly when the store is also a :class:`DirectReads` (single
+        rows, payloads and ranges read cheaply, in place); when False the gather reads whole
+        chunks only.
     max_open : int
         How many shard files the store keeps open at most.
 
@@ -78,78 +79,51 @@ class ChunkStore(Protocol):
         what: str,
         dst_stride: int = 0,
     ) -> None:
-        """Whole stored chunks (chunk i of shard ``shards[i]``), checked and decompressed into
-        ``dst``."""
-
-    def read_rows(
-        self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray
-    ) -> None:
-        """Single rows into ``dst`` (``direct`` stores only)."""
-
-    def read_rows_into(
-        self,
-        shards: np.ndarray | None,
-        file_offsets: np.ndarray,
-        row_size: int,
-        segments: list[tuple[int, np.ndarray | None]],
-        sink: np.ndarray,
-        *,
-        check: np.ndarray | None = None,
-        expect: np.ndarray | None = None,
-    ) -> None:
-        """Single rows cut straight into per-field arrays (``direct`` stores only)."""
-
-    def memcpyed_starts(
-        self,
-        shards: np.ndarray | None,
-        offsets: np.ndarray,
-        stored: np.ndarray,
-        *,
-        codec: tuple[int, int],
-        raw_size: int,
-        what: str,
-    ) -> np.ndarray:
-        """Where each stored frame's memcpy'd raw bytes lie in its file (-1: compressed), the
-        headers checked (``direct`` stores only; see kernels.memcpyed_starts)."""
-        ...
-
-    def read_pages(
-        self,
-        shards: np.ndarray | None,
-        chunk_offsets: np.ndarray,
-        chunk_bytes: np.ndarray,
-        within: np.ndarray,
-        take: np.ndarray,
-        page_first: np.ndarray,
-        pages: tuple,
-        out: np.ndarray,
-        dst_offsets: np.ndarray,
-    ) -> None:
-        """Ranges of uncompressed chunks into ``out``, checked by their pages in the read's
-        pass (``direct`` stores only; see kernels.pread_pages)."""
-
-    def read_payloads(
-        self,
-        shards: np.ndarray | None,
-        rowbuf: np.ndarray,
-        row_size: int,
-        ref_offsets: list[int],
-        rows: np.ndarray,
-        lo: np.ndarray,
-        hi: np.ndarray,
-        chunk_offsets: np.ndarray,
-        chunk_base: Any,
-        chunk_bytes: int,
-        outs: list[np.ndarray],
-        dst_offsets: list[np.ndarray],
-        *,
-        pages: tuple | None = None,
-    ) -> None:
-        """Rows' heap payloads of one or more fields (references at ``ref_offsets``) into
-        ``outs`` at ``dst_offsets``, in one call (``direct`` stores only)."""
+        """Whole stored chunks (chunk i of shard ``shards[i]``; None: all of shard 0), checked
+        (CRC-32 with ``verify``, frame headers against ``codec``) and decompressed into
+        ``dst`` (chunk i at ``i * dst_stride`` when given, else packed)."""
 
     def close(self) -> None:
         """Release this process's descriptors or connections (they come back on next use)."""
+
+
+@runtime_checkable
+class DirectReads(Protocol):
+    """Reads in place, for stores where a single row or payload costs a few microseconds (local
+    files: ``pread`` from the page cache). Only stores that are cheap this way implement it; the
+    gather asks once (``isinstance(store, DirectReads)``, or :attr:`ChunkStore.direct`) and
+    otherwise cuts everything from whole chunks. The signatures are those of the kernels the
+    methods call (:mod:`rowstore.kernels`); in each, item i belongs to shard ``shards[i]``
+    (None: all to shard 0).
+
+    Methods
+    -------
+    read_rows(shards, file_offsets, row_size, dst)
+        Single rows into ``dst``.
+    read_rows_into(shards, file_offsets, row_size, segments, sink, *, check=None, expect=None)
+        Single rows cut straight into per-field arrays, those ``check`` marks CRC-checked
+        against ``expect`` as they are read.
+    check_pages(shards, offsets, sizes, page_bytes, expect, scratch)
+        Runs of pages read and CRC-checked page by page (kernels.check_ranges).
+    memcpyed_starts(shards, offsets, stored, *, codec, raw_size, what)
+        Where each stored frame's memcpy'd raw bytes lie in its file (-1: compressed), the
+        headers checked (kernels.memcpyed_starts).
+    read_pages(shards, chunk_offsets, chunk_bytes, within, take, page_first, pages, out,
+    dst_offsets)
+        Ranges of uncompressed chunks into ``out``, checked by their pages in the read's pass
+        (kernels.pread_pages).
+    read_payloads(shards, rowbuf, row_size, ref_offsets, rows, lo, hi, chunk_offsets,
+    chunk_base, chunk_bytes, outs, dst_offsets, *, pages=None)
+        Rows' heap payloads of one or more fields (references at ``ref_offsets``) into
+        ``outs`` at ``dst_offsets``, in one call (kernels.pread_heap).
+    """
+
+    read_rows: Callable[..., None]
+    read_rows_into: Callable[..., None]
+    check_pages: Callable[..., None]
+    memcpyed_starts: Callable[..., np.ndarray]
+    read_pages: Callable[..., None]
+    read_payloads: Callable[..., None]
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ import stat
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,6 +161,23 @@ def pin_identities(paths: Sequence[str], file_ids: Sequence[tuple]) -> tuple[tup
     return tuple(out)
 
 
+def _on_descriptors(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """A store method that calls ``kernel`` on the descriptors of its first argument's shards
+    (item i of shard ``shards[i]``; None: all of shard 0), the rest passed as they are: each
+    read of a :class:`LocalStore` has its kernel's signature, with shards for descriptors."""
+
+    def read(self: LocalStore, shards: np.ndarray | None, *args: Any, **kw: Any) -> Any:
+        fd, held = self._per_item(shards)  # (no context manager: per request, on the hot path)
+        try:
+            return kernel(fd, *args, **kw)
+        finally:
+            self._release(held)
+
+    read.__name__ = read.__qualname__ = kernel.__name__
+    read.__doc__ = f"kernels.{kernel.__name__} with ``shards`` for its descriptors."
+    return read
+
+
 class LocalStore:
     """The stored bytes of a dataset's shard files on a local filesystem.
 
@@ -182,11 +199,13 @@ class LocalStore:
 
     Notes
     -----
-    ``direct`` is True: single rows and payloads can be read where that moves fewer bytes
-    than whole chunks (a few microseconds per ``pread`` from the page cache). Descriptors are
-    opened lazily in each process (``O_NONBLOCK`` until ``fstat`` shows a regular file: a FIFO
-    is an error, never a wait), so the store survives ``fork`` (torch DataLoader workers) and
-    pickling. Thread-safe; the kernels it calls release the GIL.
+    A :class:`~rowstore.storage.base.DirectReads` (``direct`` is True): single rows and
+    payloads can be read where that moves fewer bytes than whole chunks (a few microseconds
+    per ``pread`` from the page cache); each read is its kernel's signature with shards for
+    descriptors. Descriptors are opened lazily in each process (``O_NONBLOCK`` until
+    ``fstat`` shows a regular file: a FIFO is an error, never a wait), so the store survives
+    ``fork`` (torch DataLoader workers) and pickling. Thread-safe; the kernels it calls
+    release the GIL.
     """
 
     direct = True
@@ -393,177 +412,18 @@ class LocalStore:
         return table[shards], fds
 
     # -- reads (each raises kernels.KernelError with the failing item's index) ----------------
-    def load_chunks(
-        self,
-        shards: np.ndarray | None,
-        offsets: np.ndarray,
-        stored: np.ndarray,
-        checksums: np.ndarray,
-        *,
-        codec: tuple[int, int] | None,
-        verify: bool,
-        dst: np.ndarray,
-        raw_size: int,
-        scratch: np.ndarray,
-        what: str,
-        dst_stride: int = 0,
-    ) -> None:
-        """Whole stored chunks (chunk i of shard ``shards[i]``; None: all of shard 0), checked and
-        decompressed into ``dst`` (see kernels.load_chunks)."""
-        fd, held = self._per_item(
-            shards
-        )  # (not a context manager: this is per request on the hot path)
-        try:
-            kernels.load_chunks(
-                fd,
-                offsets,
-                stored,
-                checksums,
-                codec=codec,
-                verify=verify,
-                dst=dst,
-                raw_size=raw_size,
-                scratch=scratch,
-                what=what,
-                dst_stride=dst_stride,
-            )
-        finally:
-            self._release(held)
-
     def fetch_ahead(self, segments: Any, plan_segments: Any, keys_of: Any) -> Any:
         """``segments`` as they are: local reads need no prefetch schedule."""
         return segments
 
-    def read_rows(
-        self, shards: np.ndarray | None, file_offsets: np.ndarray, row_size: int, dst: np.ndarray
-    ) -> None:
-        """Single rows (row i of shard ``shards[i]``) into ``dst`` (``direct`` stores only)."""
-        fd, held = self._per_item(shards)
-        try:
-            kernels.pread_rows(fd, file_offsets, row_size, dst)
-        finally:
-            self._release(held)
-
-    def read_rows_into(
-        self,
-        shards: np.ndarray | None,
-        file_offsets: np.ndarray,
-        row_size: int,
-        segments: list[tuple[int, np.ndarray | None]],
-        sink: np.ndarray,
-        *,
-        check: np.ndarray | None = None,
-        expect: np.ndarray | None = None,
-    ) -> None:
-        """Single rows cut straight into per-field arrays, those ``check`` marks CRC-checked
-        against ``expect`` as they are read (``direct`` stores only)."""
-        fd, held = self._per_item(shards)
-        try:
-            kernels.preadv_rows(
-                fd, file_offsets, row_size, segments, sink, check=check, expect=expect
-            )
-        finally:
-            self._release(held)
-
-    def check_pages(
-        self,
-        shards: np.ndarray | None,
-        offsets: np.ndarray,
-        sizes: np.ndarray,
-        page_len: int,
-        expect: np.ndarray,
-        scratch: np.ndarray,
-    ) -> None:
-        """Runs of pages (run i of shard ``shards[i]``) read and CRC-checked page by page
-        against ``expect`` (see kernels.check_ranges; ``direct`` stores only)."""
-        fd, held = self._per_item(shards)
-        try:
-            kernels.check_ranges(fd, offsets, sizes, page_len, expect, scratch)
-        finally:
-            self._release(held)
-
-    def memcpyed_starts(
-        self,
-        shards: np.ndarray | None,
-        offsets: np.ndarray,
-        stored: np.ndarray,
-        *,
-        codec: tuple[int, int],
-        raw_size: int,
-        what: str,
-    ) -> np.ndarray:
-        """Where each stored frame's memcpy'd raw bytes lie in its file (-1: compressed), the
-        headers checked (frame i of shard ``shards[i]``; see kernels.memcpyed_starts)."""
-        fd, held = self._per_item(shards)
-        try:
-            return kernels.memcpyed_starts(
-                fd, offsets, stored, codec=codec, raw_size=raw_size, what=what
-            )
-        finally:
-            self._release(held)
-
-    def read_pages(
-        self,
-        shards: np.ndarray | None,
-        chunk_offsets: np.ndarray,
-        chunk_bytes: np.ndarray,
-        within: np.ndarray,
-        take: np.ndarray,
-        page_first: np.ndarray,
-        pages: tuple,
-        out: np.ndarray,
-        dst_offsets: np.ndarray,
-    ) -> None:
-        """Ranges of uncompressed chunks (range i of shard ``shards[i]``) into ``out``, checked
-        by their pages in the read's pass (see kernels.pread_pages)."""
-        fd, held = self._per_item(shards)
-        try:
-            kernels.pread_pages(
-                fd, chunk_offsets, chunk_bytes, within, take, page_first, pages, out, dst_offsets
-            )
-        finally:
-            self._release(held)
-
-    def read_payloads(
-        self,
-        shards: np.ndarray | None,
-        rowbuf: np.ndarray,
-        row_size: int,
-        ref_offsets: list[int],
-        rows: np.ndarray,
-        lo: np.ndarray,
-        hi: np.ndarray,
-        chunk_offsets: np.ndarray,
-        chunk_base: Any,
-        chunk_bytes: int,
-        outs: list[np.ndarray],
-        dst_offsets: list[np.ndarray],
-        *,
-        pages: tuple | None = None,
-    ) -> None:
-        """The heap payloads of fields (references at ``ref_offsets`` of a row) into ``outs``
-        in one call, those next to each other in the file in one read (``direct`` stores of
-        uncompressed heaps only), checked by heap pages with ``pages`` (see
-        kernels.pread_heap)."""
-        fd, held = self._per_item(shards)
-        try:
-            kernels.pread_heap(
-                fd,
-                rowbuf,
-                row_size,
-                ref_offsets,
-                rows,
-                lo,
-                hi,
-                chunk_offsets,
-                chunk_bytes,
-                outs,
-                dst_offsets,
-                chunk_base=chunk_base,
-                pages=pages,
-            )
-        finally:
-            self._release(held)
+    load_chunks = _on_descriptors(kernels.load_chunks)
+    # DirectReads
+    read_rows = _on_descriptors(kernels.pread_rows)
+    read_rows_into = _on_descriptors(kernels.preadv_rows)
+    check_pages = _on_descriptors(kernels.check_ranges)
+    memcpyed_starts = _on_descriptors(kernels.memcpyed_starts)
+    read_pages = _on_descriptors(kernels.pread_pages)
+    read_payloads = _on_descriptors(kernels.pread_heap)
 
 
 #: Names of :mod:`rowstore.storage.atomic` that callers outside ``storage/`` still import from

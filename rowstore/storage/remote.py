@@ -66,8 +66,9 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 class RemoteStore:
-    """The stored bytes of a dataset's shard objects, by ranged requests (the
-    :class:`~rowstore.storage.local.LocalStore` interface, ``load_chunks`` only).
+    """The stored bytes of a dataset's shard objects, by ranged requests: a
+    :class:`~rowstore.storage.base.ChunkStore` (whole chunks only, no
+    :class:`~rowstore.storage.base.DirectReads`).
 
     Parameters
     ----------
@@ -306,14 +307,6 @@ class RemoteStore:
     ) -> Iterable[Any]:
         """``segments``, their chunks fetched ahead in that order (see :func:`scheduled`)."""
         return scheduled(self, segments, plan_segments, keys_of)
-
-    def read_rows(self, *args: Any, **kw: Any) -> None:  # pragma: no cover - direct is False
-        raise NotImplementedError("a remote store reads whole chunks only (direct is False)")
-
-    read_rows_into = read_payloads = read_pages = read_rows
-
-    def memcpyed_starts(self, *args: Any, **kw: Any) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError("a remote store reads whole chunks only (direct is False)")
 
 
 def _merge(keys: list[Key], limit: int) -> list[tuple[tuple[int, int, int], list[int]]]:

@@ -22,7 +22,7 @@ import pytest
 import rowstore
 from rowstore import Field, Schema, kernels, storage
 from rowstore.errors import FormatError, MissingObjectError, ObjectChangedError
-from rowstore.storage.base import ChunkStore, Destination
+from rowstore.storage.base import ChunkStore, Destination, DirectReads
 
 SCHEMA = Schema([Field("x", "float32", (3,)), Field("label", "int64"), Field("text", "str")])
 ROWS = 900
@@ -187,6 +187,7 @@ class ChunkStoreTests:
     def test_is_a_chunk_store(self, served):
         store = self.store_of(served[0])
         assert isinstance(store, ChunkStore) and isinstance(store.direct, bool)
+        assert isinstance(store, DirectReads) == store.direct  # the flag names the interface
         assert store.max_open >= 1 and isinstance(store.path, str)
 
     def test_load_chunks_gives_the_stored_blocks(self, served):

@@ -2,7 +2,7 @@
 
 :class:`Decode` is one decoder and an optional target field; before it decodes a payload it
 bounds what the payload's header declares (an npz member of gigabytes, a PNG of gigapixels is
-refused before anything is allocated). :mod:`rowstore.arrow` (the ``decode=`` option) and the
+refused before anything is allocated). :mod:`rowstore.arrow` (the ``payloads=`` option) and the
 Petastorm Unischema reader (:mod:`rowstore._unischema`, its codecs) share them. Only numpy, and
 imagecodecs for images, are needed.
 """

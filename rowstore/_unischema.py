@@ -305,12 +305,13 @@ def load_unischema(data: bytes, where: str = "<bytes>") -> list[PetastormField]:
 class Unischema:
     """A Petastorm dataset's fields and what :func:`rowstore.from_parquet` needs to convert it:
     ``partial`` (rowstore fields, in the Unischema's order; None where the Parquet column's
-    Arrow type decides, which :mod:`rowstore.arrow` fills in), ``decode`` (binary columns and
-    how to decode them) and ``columns`` (the Parquet columns, in that order)."""
+    Arrow type decides, which :mod:`rowstore.arrow` fills in), ``payloads`` (binary columns and
+    how to decode them, as ``from_parquet``'s ``payloads=`` takes them) and ``columns`` (the
+    Parquet columns, in that order)."""
 
     fields: tuple[PetastormField, ...]
     partial: tuple  # per field its rowstore Field, or None where the Parquet column's type decides
-    decode: dict
+    payloads: dict
     columns: list
 
     def select(self, columns: Any = None) -> Unischema:
@@ -358,13 +359,13 @@ def rowstore_field(pf: PetastormField, name: str) -> tuple[Field | None, Decode 
 
 def unischema(fields: list[PetastormField]) -> Unischema:
     taken: set[str] = set()
-    rs_fields, decode = [], {}
+    rs_fields, payloads = [], {}
     for pf in fields:
         f, d = rowstore_field(pf, field_name(pf.name, taken))
         rs_fields.append(f)
         if d is not None:
-            decode[pf.name] = d
-    return Unischema(tuple(fields), tuple(rs_fields), decode, [pf.name for pf in fields])
+            payloads[pf.name] = d
+    return Unischema(tuple(fields), tuple(rs_fields), payloads, [pf.name for pf in fields])
 
 
 def read_unischema(path: str | os.PathLike, *, required: bool = True) -> Unischema | None:

@@ -13,7 +13,7 @@ Arrow type                                     rowstore field
 =============================================  ====================================================
 bool, int8..uint64, float16/32/64              scalar of that dtype
 string, large_string, string_view              ``str``
-binary, large_binary, fixed_size_binary        ``bytes`` (or a typed field, ``decode=``)
+binary, large_binary, fixed_size_binary        ``bytes`` (or a typed field, ``payloads=``)
 date32 / date64                                ``datetime64[D]`` / ``datetime64[ms]``
 timestamp[unit, tz]                            ``datetime64[unit]`` (UTC for a tz; the tz is in
                                                the attributes under ``"arrow"``)
@@ -27,7 +27,7 @@ A field is nullable when its column holds nulls (a :class:`pyarrow.Table`: its n
 Parquet: the row groups' statistics) or, for streams that cannot be looked at ahead, when the
 Arrow field is nullable. A null *inside* a list is an error naming the column and row.
 
-``decode={column: how}`` turns binary columns into typed fields: ``how`` is ``"npy"`` (bytes
+``payloads={column: how}`` turns binary columns into typed fields: ``how`` is ``"npy"`` (bytes
 of ``numpy.save``), ``"npz"`` (``numpy.savez``: its only array), ``"png"`` or ``"jpeg"``, or a
 :class:`~rowstore.Field` giving the dtype, shape and codec to store with (the name is the
 column's). With a name only, the dtype and the shape come from the headers of the first
@@ -83,8 +83,8 @@ def local_path(url: str | os.PathLike) -> str:
     return os.fsdecode(_local_path(url))
 
 
-# -- the decode option -----------------------------------------------------------------------
-def _as_decode(col: str, spec: Any) -> Decode:
+# -- the payloads option ---------------------------------------------------------------------
+def _as_payload(col: str, spec: Any) -> Decode:
     if isinstance(spec, Decode):
         return spec
     if isinstance(spec, Field):
@@ -93,8 +93,15 @@ def _as_decode(col: str, spec: Any) -> Decode:
     if isinstance(spec, str) and spec in DECODERS:
         return Decode(spec)
     raise ValueError(
-        f"decode[{col!r}] must be one of {sorted(DECODERS)} or a rowstore.Field, got {spec!r}"
+        f"payloads[{col!r}] must be one of {sorted(DECODERS)} or a rowstore.Field, got {spec!r}"
     )
+
+
+def _refuse_decode(writer_kwargs: Mapping[str, Any]) -> None:
+    """``decode=`` is the reader's image ops everywhere; here it would reach the writer as an
+    unknown keyword, so it is refused by name, before anything is read."""
+    if "decode" in writer_kwargs:
+        raise TypeError("decode= is the reader's image ops; for binary columns write payloads=")
 
 
 # -- types
@@ -183,25 +190,25 @@ def arrow_field(af: pa.Field, *, name: str | None = None, nullable: bool | None 
 
 @dataclass
 class _Column:
-    """One source column: its name, field, decoder and the Arrow field."""
+    """One source column: its name, field, the Arrow field and its payloads' decoder."""
 
     source: str
     field: Field
     arrow: pa.Field
-    decode: Decode | None = None
+    payload: Decode | None = None
 
 
 def _plan(
     arrow_schema: pa.Schema,
-    decode: Mapping[str, Any] | None,
+    payloads: Mapping[str, Any] | None,
     has_nulls: Callable[[str], bool | None],
     first: pa.RecordBatch | None,
 ) -> list[_Column]:
-    decode = dict(decode or {})
-    unknown = [c for c in decode if c not in arrow_schema.names]
+    payloads = dict(payloads or {})
+    unknown = [c for c in payloads if c not in arrow_schema.names]
     if unknown:
         raise SchemaError(
-            f"decode names column(s) {unknown} that are not in the data ({arrow_schema.names})",
+            f"payloads names column(s) {unknown} that are not in the data ({arrow_schema.names})",
             field=unknown[0],
         )
     taken: set[str] = set()
@@ -210,11 +217,11 @@ def _plan(
         fname = field_name(af.name, taken)
         known = has_nulls(af.name)
         nullable = af.nullable if known is None else (known and af.nullable) or known
-        if af.name in decode:
-            d = _as_decode(af.name, decode[af.name])
+        if af.name in payloads:
+            d = _as_payload(af.name, payloads[af.name])
             if _leaf(af.type, af.name)[0] != BYTES:
                 raise SchemaError(
-                    f"decode[{af.name!r}]: the column is {af.type}, not binary", field=af.name
+                    f"payloads[{af.name!r}]: the column is {af.type}, not binary", field=af.name
                 )
             if d.field is not None:
                 f = d.field
@@ -239,9 +246,8 @@ def _infer_decoded(
     values = [] if first is None else [v for v in first.column(col).to_pylist() if v is not None]
     if not values:
         raise SchemaError(
-            f"decode[{col!r}]: no value in the first batch to learn the dtype and shape from; pass "
-            f"a "
-            "rowstore.Field (decode={col: Field(...)})",
+            f"payloads[{col!r}]: no value in the first batch to learn the dtype and shape from; "
+            "pass a rowstore.Field (payloads={col: Field(...)})",
             field=col,
         )
     arrays = [_kind(d, v, col, i) for i, v in enumerate(values)]
@@ -250,8 +256,8 @@ def _infer_decoded(
     for a in arrays[1:]:
         if a.dtype != a0.dtype or a.ndim != a0.ndim:
             raise SchemaError(
-                f"decode[{col!r}]: values of {a0.dtype} {a0.shape} and {a.dtype} {a.shape} in one "
-                "column; pass a rowstore.Field",
+                f"payloads[{col!r}]: values of {a0.dtype} {a0.shape} and {a.dtype} {a.shape} in "
+                "one column; pass a rowstore.Field",
                 field=col,
             )
         shape = [s if s == t else None for s, t in zip(shape, a.shape)]
@@ -304,7 +310,7 @@ def _kind(d: Decode, v: bytes, col: str, row: int) -> Any:
 def as_is(c: _Column) -> bool:
     """Whether column ``c``'s cells are stored as they are: PNG/JPEG cells going to a field of
     that codec (the writer checks their headers)."""
-    d = c.decode
+    d = c.payload
     return d is not None and d.how in ("png", "jpeg") and c.field.codec.get("id") == d.how
 
 
@@ -448,10 +454,10 @@ def column_values(c: _Column, arr: pa.Array | pa.ChunkedArray, first_row: int) -
         arr = arr.dictionary_decode()
     if as_is(c):
         return binary_cells(arr)
-    if c.decode is not None:
+    if c.payload is not None:
         out: list = []
         for i, v in enumerate(arr.to_pylist()):
-            out.append(None if v is None else _decoded(c.decode, v, c.source, first_row + i))
+            out.append(None if v is None else _decoded(c.payload, v, c.source, first_row + i))
         return out
     f = c.field
     if f.dtype in (STR, BYTES):
@@ -536,16 +542,16 @@ def _source(data: Any, batch_rows: int) -> _Source:
 
 
 def _columns(
-    src: _Source, schema: Schema | None, decode: Mapping[str, Any] | None
+    src: _Source, schema: Schema | None, payloads: Mapping[str, Any] | None
 ) -> list[_Column]:
     """The plan of every column: inferred, or the fields of ``schema`` (matched by field name;
     a binary column for a numeric field is decoded as its codec says: png, jpeg, else npy)."""
     first = None
-    needs_first = any(not isinstance(v, (Field, Decode)) for v in (decode or {}).values())
+    needs_first = any(not isinstance(v, (Field, Decode)) for v in (payloads or {}).values())
     if needs_first:
         first, src.batches = _peek(src.batches)
     cols = (
-        _plan(src.schema, decode if schema is None else None, src.has_nulls, first)
+        _plan(src.schema, payloads if schema is None else None, src.has_nulls, first)
         if schema is None
         else None
     )
@@ -562,16 +568,16 @@ def _columns(
             "names)"
         )
     out = []
-    decode = dict(decode or {})
+    payloads = dict(payloads or {})
     for f in schema:
         af = names[f.name]
         kind = _leaf(af.type, af.name)[0]
-        d = decode.get(af.name)
+        d = payloads.get(af.name)
         if d is not None:
-            d = _as_decode(af.name, d)
+            d = _as_payload(af.name, d)
             d = Decode(d.how, f)
         elif kind == BYTES and f.dtype != BYTES:
-            d = _as_decode(af.name, f)
+            d = _as_payload(af.name, f)
         elif kind != f.dtype and (kind in (STR, BYTES) or f.dtype in (STR, BYTES)):
             raise SchemaError(
                 f"column {af.name!r} is {af.type}, but field {f.name!r} is {f.dtype}", field=f.name
@@ -618,7 +624,7 @@ def _attrs(
     }
     if tz:
         meta["timezones"] = tz
-    dec = {c.field.name: c.decode.how for c in cols if c.decode is not None}
+    dec = {c.field.name: c.payload.how for c in cols if c.payload is not None}
     if dec:
         meta["decoded"] = dec
     meta.update(extra or {})
@@ -655,13 +661,13 @@ def _write(
     return schema
 
 
-def infer_schema(data: Any, *, decode: Mapping[str, Any] | None = None) -> Schema:
+def infer_schema(data: Any, *, payloads: Mapping[str, Any] | None = None) -> Schema:
     """The schema :func:`from_arrow` would write ``data`` (a Table, RecordBatch or
     ``pyarrow.Schema``) with."""
     if isinstance(data, pa.Schema):
-        return Schema([c.field for c in _plan(data, decode, lambda c: None, None)])
+        return Schema([c.field for c in _plan(data, payloads, lambda c: None, None)])
     src = _source(data, DEFAULT_BATCH_ROWS)
-    return Schema([c.field for c in _columns(src, None, decode)])
+    return Schema([c.field for c in _columns(src, None, payloads)])
 
 
 def from_arrow(
@@ -669,7 +675,7 @@ def from_arrow(
     path: str | os.PathLike,
     *,
     schema: Schema | None = None,
-    decode: Mapping[str, Any] | None = None,
+    payloads: Mapping[str, Any] | None = None,
     dataset: bool = False,
     attrs: Mapping[str, Any] | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
@@ -689,9 +695,10 @@ def from_arrow(
         The fields to store (names as :func:`infer_schema` gives them, i.e. sanitized column
         names); binary columns of numeric fields are decoded as the field's codec says
         (``png``, ``jpeg``, else ``npy``). Default: inferred (see the module's table).
-    decode : dict, optional
-        ``{column: "npy" | "npz" | "png" | "jpeg" | Field}``: binary columns decoded into typed
-        fields (see the module's notes).
+    payloads : dict, optional
+        ``{column: "npy" | "npz" | "png" | "jpeg" | Field}``: binary columns whose payloads
+        become typed fields (see the module's notes). Not ``decode=``: that is the reader's
+        image ops, and is refused here.
     dataset : bool
         Write a dataset directory (:class:`~rowstore.DatasetWriter`, ``shard_bytes=``...).
     attrs : dict, optional
@@ -711,13 +718,16 @@ def from_arrow(
     Raises
     ------
     SchemaError
-        A type that cannot be stored, or ``schema``/``decode`` naming columns the data lacks.
+        A type that cannot be stored, or ``schema``/``payloads`` naming columns the data lacks.
+    TypeError
+        ``decode=`` (the reader's word for image ops; binary columns are ``payloads=``).
     RowValidationError
         A value that does not fit (a null in a non-nullable field, a null inside a list,
         sub-lists of different lengths, a payload that does not decode), naming column and row.
     """
+    _refuse_decode(writer_kwargs)
     src = _source(data, batch_rows)
-    return _write(path, src, _columns(src, schema, decode), dataset, attrs, None, writer_kwargs)
+    return _write(path, src, _columns(src, schema, payloads), dataset, attrs, None, writer_kwargs)
 
 
 class _Converting(Exception):
@@ -969,7 +979,7 @@ def from_parquet(
     *,
     columns: Sequence[str] | None = None,
     schema: Schema | None = None,
-    decode: Mapping[str, Any] | None = None,
+    payloads: Mapping[str, Any] | None = None,
     petastorm: bool | str = "auto",
     dataset: bool = False,
     attrs: Mapping[str, Any] | None = None,
@@ -983,7 +993,7 @@ def from_parquet(
     row group at a time, converted in record batches of ``batch_rows`` rows, so memory stays
     bounded by a row group (Spark writes them of about 128 MB; Petastorm of ``row_group_size_mb``).
     ``columns`` picks
-    and orders columns; ``schema``, ``decode``, ``dataset``, ``attrs`` and ``writer_kwargs`` are
+    and orders columns; ``schema``, ``payloads``, ``dataset``, ``attrs`` and ``writer_kwargs`` are
     as for :func:`from_arrow`; nullability comes from the row groups' null counts.
 
     ``petastorm``: ``"auto"`` (default) reads a Petastorm dataset (a ``_common_metadata`` file
@@ -997,6 +1007,7 @@ def from_parquet(
     it. A corrupt or truncated Parquet file is a :class:`~rowstore.FormatError` naming it; an
     I/O failure an ``OSError`` with its errno.
     """
+    _refuse_decode(writer_kwargs)
     root = local_path(source)
     extra: dict[str, Any] | None = None
     if petastorm not in (True, False, "auto"):
@@ -1007,14 +1018,13 @@ def from_parquet(
             os.close(open_input(meta, what="Petastorm metadata file")[0])
         uni = read_unischema(root, required=petastorm is True)
         if uni is not None:
-            if schema is not None or decode is not None:
+            if schema is not None or payloads is not None:
                 raise ValueError(
                     "a Petastorm dataset brings its own schema and codecs: pass petastorm=False to "
-                    "give "
-                    "schema= or decode="
+                    "give schema= or payloads="
                 )
             uni = uni.select(columns)
-            decode, columns = uni.decode, uni.columns
+            payloads, columns = uni.payloads, uni.columns
             extra = {"petastorm": uni.describe()}
     if (
         not isinstance(max_row_group_bytes, int)
@@ -1039,4 +1049,4 @@ def from_parquet(
         _parquet_batches(files, list(ref.names), ref, batch_rows, max_row_group_bytes),
         _parquet_nulls(files, ref),
     )
-    return _write(path, src, _columns(src, schema, decode), dataset, attrs, extra, writer_kwargs)
+    return _write(path, src, _columns(src, schema, payloads), dataset, attrs, extra, writer_kwargs)

@@ -1,4 +1,4 @@
-"""rowstore.arrow: from_arrow / from_parquet round trips, streaming memory, the decode option,
+"""rowstore.arrow: from_arrow / from_parquet round trips, streaming memory, the payloads option,
 errors."""
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _npy(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def test_decode_binary_columns(tmp_path, rs):
+def test_payloads_of_binary_columns(tmp_path, rs):
     imagecodecs = pytest.importorskip("imagecodecs")
     rng = np.random.default_rng(1)
     arrays = [
@@ -233,7 +233,7 @@ def test_decode_binary_columns(tmp_path, rs):
     )
     target = Field("img2", "uint8", (None, None, 3), codec="png")
     schema = from_arrow(
-        t, str(tmp_path / "d.h5"), decode={"arr": "npy", "img": "png", "img2": target}
+        t, str(tmp_path / "d.h5"), payloads={"arr": "npy", "img": "png", "img2": target}
     )
     assert schema["arr"] == Field(
         "arr", "float32", (2, None)
@@ -259,7 +259,7 @@ def test_decode_binary_columns(tmp_path, rs):
     with pytest.raises(
         RowValidationError, match=r"column 'arr', row 1: the npy payload does not decode"
     ):
-        from_arrow(bad, str(tmp_path / "f.h5"), decode={"arr": "npy"})
+        from_arrow(bad, str(tmp_path / "f.h5"), payloads={"arr": "npy"})
     # a hostile header declaring a terabyte is refused before anything is allocated
     h = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -269,14 +269,16 @@ def test_decode_binary_columns(tmp_path, rs):
     with pytest.raises(
         RowValidationError, match=r"row 1: the npy payload does not decode: the npy header declares"
     ):
-        from_arrow(huge, str(tmp_path / "g.h5"), decode={"arr": Field("arr", "float32", (2, None))})
+        from_arrow(
+            huge, str(tmp_path / "g.h5"), payloads={"arr": Field("arr", "float32", (2, None))}
+        )
     pickled = io.BytesIO()
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(RowValidationError, match="pickles are never loaded"):
         from_arrow(
             pa.table({"arr": [pickled.getvalue()]}),
             str(tmp_path / "h.h5"),
-            decode={"arr": Field("arr", "float32", (None,))},
+            payloads={"arr": Field("arr", "float32", (None,))},
         )
 
 
@@ -319,16 +321,35 @@ def test_bad_input_names_column_and_row(tmp_path):
         from_arrow(pa.table({"s": pa.array([{"a": 1}])}), p)
     with pytest.raises(SchemaError, match=r"column 'ls'.*only lists of numbers"):
         from_arrow(pa.table({"ls": pa.array([["a"]])}), p)
-    with pytest.raises(SchemaError, match=r"decode\['x'\]: the column is int64, not binary"):
-        from_arrow(pa.table({"x": [1]}), p, decode={"x": "npy"})
-    with pytest.raises(SchemaError, match=r"decode names column\(s\) \['nope'\]"):
-        from_arrow(pa.table({"x": [1]}), p, decode={"nope": "npy"})
+    with pytest.raises(SchemaError, match=r"payloads\['x'\]: the column is int64, not binary"):
+        from_arrow(pa.table({"x": [1]}), p, payloads={"x": "npy"})
+    with pytest.raises(SchemaError, match=r"payloads names column\(s\) \['nope'\]"):
+        from_arrow(pa.table({"x": [1]}), p, payloads={"nope": "npy"})
+    with pytest.raises(ValueError, match=r"payloads\['x'\] must be one of"):
+        from_arrow(pa.table({"x": [b"1"]}), p, payloads={"x": "gif"})
     with pytest.raises(SchemaError, match="differ from the data's columns"):
         from_arrow(pa.table({"x": [1]}), p, schema=Schema([Field("y", "int64")]))
     with pytest.raises(TypeError, match="from_arrow takes a pyarrow Table"):
         from_arrow({"x": [1]}, p)
     with pytest.raises(ValueError, match="only local paths and file:// URLs"):
         from_parquet("s3://bucket/x", p)
+
+
+def test_decode_is_the_readers_word(tmp_path):
+    """Binary columns become typed fields by ``payloads=``; ``decode=`` (the reader's image ops)
+    is refused by name, before anything is read or written."""
+    p = str(tmp_path / "x.h5")
+    msg = r"decode= is the reader's image ops; for binary columns write payloads="
+    t = pa.table({"x": [_npy(np.arange(3.0))]})
+    with pytest.raises(TypeError, match=msg):
+        from_arrow(t, p, decode={"x": "npy"})
+    pq.write_table(t, tmp_path / "t.parquet")
+    with pytest.raises(TypeError, match=msg):
+        from_parquet(str(tmp_path / "t.parquet"), p, decode={"x": "npy"})
+    with pytest.raises(TypeError, match="decode"):
+        infer_schema(t, decode={"x": "npy"})
+    assert not os.path.exists(p)
+    assert infer_schema(t, payloads={"x": "npy"})["x"] == Field("x", "float64", (3,))
 
 
 def test_write_shards_rolls_over_and_cleans_up(tmp_path):
@@ -445,7 +466,7 @@ def test_a_cell_header_declaring_more_than_the_field_is_refused_unallocated(tmp_
     pq.write_table(pa.table({"c": [good, bad]}), tmp_path / "cells.parquet")
     err, peak = peak_allocations(
         lambda: from_parquet(
-            str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"), decode={"c": field}
+            str(tmp_path / "cells.parquet"), str(tmp_path / "c.h5"), payloads={"c": field}
         )
     )
     assert isinstance(err, RowValidationError), err
@@ -549,7 +570,7 @@ def test_a_fixed_size_list_too_large_for_a_row_is_a_schema_error(tmp_path):
             call()
         assert e.value.field == "x"
     given = Schema([Field("x", "int8", (2**31 - 1,), nullable=True)])  # a row of 2**31 bytes
-    with pytest.raises(SchemaError, match="field 'x'.*MAX_CHUNK_BYTES") as e:
+    with pytest.raises(SchemaError, match="field 'x'.*numpy limits a row") as e:
         from_arrow(empty, str(tmp_path / "c.h5"), schema=given)
     assert e.value.field == "x"
     assert sorted(os.listdir(tmp_path)) == ["big.parquet"]
@@ -597,7 +618,7 @@ _PEAK_RSS = """
 import json, resource, sys
 from rowstore.arrow import from_parquet
 try:
-    from_parquet(sys.argv[1], sys.argv[2], decode={"c": "npz"}, batch_rows=1)
+    from_parquet(sys.argv[1], sys.argv[2], payloads={"c": "npz"}, batch_rows=1)
     err = None
 except Exception as exc:
     err = [type(exc).__name__, getattr(exc, "field", None), getattr(exc, "row", None), str(exc)]

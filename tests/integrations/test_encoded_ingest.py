@@ -50,12 +50,12 @@ def test_from_arrow_stores_cells_as_they_are(tmp_path):
     jpg = Field("jpg", "uint8", (None, None, 3), codec="jpeg")
     out = tmp_path / "a.h5"
     # "png" by name: dtype and shape from the first batch's headers (dims that vary: None)
-    schema = rowstore.from_arrow(t, out, decode={"img": "png", "big": var, "jpg": jpg})
+    schema = rowstore.from_arrow(t, out, payloads={"img": "png", "big": var, "jpg": jpg})
     assert schema["img"].shape == (None, None, 3) and schema["img"].codec["id"] == "png"
     with pytest.raises(RowValidationError, match=r"row 2: field 'img'.*\(5, 9, 3\)"):
         # a first batch of 2 rows tells (8, 6, 3)
-        rowstore.from_arrow(t, tmp_path / "b.h5", decode={"img": "png"}, batch_rows=2)
-    schema = rowstore.from_arrow(t, out, decode={"img": var, "big": var, "jpg": jpg})
+        rowstore.from_arrow(t, tmp_path / "b.h5", payloads={"img": "png"}, batch_rows=2)
+    schema = rowstore.from_arrow(t, out, payloads={"img": var, "big": var, "jpg": jpg})
     _check(out, "img", PNGS, ic.png_decode)
     _check(out, "big", PNGS, ic.png_decode)
     _check(out, "jpg", JPGS, ic.jpeg8_decode)

@@ -448,7 +448,7 @@ def test_parquet_with_png_bytes_as_written(tmp_path):
         str(spark_output / "part-0.parquet"),
     )
     out = str(tmp_path / "out")
-    rowstore.from_parquet(str(spark_output), out, dataset=True, decode={"png_bytes": "png"})
+    rowstore.from_parquet(str(spark_output), out, dataset=True, payloads={"png_bytes": "png"})
     with rowstore.make_reader(out, shuffle=False) as reader:
         rows = list(reader)
     assert [r.id for r in rows] == list(range(5))

@@ -1,17 +1,17 @@
-"""Block mode, gather bandwidth and shuffle quality, before and after in one run.
+"""Block mode, gather bandwidth and shuffle quality: block (whole blocks and pieces) and full
+shuffle against memcpy, in the same process.
 
-    python bench/block_bench.py [--before /path/to/previous/checkout] [--reps 5] [--rounds 2]
-                                [--out bench/results/block_bench.json] [--cache-dir DIR]
+    python bench/block_bench.py [--reps 5] [--rounds 2] [--out bench/results/block_bench.json]
+                                [--cache-dir DIR]
 
-Each (code tree, workload) runs in a fresh process: the demo file is opened, every configuration
+Each workload runs in a fresh process per round: the demo file is opened, every configuration
 reads one warm-up epoch, then ``--reps`` epochs each, configurations interleaved, every batch
 touched (``rowstore.bench.measure.touch_batch``); the process also times ``np.copyto`` of the
-epoch's bytes between two prefaulted buffers (``memcpy``) in the same rounds. ``--rounds`` runs
-of the before and after processes alternate, so both see the same machine. Reported: medians of
-wall time and of process CPU time (user + system; steadier than wall time on a loaded machine),
-and each configuration's GB/s as a fraction of that process's memcpy. The shuffle quality of
-each configuration is :meth:`rowstore.reader.Reader.shuffle_quality` of its epoch order. The
-``before`` tree runs only configurations it supports (``pieces`` is new).
+epoch's bytes between two prefaulted buffers (``memcpy``) in the same rounds. Reported: medians
+of wall time and of process CPU time (user + system; steadier than wall time on a loaded
+machine), and each configuration's GB/s as a fraction of that process's memcpy. The shuffle
+quality of each configuration is :meth:`rowstore.reader.Reader.shuffle_quality` of its epoch
+order. To compare two checkouts, use ``bench/ab.py``.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def child(spec: dict[str, Any]) -> None:
 
 def markdown(doc: dict[str, Any]) -> str:
     """Tables of a run: per workload and batch, each configuration's medians over the rounds
-    (rows/s, % of the same process's memcpy, rows per CPU second, quality), before and after."""
+    (rows/s, % of the same process's memcpy, rows per CPU second, quality)."""
     from collections import defaultdict
 
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -146,9 +146,7 @@ def markdown(doc: dict[str, Any]) -> str:
             "| config | tree | rows/s | % memcpy | rows per CPU s | quality |",
             "|---|---|---:|---:|---:|---:|",
         ]
-        for (w2, b2, sh, win, k, tree), rs in sorted(
-            groups.items(), key=lambda t: (t[0][5] != "before", t[0][2:5])
-        ):
+        for (w2, b2, sh, win, k, tree), rs in sorted(groups.items(), key=lambda t: t[0][2:5]):
             if (w2, b2) != (w, b) or sh == "memcpy":
                 continue
             cfg = "full" if sh == "full" else f"block W={win}" + (f" pieces={k}" if k > 1 else "")
@@ -163,9 +161,6 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--before", default=None, help="a checkout of the code to compare with (its built kernels)"
-    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
@@ -194,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     from rowstore.bench.cli import ensure_demo
     from rowstore.bench.measure import machine_info
 
-    trees = ([("before", os.path.abspath(args.before))] if args.before else []) + [("after", ROOT)]
+    trees = [("current", ROOT)]
     doc: dict[str, Any] = {
         "tool": "bench/block_bench.py",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

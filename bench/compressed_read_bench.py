@@ -1,14 +1,13 @@
-"""Compressed against uncompressed epochs, per core, before and after in one run.
+"""Compressed against uncompressed epochs, per core, in the same process.
 
-    python bench/compressed_read_bench.py [--before /path/to/previous/checkout] [--reps 5]
-                                          [--rounds 2] [--out bench/results/compressed_read.json]
+    python bench/compressed_read_bench.py [--reps 5] [--rounds 2]
+                                          [--out bench/results/compressed_read.json]
 
 Demo patch (6,000 rows) and speech (3,000 rows) files, each written uncompressed, Blosc2 LZ4
-and Blosc2 Zstd (clevel 5, byte shuffle) by the code tree that reads them (so ``before`` reads
-files its writer made). Each (code tree, workload) runs in a fresh process with one reader
-thread: an untimed epoch per file, then ``--reps`` block-order epochs per file, the files
-interleaved, every batch touched; timed by process CPU time (user + system: steadier than wall
-time on a shared machine). ``--rounds`` runs of the before and after processes alternate.
+and Blosc2 Zstd (clevel 5, byte shuffle). Each workload runs in a fresh process per round with
+one reader thread: an untimed epoch per file, then ``--reps`` block-order epochs per file, the
+files interleaved, every batch touched; timed by process CPU time (user + system: steadier
+than wall time on a shared machine).
 Reported per file: stored/raw bytes, heap chunks loaded per epoch (the kernel's decompressions)
 and the median epoch CPU time, and the speed ratio against the same process's uncompressed
 file (``none`` CPU / file CPU; medians over rounds). Where the floor is: after each epoch of a
@@ -146,7 +145,6 @@ def child(spec: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", default=None, help="a checkout of the code to compare with")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    trees = ([("before", os.path.abspath(args.before))] if args.before else []) + [("after", ROOT)]
+    trees = [("current", ROOT)]
     doc: dict[str, Any] = {
         "tool": "bench/compressed_read_bench.py",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -1,7 +1,7 @@
-"""The tf.data path against the core reader, before and after a change, in one run.
+"""The tf.data path against the core reader and tf.data's own floor, in one run.
 
     python bench/tf_path_bench.py [--rows 1000000] [--batch 256 1024] [--repeats 3]
-        [--before /path/to/other/rowstore/tf.py] [--out bench/results/tf_path_bench.json]
+        [--out bench/results/tf_path_bench.json]
 
 On the ``tiny`` demo (float32[16] + int64 label, 72-byte rows), one block-shuffled epoch of:
 
@@ -9,8 +9,6 @@ On the ``tiny`` demo (float32[16] + int64 label, 72-byte rows), one block-shuffl
 * ``rowstore.tf``: a fresh ``rowstore.tf.make_dataset(reader, batch_size=batch, epoch=e)``,
   consumed eagerly (``for b in ds``, as a custom training loop does) and in the graph
   (``Dataset.reduce``, as ``Model.fit`` does);
-* ``before``: the same with the ``rowstore/tf.py`` given by ``--before`` (e.g. main's), loaded
-  as a module of its own beside this checkout's (the reader underneath is this checkout's);
 * ``tf.data floor``: ``Dataset.from_tensors(batch).repeat(n)`` of the same batches, eager and in
   the graph: what tf.data costs per element with no input work at all (a bound for any
   tf.data pipeline handing out batches of that size).
@@ -24,7 +22,6 @@ what a path costs, less sensitive than wall time to other jobs on a shared machi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -53,16 +50,6 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def load_tf_module(path: str) -> Any:
-    """``rowstore/tf.py`` of another checkout as a module of its own (``rowstore_tf_before``)."""
-    spec = importlib.util.spec_from_file_location("rowstore_tf_before", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _eager(ds: tf.data.Dataset) -> int:
     n = 0
     for b in ds:
@@ -78,7 +65,7 @@ def _graph(ds: tf.data.Dataset) -> int:
     )
 
 
-def configs(r: Any, batch: int, before: Any) -> dict[str, Any]:
+def configs(r: Any, batch: int) -> dict[str, Any]:
     """name -> run(epoch) returning the rows read."""
 
     def core(e: int) -> int:
@@ -99,8 +86,6 @@ def configs(r: Any, batch: int, before: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"core": core}
     for label, consume in (("eager", _eager), ("graph", _graph)):
         out[f"rowstore.tf {label}"] = tf_run(rtf, consume)
-        if before is not None:
-            out[f"before {label}"] = tf_run(before, consume)
         out[f"tf.data floor {label}"] = lambda e, c=consume: c(
             tf.data.Dataset.from_tensors(const).repeat(steps)
         )
@@ -112,14 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument(
-        "--before", metavar="TF_PY", help="another rowstore/tf.py to measure in the same run"
-    )
     p.add_argument("--cache-dir", default=default_cache_dir())
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "tf_path_bench.json"))
     args = p.parse_args(argv)
 
-    before = load_tf_module(args.before) if args.before else None
     path = ensure_demo("tiny", args.rows, args.cache_dir, log=_log)
     warm_cache([path])
     r = rowstore.open(path)
@@ -131,12 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": len(r),
         "row_bytes": r.layout.row_dtype.itemsize,
         "repeats": args.repeats,
-        "before": args.before,
         "batches": {},
     }
     t0 = time.perf_counter()
     for batch in args.batch:
-        runs = configs(r, batch, before)
+        runs = configs(r, batch)
         rates: dict[str, list[float]] = {name: [] for name in runs}
         cpu_rates: dict[str, list[float]] = {name: [] for name in runs}
         for fn in runs.values():  # warm-up epoch

@@ -13,7 +13,7 @@ from rowstore.cli._common import _add_outside_links, _positive, _seconds
 from rowstore.errors import FormatError
 from rowstore.format import manifest
 from rowstore.global_shuffle._work import PREFIX, sweep
-from rowstore.storage.local import remove_stale, temporaries
+from rowstore.storage.atomic import remove_stale, temporaries
 from rowstore.writer.gc import gc, restore_pointer
 
 

@@ -2,7 +2,7 @@
 another's, in the same run, as ratios that hold while a shared machine's speed drifts.
 
     python bench/ab.py --baseline DIR [--pairs 15] [--epochs 8] [--threads N] [--batch 256]
-        [--workloads tiny patch image speech] [--compression none lz4]
+        [--workloads tiny patch image speech] [--compression none lz4] [--shuffle block full]
         [--kw JSON] [--baseline-kw JSON] [--scale F] [--cache-dir DIR] [--out FILE.json]
 
 ``DIR`` is another checkout with its kernels built in place (``git worktree add DIR REV && cd
@@ -10,13 +10,14 @@ DIR && python setup.py build_ext --inplace``). The demo workloads (``rowstore.de
 1 MiB blocks, uncompressed and LZ4) are written once by ``DIR``'s code into ``--cache-dir``, so
 both sides read the same bytes, which both can read. Each pair is two fresh processes back to
 back over the same file, one importing each checkout's ``rowstore``, which goes first
-alternating between pairs; each process reads one untimed epoch of ``Reader.batches`` (block
-shuffle, seed 1), then ``--epochs`` timed epochs, every field of every batch touched, and its
-figure is the median over those epochs of rows per CPU second (user + system of the process,
-steadier than wall time on a shared machine) and of wall rows/s. Reported per workload and
-compression: each side's median figure, and the median of the ``--pairs`` pair ratios (this
-checkout / baseline) with their quartiles: one configuration's rate drifts between processes
-more than a change to the read path usually moves it, so only the paired ratio separates them.
+alternating between pairs; each process reads one untimed epoch of ``Reader.batches``
+(``--shuffle``, block by default; seed 1), then ``--epochs`` timed epochs, every field of every
+batch touched, and its figure is the median over those epochs of rows per CPU second (user +
+system of the process, steadier than wall time on a shared machine) and of wall rows/s. Reported
+per workload and compression: each side's median figure, and the median of the ``--pairs`` pair
+ratios (this checkout / baseline) with their quartiles: one configuration's rate drifts between
+processes more than a change to the read path usually moves it, so only the paired ratio
+separates them.
 
 Both sides read the reader's default order unless ``--kw`` / ``--baseline-kw`` give order
 arguments as JSON (e.g. ``--baseline-kw '{"window": 16, "pieces": 1}'``: the default against 16
@@ -57,7 +58,8 @@ def _epoch(r, args: argparse.Namespace, kw: dict) -> tuple[float, float]:
     """One epoch: (wall rows/s, rows per CPU second)."""
     t0, c0 = time.perf_counter(), time.process_time()
     n = 0
-    for b in r.batches(args.batch, shuffle="block", seed=1, num_threads=args.threads, **kw):
+    shuffle = args.child_shuffle
+    for b in r.batches(args.batch, shuffle=shuffle, seed=1, num_threads=args.threads, **kw):
         n += _touch(b)
     return n / (time.perf_counter() - t0), n / max(1e-9, time.process_time() - c0)
 
@@ -134,18 +136,16 @@ def compare(args: argparse.Namespace) -> list[dict]:
     _run(base, args, ["--make"])
     sides = {"this": (ROOT, args.kw), "baseline": (base, args.baseline_kw)}
     out = []
-    for name, comp, path in _files(args):
+    for name, comp, path, shuffle in [(*f, sh) for f in _files(args) for sh in args.shuffle]:
         pairs = []
         for i in range(args.pairs):
             order = ["this", "baseline"] if i % 2 == 0 else ["baseline", "this"]
-            got = {
-                s: _run(sides[s][0], args, ["--child", path, "--child-kw", sides[s][1]])
-                for s in order
-            }
+            child = ["--child", path, "--child-shuffle", shuffle]
+            got = {s: _run(sides[s][0], args, [*child, "--child-kw", sides[s][1]]) for s in order}
             pairs.append(got)
         cpu = [p["this"]["rows_per_cpu_s"] / p["baseline"]["rows_per_cpu_s"] for p in pairs]
         wall = [p["this"]["rows_per_s"] / p["baseline"]["rows_per_s"] for p in pairs]
-        row = {"workload": name, "compression": comp, "pairs": len(pairs)}
+        row = {"workload": name, "compression": comp, "shuffle": shuffle, "pairs": len(pairs)}
         for s in sides:
             row[f"{s}_rows_per_cpu_s"] = statistics.median(p[s]["rows_per_cpu_s"] for p in pairs)
             row[f"{s}_rows_per_s"] = statistics.median(p[s]["rows_per_s"] for p in pairs)
@@ -157,7 +157,7 @@ def compare(args: argparse.Namespace) -> list[dict]:
         )
         out.append(row)
         print(
-            f"| {name} | {comp} | {row['baseline_rows_per_cpu_s']:,.0f} | "
+            f"| {name} | {comp} | {shuffle} | {row['baseline_rows_per_cpu_s']:,.0f} | "
             f"{row['this_rows_per_cpu_s']:,.0f} | {row['cpu_ratio']:.3f}x "
             f"({row['cpu_quartiles'][0]:.3f}-{row['cpu_quartiles'][1]:.3f}) | "
             f"{row['wall_ratio']:.3f}x |",
@@ -178,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--compression", nargs="+", choices=["none", "lz4", "zstd"])
     ap.add_argument("--scale", type=float, default=1.0, help="rows: this times the default")
+    ap.add_argument("--shuffle", nargs="+", choices=["block", "full", "none"], default=["block"])
     ap.add_argument("--kw", default="{}", help="this checkout's order arguments (JSON)")
     ap.add_argument("--baseline-kw", default="{}", help="the baseline's order arguments (JSON)")
     ap.add_argument("--cache-dir", default=os.path.join(ROOT, ".cache", "bench_ab"))
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-kw", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--child-shuffle", default="block", help=argparse.SUPPRESS)
     ap.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.compression = args.compression or ["none", "lz4"]
@@ -195,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--baseline is required")
     json.loads(args.kw), json.loads(args.baseline_kw)  # refuse bad JSON before the run
     os.makedirs(args.cache_dir, exist_ok=True)
-    head = ["workload", "compression", "baseline rows/CPU s", "this rows/CPU s", "ratio", "wall"]
-    print("| " + " | ".join(head) + " |")
-    print("|---|---|---:|---:|---:|---:|")
+    head = ["workload", "compression", "shuffle", "baseline rows/CPU s", "this rows/CPU s"]
+    print("| " + " | ".join([*head, "ratio", "wall"]) + " |")
+    print("|---|---|---|---:|---:|---:|---:|")
     results = compare(args)
     load = os.getloadavg()
     print(f"batch {args.batch}, {args.pairs} pairs of {args.epochs} epochs; load {load[0]:.1f}")

@@ -37,12 +37,12 @@ import logging
 import re
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rowstore._check import positive_int
+from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import StateError
 from rowstore.reader.image_ops import check_decode
 from rowstore.reader.order import MODES, check_args, check_shard, shuffle_mode
@@ -51,6 +51,7 @@ from rowstore.reader.plan import EpochPlan, default_unit, rank_steps_taken
 __all__ = [
     "EpochSpec",
     "EpochSource",
+    "EpochStream",
     "StreamState",
     "as_pair",
     "check_quality",
@@ -292,10 +293,12 @@ class EpochSpec:
         consumer: tuple[int, int] | None = None,
         taken: int = 0,
         row: int = 0,
+        hand_out: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The state (:meth:`StreamState.to_json`) of ``epoch`` with ``remaining`` global
         batches left (None: the epoch from its start); with ``consumer``, a DataLoader
-        worker's own progress in it."""
+        worker's own progress in it; with ``hand_out``, the epoch's hand-out
+        (:class:`EpochStream`)."""
         plan = self.plan(source, batch_size, remaining)
         return StreamState(
             STATE_KIND,
@@ -305,6 +308,7 @@ class EpochSpec:
             consumer=consumer,
             taken=taken,
             row=row,
+            hand_out=hand_out,
         ).to_json()
 
     def state_after(
@@ -390,6 +394,302 @@ def report_quality(
         )
     else:
         quality(epoch, q)
+
+
+class EpochStream:
+    """The resumable epoch stream: one consumer's (a rank's) run of epochs of a
+    :class:`EpochSource`, where it stands, and how its batches are handed out.
+
+    Every resumable loader is a thin converter over one (torch's ``BatchedDataLoader``,
+    ``IterableDataset`` and ``ResumableDataLoader``, ``rowstore.tf.Loader``, Grain's
+    ``EpochDataset``): the stream owns the epoch, the steps taken in it, the epoch's global
+    batches not yet delivered, ``num_epochs``, the shuffle-quality report and the state, in
+    torchdata's ``Stateful`` spirit (:meth:`state_dict` / :meth:`load_state_dict`, one
+    :class:`StreamState` as plain JSON).
+
+    **Hand-out.** Each epoch's global batches are dealt to ``world`` ranks
+    (``spec.shard``, :mod:`rowstore.reader.plan`), and a rank's part to ``lanes`` lanes:
+    lane ``l`` of rank ``r`` is consumer ``r * lanes + l`` of ``world * lanes``, and the
+    rank's batch sequence takes its lanes in turn (step ``i`` is lane ``i % lanes``'s step
+    ``i // lanes``). A loader reading in one process has one lane; torch's ``DataLoader``
+    with ``W`` workers has ``W``, one per worker (each reads its own units of the order, as
+    contiguous as one lane's), and takes the workers' batches in turn, which is that
+    sequence. The hand-out of the epoch in progress is part of the state, so any loader
+    (any number of workers) resumes it with the identical batch sequence; a loader on
+    another world size or ``unit`` deals the batches not yet delivered again (each row once).
+
+    Parameters
+    ----------
+    source : EpochSource
+        A :class:`~rowstore.reader.Reader` or a :class:`~rowstore.reader.mix.Mixture`.
+    batch_size : int
+    spec : EpochSpec
+        The order arguments (``shard`` is this rank's ``(rank, world)``); ``unit`` is resolved
+        here.
+    num_epochs : int or None
+        Epochs one :meth:`batches` run yields (the current one counts; None: endless).
+    quality : None, "log" or callable
+        Report each epoch's shuffle quality when a run starts it (:func:`report_quality`).
+
+    Attributes
+    ----------
+    epoch, steps : int
+        The epoch in progress and this rank's steps (batches) handed out in it; the loader
+        sets them as it hands batches out (:meth:`batches` yields them beside each batch).
+    """
+
+    def __init__(
+        self,
+        source: EpochSource,
+        batch_size: int,
+        spec: EpochSpec,
+        *,
+        num_epochs: int | None = 1,
+        quality: Any = None,
+    ):
+        self.source = source
+        self.batch_size = positive_int("batch_size", batch_size)
+        self.spec = spec.replace(unit=spec.unit_for(source, self.batch_size))
+        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
+        self.quality = check_quality(quality)
+        self.epoch = 0
+        self.steps = 0
+        # (epoch, its global batches not yet delivered when dealt, lanes): what a loaded state
+        # says of its epoch; the other epochs are whole, handed out in the reader's own lanes.
+        self._base: tuple[int, list | None, int | None] | None = None
+        self._pending = False  # a state was loaded and no run started since
+        self._reported: int | None = None
+
+    @property
+    def unit(self) -> int:
+        return int(self.spec.unit)  # type: ignore[arg-type]
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        return self.spec.shard
+
+    # -- where the stream stands -----------------------------------------------------------------
+    def base(self, epoch: int) -> list | None:
+        """``epoch``'s global batches not yet delivered when its hand-out began (None: all)."""
+        b = self._base
+        return b[1] if b is not None and b[0] == epoch else None
+
+    def lanes(self, epoch: int, own: int = 1) -> int:
+        """Lanes per rank of ``epoch``'s hand-out: a loaded state's for its epoch, else
+        ``own`` (the reader's: its DataLoader workers, 1 in one process)."""
+        b = self._base
+        if b is not None and b[0] == epoch and b[2] is not None:
+            return b[2]
+        return max(1, int(own))
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The plan of ``epoch`` from its base."""
+        return self.spec.plan(self.source, self.batch_size, self.base(epoch))
+
+    def epoch_steps(self, epoch: int, own: int = 1) -> int:
+        """This rank's steps in ``epoch`` (from its base), its lanes together."""
+        rank, world = self.spec.shard
+        lanes = self.lanes(epoch, own)
+        per = self.plan(epoch).steps(world * lanes, self.unit)
+        return int(per[rank * lanes : (rank + 1) * lanes].sum())
+
+    def lane_steps(self, epoch: int, own: int = 1) -> np.ndarray:
+        """Steps of each of this rank's lanes in ``epoch`` (from its base)."""
+        rank, world = self.spec.shard
+        lanes = self.lanes(epoch, own)
+        per = self.plan(epoch).steps(world * lanes, self.unit)
+        return per[rank * lanes : (rank + 1) * lanes]
+
+    def rank_batches(self, epoch: int, own: int = 1) -> np.ndarray:
+        """Global batch numbers of this rank's steps of ``epoch`` (from its base), in the order
+        they are handed out (-1: a batch of padding)."""
+        rank, world = self.spec.shard
+        lanes = self.lanes(epoch, own)
+        plan = self.plan(epoch)
+        per = [plan.batches(rank * lanes + i, world * lanes, self.unit) for i in range(lanes)]
+        out = np.empty(sum(len(p) for p in per), np.int64)
+        for i, p in enumerate(per):
+            out[i::lanes] = p  # lanes' steps differ by at most one, the first lanes' longer
+        return out
+
+    def steps_left(self, own: int = 1, epoch: int | None = None, steps: int | None = None) -> int:
+        """Steps a run from ``(epoch, steps)`` (default: where the stream stands) yields."""
+        if self.num_epochs is None:
+            raise TypeError("an endless epoch stream (num_epochs=None) has no length")
+        epoch = self.epoch if epoch is None else epoch
+        steps = self.steps if steps is None else steps
+        first = max(0, self.epoch_steps(epoch, own) - steps)
+        return first + (self.num_epochs - 1) * self.epoch_steps(epoch + 1, own)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` from its start at the next run; right after :meth:`load_state_dict`,
+        the loaded epoch keeps the loaded position."""
+        epoch = nonneg_int("epoch", epoch)
+        if self._pending and epoch == self.epoch:
+            return
+        self.seek(epoch)
+
+    def seek(self, epoch: int, steps: int = 0) -> None:
+        """Stand at ``steps`` of a whole ``epoch`` (handed out in the reader's own lanes)."""
+        self.epoch, self.steps = int(epoch), int(steps)
+        self._base, self._pending = None, False
+
+    # -- Stateful ----------------------------------------------------------------------------------
+    def state_dict(self, own: int = 1, *, epoch: int | None = None, steps: int | None = None):
+        """The state once every rank handed out ``steps`` batches of ``epoch`` (default: where
+        the stream stands), ``own`` lanes each unless a loaded state says otherwise for its
+        epoch: the same on every rank, plain JSON values (:class:`StreamState`)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        steps = self.steps if steps is None else int(steps)
+        rank, world = self.spec.shard
+        lanes, unit = self.lanes(epoch, own), self.unit
+        base = self.base(epoch)
+        plan = self.spec.plan(self.source, self.batch_size, base)
+        left = plan.after(rank_steps_taken(plan, steps, world, lanes, unit), unit)
+        if left is None:
+            epoch, steps, base, lanes = epoch + 1, 0, None, max(1, int(own))
+            remaining = None
+        else:
+            remaining = left.remaining
+        hand = None
+        if lanes > 1 or (world > 1 and steps):
+            hand = {"world": world, "lanes": lanes, "unit": unit, "steps": steps, "base": base}
+        return self.spec.state(self.source, self.batch_size, epoch, remaining, hand_out=hand)
+
+    def load_state_dict(self, state: Any) -> None:
+        """Stand where ``state`` (any loader's, any rank's, any world's) says:
+        :class:`~rowstore.errors.StateError` if a field is invalid, or the state is another
+        dataset's or order's. The next run resumes the identical batch sequence where the
+        state's hand-out applies (same world and unit), else deals the batches not yet
+        delivered."""
+        st = self.spec.read_state(self.source, state, self.batch_size)
+        self.adopt(st)
+
+    def adopt(self, st: StreamState, *, check: bool = True) -> None:
+        """Stand where the checked state ``st`` says (:meth:`load_state_dict`); ``check``: that
+        its hand-out leaves its remaining batches (a job's state, not a DataLoader worker's)."""
+        self.spec = self.spec.adopt(st)
+        h = st.hand_out
+        if h is not None and h["world"] == self.spec.shard[1] and h["unit"] == self.unit:
+            self._base = (st.epoch, h["base"], h["lanes"])
+            self.epoch, self.steps = st.epoch, h["steps"]
+            plan = self.plan(st.epoch)
+            if self.steps > self.epoch_steps(st.epoch):
+                raise StateError(
+                    f"invalid resume state: hand_out.steps {self.steps} is more than the "
+                    f"{self.epoch_steps(st.epoch)} steps of a rank's epoch",
+                    field="hand_out",
+                )
+            taken = rank_steps_taken(plan, self.steps, h["world"], h["lanes"], self.unit)
+            left = plan.after(taken, self.unit)
+            ok = (left is None and not st.remaining) or (
+                left is not None
+                and (left.remaining == st.remaining or (left.fresh and st.remaining is None))
+            )
+            if check and not ok:
+                raise StateError(
+                    "invalid resume state: its hand_out does not leave its remaining batches",
+                    field="hand_out",
+                )
+        else:  # one lane per rank from its remaining batches (what a state without one says)
+            self._base = (st.epoch, st.remaining, 1)
+            self.epoch, self.steps = st.epoch, 0
+        self._pending = True
+
+    # -- reading -----------------------------------------------------------------------------------
+    def batches(
+        self,
+        *,
+        own: int = 1,
+        take: int = 0,
+        cut: Any = None,
+        lane: Any = None,
+        **read: Any,
+    ) -> Generator[tuple[Any, int, int], None, None]:
+        """Run from where the stream stands: yield ``(batch, epoch, steps)``, ``steps`` being
+        the rank's steps handed out in ``epoch`` once the batch is.
+
+        ``own`` lanes (the reader's DataLoader workers; 1 in one process) of which this reader
+        is lane ``take``: it yields the rank's steps ``start + take``, ``start + take + own``...
+        (torch's DataLoader takes its workers' batches in turn). ``read`` are
+        ``source.deal``'s keywords (``fields``, ``with_ids``, ``num_threads``, ``prefetch``,
+        ``varlen``, ``parts``); ``cut`` turns a lane's reads into batches (with
+        ``parts=True``); ``lane(spec, remaining, skip)``, if given, replaces ``source.deal``
+        (an :class:`EpochSpec` of one lane: its ``shard``, ``epoch`` and ``unit``). The
+        stream's position is the caller's to set as it hands the batches out; the run stops
+        after ``num_epochs`` epochs (at :attr:`run_stop`)."""
+        self._pending = False
+        epoch, start = self.epoch, self.steps
+        stop = None if self.num_epochs is None else epoch + self.num_epochs
+        self.run_stop = stop if stop is not None else epoch
+        if lane is None:
+
+            def lane(spec: EpochSpec, remaining: Any, skip: int) -> Any:
+                it = self.source.deal(
+                    self.batch_size, spec=spec, remaining=remaining, skip=skip, **read
+                )
+                return it if cut is None else cut(it)
+
+        while stop is None or epoch < stop:
+            if take == 0 and self.quality is not None and self._reported != epoch:
+                self._reported = epoch
+                report_quality(self.quality, self.spec, self.source, epoch, self.batch_size)
+            it = self._hand_out(epoch, start, own, take, lane)
+            try:
+                yield from it
+            finally:
+                it.close()
+            epoch, start = epoch + 1, 0
+
+    def _hand_out(
+        self, epoch: int, start: int, own: int, take: int, read: Any
+    ) -> Generator[tuple[Any, int, int], None, None]:
+        """The rank's steps ``start + take``, ``start + take + own``... of ``epoch``, each from
+        its lane (``read(spec, remaining, skip)`` opens one)."""
+        lanes = self.lanes(epoch, own)
+        own = max(1, int(own))
+        rank, world = self.spec.shard
+        base = self.base(epoch)
+
+        def open_lane(lane: int, skip: int) -> Any:
+            shard = (rank * lanes + lane, world * lanes)
+            return read(self.spec.replace(epoch=epoch, shard=shard), base, skip)
+
+        i = start + take
+        if lanes == own:  # this reader's steps are one lane's, in order
+            it = open_lane(i % lanes, i // lanes)
+            try:
+                for b in it:
+                    i += own
+                    yield b, epoch, i - own + 1
+            finally:
+                it.close()
+            return
+        # Another hand-out than the reader's (a state saved with other workers): the rank's
+        # steps i, i + own, ... each from the lane that holds it.
+        gens: dict[int, Any] = {}
+        pos: dict[int, int] = {}
+        try:
+            while True:
+                lane, j = i % lanes, i // lanes
+                g = gens.get(lane)
+                if g is None:
+                    g = gens[lane] = open_lane(lane, j)
+                    pos[lane] = j
+                b = _END
+                for _ in range(j - pos[lane] + 1):
+                    b = next(g, _END)
+                if b is _END:
+                    return
+                pos[lane] = j + 1
+                yield b, epoch, i + 1
+                i += own
+        finally:
+            for g in gens.values():
+                g.close()
+
+
+_END = object()
 
 
 @runtime_checkable
@@ -568,6 +868,19 @@ def _ranges(field: str, value: Any) -> list[list[int]] | None:
     return out
 
 
+def _hand_out(field: str, value: Any) -> dict[str, Any] | None:
+    """None, or ``{"world", "lanes", "unit", "steps", "base"}`` (:class:`EpochStream`)."""
+    if value is None:
+        return None
+    keys = ("world", "lanes", "unit", "steps", "base")
+    if not isinstance(value, Mapping) or sorted(value) != sorted(keys):
+        raise _bad(field, f"None or a dict of {list(keys)}", value)
+    out = {k: _int(f"{field}.{k}", value[k], 1, MAX_EPOCH) for k in keys[:3]}
+    out["steps"] = _int(f"{field}.steps", value["steps"], 0, MAX_EPOCH)
+    out["base"] = _ranges(f"{field}.base", value["base"])
+    return out
+
+
 def _shuffle(field: str, value: Any, kind: str) -> Any:
     if kind == INMEM_KIND:
         return _bool(field, value)
@@ -605,7 +918,7 @@ _FIELDS: dict[str, tuple[Any, tuple[str, ...], bool]] = {
 _ORDER_KEYS = {kind: [k for k, (_, kinds, _) in _FIELDS.items() if kind in kinds] for kind in _BOTH}
 #: The other keys: where the stream stands.
 _PROGRESS_KEYS = {
-    STATE_KIND: ("remaining", "consumer", "taken", "row"),
+    STATE_KIND: ("remaining", "consumer", "taken", "row", "hand_out"),
     INMEM_KIND: ("position", "stop_epoch"),
 }
 
@@ -682,6 +995,12 @@ class StreamState:
     consumer, taken, row
         A torch ``DataLoader`` worker's own progress (``IterableDataset.state_dict`` inside a
         worker): its ``(consumer, consumers)``, steps and rows of the current step taken.
+    hand_out : dict or None
+        How the epoch in progress is handed out (:class:`EpochStream`): ``world`` ranks of
+        ``lanes`` lanes each, dealt in units of ``unit`` global batches from ``base`` (the
+        epoch's global batches not yet delivered when it was dealt, None: all), of which every
+        rank handed out ``steps``. A loader of the same world and unit finishes the epoch with
+        the identical batch sequence; any other deals ``remaining`` again.
     position, stop_epoch
         The in-memory loader's rows handed out in ``epoch``, and the epoch its run stops at.
     version : int
@@ -698,6 +1017,7 @@ class StreamState:
     position: int = 0
     stop_epoch: int | None = None
     version: int = STATE_VERSION
+    hand_out: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The state as plain JSON values (``json``, ``torch.save`` and ``tf`` friendly)."""
@@ -707,6 +1027,8 @@ class StreamState:
             out.update(position=self.position, stop_epoch=self.stop_epoch)
         else:
             out["remaining"] = self.remaining
+            if self.hand_out is not None:
+                out["hand_out"] = dict(self.hand_out)
             if self.consumer is not None:
                 out.update(consumer=list(self.consumer), taken=self.taken, row=self.row)
         return out
@@ -753,7 +1075,7 @@ class StreamState:
                 raise StateError(f"invalid resume state: it has no {k!r}", field=k)
             order[k] = _FIELDS[k][0](k, state[k], kind)
         for k in ("epoch", *progress):
-            if k not in state and k not in ("consumer", "taken", "row"):
+            if k not in state and k not in ("consumer", "taken", "row", "hand_out"):
                 raise StateError(f"invalid resume state: it has no {k!r}", field=k)
         epoch = _int("epoch", state["epoch"], 0, MAX_EPOCH)
         if kind == INMEM_KIND:
@@ -775,6 +1097,7 @@ class StreamState:
             taken=_int("taken", state.get("taken", 0), 0, MAX_EPOCH),
             row=_int("row", state.get("row", 0), 0, MAX_EPOCH),
             version=version,
+            hand_out=_hand_out("hand_out", state.get("hand_out")),
         )
 
     def check(

@@ -13,19 +13,15 @@ import torch.utils.data as _tud
 
 from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import StateError
-from rowstore.reader.epochs import EpochSpec
+from rowstore.reader.epochs import EpochSpec, EpochStream
 from rowstore.reader.plan import ID_KEY, PAD_KEY
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
-from rowstore.torch._epoch import (
-    _ROW_BATCH,
-    _EpochReader,
-    _OwnsReader,
-    _split_extras,
-)
+from rowstore.torch._epoch import _ROW_BATCH, _EpochReader, _OwnsReader, _split_extras
 from rowstore.torch._transform import _process, _schemas
 
 _MAX_RANGES = 8192  # ranges of remaining batches a loaded state may hold (shared memory: 128 KiB)
+_HEAD = 8  # the stream's position in shared memory: epoch, steps, pending, base (5 numbers)
 
 
 class _Indices(list):
@@ -180,7 +176,6 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         fields: Sequence[str] | None = None,
         shard: tuple[int, int] | None = None,
         drop_last: bool = False,
-        even: bool = False,
         transform: Any = None,
         batch_transform: Any = None,
         varlen: str | Mapping[str, str] = "padded",
@@ -192,20 +187,19 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         num_epochs: int = 1,
         num_workers: int | None = None,
         quality: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
         **order: Any,
     ):
-        self._open_reader(path_or_reader)
+        self._open_reader(path_or_reader, storage_options)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
         self.num_threads = num_threads
         self.prefetch = prefetch
-        self.num_epochs = positive_int("num_epochs", num_epochs)
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
         self._init_order(
             "IterableDataset",
             spec=spec,
             shard=shard,
             drop_last=drop_last,
-            even=even,
             with_ids=with_ids,
             rows=rows,
             predicate=predicate,
@@ -217,17 +211,24 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)], self.spec.decode
         )
         self._collator = _Collator(self.output_schema, varlen)
-        # Shared memory: persistent DataLoader workers (fork or spawn) see set_epoch.
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        # (epoch, remaining) of a loaded state, in shared memory too, so that persistent workers
-        # see a state loaded after they started: [epoch + 1 (0: none), has remaining, n, a0, b0,
-        # ...].
-        self._shared_resume = torch.zeros(3 + 2 * _MAX_RANGES, dtype=torch.int64).share_memory_()
-        self._skip: tuple[tuple[int, int], int, int] | None = (
-            None  # a worker state: (consumer, taken, row)
+        # Row mode reads 512-row global batches whole (drop_last applies to batches).
+        spec = self.spec if self.batch_size else self.spec.replace(drop_last=False)
+        self.stream = EpochStream(
+            self.reader,
+            self._bs(),
+            spec,
+            num_epochs=positive_int("num_epochs", num_epochs),
+            quality=self.quality,
         )
+        # Where the stream stands, in shared memory: persistent DataLoader workers (fork or
+        # spawn) see set_epoch and a state loaded after they started, at their next iteration.
+        self._shared = torch.zeros(_HEAD + 2 * _MAX_RANGES, dtype=torch.int64).share_memory_()
+        self._publish()
+        self._worker_state: tuple[tuple[int, int], int] | None = None  # (worker, row) loaded
         self._progress: dict | None = None  # this process's iteration: where it stands
         self._iterations: weakref.WeakSet = weakref.WeakSet()  # this process's, still open
+
+    num_epochs = property(lambda self: self.stream.num_epochs)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -238,83 +239,75 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self.__dict__.update(state)
         self._iterations = weakref.WeakSet()
 
+    # -- the stream's position in shared memory ------------------------------------------------
+    def _publish(self) -> None:
+        """Write the stream's position to shared memory."""
+        st, sh = self.stream, self._shared
+        base = st._base
+        if base is not None and base[1] is not None and len(base[1]) > _MAX_RANGES:
+            raise StateError(
+                f"this state has {len(base[1])} ranges of remaining batches, more than the "
+                f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first",
+                field="remaining",
+            )
+        head = [st.epoch, st.steps, int(st._pending), 0, 0, 0, 0, 0]
+        if base is not None:
+            epoch, remaining, lanes = base
+            head[3:7] = [1, epoch, remaining is not None, lanes or 0]
+            if remaining:
+                head[7] = len(remaining)
+                sh[_HEAD : _HEAD + 2 * len(remaining)] = torch.tensor(
+                    remaining, dtype=torch.int64
+                ).reshape(-1)
+        sh[:_HEAD] = torch.tensor(head, dtype=torch.int64)
+
+    def _sync(self) -> None:
+        """Read the stream's position from shared memory (what the main process set)."""
+        st = self.stream
+        h = self._shared[:_HEAD].tolist()
+        st.epoch, st.steps, st._pending = h[0], h[1], bool(h[2])
+        st._base = None
+        if h[3]:
+            n = h[7]
+            remaining = self._shared[_HEAD : _HEAD + 2 * n].view(n, 2).tolist() if h[5] else None
+            st._base = (h[4], remaining, h[6] or None)
+
     @property
     def epoch(self) -> int:
-        return int(self._epoch[0])
-
-    @property
-    def _resume(self) -> tuple[int, list | None] | None:
-        sh = self._shared_resume
-        if int(sh[0]) == 0:
-            return None
-        if not int(sh[1]):
-            return int(sh[0]) - 1, None
-        n = int(sh[2])
-        return int(sh[0]) - 1, sh[3 : 3 + 2 * n].view(n, 2).tolist()
-
-    @_resume.setter
-    def _resume(self, value: tuple[int, list | None] | None) -> None:
-        sh = self._shared_resume
-        if value is None:
-            sh[0] = 0
-            return
-        epoch, remaining = value
-        if remaining is not None:
-            if len(remaining) > _MAX_RANGES:
-                raise StateError(
-                    f"this state has {len(remaining)} ranges of remaining batches, more than the "
-                    f"{_MAX_RANGES} an IterableDataset holds; finish the epoch on one world first",
-                    field="remaining",
-                )
-            sh[2] = len(remaining)
-            if remaining:
-                sh[3 : 3 + 2 * len(remaining)] = torch.tensor(remaining, dtype=torch.int64).reshape(
-                    -1
-                )
-        sh[1] = remaining is not None
-        sh[0] = epoch + 1
+        return int(self._shared[0])
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (call before ``iter(loader)``).
         Right after :meth:`load_state_dict`, the loaded epoch keeps the loaded position."""
-        epoch = nonneg_int("epoch", epoch)
-        if self._resume is not None and self._resume[0] != epoch:
-            self._resume, self._skip = None, None
-        self._epoch[0] = epoch
+        self._sync()
+        if nonneg_int("epoch", epoch) != self.stream.epoch:
+            self._worker_state = None
+        self.stream.set_epoch(epoch)
+        self._publish()
 
     def worker_shard(self) -> tuple[int, int]:
-        """The (consumer, consumers) this process reads as: rank x DataLoader worker."""
-        rank, world = self.shard
+        """The (worker, workers) of this process's DataLoader: the lane of its rank's batches
+        it reads (:class:`~rowstore.reader.epochs.EpochStream`)."""
         info = _tud.get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        return rank * nw + wid, world * nw
+        return (info.id, info.num_workers) if info is not None else (0, 1)
 
     def _bs(self) -> int:
         return self.batch_size or _ROW_BATCH
 
-    def _remaining(self, epoch: int) -> list | None:
-        return self._resume[1] if self._resume is not None and self._resume[0] == epoch else None
-
     def num_items(self, num_workers: int = 0) -> int:
         """Rows (or batches with ``batch_size``) this rank yields in the next iteration with
-        ``num_workers`` DataLoader workers (padding rows included)."""
-        rank, world = self.shard
-        nw = max(1, num_workers)
+        ``num_workers`` DataLoader workers."""
+        self._sync()
+        st, own = self.stream, max(1, num_workers)
+        if self.batch_size is not None:
+            return st.steps_left(own)
         total = 0
-        for e in range(self.epoch, self.epoch + self.num_epochs):
-            plan = self._plan(self._remaining(e), self._bs())
-            unit = self._unit_for(self._bs())
-            for w in range(nw):
-                c = rank * nw + w
-                if self.batch_size is not None:
-                    total += int(plan.steps(world * nw, unit)[c])
-                else:
-                    g = plan.batches(c, world * nw, unit)
-                    total += sum(
-                        plan.rows_of_batch(int(x))[1] - plan.rows_of_batch(int(x))[0]
-                        for x in g
-                        if x >= 0
-                    )
+        for e in range(st.epoch, st.epoch + st.num_epochs):
+            plan = st.plan(e)
+            g = st.rank_batches(e, own)[st.steps if e == st.epoch else 0 :]
+            total += sum(
+                plan.rows_of_batch(int(x))[1] - plan.rows_of_batch(int(x))[0] for x in g if x >= 0
+            )
         return total
 
     def __len__(self) -> int:
@@ -326,41 +319,61 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
             )
         return self.num_items(self.num_workers)
 
-    # -- torchdata's Stateful protocol (per process) and job states
-    # ---------------------------------
+    # -- torchdata's Stateful protocol (per process) and job states ----------------------------
     def state_dict(self) -> dict:
         """Where this process's iteration stands (inside a DataLoader worker: that worker's
         progress, for ``StatefulDataLoader``; resumes the same worker). Before any iteration,
         the state of the epoch to read. Plain JSON values
         (:class:`~rowstore.reader.epochs.StreamState`)."""
-        bs = self._bs()
-        p = self._progress
+        p, st = self._progress, self.stream
+        if p is None and self._worker_state is not None:  # a worker state loaded, not yet read
+            (wid, _), row = self._worker_state
+            p = {"epoch": st.epoch, "next": st.steps + wid, "worker": self._worker_state[0]}
+            p["row"] = row
         if p is None:
-            e = self.epoch
-            return self.spec.state(self.reader, bs, e, self._remaining(e))
-        return self.spec.state(
+            self._sync()
+            return st.state_dict(self.num_workers or 1)
+        epoch, start, row = p["epoch"], p["next"], p["row"]
+        wid, nw = p["worker"]
+        if start - wid >= st.epoch_steps(epoch, nw) and not row:
+            epoch, start = epoch + 1, wid  # this worker's epoch is over: the next one's start
+        hand = {
+            "world": st.shard[1],
+            "lanes": st.lanes(epoch, nw),
+            "unit": st.unit,
+            "steps": start - wid,
+            "base": st.base(epoch),
+        }
+        return st.spec.state(
             self.reader,
-            bs,
-            p["epoch"],
-            p["remaining"],
-            consumer=p["consumer"],
-            taken=p["taken"],
-            row=p["row"],
+            self._bs(),
+            epoch,
+            st.base(epoch),
+            consumer=(wid, nw),
+            row=row,
+            hand_out=hand,
         )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state: a job state (:meth:`ResumableDataLoader.state_dict`, any world
-        and workers: the next iteration deals exactly the batches not yet delivered) or a
-        worker's (:meth:`state_dict` inside a worker, as ``StatefulDataLoader`` does).
+        """Resume from a state: a job state (any rowstore loader's, any world and workers: the
+        next iteration deals exactly the batches not yet delivered) or a worker's
+        (:meth:`state_dict` inside a worker, as ``StatefulDataLoader`` does).
         :class:`~rowstore.errors.StateError` if a field is invalid or the state was saved for
         another dataset or order."""
         self._load_state(state, worker=True)
 
     def _load_state(self, state: Mapping[str, Any], *, worker: bool) -> None:
-        st = self._load(state, self._bs(), worker=worker)
-        self._resume = (st.epoch, st.remaining)
-        self._epoch[0] = st.epoch
-        self._skip = None if st.consumer is None else (st.consumer, st.taken, st.row)
+        st = self.stream.spec.read_state(self.reader, state, self._bs(), worker=worker)
+        if st.consumer is None:
+            self._sync()
+            self.stream.adopt(st)
+            self.spec = self.stream.spec
+            self._worker_state = None
+            self._publish()
+            return
+        # A worker's own state: this process resumes it (it is no job's position).
+        self.stream.adopt(st, check=False)
+        self._worker_state = (st.consumer, st.row)
 
     def __iter__(self) -> Iterator[Any]:
         gen = self._iterate()
@@ -373,62 +386,62 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self._iterations.clear()
 
     def _iterate(self) -> Generator[Any, None, None]:
-        shard = self.worker_shard()
         info = _tud.get_worker_info()
+        worker = self.worker_shard()
+        wid, nw = worker
         threads = self.num_threads or (1 if info is not None else None)
         bs = self.batch_size
         col = self._collator
-        skip, skip_rows = 0, 0
-        if self._skip is not None:
-            if self._skip[0] != shard:
+        skip_rows = 0
+        if self._worker_state is not None:
+            if self._worker_state[0] != worker:
                 raise StateError(
-                    f"this state is DataLoader worker consumer {self._skip[0]}'s; this process is "
-                    f"{shard}: a worker state resumes with the same workers (use "
+                    f"this state is DataLoader worker {self._worker_state[0]}'s; this process is "
+                    f"{worker}: a worker state resumes with the same workers (use "
                     f"ResumableDataLoader for another world)",
                     field="consumer",
                 )
-            _, skip, skip_rows = self._skip
-        first = self.epoch
-        for epoch in range(first, first + self.num_epochs):
-            remaining = self._remaining(epoch)
-            if info is None or info.id == 0:
-                self._report_quality(epoch, self._bs())
-            it = self._read_epoch(
-                self._bs(),
-                epoch=epoch,
-                shard=shard,
-                drop_last=self.drop_last if bs else False,
-                num_threads=threads,
-                remaining=remaining,
-                skip=skip,
-            )
-            p = self._progress = {
-                "epoch": epoch,
-                "remaining": remaining,
-                "consumer": shard,
-                "taken": skip,
-                "row": 0,
-            }
-            try:
-                for b in it:
-                    b, extras = _split_extras(b)
-                    b = _process(b, self._row_tf, self._batch_tf, self.output_schema)
-                    if bs is not None:
-                        out = col.to_torch(b)
-                        out.update({k: torch.from_numpy(v) for k, v in extras.items()})
-                        p["taken"] += 1
-                        yield out if info is None else _Shipped(out)  # a worker's: by value
-                        continue
-                    n = len(b[self.output_schema.names[0]])
-                    for i in range(skip_rows, n):
-                        r = col.row(b, i)
-                        for k, v in extras.items():
-                            r[k] = torch.tensor(v[i])
-                        p["row"] = i + 1
-                        if i + 1 == n:
-                            p["taken"], p["row"] = p["taken"] + 1, 0
-                        yield r
-                    skip_rows = 0
-            finally:
-                it.close()
-            skip, skip_rows = 0, 0
+            skip_rows = self._worker_state[1]
+            self._worker_state = None
+        else:
+            self._sync()
+        stream = self.stream
+        p = self._progress = {
+            "epoch": stream.epoch,
+            "next": stream.steps + wid,
+            "worker": worker,
+            "row": 0,
+        }
+        it = stream.batches(
+            own=nw,
+            take=wid,
+            fields=self._fields,
+            with_ids=self.with_ids,
+            num_threads=threads,
+            prefetch=self.prefetch,
+            varlen="ragged",
+        )
+        try:
+            for b, epoch, steps in it:
+                b, extras = _split_extras(b)
+                b = _process(b, self._row_tf, self._batch_tf, self.output_schema)
+                p["epoch"] = epoch
+                if bs is not None:
+                    out = col.to_torch(b)
+                    out.update({k: torch.from_numpy(v) for k, v in extras.items()})
+                    p["next"] = steps - 1 + nw
+                    yield out if info is None else _Shipped(out)  # a worker's: by value
+                    continue
+                n = len(b[self.output_schema.names[0]])
+                p["next"] = steps - 1
+                for i in range(skip_rows, n):
+                    r = col.row(b, i)
+                    for k, v in extras.items():
+                        r[k] = torch.tensor(v[i])
+                    p["row"] = i + 1
+                    if i + 1 == n:
+                        p["next"], p["row"] = steps - 1 + nw, 0
+                    yield r
+                skip_rows = 0
+        finally:
+            it.close()

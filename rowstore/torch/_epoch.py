@@ -4,20 +4,13 @@ consumer) and :class:`_OwnsReader` (the reader, and closing it)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from typing import Any, TypeVar
 
 import torch
 
-from rowstore.reader.dataset import Reader, as_reader
-from rowstore.reader.epochs import (
-    EpochSpec,
-    StreamState,
-    as_pair,
-    check_quality,
-    deprecated,
-    report_quality,
-)
+from rowstore.reader.dataset import Reader
+from rowstore.reader.epochs import EpochSpec, as_pair, check_quality
+from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import EXTRA_KEYS, EpochPlan
 
 _ROW_BATCH = 512  # rows read at once (and dealt as one global batch) by IterableDataset in row mode
@@ -39,8 +32,8 @@ def _resolve_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
 class _EpochReader:
     """Mixin of :class:`IterableDataset`, :class:`BatchedDataLoader` and the elastic batch
     sampler: their :class:`~rowstore.reader.epochs.EpochSpec` (``spec``, made once by
-    :meth:`_init_order`), the dealt epoch of one consumer (``Reader.deal``) and the resumable
-    state. The class sets ``reader``, ``prefetch``, ``batch_size`` and ``_fields`` first."""
+    :meth:`_init_order`; their :class:`~rowstore.reader.epochs.EpochStream` reads it). The
+    class sets ``reader`` first."""
 
     reader: Reader
     spec: EpochSpec
@@ -55,7 +48,6 @@ class _EpochReader:
         spec: EpochSpec | None,
         shard: Any,
         drop_last: bool,
-        even: bool,
         with_ids: bool = False,
         rows: Any = None,
         predicate: Any = None,
@@ -63,30 +55,15 @@ class _EpochReader:
         **order: Any,
     ) -> None:
         """Make ``self.spec`` from ``spec`` and the order keywords (``shuffle``, ``seed``,
-        ``window``, ``pieces``, ``pad``, ``unit``); ``even=True`` is the deprecated spelling of
-        ``drop_last=True``."""
-        if even:
-            deprecated(
-                where, "even=True (equal steps of a dealt epoch)", "drop_last=True", stacklevel=3
-            )
-            if order.get("pad") or (spec is not None and spec.pad):
-                raise ValueError(
-                    "pad=True and drop_last/even=True are two equal-steps policies: choose one"
-                )
-        self.even = bool(even)
+        ``window``, ``pieces``, ``pad``, ``unit``, ``decode``)."""
         self.drop_last = bool(drop_last)
         keep = self.reader.keep_mask(rows, predicate)
         self.spec = EpochSpec.make(
-            spec,
-            shard=_resolve_shard(shard),
-            drop_last=self.drop_last or self.even,
-            keep=keep,
-            **order,
+            spec, shard=_resolve_shard(shard), drop_last=self.drop_last, keep=keep, **order
         )
         self.shard = self.spec.shard
         self.with_ids = bool(with_ids)
         self.quality = check_quality(quality)
-        self._quality_done: int | None = None
 
     # The order arguments, as the spec holds them.
     shuffle = property(lambda self: self.spec.shuffle)
@@ -100,69 +77,6 @@ class _EpochReader:
 
     def _plan(self, remaining: list | None, batch_size: int | None = None) -> EpochPlan:
         return self.spec.plan(self.reader, batch_size or self.batch_size or _ROW_BATCH, remaining)
-
-    def _unit_for(self, batch_size: int) -> int:
-        return self.spec.unit_for(self.reader, batch_size)
-
-    def _order_key(self, batch_size: int) -> dict:
-        """What a state's order depends on (checked when it is loaded)."""
-        return self.spec.order_key(self.reader, batch_size)
-
-    def _state_after(
-        self, epoch: int, remaining: list | None, steps: int, workers: int, batch_size: int
-    ) -> dict:
-        """The state once every rank handed out ``steps`` batches of ``epoch`` (dealt from
-        ``remaining``) with ``workers`` DataLoader workers each."""
-        return self.spec.state_after(self.reader, epoch, remaining, steps, batch_size, workers)
-
-    def _load(self, state: Any, batch_size: int, *, worker: bool = False) -> StreamState:
-        """The checked ``state`` (:meth:`EpochSpec.read_state`); from now on the order is the
-        state's where the loader left window and pieces to their defaults
-        (:meth:`EpochSpec.adopt`)."""
-        st = self.spec.read_state(self.reader, state, batch_size, worker=worker)
-        self.spec = self.spec.adopt(st)
-        return st
-
-    def _report_quality(self, epoch: int, batch_size: int) -> None:
-        """Log (``quality="log"``) or pass to the callback each epoch's shuffle quality, once."""
-        if self.quality is None or self._quality_done == epoch:
-            return
-        self._quality_done = epoch
-        report_quality(self.quality, self.spec, self.reader, epoch, batch_size)
-
-    def _read_epoch(
-        self,
-        batch_size: int,
-        *,
-        epoch: int,
-        shard: tuple[int, int],
-        drop_last: bool,
-        num_threads: int | None,
-        remaining: list | None = None,
-        skip: int = 0,
-        parts: bool = False,
-    ) -> Generator[dict, None, None]:
-        """Consumer ``shard``'s batches of ``epoch`` (dealt from ``remaining``, its first
-        ``skip`` steps skipped); variable-shape fields as ``Ragged`` (collation turns them into
-        the ``varlen`` modes); with ``parts``, the reads uncut (see ``Reader.deal``)."""
-        spec = self.spec.replace(
-            epoch=epoch,
-            shard=shard,
-            drop_last=drop_last or self.even,
-            unit=self._unit_for(batch_size),
-        )
-        return self.reader.deal(
-            batch_size,
-            spec=spec,
-            remaining=remaining,
-            skip=skip,
-            fields=self._fields,
-            with_ids=self.with_ids,
-            num_threads=num_threads,
-            prefetch=self.prefetch,
-            varlen="ragged",
-            parts=parts,
-        )
 
 
 def _split_extras(b: dict) -> tuple[dict, dict]:
@@ -185,8 +99,8 @@ class _OwnsReader:
     reader: Reader
     _owns_reader: bool
 
-    def _open_reader(self, path_or_reader: Any) -> None:
-        self.reader, self._owns_reader = as_reader(path_or_reader)
+    def _open_reader(self, path_or_reader: Any, storage_options: Any = None) -> None:
+        self.reader, self._owns_reader = open_source(path_or_reader, storage_options)
 
     def _stop(self) -> None:
         """Stop this object's iterations that are still running (their reader threads read the

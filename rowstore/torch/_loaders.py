@@ -19,7 +19,15 @@ from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import StateError
 from rowstore.reader import order as _order
 from rowstore.reader.buffers import Ragged
-from rowstore.reader.epochs import INMEM_KIND, EpochSpec, StreamState, deprecated
+from rowstore.reader.epochs import (
+    INMEM_KIND,
+    EpochSpec,
+    EpochStream,
+    StreamState,
+    deprecated,
+    no_decode,
+)
+from rowstore.reader.plan import ID_KEY, PAD_KEY, step_rows
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
@@ -41,30 +49,25 @@ _END = object()
 
 class _Loader(_OwnsReader):
     """What BatchedDataLoader and InMemBatchedDataLoader share: transforms and collation,
-    the device path, epoch/position state, iteration, and closing (:meth:`close` stops the
-    running iteration, then closes a reader opened from a path)."""
+    the device path, iteration over a source of ``(batch, epoch, steps)``, and closing
+    (:meth:`close` stops the running iteration, then closes a reader opened from a path).
+    ``self._pos`` (``epoch``, ``steps``) is where the loader stands: the subclass's."""
 
-    def __init__(
+    _pos: Any
+
+    def _init_loader(
         self,
-        path_or_reader,
         *,
         batch_size,
         fields,
-        shard,
         device,
         pin_memory,
         transform,
         varlen,
         prefetch,
-        drop_last,
-        even,
         decode=None,
     ):
-        self._open_reader(path_or_reader)
         self.batch_size = positive_int("batch_size", batch_size)
-        self.shard: tuple[int, int] = _resolve_shard(shard)
-        self.even = bool(even)
-        self.drop_last = bool(drop_last)
         self.prefetch = max(1, int(prefetch))
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._tf,), self.output_schema = _schemas(
@@ -75,9 +78,6 @@ class _Loader(_OwnsReader):
         self._cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = self._resolve_pin(pin_memory)
         self._stage: _CudaStage | None = None
-        self._epoch = 0
-        self._position = 0
-        self._resume_pending = False
         self._running: tuple[int, int] | None = None
         # A weak reference: a loop that breaks drops the iterator, which then closes at once
         # (stopping its threads) instead of living in a loader <-> generator cycle until GC.
@@ -135,76 +135,59 @@ class _Loader(_OwnsReader):
             out = _to_device(out, self.device, self.pin_memory)
         return out
 
-    # -- epochs and state ------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch the next (or current) iteration reads."""
-        return self._epoch
-
-    @property
-    def position(self) -> int:
-        """Rows of this epoch already handed out (to this rank)."""
-        return self._position
-
-    def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` from its start at the next iteration.
-
-        Right after :meth:`load_state_dict`, calling it with the loaded epoch keeps the loaded
-        position (so the usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes).
-        """
-        epoch = nonneg_int("epoch", epoch)
-        if self._resume_pending and epoch == self._epoch:
-            return
-        self._epoch, self._position, self._resume_pending = epoch, 0, False
-        self._reset_run()
-
-    def _reset_run(self) -> None:
-        pass
-
     # -- iteration -----------------------------------------------------------------------------
+    @property
+    def _cuts_tensors(self) -> bool:
+        """True when the source yields tensors already (the raw fast path: fixed-shape numeric
+        fields, no transform, CPU)."""
+        return False
+
     def __iter__(self) -> Iterator[dict]:
         self._stop()
-        gen = self._run()
+        gen = self._run(self._source())
         self._active = weakref.ref(gen)
         return gen
 
-    def _source(self) -> Generator[tuple[dict, tuple[int, int]], None, None]:
+    def _source(self) -> Generator[tuple[dict, int, int], None, None]:
         raise NotImplementedError
 
-    def _end_state(self) -> tuple[int, int]:
+    def _finished(self) -> None:
         raise NotImplementedError
 
-    def _run(self) -> Iterator[dict]:
-        self._resume_pending = False
-        self._running = (self._epoch, self._position)
-        source = self._source()
+    def _run(self, source) -> Iterator[dict]:
+        pos = self._pos
+        self._running = (pos.epoch, pos.steps)
         deliver = self._deliver_cuda(source) if self._cuda else None
         try:
             if deliver is not None:
-                for out, st in deliver:
-                    self._epoch, self._position = st
+                for out, e, s in deliver:
+                    pos.epoch, pos.steps = e, s
+                    yield out
+            elif self._cuts_tensors:
+                for out, e, s in source:
+                    pos.epoch, pos.steps = e, s
                     yield out
             else:
                 convert, post = self._convert, self._post
-                for b, st in source:
+                for b, e, s in source:
                     out = convert(b)
                     if post is not None:
                         out = post(out)
-                    self._epoch, self._position = st
+                    pos.epoch, pos.steps = e, s
                     yield out
         finally:
             self._running = None
             if deliver is not None:
                 deliver.close()  # stops and joins the producer thread before its source closes
             source.close()
-        self._epoch, self._position = self._end_state()
+        self._finished()
 
     def _get_stage(self) -> _CudaStage:
         if self._stage is None:
             self._stage = _CudaStage(self.device, pin=self.pin_memory, slots=self.prefetch + 1)
         return self._stage
 
-    def _deliver_cuda(self, source) -> Generator[tuple[dict, tuple[int, int]], None, None]:
+    def _deliver_cuda(self, source) -> Generator[tuple[dict, int, int], None, None]:
         """A producer thread reads, transforms, collates, stages into pinned memory and enqueues
         the copies on the side stream, ``prefetch`` batches ahead; this consumer makes the
         current stream wait for each batch's copies."""
@@ -225,9 +208,9 @@ class _Loader(_OwnsReader):
         def produce() -> None:
             try:
                 with stage.context():
-                    for b, st in source:
+                    for b, e, s in source:
                         out, event, fresh = stage.put(convert(b))
-                        if not put((out, event, fresh, st)):
+                        if not put((out, event, fresh, e, s)):
                             return
                 put(_END)
             except BaseException as exc:  # handed to the consumer, raised there
@@ -242,11 +225,11 @@ class _Loader(_OwnsReader):
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
-                out, event, fresh, st = item
+                out, event, fresh, e, s = item
                 stage.receive(event, fresh)
                 if self._collator.has_var:
                     out = _Collator.finish(out)  # views/nested built on the consumer's stream
-                yield out, st
+                yield out, e, s
         finally:
             stop.set()
             worker.join()
@@ -258,7 +241,7 @@ class _Loader(_OwnsReader):
             gen.close()
 
 
-class BatchedDataLoader(_Loader, _EpochReader):
+class BatchedDataLoader(_EpochReader, _Loader):
     """Batches of torch tensors straight from the reader: the fast path (no ``DataLoader``).
 
     Parameters
@@ -348,186 +331,198 @@ class BatchedDataLoader(_Loader, _EpochReader):
         drop_last: bool = False,
         num_threads: int | None = None,
         prefetch: int = 2,
-        even: bool = False,
         varlen: str | Mapping[str, str] = "padded",
         with_ids: bool = False,
         rows: Any = None,
         predicate: Any = None,
         num_epochs: int | None = 1,
         quality: Any = None,
-        num_workers: int | None = None,
+        cache: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         **order: Any,
     ):
-        if num_workers:
-            raise ValueError(
-                f"BatchedDataLoader(num_workers={num_workers!r}): it has no worker processes; it "
-                f"reads with "
-                f"num_threads threads in this process (kernels run without the GIL). For worker "
-                f"processes use "
-                f"torch's DataLoader(rowstore.torch.IterableDataset(...), num_workers=...)"
-            )
-        super().__init__(
-            path_or_reader,
-            batch_size=batch_size,
-            fields=fields,
-            shard=shard,
-            device=device,
-            pin_memory=pin_memory,
-            transform=transform,
-            varlen=varlen,
-            prefetch=prefetch,
-            drop_last=drop_last,
-            even=even,
-            decode=order.get("decode", spec.decode if spec is not None else None),
-        )
-        self.num_threads = num_threads
-        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
+        if cache not in (None, "memory"):
+            raise ValueError(f"cache must be None or 'memory', got {cache!r}")
+        self._open_reader(path_or_reader, storage_options)
         self._init_order(
             "BatchedDataLoader",
             spec=spec,
-            shard=self.shard,
+            shard=shard,
             drop_last=drop_last,
-            even=even,
             with_ids=with_ids,
             rows=rows,
             predicate=predicate,
             quality=quality,
             **order,
         )
-        self._base: tuple[int, list | None] = (
-            0,
-            None,
-        )  # (epoch, its remaining batches when resumed)
-        self._run_stop = 0
+        self._init_loader(
+            batch_size=batch_size,
+            fields=fields,
+            device=device,
+            pin_memory=pin_memory,
+            transform=transform,
+            varlen=varlen,
+            prefetch=prefetch,
+            decode=self.spec.decode,
+        )
+        self.num_threads = num_threads
+        self.cache = cache
+        source: Any = self.reader
+        if cache == "memory":
+            no_decode("BatchedDataLoader(cache='memory')", self.spec)
+            source = MemorySource(self.reader, self._fields)
+        self.stream = self._pos = EpochStream(
+            source, self.batch_size, self.spec, num_epochs=num_epochs, quality=self.quality
+        )
 
-    # -- state: the position is the number of steps (batches) handed out since _base --------------
-    def _remaining(self, epoch: int) -> list | None:
-        return self._base[1] if self._base[0] == epoch else None
+    # -- where the loader stands: its stream's -------------------------------------------------
+    num_epochs = property(lambda self: self.stream.num_epochs)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self.stream.epoch
+
+    @property
+    def steps(self) -> int:
+        """Batches handed out (to this rank) in this epoch, or since the state it resumed from."""
+        return self.stream.steps
 
     @property
     def position(self) -> int:
         """Rows of the current epoch delivered by the job: the batches delivered before the
         state it resumed from, plus ``steps`` batches on each of the ``world`` ranks (capped
         at the epoch's rows). With one rank: the rows this loader handed out in the epoch."""
-        plan = self._plan(self._remaining(self._epoch))
+        plan = self.stream.plan(self.stream.epoch)
         before = plan.num_batches - plan.num_positions
-        return min((before + self._position * self.shard[1]) * self.batch_size, plan.num_rows)
+        return min((before + self.stream.steps * self.shard[1]) * self.batch_size, plan.num_rows)
 
-    @property
-    def steps(self) -> int:
-        """Batches handed out (to this rank) in this epoch, or since the state it resumed from."""
-        return self._position
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` from its start at the next iteration.
 
-    def _reset_run(self) -> None:
-        self._base = (self._epoch, None)
+        Right after :meth:`load_state_dict`, calling it with the loaded epoch keeps the loaded
+        position (so the usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes).
+        """
+        self._stop()
+        self.stream.set_epoch(epoch)
 
     def state_dict(self) -> dict:
         """The epoch in progress and the global batches not yet delivered, assuming every rank
         handed out as many batches as this one (as DDP ranks do): the same state on every rank,
         resumable on any world size and by any rowstore loader with the same order arguments
-        (:mod:`rowstore.reader.plan`). Plain Python values. Call it between batches (inside the
-        loop is fine): it counts batches handed out, not prefetched."""
-        epoch = self._epoch
-        return self._state_after(epoch, self._remaining(epoch), self._position, 1, self.batch_size)
+        (:class:`~rowstore.reader.epochs.EpochStream`). Plain Python values. Call it between
+        batches (inside the loop is fine): it counts batches handed out, not prefetched."""
+        return self.stream.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state (:meth:`state_dict` of any rank, any world size): the next
-        iteration yields this rank's part of exactly the batches not yet delivered.
+        """Resume from a state (:meth:`state_dict` of any rowstore loader, any rank, any world
+        size): the next iteration yields this rank's part of exactly the batches not yet
+        delivered, in the saved run's order on the same world.
         :class:`~rowstore.errors.StateError` (a ``ValueError``) if a field is invalid or the
         state is for another dataset or order (seed, batch size...)."""
-        st = self._load(state, self.batch_size)
         self._stop()
-        self._epoch, self._position = st.epoch, 0
-        self._base = (st.epoch, st.remaining)
-        self._resume_pending = True
+        self.stream.load_state_dict(state)
+        self.spec = self.stream.spec
 
     @property
     def shard_size(self) -> int:
         """Rows this rank reads in a whole epoch (padding included)."""
         plan = self._plan(None)
-        g = plan.batches(self.shard[0], self.shard[1], self._unit_for(self.batch_size))
+        g = plan.batches(self.shard[0], self.shard[1], self.stream.unit)
         last = plan.rows_of_batch(plan.num_batches - 1) if plan.num_batches else (0, 0)
         short = self.batch_size - (last[1] - last[0])
         return len(g) * self.batch_size - (
             short if not self.pad and (g == plan.num_batches - 1).any() else 0
         )
 
-    def _epoch_steps(self, epoch: int) -> int:
-        rank, world = self.shard
-        return int(
-            self._plan(self._remaining(epoch)).steps(world, self._unit_for(self.batch_size))[rank]
-        )
-
     def __len__(self) -> int:
         """Batches this rank yields in the current (running or next) iteration: the same on every
-        rank under ``drop_last``/``even``/``pad``."""
-        if self.num_epochs is None:
+        rank under ``drop_last``/``pad``."""
+        if self.stream.num_epochs is None:
             raise TypeError("an endless BatchedDataLoader (num_epochs=None) has no length")
-        epoch, steps = self._running if self._running is not None else (self._epoch, self._position)
-        return (
-            self._epoch_steps(epoch) - steps + (self.num_epochs - 1) * self._epoch_steps(epoch + 1)
-        )
+        epoch, steps = self._running if self._running is not None else (self.epoch, self.steps)
+        return self.stream.steps_left(1, epoch, steps)
 
-    def _reader_batches(
-        self, epoch: int, steps: int, dense: bool = False
-    ) -> Generator[dict, None, None]:
-        parts = self._read_epoch(
-            self.batch_size,
-            epoch=epoch,
-            shard=self.shard,
-            drop_last=self.drop_last,
-            num_threads=self.num_threads,
-            remaining=self._remaining(epoch),
-            skip=steps,
+    # -- iteration -----------------------------------------------------------------------------
+    @property
+    def _cuts_tensors(self) -> bool:
+        return not self._cuda and self._convert is _Collator.dense and self._post is None
+
+    def _source(self) -> Generator[tuple[dict, int, int], None, None]:
+        dense = self._cuts_tensors
+        B = self.batch_size
+        return self.stream.batches(
+            cut=(lambda parts: _cut_tensors(parts, B)) if dense else None,
             parts=dense,
+            fields=self._fields,
+            with_ids=self.with_ids,
+            num_threads=self.num_threads,
+            prefetch=self.prefetch,
+            varlen="ragged",
         )
-        return _cut_tensors(parts, self.batch_size, self.drop_last) if dense else parts
 
-    def _source(self, dense: bool = False):
-        epoch, steps = self._epoch, self._position
-        stop = None if self.num_epochs is None else epoch + self.num_epochs
-        self._run_stop = stop if stop is not None else epoch
-        while stop is None or epoch < stop:
-            self._report_quality(epoch, self.batch_size)
-            it = self._reader_batches(epoch, steps, dense)
-            try:
-                for b in it:
-                    steps += 1
-                    yield b, (epoch, steps)
-            finally:
-                it.close()
-            epoch, steps = epoch + 1, 0
+    def _finished(self) -> None:
+        self.stream.seek(self.stream.run_stop)
 
-    def __iter__(self) -> Iterator[dict]:
-        if self._cuda or self._convert is not _Collator.dense or self._post is not None:
-            return super().__iter__()
-        self._stop()
-        gen = self._run_dense()
-        self._active = weakref.ref(gen)
-        return gen
 
-    def _run_dense(self) -> Iterator[dict]:
-        """The raw fast path (fixed-shape numeric fields, no transform, CPU): what
-        :meth:`_run` does, with tensors cut from each read (:func:`_cut_tensors`)."""
-        self._resume_pending = False
-        self._running = (self._epoch, self._position)
-        source = self._source(dense=True)
-        try:
-            for out, st in source:
-                self._epoch, self._position = st
-                yield out
-        finally:
-            self._running = None
-            source.close()
-        self._epoch, self._position = self._end_state()
+class MemorySource:
+    """An :class:`~rowstore.reader.epochs.EpochSource` that reads a reader's rows once and
+    deals every epoch from memory: ``BatchedDataLoader(cache="memory")``.
 
-    def _end_state(self) -> tuple[int, int]:
-        self._base = (self._run_stop, None)
-        return self._run_stop, 0
+    ``deal`` yields what ``Reader.deal`` yields (the same rows of the same global batches, in
+    the same order, with ``"__id"``/``"__pad"``), gathered from the cached columns (a copy per
+    batch, owned by the caller); everything else is the reader's. The rows are read at the first
+    epoch; a reader opened from a path is then closed (no descriptor kept)."""
+
+    def __init__(self, reader: Any, fields: list[str] | None):
+        self.reader, self._fields = reader, fields
+        self._rows: dict | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def rows(self) -> dict:
+        """The cached columns of every row (read on first use)."""
+        if self._rows is None:
+            r = self.reader
+            self._rows = r.take(
+                np.arange(len(r), dtype=np.int64), fields=self._fields, varlen="ragged"
+            )
+        return self._rows
+
+    def deal(
+        self,
+        batch_size: int,
+        *,
+        spec: EpochSpec,
+        remaining: Any = None,
+        skip: int = 0,
+        with_ids: bool = False,
+        **_: Any,
+    ) -> Generator[dict, None, None]:
+        """``Reader.deal``'s batches of ``spec``'s consumer, from memory."""
+        cols = self.rows()
+        r = self.reader
+        spec = spec.resolve(r)
+        order = r.epoch(keep=spec.keep, **spec.order_kwargs())
+        plan = spec.plan(r, batch_size, remaining)
+        unit = spec.unit_for(r, batch_size)
+        rows_of = r.layout.rows_of
+        for ids, mask in step_rows(order, plan, *spec.shard, unit, skip):
+            rows = rows_of(ids)
+            b = {k: (v.take(rows) if isinstance(v, Ragged) else v[rows]) for k, v in cols.items()}
+            if with_ids:
+                b[ID_KEY] = rows
+            if spec.pad:
+                b[PAD_KEY] = mask
+            yield b
 
 
 def _cut_tensors(
-    parts: Iterator[dict], batch_size: int, drop_last: bool
+    parts: Iterator[dict], batch_size: int, drop_last: bool = False
 ) -> Generator[dict, None, None]:
     """Batches of tensors cut from the reader's reads (dicts of fixed-shape numeric arrays, any
     number of rows each) as ``cut_batches`` cuts arrays, with one ``from_numpy`` per array of a
@@ -637,19 +632,21 @@ class InMemBatchedDataLoader(_Loader):
                 "part=(i, n)",
             )
             part = shard
-        super().__init__(
-            path_or_reader,
+        self._open_reader(path_or_reader)
+        self._init_loader(
             batch_size=batch_size,
             fields=fields,
-            shard=part,
             device=device,
             pin_memory=pin_memory,
             transform=transform,
             varlen=varlen,
             prefetch=prefetch,
-            drop_last=drop_last,
-            even=even,
         )
+        self.shard: tuple[int, int] = _resolve_shard(part)
+        self.even = bool(even)
+        self.drop_last = bool(drop_last)
+        self._pos = _Position()
+        self._resume_pending = False
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
         self.shuffle = _order.shuffle_mode(shuffle) != "none"
         _order.check_args("block", seed, 0, 1, *self.shard)
@@ -688,9 +685,9 @@ class InMemBatchedDataLoader(_Loader):
         loop is fine): it counts only batches already handed out, not prefetched."""
         return StreamState(
             INMEM_KIND,
-            self._epoch,
+            self._pos.epoch,
             self._order_key(),
-            position=self._position,
+            position=self._pos.steps,
             stop_epoch=self._stop_epoch,
         ).to_json()
 
@@ -707,11 +704,28 @@ class InMemBatchedDataLoader(_Loader):
             )
         st.check(self._order_key(), positions=self._n)
         self._stop()
-        self._epoch, self._position = st.epoch, st.position
+        self._pos.epoch, self._pos.steps = st.epoch, st.position
         self._stop_epoch = st.stop_epoch
         self._resume_pending = True
 
-    def _reset_run(self) -> None:
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self._pos.epoch
+
+    @property
+    def position(self) -> int:
+        """Rows of this epoch already handed out (to this rank)."""
+        return self._pos.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` from its start at the next iteration (right after
+        :meth:`load_state_dict`, the loaded epoch keeps the loaded position)."""
+        epoch = nonneg_int("epoch", epoch)
+        if self._resume_pending and epoch == self._pos.epoch:
+            return
+        self._stop()
+        self._pos.epoch, self._pos.steps, self._resume_pending = epoch, 0, False
         self._stop_epoch = None
 
     @property
@@ -727,7 +741,9 @@ class InMemBatchedDataLoader(_Loader):
         """Batches the current (running or next) iteration yields in all its epochs."""
         if self.num_epochs is None:
             raise TypeError("an endless InMemBatchedDataLoader (num_epochs=None) has no length")
-        epoch, pos = self._running if self._running is not None else (self._epoch, self._position)
+        epoch, pos = (
+            self._running if self._running is not None else (self._pos.epoch, self._pos.steps)
+        )
         stop = self._stop_epoch if self._stop_epoch is not None else epoch + self.num_epochs
         if epoch >= stop:
             return 0
@@ -753,10 +769,14 @@ class InMemBatchedDataLoader(_Loader):
         }
 
     def _source(self):
+        self._resume_pending = False
+        return self._gathered()
+
+    def _gathered(self):
         if self._stop_epoch is None and self.num_epochs is not None:
-            self._stop_epoch = self._epoch + self.num_epochs
+            self._stop_epoch = self._pos.epoch + self.num_epochs
         stop = self._stop_epoch
-        epoch, pos = self._epoch, self._position
+        epoch, pos = self._pos.epoch, self._pos.steps
         bs, n = self.batch_size, self._n
         end = n - n % bs if self.drop_last else n
         if end == 0:
@@ -766,10 +786,20 @@ class InMemBatchedDataLoader(_Loader):
             while pos < end:
                 idx = order[pos : pos + bs]
                 pos += len(idx)
-                yield self._gather(idx), (epoch, pos)
+                yield self._gather(idx), epoch, pos
             epoch, pos = epoch + 1, 0
 
-    def _end_state(self) -> tuple[int, int]:
-        stop = self._stop_epoch if self._stop_epoch is not None else self._epoch + 1
+    def _finished(self) -> None:
+        stop = self._stop_epoch if self._stop_epoch is not None else self._pos.epoch + 1
         self._stop_epoch = None
-        return stop, 0
+        self._pos.epoch, self._pos.steps = stop, 0
+
+
+class _Position:
+    """Where a loader stands: the epoch and its steps (rows for the in-memory loader)."""
+
+    __slots__ = ("epoch", "steps")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.steps = 0

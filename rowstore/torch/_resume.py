@@ -10,8 +10,8 @@ from typing import Any
 
 import torch.utils.data as _tud
 
-from rowstore._check import nonneg_int, positive_int
-from rowstore.reader.epochs import EpochSpec, no_decode
+from rowstore._check import positive_int
+from rowstore.reader.epochs import EpochSpec, EpochStream, no_decode
 from rowstore.reader.plan import step_rows
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
 from rowstore.torch._epoch import _EpochReader, _OwnsReader
@@ -41,7 +41,6 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
         spec: EpochSpec | None = None,
         shard: tuple[int, int] | None = None,
         drop_last: bool = False,
-        even: bool = False,
         with_ids: bool = False,
         rows: Any = None,
         predicate: Any = None,
@@ -50,13 +49,11 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
     ):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
-        self.prefetch, self._fields = 1, None
         self._init_order(
             "ElasticBatchSampler",
             spec=spec,
             shard=shard,
             drop_last=drop_last,
-            even=even,
             with_ids=with_ids,
             rows=rows,
             predicate=predicate,
@@ -64,39 +61,34 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
             **order,
         )
         no_decode("ElasticBatchSampler", self.spec)
-        self.epoch = 0
-        self._resume: tuple[int, list | None] | None = None
+        self.stream = EpochStream(self.reader, self.batch_size, self.spec, quality=self.quality)
 
-    def _remaining(self, epoch: int) -> list | None:
-        return self._resume[1] if self._resume is not None and self._resume[0] == epoch else None
+    @property
+    def epoch(self) -> int:
+        return self.stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Deal epoch ``epoch`` from the next iteration on (keeps a loaded state of that epoch)."""
-        self.epoch = nonneg_int("epoch", epoch)
-        if self._resume is not None and self._resume[0] != self.epoch:
-            self._resume = None
+        self.stream.set_epoch(epoch)
 
     def resume_from(self, state: Mapping[str, Any]) -> None:
-        """Deal only the batches a job state (:meth:`ResumableDataLoader.state_dict`) has left."""
-        st = self._load(state, self.batch_size)
-        self.epoch = st.epoch
-        self._resume = (st.epoch, st.remaining)
+        """Deal only the batches a job state (any rowstore loader's) has left, in its order."""
+        self.stream.load_state_dict(state)
+        self.spec = self.stream.spec
 
     def __len__(self) -> int:
-        rank, world = self.shard
-        return int(
-            self._plan(self._remaining(self.epoch)).steps(world, self._unit_for(self.batch_size))[
-                rank
-            ]
-        )
+        return self.stream.steps_left()
 
     def __iter__(self) -> Iterator[list[int]]:
-        epoch = self.epoch
-        self._report_quality(epoch, self.batch_size)
-        eo = self.reader.epoch(keep=self._keep, **self.spec.order_kwargs(epoch))
-        plan = self._plan(self._remaining(epoch))
-        rows_of = self.reader.layout.rows_of
-        for ids, mask in step_rows(eo, plan, *self.shard, self._unit_for(self.batch_size)):
+        reader, B = self.reader, self.batch_size
+        rows_of = reader.layout.rows_of
+
+        def lane(spec: EpochSpec, remaining: Any, skip: int) -> Iterator[Any]:
+            order = reader.epoch(keep=spec.keep, **spec.order_kwargs())
+            plan = spec.plan(reader, B, remaining)
+            return step_rows(order, plan, *spec.shard, spec.unit, skip)
+
+        for (ids, mask), _, _ in self.stream.batches(lane=lane):
             yield _Indices(rows_of(ids).tolist(), mask if self.pad else None, self.with_ids)
 
 
@@ -135,8 +127,15 @@ class ResumableDataLoader(_tud.DataLoader):
         self._steps = 0
         self._done = False
 
-    def _workers(self) -> int:
+    def _lanes(self) -> int:
+        """The hand-out's lanes: the DataLoader's workers (the sampler's batches: one)."""
         return max(1, self.num_workers) if isinstance(self._source, IterableDataset) else 1
+
+    def _stream(self) -> EpochStream:
+        src = self._source
+        if isinstance(src, IterableDataset):
+            src._sync()
+        return src.stream
 
     @property
     def epoch(self) -> int:
@@ -144,30 +143,20 @@ class ResumableDataLoader(_tud.DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` (from its start, unless a state of that epoch was just loaded)."""
-        src = self._source
-        pending = (
-            not self._steps
-            and not self._done
-            and src._resume is not None
-            and src._resume[0] == epoch
-        )
-        if not pending:
-            src._resume = None
-        src.set_epoch(epoch)
+        self._source.set_epoch(epoch)
         self._steps, self._done = 0, False
 
     def state_dict(self) -> dict:
         """The job's state (see the class): plain Python values."""
-        src = self._source
-        epoch = src.epoch
+        st = self._stream()
+        own = self._lanes()
         if self._done:
-            return src.spec.state(src.reader, src.batch_size, epoch + 1)
-        return src._state_after(
-            epoch, src._remaining(epoch), self._steps, self._workers(), src.batch_size
-        )
+            return st.state_dict(own, steps=st.epoch_steps(st.epoch, own))
+        return st.state_dict(own, steps=st.steps + self._steps)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a :meth:`state_dict` of any rank of any world."""
+        """Resume from a :meth:`state_dict` of any rank of any world (or any rowstore
+        loader's state)."""
         if isinstance(self._source, IterableDataset):
             self._source._load_state(state, worker=False)
         else:
@@ -186,6 +175,10 @@ class ResumableDataLoader(_tud.DataLoader):
             self._steps, self._done = 0, False
         elif self._steps:  # an iteration was left: continue from where it stopped
             self.load_state_dict(self.state_dict())
+        if isinstance(self._source, IterableDataset):  # the loaded position is being read
+            self._source._sync()
+            self._source.stream._pending = False
+            self._source._publish()
         it = super().__iter__()
         for b in it:
             self._steps += 1

@@ -130,12 +130,24 @@ def test_ddp_shards_are_disjoint_and_complete(source, shuffle, even):
     parts = []
     for rank in range(world):
         with rst.BatchedDataLoader(
-            source, batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world), even=even
+            source,
+            batch_size=5,
+            shuffle=shuffle,
+            seed=2,
+            window=2,
+            shard=(rank, world),
+            drop_last=even,
         ) as dl:
             parts.append(ids_of(list(dl)))
             assert len(parts[-1]) == dl.shard_size
         it = rst.IterableDataset(
-            source, batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world), even=even
+            source,
+            batch_size=5,
+            shuffle=shuffle,
+            seed=2,
+            window=2,
+            shard=(rank, world),
+            drop_last=even,
         )
         assert ids_of(list(DataLoader(it, batch_size=None))).tolist() == parts[-1].tolist()
     allids = np.concatenate(parts)

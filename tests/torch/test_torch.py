@@ -147,7 +147,7 @@ def test_iterable_workers_batches_and_rows(ids_path):
     )
     _assert_once(_ids(batches))
     # even: every worker takes the same number of whole batches: 25 of 8 rows dealt to 2 -> 12 each
-    even = rst.IterableDataset(ids_path, batch_size=8, even=True)
+    even = rst.IterableDataset(ids_path, batch_size=8, drop_last=True)
     batches = list(DataLoader(even, batch_size=None, num_workers=2, multiprocessing_context="fork"))
     ids = _ids(batches)
     assert (
@@ -339,7 +339,7 @@ def test_batched_ids_subsets_predicate_epochs_quality(ids_path, caplog):
         "rowstore epoch 1",
     ]
     assert len(seen) == 1 and seen[0][0] == 0 and 0 < seen[0][1] <= 1
-    with pytest.raises(ValueError, match="num_threads"):
+    with pytest.raises(TypeError, match="num_workers"):  # no worker processes: num_threads
         rst.BatchedDataLoader(ids_path, batch_size=10, num_workers=2)
     with pytest.raises(ValueError, match="choose one"):
         rst.BatchedDataLoader(ids_path, batch_size=10, pad=True, drop_last=True)

@@ -36,16 +36,16 @@ from grain.checkpoint import CheckpointHandler as _GrainHandler
 from rowstore._check import positive_int
 from rowstore.errors import StateError
 from rowstore.reader.buffers import NULL_KEY, Ragged
-from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import (
     MAX_STATE_BYTES,
     STATE_KIND,
     EpochSpec,
+    EpochStream,
     as_pair,
     check_quality,
     loads_state,
-    report_quality,
 )
+from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import ID_KEY, EpochPlan
 
 __all__ = [
@@ -84,13 +84,21 @@ class ReaderSource:
     path_or_reader : str, os.PathLike, list of them, or Reader
     fields : list of str, optional
         The fields of each row (default: all).
+    storage_options : dict, optional
+        For a URL, as :func:`rowstore.open` takes them (refused for a local path).
 
     The source pickles by path (the reader does), for Grain's worker processes, and is
     thread-safe (the reader is).
     """
 
-    def __init__(self, path_or_reader: Any, *, fields: Sequence[str] | None = None):
-        self.reader, _ = as_reader(path_or_reader)
+    def __init__(
+        self,
+        path_or_reader: Any,
+        *,
+        fields: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ):
+        self.reader, _ = open_source(path_or_reader, storage_options)
         self.fields = None if fields is None else list(fields)
         self._schema = self.reader.schema.select(self.fields)
 
@@ -147,6 +155,8 @@ class BatchSource:
         takes) or as :class:`~rowstore.reader.buffers.Ragged`.
     rows, predicate : optional
         A row subset (:meth:`Reader.keep_mask <rowstore.reader.Reader.keep_mask>`).
+    storage_options : dict, optional
+        For a URL, as :func:`rowstore.open` takes them (refused for a local path).
 
     Each item is read when Grain asks for it: in block mode a batch's rows come from a
     window of blocks, so compressed blocks are decoded once per batch that touches them
@@ -164,9 +174,10 @@ class BatchSource:
         varlen: str = "padded",
         rows: Any = None,
         predicate: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
         **order: Any,
     ):
-        self.reader, _ = as_reader(path_or_reader)
+        self.reader, _ = open_source(path_or_reader, storage_options)
         self.batch_size = positive_int("batch_size", batch_size)
         spec = EpochSpec.make(spec, **order)
         if spec.shard != (0, 1) or spec.pad or spec.unit is not None:
@@ -259,6 +270,8 @@ class EpochDataset(grain.IterDataset):
         Add ``"__id"`` (int64), each row's dataset row number.
     rows, predicate : optional
         A row subset (:meth:`Reader.keep_mask <rowstore.reader.Reader.keep_mask>`).
+    storage_options : dict, optional
+        For a URL, as :func:`rowstore.open` takes them (refused for a local path).
     fields : list of str, optional
     varlen : {"padded", "ragged"}
         Variable-shape fields as zero-padded arrays plus ``"<name>__shape"`` (default) or
@@ -284,10 +297,11 @@ class EpochDataset(grain.IterDataset):
         num_threads: int | None = None,
         prefetch: int = 2,
         quality: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
         **order: Any,
     ):
         super().__init__()
-        self.reader, _ = as_reader(path_or_reader)
+        self.reader, _ = open_source(path_or_reader, storage_options)
         self.batch_size = positive_int("batch_size", batch_size)
         if "shard" in order and order["shard"] is not None:
             order["shard"] = as_pair("shard", order["shard"])
@@ -347,56 +361,45 @@ class EpochIterator(grain.DatasetIterator):
     def __init__(self, dataset: EpochDataset):
         super().__init__()
         self._ds = dataset
-        self._epoch, self._steps = 0, 0
-        self._remaining: list | None = None
-        self._it: Iterator[dict] | None = None
+        self._stream = EpochStream(
+            dataset.reader, dataset.batch_size, dataset.spec, quality=dataset.quality
+        )
+        self._it: Iterator[Any] | None = None
         self._state: tuple[tuple[int, int], dict] | None = None
-        self._reported: int | None = None
 
     def __str__(self) -> str:
         return f"EpochIterator({self._ds})"
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._stream.epoch
 
     @property
     def steps(self) -> int:
         """Batches handed out in the current epoch (since the state it resumed from)."""
-        return self._steps
-
-    def _open(self) -> Iterator[dict]:
-        ds = self._ds
-        if ds.quality is not None and self._reported != self._epoch:
-            self._reported = self._epoch
-            report_quality(ds.quality, ds.spec, ds.reader, self._epoch, ds.batch_size)
-        return ds.reader.deal(
-            ds.batch_size,
-            spec=ds.spec.replace(epoch=self._epoch),
-            remaining=self._remaining,
-            skip=self._steps,
-            fields=ds.fields,
-            with_ids=ds.with_ids,
-            num_threads=ds.num_threads,
-            prefetch=ds.prefetch,
-            varlen=ds.varlen,
-        )
+        return self._stream.steps
 
     def __next__(self) -> dict[str, Any]:
         self._assert_not_closed()
-        stop = self._ds.num_epochs
-        while stop is None or self._epoch < stop:
-            if self._it is None:
-                self._it = self._open()
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self._it = None
-                self._epoch, self._remaining, self._steps = self._epoch + 1, None, 0
-                continue
-            self._steps += 1
-            return batch
-        raise StopIteration
+        stream, ds = self._stream, self._ds
+        if self._it is None:
+            if ds.num_epochs is not None and stream.epoch >= ds.num_epochs:
+                raise StopIteration
+            stream.num_epochs = None if ds.num_epochs is None else ds.num_epochs - stream.epoch
+            self._it = stream.batches(
+                fields=ds.fields,
+                with_ids=ds.with_ids,
+                num_threads=ds.num_threads,
+                prefetch=ds.prefetch,
+                varlen=ds.varlen,
+            )
+        try:
+            batch, stream.epoch, stream.steps = next(self._it)
+        except StopIteration:
+            self._it = None
+            stream.seek(stream.run_stop)
+            raise
+        return batch
 
     def _drop(self) -> None:
         if self._it is not None:
@@ -405,21 +408,16 @@ class EpochIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         """Where the iterator stands (see the class): a new dict of plain JSON values."""
-        key = (self._epoch, self._steps)
+        key = (self._stream.epoch, self._stream.steps)
         if self._state is None or self._state[0] != key:
-            ds = self._ds
-            st = ds.spec.state_after(
-                ds.reader, self._epoch, self._remaining, self._steps, ds.batch_size
-            )
-            self._state = (key, st)
+            self._state = (key, self._stream.state_dict())
         return copy.deepcopy(self._state[1])
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from a state of :meth:`get_state` (of any process, of any world)."""
-        ds = self._ds
-        st = ds.spec.read_state(ds.reader, state, ds.batch_size)
+        """Continue from a state of :meth:`get_state` (of any process, of any world), or of any
+        other rowstore loader."""
         self._drop()
-        self._epoch, self._remaining, self._steps = st.epoch, st.remaining, 0
+        self._stream.load_state_dict(state)
         self._state = None
 
     def close(self) -> None:

@@ -15,9 +15,9 @@ import tensorflow as tf
 from rowstore._check import positive_int
 from rowstore.reader import Reader
 from rowstore.reader._args import varlen_modes
-from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import EpochSpec, part_spec
 from rowstore.reader.image_ops import decoded_schema
+from rowstore.reader.make_reader import open_source
 from rowstore.reader.order import shard_bounds
 from rowstore.tf._signature import (
     _ROWSHAPE_KEY,
@@ -84,11 +84,11 @@ class _ReaderLease:
     never closed.
     """
 
-    def __init__(self, path_or_reader: Any):
+    def __init__(self, path_or_reader: Any, storage_options: Any = None):
         if isinstance(path_or_reader, _Fresh):  # a copy for this dataset alone, owned by it
             self.reader, self.owned = copy.copy(path_or_reader.reader), True
         else:  # a reader, a path, or a list of paths read as one
-            self.reader, self.owned = as_reader(path_or_reader)
+            self.reader, self.owned = open_source(path_or_reader, storage_options)
         self._lock = threading.Lock()
         self._running = 0
 
@@ -117,7 +117,9 @@ def make_dataset(
     varlen: str | Mapping[str, str] = "ragged",
     deterministic: bool = True,
     prefetch: int | None = tf.data.AUTOTUNE,
-    shard: tuple[int, int] | None = None,
+    rows: Any = None,
+    predicate: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
     **order: Any,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of dicts read from a rowstore dataset.
@@ -149,9 +151,9 @@ def make_dataset(
     fields : list of str, optional
         Read only these fields.
     part : (index, count), optional
-        This input pipeline's contiguous part of every epoch (``docs/order.md``; ``shard=`` is
-        its deprecated spelling). With ``tf.distribute``: ``(ctx.input_pipeline_id,
-        ctx.num_input_pipelines)``, see :func:`distribute_dataset_fn`.
+        This input pipeline's contiguous part of every epoch (``docs/order.md``). With
+        ``tf.distribute``: ``(ctx.input_pipeline_id, ctx.num_input_pipelines)``, see
+        :func:`distribute_dataset_fn`.
     even : bool
         Give every part (and every parallel read of it) exactly ``len // (count * k)`` rows,
         dropping up to ``count * k - 1`` rows per epoch, so that synchronous workers take the
@@ -171,6 +173,12 @@ def make_dataset(
         is the same).
     prefetch : int or None
         ``Dataset.prefetch`` buffer (default AUTOTUNE; None or 0: none).
+    rows, predicate : optional
+        A row subset (see :meth:`Reader.keep_mask <rowstore.reader.Reader.keep_mask>`): the
+        epoch order and its parts are those of the subset.
+    storage_options : dict, optional
+        For a URL, as :func:`rowstore.open` takes them (refused for a local path or an open
+        reader).
 
     Returns
     -------
@@ -185,13 +193,16 @@ def make_dataset(
     tensors (a few numpy calls per batch) holds it. Arrays are handed to TensorFlow without
     being kept by the reader.
     """
-    lease = _ReaderLease(path_or_reader)
+    lease = _ReaderLease(path_or_reader, storage_options)
     reader = lease.reader
     positive_int("batch_size", batch_size, optional=True)
     positive_int("num_parallel_reads", num_parallel_reads, optional=True)
     positive_int("num_threads", num_threads, optional=True)
     positive_int("num_epochs", num_epochs, optional=True)
-    spec, (rank, world) = part_spec("rowstore.tf.make_dataset", spec, part, shard, order)
+    spec, (rank, world) = part_spec("rowstore.tf.make_dataset", spec, part, None, order)
+    if rows is not None or predicate is not None:
+        spec = spec.replace(keep=reader.keep_mask(rows, predicate))
+    kept = len(reader) if spec.keep is None else int(np.count_nonzero(spec.keep))
     epoch, drop_last = spec.epoch, spec.drop_last
     schema = decoded_schema(reader.schema.select(fields), spec.decode)
     modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="ragged")
@@ -199,7 +210,7 @@ def make_dataset(
     threads = int(num_threads or max(1, reader.num_threads // k))
     rows = batch_size is None
     parts = [(rank * k + i, world * k) for i in range(k)]
-    bounds = [shard_bounds(len(reader), *p, even) for p in parts]
+    bounds = [shard_bounds(kept, *p, even) for p in parts]
     part_rows = [hi - lo for lo, hi in bounds]
     variable = [f for f in schema if f.is_variable]
     padded = [] if rows else [f for f in variable if modes[f.name] == "padded"]
@@ -342,13 +353,13 @@ def distribute_dataset_fn(
     >>> dist = strategy.distribute_datasets_from_function(
     ...     rowstore.tf.distribute_dataset_fn("train.h5", global_batch_size=256, seed=1, epoch=e))
     """
-    for key in ("batch_size", "part", "shard"):
+    for key in ("batch_size", "part"):
         if key in kwargs:
             raise TypeError(
                 f"distribute_dataset_fn sets {key!r} from the input context; do not pass it"
             )
     positive_int("global_batch_size", global_batch_size)
-    opened = _ReaderLease(path_or_reader)  # a bad path fails here, not inside the strategy
+    opened = _ReaderLease(path_or_reader, kwargs.pop("storage_options", None))  # fails here
     reader, owned = opened.reader, opened.owned
     # Each pipeline's dataset owns (and closes) its own copy of a reader opened here: readers are
     # not shared between datasets that would close them under one another. A copy, not the path

@@ -13,18 +13,17 @@ import tensorflow as tf
 from rowstore._check import positive_int
 from rowstore.errors import StateError
 from rowstore.reader._args import varlen_modes
-from rowstore.reader.dataset import as_reader
 from rowstore.reader.epochs import (
     MAX_EPOCH,
     STATE_KIND,
     STATE_VERSION,
     EpochSpec,
+    EpochStream,
     StreamState,
-    check_quality,
     loads_state,
-    report_quality,
 )
 from rowstore.reader.image_ops import decoded_schema
+from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import EXTRA_KEYS, ID_KEY, PAD_KEY, SOURCE_KEY
 from rowstore.tf._dataset import _Source
 from rowstore.tf._signature import VARLEN_MODES, _BatchConverter, _pad_fn, output_signature
@@ -58,7 +57,7 @@ class Loader(tf.Module):
 
     Parameters
     ----------
-    path_or_reader, batch_size, fields, varlen, num_threads
+    path_or_reader, batch_size, fields, varlen, num_threads, storage_options
         As in :func:`make_dataset`.
     spec : EpochSpec, optional
         The order arguments as one object; the keywords ``order`` replace its values.
@@ -94,19 +93,20 @@ class Loader(tf.Module):
         varlen: str | Mapping[str, str] = "ragged",
         num_threads: int | None = None,
         quality: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
         **order: Any,
     ):
         super().__init__(name="rowstore_loader")
-        self.reader, _ = as_reader(path_or_reader)
+        self.reader, _ = open_source(path_or_reader, storage_options)
         self.batch_size = positive_int("batch_size", batch_size)
         spec = EpochSpec.make(spec, **order)
-        self.spec = spec.replace(keep=self.reader.keep_mask(rows, predicate))
-        self.shard = self.spec.shard
-        self.unit = self.spec.unit_for(self.reader, self.batch_size)
+        spec = spec.replace(keep=self.reader.keep_mask(rows, predicate))
+        self.stream = EpochStream(self.reader, self.batch_size, spec, quality=quality)
+        self.shard = spec.shard
+        self.unit = self.stream.unit
         self.with_ids = bool(with_ids)
         self.fields = fields
         self.num_threads = positive_int("num_threads", num_threads, optional=True)
-        self.quality = check_quality(quality)
         self._schema = decoded_schema(self.reader.schema.select(fields), self.spec.decode)
         self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -122,7 +122,9 @@ class Loader(tf.Module):
             self._base_json(None), dtype=tf.string, trainable=False, name="base"
         )
 
-    # The order arguments, as the spec holds them.
+    # The order arguments, as the stream's spec holds them.
+    spec = property(lambda self: self.stream.spec)
+    quality = property(lambda self: self.stream.quality)
     shuffle = property(lambda self: self.spec.shuffle)
     seed = property(lambda self: self.spec.seed)
     # The window and pieces the reader resolved (the defaults decided for its file).
@@ -142,24 +144,19 @@ class Loader(tf.Module):
         """Batches handed out in the current epoch (since the state it resumed from)."""
         return int(self._steps.numpy())
 
-    def _remaining(self, epoch: int) -> list | None:
-        if int(self._base_epoch.numpy()) != epoch:
-            return None
-        return self._restored()[0].remaining
-
     def _plan(self, remaining: list | None):
         return self.spec.plan(self.reader, self.batch_size, remaining)
 
     def _order_key(self) -> dict:
         return self.spec.order_key(self.reader, self.batch_size)
 
-    def _base_json(self, remaining: list | None) -> str:
-        return json.dumps(
-            {"version": STATE_VERSION, "order": self._order_key(), "remaining": remaining},
-            sort_keys=True,
-        )
+    def _base_json(self, remaining: list | None, lanes: int | None = None) -> str:
+        base = {"version": STATE_VERSION, "order": self._order_key(), "remaining": remaining}
+        if lanes is not None:
+            base["lanes"] = lanes
+        return json.dumps(base, sort_keys=True)
 
-    def _restored(self) -> tuple[StreamState, bool]:
+    def _restored(self) -> tuple[StreamState, int | None, bool]:
         """The state the variables hold (a restored ``tf.train.Checkpoint``'s too), through
         :class:`StreamState` (every field checked, ``StateError`` otherwise), and whether the
         variable holds the current format (else :meth:`_check_order` rewrites it)."""
@@ -175,15 +172,20 @@ class Loader(tf.Module):
                     field=name,
                 )
         if isinstance(v, dict):
-            extra = sorted(set(v) - {"order", "remaining", "version"})
+            extra = sorted(set(v) - {"order", "remaining", "version", "lanes"})
             if "order" not in v or extra or not isinstance(v["order"], dict):
                 raise StateError(
                     f"{where}: its base variable is not a rowstore state (keys {sorted(v)})",
                     field="base",
                 )
             order, remaining, version = v["order"], v.get("remaining"), v.get("version", 2)
+            lanes = v.get("lanes")
+            if lanes is not None and not (
+                isinstance(lanes, int) and not isinstance(lanes, bool) and 0 < lanes < MAX_EPOCH
+            ):
+                raise StateError(f"{where}: its lanes must be a positive int", field="lanes")
         else:  # saved before the order key was kept: "" or the remaining list
-            order, remaining, version = self._order_key(), v, STATE_VERSION
+            order, remaining, version, lanes = self._order_key(), v, STATE_VERSION, None
         state = {
             **order,
             "kind": STATE_KIND,
@@ -192,49 +194,51 @@ class Loader(tf.Module):
             "remaining": remaining,
         }
         st = StreamState.from_json(state)
-        return st, isinstance(v, dict) and st.version == STATE_VERSION
+        return st, lanes, isinstance(v, dict) and st.version == STATE_VERSION
 
     def _check_order(self) -> None:
-        """``StateError`` if a restored ``tf.train.Checkpoint`` was saved for another dataset or
-        order, or holds an invalid field; a checkpoint from before the order key was saved is
-        taken as this loader's order."""
-        st, current = self._restored()
-        self.spec = self.spec.adopt(st)
+        """Set the stream where the variables say (a restored ``tf.train.Checkpoint``'s too):
+        ``StateError`` if they were saved for another dataset or order, or hold an invalid
+        field; a checkpoint from before the order key was saved is taken as this loader's
+        order."""
+        st, lanes, current = self._restored()
+        stream = self.stream
+        stream.spec = stream.spec.adopt(st)
         st.check(self._order_key(), batches=self._plan(None).num_batches)
-        epoch = self.epoch
-        plan = self._plan(st.remaining if int(self._base_epoch.numpy()) == epoch else None)
-        most = int(plan.steps(self.shard[1], self.unit)[self.shard[0]])
+        base_epoch = int(self._base_epoch.numpy())
+        stream.epoch, stream.steps = self.epoch, self.steps
+        stream._base = None if base_epoch == -1 else (base_epoch, st.remaining, lanes)
+        most = stream.epoch_steps(stream.epoch)
         if self.steps > most:
             raise StateError(
                 f"the tf.train.Checkpoint of a rowstore.tf.Loader: its steps variable holds "
-                f"{self.steps}, more than the {most} steps of this worker's epoch {epoch}",
+                f"{self.steps}, more than the {most} steps of this worker's epoch {self.epoch}",
                 field="steps",
             )
         if not current:  # from now on the variable holds this loader's order key
-            self._base.assign(self._base_json(st.remaining))
+            self._base.assign(self._base_json(st.remaining, lanes))
 
     def state_at(self, epoch: int, steps: int) -> dict:
         """The state once every worker took ``steps`` batches of ``epoch`` (plain Python)."""
         self._check_order()
-        spec = self.spec.replace(unit=self.unit)
-        return spec.state_after(
-            self.reader, int(epoch), self._remaining(int(epoch)), int(steps), self.batch_size
-        )
+        return self.stream.state_dict(epoch=int(epoch), steps=int(steps))
 
     def state_dict(self) -> dict:
         """Where the input stands (see the class): plain Python values, JSON friendly."""
         return self.state_at(self.epoch, self.steps)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state of any worker of any worker count: the next :meth:`dataset`
-        deals exactly the batches not yet delivered. :class:`~rowstore.errors.StateError` if
-        a field is invalid or the state is for another dataset or order."""
-        st = self.spec.read_state(self.reader, state, self.batch_size)
-        self.spec = self.spec.adopt(st)
-        self._epoch.assign(st.epoch)
-        self._steps.assign(0)
-        self._base_epoch.assign(st.epoch)
-        self._base.assign(self._base_json(st.remaining))
+        """Resume from a state of any rowstore loader, any worker of any worker count: the next
+        :meth:`dataset` deals exactly the batches not yet delivered (in the saved run's order
+        on the same worker count). :class:`~rowstore.errors.StateError` if a field is invalid
+        or the state is for another dataset or order."""
+        stream = self.stream
+        stream.load_state_dict(state)
+        base = stream._base
+        self._epoch.assign(stream.epoch)
+        self._steps.assign(stream.steps)
+        self._base_epoch.assign(-1 if base is None else base[0])
+        self._base.assign(self._base_json(*(base[1:] if base is not None else (None, None))))
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""
@@ -245,8 +249,7 @@ class Loader(tf.Module):
     def __len__(self) -> int:
         """Steps of the current epoch still to take (this worker)."""
         self._check_order()
-        plan = self._plan(self._remaining(self.epoch))
-        return int(plan.steps(self.shard[1], self.unit)[self.shard[0]]) - self.steps
+        return self.stream.epoch_steps(self.epoch) - self.steps
 
     # -- the dataset ---------------------------------------------------------------------------
     def dataset(
@@ -292,41 +295,27 @@ class Loader(tf.Module):
         sig["__epoch"] = tf.TensorSpec((), tf.int64)
         sig["__step"] = tf.TensorSpec((), tf.int64)
         convert = _BatchConverter(schema, modes, False)
-        e0, s0 = self.epoch, self.steps
-        stop = None if num_epochs is None else e0 + num_epochs
+        stream = self.stream
+        e0, s0, base0 = stream.epoch, stream.steps, stream._base
         names = schema.names
-        reported: set[int] = set()
 
         def generate():
-            epoch, skip = e0, s0
-            while stop is None or epoch < stop:
-                if epoch not in reported:
-                    reported.add(epoch)
-                    report_quality(self.quality, self.spec, self.reader, epoch, self.batch_size)
-                it = self.reader.deal(
-                    self.batch_size,
-                    spec=self.spec.replace(epoch=epoch, unit=self.unit),
-                    remaining=self._remaining(epoch),
-                    skip=skip,
-                    fields=names,
-                    with_ids=self.with_ids,
-                    num_threads=self.num_threads,
-                    varlen="ragged",
-                )
-                step = skip
-                try:
-                    for b in it:
-                        out = convert(b)
-                        for k in EXTRA_KEYS:
-                            if k in b:
-                                out[k] = b[k]
-                        step += 1
-                        out["__epoch"] = np.int64(epoch)
-                        out["__step"] = np.int64(step)
-                        yield out
-                finally:
-                    it.close()
-                epoch, skip = epoch + 1, 0
+            stream.epoch, stream.steps, stream._base = e0, s0, base0
+            stream.num_epochs = num_epochs
+            it = stream.batches(
+                fields=names, with_ids=self.with_ids, num_threads=self.num_threads, varlen="ragged"
+            )
+            try:
+                for b, epoch, step in it:
+                    out = convert(b)
+                    for k in EXTRA_KEYS:
+                        if k in b:
+                            out[k] = b[k]
+                    out["__epoch"] = np.int64(epoch)
+                    out["__step"] = np.int64(step)
+                    yield out
+            finally:
+                it.close()
 
         ds = tf.data.Dataset.from_generator(generate, output_signature=sig)
         if padded:

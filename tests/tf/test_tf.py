@@ -330,7 +330,7 @@ def test_shards_disjoint_and_complete(tiny, batch_size, k):
     parts = []
     for index in range(count):
         ds = rtf.make_dataset(
-            tiny, batch_size=batch_size, shard=(index, count), num_parallel_reads=k, seed=5
+            tiny, batch_size=batch_size, part=(index, count), num_parallel_reads=k, seed=5
         )
         parts.append(_ids(ds, batched=batch_size is not None))
     flat = [i for p in parts for i in p]
@@ -370,8 +370,8 @@ def test_order_deterministic_by_seed_and_epoch(tiny, shuffle):
 def test_order_is_the_readers(tiny):
     # One part, rows: exactly the core reader's epoch order.
     r = rowstore.open(tiny)
-    ds = rtf.make_dataset(r, seed=4, epoch=2, shard=(1, 2))
-    assert _ids(ds, batched=False) == r.epoch_order(seed=4, epoch=2, shard=(1, 2)).tolist()
+    ds = rtf.make_dataset(r, seed=4, epoch=2, part=(1, 2))
+    assert _ids(ds, batched=False) == r.epoch_order(seed=4, epoch=2, part=(1, 2)).tolist()
     # Batches (cut from larger chunks inside) keep that order and the batch boundaries.
     core = [b["id"].tolist() for b in r.batches(48, seed=4, epoch=2)]
     got = [el["id"].numpy().tolist() for el in rtf.make_dataset(r, batch_size=48, seed=4, epoch=2)]
@@ -405,7 +405,7 @@ def test_even_shards(tiny):
     sizes = [
         len(
             _ids(
-                rtf.make_dataset(tiny, shard=(i, 3), even=True, num_parallel_reads=2), batched=False
+                rtf.make_dataset(tiny, part=(i, 3), even=True, num_parallel_reads=2), batched=False
             )
         )
         for i in range(3)
@@ -453,8 +453,10 @@ def test_bad_arguments(tiny):
         rtf.make_dataset(tiny, varlen={"x": "nested"})
     with pytest.raises(TypeError, match="varlen"):
         rtf.make_dataset(tiny, varlen=["ragged"])
-    with pytest.raises(ValueError, match="shard"):
-        rtf.make_dataset(tiny, shard=(3, 3))
+    with pytest.raises(ValueError, match="part"):
+        rtf.make_dataset(tiny, part=(3, 3))
+    with pytest.raises(ValueError, match="deal"):  # a dealt shard is not a contiguous part
+        rtf.make_dataset(tiny, shard=(0, 3))
     with pytest.raises(ValueError, match="shuffle"):
         rtf.make_dataset(tiny, shuffle="random")
     with pytest.raises(rowstore.SchemaError):

@@ -1,0 +1,165 @@
+"""One resumable epoch stream behind every loader: a state saved by any loader after k batches
+loads in any other (torch's BatchedDataLoader, its in-memory cache, ResumableDataLoader and an
+IterableDataset under a DataLoader with 0 and 2 workers, rowstore.tf.Loader, Grain's
+EpochDataset), which delivers the rest of the saving run's batch sequence: the concatenation is
+the uninterrupted run, batch for batch.
+
+A tiny dataset, one epoch, savers' runs computed once: DataLoader workers are forked only for the
+loaders that have them."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader  # noqa: E402
+
+import rowstore  # noqa: E402
+import rowstore.torch as rst  # noqa: E402
+from rowstore import Field, Schema  # noqa: E402
+
+N, B, K = 83, 6, 7  # 14 batches; saved after an odd number: with 2 workers, worker 1 is next
+ORDER = dict(seed=3, window=2)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory) -> str:
+    p = str(tmp_path_factory.mktemp("stream") / "ids.h5")
+    with rowstore.Writer(p, Schema([Field("id", "int64")]), rows_per_block=8) as w:
+        w.write_batch({"id": np.arange(N, dtype=np.int64)})
+    return p
+
+
+def _ids(batches) -> list[list[int]]:
+    return [np.asarray(b["id"]).tolist() for b in batches]
+
+
+def _workers(n: int) -> dict:
+    return {"num_workers": n, "multiprocessing_context": "fork"} if n else {}
+
+
+def _take(it, k: int) -> list:
+    return [next(it) for _ in range(k)]
+
+
+# -- the loaders: each saves after k batches (head, state) and runs from a loaded state ---------
+def _batched(path, cache=None):
+    return rst.BatchedDataLoader(path, batch_size=B, cache=cache, **ORDER)
+
+
+def _resumable(path, workers):
+    ds = rst.IterableDataset(path, batch_size=B, **ORDER)
+    return rst.ResumableDataLoader(ds, batch_size=None, **_workers(workers))
+
+
+def _tf_loader(path):
+    rtf = pytest.importorskip("rowstore.tf")
+    return rtf.Loader(path, batch_size=B, **ORDER)
+
+
+def _grain_iter(path):
+    rg = pytest.importorskip("rowstore.grain")
+    return iter(rg.EpochDataset(path, batch_size=B, shard=(0, 1), **ORDER))
+
+
+def save(kind: str, path: str, k: int) -> tuple[list, dict]:
+    """The first ``k`` batches of ``kind``'s run and its state then."""
+    if kind in ("batched", "memory"):
+        dl = _batched(path, "memory" if kind == "memory" else None)
+        it = iter(dl)
+        head = _take(it, k)
+        state = dl.state_dict()
+        it.close()
+    elif kind.startswith("resumable"):
+        dl = _resumable(path, int(kind[-1]))
+        it = iter(dl)
+        head = _take(it, k)
+        state = dl.state_dict()
+        del it
+    elif kind == "tf":
+        loader = _tf_loader(path)
+        it = iter(loader.dataset())
+        head = [{"id": el["id"].numpy()} for el in _take(it, k)]
+        state = loader.state_dict()
+    else:
+        it = _grain_iter(path)
+        head = _take(it, k)
+        state = it.get_state()
+        it.close()
+    return _ids(head), json.loads(json.dumps(state))  # through JSON, as a checkpoint holds it
+
+
+def resume(kind: str, path: str, state: dict | None) -> list:
+    """``kind``'s batches from ``state`` (None: its whole run) to the end of the epoch."""
+    if kind in ("batched", "memory"):
+        dl = _batched(path, "memory" if kind == "memory" else None)
+        if state is not None:
+            dl.load_state_dict(state)
+        return _ids(dl)
+    if kind.startswith("resumable"):
+        dl = _resumable(path, int(kind[-1]))
+        if state is not None:
+            dl.load_state_dict(state)
+        return _ids(dl)
+    if kind.startswith("iterable"):
+        ds = rst.IterableDataset(path, batch_size=B, **ORDER)
+        if state is not None:
+            ds.load_state_dict(state)
+        return _ids(DataLoader(ds, batch_size=None, **_workers(int(kind[-1]))))
+    if kind == "tf":
+        loader = _tf_loader(path)
+        if state is not None:
+            loader.load_state_dict(state)
+        return [el["id"].numpy().tolist() for el in loader.dataset()]
+    it = _grain_iter(path)
+    if state is not None:
+        it.set_state(state)
+    out = _ids(it)
+    it.close()
+    return out
+
+
+SAVERS = ["batched", "memory", "resumable0", "resumable2", "tf", "grain"]
+LOADERS = SAVERS[:4] + ["iterable0", "iterable2"] + SAVERS[4:]
+
+
+@functools.cache
+def _saved(kind: str, path: str) -> tuple[list, list, dict]:
+    """``kind``'s uninterrupted run, and its first K batches and state then."""
+    head, state = save(kind, path, K)
+    return resume(kind, path, None), head, state
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("saver", SAVERS)
+def test_a_state_resumes_the_identical_batch_sequence_in_every_loader(path, saver, loader):
+    full, head, state = _saved(saver, path)
+    assert len(full) == -(-N // B) and sorted(sum(full, [])) == list(range(N))
+    assert head == full[:K]
+    assert head + resume(loader, path, state) == full
+
+
+def test_one_process_and_two_workers_deal_the_same_rows(path):
+    """The hand-out differs (one lane, or one per worker), the rows of the epoch do not."""
+    one, two = _saved("batched", path)[0], _saved("resumable2", path)[0]
+    assert sorted(sum(one, [])) == sorted(sum(two, [])) == list(range(N))
+    state = _saved("resumable2", path)[2]
+    assert state["hand_out"]["lanes"] == 2 and state["hand_out"]["steps"] == K
+    assert "hand_out" not in _saved("batched", path)[2]  # one lane, one rank: remaining says all
+
+
+def test_another_world_deals_what_is_left_once(path):
+    """On another world size the state's hand-out does not apply: the batches not yet delivered
+    are dealt again, each row once."""
+    head, state = _saved("resumable2", path)[1:]
+    rest = []
+    for rank in range(2):
+        dl = rst.BatchedDataLoader(path, batch_size=B, shard=(rank, 2), **ORDER)
+        dl.load_state_dict(state)
+        rest += sum(_ids(dl), [])
+    assert sorted(sum(head, []) + rest) == list(range(N))

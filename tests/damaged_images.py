@@ -121,8 +121,10 @@ def peak_rss_mb(body: str, *, timeout: float = 120.0) -> dict:
     RSS above the peak at mark(), **result}`` where ``result`` is the dict ``body`` leaves in
     ``result``."""
     src = (
-        "import json, resource, sys\nimport numpy as np\n"
-        "def _rss():\n    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "import json, sys\nimport numpy as np\n"
+        "from rowstore.global_shuffle._passes import peak_rss\n"
+        # VmHWM: ru_maxrss keeps the peak of the (large) pytest worker across exec
+        "def _rss():\n    return peak_rss() / (1 << 20)\n"
         "_base = [0.0]\ndef mark():\n    _base[0] = _rss()\n"
         "result = {}\n"
         + textwrap.dedent(body)

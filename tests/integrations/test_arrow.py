@@ -614,15 +614,17 @@ def _npz_bomb(shape: tuple[int, ...], zeros: int) -> bytes:
     return local + data + central + end
 
 
+# The peak of this process alone: VmHWM (ru_maxrss keeps the pytest worker's peak across exec).
 _PEAK_RSS = """
-import json, resource, sys
+import json, sys
 from rowstore.arrow import from_parquet
+from rowstore.global_shuffle._passes import peak_rss
 try:
     from_parquet(sys.argv[1], sys.argv[2], payloads={"c": "npz"}, batch_rows=1)
     err = None
 except Exception as exc:
     err = [type(exc).__name__, getattr(exc, "field", None), getattr(exc, "row", None), str(exc)]
-print(json.dumps([err, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))
+print(json.dumps([err, peak_rss()]))
 """
 
 

@@ -641,7 +641,7 @@ class SparkDatasetConverter:
             num_epochs=num_epochs,
             shuffle=shuffle,
             seed=seed,
-            shard=shard,
+            part=shard,
             **dataset_kwargs,
         )
 

@@ -1,6 +1,7 @@
-"""One epoch pipeline: :class:`EpochSpec`, the order arguments checked once, and
+"""One epoch pipeline: :class:`EpochSpec`, the order arguments checked once;
 :class:`EpochSource`, what a :class:`~rowstore.reader.Reader` and a
-:class:`~rowstore.reader.mix.Mixture` both offer the loaders.
+:class:`~rowstore.reader.mix.Mixture` both offer the loaders; and :class:`EpochStream`, the
+resumable run of epochs every loader is a thin converter over.
 
 Every read entry point (``Reader.batches``/``deal``, ``Mixture.batches``/``deal``, the torch
 datasets and loaders, ``rowstore.tf``, ``make_reader``) builds an :class:`EpochSpec` from its
@@ -21,6 +22,8 @@ keyword arguments, so the same words have the same meaning everywhere (``docs/or
 
 The spec also gives what the resumable loaders share: the order key a saved state is checked
 against, the state once every consumer took ``k`` steps, and the shuffle-quality report.
+:class:`EpochStream` holds where a rank stands (epoch, steps, what remains) and hands its batches
+out to lanes (torch's DataLoader workers) in an order a saved state reproduces.
 
 :class:`StreamState` is the one resume-state codec: every loader's saved state is one, as
 versioned JSON that names its dataset (the source's ``fingerprint``), and every loaded state is
@@ -770,8 +773,9 @@ def part_spec(
 
 
 # -- resume states: the one codec every loader's state goes through -----------------------------
-#: The kind of a dealt epoch's state (every loader but the in-memory one), and of the in-memory
-#: loader's (a position in a permutation of the rows it holds).
+#: The kind of a dealt epoch's state (every loader's, through :class:`EpochStream`), and of the
+#: former in-memory loader's (a position in its own permutation of the rows it held): still
+#: parsed and checked, then refused by kind (no loader resumes it).
 STATE_KIND = "rowstore.epoch"
 INMEM_KIND = "InMemBatchedDataLoader"
 #: The state format written. Version 3 added ``"dataset"``, the dataset's fingerprint.
@@ -973,8 +977,9 @@ class StreamState:
     """A saved position in a resumable epoch stream, checked field by field.
 
     Every loader's ``state_dict`` (torch's :class:`~rowstore.torch.BatchedDataLoader`,
-    ``ResumableDataLoader``, ``IterableDataset``, ``InMemBatchedDataLoader``, ``rowstore.tf``'s
-    ``Loader`` and its ``tf.train.Checkpoint``, the Grain iterators) is :meth:`to_json` of one,
+    ``ResumableDataLoader``, ``IterableDataset``, ``rowstore.tf``'s ``Loader`` and its
+    ``tf.train.Checkpoint``, the Grain iterators: :meth:`EpochStream.state_dict`) is
+    :meth:`to_json` of one,
     and every ``load_state_dict`` goes through :meth:`from_json` and :meth:`check`, which refuse
     a state with :class:`~rowstore.errors.StateError` naming the field.
 
@@ -982,7 +987,7 @@ class StreamState:
     ----------
     kind : str
         :data:`STATE_KIND` (a dealt epoch: the global batches not yet delivered, resumable on
-        any world) or :data:`INMEM_KIND` (the in-memory loader's position).
+        any world) or :data:`INMEM_KIND` (the former in-memory loader's position, refused).
     epoch : int
         The epoch to read, ``0 <= epoch < 2**62``.
     order : dict
@@ -994,13 +999,15 @@ class StreamState:
         A dealt epoch's global batches not yet delivered (None: all of them).
     consumer, taken, row
         A torch ``DataLoader`` worker's own progress (``IterableDataset.state_dict`` inside a
-        worker): its ``(consumer, consumers)``, steps and rows of the current step taken.
+        worker): its ``(worker, workers)`` and the rows of the current step taken (its place
+        in the hand-out is ``hand_out``).
     hand_out : dict or None
         How the epoch in progress is handed out (:class:`EpochStream`): ``world`` ranks of
         ``lanes`` lanes each, dealt in units of ``unit`` global batches from ``base`` (the
         epoch's global batches not yet delivered when it was dealt, None: all), of which every
         rank handed out ``steps``. A loader of the same world and unit finishes the epoch with
-        the identical batch sequence; any other deals ``remaining`` again.
+        the identical batch sequence; any other deals ``remaining`` again. A state without one
+        is handed out in one lane per rank from ``remaining``.
     position, stop_epoch
         The in-memory loader's rows handed out in ``epoch``, and the epoch its run stops at.
     version : int

@@ -10,8 +10,7 @@ This package is the only part of rowstore that imports torch. Use it as
 - :class:`BatchedDataLoader`: the fast path, no ``DataLoader``: dicts of tensors built with
   ``torch.from_numpy`` on the reader's arrays; with a CUDA ``device``, pinned staging buffers and
   ``non_blocking`` copies on a side stream. Resumable mid-epoch (``state_dict``).
-- :class:`InMemBatchedDataLoader`: reads its part of the file once, then shuffles and batches from
-memory.
+  ``cache="memory"`` reads the rows once and deals every epoch from memory, in the same order.
 - :class:`TransformSpec`: a per-row or per-batch transform that declares the fields it edits,
   removes or adds, so every loader knows its ``output_schema``.
 - :class:`ResumableDataLoader` and :class:`ElasticBatchSampler`: torch's ``DataLoader`` with a
@@ -28,22 +27,18 @@ See ``docs/torch.md``.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from rowstore.reader.transform import TransformSpec
 from rowstore.torch._collate import Row, RowBatch, collate
 from rowstore.torch._convert import VARLEN_MODES, torch_dtype
 from rowstore.torch._datasets import Dataset, IterableDataset
 from rowstore.torch._device import _CudaStage  # noqa: F401  (tests subclass it as rst._CudaStage)
-from rowstore.torch._loaders import BatchedDataLoader, InMemBatchedDataLoader
+from rowstore.torch._loaders import BatchedDataLoader
 from rowstore.torch._resume import ElasticBatchSampler, ResumableDataLoader
 
 __all__ = [
     "Dataset",
     "IterableDataset",
     "BatchedDataLoader",
-    "InMemBatchedDataLoader",
     "TransformSpec",
     "collate",
     "Row",
@@ -53,19 +48,3 @@ __all__ = [
     "ResumableDataLoader",
     "ElasticBatchSampler",  # elastic resume (rowstore.reader.plan)
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``rowstore.torch.DataLoader``: a deprecated alias of ``rowstore.petastorm.DataLoader``."""
-    if name == "DataLoader":
-        warnings.warn(
-            "rowstore.torch.DataLoader is deprecated: write rowstore.petastorm.DataLoader "
-            "(Petastorm's DataLoader over make_reader); rowstore.torch.BatchedDataLoader is "
-            "rowstore's own loader",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from rowstore.torch._petastorm import DataLoader
-
-        return DataLoader
-    raise AttributeError(f"module 'rowstore.torch' has no attribute {name!r}")

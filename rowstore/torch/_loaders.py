@@ -1,7 +1,6 @@
-"""The batched loaders (no ``DataLoader``): :class:`BatchedDataLoader` streams from the reader,
-:class:`InMemBatchedDataLoader` reads its part once; their base :class:`_Loader` holds the
-transform and collation, the device path (a producer thread for CUDA), epoch/position state
-and ``state_dict``."""
+"""The batched loader (no ``DataLoader``): :class:`BatchedDataLoader`, a thin converter over
+the :class:`~rowstore.reader.epochs.EpochStream` (transform and collation, the device path: a
+producer thread for CUDA), and :class:`MemorySource` (``cache="memory"``)."""
 
 from __future__ import annotations
 
@@ -15,26 +14,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from rowstore._check import nonneg_int, positive_int
-from rowstore.errors import StateError
-from rowstore.reader import order as _order
+from rowstore._check import positive_int
 from rowstore.reader.buffers import Ragged
-from rowstore.reader.epochs import (
-    INMEM_KIND,
-    EpochSpec,
-    EpochStream,
-    StreamState,
-    deprecated,
-    no_decode,
-)
+from rowstore.reader.dataset import Reader
+from rowstore.reader.epochs import EpochSpec, EpochStream, no_decode
 from rowstore.reader.plan import ID_KEY, PAD_KEY, step_rows
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import _Collator
 from rowstore.torch._device import _CudaStage, _to_device
-from rowstore.torch._epoch import _EpochReader, _OwnsReader, _resolve_shard, _split_extras
+from rowstore.torch._epoch import _EpochReader, _OwnsReader, _split_extras
 from rowstore.torch._transform import _schemas
-
-_INMEM_STREAM = 0x1A3E  # key of the in-memory loader's permutations in order.seed64
 
 
 class _Failure:
@@ -47,15 +36,225 @@ class _Failure:
 _END = object()
 
 
-class _Loader(_OwnsReader):
-    """What BatchedDataLoader and InMemBatchedDataLoader share: transforms and collation,
-    the device path, iteration over a source of ``(batch, epoch, steps)``, and closing
-    (:meth:`close` stops the running iteration, then closes a reader opened from a path).
-    ``self._pos`` (``epoch``, ``steps``) is where the loader stands: the subclass's."""
+class BatchedDataLoader(_EpochReader, _OwnsReader):
+    """Batches of torch tensors straight from the reader: the fast path (no ``DataLoader``).
 
-    _pos: Any
+    Parameters
+    ----------
+    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
+        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, a URL, or a list of
+        those.
+    batch_size : int
+    spec : EpochSpec, optional
+        The order arguments as one object; the keywords ``order`` replace its values.
+    **order
+        The order arguments of ``docs/order.md``: ``shuffle`` (default ``"block"``; True/False
+        allowed), ``seed``, ``window``, ``pieces``, ``pad`` (equal steps on every rank by
+        repeating rows: batches get ``"__pad"``, True for a repeated row, to mask out of the
+        loss), ``unit``, ``decode`` (image ops of jpeg fields, ``{"image":
+        RandomResizedCrop(224)}``: fixed-size uint8 images decoded, cropped and resized by the
+        JPEG kernel; :mod:`rowstore.reader.image_ops`). All but ``unit`` and ``decode`` are part
+        of a resume state.
+    fields : sequence of str, optional
+    shard : (rank, world), optional
+        This rank's dealt part of each epoch. Default: torch.distributed's rank and world size
+        when initialized, else (0, 1).
+    device : str or torch.device, optional
+        Where batches go. ``None``/``"cpu"``: CPU tensors that are ``torch.from_numpy`` views of
+        arrays the reader handed over (nothing is copied). A CUDA device: see Notes.
+    pin_memory : bool, optional
+        Default True for a CUDA device. With ``device=None`` and CUDA present, True returns
+        pinned CPU tensors. Without CUDA it warns and is ignored.
+    transform : callable or TransformSpec, optional
+        Applied to each batch (numpy) before collation; see :class:`TransformSpec`.
+    drop_last : bool
+        Equal steps on every rank by leaving out the last partial batch and the batches that
+        do not divide evenly.
+    num_threads : int, optional
+        Reader threads (kernels and image decoders run without the GIL).
+    prefetch : int
+        Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
+    varlen : {"padded", "nested", "list"} or dict
+    with_ids : bool
+        Add ``"__id"`` (int64): each row's dataset row number.
+    rows, predicate : optional
+        Read a row subset: row numbers, or a function of a batch dict returning one bool per
+        row (evaluated once per block when the loader is made); see :meth:`Reader.keep_mask`.
+    num_epochs : int or None
+        Epochs one iteration yields (default 1: the rest of the current epoch); ``None``: endless.
+    quality : None, "log" or callable
+        Report each epoch's shuffle quality: ``"log"`` logs it (logger ``"rowstore"``, INFO),
+        a callable gets ``(epoch, quality)``.
+    cache : None or "memory"
+        ``"memory"``: read every row once (the fields read) and deal every epoch from memory
+        (:class:`MemorySource`): the same batches in the same order as without it, each a gather
+        (a copy) owned by the caller. Memory: the dataset's columns (every rank holds all rows,
+        as each epoch deals it other ones). ``decode`` does not apply (``ValueError``).
+    storage_options : dict, optional
+        For a URL, as :func:`rowstore.open` takes them (refused for a local path or a reader).
 
-    def _init_loader(
+    The loader reads with ``num_threads`` threads in this process; for worker processes use
+    :class:`IterableDataset` with torch's ``DataLoader`` (or :class:`ResumableDataLoader`).
+
+    Notes
+    -----
+    The epoch order is the reader's (a pure function of seed, epoch, layout). Its global
+    batches are dealt to the ranks (:mod:`rowstore.reader.plan`), so every rank knows its
+    steps before the epoch (``len(loader)``) and a state saved on any rank resumes the whole
+    job on another world size: :meth:`state_dict` is the same on every rank that took the
+    same number of steps, and any rowstore loader (torch, tf, Grain; any number of DataLoader
+    workers) resumes it with the identical batch sequence
+    (:class:`~rowstore.reader.epochs.EpochStream`). One iteration yields the rest of the current
+    epoch; when it completes, the loader moves to the next epoch, so ``for _ in range(n): for b
+    in loader`` sees ``n`` different epochs.
+    :meth:`set_epoch` picks an epoch explicitly. Breaking out of a loop and iterating again
+    continues where it stopped; :meth:`state_dict`/:meth:`load_state_dict` do the same across
+    processes.
+
+    CUDA path: a producer thread reads (the reader prefetches on its own threads), transforms and
+    collates each batch, copies it into a small ring of pinned buffers (``prefetch + 1`` slots,
+    reused; a slot is refilled only once its previous copy completed) and enqueues the
+    ``non_blocking`` copies on a side stream, ``prefetch`` batches ahead. The consumer's current
+    stream waits on each batch's event (no host sync) and the device tensors are
+    ``record_stream``-ed to it. Device tensors are fresh for each batch and owned by the caller.
+
+    Use it as a context manager (``with BatchedDataLoader(...) as dl:``) or call :meth:`close`
+    to stop threads and close a reader it opened.
+    """
+
+    def __init__(
+        self,
+        path_or_reader: Any,
+        *,
+        batch_size: int,
+        spec: EpochSpec | None = None,
+        fields: Sequence[str] | None = None,
+        shard: tuple[int, int] | None = None,
+        device: Any = None,
+        pin_memory: bool | None = None,
+        transform: Any = None,
+        drop_last: bool = False,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        varlen: str | Mapping[str, str] = "padded",
+        with_ids: bool = False,
+        rows: Any = None,
+        predicate: Any = None,
+        num_epochs: int | None = 1,
+        quality: Any = None,
+        cache: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        **order: Any,
+    ):
+        if cache not in (None, "memory"):
+            raise ValueError(f"cache must be None or 'memory', got {cache!r}")
+        self._open_reader(path_or_reader, storage_options)
+        self._init_order(
+            "BatchedDataLoader",
+            spec=spec,
+            shard=shard,
+            drop_last=drop_last,
+            with_ids=with_ids,
+            rows=rows,
+            predicate=predicate,
+            quality=quality,
+            **order,
+        )
+        if cache == "memory":
+            no_decode("BatchedDataLoader(cache='memory')", self.spec)
+            if not isinstance(self.reader, Reader):
+                raise ValueError(
+                    "BatchedDataLoader(cache='memory') holds a Reader's rows; a "
+                    f"{type(self.reader).__name__} is read as it streams (cache=None)"
+                )
+        self._init_delivery(
+            batch_size=batch_size,
+            fields=fields,
+            device=device,
+            pin_memory=pin_memory,
+            transform=transform,
+            varlen=varlen,
+            prefetch=prefetch,
+            decode=self.spec.decode,
+        )
+        self.num_threads = num_threads
+        self.cache = cache
+        source: Any = self.reader
+        if cache == "memory":
+            source = MemorySource(self.reader, self._fields, close=self._owns_reader)
+        self.stream = EpochStream(
+            source, self.batch_size, self.spec, num_epochs=num_epochs, quality=self.quality
+        )
+
+    # -- where the loader stands: its stream's -------------------------------------------------
+    num_epochs = property(lambda self: self.stream.num_epochs)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self.stream.epoch
+
+    @property
+    def steps(self) -> int:
+        """Batches handed out (to this rank) in this epoch, or since the state it resumed from."""
+        return self.stream.steps
+
+    @property
+    def position(self) -> int:
+        """Rows of the current epoch delivered by the job: the batches delivered before the
+        state it resumed from, plus ``steps`` batches on each of the ``world`` ranks (capped
+        at the epoch's rows). With one rank: the rows this loader handed out in the epoch."""
+        plan = self.stream.plan(self.stream.epoch)
+        before = plan.num_batches - plan.num_positions
+        return min((before + self.stream.steps * self.shard[1]) * self.batch_size, plan.num_rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` from its start at the next iteration.
+
+        Right after :meth:`load_state_dict`, calling it with the loaded epoch keeps the loaded
+        position (so the usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes).
+        """
+        self._stop()
+        self.stream.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """The epoch in progress and the global batches not yet delivered, assuming every rank
+        handed out as many batches as this one (as DDP ranks do): the same state on every rank,
+        resumable on any world size and by any rowstore loader with the same order arguments
+        (:class:`~rowstore.reader.epochs.EpochStream`). Plain Python values. Call it between
+        batches (inside the loop is fine): it counts batches handed out, not prefetched."""
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state (:meth:`state_dict` of any rowstore loader, any rank, any world
+        size): the next iteration yields this rank's part of exactly the batches not yet
+        delivered, in the saved run's order on the same world.
+        :class:`~rowstore.errors.StateError` (a ``ValueError``) if a field is invalid or the
+        state is for another dataset or order (seed, batch size...)."""
+        self._stop()
+        self.stream.load_state_dict(state)
+        self.spec = self.stream.spec
+
+    @property
+    def shard_size(self) -> int:
+        """Rows this rank reads in a whole epoch (padding included)."""
+        plan = self._plan(None)
+        g = plan.batches(self.shard[0], self.shard[1], self.stream.unit)
+        last = plan.rows_of_batch(plan.num_batches - 1) if plan.num_batches else (0, 0)
+        short = self.batch_size - (last[1] - last[0])
+        return len(g) * self.batch_size - (
+            short if not self.pad and (g == plan.num_batches - 1).any() else 0
+        )
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current (running or next) iteration: the same on every
+        rank under ``drop_last``/``pad``."""
+        if self.stream.num_epochs is None:
+            raise TypeError("an endless BatchedDataLoader (num_epochs=None) has no length")
+        epoch, steps = self._running if self._running is not None else (self.epoch, self.steps)
+        return self.stream.steps_left(1, epoch, steps)
+
+    def _init_delivery(
         self,
         *,
         batch_size,
@@ -136,26 +335,14 @@ class _Loader(_OwnsReader):
         return out
 
     # -- iteration -----------------------------------------------------------------------------
-    @property
-    def _cuts_tensors(self) -> bool:
-        """True when the source yields tensors already (the raw fast path: fixed-shape numeric
-        fields, no transform, CPU)."""
-        return False
-
     def __iter__(self) -> Iterator[dict]:
         self._stop()
         gen = self._run(self._source())
         self._active = weakref.ref(gen)
         return gen
 
-    def _source(self) -> Generator[tuple[dict, int, int], None, None]:
-        raise NotImplementedError
-
-    def _finished(self) -> None:
-        raise NotImplementedError
-
     def _run(self, source) -> Iterator[dict]:
-        pos = self._pos
+        pos = self.stream
         self._running = (pos.epoch, pos.steps)
         deliver = self._deliver_cuda(source) if self._cuda else None
         try:
@@ -240,212 +427,11 @@ class _Loader(_OwnsReader):
         if gen is not None:
             gen.close()
 
-
-class BatchedDataLoader(_EpochReader, _Loader):
-    """Batches of torch tensors straight from the reader: the fast path (no ``DataLoader``).
-
-    Parameters
-    ----------
-    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
-        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
-    batch_size : int
-    spec : EpochSpec, optional
-        The order arguments as one object; the keywords ``order`` replace its values.
-    **order
-        The order arguments of ``docs/order.md``: ``shuffle`` (default ``"block"``; True/False
-        allowed), ``seed``, ``window``, ``pieces``, ``pad`` (equal steps on every rank by
-        repeating rows: batches get ``"__pad"``, True for a repeated row, to mask out of the
-        loss), ``unit``, ``decode`` (image ops of jpeg fields, ``{"image":
-        RandomResizedCrop(224)}``: fixed-size uint8 images decoded, cropped and resized by the
-        JPEG kernel; :mod:`rowstore.reader.image_ops`). All but ``unit`` and ``decode`` are part
-        of a resume state.
-    fields : sequence of str, optional
-    shard : (rank, world), optional
-        This rank's dealt part of each epoch. Default: torch.distributed's rank and world size
-        when initialized, else (0, 1).
-    device : str or torch.device, optional
-        Where batches go. ``None``/``"cpu"``: CPU tensors that are ``torch.from_numpy`` views of
-        arrays the reader handed over (nothing is copied). A CUDA device: see Notes.
-    pin_memory : bool, optional
-        Default True for a CUDA device. With ``device=None`` and CUDA present, True returns
-        pinned CPU tensors. Without CUDA it warns and is ignored.
-    transform : callable or TransformSpec, optional
-        Applied to each batch (numpy) before collation; see :class:`TransformSpec`.
-    drop_last : bool
-        Equal steps on every rank by leaving out the last partial batch and the batches that
-        do not divide evenly. ``even=True`` is its deprecated spelling.
-    num_threads : int, optional
-        Reader threads (kernels and image decoders run without the GIL).
-    prefetch : int
-        Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
-    varlen : {"padded", "nested", "list"} or dict
-    with_ids : bool
-        Add ``"__id"`` (int64): each row's dataset row number.
-    rows, predicate : optional
-        Read a row subset: row numbers, or a function of a batch dict returning one bool per
-        row (evaluated once per block when the loader is made); see :meth:`Reader.keep_mask`.
-    num_epochs : int or None
-        Epochs one iteration yields (default 1: the rest of the current epoch); ``None``: endless.
-    quality : None, "log" or callable
-        Report each epoch's shuffle quality: ``"log"`` logs it (logger ``"rowstore"``, INFO),
-        a callable gets ``(epoch, quality)``.
-    num_workers : int, optional
-        Not supported (0 or None only): the loader reads with ``num_threads`` threads in this
-        process. For worker processes use :class:`IterableDataset` with torch's ``DataLoader``.
-
-    Notes
-    -----
-    The epoch order is the reader's (a pure function of seed, epoch, layout). Its global
-    batches are dealt to the ranks (:mod:`rowstore.reader.plan`), so every rank knows its
-    steps before the epoch (``len(loader)``) and a state saved on any rank resumes the whole
-    job on another world size: :meth:`state_dict` is the same on every rank that took the
-    same number of steps. One iteration yields the rest of the current epoch; when it completes, the
-    loader moves to the
-    next epoch, so ``for _ in range(n): for b in loader`` sees ``n`` different epochs.
-    :meth:`set_epoch` picks an epoch explicitly. Breaking out of a loop and iterating again
-    continues where it stopped; :meth:`state_dict`/:meth:`load_state_dict` do the same across
-    processes.
-
-    CUDA path: a producer thread reads (the reader prefetches on its own threads), transforms and
-    collates each batch, copies it into a small ring of pinned buffers (``prefetch + 1`` slots,
-    reused; a slot is refilled only once its previous copy completed) and enqueues the
-    ``non_blocking`` copies on a side stream, ``prefetch`` batches ahead. The consumer's current
-    stream waits on each batch's event (no host sync) and the device tensors are
-    ``record_stream``-ed to it. Device tensors are fresh for each batch and owned by the caller.
-
-    Use it as a context manager (``with BatchedDataLoader(...) as dl:``) or call :meth:`close`
-    to stop threads and close a reader it opened.
-    """
-
-    def __init__(
-        self,
-        path_or_reader: Any,
-        *,
-        batch_size: int,
-        spec: EpochSpec | None = None,
-        fields: Sequence[str] | None = None,
-        shard: tuple[int, int] | None = None,
-        device: Any = None,
-        pin_memory: bool | None = None,
-        transform: Any = None,
-        drop_last: bool = False,
-        num_threads: int | None = None,
-        prefetch: int = 2,
-        varlen: str | Mapping[str, str] = "padded",
-        with_ids: bool = False,
-        rows: Any = None,
-        predicate: Any = None,
-        num_epochs: int | None = 1,
-        quality: Any = None,
-        cache: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        **order: Any,
-    ):
-        if cache not in (None, "memory"):
-            raise ValueError(f"cache must be None or 'memory', got {cache!r}")
-        self._open_reader(path_or_reader, storage_options)
-        self._init_order(
-            "BatchedDataLoader",
-            spec=spec,
-            shard=shard,
-            drop_last=drop_last,
-            with_ids=with_ids,
-            rows=rows,
-            predicate=predicate,
-            quality=quality,
-            **order,
-        )
-        self._init_loader(
-            batch_size=batch_size,
-            fields=fields,
-            device=device,
-            pin_memory=pin_memory,
-            transform=transform,
-            varlen=varlen,
-            prefetch=prefetch,
-            decode=self.spec.decode,
-        )
-        self.num_threads = num_threads
-        self.cache = cache
-        source: Any = self.reader
-        if cache == "memory":
-            no_decode("BatchedDataLoader(cache='memory')", self.spec)
-            source = MemorySource(self.reader, self._fields)
-        self.stream = self._pos = EpochStream(
-            source, self.batch_size, self.spec, num_epochs=num_epochs, quality=self.quality
-        )
-
-    # -- where the loader stands: its stream's -------------------------------------------------
-    num_epochs = property(lambda self: self.stream.num_epochs)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next (or current) iteration reads."""
-        return self.stream.epoch
-
-    @property
-    def steps(self) -> int:
-        """Batches handed out (to this rank) in this epoch, or since the state it resumed from."""
-        return self.stream.steps
-
-    @property
-    def position(self) -> int:
-        """Rows of the current epoch delivered by the job: the batches delivered before the
-        state it resumed from, plus ``steps`` batches on each of the ``world`` ranks (capped
-        at the epoch's rows). With one rank: the rows this loader handed out in the epoch."""
-        plan = self.stream.plan(self.stream.epoch)
-        before = plan.num_batches - plan.num_positions
-        return min((before + self.stream.steps * self.shard[1]) * self.batch_size, plan.num_rows)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` from its start at the next iteration.
-
-        Right after :meth:`load_state_dict`, calling it with the loaded epoch keeps the loaded
-        position (so the usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes).
-        """
-        self._stop()
-        self.stream.set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        """The epoch in progress and the global batches not yet delivered, assuming every rank
-        handed out as many batches as this one (as DDP ranks do): the same state on every rank,
-        resumable on any world size and by any rowstore loader with the same order arguments
-        (:class:`~rowstore.reader.epochs.EpochStream`). Plain Python values. Call it between
-        batches (inside the loop is fine): it counts batches handed out, not prefetched."""
-        return self.stream.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state (:meth:`state_dict` of any rowstore loader, any rank, any world
-        size): the next iteration yields this rank's part of exactly the batches not yet
-        delivered, in the saved run's order on the same world.
-        :class:`~rowstore.errors.StateError` (a ``ValueError``) if a field is invalid or the
-        state is for another dataset or order (seed, batch size...)."""
-        self._stop()
-        self.stream.load_state_dict(state)
-        self.spec = self.stream.spec
-
-    @property
-    def shard_size(self) -> int:
-        """Rows this rank reads in a whole epoch (padding included)."""
-        plan = self._plan(None)
-        g = plan.batches(self.shard[0], self.shard[1], self.stream.unit)
-        last = plan.rows_of_batch(plan.num_batches - 1) if plan.num_batches else (0, 0)
-        short = self.batch_size - (last[1] - last[0])
-        return len(g) * self.batch_size - (
-            short if not self.pad and (g == plan.num_batches - 1).any() else 0
-        )
-
-    def __len__(self) -> int:
-        """Batches this rank yields in the current (running or next) iteration: the same on every
-        rank under ``drop_last``/``pad``."""
-        if self.stream.num_epochs is None:
-            raise TypeError("an endless BatchedDataLoader (num_epochs=None) has no length")
-        epoch, steps = self._running if self._running is not None else (self.epoch, self.steps)
-        return self.stream.steps_left(1, epoch, steps)
-
     # -- iteration -----------------------------------------------------------------------------
     @property
     def _cuts_tensors(self) -> bool:
+        """True when the stream yields tensors (the raw fast path: fixed-shape numeric fields,
+        no transform, CPU): :func:`_cut_tensors` cuts them from the reads."""
         return not self._cuda and self._convert is _Collator.dense and self._post is None
 
     def _source(self) -> Generator[tuple[dict, int, int], None, None]:
@@ -474,8 +460,8 @@ class MemorySource:
     batch, owned by the caller); everything else is the reader's. The rows are read at the first
     epoch; a reader opened from a path is then closed (no descriptor kept)."""
 
-    def __init__(self, reader: Any, fields: list[str] | None):
-        self.reader, self._fields = reader, fields
+    def __init__(self, reader: Any, fields: list[str] | None, *, close: bool = False):
+        self.reader, self._fields, self._close = reader, fields, close
         self._rows: dict | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -491,6 +477,8 @@ class MemorySource:
             self._rows = r.take(
                 np.arange(len(r), dtype=np.int64), fields=self._fields, varlen="ragged"
             )
+            if self._close:
+                r.close()  # read once: no descriptor kept for the loader's lifetime
         return self._rows
 
     def deal(
@@ -567,239 +555,3 @@ def _cut_tensors(
         close = getattr(parts, "close", None)
         if close is not None:
             close()
-
-
-class InMemBatchedDataLoader(_Loader):
-    """Read this rank's part of the file once into memory, then shuffle and batch it for many
-    epochs.
-
-    Parameters
-    ----------
-    path_or_reader : str, os.PathLike, a list of them, or rowstore.reader.Reader
-        As in :class:`rowstore.torch.Dataset`: a file, a dataset directory, or a list of those.
-    batch_size : int
-    num_epochs : int, optional
-        Epochs one iteration yields (``None``: endless, as in Petastorm).
-    shuffle : bool or {"block", "full", "none"}
-        Shuffle each epoch (True or any mode but ``"none"``): a uniform permutation of the rows
-        held, a pure function of (seed, epoch).
-    seed : int
-    fields : sequence of str, optional
-    part : (index, count), optional
-        This rank's contiguous part of the file order (``docs/order.md``): it holds rows
-        ``[index * N // count, (index + 1) * N // count)`` of the dataset (with ``even``:
-        ``N // count`` rows each); default torch.distributed's (rank, world). ``shard=`` is its
-        deprecated spelling (a shard is dealt everywhere else).
-    device, pin_memory, transform, drop_last, varlen, prefetch
-        As in :class:`BatchedDataLoader`; ``transform`` runs on every batch (augmentations
-        differ per epoch).
-
-    Notes
-    -----
-    Memory: the part's decoded columns. Each batch is a gather (a copy) from them, owned by
-    the caller. A reader opened from a path is closed once the part is read. State
-    (:meth:`state_dict`) is the epoch, the rows handed out in it, and the epoch at which the
-    current run of ``num_epochs`` ends.
-    """
-
-    def __init__(
-        self,
-        path_or_reader: Any,
-        *,
-        batch_size: int,
-        num_epochs: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        fields: Sequence[str] | None = None,
-        part: tuple[int, int] | None = None,
-        device: Any = None,
-        pin_memory: bool | None = None,
-        transform: Any = None,
-        drop_last: bool = False,
-        even: bool = False,
-        varlen: str | Mapping[str, str] = "padded",
-        prefetch: int = 2,
-        shard: tuple[int, int] | None = None,
-    ):
-        if shard is not None:
-            if part is not None:
-                raise TypeError(
-                    "InMemBatchedDataLoader: pass part= only (shard= is its deprecated spelling)"
-                )
-            deprecated(
-                "InMemBatchedDataLoader",
-                "shard=(i, n), a contiguous part of the file,",
-                "part=(i, n)",
-            )
-            part = shard
-        self._open_reader(path_or_reader)
-        self._init_loader(
-            batch_size=batch_size,
-            fields=fields,
-            device=device,
-            pin_memory=pin_memory,
-            transform=transform,
-            varlen=varlen,
-            prefetch=prefetch,
-        )
-        self.shard: tuple[int, int] = _resolve_shard(part)
-        self.even = bool(even)
-        self.drop_last = bool(drop_last)
-        self._pos = _Position()
-        self._resume_pending = False
-        self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
-        self.shuffle = _order.shuffle_mode(shuffle) != "none"
-        _order.check_args("block", seed, 0, 1, *self.shard)
-        self.seed = seed
-        self.part = self.shard  # the contiguous part (its state keeps the key "shard")
-        self._stop_epoch: int | None = None
-        lo, hi = _order.shard_bounds(len(self.reader), *self.shard, even=self.even)
-        self._lo, self._n = lo, hi - lo
-        try:
-            self._cache = self.reader.take(
-                np.arange(lo, hi, dtype=np.int64), fields=self._fields, varlen="ragged"
-            )
-        finally:
-            if self._owns_reader:
-                self.reader.close()  # read once: no descriptor kept for the loader's lifetime
-        self._perm: tuple[int, np.ndarray] | None = None
-
-    def _order_key(self) -> dict:
-        """What the state's order depends on: the dataset (rows, a directory's manifest
-        version, fingerprint), the part, the permutations and the batches."""
-        return {
-            "dataset_version": self.reader.layout.version,
-            "num_rows": len(self.reader),
-            "dataset": self.reader.fingerprint,
-            "shard": list(self.shard),
-            "even": self.even,
-            "seed": int(self.seed),
-            "shuffle": self.shuffle,
-            "batch_size": self.batch_size,
-        }
-
-    def state_dict(self) -> dict:
-        """Where this loader stands: epoch, rows handed out in it, the epoch at which the
-        current run of ``num_epochs`` ends, and what the order depends on. Plain JSON values
-        (:class:`~rowstore.reader.epochs.StreamState`). Call it between batches (inside the
-        loop is fine): it counts only batches already handed out, not prefetched."""
-        return StreamState(
-            INMEM_KIND,
-            self._pos.epoch,
-            self._order_key(),
-            position=self._pos.steps,
-            stop_epoch=self._stop_epoch,
-        ).to_json()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining rows
-        of that epoch in the same order. :class:`~rowstore.errors.StateError` if a field is
-        invalid or the state was saved for another dataset or order."""
-        st = StreamState.from_json(state)
-        if st.kind != INMEM_KIND:
-            raise StateError(
-                f"a {st.kind!r} state is another loader's; InMemBatchedDataLoader resumes "
-                f"{INMEM_KIND!r} states",
-                field="kind",
-            )
-        st.check(self._order_key(), positions=self._n)
-        self._stop()
-        self._pos.epoch, self._pos.steps = st.epoch, st.position
-        self._stop_epoch = st.stop_epoch
-        self._resume_pending = True
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next (or current) iteration reads."""
-        return self._pos.epoch
-
-    @property
-    def position(self) -> int:
-        """Rows of this epoch already handed out (to this rank)."""
-        return self._pos.steps
-
-    def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` from its start at the next iteration (right after
-        :meth:`load_state_dict`, the loaded epoch keeps the loaded position)."""
-        epoch = nonneg_int("epoch", epoch)
-        if self._resume_pending and epoch == self._pos.epoch:
-            return
-        self._stop()
-        self._pos.epoch, self._pos.steps, self._resume_pending = epoch, 0, False
-        self._stop_epoch = None
-
-    @property
-    def num_rows(self) -> int:
-        """Rows held in memory (this rank's part)."""
-        return self._n
-
-    def _per_epoch(self, start: int = 0) -> int:
-        n = max(0, self._n - start)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __len__(self) -> int:
-        """Batches the current (running or next) iteration yields in all its epochs."""
-        if self.num_epochs is None:
-            raise TypeError("an endless InMemBatchedDataLoader (num_epochs=None) has no length")
-        epoch, pos = (
-            self._running if self._running is not None else (self._pos.epoch, self._pos.steps)
-        )
-        stop = self._stop_epoch if self._stop_epoch is not None else epoch + self.num_epochs
-        if epoch >= stop:
-            return 0
-        return self._per_epoch(pos) + (stop - epoch - 1) * self._per_epoch()
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """Row numbers (of the dataset: all its files) of ``epoch``'s order on this rank."""
-        return self._lo + self._order(epoch)
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if self._perm is not None and self._perm[0] == epoch:
-            return self._perm[1]
-        if self.shuffle:
-            perm = _order.permutation(self._n, _order.seed64(self.seed, epoch, _INMEM_STREAM))
-        else:
-            perm = np.arange(self._n, dtype=np.int64)
-        self._perm = (epoch, perm)
-        return perm
-
-    def _gather(self, idx: np.ndarray) -> dict:
-        return {
-            k: (v.take(idx) if isinstance(v, Ragged) else v[idx]) for k, v in self._cache.items()
-        }
-
-    def _source(self):
-        self._resume_pending = False
-        return self._gathered()
-
-    def _gathered(self):
-        if self._stop_epoch is None and self.num_epochs is not None:
-            self._stop_epoch = self._pos.epoch + self.num_epochs
-        stop = self._stop_epoch
-        epoch, pos = self._pos.epoch, self._pos.steps
-        bs, n = self.batch_size, self._n
-        end = n - n % bs if self.drop_last else n
-        if end == 0:
-            return
-        while stop is None or epoch < stop:
-            order = self._order(epoch)
-            while pos < end:
-                idx = order[pos : pos + bs]
-                pos += len(idx)
-                yield self._gather(idx), epoch, pos
-            epoch, pos = epoch + 1, 0
-
-    def _finished(self) -> None:
-        stop = self._stop_epoch if self._stop_epoch is not None else self._pos.epoch + 1
-        self._stop_epoch = None
-        self._pos.epoch, self._pos.steps = stop, 0
-
-
-class _Position:
-    """Where a loader stands: the epoch and its steps (rows for the in-memory loader)."""
-
-    __slots__ = ("epoch", "steps")
-
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.steps = 0

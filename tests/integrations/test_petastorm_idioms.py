@@ -299,11 +299,13 @@ def test_table_pytorch(ds):
         ds, batch_size=16, shuffle=False, fields=["id"], transform=lambda b: {"id": b["id"] * 2}
     ) as loader:
         assert torch.cat([b["id"] for b in loader]).tolist() == [2 * i for i in range(N)]
-    # rowstore.torch.InMemBatchedDataLoader(url, batch_size=..., num_epochs=...)
-    with rst.InMemBatchedDataLoader(ds, batch_size=16, fields=["id"], num_epochs=1) as loader:
+    # Petastorm's InMemBatchedDataLoader(url, batch_size=..., num_epochs=...): cache="memory"
+    with rst.BatchedDataLoader(ds, batch_size=16, fields=["id"], cache="memory") as loader:
         assert sorted(torch.cat([b["id"] for b in loader]).tolist()) == list(range(N))
-    # (default None: without end; islice takes 3 epochs, so the test cannot run unbounded)
-    with rst.InMemBatchedDataLoader(ds, batch_size=16, fields=["id"]) as loader:
+    # (num_epochs=None: without end; islice takes 3 epochs, so the test cannot run unbounded)
+    with rst.BatchedDataLoader(
+        ds, batch_size=16, fields=["id"], cache="memory", num_epochs=None
+    ) as loader:
         with pytest.raises(TypeError, match="endless"):
             len(loader)
         ids = torch.cat([b["id"] for b in itertools.islice(loader, 3 * -(-N // 16))]).tolist()

@@ -5,11 +5,10 @@ The same ``shuffle`` (True/False or a mode), ``seed``, ``epoch``, ``window``, ``
 
 - a dealt ``shard=(rank, world)``: the batches of ``Reader.deal`` in the same order (torch's
   BatchedDataLoader, IterableDataset, ResumableDataLoader, the map-style Dataset with
-  ElasticBatchSampler, ``rowstore.torch.DataLoader``, ``rowstore.tf.Loader``);
+  ElasticBatchSampler, BatchedDataLoader's ``cache="memory"``, ``rowstore.petastorm.DataLoader``,
+  ``rowstore.tf.Loader``);
 - a contiguous ``part=(index, count)``: the batches of ``Reader.batches`` in the same order
-  (``rowstore.tf.make_dataset``, ``make_batch_reader``, ``make_reader``), and for
-  ``InMemBatchedDataLoader`` (which holds its part in memory and permutes it itself) the same
-  set of rows as the file-order part;
+  (``rowstore.tf.make_dataset``, ``make_batch_reader``, ``make_reader``);
 
 and a :class:`~rowstore.reader.mix.Mixture` reads with the same calls as a Reader.
 """
@@ -25,6 +24,7 @@ from rowstore.reader import Reader
 from rowstore.reader.epochs import EpochSpec
 
 torch = pytest.importorskip("torch")
+import rowstore.petastorm  # noqa: E402
 import rowstore.torch as rst  # noqa: E402
 
 N = 203  # 13 blocks of 16 rows, the last short
@@ -70,6 +70,12 @@ def _dealt_entry_points(source, shard, order, map_style=True):
     dl = rst.BatchedDataLoader(source, batch_size=B, shard=shard, **_no_epoch(order))
     dl.set_epoch(order["epoch"])
     out["BatchedDataLoader"] = _ids(dl)
+    if map_style:  # a Reader's rows (a mixture is no Reader)
+        dl = rst.BatchedDataLoader(
+            source, batch_size=B, shard=shard, cache="memory", **_no_epoch(order)
+        )
+        dl.set_epoch(order["epoch"])
+        out["BatchedDataLoader(cache='memory')"] = _ids(dl)
     ds = rst.IterableDataset(source, batch_size=B, shard=shard, **_no_epoch(order))
     ds.set_epoch(order["epoch"])
     out["IterableDataset"] = _ids(ds)
@@ -77,9 +83,9 @@ def _dealt_entry_points(source, shard, order, map_style=True):
     rl = rst.ResumableDataLoader(ds, batch_size=None)
     rl.set_epoch(order["epoch"])
     out["ResumableDataLoader"] = _ids(rl)
-    pl = rst.DataLoader(source, batch_size=B, shard=shard, **_no_epoch(order))
+    pl = rowstore.petastorm.DataLoader(source, batch_size=B, shard=shard, **_no_epoch(order))
     pl.set_epoch(order["epoch"])
-    out["torch.DataLoader"] = _ids(pl)
+    out["petastorm.DataLoader"] = _ids(pl)
     if map_style:
         mds = rst.Dataset(source)
         sampler = rst.ElasticBatchSampler(mds, batch_size=B, shard=shard, **_no_epoch(order))
@@ -139,16 +145,6 @@ def test_contiguous_part_is_the_same_everywhere(path, order, part):
     if order["epoch"] == 0:
         with rowstore.make_reader(path, batch_size=B, schema_fields=["id"], **petastorm) as rr:
             assert [int(row.id) for row in rr] == _flat(want)
-    inmem = rst.InMemBatchedDataLoader(
-        path, batch_size=B, part=part, shuffle=order["shuffle"], seed=order["seed"], num_epochs=1
-    )
-    inmem.set_epoch(order["epoch"])
-    with Reader(path) as r:
-        file_order = r.epoch_order(shuffle=False, part=part)
-    got = _flat(_ids(inmem))
-    assert sorted(got) == sorted(file_order.tolist())
-    if order["shuffle"] is False:
-        assert got == file_order.tolist()
 
 
 # -- tf -------------------------------------------------------------------------------------------
@@ -221,9 +217,6 @@ def test_shard_half_is_refused_everywhere(path):
             "ElasticBatchSampler": lambda: rst.ElasticBatchSampler(
                 rst.Dataset(path), batch_size=B, shard=(0.5, 2)
             ),
-            "InMemBatchedDataLoader": lambda: rst.InMemBatchedDataLoader(
-                path, batch_size=B, part=(0.5, 2)
-            ),
             "make_reader": lambda: rowstore.make_reader(path, cur_shard=0.5, shard_count=2),
         }
         for call in calls.values():
@@ -255,21 +248,15 @@ def test_old_spellings_warn_and_keep_their_meaning(path, rtf):
             assert r.num_batches(B, shard=(1, 3)) == r.num_batches(B, part=(1, 3))
         with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
             assert np.array_equal(r.epoch_order(shard=(1, 3)), r.epoch_order(part=(1, 3)))
-    with pytest.warns(DeprecationWarning, match="write drop_last=True"):
-        old = _ids(rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), even=True, seed=2))
-    assert old == _ids(
-        rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), drop_last=True, seed=2)
-    )
-    with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
-        old = _ids(rst.InMemBatchedDataLoader(path, batch_size=B, shard=(1, 3), num_epochs=1))
-    assert old == _ids(rst.InMemBatchedDataLoader(path, batch_size=B, part=(1, 3), num_epochs=1))
-    with pytest.warns(DeprecationWarning, match="write drop_last=True"):
+    # the adapters' old spellings are gone (even=, shard= for a contiguous part)
+    with pytest.raises(TypeError, match="even"):
+        rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), even=True, seed=2)
+    with pytest.raises(TypeError, match="even"):
         rst.IterableDataset(path, batch_size=B, even=True)
-    with pytest.warns(DeprecationWarning, match="write drop_last=True"):
+    with pytest.raises(TypeError, match="even"):
         rst.ElasticBatchSampler(rst.Dataset(path), batch_size=B, even=True)
-    with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
-        old = _tf_ids(rtf.make_dataset(path, batch_size=B, shard=(1, 3), **kw))
-    assert old == _tf_ids(rtf.make_dataset(path, batch_size=B, part=(1, 3), **kw))
+    with pytest.raises(ValueError, match="deal"):
+        rtf.make_dataset(path, batch_size=B, shard=(1, 3), **kw)
 
 
 def test_a_spec_and_its_keywords_are_one_thing(path):

@@ -139,10 +139,10 @@ def test_torch_iterable_pickles_with_iterations_running(rst, path):
     assert fds_to(path) == 0
 
 
-def test_torch_in_memory_loader_closes_its_reader_once_loaded(rst, path):
-    dl = rst.InMemBatchedDataLoader(path, batch_size=8, num_epochs=1)
-    assert fds_to(path) == 0  # everything is in memory: no descriptor kept
+def test_torch_memory_cache_closes_its_reader_once_loaded(rst, path):
+    dl = rst.BatchedDataLoader(path, batch_size=8, cache="memory")
     assert _ids(dl) == list(range(N))
+    assert fds_to(path) == 0  # everything is in memory: no descriptor kept
     dl.close()
 
 
@@ -154,9 +154,7 @@ def test_torch_batched_loader_closes_the_reader_it_opened(rst, path):
     assert fds_to(path) == 0
 
 
-@pytest.mark.parametrize(
-    "kind", ["Dataset", "IterableDataset", "BatchedDataLoader", "InMemBatchedDataLoader"]
-)
+@pytest.mark.parametrize("kind", ["Dataset", "IterableDataset", "BatchedDataLoader"])
 def test_torch_adapters_leave_a_passed_reader_open(rst, path, kind):
     with rowstore.open(path) as r:
         r.take([0])

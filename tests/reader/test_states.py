@@ -252,38 +252,45 @@ def test_torch_loaders_refuse_another_dataset_and_bad_fields(files):
     assert e.value.field == "consumer"
 
 
-def test_in_memory_loader_refuses_another_dataset_and_bad_fields(files):
+def test_memory_cache_refuses_another_dataset_and_old_in_memory_states(files):
     pytest.importorskip("torch")
     import rowstore.torch as rst
 
-    dl = rst.InMemBatchedDataLoader(files["a"], batch_size=B, num_epochs=1, seed=3)
+    kw = dict(batch_size=B, seed=3, cache="memory")
+    dl = rst.BatchedDataLoader(files["a"], **kw)
     it = iter(dl)
     head = [next(it)["id"].tolist() for _ in range(2)]
     it.close()
     state = json.loads(json.dumps(dl.state_dict()))
-    assert state["kind"] == "InMemBatchedDataLoader" and state["version"] == 3
-    other = rst.InMemBatchedDataLoader(files["b"], batch_size=B, num_epochs=1, seed=3)
+    assert state["kind"] == "rowstore.epoch" and state["version"] == 3
     with pytest.raises(StateError, match="another dataset"):
-        other.load_state_dict(state)
-    for field, value in (
-        ("position", N + 1),
-        ("position", 16.0),
-        ("epoch", True),
-        ("stop_epoch", "1"),
-        ("shuffle", "block"),
-        ("shard", [0, 1, 2]),
-    ):
-        with pytest.raises(StateError) as e:
-            dl.load_state_dict({**state, field: value})
-        assert e.value.field == field
-    with pytest.raises(StateError, match="another loader's"):
-        dl.load_state_dict(_state(files["a"]))
-    old = {k: v for k, v in state.items() if k != "dataset"} | {"version": 1}
-    back = rst.InMemBatchedDataLoader(files["a"], batch_size=B, num_epochs=1, seed=3)
-    with pytest.warns(FutureWarning, match="does not name its dataset"):
-        back.load_state_dict(old)
-    rest = [i for b in back for i in b["id"].tolist()]
-    assert [i for b in head for i in b] + rest == dl.epoch_order(0).tolist()
+        rst.BatchedDataLoader(files["b"], **kw).load_state_dict(state)
+    with pytest.raises(StateError) as e:
+        dl.load_state_dict({**state, "remaining": [[2, 1]]})
+    assert e.value.field == "remaining"
+    rest = rst.BatchedDataLoader(files["a"], **kw)
+    rest.load_state_dict(state)
+    whole = [b["id"].tolist() for b in rst.BatchedDataLoader(files["a"], batch_size=B, seed=3)]
+    assert head + [b["id"].tolist() for b in rest] == whole
+    # the in-memory loader's states (a position in its own permutation) resume nowhere now
+    inmem = {
+        "kind": "InMemBatchedDataLoader",
+        "version": 3,
+        "epoch": 0,
+        "dataset_version": None,
+        "num_rows": N,
+        "dataset": state["dataset"],
+        "shard": [0, 1],
+        "even": False,
+        "seed": 3,
+        "shuffle": True,
+        "batch_size": B,
+        "position": 16,
+        "stop_epoch": 1,
+    }
+    with pytest.raises(StateError) as e:
+        rst.BatchedDataLoader(files["a"], **kw).load_state_dict(inmem)
+    assert e.value.field == "kind"
 
 
 def test_tf_loader_refuses_another_dataset_and_bad_fields(files, tmp_path):

@@ -179,21 +179,24 @@ def test_batched_loader_resumes_mid_epoch(source, shuffle):
         assert full.tolist() == r.epoch_order(shuffle=shuffle, seed=5, epoch=1, window=2).tolist()
 
 
-def test_in_memory_loader_reads_its_shard_and_resumes(source):
+def test_memory_cache_reads_its_shard_and_resumes(source):
     parts = []
     for rank in range(2):
-        dl = rst.InMemBatchedDataLoader(source, batch_size=8, num_epochs=1, seed=3, shard=(rank, 2))
+        kw = dict(batch_size=8, seed=3, shard=(rank, 2))
+        dl = rst.BatchedDataLoader(source, cache="memory", **kw)
         parts.append(ids_of(list(dl)))
-        assert sorted(parts[-1].tolist()) == sorted(dl.epoch_order(0).tolist())
+        assert parts[-1].tolist() == ids_of(list(rst.BatchedDataLoader(source, **kw))).tolist()
     assert sorted(np.concatenate(parts).tolist()) == list(range(N))
-    dl = rst.InMemBatchedDataLoader(source, batch_size=8, num_epochs=1, seed=3)
+    dl = rst.BatchedDataLoader(source, batch_size=8, seed=3, cache="memory")
+    full = ids_of(list(dl))
+    dl = rst.BatchedDataLoader(source, batch_size=8, seed=3, cache="memory")
     it = iter(dl)
     head = [next(it), next(it)]
     state = dl.state_dict()
     it.close()
-    dl2 = rst.InMemBatchedDataLoader(source, batch_size=8, num_epochs=1, seed=3)
+    dl2 = rst.BatchedDataLoader(source, batch_size=8, seed=3, cache="memory")
     dl2.load_state_dict(state)
-    assert np.concatenate([ids_of(head), ids_of(list(dl2))]).tolist() == dl.epoch_order(0).tolist()
+    assert np.concatenate([ids_of(head), ids_of(list(dl2))]).tolist() == full.tolist()
 
 
 def test_state_of_another_dataset_version_is_refused(ds, tmp_path):

@@ -24,6 +24,7 @@ import rowstore  # noqa: E402
 import rowstore.torch as rst  # noqa: E402
 from rowstore import Field, Schema  # noqa: E402
 from rowstore.errors import SchemaError  # noqa: E402
+from rowstore.reader.image_ops import RandomResizedCrop  # noqa: E402
 
 N = 203  # odd, and not a multiple of the block size: shards and batches come out uneven
 
@@ -212,8 +213,8 @@ def run(rank, path, init, out):
                       for i in b["id"]]
     with rst.BatchedDataLoader(path, batch_size=16, seed=7) as dl:
         res["batched"] = [int(i) for b in dl for i in b["id"]]
-    res["inmem"] = [int(i) for b in rst.InMemBatchedDataLoader(path, batch_size=16, num_epochs=1)
-    for i in b["id"]]
+    with rst.BatchedDataLoader(path, batch_size=16, seed=7, cache="memory") as dl:
+        res["memory"] = [int(i) for b in dl for i in b["id"]]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     dist.barrier()
@@ -237,7 +238,7 @@ def test_ddp_two_ranks_two_workers(ids_path, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    for key in ("iterable", "iterable_rows", "batched", "inmem"):
+    for key in ("iterable", "iterable_rows", "batched", "memory"):
         _assert_once(res[0][key] + res[1][key])
         assert not set(res[0][key]) & set(res[1][key])
     # DistributedSampler pads to a multiple of the world size by repeating rows
@@ -404,40 +405,41 @@ def test_batched_cpu_fallback_of_device_path(ids_path):
             )
 
 
-# -- InMemBatchedDataLoader --------------------------------------------------------------------
-def test_inmem_epochs_and_resume(ids_path):
-    kw = dict(batch_size=20, num_epochs=3, seed=9, shard=(0, 2))
-    dl = rst.InMemBatchedDataLoader(ids_path, **kw)
-    n = dl.num_rows
-    assert n == N // 2 and len(dl) == 3 * -(-n // 20)
-    orders = [dl.epoch_order(e).tolist() for e in range(3)]
-    assert orders[0] != orders[1] and sorted(orders[0]) == list(range(n))
+# -- cache="memory" ------------------------------------------------------------------------------
+def test_memory_cache_deals_what_the_reader_deals(ids_path):
+    kw = dict(batch_size=20, num_epochs=3, seed=9, shard=(0, 2), window=2, with_ids=True)
+    dl = rst.BatchedDataLoader(ids_path, cache="memory", **kw)
     full = list(dl)
-    assert _ids(full) == orders[0] + orders[1] + orders[2]
+    assert _ids(full) == _ids(rst.BatchedDataLoader(ids_path, **kw))  # the same order, "block"
+    assert all(torch.equal(b["id"], b["__id"]) for b in full)
     assert dl.epoch == 3 and dl.position == 0
-    assert _ids(dl)[:n] == dl.epoch_order(3).tolist()  # the next run continues with new epochs
     # resume in the middle of the second epoch, through torch.save/load
-    dl = rst.InMemBatchedDataLoader(ids_path, **kw)
+    dl = rst.BatchedDataLoader(ids_path, cache="memory", **kw)
     it = iter(dl)
-    for _ in range(7):
-        next(it)
+    head = [next(it) for _ in range(7)]
     buf = io.BytesIO()
     torch.save(dl.state_dict(), buf)
-    rest = list(it)
-    dl2 = rst.InMemBatchedDataLoader(ids_path, **kw)
+    it.close()
+    dl2 = rst.BatchedDataLoader(ids_path, cache="memory", **kw)
     dl2.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
-    assert len(dl2) == len(rest)
+    assert len(dl2) == len(full) - 7 + len(full) // 3
     again = list(dl2)
-    assert _ids(again) == _ids(rest) and _ids(again) == _ids(full[7:])
-    assert all(torch.equal(a["x"], b["x"]) for a, b in zip(again, rest))
-    unshuffled = rst.InMemBatchedDataLoader(
-        ids_path, batch_size=64, num_epochs=1, shuffle=False, drop_last=True
+    assert _ids(head + again)[: len(_ids(full))] == _ids(full)
+    assert all(torch.equal(a["x"], b["x"]) for a, b in zip(head + again, full))
+    unshuffled = rst.BatchedDataLoader(
+        ids_path, batch_size=64, cache="memory", shuffle=False, drop_last=True
     )
     assert _ids(unshuffled) == list(range(N // 64 * 64))
+    with pytest.raises(ValueError, match="decode"):
+        rst.BatchedDataLoader(
+            ids_path, batch_size=4, cache="memory", decode={"x": RandomResizedCrop(8)}
+        )
+    with pytest.raises(ValueError, match="cache"):
+        rst.BatchedDataLoader(ids_path, batch_size=4, cache="disk")
 
 
-def test_inmem_varlen_gather(var_path):
-    dl = rst.InMemBatchedDataLoader(var_path, batch_size=7, num_epochs=1, varlen="list", seed=1)
+def test_memory_cache_varlen_gather(var_path):
+    dl = rst.BatchedDataLoader(var_path, batch_size=7, cache="memory", varlen="list", seed=1)
     r = rowstore.open(var_path)
     for b in dl:
         for i, rid in enumerate(b["id"].tolist()):
@@ -666,11 +668,8 @@ def test_bools_are_not_counts(ids_path):
             make()
 
     rejects("batch_size", lambda: rst.BatchedDataLoader(ids_path, batch_size=True))
-    rejects("batch_size", lambda: rst.InMemBatchedDataLoader(ids_path, batch_size=True))
     rejects("batch_size", lambda: rst.IterableDataset(ids_path, batch_size=True))
-    rejects(
-        "num_epochs", lambda: rst.InMemBatchedDataLoader(ids_path, batch_size=4, num_epochs=True)
-    )
+    rejects("num_epochs", lambda: rst.BatchedDataLoader(ids_path, batch_size=4, num_epochs=True))
     rejects("seed", lambda: rst.BatchedDataLoader(ids_path, batch_size=4, seed=True))
     rejects("window", lambda: rst.IterableDataset(ids_path, window=True))
     dl = rst.BatchedDataLoader(ids_path, batch_size=np.int64(4))
@@ -805,20 +804,7 @@ def test_cuda_pipeline_errors_reach_the_consumer(ids_path):
     assert not [t for t in threading.enumerate() if t.name.startswith("rowstore")]
 
 
-def test_petastorm_dataloader_alias_warns_and_is_the_same_class(ids_path):
-    import rowstore.petastorm
-
-    with pytest.warns(DeprecationWarning, match=r"write rowstore\.petastorm\.DataLoader") as got:
-        old = rst.DataLoader
-    assert got[0].filename == __file__  # the warning points at the caller's line
-    assert old is rowstore.petastorm.DataLoader
-    with pytest.warns(DeprecationWarning, match=r"rowstore\.petastorm\.DataLoader"):
-        from rowstore.torch import DataLoader as imported
-    assert imported is old
-    assert "DataLoader" not in rst.__all__
-    with old(ids_path, batch_size=4, shuffle=False) as loader:
-        assert torch.cat([b["id"] for b in loader]).tolist() == list(
-            range(len(rowstore.open(ids_path)))
-        )
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchLoader'"):
-        rst.NoSuchLoader  # noqa: B018
+def test_no_deprecated_aliases_are_left(ids_path):
+    assert not hasattr(rst, "DataLoader") and not hasattr(rst, "InMemBatchedDataLoader")
+    with pytest.raises(TypeError, match="even"):
+        rst.BatchedDataLoader(ids_path, batch_size=4, even=True)

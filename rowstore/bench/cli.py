@@ -509,8 +509,8 @@ def run(args: argparse.Namespace, *, log=print, console=None) -> dict[str, Any]:
         path = ensure_demo(args.demo, args.rows, cache_dir, log=log)
     else:
         path = args.path
-    path, options = storage.locate(path)
-    remote = options is not None
+    where = storage.locate(path)
+    path, remote = where.path, not where.local
     if not remote and not os.path.exists(path):
         raise SystemExit(f"rowstore-bench: no such file or dataset: {path}")
     for name, v in (

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +24,13 @@ from rowstore.errors import CodecError, FormatError, FormatVersionError, RemoteE
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
 from rowstore.schema import Schema
-from rowstore.storage.local import file_identity, open_regular
-from rowstore.storage.objstore import Client, RangeFile
+from rowstore.storage import Location, locate
+from rowstore.storage.inputs import open_regular
 
 __all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks"]
+
+#: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
+_FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
 
 
 def open_h5(path: str):
@@ -157,43 +161,94 @@ class Layout(IndexSizes):
     # -- opening ---------------------------------------------------------------------------
     @classmethod
     def open(
-        cls, path: str | os.PathLike, *, verify: bool = False, allow_missing_footer: bool = False
+        cls,
+        path: str | os.PathLike | Location,
+        *,
+        scan: bool = False,
+        allow_missing_footer: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        verify: bool | None = None,
     ) -> Layout:
-        """Read and check the layout of ``path``.
+        """Read and check the layout of the file at ``path`` (a path, a URL, or a
+        :class:`~rowstore.storage.location.Location`; ``storage_options`` as for
+        :func:`rowstore.open`).
 
         Raises :class:`FormatError` for a file that is not rowstore, corrupt or truncated, and
-        :class:`FormatVersionError` for a version this code cannot read. With ``verify``, also
-        reads every chunk and checks its checksum (what ``rowstore verify`` does). A v2 file
-        whose footer is gone (edited with h5py, which cuts it at close) is a
+        :class:`FormatVersionError` for a version this code cannot read. With ``scan``, also
+        reads every chunk now and checks its checksum (what ``rowstore verify`` does). A v2
+        file whose footer is gone (edited with h5py, which cuts it at close) is a
         :class:`FormatError` unless ``allow_missing_footer``: then it is read through libhdf5
         with v1's guarantees only (an index entry edited in the HDF5 part is not detected).
+
+        A v2 file is read from its footer alone (locally its trailer, then exactly the footer;
+        at a URL a HEAD and one ranged GET of the last MiB); a v1 file's HDF5 metadata is
+        parsed by h5py (at a URL from an in-memory image of the byte ranges it occupies:
+        libhdf5 never sees the network). A remote file's ``file_id`` is ``(size, etag)`` and,
+        with a ``cache``, its footer or image is kept, so that a later open of the same object
+        makes the HEAD only.
+
+        ``verify`` is the former name of ``scan`` (a :class:`DeprecationWarning`): ``verify``
+        means "check what is read" everywhere else.
         """
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            raise FormatError(
-                f"{path!r} is a directory, not a rowstore file (a dataset directory opens with "
-                f"rowstore.open)",
-                path=path,
+        if verify is not None:
+            warnings.warn(
+                "Layout.open(verify=...) is now Layout.open(scan=...): it reads every chunk now",
+                DeprecationWarning,
+                stacklevel=2,
             )
-        fd, st = open_regular(path)
-        try:
-            ft = footer.read_local(fd, st.st_size, path)
-        finally:
-            os.close(fd)
-        if ft is not None:  # v2: the footer alone, never libhdf5
-            layout = cls.from_footer(ft, path, st.st_size, file_identity(st))
-        else:
-            with open_h5(path) as f:
-                layout = cls.from_h5(
-                    f,
-                    path,
-                    st.st_size,
-                    file_identity(st),
-                    allow_missing_footer=allow_missing_footer,
-                )
-        if verify:
+            scan = scan or verify
+        where = path if isinstance(path, Location) else locate(os.fspath(path), storage_options)
+        name = where.path
+        if where.is_dir():
+            raise FormatError(
+                f"{name!r} is a directory, not a rowstore file (a dataset directory opens with "
+                f"rowstore.open)",
+                path=name,
+            )
+        with where.open_file() as f:
+            layout = cls._from_file(f, allow_missing_footer)
+        if scan:
             layout.verify()
         return layout
+
+    @classmethod
+    def _from_file(cls, f: Any, allow_missing_footer: bool) -> Layout:
+        """The layout of an opened file (:meth:`~rowstore.storage.location.Location.open_file`)."""
+        name, size = f.path, f.size
+        image = f.cached_meta()
+        first = None
+        if image is not None and image.startswith(_FOOTER_IMAGE):
+            first, image = image[len(_FOOTER_IMAGE) :], None
+        if first is None and image is None:
+            first = f.tail(footer.TRAILER_SIZE)
+        if first is not None:
+            ft = footer.read(f.read, size, name, first=first)
+            if ft is not None:  # v2: the footer alone, never libhdf5
+                layout = cls.from_footer(ft, name, size, f.ident)
+                if image is None:
+                    f.keep_meta(_FOOTER_IMAGE + ft.raw)
+                return layout
+        import h5py  # v1: libhdf5 parses the metadata (a v2 file never loads it)
+        import hdf5plugin  # noqa: F401 - registers Blosc2 so h5py can decode compressed chunks
+
+        meta = f.hdf5(image=image, tail=first)
+        try:
+            footer.check_no_footer(meta.read_range, size, name)
+            with h5py.File(meta.file, "r") as h5:
+                layout = cls.from_h5(
+                    h5, name, size, f.ident, allow_missing_footer=allow_missing_footer
+                )
+            if meta.requests:
+                f.keep_meta(meta.image())
+            return layout
+        except OSError as exc:
+            if isinstance(exc, (RemoteError, FormatError)) or exc.errno is not None:
+                raise  # the system refused (ENOENT, EACCES, EIO...): not a format problem
+            raise FormatError(
+                f"{name!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=name
+            ) from exc
+        finally:
+            meta.close()
 
     @classmethod
     def from_h5(
@@ -848,57 +903,3 @@ def _schema(a, path: str, bad) -> Schema:
         raise bad(f"invalid schema: {exc}") from exc
     except (RowstoreError, KeyError) as exc:
         raise bad(f"invalid schema: {exc}") from exc
-
-
-#: Prefix of a cached v2 footer (a metadata image of a v1 file starts with a page number).
-_FOOTER_IMAGE = b"RSFOOTER-IMAGE\0\0"
-
-
-def remote_file_layout(
-    client: Client, url: str, cache: Any = None, *, allow_missing_footer: bool = False
-) -> Any:
-    """A remote file's :class:`~rowstore.format.index.Layout` (its ``file_id`` is ``(size,
-    etag)``). A HEAD, then one ranged GET of the file's last MiB: a v2 file's footer is there
-    (a footer larger than that, of a file of more than about 18,000 blocks, takes one more GET)
-    and the layout is built from it alone. A v1 file is parsed by h5py from an in-memory image of
-    the byte ranges its HDF5 metadata occupies (:class:`~rowstore.storage.objstore.RangeFile`: that
-    tail and, for our
-    writer's files, one more GET of the head); no block is read and libhdf5 never sees the
-    network. With a ``cache`` (:class:`rowstore.storage.cache.BlockCache`), the footer or the
-    image is kept and a later open of the same object (same size and ETag) makes the HEAD only.
-    ``allow_missing_footer`` as for :meth:`~rowstore.format.index.Layout.open`."""
-    import h5py
-
-    meta = client.info(url)
-    size, etag = meta["size"], meta["etag"]
-    ident = (size, etag)
-    image = cache.get_meta(url, ident) if cache is not None and etag else None
-    first = None
-    if image is not None and image.startswith(_FOOTER_IMAGE):
-        first, image = image[len(_FOOTER_IMAGE) :], None
-    if first is None and image is None:
-        t0 = max(0, size - RangeFile.TAIL) // RangeFile.PAGE * RangeFile.PAGE
-        first = client.get(url, t0, size, etag) if size else b""
-    if first is not None:
-        ft = footer.read(lambda a, b: client.get(url, a, b, etag), size, url, first=first)
-        if ft is not None:
-            layout = Layout.from_footer(ft, url, size, ident)
-            if cache is not None and etag and image is None:
-                cache.put_meta(url, ident, _FOOTER_IMAGE + ft.raw)
-            return layout
-    rf = RangeFile(client, url, size, etag, image=image, tail_data=first)
-    try:
-        footer.check_no_footer(rf.read_range, size, url)
-        with h5py.File(rf, "r") as f:
-            layout = Layout.from_h5(f, url, size, ident, allow_missing_footer=allow_missing_footer)
-        if cache is not None and etag and rf.requests:
-            cache.put_meta(url, ident, rf.image())
-        return layout
-    except OSError as exc:
-        if isinstance(exc, (RemoteError, FormatError)):
-            raise
-        raise FormatError(
-            f"{url!r} is not an HDF5 file, or it is truncated or corrupt: {exc}", path=url
-        ) from exc
-    finally:
-        rf.close()

@@ -44,7 +44,7 @@ import os
 import re
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -62,7 +62,7 @@ from rowstore.errors import (
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.schema import Schema
-from rowstore.storage import inputs
+from rowstore.storage import Location, inputs, locate
 from rowstore.storage.base import Destination
 from rowstore.storage.localdir import LocalDir
 
@@ -267,31 +267,8 @@ class Manifest:
         return int(self.shards["rows"].sum())
 
 
-#: ``read(path, limit) -> bytes``: how :func:`load` fetches the pointer, manifest and sidecar.
-Reader = Callable[[str, int], bytes]
-
-
 def _bad(path: str, msg: str) -> FormatError:
     return FormatError(f"{path!r}: {msg}", path=path)
-
-
-def _read_small(path: str, limit: int) -> bytes:
-    """The bytes of ``path``, refused (before reading) above ``limit`` bytes."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limit:
-                raise _bad(
-                    path,
-                    f"has {size} bytes, more than the {limit} a manifest may hold: not a rowstore "
-                    f"dataset manifest",
-                )
-            data = f.read(size + 1)  # sized by the file, not the limit (read(n) allocates n bytes)
-    except FileNotFoundError:
-        raise MissingObjectError(f"{path!r} is missing", path=path) from None
-    if len(data) > size:
-        raise _bad(path, "grew while being read")
-    return data
 
 
 def _json_object(path: str, data: bytes) -> dict:
@@ -337,11 +314,19 @@ class Pointer(NamedTuple):
     crc32: int
 
 
-def pointer(root: str | os.PathLike, *, read: Reader | None = None) -> Pointer:
-    """The pointer of the dataset at ``root``, checked (``read``: as in :func:`load`)."""
-    root = os.fspath(root)
-    p = os.path.join(root, POINTER)
-    obj = _json_object(p, (read or _read_small)(p, _POINTER_MAX))
+def _where(root: str | os.PathLike | Location) -> Location:
+    where = root if isinstance(root, Location) else locate(os.fspath(root))
+    if isinstance(where, list):
+        raise TypeError(f"one dataset path or Location expected, got {root!r}")
+    return where
+
+
+def pointer(root: str | os.PathLike | Location) -> Pointer:
+    """The pointer of the dataset at ``root`` (a path or a
+    :class:`~rowstore.storage.location.Location`), checked."""
+    where = _where(root)
+    p = where.join(POINTER)
+    obj = _json_object(p, where.read_small(p, _POINTER_MAX))
     _check_format(p, obj)
     version = _int(p, obj, "version", 1)
     name = obj.get("manifest")
@@ -354,10 +339,10 @@ def pointer(root: str | os.PathLike, *, read: Reader | None = None) -> Pointer:
     return Pointer(version, name, _int(p, obj, "manifest_crc32"))
 
 
-def read_pointer(root: str | os.PathLike, *, read: Reader | None = None) -> tuple[int, int]:
-    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root``
-    (``read``: as in :func:`load`)."""
-    p = pointer(root, read=read)
+def read_pointer(root: str | os.PathLike | Location) -> tuple[int, int]:
+    """``(version, manifest CRC-32)`` of the current version of the dataset at ``root`` (a
+    path or a :class:`~rowstore.storage.location.Location`)."""
+    p = pointer(root)
     return p.version, p.crc32
 
 
@@ -377,11 +362,12 @@ def versions(root: str | os.PathLike) -> list[int]:
     return sorted({version_of(r) or 0 for r in manifest_names(root)})
 
 
-def parent_of(root: str | os.PathLike, name: str, *, read: Reader | None = None) -> str | None:
+def parent_of(root: str | os.PathLike | Location, name: str) -> str | None:
     """The name of the parent manifest of the manifest ``name`` (None for a first version):
     its ``parent_manifest``, else the fixed name of its ``parent`` version."""
-    mpath = os.path.join(os.fspath(root), name)
-    m = _json_object(mpath, (read or _read_small)(mpath, MAX_MANIFEST_BYTES))
+    where = _where(root)
+    mpath = where.join(name)
+    m = _json_object(mpath, where.read_small(mpath, MAX_MANIFEST_BYTES))
     return _parent_name(mpath, m)
 
 
@@ -395,33 +381,23 @@ def _parent_name(mpath: str, m: dict) -> str | None:
     return manifest_path(parent) if _int_ok(parent, 1) else None  # type: ignore[arg-type]
 
 
-def find_manifest(root: str | os.PathLike, version: int, *, read: Reader | None = None) -> str:
+def find_manifest(root: str | os.PathLike | Location, version: int) -> str:
     """The name of ``version``'s manifest: ``_manifests/v%08d.json`` where it exists, else the
     manifest of that version on the current version's chain of parents (a version committed
     without conditional writes has a unique name). :class:`MissingObjectError` if none."""
-    root = os.fspath(root)
-    read = read or _read_small
+    where = _where(root)
     fixed = manifest_path(version)
-    if read is _read_small:
-        if os.path.exists(os.path.join(root, fixed)):
-            return fixed
-    else:
-        try:
-            read(os.path.join(root, fixed), 0)
-            return fixed
-        except MissingObjectError:
-            pass
-        except FormatError:  # larger than 0 bytes: it exists
-            return fixed
-    name: str | None = pointer(root, read=read).manifest
+    if where.exists(where.join(fixed)):
+        return fixed
+    name: str | None = pointer(where).manifest
     while name is not None and (version_of(name) or 0) > version:
-        name = parent_of(root, name, read=read)
+        name = parent_of(where, name)
     if name is None or version_of(name) != version:
-        where = os.path.join(root, fixed)
+        missing = where.join(fixed)
         raise MissingObjectError(
-            f"{where!r} is missing, and no manifest of version {version} is on the current "
+            f"{missing!r} is missing, and no manifest of version {version} is on the current "
             "version's chain",
-            path=where,
+            path=missing,
         )
     return name
 
@@ -482,30 +458,27 @@ def _int_ok(v: Any, lo: int) -> bool:
 
 
 def load(
-    root: str | os.PathLike,
+    root: str | os.PathLike | Location,
     version: int | None = None,
     *,
-    read: Reader | None = None,
     at: Pointer | None = None,
 ) -> Manifest:
     """Read and structurally check a version (default: the current one) of the dataset at
     ``root``: pointer, manifest and sidecar, with their checksums. Raises :class:`FormatError`
     (:class:`FormatVersionError` for a newer format) naming the object and what was expected.
 
-    ``read(path, limit)`` returns an object's bytes, refusing one larger than ``limit`` with a
-    :class:`FormatError` (a missing one: :class:`FormatError` "is missing"); default: local
-    files. A remote store passes its own (``root`` is then a URL: one request per object).
-    ``at``: a :class:`Pointer` already read (the version it names is loaded, its CRC checked)."""
-    root = os.fspath(root)
-    read = read or _read_small
+    ``root`` is a path or a :class:`~rowstore.storage.location.Location` (an object store's:
+    one bounded request per object). ``at``: a :class:`Pointer` already read (the version it
+    names is loaded, its CRC checked)."""
+    where = _where(root)
     expected_crc = None
     if version is None:
-        at = at or pointer(root, read=read)
+        at = at or pointer(where)
         version, name, expected_crc = at
     else:
-        name = find_manifest(root, version, read=read)
-    mpath = os.path.join(root, name)
-    data = read(mpath, MAX_MANIFEST_BYTES)
+        name = find_manifest(where, version)
+    mpath = where.join(name)
+    data = where.read_small(mpath, MAX_MANIFEST_BYTES)
     if expected_crc is not None and zlib.crc32(data) != expected_crc:
         raise _bad(
             mpath,
@@ -547,9 +520,9 @@ def load(
     shards = _shard_columns(mpath, entries)
     _check_first_rows(mpath, entries, shards["rows"])
     _parent_name(mpath, m)  # a parent_manifest must be a manifest name
-    blocks, heap_chunks = _read_index(root, m, name, shards, mpath, read)
+    blocks, heap_chunks = _read_index(where, m, name, shards, mpath)
     return Manifest(
-        root=root,
+        root=where.path,
         version=version,
         schema=schema,
         attrs=attrs,
@@ -583,7 +556,7 @@ def _check_first_rows(mpath: str, entries: list, rows: np.ndarray) -> None:
 
 
 def _read_index(
-    root: str, m: dict, name: str, shards: dict, mpath: str, read: Reader
+    where: Location, m: dict, name: str, shards: dict, mpath: str
 ) -> tuple[np.ndarray, np.ndarray]:
     idx = m.get("index")
     if not isinstance(idx, dict) or idx.get("path") != index_of(name):
@@ -591,35 +564,24 @@ def _read_index(
     nbytes, crc = _int(mpath, idx, "nbytes"), _int(mpath, idx, "crc32")
     nb, nh = int(shards["blocks"].sum()), int(shards["heap_chunks"].sum())
     expect = len(INDEX_MAGIC) + nb * spec.BLOCK_DTYPE.itemsize + nh * spec.HEAP_CHUNK_DTYPE.itemsize
-    ipath = os.path.join(root, idx["path"])
+    ipath = where.join(idx["path"])
     if nbytes != expect:
         raise _bad(
             mpath,
             f"sidecar size {nbytes} disagrees with the {nb} blocks and {nh} heap chunks of its "
             f"shards ({expect} bytes)",
         )
-    if read is _read_small:
-        try:
-            size = os.stat(ipath).st_size
-        except FileNotFoundError:
-            raise MissingObjectError(
-                f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath
-            ) from None
-        if size != expect:
-            raise _bad(
-                ipath,
-                f"has {size} bytes, the manifest records {expect} (truncated or replaced sidecar)",
-            )
-        with open(ipath, "rb") as f:
-            raw = f.read(expect)
-    else:  # one request; a larger object is refused by read() before it is fetched
-        raw = read(ipath, expect)
-        if len(raw) != expect:
-            raise _bad(
-                ipath,
-                f"has {len(raw)} bytes, the manifest records {expect} (truncated or replaced "
-                f"sidecar)",
-            )
+    try:  # one read; a larger object is refused before it is read
+        raw = where.read_small(ipath, expect)
+    except MissingObjectError:
+        raise MissingObjectError(
+            f"{ipath!r} (block-index sidecar of {mpath!r}) is missing", path=ipath
+        ) from None
+    if len(raw) != expect:
+        raise _bad(
+            ipath,
+            f"has {len(raw)} bytes, the manifest records {expect} (truncated or replaced sidecar)",
+        )
     if len(raw) != expect or raw[: len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise _bad(ipath, "not a rowstore block-index sidecar (bad magic or short read)")
     if zlib.crc32(raw) != crc:

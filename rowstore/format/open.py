@@ -1,16 +1,14 @@
 """Opening files and datasets, local or remote: one opener for paths and URLs.
 
-* a local **file or dataset directory** is opened by :meth:`DatasetLayout.open` (libhdf5 reads
-  a v1 file's metadata once; a v2 file's footer is parsed alone);
-* a remote **dataset** is opened from its pointer, manifest and block-index sidecar: three
-  requests;
-* a remote **single file** by reading the few byte ranges holding its HDF5 metadata into
-  memory and parsing them with h5py on that in-memory image
-  (:class:`~rowstore.storage.objstore.RangeFile`: two requests for the files our writer
-  makes), or its v2 footer alone.
+:func:`open_layout` takes what :func:`rowstore.open` takes; where a path leads (local files or
+which object store) is the storage layer's decision (:func:`rowstore.storage.locate`: a
+:class:`~rowstore.storage.location.Location`), and :meth:`DatasetLayout.open` reads through
+what it is given:
 
-Where a path leads (local or which object store) is the storage layer's decision
-(:func:`rowstore.storage.locate`); this module only reads what it is given.
+* a **dataset** from its pointer, manifest and block-index sidecar (three small reads);
+* a **single file** from its v2 footer alone, or by parsing its HDF5 metadata with h5py (at a
+  URL from an in-memory image of the few byte ranges holding it,
+  :class:`~rowstore.storage.objstore.RangeFile`: two requests for the files our writer makes).
 """
 
 from __future__ import annotations
@@ -21,14 +19,10 @@ from typing import Any
 
 from rowstore import storage
 from rowstore.errors import MissingObjectError
-from rowstore.format import manifest as _manifest
-from rowstore.format.index import remote_file_layout
+from rowstore.format.index import Layout
 from rowstore.format.shards import DatasetLayout
-from rowstore.storage import join, looks_like_file
-from rowstore.storage.local import pin_identities
-from rowstore.storage.objstore import Client, RemoteOptions
 
-__all__ = ["Opened", "open_layout", "open_remote", "open_file", "remote_file_layout"]
+__all__ = ["Opened", "open_layout", "open_file"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,19 +32,22 @@ class Opened:
     Attributes
     ----------
     layout : DatasetLayout
-    remote : RemoteOptions or None
-        How the shards are read (None: local files), for :func:`rowstore.storage.chunk_store`.
-    etags : dict
-        ETags learnt at open (shard -> etag): a single remote file's, so every later read is
-        conditional on it.
-    client : Client or None
-        The client that read the objects (None for local files).
+        Its :attr:`~DatasetLayout.location` reads the shards
+        (:meth:`~rowstore.storage.location.Location.chunk_store`).
     """
 
     layout: DatasetLayout
-    remote: RemoteOptions | None = None
-    etags: dict = dataclasses.field(default_factory=dict)
-    client: Client | None = None
+
+    @property
+    def location(self) -> Any:
+        """Where the dataset was opened (:class:`~rowstore.storage.location.Location`)."""
+        return self.layout.shard_location()
+
+    @property
+    def client(self) -> Any:
+        """:attr:`location` where it is an object store's, None for local files: what the
+        command line's callers still take (use :attr:`location`)."""
+        return None if self.location.local else self.location
 
 
 def open_layout(
@@ -68,87 +65,27 @@ def open_layout(
     or a list of those read as one), as :func:`rowstore.open` takes it. ``pin``: each local
     shard that a manifest names by size is pinned to the file there now (inode, mtime), so
     that a shard replaced later under the same name and size is refused, not read."""
-    where, options = storage.locate(
-        path, storage_options=storage_options, cache=cache, remote=remote
+    where = storage.locate(path, storage_options, cache=cache, remote=remote)
+    layout = DatasetLayout.open(
+        where,  # type: ignore[arg-type]  # a list of locations is read as one
+        version=version,
+        allow_outside_links=allow_outside_links,
+        allow_missing_footer=allow_missing_footer,
     )
-    if options is None:
-        layout = DatasetLayout.open(
-            where,
-            version=version,
-            allow_outside_links=allow_outside_links,
-            allow_missing_footer=allow_missing_footer,
-        )
-        if pin:
-            layout = dataclasses.replace(
-                layout, shard_ids=pin_identities(layout.shard_paths, layout.shard_ids)
-            )
-        return Opened(layout)
-    urls = list(where) if isinstance(where, (list, tuple)) else [where]
-    parts = [
-        open_remote(
-            u,
-            options,
-            version,
-            allow_outside_links=allow_outside_links,
-            allow_missing_footer=allow_missing_footer,
-        )
-        for u in urls
-    ]
-    etags, shard0 = {}, 0
-    for layout, learnt in parts:
-        etags.update({shard0 + k: v for k, v in learnt["etags"].items()})
-        shard0 += layout.num_shards
-    return Opened(
-        DatasetLayout.concat([p[0] for p in parts]), options, etags, Client(urls[0], options)
-    )
+    if pin:
+        at = layout.shard_location()
+        layout = dataclasses.replace(layout, shard_ids=at.pin(layout.shard_paths, layout.shard_ids))
+    return Opened(layout)
 
 
-def open_remote(
-    url: str,
-    options: RemoteOptions,
-    version: int | None = None,
-    *,
-    allow_outside_links: bool = False,
-    allow_missing_footer: bool = False,
-) -> tuple[DatasetLayout, dict]:
-    """The layout of the dataset or single file at ``url``, and what was learnt about its
-    objects (``{"etags": {shard: etag}, "requests": n}``); ``allow_outside_links``: as for
-    :meth:`DatasetLayout.from_manifest` (a ``file://`` dataset's links)."""
-    client = Client(url, options)
-    if not looks_like_file(url):
-        url = url.rstrip("/")
-        try:
-            m = _manifest.load(url, version, read=client.cat_small)
-        except MissingObjectError as exc:
-            if version is not None or exc.path != join(url, _manifest.POINTER):
-                raise
-        else:
-            layout = DatasetLayout.from_manifest(m, allow_outside_links=allow_outside_links)
-            return layout, {"etags": {}, "requests": client.requests}
-    if version is not None:
-        raise ValueError(f"{url!r} is a file: version= applies to datasets")
-    cache = None
-    if options.cache:
-        from rowstore.storage.cache import BlockCache
-
-        cache = BlockCache(options.cache, options.cache_bytes)
-    layout = remote_file_layout(client, url, cache, allow_missing_footer=allow_missing_footer)
-    etag = layout.file_id[1] if len(layout.file_id) > 1 else None
-    return DatasetLayout.from_files([layout], path=url), {
-        "etags": {0: etag},
-        "requests": client.requests,
-    }
-
-
-def open_file(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """The :class:`~rowstore.format.index.Layout` of the single file at ``path`` (a path or a
-    URL); a missing one is a :class:`~rowstore.errors.MissingObjectError`."""
-    from rowstore.format.index import Layout
-
-    where, options = storage.locate(path, storage_options=storage_options)
-    if options is None:
-        try:
-            return Layout.open(where)
-        except FileNotFoundError:
-            raise MissingObjectError(f"{where!r} is missing", path=where) from None
-    return remote_file_layout(Client(where, options), where)
+def open_file(path: Any, storage_options: Mapping[str, Any] | None = None) -> Layout:
+    """The :class:`~rowstore.format.index.Layout` of the single file at ``path`` (a path, a URL
+    or a :class:`~rowstore.storage.location.Location`); a missing one is a
+    :class:`~rowstore.errors.MissingObjectError`."""
+    try:
+        return Layout.open(path, storage_options=storage_options)
+    except MissingObjectError:
+        raise
+    except FileNotFoundError:
+        where = getattr(path, "path", path)
+        raise MissingObjectError(f"{where!r} is missing", path=where) from None

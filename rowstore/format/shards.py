@@ -16,7 +16,7 @@ shards with smaller blocks) leave ids unused, so ids are not dense: :meth:`ids` 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,15 +29,24 @@ from rowstore.format.index import (
     IndexSizes,
     Layout,
     check_indexes,
-    remote_file_layout,
     scan_chunks,
     schema_row_dtype,
 )
 from rowstore.schema import Schema
-from rowstore.storage import absolute, local_root, under_all
-from rowstore.storage.local import open_regular
+from rowstore.storage import Location, absolute, local_root, locate, under_all
+from rowstore.storage.inputs import open_regular
 
 __all__ = ["DatasetLayout"]
+
+
+def _locate(path: Any, storage_options: Mapping[str, Any] | None) -> Location | list[Location]:
+    if isinstance(path, (list, tuple)) and all(isinstance(p, Location) for p in path):
+        return list(path)
+    if isinstance(path, (list, tuple)):
+        return locate(
+            [os.fsdecode(p) if isinstance(p, bytes) else p for p in path], storage_options
+        )
+    return locate(os.fsdecode(path), storage_options)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,10 @@ class DatasetLayout(IndexSizes):
     version: int | None = None
     #: Each shard's Layout when opened from files (None from a manifest: nothing was parsed).
     shard_layouts: tuple | None = None
+    #: Where the dataset was opened (a :class:`~rowstore.storage.location.Location`: its
+    #: shards are read through it); None: made from files or a manifest given, read where
+    #: their paths say (see :meth:`shard_location`).
+    location: Any = field(default=None, compare=False, repr=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- sizes -----------------------------------------------------------------------------
@@ -205,6 +218,14 @@ class DatasetLayout(IndexSizes):
             return self.shard_layouts[s]
         return Layout.open(self.shard_paths[s])
 
+    def shard_location(self) -> Location:
+        """Where the shards are read: :attr:`location`, else the location of the first shard's
+        path (a local file, or a URL without options)."""
+        if self.location is not None:
+            return self.location
+        where = _locate(self.shard_paths[0] if self.shard_paths else self.path, None)
+        return where[0] if isinstance(where, list) else where
+
     # -- checking ----------------------------------------------------------------------------
     def verify(self) -> None:
         """Read every block and heap chunk of every shard and check them; raises the first
@@ -218,7 +239,8 @@ class DatasetLayout(IndexSizes):
         limit: int | None = None,
         shard_indexes: bool = False,
         chunks: bool = True,
-        client: Any = None,
+        location: Location | None = None,
+        client: Location | None = None,
     ) -> list[FormatError]:
         """Every damaged block and heap chunk of every shard (checksum, decompression, size),
         and every shard that is missing or of the wrong size, in shard order, as errors with
@@ -226,20 +248,24 @@ class DatasetLayout(IndexSizes):
         values it holds). ``shard_indexes``: also parse each shard file's own index (libhdf5)
         and report a shard whose index disagrees with the manifest's. ``chunks=False``: read
         no chunk (only sizes and, with ``shard_indexes``, indexes). Stops after ``limit``.
-        ``client`` (:class:`rowstore.storage.objstore.Client`) reads shards at URLs, by ranged
-        requests of at most 8 MiB; I/O failures other than a missing object are raised."""
+        ``location``: where the shards are read from (the
+        :class:`~rowstore.storage.location.Location` the dataset was opened from; default: its
+        first shard's, without options); objects at URLs are read by ranged requests of at
+        most 8 MiB. I/O failures other than a missing object are raised. ``client``: the
+        former name of ``location``."""
         from rowstore.format.manifest import index_crc32
 
         found: list[FormatError] = []
         a = self.arrays()
         codec = self.frame_check()
+        location = location or client or self.shard_location()
         for s in range(self.num_shards):
             path = self.shard_paths[s]
             try:
                 # (a FIFO in a shard's place is reported, not waited on)
-                source, size, close = self._shard_source(path, client)
+                f = location.at(path).open_file()
             except (OSError, FormatError) as exc:
-                io_failure = client is not None and isinstance(exc, FormatError)
+                io_failure = not location.local and isinstance(exc, FormatError)
                 if isinstance(exc, RemoteError) or (
                     io_failure and not isinstance(exc, MissingObjectError)
                 ):
@@ -249,17 +275,17 @@ class DatasetLayout(IndexSizes):
                     return found
                 continue
             try:
-                if size != int(self.shard_file_size[s]):
+                if f.size != int(self.shard_file_size[s]):
                     found.append(
                         FormatError(
-                            f"{path!r}: shard {s} has {size} bytes, expected "
+                            f"{path!r}: shard {s} has {f.size} bytes, expected "
                             f"{int(self.shard_file_size[s])}",
                             path=path,
                         )
                     )
                     continue
                 if shard_indexes and self.shard_layouts is None:
-                    err = self._check_shard_index(s, index_crc32, client)
+                    err = self._check_shard_index(s, index_crc32, location)
                     if err is not None:
                         found.append(err)
                 if not chunks:
@@ -283,7 +309,7 @@ class DatasetLayout(IndexSizes):
                     ),
                 ):
                     idx = [a[c][lo : lo + n] for c in cols]
-                    for k, err in scan_chunks(source, *idx, raw_size=raw, codec=codec, what=what):
+                    for k, err in scan_chunks(f.source, *idx, raw_size=raw, codec=codec, what=what):
                         err.args = (f"{path!r}: {what} {k}: {err}",)
                         err.path, err.block = path, k if what == "block" else None
                         err.rows = self._rows_of(what, lo + k)
@@ -291,37 +317,23 @@ class DatasetLayout(IndexSizes):
                         if limit is not None and len(found) >= limit:
                             return found
             finally:
-                close()
+                f.close()
             if limit is not None and len(found) >= limit:
                 return found
         return found
 
-    @staticmethod
-    def _shard_source(path: str, client: Any) -> tuple[Any, int, Any]:
-        """``(fd or read(start, end), size, close)`` of one shard, local or at a URL."""
-        if client is not None:
-            meta = client.info(path)
-            etag = meta["etag"]
-            return (
-                (lambda start, end: client.get(path, start, end, etag)),
-                meta["size"],
-                lambda: None,
-            )
-        fd, st = open_regular(path)
-        return fd, st.st_size, lambda: os.close(fd)
-
-    def _check_shard_index(self, s: int, index_crc32, client: Any = None) -> FormatError | None:
+    def _check_shard_index(self, s: int, index_crc32, location: Location) -> FormatError | None:
         from rowstore.format._hdf5_check import shard_index  # libhdf5, if needed, in a child
 
         path = self.shard_paths[s]
-        if client is not None:
+        if location.local:  # a local file's HDF5 part is parsed by libhdf5 in a child process
+            got: Any = shard_index(path)
+        else:  # an object's, by h5py from an in-memory image of its metadata
             try:
-                L = remote_file_layout(client, path)
+                L = Layout.open(location.at(path))
             except FormatError as exc:
                 return exc
-            got: Any = (index_crc32(L.blocks, L.heap_chunks), L.num_rows, L.schema.to_json_str())
-        else:
-            got = shard_index(path)
+            got = (index_crc32(L.blocks, L.heap_chunks), L.num_rows, L.schema.to_json_str())
         if isinstance(got, FormatError):
             return got
         crc, rows, schema = got
@@ -362,49 +374,71 @@ class DatasetLayout(IndexSizes):
     @classmethod
     def open(
         cls,
-        path: str | os.PathLike | Sequence[str | os.PathLike],
+        path: str | os.PathLike | Location | Sequence[str | os.PathLike],
         *,
         version: int | None = None,
         allow_outside_links: bool = False,
         allow_missing_footer: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> DatasetLayout:
-        """The layout of a dataset directory (its current manifest, or ``version``), a ``.h5``
-        file, or a list of those read as one (same schema, compression and heap chunk size).
-        ``allow_outside_links``: see :meth:`from_manifest`; ``allow_missing_footer`` as for
-        :meth:`Layout.open`."""
-        if isinstance(path, (list, tuple)):
-            if not path:
+        """The layout of a dataset (its current manifest, or ``version``), a ``.h5`` file, or a
+        list of those read as one (same schema, compression and heap chunk size): paths, URLs
+        (``storage_options`` as for :func:`rowstore.open`) or a
+        :class:`~rowstore.storage.location.Location`. ``allow_outside_links``: see
+        :meth:`from_manifest`; ``allow_missing_footer`` as for :meth:`Layout.open`.
+
+        A dataset is read from its pointer, manifest and block-index sidecar (three small
+        reads; no shard is opened); a file from its footer or HDF5 metadata
+        (:meth:`Layout.open`). A URL that does not name a file (no ``.h5`` suffix) is tried as
+        a dataset first: without a pointer there, as a file."""
+        where = path if isinstance(path, Location) else _locate(path, storage_options)
+        if isinstance(where, list):
+            if not where:
                 raise ValueError("no datasets given")
             if version is not None:
                 raise ValueError("version= applies to one dataset, not a list")
             return cls.concat(
                 [
                     cls.open(
-                        p,
+                        w,
                         allow_outside_links=allow_outside_links,
                         allow_missing_footer=allow_missing_footer,
                     )
-                    for p in path
+                    for w in where
                 ]
             )
-        p = os.fsdecode(path)  # type: ignore[arg-type]  # a list was handled above
-        if os.path.isdir(p):
-            if not _manifest.is_dataset(p):
-                raise FormatError(
-                    f"{p!r} is a directory but not a rowstore dataset (no {_manifest.POINTER}; "
-                    f"an unfinished or uncommitted write leaves none)",
-                    path=p,
-                )
-            return cls.from_manifest(
-                _manifest.load(p, version), allow_outside_links=allow_outside_links
-            )
+        is_dir = where.is_dir()  # None: an object store prefix, or an object
+        if is_dir is not False:
+            root = where if is_dir else where.at(where.path.rstrip("/"))
+            try:
+                m = _manifest.load(root, version)
+            except MissingObjectError as exc:
+                pointer = root.join(_manifest.POINTER)
+                if is_dir and exc.path == pointer:
+                    raise FormatError(
+                        f"{root.path!r} is a directory but not a rowstore dataset (no "
+                        f"{_manifest.POINTER}; an unfinished or uncommitted write leaves none)",
+                        path=root.path,
+                    ) from None
+                if is_dir or version is not None or exc.path != pointer:
+                    raise
+            else:
+                return cls.from_manifest(m, allow_outside_links=allow_outside_links, location=root)
         if version is not None:
-            raise ValueError(f"{p!r} is a file: version= applies to dataset directories")
-        return cls.from_files([Layout.open(p, allow_missing_footer=allow_missing_footer)], path=p)
+            raise ValueError(f"{where.path!r} is a file: version= applies to datasets")
+        layout = Layout.open(where, allow_missing_footer=allow_missing_footer)
+        return cls.from_files([layout], path=where.path, location=where)
 
     @classmethod
-    def from_files(cls, layouts: Sequence[Layout], *, path: str | None = None) -> DatasetLayout:
-        """A dataset of these files (already validated by :meth:`Layout.open`), in order."""
+    def from_files(
+        cls,
+        layouts: Sequence[Layout],
+        *,
+        path: str | None = None,
+        location: Location | None = None,
+    ) -> DatasetLayout:
+        """A dataset of these files (already validated by :meth:`Layout.open`), in order;
+        ``location``: where they were opened (default: their paths, without options)."""
         first = layouts[0]
         for L in layouts[1:]:
             _check_same(
@@ -440,11 +474,16 @@ class DatasetLayout(IndexSizes):
                 np.arange(len(layouts), dtype=np.int32), [len(L.heap_chunks) for L in layouts]
             ),
             shard_layouts=tuple(layouts),
+            location=location,
         )
 
     @classmethod
     def from_manifest(
-        cls, m: _manifest.Manifest, *, allow_outside_links: bool = False
+        cls,
+        m: _manifest.Manifest,
+        *,
+        allow_outside_links: bool = False,
+        location: Location | None = None,
     ) -> DatasetLayout:
         """A dataset from its manifest: every shard's index checked here, vectorized (no shard
         file is opened; each is checked against its recorded size when first read).
@@ -535,6 +574,7 @@ class DatasetLayout(IndexSizes):
             block_shard=np.repeat(np.arange(S, dtype=np.int32), sh["blocks"]),
             chunk_shard=np.repeat(np.arange(S, dtype=np.int32), sh["heap_chunks"]),
             version=m.version,
+            location=location,
         )
 
     @classmethod
@@ -577,6 +617,7 @@ class DatasetLayout(IndexSizes):
             shard_layouts=sum((x for x in layouts if x is not None), ())
             if all(x is not None for x in layouts)
             else None,
+            location=a.location,
         )
 
     def page_index(self) -> PageIndex | None:

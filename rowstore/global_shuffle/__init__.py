@@ -199,8 +199,8 @@ def _check_paths(in_path: str, out_path: str, tmp: str | None) -> tuple[str, str
         raise ValueError(
             f"shuffle: the output must be a local directory, got the URL {out_path!r}"
         ) from None
-    where, remote = storage.locate(in_path)
-    if remote is None and not os.path.exists(where):  # (a URL is checked when opened)
+    where = storage.locate(in_path)
+    if where.local and not os.path.exists(where.path):  # (a URL is checked when opened)
         raise FileNotFoundError(f"shuffle: input {in_path!r} does not exist")
     if os.path.lexists(out_path):
         raise FileExistsError(

@@ -37,7 +37,7 @@ from rowstore.reader.epochs import EpochSource, EpochSpec, as_pair, deprecated, 
 from rowstore.reader.image_ops import check_decode, decoded_schema, image_base
 from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, pad_ids
 from rowstore.schema import Schema
-from rowstore.storage import ChunkStore, chunk_store
+from rowstore.storage import ChunkStore
 
 __all__ = ["Reader"]
 
@@ -172,7 +172,6 @@ class Reader:
             4, os.cpu_count() or 1
         )
         self.max_open_files = positive_int("max_open_files", max_open_files, optional=True)
-        self._remote: Any = None  # RemoteOptions for a URL
         self._etags: dict[int, Any] = {}
         if not isinstance(allow_outside_links, bool):
             raise TypeError(f"allow_outside_links must be a bool, got {allow_outside_links!r}")
@@ -187,7 +186,6 @@ class Reader:
             allow_outside_links=allow_outside_links,
             allow_missing_footer=allow_missing_footer,
         )
-        self._remote, self._etags = opened.remote, dict(opened.etags)
         self._init_state(opened.layout)
 
     def _init_state(self, layout: DatasetLayout) -> None:
@@ -197,12 +195,8 @@ class Reader:
         self.schema: Schema = layout.schema
         self._plans = plan_fields(layout.schema, layout.row_dtype)
         self._rpb = layout.rows_per_block
-        self._store: ChunkStore = chunk_store(
-            layout.shard_paths,
-            layout.shard_ids,
-            remote=self._remote,
-            etags=self._etags,
-            max_open=self.max_open_files,
+        self._store: ChunkStore = layout.shard_location().chunk_store(
+            layout.shard_paths, layout.shard_ids, etags=self._etags, max_open=self.max_open_files
         )
         self._gatherer = Gatherer(layout, self._store, self.verify, layout.frame_check())
         self._decoder = Decoder(self.path, layout.where, layout.rows_of)
@@ -216,7 +210,6 @@ class Reader:
             "num_threads": self.num_threads,
             "max_open_files": self.max_open_files,
             "layout": self.layout,
-            "remote": self._remote,
             "etags": getattr(self._store, "_etags", {}),
         }
 
@@ -225,7 +218,7 @@ class Reader:
         self.varlen = state["varlen"]
         self.num_threads = state["num_threads"]
         self.max_open_files = state["max_open_files"]
-        self._remote, self._etags = state.get("remote"), dict(state.get("etags", {}))
+        self._etags = dict(state.get("etags", {}))
         self._init_state(state["layout"])
 
     def close(self) -> None:

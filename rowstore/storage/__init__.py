@@ -1,11 +1,14 @@
-"""Bytes in and out of local files and object stores, behind two interfaces
-(:mod:`.base`): a :class:`~.base.ChunkStore` that a reader's gather reads stored chunks from,
-and a :class:`~.base.Destination` that writers put files and dataset versions into.
+"""Bytes in and out of local files and object stores.
 
-The functions here turn what a user passes (a path, a ``file://`` URL, any fsspec URL, and
-``storage_options``) into those objects; they hold the package's only local-or-remote
-decision, so no other layer looks at a URL's scheme.
+:func:`locate` turns what a user passes (a path, a ``file://`` URL, any fsspec URL, and
+``storage_options``) into a :class:`~.location.Location`, the one object the format layer
+reads through (small objects, files opened for ranged reads) and that gives the
+:class:`~.base.ChunkStore` a reader's gather reads stored chunks from and the
+:class:`~.base.Destination` writers put files and dataset versions into (:mod:`.base`). This
+module holds the package's only local-or-remote decision, so no other layer looks at a URL's
+scheme.
 
+* :mod:`.location`: :class:`~.location.LocalLocation`, :class:`~.location.RemoteLocation`;
 * :mod:`.local`: reading local shard files (:class:`~.local.LocalStore`, the process's
   descriptor budget, file identity);
 * :mod:`.localdir`: a local directory as a destination (:class:`~.localdir.LocalDir`, the
@@ -23,11 +26,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
-from rowstore.storage.base import ChunkStore, Destination, StagedFile, Staging
-from rowstore.storage.local import LocalStore
-from rowstore.storage.localdir import LocalDir
+from rowstore.storage.base import ChunkStore, Destination, DirectReads, StagedFile, Staging
+from rowstore.storage.location import LocalLocation, Location, RemoteLocation
 from rowstore.storage.objstore import Client, RemoteOptions
 from rowstore.storage.url import (
     check_url,
@@ -41,10 +43,12 @@ from rowstore.storage.url import (
 
 __all__ = [
     "ChunkStore",
+    "DirectReads",
     "Destination",
-    "chunk_store",
+    "Location",
     "destination",
     "locate",
+    "location_of",
     "absolute",
     "under",
     "under_all",
@@ -57,61 +61,75 @@ __all__ = [
     "local_only",
     "local_path",
     "looks_like_file",
-    "remote_client",
     "join",
 ]
 
 
+@overload
 def locate(
-    path: Any,
-    *,
+    path_or_url: list | tuple,
     storage_options: Mapping[str, Any] | None = None,
+    *,
     cache: Any = None,
     remote: Mapping[str, Any] | None = None,
-) -> tuple[Any, RemoteOptions | None]:
-    """Where a reader reads ``path`` (one path or URL, or a list): ``(path, None)`` for local
-    files (``file://`` URLs among them when no option is given), ``(path, options)`` for URLs.
+) -> list[Location]: ...
+
+
+@overload
+def locate(
+    path_or_url: str | os.PathLike,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache: Any = None,
+    remote: Mapping[str, Any] | None = None,
+) -> Location: ...
+
+
+def locate(
+    path_or_url: Any,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache: Any = None,
+    remote: Mapping[str, Any] | None = None,
+) -> Location | list[Location]:
+    """The :class:`~.location.Location` of ``path_or_url`` (a path, a ``file://`` or any
+    fsspec URL), or one per item of a list, read as one dataset: local files for paths (and
+    for ``file://`` URLs when no option is given), an object store for URLs, with
+    ``storage_options`` (fsspec's), ``cache`` (a local directory of fetched chunks) and
+    ``remote`` (:class:`~.objstore.RemoteOptions`' retry and bound settings).
 
     Raises
     ------
     ValueError
-        ``storage_options``, ``cache`` or ``remote`` given for local paths, local paths and
-        URLs mixed, or a URL without its bucket or host (``s3://``): before any request.
+        an option that would go unused (given for local paths: "'storage_options' was
+        provided but unused"), local paths and URLs mixed, or a URL without its bucket or
+        host (``s3://``): before any request.
     """
-    if storage_options is None and cache is None and remote is None:
-        path = (
-            [file_url_path(p) for p in path]
-            if isinstance(path, (list, tuple))
-            else file_url_path(path)
-        )
-    many = path if isinstance(path, (list, tuple)) else [path]
-    urls = [check_url(u) for u in many if is_url(u)]
-    if not urls and storage_options is None and cache is None and remote is None:
-        return path, None
-    if len(urls) != len(many):
-        shown = many[0] if len(many) == 1 else list(many)
+    given = [
+        n
+        for n, v in (("storage_options", storage_options), ("cache", cache), ("remote", remote))
+        if v is not None
+    ]
+    many = isinstance(path_or_url, (list, tuple))
+    items = list(path_or_url) if many else [path_or_url]
+    if not given:
+        items = [file_url_path(p) for p in items]
+    urls = [check_url(u) for u in items if is_url(u)]
+    if not urls and not given:
+        locs: list[Location] = [LocalLocation(os.fsdecode(p)) for p in items]
+    elif len(urls) != len(items):
+        shown = items[0] if len(items) == 1 else items
+        unused = " and ".join(repr(n) for n in given) or "a URL"
         raise ValueError(
-            "storage_options, cache and remote apply to URLs (s3://, http://, file://...); "
-            f"got {shown}"
+            f"{unused} was provided but unused: storage_options, cache and remote apply to URLs "
+            f"(s3://, http://, file://...); got {shown}"
+            if given
+            else f"local paths and URLs cannot be read as one; got {shown}"
         )
-    return path, RemoteOptions.make(storage_options, cache, remote)
-
-
-def chunk_store(
-    paths: Sequence[str],
-    file_ids: Sequence[tuple],
-    *,
-    remote: RemoteOptions | None = None,
-    etags: Mapping[int, str | None] | None = None,
-    max_open: int | None = None,
-) -> ChunkStore:
-    """The store that reads these shards: a :class:`~.local.LocalStore` for local files,
-    a :class:`~.remote.RemoteStore` when ``remote`` (from :func:`locate`) is given."""
-    if remote is None:
-        return LocalStore(paths, file_ids, max_open)
-    from rowstore.storage.remote import RemoteStore
-
-    return RemoteStore(paths, file_ids, remote, etags)
+    else:
+        options = RemoteOptions.make(storage_options, cache, remote)
+        locs = [RemoteLocation(u, options) for u in urls]
+    return locs if many else locs[0]
 
 
 def destination(
@@ -138,15 +156,17 @@ def destination(
             raise ValueError(
                 f"storage_options applies to URLs (s3://, gs://...); got the local path {path!r}"
             )
-        return LocalDir(root, durable=durable)
-    if path.startswith(("http://", "https://")):
-        raise ValueError(
-            f"{path!r}: HTTP is read-only; write to a local path or an object store "
-            "(s3://, gs://...)"
-        )
-    from rowstore.storage.remote import RemoteDir
+        return LocalLocation(root).destination(durable=durable)
+    return RemoteLocation(path, RemoteOptions.make(storage_options, None, None)).destination()
 
-    return RemoteDir(path, storage_options)
+
+def location_of(dest: Destination) -> Location:
+    """The :class:`~.location.Location` that reads what ``dest`` holds (its pointer, manifests
+    and sidecars), with the same options."""
+    if dest.local_root is not None:
+        return LocalLocation(dest.local_root)
+    client = dest.client  # type: ignore[attr-defined]  # a RemoteDir's
+    return RemoteLocation(dest.root, client.options, client)
 
 
 def stage_file(
@@ -168,12 +188,6 @@ def stage_file(
     dest = destination(parent, storage_options)
     staging = dest.staging()
     return StagedFile(os.path.join(staging.root, "upload.h5"), dest=dest, rel=name, staging=staging)
-
-
-def remote_client(path: str, options: RemoteOptions | None) -> Client | None:
-    """The client that reads objects under ``path`` (None for local files: ``options`` from
-    :func:`locate` is None)."""
-    return None if options is None else Client(path, options)
 
 
 def absolute(path: str) -> str:

@@ -1,13 +1,15 @@
-"""The two storage interfaces: where a reader's stored bytes come from (:class:`ChunkStore`) and
-where a writer's files and dataset versions go (:class:`Destination`).
+"""The storage interfaces: where a reader's stored bytes come from (:class:`ChunkStore`, and
+:class:`DirectReads` where single rows are cheap) and where a writer's files and dataset
+versions go (:class:`Destination`).
 
 Storage deals in bytes and relative names; it knows nothing of layouts, manifests or schemas.
 Implementations: :class:`~rowstore.storage.local.LocalStore` and
 :class:`~rowstore.storage.remote.RemoteStore` (chunk stores),
 :class:`~rowstore.storage.localdir.LocalDir` and :class:`~rowstore.storage.remote.RemoteDir`
-(destinations). :func:`rowstore.storage.chunk_store` and :func:`rowstore.storage.destination`
-pick one from a path or URL. How a store batches, coalesces or schedules its reads (merge sizes,
-requests in flight, epoch-order prefetch) is its own concern, not part of the interface.
+(destinations). A :class:`~rowstore.storage.location.Location` (from
+:func:`rowstore.storage.locate`) picks one for a path or URL. How a store batches, coalesces
+or schedules its reads (merge sizes, requests in flight, epoch-order prefetch) is its own
+concern, not part of the interface.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """URLs of object storage (``s3://``, ``gs://``, ``http(s)://``, ``file://``, any fsspec
 protocol) and local paths: the one place that tells a URL from a local path. Only the storage
-layer asks (:func:`rowstore.storage.chunk_store`, :func:`rowstore.storage.destination`,
-:func:`rowstore.storage.locate`); every other layer holds what those return."""
+layer asks (:func:`rowstore.storage.locate`, :func:`rowstore.storage.destination`); every
+other layer holds what those return."""
 
 from __future__ import annotations
 

@@ -26,10 +26,10 @@ from rowstore.format import manifest
 from rowstore.format.index import Layout
 from rowstore.format.open import open_file
 from rowstore.schema import Schema
-from rowstore.storage import Destination, destination, under
+from rowstore.storage import Destination, Location, destination, location_of, under
 from rowstore.writer.gc import DEFAULT_ORPHAN_GRACE_S, _collect
 
-__all__ = ["ShardInfo", "commit", "commit_to", "publish_unconditional", "next_version", "reader"]
+__all__ = ["ShardInfo", "commit", "commit_to", "publish_unconditional", "next_version"]
 
 
 @dataclass(frozen=True)
@@ -271,15 +271,6 @@ def commit(
     )
 
 
-def reader(dest: Destination) -> Any:
-    """The ``read`` that :func:`rowstore.format.manifest.load` takes for ``dest``'s objects
-    (None for a local directory: the manifest reads its files itself)."""
-    if dest.local_root is not None:
-        return None
-    n = len(dest.root) + 1
-    return lambda path, limit: dest.read_small(path[n:], limit)
-
-
 #: How many times a commit starts again after another commit published first.
 MAX_COMMIT_ATTEMPTS = 8
 #: Seconds a commit without conditional writes waits for another commit's pending object to go
@@ -332,7 +323,7 @@ def commit_to(
                 raise ValueError(f"shard {info.path!r} is given twice")
             seen.add(info.path)
     where = dest.root
-    read = reader(dest)
+    loc = location_of(dest)
     with dest.lock(f"{manifest.MANIFEST_DIR}/{manifest.LOCK}"):
         if layouts is None:
             layouts = [_check_info(dest, info, storage_options) for info in infos]
@@ -342,8 +333,8 @@ def commit_to(
             exists = token is not None
             if mode == "x" and exists:
                 raise FileExistsError(f"{where!r} already holds a dataset (mode='x')")
-            at = _current(where, read) if exists else None
-            base = manifest.load(where, read=read, at=at) if mode == "a" and exists else None
+            at = _current(loc) if exists else None
+            base = manifest.load(loc, at=at) if mode == "a" and exists else None
             ref, entries, blocks, heap_chunks, new_attrs = next_version(
                 where, base, infos, layouts, attrs
             )
@@ -421,7 +412,7 @@ def publish_unconditional(
     listing, one GET per pending object and per manifest walked.
     """
     where = dest.root
-    read = reader(dest)
+    loc = location_of(dest)
     names = dest.list(manifest.MANIFEST_DIR)
     version = max(manifest.next_version(names), at.version + 1 if at else 1)
     uid = manifest.new_uid()
@@ -439,7 +430,7 @@ def publish_unconditional(
     dest.write_new(mine, text)
     dest.write_new(pending, json.dumps({"base": base}).encode())
     try:
-        if _pointed(dest, read) != base:
+        if _pointed(dest, loc) != base:
             for rel in (mine, manifest.index_path(version, uid)):
                 with contextlib.suppress(OSError, FormatError):
                     dest.remove(rel)
@@ -449,7 +440,7 @@ def publish_unconditional(
                 path=f"{where}/{manifest.POINTER}",
             )
         dest.replace(manifest.POINTER, pointer)
-        if not _settle(dest, read, mine, pending, stale_s):
+        if not _settle(dest, loc, mine, pending, stale_s):
             raise ObjectChangedError(
                 f"{where}/{manifest.POINTER}: another commit replaced version {version} "
                 f"({mine}) after it was made current",
@@ -461,10 +452,10 @@ def publish_unconditional(
     return version
 
 
-def _pointed(dest: Destination, read: Any) -> str | None:
+def _pointed(dest: Destination, loc: Location) -> str | None:
     """The manifest the pointer names now (None: no pointer, or one that does not load)."""
     try:
-        return manifest.pointer(dest.root, read=read).manifest
+        return manifest.pointer(loc).manifest
     except FormatError:
         return None
 
@@ -480,7 +471,7 @@ def _pending_base(dest: Destination, rel: str) -> str | None:
     return base if manifest.version_of(base) is not None else None
 
 
-def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: float) -> bool:
+def _settle(dest: Destination, loc: Location, mine: str, pending: str, stale_s: float) -> bool:
     """Step 4 of :func:`publish_unconditional`: whether ``mine`` is on the current version's
     chain, once no other pending commit's pointer can change that (put it on or take it off)."""
     where, version = dest.root, manifest.version_of(mine) or 0
@@ -494,7 +485,7 @@ def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: floa
                 if (manifest.version_of(name) or 0) <= version:
                     return False
                 if name not in parents:
-                    parents[name] = manifest.parent_of(where, name, read=read)
+                    parents[name] = manifest.parent_of(loc, name)
                 name = parents[name]
         except FormatError:  # a manifest of the chain does not read: not known to hold it
             return False
@@ -503,7 +494,7 @@ def _settle(dest: Destination, read: Any, mine: str, pending: str, stale_s: floa
     first_seen: dict[str, float] = {}
     delay = 0.005
     while True:
-        held = holds(_pointed(dest, read))  # the pointer first, then the pending commits
+        held = holds(_pointed(dest, loc))  # the pointer first, then the pending commits
         live = []
         for n in dest.list(manifest.MANIFEST_DIR):
             rel = f"{manifest.MANIFEST_DIR}/{n}"
@@ -574,10 +565,10 @@ def next_version(
     return ref, entries, blocks, heap_chunks, dict(attrs)
 
 
-def _current(root: str, read: Any = None) -> manifest.Pointer | None:
+def _current(where: Location) -> manifest.Pointer | None:
     """The pointer, None if it cannot be read (a "w" commit replaces it)."""
     try:
-        return manifest.pointer(root, read=read)
+        return manifest.pointer(where)
     except FormatError:
         return None
 

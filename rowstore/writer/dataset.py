@@ -46,9 +46,9 @@ from rowstore.errors import (
 from rowstore.format import manifest, spec
 from rowstore.format.index import Layout
 from rowstore.schema import Schema
-from rowstore.storage import destination
+from rowstore.storage import destination, location_of
 from rowstore.storage.base import Staging
-from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to, reader
+from rowstore.writer.commit import ShardInfo, _check_attrs, commit, commit_to
 from rowstore.writer.file import DEFAULT_BLOCK_BYTES, DEFAULT_HEAP_CHUNK_BYTES, Closing, Writer
 from rowstore.writer.gc import _shard_paths
 from rowstore.writer.values import as_columns
@@ -560,11 +560,11 @@ class DatasetWriter(Closing):
         after publishing: its shards must stay)."""
         if not self._infos:
             return False
-        root, read = self._dest.root, reader(self._dest)
+        where = location_of(self._dest)
         try:
             if self._dest.token(manifest.POINTER) is None:
                 return False
-            current = manifest.read_pointer(root, read=read)[0]
-            return bool(set(_shard_paths(root, current, read)) & {i.path for i in self._infos})
+            current = manifest.read_pointer(where)[0]
+            return bool(set(_shard_paths(where, current)) & {i.path for i in self._infos})
         except (OSError, FormatError):
             return True  # cannot tell: keep the files (gc removes them if they are orphans)

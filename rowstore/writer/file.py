@@ -216,7 +216,7 @@ class Writer(Closing):
         if self.mode == "a" and os.path.exists(self.path):
             from rowstore.format.index import Layout
 
-            layout = Layout.open(self.path, verify=False)
+            layout = Layout.open(self.path)
             schema = _check_append(self.path, layout, schema, compression)
             self._compression = block_compression(layout.compression)
             rows_per_block, heap_chunk_bytes = layout.rows_per_block, layout.heap_chunk_bytes

@@ -9,14 +9,14 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rowstore.errors import FormatError
 from rowstore.format import manifest
 from rowstore.format.shards import DatasetLayout
-from rowstore.storage import local_only
+from rowstore.storage import Location, local_only
 from rowstore.storage.atomic import remove_stale
 from rowstore.storage.localdir import LocalDir
+from rowstore.storage.location import LocalLocation
 
 __all__ = ["gc", "GCReport", "restore_pointer", "PointerRepair", "DEFAULT_ORPHAN_GRACE_S"]
 
@@ -72,14 +72,13 @@ class GCReport:
         return self.manifests + self.shards + self.temporaries
 
 
-def _read_names(root: str, name: str, read: Any = None) -> tuple[list[str], str | None]:
-    """The shard paths the manifest ``name`` (relative to ``root``) names and its parent's
-    manifest name (read without its sidecar: cheap, for gc; ``read`` as for
-    :func:`rowstore.format.manifest.load`)."""
-    mpath = os.path.join(root, name)
-    m = manifest._json_object(
-        mpath, (read or manifest._read_small)(mpath, manifest.MAX_MANIFEST_BYTES)
-    )
+def _read_names(root: str | Location, name: str) -> tuple[list[str], str | None]:
+    """The shard paths the manifest ``name`` (relative to ``root``, a directory or a
+    :class:`~rowstore.storage.location.Location`) names and its parent's manifest name (read
+    without its sidecar: cheap, for gc)."""
+    where = _at(root)
+    mpath = where.join(name)
+    m = manifest._json_object(mpath, where.read_small(mpath, manifest.MAX_MANIFEST_BYTES))
     entries = m.get("shards")
     if not isinstance(entries, list):
         raise FormatError(f"{mpath!r}: 'shards' must be a list", path=mpath)
@@ -91,10 +90,14 @@ def _read_names(root: str, name: str, read: Any = None) -> tuple[list[str], str 
     return paths, manifest._parent_name(mpath, m)
 
 
-def _shard_paths(root: str, version: int | str, read: Any = None) -> list[str]:
+def _shard_paths(root: str | Location, version: int | str) -> list[str]:
     """The shard paths of a version (its number, or its manifest's name)."""
-    name = version if isinstance(version, str) else manifest.find_manifest(root, version, read=read)
-    return _read_names(root, name, read)[0]
+    name = version if isinstance(version, str) else manifest.find_manifest(_at(root), version)
+    return _read_names(root, name)[0]
+
+
+def _at(root: str | Location) -> Location:
+    return root if isinstance(root, Location) else LocalLocation(root)
 
 
 def _own_dir(root: str, name: str, allow_outside_links: bool) -> str | None:
@@ -138,7 +141,7 @@ def _version(name: str) -> int:
 def _crc(root: str, name: str) -> int:
     """The CRC-32 of the manifest ``name`` (what a pointer to it records)."""
     path = os.path.join(root, name)
-    return zlib.crc32(manifest._read_small(path, manifest.MAX_MANIFEST_BYTES))
+    return zlib.crc32(LocalLocation(root).read_small(path, manifest.MAX_MANIFEST_BYTES))
 
 
 def _collect(
@@ -376,7 +379,7 @@ def restore_pointer(
     path: str | os.PathLike,
     *,
     dry_run: bool = False,
-    verify: bool = False,
+    scan: bool = False,
     allow_outside_links: bool = False,
 ) -> PointerRepair:
     """Make a dataset whose pointer (``rowstore.json``) is missing or does not load readable
@@ -386,11 +389,11 @@ def restore_pointer(
     A version is sound when its manifest and sidecar load (every checksum), its block index
     passes the reader's checks, and every shard it names exists inside the dataset (see
     ``allow_outside_links``), has its recorded size and its own index, schema and row count
-    agree with the manifest (``verify``: also every block and heap chunk's checksum, which reads
-    all the data). The pointer is written atomically (temporary file, fsync, rename, directory
-    fsync); nothing else is changed. A pointer that loads (with its manifest and sidecar) is
-    left alone (:attr:`PointerRepair.current`): damage to its shards is for ``rowstore verify``
-    to report, not a reason to go back to an older version.
+    agree with the manifest (``scan``: also every block and heap chunk's checksum, read now,
+    which reads all the data). The pointer is written atomically (temporary file, fsync,
+    rename, directory fsync); nothing else is changed. A pointer that loads (with its manifest
+    and sidecar) is left alone (:attr:`PointerRepair.current`): damage to its shards is for
+    ``rowstore verify`` to report, not a reason to go back to an older version.
 
     Parameters
     ----------
@@ -398,8 +401,8 @@ def restore_pointer(
         The dataset directory (local).
     dry_run : bool
         Only report the version that would be made current.
-    verify : bool
-        Also read every chunk of the candidate version's shards.
+    scan : bool
+        Also read every chunk of the candidate version's shards and check it.
     allow_outside_links : bool
         As for :class:`rowstore.Reader`.
 
@@ -436,7 +439,7 @@ def restore_pointer(
         for name in reversed(manifest.manifest_names(root)):
             v = _version(name)
             try:
-                _sound(root, name, verify=verify, allow_outside_links=allow_outside_links)
+                _sound(root, name, scan=scan, allow_outside_links=allow_outside_links)
             except FormatError as exc:
                 report.skipped.append((v, str(exc)))
                 continue
@@ -445,7 +448,7 @@ def restore_pointer(
                 if not allow_outside_links:  # (a symlinked pointer's target is what is replaced)
                     manifest.check_inside(root, [manifest.POINTER], what="pointer")
                 mpath = os.path.join(root, name)
-                text = manifest._read_small(mpath, manifest.MAX_MANIFEST_BYTES)
+                text = LocalLocation(root).read_small(mpath, manifest.MAX_MANIFEST_BYTES)
                 dest = LocalDir(root)
                 dest.replace(manifest.POINTER, manifest.pointer_bytes(v, text, name))
                 dest.sync()
@@ -462,12 +465,12 @@ def restore_pointer(
     )
 
 
-def _sound(root: str, name: str | None, *, verify: bool, allow_outside_links: bool) -> None:
+def _sound(root: str, name: str | None, *, scan: bool, allow_outside_links: bool) -> None:
     """Raise the first :class:`FormatError` that makes the version whose manifest is ``name``
     (None: the pointer's) unsound."""
     at = None if name is None else manifest.Pointer(_version(name), name, _crc(root, name))
     L = DatasetLayout.from_manifest(
         manifest.load(root, at=at), allow_outside_links=allow_outside_links
     )
-    for err in L.damage(limit=1, shard_indexes=True, chunks=verify):
+    for err in L.damage(limit=1, shard_indexes=True, chunks=scan):
         raise err

@@ -141,7 +141,7 @@ def test_verify_reports_every_damaged_chunk_with_rows_and_fails(tmp_path, capsys
     err = capsys.readouterr().err
     assert "rows 10..19" in err and "rows 30..39" in err and "3 damaged chunk(s)" in err
     with pytest.raises(rowstore.ChecksumError):
-        rowstore.Layout.open(path, verify=True)
+        rowstore.Layout.open(path, scan=True)
 
 
 def test_schema_of_a_huge_fixed_shape_decoded_field_is_refused_before_allocating(tmp_path):

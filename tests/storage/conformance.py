@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import rowstore
-from rowstore import Field, Schema, kernels, storage
+from rowstore import Field, Schema, kernels
 from rowstore.errors import FormatError, MissingObjectError, ObjectChangedError
 from rowstore.storage.base import ChunkStore, Destination, DirectReads
 
@@ -148,9 +148,7 @@ class ChunkStoreTests:
     @staticmethod
     def store_of(opened) -> ChunkStore:
         L = opened.layout
-        return storage.chunk_store(
-            L.shard_paths, L.shard_ids, remote=opened.remote, etags=opened.etags
-        )
+        return opened.location.chunk_store(L.shard_paths, L.shard_ids)
 
     @staticmethod
     def expected_blocks(opened, local_dir: str) -> bytes:
@@ -207,7 +205,7 @@ class ChunkStoreTests:
         opened, _ = served
         L = opened.layout
         gone = L.shard_paths[0].rsplit("/", 1)[0] + "/no-such-shard.h5"
-        store = storage.chunk_store([gone], [(int(L.shard_file_size[0]),)], remote=opened.remote)
+        store = opened.location.chunk_store([gone], [(int(L.shard_file_size[0]),)])
         a = L.arrays()
         raw = L.block_raw_bytes
         with pytest.raises(MissingObjectError) as ei:

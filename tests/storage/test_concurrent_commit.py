@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import rowstore
-from rowstore import Field, Schema
+from rowstore import Field, Schema, storage
 from rowstore.errors import CommitConflictError, ObjectChangedError
 from rowstore.format import manifest
 from rowstore.storage import destination
@@ -80,11 +80,11 @@ def _run_both(commits):
 
 def _chain(url: str, so: dict) -> list[int]:
     """The versions from the current one back through each manifest's parent."""
-    c = Client(url, RemoteOptions.make(so, None, None))
-    out, name = [], manifest.pointer(url, read=c.cat_small).manifest
+    where = storage.locate(url, so)
+    out, name = [], manifest.pointer(where).manifest
     while name is not None:
         out.append(manifest.version_of(name))
-        name = manifest.parent_of(url, name, read=c.cat_small)
+        name = manifest.parent_of(where, name)
     return out
 
 
@@ -120,8 +120,7 @@ def test_two_concurrent_remote_commits_lose_no_version(s3_server, mode):
         first_won,
         1,
     ]  # the winner's version is the loser's parent: none lost
-    c = Client(url, RemoteOptions.make(so, None, None))
-    shards = {v: set(manifest.load(url, v, read=c.cat_small).shards["path"]) for v in versions}
+    shards = {v: set(manifest.load(storage.locate(url, so), v).shards["path"]) for v in versions}
     if mode == "a":  # the loser appended to the winner's version
         assert shards[last] == {first.path, a.path, b.path}
         assert len(rowstore.open(url, storage_options=so)) == 22
@@ -175,8 +174,7 @@ def test_a_commit_overtaken_after_reading_starts_again_on_top(object_store, mode
         t.join(300)
         fs.ls = hold.inner
     assert got == [3] and _chain(url, so) == [3, 2, 1]
-    c = Client(url, RemoteOptions.make(so, None, None))
-    shards = set(manifest.load(url, 3, read=c.cat_small).shards["path"])
+    shards = set(manifest.load(storage.locate(url, so), 3).shards["path"])
     assert shards == ({first.path, a.path, b.path} if mode == "a" else {a.path})
 
 

@@ -655,9 +655,8 @@ def test_file_urls_and_full_shuffle_coalescing(remote_data):
     segments share blocks, and a block asked for again while held is not fetched again (fewer
     requests than chunks taken)."""
     local = rowstore.open(os.path.join(remote_data, "lz4.h5"))
-    assert (
-        rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))._remote is None
-    )  # the local store
+    plain = rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"))
+    assert plain.layout.shard_location().local  # the local store
     r = rowstore.open("file://" + os.path.join(remote_data, "lz4.h5"), remote={})
     sched = None
     got = []

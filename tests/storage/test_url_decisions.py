@@ -159,4 +159,4 @@ def test_a_parameter_error_is_not_retried():
     with pytest.raises(RemoteError, match="invalid, so it was not retried") as e:
         client._retrying("s3://bad bucket/x", None, None, call)
     assert len(calls) == 1 and e.value.attempts == 1
-    assert storage.locate("s3://bucket/key")[0] == "s3://bucket/key"  # a bucket: located
+    assert storage.locate("s3://bucket/key").path == "s3://bucket/key"  # a bucket: located

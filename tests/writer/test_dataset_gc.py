@@ -165,7 +165,7 @@ def test_restore_pointer_with_no_sound_version_writes_nothing(tmp_path, capsys):
     assert cli_main(["repair", str(tmp_path / "missing")]) == 1
 
 
-def test_restore_pointer_verify_reads_the_chunks(tmp_path):
+def test_restore_pointer_scan_reads_the_chunks(tmp_path):
     root = str(tmp_path / "ds")
     a, b, c = three_versions(root)
     L = rowstore.Layout.open(os.path.join(root, c.path))
@@ -177,7 +177,7 @@ def test_restore_pointer_verify_reads_the_chunks(tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     os.remove(os.path.join(root, manifest.POINTER))
     assert rowstore.restore_pointer(root, dry_run=True).version == 3  # sizes and indexes agree
-    r = rowstore.restore_pointer(root, verify=True)
+    r = rowstore.restore_pointer(root, scan=True)
     assert r.version == 2 and [v for v, _ in r.skipped] == [3]
 
 

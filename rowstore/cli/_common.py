@@ -48,8 +48,8 @@ def _open_layout(
     allow_missing_footer: bool = False,
 ) -> tuple[Any, Any]:
     """The layout of the file or dataset at ``path`` (local, ``file://`` or any fsspec URL, as
-    :func:`rowstore.open` takes it), and the object-storage client that reads its shards (None
-    for local files)."""
+    :func:`rowstore.open` takes it), and the :class:`~rowstore.storage.location.Location` that
+    reads its shards."""
     if storage_options is not None:
         try:
             storage.locate(path, storage_options=storage_options)
@@ -64,7 +64,7 @@ def _open_layout(
         allow_missing_footer=allow_missing_footer,
         pin=False,
     )
-    return opened.layout, opened.client
+    return opened.layout, opened.location
 
 
 def _count(text: str) -> int:

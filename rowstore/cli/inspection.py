@@ -245,13 +245,13 @@ def verify_command(
     """``rowstore verify``: print every damaged chunk or shard (stderr) or OK (stdout); the exit
     status (0 or 1)."""
     # a dataset's manifest and sidecar are checked here
-    L, client = _open_layout(
+    L, location = _open_layout(
         path,
         storage_options,
         allow_outside_links=allow_outside_links,
         allow_missing_footer=allow_missing_footer,
     )
-    damage = L.damage(shard_indexes=True, client=client)
+    damage = L.damage(shard_indexes=True, location=location)
     for err in damage:
         span = getattr(err, "rows", None)
         rows = f" (rows {span[0]}..{span[1] - 1})" if span else ""
@@ -259,7 +259,7 @@ def verify_command(
     shards = f" in {L.num_shards} shards" if L.num_shards > 1 else ""
     one_v2 = L.shard_layouts is not None and L.num_shards == 1 and L.shard_layouts[0].footer_offset
     skipped = ""
-    if one_v2 and hdf5_check and client is not None:
+    if one_v2 and hdf5_check and not location.local:
         skipped = (
             "; the HDF5 part was not compared with the footer (libhdf5 reads local files only)"
         )

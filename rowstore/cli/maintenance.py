@@ -70,7 +70,7 @@ def register(sub: Any) -> None:
         "--dry-run", action="store_true", help="only say which version would be made current"
     )
     p.add_argument(
-        "--verify", action="store_true", help="also read every chunk of the chosen version's shards"
+        "--scan", action="store_true", help="also read every chunk of the chosen version's shards"
     )
     _add_outside_links(p)
     p.set_defaults(run=_repair)
@@ -100,7 +100,7 @@ def _repair(args: argparse.Namespace) -> int:
         repair_text(
             args.path,
             dry_run=args.dry_run,
-            verify=args.verify,
+            scan=args.scan,
             allow_outside_links=args.allow_outside_links,
         )
     )
@@ -203,7 +203,7 @@ def gc_dataset_text(
 
 
 def repair_text(
-    path: str, *, dry_run: bool = False, verify: bool = False, allow_outside_links: bool = False
+    path: str, *, dry_run: bool = False, scan: bool = False, allow_outside_links: bool = False
 ) -> str:
     """Restore a dataset's lost or unreadable pointer (:func:`rowstore.restore_pointer`); a
     directory with neither a pointer nor manifests is no dataset: :class:`FormatError`, and
@@ -219,9 +219,7 @@ def repair_text(
             path=path,
         )
 
-    r = restore_pointer(
-        path, dry_run=dry_run, verify=verify, allow_outside_links=allow_outside_links
-    )
+    r = restore_pointer(path, dry_run=dry_run, scan=scan, allow_outside_links=allow_outside_links)
     if r.version is None:
         return (
             f"{path}: the pointer reads (version {r.current}); nothing to repair "

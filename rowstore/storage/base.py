@@ -66,24 +66,13 @@ class ChunkStore(Protocol):
         ``keys_of``), with the chunks fetched ahead in that order where the store gains by it;
         ``plan_segments`` makes the same segments again, for the store's own iteration."""
 
-    def load_chunks(
-        self,
-        shards: np.ndarray | None,
-        offsets: np.ndarray,
-        stored: np.ndarray,
-        checksums: np.ndarray,
-        *,
-        codec: tuple[int, int] | None,
-        verify: bool,
-        dst: np.ndarray,
-        raw_size: int,
-        scratch: np.ndarray,
-        what: str,
-        dst_stride: int = 0,
-    ) -> None:
-        """Whole stored chunks (chunk i of shard ``shards[i]``; None: all of shard 0), checked
-        (CRC-32 with ``verify``, frame headers against ``codec``) and decompressed into
-        ``dst`` (chunk i at ``i * dst_stride`` when given, else packed)."""
+    #: ``load_chunks(shards, offsets, stored, checksums, *, codec, verify, dst, raw_size,
+    #: scratch, what, dst_stride=0)``: whole stored chunks (chunk i of shard ``shards[i]``;
+    #: None: all of shard 0), checked (CRC-32 with ``verify``, frame headers against
+    #: ``codec``) and decompressed into ``dst`` (chunk i at ``i * dst_stride`` when given, else
+    #: packed); the signature of :func:`rowstore.kernels.load_chunks` with shards for its
+    #: descriptors.
+    load_chunks: Callable[..., None]
 
     def close(self) -> None:
         """Release this process's descriptors or connections (they come back on next use)."""

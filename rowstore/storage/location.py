@@ -106,7 +106,12 @@ class Location:
         etags: Mapping[int, str | None] | None = None,
         max_open: int | None = None,
     ) -> ChunkStore:
-        """The store that reads the chunks of these shards (files under this location)."""
+        """The store that reads the chunks of these shards (files under this location):
+        ``file_ids`` what each must still be, ``etags`` those already learnt (remote),
+        ``max_open`` the descriptors kept open at most (local)."""
+        return self._store(paths, file_ids, etags, max_open)
+
+    def _store(self, paths: Any, file_ids: Any, etags: Any, max_open: Any) -> ChunkStore:
         raise NotImplementedError
 
     def destination(self, *, durable: bool = True) -> Destination:
@@ -177,14 +182,7 @@ class LocalLocation(Location):
     def pin(self, paths: Sequence[str], file_ids: Sequence[tuple]) -> tuple[tuple, ...]:
         return pin_identities(paths, file_ids)
 
-    def chunk_store(
-        self,
-        paths: Sequence[str],
-        file_ids: Sequence[tuple],
-        *,
-        etags: Mapping[int, str | None] | None = None,
-        max_open: int | None = None,
-    ) -> ChunkStore:
+    def _store(self, paths: Any, file_ids: Any, etags: Any, max_open: Any) -> ChunkStore:
         return LocalStore(paths, file_ids, max_open)
 
     def destination(self, *, durable: bool = True) -> Destination:
@@ -254,14 +252,7 @@ class RemoteLocation(Location):
     def open_file(self, path: str | None = None) -> RemoteFile:
         return RemoteFile(self, self.path if path is None else path)
 
-    def chunk_store(
-        self,
-        paths: Sequence[str],
-        file_ids: Sequence[tuple],
-        *,
-        etags: Mapping[int, str | None] | None = None,
-        max_open: int | None = None,
-    ) -> ChunkStore:
+    def _store(self, paths: Any, file_ids: Any, etags: Any, max_open: Any) -> ChunkStore:
         from rowstore.storage.remote import RemoteStore
 
         return RemoteStore(paths, file_ids, self.options, etags)

@@ -41,6 +41,7 @@ from rowstore.reader.epochs import (
     STATE_KIND,
     EpochSpec,
     EpochStream,
+    OnStream,
     as_pair,
     check_quality,
     loads_state,
@@ -340,7 +341,7 @@ class EpochDataset(grain.IterDataset):
         return EpochIterator(self)
 
 
-class EpochIterator(grain.DatasetIterator):
+class EpochIterator(OnStream, grain.DatasetIterator):
     """The iterator of an :class:`EpochDataset`: its batches in order, and where it stands.
 
     ``get_state()`` is rowstore's epoch state once every process took as many steps as this
@@ -361,7 +362,7 @@ class EpochIterator(grain.DatasetIterator):
     def __init__(self, dataset: EpochDataset):
         super().__init__()
         self._ds = dataset
-        self._stream = EpochStream(
+        self.stream = EpochStream(
             dataset.reader, dataset.batch_size, dataset.spec, quality=dataset.quality
         )
         self._it: Iterator[Any] | None = None
@@ -370,18 +371,9 @@ class EpochIterator(grain.DatasetIterator):
     def __str__(self) -> str:
         return f"EpochIterator({self._ds})"
 
-    @property
-    def epoch(self) -> int:
-        return self._stream.epoch
-
-    @property
-    def steps(self) -> int:
-        """Batches handed out in the current epoch (since the state it resumed from)."""
-        return self._stream.steps
-
     def __next__(self) -> dict[str, Any]:
         self._assert_not_closed()
-        stream, ds = self._stream, self._ds
+        stream, ds = self.stream, self._ds
         if self._it is None:
             if ds.num_epochs is not None and stream.epoch >= ds.num_epochs:
                 raise StopIteration
@@ -408,16 +400,16 @@ class EpochIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         """Where the iterator stands (see the class): a new dict of plain JSON values."""
-        key = (self._stream.epoch, self._stream.steps)
+        key = (self.stream.epoch, self.stream.steps)
         if self._state is None or self._state[0] != key:
-            self._state = (key, self._stream.state_dict())
+            self._state = (key, self.stream.state_dict())
         return copy.deepcopy(self._state[1])
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a state of :meth:`get_state` (of any process, of any world), or of any
         other rowstore loader."""
         self._drop()
-        self._stream.load_state_dict(state)
+        self.stream.load_state_dict(state)
         self._state = None
 
     def close(self) -> None:

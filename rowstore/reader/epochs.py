@@ -55,6 +55,7 @@ __all__ = [
     "EpochSpec",
     "EpochSource",
     "EpochStream",
+    "OnStream",
     "StreamState",
     "as_pair",
     "check_quality",
@@ -692,6 +693,23 @@ class EpochStream:
                 g.close()
 
 
+class OnStream:
+    """Mixin of the loaders that are thin converters over an :class:`EpochStream`
+    (``self.stream``): where they stand is the stream's."""
+
+    stream: EpochStream
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self.stream.epoch
+
+    @property
+    def steps(self) -> int:
+        """Batches handed out (to this rank) in the epoch, or since the state it resumed from."""
+        return self.stream.steps
+
+
 _END = object()
 
 
@@ -879,7 +897,7 @@ def _hand_out(field: str, value: Any) -> dict[str, Any] | None:
     keys = ("world", "lanes", "unit", "steps", "base")
     if not isinstance(value, Mapping) or sorted(value) != sorted(keys):
         raise _bad(field, f"None or a dict of {list(keys)}", value)
-    out = {k: _int(f"{field}.{k}", value[k], 1, MAX_EPOCH) for k in keys[:3]}
+    out: dict[str, Any] = {k: _int(f"{field}.{k}", value[k], 1, MAX_EPOCH) for k in keys[:3]}
     out["steps"] = _int(f"{field}.steps", value["steps"], 0, MAX_EPOCH)
     out["base"] = _ranges(f"{field}.base", value["base"])
     return out

@@ -196,15 +196,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         self.prefetch = prefetch
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
         self._init_order(
-            "IterableDataset",
-            spec=spec,
-            shard=shard,
-            drop_last=drop_last,
-            with_ids=with_ids,
-            rows=rows,
-            predicate=predicate,
-            quality=quality,
-            **order,
+            "IterableDataset", spec, shard, drop_last, with_ids, rows, predicate, quality, order
         )
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
@@ -302,7 +294,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         if self.batch_size is not None:
             return st.steps_left(own)
         total = 0
-        for e in range(st.epoch, st.epoch + st.num_epochs):
+        for e in range(st.epoch, st.epoch + (st.num_epochs or 1)):
             plan = st.plan(e)
             g = st.rank_batches(e, own)[st.steps if e == st.epoch else 0 :]
             total += sum(

@@ -44,15 +44,14 @@ class _EpochReader:
     def _init_order(
         self,
         where: str,
-        *,
         spec: EpochSpec | None,
         shard: Any,
         drop_last: bool,
-        with_ids: bool = False,
-        rows: Any = None,
-        predicate: Any = None,
-        quality: Any = None,
-        **order: Any,
+        with_ids: bool,
+        rows: Any,
+        predicate: Any,
+        quality: Any,
+        order: dict[str, Any],
     ) -> None:
         """Make ``self.spec`` from ``spec`` and the order keywords (``shuffle``, ``seed``,
         ``window``, ``pieces``, ``pad``, ``unit``, ``decode``)."""

@@ -17,7 +17,7 @@ import torch
 from rowstore._check import positive_int
 from rowstore.reader.buffers import Ragged
 from rowstore.reader.dataset import Reader
-from rowstore.reader.epochs import EpochSpec, EpochStream, no_decode
+from rowstore.reader.epochs import EpochSpec, EpochStream, OnStream, no_decode
 from rowstore.reader.plan import ID_KEY, PAD_KEY, step_rows
 from rowstore.reader.transform import as_spec as _as_spec
 from rowstore.torch._collate import _Collator
@@ -36,7 +36,7 @@ class _Failure:
 _END = object()
 
 
-class BatchedDataLoader(_EpochReader, _OwnsReader):
+class BatchedDataLoader(OnStream, _EpochReader, _OwnsReader):
     """Batches of torch tensors straight from the reader: the fast path (no ``DataLoader``).
 
     Parameters
@@ -122,6 +122,8 @@ class BatchedDataLoader(_EpochReader, _OwnsReader):
     to stop threads and close a reader it opened.
     """
 
+    batch_size: int
+
     def __init__(
         self,
         path_or_reader: Any,
@@ -150,15 +152,7 @@ class BatchedDataLoader(_EpochReader, _OwnsReader):
             raise ValueError(f"cache must be None or 'memory', got {cache!r}")
         self._open_reader(path_or_reader, storage_options)
         self._init_order(
-            "BatchedDataLoader",
-            spec=spec,
-            shard=shard,
-            drop_last=drop_last,
-            with_ids=with_ids,
-            rows=rows,
-            predicate=predicate,
-            quality=quality,
-            **order,
+            "BatchedDataLoader", spec, shard, drop_last, with_ids, rows, predicate, quality, order
         )
         if cache == "memory":
             no_decode("BatchedDataLoader(cache='memory')", self.spec)
@@ -188,16 +182,6 @@ class BatchedDataLoader(_EpochReader, _OwnsReader):
 
     # -- where the loader stands: its stream's -------------------------------------------------
     num_epochs = property(lambda self: self.stream.num_epochs)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next (or current) iteration reads."""
-        return self.stream.epoch
-
-    @property
-    def steps(self) -> int:
-        """Batches handed out (to this rank) in this epoch, or since the state it resumed from."""
-        return self.stream.steps
 
     @property
     def position(self) -> int:

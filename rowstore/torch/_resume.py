@@ -11,7 +11,7 @@ from typing import Any
 import torch.utils.data as _tud
 
 from rowstore._check import positive_int
-from rowstore.reader.epochs import EpochSpec, EpochStream, no_decode
+from rowstore.reader.epochs import EpochSpec, EpochStream, OnStream, no_decode
 from rowstore.reader.plan import step_rows
 from rowstore.torch._datasets import Dataset, IterableDataset, _Indices
 from rowstore.torch._epoch import _EpochReader, _OwnsReader
@@ -19,7 +19,7 @@ from rowstore.torch._epoch import _EpochReader, _OwnsReader
 __all__ = ["ElasticBatchSampler", "ResumableDataLoader"]
 
 
-class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
+class ElasticBatchSampler(OnStream, _tud.Sampler, _EpochReader, _OwnsReader):
     """Batches of row numbers for :class:`~rowstore.torch.Dataset`: this rank's part of the
     epoch's global batches, dealt as :class:`~rowstore.torch.BatchedDataLoader` deals them.
 
@@ -50,22 +50,10 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
         self._open_reader(dataset.reader if isinstance(dataset, Dataset) else dataset)
         self.batch_size: int = positive_int("batch_size", batch_size)
         self._init_order(
-            "ElasticBatchSampler",
-            spec=spec,
-            shard=shard,
-            drop_last=drop_last,
-            with_ids=with_ids,
-            rows=rows,
-            predicate=predicate,
-            quality=quality,
-            **order,
+            "ElasticBatchSampler", spec, shard, drop_last, with_ids, rows, predicate, quality, order
         )
         no_decode("ElasticBatchSampler", self.spec)
         self.stream = EpochStream(self.reader, self.batch_size, self.spec, quality=self.quality)
-
-    @property
-    def epoch(self) -> int:
-        return self.stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Deal epoch ``epoch`` from the next iteration on (keeps a loaded state of that epoch)."""
@@ -86,7 +74,7 @@ class ElasticBatchSampler(_tud.Sampler, _EpochReader, _OwnsReader):
         def lane(spec: EpochSpec, remaining: Any, skip: int) -> Iterator[Any]:
             order = reader.epoch(keep=spec.keep, **spec.order_kwargs())
             plan = spec.plan(reader, B, remaining)
-            return step_rows(order, plan, *spec.shard, spec.unit, skip)
+            return step_rows(order, plan, *spec.shard, self.stream.unit, skip)
 
         for (ids, mask), _, _ in self.stream.batches(lane=lane):
             yield _Indices(rows_of(ids).tolist(), mask if self.pad else None, self.with_ids)

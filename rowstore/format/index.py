@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,6 @@ from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
 from rowstore.schema import Schema
 from rowstore.storage import Location, locate
-from rowstore.storage.inputs import open_regular
 
 __all__ = ["Layout", "IndexSizes", "open_h5", "check_indexes", "scan_chunks"]
 
@@ -208,7 +207,8 @@ class Layout(IndexSizes):
         with where.open_file() as f:
             layout = cls._from_file(f, allow_missing_footer)
         if scan:
-            layout.verify()
+            for err in layout.damage(limit=1, location=where):
+                raise err
         return layout
 
     @classmethod
@@ -412,17 +412,20 @@ class Layout(IndexSizes):
         for err in self.damage():
             raise err
 
-    def damage(self, *, limit: int | None = None) -> list[FormatError]:
+    def damage(
+        self, *, limit: int | None = None, location: Location | None = None
+    ) -> list[FormatError]:
         """Every damaged block and heap chunk (checksum, decompression or size), in file order,
         as errors with ``block`` (blocks) and ``rows``: the ``(first, end)`` dataset rows whose
         values it holds (a heap chunk: the rows of the blocks whose payloads it holds). Reads
-        the whole file, 64 MiB at a time; stops after ``limit`` errors."""
+        the whole file, 64 MiB at a time, through ``location`` (default: its path's, without
+        options); stops after ``limit`` errors."""
         found: list[FormatError] = []
-        fd, _ = open_regular(self.path)
+        f = (location or locate(self.path)).open_file()
         try:
             for what in ("block", "heap chunk"):
                 *index, raw = self.chunk_index(what)
-                for k, exc in self._check_all(fd, what, index, raw):
+                for k, exc in self._check_all(f, what, index, raw):
                     exc.args = (f"{self.path!r}: {what} {k}: {exc}",)
                     exc.path, exc.block = self.path, k if what == "block" else None
                     exc.rows = self._rows_of(what, k)
@@ -430,7 +433,7 @@ class Layout(IndexSizes):
                     if limit is not None and len(found) >= limit:
                         return found
         finally:
-            os.close(fd)
+            f.close()
         return found
 
     def chunk_index(self, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -441,9 +444,9 @@ class Layout(IndexSizes):
             return arr["offset"], arr["stored"], arr["checksum"], self.block_raw_bytes
         return arr["hc_offset"], arr["hc_stored"], arr["hc_checksum"], self.heap_chunk_bytes
 
-    def _check_all(self, fd: int, what: str, index: list[np.ndarray], raw: int):
+    def _check_all(self, f: Any, what: str, index: list[np.ndarray], raw: int):
         """``(position, error)`` of every chunk of one index that fails to load."""
-        return scan_chunks(fd, *index, raw_size=raw, codec=self.frame_check(), what=what)
+        return scan_chunks(f, *index, raw_size=raw, codec=self.frame_check(), what=what)
 
     def _rows_of(self, what: str, k: int) -> tuple[int, int]:
         b = self.blocks
@@ -458,7 +461,7 @@ class Layout(IndexSizes):
 
 
 def scan_chunks(
-    fd: int | Callable[[int, int], bytes],
+    f: Any,
     offsets: np.ndarray,
     stored: np.ndarray,
     checksums: np.ndarray,
@@ -470,86 +473,31 @@ def scan_chunks(
     """Load every chunk of one file's index (64 MiB at a time) and yield ``(position, error)``
     for each that fails (checksum, decompression, size); the scan goes on after a failure.
 
-    ``fd`` is a file descriptor, or ``read(start, end) -> bytes`` for an object at a URL (one
-    ranged request per run of chunks, each request at most 8 MiB of stored bytes, or one chunk)."""
+    ``f`` is the file opened by its location
+    (:meth:`~rowstore.storage.location.Location.open_file`): a local file loads each step with
+    one kernel call on its descriptor, an object by ranged requests of at most 8 MiB."""
     from rowstore import kernels
 
     if not len(offsets):
         return
     step = max(1, (64 << 20) // raw_size)
     dst = np.empty(min(step, len(offsets)) * raw_size, np.uint8)
-    read = None if isinstance(fd, (int, np.integer)) else fd
-    scratch = np.empty(int(stored.max()) if read is None else 0, np.uint8)
     i = 0
     while i < len(offsets):
         j = min(i + step, len(offsets))
         try:
-            if read is None:
-                kernels.load_chunks(
-                    fd,
-                    offsets[i:j],
-                    stored[i:j],
-                    checksums[i:j],
-                    codec=codec,
-                    verify=True,
-                    dst=dst[: (j - i) * raw_size],
-                    raw_size=raw_size,
-                    scratch=scratch,
-                    what=what,
-                )
-            else:
-                j = _fetch_and_decode(
-                    read, offsets, stored, checksums, i, j, dst, raw_size, codec, what
-                )
-            i = j
+            i += f.load_chunks(
+                offsets[i:j],
+                stored[i:j],
+                checksums[i:j],
+                codec=codec,
+                dst=dst[: (j - i) * raw_size],
+                raw_size=raw_size,
+                what=what,
+            )
         except kernels.KernelError as exc:
             yield i + exc.index, exc
             i += exc.index + 1  # go on after the damaged chunk
-
-
-def _fetch_and_decode(
-    read: Callable[[int, int], bytes],
-    offsets: np.ndarray,
-    stored: np.ndarray,
-    checksums: np.ndarray,
-    i: int,
-    j: int,
-    dst: np.ndarray,
-    raw_size: int,
-    codec: tuple[int, int] | None,
-    what: str,
-) -> int:
-    """Chunks ``i..`` (up to ``j``) fetched by one ranged read of at most 8 MiB (or one chunk)
-    and checked; returns where the next read starts."""
-    from rowstore import kernels
-
-    lo = int(offsets[i])
-    hi = lo + int(stored[i])
-    k = i + 1
-    while (
-        k < j
-        and int(offsets[k]) >= lo
-        and int(offsets[k]) + int(stored[k]) - lo <= _REMOTE_SCAN_BYTES
-    ):
-        hi = max(hi, int(offsets[k]) + int(stored[k]))
-        k += 1
-    src = np.frombuffer(read(lo, hi), np.uint8)
-    kernels.decode_chunks(
-        src,
-        offsets[i:k] - lo,
-        stored[i:k],
-        checksums[i:k],
-        codec=codec,
-        verify=True,
-        dst=dst[: (k - i) * raw_size],
-        raw_size=raw_size,
-        what=what,
-    )
-    return k
-
-
-#: The most stored bytes one ranged read of :func:`scan_chunks` asks for (more for a larger chunk).
-_REMOTE_SCAN_BYTES = 8 << 20
 
 
 def check_indexes(

@@ -309,7 +309,7 @@ class DatasetLayout(IndexSizes):
                     ),
                 ):
                     idx = [a[c][lo : lo + n] for c in cols]
-                    for k, err in scan_chunks(f.source, *idx, raw_size=raw, codec=codec, what=what):
+                    for k, err in scan_chunks(f, *idx, raw_size=raw, codec=codec, what=what):
                         err.args = (f"{path!r}: {what} {k}: {err}",)
                         err.path, err.block = path, k if what == "block" else None
                         err.rows = self._rows_of(what, lo + k)

@@ -22,6 +22,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from rowstore import kernels
 from rowstore.errors import FormatError, MissingObjectError
 from rowstore.storage.base import ChunkStore, Destination
 from rowstore.storage.inputs import open_regular
@@ -31,6 +34,10 @@ from rowstore.storage.objstore import Client, RangeFile, RemoteOptions
 from rowstore.storage.url import join, looks_like_file
 
 __all__ = ["Location", "LocalLocation", "RemoteLocation", "LocalFile", "RemoteFile"]
+
+#: The most stored bytes one ranged request of :meth:`RemoteFile.load_chunks` asks for (more
+#: for a larger chunk): a whole-object scan reads an object this much at a time.
+SCAN_REQUEST_BYTES = 8 << 20
 
 
 class Location:
@@ -289,7 +296,7 @@ class LocalFile:
     ident : tuple
         Its :func:`~rowstore.storage.local.file_identity` now.
     fd : int
-        The descriptor (what the scanning kernels read): :attr:`source`.
+        The descriptor.
     """
 
     def __init__(self, path: str):
@@ -298,10 +305,26 @@ class LocalFile:
         self.size = st.st_size
         self.ident = file_identity(st)
 
-    @property
-    def source(self) -> int:
-        """What :func:`rowstore.format.index.scan_chunks` reads: the descriptor."""
-        return self.fd
+    def load_chunks(
+        self, offsets: Any, stored: Any, checksums: Any, *, codec: Any, dst: Any, **kw: Any
+    ) -> int:
+        """Chunks at ``offsets`` (``stored`` bytes each) read, CRC-checked and decompressed
+        into ``dst`` (``raw_size``, ``what``: as for :func:`rowstore.kernels.load_chunks`),
+        all of them in one kernel call; how many (a failure is a
+        :class:`~rowstore.errors.KernelError` with the failing chunk's index)."""
+        scratch = np.empty(int(stored.max()), np.uint8)
+        kernels.load_chunks(
+            self.fd,
+            offsets,
+            stored,
+            checksums,
+            codec=codec,
+            verify=True,
+            dst=dst,
+            scratch=scratch,
+            **kw,
+        )
+        return len(offsets)
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; a short read is a :class:`~rowstore.errors.FormatError`."""
@@ -393,10 +416,36 @@ class RemoteFile:
 
             self._cache = BlockCache(location.options.cache, location.options.cache_bytes)
 
-    @property
-    def source(self) -> Any:
-        """What :func:`rowstore.format.index.scan_chunks` reads: ``read(start, end)``."""
-        return self.read
+    def load_chunks(
+        self, offsets: Any, stored: Any, checksums: Any, *, codec: Any, dst: Any, **kw: Any
+    ) -> int:
+        """The first chunks at ``offsets`` that one ranged request of at most
+        :data:`SCAN_REQUEST_BYTES` holds (or the first chunk alone), CRC-checked and
+        decompressed into ``dst`` (``raw_size``, ``what``: as for
+        :func:`rowstore.kernels.decode_chunks`); how many."""
+        lo = int(offsets[0])
+        hi = lo + int(stored[0])
+        k = 1
+        while (
+            k < len(offsets)
+            and int(offsets[k]) >= lo
+            and int(offsets[k]) + int(stored[k]) - lo <= SCAN_REQUEST_BYTES
+        ):
+            hi = max(hi, int(offsets[k]) + int(stored[k]))
+            k += 1
+        src = np.frombuffer(self.read(lo, hi), np.uint8)
+        raw = kw["raw_size"]
+        kernels.decode_chunks(
+            src,
+            offsets[:k] - lo,
+            stored[:k],
+            checksums[:k],
+            codec=codec,
+            verify=True,
+            dst=dst[: k * raw],
+            **kw,
+        )
+        return k
 
     def read(self, start: int, end: int) -> bytes:
         return self._client.get(self.path, start, end, self.etag)

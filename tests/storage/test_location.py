@@ -134,3 +134,22 @@ def test_layout_open_scan_and_the_former_verify(data):
     assert Layout.open(one, scan=True).num_rows == 200
     with pytest.warns(DeprecationWarning, match="scan="):
         Layout.open(one, verify=True)
+
+
+def test_a_file_is_scanned_through_its_location(data, tmp_path):
+    import shutil
+
+    one, _ = data
+    bad = str(tmp_path / "bad.h5")
+    shutil.copyfile(one, bad)
+    off = int(Layout.open(bad).blocks["offset"][2])
+    with open(bad, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0xFF]))
+    for where in both(bad):
+        L = Layout.open(where)
+        assert [e.block for e in L.damage(location=where)] == [2]
+        with pytest.raises(FormatError, match="block 2"):
+            Layout.open(where, scan=True)

@@ -45,6 +45,7 @@ from rowstore.reader.epochs import (
     as_pair,
     check_quality,
     loads_state,
+    no_decode,
 )
 from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import ID_KEY, EpochPlan
@@ -181,6 +182,7 @@ class BatchSource:
         self.reader, _ = open_source(path_or_reader, storage_options)
         self.batch_size = positive_int("batch_size", batch_size)
         spec = EpochSpec.make(spec, **order)
+        no_decode("rowstore.grain.BatchSource", spec)
         if spec.shard != (0, 1) or spec.pad or spec.unit is not None:
             raise ValueError(
                 "BatchSource items are the epoch's global batches: split them with Grain "

@@ -34,6 +34,7 @@ read as JSON text.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -87,8 +88,8 @@ def as_pair(name: str, value: Any) -> tuple[int, int]:
 
 #: The entry points that decode through image ops (``decode=``).
 DECODE_ENTRY_POINTS = (
-    "Reader.batches/deal, rowstore.torch.BatchedDataLoader and IterableDataset, "
-    "rowstore.tf.Loader and make_dataset"
+    "Reader.batches/deal, rowstore.torch.BatchedDataLoader (not cache='memory') and "
+    "IterableDataset, rowstore.tf.Loader and make_dataset, rowstore.grain.EpochDataset"
 )
 
 
@@ -163,17 +164,34 @@ class EpochSpec:
     decode: Any = None
 
     def __post_init__(self) -> None:
+        self._check(None)
+
+    def _check(self, changed: Any) -> None:
+        """Check and normalize the fields ``changed`` (None: all), then what ties them together;
+        a field not changed was checked when its spec was made (each value is checked once on
+        its way to the reader)."""
         put = object.__setattr__
-        put(self, "decode", check_decode(self.decode))
-        put(self, "shuffle", shuffle_mode(self.shuffle))
-        put(self, "shard", as_pair("shard", (0, 1) if self.shard is None else self.shard))
-        check_args(self.shuffle, self.seed, self.epoch, self.window or 1, *self.shard)
-        put(self, "seed", int(self.seed))
-        put(self, "epoch", int(self.epoch))
-        if self.window is not None:
-            put(self, "window", positive_int("window", self.window))
-        put(self, "pieces", positive_int("pieces", self.pieces, optional=True))
-        put(self, "unit", positive_int("unit", self.unit, optional=True))
+        every = changed is None
+
+        def fresh(name: str) -> bool:
+            return every or name in changed
+
+        if fresh("decode"):
+            put(self, "decode", check_decode(self.decode))
+        if fresh("shuffle"):
+            put(self, "shuffle", shuffle_mode(self.shuffle))
+        if fresh("shard"):
+            put(self, "shard", as_pair("shard", (0, 1) if self.shard is None else self.shard))
+        if fresh("seed") or fresh("epoch") or fresh("window"):
+            check_args(self.shuffle, self.seed, self.epoch, self.window or 1, *self.shard)
+            put(self, "seed", int(self.seed))
+            put(self, "epoch", int(self.epoch))
+            if self.window is not None:
+                put(self, "window", positive_int("window", self.window))
+        if fresh("pieces"):
+            put(self, "pieces", positive_int("pieces", self.pieces, optional=True))
+        if fresh("unit"):
+            put(self, "unit", positive_int("unit", self.unit, optional=True))
         put(self, "drop_last", bool(self.drop_last))
         put(self, "pad", bool(self.pad))
         if self.drop_last and self.pad:
@@ -182,14 +200,23 @@ class EpochSpec:
     @classmethod
     def make(cls, spec: EpochSpec | None = None, **order: Any) -> EpochSpec:
         """``spec`` with the keywords ``order`` replaced (a new spec without ``spec``); an
-        unknown keyword is a ``TypeError`` naming it."""
+        unknown keyword is a ``TypeError`` naming it. Only the replaced values are checked
+        again."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(order) - names)
         if unknown:
             raise TypeError(
                 f"unexpected order argument(s) {unknown}; the order arguments are {sorted(names)}"
             )
-        return cls(**order) if spec is None else dataclasses.replace(spec, **order)
+        if spec is None:
+            return cls(**order)
+        if not order:
+            return spec
+        new = copy.copy(spec)
+        for k, v in order.items():
+            object.__setattr__(new, k, v)
+        new._check(order)
+        return new
 
     def replace(self, **order: Any) -> EpochSpec:
         """A copy with these arguments changed (checked again)."""
@@ -214,7 +241,7 @@ class EpochSpec:
         if self.resolved:
             return self
         window, pieces = source.order_defaults(self.shuffle, self.window, self.pieces)
-        return dataclasses.replace(self, window=window, pieces=pieces)
+        return EpochSpec.make(self, window=window, pieces=pieces)
 
     def adopt(self, state: Any) -> EpochSpec:
         """The spec a saved ``state`` (a :class:`StreamState`, or its order keys) resumes with:

@@ -21,6 +21,7 @@ from etils import epath  # noqa: E402
 import rowstore  # noqa: E402
 import rowstore.grain as rg  # noqa: E402
 from rowstore import Field, Schema  # noqa: E402
+from rowstore.reader.image_ops import RandomResizedCrop  # noqa: E402
 
 N = 203
 
@@ -114,6 +115,8 @@ def test_batch_source_items_are_the_dealt_global_batches(reader):
     assert len(rg.BatchSource(reader, 16, drop_last=True)) == N // 16
     with pytest.raises(ValueError, match="EpochDataset"):
         rg.BatchSource(reader, 16, shard=(0, 2))
+    with pytest.raises(ValueError, match="does not apply decode"):  # take() reads the bytes
+        rg.BatchSource(reader, 16, decode={"id": RandomResizedCrop(8)})
     with pytest.raises(IndexError):
         src[len(src)]
 

@@ -163,3 +163,26 @@ def test_another_world_deals_what_is_left_once(path):
         dl.load_state_dict(state)
         rest += sum(_ids(dl), [])
     assert sorted(sum(head, []) + rest) == list(range(N))
+
+
+def test_the_order_arguments_are_checked_once_on_the_way_to_the_reader(path, monkeypatch):
+    """The loader's spec is checked when it is made; the stream's per-epoch and per-lane specs
+    only check what they change (epoch, shard, unit)."""
+    import rowstore.reader.epochs as epochs
+
+    calls = {"check_decode": 0, "shuffle_mode": 0}
+
+    def counted(name):
+        real = getattr(epochs, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(epochs, name, call)
+
+    counted("check_decode")
+    counted("shuffle_mode")
+    dl = rst.BatchedDataLoader(path, batch_size=B, num_epochs=2, **ORDER)
+    assert len(_ids(dl)) == 2 * -(-N // B)
+    assert calls == {"check_decode": 1, "shuffle_mode": 1}

@@ -67,7 +67,7 @@ def open_layout(
     that a shard replaced later under the same name and size is refused, not read."""
     where = storage.locate(path, storage_options, cache=cache, remote=remote)
     layout = DatasetLayout.open(
-        where,  # type: ignore[arg-type]  # a list of locations is read as one
+        where,  # a list of locations is read as one
         version=version,
         allow_outside_links=allow_outside_links,
         allow_missing_footer=allow_missing_footer,

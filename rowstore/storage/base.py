@@ -66,13 +66,14 @@ class ChunkStore(Protocol):
         ``keys_of``), with the chunks fetched ahead in that order where the store gains by it;
         ``plan_segments`` makes the same segments again, for the store's own iteration."""
 
-    #: ``load_chunks(shards, offsets, stored, checksums, *, codec, verify, dst, raw_size,
-    #: scratch, what, dst_stride=0)``: whole stored chunks (chunk i of shard ``shards[i]``;
-    #: None: all of shard 0), checked (CRC-32 with ``verify``, frame headers against
-    #: ``codec``) and decompressed into ``dst`` (chunk i at ``i * dst_stride`` when given, else
-    #: packed); the signature of :func:`rowstore.kernels.load_chunks` with shards for its
-    #: descriptors.
-    load_chunks: Callable[..., None]
+    @property
+    def load_chunks(self) -> Callable[..., None]:
+        """``load_chunks(shards, offsets, stored, checksums, *, codec, verify, dst, raw_size,
+        scratch, what, dst_stride=0)``: whole stored chunks (chunk i of shard ``shards[i]``;
+        None: all of shard 0), checked (CRC-32 with ``verify``, frame headers against
+        ``codec``) and decompressed into ``dst`` (chunk i at ``i * dst_stride`` when given,
+        else packed); the signature of :func:`rowstore.kernels.load_chunks` with shards for its
+        descriptors."""
 
     def close(self) -> None:
         """Release this process's descriptors or connections (they come back on next use)."""

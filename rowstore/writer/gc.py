@@ -82,9 +82,9 @@ def _read_names(root: str | Location, name: str) -> tuple[list[str], str | None]
     entries = m.get("shards")
     if not isinstance(entries, list):
         raise FormatError(f"{mpath!r}: 'shards' must be a list", path=mpath)
-    where = f"{mpath} shard entry"
+    entry = f"{mpath} shard entry"
     paths = [
-        manifest._safe_relpath(where, e.get("path") if isinstance(e, dict) else None)
+        manifest._safe_relpath(entry, e.get("path") if isinstance(e, dict) else None)
         for e in entries
     ]
     return paths, manifest._parent_name(mpath, m)

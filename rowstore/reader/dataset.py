@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
 
 from rowstore._check import nonneg_int, positive_int
-from rowstore.errors import SchemaError
 from rowstore.format.open import open_layout
 from rowstore.format.shards import DatasetLayout
 from rowstore.format.spec import BLOCK_DTYPE, HEAP_CHUNK_DTYPE
@@ -24,50 +23,31 @@ from rowstore.reader import order as _order
 from rowstore.reader._args import select_fields
 from rowstore.reader._decode import Decoder
 from rowstore.reader._gather import FieldPlan, Gatherer, plan_fields
-from rowstore.reader._stream import cut_batches, prefetched
+from rowstore.reader._segments import (
+    VARLEN_MODES,
+    EpochRead,
+    EpochReads,
+    check_varlen,
+    finish_varlen,
+)
 from rowstore.reader.buffers import (
     NULL_KEY,
-    SHAPE_KEY,
     BufferPool,
-    Ragged,
     concat_batches,
-    pad_ragged,
 )
-from rowstore.reader.epochs import EpochSource, EpochSpec, as_pair, deprecated, part_spec
-from rowstore.reader.image_ops import check_decode, decoded_schema, image_base
-from rowstore.reader.plan import ID_KEY, PAD_KEY, EpochPlan, pad_ids
+from rowstore.reader.epochs import EpochSource, as_pair, deprecated, part_spec
+from rowstore.reader.image_ops import decoded_schema, read_ops
+from rowstore.reader.plan import ID_KEY, PAD_KEY, pad_ids
 from rowstore.schema import Schema
 from rowstore.storage import ChunkStore
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "VARLEN_MODES"]
 
 #: Bytes of rows (payloads included) per segment of a full shuffle of uncompressed files, about.
 _SEGMENT_BYTES = 16 << 20
 
-#: The ``varlen`` modes of the numpy batches (and of ``rowstore.tf``).
-VARLEN_MODES = ("ragged", "padded")
 
-
-def _check_varlen(varlen: str) -> str:
-    if varlen not in VARLEN_MODES:
-        raise ValueError(f"varlen must be one of {VARLEN_MODES}, got {varlen!r}")
-    return varlen
-
-
-def finish_varlen(batch: dict, plans: list[FieldPlan], varlen: str) -> dict:
-    """``batch`` with its variable-shape fields zero-padded (plus ``"<name>__shape"``) for
-    ``varlen="padded"``; as is for ``"ragged"``."""
-    if varlen != "padded":
-        return batch
-    for p in plans:
-        v = batch.get(p.field.name)
-        if isinstance(v, Ragged):
-            batch[p.field.name + SHAPE_KEY] = v.shapes[:, list(p.field.variable_dims)]
-            batch[p.field.name] = pad_ragged(v)
-    return batch
-
-
-class Reader:
+class Reader(EpochReads):
     """Read a rowstore dataset.
 
     Parameters
@@ -163,7 +143,7 @@ class Reader:
         allow_outside_links: bool = False,
         allow_missing_footer: bool = False,
     ):
-        _check_varlen(varlen)
+        check_varlen(varlen)
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always', got {verify!r}")
         self.verify = verify
@@ -314,7 +294,7 @@ class Reader:
         of the field's dtype); they are filled and returned in place of new arrays.
         """
         plans = self._select(fields)
-        varlen = _check_varlen(varlen or self.varlen)
+        varlen = check_varlen(varlen or self.varlen)
         rows = self._global_rows(indices)
         if out is not None:
             self._check_out(out, plans, len(rows))
@@ -337,7 +317,7 @@ class Reader:
     ) -> dict[str, Any]:
         """Gather then decode one request (rows or a segment); thread-safe. A request touching
         more shards than the store keeps open is read in parts. ``images``: the image ops of
-        :meth:`_images`."""
+        the read (:func:`~rowstore.reader.image_ops.read_ops`)."""
         if self.layout.num_shards > self._store.max_open and (
             not isinstance(request, _order.Segment) or request.blocks is None
         ):
@@ -359,22 +339,6 @@ class Reader:
             threads,
             images,
         )
-
-    def _images(self, spec: EpochSpec, plans: list[FieldPlan]) -> dict | None:
-        """``{field: (op, key base)}`` of the spec's ``decode`` ops (checked against the schema
-        and the fields read) for its (seed, epoch); None without ops."""
-        decode = check_decode(spec.decode, self.schema)
-        if not decode:
-            return None
-        read = {p.field.name for p in plans}
-        for name in decode:
-            if name not in read:
-                raise SchemaError(
-                    f"decode names field {name!r}, which is not among the fields read "
-                    f"{sorted(read)}",
-                    field=name,
-                )
-        return {n: (op, image_base(spec.seed, spec.epoch, n)) for n, op in decode.items()}
 
     def output_schema(self, fields: Sequence[Any] | None = None, decode: Any = None) -> Schema:
         """The schema of the batches of ``fields`` (default all) read with the image ops
@@ -441,6 +405,12 @@ class Reader:
         reads, ``verify`` not ``"always"``, which checks whole blocks), so a window of about
         :data:`~rowstore.reader.order.WINDOW_BLOCKS` blocks of rows mixes rows of up to 8 times
         more blocks; whole blocks otherwise."""
+        return self._order_defaults(_order.shuffle_mode(shuffle), window, pieces)
+
+    def _order_defaults(
+        self, shuffle: str, window: int | None, pieces: int | None
+    ) -> tuple[int, int]:
+        """:meth:`order_defaults` of a mode name."""
         L = self.layout
         heap = L.heap_nbytes / max(1, L.num_blocks)
         table = L.block_raw_bytes
@@ -449,7 +419,7 @@ class Reader:
             bool(self._gatherer.direct_ok),
             table / (table + heap) if heap > 0 else 0.0,
         )
-        return _order.resolve_order(_order.shuffle_mode(shuffle), window, pieces, self._rpb, auto)
+        return _order.resolve_order(shuffle, window, pieces, self._rpb, auto)
 
     def epoch_order(
         self,
@@ -487,19 +457,9 @@ class Reader:
         **order: Any,
     ) -> np.ndarray:
         spec, (rank, world) = part_spec("Reader.epoch_order", None, part, shard, order, 4)
-        spec = spec.resolve(self)
-        return _order.epoch_order(
-            self.layout.block_rows(),
-            self._rpb,
-            shuffle=spec.shuffle,
-            seed=spec.seed,
-            epoch=spec.epoch,
-            window=spec.window,
-            rank=rank,
-            world=world,
-            even=even,
-            pieces=spec.pieces,
-        )
+        window, pieces = self._order_defaults(spec.shuffle, spec.window, spec.pieces)
+        eo = self._epoch_order(spec.shuffle, spec.seed, spec.epoch, window, pieces)
+        return eo.ids(*_order.shard_bounds(eo.num_rows, rank, world, even))
 
     def _chunk_keys(self, plans: list[FieldPlan]):
         """``keys_of(segment)``: the (shard, offset, stored bytes) of the chunks the gather will
@@ -591,107 +551,9 @@ class Reader:
         order = self._epoch_ids(**order_kwargs)  # row ids: id // rows_per_block is the block
         return _order.shuffle_quality(order, self._rpb, self.layout.num_blocks, batch_size)
 
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        spec: EpochSpec | None = None,
-        fields: Sequence[Any] | None = None,
-        part: tuple[int, int] | None = None,
-        even: bool = False,
-        num_threads: int | None = None,
-        prefetch: int = 2,
-        varlen: str | None = None,
-        start: int = 0,
-        shard: tuple[int, int] | None = None,
-        **order: Any,
-    ) -> Generator[dict[str, Any], None, None]:
-        """Yield one epoch of batches (dicts of per-field arrays with ``batch_size`` rows).
-
-        Parameters
-        ----------
-        spec : EpochSpec, optional
-            The order arguments as one object; the keywords ``order`` replace its values.
-        **order
-            The order arguments of :class:`~rowstore.reader.epochs.EpochSpec` (one meaning
-            each, ``docs/order.md``): ``shuffle`` (``"block"``, ``"full"``, ``"none"``, or
-            True/False), ``seed``, ``epoch``, ``window``, ``pieces``, ``drop_last`` (drop the
-            last partial batch), ``decode`` (image ops of jpeg fields: ``{field: ImageOp}``,
-            :mod:`rowstore.reader.image_ops`). A dealt ``shard`` and ``pad`` are :meth:`deal`'s.
-        fields : sequence of str, optional
-            Fields to read (default: all).
-        part : (index, count)
-            A contiguous slice of the epoch order: the order cut into ``count`` parts whose
-            sizes differ by at most one row. ``shard=`` is its deprecated spelling.
-        even : bool
-            Every part exactly ``len // count`` rows (drops up to ``count - 1`` rows).
-        num_threads : int
-            Threads reading ahead (kernels and image decoders release the GIL).
-        prefetch : int
-            Segments (windows) read ahead per thread; memory ~ ``num_threads * prefetch *
-            window * block_bytes``. The output buffers of up to ``num_threads * prefetch + 3``
-            segments are reused during the epoch, each once no batch cut from it is referred to.
-        varlen : {"ragged", "padded"}, optional
-            Variable-shape fields (default: the reader's).
-        start : int
-            Skip this many rows of the part (resume mid-epoch).
-
-        Yields
-        ------
-        dict
-            Arrays owned by the caller (never overwritten by the reader).
-        """
-        spec, (rank, world) = part_spec("Reader.batches", spec, part, shard, order)
-        spec = spec.resolve(self)
-        positive_int("batch_size", batch_size)
-        nonneg_int("start", start)
-        positive_int("prefetch", prefetch)
-        positive_int("num_threads", num_threads, optional=True)
-        shuffle, seed, epoch = spec.shuffle, spec.seed, spec.epoch
-        window, pieces = spec.window_pieces()
-        keep = None if spec.keep is None else self._check_keep(spec.keep)
-        plans = self._select(fields)
-        varlen = _check_varlen(varlen or self.varlen)
-        seg_rows = self._segment_rows(shuffle, window, batch_size)
-        step = self._aligned_step(shuffle, window, batch_size, plans, pieces)
-
-        def order_segments() -> Any:
-            if step is None:
-                return _order.iter_segments(
-                    self.layout.block_rows(),
-                    self._rpb,
-                    shuffle=shuffle,
-                    seed=seed,
-                    epoch=epoch,
-                    window=window,
-                    rank=rank,
-                    world=world,
-                    even=even,
-                    start=start,
-                    segment_rows=seg_rows,
-                    pieces=pieces,
-                    keep=keep,
-                )
-            eo = self.epoch(
-                shuffle=shuffle, seed=seed, epoch=epoch, window=window, pieces=pieces, keep=keep
-            )
-            lo, hi = _order.shard_bounds(eo.num_rows, rank, world, even)
-            return eo.aligned(min(lo + start, hi), hi, step)
-
-        images = self._images(spec, plans)
-        segments = self._fetch_ahead(order_segments, plans)
-        threads = num_threads or self.num_threads
-        columns = self._pooled_columns(plans, threads, prefetch)
-
-        def produce(seg: _order.Segment) -> dict:
-            return self._read(seg, plans, columns(len(seg)), 0, threads, images)
-
-        def finish(batch: dict) -> dict:
-            return self._finish_varlen(batch, plans, varlen)
-
-        return cut_batches(
-            prefetched(segments, produce, threads, prefetch), batch_size, spec.drop_last, finish
-        )
+    def _cut(self, read: EpochRead) -> _ReaderCut:
+        """How this reader reads ``read`` (:class:`~rowstore.reader._segments.Cut`)."""
+        return _ReaderCut(self, read)
 
     def read_ids(
         self,
@@ -766,11 +628,6 @@ class Reader:
         pool.cap = max(pool.cap, max(1, threads) * prefetch + 3)
         return lambda n: pool.columns(raw, n)
 
-    def _fetch_ahead(self, order: Any, plans: list[FieldPlan]) -> Iterable[Any]:
-        """``order()``'s segments; from object storage, with the store fetching their chunks
-        ahead in that (pure-function) order, which it iterates a second time."""
-        return self._store.fetch_ahead(order(), order, self._chunk_keys(plans))
-
     # -- dealt epochs: elastic resume and equal steps (rowstore.reader.plan) ----------------------
     def keep_mask(
         self, rows: Any = None, predicate: Any = None, *, fields: Sequence[str] | None = None
@@ -831,7 +688,20 @@ class Reader:
         """The :class:`~rowstore.reader.order.EpochOrder` of these arguments (a row subset with
         ``keep``; ``window``/``pieces`` None: :meth:`order_defaults`)."""
         shuffle = _order.shuffle_mode(shuffle)
-        window, pieces = self.order_defaults(shuffle, window, pieces)
+        window, pieces = self._order_defaults(shuffle, window, pieces)
+        return self._epoch_order(shuffle, seed, epoch, window, pieces, keep)
+
+    def _epoch_order(
+        self,
+        shuffle: str,
+        seed: int,
+        epoch: int,
+        window: int,
+        pieces: int,
+        keep: np.ndarray | None = None,
+    ) -> _order.EpochOrder:
+        """:meth:`epoch` of resolved arguments (a mode name, the window and pieces decided)."""
+        keep = None if keep is None else self._check_keep(keep)
         return _order.EpochOrder(
             self.layout.block_rows(),
             self._rpb,
@@ -839,7 +709,7 @@ class Reader:
             seed=seed,
             epoch=epoch,
             window=window,
-            keep=None if keep is None else self._check_keep(keep),
+            keep=keep,
             pieces=pieces,
         )
 
@@ -852,126 +722,57 @@ class Reader:
             )
         return keep
 
-    def plan(
-        self,
-        batch_size: int,
-        *,
-        drop_last: bool = False,
-        pad: bool = False,
-        remaining: Sequence[Sequence[int]] | None = None,
-        keep: np.ndarray | None = None,
-    ) -> EpochPlan:
-        """The :class:`~rowstore.reader.plan.EpochPlan` of an epoch (or what is left of it)."""
-        n = self.num_rows if keep is None else int(np.count_nonzero(self._check_keep(keep)))
-        return EpochPlan(n, batch_size, drop_last=drop_last, pad=pad, remaining=remaining)
+    def _epoch_rows(self, keep: np.ndarray | None) -> int:
+        return self.num_rows if keep is None else int(np.count_nonzero(self._check_keep(keep)))
 
-    def deal(
-        self,
-        batch_size: int,
-        *,
-        spec: EpochSpec | None = None,
-        remaining: Sequence[Sequence[int]] | None = None,
-        skip: int = 0,
-        fields: Sequence[str] | None = None,
-        with_ids: bool = False,
-        num_threads: int | None = None,
-        prefetch: int = 2,
-        varlen: str | None = None,
-        parts: bool = False,
-        consumer: tuple[int, int] | None = None,
-        **order: Any,
-    ) -> Generator[dict[str, Any], None, None]:
-        """Yield consumer ``rank``'s batches of an epoch dealt to ``world`` consumers
-        (``shard=(rank, world)``).
 
-        The epoch's global batches (``batch_size`` rows of the order each) are dealt in units
-        of ``unit`` batches round-robin (see :mod:`rowstore.reader.plan`): every batch has
-        ``batch_size`` rows (except the epoch's last without ``drop_last``/``pad``).
+class _ReaderCut:
+    """A reader's :class:`~rowstore.reader._segments.Cut` of one epoch read: its
+    :class:`~rowstore.reader.order.EpochOrder`, cut into windows (or permutation slices, or
+    batch-aligned ranges: :meth:`Reader._aligned_step`), each gathered and decoded by
+    :meth:`Reader._read` into pooled buffers."""
 
-        Parameters
-        ----------
-        spec : EpochSpec, optional
-            The order arguments as one object; the keywords ``order`` replace its values.
-        **order
-            The order arguments of :class:`~rowstore.reader.epochs.EpochSpec` (``docs/order.md``):
-            ``shuffle``, ``seed``, ``epoch``, ``window``, ``pieces``, ``shard`` (this
-            consumer's dealt part), ``drop_last``/``pad`` (equal steps; ``pad`` adds
-            ``"__pad"``, True for rows repeated to even out steps), ``unit``, ``keep`` (a row
-            subset, :meth:`keep_mask`), ``decode`` (image ops of jpeg fields).
-        remaining : list of [a, b), optional
-            From a saved state: deal only those global batches.
-        skip : int
-            Skip this consumer's first steps.
-        with_ids : bool
-            Add ``"__id"`` (each row's dataset row number).
-        parts : bool
-            Yield the reads as they come (whole segments, in order, any number of rows each,
-            variable shapes as ``Ragged``) for the caller to cut into ``batch_size``-row batches
-            (the torch loader cuts tensors).
-        consumer : (c, C)
-            Deprecated spelling of ``shard=``.
-
-        Other arguments as in :meth:`batches`.
-        """
-        if consumer is not None:
-            deprecated("Reader.deal", "consumer=", "shard=")
-            order["shard"] = consumer
-        spec = EpochSpec.make(spec, **order).resolve(self)
-        positive_int("batch_size", batch_size)
-        positive_int("prefetch", prefetch)
-        positive_int("num_threads", num_threads, optional=True)
-        nonneg_int("skip", skip)
-        c, C = spec.shard
-        shuffle, pad = spec.shuffle, spec.pad
-        window, pieces = spec.window_pieces()
-        unit = spec.unit_for(self, batch_size)
-        eo = self.epoch(keep=spec.keep, **spec.order_kwargs())
-        plan = EpochPlan(
-            eo.num_rows, batch_size, drop_last=spec.drop_last, pad=pad, remaining=remaining
+    def __init__(self, reader: Reader, read: EpochRead):
+        self._reader = reader
+        self._plans = plans = reader._select(read.fields)
+        self._order = reader._epoch_order(
+            read.shuffle, read.seed, read.epoch, read.window, read.pieces, read.keep
         )
-        gids = plan.batches(c, C, unit)[skip:]
-        plans = self._select(fields)
-        varlen = _check_varlen(varlen or self.varlen)
-        seg_rows = self._segment_rows(shuffle, window, batch_size)
-        step = self._aligned_step(shuffle, window, batch_size, plans, pieces)
-        B = batch_size
+        self.num_rows = self._order.num_rows
+        self.threads = read.num_threads or reader.num_threads
+        B = read.batch_size
+        self._seg_rows = reader._segment_rows(read.shuffle, read.window, B)
+        self._step = reader._aligned_step(read.shuffle, read.window, B, plans, read.pieces)
+        read_fields = {p.field.name for p in plans}
+        self._images = read_ops(read.decode, reader.schema, read_fields, read.seed, read.epoch)
+        self._columns = reader._pooled_columns(plans, self.threads, read.prefetch)
+        self._with_ids, self._pad, self._varlen = read.with_ids, read.pad, read.varlen
 
-        def segments():
-            real = gids[gids >= 0]
-            if len(real):
-                cut = np.flatnonzero(np.diff(real) != 1) + 1
-                for run in np.split(real, cut):
-                    lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
-                    yield from (
-                        eo.segments(lo, hi, seg_rows) if step is None else eo.aligned(lo, hi, step)
-                    )
-                    if pad and (hi - lo) < len(run) * B:
-                        yield _order.Segment(pad_ids(eo, len(run) * B - (hi - lo)), pad=True)
-            for _ in range(int((gids < 0).sum())):
-                yield _order.Segment(pad_ids(eo, B), pad=True)
+    def segments(self, lo: int, hi: int) -> Iterable[_order.Segment]:
+        if self._step is None:
+            return self._order.segments(lo, hi, self._seg_rows)
+        return self._order.aligned(lo, hi, self._step)
 
-        threads = num_threads or self.num_threads
-        rows_of = self.layout.rows_of
-        columns = self._pooled_columns(plans, threads, prefetch)
-        images = self._images(spec, plans)
+    def padding(self, n: int) -> _order.Segment:
+        return _order.Segment(pad_ids(self._order, n), pad=True)
 
-        def produce(seg: _order.Segment) -> dict:
-            b = self._read(seg, plans, columns(len(seg)), 0, threads, images)
-            if with_ids:
-                b[ID_KEY] = rows_of(seg.rows())
-            if pad:
-                b[PAD_KEY] = np.full(len(seg), seg.pad, bool)
-            return b
+    def produce(self, seg: _order.Segment) -> dict:
+        r = self._reader
+        b = r._read(seg, self._plans, self._columns(len(seg)), 0, self.threads, self._images)
+        if self._with_ids:
+            b[ID_KEY] = r.layout.rows_of(seg.rows())
+        if self._pad:
+            b[PAD_KEY] = np.full(len(seg), seg.pad, bool)
+        return b
 
-        def finish(batch: dict) -> dict:
-            return self._finish_varlen(batch, plans, varlen)
+    def finish(self, batch: dict) -> dict:
+        return finish_varlen(batch, self._plans, self._varlen)
 
-        segs = self._fetch_ahead(segments, plans)
-        if parts:
-            return prefetched(segs, produce, threads, prefetch)
-        return cut_batches(
-            prefetched(segs, produce, threads, prefetch), batch_size, spec.drop_last, finish
-        )
+    def fetch_ahead(self, segments: Any) -> Iterable[Any]:
+        """``segments()``; from object storage, with the store fetching their chunks ahead in
+        that (pure-function) order, which it iterates a second time."""
+        r = self._reader
+        return r._store.fetch_ahead(segments(), segments, r._chunk_keys(self._plans))
 
 
 def layout_fingerprint(layout: DatasetLayout) -> str:

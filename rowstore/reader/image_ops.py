@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "RandomResizedCrop",
     "check_decode",
     "decoded_schema",
+    "read_ops",
     "image_base",
     "row_key",
     "crop_params",
@@ -169,19 +170,44 @@ def check_decode(decode: Any, schema: Schema | None = None) -> dict[str, ImageOp
             )
         out[name] = op
     if schema is not None:
-        for name in out:
-            if name not in schema:
-                raise SchemaError(
-                    f"decode names field {name!r}, which is not in {schema.names}", field=name
-                )
-            f = schema[name]
-            if getattr(f.codec_obj, "codec_id", None) != "jpeg" or _channels(f) not in (1, 3):
-                raise SchemaError(
-                    f"decode={{{name!r}: ...}}: image ops decode jpeg fields of 1 or 3 channels; "
-                    f"field {name!r} is {f.dtype} {f.shape} with codec {f.codec!r}",
-                    field=name,
-                )
+        _check_fields(out, schema)
     return out or None
+
+
+def _check_fields(ops: Mapping[str, ImageOp], schema: Schema) -> None:
+    """SchemaError unless every field of ``ops`` is a ``jpeg`` field of ``schema``, uint8 with 1
+    or 3 channels."""
+    for name in ops:
+        if name not in schema:
+            raise SchemaError(
+                f"decode names field {name!r}, which is not in {schema.names}", field=name
+            )
+        f = schema[name]
+        if getattr(f.codec_obj, "codec_id", None) != "jpeg" or _channels(f) not in (1, 3):
+            raise SchemaError(
+                f"decode={{{name!r}: ...}}: image ops decode jpeg fields of 1 or 3 channels; "
+                f"field {name!r} is {f.dtype} {f.shape} with codec {f.codec!r}",
+                field=name,
+            )
+
+
+def read_ops(
+    ops: Mapping[str, ImageOp] | None, schema: Schema, read: Collection[str], seed: int, epoch: int
+) -> dict[str, tuple[ImageOp, int]] | None:
+    """The image ops of one read, ``{field: (op, key base)}`` (None without ops): ``ops`` as an
+    :class:`~rowstore.reader.epochs.EpochSpec` holds them (:func:`check_decode` without a
+    schema), checked against ``schema`` and the fields ``read`` (SchemaError), each with its
+    :func:`image_base` of (``seed``, ``epoch``)."""
+    if not ops:
+        return None
+    _check_fields(ops, schema)
+    for name in ops:
+        if name not in read:
+            raise SchemaError(
+                f"decode names field {name!r}, which is not among the fields read {sorted(read)}",
+                field=name,
+            )
+    return {n: (op, image_base(seed, epoch, n)) for n, op in ops.items()}
 
 
 def decoded_schema(schema: Schema, decode: Mapping[str, ImageOp] | None) -> Schema:

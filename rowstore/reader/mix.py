@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,11 +32,11 @@ import numpy as np
 from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import SchemaError
 from rowstore.reader import order as _order
-from rowstore.reader._stream import cut_batches, prefetched
+from rowstore.reader._segments import EpochRead, EpochReads, finish_varlen
 from rowstore.reader.buffers import Ragged, concat_batches
-from rowstore.reader.dataset import Reader, as_reader, finish_varlen
-from rowstore.reader.epochs import EpochSpec, deprecated, no_decode, part_spec
-from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY, EpochPlan
+from rowstore.reader.dataset import Reader, as_reader
+from rowstore.reader.epochs import EpochSpec, no_decode, part_spec
+from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY
 
 __all__ = ["Mixture", "mix", "SOURCE_KEY"]
 
@@ -77,7 +77,7 @@ class _MixOrder:
         return self._ck[j] + np.bincount(self.src[j * _CKPT : p], minlength=self._ck.shape[1])
 
 
-class Mixture:
+class Mixture(EpochReads):
     """Several datasets read as one weighted stream (see the module). Made by :func:`mix`.
 
     It offers what the loaders use of a :class:`~rowstore.reader.Reader` (``deal``, ``plan``,
@@ -86,6 +86,11 @@ class Mixture:
     their resume, equal steps and shuffle guarantees. ``with_source=True`` adds ``"__source"``
     (int64, the source's index); ``with_ids`` gives ``"__id"`` as row numbers *within* each
     source.
+
+    :meth:`batches` and :meth:`deal` take a reader's arguments and mean the same, but for
+    three: ``seed`` is the sources' order seed (the mixture's own seed picks which source
+    fills each position), ``window`` and ``pieces`` are each source's, and ``decode`` and
+    ``keep`` are refused (ValueError): image ops and row subsets belong to the sources.
     """
 
     def __init__(
@@ -205,18 +210,10 @@ class Mixture:
             )
         return None
 
-    def plan(
-        self,
-        batch_size: int,
-        *,
-        drop_last: bool = False,
-        pad: bool = False,
-        remaining: Sequence[Sequence[int]] | None = None,
-        keep: Any = None,
-    ) -> EpochPlan:
-        return EpochPlan(
-            self.epoch_rows, batch_size, drop_last=drop_last, pad=pad, remaining=remaining
-        )
+    def _epoch_rows(self, keep: Any) -> int:
+        if keep is not None:
+            raise ValueError("row subsets of a mixture: subset each source instead")
+        return self.epoch_rows
 
     def order_defaults(
         self, shuffle: str | bool = "block", window: int | None = None, pieces: int | None = None
@@ -225,8 +222,13 @@ class Mixture:
         :meth:`Reader.order_defaults <rowstore.reader.Reader.order_defaults>`, with the
         pieces all sources take (the fewest of their defaults) and their fewest rows per
         block."""
-        shuffle = _order.shuffle_mode(shuffle)
-        own = [r.order_defaults(shuffle) for r in self.sources]
+        return self._order_defaults(_order.shuffle_mode(shuffle), window, pieces)
+
+    def _order_defaults(
+        self, shuffle: str, window: int | None, pieces: int | None
+    ) -> tuple[int, int]:
+        """:meth:`order_defaults` of a mode name."""
+        own = [r._order_defaults(shuffle, None, None) for r in self.sources]
         auto = min((p for _, p in own), default=1)
         rpb = min((r.layout.rows_per_block for r in self.sources), default=1)
         return _order.resolve_order(shuffle, window, pieces, rpb, auto)
@@ -250,8 +252,9 @@ class Mixture:
             self._cache = (epoch, 0, _MixOrder(self.counts, _order.seed64(self.seed, epoch, _MIX)))
         return self._cache[2]
 
-    def _source_ids(self, k: int, a: int, b: int, orders: dict, spec: EpochSpec) -> np.ndarray:
-        """Row ids of positions ``[a, b)`` of source ``k``'s stream (passes back to back)."""
+    def _source_ids(self, k: int, a: int, b: int, orders: dict, spec: Any) -> np.ndarray:
+        """Row ids of positions ``[a, b)`` of source ``k``'s stream (passes back to back);
+        ``spec``: a resolved :class:`EpochSpec` or an :class:`EpochRead`."""
         n = int(self.sizes[k])
         out = []
         while a < b:
@@ -270,165 +273,9 @@ class Mixture:
             a = stop
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
-    def _read(
-        self,
-        items: Any,
-        spec: EpochSpec,
-        batch_size: int,
-        *,
-        fields: Sequence[str] | None,
-        with_ids: bool,
-        num_threads: int | None,
-        prefetch: int,
-        varlen: str | None,
-        parts: bool,
-        drop_last: bool,
-    ) -> Generator[dict[str, Any], None, None]:
-        """The batches of ``items``, ``(lo, hi, is_pad)`` ranges of the epoch's positions."""
-        positive_int("batch_size", batch_size)
-        positive_int("prefetch", prefetch)
-        positive_int("num_threads", num_threads, optional=True)
-        if spec.keep is not None:
-            raise ValueError("row subsets of a mixture: subset each source instead")
-        mo = self._order(spec.epoch)
-        r0 = self.sources[0]
-        plans = r0._select(fields)
-        varlen = varlen or self.varlen
-        orders: dict = {}
-        pad = spec.pad
-
-        def produce(item) -> dict:
-            lo, hi, is_pad = item
-            n = hi - lo
-            if is_pad:  # padding repeats the epoch's first positions
-                lo, hi = 0, min(n, self.epoch_rows)
-            src = mo.src[lo:hi].astype(np.int64)
-            first, last = mo.count(lo), mo.count(hi)
-            got, got_src, got_ids = [], [], []
-            for k in range(len(self.sources)):
-                if last[k] > first[k]:
-                    ids = self._source_ids(k, int(first[k]), int(last[k]), orders, spec)
-                    rk = self.sources[k]
-                    got.append(rk.read_ids(ids, fields=fields, num_threads=num_threads))
-                    got_src.append(np.full(len(ids), k, np.int64))
-                    got_ids.append(rk.layout.rows_of(ids))
-            batch = concat_batches(got)
-            # Concatenated source by source; position j is source s[j]'s next row.
-            take = np.argsort(np.argsort(src, kind="stable"), kind="stable")
-            take = take[np.arange(n) % len(src)] if is_pad else take
-            out = {
-                k: (v.take(take) if isinstance(v, Ragged) else v[take]) for k, v in batch.items()
-            }
-            if self.with_source:
-                out[SOURCE_KEY] = np.concatenate(got_src)[take]
-            if with_ids:
-                out[ID_KEY] = np.concatenate(got_ids)[take]
-            if pad:
-                out[PAD_KEY] = np.full(n, is_pad, bool)
-            return out
-
-        def finish(b: dict) -> dict:
-            return finish_varlen(b, plans, varlen)
-
-        if parts:
-            return prefetched(items, produce, 1, prefetch)
-        return cut_batches(prefetched(items, produce, 1, prefetch), batch_size, drop_last, finish)
-
-    def deal(
-        self,
-        batch_size: int,
-        *,
-        spec: EpochSpec | None = None,
-        remaining: Sequence[Sequence[int]] | None = None,
-        skip: int = 0,
-        fields: Sequence[str] | None = None,
-        with_ids: bool = False,
-        num_threads: int | None = None,
-        prefetch: int = 2,
-        varlen: str | None = None,
-        parts: bool = False,
-        consumer: tuple[int, int] | None = None,
-        **order: Any,
-    ) -> Generator[dict[str, Any], None, None]:
-        """Consumer ``rank``'s batches of a mixture epoch dealt to ``world`` consumers
-        (``shard=(rank, world)``): as :meth:`Reader.deal <rowstore.reader.Reader.deal>`, with
-        the same arguments. ``seed`` is the sources' order seed (the mixture's own seed picks
-        which source fills each position); ``window`` and ``pieces`` are each source's."""
-        if consumer is not None:
-            deprecated("Mixture.deal", "consumer=", "shard=")
-            order["shard"] = consumer
-        spec = EpochSpec.make(spec, **order).resolve(self)
-        no_decode("Mixture.deal", spec)
-        positive_int("batch_size", batch_size)
-        skip = nonneg_int("skip", skip)
-        c, C = spec.shard
-        plan = self.plan(batch_size, drop_last=spec.drop_last, pad=spec.pad, remaining=remaining)
-        gids = plan.batches(c, C, spec.unit_for(self, batch_size))[skip:]
-        B = batch_size
-
-        def items():
-            real = gids[gids >= 0]
-            if len(real):
-                for run in np.split(real, np.flatnonzero(np.diff(real) != 1) + 1):
-                    lo, hi = plan.rows_of_batch(int(run[0]))[0], plan.rows_of_batch(int(run[-1]))[1]
-                    for a in range(lo, hi, _PIECE):  # bounded pieces
-                        yield a, min(hi, a + _PIECE), False
-                    if spec.pad and hi - lo < len(run) * B:
-                        yield 0, len(run) * B - (hi - lo), True
-            for _ in range(int((gids < 0).sum())):
-                yield 0, B, True
-
-        return self._read(
-            items(),
-            spec,
-            B,
-            fields=fields,
-            with_ids=with_ids,
-            num_threads=num_threads,
-            prefetch=prefetch,
-            varlen=varlen,
-            parts=parts,
-            drop_last=spec.drop_last,
-        )
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        spec: EpochSpec | None = None,
-        fields: Sequence[str] | None = None,
-        part: tuple[int, int] | None = None,
-        even: bool = False,
-        num_threads: int | None = None,
-        prefetch: int = 2,
-        varlen: str | None = None,
-        start: int = 0,
-        with_ids: bool = False,
-        shard: tuple[int, int] | None = None,
-        **order: Any,
-    ) -> Generator[dict[str, Any], None, None]:
-        """One epoch of the mixture in batches: as :meth:`Reader.batches
-        <rowstore.reader.Reader.batches>`, with the same arguments (a contiguous ``part`` of
-        the epoch's positions, ``even``, ``start`` rows skipped; ``with_ids`` adds ``"__id"``,
-        row numbers within each source)."""
-        spec, (rank, world) = part_spec("Mixture.batches", spec, part, shard, order)
-        spec = spec.resolve(self)
-        no_decode("Mixture.batches", spec)
-        lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
-        lo = min(hi, lo + nonneg_int("start", start))
-        items = ((a, min(hi, a + _PIECE), False) for a in range(lo, hi, _PIECE))
-        return self._read(
-            items,
-            spec,
-            batch_size,
-            fields=fields,
-            with_ids=with_ids,
-            num_threads=num_threads,
-            prefetch=prefetch,
-            varlen=varlen,
-            parts=False,
-            drop_last=spec.drop_last,
-        )
+    def _cut(self, read: EpochRead) -> _MixCut:
+        """How this mixture reads ``read`` (:class:`~rowstore.reader._segments.Cut`)."""
+        return _MixCut(self, read)
 
     def epoch_order(
         self, *, part: tuple[int, int] | None = None, even: bool = False, **order: Any
@@ -479,6 +326,63 @@ class Mixture:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=1)
         os.replace(tmp, path)
+
+
+class _MixCut:
+    """A mixture's :class:`~rowstore.reader._segments.Cut` of one epoch read: pieces of at
+    most ``_PIECE`` positions, each read from its sources (``Reader.read_ids``, on the
+    sources' threads) and put back in the mixture's order."""
+
+    threads = 1  # each piece is read on its sources' own threads
+
+    def __init__(self, mix: Mixture, read: EpochRead):
+        no_decode(read.where, read.spec)
+        self.num_rows = mix._epoch_rows(read.keep)
+        self._mix, self._read = mix, read
+        self._mo = mix._order(read.epoch)
+        self._plans = mix.sources[0]._select(read.fields)
+        self._orders: dict = {}  # source orders, by (source, pass)
+
+    def segments(self, lo: int, hi: int) -> Iterator[tuple[int, int, bool]]:
+        return ((a, min(hi, a + _PIECE), False) for a in range(lo, hi, _PIECE))
+
+    def padding(self, n: int) -> tuple[int, int, bool]:
+        return 0, n, True
+
+    def produce(self, item: tuple[int, int, bool]) -> dict:
+        m, read, mo = self._mix, self._read, self._mo
+        lo, hi, is_pad = item
+        n = hi - lo
+        if is_pad:  # padding repeats the epoch's first positions
+            lo, hi = 0, min(n, m.epoch_rows)
+        src = mo.src[lo:hi].astype(np.int64)
+        first, last = mo.count(lo), mo.count(hi)
+        got, got_src, got_ids = [], [], []
+        for k in range(len(m.sources)):
+            if last[k] > first[k]:
+                ids = m._source_ids(k, int(first[k]), int(last[k]), self._orders, read)
+                rk = m.sources[k]
+                got.append(rk.read_ids(ids, fields=read.fields, num_threads=read.num_threads))
+                got_src.append(np.full(len(ids), k, np.int64))
+                got_ids.append(rk.layout.rows_of(ids))
+        batch = concat_batches(got)
+        # Concatenated source by source; position j is source s[j]'s next row.
+        take = np.argsort(np.argsort(src, kind="stable"), kind="stable")
+        take = take[np.arange(n) % len(src)] if is_pad else take
+        out = {k: (v.take(take) if isinstance(v, Ragged) else v[take]) for k, v in batch.items()}
+        if m.with_source:
+            out[SOURCE_KEY] = np.concatenate(got_src)[take]
+        if read.with_ids:
+            out[ID_KEY] = np.concatenate(got_ids)[take]
+        if read.pad:
+            out[PAD_KEY] = np.full(n, is_pad, bool)
+        return out
+
+    def finish(self, batch: dict) -> dict:
+        return finish_varlen(batch, self._plans, self._read.varlen)
+
+    def fetch_ahead(self, segments: Any) -> Iterator[tuple[int, int, bool]]:
+        return segments()
 
 
 def _load(path: str) -> dict:

@@ -34,7 +34,7 @@ import numpy as np
 import rowstore
 from rowstore.demo import demo_schema
 from rowstore.format.spec import row_dtype
-from rowstore.storage.local import fsync_path
+from rowstore.storage.atomic import fsync_path
 
 
 def rows_for(name: str, n: int, rng) -> dict[str, np.ndarray]:

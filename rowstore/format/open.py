@@ -43,12 +43,6 @@ class Opened:
         """Where the dataset was opened (:class:`~rowstore.storage.location.Location`)."""
         return self.layout.shard_location()
 
-    @property
-    def client(self) -> Any:
-        """:attr:`location` where it is an object store's, None for local files: what the
-        command line's callers still take (use :attr:`location`)."""
-        return None if self.location.local else self.location
-
 
 def open_layout(
     path: Any,

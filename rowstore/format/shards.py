@@ -240,7 +240,6 @@ class DatasetLayout(IndexSizes):
         shard_indexes: bool = False,
         chunks: bool = True,
         location: Location | None = None,
-        client: Location | None = None,
     ) -> list[FormatError]:
         """Every damaged block and heap chunk of every shard (checksum, decompression, size),
         and every shard that is missing or of the wrong size, in shard order, as errors with
@@ -251,14 +250,13 @@ class DatasetLayout(IndexSizes):
         ``location``: where the shards are read from (the
         :class:`~rowstore.storage.location.Location` the dataset was opened from; default: its
         first shard's, without options); objects at URLs are read by ranged requests of at
-        most 8 MiB. I/O failures other than a missing object are raised. ``client``: the
-        former name of ``location``."""
+        most 8 MiB. I/O failures other than a missing object are raised."""
         from rowstore.format.manifest import index_crc32
 
         found: list[FormatError] = []
         a = self.arrays()
         codec = self.frame_check()
-        location = location or client or self.shard_location()
+        location = location or self.shard_location()
         for s in range(self.num_shards):
             path = self.shard_paths[s]
             try:

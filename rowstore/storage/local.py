@@ -424,18 +424,3 @@ class LocalStore:
     memcpyed_starts = _on_descriptors(kernels.memcpyed_starts)
     read_pages = _on_descriptors(kernels.pread_pages)
     read_payloads = _on_descriptors(kernels.pread_heap)
-
-
-#: Names of :mod:`rowstore.storage.atomic` that callers outside ``storage/`` still import from
-#: here; import them from :mod:`rowstore.storage.atomic`.
-_MOVED = frozenset(
-    {"AtomicFile", "fsync_path", "fsync_directory", "remove_stale", "temporaries", "TMP_SUFFIX"}
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from rowstore.storage import atomic
-
-        return getattr(atomic, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

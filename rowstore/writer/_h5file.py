@@ -5,7 +5,7 @@ append), writes each block and heap chunk with ``write_direct_chunk`` through a
 :class:`ChunkStream` (compressed by the file's :class:`~rowstore.codecs.blocks.BlockCompression`,
 optionally on worker threads), and at the end writes the block and heap chunk indexes and the
 attributes and closes the file. It works on whatever path it is given (the writer gives it the
-temporary file of an :class:`~rowstore.storage.local.AtomicFile`).
+temporary file of an :class:`~rowstore.storage.atomic.AtomicFile`).
 """
 
 from __future__ import annotations

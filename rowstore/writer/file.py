@@ -33,7 +33,7 @@ from rowstore.format import spec
 from rowstore.format._raw import RawRows
 from rowstore.schema import Schema
 from rowstore.storage import StagedFile, stage_file
-from rowstore.storage.local import AtomicFile
+from rowstore.storage.atomic import AtomicFile
 from rowstore.writer._h5file import Compressor, H5File, check_storable, file_attributes, read_tail
 from rowstore.writer._pack import (
     RowPacker,

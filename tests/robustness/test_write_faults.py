@@ -226,7 +226,7 @@ def trial(k):
     if scenario == "append":
         with rowstore.Writer(path, mode="a") as w:
             w.write_batch(rows(5000, 5010))
-        from rowstore.storage.local import remove_stale
+        from rowstore.storage.atomic import remove_stale
         remove_stale(work)
     else:
         rowstore.commit(path, [rowstore.write_shard(path, schema, rows(5000, 5010))], mode="a", orphan_grace_s=0)

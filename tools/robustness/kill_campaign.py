@@ -76,7 +76,7 @@ import rowstore
 from rowstore import STR, Field, Schema
 from rowstore.cli import main as cli_main
 from rowstore.format import manifest
-from rowstore.storage.local import TMP_SUFFIX, remove_stale
+from rowstore.storage.atomic import TMP_SUFFIX, remove_stale
 
 SCHEMA = Schema([Field("x", "int64"), Field("s", STR), Field("a", "float32", (16,))])
 SCENARIOS = (

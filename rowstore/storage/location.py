@@ -18,6 +18,7 @@ options.
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,7 +41,7 @@ __all__ = ["Location", "LocalLocation", "RemoteLocation", "LocalFile", "RemoteFi
 SCAN_REQUEST_BYTES = 8 << 20
 
 
-class Location:
+class Location(abc.ABC):
     """A local path or a URL, and how to read what lies under it.
 
     Attributes
@@ -58,46 +59,46 @@ class Location:
     path: str
     local: bool
 
+    @abc.abstractmethod
     def join(self, rel: str) -> str:
         """The full path of ``rel`` (``/``-separated) under :attr:`path`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def at(self, path: str) -> Location:
         """The location of ``path`` (another file of the same store), with the same options."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def is_dir(self, path: str | None = None) -> bool | None:
         """Whether ``path`` (default :attr:`path`) is a directory: True or False where the
         store has directories, None where only a read can tell (an object store prefix)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def exists(self, path: str) -> bool:
         """Whether an object or file ``path`` exists."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def info(self, path: str) -> dict:
         """``{"size": int, "etag": str or None}`` of the object or file ``path``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get(self, path: str, start: int, end: int, etag: str | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``path`` (a short read is a
         :class:`~rowstore.errors.FormatError`); ``etag``: only of that version (objects)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read_small(self, path: str, limit: int) -> bytes:
         """The whole object ``path``, refused (:class:`~rowstore.errors.FormatError`, before
         reading) above ``limit`` bytes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def list(self, path: str | None = None) -> list[str]:
         """The names (not paths) directly under ``path`` (default :attr:`path`); ``[]`` if
         there is none."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def open_file(self, path: str | None = None) -> Any:
         """``path`` (default :attr:`path`) opened for ranged reads: a :class:`LocalFile` or
         :class:`RemoteFile` (a context manager)."""
-        raise NotImplementedError
 
     def pin(self, paths: Sequence[str], file_ids: Sequence[tuple]) -> tuple[tuple, ...]:
         """``file_ids`` of files named by a manifest (``(size,)``), made as strict as the store
@@ -118,12 +119,12 @@ class Location:
         ``max_open`` the descriptors kept open at most (local)."""
         return self._store(paths, file_ids, etags, max_open)
 
-    def _store(self, paths: Any, file_ids: Any, etags: Any, max_open: Any) -> ChunkStore:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _store(self, paths: Any, file_ids: Any, etags: Any, max_open: Any) -> ChunkStore: ...
 
+    @abc.abstractmethod
     def destination(self, *, durable: bool = True) -> Destination:
         """Where a writer writes under :attr:`path` (:func:`rowstore.storage.destination`)."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"

@@ -661,63 +661,66 @@ class EpochStream:
                 )
                 return it if cut is None else cut(it)
 
+        own = max(1, int(own))
+        rank, world = self.spec.shard
         while stop is None or epoch < stop:
             if take == 0 and self.quality is not None and self._reported != epoch:
                 self._reported = epoch
                 report_quality(self.quality, self.spec, self.source, epoch, self.batch_size)
-            it = self._hand_out(epoch, start, own, take, lane)
+            lanes, base = self.lanes(epoch, own), self.base(epoch)
+
+            def open_lane(
+                i: int, skip: int, epoch: int = epoch, lanes: int = lanes, base: Any = base
+            ) -> Any:
+                shard = (rank * lanes + i, world * lanes)
+                return lane(self.spec.replace(epoch=epoch, shard=shard), base, skip)
+
+            i = start + take
+            # The reader's own hand-out (one lane per reader): its steps are one lane's, in
+            # order; this loop is the per-batch cost of every loader.
+            it = open_lane(i % lanes, i // lanes) if lanes == own else None
+            if it is None:
+                it = _interleave(open_lane, epoch, lanes, i, own)
             try:
-                yield from it
+                if lanes == own:
+                    i += 1
+                    for b in it:
+                        yield b, epoch, i
+                        i += own
+                else:
+                    yield from it
             finally:
                 it.close()
             epoch, start = epoch + 1, 0
 
-    def _hand_out(
-        self, epoch: int, start: int, own: int, take: int, read: Any
-    ) -> Generator[tuple[Any, int, int], None, None]:
-        """The rank's steps ``start + take``, ``start + take + own``... of ``epoch``, each from
-        its lane (``read(spec, remaining, skip)`` opens one)."""
-        lanes = self.lanes(epoch, own)
-        own = max(1, int(own))
-        rank, world = self.spec.shard
-        base = self.base(epoch)
 
-        def open_lane(lane: int, skip: int) -> Any:
-            shard = (rank * lanes + lane, world * lanes)
-            return read(self.spec.replace(epoch=epoch, shard=shard), base, skip)
-
-        i = start + take
-        if lanes == own:  # this reader's steps are one lane's, in order
-            it = open_lane(i % lanes, i // lanes)
-            try:
-                for b in it:
-                    i += own
-                    yield b, epoch, i - own + 1
-            finally:
-                it.close()
-            return
-        # Another hand-out than the reader's (a state saved with other workers): the rank's
-        # steps i, i + own, ... each from the lane that holds it.
-        gens: dict[int, Any] = {}
-        pos: dict[int, int] = {}
-        try:
-            while True:
-                lane, j = i % lanes, i // lanes
-                g = gens.get(lane)
-                if g is None:
-                    g = gens[lane] = open_lane(lane, j)
-                    pos[lane] = j
-                b = _END
-                for _ in range(j - pos[lane] + 1):
-                    b = next(g, _END)
-                if b is _END:
-                    return
-                pos[lane] = j + 1
-                yield b, epoch, i + 1
-                i += own
-        finally:
-            for g in gens.values():
-                g.close()
+def _interleave(
+    open_lane: Any, epoch: int, lanes: int, i: int, own: int
+) -> Generator[tuple[Any, int, int], None, None]:
+    """A rank's steps ``i``, ``i + own``... of ``epoch`` handed out in ``lanes`` lanes (another
+    hand-out than the reader's: a state saved with other workers), each from the lane that holds
+    it (``open_lane(lane, skip)``); a lane's steps this reader does not hand out are read and
+    left."""
+    gens: dict[int, Any] = {}
+    pos: dict[int, int] = {}
+    try:
+        while True:
+            lane, j = i % lanes, i // lanes
+            g = gens.get(lane)
+            if g is None:
+                g = gens[lane] = open_lane(lane, j)
+                pos[lane] = j
+            b = _END
+            for _ in range(j - pos[lane] + 1):
+                b = next(g, _END)
+            if b is _END:
+                return
+            pos[lane] = j + 1
+            yield b, epoch, i + 1
+            i += own
+    finally:
+        for g in gens.values():
+            g.close()
 
 
 class OnStream:

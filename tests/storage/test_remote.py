@@ -223,8 +223,8 @@ def test_remote_reads_equal_local(remote_data, s3, http, kind, name, request):
     for kw in (
         {"shuffle": "block", "seed": 3, "window": 4},
         {"shuffle": "none"},
-        {"shuffle": "block", "seed": 5, "shard": (1, 3), "start": 150, "epoch": 2},
-        {"shuffle": "full", "seed": 6, "shard": (2, 3), "start": 333, "window": 64},
+        {"shuffle": "block", "seed": 5, "part": (1, 3), "start": 150, "epoch": 2},
+        {"shuffle": "full", "seed": 6, "part": (2, 3), "start": 333, "window": 64},
     ):
         same_epochs(local.batches(128, **kw), remote.batches(128, **kw))
 
@@ -290,7 +290,7 @@ def test_dealt_epochs_fetch_ahead(remote_data, s3):
         "s3://rowstore/data/plain.h5", storage_options=s3, remote={"max_in_flight": 3}
     )
     local = rowstore.open(os.path.join(remote_data, "plain.h5"))
-    kw = dict(consumer=(1, 2), seed=1, window=4, with_ids=True, fields=["label"])
+    kw = dict(shard=(1, 2), seed=1, window=4, with_ids=True, fields=["label"])
     sched, got = None, []
     for batch in r.deal(64, **kw):
         sched = r._store.scheduler or sched
@@ -371,7 +371,7 @@ def test_a_request_cancelled_by_a_stopping_schedule_is_fetched_again(remote_data
 
 
 def _epoch_labels(reader, rank, world):
-    return np.concatenate([b["label"] for b in reader.batches(100, seed=9, shard=(rank, world))])
+    return np.concatenate([b["label"] for b in reader.batches(100, seed=9, part=(rank, world))])
 
 
 def test_pickled_and_forked_readers_read_their_shards(remote_data, s3):

@@ -129,26 +129,11 @@ def test_ddp_shards_are_disjoint_and_complete(source, shuffle, even):
     world = 3
     parts = []
     for rank in range(world):
-        with rst.BatchedDataLoader(
-            source,
-            batch_size=5,
-            shuffle=shuffle,
-            seed=2,
-            window=2,
-            shard=(rank, world),
-            drop_last=even,
-        ) as dl:
+        kw = dict(batch_size=5, shuffle=shuffle, seed=2, window=2, shard=(rank, world))
+        with rst.BatchedDataLoader(source, drop_last=even, **kw) as dl:
             parts.append(ids_of(list(dl)))
             assert len(parts[-1]) == dl.shard_size
-        it = rst.IterableDataset(
-            source,
-            batch_size=5,
-            shuffle=shuffle,
-            seed=2,
-            window=2,
-            shard=(rank, world),
-            drop_last=even,
-        )
+        it = rst.IterableDataset(source, drop_last=even, **kw)
         assert ids_of(list(DataLoader(it, batch_size=None))).tolist() == parts[-1].tolist()
     allids = np.concatenate(parts)
     assert len(set(allids.tolist())) == len(allids)  # disjoint

@@ -186,3 +186,41 @@ def test_the_order_arguments_are_checked_once_on_the_way_to_the_reader(path, mon
     dl = rst.BatchedDataLoader(path, batch_size=B, num_epochs=2, **ORDER)
     assert len(_ids(dl)) == 2 * -(-N // B)
     assert calls == {"check_decode": 1, "shuffle_mode": 1}
+
+
+def _path_entry_points(rtf, rg):
+    """Every loader that takes a path, as ``make(path, **kw)`` -> the ids it reads."""
+    return {
+        "BatchedDataLoader": lambda p, **kw: _ids(rst.BatchedDataLoader(p, batch_size=B, **kw)),
+        "IterableDataset": lambda p, **kw: _ids(rst.IterableDataset(p, batch_size=B, **kw)),
+        "tf.Loader": lambda p, **kw: _ids(rtf.Loader(p, batch_size=B, **kw).dataset()),
+        "tf.make_dataset": lambda p, **kw: _ids(rtf.make_dataset(p, batch_size=B, **kw)),
+        "grain.EpochDataset": lambda p, **kw: _ids(
+            rg.EpochDataset(p, batch_size=B, shard=(0, 1), **kw)
+        ),
+    }
+
+
+def test_storage_options_are_used_for_a_url_and_refused_for_a_path(path):
+    rtf = pytest.importorskip("rowstore.tf")
+    rg = pytest.importorskip("rowstore.grain")
+    with pytest.raises(ValueError, match="apply to URLs") as want:
+        rowstore.open(path, storage_options={"auto_mkdir": False})
+    for name, read in _path_entry_points(rtf, rg).items():
+        with pytest.raises(ValueError, match="apply to URLs") as got:
+            read(path, storage_options={"auto_mkdir": False})
+        assert str(got.value) == str(want.value), name
+        url = "file://" + path  # read through fsspec, which takes the options
+        assert read(url, storage_options={"auto_mkdir": False}) == read(path), name
+    with rowstore.open(path) as r, pytest.raises(ValueError, match="open already"):
+        rst.BatchedDataLoader(r, batch_size=B, storage_options={"auto_mkdir": False})
+
+
+def test_predicate_is_taken_by_every_loader(path):
+    """``rows=``/``predicate=`` mean one thing: a row subset, read in the subset's order."""
+    rtf = pytest.importorskip("rowstore.tf")
+    rg = pytest.importorskip("rowstore.grain")
+    keep = lambda b: b["id"] % 3 == 0  # noqa: E731
+    for name, read in _path_entry_points(rtf, rg).items():
+        got = read(path, predicate=keep, **ORDER)
+        assert sorted(sum(got, [])) == list(range(0, N, 3)), name

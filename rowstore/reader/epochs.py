@@ -490,6 +490,7 @@ class EpochStream:
         self._base: tuple[int, list | None, int | None] | None = None
         self._pending = False  # a state was loaded and no run started since
         self._reported: int | None = None
+        self.run_stop = 0  # the epoch the last run stops at (set by batches)
 
     @property
     def unit(self) -> int:

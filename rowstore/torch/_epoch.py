@@ -1,6 +1,7 @@
 """The torch layer over :mod:`rowstore.reader.epochs`: the default shard (torch.distributed's),
-:class:`_EpochReader` (an :class:`~rowstore.reader.epochs.EpochSpec` and the dealt epoch of one
-consumer) and :class:`_OwnsReader` (the reader, and closing it)."""
+:class:`_EpochReader` (the loaders' :class:`~rowstore.reader.epochs.EpochSpec`, which their
+:class:`~rowstore.reader.epochs.EpochStream` reads) and :class:`_OwnsReader` (the reader, opened
+with ``storage_options`` for a URL, and closing it)."""
 
 from __future__ import annotations
 

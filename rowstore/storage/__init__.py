@@ -147,17 +147,23 @@ def destination(
         ``storage_options`` given for a local path, a read-only protocol (``http(s)://``), or
         a URL without its bucket (``s3://``): before any request.
     """
+    return _written(path_or_url, storage_options).destination(durable=durable)
+
+
+def _written(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> Location:
+    """The location a writer writes ``path_or_url`` at: local for a path or a ``file://`` URL
+    without options (given options for a local path are refused), else an object store's."""
     path = os.fspath(path_or_url)
     if is_url(path):
         check_url(path)
     root = local_root(path) if storage_options is None else (None if is_url(path) else path)
-    if root is not None:
-        if storage_options is not None:
-            raise ValueError(
-                f"storage_options applies to URLs (s3://, gs://...); got the local path {path!r}"
-            )
-        return LocalLocation(root).destination(durable=durable)
-    return RemoteLocation(path, RemoteOptions.make(storage_options, None, None)).destination()
+    if root is None:
+        return RemoteLocation(path, RemoteOptions.make(storage_options, None, None))
+    if storage_options is not None:
+        raise ValueError(
+            f"storage_options applies to URLs (s3://, gs://...); got the local path {path!r}"
+        )
+    return LocalLocation(root)
 
 
 def location_of(dest: Destination) -> Location:
@@ -174,18 +180,11 @@ def stage_file(
 ) -> StagedFile:
     """Where a writer makes the single file ``path``: the path itself for a local file, a
     temporary local file uploaded (one PUT) at :meth:`~.base.StagedFile.publish` for a URL."""
-    p = os.fspath(path)
-    if is_url(p):
-        check_url(p)
-    root = local_root(p) if storage_options is None else (None if is_url(p) else p)
-    if root is not None:
-        if storage_options is not None:
-            raise ValueError(
-                f"storage_options applies to URLs (s3://, gs://...); got the local path {p!r}"
-            )
-        return StagedFile(root)
-    parent, _, name = p.rstrip("/").rpartition("/")
-    dest = destination(parent, storage_options)
+    where = _written(path, storage_options)
+    if where.local:
+        return StagedFile(where.path)
+    parent, _, name = where.path.rstrip("/").rpartition("/")
+    dest = where.at(parent).destination()
     staging = dest.staging()
     return StagedFile(os.path.join(staging.root, "upload.h5"), dest=dest, rel=name, staging=staging)
 

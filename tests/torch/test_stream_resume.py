@@ -10,7 +10,9 @@ loaders that have them."""
 from __future__ import annotations
 
 import functools
+import gc
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -188,32 +190,74 @@ def test_the_order_arguments_are_checked_once_on_the_way_to_the_reader(path, mon
     assert calls == {"check_decode": 1, "shuffle_mode": 1}
 
 
+def _closing(make, read):
+    """``read(loader)`` of a new ``make()``, its reader closed after (a URL's fetch threads)."""
+
+    def run(p, **kw):
+        loader = make(p, **kw)
+        try:
+            return _ids(read(loader))
+        finally:
+            loader.reader.close()
+
+    return run
+
+
 def _path_entry_points(rtf, rg):
-    """Every loader that takes a path, as ``make(path, **kw)`` -> the ids it reads."""
+    """Every loader that takes a path, as ``read(path, **kw)`` -> the ids it reads."""
+
+    def tf_dataset(p, **kw):
+        out = _ids(rtf.make_dataset(p, batch_size=B, **kw))
+        gc.collect()  # the dataset's generators, and the reader it opened, end with it
+        return out
+
     return {
-        "BatchedDataLoader": lambda p, **kw: _ids(rst.BatchedDataLoader(p, batch_size=B, **kw)),
-        "IterableDataset": lambda p, **kw: _ids(rst.IterableDataset(p, batch_size=B, **kw)),
-        "tf.Loader": lambda p, **kw: _ids(rtf.Loader(p, batch_size=B, **kw).dataset()),
-        "tf.make_dataset": lambda p, **kw: _ids(rtf.make_dataset(p, batch_size=B, **kw)),
-        "grain.EpochDataset": lambda p, **kw: _ids(
-            rg.EpochDataset(p, batch_size=B, shard=(0, 1), **kw)
+        "BatchedDataLoader": _closing(
+            lambda p, **kw: rst.BatchedDataLoader(p, batch_size=B, **kw), iter
+        ),
+        "IterableDataset": _closing(
+            lambda p, **kw: rst.IterableDataset(p, batch_size=B, **kw), iter
+        ),
+        "tf.Loader": _closing(
+            lambda p, **kw: rtf.Loader(p, batch_size=B, **kw), lambda ld: ld.dataset()
+        ),
+        "tf.make_dataset": tf_dataset,
+        "grain.EpochDataset": _closing(
+            lambda p, **kw: rg.EpochDataset(p, batch_size=B, shard=(0, 1), **kw), iter
         ),
     }
 
 
-def test_storage_options_are_used_for_a_url_and_refused_for_a_path(path):
+def test_storage_options_are_used_for_a_url_and_refused_for_a_path(path, monkeypatch):
     rtf = pytest.importorskip("rowstore.tf")
     rg = pytest.importorskip("rowstore.grain")
+    opts = {"auto_mkdir": False}
     with pytest.raises(ValueError, match="apply to URLs") as want:
-        rowstore.open(path, storage_options={"auto_mkdir": False})
-    for name, read in _path_entry_points(rtf, rg).items():
+        rowstore.open(path, storage_options=opts)
+    readers = _path_entry_points(rtf, rg)
+    for name, read in readers.items():
         with pytest.raises(ValueError, match="apply to URLs") as got:
-            read(path, storage_options={"auto_mkdir": False})
+            read(path, storage_options=opts)
         assert str(got.value) == str(want.value), name
-        url = "file://" + path  # read through fsspec, which takes the options
-        assert read(url, storage_options={"auto_mkdir": False}) == read(path), name
     with rowstore.open(path) as r, pytest.raises(ValueError, match="open already"):
-        rst.BatchedDataLoader(r, batch_size=B, storage_options={"auto_mkdir": False})
+        rst.BatchedDataLoader(r, batch_size=B, storage_options=opts)
+    # A URL is opened with them (a stand-in opens the local file: no client's threads outlive
+    # the test): every loader hands them to the one opener.
+    import rowstore.reader.make_reader as opener
+
+    seen = []
+
+    def open_url(url, storage_options=None):
+        seen.append((url, storage_options))
+        return rowstore.Reader(path)
+
+    monkeypatch.setattr(opener, "Reader", open_url)
+    whole = readers["BatchedDataLoader"](path)
+    for name, read in readers.items():
+        assert read("s3://bucket/ids.h5", storage_options=opts) == whole, name
+    assert seen == [("s3://bucket/ids.h5", opts)] * len(readers)
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name.startswith("rowstore")]
 
 
 def test_predicate_is_taken_by_every_loader(path):

@@ -35,7 +35,7 @@ from rowstore.reader.buffers import (
     BufferPool,
     concat_batches,
 )
-from rowstore.reader.epochs import EpochSource, as_pair, deprecated, part_spec
+from rowstore.reader.epochs import EpochSource, as_pair, part_spec
 from rowstore.reader.image_ops import decoded_schema, read_ops
 from rowstore.reader.plan import ID_KEY, PAD_KEY, pad_ids
 from rowstore.schema import Schema
@@ -431,10 +431,8 @@ class Reader(EpochReads):
         part: tuple[int, int] | None = None,
         even: bool = False,
         pieces: int | None = None,
-        shard: tuple[int, int] | None = None,
     ) -> np.ndarray:
-        """The row numbers of one epoch of :meth:`batches` with these arguments, in order
-        (``shard=`` is the deprecated spelling of ``part=``)."""
+        """The row numbers of one epoch of :meth:`batches` with these arguments, in order."""
         return self.layout.rows_of(
             self._epoch_ids(
                 shuffle=shuffle,
@@ -444,7 +442,6 @@ class Reader(EpochReads):
                 part=part,
                 even=even,
                 pieces=pieces,
-                shard=shard,
             )
         )
 
@@ -453,10 +450,9 @@ class Reader(EpochReads):
         *,
         part: tuple[int, int] | None = None,
         even: bool = False,
-        shard: tuple[int, int] | None = None,
         **order: Any,
     ) -> np.ndarray:
-        spec, (rank, world) = part_spec("Reader.epoch_order", None, part, shard, order, 4)
+        spec, (rank, world) = part_spec("Reader.epoch_order", None, part, None, order)
         window, pieces = self._order_defaults(spec.shuffle, spec.window, spec.pieces)
         eo = self._epoch_order(spec.shuffle, spec.seed, spec.epoch, window, pieces)
         return eo.ids(*_order.shard_bounds(eo.num_rows, rank, world, even))
@@ -517,14 +513,9 @@ class Reader(EpochReads):
         *,
         part: tuple[int, int] | None = None,
         even: bool = False,
-        shard: tuple[int, int] | None = None,
     ) -> int:
-        """Rows of the contiguous ``part`` of an epoch (``shard=``: deprecated spelling)."""
-        name = "part"
-        if shard is not None:
-            deprecated("Reader.shard_size", "shard=", "part=")
-            part, name = shard, "shard"
-        rank, world = as_pair(name, (0, 1) if part is None else part)
+        """Rows of the contiguous ``part`` of an epoch."""
+        rank, world = as_pair("part", (0, 1) if part is None else part)
         lo, hi = _order.shard_bounds(self.num_rows, rank, world, even)
         return hi - lo
 
@@ -536,13 +527,9 @@ class Reader(EpochReads):
         even: bool = False,
         drop_last: bool = False,
         start: int = 0,
-        shard: tuple[int, int] | None = None,
     ) -> int:
         """Batches that :meth:`batches` yields with these arguments."""
         positive_int("batch_size", batch_size)
-        if shard is not None:
-            deprecated("Reader.num_batches", "shard=", "part=")
-            part = shard
         n = max(0, self.shard_size(part=part, even=even) - nonneg_int("start", start))
         return n // batch_size if drop_last else -(-n // batch_size)
 

@@ -462,10 +462,10 @@ def _pairs(sources: Any) -> list[tuple[Any, float]]:
 def mix(
     sources: Mapping[Any, float] | Sequence[tuple[Any, float]] | str | os.PathLike,
     *,
-    seed: int | None = None,
-    replacement: bool | None = None,
+    seed: int = 0,
+    replacement: bool = False,
     epoch_rows: int | None = None,
-    with_source: bool | None = None,
+    with_source: bool = False,
 ) -> Mixture:
     """A weighted :class:`Mixture` of datasets: ``rowstore.mix({"a": 0.7, "b": 0.3}, seed=0)``.
 
@@ -476,8 +476,8 @@ def mix(
         Datasets (paths, lists of paths, or open Readers) sharing one schema, with
         non-negative weights (normalized); a list of bare sources has equal weights, and a
         source listed twice is two sources (each with its own order, rows repeat); or a
-        mixture manifest written by :meth:`Mixture.save` (its settings are the defaults of
-        the other arguments).
+        mixture manifest written by :meth:`Mixture.save`: the mixture as it was saved, its
+        settings included (the other arguments must keep their defaults: ValueError).
     seed : int
         Which source fills each position (a pure function of seed and epoch; default 0).
     replacement : bool
@@ -488,10 +488,22 @@ def mix(
     with_source : bool
         Add ``"__source"`` to batches (the source's index).
     """
-    saved: dict = {}
+    settings: dict[str, Any] = {
+        "seed": seed,
+        "replacement": replacement,
+        "epoch_rows": epoch_rows,
+        "with_source": with_source,
+    }
     if isinstance(sources, (str, os.PathLike)):
+        given = {k: v for k, v in settings.items() if v != _DEFAULTS[k]}
+        if given:
+            raise ValueError(
+                f"mix(manifest): a mixture manifest holds its own settings; open it as saved, "
+                f"without {sorted(given)}, or mix its sources with these settings"
+            )
         saved = _load(os.fspath(sources))
         pairs: list[tuple[Any, float]] = [(s["path"], float(s["weight"])) for s in saved["sources"]]
+        settings = {k: saved.get(k, v) for k, v in _DEFAULTS.items()}
     elif isinstance(sources, Mapping):
         pairs = list(sources.items())
     else:
@@ -502,13 +514,13 @@ def mix(
         readers.append(r)
         owned.append(own)
         paths.append(r.path)
-    return Mixture(
-        readers,
-        [float(w) for _, w in pairs],
-        seed=saved.get("seed", 0) if seed is None else seed,
-        replacement=saved.get("replacement", False) if replacement is None else replacement,
-        epoch_rows=saved.get("epoch_rows") if epoch_rows is None else epoch_rows,
-        with_source=saved.get("with_source", False) if with_source is None else with_source,
-        paths=paths,
-        owned=owned,
-    )
+    return Mixture(readers, [float(w) for _, w in pairs], **settings, paths=paths, owned=owned)
+
+
+#: The settings of :func:`mix` and :class:`Mixture` by default (a manifest saves all four).
+_DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "replacement": False,
+    "epoch_rows": None,
+    "with_source": False,
+}

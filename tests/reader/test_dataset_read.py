@@ -121,7 +121,7 @@ def test_block_shuffle_mixes_blocks_of_different_shards(dataset):
 def test_ddp_shards_are_disjoint_and_complete(dataset, shuffle, even):
     root, _, rows = dataset
     with rowstore.open(root) as r:
-        parts = [r.epoch_order(shuffle=shuffle, seed=2, shard=(k, 3), even=even) for k in range(3)]
+        parts = [r.epoch_order(shuffle=shuffle, seed=2, part=(k, 3), even=even) for k in range(3)]
         allrows = np.concatenate(parts)
         assert len(set(allrows.tolist())) == len(allrows)
         if even:
@@ -132,7 +132,7 @@ def test_ddp_shards_are_disjoint_and_complete(dataset, shuffle, even):
             got = np.concatenate(
                 [
                     b["label__null"]
-                    for b in r.batches(5, shuffle=shuffle, seed=2, shard=(k, 3), even=even)
+                    for b in r.batches(5, shuffle=shuffle, seed=2, part=(k, 3), even=even)
                 ]
             )
             assert len(got) == len(parts[k])

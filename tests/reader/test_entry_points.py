@@ -233,21 +233,26 @@ def test_shard_half_is_refused_by_tf(path, rtf):
         rtf.make_dataset(path, batch_size=B, part=(0.5, 2))
 
 
-def test_old_spellings_warn_and_keep_their_meaning(path, rtf):
+def test_old_spellings(path, rtf):
+    # shard= of shard_size, num_batches and epoch_order (a contiguous part there) is gone
     with Reader(path) as r:
         kw = dict(seed=2, window=3, fields=["id"])
-        with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
-            old = _ids(r.batches(B, shard=(1, 3), **kw))
-        assert old == _ids(r.batches(B, part=(1, 3), **kw))
-        with pytest.warns(DeprecationWarning, match="write shard="):
-            old = _ids(r.deal(B, consumer=(1, 3), **kw))
-        assert old == _ids(r.deal(B, shard=(1, 3), **kw))
-        with pytest.warns(DeprecationWarning, match="write part="):
-            assert r.shard_size(shard=(1, 3)) == r.shard_size(part=(1, 3))
-        with pytest.warns(DeprecationWarning, match="write part="):
-            assert r.num_batches(B, shard=(1, 3)) == r.num_batches(B, part=(1, 3))
-        with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
-            assert np.array_equal(r.epoch_order(shard=(1, 3)), r.epoch_order(part=(1, 3)))
+        with pytest.raises(TypeError, match="shard"):
+            r.shard_size(shard=(1, 3))
+        with pytest.raises(TypeError, match="shard"):
+            r.num_batches(B, shard=(1, 3))
+        with pytest.raises(TypeError, match="shard"):
+            r.epoch_order(shard=(1, 3))
+    # batches(shard=) and deal(consumer=) still warn and keep their meaning, for a reader and a
+    # mixture alike (one batches and one deal serve both)
+    with Reader(path) as r, rowstore.mix([path, path]) as m:
+        for source in (r, m):
+            with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
+                old = _ids(source.batches(B, shard=(1, 3), **kw))
+            assert old == _ids(source.batches(B, part=(1, 3), **kw))
+            with pytest.warns(DeprecationWarning, match="write shard="):
+                old = _ids(source.deal(B, consumer=(1, 3), **kw))
+            assert old == _ids(source.deal(B, shard=(1, 3), **kw))
     # the adapters' old spellings are gone (even=, shard= for a contiguous part)
     with pytest.raises(TypeError, match="even"):
         rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), even=True, seed=2)
@@ -271,4 +276,4 @@ def test_a_spec_and_its_keywords_are_one_thing(path):
             r.batches(B, shuffle=True, seed=4, window=3, epoch=1)
         )
         with pytest.raises(ValueError, match="deal"):
-            r.batches(B, shard=None, spec=spec.replace(shard=(0, 2)))
+            r.batches(B, spec=spec.replace(shard=(0, 2)))

@@ -87,14 +87,12 @@ def test_mixture_resumes_elastically(paths, policy):
         ]
 
     plan = EpochPlan(m.epoch_rows, 16, drop_last=policy == "drop", pad=policy == "pad")
-    first = [
-        r for c in range(3) for b in list(m.deal(16, consumer=(c, 3), **kw))[:2] for r in real(b)
-    ]
+    first = [r for c in range(3) for b in list(m.deal(16, shard=(c, 3), **kw))[:2] for r in real(b)]
     left = plan.after([2, 2, 2], 2)
     rest = [
         r
         for c in range(2)
-        for b in m.deal(16, consumer=(c, 2), remaining=left.remaining, **kw)
+        for b in m.deal(16, shard=(c, 2), remaining=left.remaining, **kw)
         for r in real(b)
     ]
     got = first + rest
@@ -110,6 +108,10 @@ def test_mixture_file_and_errors(paths, tmp_path):
     assert obj["kind"] == "mixture" and obj["sources"][0]["weight"] == pytest.approx(0.7)
     again = rowstore.mix(tmp_path / "mix.json")
     assert again.epoch_rows == 200 and _rows(again.deal(10)) == _rows(m.deal(10))
+    assert again.seed == 9 and again.replacement
+    # a manifest is the mixture as saved: settings given beside it are refused, not merged
+    with pytest.raises(ValueError, match=r"manifest.*\['seed'\]"):
+        rowstore.mix(tmp_path / "mix.json", seed=3)
     (tmp_path / "bad.json").write_text(json.dumps({**obj, "kind": "soup"}))
     with pytest.raises(FormatError, match="mixture"):
         rowstore.mix(tmp_path / "bad.json")
@@ -169,3 +171,36 @@ def test_a_list_of_sources_has_equal_weights(paths):
         rowstore.mix([(paths[0], 1.0), paths[1]])
     with pytest.raises(TypeError, match="mix\\(\\) takes a dict"):
         rowstore.mix(7)
+
+
+def test_mix_and_mixture_share_their_defaults(paths):
+    # one seed default (0) for mix() and Mixture(), as for every other entry point
+    import inspect
+
+    from rowstore.reader.mix import Mixture, mix
+
+    defaults = {}
+    for fn in (mix, Mixture):
+        sig = inspect.signature(fn)
+        defaults[fn] = {
+            k: sig.parameters[k].default
+            for k in ("seed", "replacement", "epoch_rows", "with_source")
+        }
+    assert defaults[mix] == defaults[Mixture] and defaults[Mixture]["seed"] == 0
+    a = rowstore.mix({paths[0]: 1, paths[1]: 1})
+    b = Mixture([rowstore.open(paths[0]), rowstore.open(paths[1])], [1, 1])
+    assert a.seed == b.seed == 0 and (a.source_order(0) == b.source_order(0)).all()
+
+
+def test_a_mixture_refuses_decode_as_every_entry_point_that_cannot_apply_it(paths):
+    from rowstore.reader.epochs import EpochSpec, no_decode
+    from rowstore.reader.image_ops import Resize
+
+    m = rowstore.mix(paths)
+    spec = EpochSpec(decode={"v": Resize(8)})
+    with pytest.raises(ValueError) as want:
+        no_decode("Mixture.deal", spec)
+    for call, where in ((m.deal, "Mixture.deal"), (m.batches, "Mixture.batches")):
+        with pytest.raises(ValueError) as got:
+            call(10, decode={"v": Resize(8)})
+        assert str(got.value) == str(want.value).replace("Mixture.deal", where)

@@ -121,9 +121,9 @@ def tiny_files(tmp_path_factory):
 def test_reader_reads_the_pieces_order(tiny_files, name, pieces, window):
     with Reader(tiny_files[name]) as r:
         for shard in ((0, 1), (1, 2)):
-            want = r.epoch_order(seed=5, window=window, pieces=pieces, shard=shard)
+            want = r.epoch_order(seed=5, window=window, pieces=pieces, part=shard)
             bs = list(
-                r.batches(100, seed=5, window=window, pieces=pieces, shard=shard, num_threads=2)
+                r.batches(100, seed=5, window=window, pieces=pieces, part=shard, num_threads=2)
             )
             got = np.concatenate([b["i"] for b in bs])
             assert np.array_equal(got, want)
@@ -132,7 +132,7 @@ def test_reader_reads_the_pieces_order(tiny_files, name, pieces, window):
             [
                 b["__id"]
                 for b in r.deal(
-                    64, consumer=(1, 3), seed=5, window=window, pieces=pieces, with_ids=True
+                    64, shard=(1, 3), seed=5, window=window, pieces=pieces, with_ids=True
                 )
             ]
         )

@@ -228,7 +228,7 @@ def test_reader_deal_reads_what_the_plan_says(ids_path, shuffle, policy):
         got = list(
             r.deal(
                 10,
-                consumer=(c, 3),
+                shard=(c, 3),
                 unit=2,
                 drop_last=policy == "drop",
                 pad=policy == "pad",
@@ -295,7 +295,7 @@ def test_mixtures_deal_and_resume_like_a_dataset(
             out += list(zip(b["src"][keep].tolist(), b["id"][keep].tolist()))
         return out
 
-    first = [r for c in range(world) for r in rows(list(m.deal(bs, consumer=(c, world), **kw))[:n])]
+    first = [r for c in range(world) for r in rows(list(m.deal(bs, shard=(c, world), **kw))[:n])]
     left = plan.after([n] * world, 2)
     rest = (
         []
@@ -303,7 +303,7 @@ def test_mixtures_deal_and_resume_like_a_dataset(
         else [
             r
             for c in range(world2)
-            for r in rows(m.deal(bs, consumer=(c, world2), remaining=left.remaining, **kw))
+            for r in rows(m.deal(bs, shard=(c, world2), remaining=left.remaining, **kw))
         ]
     )
     got = first + rest

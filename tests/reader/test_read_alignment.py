@@ -111,9 +111,9 @@ def test_reader_batches_same_order_whole_batches(tmp_path, kind, batch):
         if step is not None:
             assert step % batch == 0
         for shard, start in (((0, 1), 0), ((1, 3), 0), ((0, 2), 2 * batch + 3), ((1, 2), len(r))):
-            want = r.epoch_order(shuffle="block", seed=4, epoch=1, window=4, shard=shard)[start:]
+            want = r.epoch_order(shuffle="block", seed=4, epoch=1, window=4, part=shard)[start:]
             bs = list(
-                r.batches(batch, seed=4, epoch=1, window=4, shard=shard, start=start, num_threads=2)
+                r.batches(batch, seed=4, epoch=1, window=4, part=shard, start=start, num_threads=2)
             )
             got = np.concatenate([b["i"] for b in bs]) if bs else np.zeros(0, np.int64)
             assert np.array_equal(got, want)
@@ -136,12 +136,11 @@ def test_deal_aligned_resumes_exactly_once(tmp_path, kind):
         plan = r.plan(B)
         got = []
         for c in range(C):  # every consumer takes 2 steps, then the job resumes on 2 consumers
-            got += [b["i"] for _, b in zip(range(2), r.deal(B, consumer=(c, C), seed=9, window=4))]
+            got += [b["i"] for _, b in zip(range(2), r.deal(B, shard=(c, C), seed=9, window=4))]
         left = plan.after([2] * C, unit=order_unit(r, B))
         for c in range(2):
             got += [
-                b["i"]
-                for b in r.deal(B, consumer=(c, 2), seed=9, window=4, remaining=left.remaining)
+                b["i"] for b in r.deal(B, shard=(c, 2), seed=9, window=4, remaining=left.remaining)
             ]
         ids = np.concatenate(got)
         assert np.array_equal(np.sort(ids), np.arange(len(r)))

@@ -202,9 +202,9 @@ def test_batches_drop_last_shards_and_start(dataset):
     seen = []
     for rank in range(3):
         part = np.concatenate(
-            [b["label"] for b in r.batches(16, shard=(rank, 3), fields=["label"], window=3)]
+            [b["label"] for b in r.batches(16, part=(rank, 3), fields=["label"], window=3)]
         )
-        assert np.array_equal(part, r.epoch_order(shard=(rank, 3), window=3))
+        assert np.array_equal(part, r.epoch_order(part=(rank, 3), window=3))
         seen.append(part)
     assert sorted(np.concatenate(seen)) == list(range(257))
     full = np.concatenate([b["label"] for b in r.batches(16, fields=["label"], seed=9)])
@@ -594,10 +594,10 @@ def test_more_bad_arguments_are_refused(dataset):
         r.batches(4, start=-2)
     with pytest.raises(ValueError, match="prefetch"):
         r.batches(4, prefetch=0)
-    with pytest.raises(ValueError, match="shard"):
-        r.batches(4, shard=(True, 2))
-    with pytest.raises(ValueError, match="shard"):
-        r.shard_size(shard=(2, 2))
+    with pytest.raises(ValueError, match="part"):
+        r.batches(4, part=(True, 2))
+    with pytest.raises(ValueError, match="part"):
+        r.shard_size(part=(2, 2))
 
 
 def _child_images(r, q):

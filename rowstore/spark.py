@@ -42,7 +42,6 @@ import re
 import shutil
 import sys
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -65,7 +64,6 @@ from rowstore.writer.values import check_value
 
 __all__ = [
     "to_rowstore",
-    "write",
     "to_row",
     "spark_schema",
     "make_converter",
@@ -440,16 +438,6 @@ def to_rowstore(
     finally:
         _remove_job_files(root, job, committed)  # failed, retried and duplicate attempts' shards
     return version
-
-
-def write(df: DataFrame, path: str | os.PathLike, **kwargs: Any) -> int:
-    """Deprecated: :func:`to_rowstore` (the name ``rowstore.dask`` and ``rowstore.xarray`` use)."""
-    warnings.warn(
-        "rowstore.spark.write is deprecated: write rowstore.spark.to_rowstore(df, path, ...)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return to_rowstore(df, path, **kwargs)
 
 
 def _bind(fn: Any, *args: Any) -> Any:

@@ -210,11 +210,6 @@ def test_to_row_and_schema_errors_name_the_field(spark, rsp, rs):
         )
     with pytest.raises(SchemaError, match="schema fields"):
         rsp.to_rowstore(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
-    with pytest.warns(
-        DeprecationWarning, match=r"write rowstore\.spark\.to_rowstore"
-    ):  # the old name
-        with pytest.raises(SchemaError, match="schema fields"):
-            rsp.write(df, "/nonexistent/never", schema=Schema([Field("x", "float64")]))
     m = spark.createDataFrame([({"a": 1},)], "m map<string,int>")
     with pytest.raises(SchemaError, match="column 'm'"):
         rsp.to_rowstore(m, "/nonexistent/never")

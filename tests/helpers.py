@@ -10,7 +10,9 @@ machine (another job saturating every core) does not turn a wait into a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -111,3 +113,30 @@ def flip_byte(path: str, offset: int, mask: int = 0x5A) -> None:
         b = f.read(1)
         f.seek(offset)
         f.write(bytes([b[0] ^ mask]))
+
+
+def raised_without_blocking(call: Callable[[], Any], fifo: str | None = None) -> Exception | None:
+    """What ``call()`` raised (None if nothing), run in a thread. A hang guard only, never a
+    timing check: if the call still runs after a generous limit, a writer opens and closes
+    ``fifo`` (releasing an ``open`` blocked on it) and the test fails."""
+    box: dict[str, Any] = {"exc": None}
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(scaled(15))
+    blocked = t.is_alive()
+    if blocked and fifo is not None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(scaled(15))
+    if blocked:
+        import pytest
+
+        pytest.fail(f"blocked (a FIFO {fifo!r} opened for reading, or a walk that never ends)")
+    return box["exc"]

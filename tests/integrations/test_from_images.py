@@ -3,14 +3,12 @@ class folders (ImageFolder's order) or a CSV, shards written by worker processes
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
-import threading
 
 import numpy as np
 import pytest
-from helpers import scaled, stored_payloads
+from helpers import raised_without_blocking, stored_payloads
 
 import rowstore
 import rowstore.images
@@ -196,35 +194,12 @@ def test_a_symlink_loop_is_walked_once(folder, tmp_path):
 
 
 # -- inputs opened as every ingest input is (rowstore.storage.inputs) -----------------------------
-def finished(call, fifo=None):
-    """What ``call()`` raised (None if nothing), run in a thread. A hang guard only: if it is
-    still running after a generous limit, a writer opens and closes ``fifo`` (releasing an
-    ``open`` blocked on it) and the test fails."""
-    box = {}
-
-    def run():
-        try:
-            call()
-            box["exc"] = None
-        except BaseException as exc:
-            box["exc"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(scaled(15))
-    blocked = t.is_alive()
-    if blocked and fifo is not None:
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        t.join(scaled(15))
-    assert not blocked, "blocked (a FIFO opened for reading, or a walk of the whole filesystem)"
-    return box["exc"]
-
-
 def test_a_fifo_named_like_an_image_is_refused_without_blocking(folder, tmp_path):
     fifo = os.path.join(folder, "ant", "x.png")
     os.mkfifo(fifo)
-    exc = finished(lambda: rowstore.from_images(folder, tmp_path / "ds", workers=1), fifo)
+    exc = raised_without_blocking(
+        lambda: rowstore.from_images(folder, tmp_path / "ds", workers=1), fifo
+    )
     assert isinstance(exc, InputError) and isinstance(exc, ValueError), exc
     assert "ant/x.png" in str(exc) and "FIFO" in str(exc) and exc.path == fifo
     assert not manifest.is_dataset(str(tmp_path / "ds"))
@@ -247,7 +222,9 @@ def test_a_huge_sparse_image_is_refused_before_it_is_read(folder, tmp_path):
 def test_a_symlink_to_the_root_of_the_filesystem_is_not_walked(folder, tmp_path):
     os.symlink("/", os.path.join(folder, "ant", "everything"))
     for labels in ("folders", None):
-        exc = finished(lambda k=labels: rowstore.from_images(folder, tmp_path / "ds", labels=k))
+        exc = raised_without_blocking(
+            lambda k=labels: rowstore.from_images(folder, tmp_path / "ds", labels=k)
+        )
         assert isinstance(exc, OutsideRootError), exc
         assert "ant/everything" in str(exc) and exc.real == "/"
     assert not manifest.is_dataset(str(tmp_path / "ds"))

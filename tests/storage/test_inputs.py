@@ -4,54 +4,30 @@ paths (no ``..``, no absolute names, symlinks out of the root only when asked fo
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import socket
-import threading
 
 import pytest
-from helpers import scaled
+from helpers import raised_without_blocking
 
 from rowstore.errors import FormatError, InputError, OutsideRootError, RowstoreError
 from rowstore.storage import inputs
 from rowstore.storage.inputs import contained, open_input, open_regular, read_input, walk
 
 
-def finished(call, fifo):
-    """What ``call()`` raised (None if nothing), run in a thread. A hang guard only: an
-    ``open`` still blocked on ``fifo`` after a generous limit is released by a writer, and the
-    test fails."""
-    box = {}
-
-    def run():
-        try:
-            call()
-            box["exc"] = None
-        except BaseException as exc:
-            box["exc"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(scaled(15))
-    if t.is_alive():
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        t.join(scaled(15))
-        pytest.fail(f"blocked opening the FIFO {fifo}")
-    return box["exc"]
-
-
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = str(tmp_path / "x.png")
     os.mkfifo(fifo)
-    exc = finished(lambda: open_input(fifo, what="image file"), fifo)
+    exc = raised_without_blocking(lambda: open_input(fifo, what="image file"), fifo)
     assert isinstance(exc, InputError) and isinstance(exc, ValueError), exc
     assert str(exc) == f"{fifo!r}: image file is a FIFO (named pipe), expected a regular file"
     assert exc.path == fifo
-    exc = finished(lambda: read_input(fifo, max_bytes=10), fifo)
+    exc = raised_without_blocking(lambda: read_input(fifo, max_bytes=10), fifo)
     assert isinstance(exc, InputError), exc
-    exc = finished(lambda: open_regular(fifo), fifo)  # the dataset opener: a FormatError
+    exc = raised_without_blocking(
+        lambda: open_regular(fifo), fifo
+    )  # the dataset opener: a FormatError
     assert isinstance(exc, FormatError) and "FIFO" in str(exc), exc
 
 

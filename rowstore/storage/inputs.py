@@ -55,15 +55,23 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def _open(path: str) -> tuple[int, os.stat_result]:
+def _open(
+    path: str, refuse: Callable[[os.stat_result], Exception | None]
+) -> tuple[int, os.stat_result]:
     """``(descriptor, fstat)`` of ``path`` opened read-only without blocking (a FIFO's open
-    waits for a writer otherwise); the caller checks the kind and closes the descriptor."""
+    waits for a writer otherwise), made blocking once ``refuse(fstat)`` found nothing wrong
+    (else its error is raised and the descriptor closed)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        return fd, os.fstat(fd)
+        st = os.fstat(fd)
+        exc = refuse(st)
+        if exc is not None:
+            raise exc
+        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
+    return fd, st
 
 
 def open_regular(path: str) -> tuple[int, os.stat_result]:
@@ -75,19 +83,17 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
     never a read that waits forever. ``FileNotFoundError`` and the system's other refusals
     propagate.
     """
-    fd, st = _open(path)
-    try:
-        if not stat.S_ISREG(st.st_mode):
-            raise FormatError(
-                f"{path!r} is {_kind(st.st_mode)}, not a regular file (a rowstore file or shard "
-                "is a regular file)",
-                path=path,
-            )
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
+
+    def refuse(st: os.stat_result) -> Exception | None:
+        if stat.S_ISREG(st.st_mode):
+            return None
+        return FormatError(
+            f"{path!r} is {_kind(st.st_mode)}, not a regular file (a rowstore file or shard "
+            "is a regular file)",
+            path=path,
+        )
+
+    return _open(path, refuse)
 
 
 def open_input(
@@ -113,23 +119,21 @@ def open_input(
         The system's refusals (``FileNotFoundError``, ``PermissionError``...), errno set.
     """
     path = os.fspath(path)
-    fd, st = _open(path)
-    try:
+
+    def refuse(st: os.stat_result) -> Exception | None:
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(
+            return InputError(
                 f"{path!r}: {what} is {_kind(st.st_mode)}, expected a regular file", path=path
             )
         if max_bytes is not None and st.st_size > max_bytes:
-            raise InputError(
+            return InputError(
                 f"{path!r}: {what} is {st.st_size} bytes, more than the {max_bytes} bytes "
                 "accepted (nothing of it was read)",
                 path=path,
             )
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
+        return None
+
+    return _open(path, refuse)
 
 
 def read_input(path: str | os.PathLike, *, what: str = "input file", max_bytes: int) -> bytes:

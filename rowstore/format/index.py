@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,7 +165,6 @@ class Layout(IndexSizes):
         scan: bool = False,
         allow_missing_footer: bool = False,
         storage_options: Mapping[str, Any] | None = None,
-        verify: bool | None = None,
     ) -> Layout:
         """Read and check the layout of the file at ``path`` (a path, a URL, or a
         :class:`~rowstore.storage.location.Location`; ``storage_options`` as for
@@ -186,16 +184,9 @@ class Layout(IndexSizes):
         with a ``cache``, its footer or image is kept, so that a later open of the same object
         makes the HEAD only.
 
-        ``verify`` is the former name of ``scan`` (a :class:`DeprecationWarning`): ``verify``
-        means "check what is read" everywhere else.
+        ``scan`` is the eager check of every chunk; ``verify``, as everywhere, means checking
+        what is read as it is read (:func:`rowstore.open`), which a layout does not do.
         """
-        if verify is not None:
-            warnings.warn(
-                "Layout.open(verify=...) is now Layout.open(scan=...): it reads every chunk now",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            scan = scan or verify
         where = path if isinstance(path, Location) else locate(os.fspath(path), storage_options)
         name = where.path
         if where.is_dir():

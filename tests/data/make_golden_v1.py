@@ -113,7 +113,7 @@ def main() -> int:
     ) as w:
         for r in rows:
             w.write(r)
-    layout = rowstore.Layout.open(H5, verify=True)
+    layout = rowstore.Layout.open(H5, scan=True)
     expected = {
         "format_version": layout.version,
         "made_with": {"rowstore": rowstore.__version__, "numpy": np.__version__},

@@ -48,7 +48,7 @@ def main() -> int:
     ) as w:
         for i in range(v1.NUM_ROWS):
             w.write(v1.make_row(i))
-    layout = rowstore.Layout.open(H5, verify=True)
+    layout = rowstore.Layout.open(H5, scan=True)
     with open(H5, "rb") as f:
         f.seek(layout.footer_offset)
         tail = f.read()

@@ -66,7 +66,7 @@ def main() -> int:
     ) as w:
         for i in range(NUM_ROWS):
             w.write(make_row(i))
-    layout = rowstore.Layout.open(H5, verify=True)
+    layout = rowstore.Layout.open(H5, scan=True)
     fd = os.open(H5, os.O_RDONLY)
     try:
         starts = rowstore.kernels.memcpyed_starts(

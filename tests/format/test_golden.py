@@ -200,7 +200,7 @@ def _index_json(g: Golden) -> dict:
 
 @FILES
 def test_index_is_the_json(g):
-    L = Layout.open(g.path, verify=True)
+    L = Layout.open(g.path, scan=True)
     assert L.version == expected(g)["format_version"]
     assert L.blocks.dtype == spec.BLOCK_DTYPE and L.heap_chunks.dtype == spec.HEAP_CHUNK_DTYPE
     exp = _index_json(g)
@@ -214,7 +214,7 @@ def test_index_is_the_json(g):
 
 @FOOTERED
 def test_footer_bytes_are_the_json(g):
-    L = Layout.open(g.path, verify=True)
+    L = Layout.open(g.path, scan=True)
     exp = expected(g)
     assert L.footer_offset == exp["footer_offset"]
     assert L.file_size == exp["file_size"] == os.path.getsize(g.path)
@@ -244,7 +244,7 @@ def test_page_index_is_the_crc32_of_each_page(g):
     """Each page CRC is zlib.crc32 of a page of the chunk's raw bytes (docs/format.md, the page
     index): the stored bytes of an uncompressed file, h5py's decode (not rowstore's) of a
     compressed one."""
-    L = Layout.open(g.path, verify=True)
+    L = Layout.open(g.path, scan=True)
     exp = expected(g)
     assert L.version == 3 and L.page_bytes == exp["page_bytes"] == 4096
     assert L.block_pages.tolist() == exp["block_pages"]
@@ -411,7 +411,7 @@ def test_special_values(g):
 
 
 def test_v1_layout():
-    layout = Layout.open(V1.path, verify=True)
+    layout = Layout.open(V1.path, scan=True)
     exp = expected(V1)["layout"]
     assert layout.num_rows == exp["num_rows"] == 36
     assert layout.rows_per_block == exp["rows_per_block"] == 8
@@ -594,5 +594,5 @@ def test_dataset_v1_manifest_matches_the_spec():
     assert raw["parent"] == 1 and raw["num_rows"] == exp["versions"]["2"]
     # Each shard is an ordinary v1 file on its own, and its index is the sidecar's.
     for s in exp["shards"]:
-        L = rowstore.Layout.open(os.path.join(root, s["path"]), verify=True)
+        L = rowstore.Layout.open(os.path.join(root, s["path"]), scan=True)
         assert manifest.index_crc32(L.blocks, L.heap_chunks) == s["index_crc32"]

@@ -56,7 +56,7 @@ r[3]
 r.take([4, 0])
 for b in r.batches(2, shuffle="full", num_threads=2):
     pass
-rowstore.Layout.open({path!r}, verify=True)
+rowstore.Layout.open({path!r}, scan=True)
 from rowstore.cli import main
 assert main(["info", {path!r}]) == 0
 """,

@@ -342,7 +342,7 @@ def test_flipped_byte_in_block_is_detected(dataset, tmp_path):
     # rows of other blocks still read
     assert r.take([0], fields=["label"])["label"].tolist() == [0]
     with pytest.raises(ChecksumError):
-        rs.Layout.open(bad, verify=True)
+        rs.Layout.open(bad, scan=True)
 
 
 def test_flipped_heap_byte_is_detected(dataset, tmp_path):

@@ -129,10 +129,11 @@ def test_damage_reads_through_the_location(data, tmp_path):
     assert found[0][0].block == found[1][0].block == 0
 
 
-def test_layout_open_scan_and_the_former_verify(data):
+def test_layout_open_scans_with_scan_not_verify(data):
+    """The eager read of every chunk is ``scan``; ``verify`` is not a second name for it."""
     one, _ = data
     assert Layout.open(one, scan=True).num_rows == 200
-    with pytest.warns(DeprecationWarning, match="scan="):
+    with pytest.raises(TypeError, match="verify"):
         Layout.open(one, verify=True)
 
 

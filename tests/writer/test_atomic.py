@@ -177,7 +177,7 @@ def test_sigkill_during_append_or_rewrite_keeps_previous_file(rs, tmp_path, mode
     leftover = run_and_kill(tmp_path, path, mode, compression)
     assert sorted(os.listdir(tmp_path)) == sorted(["data.h5", leftover])
     assert open(path, "rb").read() == before
-    rowstore.Layout.open(path, verify=True)
+    rowstore.Layout.open(path, scan=True)
     rs.assert_rows_equal(SCHEMA, first, rs.read_rows(path))
     # and the file still takes an append
     with rowstore.Writer(path, mode="a") as w:

@@ -149,7 +149,7 @@ def test_bad_row_in_write(rs, h5path, field, value, fragment):
         for r in more:  # the writer goes on
             w.write(r)
     rs.assert_rows_equal(SCHEMA, good + more, rs.read_rows(h5path))
-    Layout.open(h5path, verify=True)
+    Layout.open(h5path, scan=True)
 
 
 @pytest.mark.parametrize(("field", "value", "fragment"), BAD_VALUES, ids=IDS)
@@ -262,7 +262,7 @@ def opening_raises(path, exc_types):
     for fn in (
         lambda: Layout.open(path),
         lambda: rowstore.open(path),
-        lambda: Layout.open(path, verify=True),
+        lambda: Layout.open(path, scan=True),
     ):
         with pytest.raises(exc_types) as ei:
             fn()
@@ -407,7 +407,7 @@ for path in sys.argv[1:]:
             elif what == "open":
                 rowstore.open(path)
             elif what == "verify":
-                Layout.open(path, verify=True)
+                Layout.open(path, scan=True)
             else:
                 for verify in (True, False):
                     r = rowstore.open(path, verify=verify)
@@ -495,7 +495,7 @@ def test_flipped_bytes_in_data(rs, tmp_path, compression):
             f.write(bad)
         assert Layout.open(p).num_rows == 20  # the index is intact
         with pytest.raises(ChecksumError) as ei:
-            Layout.open(p, verify=True)
+            Layout.open(p, scan=True)
         assert "checksum" in str(ei.value).lower()
         with pytest.raises(ChecksumError):
             rowstore.open(p).take(np.arange(20))

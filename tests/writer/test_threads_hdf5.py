@@ -53,7 +53,7 @@ SCRIPT = textwrap.dedent(
         def reader(k):
             while not stop.is_set():
                 if k == 0:
-                    Layout.open(a, verify=True)
+                    Layout.open(a, scan=True)
                 else:
                     r = rowstore.open(a)
                     r.take([0, 7, 199])
@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
             p = os.path.join(d, f"W{k}.h5")
             write(p, 600, compression="lz4" if k % 2 else None)
             write(p, 300, mode="a")
-            assert Layout.open(p, verify=True).num_rows == 900
+            assert Layout.open(p, scan=True).num_rows == 900
 
         ts = [threading.Thread(target=guarded, args=(job, k)) for k in range(4)]
         for t in ts:

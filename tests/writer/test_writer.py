@@ -49,7 +49,7 @@ def assert_same_content(a, b):
 
 
 def check_layout(path, n, rpb=None):
-    lay = Layout.open(path, verify=True)
+    lay = Layout.open(path, scan=True)
     assert lay.num_rows == n
     if rpb is not None:
         assert lay.rows_per_block == rpb
@@ -610,7 +610,7 @@ def test_every_blosc2_codec_and_shuffle(rs, h5path, schema_all_kinds, cname, shu
         heap_chunk_bytes=128,
         compression=compression,
     )
-    lay = Layout.open(h5path, verify=True)
+    lay = Layout.open(h5path, scan=True)
     assert lay.compression == {"id": "blosc2", **compression}
     rs.assert_rows_equal(schema_all_kinds, rows, rs.read_rows(h5path))
     with h5py.File(h5path, "r") as f:  # HDF5's own Blosc2 filter agrees
@@ -679,7 +679,7 @@ def test_compression_threads_give_the_same_file_and_stop(tmp_path, fail):
                 threads=threads,
             ) as w:
                 w.write_batch(rows)
-            layouts.append(rs_.Layout.open(path, verify=True))
+            layouts.append(rs_.Layout.open(path, scan=True))
         assert not [t for t in threading.enumerate() if t.name.startswith("rowstore-compress")]
     if not fail:
         a, b = layouts
@@ -910,7 +910,7 @@ def test_incompressible_chunks_are_stored_memcpyd(h5path, cname):
     ) as w:
         for row in rows:
             w.write(row)
-    lay = Layout.open(h5path, verify=True)
+    lay = Layout.open(h5path, scan=True)
     assert lay.compression == {"id": "blosc2", **compression}
     a = lay.arrays()
     data = open(h5path, "rb").read()

@@ -27,7 +27,7 @@ import numpy as np
 from rowstore._check import nonneg_int, positive_int
 from rowstore.reader._stream import cut_batches, prefetched
 from rowstore.reader.buffers import SHAPE_KEY, Ragged, pad_ragged
-from rowstore.reader.epochs import EpochSpec, deprecated, part_spec
+from rowstore.reader.epochs import EpochSpec, part_spec
 from rowstore.reader.order import shard_bounds
 from rowstore.reader.plan import EpochPlan, default_unit
 
@@ -264,7 +264,6 @@ class EpochReads:
         varlen: str | None = None,
         start: int = 0,
         with_ids: bool = False,
-        shard: tuple[int, int] | None = None,
         **order: Any,
     ) -> Generator[dict[str, Any], None, None]:
         """Yield one epoch of batches (dicts of per-field arrays with ``batch_size`` rows).
@@ -284,7 +283,7 @@ class EpochReads:
             Fields to read (default: all).
         part : (index, count)
             A contiguous slice of the epoch order: the order cut into ``count`` parts whose
-            sizes differ by at most one row. ``shard=`` is its deprecated spelling.
+            sizes differ by at most one row.
         even : bool
             Every part exactly ``len // count`` rows (drops up to ``count - 1`` rows).
         num_threads : int
@@ -306,7 +305,7 @@ class EpochReads:
             Arrays owned by the caller (never overwritten by the reader).
         """
         where = f"{type(self).__name__}.batches"
-        spec, part = part_spec(where, spec, part, shard, order)
+        spec, part = part_spec(where, spec, part, order)
         args = (fields, with_ids, num_threads, prefetch, varlen, False)
         read = resolve(self, where, spec, batch_size, *args)
         start = nonneg_int("start", start)
@@ -326,7 +325,6 @@ class EpochReads:
         prefetch: int = 2,
         varlen: str | None = None,
         parts: bool = False,
-        consumer: tuple[int, int] | None = None,
         **order: Any,
     ) -> Generator[dict[str, Any], None, None]:
         """Yield consumer ``rank``'s batches of an epoch dealt to ``world`` consumers
@@ -356,14 +354,9 @@ class EpochReads:
             Yield the reads as they come (whole segments, in order, any number of rows each,
             variable shapes as ``Ragged``) for the caller to cut into ``batch_size``-row batches
             (the torch loader cuts tensors).
-        consumer : (c, C)
-            Deprecated spelling of ``shard=``.
 
         Other arguments as in :meth:`batches`.
         """
-        if consumer is not None:
-            deprecated(f"{type(self).__name__}.deal", "consumer=", "shard=")
-            order["shard"] = consumer
         if not isinstance(spec, EpochSpec) or order:
             spec = EpochSpec.make(spec, **order)
         args = (fields, with_ids, num_threads, prefetch, varlen, parts)

@@ -452,7 +452,7 @@ class Reader(EpochReads):
         even: bool = False,
         **order: Any,
     ) -> np.ndarray:
-        spec, (rank, world) = part_spec("Reader.epoch_order", None, part, None, order)
+        spec, (rank, world) = part_spec("Reader.epoch_order", None, part, order)
         window, pieces = self._order_defaults(spec.shuffle, spec.window, spec.pieces)
         eo = self._epoch_order(spec.shuffle, spec.seed, spec.epoch, window, pieces)
         return eo.ids(*_order.shard_bounds(eo.num_rows, rank, world, even))

@@ -60,7 +60,6 @@ __all__ = [
     "StreamState",
     "as_pair",
     "check_quality",
-    "deprecated",
     "loads_state",
     "no_decode",
     "part_spec",
@@ -100,13 +99,6 @@ def no_decode(where: str, spec: EpochSpec) -> None:
         raise ValueError(
             f"{where} does not apply decode= image ops; they are read by {DECODE_ENTRY_POINTS}"
         )
-
-
-def deprecated(where: str, old: str, new: str, stacklevel: int = 2) -> None:
-    """Warn that ``old`` (an argument of ``where``) is deprecated: write ``new`` instead."""
-    warnings.warn(
-        f"{where}: {old} is deprecated; write {new}", DeprecationWarning, stacklevel=stacklevel + 1
-    )
 
 
 def check_quality(quality: Any) -> Any:
@@ -786,32 +778,12 @@ class EpochSource(Protocol):
 
 
 def part_spec(
-    where: str,
-    spec: EpochSpec | None,
-    part: Any,
-    shard: Any,
-    order: dict[str, Any],
-    stacklevel: int = 3,
+    where: str, spec: EpochSpec | None, part: Any, order: dict[str, Any]
 ) -> tuple[EpochSpec, tuple[int, int]]:
     """The spec and ``(index, count)`` of an entry point that reads a contiguous ``part`` of
-    an epoch (``Reader.batches``, ``Mixture.batches``, ``rowstore.tf.make_dataset``).
-
-    ``shard=`` there is the deprecated spelling of ``part=`` (it was a contiguous slice, where
-    every other entry point deals ``shard``); a dealt ``shard`` or ``pad`` in the spec is a
-    ``ValueError`` pointing to ``deal``."""
-    name = "part"
-    if shard is not None:
-        if part is not None:
-            raise TypeError(f"{where}: pass part= only (shard= is its deprecated spelling)")
-        name = "shard"
-        deprecated(
-            where,
-            "shard=(i, n), a contiguous slice of the epoch,",
-            "part=(i, n) (shard= deals the epoch everywhere else: use deal(shard=...) for that)",
-            stacklevel=stacklevel,
-        )
-        part = shard
-    pair = as_pair(name, (0, 1) if part is None else part)
+    an epoch (``Reader.batches``, ``Mixture.batches``, ``rowstore.tf.make_dataset``): a dealt
+    ``shard`` or ``pad`` there is a ``ValueError`` pointing to ``deal``."""
+    pair = as_pair("part", (0, 1) if part is None else part)
     spec = EpochSpec.make(spec, **order)
     if spec.shard != (0, 1) or spec.pad:
         raise ValueError(

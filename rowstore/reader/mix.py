@@ -282,7 +282,7 @@ class Mixture(EpochReads):
     ) -> np.ndarray:
         """Each position's ``(source, row number within it)`` of :meth:`batches` with these
         arguments, as an ``(n, 2)`` int64 array."""
-        spec, (rank, world) = part_spec("Mixture.epoch_order", None, part, None, order)
+        spec, (rank, world) = part_spec("Mixture.epoch_order", None, part, order)
         spec = spec.resolve(self)
         lo, hi = _order.shard_bounds(self.epoch_rows, rank, world, even)
         mo, orders = self._order(spec.epoch), dict[Any, Any]()

@@ -199,7 +199,7 @@ def make_dataset(
     positive_int("num_parallel_reads", num_parallel_reads, optional=True)
     positive_int("num_threads", num_threads, optional=True)
     positive_int("num_epochs", num_epochs, optional=True)
-    spec, (rank, world) = part_spec("rowstore.tf.make_dataset", spec, part, None, order)
+    spec, (rank, world) = part_spec("rowstore.tf.make_dataset", spec, part, order)
     if rows is not None or predicate is not None:
         spec = spec.replace(keep=reader.keep_mask(rows, predicate))
     kept = len(reader) if spec.keep is None else int(np.count_nonzero(spec.keep))

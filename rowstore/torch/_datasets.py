@@ -128,7 +128,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         world size when it is initialized *when the dataset is created*, else (0, 1).
     drop_last : bool
         Equal steps on every (rank, worker) by leaving out the last partial batch and the
-        batches that do not divide evenly. ``even=True`` is its deprecated spelling.
+        batches that do not divide evenly.
     with_ids : bool
         Add ``"__id"``, each row's dataset row number.
     rows, predicate : optional

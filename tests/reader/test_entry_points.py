@@ -243,16 +243,14 @@ def test_old_spellings(path, rtf):
             r.num_batches(B, shard=(1, 3))
         with pytest.raises(TypeError, match="shard"):
             r.epoch_order(shard=(1, 3))
-    # batches(shard=) and deal(consumer=) still warn and keep their meaning, for a reader and a
-    # mixture alike (one batches and one deal serve both)
+    # batches(shard=) (a contiguous slice once) and deal(consumer=) are gone, for a reader and
+    # a mixture alike (one batches and one deal serve both): shard= is the dealt part
     with Reader(path) as r, rowstore.mix([path, path]) as m:
         for source in (r, m):
-            with pytest.warns(DeprecationWarning, match=r"write part=\(i, n\)"):
-                old = _ids(source.batches(B, shard=(1, 3), **kw))
-            assert old == _ids(source.batches(B, part=(1, 3), **kw))
-            with pytest.warns(DeprecationWarning, match="write shard="):
-                old = _ids(source.deal(B, consumer=(1, 3), **kw))
-            assert old == _ids(source.deal(B, shard=(1, 3), **kw))
+            with pytest.raises(ValueError, match=r"part=\(index, count\).*deal\(\)"):
+                next(iter(source.batches(B, shard=(1, 3), **kw)))
+            with pytest.raises(TypeError, match="consumer"):
+                next(iter(source.deal(B, consumer=(1, 3), **kw)))
     # the adapters' old spellings are gone (even=, shard= for a contiguous part)
     with pytest.raises(TypeError, match="even"):
         rst.BatchedDataLoader(path, batch_size=B, shard=(1, 3), even=True, seed=2)

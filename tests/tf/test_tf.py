@@ -507,7 +507,7 @@ def test_fixed_fields_batches_are_the_readers(data, drop_last, k):
     want = [
         b["id"].tolist()
         for p in parts
-        for b in r.batches(16, seed=3, shard=p, fields=names, drop_last=drop_last)
+        for b in r.batches(16, seed=3, part=p, fields=names, drop_last=drop_last)
     ]
     got = [el["id"].numpy().tolist() for el in els]
     if k == 1:

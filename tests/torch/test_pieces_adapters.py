@@ -34,9 +34,7 @@ def ids_path(tmp_path_factory) -> str:
 
 def _dealt(path, batch_size, consumer=(0, 1), **kw) -> list[list[int]]:
     with Reader(path) as r:
-        return [
-            b["id"].tolist() for b in r.deal(batch_size, consumer=consumer, fields=["id"], **kw)
-        ]
+        return [b["id"].tolist() for b in r.deal(batch_size, shard=consumer, fields=["id"], **kw)]
 
 
 def _old(state: dict) -> dict:

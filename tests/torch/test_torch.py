@@ -132,9 +132,9 @@ def test_iterable_workers_batches_and_rows(ids_path):
     # the union of worker parts is the epoch; each worker's part is its dealt part (consumer w of 2)
     r = rowstore.open(ids_path)
     assert _ids(batches[0::2]) == _ids(
-        r.deal(10, consumer=(0, 2), seed=3)
+        r.deal(10, shard=(0, 2), seed=3)
     )  # worker 0 (in-order round robin)
-    assert _ids(batches[1::2]) == _ids(r.deal(10, consumer=(1, 2), seed=3))
+    assert _ids(batches[1::2]) == _ids(r.deal(10, shard=(1, 2), seed=3))
     # rows, collated by rowstore.torch.collate
     rows_ds = rst.IterableDataset(ids_path, shuffle="full", seed=1)
     batches = list(
@@ -161,10 +161,10 @@ def test_iterable_matches_reader_order_and_set_epoch(ids_path):
     r = rowstore.open(ids_path)
     ds = rst.IterableDataset(ids_path, batch_size=32, seed=5, shard=(1, 3))
     e0 = _ids(ds)
-    assert e0 == _ids(r.deal(32, consumer=(1, 3), seed=5))
+    assert e0 == _ids(r.deal(32, shard=(1, 3), seed=5))
     ds.set_epoch(1)
     e1 = _ids(ds)
-    assert e1 == _ids(r.deal(32, consumer=(1, 3), seed=5, epoch=1)) and e1 != e0
+    assert e1 == _ids(r.deal(32, shard=(1, 3), seed=5, epoch=1)) and e1 != e0
     ds.set_epoch(0)
     assert _ids(ds) == e0
     rows = list(rst.IterableDataset(ids_path, shuffle="none"))
@@ -255,7 +255,7 @@ def test_batched_matches_reader_and_resumes(ids_path, shuffle):
     dl = rst.BatchedDataLoader(ids_path, **kw)
     dl.set_epoch(2)
     # rank 1 of 2 gets its dealt part of the epoch's global batches (rowstore.reader.plan)
-    expect = _ids(r.deal(16, consumer=(1, 2), shuffle=shuffle, seed=11, epoch=2, window=3))
+    expect = _ids(r.deal(16, shard=(1, 2), shuffle=shuffle, seed=11, epoch=2, window=3))
     assert len(dl) == -(-len(expect) // 16)
     it = iter(dl)
     head = [next(it) for _ in range(3)]

@@ -87,6 +87,7 @@ _LAZY = {
     "from_huggingface": "rowstore.huggingface",
     "to_huggingface": "rowstore.huggingface",
     "from_images": "rowstore.images",
+    "mix": "rowstore.reader.mix",
     "make_reader": "rowstore.reader.make_reader",
     "make_batch_reader": "rowstore.reader.make_reader",
     "TransformSpec": "rowstore.reader.transform",
@@ -161,8 +162,3 @@ def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zar
 
 
 # -- weighted mixtures (rowstore.reader.mix) --------------------------------------------------
-def mix(sources, **kwargs):
-    """A weighted mixture of datasets read as one stream; see :func:`rowstore.reader.mix.mix`."""
-    from rowstore.reader.mix import mix as _mix
-
-    return _mix(sources, **kwargs)

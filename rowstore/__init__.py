@@ -159,6 +159,3 @@ def open(path, **kwargs):  # noqa: A001 - the natural name, like h5py.File / zar
     from rowstore.reader import Reader
 
     return Reader(path, **kwargs)
-
-
-# -- weighted mixtures (rowstore.reader.mix) --------------------------------------------------

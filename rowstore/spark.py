@@ -609,16 +609,22 @@ class SparkDatasetConverter:
         *,
         shuffle: str = "block",
         seed: int = 0,
-        shard: tuple[int, int] | None = None,
         cur_shard: int | None = None,
         shard_count: int | None = None,
         **dataset_kwargs: Any,
     ) -> Iterator[Any]:
         """``with converter.make_tf_dataset(batch_size=...) as ds:`` a ``tf.data.Dataset``
-        (:func:`rowstore.tf.make_dataset`) of ``num_epochs`` epochs (None: repeated without end)."""
+        (:func:`rowstore.tf.make_dataset`) of ``num_epochs`` epochs (None: repeated without end).
+
+        It reads a contiguous part of each epoch: Petastorm's ``cur_shard``/``shard_count``
+        (or ``part=(index, count)``); a dealt ``shard=`` is refused there, as by
+        :func:`rowstore.tf.make_dataset` (:class:`rowstore.tf.Loader` deals)."""
         from rowstore.tf import make_dataset
 
-        shard = _shard(shard, cur_shard, shard_count)
+        if cur_shard is not None or shard_count is not None:
+            if cur_shard is None or shard_count is None or "part" in dataset_kwargs:
+                raise ValueError("pass part=(index, count), or both cur_shard and shard_count")
+            dataset_kwargs["part"] = (cur_shard, shard_count)
         if shuffle is True:
             shuffle = "block"
         elif shuffle is False:
@@ -629,7 +635,6 @@ class SparkDatasetConverter:
             num_epochs=num_epochs,
             shuffle=shuffle,
             seed=seed,
-            part=shard,
             **dataset_kwargs,
         )
 

@@ -773,21 +773,30 @@ def layout_fingerprint(layout: DatasetLayout) -> str:
     return h.hexdigest()
 
 
-def as_reader(path_or_reader: Any) -> tuple[Reader, bool]:
-    """``(reader, owned)``: ``path_or_reader`` itself if it is a :class:`Reader` (``owned`` is
-    False), else a new ``Reader`` of that path (``str``, ``bytes`` or ``os.PathLike``: a file or
-    a dataset directory; or a list or tuple of them, read as one; ``owned`` is True: the caller
-    may close it). For the adapters, which take either."""
+def as_reader(path_or_reader: Any, storage_options: Any = None) -> tuple[Reader, bool]:
+    """``(reader, owned)``: ``path_or_reader`` itself if it is a :class:`Reader` or another
+    epoch source (a :class:`~rowstore.reader.mix.Mixture`; ``owned`` is False), else a new
+    ``Reader`` of that path or URL, opened as :func:`rowstore.open` opens it with
+    ``storage_options`` (refused there for a local path); a file or a dataset directory, or a
+    list or tuple of them read as one (``owned`` is True: the caller may close it). For the
+    entry points that take either. ``storage_options`` with an open source is a
+    ``ValueError``: it was opened with its own."""
     if isinstance(path_or_reader, (Reader, EpochSource)):
         # A Reader, or another epoch source (a rowstore.mix Mixture), which offers the adapters
         # what they use of a Reader.
+        if storage_options is not None:
+            raise ValueError(
+                f"storage_options apply to a path or URL; a {type(path_or_reader).__name__} is "
+                "open already (pass them to rowstore.open)"
+            )
         return cast(Reader, path_or_reader), False
+    opts = None if storage_options is None else dict(storage_options)
     if isinstance(path_or_reader, (str, bytes, os.PathLike)):
-        return Reader(path_or_reader), True
+        return Reader(path_or_reader, storage_options=opts), True
     if (
         isinstance(path_or_reader, (list, tuple))
         and path_or_reader
         and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_reader)
     ):
-        return Reader(list(path_or_reader)), True
+        return Reader(list(path_or_reader), storage_options=opts), True
     raise TypeError(f"expected a path or a rowstore Reader, got {type(path_or_reader).__name__}")

@@ -45,18 +45,9 @@ __all__ = ["make_reader", "make_batch_reader", "PetastormStyleReader", "take_row
 
 
 def open_source(path_or_reader: Any, storage_options: Any = None) -> tuple[Any, bool]:
-    """``(source, owned)`` for an entry point that takes a path or an open source: a path, URL
-    or list of them opened as :func:`rowstore.open` opens it, ``storage_options`` included
-    (refused there for a local path), or an open Reader or Mixture, for which
-    ``storage_options`` is a ``ValueError`` (it was opened with its own)."""
-    if storage_options is None:
-        return as_reader(path_or_reader)
-    if isinstance(path_or_reader, (str, bytes, os.PathLike, list, tuple)):
-        return Reader(path_or_reader, storage_options=dict(storage_options)), True
-    raise ValueError(
-        f"storage_options apply to a path or URL; a {type(path_or_reader).__name__} is open "
-        f"already (pass them to rowstore.open)"
-    )
+    """``(source, owned)`` for an entry point that takes a path or an open source:
+    :func:`~rowstore.reader.dataset.as_reader`."""
+    return as_reader(path_or_reader, storage_options)
 
 
 def take_rows(batch: dict, keep: np.ndarray) -> dict:

@@ -466,6 +466,7 @@ def mix(
     replacement: bool = False,
     epoch_rows: int | None = None,
     with_source: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Mixture:
     """A weighted :class:`Mixture` of datasets: ``rowstore.mix({"a": 0.7, "b": 0.3}, seed=0)``.
 
@@ -487,6 +488,9 @@ def mix(
         With replacement: rows per epoch (default: all sources' rows).
     with_source : bool
         Add ``"__source"`` to batches (the source's index).
+    storage_options : mapping, optional
+        fsspec options for the sources given as URLs (as :func:`rowstore.open`'s; refused for
+        local paths and for sources already open).
     """
     settings: dict[str, Any] = {
         "seed": seed,
@@ -510,7 +514,7 @@ def mix(
         pairs = _pairs(sources)
     readers, owned, paths = [], [], []
     for src, _ in pairs:
-        r, own = as_reader(src)
+        r, own = as_reader(src, storage_options)
         readers.append(r)
         owned.append(own)
         paths.append(r.path)

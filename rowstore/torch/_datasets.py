@@ -57,6 +57,8 @@ class Dataset(_tud.Dataset, _OwnsReader):
     varlen : {"padded", "nested", "list"} or dict
         Collation of variable-shape fields, one mode for all or a dict per field (unlisted
         fields: ``"padded"``).
+    storage_options : mapping, optional
+        fsspec options for a URL, as :func:`rowstore.open`'s.
 
     Notes
     -----
@@ -77,8 +79,9 @@ class Dataset(_tud.Dataset, _OwnsReader):
         transform: Any = None,
         batch_transform: Any = None,
         varlen: str | Mapping[str, str] = "padded",
+        storage_options: Mapping[str, Any] | None = None,
     ):
-        self._open_reader(path_or_reader)
+        self._open_reader(path_or_reader, storage_options)
         self._fields = None if fields is None else list(fields)
         self.input_schema, (self._row_tf, self._batch_tf), self.output_schema = _schemas(
             self.reader, fields, [_as_spec(transform), _as_spec(batch_transform)]

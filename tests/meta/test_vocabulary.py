@@ -548,12 +548,6 @@ UNMET: dict[tuple[str, str], str] = {
     ("epoch", "tf.Loader"): _EPOCH_KW,
     ("signature", "grain.EpochDataset"): _EPOCH_KW,
     ("epoch", "grain.EpochDataset"): _EPOCH_KW,
-    ("signature", "rowstore.mix"): "takes paths, no storage_options (TypeError)",
-    ("signature", "torch.Dataset"): "takes a path, no storage_options (TypeError)",
-    ("path", "rowstore.mix"): "takes paths, no storage_options (TypeError)",
-    ("path", "torch.Dataset"): "takes a path, no storage_options (TypeError)",
-    ("url", "rowstore.mix"): "takes paths, no storage_options (TypeError)",
-    ("url", "torch.Dataset"): "takes a path, no storage_options (TypeError)",
     ("invalid", "torch.BatchedDataLoader-num_threads=0"): _LATE,
     ("invalid", "torch.BatchedDataLoader(cache='memory')-num_threads=0"): _LATE,
     ("invalid", "petastorm.DataLoader-num_threads=0"): _LATE,
@@ -567,7 +561,6 @@ UNMET: dict[tuple[str, str], str] = {
     ("invalid", "spark converter.make_torch_dataloader-part=(0, 0)"): _CUR_SHARD,
     ("invalid", "spark converter.make_torch_dataloader-part=(3, 2)"): _CUR_SHARD,
     ("part", "spark converter.make_torch_dataloader"): _CUR_SHARD,
-    ("shard refused", "spark converter.make_tf_dataset"): "shard= reads the contiguous part",
 }
 
 

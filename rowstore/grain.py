@@ -47,6 +47,7 @@ from rowstore.reader.epochs import (
     loads_state,
     no_decode,
 )
+from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import ID_KEY, EpochPlan
 
@@ -190,6 +191,7 @@ class BatchSource:
             )
         self.spec = spec.replace(keep=self.reader.keep_mask(rows, predicate))
         self.fields = None if fields is None else list(fields)
+        self.reader.schema.select(self.fields)  # a field the file lacks: SchemaError now
         self.with_ids = bool(with_ids)
         if varlen not in ("padded", "ragged"):
             raise ValueError(f"varlen must be 'padded' or 'ragged', got {varlen!r}")
@@ -244,13 +246,14 @@ class EpochDataset(grain.IterDataset):
 
     Each epoch's global batches (``batch_size`` rows each, the per-process batch) are dealt to
     the ``shard=(rank, world)`` processes as ``Reader.deal`` deals them
-    (:mod:`rowstore.reader.plan`); epochs ``0 .. num_epochs - 1`` follow one another (the
-    order of epoch ``e`` is that of ``epoch=e``). Batches are dicts of numpy arrays, read and
-    decoded by the reader's threads (the GIL released), ``prefetch`` segments ahead, so Grain's
+    (:mod:`rowstore.reader.plan`); epochs ``epoch .. epoch + num_epochs - 1`` follow one
+    another (``epoch=``, 0 by default; the order of epoch ``e`` is that of
+    ``Reader.deal(epoch=e)``). Batches are dicts of numpy arrays, read and decoded by the
+    reader's threads (the GIL released), ``prefetch`` segments ahead, so Grain's
     ``mp_prefetch`` is not needed; Grain transformations (``map``, ``filter``, thread
     prefetch...) may follow and keep the state.
 
-    ``iter(ds)`` is an :class:`EpochIterator` at the start of epoch 0; its
+    ``iter(ds)`` is an :class:`EpochIterator` at the start of epoch ``epoch``; its
     ``get_state()``/``set_state()`` save and restore where it stands (see there), with
     Grain's :class:`grain.checkpoint.CheckpointHandler` (Orbax) or :class:`CheckpointHandler`.
 
@@ -265,10 +268,11 @@ class EpochDataset(grain.IterDataset):
         Epochs of the pipeline (None: endless).
     **order
         The order arguments of a dealt epoch (``docs/order.md``): ``shuffle``, ``seed``,
-        ``window``, ``pieces``, ``shard`` (default: :func:`process_shard`), ``drop_last`` /
-        ``pad`` (equal steps on every process, which ``jax.make_array_from_process_local_data``
-        and collectives need: pass one of them with more than one process), ``unit``. All but
-        ``shard`` and ``unit`` are part of the order a state is checked against.
+        ``epoch`` (the first epoch read), ``window``, ``pieces``, ``shard`` (default:
+        :func:`process_shard`), ``drop_last`` / ``pad`` (equal steps on every process, which
+        ``jax.make_array_from_process_local_data`` and collectives need: pass one of them with
+        more than one process), ``unit``. All but ``shard``, ``unit`` and ``epoch`` are part of
+        the order a state is checked against; a state's epoch wins over ``epoch``.
     with_ids : bool
         Add ``"__id"`` (int64), each row's dataset row number.
     rows, predicate : optional
@@ -316,6 +320,8 @@ class EpochDataset(grain.IterDataset):
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
         self.with_ids = bool(with_ids)
         self.fields = None if fields is None else list(fields)
+        # the fields and decode ops refused now, as the Reader refuses them (SchemaError)
+        decoded_schema(self.reader.schema.select(self.fields), self.spec.decode)
         if varlen not in ("padded", "ragged"):
             raise ValueError(f"varlen must be 'padded' or 'ragged', got {varlen!r}")
         self.varlen = varlen
@@ -377,9 +383,10 @@ class EpochIterator(OnStream, grain.DatasetIterator):
         self._assert_not_closed()
         stream, ds = self.stream, self._ds
         if self._it is None:
-            if ds.num_epochs is not None and stream.epoch >= ds.num_epochs:
+            stop = None if ds.num_epochs is None else ds.spec.epoch + ds.num_epochs
+            if stop is not None and stream.epoch >= stop:
                 raise StopIteration
-            stream.num_epochs = None if ds.num_epochs is None else ds.num_epochs - stream.epoch
+            stream.num_epochs = None if stop is None else stop - stream.epoch
             self._it = stream.batches(
                 fields=ds.fields,
                 with_ids=ds.with_ids,

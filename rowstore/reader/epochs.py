@@ -456,6 +456,9 @@ class EpochStream:
 
     Attributes
     ----------
+    first : int
+        The first epoch read (the spec's ``epoch``, 0 by default): :meth:`set_epoch` counts
+        from it.
     epoch, steps : int
         The epoch in progress and this rank's steps (batches) handed out in it; the loader
         sets them as it hands batches out (:meth:`batches` yields them beside each batch).
@@ -475,7 +478,8 @@ class EpochStream:
         self.spec = spec.replace(unit=spec.unit_for(source, self.batch_size))
         self.num_epochs = positive_int("num_epochs", num_epochs, optional=True)
         self.quality = check_quality(quality)
-        self.epoch = 0
+        self.first = int(self.spec.epoch)  # the first epoch read: the spec's (``epoch=``)
+        self.epoch = self.first
         self.steps = 0
         # (epoch, its global batches not yet delivered when dealt, lanes): what a loaded state
         # says of its epoch; the other epochs are whole, handed out in the reader's own lanes.
@@ -546,9 +550,10 @@ class EpochStream:
         return first + (self.num_epochs - 1) * self.epoch_steps(epoch + 1, own)
 
     def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch`` from its start at the next run; right after :meth:`load_state_dict`,
-        the loaded epoch keeps the loaded position."""
-        epoch = nonneg_int("epoch", epoch)
+        """Read the loader's epoch ``epoch`` from its start at the next run: counted from the
+        first (:attr:`first`, the spec's ``epoch``), the order of epoch ``first + epoch``.
+        Right after :meth:`load_state_dict`, the loaded epoch keeps the loaded position."""
+        epoch = self.first + nonneg_int("epoch", epoch)
         if self._pending and epoch == self.epoch:
             return
         self.seek(epoch)

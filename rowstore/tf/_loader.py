@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from rowstore._check import positive_int
+from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import StateError
 from rowstore.reader._args import varlen_modes
 from rowstore.reader.epochs import (
@@ -109,7 +109,7 @@ class Loader(tf.Module):
         self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self._schema = decoded_schema(self.reader.schema.select(fields), self.spec.decode)
         self._modes = varlen_modes(varlen, self._schema, modes=VARLEN_MODES, default="ragged")
-        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self._epoch = tf.Variable(self.stream.epoch, dtype=tf.int64, trainable=False, name="epoch")
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self._base_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="base_epoch")
         # JSON {"version", "order": what the order depends on, "remaining": the resumed epoch's
@@ -242,7 +242,7 @@ class Loader(tf.Module):
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""
-        self._epoch.assign(int(epoch))
+        self._epoch.assign(self.stream.first + nonneg_int("epoch", epoch))
         self._steps.assign(0)
         self._base_epoch.assign(-1)
 

@@ -195,7 +195,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     ):
         self._open_reader(path_or_reader, storage_options)
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
-        self.num_threads = num_threads
+        self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self.prefetch = prefetch
         self.num_workers = None if num_workers is None else nonneg_int("num_workers", num_workers)
         self._init_order(
@@ -275,7 +275,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         """Use epoch ``epoch``'s order from the next iteration on (call before ``iter(loader)``).
         Right after :meth:`load_state_dict`, the loaded epoch keeps the loaded position."""
         self._sync()
-        if nonneg_int("epoch", epoch) != self.stream.epoch:
+        if self.stream.first + nonneg_int("epoch", epoch) != self.stream.epoch:
             self._worker_state = None
         self.stream.set_epoch(epoch)
         self._publish()

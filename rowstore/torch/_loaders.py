@@ -171,7 +171,7 @@ class BatchedDataLoader(OnStream, _EpochReader, _OwnsReader):
             prefetch=prefetch,
             decode=self.spec.decode,
         )
-        self.num_threads = num_threads
+        self.num_threads = positive_int("num_threads", num_threads, optional=True)
         self.cache = cache
         source: Any = self.reader
         if cache == "memory":

@@ -268,3 +268,49 @@ def test_predicate_is_taken_by_every_loader(path):
     for name, read in _path_entry_points(rtf, rg).items():
         got = read(path, predicate=keep, **ORDER)
         assert sorted(sum(got, [])) == list(range(0, N, 3)), name
+
+
+def test_epoch_is_the_first_epoch_read_and_set_epoch_counts_from_it(path):
+    """``epoch=`` is the first epoch a loader reads (``Reader.deal(epoch=)``'s rows), the next
+    iteration reads the next epoch, ``set_epoch(k)`` reads epoch ``epoch + k``, and a loaded
+    state's epoch wins over the constructor's."""
+    rtf = pytest.importorskip("rowstore.tf")
+    rg = pytest.importorskip("rowstore.grain")
+    with rowstore.open(path) as r:
+        want = {e: _ids(r.deal(B, epoch=e, **ORDER)) for e in (2, 3, 4, 5)}
+    dl = rst.BatchedDataLoader(path, batch_size=B, epoch=2, **ORDER)
+    try:
+        assert _ids(dl) == want[2]
+        assert _ids(dl) == want[3]
+        dl.set_epoch(2)
+        assert _ids(dl) == want[4]
+        state = dl.state_dict()  # epoch 5, none delivered
+    finally:
+        dl.close()
+    for make in (
+        lambda: rst.BatchedDataLoader(path, batch_size=B, epoch=2, **ORDER),
+        lambda: rst.ResumableDataLoader(
+            rst.IterableDataset(path, batch_size=B, epoch=2, **ORDER), batch_size=None
+        ),
+    ):
+        dl = make()
+        try:
+            assert _ids(dl) == want[2]
+            dl.load_state_dict(state)
+            assert _ids(dl) == want[5]
+        finally:
+            (dl.dataset if hasattr(dl, "dataset") else dl).close()
+    ld = rtf.Loader(path, batch_size=B, epoch=2, **ORDER)
+    try:
+        assert _ids(ld.dataset()) == want[2]
+        ld.set_epoch(1)
+        assert _ids(ld.dataset()) == want[3]
+        with pytest.raises(ValueError, match="epoch"):
+            ld.set_epoch(-1)
+    finally:
+        ld.reader.close()
+    ds = rg.EpochDataset(path, batch_size=B, shard=(0, 1), epoch=2, num_epochs=2, **ORDER)
+    try:
+        assert _ids(iter(ds)) == want[2] + want[3]
+    finally:
+        ds.reader.close()

@@ -457,8 +457,8 @@ class EpochStream:
     Attributes
     ----------
     first : int
-        The first epoch read (the spec's ``epoch``, 0 by default): :meth:`set_epoch` counts
-        from it.
+        The first epoch read (the spec's ``epoch``, 0 by default), until :meth:`set_epoch` or a
+        loaded state says another.
     epoch, steps : int
         The epoch in progress and this rank's steps (batches) handed out in it; the loader
         sets them as it hands batches out (:meth:`batches` yields them beside each batch).
@@ -550,10 +550,10 @@ class EpochStream:
         return first + (self.num_epochs - 1) * self.epoch_steps(epoch + 1, own)
 
     def set_epoch(self, epoch: int) -> None:
-        """Read the loader's epoch ``epoch`` from its start at the next run: counted from the
-        first (:attr:`first`, the spec's ``epoch``), the order of epoch ``first + epoch``.
-        Right after :meth:`load_state_dict`, the loaded epoch keeps the loaded position."""
-        epoch = self.first + nonneg_int("epoch", epoch)
+        """Read ``epoch`` (the order of that epoch, as ``epoch=`` everywhere) from its start at
+        the next run; right after :meth:`load_state_dict`, the loaded epoch keeps the loaded
+        position."""
+        epoch = nonneg_int("epoch", epoch)
         if self._pending and epoch == self.epoch:
             return
         self.seek(epoch)

@@ -242,7 +242,7 @@ class Loader(tf.Module):
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning at the next :meth:`dataset`."""
-        self._epoch.assign(self.stream.first + nonneg_int("epoch", epoch))
+        self._epoch.assign(nonneg_int("epoch", epoch))
         self._steps.assign(0)
         self._base_epoch.assign(-1)
 

@@ -275,7 +275,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         """Use epoch ``epoch``'s order from the next iteration on (call before ``iter(loader)``).
         Right after :meth:`load_state_dict`, the loaded epoch keeps the loaded position."""
         self._sync()
-        if self.stream.first + nonneg_int("epoch", epoch) != self.stream.epoch:
+        if nonneg_int("epoch", epoch) != self.stream.epoch:
             self._worker_state = None
         self.stream.set_epoch(epoch)
         self._publish()

@@ -159,7 +159,7 @@ class ResumableDataLoader(_tud.DataLoader):
 
     def __iter__(self):
         if self._done:
-            self._source.set_epoch(self.epoch + 1 - self._stream().first)
+            self._source.set_epoch(self.epoch + 1)
             self._steps, self._done = 0, False
         elif self._steps:  # an iteration was left: continue from where it stopped
             self.load_state_dict(self.state_dict())

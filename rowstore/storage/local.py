@@ -161,20 +161,22 @@ def pin_identities(paths: Sequence[str], file_ids: Sequence[tuple]) -> tuple[tup
     return tuple(out)
 
 
-def _on_descriptors(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """A store method that calls ``kernel`` on the descriptors of its first argument's shards
-    (item i of shard ``shards[i]``; None: all of shard 0), the rest passed as they are: each
-    read of a :class:`LocalStore` has its kernel's signature, with shards for descriptors."""
+def _on_descriptors(name: str) -> Callable[..., Any]:
+    """A store method that calls the kernel ``kernels.<name>`` on the descriptors of its first
+    argument's shards (item i of shard ``shards[i]``; None: all of shard 0), the rest passed as
+    they are: each read of a :class:`LocalStore` has its kernel's signature, with shards for
+    descriptors. The kernel is looked up at each call, as every other caller of ``kernels``
+    does (a test or the fuzzing harness may wrap it)."""
 
     def read(self: LocalStore, shards: np.ndarray | None, *args: Any, **kw: Any) -> Any:
         fd, held = self._per_item(shards)  # (no context manager: per request, on the hot path)
         try:
-            return kernel(fd, *args, **kw)
+            return getattr(kernels, name)(fd, *args, **kw)
         finally:
             self._release(held)
 
-    read.__name__ = read.__qualname__ = kernel.__name__
-    read.__doc__ = f"kernels.{kernel.__name__} with ``shards`` for its descriptors."
+    read.__name__ = read.__qualname__ = name
+    read.__doc__ = f"kernels.{name} with ``shards`` for its descriptors."
     return read
 
 
@@ -416,11 +418,11 @@ class LocalStore:
         """``segments`` as they are: local reads need no prefetch schedule."""
         return segments
 
-    load_chunks = _on_descriptors(kernels.load_chunks)
+    load_chunks = _on_descriptors("load_chunks")
     # DirectReads
-    read_rows = _on_descriptors(kernels.pread_rows)
-    read_rows_into = _on_descriptors(kernels.preadv_rows)
-    check_pages = _on_descriptors(kernels.check_ranges)
-    memcpyed_starts = _on_descriptors(kernels.memcpyed_starts)
-    read_pages = _on_descriptors(kernels.pread_pages)
-    read_payloads = _on_descriptors(kernels.pread_heap)
+    read_rows = _on_descriptors("pread_rows")
+    read_rows_into = _on_descriptors("preadv_rows")
+    check_pages = _on_descriptors("check_ranges")
+    memcpyed_starts = _on_descriptors("memcpyed_starts")
+    read_pages = _on_descriptors("pread_pages")
+    read_payloads = _on_descriptors("pread_heap")

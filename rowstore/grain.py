@@ -37,19 +37,17 @@ from rowstore._check import positive_int
 from rowstore.errors import StateError
 from rowstore.reader.buffers import NULL_KEY, Ragged
 from rowstore.reader.epochs import (
-    MAX_STATE_BYTES,
-    STATE_KIND,
     EpochSpec,
     EpochStream,
     OnStream,
     as_pair,
     check_quality,
-    loads_state,
     no_decode,
 )
 from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import ID_KEY, EpochPlan
+from rowstore.reader.state import MAX_STATE_BYTES, STATE_KIND, loads_state
 
 __all__ = [
     "BatchSource",
@@ -353,7 +351,7 @@ class EpochIterator(OnStream, grain.DatasetIterator):
     """The iterator of an :class:`EpochDataset`: its batches in order, and where it stands.
 
     ``get_state()`` is rowstore's epoch state once every process took as many steps as this
-    one (:class:`rowstore.reader.epochs.StreamState`: the epoch, the dataset's fingerprint
+    one (:class:`rowstore.reader.state.StreamState`: the epoch, the dataset's fingerprint
     and what the order depends on, and the epoch's global batches not yet delivered; plain
     JSON values). It is the same on every process, and ``set_state()`` on an iterator of an
     ``EpochDataset`` with *another* ``shard`` world (the same order arguments and
@@ -440,9 +438,9 @@ class CheckpointHandler(_GrainHandler):
     pass their parent's state on), it reads the files of the saving run, checks that they hold
     one state (every process had taken the same steps) and loads it: the iterator then deals
     exactly the batches not yet delivered to the new process count. An iterator's files are
-    read here, not by Grain: at most :data:`~rowstore.reader.epochs.MAX_STATE_BYTES` each and
-    nested at most :data:`~rowstore.reader.epochs.MAX_STATE_DEPTH` levels deep
-    (:func:`~rowstore.reader.epochs.loads_state`), so a hostile file is a
+    read here, not by Grain: at most :data:`~rowstore.reader.state.MAX_STATE_BYTES` each and
+    nested at most :data:`~rowstore.reader.state.MAX_STATE_DEPTH` levels deep
+    (:func:`~rowstore.reader.state.loads_state`), so a hostile file is a
     :class:`~rowstore.errors.StateError`, not a ``RecursionError`` or an unbounded read.
     """
 
@@ -480,7 +478,7 @@ class CheckpointHandler(_GrainHandler):
 
 def _read_state(path: Any) -> Any:
     """A process's saved iterator state: at most ``MAX_STATE_BYTES`` of JSON, parsed with
-    bounded nesting (:func:`~rowstore.reader.epochs.loads_state`)."""
+    bounded nesting (:func:`~rowstore.reader.state.loads_state`)."""
     with path.open("rb") as f:
         data = f.read(MAX_STATE_BYTES + 1)
     return loads_state(data, str(path))

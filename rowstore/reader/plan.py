@@ -19,7 +19,7 @@ it. The plan deals it to ``C`` consumers (DDP ranks x DataLoader workers):
 
 **Resume**: the plan's state is the set of global batches not yet delivered (``remaining``,
 intervals of batch numbers), plus what the order depends on (the state itself is
-:class:`rowstore.reader.epochs.StreamState`). After every consumer took its
+:class:`rowstore.reader.state.StreamState`). After every consumer took its
 steps, :meth:`EpochPlan.after` gives the new remaining set. It depends on nothing but the
 steps taken, so when all consumers took the same number of steps every consumer computes the
 same state, and a plan for *another* world (or unit) deals exactly the batches not yet

@@ -13,18 +13,11 @@ import tensorflow as tf
 from rowstore._check import nonneg_int, positive_int
 from rowstore.errors import StateError
 from rowstore.reader._args import varlen_modes
-from rowstore.reader.epochs import (
-    MAX_EPOCH,
-    STATE_KIND,
-    STATE_VERSION,
-    EpochSpec,
-    EpochStream,
-    StreamState,
-    loads_state,
-)
+from rowstore.reader.epochs import EpochSpec, EpochStream
 from rowstore.reader.image_ops import decoded_schema
 from rowstore.reader.make_reader import open_source
 from rowstore.reader.plan import EXTRA_KEYS, ID_KEY, PAD_KEY, SOURCE_KEY
+from rowstore.reader.state import MAX_EPOCH, STATE_KIND, STATE_VERSION, StreamState, loads_state
 from rowstore.tf._dataset import _Source
 from rowstore.tf._signature import VARLEN_MODES, _BatchConverter, _pad_fn, output_signature
 

@@ -319,7 +319,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         """Where this process's iteration stands (inside a DataLoader worker: that worker's
         progress, for ``StatefulDataLoader``; resumes the same worker). Before any iteration,
         the state of the epoch to read. Plain JSON values
-        (:class:`~rowstore.reader.epochs.StreamState`)."""
+        (:class:`~rowstore.reader.state.StreamState`)."""
         p, st = self._progress, self.stream
         if p is None and self._worker_state is not None:  # a worker state loaded, not yet read
             (wid, _), row = self._worker_state

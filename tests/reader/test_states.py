@@ -1,4 +1,4 @@
-"""Resume states: one codec (:class:`rowstore.reader.epochs.StreamState`) for every loader's
+"""Resume states: one codec (:class:`rowstore.reader.state.StreamState`) for every loader's
 state. A state names its dataset (``Reader.fingerprint``) and is refused on another dataset
 with the same rows and version; every field is checked by type and range, refused with
 ``StateError`` naming it; a state read as JSON text is bounded in size and nesting."""
@@ -15,8 +15,9 @@ import pytest
 import rowstore
 from rowstore import Field, Schema
 from rowstore.errors import RowstoreError, StateError
-from rowstore.reader import epochs
-from rowstore.reader.epochs import EpochSpec, StreamState, loads_state
+from rowstore.reader import state as state_codec
+from rowstore.reader.epochs import EpochSpec
+from rowstore.reader.state import StreamState, loads_state
 
 N = 96
 B = 8  # rows per batch: 12 global batches
@@ -196,7 +197,7 @@ def test_json_text_is_bounded(monkeypatch):
     for bad in (b"\xff\xfe{}", "{'a': 1}", "", '"' + '\\"' * 10_000):
         with pytest.raises(StateError):
             loads_state(bad)
-    monkeypatch.setattr(epochs, "MAX_STATE_BYTES", 64)
+    monkeypatch.setattr(state_codec, "MAX_STATE_BYTES", 64)
     with pytest.raises(StateError, match="bytes"):
         loads_state(json.dumps({"remaining": [[i, i + 1] for i in range(0, 40, 2)]}))
 

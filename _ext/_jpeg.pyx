@@ -37,6 +37,8 @@ cdef extern from "_jpeg_impl.h" nogil:
     int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, int c,
                         int64_t max_work, uint8_t* out)
     void rj_scratch_free(rj_scratch* s)
+    int rj_set_simd(int enabled)
+    int rj_use_simd()
 
 #: status codes, one per image (0: decoded, or null and zeroed)
 JPEG_OK = 0
@@ -56,6 +58,15 @@ INFO = 8
 cdef int _INFO = 8
 
 cdef uint64_t _GOLDEN = 0xD1B54A32D192ED03ULL
+
+
+def jpeg_simd(enabled=None):
+    """Whether ``jpeg_decode_batch``'s resize uses its AVX2 code (where the CPU has it);
+    ``enabled`` False forces the plain C code, True restores the choice by the CPU. Both
+    compute the same integers."""
+    if enabled is not None:
+        return bool(rj_set_simd(1 if enabled else 0))
+    return bool(rj_use_simd())
 
 
 def jpeg_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offsets not None,

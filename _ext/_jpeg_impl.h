@@ -58,6 +58,8 @@ typedef struct {
     int* bx;
     int* by;
     size_t kcap, kycap;
+    int32_t* ke; /* the horizontal weights, expanded for AVX2 */
+    size_t ke_cap;
 } rj_scratch;
 
 typedef struct {
@@ -277,58 +279,78 @@ static inline uint8_t rj_clip32(int32_t v) {
     return v < 0 ? 0 : (v > 255 ? 255 : (uint8_t)v);
 }
 
-/* Resize the box [bx0, bx1) x [by0, by1) of src (sh rows of sw pixels, c channels) to
- * out (oh x ow x c), mirrored left-right with flip: a vertical pass over the columns the
- * horizontal pass reads (tap by tap over whole rows, which vectorises), then the horizontal
- * pass over the output's rows only. (PIL filters horizontally first; the intermediate
- * rounding differs by at most a level.) An axis whose box is the output's size at a
- * whole-pixel offset is copied, not filtered (its weights would be one tap of 1).
- * RJ_OK or RJ_NOMEM. */
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define RJ_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define RJ_CLONES
-#endif
-RJ_CLONES
-static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, double by1,
-                     double bx0, double bx1, uint8_t* out, int oh, int ow, int flip,
-                     rj_scratch* s) {
-    int kx = rj_coeffs(bx0, bx1, sw, ow, &s->bx, &s->kx, &s->kcap);
-    int ky, c0, c1, y, x, i, j, n;
-    int copy_x = bx1 - bx0 == ow && bx0 == floor(bx0) && bx0 >= 0 && bx1 <= sw;
-    int copy_y = by1 - by0 == oh && by0 == floor(by0) && by0 >= 0 && by1 <= sh;
-    size_t midn, mw, orow = (size_t)ow * c, sstride = (size_t)sw * c;
-    if (kx < 0) return RJ_NOMEM;
-    ky = rj_coeffs(by0, by1, sh, oh, &s->by, &s->ky, &s->kycap);
-    if (ky < 0) return RJ_NOMEM;
-    if (copy_x) {
-        c0 = (int)bx0;
-        c1 = c0 + ow;
+/* The scratch buffers and coefficients of one resize: the filter's weights each way, the
+ * columns [c0, c1) the horizontal pass reads, mid (oh rows of mw bytes, then the slack: the
+ * bytes a vector load may read past the last row's end, zeroed; the weights there are 0). */
+enum { RJ_SLACK = 64 };
+
+typedef struct {
+    int kx, ky, copy_x, copy_y, c0, c1;
+    size_t mw, slack;
+} rj_plan;
+
+static int rj_plan_resize(int sh, int sw, int c, double by0, double by1, double bx0, double bx1,
+                          int oh, int ow, rj_scratch* s, rj_plan* p) {
+    size_t midn;
+    p->kx = rj_coeffs(bx0, bx1, sw, ow, &s->bx, &s->kx, &s->kcap);
+    if (p->kx < 0) return RJ_NOMEM;
+    p->ky = rj_coeffs(by0, by1, sh, oh, &s->by, &s->ky, &s->kycap);
+    if (p->ky < 0) return RJ_NOMEM;
+    p->copy_x = bx1 - bx0 == ow && bx0 == floor(bx0) && bx0 >= 0 && bx1 <= sw;
+    p->copy_y = by1 - by0 == oh && by0 == floor(by0) && by0 >= 0 && by1 <= sh;
+    if (p->copy_x) {
+        p->c0 = (int)bx0;
+        p->c1 = p->c0 + ow;
     } else {
-        c0 = s->bx[0];
-        c1 = s->bx[2 * (ow - 1)] + s->bx[2 * (ow - 1) + 1];
-        if (c1 <= c0) c1 = c0 + 1;
+        p->c0 = s->bx[0];
+        p->c1 = s->bx[2 * (ow - 1)] + s->bx[2 * (ow - 1) + 1];
+        if (p->c1 <= p->c0) p->c1 = p->c0 + 1;
     }
-    mw = (size_t)(c1 - c0) * c;
-    midn = (size_t)oh * mw;
+    p->mw = (size_t)(p->c1 - p->c0) * c;
+    p->slack = (size_t)(p->kx + 2) * c + RJ_SLACK;
+    midn = (size_t)oh * p->mw + p->slack;
     if (midn > s->mid_cap) {
         uint8_t* m = (uint8_t*)realloc(s->mid, midn);
         if (m == NULL) return RJ_NOMEM;
         s->mid = m;
         s->mid_cap = midn;
     }
-    if (mw > s->acc_cap) {
-        int32_t* a = (int32_t*)realloc(s->acc, mw * sizeof(int32_t));
+    memset(s->mid + (size_t)oh * p->mw, 0, p->slack); /* what loads past the last row read */
+    if (p->mw > s->acc_cap) {
+        int32_t* a = (int32_t*)realloc(s->acc, p->mw * sizeof(int32_t));
         if (a == NULL) return RJ_NOMEM;
         s->acc = a;
-        s->acc_cap = mw;
+        s->acc_cap = p->mw;
     }
+    return RJ_OK;
+}
+
+/* Resize the box [bx0, bx1) x [by0, by1) of src (sh rows of sw pixels, c channels) to
+ * out (oh x ow x c), mirrored left-right with flip: a vertical pass over the columns the
+ * horizontal pass reads (tap by tap over whole rows, which vectorises), then the horizontal
+ * pass over the output's rows only. (PIL filters horizontally first; the intermediate
+ * rounding differs by at most a level.) An axis whose box is the output's size at a
+ * whole-pixel offset is copied, not filtered (its weights would be one tap of 1).
+ * RJ_OK or RJ_NOMEM. The plain C statement of the arithmetic; rj_resize_avx2 computes the
+ * same integers. */
+static int rj_resize_c(const uint8_t* src, int sh, int sw, int c, double by0, double by1,
+                       double bx0, double bx1, uint8_t* out, int oh, int ow, int flip,
+                       rj_scratch* s) {
+    rj_plan p;
+    int kx, ky, c0, y, x, i, j, n, status;
+    size_t mw, orow = (size_t)ow * c, sstride = (size_t)sw * c;
+    status = rj_plan_resize(sh, sw, c, by0, by1, bx0, bx1, oh, ow, s, &p);
+    if (status != RJ_OK) return status;
+    kx = p.kx;
+    ky = p.ky;
+    c0 = p.c0;
+    mw = p.mw;
     for (y = 0; y < oh; y++) {
         uint8_t* m = s->mid + (size_t)y * mw;
         int32_t* acc = s->acc;
         const int32_t* k = s->ky + (size_t)y * ky;
         const uint8_t* base;
-        if (copy_y) {
+        if (p.copy_y) {
             memcpy(m, src + ((size_t)by0 + y) * sstride + (size_t)c0 * c, mw);
             continue;
         }
@@ -345,7 +367,7 @@ static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, doub
     for (y = 0; y < oh; y++) {
         const uint8_t* row = s->mid + (size_t)y * mw;
         uint8_t* d = out + (size_t)y * orow;
-        if (copy_x) {
+        if (p.copy_x) {
             if (!flip) {
                 memcpy(d, row, orow);
             } else {
@@ -377,6 +399,220 @@ static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, doub
         }
     }
     return RJ_OK;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define RJ_HAVE_AVX2 1
+#include <immintrin.h>
+
+/* 8 int32 sums >> RJ_PREC, clamped to 0..255 as rj_clip32 does (saturating packs), as 4
+ * pairs of 8 bytes in the order given: a, b, c, d -> 32 bytes in that order. */
+__attribute__((target("avx2"))) static inline __m256i rj_pack32(__m256i a, __m256i b,
+                                                                __m256i c, __m256i d) {
+    __m256i ab = _mm256_packs_epi32(_mm256_srai_epi32(a, RJ_PREC), _mm256_srai_epi32(b, RJ_PREC));
+    __m256i cd = _mm256_packs_epi32(_mm256_srai_epi32(c, RJ_PREC), _mm256_srai_epi32(d, RJ_PREC));
+    return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd),
+                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 8 bytes at p as 8 int32 (an unaligned load). */
+__attribute__((target("avx2"))) static inline __m256i rj_load8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+}
+
+/* One output row of the vertical pass: m[i] = clip(sum_j base[j * stride + i] * k[j]) for
+ * i < mw, the sums held in registers 32 columns at a time. */
+__attribute__((target("avx2"))) static void rj_vpass_avx2(const uint8_t* base, size_t stride,
+                                                          const int32_t* k, int n, uint8_t* m,
+                                                          size_t mw) {
+    const __m256i half = _mm256_set1_epi32(1 << (RJ_PREC - 1));
+    size_t i = 0;
+    int j;
+    for (; i + 32 <= mw; i += 32) {
+        __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+        for (j = 0; j < n; j++) {
+            const uint8_t* r = base + (size_t)j * stride + i;
+            __m256i kj = _mm256_set1_epi32(k[j]);
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(rj_load8(r), kj));
+            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(rj_load8(r + 8), kj));
+            a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(rj_load8(r + 16), kj));
+            a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(rj_load8(r + 24), kj));
+        }
+        _mm256_storeu_si256((__m256i*)(m + i), rj_pack32(a0, a1, a2, a3));
+    }
+    for (; i + 8 <= mw; i += 8) {
+        __m256i a0 = half, z = _mm256_setzero_si256();
+        __m256i v;
+        for (j = 0; j < n; j++)
+            a0 = _mm256_add_epi32(
+                a0, _mm256_mullo_epi32(rj_load8(base + (size_t)j * stride + i),
+                                       _mm256_set1_epi32(k[j])));
+        v = rj_pack32(a0, z, z, z);
+        _mm_storel_epi64((__m128i*)(m + i), _mm256_castsi256_si128(v));
+    }
+    for (; i < mw; i++) {
+        int32_t a = 1 << (RJ_PREC - 1);
+        for (j = 0; j < n; j++) a += (int32_t)base[(size_t)j * stride + i] * k[j];
+        m[i] = rj_clip32(a);
+    }
+}
+
+/* The horizontal pass of a 3-channel row, in output order (the flip already in the tables),
+ * four output pixels at a time: pixel p (of group g = p / 4) is the sum over taps j < nt[g]
+ * of the 4 bytes at row + st[p] + 3 j (a pixel and the next one's first byte) times the
+ * weights (k, k, k, 0) in ke, zero past the pixel's own taps; the row may be read past its end
+ * (the slack). The last group of the row is stored through tmp (only its own pixels). */
+__attribute__((target("avx2"))) static void rj_hpass3_avx2(const uint8_t* row, const int* st,
+                                                           const int* nt, const int32_t* ke,
+                                                           int kst, uint8_t* d, int ow) {
+    const __m256i half = _mm256_set1_epi32(1 << (RJ_PREC - 1));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m128i rgb = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    int g, j, groups = (ow + 3) / 4;
+    for (g = 0; g < groups; g++) {
+        const uint8_t* i0 = row + st[4 * g];
+        const uint8_t* i1 = row + st[4 * g + 1];
+        const uint8_t* i2 = row + st[4 * g + 2];
+        const uint8_t* i3 = row + st[4 * g + 3];
+        const __m256i* k = (const __m256i*)(ke + (size_t)g * kst * 16);
+        __m256i a = half, b = half, u;
+        __m128i v;
+        int32_t w0, w1, w2, w3;
+        for (j = 0; j < nt[g]; j++) {
+            memcpy(&w0, i0 + 3 * j, 4);
+            memcpy(&w1, i1 + 3 * j, 4);
+            memcpy(&w2, i2 + 3 * j, 4);
+            memcpy(&w3, i3 + 3 * j, 4);
+            a = _mm256_add_epi32(
+                a, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_setr_epi32(w0, w1, 0, 0)),
+                                      _mm256_loadu_si256(k + 2 * j)));
+            b = _mm256_add_epi32(
+                b, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_setr_epi32(w2, w3, 0, 0)),
+                                      _mm256_loadu_si256(k + 2 * j + 1)));
+        }
+        u = _mm256_packs_epi32(_mm256_srai_epi32(a, RJ_PREC), _mm256_srai_epi32(b, RJ_PREC));
+        u = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(u, u), order);
+        v = _mm_shuffle_epi8(_mm256_castsi256_si128(u), rgb);
+        if (g + 1 < groups) {
+            _mm_storeu_si128((__m128i*)(d + (size_t)g * 12), v);
+        } else {
+            uint8_t tmp[16];
+            _mm_storeu_si128((__m128i*)tmp, v);
+            memcpy(d + (size_t)g * 12, tmp, (size_t)(ow - 4 * g) * 3);
+        }
+    }
+}
+
+/* rj_resize_c's integers, with AVX2: the vertical pass 32 columns at a time in registers,
+ * the horizontal pass of a 3-channel image two taps at a time. */
+__attribute__((target("avx2"))) static int rj_resize_avx2(const uint8_t* src, int sh, int sw,
+                                                          int c, double by0, double by1,
+                                                          double bx0, double bx1, uint8_t* out,
+                                                          int oh, int ow, int flip,
+                                                          rj_scratch* s) {
+    rj_plan p;
+    int y, x, i, j, g, groups, kst, status;
+    int32_t* ke;
+    int *st, *nt;
+    size_t orow = (size_t)ow * c, sstride = (size_t)sw * c, need;
+    if (c != 3) return rj_resize_c(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, s);
+    status = rj_plan_resize(sh, sw, c, by0, by1, bx0, bx1, oh, ow, s, &p);
+    if (status != RJ_OK) return status;
+    for (y = 0; y < oh; y++) {
+        uint8_t* m = s->mid + (size_t)y * p.mw;
+        if (p.copy_y)
+            memcpy(m, src + ((size_t)by0 + y) * sstride + (size_t)p.c0 * c, p.mw);
+        else
+            rj_vpass_avx2(src + (size_t)s->by[2 * y] * sstride + (size_t)p.c0 * c, sstride,
+                          s->ky + (size_t)y * p.ky, s->by[2 * y + 1], m, p.mw);
+    }
+    if (p.copy_x) {
+        for (y = 0; y < oh; y++) {
+            const uint8_t* row = s->mid + (size_t)y * p.mw;
+            uint8_t* d = out + (size_t)y * orow;
+            if (!flip) {
+                memcpy(d, row, orow);
+            } else {
+                for (x = 0; x < ow; x++) memcpy(d + (size_t)(ow - 1 - x) * 3, row + 3 * x, 3);
+            }
+        }
+        return RJ_OK;
+    }
+    /* the tables of rj_hpass3_avx2, in output order: st (a byte offset per pixel, 4 per
+     * group), nt (taps per group), ke (kst taps per group, 16 weights per tap) */
+    groups = (ow + 3) / 4;
+    kst = p.kx;
+    need = (size_t)groups * kst * 16 + (size_t)groups * 5;
+    if (need > s->ke_cap) {
+        int32_t* e = (int32_t*)realloc(s->ke, need * sizeof(int32_t));
+        if (e == NULL) return RJ_NOMEM;
+        s->ke = e;
+        s->ke_cap = need;
+    }
+    ke = s->ke;
+    st = (int*)(ke + (size_t)groups * kst * 16);
+    nt = st + (size_t)groups * 4;
+    for (g = 0; g < groups; g++) {
+        int most = 0;
+        for (i = 0; i < 4; i++) {
+            int q = 4 * g + i, xo = flip ? ow - 1 - q : q, n;
+            const int32_t* k;
+            if (q >= ow) xo = flip ? 0 : ow - 1; /* padding: computed, not stored */
+            k = s->kx + (size_t)xo * p.kx;
+            n = s->bx[2 * xo + 1];
+            st[q] = (s->bx[2 * xo] - p.c0) * 3;
+            if (n > most) most = n;
+            for (j = 0; j < kst; j++) {
+                int32_t* e = ke + ((size_t)g * kst + j) * 16 + 4 * i;
+                int32_t kj = j < n ? k[j] : 0;
+                e[0] = e[1] = e[2] = kj;
+                e[3] = 0;
+            }
+        }
+        nt[g] = most;
+    }
+    for (y = 0; y < oh; y++)
+        rj_hpass3_avx2(s->mid + (size_t)y * p.mw, st, nt, ke, kst, out + (size_t)y * orow, ow);
+    return RJ_OK;
+}
+#else
+#define RJ_HAVE_AVX2 0
+#endif
+
+/* Whether rj_resize uses the AVX2 code: 1 where the CPU has it (decided once), 0 for the
+ * plain C; rj_set_simd(0) forces the C (the tests compare the two). */
+static int rj_simd = -1;
+
+static int rj_use_simd(void) {
+    int v = __atomic_load_n(&rj_simd, __ATOMIC_RELAXED);
+    if (v < 0) {
+#if RJ_HAVE_AVX2
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+        v = 0;
+#endif
+        __atomic_store_n(&rj_simd, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+/* Force the plain C resize (0) or allow AVX2 where the CPU has it (1); returns whether AVX2
+ * is used now. */
+static int rj_set_simd(int enabled) {
+    __atomic_store_n(&rj_simd, -1, __ATOMIC_RELAXED);
+    if (!enabled) __atomic_store_n(&rj_simd, 0, __ATOMIC_RELAXED);
+    return rj_use_simd();
+}
+
+static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, double by1,
+                     double bx0, double bx1, uint8_t* out, int oh, int ow, int flip,
+                     rj_scratch* s) {
+#if RJ_HAVE_AVX2
+    if (rj_use_simd())
+        return rj_resize_avx2(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, s);
+#endif
+    return rj_resize_c(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, s);
 }
 
 /* -- one image --------------------------------------------------------------------------------- */
@@ -557,6 +793,7 @@ static void rj_scratch_free(rj_scratch* s) {
     free(s->ky);
     free(s->bx);
     free(s->by);
+    free(s->ke);
     memset(s, 0, sizeof(*s));
 }
 

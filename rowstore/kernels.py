@@ -44,6 +44,7 @@ __all__ = [
     "PNG_NOMEM",
     "jpeg_decode_batch",
     "jpeg_decode_whole",
+    "jpeg_simd",
     "JPEG_AVAILABLE",
     "JPEG_OK",
     "JPEG_CORRUPT",
@@ -751,6 +752,16 @@ def jpeg_decode_batch(
             info,
         )
     )
+
+
+def jpeg_simd(enabled: bool | None = None) -> bool:
+    """Whether ``jpeg_decode_batch`` resizes with its AVX2 code (where the CPU has it).
+    ``enabled=False`` forces the plain C code (process-wide; for tests and A/B benchmarks),
+    ``True`` gives the choice back to the CPU; both compute the same integers. False without
+    the kernel."""
+    if _jpeg is None:
+        return False
+    return bool(_jpeg.jpeg_simd(enabled))
 
 
 def jpeg_decode_whole(

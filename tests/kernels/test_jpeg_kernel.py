@@ -137,6 +137,35 @@ def test_full_scale_decode_is_the_reference_to_a_level():
     assert (out[0] == imagecodecs.jpeg8_decode(payloads[0])).all()
 
 
+@pytest.mark.skipif(not kernels.jpeg_simd(), reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("channels", [3, 1])
+def test_simd_resize_is_the_plain_c_resize(channels):
+    # the AVX2 resize computes the plain C code's integers: every byte equal, for every op,
+    # both flips, up- and downscaling, thin strips, copies along an axis and DCT scales
+    rng = np.random.default_rng(11 + channels)
+    ops = OPS + [
+        io.RandomResizedCrop(224),
+        io.Resize((7, 3), flip=True),
+        io.Resize((1, 1)),
+        io.CenterCrop((33, 65), flip=True),
+    ]
+    sizes = [(int(rng.integers(1, 600)), int(rng.integers(1, 600))) for _ in range(14)]
+    sizes += [(1, 1), (9, 700), (1100, 800), (2000, 150), (224, 224), (225, 229)]
+    payloads = [imagecodecs.jpeg8_encode(photo(rng, h, w, channels), level=90) for h, w in sizes]
+    try:
+        for op in ops:
+            rows = rng.integers(0, 1 << 40, len(payloads))
+            assert kernels.jpeg_simd(True)
+            simd, st1, _, _ = decode(payloads, op, channels, rows=rows)
+            assert not kernels.jpeg_simd(False)
+            plain, st2, _, _ = decode(payloads, op, channels, rows=rows)
+            assert not st1.any() and not st2.any()
+            bad = [i for i in range(len(payloads)) if not (simd[i] == plain[i]).all()]
+            assert not bad, (op, [sizes[i] for i in bad])
+    finally:
+        kernels.jpeg_simd(True)
+
+
 def test_parameters_are_a_pure_function_of_the_key():
     rng = np.random.default_rng(5)
     payloads = [imagecodecs.jpeg8_encode(photo(rng, 200, 300), level=90) for _ in range(6)]

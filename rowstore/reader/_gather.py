@@ -218,6 +218,10 @@ class Gatherer:
         # Single rows and payloads only where the store serves them cheaply, from uncompressed
         # chunks, and not under verify="always" (whole chunks only).
         self.direct_ok = self.direct and codec is None and verify != "always"
+        # Object stores that fetch page ranges (RemoteStore.read_pages, every page checked on
+        # every fetch): a window's pieces of an uncompressed file are read alone there too.
+        self._ranged = bool(getattr(store, "ranged_pages", False)) and codec is None
+        self._ranged = self._ranged and verify != "always"
         # verify=True, files without a page index: a chunk is checksummed whole the first time a
         # direct read touches it (per process), so that no byte handed out comes from an
         # unchecked chunk. Races between threads only verify twice.
@@ -231,7 +235,7 @@ class Gatherer:
         # The page index is found on the first direct read (a dataset opened from its manifest
         # reads its shards' footers for it), so block-order epochs never pay for it. Compressed
         # files use only the heap pages, for the payloads read in place from memcpy'd chunks.
-        self._want_pages = verify is True and self.direct
+        self._want_pages = (verify is True and self.direct) or self._ranged
         self._pages: Any = None
         self._pages_lock = threading.Lock()
         self._pages_done = False  # every block page checked (direct reads check nothing more)
@@ -262,6 +266,13 @@ class Gatherer:
                 self._chunk_users[2],
                 layout.heap_chunk_bytes,
             )
+
+    @property
+    def pieces_ok(self) -> bool:
+        """Whether a window of pieces (no heap fields) is read piece by piece: uncompressed
+        files on a store with direct reads, or on one that fetches checked page ranges (where
+        the file has a page index)."""
+        return self.direct_ok or (self._ranged and self.pages is not None)
 
     @property
     def pages(self) -> Any:
@@ -302,7 +313,7 @@ class Gatherer:
             seg is not None
             and seg.units is not None
             and seg.pieces > 1
-            and self.direct_ok
+            and self.pieces_ok
             and not heap_plans
         ):
             # A window of pieces of an uncompressed local file: load only its pieces.

@@ -414,9 +414,12 @@ class Reader(EpochReads):
         L = self.layout
         heap = L.heap_nbytes / max(1, L.num_blocks)
         table = L.block_raw_bytes
+        # Pieces wherever the data allows them, whatever store reads it (a local file, or an
+        # object store's ranged reads of checked pages): one order for a file and its copies.
+        g = self._gatherer
         auto = _order.auto_pieces(
             self._rpb,
-            bool(self._gatherer.direct_ok),
+            g.codec is None and g.verify != "always",
             table / (table + heap) if heap > 0 else 0.0,
         )
         return _order.resolve_order(shuffle, window, pieces, self._rpb, auto)
@@ -464,6 +467,8 @@ class Reader(EpochReads):
         heap = any(not p.inline for p in plans)
 
         def keys_of(seg: _order.Segment) -> list[tuple[int, int, int]]:
+            if seg.units is not None and seg.pieces > 1 and not heap and g.pieces_ok:
+                return piece_keys(seg)
             blocks = seg.blocks if seg.blocks is not None else np.unique(seg.rows() // self._rpb)
             keys = list(
                 zip(
@@ -480,6 +485,27 @@ class Reader(EpochReads):
                     a["hc_stored"][ch].tolist(),
                 )
             return keys
+
+        def piece_keys(seg: _order.Segment) -> list[tuple[int, int, int]]:
+            # The page ranges the store's read_pages fetches for the window's pieces (as
+            # Gatherer._load_pieces asks for them), in order.
+            from rowstore.storage.remote import page_ranges
+
+            P = -(-self._rpb // seg.pieces)
+            blk = seg.units // seg.pieces
+            start = (seg.units % seg.pieces) * P
+            counts = np.minimum(np.maximum(L.block_rows()[blk] - start, 0), P)
+            keep = counts > 0
+            blk, start, counts = blk[keep], start[keep], counts[keep]
+            rs = L.row_dtype.itemsize
+            lo, hi = page_ranges(
+                a["offset"][blk],
+                L.shard_rpb[L.block_shard[blk]] * rs,
+                start * rs,
+                counts * rs,
+                g.pages.rows_per_page * rs,
+            )
+            return list(zip(L.block_shard[blk].tolist(), lo.tolist(), (hi - lo).tolist()))
 
         return keys_of
 

@@ -45,7 +45,15 @@ from rowstore.storage.base import Staging
 from rowstore.storage.objstore import Client, RangeFile, RemoteOptions
 from rowstore.storage.url import join
 
-__all__ = ["RemoteOptions", "RemoteStore", "RangeFile", "Client", "Scheduler", "RemoteDir"]
+__all__ = [
+    "RemoteOptions",
+    "RemoteStore",
+    "RangeFile",
+    "Client",
+    "Scheduler",
+    "RemoteDir",
+    "page_ranges",
+]
 
 #: Chunk key: (shard, byte offset, stored bytes).
 Key = tuple[int, int, int]
@@ -262,6 +270,99 @@ class RemoteStore:
                     k, self.paths[k[0]], self.file_ids[k[0]], memoryview(buf)[at : at + k[2]]
                 )
 
+    # -- ranges of uncompressed chunks, checked by their pages ---------------------------------
+    #: Capability flag: :meth:`read_pages` fetches only the pages of the ranges asked for (the
+    #: gather reads the pieces of a window of an uncompressed file so, as from a local file).
+    ranged_pages = True
+
+    def read_pages(
+        self,
+        shards: np.ndarray | None,
+        chunk_offsets: np.ndarray,
+        chunk_bytes: np.ndarray,
+        within: np.ndarray,
+        take: np.ndarray,
+        page_first: np.ndarray,
+        pages: tuple,
+        out: np.ndarray,
+        dst_offsets: np.ndarray,
+    ) -> None:
+        """Range i, bytes ``[within[i], within[i] + take[i])`` of the uncompressed chunk of
+        ``chunk_bytes[i]`` raw bytes at ``chunk_offsets[i]`` of shard ``shards[i]``, into
+        ``out`` at ``dst_offsets[i]`` (the signature of ``kernels.pread_pages``).
+
+        Only the pages the range touches are fetched (:func:`page_ranges`; scheduled ones
+        first, or from the cache), and every one of them is CRC-checked against ``pages``
+        (``(page_len, crcs, checked, scratch)``; ``checked`` and ``scratch`` are not used:
+        fetched bytes are new bytes, checked each time) before any of its bytes is copied
+        out. Errors are :class:`~rowstore.errors.KernelError` whose ``index`` is i."""
+        page_len, crcs = int(pages[0]), pages[1]
+        n = len(within)
+        i64 = lambda a: np.asarray(a, np.int64)  # noqa: E731
+        off, cb, w, t = i64(chunk_offsets), i64(chunk_bytes), i64(within), i64(take)
+        first, dst = i64(page_first), i64(dst_offsets)
+        sh = np.zeros(n, np.int64) if shards is None else i64(shards)
+        flat = out.reshape(-1).view(np.uint8)
+        per = (cb + page_len - 1) // page_len
+        bad = (
+            (cb <= 0) | (w < 0) | (t < 0) | (w > cb - t) | (off < 0) | (first < 0)
+            | (first > len(crcs) - per) | (sh < 0) | (sh >= len(self.paths))
+        )  # fmt: skip
+        bad_dst = (dst < 0) | (dst > flat.shape[0] - t)
+        for i in np.flatnonzero((bad | bad_dst) & (t > 0))[:1].tolist():
+            code = kernels.KernelCode.E_BOUNDS if bad[i] else kernels.KernelCode.E_DEST
+            raise kernels.KernelError(
+                f"read_pages: range {i}: bytes {int(w[i])}+{int(t[i])} of a chunk of "
+                f"{int(cb[i])} bytes, pages from {int(first[i])} of {len(crcs)}, into "
+                f"{int(dst[i])} of {flat.shape[0]} (corrupt index)",
+                code=code,
+                index=i,
+                detail=int(w[i]),
+            )
+        todo = np.flatnonzero(t > 0)
+        if not len(todo):
+            return
+        start, end = page_ranges(off[todo], cb[todo], w[todo], t[todo], page_len)
+        keys = [
+            (int(s), int(a), int(b - a))
+            for s, a, b in zip(sh[todo].tolist(), start.tolist(), end.tolist())
+        ]
+        got = self._pieces(keys)
+        for j, i in enumerate(todo.tolist()):
+            k = keys[j]
+            buf, at, source = got[j]
+            p0 = int(w[i]) // page_len
+            p1 = -(-(int(w[i]) + int(t[i])) // page_len)
+            lo = np.arange(p0, p1, dtype=np.int64) * page_len
+            sizes = np.minimum(lo + page_len, int(cb[i])) - lo
+            for attempt in (0, 1):
+                data = np.frombuffer(buf, np.uint8)[at : at + k[2]]
+                try:
+                    kernels.check_buffer(
+                        data,
+                        lo - p0 * page_len,
+                        sizes,
+                        crcs[int(first[i]) + p0 : int(first[i]) + p1],
+                    )
+                except kernels.KernelChecksumError as exc:
+                    if source == "cache" and attempt == 0 and self._cache is not None:
+                        self._cache.drop(k, self.paths[k[0]], self.file_ids[k[0]])
+                        buf, at, source = (
+                            self.submit(k[0], k[1], k[1] + k[2]).result(),
+                            0,
+                            "fetched",
+                        )
+                        continue
+                    self.check_unchanged(k[0])
+                    # As pread_pages: the range's position, the page's index in the page index.
+                    exc.index, exc.detail = i, int(first[i]) + p0 + int(exc.index)
+                    raise
+                break
+            a = int(w[i]) - p0 * page_len
+            flat[int(dst[i]) : int(dst[i]) + int(t[i])] = data[a : a + int(t[i])]
+            if source == "fetched" and self._cache is not None:
+                self._cache.put(k, self.paths[k[0]], self.file_ids[k[0]], memoryview(data))
+
     def _pieces(self, keys: list[Key]) -> list[tuple[Any, int, str]]:
         """Each key's bytes ``(buffer, the chunk's offset in it, "fetched" or "cache")``: from
         the scheduler when it fetched them, the cache, else fetched now, all at once, adjacent
@@ -309,6 +410,24 @@ class RemoteStore:
         return scheduled(self, segments, plan_segments, keys_of)
 
 
+def page_ranges(
+    chunk_offsets: np.ndarray,
+    chunk_bytes: np.ndarray,
+    within: np.ndarray,
+    take: np.ndarray,
+    page_len: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The object byte ranges ``[start, end)`` that :meth:`RemoteStore.read_pages` fetches for
+    ranges ``[within, within + take)`` (``take`` > 0) of uncompressed chunks: whole pages of
+    ``page_len`` (a chunk's last page the rest of it), so each can be checked by its CRC."""
+    w, t = np.asarray(within, np.int64), np.asarray(take, np.int64)
+    cb = np.asarray(chunk_bytes, np.int64)
+    off = np.asarray(chunk_offsets, np.int64)
+    a = (w // page_len) * page_len
+    b = np.minimum(-(-(w + t) // page_len) * page_len, cb)
+    return off + a, off + b
+
+
 def _merge(keys: list[Key], limit: int) -> list[tuple[tuple[int, int, int], list[int]]]:
     """Group keys (in any order) into requests: ``((shard, start, end), [positions])``;
     adjacent or overlapping ranges of one shard merge up to ``limit`` bytes, a key asked twice
@@ -352,6 +471,7 @@ class Scheduler:
         self._seq = 0
         self._taken_seq = 0
         self._stopped = False
+        self._retiring = False
         self._exhausted = False
         self.issued = 0
         self.hits = 0
@@ -365,6 +485,20 @@ class Scheduler:
             self._requests.clear()
             self._entries.clear()
             self._ahead.clear()
+
+    def retire(self) -> None:
+        """The plan's iteration ended: stop (and leave the store) once nothing is held."""
+        with self._lock:
+            self._retiring = True
+        self._retire_if_idle()
+
+    def _retire_if_idle(self) -> None:
+        with self._lock:
+            idle = self._retiring and self._exhausted and not self._requests and not self._ahead
+        if idle:
+            self.stop()
+            if self.store.scheduler is self:
+                self.store.scheduler = None
 
     def in_flight(self) -> int:
         """Requests held now (in flight, or done and not yet taken)."""
@@ -468,6 +602,8 @@ class Scheduler:
             self._taken_seq = max(self._taken_seq, seq)
             self.hits += 1
         self._fill()
+        if self._retiring:
+            self._retire_if_idle()
         return fut, at
 
 
@@ -485,14 +621,21 @@ def scheduled(
     keys_of: Callable[[Any], list[Key]],
 ) -> Iterator[Any]:
     """``segments``, with the store prefetching their chunks from a second, identical iteration
-    of the (pure-function) order, started when the first segment is asked for; the schedule
-    stops with the iteration."""
+    of the (pure-function) order, started when the first segment is asked for. An iteration
+    closed early stops the schedule; one that ran to its end leaves it to serve the last
+    segments, which the reader's threads may still be gathering: it stops once they took
+    what it holds (or at the next schedule, or :meth:`RemoteStore.close`), so their requests
+    are not cancelled and made again."""
     sched = store.schedule(epoch_plan(plan_segments(), keys_of))
+    ended = False
     try:
         yield from segments
+        ended = True
     finally:
-        if store.scheduler is sched:
+        if not ended and store.scheduler is sched:
             store.close()
+        elif ended:
+            sched.retire()
 
 
 # -- a prefix of an object store as a destination ------------------------------------------------

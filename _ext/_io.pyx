@@ -513,7 +513,8 @@ cdef int _read_checked(int fd, int64_t chunk_offset, int64_t chunk_bytes, int64_
 
 def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets not None, int64_t row_size,
                 const int64_t[::1] seg_sizes not None, outs, uint8_t[::1] sink not None,
-                int64_t[::1] err not None, const uint8_t[::1] check=None, const uint32_t[::1] expect=None):
+                int64_t[::1] err not None, const uint8_t[::1] check=None, const uint32_t[::1] expect=None,
+                const int64_t[::1] order=None):
     """Read rows straight from the file into per-field batch arrays, one ``preadv`` per row.
 
     The row is cut into consecutive segments of ``seg_sizes[j]`` bytes (1..64 of them, summing
@@ -524,7 +525,13 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
     (or ``fds[0]`` when it holds one). No intermediate copy: the direct path for large
     uncompressed rows. With ``check`` and ``expect`` (one per row): the CRC-32 of each row whose
     ``check[i]`` is set, over its segments in row order right after they were read, must be
-    ``expect[i]`` (else ``E_CHECKSUM`` for row i). Returns 0 or -1 (``err``).
+    ``expect[i]`` (else ``E_CHECKSUM`` for row i).
+
+    ``order`` (a permutation of ``0..n-1``, each entry bounds-checked here): the rows are read
+    in that order, and rows that follow each other in it and in one file (row ``order[k + 1]``
+    starts where row ``order[k]`` ends) go in one ``preadv`` of up to ``MAX_IOV`` parts: a
+    window's rows sorted by file offset make one call per run of consecutive rows, each row
+    still landing in its own batch slot. Returns 0 or -1 (``err``).
     """
     cdef int64_t* e = _errbuf(err)
     cdef Py_ssize_t n = file_offsets.shape[0], nseg = seg_sizes.shape[0], j, held = 0
@@ -544,8 +551,14 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
     if (check is None) != (expect is None) or \
             check is not None and (check.shape[0] != n or expect.shape[0] != n):
         raise ValueError("preadv_rows: check and expect must both be given, one per row")
+    if order is not None and order.shape[0] != n:
+        raise ValueError("preadv_rows: order must hold one entry per row")
     if n == 0:
         return 0
+    if order is not None:
+        for j in range(n):
+            if order[j] < 0 or order[j] >= n:
+                return _fail(e, E_ROW, j, order[j])
     if sink.shape[0] < row_size and any(o is None for o in outs):
         return _fail(e, E_DEST, 0, sink.shape[0])
     try:
@@ -561,7 +574,8 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
             rc = _preadv_rows(&fds[0], step, &file_offsets[0], n, row_size, &seg_sizes[0], bases, nseg,
                               &sink[0] if sink.shape[0] else NULL, e,
                               &check[0] if check is not None else NULL,
-                              &expect[0] if expect is not None else NULL)
+                              &expect[0] if expect is not None else NULL,
+                              &order[0] if order is not None else NULL)
     finally:
         _release(views, held)
     return rc
@@ -570,16 +584,81 @@ def preadv_rows(const int32_t[::1] fds not None, const int64_t[::1] file_offsets
 cdef int _preadv_rows(const int32_t* fds, Py_ssize_t step, const int64_t* file_offsets, Py_ssize_t n,
                       int64_t row_size,
                       const int64_t* seg_sizes, uint8_t** bases, Py_ssize_t nseg, uint8_t* sink,
-                      int64_t* e, const uint8_t* check, const uint32_t* expect) noexcept nogil:
+                      int64_t* e, const uint8_t* check, const uint32_t* expect,
+                      const int64_t* order) noexcept nogil:
     """The loop of :func:`preadv_rows` (``bases[j]`` NULL: segment j goes to ``sink``;
-    ``check`` NULL: no CRC)."""
-    cdef Py_ssize_t i, j
+    ``check`` NULL: no CRC; ``order`` NULL: rows in index order, one call each)."""
+    cdef Py_ssize_t k = 0, m, r, j, i, nsink = 0
+    cdef int64_t at, off0, want
+    cdef ssize_t got
+    cdef iovec iov[MAX_IOV]
+    cdef int fd
+    cdef uint32_t crc
+    if order == NULL:
+        return _preadv_each(fds, step, file_offsets, 0, n, NULL, row_size, seg_sizes, bases, nseg, sink,
+                            e, check, expect)
+    for j in range(nseg):
+        nsink += bases[j] == NULL
+    while k < n:
+        i = order[k]
+        fd = fds[i * step]
+        off0 = file_offsets[i]
+        m = 1
+        # Rows whose segments go to the one sink cannot be told apart by a CRC after the run.
+        if check == NULL or nsink == 0:
+            while k + m < n and (m + 1) * nseg <= MAX_IOV and fds[order[k + m] * step] == fd \
+                    and file_offsets[order[k + m]] == off0 + m * row_size:
+                m += 1
+        if m == 1 or off0 < 0:
+            if _preadv_each(fds, step, file_offsets, k, k + m, order, row_size, seg_sizes, bases, nseg,
+                            sink, e, check, expect) < 0:
+                return -1
+            k += m
+            continue
+        for r in range(m):
+            i = order[k + r]
+            at = 0
+            for j in range(nseg):
+                iov[r * nseg + j].iov_len = <size_t>seg_sizes[j]
+                iov[r * nseg + j].iov_base = <void*>(sink + at if bases[j] == NULL
+                                                     else bases[j] + i * seg_sizes[j])
+                at += seg_sizes[j]
+        want = m * row_size
+        got = preadv(fd, iov, <int>(m * nseg), <long>off0)
+        while got < 0 and errno == EINTR:
+            got = preadv(fd, iov, <int>(m * nseg), <long>off0)
+        if got != want:
+            # An error or a short read (a truncated file): row by row, which names the row.
+            if _preadv_each(fds, step, file_offsets, k, k + m, order, row_size, seg_sizes, bases, nseg,
+                            sink, e, check, expect) < 0:
+                return -1
+        elif check != NULL:
+            for r in range(m):
+                i = order[k + r]
+                if check[i]:
+                    crc = 0
+                    for j in range(nseg):
+                        crc = zng_crc32(crc, <const uint8_t*>iov[r * nseg + j].iov_base,
+                                        iov[r * nseg + j].iov_len)
+                    if crc != expect[i]:
+                        return _fail(e, E_CHECKSUM, i, 0)
+        k += m
+    return 0
+
+
+cdef int _preadv_each(const int32_t* fds, Py_ssize_t step, const int64_t* file_offsets, Py_ssize_t k0,
+                      Py_ssize_t k1, const int64_t* order, int64_t row_size,
+                      const int64_t* seg_sizes, uint8_t** bases, Py_ssize_t nseg, uint8_t* sink,
+                      int64_t* e, const uint8_t* check, const uint32_t* expect) noexcept nogil:
+    """Rows ``order[k0..k1)`` (``k0..k1`` where ``order`` is NULL), one ``preadv`` each."""
+    cdef Py_ssize_t i, j, k
     cdef int64_t done, want, at
     cdef ssize_t got
     cdef iovec iov[MAX_SEGMENTS]
     cdef int fd
     cdef uint32_t crc
-    for i in range(n):
+    for k in range(k0, k1):
+        i = order[k] if order != NULL else k
         fd = fds[i * step]
         if file_offsets[i] < 0:
             return _fail(e, E_SIZE, i, file_offsets[i])

@@ -338,18 +338,23 @@ class Gatherer:
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
             # straight into the batch arrays, one preadv per row, no intermediate buffer.
+            # Read in file order: the rows of a piece or block that follow each other in the
+            # file go in one preadv, each into its own batch slot.
             check = expect = None
             if in_pass is not None:
                 check, expect = in_pass[1], in_pass[2]
+            shards, offsets = self._shards(r), self._file_offsets(r)
+            order = np.argsort(offsets) if shards is None else np.lexsort((offsets, shards))
             try:
                 self.store.read_rows_into(
-                    self._shards(r),
-                    self._file_offsets(r),
+                    shards,
+                    offsets,
                     self.rs,
                     self._pieces(fixed),
                     self.scratch.get("sink", self.rs),
                     check=check,
                     expect=expect,
+                    order=order,
                 )
             except kernels.KernelChecksumError as exc:
                 raise self._row_error(exc, r) from None

@@ -852,6 +852,73 @@ def test_preadv_rows_matches_reference(tmp_path):
         os.close(fd)
 
 
+def test_preadv_rows_in_file_order_coalesces_runs_into_their_slots(tmp_path):
+    """``order``: rows read in that order, runs of consecutive rows in one preadv, each still in
+    its own slot; the same bytes as one call per row, whatever the runs, checks and faults."""
+    import zlib
+
+    row_size, nrows = 29, 300
+    data = RNG.integers(0, 256, nrows * row_size, dtype=np.uint8)
+    path = tmp_path / "rows.bin"
+    path.write_bytes(data.tobytes())
+    table = data.reshape(nrows, row_size)
+    # Runs of consecutive rows (some longer than one preadv takes), repeats, shuffled slots.
+    runs = [np.arange(a, a + k) for a, k in [(0, 7), (40, 120), (200, 1), (10, 3), (203, 60)]]
+    rows = np.concatenate(runs + [np.array([5, 5, 299])])
+    rows = rows[RNG.permutation(len(rows))]
+    n = len(rows)
+    offs = (rows * row_size).astype(np.int64)
+    order = np.argsort(offs, kind="stable")
+    sink = np.empty(row_size, np.uint8)
+    crc = np.array([zlib.crc32(table[r].tobytes()) for r in rows], np.uint32)
+    k = int(np.flatnonzero(rows == 100)[0])  # inside a long run
+    bad = crc.copy()
+    bad[k] ^= 4
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for tail in (19, 15):  # the whole row to the arrays; 4 bytes of it to the sink
+            a, b = np.zeros((n, 10), np.uint8), np.zeros((n, tail), np.uint8)
+            segs = (
+                [(10, a), (row_size - 10 - tail, None), (tail, b)]
+                if tail < 19
+                else [(10, a), (19, b)]
+            )
+            for check in (None, np.ones(n, bool)):
+                a[:], b[:] = 0, 0
+                expect = None if check is None else crc
+                kernels.preadv_rows(
+                    fd, offs, row_size, segs, sink, check=check, expect=expect, order=order
+                )
+                assert np.array_equal(a, table[rows, :10])
+                assert np.array_equal(b, table[rows, row_size - tail :])
+            with pytest.raises(kernels.KernelChecksumError) as ei:
+                kernels.preadv_rows(
+                    fd, offs, row_size, segs, sink, check=np.ones(n, bool), expect=bad, order=order
+                )
+            assert ei.value.index == k
+        with pytest.raises(ValueError, match="order"):
+            kernels.preadv_rows(fd, offs, row_size, segs, sink, order=order[:-1])
+        with pytest.raises(kernels.KernelError):
+            kernels.preadv_rows(fd, offs, row_size, segs, sink, order=np.full(n, n, np.int64))
+    finally:
+        os.close(fd)
+    # A run that reaches past the end of a truncated file: the error names the first missing row.
+    short = tmp_path / "short.bin"
+    short.write_bytes(data[: 250 * row_size + 7].tobytes())
+    offs = (np.arange(240, 260) * row_size).astype(np.int64)
+    out = np.zeros((20, row_size), np.uint8)
+    fd = os.open(short, os.O_RDONLY)
+    try:
+        with pytest.raises(FormatError, match="truncated") as ei:
+            kernels.preadv_rows(
+                fd, offs, row_size, [(row_size, out)], sink, order=np.arange(20, dtype=np.int64)
+            )
+        assert "row read 10" in str(ei.value)
+        assert np.array_equal(out[:10], table[240:250])
+    finally:
+        os.close(fd)
+
+
 def test_nothing_imports_the_old_single_kernel_module():
     """_ext/_blocks.pyx is gone: a stale rowstore/_blocks*.so left by an in-place build must not
     matter, so no source imports it."""

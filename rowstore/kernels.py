@@ -487,6 +487,7 @@ def preadv_rows(
     *,
     check: np.ndarray | None = None,
     expect: np.ndarray | None = None,
+    order: np.ndarray | None = None,
 ) -> None:
     """Read rows from the files straight into per-field arrays (one ``preadv`` per row; row i
     from descriptor ``fds[i]``, or ``fds`` for all rows when it is one int).
@@ -496,6 +497,9 @@ def preadv_rows(
     into ``sink`` (at least ``row_size`` bytes) when ``out`` is None. ``check`` (bool per row)
     and ``expect`` (uint32 per row): the CRC-32 of each checked row's bytes, computed right
     after they were read, must be its ``expect`` (else a :class:`KernelChecksumError`).
+    ``order`` (a permutation of the rows, e.g. ``argsort(file_offsets)``): read the rows in
+    that order, rows consecutive in it and in one file in one ``preadv`` (their slots in
+    ``out`` unchanged).
     """
     n = len(file_offsets)
     sizes = np.array([s[0] for s in segments], np.int64)
@@ -508,7 +512,9 @@ def preadv_rows(
         check = np.ascontiguousarray(check, np.uint8)
         expect = np.ascontiguousarray(expect, np.uint32)
     if (
-        _io.preadv_rows(_fds(fds), file_offsets, row_size, sizes, outs, sink, err, check, expect)
+        _io.preadv_rows(
+            _fds(fds), file_offsets, row_size, sizes, outs, sink, err, check, expect, order
+        )
         != 0
     ):
         _raise(err, f"row read {int(err[1])}")

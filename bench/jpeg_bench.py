@@ -1,37 +1,48 @@
-"""JPEG decode with a RandomResizedCrop to 224x224 + flip: rowstore's kernel against FFCV's
-``RandomResizedCropRGBImageDecoder`` and the usual Python decoders, on the same images.
+"""JPEG decode with a RandomResizedCrop to 224x224 + flip: rowstore's reader against tf.data,
+FFCV and PIL in a process pool, on the same images, on ``--threads`` cores (2).
 
     bash bench/setup_ffcv.sh                  # once: FFCV in its own venv, .ffcv-venv
-    python bench/jpeg_bench.py [--n 512] [--rounds 3] [--out bench/results/jpeg_bench.json]
+    python bench/jpeg_bench.py [--n 1024] [--threads 2] [--rounds 2] [--passes 3]
+                               [--base-root DIR] [--out bench/results/jpeg_bench.json]
 
 Workload (ImageNet-like): ``--n`` synthetic photographs (smooth content + noise), widths
 375..625 and heights 280..470 (about 500x375 on average, every size different), JPEG quality
 90 (imagecodecs/libjpeg-turbo, 4:2:0). Each is decoded with a RandomResizedCrop (scale
-(0.08, 1), ratio (3/4, 4/3)) to 224x224 and a random horizontal flip:
+(0.08, 1), ratio (3/4, 4/3)) to 224x224 and a random horizontal flip, uint8 out:
 
-* ``kernel``: ``kernels.jpeg_decode_batch``, one call per thread over all images (the DCT scale
-  and partial decode of the crop, bilinear resize, no GIL); on 1 and 2 threads;
-* ``reader``: ``Reader.batches(256, decode={"image": RandomResizedCrop(224)})`` over a file of
-  the images (the whole read path: gather, decode threads, batches), 1 and 2 threads;
-* ``simplejpeg``: ``decode_jpeg`` with ``min_height/min_width`` (its libjpeg-turbo DCT scaling
-  of the whole image, no partial decode), then crop + PIL bilinear resize, in threads;
-* ``pil``: torchvision's path on PIL images: ``Image.open().convert("RGB")``, then crop +
-  bilinear resize (``Image.resize(box=)``, what ``RandomResizedCrop`` does), in threads;
-* ``ffcv``: FFCV 1.0's ``Loader`` over a ``.beton`` of the same images (``RGBImageField``,
-  ``write_mode="jpg"``, quality 90: FFCV's own encoding of the same pixels), pipeline
-  ``[RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip()]``, batch 256,
-  ``num_workers`` 1 and 2 (its threads), run in ``.ffcv-venv`` in a child process.
+* ``rowstore``: ``Reader.batches(256, decode={"image": RandomResizedCrop(224)},
+  num_threads=T)`` over a file of the images (the whole read path: gather, the JPEG kernel on
+  the reader's threads, batches); ``rowstore-t1`` the same on one thread (the scaling);
+* ``kernel``: ``kernels.jpeg_decode_batch`` alone, one call per thread over all images;
+* ``tfdata``: tf.data's usual ImageNet pipeline: ``decode_and_crop_jpeg`` (libjpeg-turbo,
+  only the crop's rows and columns) of the same boxes as rowstore's, ``tf.image.resize``
+  bilinear (no antialiasing), random ``flip_left_right``, cast to uint8, ``map`` with
+  ``AUTOTUNE`` on a private pool of T threads, ``batch(256)``, ``prefetch(AUTOTUNE)``;
+* ``ffcv``: FFCV 1.0's ``Loader`` over a ``.beton`` of the same pixels (``RGBImageField``,
+  ``write_mode="jpg"``, quality 90), ``[RandomResizedCropRGBImageDecoder((224, 224)),
+  RandomHorizontalFlip()]``, batch 256, ``num_workers=T`` (its threads), in ``.ffcv-venv``;
+* ``pil``: torchvision's path on PIL images in a process pool of T workers (a torch
+  DataLoader's layout): ``Image.open().convert("RGB")``, ``resize((224, 224), BILINEAR,
+  box=...)`` of the same boxes, flip, 64 images per task returned as one array.
 
-Every figure is images per second of wall time (median of ``--repeats`` epochs in each of
-``--rounds`` rounds after a warm-up epoch), its per-core rate (divided by the threads used),
-and images per CPU-second of the process (less distorted by a loaded machine). The load
-average is recorded: the machine is shared with other jobs.
+Every system runs in its own fresh process, in ``--rounds`` interleaved rounds (the order
+reversed every other round); each child runs a warm-up epoch, then ``--passes`` passes of at
+least ``--min-pass-s`` seconds (whole epochs). Figures: images per wall second and images per
+CPU-second (the process's threads; for the pool, its workers' CPU as they measure it, plus the
+parent's), medians over all passes; ratios to the best peer (tfdata, ffcv, pil) on each.
+``--base-root DIR``: also run ``rowstore``/``kernel`` from another checkout (built), as
+``base-rowstore``/``base-kernel``, interleaved in the same rounds (a before/after pair).
+
+Pixel accuracy: for the first 128 images, rowstore's kernel output against PIL's
+``resize((224, 224), BILINEAR, box=<the same box>, reducing_gap=None)`` of the image decoded
+whole by PIL (flipped alike): mean and max absolute difference, and the share of values that
+differ; the same for tf.data's pipeline. The load average is recorded: a shared machine's
+wall figures say how much CPU the scheduler gave.
 """
 
 from __future__ import annotations
 
 import argparse
-import io as _io
 import json
 import os
 import statistics
@@ -39,7 +50,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,6 +57,9 @@ import numpy as np  # noqa: E402
 
 SIZE = 224
 BATCH = 256
+EPOCH_BOXES = 4  # crop boxes precomputed for this many epochs (cycled) for tfdata and pil
+ACCURACY_IMAGES = 128
+PEERS = ("tfdata", "ffcv", "pil")
 
 
 def synthesize(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -68,129 +81,215 @@ def synthesize(n: int, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def timed(fn, repeats: int) -> tuple[float, float]:
-    """(median wall seconds, median CPU seconds) of ``repeats`` calls after a warm-up call."""
-    fn(0)
-    wall, cpu = [], []
-    for r in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        fn(r + 1)
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu)
+def passes(epoch, n: int, count: int, min_s: float, cpu=time.process_time) -> list[list[float]]:
+    """``[images per wall second, images per CPU-second]`` of ``count`` passes of whole
+    epochs (``epoch(e)`` reads one), each at least ``min_s`` seconds, after a warm-up epoch."""
+    epoch(0)
+    e, out = 1, []
+    for _ in range(count):
+        t, c, k = time.perf_counter(), cpu(), 0
+        while True:
+            epoch(e)
+            e, k = e + 1, k + n
+            wall = time.perf_counter() - t
+            if wall >= min_s:
+                break
+        used = cpu() - c
+        out.append([k / wall, k / used if used > 0 else float("nan")])
+    return out
 
 
-# -- the rowstore side -------------------------------------------------------------------------
-def rowstore_cases(payloads: list[bytes], path: str) -> dict:
-    sys.path.insert(0, ROOT)
-    import imagecodecs  # noqa: F401
-    import simplejpeg
+def load_blob(blob: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(data, offsets, boxes: EPOCH_BOXES x n x 5 of y0, x0, h, w, flip) of the parent's file."""
+    z = np.load(blob)
+    return z["data"], z["offsets"], z["boxes"]
+
+
+def pil_crop(payload: bytes, box) -> np.ndarray:
+    """torchvision's RandomResizedCrop + flip on a PIL image, for one image and its box."""
+    import io
+
     from PIL import Image
 
+    y0, x0, ch, cw, flip = (int(v) for v in box)
+    im = Image.open(io.BytesIO(payload)).convert("RGB")
+    im = im.resize((SIZE, SIZE), Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch), reducing_gap=None)
+    if flip:
+        im = im.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(im)
+
+
+def difference(ours: np.ndarray, ref: np.ndarray) -> dict:
+    d = np.abs(ours.astype(np.int16) - ref.astype(np.int16))
+    return {
+        "mean_abs": float(d.mean()),
+        "max_abs": int(d.max()),
+        "p99_abs": float(np.percentile(d, 99)),
+        "share_differing": float((d > 0).mean()),
+    }
+
+
+# -- the children: one system each -----------------------------------------------------------
+def child_rowstore(a) -> dict:
+    sys.path.insert(0, a.root)
     import rowstore
     from rowstore import kernels
     from rowstore.reader import image_ops as io
 
+    assert os.path.dirname(os.path.dirname(os.path.abspath(rowstore.__file__))) == a.root
     op = io.RandomResizedCrop(SIZE)
-    n = len(payloads)
-    data = np.frombuffer(b"".join(payloads), np.uint8)
-    offsets = np.zeros(n + 1, np.int64)
-    offsets[1:] = np.cumsum([len(p) for p in payloads])
-    out = np.empty((n, SIZE, SIZE, 3), np.uint8)
-    status = np.zeros(n, np.uint8)
-    sizes = [simplejpeg.decode_jpeg_header(p)[:2] for p in payloads]
-    pools = {t: ThreadPoolExecutor(t) for t in (1, 2)}
-    reader = rowstore.open(path)
+    data, offsets, _ = load_blob(a.blob)
+    n = len(offsets) - 1
+    out: dict = {}
+    if a.child in ("rowstore", "rowstore-t1"):
+        threads = 1 if a.child == "rowstore-t1" else a.threads
+        reader = rowstore.open(a.h5)
 
-    def kernel(threads):
-        def run(epoch):
-            rows = np.arange(n, dtype=np.int64) + epoch * n
-            bounds = np.linspace(0, n, threads + 1).astype(int)
+        def epoch(e):
+            k = 0
+            for b in reader.batches(BATCH, epoch=e, num_threads=threads, decode={"image": op}):
+                k += len(b["image"])
+            assert k == n, k
+
+        out["passes"] = passes(epoch, n, a.passes, a.min_pass_s)
+    else:  # the kernel alone, one call per thread
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(a.threads)
+        dst = np.empty((n, SIZE, SIZE, 3), np.uint8)
+        status = np.zeros(n, np.uint8)
+        bounds = np.linspace(0, n, a.threads + 1).astype(int)
+
+        def epoch(e):
+            rows = np.arange(n, dtype=np.int64) + e * n
             futs = [
-                pools[threads].submit(
+                pool.submit(
                     kernels.jpeg_decode_batch,
                     data,
                     offsets,
                     None,
                     rows,
                     12345,
-                    out,
-                    int(a),
-                    int(b),
+                    dst,
+                    int(lo),
+                    int(hi),
                     status,
                     **op.kernel_args(),
                 )
-                for a, b in zip(bounds[:-1], bounds[1:])
+                for lo, hi in zip(bounds[:-1], bounds[1:])
             ]
             for f in futs:
                 f.result()
             assert not status.any()
 
-        return run
-
-    def read(threads):
-        def run(epoch):
-            k = 0
-            for b in reader.batches(
-                BATCH, shuffle="block", epoch=epoch, num_threads=threads, decode={"image": op}
-            ):
-                k += len(b["image"])
-            assert k == n
-
-        return run
-
-    def per_image(one):
-        def cases(threads):
-            def run(epoch):
-                def chunk(lo, hi):
-                    for i in range(lo, hi):
-                        key = io.row_key(12345, i + epoch * n)
-                        h, w = sizes[i]
-                        out[i] = one(payloads[i], io.crop_params(op, h, w, key), h, w)
-
-                bounds = np.linspace(0, n, threads + 1).astype(int)
-                futs = [
-                    pools[threads].submit(chunk, int(a), int(b))
-                    for a, b in zip(bounds[:-1], bounds[1:])
-                ]
-                for f in futs:
-                    f.result()
-
-            return run
-
-        return cases
-
-    def simple(p, params, h, w):
-        y0, x0, ch, cw, flip = params
-        img = simplejpeg.decode_jpeg(
-            p, colorspace="RGB", min_height=-(-SIZE * h // ch), min_width=-(-SIZE * w // cw)
+        out["passes"] = passes(epoch, n, a.passes, a.min_pass_s)
+        # pixel accuracy against PIL's resize of the same box
+        m = min(n, ACCURACY_IMAGES)
+        info = np.zeros((m, kernels.JPEG_INFO), np.int64)
+        rows = np.arange(m, dtype=np.int64)
+        got = np.empty((m, SIZE, SIZE, 3), np.uint8)
+        kernels.jpeg_decode_batch(
+            data, offsets[: m + 1], None, rows, 12345, got, 0, m, status, info=info,
+            **op.kernel_args(),
+        )  # fmt: skip
+        ref = np.stack(
+            [pil_crop(data[offsets[i] : offsets[i + 1]].tobytes(), info[i, 2:7]) for i in range(m)]
         )
-        sy, sx = img.shape[0] / h, img.shape[1] / w
-        box = (x0 * sx, y0 * sy, (x0 + cw) * sx, (y0 + ch) * sy)
-        im = Image.fromarray(img).resize((SIZE, SIZE), Image.BILINEAR, box=box)
-        if flip:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
-        return np.asarray(im)
+        out["accuracy_vs_pil"] = difference(got, ref)
+        out["dct_scale_share"] = {
+            str(d): float((info[:, 7] == d).mean()) for d in (1, 2, 4, 8) if (info[:, 7] == d).any()
+        }
+    return out
 
-    def pil(p, params, h, w):
-        y0, x0, ch, cw, flip = params
-        im = Image.open(_io.BytesIO(p)).convert("RGB")
-        im = im.resize((SIZE, SIZE), Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
-        if flip:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
-        return np.asarray(im)
 
-    cases = {
-        "kernel": kernel,
-        "reader": read,
-        "simplejpeg": per_image(simple),
-        "pil": per_image(pil),
+def child_tfdata(a) -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    data, offsets, boxes = load_blob(a.blob)
+    n = len(offsets) - 1
+    payloads = [data[offsets[i] : offsets[i + 1]].tobytes() for i in range(n)]
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = a.threads
+
+    def crop(p, box, flip):
+        img = tf.image.decode_and_crop_jpeg(p, box, channels=3)
+        img = tf.image.resize(img, (SIZE, SIZE), method="bilinear")
+        img = tf.cond(flip, lambda: tf.image.flip_left_right(img), lambda: img)
+        return tf.cast(tf.round(img), tf.uint8)
+
+    def dataset(e):
+        b = boxes[e % EPOCH_BOXES]
+        ds = tf.data.Dataset.from_tensor_slices(
+            (payloads, b[:, :4].astype(np.int32), b[:, 4].astype(bool))
+        )
+        ds = ds.map(crop, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(opts)
+
+    sets = [dataset(e) for e in range(EPOCH_BOXES)]
+
+    def epoch(e):
+        k = 0
+        for x in sets[e % EPOCH_BOXES]:
+            k += int(x.shape[0])
+        assert k == n, k
+
+    out = {"passes": passes(epoch, n, a.passes, a.min_pass_s)}
+    m = min(n, ACCURACY_IMAGES)
+    got = np.concatenate([x.numpy() for x in sets[0].take(-(-m // BATCH))])[:m]
+    ref = np.stack([pil_crop(payloads[i], boxes[0, i]) for i in range(m)])
+    out["accuracy_vs_pil"] = difference(got, ref)
+    return out
+
+
+_POOL: dict = {}
+
+
+def _pil_init(blob: str) -> None:
+    data, offsets, boxes = load_blob(blob)
+    _POOL.update(data=data, offsets=offsets, boxes=boxes)
+
+
+def _pil_task(lo: int, hi: int, e: int) -> tuple[np.ndarray, float]:
+    c = time.process_time()
+    data, offsets, boxes = _POOL["data"], _POOL["offsets"], _POOL["boxes"]
+    out = np.stack(
+        [
+            pil_crop(data[offsets[i] : offsets[i + 1]].tobytes(), boxes[e % EPOCH_BOXES, i])
+            for i in range(lo, hi)
+        ]
+    )
+    return out, time.process_time() - c
+
+
+def child_pil(a) -> dict:
+    from concurrent.futures import ProcessPoolExecutor
+
+    _, offsets, _ = load_blob(a.blob)
+    n = len(offsets) - 1
+    worker_cpu = [0.0]
+    pool = ProcessPoolExecutor(a.threads, initializer=_pil_init, initargs=(a.blob,))
+    chunks = list(range(0, n, 64)) + [n]
+
+    def epoch(e):
+        futs = [pool.submit(_pil_task, lo, hi, e) for lo, hi in zip(chunks[:-1], chunks[1:])]
+        k = 0
+        for f in futs:
+            arr, used = f.result()
+            k += len(arr)
+            worker_cpu[0] += used
+        assert k == n, k
+
+    out = {
+        "passes": passes(
+            epoch, n, a.passes, a.min_pass_s, lambda: time.process_time() + worker_cpu[0]
+        )
     }
-    return cases
+    pool.shutdown()
+    return out
 
 
-# -- the FFCV side (in .ffcv-venv) -------------------------------------------------------------
-def ffcv_child(blob: str, repeats: int, workers_list: list[int]) -> None:
+def child_ffcv(a) -> dict:
     import cv2
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.basics import IntDecoder
@@ -199,160 +298,212 @@ def ffcv_child(blob: str, repeats: int, workers_list: list[int]) -> None:
     from ffcv.transforms import RandomHorizontalFlip
     from ffcv.writer import DatasetWriter
 
-    z = np.load(blob)
-    data, offsets = z["data"], z["offsets"]
-    imgs = [
-        cv2.cvtColor(cv2.imdecode(data[a:b], cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
-        for a, b in zip(offsets[:-1], offsets[1:])
-    ]
+    data, offsets, _ = load_blob(a.blob)
+    n = len(offsets) - 1
+    beton = a.blob + ".beton"
+    if not os.path.exists(beton):  # written once per run, by the first ffcv child
+        imgs = [
+            cv2.cvtColor(cv2.imdecode(data[lo:hi], cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+            for lo, hi in zip(offsets[:-1], offsets[1:])
+        ]
 
-    class Images:
-        def __len__(self):
-            return len(imgs)
+        class Images:
+            def __len__(self):
+                return len(imgs)
 
-        def __getitem__(self, i):
-            return imgs[i], i
+            def __getitem__(self, i):
+                return imgs[i], i
 
-    beton = blob + ".beton"
-    DatasetWriter(
+        DatasetWriter(
+            beton + ".tmp",
+            {"image": RGBImageField(write_mode="jpg", jpeg_quality=90), "label": IntField()},
+            num_workers=1,
+        ).from_indexed_dataset(Images())
+        os.replace(beton + ".tmp", beton)
+    loader = Loader(
         beton,
-        {"image": RGBImageField(write_mode="jpg", jpeg_quality=90), "label": IntField()},
-        num_workers=1,
-    ).from_indexed_dataset(Images())
-    out = {}
-    for workers in workers_list:
-        loader = Loader(
-            beton,
-            batch_size=BATCH,
-            num_workers=workers,
-            order=OrderOption.RANDOM,
-            os_cache=True,
-            drop_last=False,
-            pipelines={
-                "image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip()],
-                "label": [IntDecoder()],
-            },
-        )
+        batch_size=BATCH,
+        num_workers=a.threads,
+        order=OrderOption.RANDOM,
+        os_cache=True,
+        drop_last=False,
+        pipelines={
+            "image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip()],
+            "label": [IntDecoder()],
+        },
+    )
 
-        def run(_epoch, loader=loader):
-            k = 0
-            for im, _lab in loader:
-                k += len(im)
-            assert k == len(imgs), k
+    def epoch(_e):
+        k = 0
+        for im, _lab in loader:
+            k += len(im)
+        assert k == n, k
 
-        out[workers] = timed(run, repeats)
-    print("FFCV-RESULT " + json.dumps({str(k): v for k, v in out.items()}))
+    return {"passes": passes(epoch, n, a.passes, a.min_pass_s)}
 
 
-def load() -> list[float]:
-    return list(os.getloadavg())
+CHILDREN = {
+    "rowstore": child_rowstore,
+    "rowstore-t1": child_rowstore,
+    "kernel": child_rowstore,
+    "tfdata": child_tfdata,
+    "pil": child_pil,
+    "ffcv": child_ffcv,
+}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=512, help="images (scale the workload)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "jpeg_bench.json"))
-    ap.add_argument("--ffcv-python", default=os.path.join(ROOT, ".ffcv-venv", "bin", "python"))
-    ap.add_argument("--ffcv-child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.ffcv_child:
-        ffcv_child(args.ffcv_child, args.repeats, [1, 2])
-        return
-
+# -- the parent ----------------------------------------------------------------------------------
+def prepare(n: int, tmp: str) -> tuple[str, str, dict]:
     import imagecodecs
 
     sys.path.insert(0, ROOT)
     import rowstore
+    from rowstore.reader import image_ops as io
 
-    tmp = tempfile.mkdtemp(prefix="jpeg_bench_")
-    imgs = synthesize(args.n)
+    imgs = synthesize(n)
     payloads = [imagecodecs.jpeg8_encode(a, level=90) for a in imgs]
-    path = os.path.join(tmp, "images.h5")
+    h5 = os.path.join(tmp, "images.h5")
     schema = rowstore.Schema(
         [
             rowstore.Field("image", "uint8", (None, None, 3), codec="jpeg"),
             rowstore.Field("label", "int64"),
         ]
     )
-    with rowstore.Writer(path, schema, rows_per_block=64) as w:
+    with rowstore.Writer(h5, schema, rows_per_block=64) as w:
         for i, a in enumerate(imgs):
             w.write({"image": a, "label": i})
-    del imgs
+    # the boxes tfdata and pil use: rowstore's own crops of epochs 0..EPOCH_BOXES-1 (the
+    # kernel's keys with base 12345), so the accuracy figures compare like with like
+    op = io.RandomResizedCrop(SIZE)
+    boxes = np.array(
+        [
+            [
+                io.crop_params(op, *a.shape[:2], io.row_key(12345, i + e * n))
+                for i, a in enumerate(imgs)
+            ]
+            for e in range(EPOCH_BOXES)
+        ],
+        np.int64,
+    )
     blob = os.path.join(tmp, "payloads.npz")
     data = np.frombuffer(b"".join(payloads), np.uint8)
-    offsets = np.zeros(len(payloads) + 1, np.int64)
+    offsets = np.zeros(n + 1, np.int64)
     offsets[1:] = np.cumsum([len(p) for p in payloads])
-    np.savez(blob, data=data, offsets=offsets)
-    sizes = [imagecodecs.jpeg8_decode(p).shape[:2] for p in payloads[:200]]
+    np.savez(blob, data=data, offsets=offsets, boxes=boxes)
+    area = boxes[0, :, 2] * boxes[0, :, 3] / np.array([a.shape[0] * a.shape[1] for a in imgs])
     meta = {
-        "n": args.n,
-        "mean_hw": [float(np.mean([s[0] for s in sizes])), float(np.mean([s[1] for s in sizes]))],
+        "n": n,
+        "mean_hw": [
+            float(np.mean([a.shape[0] for a in imgs])),
+            float(np.mean([a.shape[1] for a in imgs])),
+        ],
         "mean_jpeg_bytes": float(np.mean([len(p) for p in payloads])),
+        "mean_crop_area_share": float(area.mean()),
         "quality": 90,
-        "cpus": os.cpu_count(),
-        "load_before": load(),
     }
+    return blob, h5, meta
 
-    cases = rowstore_cases(payloads, path)
-    ffcv_ok = os.path.exists(args.ffcv_python)
-    ffcv_why = None if ffcv_ok else f"{args.ffcv_python} missing: run bench/setup_ffcv.sh"
-    results: dict[str, list] = {}
+
+def run_child(a, system: str, root: str, python: str, blob: str, h5: str) -> dict:
+    cmd = [
+        python, os.path.abspath(__file__), "--child", system, "--blob", blob, "--h5", h5,
+        "--root", root, "--threads", str(a.threads), "--passes", str(a.passes),
+        "--min-pass-s", str(a.min_pass_s),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        return {"error": (proc.stderr or proc.stdout)[-3000:]}
+    return json.loads(line[-1][len("RESULT ") :])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=1024, help="images (an epoch)")
+    ap.add_argument("--threads", type=int, default=2, help="cores/threads/workers per system")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of fresh processes")
+    ap.add_argument("--passes", type=int, default=3, help="timed passes per child")
+    ap.add_argument("--min-pass-s", type=float, default=2.0)
+    ap.add_argument(
+        "--systems",
+        default="rowstore,rowstore-t1,kernel,tfdata,ffcv,pil",
+        help="comma-separated: " + ",".join(CHILDREN),
+    )
+    ap.add_argument("--base-root", help="another built checkout: base-rowstore, base-kernel too")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "jpeg_bench.json"))
+    ap.add_argument("--ffcv-python", default=os.path.join(ROOT, ".ffcv-venv", "bin", "python"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--blob", help=argparse.SUPPRESS)
+    ap.add_argument("--h5", help=argparse.SUPPRESS)
+    ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(CHILDREN[args.child](args)), flush=True)
+        return
+
+    tmp = tempfile.mkdtemp(prefix="jpeg_bench_")
+    blob, h5, meta = prepare(args.n, tmp)
+    meta.update(cpus=os.cpu_count(), threads=args.threads, load_before=list(os.getloadavg()))
+    plan = []  # (label, system, root, python)
+    for s in args.systems.split(","):
+        python = args.ffcv_python if s == "ffcv" else sys.executable
+        if s == "ffcv" and not os.path.exists(python):
+            print(f"ffcv: {python} missing: run bench/setup_ffcv.sh", file=sys.stderr)
+            continue
+        plan.append((s, s, ROOT, python))
+        if args.base_root and s in ("rowstore", "rowstore-t1", "kernel"):
+            plan.append(("base-" + s, s, os.path.abspath(args.base_root), sys.executable))
+    results: dict[str, dict] = {}
+    loads = []
     for rnd in range(args.rounds):
-        names = list(cases) if rnd % 2 == 0 else list(cases)[::-1]
-        for name in names:
-            for t in (1, 2):
-                wall, cpu = timed(cases[name](t), args.repeats)
-                results.setdefault(f"{name}-t{t}", []).append((wall, cpu))
-        if ffcv_ok:
-            proc = subprocess.run(
-                [args.ffcv_python, __file__, "--ffcv-child", blob, "--repeats", str(args.repeats)],
-                capture_output=True,
-                text=True,
-            )
-            line = [x for x in proc.stdout.splitlines() if x.startswith("FFCV-RESULT ")]
-            if proc.returncode != 0 or not line:
-                ffcv_ok, ffcv_why = False, (proc.stderr or proc.stdout)[-2000:]
-            else:
-                for t, (wall, cpu) in json.loads(line[0][12:]).items():
-                    results.setdefault(f"ffcv-t{t}", []).append((wall, cpu))
-        print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
-    meta["load_after"] = load()
+        for label, system, root, python in plan if rnd % 2 == 0 else plan[::-1]:
+            r = run_child(args, system, root, python, blob, h5)
+            res = results.setdefault(label, {"passes": []})
+            if "error" in r:
+                res["error"] = r["error"]
+                print(f"{label}: failed: {r['error'][-500:]}", file=sys.stderr)
+                continue
+            res["passes"] += r.pop("passes")
+            res.update(r)
+            print(f"round {rnd + 1}: {label} done", file=sys.stderr)
+        loads.append(list(os.getloadavg()))
+    meta["load_after_rounds"] = loads
     table = {}
-    for name, vals in results.items():
-        threads = int(name.rsplit("-t", 1)[1])
-        wall = statistics.median(v[0] for v in vals)
-        cpu = statistics.median(v[1] for v in vals)
-        rate = args.n / wall
-        table[name] = {
-            "threads": threads,
-            "images_per_s": rate,
-            "images_per_s_per_core": rate / threads,
-            "images_per_cpu_s": args.n / cpu if cpu > 0 else None,
-            "rounds_wall_s": [v[0] for v in vals],
+    for label, res in results.items():
+        if not res["passes"]:
+            table[label] = {"error": res.get("error")}
+            continue
+        table[label] = {
+            "images_per_s": statistics.median(p[0] for p in res["passes"]),
+            "images_per_cpu_s": statistics.median(p[1] for p in res["passes"]),
+            "passes": res["passes"],
+            **{k: v for k, v in res.items() if k not in ("passes", "error")},
         }
-    for base in ("ffcv", "simplejpeg", "pil"):
-        for t in (1, 2):
-            k, b = table.get(f"kernel-t{t}"), table.get(f"{base}-t{t}")
-            r = table.get(f"reader-t{t}")
-            if k and b:
-                table[f"kernel-t{t}"][f"vs_{base}"] = k["images_per_s"] / b["images_per_s"]
-            if r and b:
-                table[f"reader-t{t}"][f"vs_{base}"] = r["images_per_s"] / b["images_per_s"]
-    report = {"meta": meta, "ffcv": ffcv_why or "ok", "results": table}
+    ok = [p for p in PEERS if "images_per_s" in table.get(p, {})]
+    best_wall = max((table[p]["images_per_s"] for p in ok), default=None)
+    best_cpu = max((table[p]["images_per_cpu_s"] for p in ok), default=None)
+    for v in table.values():
+        if "images_per_s" in v and best_wall:
+            v["vs_best_peer_wall"] = v["images_per_s"] / best_wall
+            v["vs_best_peer_cpu"] = v["images_per_cpu_s"] / best_cpu
+    report = {"meta": meta, "results": table}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(f"{'case':<16}{'img/s':>9}{'per core':>10}{'per CPU-s':>11}")
-    for name, v in sorted(table.items()):
-        cpu = v["images_per_cpu_s"]
+    print(f"{'system':<18}{'img/s':>8}{'img/CPU-s':>11}{'/best wall':>12}{'/best CPU':>11}")
+    for label, v in table.items():
+        if "images_per_s" not in v:
+            print(f"{label:<18} failed")
+            continue
         print(
-            f"{name:<16}{v['images_per_s']:>9.0f}{v['images_per_s_per_core']:>10.0f}"
-            f"{cpu if cpu is None else round(cpu):>11}"
+            f"{label:<18}{v['images_per_s']:>8.0f}{v['images_per_cpu_s']:>11.0f}"
+            f"{v.get('vs_best_peer_wall', float('nan')):>12.2f}"
+            f"{v.get('vs_best_peer_cpu', float('nan')):>11.2f}"
         )
-    if ffcv_why:
-        print("ffcv: not measured:", ffcv_why, file=sys.stderr)
+    for label, v in table.items():
+        if "accuracy_vs_pil" in v:
+            print(f"{label}: vs PIL's resize of the same box: {v['accuracy_vs_pil']}")
+    print(f"load average: before {meta['load_before']}, after each round {loads}")
 
 
 if __name__ == "__main__":

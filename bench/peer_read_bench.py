@@ -20,7 +20,8 @@ every batch touched the same way (one value per 4 KiB read, as
 
 Each (system, round) is a fresh process: one warm-up epoch (page cache, JIT, buffers), then
 epochs until a pass of ``--min-pass-s`` seconds; rows/s of the pass and its process CPU time
-(FFCV's workers are threads of the process).
+(FFCV's workers are threads of the process) and its minor page faults per epoch (fresh
+pages faulted in: what buffers reused across batches save).
 The same process then times ``np.copyto`` of 1 GiB between two prefaulted buffers: the
 ``memcpy`` ceiling of that moment. Rounds interleave the systems. Reported: the median rows/s,
 bytes delivered/s as a share of the same process's memcpy, and the ratio to each peer.
@@ -50,6 +51,12 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _memcpy_gbs() -> float:
     import numpy as np
 
@@ -74,14 +81,19 @@ def _touch(v) -> int:
 
 def _passes(epoch, n: int, min_s: float) -> dict:
     epoch(0)
-    t, c, k, e = time.perf_counter(), _cpu(), 0, 1
+    t, c, k, e, f = time.perf_counter(), _cpu(), 0, 1, _faults()
     while True:
         epoch(e)
         e, k = e + 1, k + n
         wall = time.perf_counter() - t
         if wall >= min_s:
             break
-    return {"rows_s": k / wall, "rows_cpu_s": k / (_cpu() - c), "epochs": e - 1}
+    return {
+        "rows_s": k / wall,
+        "rows_cpu_s": k / (_cpu() - c),
+        "epochs": e - 1,
+        "page_faults_per_epoch": (_faults() - f) / (e - 1),
+    }
 
 
 def child(spec: dict) -> dict:
@@ -255,6 +267,9 @@ def main() -> None:
                     "rows_cpu_s": statistics.median(r["rows_cpu_s"] for r in rs),
                     "share_of_memcpy": statistics.median(r["share_of_memcpy"] for r in rs),
                     "memcpy_gbs": statistics.median(r["memcpy_gbs"] for r in rs),
+                    "page_faults_per_epoch": statistics.median(
+                        r["page_faults_per_epoch"] for r in rs
+                    ),
                     "runs": rs,
                 }
             base = summary["rowstore"]["rows_s"]

@@ -233,6 +233,7 @@ def load_chunks(const int32_t[::1] fds not None,
     cdef Py_ssize_t n = offsets.shape[0]
     cdef int rc
     cdef blosc2_context* ctx = NULL
+    cdef blosc2_context* ctx_last = NULL
     cdef Py_ssize_t fd_step = 0 if fds.shape[0] == 1 else 1
     if stored.shape[0] != n or checksums.shape[0] != n:
         raise ValueError("load_chunks: argument lengths differ")
@@ -249,14 +250,17 @@ def load_chunks(const int32_t[::1] fds not None,
     with nogil:
         if compcode >= 0:
             ctx = _new_dctx()
-        if compcode >= 0 and ctx == NULL:
+            ctx_last = _new_dctx()
+        if compcode >= 0 and (ctx == NULL or ctx_last == NULL):
             rc = _fail(e, E_NOMEM, 0, 0)
         else:
-            rc = _load(&fds[0], fd_step, n, &offsets[0], &stored[0], &checksums[0], ctx, compcode, shuffle,
-                       verify, &dst[0], raw_size, dst_stride, &scratch[0] if scratch.shape[0] else NULL,
-                       scratch.shape[0], e)
+            rc = _load(&fds[0], fd_step, n, &offsets[0], &stored[0], &checksums[0], ctx, ctx_last,
+                       compcode, shuffle, verify, &dst[0], raw_size, dst_stride,
+                       &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], e)
         if ctx != NULL:
             blosc2_free_ctx(ctx)
+        if ctx_last != NULL:
+            blosc2_free_ctx(ctx_last)
     return rc
 
 
@@ -282,8 +286,6 @@ cdef int _load_memcpyed(int fd, int64_t offset, int64_t stored, uint64_t checksu
     start = hlen + BLOSC_EXTENDED_HEADER_LENGTH  # the raw bytes of a memcpy'd chunk
     if (hlen < 0x26 or start > _PEEK or stored < start + raw_size
             or not scratch[hlen + BLOSC2_CHUNK_FLAGS] & BLOSC_MEMCPYED):
-        if _pread_full(fd, scratch + _PEEK, stored - _PEEK, offset + _PEEK, err, index) < 0:
-            return -1
         return 0
     memcpy(slot, scratch + start, <size_t>(_PEEK - start))
     if _pread_full(fd, slot + _PEEK - start, raw_size - (_PEEK - start), offset + _PEEK, err,
@@ -304,6 +306,112 @@ cdef int _load_memcpyed(int fd, int64_t offset, int64_t stored, uint64_t checksu
     if not scratch[hlen + BLOSC2_CHUNK_FLAGS] & BLOSC_MEMCPYED:  # checked above; never
         return _fail(err, E_FRAME, index, hlen + BLOSC2_CHUNK_FLAGS)
     return 1
+
+
+cdef int _load_blocks(blosc2_context* ctx, blosc2_context* ctx_last, int fd, int64_t offset,
+                      int64_t stored, uint64_t checksum, bint verify, int compcode, int shuffle,
+                      uint8_t* slot, int64_t raw_size, uint8_t* scratch, int64_t scratch_size,
+                      int64_t index) noexcept nogil:
+    """Load one compressed frame Blosc2 block by Blosc2 block, each read into the start of
+    ``scratch`` just before it is decompressed into ``slot`` (so the staged bytes are still in
+    the core's cache when the codec reads them; staging the chunk whole, 0.6-1 MiB, goes
+    through memory, which costs as much as the codec). ``scratch`` holds the frame's first
+    ``_PEEK`` bytes on entry (:func:`_load_memcpyed`).
+
+    The blocks of a Blosc2 chunk are compressed independently (the delta filter, the one
+    exception, is refused by :func:`_check_chunk`): block j is handed to c-blosc2 as a chunk
+    of its own, the chunk's 32-byte header with ``nbytes``, ``cbytes`` and a one-entry
+    ``bstarts`` of its own followed by the block's stored bytes; a chunk's last, shorter block
+    (compressed unsplit, whatever the flags say) gets the don't-split flag and its own
+    context ``ctx_last`` (a context reallocates its buffers when the block size changes). The
+    CRC-32 is taken over the frame's bytes in file order as they are read and compared at the
+    end.
+
+    A pure fast path: returns 1 when the chunk is in ``slot``, checked as :func:`_load` checks
+    it; 0 without having written ``scratch`` when the frame is not laid out for it (headers
+    and block offsets beyond the first ``_PEEK`` bytes, blocks not stored in order) or its
+    headers are refused; 2 after any other failure (a short read, a block c-blosc2 refuses, a
+    CRC mismatch). On 0 and 2 nothing is reported: the caller reads and checks the frame whole,
+    which reports exactly what it always has (a bad CRC before a bad header)."""
+    cdef uint8_t head[_PEEK]
+    cdef int64_t e[3]
+    cdef int64_t hlen, cbytes, blocksize, nblocks, bstart, j, lo, hi, got, bsize, have
+    cdef int32_t v
+    cdef uint32_t h = 0
+    cdef uint8_t* c
+    cdef blosc2_context* dctx
+    hlen = _be32(scratch + 11) if scratch[10] == 0xD2 else 0
+    if hlen < 0x26 or hlen + BLOSC_EXTENDED_HEADER_LENGTH > _PEEK:
+        return 0
+    # The frame's and the chunk's headers, as load_chunks checks them (they lie in the head).
+    if _frame_decompress(NULL, scratch, stored, compcode, shuffle, NULL, raw_size, e, index) < 0:
+        return 0
+    c = scratch + hlen
+    if c[BLOSC2_CHUNK_FLAGS] & BLOSC_MEMCPYED:
+        return 0
+    cbytes = _le32(c + BLOSC2_CHUNK_CBYTES)  # within the frame (checked)
+    blocksize = _le32(c + BLOSC2_CHUNK_BLOCKSIZE)  # in 1..BLOSC2_MAXBLOCKSIZE (checked)
+    nblocks = (raw_size + blocksize - 1) // blocksize
+    bstart = BLOSC_EXTENDED_HEADER_LENGTH + 4 * nblocks  # where block 0 must start
+    if nblocks < 2 or hlen + bstart > _PEEK or bstart >= cbytes:
+        return 0
+    # Block j's stored bytes are [bstarts[j], bstarts[j + 1]) of the chunk, the last one's
+    # end is cbytes: c-blosc2 writes them in order (one thread) and back to back.
+    if _le32(c + BLOSC_EXTENDED_HEADER_LENGTH) != bstart:
+        return 0
+    for j in range(1, nblocks):
+        v = _le32(c + BLOSC_EXTENDED_HEADER_LENGTH + 4 * j)
+        if v <= _le32(c + BLOSC_EXTENDED_HEADER_LENGTH + 4 * (j - 1)) or v >= cbytes:
+            return 0
+    memcpy(head, scratch, _PEEK)
+    if verify:
+        h = zng_crc32(0, head, _PEEK)
+    have = _PEEK  # bytes of the frame read so far (file order)
+    for j in range(nblocks):
+        lo = hlen + _le32(head + hlen + BLOSC_EXTENDED_HEADER_LENGTH + 4 * j)
+        hi = hlen + (_le32(head + hlen + BLOSC_EXTENDED_HEADER_LENGTH + 4 * (j + 1))
+                     if j + 1 < nblocks else cbytes)
+        bsize = blocksize if j + 1 < nblocks else raw_size - j * blocksize
+        # The block as a chunk of its own: header, bstarts = [36], the block's bytes.
+        memcpy(scratch, head + hlen, BLOSC_EXTENDED_HEADER_LENGTH)
+        _put_le32(scratch + BLOSC2_CHUNK_NBYTES, <int32_t>bsize)
+        _put_le32(scratch + BLOSC2_CHUNK_CBYTES, <int32_t>(BLOSC_EXTENDED_HEADER_LENGTH + 4 + hi - lo))
+        _put_le32(scratch + BLOSC_EXTENDED_HEADER_LENGTH, BLOSC_EXTENDED_HEADER_LENGTH + 4)
+        dctx = ctx
+        if bsize < blocksize:
+            scratch[BLOSC2_CHUNK_FLAGS] |= 0x10  # a last, short block is not split
+            dctx = ctx_last
+        got = 0
+        if lo < have:  # the part of the block among the bytes already read
+            got = have - lo if hi > have else hi - lo
+            memcpy(scratch + BLOSC_EXTENDED_HEADER_LENGTH + 4, head + lo, <size_t>got)
+        if got < hi - lo:
+            if _pread_full(fd, scratch + BLOSC_EXTENDED_HEADER_LENGTH + 4 + got, hi - lo - got,
+                           offset + lo + got, e, index) < 0:
+                return 2
+            if verify:
+                h = zng_crc32(h, scratch + BLOSC_EXTENDED_HEADER_LENGTH + 4 + got,
+                              <size_t>(hi - lo - got))
+            have = hi
+        if blosc2_decompress_ctx(dctx, scratch, <int32_t>(BLOSC_EXTENDED_HEADER_LENGTH + 4 + hi - lo),
+                                 slot + j * blocksize, <int32_t>bsize) != bsize:
+            return 2
+    if have < stored:  # the frame's trailer
+        if _pread_full(fd, scratch, stored - have, offset + have, e, index) < 0:
+            return 2
+        if verify:
+            h = zng_crc32(h, scratch, <size_t>(stored - have))
+    if verify and <uint64_t>h != checksum:
+        return 2
+    return 1
+
+
+cdef inline void _put_le32(uint8_t* p, int32_t v) noexcept nogil:
+    cdef uint32_t u = <uint32_t>v
+    p[0] = u & 0xFF
+    p[1] = (u >> 8) & 0xFF
+    p[2] = (u >> 16) & 0xFF
+    p[3] = u >> 24
 
 
 def memcpyed_starts(const int32_t[::1] fds not None, const int64_t[::1] offsets not None,
@@ -352,10 +460,12 @@ def memcpyed_starts(const int32_t[::1] fds not None, const int64_t[::1] offsets 
 
 
 cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64_t* offsets,
-               const int64_t* stored, const uint64_t* checksums, blosc2_context* ctx, int compcode,
+               const int64_t* stored, const uint64_t* checksums, blosc2_context* ctx,
+               blosc2_context* ctx_last, int compcode,
                int shuffle, bint verify, uint8_t* dst, int64_t raw_size, int64_t dst_stride,
                uint8_t* scratch, int64_t scratch_size, int64_t* err) noexcept nogil:
-    """The loop of :func:`load_chunks` (arguments checked there; ``ctx`` NULL: stored raw)."""
+    """The loop of :func:`load_chunks` (arguments checked there; ``ctx`` NULL: stored raw;
+    ``ctx_last`` a second context, for the short last blocks of :func:`_load_blocks`)."""
     cdef Py_ssize_t i
     cdef uint8_t* target
     cdef int rc
@@ -375,6 +485,19 @@ cdef int _load(const int32_t* fds, Py_ssize_t fd_step, Py_ssize_t n, const int64
                     return -1
                 if rc == 1:
                     continue
+                rc = _load_blocks(ctx, ctx_last, fds[i * fd_step], offsets[i], stored[i],
+                                  checksums[i], verify, compcode, shuffle, dst + i * dst_stride,
+                                  raw_size, scratch, scratch_size, i)
+                if rc == 1:
+                    continue
+                # The frame whole (its first bytes are still there unless _load_blocks ran).
+                if rc == 0:
+                    rc = _pread_full(fds[i * fd_step], scratch + _PEEK, stored[i] - _PEEK,
+                                     offsets[i] + _PEEK, err, i)
+                else:
+                    rc = _pread_full(fds[i * fd_step], scratch, stored[i], offsets[i], err, i)
+                if rc < 0:
+                    return -1
                 if verify and <uint64_t>zng_crc32(0, target, <size_t>stored[i]) != checksums[i]:
                     return _fail(err, E_CHECKSUM, i, 0)
                 if _frame_decompress(ctx, target, stored[i], compcode, shuffle,

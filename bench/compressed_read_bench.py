@@ -1,13 +1,19 @@
 """Compressed against uncompressed epochs, per core, in the same process.
 
-    python bench/compressed_read_bench.py [--reps 5] [--rounds 2]
+    python bench/compressed_read_bench.py [--reps 5] [--rounds 2] [--workloads patch smooth speech]
+                                          [--compressions none lz4 zstd]
                                           [--out bench/results/compressed_read.json]
 
-Demo patch (6,000 rows) and speech (3,000 rows) files, each written uncompressed, Blosc2 LZ4
-and Blosc2 Zstd (clevel 5, byte shuffle). Each workload runs in a fresh process per round with
-one reader thread: an untimed epoch per file, then ``--reps`` block-order epochs per file, the
-files interleaved, every batch touched; timed by process CPU time (user + system: steadier
-than wall time on a shared machine).
+Three workloads, each written uncompressed, Blosc2 LZ4 and Blosc2 Zstd (clevel 5, byte shuffle;
+``--compressions`` picks others of :data:`COMPRESSIONS`): the demo patch (6,000 rows of
+``foo float64[9,9,27]`` random normal floats, ``bar int64[9,27]``, ``baz float64``: the floor,
+since random mantissas do not compress), ``smooth`` (6,000 patch-like rows whose values are
+what weather or image-derived fields hold: ``x float32[9,9,60]``, smooth in space and time,
+see :func:`smooth_fields`, with a time stamp and the patch's coordinates) and the demo speech
+(3,000 rows of white-noise waveforms: stored memcpy'd). Each workload runs in a fresh process
+per round with one reader thread: an untimed epoch per file, then ``--reps`` block-order epochs
+per file, the files interleaved, every batch touched; timed by process CPU time (user + system:
+steadier than wall time on a shared machine).
 Reported per file: stored/raw bytes, heap chunks loaded per epoch (the kernel's decompressions)
 and the median epoch CPU time, and the speed ratio against the same process's uncompressed
 file (``none`` CPU / file CPU; medians over rounds). Where the floor is: after each epoch of a
@@ -30,12 +36,72 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKLOADS = {"patch": 6_000, "speech": 3_000}
-COMPRESSIONS = {
+WORKLOADS = {"patch": 6_000, "smooth": 6_000, "speech": 3_000}
+COMPRESSIONS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "lz4": {"cname": "lz4", "clevel": 5, "shuffle": "byte"},
     "zstd": {"cname": "zstd", "clevel": 5, "shuffle": "byte"},
+    "lz4-bit": {"cname": "lz4", "clevel": 5, "shuffle": "bit"},
+    "zstd-bit": {"cname": "zstd", "clevel": 5, "shuffle": "bit"},
+    "lz4-noshuffle": {"cname": "lz4", "clevel": 5, "shuffle": "none"},
 }
+DEFAULT_COMPRESSIONS = ("none", "lz4", "zstd")
+
+
+def smooth_fields(rng: Any, n: int, shape: tuple[int, int, int] = (9, 9, 60)) -> Any:
+    """``n`` float32 patches of ``shape`` (y, x, time) holding a smooth field, as weather
+    (temperature, pressure, geopotential) or image-derived data are: a level drawn per patch
+    (280 +- 10), four plane waves of random wave vectors (wavelengths of 20 grid steps or
+    more, periods of 30 time steps or more) and amplitudes (0.5-8), plus white noise of 0.05
+    (the measurement or quantisation noise that keeps the low mantissa bits random: about 11
+    of float32's 23 near 280). Blosc2 LZ4 + byte shuffle stores them at about 0.6 of their
+    raw size, Zstd at about 0.54."""
+    import numpy as np
+
+    ny, nx, nt = shape
+    y = np.arange(ny, dtype=np.float64)[:, None, None]
+    x = np.arange(nx, dtype=np.float64)[None, :, None]
+    t = np.arange(nt, dtype=np.float64)[None, None, :]
+    out = np.empty((n, ny, nx, nt), np.float32)
+    for i in range(n):
+        f = np.full(shape, 280.0 + 10.0 * rng.standard_normal())
+        for _ in range(4):
+            ky, kx = rng.uniform(0.0, 0.3, 2)
+            kt = rng.uniform(0.0, 0.2)
+            f = f + rng.uniform(0.5, 8.0) * np.sin(ky * y + kx * x + kt * t + rng.uniform(0, 6.3))
+        f += 0.05 * rng.standard_normal(shape)
+        out[i] = f
+    return out
+
+
+def write_smooth(path: str, rows: int, compression: Any, *, seed: int = 0) -> None:
+    """The ``smooth`` workload: ``x float32[9,9,60]`` (:func:`smooth_fields`), ``time int64``
+    (hours, increasing), ``lat`` and ``lon`` float32 (the patch's corner on a 0.25 degree
+    grid), 1 MiB blocks as the demo files have."""
+    import numpy as np
+
+    from rowstore import Field, Schema, Writer
+
+    schema = Schema(
+        [
+            Field("x", "float32", (9, 9, 60)),
+            Field("time", "int64"),
+            Field("lat", "float32"),
+            Field("lon", "float32"),
+        ]
+    )
+    rng = np.random.default_rng(seed)
+    with Writer(path, schema, compression=compression, block_bytes=1 << 20) as w:
+        for a in range(0, rows, 1_000):
+            m = min(1_000, rows - a)
+            w.write_batch(
+                {
+                    "x": smooth_fields(rng, m),
+                    "time": 6 * np.arange(a, a + m, dtype=np.int64),
+                    "lat": (rng.integers(-360, 360, m) * 0.25).astype(np.float32),
+                    "lon": (rng.integers(0, 1440, m) * 0.25).astype(np.float32),
+                }
+            )
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -53,10 +119,14 @@ def child(spec: dict[str, Any]) -> None:
         return r.ru_utime + r.ru_stime
 
     paths = {}
-    for c, comp in COMPRESSIONS.items():
+    for c in spec["compressions"]:
+        comp = COMPRESSIONS[c]
         path = os.path.join(spec["dir"], f"{spec['workload']}_{c}.h5")
         if not os.path.exists(path):
-            make_demo(spec["workload"], path + ".tmp", spec["rows"], compression=comp)
+            if spec["workload"] == "smooth":
+                write_smooth(path + ".tmp", spec["rows"], comp)
+            else:
+                make_demo(spec["workload"], path + ".tmp", spec["rows"], compression=comp)
             os.replace(path + ".tmp", path)
         paths[c] = path
     readers = {c: Reader(p, num_threads=1) for c, p in paths.items()}
@@ -148,14 +218,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument(
+        "--compressions",
+        nargs="+",
+        default=list(DEFAULT_COMPRESSIONS),
+        choices=list(COMPRESSIONS),
+        help="files to read besides the uncompressed one (always read: the ratios' base)",
+    )
     ap.add_argument("--dir", default=os.path.join(ROOT, ".cache", "compressed_read_bench"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compressed_read.json"))
+    ap.add_argument(
+        "--base",
+        default=None,
+        help="another checkout (kernels built in place) read alternately with this one",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
         return 0
     trees = [("current", ROOT)]
+    if args.base:  # a second checkout (built in place) read in alternating fresh processes
+        trees.append(("base", os.path.abspath(args.base)))
     doc: dict[str, Any] = {
         "tool": "bench/compressed_read_bench.py",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -167,9 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.workloads:
         for rnd in range(args.rounds):
             for label, tree in trees:
-                d = os.path.join(args.dir, label)
+                d = os.path.join(args.dir, "current")  # the same files for every tree
                 os.makedirs(d, exist_ok=True)
-                spec = {"workload": name, "rows": WORKLOADS[name], "dir": d, "reps": args.reps}
+                comps = ["none"] + [c for c in args.compressions if c != "none"]
+                spec = {
+                    "workload": name,
+                    "rows": WORKLOADS[name],
+                    "dir": d,
+                    "reps": args.reps,
+                    "compressions": comps,
+                }
                 load = os.getloadavg()[0]
                 p = subprocess.run(
                     [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
@@ -205,7 +296,41 @@ def main(argv: list[str] | None = None) -> int:
                     )
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
+    print(summary(doc))
     return 0
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The table of a run: per workload and file, stored/raw, the median epoch CPU and the
+    ratio against the uncompressed file (median over rounds, their range in brackets), and the
+    floor ratio from the decompression alone."""
+    rows: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    for run in doc["runs"]:
+        files = run["files"]
+        none = statistics.median(files["none"]["cpu"])
+        for c, v in files.items():
+            key = (run["workload"], c, run["tree"])
+            r = rows.setdefault(key, {"ratio": [], "cpu": [], "floor": []})
+            m = statistics.median(v["cpu"])
+            r["ratio"].append(none / m)
+            r["cpu"].append(m)
+            r["stored"] = [v["stored_over_raw"]]
+            if "decompress_cpu" in v:
+                r["floor"].append(none / (none + statistics.median(v["decompress_cpu"])))
+    lines = [
+        "| workload | file | tree | stored / raw | epoch CPU | vs uncompressed | floor "
+        "(decompression) |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for (w, c, tree), r in sorted(rows.items()):
+        floor = f"{statistics.median(r['floor']):.2f}" if r["floor"] else "-"
+        lines.append(
+            f"| {w} | {c} | {tree} | {r['stored'][0]:.3f} | "
+            f"{statistics.median(r['cpu']) * 1e3:.1f} ms | "
+            f"**{statistics.median(r['ratio']):.2f}x** ({min(r['ratio']):.2f}-"
+            f"{max(r['ratio']):.2f}) | {floor} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

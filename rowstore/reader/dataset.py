@@ -416,10 +416,12 @@ class Reader(EpochReads):
         table = L.block_raw_bytes
         # Pieces wherever the data allows them, whatever store reads it (a local file, or an
         # object store's ranged reads of checked pages): one order for a file and its copies.
+        # Rows with heap payloads only where payloads are read in place (local files): an
+        # object store loads the heap chunks of a piece's whole block (pieces times the bytes).
         g = self._gatherer
         auto = _order.auto_pieces(
             self._rpb,
-            g.codec is None and g.verify != "always",
+            g.codec is None and g.verify != "always" and (heap == 0 or g.direct_ok),
             table / (table + heap) if heap > 0 else 0.0,
         )
         return _order.resolve_order(shuffle, window, pieces, self._rpb, auto)

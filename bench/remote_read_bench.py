@@ -220,6 +220,9 @@ def child(spec: dict) -> dict:
             r = rowstore.open(spec["url"], **kw)
             for _ in r.batches(spec["batch"], seed=99, epoch=99):
                 pass
+            wait = getattr(r._store, "wait_for_copies", None)
+            if wait is not None:  # local copies of whole objects, made in the background
+                wait()
             r.close()
     out: dict[str, Any] = {"passes": []}
     for k in range(spec["passes"]):

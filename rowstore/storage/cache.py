@@ -38,6 +38,12 @@ _HEAD = struct.Struct("<8sQI")  # magic, payload length, CRC-32 of the payload
 _TMP_AGE_S = 60.0
 
 
+def _stat_regular(st: os.stat_result) -> bool:
+    import stat
+
+    return stat.S_ISREG(st.st_mode)
+
+
 class BlockCache:
     """Chunks of remote objects, keyed by (object URL, its identity, offset, size)."""
 
@@ -103,6 +109,88 @@ class BlockCache:
             pass
         self.hits += 1
         return bytes(payload)
+
+    # -- whole objects: local copies read by the local path ------------------------------------
+    def object_path(self, url: str, file_id: tuple) -> str:
+        obj = hashlib.sha1(f"{url}\0{file_id!r}".encode()).hexdigest()[:24]
+        return os.path.join(self.root, obj[:2], f"{obj}.obj")
+
+    def open_object(self, url: str, file_id: tuple, size: int) -> int | None:
+        """A read-only descriptor of the complete local copy of ``url`` (``size`` bytes), or
+        None. The caller owns the descriptor (eviction unlinks the name, never the open file).
+        The copy's bytes are checked by the reads (every chunk's or page's CRC from the index),
+        as a local file's are."""
+        p = self.object_path(url, file_id)
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size or not _stat_regular(st):
+                os.close(fd)
+                self._remove(p)
+                return None
+            os.utime(p)  # recently used
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def drop_object(self, url: str, file_id: tuple) -> None:
+        """Remove a copy found damaged (its name; open descriptors keep their file)."""
+        self._remove(self.object_path(url, file_id))
+
+    def fill_object(
+        self, url: str, file_id: tuple, size: int, fetch: Any, step: int = 8 << 20
+    ) -> bool:
+        """Copy the object ``url`` of ``size`` bytes into the cache, ``fetch(start, end)``
+        giving its bytes, under a temporary name renamed onto the final one when complete
+        (atomic: a reader opens a complete copy or none). One process fills a given object at
+        a time (a ``.tmp-lock-`` marker made with ``O_EXCL``, touched as the copy grows; one
+        left by a killed process is removed once a minute old). Objects larger than half the
+        cache are not copied. Returns whether this call made the copy."""
+        if size <= 0 or size > self.max_bytes // 2:
+            return False
+        p = self.object_path(url, file_id)
+        d = os.path.dirname(p)
+        lock = os.path.join(d, ".tmp-lock-" + os.path.basename(p))
+        tmp = os.path.join(d, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            os.makedirs(d, exist_ok=True)
+            if os.path.exists(p):
+                return False
+            try:
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                if time.time() - os.stat(lock).st_mtime <= _TMP_AGE_S:
+                    return False  # another process is copying it
+                self._remove(lock)
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except OSError:
+            return False
+        try:
+            with open(tmp, "wb") as f:
+                for a in range(0, size, step):
+                    data = fetch(a, min(size, a + step))
+                    if len(data) != min(size, a + step) - a:
+                        raise OSError("short read")
+                    f.write(data)
+                    os.utime(lock)
+            os.replace(tmp, p)
+        except Exception:  # noqa: BLE001 - a cache that cannot fill is a cache that misses
+            self._remove(tmp)
+            return False
+        finally:
+            self._remove(lock)
+        with self._lock:
+            if self._estimate is None:
+                self._estimate = self.size()
+            else:
+                self._estimate += size
+            if self._estimate > self.max_bytes:
+                self._estimate = self.evict()
+        return True
 
     def drop(self, key: tuple[int, int, int], url: str, file_id: tuple) -> None:
         self._remove(self._path(key, url, file_id))

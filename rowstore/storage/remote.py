@@ -31,6 +31,7 @@ import contextlib
 import os
 import tempfile
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -120,6 +121,16 @@ class RemoteStore:
         self._client = Client(self.paths[0] if self.paths else "file://", self.options)
         self.scheduler: Scheduler | None = None
         self._cache = None
+        # With a cache: complete local copies of the shard objects (shard -> descriptor, held
+        # while the store lives), read by the local kernels; copies are made in the background.
+        self._copies: dict[int, int] = {}
+        self._looked: dict[int, float] = {}
+        self._to_copy: deque[int] = deque()
+        self._filler: threading.Thread | None = None
+        self._copy_flags: np.ndarray | None = None  # pages of the copies checked (read_pages)
+        # Copies fetch through a client of their own: ``requests`` counts the reads' requests.
+        self._copier = Client(self.paths[0] if self.paths else "file://", self.options)
+        weakref.finalize(self, _close_all, self._copies)
         if self.options.cache:
             from rowstore.storage.cache import BlockCache
 
@@ -148,8 +159,13 @@ class RemoteStore:
 
     @property
     def requests(self) -> int:
-        """Ranged GETs this process made so far."""
+        """Ranged GETs this process made so far for reads (not counting :attr:`copy_requests`)."""
         return self.client.requests
+
+    @property
+    def copy_requests(self) -> int:
+        """Ranged GETs this process made so far to copy whole objects into the cache."""
+        return self._copier.requests
 
     @property
     def is_open(self) -> bool:
@@ -196,6 +212,83 @@ class RemoteStore:
     def submit(self, s: int, start: int, end: int) -> Future:
         return self.client.submit(self.paths[s], start, end, self.etag(s))
 
+    # -- local copies (cache=) -------------------------------------------------------------------
+    def _copy_fds(self, sh: np.ndarray) -> np.ndarray | None:
+        """The descriptors of the complete local copies of shards ``sh`` (one per item), or
+        None where one is not copied (yet: its copy is then started in the background)."""
+        if self._cache is None or not len(sh):
+            return None
+        out = np.empty(len(sh), np.int32)
+        for s in np.unique(sh).tolist():
+            fd = self._copies.get(s)
+            if fd is None:
+                fd = self._find_copy(s)
+                if fd is None:
+                    return None
+            out[sh == s] = fd
+        return out
+
+    def _find_copy(self, s: int) -> int | None:
+        now = time.monotonic()
+        if now - self._looked.get(s, -1e9) < 0.5 or not self.file_ids[s]:
+            return None  # looked for a moment ago (or its size is not known)
+        self._looked[s] = now
+        assert self._cache is not None
+        fd = self._cache.open_object(self.paths[s], self.file_ids[s], int(self.file_ids[s][0]))
+        with self._lock:
+            if fd is not None:
+                if s in self._copies:
+                    os.close(fd)
+                    return self._copies[s]
+                self._copies[s] = fd
+                return fd
+            if s not in self._to_copy:
+                self._to_copy.append(s)
+                if self._filler is None or not self._filler.is_alive():
+                    self._filler = threading.Thread(
+                        target=self._fill_copies, name="rowstore-cache-copy", daemon=True
+                    )
+                    self._filler.start()
+        return None
+
+    def _fill_copies(self) -> None:
+        """Copy the objects queued, one after the other (their bytes fetched as every request
+        is: retried, conditional on the ETag recorded at open)."""
+        while True:
+            with self._lock:
+                if not self._to_copy:
+                    self._filler = None
+                    return
+                s = self._to_copy[0]
+            url, etag = self.paths[s], self.etag(s)
+            assert self._cache is not None
+            self._cache.fill_object(
+                url,
+                self.file_ids[s],
+                int(self.file_ids[s][0]),
+                lambda a, b, url=url, etag=etag: self._copier.get(url, a, b, etag),
+            )
+            with self._lock:
+                self._to_copy.popleft()
+                self._looked.pop(s, None)  # look again at the next read
+
+    def wait_for_copies(self, timeout: float | None = None) -> None:
+        """Wait until the local copies started so far are made (or failed)."""
+        t = self._filler
+        if t is not None:
+            t.join(timeout)
+
+    def _drop_copies(self, sh: np.ndarray) -> None:
+        """Copies a read found damaged: removed from the cache (and no longer read here)."""
+        with self._lock:
+            for s in np.unique(sh).tolist():
+                fd = self._copies.pop(s, None)
+                if fd is not None:
+                    os.close(fd)
+                    assert self._cache is not None
+                    self._cache.drop_object(self.paths[s], self.file_ids[s])
+                self._looked[s] = time.monotonic()
+
     # -- epoch order ---------------------------------------------------------------------------
     def schedule(self, plan: Iterable[list[Key]]) -> Scheduler:
         """Prefetch the chunks of ``plan`` (lists of keys, one list per segment, in the order
@@ -228,6 +321,28 @@ class RemoteStore:
         n = len(offsets)
         stride = dst_stride or raw_size
         sh = np.zeros(n, np.int64) if shards is None else np.asarray(shards, np.int64)
+        fds = self._copy_fds(sh)
+        if fds is not None:
+            # Local copies: read as a local file is (one kernel call; ``verify`` as the reader
+            # asks, the first read of each chunk checked); a damaged copy is dropped and the
+            # chunks fetched below.
+            try:
+                kernels.load_chunks(
+                    fds,
+                    offsets,
+                    stored,
+                    checksums,
+                    codec=codec,
+                    verify=verify,
+                    dst=dst,
+                    raw_size=raw_size,
+                    scratch=scratch,
+                    what=what,
+                    dst_stride=dst_stride,
+                )
+                return
+            except kernels.KernelError:
+                self._drop_copies(sh)
         keys = [
             (int(s), int(o), int(z))
             for s, o, z in zip(sh.tolist(), offsets.tolist(), stored.tolist())
@@ -322,6 +437,24 @@ class RemoteStore:
         todo = np.flatnonzero(t > 0)
         if not len(todo):
             return
+        fds = self._copy_fds(sh)
+        if fds is not None:
+            # Local copies: the local kernel, each page checked the first time this store
+            # reads it (as a local file's); a damaged copy is dropped and the pages fetched.
+            flags = self._copy_flags
+            if flags is None or len(flags) != len(crcs):
+                flags = self._copy_flags = np.zeros(len(crcs), np.bool_)
+            scratch = pages[3]
+            if not isinstance(scratch, np.ndarray) or scratch.nbytes < 2 * page_len:
+                scratch = np.empty(2 * page_len, np.uint8)
+            try:
+                kernels.pread_pages(
+                    fds, off, cb, w, t, first, (page_len, crcs, flags, scratch), out, dst
+                )
+                return
+            except kernels.KernelError:
+                self._drop_copies(sh)
+                self._copy_flags = None
         start, end = page_ranges(off[todo], cb[todo], w[todo], t[todo], page_len)
         keys = [
             (int(s), int(a), int(b - a))
@@ -428,6 +561,15 @@ def page_ranges(
     return off + a, off + b
 
 
+def _close_all(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
+
+
 def _merge(keys: list[Key], limit: int) -> list[tuple[tuple[int, int, int], list[int]]]:
     """Group keys (in any order) into requests: ``((shard, start, end), [positions])``;
     adjacent or overlapping ranges of one shard merge up to ``limit`` bytes, a key asked twice
@@ -520,8 +662,12 @@ class Scheduler:
                 return
             self._refill_ahead()
             cache = self.store._cache
+            copies = self.store._copies
             while self._ahead and len(self._requests) < self.limit:
                 key = self._ahead[0]
+                if cache is not None and (key[0] in copies or self.store._find_copy(key[0])):
+                    self._ahead.popleft()  # the reader reads its shard's local copy
+                    continue
                 if cache is not None and cache.has(
                     key, self.store.paths[key[0]], self.store.file_ids[key[0]]
                 ):

@@ -58,10 +58,50 @@ def test_later_epochs_read_from_the_cache(served, tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     first = r._store.requests
     assert first > 0
+    r._store.wait_for_copies()  # the shard objects, copied whole in the background
+    assert r._store.copy_requests >= r.layout.num_shards
     got = _epoch(r)
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     assert r._store.requests == first  # the second epoch made no request
-    assert r._store._cache.hits >= r.layout.num_blocks
+    # ... and read the local copies as local files are read (no chunk of the cache)
+    assert len(r._store._copies) == r.layout.num_shards and r._store._cache.hits == 0
+    # a fresh reader reads them too, and makes no request
+    r2 = rowstore.open(url, cache=str(tmp_path / "c"), storage_options=so)
+    assert all(np.array_equal(a, b) for a, b in zip(want, _epoch(r2)))
+    assert r2._store.requests == 0 and r2._store.copy_requests == 0
+
+
+def test_a_damaged_copy_is_dropped_and_read_remotely(served, tmp_path):
+    """A local copy whose bytes differ from the index's CRCs is never served: the read that
+    finds it drops it and fetches the chunks; a copy of another size is not opened."""
+    url, local, so = served
+    want = _epoch(rowstore.open(local))
+    cache = str(tmp_path / "c")
+    r = rowstore.open(url, cache=cache, storage_options=so)
+    _epoch(r)
+    r._store.wait_for_copies()
+    objs = sorted(f for f, _ in BlockCache(cache, 1 << 30)._files() if f.endswith(".obj"))
+    assert len(objs) == r.layout.num_shards
+    with open(objs[0], "r+b") as f:  # damage every block's bytes of one copy
+        data = bytearray(f.read())
+        for i in range(64, len(data) - 64, 512):
+            data[i] ^= 0x5A
+        f.seek(0)
+        f.write(data)
+    with open(objs[1], "ab") as f:  # another size: not the object
+        f.write(b"x")
+    r2 = rowstore.open(url, cache=cache, storage_options=so)
+    assert all(np.array_equal(a, b) for a, b in zip(want, _epoch(r2)))
+    # both were dropped (and copied again, whole): every copy now holds a shard's bytes
+    r2._store.wait_for_copies()
+    want_bytes = set()
+    for name in sorted(os.listdir(os.path.join(local, "shards"))):
+        with open(os.path.join(local, "shards", name), "rb") as f:
+            want_bytes.add(f.read())
+    for p in objs:
+        if os.path.exists(p):
+            with open(p, "rb") as f:
+                assert f.read() in want_bytes, p
 
 
 def _fill(url, so, cache, seed, q):
@@ -104,10 +144,14 @@ def test_killed_filler_and_damaged_files_are_not_trusted(served, tmp_path):
     p = ctx.Process(target=_read_forever, args=(url, so, cache))
     p.start()
     c = BlockCache(cache, 1 << 30)
-    wait_until(lambda: len(c._files()) >= 5, timeout=60)  # asserted below
+
+    def chunk_files():
+        return [f for f, _ in c._files() if f.endswith(".blk")]
+
+    wait_until(lambda: len(chunk_files()) >= 5, timeout=60)  # asserted below
     os.kill(p.pid, signal.SIGKILL)
     p.join(scaled(10))
-    files = [f for f, _ in c._files()]
+    files = chunk_files()
     assert len(files) >= 5
     # A half-written file under the final name and a foreign one: both dropped on use.
     with open(files[0], "r+b") as f:
@@ -118,10 +162,14 @@ def test_killed_filler_and_damaged_files_are_not_trusted(served, tmp_path):
     r = rowstore.open(url, cache=cache, storage_options=so)
     ref = rowstore.open(local)
     assert all(np.array_equal(a, b) for a, b in zip(_epoch(ref, 5), _epoch(r, 5)))
-    # Both damaged files were dropped and cached again, whole; every file now checks.
-    assert os.path.exists(files[0]) and os.path.exists(files[1])
+    # Both damaged files are refused on use (and removed), never served: the reader above
+    # dropped them where it used the chunk files (it reads whole-object copies once made).
+    for f in files[:2]:
+        size = int(f[: -len(".blk")].rsplit("-", 1)[1])
+        if os.path.exists(f) and not _valid(f):  # (a valid one was dropped and cached again)
+            assert c._get(f, size) is None and not os.path.exists(f)
     for f, _ in c._files():
-        assert _valid(f), f
+        assert f.endswith(".obj") or _valid(f), f  # (copies: checked by the reads' CRCs)
 
 
 def _valid(path: str) -> bool:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,6 +68,10 @@ class _Var:
 
 _EXTRA_KEYS = EXTRA_KEYS
 
+#: Key suffix of the row offsets of a variable-shape field in ``varlen="ragged"`` mode: int64
+#: ``(n + 1,)``, row ``i``'s elements are ``values[offsets[i]:offsets[i + 1]]``.
+OFFSETS_KEY = "__offsets"
+
 
 class _Collator:
     """Turns conformed batches (numpy, Ragged, object arrays) into dicts of torch values."""
@@ -119,6 +123,14 @@ class _Collator:
                 out[key] = v.tolist() if isinstance(v, np.ndarray) else list(v)
             elif kind == "padded":
                 out[key] = _tensor(pad_ragged(v))
+                out[key + SHAPE_KEY] = torch.from_numpy(
+                    np.ascontiguousarray(v.shapes[:, list(f.variable_dims)])
+                )
+            elif kind == "ragged":
+                # The reader's own layout, no copy and no per-row step: the flat values, the
+                # row offsets and the rows' variable dimensions (as "padded" gives them).
+                out[key] = _tensor(v.values)
+                out[key + OFFSETS_KEY] = _tensor(v.offsets)
                 out[key + SHAPE_KEY] = torch.from_numpy(
                     np.ascontiguousarray(v.shapes[:, list(f.variable_dims)])
                 )
@@ -275,3 +287,51 @@ def collate(batch: Any) -> Any:
         if collator is not None:
             return _for_worker(collator.rows(batch))
     return _tud.default_collate(batch)
+
+
+def _cut_tensors(
+    parts: Iterator[dict], batch_size: int, drop_last: bool = False
+) -> Generator[dict, None, None]:
+    """Batches of tensors cut from the reader's reads (dicts of fixed-shape numeric arrays, any
+    number of rows each) as ``cut_batches`` cuts arrays, with one ``from_numpy`` per array of a
+    read and one ``Tensor.split`` for all its whole batches: a torch tensor costs about as much
+    to create as the reader spends on a small batch, and per-batch numpy views plus their
+    ``from_numpy`` would cost half as much again. A batch straddling two reads is
+    concatenated (a copy), as the reader does."""
+    from_numpy = torch.from_numpy
+    carry: list[dict] = []
+    carry_n = 0
+
+    def joined() -> dict:
+        if len(carry) == 1:
+            return carry[0]
+        return {k: torch.cat([c[k] for c in carry]) for k in carry[0]}
+
+    try:
+        for part in parts:
+            keys = list(part)
+            cols = [from_numpy(part[k]) for k in keys]
+            m = len(cols[0]) if cols else 0
+            pos = 0
+            if carry_n and m:
+                pos = min(batch_size - carry_n, m)
+                carry.append(dict(zip(keys, (c[:pos] for c in cols))))
+                carry_n += pos
+                if carry_n == batch_size:
+                    yield joined()
+                    carry, carry_n = [], 0
+            whole = (m - pos) // batch_size
+            if whole:
+                end = pos + whole * batch_size
+                for vals in zip(*[c[pos:end].split(batch_size) for c in cols]):
+                    yield dict(zip(keys, vals))
+                pos = end
+            if pos < m:
+                carry.append(dict(zip(keys, (c[pos:] for c in cols))))
+                carry_n += m - pos
+        if carry_n and not drop_last:
+            yield joined()
+    finally:
+        close = getattr(parts, "close", None)
+        if close is not None:
+            close()

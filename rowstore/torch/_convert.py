@@ -15,7 +15,7 @@ from rowstore.reader.buffers import NULL_KEY, Ragged, offsets_from_lengths
 from rowstore.schema import BYTES, STR, Field, Schema
 
 #: Collations of variable-shape fields.
-VARLEN_MODES = ("padded", "nested", "list")
+VARLEN_MODES = ("padded", "nested", "list", "ragged")
 
 
 # -- dtypes ------------------------------------------------------------------------------------
@@ -61,7 +61,8 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 # -- varlen modes ------------------------------------------------------------------------------
 def _resolve_varlen(varlen: str | Mapping[str, str], schema: Schema) -> dict[str, str]:
-    """Per variable-shape field of ``schema``: "padded", "jagged", "strided" or "list"."""
+    """Per variable-shape field of ``schema``: "padded", "jagged", "strided", "list" or
+    "ragged"."""
     modes = varlen_modes(varlen, schema, modes=VARLEN_MODES, default="padded")
     out = {}
     for f in schema:

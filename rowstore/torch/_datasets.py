@@ -16,7 +16,7 @@ from rowstore.errors import StateError
 from rowstore.reader.epochs import EpochSpec, EpochStream
 from rowstore.reader.plan import ID_KEY, PAD_KEY
 from rowstore.reader.transform import as_spec as _as_spec
-from rowstore.torch._collate import Row, RowBatch, _Collator, _Shipped, collate
+from rowstore.torch._collate import Row, RowBatch, _Collator, _cut_tensors, _Shipped, collate
 from rowstore.torch._epoch import _ROW_BATCH, _EpochReader, _OwnsReader, _split_extras
 from rowstore.torch._transform import _process, _schemas
 
@@ -407,9 +407,16 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
             "worker": worker,
             "row": 0,
         }
+        # Fixed-shape numeric fields, no transform: tensors cut from the reads as
+        # BatchedDataLoader cuts them (one from_numpy and one split per read, not per batch).
+        dense = (
+            bs is not None and col.dense_only and self._row_tf is None and self._batch_tf is None
+        )
         it = stream.batches(
             own=nw,
             take=wid,
+            cut=(lambda parts: _cut_tensors(parts, bs)) if dense else None,
+            parts=dense,
             fields=self._fields,
             with_ids=self.with_ids,
             num_threads=threads,
@@ -417,6 +424,11 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
             varlen="ragged",
         )
         try:
+            if dense:
+                for out, epoch, steps in it:
+                    p["epoch"], p["next"] = epoch, steps - 1 + nw
+                    yield out if info is None else _Shipped(out)
+                return
             for b, epoch, steps in it:
                 b, extras = _split_extras(b)
                 b = _process(b, self._row_tf, self._batch_tf, self.output_schema)

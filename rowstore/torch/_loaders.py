@@ -20,7 +20,7 @@ from rowstore.reader.dataset import Reader
 from rowstore.reader.epochs import EpochSpec, EpochStream, OnStream, no_decode
 from rowstore.reader.plan import ID_KEY, PAD_KEY, step_rows
 from rowstore.reader.transform import as_spec as _as_spec
-from rowstore.torch._collate import _Collator
+from rowstore.torch._collate import _Collator, _cut_tensors
 from rowstore.torch._device import _CudaStage, _to_device
 from rowstore.torch._epoch import _EpochReader, _OwnsReader, _split_extras
 from rowstore.torch._transform import _schemas
@@ -491,51 +491,3 @@ class MemorySource:
             if spec.pad:
                 b[PAD_KEY] = mask
             yield b
-
-
-def _cut_tensors(
-    parts: Iterator[dict], batch_size: int, drop_last: bool = False
-) -> Generator[dict, None, None]:
-    """Batches of tensors cut from the reader's reads (dicts of fixed-shape numeric arrays, any
-    number of rows each) as ``cut_batches`` cuts arrays, with one ``from_numpy`` per array of a
-    read and one ``Tensor.split`` for all its whole batches: a torch tensor costs about as much
-    to create as the reader spends on a small batch, and per-batch numpy views plus their
-    ``from_numpy`` would cost half as much again. A batch straddling two reads is
-    concatenated (a copy), as the reader does."""
-    from_numpy = torch.from_numpy
-    carry: list[dict] = []
-    carry_n = 0
-
-    def joined() -> dict:
-        if len(carry) == 1:
-            return carry[0]
-        return {k: torch.cat([c[k] for c in carry]) for k in carry[0]}
-
-    try:
-        for part in parts:
-            keys = list(part)
-            cols = [from_numpy(part[k]) for k in keys]
-            m = len(cols[0]) if cols else 0
-            pos = 0
-            if carry_n and m:
-                pos = min(batch_size - carry_n, m)
-                carry.append(dict(zip(keys, (c[:pos] for c in cols))))
-                carry_n += pos
-                if carry_n == batch_size:
-                    yield joined()
-                    carry, carry_n = [], 0
-            whole = (m - pos) // batch_size
-            if whole:
-                end = pos + whole * batch_size
-                for vals in zip(*[c[pos:end].split(batch_size) for c in cols]):
-                    yield dict(zip(keys, vals))
-                pos = end
-            if pos < m:
-                carry.append(dict(zip(keys, (c[pos:] for c in cols))))
-                carry_n += m - pos
-        if carry_n and not drop_last:
-            yield joined()
-    finally:
-        close = getattr(parts, "close", None)
-        if close is not None:
-            close()

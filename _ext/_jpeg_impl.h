@@ -51,8 +51,6 @@ typedef struct {
     size_t cap;
     uint8_t* mid; /* horizontally resized rows */
     size_t mid_cap;
-    int32_t* acc; /* one output row's accumulators */
-    size_t acc_cap;
     int32_t* kx; /* coefficients */
     int32_t* ky;
     int* bx;
@@ -220,6 +218,7 @@ flip:
 
 /* -- resampling: PIL's separable triangle (bilinear) filter, antialiased when it shrinks ----- */
 #define RJ_PREC 22
+enum { RJ_STACK_TAPS = 64 }; /* taps whose weights rj_coeffs computes on its stack */
 
 /* Coefficients of out_size outputs over the input interval [in0, in1) of an in_size axis:
  * output i reads inputs bounds[2i] .. bounds[2i] + bounds[2i+1] - 1 with weights
@@ -232,6 +231,7 @@ static int rj_coeffs(double in0, double in1, int in_size, int out_size, int** bo
     double support = fs; /* the triangle's support is 1, stretched when shrinking */
     int ksize = (int)ceil(support) * 2 + 1;
     size_t need = (size_t)out_size * (size_t)ksize;
+    double wstack[RJ_STACK_TAPS];
     double* w;
     int i, x;
     if (need > *cap) {
@@ -246,7 +246,7 @@ static int rj_coeffs(double in0, double in1, int in_size, int out_size, int** bo
         *bounds = nb;
         *cap = need;
     }
-    w = (double*)malloc((size_t)ksize * sizeof(double));
+    w = ksize <= RJ_STACK_TAPS ? wstack : (double*)malloc((size_t)ksize * sizeof(double));
     if (w == NULL) return -1;
     for (i = 0; i < out_size; i++) {
         double center = in0 + (i + 0.5) * scale, ww = 0.0, ss = 1.0 / fs;
@@ -269,7 +269,7 @@ static int rj_coeffs(double in0, double in1, int in_size, int out_size, int** bo
         (*bounds)[2 * i] = xmin;
         (*bounds)[2 * i + 1] = xmax;
     }
-    free(w);
+    if (w != wstack) free(w);
     return ksize;
 }
 
@@ -279,25 +279,46 @@ static inline uint8_t rj_clip32(int32_t v) {
     return v < 0 ? 0 : (v > 255 ? 255 : (uint8_t)v);
 }
 
-/* The scratch buffers and coefficients of one resize: the filter's weights each way, the
- * columns [c0, c1) the horizontal pass reads, mid (oh rows of mw bytes, then the slack: the
- * bytes a vector load may read past the last row's end, zeroed; the weights there are 0). */
-enum { RJ_SLACK = 64 };
-
+/* What one resize reads and writes: the filter's weights each way (kx, ky taps) and the
+ * order of the passes. Horizontal first (vfirst 0): mid holds the rows [r0, r1) of src the
+ * vertical pass reads, filtered horizontally and flipped (mw = ow * c bytes each). Vertical
+ * first: mid holds the oh output rows over the columns [c0, c1) the horizontal pass reads
+ * (mw = (c1 - c0) * c bytes each), then the slack bytes a vector load may read past its last
+ * row (zeroed; the weights there are 0). */
 typedef struct {
-    int kx, ky, copy_x, copy_y, c0, c1;
-    size_t mw, slack;
+    int kx, ky, copy_x, copy_y, vfirst, r0, r1, c0, c1;
+    size_t mw;
 } rj_plan;
 
+/* The bytes rj_resize's AVX2 horizontal pass may read past the end of its input's last row
+ * (rows of w pixels resized to ow): up to kx taps (<= 2 (w / ow + 1) + 1) and a byte past a
+ * pixel's last tap; the weights there are 0. For src, the caller allocates and zeroes them. */
+static size_t rj_src_slack(int w, int ow, int c) {
+    return (size_t)(2 * (w / ow + 2) + 3) * (size_t)c + 64;
+}
+
+/* The order of the passes is Pillow's (13, ImagingResampleInner): vertical first when the
+ * image (img_h x img_w, all of it, not the box) loses more than twice as many rows as it
+ * loses columns, else horizontal first. */
 static int rj_plan_resize(int sh, int sw, int c, double by0, double by1, double bx0, double bx1,
-                          int oh, int ow, rj_scratch* s, rj_plan* p) {
-    size_t midn;
+                          int oh, int ow, int64_t img_h, int64_t img_w, rj_scratch* s,
+                          rj_plan* p) {
+    size_t midn, slack = 0;
     p->kx = rj_coeffs(bx0, bx1, sw, ow, &s->bx, &s->kx, &s->kcap);
     if (p->kx < 0) return RJ_NOMEM;
     p->ky = rj_coeffs(by0, by1, sh, oh, &s->by, &s->ky, &s->kycap);
     if (p->ky < 0) return RJ_NOMEM;
     p->copy_x = bx1 - bx0 == ow && bx0 == floor(bx0) && bx0 >= 0 && bx1 <= sw;
     p->copy_y = by1 - by0 == oh && by0 == floor(by0) && by0 >= 0 && by1 <= sh;
+    p->vfirst = oh < img_h && img_h - oh > 2 * (img_w - ow);
+    if (p->copy_y) {
+        p->r0 = (int)by0;
+        p->r1 = p->r0 + oh;
+    } else {
+        p->r0 = s->by[0];
+        p->r1 = s->by[2 * (oh - 1)] + s->by[2 * (oh - 1) + 1];
+        if (p->r1 <= p->r0) p->r1 = p->r0 + 1;
+    }
     if (p->copy_x) {
         p->c0 = (int)bx0;
         p->c1 = p->c0 + ow;
@@ -306,97 +327,111 @@ static int rj_plan_resize(int sh, int sw, int c, double by0, double by1, double 
         p->c1 = s->bx[2 * (ow - 1)] + s->bx[2 * (ow - 1) + 1];
         if (p->c1 <= p->c0) p->c1 = p->c0 + 1;
     }
-    p->mw = (size_t)(p->c1 - p->c0) * c;
-    p->slack = (size_t)(p->kx + 2) * c + RJ_SLACK;
-    midn = (size_t)oh * p->mw + p->slack;
+    if (p->vfirst) {
+        p->mw = (size_t)(p->c1 - p->c0) * c;
+        slack = rj_src_slack(p->c1 - p->c0, ow, c);
+        midn = (size_t)oh * p->mw + slack;
+    } else {
+        p->mw = (size_t)ow * c;
+        midn = (size_t)(p->r1 - p->r0) * p->mw;
+    }
     if (midn > s->mid_cap) {
         uint8_t* m = (uint8_t*)realloc(s->mid, midn);
         if (m == NULL) return RJ_NOMEM;
         s->mid = m;
         s->mid_cap = midn;
     }
-    memset(s->mid + (size_t)oh * p->mw, 0, p->slack); /* what loads past the last row read */
-    if (p->mw > s->acc_cap) {
-        int32_t* a = (int32_t*)realloc(s->acc, p->mw * sizeof(int32_t));
-        if (a == NULL) return RJ_NOMEM;
-        s->acc = a;
-        s->acc_cap = p->mw;
-    }
+    if (slack) memset(s->mid + (size_t)oh * p->mw, 0, slack);
     return RJ_OK;
 }
 
-/* Resize the box [bx0, bx1) x [by0, by1) of src (sh rows of sw pixels, c channels) to
- * out (oh x ow x c), mirrored left-right with flip: a vertical pass over the columns the
- * horizontal pass reads (tap by tap over whole rows, which vectorises), then the horizontal
- * pass over the output's rows only. (PIL filters horizontally first; the intermediate
- * rounding differs by at most a level.) An axis whose box is the output's size at a
- * whole-pixel offset is copied, not filtered (its weights would be one tap of 1).
- * RJ_OK or RJ_NOMEM. The plain C statement of the arithmetic; rj_resize_avx2 computes the
- * same integers. */
+/* ow pixels of row from column c0, copied into m, mirrored with flip. */
+static void rj_copy_row(const uint8_t* row, int c0, int ow, int c, int flip, uint8_t* m) {
+    int x;
+    if (!flip) {
+        memcpy(m, row + (size_t)c0 * c, (size_t)ow * c);
+        return;
+    }
+    for (x = 0; x < ow; x++) memcpy(m + (size_t)(ow - 1 - x) * c, row + (size_t)(c0 + x) * c, c);
+}
+
+/* One row of the horizontal pass: position x of m shows output xo (ow - 1 - x with flip),
+ * the sum of its taps over row (whose column 0 is column c0 of the box's coordinates). */
+static void rj_hrow_c(const uint8_t* row, int c0, const rj_plan* p, const rj_scratch* s, int c,
+                      int ow, int flip, uint8_t* m) {
+    int x, i, j;
+    for (x = 0; x < ow; x++) {
+        int xo = flip ? ow - 1 - x : x, n = s->bx[2 * xo + 1];
+        const uint8_t* in = row + (size_t)(s->bx[2 * xo] - c0) * c;
+        const int32_t* k = s->kx + (size_t)xo * p->kx;
+        for (i = 0; i < c; i++) {
+            int32_t a = 1 << (RJ_PREC - 1);
+            for (j = 0; j < n; j++) a += (int32_t)in[j * c + i] * k[j];
+            m[(size_t)x * c + i] = rj_clip32(a);
+        }
+    }
+}
+
+/* One row of the vertical pass: d[i] (i < w) is the sum of output row y's taps over the rows
+ * of base (stride bytes apart; base's row 0 is row r0 of the box's coordinates). */
+static void rj_vrow_c(const uint8_t* base, size_t stride, int r0, const rj_plan* p,
+                      const rj_scratch* s, int y, size_t w, uint8_t* d) {
+    const int32_t* k = s->ky + (size_t)y * p->ky;
+    const uint8_t* b = base + (size_t)(s->by[2 * y] - r0) * stride;
+    int j, n = s->by[2 * y + 1];
+    size_t i;
+    for (i = 0; i < w; i++) {
+        int32_t a = 1 << (RJ_PREC - 1);
+        for (j = 0; j < n; j++) a += (int32_t)b[(size_t)j * stride + i] * k[j];
+        d[i] = rj_clip32(a);
+    }
+}
+
+/* Resize the box [bx0, bx1) x [by0, by1) of src (sh rows of sw pixels, c channels; part of
+ * an img_h x img_w image) to out (oh x ow x c), mirrored left-right with flip, as Pillow's
+ * ImagingResample does it: its pass order (rj_plan_resize), its fixed-point weights of
+ * RJ_PREC bits (rj_coeffs), each pass rounded and clamped to 8 bits. So the pixels are
+ * Pillow's resize(box=..., reducing_gap=None) of the same decoded pixels, to the bit. An axis
+ * whose box is the output's size at a whole-pixel offset is copied, not filtered (its weights
+ * would be one tap of 1). RJ_OK or RJ_NOMEM. The plain C statement of the arithmetic;
+ * rj_resize_avx2 computes the same integers. */
 static int rj_resize_c(const uint8_t* src, int sh, int sw, int c, double by0, double by1,
                        double bx0, double bx1, uint8_t* out, int oh, int ow, int flip,
-                       rj_scratch* s) {
+                       int64_t img_h, int64_t img_w, rj_scratch* s) {
     rj_plan p;
-    int kx, ky, c0, y, x, i, j, n, status;
-    size_t mw, orow = (size_t)ow * c, sstride = (size_t)sw * c;
-    status = rj_plan_resize(sh, sw, c, by0, by1, bx0, bx1, oh, ow, s, &p);
+    int y, status;
+    size_t sstride = (size_t)sw * c, orow = (size_t)ow * c;
+    status = rj_plan_resize(sh, sw, c, by0, by1, bx0, bx1, oh, ow, img_h, img_w, s, &p);
     if (status != RJ_OK) return status;
-    kx = p.kx;
-    ky = p.ky;
-    c0 = p.c0;
-    mw = p.mw;
-    for (y = 0; y < oh; y++) {
-        uint8_t* m = s->mid + (size_t)y * mw;
-        int32_t* acc = s->acc;
-        const int32_t* k = s->ky + (size_t)y * ky;
-        const uint8_t* base;
-        if (p.copy_y) {
-            memcpy(m, src + ((size_t)by0 + y) * sstride + (size_t)c0 * c, mw);
-            continue;
+    if (p.vfirst) {
+        for (y = 0; y < oh; y++) {
+            uint8_t* m = s->mid + (size_t)y * p.mw;
+            if (p.copy_y)
+                memcpy(m, src + ((size_t)p.r0 + y) * sstride + (size_t)p.c0 * c, p.mw);
+            else
+                rj_vrow_c(src + (size_t)p.c0 * c, sstride, 0, &p, s, y, p.mw, m);
         }
-        base = src + (size_t)s->by[2 * y] * sstride + (size_t)c0 * c;
-        n = s->by[2 * y + 1];
-        for (i = 0; i < (int)mw; i++) acc[i] = 1 << (RJ_PREC - 1);
-        for (j = 0; j < n; j++) {
-            const uint8_t* r = base + (size_t)j * sstride;
-            int32_t kj = k[j];
-            for (i = 0; i < (int)mw; i++) acc[i] += (int32_t)r[i] * kj;
+        for (y = 0; y < oh; y++) {
+            const uint8_t* m = s->mid + (size_t)y * p.mw;
+            if (p.copy_x)
+                rj_copy_row(m, 0, ow, c, flip, out + (size_t)y * orow);
+            else
+                rj_hrow_c(m, p.c0, &p, s, c, ow, flip, out + (size_t)y * orow);
         }
-        for (i = 0; i < (int)mw; i++) m[i] = rj_clip32(acc[i]);
+        return RJ_OK;
+    }
+    for (y = p.r0; y < p.r1; y++) {
+        uint8_t* m = s->mid + (size_t)(y - p.r0) * p.mw;
+        if (p.copy_x)
+            rj_copy_row(src + (size_t)y * sstride, p.c0, ow, c, flip, m);
+        else
+            rj_hrow_c(src + (size_t)y * sstride, 0, &p, s, c, ow, flip, m);
     }
     for (y = 0; y < oh; y++) {
-        const uint8_t* row = s->mid + (size_t)y * mw;
-        uint8_t* d = out + (size_t)y * orow;
-        if (p.copy_x) {
-            if (!flip) {
-                memcpy(d, row, orow);
-            } else {
-                for (x = 0; x < ow; x++)
-                    for (i = 0; i < c; i++) d[(ow - 1 - x) * c + i] = row[x * c + i];
-            }
-            continue;
-        }
-        for (x = 0; x < ow; x++) {
-            const uint8_t* in = row + (size_t)(s->bx[2 * x] - c0) * c;
-            const int32_t* k = s->kx + (size_t)x * kx;
-            uint8_t* o = d + (size_t)(flip ? ow - 1 - x : x) * c;
-            n = s->bx[2 * x + 1];
-            if (c == 3) {
-                int32_t a0 = 1 << (RJ_PREC - 1), a1 = a0, a2 = a0;
-                for (j = 0; j < n; j++) {
-                    a0 += (int32_t)in[3 * j] * k[j];
-                    a1 += (int32_t)in[3 * j + 1] * k[j];
-                    a2 += (int32_t)in[3 * j + 2] * k[j];
-                }
-                o[0] = rj_clip32(a0);
-                o[1] = rj_clip32(a1);
-                o[2] = rj_clip32(a2);
-            } else {
-                int32_t a0 = 1 << (RJ_PREC - 1);
-                for (j = 0; j < n; j++) a0 += (int32_t)in[j] * k[j];
-                o[0] = rj_clip32(a0);
-            }
-        }
+        if (p.copy_y)
+            memcpy(out + (size_t)y * orow, s->mid + (size_t)y * p.mw, orow);
+        else
+            rj_vrow_c(s->mid, p.mw, p.r0, &p, s, y, orow, out + (size_t)y * orow);
     }
     return RJ_OK;
 }
@@ -461,7 +496,8 @@ __attribute__((target("avx2"))) static void rj_vpass_avx2(const uint8_t* base, s
  * four output pixels at a time: pixel p (of group g = p / 4) is the sum over taps j < nt[g]
  * of the 4 bytes at row + st[p] + 3 j (a pixel and the next one's first byte) times the
  * weights (k, k, k, 0) in ke, zero past the pixel's own taps; the row may be read past its end
- * (the slack). The last group of the row is stored through tmp (only its own pixels). */
+ * (rj_src_slack). It writes only the row's ow * 3 bytes (a group whose 16-byte store would
+ * pass the row's end is stored through tmp). */
 __attribute__((target("avx2"))) static void rj_hpass3_avx2(const uint8_t* row, const int* st,
                                                            const int* nt, const int32_t* ke,
                                                            int kst, uint8_t* d, int ow) {
@@ -493,74 +529,42 @@ __attribute__((target("avx2"))) static void rj_hpass3_avx2(const uint8_t* row, c
         u = _mm256_packs_epi32(_mm256_srai_epi32(a, RJ_PREC), _mm256_srai_epi32(b, RJ_PREC));
         u = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(u, u), order);
         v = _mm_shuffle_epi8(_mm256_castsi256_si128(u), rgb);
-        if (g + 1 < groups) {
-            _mm_storeu_si128((__m128i*)(d + (size_t)g * 12), v);
+        if (12 * g + 16 <= 3 * ow) {
+            _mm_storeu_si128((__m128i*)(d + (size_t)g * 12), v); /* 4 bytes over: rewritten */
         } else {
             uint8_t tmp[16];
             _mm_storeu_si128((__m128i*)tmp, v);
-            memcpy(d + (size_t)g * 12, tmp, (size_t)(ow - 4 * g) * 3);
+            memcpy(d + (size_t)g * 12, tmp, (size_t)(ow - 4 * g < 4 ? ow - 4 * g : 4) * 3);
         }
     }
 }
 
-/* rj_resize_c's integers, with AVX2: the vertical pass 32 columns at a time in registers,
- * the horizontal pass of a 3-channel image two taps at a time. */
-__attribute__((target("avx2"))) static int rj_resize_avx2(const uint8_t* src, int sh, int sw,
-                                                          int c, double by0, double by1,
-                                                          double bx0, double bx1, uint8_t* out,
-                                                          int oh, int ow, int flip,
-                                                          rj_scratch* s) {
-    rj_plan p;
-    int y, x, i, j, g, groups, kst, status;
+/* The tables of rj_hpass3_avx2 for a resize, in output order (the flip in them): st (a byte
+ * offset per pixel, its first tap's column less c0), nt (taps per group of 4), ke (kx taps
+ * per group, 16 weights per tap: (k, k, k, 0) per pixel). NULL without memory. */
+static int32_t* rj_htables(const rj_plan* p, rj_scratch* s, int ow, int flip, int c0,
+                           int** st, int** nt) {
+    int g, i, j, groups = (ow + 3) / 4, kst = p->kx;
+    size_t need = (size_t)groups * kst * 16 + (size_t)groups * 5;
     int32_t* ke;
-    int *st, *nt;
-    size_t orow = (size_t)ow * c, sstride = (size_t)sw * c, need;
-    if (c != 3) return rj_resize_c(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, s);
-    status = rj_plan_resize(sh, sw, c, by0, by1, bx0, bx1, oh, ow, s, &p);
-    if (status != RJ_OK) return status;
-    for (y = 0; y < oh; y++) {
-        uint8_t* m = s->mid + (size_t)y * p.mw;
-        if (p.copy_y)
-            memcpy(m, src + ((size_t)by0 + y) * sstride + (size_t)p.c0 * c, p.mw);
-        else
-            rj_vpass_avx2(src + (size_t)s->by[2 * y] * sstride + (size_t)p.c0 * c, sstride,
-                          s->ky + (size_t)y * p.ky, s->by[2 * y + 1], m, p.mw);
-    }
-    if (p.copy_x) {
-        for (y = 0; y < oh; y++) {
-            const uint8_t* row = s->mid + (size_t)y * p.mw;
-            uint8_t* d = out + (size_t)y * orow;
-            if (!flip) {
-                memcpy(d, row, orow);
-            } else {
-                for (x = 0; x < ow; x++) memcpy(d + (size_t)(ow - 1 - x) * 3, row + 3 * x, 3);
-            }
-        }
-        return RJ_OK;
-    }
-    /* the tables of rj_hpass3_avx2, in output order: st (a byte offset per pixel, 4 per
-     * group), nt (taps per group), ke (kst taps per group, 16 weights per tap) */
-    groups = (ow + 3) / 4;
-    kst = p.kx;
-    need = (size_t)groups * kst * 16 + (size_t)groups * 5;
     if (need > s->ke_cap) {
         int32_t* e = (int32_t*)realloc(s->ke, need * sizeof(int32_t));
-        if (e == NULL) return RJ_NOMEM;
+        if (e == NULL) return NULL;
         s->ke = e;
         s->ke_cap = need;
     }
     ke = s->ke;
-    st = (int*)(ke + (size_t)groups * kst * 16);
-    nt = st + (size_t)groups * 4;
+    *st = (int*)(ke + (size_t)groups * kst * 16);
+    *nt = *st + (size_t)groups * 4;
     for (g = 0; g < groups; g++) {
         int most = 0;
         for (i = 0; i < 4; i++) {
             int q = 4 * g + i, xo = flip ? ow - 1 - q : q, n;
             const int32_t* k;
             if (q >= ow) xo = flip ? 0 : ow - 1; /* padding: computed, not stored */
-            k = s->kx + (size_t)xo * p.kx;
+            k = s->kx + (size_t)xo * p->kx;
             n = s->bx[2 * xo + 1];
-            st[q] = (s->bx[2 * xo] - p.c0) * 3;
+            (*st)[q] = (s->bx[2 * xo] - c0) * 3;
             if (n > most) most = n;
             for (j = 0; j < kst; j++) {
                 int32_t* e = ke + ((size_t)g * kst + j) * 16 + 4 * i;
@@ -569,10 +573,66 @@ __attribute__((target("avx2"))) static int rj_resize_avx2(const uint8_t* src, in
                 e[3] = 0;
             }
         }
-        nt[g] = most;
+        (*nt)[g] = most;
     }
-    for (y = 0; y < oh; y++)
-        rj_hpass3_avx2(s->mid + (size_t)y * p.mw, st, nt, ke, kst, out + (size_t)y * orow, ow);
+    return ke;
+}
+
+/* rj_resize_c's integers, with AVX2: the horizontal pass of a 3-channel image four output
+ * pixels at a time, the vertical pass 32 bytes at a time in registers. src must have
+ * rj_src_slack(sw, ow, 3) readable bytes past its last row. */
+__attribute__((target("avx2"))) static int rj_resize_avx2(const uint8_t* src, int sh, int sw,
+                                                          int c, double by0, double by1,
+                                                          double bx0, double bx1, uint8_t* out,
+                                                          int oh, int ow, int flip,
+                                                          int64_t img_h, int64_t img_w,
+                                                          rj_scratch* s) {
+    rj_plan p;
+    int y, status, *st = NULL, *nt = NULL;
+    int32_t* ke = NULL;
+    size_t sstride = (size_t)sw * c, orow = (size_t)ow * c;
+    if (c != 3)
+        return rj_resize_c(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, img_h, img_w,
+                           s);
+    status = rj_plan_resize(sh, sw, c, by0, by1, bx0, bx1, oh, ow, img_h, img_w, s, &p);
+    if (status != RJ_OK) return status;
+    if (!p.copy_x) {
+        ke = rj_htables(&p, s, ow, flip, p.vfirst ? p.c0 : 0, &st, &nt);
+        if (ke == NULL) return RJ_NOMEM;
+    }
+    if (p.vfirst) {
+        for (y = 0; y < oh; y++) {
+            uint8_t* m = s->mid + (size_t)y * p.mw;
+            if (p.copy_y)
+                memcpy(m, src + ((size_t)p.r0 + y) * sstride + (size_t)p.c0 * c, p.mw);
+            else
+                rj_vpass_avx2(src + (size_t)s->by[2 * y] * sstride + (size_t)p.c0 * c, sstride,
+                              s->ky + (size_t)y * p.ky, s->by[2 * y + 1], m, p.mw);
+        }
+        for (y = 0; y < oh; y++) {
+            const uint8_t* m = s->mid + (size_t)y * p.mw;
+            if (p.copy_x)
+                rj_copy_row(m, 0, ow, c, flip, out + (size_t)y * orow);
+            else
+                rj_hpass3_avx2(m, st, nt, ke, p.kx, out + (size_t)y * orow, ow);
+        }
+        return RJ_OK;
+    }
+    for (y = p.r0; y < p.r1; y++) {
+        uint8_t* m = s->mid + (size_t)(y - p.r0) * p.mw;
+        if (p.copy_x)
+            rj_copy_row(src + (size_t)y * sstride, p.c0, ow, c, flip, m);
+        else
+            rj_hpass3_avx2(src + (size_t)y * sstride, st, nt, ke, p.kx, m, ow);
+    }
+    for (y = 0; y < oh; y++) {
+        uint8_t* d = out + (size_t)y * orow;
+        if (p.copy_y)
+            memcpy(d, s->mid + (size_t)y * p.mw, orow);
+        else
+            rj_vpass_avx2(s->mid + (size_t)(s->by[2 * y] - p.r0) * p.mw, p.mw,
+                          s->ky + (size_t)y * p.ky, s->by[2 * y + 1], d, orow);
+    }
     return RJ_OK;
 }
 #else
@@ -607,12 +667,13 @@ static int rj_set_simd(int enabled) {
 
 static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, double by1,
                      double bx0, double bx1, uint8_t* out, int oh, int ow, int flip,
-                     rj_scratch* s) {
+                     int64_t img_h, int64_t img_w, rj_scratch* s) {
 #if RJ_HAVE_AVX2
     if (rj_use_simd())
-        return rj_resize_avx2(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, s);
+        return rj_resize_avx2(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, img_h,
+                              img_w, s);
 #endif
-    return rj_resize_c(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, s);
+    return rj_resize_c(src, sh, sw, c, by0, by1, bx0, bx1, out, oh, ow, flip, img_h, img_w, s);
 }
 
 /* -- one image --------------------------------------------------------------------------------- */
@@ -624,11 +685,11 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
                          uint8_t* out, rj_scratch* s, int64_t* info) {
     struct jpeg_decompress_struct cinfo;
     rj_err err;
-    int64_t h, w, y0, x0, ch, cw, c0, c1, r0, r1, d;
+    int64_t h, w, y0, x0, ch, cw, c0, c1, r0, r1, d, img_h, img_w;
     int flip, status = RJ_OK, c = op->channels;
     JDIMENSION xoff, xw;
     double sy, sx;
-    size_t need, stride;
+    size_t need, stride, slack;
     int64_t y;
 
     if (n <= 0 || n > 0xFFFFFFFFLL) return RJ_CORRUPT;
@@ -680,25 +741,29 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
     if (c0 < 0) c0 = 0;
     if (r1 > (int64_t)cinfo.output_height) r1 = cinfo.output_height;
     if (c1 > (int64_t)cinfo.output_width) c1 = cinfo.output_width;
+    img_h = cinfo.output_height; /* the scaled image, before the crop narrows output_width */
+    img_w = cinfo.output_width;
     xoff = (JDIMENSION)c0;
     xw = (JDIMENSION)(c1 - c0);
     if (c0 > 0 || c1 < (int64_t)cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &xoff, &xw); /* widened to iMCU boundaries */
     stride = (size_t)cinfo.output_width * (size_t)c;
     need = stride * (size_t)(r1 - r0);
+    slack = rj_src_slack((int)cinfo.output_width, op->out_w, c);
     if ((int64_t)need > op->max_bytes) {
         jpeg_destroy_decompress(&cinfo);
         return RJ_TOO_LARGE;
     }
-    if (need > s->cap) {
-        uint8_t* b = (uint8_t*)realloc(s->buf, need);
+    if (need + slack > s->cap) {
+        uint8_t* b = (uint8_t*)realloc(s->buf, need + slack);
         if (b == NULL) {
             jpeg_destroy_decompress(&cinfo);
             return RJ_NOMEM;
         }
         s->buf = b;
-        s->cap = need;
+        s->cap = need + slack;
     }
+    memset(s->buf + need, 0, slack); /* what the resize may read past the last row */
     if (r0 > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)r0) != (JDIMENSION)r0) {
         jpeg_destroy_decompress(&cinfo);
         return RJ_CORRUPT;
@@ -720,7 +785,7 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
         double by0 = y0 * sy - r0, by1 = (y0 + ch) * sy - r0;
         double bx0 = x0 * sx - (double)xoff, bx1 = (x0 + cw) * sx - (double)xoff;
         status = rj_resize(s->buf, (int)(r1 - r0), (int)cinfo.output_width, c, by0, by1, bx0,
-                           bx1, out, op->out_h, op->out_w, flip, s);
+                           bx1, out, op->out_h, op->out_w, flip, img_h, img_w, s);
     }
     jpeg_destroy_decompress(&cinfo);
     if (info != NULL) {
@@ -788,7 +853,6 @@ static int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, in
 static void rj_scratch_free(rj_scratch* s) {
     free(s->buf);
     free(s->mid);
-    free(s->acc);
     free(s->kx);
     free(s->ky);
     free(s->bx);

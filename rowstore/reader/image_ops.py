@@ -13,10 +13,12 @@ a saved state, on any world size, decodes every row exactly as the uninterrupted
 
 Decoding is done by ``kernels.jpeg_decode_batch`` (libjpeg-turbo, without the GIL: the
 smallest DCT scale that keeps the crop at or above the output size, only the crop's rows and
-columns decoded, then PIL's bilinear filter, antialiased when it shrinks). Where the kernel
-was not built (no ``jpeglib.h``), :func:`decode_reference` decodes the whole image with
-imagecodecs, crops and resizes with the same filter in NumPy: the same geometry, pixels within
-a few levels (the kernel's DCT scaling averages slightly differently from the filter).
+columns decoded, then Pillow's bilinear filter, antialiased when it shrinks, in Pillow's
+fixed-point arithmetic and pass order). Where the kernel was not built (no ``jpeglib.h``),
+:func:`decode_reference` decodes the whole image with imagecodecs, crops and resizes with the
+same filter in NumPy (:func:`resize_reference`): the same geometry; at DCT scale 1 the same
+pixels (both compute Pillow's ``resize(box=..., reducing_gap=None)`` to the bit), else
+within a few levels (the kernel's DCT scaling averages a little differently from the filter).
 """
 
 from __future__ import annotations
@@ -308,31 +310,54 @@ def crop_params(op: ImageOp, h: int, w: int, key: int) -> tuple[int, int, int, i
 
 
 # -- the NumPy reference of the resampling (and the fallback without the kernel) -------------------
+_PREC = 22  # fixed-point bits of the weights (Pillow's PRECISION_BITS for 8-bit images)
+
+
 def _coeffs(in0: float, in1: float, in_size: int, out_size: int) -> np.ndarray:
-    """``out_size x in_size`` weights of PIL's bilinear (triangle) filter over ``[in0, in1)``."""
+    """``out_size x in_size`` integer weights (sum ``2**22`` each) of Pillow's bilinear
+    (triangle) filter over ``[in0, in1)``: its ``precompute_coeffs`` and
+    ``normalize_coeffs_8bpc``, operation for operation (antialiased when it shrinks)."""
     scale = (in1 - in0) / out_size
     fs = max(scale, 1.0)
-    centers = in0 + (np.arange(out_size) + 0.5) * scale
-    lo = np.maximum((centers - fs + 0.5).astype(np.int64), 0)
-    hi = np.minimum((centers + fs + 0.5).astype(np.int64), in_size)
-    x = np.arange(in_size)
-    t = np.abs((x[None, :] - centers[:, None] + 0.5) / fs)
-    k = np.where((x[None, :] >= lo[:, None]) & (x[None, :] < hi[:, None]), np.maximum(1 - t, 0), 0)
-    s = k.sum(axis=1, keepdims=True)
-    return k / np.where(s == 0, 1, s)
+    support, ss = fs, 1.0 / fs
+    k = np.zeros((out_size, in_size), np.int64)
+    for i in range(out_size):
+        center = in0 + (i + 0.5) * scale
+        lo = max(int(center - support + 0.5), 0)
+        n = min(int(center + support + 0.5), in_size) - lo
+        w = [max(1.0 - abs((x + lo - center + 0.5) * ss), 0.0) for x in range(n)]
+        ww = 0.0
+        for v in w:
+            ww += v
+        for x in range(n):
+            k[i, lo + x] = int(0.5 + (w[x] / ww if ww != 0.0 else 0.0) * (1 << _PREC))
+    return k
+
+
+def _pass(k: np.ndarray, a: np.ndarray, axis: int) -> np.ndarray:
+    """One pass of the filter along ``axis`` (0: rows, 1: columns) of ``a`` (``H x W x C``),
+    rounded and clamped to 8 bits as Pillow's ``clip8``."""
+    acc = np.einsum("oy,yxc->oxc" if axis == 0 else "ox,yxc->yoc", k, a.astype(np.int64))
+    return np.clip((acc + (1 << (_PREC - 1))) >> _PREC, 0, 255).astype(np.uint8)
 
 
 def resize_reference(
     img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], flip: bool = False
 ) -> np.ndarray:
     """The ``(y0, x0, crop_h, crop_w)`` box of ``img`` (``H x W`` or ``H x W x C`` uint8)
-    resized to ``size`` with PIL's bilinear filter (float arithmetic), mirrored with ``flip``."""
+    resized to ``size`` as Pillow 13's ``Image.resize(size[::-1], BILINEAR, box=...,
+    reducing_gap=None)`` does it, to the bit: its fixed-point weights, each pass rounded to 8
+    bits, the vertical pass first when the image loses more than twice as many rows as
+    columns (else the horizontal pass first); mirrored with ``flip``."""
     y0, x0, ch, cw = box
     a = img if img.ndim == 3 else img[..., None]
-    ky = _coeffs(y0, y0 + ch, a.shape[0], size[0])
-    kx = _coeffs(x0, x0 + cw, a.shape[1], size[1])
-    mid = np.clip(np.rint(np.einsum("ox,yxc->yoc", kx, a.astype(np.float64))), 0, 255)
-    out = np.clip(np.rint(np.einsum("oy,yxc->oxc", ky, mid)), 0, 255).astype(np.uint8)
+    (h, w), (oh, ow) = a.shape[:2], size
+    ky = _coeffs(y0, y0 + ch, h, oh)
+    kx = _coeffs(x0, x0 + cw, w, ow)
+    if oh < h and h - oh > 2 * (w - ow):
+        out = _pass(kx, _pass(ky, a, 0), 1)
+    else:
+        out = _pass(ky, _pass(kx, a, 1), 0)
     if flip:
         out = out[:, ::-1]
     return out if img.ndim == 3 else out[..., 0]

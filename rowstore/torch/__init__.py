@@ -20,7 +20,9 @@ This package is the only part of rowstore that imports torch. Use it as
 Variable-shape fields are collated per field (``varlen=``): ``"padded"`` (a zero-padded tensor
 plus ``"<name>__shape"``, the variable dimensions of each row, int64 ``(n, k)``), ``"nested"``
 (``torch.nested``: the jagged layout, a view of the batch values, when only the first dimension
-varies; otherwise a strided nested tensor, a copy) or ``"list"`` (a list of tensors, views).
+varies; otherwise a strided nested tensor, a copy), ``"list"`` (a list of tensors, views) or
+``"ragged"`` (the reader's layout, no copy: the flat values, ``"<name>__offsets"`` and
+``"<name>__shape"``).
 ``str``/``bytes`` fields are Python lists; a nullable field adds ``"<name>__null"`` (bool).
 See ``docs/torch.md``.
 """

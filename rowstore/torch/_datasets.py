@@ -54,7 +54,7 @@ class Dataset(_tud.Dataset, _OwnsReader):
         Applied to each row (numpy values); see :class:`TransformSpec`.
     batch_transform : callable or TransformSpec, optional
         Applied to each fetched batch (after ``transform``), before collation.
-    varlen : {"padded", "nested", "list"} or dict
+    varlen : {"padded", "nested", "list", "ragged"} or dict
         Collation of variable-shape fields, one mode for all or a dict per field (unlisted
         fields: ``"padded"``).
     storage_options : mapping, optional
@@ -146,7 +146,7 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
     transform, batch_transform : callable or TransformSpec, optional
         Per-row and per-batch transforms (in row mode ``batch_transform`` sees chunks of
         ``512`` rows as read).
-    varlen : {"padded", "nested", "list"} or dict
+    varlen : {"padded", "nested", "list", "ragged"} or dict
     num_threads : int, optional
         Reader threads per process (default: 1 inside a DataLoader worker, else the reader's).
     prefetch : int

@@ -74,7 +74,7 @@ class BatchedDataLoader(OnStream, _EpochReader, _OwnsReader):
         Reader threads (kernels and image decoders run without the GIL).
     prefetch : int
         Segments each reader thread reads ahead, and batches the CUDA path stages ahead.
-    varlen : {"padded", "nested", "list"} or dict
+    varlen : {"padded", "nested", "list", "ragged"} or dict
     with_ids : bool
         Add ``"__id"`` (int64): each row's dataset row number.
     rows, predicate : optional

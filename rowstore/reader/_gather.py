@@ -274,6 +274,17 @@ class Gatherer:
         the file has a page index)."""
         return self.direct_ok or (self._ranged and self.pages is not None)
 
+    def ranged_rows(self, n: int, nblocks: int) -> bool:
+        """Whether ``n`` rows (no heap fields) of ``nblocks`` blocks are fetched row by row, as
+        their pages (:meth:`_load_ranged`): a store that fetches checked page ranges, rows
+        spread thin (under half of their blocks' rows: a full shuffle), a page index."""
+        return (
+            self._ranged
+            and not self.direct_ok
+            and 2 * n <= nblocks * self.rpb
+            and self.pages is not None
+        )
+
     @property
     def pages(self) -> Any:
         """The dataset's :class:`~rowstore.format.shards.PageIndex` where direct reads check
@@ -325,6 +336,8 @@ class Gatherer:
         else:
             r = self._locate(request)
             strategy = self._strategy(r.n, len(r.ublocks), bool(heap_plans), 2 * len(plans))
+            if strategy == "blocks" and not heap_plans and self.ranged_rows(r.n, len(r.ublocks)):
+                strategy = "ranged"  # rows spread thin, on an object store: their pages alone
         if strategy not in ("blocks", "pieces") or heap_plans or r.local is None:
             r.ensure_rows(seg, self.rpb)
         columns: dict[str, Any] = {}
@@ -333,7 +346,7 @@ class Gatherer:
         if strategy not in ("blocks", "resident"):
             if self.pages is None:
                 self._check_first_touch(r.ublocks, "block")
-            elif not self._pages_done and strategy != "pieces":  # pieces: checked as read
+            elif not self._pages_done and strategy not in ("pieces", "ranged"):  # checked as read
                 in_pass = self._row_pages(r)
         if strategy == "preadv":
             # Large fixed-size rows of an uncompressed file: each row goes from the page cache
@@ -362,6 +375,8 @@ class Gatherer:
         else:
             if strategy == "pieces":
                 rowbuf, idx = self._load_pieces(r)
+            elif strategy == "ranged":
+                rowbuf, idx = self._load_ranged(r)
             elif strategy == "resident":
                 rowbuf, idx = self._resident_rows(), r.rows
             else:
@@ -575,6 +590,29 @@ class Gatherer:
                 rowbuf[i * slot : i * slot + n],
             )
         return rowbuf, r.local
+
+    def _load_ranged(self, r: _Rows) -> tuple[np.ndarray, np.ndarray]:
+        """Rows spread over many blocks, from a store that fetches checked page ranges
+        (``RemoteStore.read_pages``): each row with the rest of its pages, checked by them."""
+        pi = self.pages
+        blk = r.blk
+        rowbuf = self.scratch.get("rows", r.n * self.rs)
+        try:
+            self.store.read_pages(
+                self._shards(r),
+                self.arr["offset"][blk],
+                self.layout.shard_rpb[self.layout.block_shard[blk]] * self.rs,
+                (r.rows - blk * self.rpb) * self.rs,
+                np.full(r.n, self.rs, np.int64),
+                pi.block_page0[blk],
+                (pi.rows_per_page * self.rs, pi.block_pages, self._pchecked, None),
+                rowbuf,
+                np.arange(r.n, dtype=np.int64) * self.rs,
+            )
+        except kernels.KernelError as exc:
+            k = int(blk[exc.index]) if 0 <= exc.index < len(blk) else None
+            raise self.located(exc, "block", k) from None
+        return rowbuf, np.arange(r.n, dtype=np.int64)
 
     def _load(self, which: np.ndarray, what: str, dst: np.ndarray) -> None:
         """Whole chunks ``which`` (sorted blocks or heap chunks) into consecutive slots of

@@ -472,6 +472,8 @@ class Reader(EpochReads):
             if seg.units is not None and seg.pieces > 1 and not heap and g.pieces_ok:
                 return piece_keys(seg)
             blocks = seg.blocks if seg.blocks is not None else np.unique(seg.rows() // self._rpb)
+            if not heap and g.ranged_rows(len(seg), len(blocks)):
+                return row_keys(seg.rows())
             keys = list(
                 zip(
                     L.block_shard[blocks].tolist(),
@@ -487,6 +489,22 @@ class Reader(EpochReads):
                     a["hc_stored"][ch].tolist(),
                 )
             return keys
+
+        def row_keys(rows: np.ndarray) -> list[tuple[int, int, int]]:
+            # The page ranges the store's read_pages fetches for rows read alone
+            # (Gatherer._load_ranged), in order.
+            from rowstore.storage.remote import page_ranges
+
+            blk = rows // self._rpb
+            rs = L.row_dtype.itemsize
+            lo, hi = page_ranges(
+                a["offset"][blk],
+                L.shard_rpb[L.block_shard[blk]] * rs,
+                (rows - blk * self._rpb) * rs,
+                np.full(len(rows), rs, np.int64),
+                g.pages.rows_per_page * rs,
+            )
+            return list(zip(L.block_shard[blk].tolist(), lo.tolist(), (hi - lo).tolist()))
 
         def piece_keys(seg: _order.Segment) -> list[tuple[int, int, int]]:
             # The page ranges the store's read_pages fetches for the window's pieces (as
@@ -589,7 +607,8 @@ class Reader(EpochReads):
         blocks; uncompressed rows are read directly, so segments can be large."""
         if shuffle != "full":
             return None
-        if self.layout.compressed or not self._store.direct:
+        ranged = self._gatherer._ranged and self.layout.heap_nbytes == 0  # rows fetched alone
+        if self.layout.compressed or not (self._store.direct or ranged):
             return window
         # Whole batches (none straddles two segments) of about 4,096 rows, or fewer where the
         # rows are large: a segment's rows are read by one thread into one buffer, so segments

@@ -655,11 +655,11 @@ def test_varlen_errors(tmp_path):
         rst.Dataset(path, varlen={"zzz": "list"})
     assert ei.value.field == "zzz"
     with pytest.raises(ValueError, match="varlen modes"):
-        rst.Dataset(path, varlen={"a": "ragged"})
+        rst.Dataset(path, varlen={"a": "sparse"})
     with pytest.raises(TypeError, match="varlen"):
         rst.Dataset(path, varlen=["list"])
     with pytest.raises(ValueError, match="varlen"):
-        rst.Dataset(path, varlen="ragged")
+        rst.Dataset(path, varlen="sparse")
 
 
 def test_bools_are_not_counts(ids_path):

@@ -254,7 +254,12 @@ def make_dataset(
             gen_sig[f.name + _ROWSHAPE_KEY] = tf.TensorSpec((None, len(f.shape)), tf.int64)
         else:
             gen_sig[f.name] = f.tf_spec(-1, ragged=True)
-    convert = _BatchConverter(schema, modes, rows)
+    # Batches with variable fields cross from_generator as numpy parts; the ragged tensors
+    # are assembled in the graph (``convert.assemble``), before rebatching.
+    assemble = not rows and bool(variable)
+    convert = _BatchConverter(schema, modes, rows, parts=assemble)
+    if assemble:
+        gen_sig = convert.signature(gen_sig)
     names = schema.names
 
     def generate(e, i):
@@ -285,6 +290,8 @@ def make_dataset(
 
     def one_part(e, i):
         ds = tf.data.Dataset.from_generator(generate, args=(e, i), output_signature=gen_sig)
+        if assemble:
+            ds = ds.map(convert.assemble)
         if stacked:
             ds = ds.unbatch()
         elif rebatch:

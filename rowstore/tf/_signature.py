@@ -89,14 +89,21 @@ def ragged_to_tf(r: Ragged, field: Field) -> tf.RaggedTensor:
     The result matches ``field.tf_spec(-1)``. The values buffer is handed to TensorFlow (the
     Ragged must not be modified afterwards).
     """
+    flat, levels = _ragged_parts(r, field)
+    return _ragged_from_parts(flat, levels, field)
+
+
+def _ragged_parts(r: Ragged, field: Field) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The numpy parts of :func:`ragged_to_tf`: the flat values (``(-1, *inner)``: the fixed
+    dimensions after the last variable one) and, per dimension up to the last variable one,
+    its row splits (variable) or its number of rows (fixed, an int64 scalar)."""
     shape = field.shape
     last = max(field.variable_dims)
     inner = tuple(int(d) for d in shape[last + 1 :])
     n = len(r)
     shapes = r.shapes
     flat = r.values.reshape((-1,) + inner)
-    # Per level j (0..last): the number of level-j sub-rows each row has, and their lengths.
-    levels: list[tuple[int | None, np.ndarray | int, int]] = []
+    levels: list[np.ndarray] = []
     counts = np.ones(n, np.int64)
     for j in range(last + 1):
         nrows = int(counts.sum())
@@ -107,17 +114,35 @@ def ragged_to_tf(r: Ragged, field: Field) -> tf.RaggedTensor:
                 splits = offsets_from_lengths(
                     np.repeat(shapes[:, j], counts) if j else shapes[:, 0]
                 )
-            levels.append((None, splits, nrows))
+            levels.append(np.asarray(splits, np.int64))
         else:
-            levels.append((int(shape[j]), 0, nrows))
+            levels.append(np.int64(nrows))
         counts = counts * shapes[:, j]
+    return flat, tuple(levels)
+
+
+def _ragged_from_parts(flat: Any, levels: Sequence[Any], field: Field) -> tf.RaggedTensor:
+    """The ``tf.RaggedTensor`` of :func:`_ragged_parts`' parts (numpy arrays, or tensors in a
+    ``tf.data`` map function: the assembly then runs in the graph)."""
     rt: Any = flat
-    for size, splits, nrows in reversed(levels):
-        if size is None:
-            rt = tf.RaggedTensor.from_row_splits(rt, splits, validate=False)
+    for d, level in zip(reversed(field.shape[: len(levels)]), reversed(list(levels))):
+        if d is None:
+            rt = tf.RaggedTensor.from_row_splits(rt, level, validate=False)
         else:
-            rt = tf.RaggedTensor.from_uniform_row_length(rt, size, nrows=nrows, validate=False)
+            rt = tf.RaggedTensor.from_uniform_row_length(rt, int(d), nrows=level, validate=False)
     return rt
+
+
+def _parts_signature(field: Field) -> tuple[tf.TensorSpec, tuple[tf.TensorSpec, ...]]:
+    """The ``tf.data`` signature of :func:`_ragged_parts`' parts of ``field``."""
+    last = max(field.variable_dims)
+    inner = tuple(int(d) for d in field.shape[last + 1 :])
+    dtype = field.tf_spec(-1, ragged=True).dtype
+    flat = tf.TensorSpec((None,) + inner, dtype)
+    levels = tuple(
+        tf.TensorSpec((None,) if d is None else (), tf.int64) for d in field.shape[: last + 1]
+    )
+    return flat, levels
 
 
 def _int64_view(v: Any) -> Any:
@@ -132,9 +157,18 @@ def _int64_view(v: Any) -> Any:
 
 
 class _BatchConverter:
-    """Turns reader batch dicts into what the generators yield (see ``_Pipeline``)."""
+    """Turns reader batch dicts into what the generators yield (see ``_Pipeline``).
 
-    def __init__(self, schema: Schema, modes: dict[str, str], rows: bool):
+    With ``parts``, a ragged (or padded) batch field is yielded as its numpy parts
+    (:func:`_ragged_parts`, a tuple) rather than a ``tf.RaggedTensor`` made in Python:
+    :meth:`signature` is then the generator's signature and :meth:`assemble` a ``tf.data``
+    map function that builds the ragged tensors in the graph. A RaggedTensor made eagerly in
+    the generator and handed to ``from_generator`` costs several times what the reader spends
+    on the batch (eager ops, then its encoding into a variant and back); plain arrays cross
+    as they are."""
+
+    def __init__(self, schema: Schema, modes: dict[str, str], rows: bool, parts: bool = False):
+        self.parts = parts
         self.plan = []
         for f in schema:
             if f.dtype in (STR, BYTES):
@@ -157,11 +191,11 @@ class _BatchConverter:
                     # The reader gives None for nulls; "<name>__null" says which rows they were.
                     v[batch[name + NULL_KEY]] = "" if f.dtype == STR else b""
             elif kind == "ragged":
-                v = ragged_to_tf(v, f)
+                v = _ragged_parts(v, f) if self.parts else ragged_to_tf(v, f)
             elif kind == "padded":
                 # Ragged plus the variable dimensions; padded in the graph after rebatching.
                 out[name + SHAPE_KEY] = v.shapes[:, list(f.variable_dims)]
-                v = ragged_to_tf(v, f)
+                v = _ragged_parts(v, f) if self.parts else ragged_to_tf(v, f)
             elif kind == "rows":
                 # Rows: each row's elements flat (one ragged level) plus its full shape; the
                 # dataset reshapes each row after unbatching (exact even for empty rows).
@@ -171,6 +205,23 @@ class _BatchConverter:
             if f.nullable:
                 out[name + NULL_KEY] = batch[name + NULL_KEY]
         return out
+
+    def signature(self, sig: dict[str, tf.TypeSpec]) -> dict[str, Any]:
+        """``sig`` (the batches' signature) with the ragged fields as their parts' specs."""
+        out: dict[str, Any] = dict(sig)
+        for f, kind in self.plan:
+            if kind in ("ragged", "padded"):
+                out[f.name] = _parts_signature(f)
+        return out
+
+    def assemble(self, el: dict) -> dict:
+        """A ``tf.data`` map function: the ragged fields built from their parts (graph ops)."""
+        el = dict(el)
+        for f, kind in self.plan:
+            if kind in ("ragged", "padded"):
+                flat, levels = el[f.name]
+                el[f.name] = _ragged_from_parts(flat, levels, f)
+        return el
 
 
 def _pad_fn(fields: list[Field]) -> Callable[[dict], dict]:

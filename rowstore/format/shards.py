@@ -650,15 +650,26 @@ class DatasetLayout(IndexSizes):
         nh = np.bincount(self.chunk_shard, minlength=self.num_shards)
         b0, h0 = np.cumsum(nb) - nb, np.cumsum(nh) - nh
         rs = self.row_dtype.itemsize
+        footers = None
+        loc = self.location
+        if isinstance(loc, Location) and not loc.local:
+            # Shards in object storage: their footers fetched by ranged reads (in parallel),
+            # so that remote reads check pages as local ones do.
+            footers = self._remote_footers(loc)
+            if footers is None:
+                return None
         for s, path in enumerate(self.shard_paths):
             try:
-                fd, st = open_regular(path)
-                try:
-                    if st.st_size != int(self.shard_file_size[s]):
-                        return None
-                    ft = footer.read_local(fd, st.st_size, path)
-                finally:
-                    os.close(fd)
+                if footers is not None:
+                    ft = footers[s]
+                else:
+                    fd, st = open_regular(path)
+                    try:
+                        if st.st_size != int(self.shard_file_size[s]):
+                            return None
+                        ft = footer.read_local(fd, st.st_size, path)
+                    finally:
+                        os.close(fd)
             except (OSError, RowstoreError):
                 return None
             if ft is None:
@@ -687,6 +698,22 @@ class DatasetLayout(IndexSizes):
                 return None
             out.append(ShardPages(P, raw, rs, int(nb[s]), self.heap_chunk_bytes, int(nh[s]), *got))
         return tuple(out)
+
+    def _remote_footers(self, loc: Location) -> list[Any] | None:
+        """Each shard's footer (None: a shard without one) fetched from ``loc`` by ranged
+        reads of the sizes the manifest records, 16 shards at a time; None on any failure."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(s: int) -> Any:
+            path, size = self.shard_paths[s], int(self.shard_file_size[s])
+            tail = loc.get(path, max(0, size - (64 << 10)), size)  # (a larger footer: one more)
+            return footer.read(lambda a, b: loc.get(path, a, b), size, path, first=tail)
+
+        try:
+            with ThreadPoolExecutor(min(16, max(1, self.num_shards))) as pool:
+                return list(pool.map(one, range(self.num_shards)))
+        except (OSError, RowstoreError):
+            return None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -139,9 +139,10 @@ def test_the_default_order_is_the_same_in_s3(data, s3_server):
         same_epochs(local.batches(100, seed=7, epoch=1), remote.batches(100, seed=7, epoch=1))
 
 
-def test_remote_pieces_fetch_only_their_pages(data, served, monkeypatch):
+@pytest.mark.parametrize("name", ["fixed.h5", "ds"])
+def test_remote_pieces_fetch_only_their_pages(data, served, monkeypatch, name):
     """A window of pieces fetches the pages its rows lie on (not whole blocks): every byte
-    fetched once, about the bytes delivered."""
+    fetched once, about the bytes delivered (a dataset's pages: from its shards' footers)."""
     ranges: list[tuple[int, int]] = []
     submit = _objstore.Client.submit
 
@@ -149,7 +150,8 @@ def test_remote_pieces_fetch_only_their_pages(data, served, monkeypatch):
         ranges.append((start, end))
         return submit(self, url, start, end, etag)
 
-    remote = rowstore.open(f"{served.url}/fixed.h5")
+    remote = rowstore.open(f"{served.url}/{name}")
+    assert remote._gatherer.pages is not None  # (a dataset's footers: read once, not counted)
     monkeypatch.setattr(_objstore.Client, "submit", counting)
     rows = sum(len(b["id"]) for b in remote.batches(100, seed=1))
     assert rows == N
@@ -176,8 +178,7 @@ def test_a_full_shuffle_fetches_the_pages_of_its_rows(data, served, monkeypatch,
 
     local = rowstore.open(os.path.join(data, name))
     remote = rowstore.open(f"{served.url}/{name}")
-    if remote._gatherer.pages is None:
-        pytest.skip("a dataset opened from its manifest has no page index remotely (yet)")
+    assert remote._gatherer.pages is not None  # (a dataset's: from its shards' footers)
     monkeypatch.setattr(_objstore.Client, "submit", counting)
     same_epochs(
         local.batches(50, shuffle="full", seed=2), remote.batches(50, shuffle="full", seed=2)

@@ -9,8 +9,10 @@ Per image (``_jpeg_impl.h``, libjpeg-turbo's libjpeg API): the header gives the 
 and the image's 64-bit key give the crop and flip; the smallest DCT scale (1/8, 1/4, 1/2, 1)
 that keeps the crop at or above the output size is chosen (``scale_num/scale_denom``); only
 the crop's columns (``jpeg_crop_scanline``) and rows (``jpeg_skip_scanlines``, then the rows
-the filter reads) are decoded; a separable triangle filter (PIL's bilinear, antialiased when
-shrinking) resizes the crop to the output, mirrored for a flip. libjpeg errors and warnings
+the filter reads) are decoded; a separable triangle filter resizes the crop to the output,
+mirrored for a flip: Pillow's bilinear (antialiased when shrinking) in Pillow 13's arithmetic
+and pass order, so at DCT scale 1 the pixels are ``Image.resize(box=..., reducing_gap=None)``'s
+to the bit (AVX2 where the CPU has it, the same integers as the plain C: ``jpeg_simd``). libjpeg errors and warnings
 (corrupt data) return to a setjmp point as a status code: the kernel never raises for the
 bytes of an image and never aborts. libjpeg's own memory per image is bounded by
 ``max_work``: a progressive or multi-scan image whose coefficient buffer would exceed it is

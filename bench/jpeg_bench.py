@@ -18,6 +18,8 @@ Workload (ImageNet-like): ``--n`` synthetic photographs (smooth content + noise)
   only the crop's rows and columns) of the same boxes as rowstore's, ``tf.image.resize``
   bilinear (no antialiasing), random ``flip_left_right``, cast to uint8, ``map`` with
   ``AUTOTUNE`` on a private pool of T threads, ``batch(256)``, ``prefetch(AUTOTUNE)``;
+  ``tfdata-decode`` the same with ``decode_jpeg`` of the whole image, then
+  ``crop_to_bounding_box``;
 * ``ffcv``: FFCV 1.0's ``Loader`` over a ``.beton`` of the same pixels (``RGBImageField``,
   ``write_mode="jpg"``, quality 90), ``[RandomResizedCropRGBImageDecoder((224, 224)),
   RandomHorizontalFlip()]``, batch 256, ``num_workers=T`` (its threads), in ``.ffcv-venv``;
@@ -59,7 +61,7 @@ SIZE = 224
 BATCH = 256
 EPOCH_BOXES = 4  # crop boxes precomputed for this many epochs (cycled) for tfdata and pil
 ACCURACY_IMAGES = 128
-PEERS = ("tfdata", "ffcv", "pil")
+PEERS = ("tfdata", "tfdata-decode", "ffcv", "pil")
 
 
 def synthesize(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -213,7 +215,11 @@ def child_tfdata(a) -> dict:
     opts.threading.private_threadpool_size = a.threads
 
     def crop(p, box, flip):
-        img = tf.image.decode_and_crop_jpeg(p, box, channels=3)
+        if a.child == "tfdata":
+            img = tf.image.decode_and_crop_jpeg(p, box, channels=3)
+        else:  # the whole image decoded, then cropped
+            img = tf.io.decode_jpeg(p, channels=3)
+            img = tf.image.crop_to_bounding_box(img, box[0], box[1], box[2], box[3])
         img = tf.image.resize(img, (SIZE, SIZE), method="bilinear")
         img = tf.cond(flip, lambda: tf.image.flip_left_right(img), lambda: img)
         return tf.cast(tf.round(img), tf.uint8)
@@ -347,6 +353,7 @@ CHILDREN = {
     "rowstore-t1": child_rowstore,
     "kernel": child_rowstore,
     "tfdata": child_tfdata,
+    "tfdata-decode": child_tfdata,
     "pil": child_pil,
     "ffcv": child_ffcv,
 }
@@ -426,7 +433,7 @@ def main() -> None:
     ap.add_argument("--min-pass-s", type=float, default=2.0)
     ap.add_argument(
         "--systems",
-        default="rowstore,rowstore-t1,kernel,tfdata,ffcv,pil",
+        default="rowstore,rowstore-t1,kernel,tfdata,tfdata-decode,ffcv,pil",
         help="comma-separated: " + ",".join(CHILDREN),
     )
     ap.add_argument("--base-root", help="another built checkout: base-rowstore, base-kernel too")

@@ -12,9 +12,9 @@ the crop's columns (``jpeg_crop_scanline``) and rows (``jpeg_skip_scanlines``, t
 the filter reads) are decoded; a separable triangle filter resizes the crop to the output,
 mirrored for a flip: Pillow's bilinear (antialiased when shrinking) in Pillow 13's arithmetic
 and pass order, so at DCT scale 1 the pixels are ``Image.resize(box=..., reducing_gap=None)``'s
-to the bit (AVX2 where the CPU has it, the same integers as the plain C: ``jpeg_simd``). libjpeg errors and warnings
-(corrupt data) return to a setjmp point as a status code: the kernel never raises for the
-bytes of an image and never aborts. libjpeg's own memory per image is bounded by
+to the bit (AVX2 where the CPU has it, the same integers as the plain C: ``jpeg_simd``).
+libjpeg errors and warnings (corrupt data) return to a setjmp point as a status code: the
+kernel never raises for the bytes of an image and never aborts. libjpeg's own memory per image is bounded by
 ``max_work``: a progressive or multi-scan image whose coefficient buffer would exceed it is
 refused (``JPEG_TOO_LARGE``) before it is allocated.
 """

@@ -14,9 +14,9 @@ mirrored for a flip: Pillow's bilinear (antialiased when shrinking) in Pillow 13
 and pass order, so at DCT scale 1 the pixels are ``Image.resize(box=..., reducing_gap=None)``'s
 to the bit (AVX2 where the CPU has it, the same integers as the plain C: ``jpeg_simd``).
 libjpeg errors and warnings (corrupt data) return to a setjmp point as a status code: the
-kernel never raises for the bytes of an image and never aborts. libjpeg's own memory per image is bounded by
-``max_work``: a progressive or multi-scan image whose coefficient buffer would exceed it is
-refused (``JPEG_TOO_LARGE``) before it is allocated.
+kernel never raises for the bytes of an image and never aborts. libjpeg's own memory per
+image is bounded by ``max_work``: a progressive or multi-scan image whose coefficient buffer
+would exceed it is refused (``JPEG_TOO_LARGE``) before it is allocated.
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t

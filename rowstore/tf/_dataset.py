@@ -246,7 +246,14 @@ def make_dataset(
                 schema, batch_size=batch_size, drop_last=drop_last, varlen=modes
             ).items()
         }
+    # Each yielded batch is a batch handed out (no rebatching): padded fields are padded in
+    # the generator, as the core reader pads (numpy), not in a graph map after it.
+    pad_here = not rows and not rebatch and not stacked
+    if pad_here:
+        padded = []
     for f in variable:
+        if pad_here and modes[f.name] == "padded":
+            continue  # the padded TensorSpec and "__shape" of output_signature
         if rows:
             gen_sig[f.name] = tf.RaggedTensorSpec(
                 (None, None), gen_sig[f.name].dtype, ragged_rank=1
@@ -256,8 +263,8 @@ def make_dataset(
             gen_sig[f.name] = f.tf_spec(-1, ragged=True)
     # Batches with variable fields cross from_generator as numpy parts; the ragged tensors
     # are assembled in the graph (``convert.assemble``), before rebatching.
-    assemble = not rows and bool(variable)
-    convert = _BatchConverter(schema, modes, rows, parts=assemble)
+    convert = _BatchConverter(schema, modes, rows, parts=not rows, pad=pad_here)
+    assemble = convert.assembles
     if assemble:
         gen_sig = convert.signature(gen_sig)
     names = schema.names

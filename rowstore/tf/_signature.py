@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from rowstore.reader import Reader
 from rowstore.reader._args import varlen_modes
-from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths
+from rowstore.reader.buffers import NULL_KEY, SHAPE_KEY, Ragged, offsets_from_lengths, pad_ragged
 from rowstore.reader.dataset import VARLEN_MODES
 from rowstore.schema import BYTES, STR, Field, Schema
 
@@ -167,7 +167,14 @@ class _BatchConverter:
     on the batch (eager ops, then its encoding into a variant and back); plain arrays cross
     as they are."""
 
-    def __init__(self, schema: Schema, modes: dict[str, str], rows: bool, parts: bool = False):
+    def __init__(
+        self,
+        schema: Schema,
+        modes: dict[str, str],
+        rows: bool,
+        parts: bool = False,
+        pad: bool = False,
+    ):
         self.parts = parts
         self.plan = []
         for f in schema:
@@ -175,9 +182,13 @@ class _BatchConverter:
                 kind = "text"
             elif f.is_variable:
                 kind = "rows" if rows else modes[f.name]
+                if kind == "padded" and pad:
+                    kind = "pad"  # padded here (each yielded batch is a batch handed out)
             else:
                 kind = "dense"
             self.plan.append((f, kind))
+        #: Whether :meth:`assemble` has ragged fields to build.
+        self.assembles = parts and any(k in ("ragged", "padded") for _, k in self.plan)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -196,6 +207,10 @@ class _BatchConverter:
                 # Ragged plus the variable dimensions; padded in the graph after rebatching.
                 out[name + SHAPE_KEY] = v.shapes[:, list(f.variable_dims)]
                 v = _ragged_parts(v, f) if self.parts else ragged_to_tf(v, f)
+            elif kind == "pad":
+                # Padded as Reader(varlen="padded") pads (numpy, the batch's largest shape).
+                out[name + SHAPE_KEY] = v.shapes[:, list(f.variable_dims)]
+                v = pad_ragged(v)
             elif kind == "rows":
                 # Rows: each row's elements flat (one ragged level) plus its full shape; the
                 # dataset reshapes each row after unbatching (exact even for empty rows).

@@ -494,7 +494,7 @@ class RemoteStore:
             a = int(w[i]) - p0 * page_len
             flat[int(dst[i]) : int(dst[i]) + int(t[i])] = data[a : a + int(t[i])]
             if source == "fetched" and self._cache is not None:
-                self._cache.put(k, self.paths[k[0]], self.file_ids[k[0]], memoryview(data))
+                self._cache.put(k, self.paths[k[0]], self.file_ids[k[0]], data.data)
 
     def _pieces(self, keys: list[Key]) -> list[tuple[Any, int, str]]:
         """Each key's bytes ``(buffer, the chunk's offset in it, "fetched" or "cache")``: from

@@ -103,7 +103,7 @@ def _ragged_parts(r: Ragged, field: Field) -> tuple[np.ndarray, tuple[np.ndarray
     n = len(r)
     shapes = r.shapes
     flat = r.values.reshape((-1,) + inner)
-    levels: list[np.ndarray] = []
+    levels: list[Any] = []  # row splits (ndarray), or a fixed dimension (np.int64)
     counts = np.ones(n, np.int64)
     for j in range(last + 1):
         nrows = int(counts.sum())

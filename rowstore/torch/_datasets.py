@@ -412,10 +412,11 @@ class IterableDataset(_tud.IterableDataset, _EpochReader, _OwnsReader):
         dense = (
             bs is not None and col.dense_only and self._row_tf is None and self._batch_tf is None
         )
+        size = bs or 0  # a batch size wherever ``dense``
         it = stream.batches(
             own=nw,
             take=wid,
-            cut=(lambda parts: _cut_tensors(parts, bs)) if dense else None,
+            cut=(lambda parts: _cut_tensors(parts, size)) if dense else None,
             parts=dense,
             fields=self._fields,
             with_ids=self.with_ids,

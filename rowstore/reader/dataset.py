@@ -414,14 +414,15 @@ class Reader(EpochReads):
         L = self.layout
         heap = L.heap_nbytes / max(1, L.num_blocks)
         table = L.block_raw_bytes
-        # Pieces wherever the data allows them, whatever store reads it (a local file, or an
-        # object store's ranged reads of checked pages): one order for a file and its copies.
-        # Rows with heap payloads only where payloads are read in place (local files): an
-        # object store loads the heap chunks of a piece's whole block (pieces times the bytes).
+        # Pieces by default where rows are read in place (local uncompressed files). An object
+        # store reads pieces as ranged reads of their checked pages (the same order, the same
+        # bytes, when window/pieces are named), but one request per piece costs 3.5-4x the
+        # epoch time of whole blocks through today's transport (bench/remote_read_bench.py),
+        # so its default stays whole blocks until requests cost less than their bytes.
         g = self._gatherer
         auto = _order.auto_pieces(
             self._rpb,
-            g.codec is None and g.verify != "always" and (heap == 0 or g.direct_ok),
+            bool(g.direct_ok),
             table / (table + heap) if heap > 0 else 0.0,
         )
         return _order.resolve_order(shuffle, window, pieces, self._rpb, auto)

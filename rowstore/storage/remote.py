@@ -365,13 +365,7 @@ class RemoteStore:
                     )
                 except kernels.KernelChecksumError:
                     if source == "cache" and attempt == 0 and self._cache is not None:
-                        # A cached copy that is not the indexed chunk: dropped, fetched again.
-                        self._cache.drop(k, self.paths[k[0]], self.file_ids[k[0]])
-                        buf, at, source = (
-                            self.submit(k[0], k[1], k[1] + k[2]).result(),
-                            0,
-                            "fetched",
-                        )
+                        buf, at, source = self._refetch(k)
                         continue
                     # A different object under the same name fails its CRC: say so when that is why.
                     self.check_unchanged(k[0])
@@ -384,6 +378,13 @@ class RemoteStore:
                 self._cache.put(
                     k, self.paths[k[0]], self.file_ids[k[0]], memoryview(buf)[at : at + k[2]]
                 )
+
+    def _refetch(self, k: Key) -> tuple[Any, int, str]:
+        """A cached copy of chunk ``k`` that is not the indexed chunk (it failed its CRC):
+        dropped from the cache and fetched again, as ``(buffer, offset in it, "fetched")``."""
+        assert self._cache is not None
+        self._cache.drop(k, self.paths[k[0]], self.file_ids[k[0]])
+        return self.submit(k[0], k[1], k[1] + k[2]).result(), 0, "fetched"
 
     # -- ranges of uncompressed chunks, checked by their pages ---------------------------------
     #: Capability flag: :meth:`read_pages` fetches only the pages of the ranges asked for (the
@@ -479,12 +480,7 @@ class RemoteStore:
                     )
                 except kernels.KernelChecksumError as exc:
                     if source == "cache" and attempt == 0 and self._cache is not None:
-                        self._cache.drop(k, self.paths[k[0]], self.file_ids[k[0]])
-                        buf, at, source = (
-                            self.submit(k[0], k[1], k[1] + k[2]).result(),
-                            0,
-                            "fetched",
-                        )
+                        buf, at, source = self._refetch(k)
                         continue
                     self.check_unchanged(k[0])
                     # As pread_pages: the range's position, the page's index in the page index.

@@ -140,3 +140,38 @@ def raised_without_blocking(call: Callable[[], Any], fifo: str | None = None) ->
 
         pytest.fail(f"blocked (a FIFO {fifo!r} opened for reading, or a walk that never ends)")
     return box["exc"]
+
+
+# -- batches compared exactly ----------------------------------------------------------------
+def same(a, b) -> bool:
+    """Exact equality of two batches (arrays bitwise, object arrays by value, Ragged by parts)."""
+    import numpy as np
+
+    from rowstore.reader.buffers import Ragged
+
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, Ragged):
+            if not (
+                isinstance(y, Ragged)
+                and np.array_equal(x.values, y.values)
+                and np.array_equal(x.offsets, y.offsets)
+                and np.array_equal(x.shapes, y.shapes)
+            ):
+                return False
+        elif x.dtype == object:
+            if list(x) != list(y):
+                return False
+        elif x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True
+
+
+def same_epochs(ea, eb) -> int:
+    ea, eb = list(ea), list(eb)
+    assert len(ea) == len(eb) and ea
+    for i, (x, y) in enumerate(zip(ea, eb)):
+        assert same(x, y), f"batch {i} differs"
+    return len(ea)

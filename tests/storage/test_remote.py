@@ -14,12 +14,11 @@ import shutil
 import numpy as np
 import pytest
 from _servers import FirstTries
-from helpers import scaled
+from helpers import same, same_epochs, scaled
 
 import rowstore
 from rowstore import Field, Schema, kernels
 from rowstore.errors import ChecksumError, FormatError, ObjectChangedError, RemoteError
-from rowstore.reader.buffers import Ragged
 from rowstore.storage import remote as _remote
 
 fsspec = pytest.importorskip("fsspec")
@@ -44,35 +43,6 @@ def _columns(n: int, seed: int = 0) -> dict:
         "text": [None if i % 11 == 0 else f"row {i} " + "z" * (i % 13) for i in range(n)],
         "wave": [rng.random(i % 9, dtype=np.float32) for i in range(n)],
     }
-
-
-def same(a, b) -> bool:
-    """Exact equality of two batches (arrays bitwise, object arrays by value, Ragged by parts)."""
-    if a.keys() != b.keys():
-        return False
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, Ragged):
-            if not (
-                isinstance(y, Ragged)
-                and np.array_equal(x.values, y.values)
-                and np.array_equal(x.offsets, y.offsets)
-                and np.array_equal(x.shapes, y.shapes)
-            ):
-                return False
-        elif x.dtype == object:
-            if list(x) != list(y):
-                return False
-        elif x.shape != y.shape or x.tobytes() != y.tobytes():
-            return False
-    return True
-
-
-def same_epochs(ea, eb) -> None:
-    ea, eb = list(ea), list(eb)
-    assert len(ea) == len(eb) and ea
-    for i, (x, y) in enumerate(zip(ea, eb)):
-        assert same(x, y), f"batch {i} differs"
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,11 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers import same_epochs
 
 import rowstore
 from rowstore import Field, Schema
 from rowstore.errors import ChecksumError
-from rowstore.reader.buffers import Ragged
 from rowstore.storage import objstore as _objstore
 from rowstore.storage import remote as _remote
 
@@ -68,31 +68,6 @@ def served(data, tmp_path_factory):
     srv = RangeHTTPServer(data)
     yield srv
     srv.close()
-
-
-def same(a: dict, b: dict) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, Ragged):
-            if not (
-                isinstance(y, Ragged)
-                and np.array_equal(x.values, y.values)
-                and np.array_equal(x.offsets, y.offsets)
-            ):
-                return False
-        elif x.shape != y.shape or x.tobytes() != y.tobytes():
-            return False
-    return True
-
-
-def same_epochs(ea, eb) -> int:
-    ea, eb = list(ea), list(eb)
-    assert len(ea) == len(eb) and ea
-    for i, (x, y) in enumerate(zip(ea, eb)):
-        assert same(x, y), f"batch {i} differs"
-    return len(ea)
 
 
 @pytest.mark.parametrize("name", ["fixed.h5", "ds", "heap.h5", "lz4.h5"])

@@ -84,6 +84,7 @@ _LAZY = {
     "order_quality": "rowstore.quality",
     "from_arrow": "rowstore.arrow",
     "from_parquet": "rowstore.arrow",
+    "from_audio": "rowstore.audio",
     "from_huggingface": "rowstore.huggingface",
     "to_huggingface": "rowstore.huggingface",
     "from_images": "rowstore.images",

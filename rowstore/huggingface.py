@@ -26,8 +26,11 @@ of numbers (nested: n-D)                 dimension ``n``
                                          field (by the bytes' format), or decoded to ``uint8``
                                          arrays of shape ``(H, W)`` / ``(H, W, C)`` with
                                          ``decode_images=True``
-``Audio``                                the encoded bytes (a ``bytes`` field), or decoded to
-                                         ``float32`` samples with ``decode_audio=True`` (needs
+``Audio``                                FLAC/WAV bytes as they are, in a ``flac`` or ``wav``
+                                         field (by the bytes' format; read as ``float32``
+                                         samples, decoded by the audio kernel); other formats'
+                                         bytes in a ``bytes`` field; or decoded to ``float32``
+                                         samples with ``decode_audio=True`` (needs
                                          ``soundfile``): ``(n,)`` mono, ``(channels, n)`` else
 =======================================  =========================================================
 
@@ -42,10 +45,11 @@ The dataset's features (``Features.to_dict()``), the column of each field, the c
 (:data:`META_KEY`): they are all :func:`to_huggingface` needs to restore the features.
 
 Image and audio bytes are stored as they are and handed back as they are (the writer checks an
-image's header against the field: nothing is decoded or re-encoded); an image field's format,
-channels and bit depth are the column's first image's, and a later image that differs names its
-row. Images given by a local path are read from their files; the paths beside the bytes (file
-names inside an archive) are not kept. Values decoded on request are encoded again by
+image's or a FLAC/WAV file's header against the field: nothing is decoded or re-encoded); an
+image field's format, channels and bit depth are the column's first image's, an audio field's
+format, sample rate and channels the column's first clip's, and a later value that differs
+names its row. Images given by a local path are read from their files; the paths beside the
+bytes (file names inside an archive) are not kept. Values decoded on request are encoded again by
 :func:`to_huggingface` (images as ``datasets`` encodes arrays, audio as 32-bit float WAV):
 pixels and samples unchanged, bytes not.
 
@@ -69,8 +73,9 @@ import pyarrow.compute as pc
 from datasets.utils.file_utils import is_local_path
 
 from rowstore.arrow import _Column, arrow_field, column_values
+from rowstore.codecs.audio import audio_header
 from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
-from rowstore.errors import RowValidationError, SchemaError
+from rowstore.errors import CodecError, RowValidationError, SchemaError
 from rowstore.format import spec
 from rowstore.format.manifest import POINTER
 from rowstore.reader import Reader
@@ -89,6 +94,8 @@ _META_VERSION = 1
 #: Rows per record batch read from the dataset (a batch is converted and written at once).
 DEFAULT_BATCH_ROWS = 1024
 
+#: Codecs of audio fields whose stored bytes are a file's (read back as they are).
+_AUDIO_CODECS = ("flac", "wav")
 _ARRAYS = (datasets.Array2D, datasets.Array3D, datasets.Array4D, datasets.Array5D)
 
 
@@ -103,7 +110,7 @@ class _Plan:
     field: Field
     kind: str  # "arrow", "array", "image", "image_decoded", "audio", "audio_decoded"
     arrow: _Column | None = None
-    codec: str | None = None  # "png" / "jpeg": the format of the stored image bytes
+    codec: str | None = None  # "png" / "jpeg" / "flac" / "wav": the format of stored bytes
     rate: int | None = None  # decoded audio: the sampling rate of every row
 
     def values(self, arr: pa.ChunkedArray | pa.Array, first_row: int) -> Any:
@@ -125,7 +132,12 @@ class _Plan:
                 for i, b in enumerate(payloads)
             ]
         if self.kind == "audio":
-            return payloads
+            if self.codec is None:  # neither FLAC nor WAV: a bytes field
+                return payloads
+            return [
+                None if b is None else _checked_audio(self, b, first_row + i)
+                for i, b in enumerate(payloads)
+            ]
         decode = _decode_image if self.kind == "image_decoded" else _decode_audio
         out = []
         for i, b in enumerate(payloads):
@@ -199,8 +211,7 @@ def _plan(
             continue
         nullable = nullable or _struct_nulls(table.column(column))
         plan = _Plan(column, feature, Field(name, BYTES, nullable=nullable), kind)
-        if kind != "audio":  # what the values decide, from the first batch
-            plan.field = _first_field(plan, first, nullable)
+        plan.field = _first_field(plan, first, nullable)  # what the first batch's values say
         plans.append(plan)
     if not plans:
         raise SchemaError("the dataset has no columns: nothing to store")
@@ -309,6 +320,8 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
     payloads = [] if first is None else _payloads(plan, first.column(plan.column), 0)
     row, b = next(((i, v) for i, v in enumerate(payloads) if v is not None), (0, None))
     name, column = plan.field.name, plan.column
+    if plan.kind == "audio":
+        return _audio_field(plan, b, nullable)
     if b is None:
         if plan.kind != "image":
             raise _unsupported(
@@ -336,6 +349,67 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
     else:
         shape = (None,) if a.ndim == 1 else (a.shape[0], None)
     return Field(name, a.dtype, shape, nullable=nullable)
+
+
+def _audio_format(b: bytes) -> str | None:
+    """``"flac"`` or ``"wav"`` for the bytes of such a file (by their first bytes), else None."""
+    head = bytes(b[:12])
+    if head.startswith(b"fLaC"):
+        return "flac"
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    return None
+
+
+def _audio_field(plan: _Plan, b: bytes | None, nullable: bool) -> Field:
+    """An audio column's field: FLAC/WAV bytes in a field of their codec (sample rate and
+    channels of the first clip, read as ``float32``), other bytes (or a column of nulls) in a
+    ``bytes`` field."""
+    name = plan.field.name
+    fmt = None if b is None else _audio_format(b)
+    if fmt is None:
+        return Field(name, BYTES, nullable=nullable)
+    h = _audio_header(plan, b, 0)
+    if h is None:
+        return Field(name, BYTES, nullable=nullable)
+    plan.codec, plan.rate = h.format, h.sample_rate
+    shape = (None,) if h.channels == 1 else (None, h.channels)
+    return Field(
+        name,
+        "float32",
+        shape,
+        codec=h.format,
+        nullable=nullable,
+        attrs={"sample_rate": h.sample_rate},
+    )
+
+
+def _audio_header(plan: _Plan, b: bytes, row: int) -> Any:
+    """A FLAC/WAV clip's header (None for the first clip when it does not parse: the column
+    is then stored as bytes, as other formats are)."""
+    try:
+        return audio_header(b)
+    except CodecError as exc:
+        if plan.codec is None:
+            return None
+        raise RowValidationError(
+            f"feature {plan.column!r}, row {row}: {exc}", field=plan.column, row=row
+        ) from None
+
+
+def _checked_audio(plan: _Plan, b: bytes, row: int) -> bytes:
+    """A clip's bytes, stored as they are (the writer checks the header against the field:
+    sample rate, channels); one of another format than the first clip's names its row."""
+    fmt = _audio_format(b)
+    if fmt != plan.codec:
+        raise RowValidationError(
+            f"feature {plan.column!r}, row {row}: {fmt or 'unknown'} bytes in a column of "
+            f"{plan.codec} audio (the first clip's); rowstore stores one format a column as it "
+            "is: pass decode_audio=True to store the samples decoded",
+            field=plan.column,
+            row=row,
+        )
+    return b
 
 
 def _header(plan: _Plan, fmt: str, b: bytes, row: int) -> Any:
@@ -423,6 +497,7 @@ def _meta(ds: Any, plans: list[_Plan], extra: Mapping[str, Any]) -> dict:
         p.field.name: {
             "decoded": p.kind == "audio_decoded",
             "sampling_rate": p.rate or p.feature.sampling_rate,
+            "codec": p.codec if p.kind == "audio" else None,
         }
         for p in plans
         if p.kind.startswith("audio")
@@ -647,6 +722,8 @@ def _default_feature(f: Field) -> Any:
         return datasets.Value("binary")
     if f.codec["id"] in ("png", "jpeg"):
         return datasets.Image()
+    if f.codec["id"] in _AUDIO_CODECS:
+        return datasets.Audio(sampling_rate=(f.attrs or {}).get("sample_rate"))
     value = _value_dtype(f.dtype)
     if not f.shape:
         return datasets.Value(value)
@@ -710,7 +787,7 @@ def _column(f: Field, batch: dict, feature: Any, rate: int | None) -> pa.Array:
     if nulls is not None and not nulls.any():
         nulls = None
     if isinstance(feature, datasets.Audio):
-        if f.dtype == BYTES:
+        if f.dtype == BYTES or f.codec["id"] in _AUDIO_CODECS:  # the stored bytes
             data = pa.array(list(vals), pa.binary())
         else:
             wavs = [None if a is None else _wav(a, rate) for a in _rows(vals, nulls)]
@@ -820,7 +897,7 @@ def _read_one(
             }
         )
         raw = None
-        if _encoded_images(schema, names, features, columns):
+        if _stored_as_is(schema, names, features, columns):
             raw = RawSource(
                 path,
                 verify=reader_kwargs.get("verify", True),
@@ -868,7 +945,7 @@ def _read_rows(
     audio = (r.layout.user_attrs.get(META_KEY) or {}).get("audio", {})
     rates = {n: a.get("sampling_rate") for n, a in audio.items()}
 
-    images = _encoded_images(r.schema, names, features, columns)
+    images = _stored_as_is(r.schema, names, features, columns)
     others = [n for n in names if n not in images]
 
     def tables() -> Iterator[pa.Table]:
@@ -904,14 +981,21 @@ def _read_rows(
     return datasets.Dataset.from_file(file, info=info, split=named)
 
 
-def _encoded_images(schema: Schema, names: list[str], features: Any, columns: Mapping) -> list:
-    """The png/jpeg fields read as ``Image`` features: their stored bytes go to ``datasets`` as
-    they are (no decode, no re-encode)."""
+def _stored_as_is(schema: Schema, names: list[str], features: Any, columns: Mapping) -> list:
+    """The png/jpeg fields read as ``Image`` features and the flac/wav fields read as
+    ``Audio`` features: their stored bytes go to ``datasets`` as they are (no decode, no
+    re-encode)."""
     return [
         n
         for n in names
-        if schema[n].codec["id"] in ("png", "jpeg")
-        and isinstance(features[columns[n]], datasets.Image)
+        if (
+            schema[n].codec["id"] in ("png", "jpeg")
+            and isinstance(features[columns[n]], datasets.Image)
+        )
+        or (
+            schema[n].codec["id"] in _AUDIO_CODECS
+            and isinstance(features[columns[n]], datasets.Audio)
+        )
     ]
 
 

@@ -16,6 +16,9 @@
     rowstore from-images SRC OUT [--labels folders|none|CSV] [--workers N]
                               a folder of PNG/JPEG files (class folders) to a dataset, the
                               images' bytes as they are
+    rowstore from-audio SRC OUT [--on-error raise|skip] [--workers N]
+                              a speech corpus (a FLAC/WAV folder tree or a CSV/TSV manifest)
+                              to a dataset, the audio files' bytes as they are
 
 PATH is a ``.h5`` file or a dataset directory, local or at a URL (``s3://``, ``http(s)://``, any
 fsspec protocol; ``--storage-options JSON`` passes credentials and endpoints). ``rowstore
@@ -23,8 +26,8 @@ fsspec protocol; ``--storage-options JSON`` passes credentials and endpoints). `
 
 One module per group of commands registers its subcommands and the function that runs each:
 :mod:`.inspection` (info, head, verify), :mod:`.maintenance` (gc, repair), :mod:`.shuffle`,
-:mod:`.order` (quality, order, check-order) and :mod:`.ingest` (import-petastorm,
-from-images); :mod:`._common` holds what they share.
+:mod:`.order` (quality, order, check-order), :mod:`.ingest` (import-petastorm,
+from-images) and :mod:`.audio` (from-audio); :mod:`._common` holds what they share.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import argparse
 import sys
 
 from rowstore._version import __version__
-from rowstore.cli import ingest, inspection, maintenance, order, shuffle
+from rowstore.cli import audio, ingest, inspection, maintenance, order, shuffle
 from rowstore.cli.inspection import head_text, info_text, verify_command
 from rowstore.cli.maintenance import gc_dataset_text, gc_text, repair_text
 from rowstore.cli.order import check_order_text, order_text
@@ -53,7 +56,7 @@ __all__ = [
 ]
 
 #: The command groups, in the order ``rowstore --help`` lists their commands.
-GROUPS = (inspection, maintenance, shuffle, order, ingest)
+GROUPS = (inspection, maintenance, shuffle, order, ingest, audio)
 
 
 def build_parser() -> argparse.ArgumentParser:

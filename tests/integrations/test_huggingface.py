@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import peak_allocations, raised_without_blocking
+from helpers import peak_allocations, raised_without_blocking, stored_payloads
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -350,17 +350,19 @@ def test_decoded_images_of_other_channels_name_the_row(tmp_path):
 
 
 # -- audio --------------------------------------------------------------------------------------
-def _wav(samples: np.ndarray, rate: int) -> bytes:
+def _wav(samples: np.ndarray, rate: int, fmt: str = "WAV", subtype: str = "FLOAT") -> bytes:
     sf = pytest.importorskip("soundfile")
     buf = io.BytesIO()
-    sf.write(buf, samples, rate, format="WAV", subtype="FLOAT")
+    sf.write(buf, samples, rate, format=fmt, subtype=subtype)
     return buf.getvalue()
 
 
-def _audio_dataset(rate: int = 16000, channels: int = 1, n: int = 5):
+def _audio_dataset(rate: int = 16000, channels: int = 1, n: int = 5, fmt: str = "WAV"):
     rng = np.random.default_rng(4)
     clips = [rng.standard_normal((100 + 10 * k, channels)).astype(np.float32) for k in range(n)]
-    blobs = [_wav(c, rate) for c in clips]
+    if fmt == "FLAC":  # 16-bit samples (FLAC holds integers): exact as float32 / 32768
+        clips = [np.round(np.clip(c, -1, 1) * 32767).astype(np.float32) / 32768 for c in clips]
+    blobs = [_wav(c, rate, fmt, "FLOAT" if fmt == "WAV" else "PCM_16") for c in clips]
     features = Features({"audio": Audio(sampling_rate=rate), "text": Value("string")})
     data = {
         "audio": [{"bytes": b, "path": None} for b in blobs],
@@ -369,15 +371,72 @@ def _audio_dataset(rate: int = 16000, channels: int = 1, n: int = 5):
     return _from_storage(data, features), clips, blobs
 
 
-def test_audio_bytes_round_trip(tmp_path):
-    ds, _, blobs = _audio_dataset()
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC"])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_audio_bytes_round_trip(tmp_path, fmt, channels):
+    """FLAC/WAV bytes stored as they are in a field of their codec, read as samples (the
+    audio kernel's decode equals soundfile's), handed back to datasets as they are."""
+    ds, clips, blobs = _audio_dataset(fmt=fmt, channels=channels)
     path = str(tmp_path / "a.h5")
-    schema = from_huggingface(ds, path)
-    assert schema["audio"].dtype == "bytes"
+    schema = from_huggingface(ds, path, batch_rows=2)
+    f = schema["audio"]
+    assert (f.codec["id"], str(f.dtype)) == (fmt.lower(), "float32")
+    assert f.shape == ((None,) if channels == 1 else (None, channels))
+    assert stored_payloads(path, "audio") == blobs
     with rowstore.open(path) as r:
-        assert [r[k]["audio"] for k in range(len(blobs))] == blobs
-        assert r.layout.user_attrs["huggingface"]["audio"]["audio"]["sampling_rate"] == 16000
+        for k, c in enumerate(clips):
+            np.testing.assert_array_equal(r[k]["audio"], c[:, 0] if channels == 1 else c)
+        meta = r.layout.user_attrs["huggingface"]["audio"]["audio"]
+        assert meta["sampling_rate"] == 16000 and meta["codec"] == fmt.lower()
     assert_same_dataset(to_huggingface(path), ds)
+
+
+def test_audio_of_other_formats_stays_bytes(tmp_path):
+    """Bytes that are neither FLAC nor WAV (an MP3's, here its ID3 tag and frame sync) are
+    stored in a bytes field, as they are."""
+    blobs = [b"ID3\x04\x00\x00\x00\x00\x00\x00\xff\xfb" + bytes([k]) * 40 for k in range(3)]
+    ds = _from_storage(
+        {"audio": [{"bytes": b, "path": None} for b in blobs]},
+        Features({"audio": Audio(sampling_rate=16000)}),
+    )
+    path = str(tmp_path / "a.h5")
+    assert from_huggingface(ds, path)["audio"].dtype == "bytes"
+    with rowstore.open(path) as r:
+        assert [r[k]["audio"] for k in range(3)] == blobs
+    assert_same_dataset(to_huggingface(path), ds)
+
+
+def test_audio_of_another_format_than_the_first_names_its_row(tmp_path):
+    ds, clips, blobs = _audio_dataset(fmt="FLAC", n=3)
+    rows = [{"bytes": b, "path": None} for b in blobs] + [
+        {"bytes": _wav(clips[0], 16000), "path": None}
+    ]
+    ds = _from_storage({"audio": rows, "text": list("abcd")}, ds.features)
+    with pytest.raises(RowValidationError, match="feature 'audio', row 3: wav bytes") as e:
+        from_huggingface(ds, str(tmp_path / "x.h5"), batch_rows=2)
+    assert e.value.row == 3
+
+
+def test_audio_of_another_rate_than_the_first_names_its_row(tmp_path):
+    ds, clips, blobs = _audio_dataset(n=3)
+    rows = [{"bytes": b, "path": None} for b in blobs] + [
+        {"bytes": _wav(clips[0], 8000), "path": None}
+    ]
+    ds = _from_storage({"audio": rows, "text": list("abcd")}, ds.features)
+    with pytest.raises(RowValidationError, match="row 3") as e:
+        from_huggingface(ds, str(tmp_path / "x.h5"), batch_rows=2)
+    assert e.value.row == 3 and "8000" in str(e.value)
+
+
+def test_damaged_audio_bytes_name_their_row(tmp_path):
+    ds, _, blobs = _audio_dataset(fmt="FLAC", n=3)
+    rows = [{"bytes": b, "path": None} for b in blobs[:2]] + [
+        {"bytes": blobs[2][:30], "path": None}
+    ]
+    ds = _from_storage({"audio": rows, "text": list("abc")}, ds.features)
+    with pytest.raises(RowValidationError, match="row 2") as e:
+        from_huggingface(ds, str(tmp_path / "x.h5"))
+    assert e.value.row == 2
 
 
 @pytest.mark.parametrize("channels", [1, 2])
@@ -623,7 +682,9 @@ def test_audio_rows_without_bytes_are_nulls(tmp_path):
     path = str(tmp_path / "a.h5")
     assert from_huggingface(ds, path)["audio"].nullable
     with rowstore.open(path) as r:
-        assert r[1]["audio"] is None and r[2]["audio"] == blobs[2]
+        assert r[1]["audio"] is None
+        np.testing.assert_array_equal(r[2]["audio"], clips[2][:, 0])
+    assert stored_payloads(path, "audio")[2] == blobs[2]
     assert_same_dataset(to_huggingface(path), ds)
     dec = str(tmp_path / "d.h5")
     assert from_huggingface(ds, dec, decode_audio=True)["audio"].nullable

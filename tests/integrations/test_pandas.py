@@ -405,3 +405,28 @@ def test_schema_infer_rows_finds_variable_dims_and_nulls():
     with pytest.raises(SchemaError, match="field 'wave', row 1: float64"):
         rowstore.Schema.infer_rows([{"wave": np.zeros(2, np.float32)}, {"wave": np.zeros(2)}])
     assert rowstore.Schema.infer(rows[0])["wave"].shape == (5,)  # one row: fixed, as documented
+
+
+def test_speech_waveforms_stored_as_flac(tmp_path):
+    """codec= per column: the speech table's waveforms (16-bit audio as float32) stored as
+    FLAC, encoded by the writer, read back exactly; far fewer bytes than float32."""
+    rng = np.random.default_rng(5)
+    df = speech_frame(8)
+    t = [np.arange(int(k)) / 16000 for k in rng.integers(800, 4000, 8)]
+    pcm = [np.round(0.4 * np.sin(2 * np.pi * 300 * x) * 32767).astype(np.int16) for x in t]
+    df["wave"] = [p.astype(np.float32) / 32768 for p in pcm]
+    path = str(tmp_path / "flac.h5")
+    schema = from_pandas(
+        df, path, codec={"wave": "flac"}, field_attrs={"wave": {"sample_rate": 16000}}
+    )
+    assert schema["wave"].codec["id"] == "flac" and schema["wave"].shape == (None,)
+    assert_frames_equal(df, read_pandas(path))
+    from helpers import stored_payloads
+
+    flac = stored_payloads(path, "wave")
+    assert all(b.startswith(b"fLaC") for b in flac)
+    assert sum(map(len, flac)) < 0.6 * sum(w.nbytes for w in df["wave"])
+    with pytest.raises(SchemaError, match=r"codec: no column\(s\) \['waveform'\]"):
+        from_pandas(df, str(tmp_path / "x.h5"), codec={"waveform": "flac"})
+    with pytest.raises(ValueError, match="not both"):
+        from_pandas(df, str(tmp_path / "x.h5"), schema=schema, codec={"wave": "flac"})

@@ -37,6 +37,7 @@ LAYERS = [
             "rowstore.spark",  # Arrow/Parquet, Petastorm, Spark
             "rowstore.huggingface",
             "rowstore.images",  # folders of image files
+            "rowstore.audio",  # speech corpora: folders and manifests of audio files
             "rowstore.ray",
             "rowstore._payloads",
             "rowstore._unischema",

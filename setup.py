@@ -6,7 +6,9 @@ libblosc2 at run time and cannot clash with the one python-blosc2 or PyTables lo
 (the JPEG batch kernel) needs libjpeg-turbo's ``jpeglib.h`` (Debian ``libjpeg62-turbo-dev``)
 and links its shared ``libjpeg.so.62`` (Debian's ``libjpeg.a`` is not position-independent);
 without the header
-it is not built and the reader decodes JPEG through imagecodecs. The other modules need libc
+it is not built and the reader decodes JPEG through imagecodecs. ``_audio`` (FLAC/WAV) links
+Debian ``libflac-dev``'s shared ``libFLAC``; without ``FLAC/stream_decoder.h`` it is not built
+and the audio codecs decode through soundfile. The other modules need libc
 only. ``_ext/*.pxd`` hold the shared C declarations (see docs/kernels.md).
 """
 
@@ -51,6 +53,17 @@ def _libjpeg() -> tuple[list[str], list[str], list[str]] | None:
     return None
 
 
+def _libflac() -> list[str] | None:
+    """Link args of libFLAC, or None without ``FLAC/stream_decoder.h`` (Debian ``libflac-dev``).
+    ``ROWSTORE_LIBFLAC=0`` builds without the kernel (the soundfile fallback's tests)."""
+    if os.environ.get("ROWSTORE_LIBFLAC", "1") == "0":
+        return None
+    for root in ("/usr/local", "/usr"):
+        if os.path.exists(os.path.join(root, "include", "FLAC", "stream_decoder.h")):
+            return ["-lFLAC"]
+    return None
+
+
 def _extension(src: str) -> Extension | None:
     name = os.path.splitext(os.path.basename(src))[0]
     include_dirs = [np.get_include(), "_ext"]
@@ -69,6 +82,15 @@ def _extension(src: str) -> Extension | None:
         include_dirs += jpeg[0]
         extra_objects += jpeg[1]
         libs = [*jpeg[2], "-lm"]
+    if name == "_audio":
+        flac = _libflac()
+        if flac is None:
+            print(
+                "rowstore: no FLAC/stream_decoder.h (libflac-dev): _audio not built",
+                file=sys.stderr,
+            )
+            return None
+        libs = [*flac, "-lm"]
     return Extension(
         name,
         [src],

@@ -55,6 +55,12 @@ __all__ = [
     "JPEG_WHY",
     "JPEG_MAX_WORK_BYTES",
     "JPEG_MAX_CROP_BYTES",
+    "audio_decode",
+    "audio_header",
+    "flac_encode",
+    "AUDIO_AVAILABLE",
+    "AUDIO_WHY",
+    "AUDIO_OUT",
     "KernelCode",
     "KernelError",
     "KernelChecksumError",
@@ -797,3 +803,123 @@ def jpeg_decode_whole(
             data, offsets, nul, flat, out.shape[1], out.shape[2], c, max_work, lo, hi, status
         )
     )
+
+
+#: ``audio_decode`` status codes, one per value (``_ext/_audio.pyx``): decoded (or null); not
+#: FLAC/WAV or damaged (a bad header, a libFLAC error: never concealed); a kind the codecs do not
+#: read (compressed WAV, 64-bit float, float samples into an integer output); no memory for
+#: libFLAC's decoder; another frame count or channel count than the stored shape's; audio that
+#: ends before the frames its header declares; a window that starts past the value's end.
+#: AUDIO_AVAILABLE is False where the kernel was not built (no ``FLAC/stream_decoder.h``): the
+#: audio codecs then decode with soundfile (``rowstore.codecs.audio``).
+try:
+    from rowstore import _audio  # type: ignore[attr-defined, unused-ignore]
+except ImportError:  # built without libFLAC's headers
+    _audio = None
+AUDIO_AVAILABLE = _audio is not None
+(
+    AUDIO_OK,
+    AUDIO_CORRUPT,
+    AUDIO_UNSUPPORTED,
+    AUDIO_NOMEM,
+    AUDIO_SIZE,
+    AUDIO_TRUNCATED,
+    AUDIO_RANGE,
+) = range(7)
+AUDIO_INFO = 5
+#: What each status but AUDIO_OK means, for error messages.
+AUDIO_WHY = {
+    AUDIO_CORRUPT: "not FLAC/WAV audio, or damaged (a bad header, or libFLAC reports damaged data)",
+    AUDIO_UNSUPPORTED: "audio of a kind rowstore does not decode (compressed or 64-bit WAV, an "
+    "unknown length, or float samples into an integer array)",
+    AUDIO_NOMEM: "no memory to decode it",
+    AUDIO_SIZE: "its header gives other frames or channels than the stored shape",
+    AUDIO_TRUNCATED: "the audio ends before the frames its header declares (truncated)",
+    AUDIO_RANGE: "the window starts past the end of the audio",
+}
+#: Output sample types of ``audio_decode``.
+AUDIO_OUT = {np.dtype(np.float32): 0, np.dtype(np.int16): 1, np.dtype(np.int32): 2}
+
+
+def _need_audio() -> None:
+    if _audio is None:
+        raise RuntimeError("rowstore was built without libFLAC: no audio kernel")
+
+
+def audio_header(data) -> tuple[int, ...]:
+    """``(status, format, rate, channels, bits, is_float, frames, data_offset)`` of one FLAC or
+    WAV value's header as the kernel parses it (format 1 FLAC, 2 WAV; status ``AUDIO_*``)."""
+    _need_audio()
+    arr = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+    return tuple(int(v) for v in _audio.audio_header(np.ascontiguousarray(arr, np.uint8)))
+
+
+def audio_decode(
+    data: np.ndarray,
+    offsets: np.ndarray,
+    nulls: np.ndarray | None,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    expect: np.ndarray | None,
+    channels: np.ndarray,
+    out_offsets: np.ndarray,
+    out: np.ndarray,
+    *,
+    mono: bool,
+    lo: int,
+    hi: int,
+    status: np.ndarray,
+    info: np.ndarray | None = None,
+) -> int:
+    """Decode FLAC/WAV values ``lo..hi`` of a batch into ``out`` (float32, int16 or int32,
+    writeable and C-contiguous: the whole batch): value i is ``data[offsets[i]:offsets[i +
+    1]]``, of ``channels[i]`` channels (and exactly ``expect[i]`` frames where ``expect`` is
+    given and ``expect[i] >= 0``); its frames ``starts[i] .. starts[i] + counts[i]`` (zeros past
+    its end) go to ``out.reshape(-1)[out_offsets[i]:]``, interleaved, mixed down to one channel
+    with ``mono``. FLAC seeks to the window (only the frames it covers are decoded). The GIL is
+    released for the whole range. ``status[i]`` gets an ``AUDIO_*`` code, ``info`` (``n x
+    AUDIO_INFO`` int64, optional) the header's rate, channels, bits, frames and format. Returns
+    the number of values not decoded."""
+    _need_audio()
+    otype = AUDIO_OUT.get(out.dtype)
+    if otype is None:
+        raise ValueError(f"audio_decode: out must be float32, int16 or int32, got {out.dtype}")
+    flat = _flat(out, out.nbytes, "audio_decode's out")
+    nul = None if nulls is None else nulls.view(np.uint8)
+    return int(
+        _audio.audio_decode(
+            data,
+            offsets,
+            nul,
+            starts,
+            counts,
+            expect,
+            channels,
+            out_offsets,
+            flat,
+            otype,
+            bool(mono),
+            lo,
+            hi,
+            status,
+            info,
+        )
+    )
+
+
+def flac_encode(samples: np.ndarray, bits: int, rate: int, level: int) -> bytes:
+    """``samples`` (``frames x channels`` int32 of ``bits`` bits each) encoded as a FLAC stream
+    at ``rate`` Hz by libFLAC at compression ``level`` (0-8), without the GIL. Raises
+    ``ValueError`` when libFLAC refuses them."""
+    _need_audio()
+    x = np.ascontiguousarray(samples, np.int32)
+    if x.ndim != 2:
+        raise ValueError(f"flac_encode: samples must be frames x channels, got {x.shape}")
+    frames, channels = x.shape
+    out = np.empty(frames * channels * 4 + (1 << 16), np.uint8)
+    n = _audio.flac_encode(x.reshape(-1), frames, channels, bits, rate, level, out)
+    if n == -2:
+        raise MemoryError("flac_encode: no memory for libFLAC's encoder")
+    if n < 0:
+        raise ValueError(f"flac_encode: libFLAC did not encode the samples (code {n})")
+    return out[:n].tobytes()

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from rowstore.codecs.audio import audio_header
+from rowstore.codecs.abc import Payloads
+from rowstore.codecs.audio import AudioHeader, audio_header, decode_windows, status_error
 from rowstore.errors import (
     CodecError,
     InputError,
@@ -144,6 +145,7 @@ class _Source:
     columns: dict[str, list[str | None]]  # a role ("transcript"...) or "=<field>" -> values
     layout: str  # "librispeech", "folders", "files" or "manifest"
     lines: list[int] | None = None  # manifest line of each file
+    written: list[str] | None = None  # a manifest's path of each file, as written
 
 
 @dataclass(frozen=True)
@@ -284,12 +286,11 @@ def _manifest(
     base = os.path.dirname(os.path.abspath(table))
     clips = os.path.join(base, "clips")
     taken = {"audio", "path", "transcript", "speaker"}
-    others = {
-        c: "=" + field_name(c, taken) for c in header if c not in (path_col, *roles.values())
-    }
+    others = {c: "=" + field_name(c, taken) for c in header if c not in (path_col, *roles.values())}
     index = {c: i for i, c in enumerate(header)}
     files: list[str] = []
     lines: list[int] = []
+    written: list[str] = []
     cols: dict[str, list[str | None]] = {r: [] for r, c in roles.items() if c is not None}
     cols.update({f: [] for f in others.values()})
     missing: list[tuple[str, str]] = []
@@ -310,12 +311,13 @@ def _manifest(
             continue
         files.append(os.path.relpath(full, base))
         lines.append(line)
+        written.append(name)
         for r, c in roles.items():
             if c is not None:
                 cols[r].append(row[index[c]])
         for c, f in others.items():
             cols[f].append(row[index[c]])
-    return _Source(base, files, cols, "manifest", lines), missing
+    return _Source(base, files, cols, "manifest", lines, written), missing
 
 
 def _manifest_path(
@@ -345,22 +347,27 @@ def _probe(root: str, rel: str) -> Any:
 
 
 def _audio_field(
-    name: str, header: Any, codec: Any, dtype: Any, files: list[str]
+    name: str, header: AudioHeader, codec: Any, dtype: Any, files: list[str]
 ) -> tuple[Field, str]:
+    """The audio field: ``codec`` (default: flac when any file is named ``.flac``, else the
+    first file's format) at the first file's sample rate, its channels."""
     if codec is None:
         codec = "flac" if any(f.lower().endswith(".flac") for f in files) else header.format
-    shape = (None,) if header.channels == 1 else (None, header.channels)
-    f = Field(name, dtype, shape, codec=codec, attrs={"sample_rate": header.sample_rate})
-    if f.codec["id"] not in ("flac", "wav"):
+    spec = dict(codec) if isinstance(codec, Mapping) else {"id": codec}
+    if spec.get("id") not in ("flac", "wav"):
         raise SchemaError(f"codec {codec!r}: an audio field's codec is 'flac' or 'wav'", field=name)
+    spec.setdefault("sample_rate", header.sample_rate)
+    shape = (None,) if header.channels == 1 else (None, header.channels)
+    f = Field(name, dtype, shape, codec=spec)
     return f, f.codec["id"]
 
 
 # -- the workers --------------------------------------------------------------------------------
-def _value(root: str, rel: str, f: Field, row: int, verify: bool) -> tuple[Any, int, float]:
-    """``(value, bytes read, seconds)`` of one file: its bytes as they are when they are the
-    field's format, else its samples decoded (the writer encodes them). Checked as the writer
-    checks it (so that a bad file is found before it fails a batch)."""
+def _value(root: str, rel: str, f: Field, row: int, verify: bool) -> tuple[Any, int, float, int]:
+    """``(value, bytes read, seconds, frames)`` of one file: its bytes as they are when they
+    are the field's format (``frames``: the header's, for FLAC bytes, else -1), else its
+    samples decoded (the writer encodes them). Checked as the writer checks it (so that a bad
+    file is found before it fails a batch)."""
     data = read_input(os.path.join(root, rel), what="audio file", max_bytes=MAX_VALUE_BYTES)
     hdr = audio_header(data)
     value: Any = data
@@ -375,7 +382,34 @@ def _value(root: str, rel: str, f: Field, row: int, verify: bool) -> tuple[Any, 
             field=f.name,
             row=row,
         )
-    return value, len(data), hdr.frames / hdr.sample_rate
+    frames = hdr.frames if value is data and hdr.format == "flac" and not verify else -1
+    return value, len(data), hdr.frames / hdr.sample_rate, frames
+
+
+def _tails(values: list[bytes], frames: list[int]) -> list[str | None]:
+    """Why each FLAC file's last frame does not decode (None where it does): a cut or damaged
+    end, which its header cannot tell. One kernel call for them all (libFLAC seeks to the
+    last frame and checks its CRC)."""
+    data = np.frombuffer(b"".join(values), np.uint8)
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    n = len(values)
+    last = np.asarray(frames, np.int64)
+    out = np.zeros(n, np.float32)
+    status = decode_windows(
+        Payloads(data, offsets, None, None),
+        out,
+        np.maximum(last - 1, 0),
+        np.ones(n, np.int64),
+        last,
+        np.ones(n, np.int64),
+        np.arange(n, dtype=np.int64),
+        mono=True,
+    )
+    return [
+        None if not s else f"its end does not decode ({status_error('flac', int(s))})"
+        for s in status.tolist()
+    ]
 
 
 def _transcode(data: bytes, f: Field) -> np.ndarray:
@@ -416,51 +450,65 @@ def _write_part(
     skipped: list[tuple[int, str]] = []
     total = [0.0]
 
+    def refuse(i: int, exc: BaseException) -> None:
+        """Skip file ``i`` of the part, or raise naming it."""
+        if not skip:
+            if isinstance(exc, (InputError, OSError)):
+                raise exc
+            row = part.first + i
+            raise RowValidationError(
+                f"audio file {part.files[i]!r}: row {row}: field {audio!r}: {_reason(exc)}",
+                field=audio,
+                row=row,
+            ) from None
+        skipped.append((i, _reason(exc)))
+
+    def checked(pending: list[tuple[int, Any, int]]) -> list[tuple[int, Any, int]]:
+        """``pending`` less the FLAC files whose end does not decode (refused, in order)."""
+        flac = [(k, p) for k, p in enumerate(pending) if p[2] >= 0]
+        bad = {}
+        if flac:
+            whys = _tails([p[1] for _, p in flac], [p[2] for _, p in flac])
+            bad = {k: why for (k, _), why in zip(flac, whys) if why is not None}
+        for k in sorted(bad):
+            refuse(pending[k][0], CodecError(bad[k]))
+        return [p for k, p in enumerate(pending) if k not in bad]
+
     def batches() -> Iterator[dict]:
-        cells: list[Any] = []
-        keep: list[int] = []
+        pending: list[tuple[int, Any, int]] = []  # (index in part, value, frames to check)
         size = done = 0
         for i, rel in enumerate(part.files):
             row = part.first + i
-            try:
-                value, nbytes, secs = _value(root, rel, f, row, verify)
-            except (CodecError, RowValidationError) as exc:
-                if not skip:
-                    raise RowValidationError(
-                        f"audio file {rel!r}: row {row}: field {audio!r}: {_reason(exc)}",
-                        field=audio,
-                        row=row,
-                    ) from None
-                skipped.append((i, _reason(exc)))
-                done += 1
-                continue
-            except (InputError, OSError) as exc:
-                if not skip:
-                    raise
-                skipped.append((i, _reason(exc)))
-                done += 1
-                continue
-            cells.append(value)
-            keep.append(i)
-            size += nbytes
             done += 1
+            try:
+                value, nbytes, secs, frames = _value(root, rel, f, row, verify)
+            except (CodecError, RowValidationError, InputError, OSError) as exc:
+                if not skip:  # a file before it in the batch may be bad too: that one first
+                    checked(pending)
+                refuse(i, exc)
+                continue
+            pending.append((i, value, frames))
+            size += nbytes
             total[0] += secs
-            if len(cells) >= _BATCH_FILES or size >= _BATCH_BYTES:
-                yield _batch(part, audio, cells, keep)
+            if len(pending) >= _BATCH_FILES or size >= _BATCH_BYTES:
+                good = checked(pending)
+                if good:
+                    yield _batch(part, audio, good)
                 report(done, size)
-                cells, keep, size, done = [], [], 0, 0
-        if cells:
-            yield _batch(part, audio, cells, keep)
+                pending, size, done = [], 0, 0
+        good = checked(pending)
+        if good:
+            yield _batch(part, audio, good)
         report(done, size)
 
     info = write_shard(dest, schema, batches(), name=name, batches=True, **options)
     return info, {"skipped": skipped, "seconds": total[0]}
 
 
-def _batch(part: _Part, audio: str, cells: list, keep: list[int]) -> dict:
-    batch: dict[str, Any] = {audio: cells}
+def _batch(part: _Part, audio: str, good: list[tuple[int, Any, int]]) -> dict:
+    batch: dict[str, Any] = {audio: [v for _, v, _ in good]}
     for fname, values in part.columns.items():
-        batch[fname] = [values[i] for i in keep]
+        batch[fname] = [values[i] for i, _, _ in good]
     return batch
 
 
@@ -505,9 +553,9 @@ def from_audio(
         (a role mapped to None is not stored); default: the first of
         :data:`MANIFEST_COLUMNS` the header has.
     audio_field : str
-        The audio field: codec ``flac`` or ``wav``, ``dtype`` samples of shape ``(None,)``
-        (mono) or ``(None, C)``, ``attrs={"sample_rate": ...}`` (the first readable file's
-        sample rate and channels: every file must have them).
+        The audio field: codec ``flac`` or ``wav`` at the first readable file's sample rate
+        (``{"id": ..., "sample_rate": ...}``), ``dtype`` samples of shape ``(None,)`` (mono)
+        or ``(None, C)`` (the first file's channels): every file must have them.
     transcript_field, speaker_field, chapter_field, id_field, path_field : str or None
         Names of the ``str`` fields of the transcript (nullable when some utterance has none),
         the speaker, the chapter (LibriSpeech trees), the utterance id (a tree: the file name
@@ -516,9 +564,10 @@ def from_audio(
         only when the layout gives its values.
     codec : str or dict, optional
         The audio field's codec (``"flac"``, ``"wav"`` or a config dict such as ``{"id":
-        "flac", ...}``); default ``flac`` when any file is named ``.flac``, else ``wav``. A
-        file of the other format is decoded and encoded in this one (FLAC from a float WAV is
-        refused by the codec); the others' bytes are stored as they are.
+        "flac", "bits": 24}``; its sample rate defaults to the first file's); default
+        ``flac`` when any file is named ``.flac``, else ``wav``. A file of the other format
+        is decoded and encoded in this one (FLAC at the codec's ``bits``: a float WAV, or
+        24-bit samples at 16 bits, are refused); the others' bytes are stored as they are.
     dtype : str
         The samples' dtype when read (``float32`` in [-1, 1], ``int16``...).
     extensions : sequence of str
@@ -638,7 +687,11 @@ def from_audio(
     schema = Schema(fields)
     cols = {renamed[k]: v for k, v in source.columns.items() if k in renamed}
     if path_field is not None:
-        cols[renamed["__path__"]] = [f.replace(os.sep, "/") for f in source.files]
+        cols[renamed["__path__"]] = (
+            source.written
+            if source.written is not None
+            else [f.replace(os.sep, "/") for f in source.files]
+        )
 
     sizes = np.asarray([_size(source.root, f) for f in source.files], np.int64)
     total = int(sizes.sum())
@@ -732,8 +785,9 @@ def _drop_first(source: _Source) -> None:
     del source.files[0]
     for values in source.columns.values():
         del values[0]
-    if source.lines is not None:
-        del source.lines[0]
+    for extra in (source.lines, source.written):
+        if extra is not None:
+            del extra[0]
 
 
 def _size(root: str, rel: str) -> int:

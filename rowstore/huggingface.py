@@ -73,7 +73,7 @@ import pyarrow.compute as pc
 from datasets.utils.file_utils import is_local_path
 
 from rowstore.arrow import _Column, arrow_field, column_values
-from rowstore.codecs.audio import audio_header
+from rowstore.codecs.audio import audio_header, sniff_audio_format
 from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
 from rowstore.errors import CodecError, RowValidationError, SchemaError
 from rowstore.format import spec
@@ -351,22 +351,12 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
     return Field(name, a.dtype, shape, nullable=nullable)
 
 
-def _audio_format(b: bytes) -> str | None:
-    """``"flac"`` or ``"wav"`` for the bytes of such a file (by their first bytes), else None."""
-    head = bytes(b[:12])
-    if head.startswith(b"fLaC"):
-        return "flac"
-    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
-        return "wav"
-    return None
-
-
 def _audio_field(plan: _Plan, b: bytes | None, nullable: bool) -> Field:
     """An audio column's field: FLAC/WAV bytes in a field of their codec (sample rate and
     channels of the first clip, read as ``float32``), other bytes (or a column of nulls) in a
     ``bytes`` field."""
     name = plan.field.name
-    fmt = None if b is None else _audio_format(b)
+    fmt = None if b is None else sniff_audio_format(b)
     if fmt is None:
         return Field(name, BYTES, nullable=nullable)
     h = _audio_header(plan, b, 0)
@@ -374,14 +364,8 @@ def _audio_field(plan: _Plan, b: bytes | None, nullable: bool) -> Field:
         return Field(name, BYTES, nullable=nullable)
     plan.codec, plan.rate = h.format, h.sample_rate
     shape = (None,) if h.channels == 1 else (None, h.channels)
-    return Field(
-        name,
-        "float32",
-        shape,
-        codec=h.format,
-        nullable=nullable,
-        attrs={"sample_rate": h.sample_rate},
-    )
+    codec = {"id": h.format, "sample_rate": h.sample_rate}
+    return Field(name, "float32", shape, codec=codec, nullable=nullable)
 
 
 def _audio_header(plan: _Plan, b: bytes, row: int) -> Any:
@@ -400,7 +384,7 @@ def _audio_header(plan: _Plan, b: bytes, row: int) -> Any:
 def _checked_audio(plan: _Plan, b: bytes, row: int) -> bytes:
     """A clip's bytes, stored as they are (the writer checks the header against the field:
     sample rate, channels); one of another format than the first clip's names its row."""
-    fmt = _audio_format(b)
+    fmt = sniff_audio_format(b)
     if fmt != plan.codec:
         raise RowValidationError(
             f"feature {plan.column!r}, row {row}: {fmt or 'unknown'} bytes in a column of "
@@ -723,7 +707,7 @@ def _default_feature(f: Field) -> Any:
     if f.codec["id"] in ("png", "jpeg"):
         return datasets.Image()
     if f.codec["id"] in _AUDIO_CODECS:
-        return datasets.Audio(sampling_rate=(f.attrs or {}).get("sample_rate"))
+        return datasets.Audio(sampling_rate=f.codec.get("sample_rate"))
     value = _value_dtype(f.dtype)
     if not f.shape:
         return datasets.Value(value)

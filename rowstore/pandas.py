@@ -391,7 +391,6 @@ def from_pandas(
     dataset: bool = False,
     attrs: dict | None = None,
     codec: Mapping[Any, Any] | None = None,
-    field_attrs: Mapping[Any, Mapping[str, Any]] | None = None,
     **writer_kwargs: Any,
 ) -> Schema:
     """Write a DataFrame to ``path``: one ``.h5`` file, or a dataset directory with
@@ -415,13 +414,10 @@ def from_pandas(
     attrs : dict, optional
         User attributes stored beside the ``"pandas"`` entry this function adds.
     codec : mapping, optional
-        A codec for some columns, by column name, on the inferred fields (``{"wave":
-        "flac"}``: a column of waveform arrays stored as FLAC, encoded on the writer's
-        threads; a codec name, config dict or object, as :class:`~rowstore.Field` takes).
-        Not with ``schema``, which says it all.
-    field_attrs : mapping, optional
-        Field attributes for some columns, by column name (``{"wave": {"sample_rate":
-        16000}}``: an audio codec's sample rate).
+        A codec for some columns, by column name, on the inferred fields (``{"wave": {"id":
+        "flac", "sample_rate": 16000}}``: a column of waveform arrays stored as FLAC,
+        encoded on the writer's threads; a codec name, config dict or object, as
+        :class:`~rowstore.Field` takes). Not with ``schema``, which says it all.
     **writer_kwargs
         Passed to the writer: ``block_bytes``, ``compression``, ``rows_per_block``, ``mode``...
 
@@ -439,10 +435,10 @@ def from_pandas(
     """
     parts = frame_columns(df, index=index)
     inferred, meta = _describe(df, parts, index)
-    if (codec or field_attrs) and schema is not None:
-        raise ValueError("pass codec=/field_attrs= or schema=, not both (the schema says it all)")
+    if codec and schema is not None:
+        raise ValueError("pass codec= or schema=, not both (the schema says it all)")
     if schema is None:
-        schema = _with_options(inferred, parts, codec or {}, field_attrs or {})
+        schema = _with_codecs(inferred, parts, codec or {})
     elif not isinstance(schema, Schema):
         raise TypeError(f"schema must be a rowstore.Schema, got {type(schema).__name__}")
     elif sorted(schema.names) != sorted(inferred.names):
@@ -459,38 +455,23 @@ def from_pandas(
     return schema
 
 
-def _with_options(
-    schema: Schema, parts, codec: Mapping[Any, Any], field_attrs: Mapping[Any, Mapping]
-) -> Schema:
-    """``schema`` with the codecs and field attributes given by column name."""
-    if not codec and not field_attrs:
+def _with_codecs(schema: Schema, parts, codec: Mapping[Any, Any]) -> Schema:
+    """``schema`` with the codecs given by column name."""
+    if not codec:
         return schema
     fields = {name: fname for name, fname, _, _ in parts}
-    for what, given in (("codec", codec), ("field_attrs", field_attrs)):
-        unknown = [c for c in given if c not in fields]
-        if unknown:
-            raise SchemaError(f"{what}: no column(s) {unknown}; the columns are {list(fields)}")
-    by_field = {fields[c]: c for c in set(codec) | set(field_attrs)}
-    out = []
-    for f in schema:
-        c = by_field.get(f.name, _NONE)
-        if c is _NONE:
-            out.append(f)
-            continue
-        out.append(
-            Field(
-                f.name,
-                f.dtype,
-                f.shape,
-                codec=codec.get(c, f.codec),
-                nullable=f.nullable,
-                attrs=dict(field_attrs.get(c, {})) or None,
-            )
-        )
-    return Schema(out)
-
-
-_NONE = object()
+    unknown = [c for c in codec if c not in fields]
+    if unknown:
+        raise SchemaError(f"codec: no column(s) {unknown}; the columns are {list(fields)}")
+    by_field = {fields[c]: spec for c, spec in codec.items()}
+    return Schema(
+        [
+            Field(f.name, f.dtype, f.shape, codec=by_field[f.name], nullable=f.nullable)
+            if f.name in by_field
+            else f
+            for f in schema
+        ]
+    )
 
 
 # -- reading ----------------------------------------------------------------------------------

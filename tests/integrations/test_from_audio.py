@@ -330,8 +330,14 @@ def test_worker_processes_keep_the_files_order_and_skip(hostile, tmp_path, monke
     done = rowstore.from_audio(root, tmp_path / "ds", on_error="skip", workers=2)
     assert {p for p, _ in done.skipped} == BAD
     assert stored_payloads(tmp_path / "ds", "audio") == [r[1] for r in rows]
-    assert len(manifest.load(str(tmp_path / "ds")).shards) == 2
+    assert len(manifest.load(str(tmp_path / "ds")).shards["path"]) == 2
     assert sum(seen) == len(rows) + len(BAD)
+    # Raising: the first bad file in order, though another worker may fail first; the shards
+    # written are removed, nothing is published.
+    with pytest.raises(RowValidationError, match="19-198-0003.flac': row 3"):
+        rowstore.from_audio(root, tmp_path / "bad", workers=2)
+    assert not manifest.is_dataset(str(tmp_path / "bad"))
+    assert not os.listdir(tmp_path / "bad" / "shards")
 
 
 def test_no_audio_files(tmp_path):

@@ -416,9 +416,7 @@ def test_speech_waveforms_stored_as_flac(tmp_path):
     pcm = [np.round(0.4 * np.sin(2 * np.pi * 300 * x) * 32767).astype(np.int16) for x in t]
     df["wave"] = [p.astype(np.float32) / 32768 for p in pcm]
     path = str(tmp_path / "flac.h5")
-    schema = from_pandas(
-        df, path, codec={"wave": "flac"}, field_attrs={"wave": {"sample_rate": 16000}}
-    )
+    schema = from_pandas(df, path, codec={"wave": {"id": "flac", "sample_rate": 16000}})
     assert schema["wave"].codec["id"] == "flac" and schema["wave"].shape == (None,)
     assert_frames_equal(df, read_pandas(path))
     from helpers import stored_payloads

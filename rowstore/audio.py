@@ -687,11 +687,8 @@ def from_audio(
     schema = Schema(fields)
     cols = {renamed[k]: v for k, v in source.columns.items() if k in renamed}
     if path_field is not None:
-        cols[renamed["__path__"]] = (
-            source.written
-            if source.written is not None
-            else [f.replace(os.sep, "/") for f in source.files]
-        )
+        paths = source.written or [f.replace(os.sep, "/") for f in source.files]
+        cols[renamed["__path__"]] = list(paths)
 
     sizes = np.asarray([_size(source.root, f) for f in source.files], np.int64)
     total = int(sizes.sum())

@@ -356,8 +356,7 @@ def _audio_field(plan: _Plan, b: bytes | None, nullable: bool) -> Field:
     channels of the first clip, read as ``float32``), other bytes (or a column of nulls) in a
     ``bytes`` field."""
     name = plan.field.name
-    fmt = None if b is None else sniff_audio_format(b)
-    if fmt is None:
+    if b is None or sniff_audio_format(b) is None:
         return Field(name, BYTES, nullable=nullable)
     h = _audio_header(plan, b, 0)
     if h is None:

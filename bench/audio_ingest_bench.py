@@ -1,7 +1,7 @@
 """Ingest of a speech corpus: a LibriSpeech-like tree of FLAC files into a dataset, same files,
 same run.
 
-    python bench/audio_ingest_bench.py [--n 2000] [--seconds 12] [--repeats 3] [--workers N]
+    python bench/audio_ingest_bench.py [--n 2000] [--seconds 14] [--repeats 3] [--workers N]
         [--quick] [--out bench/results/audio_ingest_bench.json]
 
 The source is ``n`` 16 kHz mono 16-bit FLAC files of ``seconds`` on average (10-20 s spread
@@ -11,8 +11,9 @@ made once and read from the page cache by every contender. Each case reads the f
 inside its timed part; the cases run interleaved, their order rotated each round, the first
 round a warm-up:
 
-* ``from_audio``: ``rowstore.from_audio`` (bytes as they are, header checked, transcripts,
-  speakers, fsync'd and committed; ``workers`` processes) and ``from_audio_1``: ``workers=1``;
+* ``from_audio``: ``rowstore.from_audio`` (bytes as they are, header checked, the end of
+  every FLAC file decoded, transcripts, speakers, fsync'd and committed; its default workers,
+  or ``--workers``) and ``from_audio_1``: ``workers=1``;
 * ``decode_float32``: what a user does without it: each file decoded by ``soundfile`` to
   ``float32`` and the samples written with ``DatasetWriter.write_batch`` (the same transcript,
   speaker, chapter and id fields), in this process.
@@ -82,7 +83,7 @@ def make_source(root: str, n: int, seconds: float) -> tuple[list[str], int, floa
     return sorted(paths), total, frames_total / RATE / 3600
 
 
-def run_from_audio(src: str, dest: str, workers: int) -> None:
+def run_from_audio(src: str, dest: str, workers: int | None) -> None:
     rowstore.from_audio(src, dest, workers=workers)
 
 
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=2000, help="FLAC files (default 2000)")
     ap.add_argument("--seconds", type=float, default=14.0, help="mean seconds a file")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up)")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--workers", type=int, help="from_audio's processes (default: from_audio's default)"
+    )
     ap.add_argument("--quick", action="store_true", help="n=60, 2 s files, 1 repeat")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)

@@ -388,28 +388,27 @@ def _value(root: str, rel: str, f: Field, row: int, verify: bool) -> tuple[Any, 
 
 def _tails(values: list[bytes], frames: list[int]) -> list[str | None]:
     """Why each FLAC file's last frame does not decode (None where it does): a cut or damaged
-    end, which its header cannot tell. One kernel call for them all (libFLAC seeks to the
-    last frame and checks its CRC)."""
-    data = np.frombuffer(b"".join(values), np.uint8)
-    offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
-    n = len(values)
-    last = np.asarray(frames, np.int64)
-    out = np.zeros(n, np.float32)
-    status = decode_windows(
-        Payloads(data, offsets, None, None),
-        out,
-        np.maximum(last - 1, 0),
-        np.ones(n, np.int64),
-        last,
-        np.ones(n, np.int64),
-        np.arange(n, dtype=np.int64),
-        mono=True,
-    )
-    return [
-        None if not s else f"its end does not decode ({status_error('flac', int(s))})"
-        for s in status.tolist()
-    ]
+    end, which its header cannot tell. The kernel (libFLAC) seeks to the last frame and checks
+    its CRC: one call a file, on its bytes as read (not copied)."""
+    whys: list[str | None] = []
+    out = np.zeros(1, np.float32)
+    one = np.ones(1, np.int64)
+    offsets = np.zeros(2, np.int64)
+    for v, n in zip(values, frames):
+        offsets[1] = len(v)
+        status = decode_windows(
+            Payloads(np.frombuffer(v, np.uint8), offsets, None, None),
+            out,
+            np.array([max(n - 1, 0)], np.int64),
+            one,
+            np.array([n], np.int64),
+            one,
+            np.zeros(1, np.int64),
+            mono=True,
+        )
+        s = int(status[0])
+        whys.append(None if not s else f"its end does not decode ({status_error('flac', s)})")
+    return whys
 
 
 def _transcode(data: bytes, f: Field) -> np.ndarray:

@@ -54,7 +54,7 @@ from rowstore.errors import (
 from rowstore.format.spec import MAX_VALUE_BYTES
 from rowstore.global_shuffle._progress import Progress
 from rowstore.schema import STR, Field, Schema, field_name
-from rowstore.storage.inputs import contained, read_input, walk
+from rowstore.storage.inputs import contained, read_input, read_text, walk
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, write_shard
 from rowstore.writer.parts import cut, n_parts, write_parts
 from rowstore.writer.values import check_value
@@ -162,24 +162,6 @@ def _is_audio(name: str, extensions: Sequence[str]) -> bool:
     return name.lower().endswith(tuple(e.lower() for e in extensions))
 
 
-def _text(path: str, what: str) -> str:
-    """A UTF-8 text file (transcripts, a manifest) read whole within :data:`_MAX_TEXT_BYTES`;
-    a leading byte order mark dropped."""
-    data = read_input(path, what=what, max_bytes=_MAX_TEXT_BYTES)
-    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-    try:
-        return data[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        at = bom + exc.start
-        line = data.count(b"\n", 0, at) + 1
-        raise InputError(
-            f"{path!r}, line {line}: byte {data[at]:#04x} (offset {at}) is not UTF-8; expected "
-            f"a UTF-8 {what}",
-            path=path,
-            line=line,
-        ) from None
-
-
 def _transcripts(root: str, allow_outside: bool) -> dict[tuple[str, str], str]:
     """``{(folder, utterance id): text}`` of every ``*.trans.txt`` file under ``root``."""
     found = walk(
@@ -193,7 +175,9 @@ def _transcripts(root: str, allow_outside: bool) -> dict[tuple[str, str], str]:
     for rel in found:
         folder = os.path.dirname(rel)
         path = os.path.join(root, rel)
-        for k, line in enumerate(_text(path, "transcript file").splitlines(), 1):
+        for k, line in enumerate(
+            read_text(path, what="transcript file", max_bytes=_MAX_TEXT_BYTES).splitlines(), 1
+        ):
             if not line.strip():
                 continue
             utt, _, text = line.partition(" ")
@@ -264,7 +248,7 @@ def _manifest(
     unknown = sorted(set(given) - set(MANIFEST_COLUMNS))
     if unknown:
         raise ValueError(f"columns: unknown roles {unknown}; expected {sorted(MANIFEST_COLUMNS)}")
-    text = _text(table, "manifest")
+    text = read_text(table, what="manifest", max_bytes=_MAX_TEXT_BYTES)
     first = text.split("\n", 1)[0]
     tsv = table.lower().endswith(".tsv") or ("\t" in first and "," not in first)
     # Common Voice's TSVs hold quotes inside sentences: taken as they are (no CSV quoting).

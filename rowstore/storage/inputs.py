@@ -34,6 +34,7 @@ __all__ = [
     "open_regular",
     "open_input",
     "read_input",
+    "read_text",
     "read_at",
     "contained",
     "name_problem",
@@ -146,6 +147,30 @@ def read_input(path: str | os.PathLike, *, what: str = "input file", max_bytes: 
         return _read_bounded(fd, path, what, st.st_size, max_bytes)
     finally:
         os.close(fd)
+
+
+def read_text(
+    path: str | os.PathLike, *, what: str = "text file", max_bytes: int, hint: str = ""
+) -> str:
+    """The text of the UTF-8 file ``path`` (a CSV, a manifest, transcripts), read whole as
+    :func:`read_input` reads (at most ``max_bytes``), a leading byte order mark dropped.
+
+    Raises as :func:`read_input`, and :class:`InputError` naming the line, byte and offset of
+    the first byte that is not UTF-8 (``hint``: what to do about it, appended)."""
+    path = os.fspath(path)
+    data = read_input(path, what=what, max_bytes=max_bytes)
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        line = data.count(b"\n", 0, at) + 1
+        raise InputError(
+            f"{path!r}, line {line}: byte {data[at]:#04x} (offset {at}) is not UTF-8; expected "
+            f"a UTF-8 {what}{hint}",
+            path=path,
+            line=line,
+        ) from None
 
 
 def read_at(fd: int, n: int, offset: int = 0) -> bytes:

@@ -381,3 +381,25 @@ def test_cli_from_audio(hostile, tmp_path, capsys):
     assert "from-audio" in cap.err or "tqdm" not in sys.modules  # the progress bar
     with rowstore.open(out) as r:
         assert "path" not in r.schema.names and len(r) == len(rows)
+
+
+def test_malformed_manifests_and_transcripts_name_file_and_line(libri, tmp_path):
+    root, _ = libri
+    m = tmp_path / "m"
+    put(str(m / "a.flac"), encode(clip(1)))
+    put(str(m / "latin.tsv"), "path\tsentence\na.flac\tcaf\xe9\n".encode("latin-1"))
+    put(str(m / "short.tsv"), b"path\tsentence\tage\na.flac\thi\n")
+    put(str(m / "bom.csv"), b"\xef\xbb\xbfpath,sentence\na.flac,hi\n")
+    for name, match in (
+        ("latin.tsv", r"line 2: byte 0xe9 \(offset 24\) is not UTF-8"),
+        ("short.tsv", "line 2: 2 cells, the header has 3"),
+    ):
+        for mode in ("raise", "skip"):
+            with pytest.raises(InputError, match=match):
+                rowstore.from_audio(m / name, tmp_path / "ds", on_error=mode)
+    assert rowstore.from_audio(m / "bom.csv", tmp_path / "ds").rows == 1  # BOM dropped
+    trans = root / "19" / "198" / "19-198.trans.txt"
+    with open(trans, "a") as fh:
+        fh.write("19-198-0001 AGAIN\n")
+    with pytest.raises(InputError, match=r"line 4: utterance '19-198-0001' again"):
+        rowstore.from_audio(root, tmp_path / "d2")

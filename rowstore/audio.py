@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ _MIN_PART_FILES = 64
 #: Bytes per worker process by default: a spawned worker costs about a second to start and
 #: import; below this much audio a second process does not pay for itself.
 _AUTO_BYTES_PER_WORKER = 512 << 20
+#: Fewest files whose ingest shows its progress by default (at a terminal).
+_PROGRESS_FILES = 2000
 #: Skipped files kept in the dataset's attributes (all are returned).
 _MAX_SKIPPED_ATTRS = 1000
 
@@ -175,12 +178,12 @@ def _transcripts(root: str, allow_outside: bool) -> dict[tuple[str, str], str]:
     for rel in found:
         folder = os.path.dirname(rel)
         path = os.path.join(root, rel)
-        for k, line in enumerate(
-            read_text(path, what="transcript file", max_bytes=_MAX_TEXT_BYTES).splitlines(), 1
-        ):
+        text = read_text(path, what="transcript file", max_bytes=_MAX_TEXT_BYTES)
+        for k, line in enumerate(text.split("\n"), 1):  # (not splitlines: U+2028 is text)
+            line = line[:-1] if line.endswith("\r") else line
             if not line.strip():
                 continue
-            utt, _, text = line.partition(" ")
+            utt, _, said = line.partition(" ")
             key = (folder, utt)
             if key in out:
                 first = where[key]
@@ -190,7 +193,7 @@ def _transcripts(root: str, allow_outside: bool) -> dict[tuple[str, str], str]:
                     path=path,
                     line=k,
                 )
-            out[key], where[key] = text, (rel, k)
+            out[key], where[key] = said, (rel, k)
     return out
 
 
@@ -446,7 +449,7 @@ def _write_part(
             ) from None
         skipped.append((i, _reason(exc)))
 
-    def checked(pending: list[tuple[int, Any, int]]) -> list[tuple[int, Any, int]]:
+    def checked(pending: list[tuple[int, Any, int, float]]) -> list[tuple[int, Any, int, float]]:
         """``pending`` less the FLAC files whose end does not decode (refused, in order)."""
         flac = [(k, p) for k, p in enumerate(pending) if p[2] >= 0]
         bad = {}
@@ -455,10 +458,13 @@ def _write_part(
             bad = {k: why for (k, _), why in zip(flac, whys) if why is not None}
         for k in sorted(bad):
             refuse(pending[k][0], CodecError(bad[k]))
-        return [p for k, p in enumerate(pending) if k not in bad]
+        good = [p for k, p in enumerate(pending) if k not in bad]
+        total[0] += sum(p[3] for p in good)
+        return good
 
     def batches() -> Iterator[dict]:
-        pending: list[tuple[int, Any, int]] = []  # (index in part, value, frames to check)
+        # (index in part, value, frames to check, seconds)
+        pending: list[tuple[int, Any, int, float]] = []
         size = done = 0
         for i, rel in enumerate(part.files):
             row = part.first + i
@@ -470,9 +476,8 @@ def _write_part(
                     checked(pending)
                 refuse(i, exc)
                 continue
-            pending.append((i, value, frames))
+            pending.append((i, value, frames, secs))
             size += nbytes
-            total[0] += secs
             if len(pending) >= _BATCH_FILES or size >= _BATCH_BYTES:
                 good = checked(pending)
                 if good:
@@ -488,10 +493,10 @@ def _write_part(
     return info, {"skipped": skipped, "seconds": total[0]}
 
 
-def _batch(part: _Part, audio: str, good: list[tuple[int, Any, int]]) -> dict:
-    batch: dict[str, Any] = {audio: [v for _, v, _ in good]}
+def _batch(part: _Part, audio: str, good: list[tuple[int, Any, int, float]]) -> dict:
+    batch: dict[str, Any] = {audio: [p[1] for p in good]}
     for fname, values in part.columns.items():
-        batch[fname] = [values[i] for i, _, _ in good]
+        batch[fname] = [values[p[0]] for p in good]
     return batch
 
 
@@ -512,7 +517,7 @@ def from_audio(
     extensions: Sequence[str] = AUDIO_EXTENSIONS,
     on_error: str = "raise",
     workers: int | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     mode: str = "w",
     attrs: Mapping[str, Any] | None = None,
@@ -564,8 +569,9 @@ def from_audio(
     workers : int, optional
         Processes writing shards (default: one per 512 MiB of audio, up to ``os.cpu_count()``);
         ``1`` writes in this process.
-    progress : bool
-        Show a progress bar (files, bytes, rate) on stderr (tqdm if installed).
+    progress : bool, optional
+        Show a progress bar (bytes, files/s) on stderr (tqdm if installed); default: for
+        2,000 files or more, when stderr is a terminal.
     allow_outside : bool
         Follow symlinks out of the source and take manifest paths that are absolute or climb
         out with ``..``; by default they are refused (:class:`~rowstore.errors.OutsideRootError`
@@ -617,6 +623,8 @@ def from_audio(
     }
     skipped: list[tuple[str, str]] = []
     if os.path.isdir(src):
+        if columns is not None:
+            raise ValueError("columns= names a manifest's columns; src is a folder")
         source = _tree(src, extensions, allow_outside, names)
     elif os.path.isfile(src):
         source, missing = _manifest(src, columns, allow_outside)
@@ -722,6 +730,8 @@ def from_audio(
         user[META_KEY] = meta
         return user
 
+    if progress is None:  # long runs at a terminal
+        progress = len(source.files) >= _PROGRESS_FILES and sys.stderr.isatty()
     bar = Progress(
         f"from-audio {os.path.basename(src.rstrip(os.sep)) or src}", total, enabled=progress
     )

@@ -23,7 +23,7 @@ import numpy as np
 from rowstore.writer.commit import ShardInfo, commit
 from rowstore.writer.dataset import discard
 
-__all__ = ["cut", "write_parts", "Report"]
+__all__ = ["cut", "n_parts", "write_parts", "Report"]
 
 #: ``report(files, nbytes)``: files done and their bytes, since the last call.
 Report = Callable[[int, int], None]
@@ -85,7 +85,8 @@ def write_parts(
     ----------
     fn : callable
         A module-level function (it runs in other processes) returning ``(info, extra)``: the
-        ShardInfo of the shard it wrote (None when it wrote none) and anything picklable.
+        ShardInfo of the shard it wrote (None when it wrote none; a shard of no rows is left
+        out of the version and removed) and anything picklable.
     jobs : sequence of tuples
         Its arguments, one tuple per part, in the order of the parts' rows.
     dest : str
@@ -121,6 +122,7 @@ def write_parts(
         extras = [extra for _, extra in results]
         user = attrs(extras) if callable(attrs) else attrs
         commit(dest, infos, mode=mode, attrs=user)
+        discard(dest, [info for info, _ in results if info is not None and info.rows == 0])
     except BaseException:
         discard(dest, [info for info, _ in results if info is not None])
         raise

@@ -36,6 +36,18 @@ if [ ! -f /usr/include/jpeglib.h ] && [ ! -f /usr/local/include/jpeglib.h ]; the
         echo "bootstrap: no jpeglib.h: the JPEG kernel is not built (apt-get install libjpeg62-turbo-dev)"
     fi
 fi
+# The audio kernel (_ext/_audio.pyx) needs libFLAC's headers; installed here when we may (root
+# with apt), else the kernel is not built and the flac/wav codecs decode through soundfile.
+if [ ! -f /usr/include/FLAC/stream_decoder.h ] && [ ! -f /usr/local/include/FLAC/stream_decoder.h ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing libflac-dev for the audio kernel"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libflac-dev >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libflac-dev >/dev/null 2>&1; } \
+            || echo "bootstrap: could not install libflac-dev: no audio kernel (soundfile decodes)"
+    else
+        echo "bootstrap: no FLAC/stream_decoder.h: the audio kernel is not built (apt-get install libflac-dev)"
+    fi
+fi
 
 # Rebuilds only kernels whose sources changed.
 "$VENV/bin/python" setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|skipping)|SetuptoolsDeprecationWarning|^\s*$|^\s*!!|^\s*\*+|Please|See https|^\s*\*\*\*" || true

@@ -120,6 +120,19 @@ def test_segment_mono_int16_and_stereo(speech, reader):
     assert got["audio"].shape == (4000,) and got["stereo"].nullable
 
 
+def test_whole_utterances_without_an_op_are_ragged_and_exact(speech, reader):
+    rows = speech[1]
+    b = reader.take(np.arange(N))
+    for i in range(N):
+        np.testing.assert_array_equal(
+            b["audio"][i], sf.read(io.BytesIO(rows[i]["audio"]), dtype="float32")[0]
+        )
+        assert bool(b["stereo__null"][i]) == (rows[i]["stereo"] is None)
+        if rows[i]["stereo"] is not None:
+            want = sf.read(io.BytesIO(rows[i]["stereo"]), dtype="float32")[0]
+            np.testing.assert_array_equal(b["stereo"][i], want)
+
+
 def test_windows_depend_on_seed_epoch_and_row_only(reader):
     r = reader
     d = {"audio": WIN}

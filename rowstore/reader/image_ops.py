@@ -164,7 +164,7 @@ def check_decode(decode: Any, schema: Schema | None = None) -> dict[str, ImageOp
         return None
     if not isinstance(decode, Mapping):
         raise TypeError(f"decode must be a dict {{field: ImageOp}}, got {type(decode).__name__}")
-    out: dict[str, ImageOp] = {}
+    out: dict[str, Any] = {}  # ImageOp or audio_ops.AudioOp
     for name, op in decode.items():
         if not isinstance(name, str) or not isinstance(op, (ImageOp, audio_ops.AudioOp)):
             raise TypeError(
@@ -186,8 +186,9 @@ def _check_fields(ops: Mapping[str, ImageOp], schema: Schema) -> None:
                 f"decode names field {name!r}, which is not in {schema.names}", field=name
             )
         f = schema[name]
-        if isinstance(ops[name], audio_ops.AudioOp):  # flac/wav fields: audio_ops checks them
-            audio_ops.check_field(name, ops[name], f)
+        op = ops[name]
+        if isinstance(op, audio_ops.AudioOp):  # flac/wav fields: audio_ops checks them
+            audio_ops.check_field(name, op, f)
             continue
         if getattr(f.codec_obj, "codec_id", None) != "jpeg" or _channels(f) not in (1, 3):
             raise SchemaError(

@@ -159,11 +159,11 @@ def test_the_fallback_decodes_the_same(reader, monkeypatch):
         np.testing.assert_array_equal(fast[name], slow[name])
 
 
-def test_torch_loaders_resume_exactly_with_0_and_2_workers(speech):
+def test_torch_loaders_resume_exactly_with_0_and_2_workers_and_elastically(speech):
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    from rowstore.torch import BatchedDataLoader, IterableDataset
+    from rowstore.torch import BatchedDataLoader, IterableDataset, ResumableDataLoader
 
     path = speech[0]
     kw = dict(batch_size=6, seed=5, shuffle="full", decode={"audio": WIN}, fields=["audio", "id"])
@@ -188,6 +188,26 @@ def test_torch_loaders_resume_exactly_with_0_and_2_workers(speech):
         rows = {int(i): a for b in got for i, a in zip(b["id"], b["audio"])}
         assert sorted(rows) == sorted(want)
         assert all(torch.equal(rows[k], want[k]) for k in want)
+    # elastic: saved after 3 batches of 2 workers, resumed on 2 ranks without workers
+    dl = ResumableDataLoader(
+        IterableDataset(path, **kw), batch_size=None, num_workers=2,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    rows = {}
+    for k, b in enumerate(dl):
+        rows.update({int(i): a for i, a in zip(b["id"], b["audio"])})
+        if k == 2:
+            break
+    state = dl.state_dict()
+    for rank in range(2):
+        dl2 = ResumableDataLoader(IterableDataset(path, shard=(rank, 2), **kw), batch_size=None)
+        dl2.load_state_dict(state)
+        for b in dl2:
+            for i, a in zip(b["id"], b["audio"]):
+                assert int(i) not in rows
+                rows[int(i)] = a
+    assert sorted(rows) == list(range(N))
+    assert all(torch.equal(rows[k], want[k]) for k in want)
 
 
 def test_a_damaged_stored_flac_names_field_and_row(tmp_path, speech):
@@ -241,38 +261,3 @@ def test_segment_start_is_uniform_and_in_range():
     assert set(starts) == {0, 1, 2, 3}
     assert max(np.bincount(starts)) < 1.15 * 1000
     assert ao.segment_start(50, 100, 7) == 0 and ao.segment_start(100, 100, 7) == 0
-
-
-def test_elastic_resume_from_2_workers_onto_2_ranks(speech):
-    """Saved after 3 batches of a 2-worker DataLoader, resumed on 2 ranks with no workers: every
-    row read once, each with the window of the uninterrupted epoch."""
-    torch = pytest.importorskip("torch")
-    import rowstore.torch as rst
-
-    path = speech[0]
-    kw = dict(batch_size=4, seed=9, decode={"audio": WIN}, fields=["audio", "id"])
-    want = {
-        int(i): a
-        for b in rst.BatchedDataLoader(path, shuffle="full", **kw)
-        for i, a in zip(b["id"], b["audio"])
-    }
-    dl = rst.ResumableDataLoader(
-        rst.IterableDataset(path, **kw), batch_size=None, num_workers=2,
-        multiprocessing_context="fork",
-    )  # fmt: skip
-    got = {}
-    for k, b in enumerate(dl):
-        got.update({int(i): a for i, a in zip(b["id"], b["audio"])})
-        if k == 2:
-            break
-    state = dl.state_dict()
-    for rank in range(2):
-        ds = rst.IterableDataset(path, shard=(rank, 2), **kw)
-        dl2 = rst.ResumableDataLoader(ds, batch_size=None)
-        dl2.load_state_dict(state)
-        for b in dl2:
-            for i, a in zip(b["id"], b["audio"]):
-                assert int(i) not in got
-                got[int(i)] = a
-    assert sorted(got) == list(range(N))
-    assert all(torch.equal(got[k], want[k]) for k in want)

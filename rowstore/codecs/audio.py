@@ -266,7 +266,7 @@ def _soundfile():
     except ImportError as exc:  # pragma: no cover - exercised only without both
         raise CodecNotAvailableError(
             "rowstore was built without libFLAC (no audio kernel) and soundfile is not installed: "
-            "pip install soundfile"
+            "pip install 'rowstore[audio]' (or soundfile)"
         ) from exc
     return soundfile
 

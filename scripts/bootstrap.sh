@@ -24,18 +24,32 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
-# The JPEG kernel (_ext/_jpeg.pyx) needs libjpeg-turbo's headers; installed here when we may
-# (root with apt), else the kernel is not built and JPEG image ops decode through imagecodecs.
-if [ ! -f /usr/include/jpeglib.h ] && [ ! -f /usr/local/include/jpeglib.h ]; then
+# apt_install WHAT CHECK PKG...: installs Debian packages when CHECK fails and we may (root with
+# apt); else says what WHAT loses. Each package is optional: without it a kernel is not built or
+# some tests skip.
+apt_install() {
+    local what=$1 check=$2
+    shift 2
+    eval "$check" && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing libjpeg62-turbo-dev for the JPEG kernel"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libjpeg62-turbo-dev >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libjpeg62-turbo-dev >/dev/null 2>&1; } \
-            || echo "bootstrap: could not install libjpeg62-turbo-dev: no JPEG kernel (imagecodecs decodes)"
+        echo "bootstrap: installing $* ($what)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1; } \
+            || echo "bootstrap: could not install $*: without it, $what"
     else
-        echo "bootstrap: no jpeglib.h: the JPEG kernel is not built (apt-get install libjpeg62-turbo-dev)"
+        echo "bootstrap: not installed: $* (apt-get install $*): without it, $what"
     fi
-fi
+}
+
+# The JPEG kernel (_ext/_jpeg.pyx) needs libjpeg-turbo's headers; without them JPEG image ops
+# decode through imagecodecs.
+apt_install "no JPEG kernel (imagecodecs decodes)" \
+    "[ -f /usr/include/jpeglib.h ] || [ -f /usr/local/include/jpeglib.h ]" libjpeg62-turbo-dev
+
+# The audio kernel (_ext/_audio.pyx) needs libFLAC's headers; without them the flac/wav codecs
+# decode through soundfile.
+apt_install "no audio kernel (soundfile decodes)" \
+    "[ -f /usr/include/FLAC/stream_decoder.h ] || [ -f /usr/local/include/FLAC/stream_decoder.h ]" libflac-dev
 
 # Rebuilds only kernels whose sources changed.
 "$VENV/bin/python" setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|skipping)|SetuptoolsDeprecationWarning|^\s*$|^\s*!!|^\s*\*+|Please|See https|^\s*\*\*\*" || true
@@ -43,15 +57,9 @@ fi
 # Spark tests (rowstore.spark) need Java 17; without it they skip.
 command -v java >/dev/null 2>&1 || echo "bootstrap: no java found: the Spark tests will skip (apt-get install openjdk-17-jre-headless)"
 
-# The fault-injection tests (tests/robustness/test_read_faults.py, test_write_faults.py) run their children
-# under libfiu's fiu-run; installed here when we may (root with apt), else those tests skip.
-if ! command -v fiu-run >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing libfiu (fiu-utils, libfiu-dev) for the fault-injection tests"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q fiu-utils libfiu-dev >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q fiu-utils libfiu-dev >/dev/null 2>&1; } \
-            || echo "bootstrap: could not install libfiu: the fault-injection tests will skip"
-    else
-        echo "bootstrap: no fiu-run found: the fault-injection tests will skip (apt-get install fiu-utils libfiu-dev)"
-    fi
-fi
+# The fault-injection tests (tests/robustness/test_read_faults.py, test_write_faults.py) run their
+# children under libfiu's fiu-run.
+apt_install "the fault-injection tests skip" "command -v fiu-run >/dev/null 2>&1" fiu-utils libfiu-dev
+
+# The report and notebook-view tests (tests/inspect) open pages in Debian's headless Chromium.
+apt_install "the report tests skip" "command -v chromium >/dev/null 2>&1" chromium

@@ -266,7 +266,7 @@ def _soundfile():
     except ImportError as exc:  # pragma: no cover - exercised only without both
         raise CodecNotAvailableError(
             "rowstore was built without libFLAC (no audio kernel) and soundfile is not installed: "
-            "pip install soundfile"
+            "pip install 'rowstore[audio]' (or soundfile)"
         ) from exc
     return soundfile
 
@@ -502,7 +502,9 @@ class _Audio(Codec):
         if src.shapes is not None:
             frames = src.shapes[:, 0]
             chans = src.shapes[:, 1] if src.shapes.shape[1] == 2 else np.ones(n, np.int64)
-            offs = src.element_offsets()[:-1]
+            elems = src.element_offsets()
+            assert elems is not None  # variable shapes have element offsets
+            offs = elems[:-1]
         else:
             frames = np.full(n, out.shape[1], np.int64)
             chans = np.full(n, out.shape[2] if out.ndim == 3 else 1, np.int64)

@@ -28,9 +28,10 @@ import numpy as np
 from rowstore import kernels
 from rowstore.codecs import Payloads, Png
 from rowstore.codecs.abc import Codec, ParallelMap, serial
+from rowstore.codecs.audio import status_error as audio_status_error
 from rowstore.errors import CodecError, CodecNotAvailableError, FormatError
 from rowstore.format import spec
-from rowstore.reader import image_ops
+from rowstore.reader import audio_ops, image_ops
 from rowstore.reader._gather import FieldPlan, Gathered
 from rowstore.reader.buffers import Ragged
 
@@ -120,6 +121,9 @@ class Decoder:
                 par = self.parallel(threads)
             if images and p.field.name in images:
                 op, base = images[p.field.name]
+                if isinstance(op, audio_ops.AudioOp):
+                    batch[p.field.name] = self._audio(p, col, g, op, base, par or serial)
+                    continue
                 batch[p.field.name] = self._image(p, col, g, op, base, par or serial)
                 continue
             batch[p.field.name] = self._field(p, col, g, out, out_start, par or serial)
@@ -156,6 +160,35 @@ class Decoder:
                 field=f.name,
                 row=row,
             ) from CodecError(why, codec="jpeg", field=f.name)
+        return dst
+
+    def _audio(
+        self,
+        p: FieldPlan,
+        col: Payloads,
+        g: Gathered,
+        op: audio_ops.AudioOp,
+        base: int,
+        par: ParallelMap,
+    ) -> np.ndarray:
+        """A flac/wav column through its audio op: a fixed-shape window per row."""
+        rows = np.ascontiguousarray(self.rows_of(g.row_ids()), np.int64)
+        dst, status = audio_ops.decode_segments(op, base, p.field, col, rows, par)
+        bad = np.flatnonzero(status)
+        if len(bad):
+            i = int(bad[0])
+            exc = audio_status_error(p.field.codec_obj.codec_id, int(status[i]))
+            if isinstance(exc, MemoryError):
+                raise MemoryError(f"field {p.field.name!r}: {exc}")
+            path, blk, row = self.where(int(g.row_ids()[i]))
+            raise FormatError(
+                f"{path!r}: field {p.field.name!r}: row {row}: stored audio does not decode "
+                f"({exc}; corrupt file?)",
+                path=path,
+                block=blk,
+                field=p.field.name,
+                row=row,
+            ) from exc
         return dst
 
     def _field(

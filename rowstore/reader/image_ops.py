@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from rowstore.errors import SchemaError
+from rowstore.reader import audio_ops
 from rowstore.schema import Field, Schema
 
 __all__ = [
@@ -163,12 +164,12 @@ def check_decode(decode: Any, schema: Schema | None = None) -> dict[str, ImageOp
         return None
     if not isinstance(decode, Mapping):
         raise TypeError(f"decode must be a dict {{field: ImageOp}}, got {type(decode).__name__}")
-    out: dict[str, ImageOp] = {}
+    out: dict[str, Any] = {}  # ImageOp or audio_ops.AudioOp
     for name, op in decode.items():
-        if not isinstance(name, str) or not isinstance(op, ImageOp):
+        if not isinstance(name, str) or not isinstance(op, (ImageOp, audio_ops.AudioOp)):
             raise TypeError(
                 f"decode maps field names to rowstore image ops (Resize, CenterCrop, "
-                f"RandomResizedCrop), got {name!r}: {op!r}"
+                f"RandomResizedCrop) or audio ops (Segment, RandomSegment), got {name!r}: {op!r}"
             )
         out[name] = op
     if schema is not None:
@@ -185,6 +186,10 @@ def _check_fields(ops: Mapping[str, ImageOp], schema: Schema) -> None:
                 f"decode names field {name!r}, which is not in {schema.names}", field=name
             )
         f = schema[name]
+        op = ops[name]
+        if isinstance(op, audio_ops.AudioOp):  # flac/wav fields: audio_ops checks them
+            audio_ops.check_field(name, op, f)
+            continue
         if getattr(f.codec_obj, "codec_id", None) != "jpeg" or _channels(f) not in (1, 3):
             raise SchemaError(
                 f"decode={{{name!r}: ...}}: image ops decode jpeg fields of 1 or 3 channels; "
@@ -224,6 +229,9 @@ def decoded_schema(schema: Schema, decode: Mapping[str, ImageOp] | None) -> Sche
         op = decode.get(f.name)
         if op is None:
             fields.append(f)
+            continue
+        if isinstance(op, audio_ops.AudioOp):
+            fields.append(audio_ops.decoded_field(f, op))
             continue
         shape = op.size + ((f.shape[2],) if len(f.shape) == 3 else ())
         fields.append(Field(f.name, np.uint8, shape, nullable=f.nullable))

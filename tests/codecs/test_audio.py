@@ -32,7 +32,7 @@ SOURCES = [
 ]
 
 
-def make_audio(fmt, subtype, frames, channels, rate=16000, seed=0, blocksize=None):
+def make_audio(fmt, subtype, frames, channels, rate=16000, seed=0):
     """Random audio of full-scale noise and a quiet tone, encoded by soundfile."""
     rng = np.random.default_rng(seed)
     t = np.arange(frames)[:, None] / rate
@@ -41,10 +41,7 @@ def make_audio(fmt, subtype, frames, channels, rate=16000, seed=0, blocksize=Non
     x = np.clip(x, -1, 1).astype(np.float64)
     x[:3] = [[1.0] * channels, [-1.0] * channels, [0.0] * channels]
     buf = io.BytesIO()
-    kwargs = {"blocksize": blocksize} if blocksize else {}
-    with sf.SoundFile(
-        buf, "w", rate, channels, subtype=subtype, format=fmt, **kwargs
-    ) as f:  # fmt: skip
+    with sf.SoundFile(buf, "w", rate, channels, subtype=subtype, format=fmt) as f:
         f.write(x)
     return buf.getvalue()
 

@@ -14,7 +14,8 @@ abort_on_error=1:allocator_may_return_null=1:max_allocation_size_mb=4096`` and
 1. a check that the sanitized modules and the runtime are what got loaded;
 2. ``tools/robustness/fuzz.py --replay`` of the committed reproducers (``tests/data/fuzz``);
 3. ``tools/robustness/fuzz_atheris.py --replay`` of the committed atheris corpus and crashers
-   (``tests/data/atheris``);
+   (``tests/data/atheris``); ``tools/robustness/audio_fuzz.py --replay`` of the hostile audio
+   corpus (``tests/data/fuzz/audio``) and ``10 * --cases`` new mutated FLAC/WAV values;
 4. ``--cases`` new cases of ``tools/robustness/fuzz.py`` (file regions, ``all``) and as many of its
    dataset regions (``datasets``); ``RLIMIT_AS`` is off (ASan reserves terabytes of shadow
    memory), ``max_allocation_size_mb`` bounds single allocations instead;
@@ -53,6 +54,8 @@ KERNEL_TESTS = (
     "tests/kernels/test_jpeg_kernel.py",
     "tests/writer/test_encoded_images.py",
     "tests/writer/test_write_fast.py",
+    "tests/kernels/test_audio_kernel.py",
+    "tests/codecs/test_audio.py",
 )
 
 
@@ -212,6 +215,20 @@ def main(argv=None) -> int:
         except ValueError:
             pass
         steps.append(s)
+    audio_fuzz = os.path.join(ROOT, "tools", "robustness", "audio_fuzz.py")
+    hostile = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "fuzz", "audio", "*.*[cv]")))
+    if hostile:  # the audio kernel: the hostile corpus, then new mutated FLAC/WAV values
+        steps.append(_run("audio-replay", [PY, audio_fuzz, "--replay", *hostile], env, 600))
+        audio_out = os.path.join(BUILD, "audio-fuzz-cases")
+        steps.append(
+            _run(
+                "audio-fuzz",
+                [PY, audio_fuzz, "--cases", str(10 * args.cases), "--seed", str(args.seed),
+                 "--timeout", "20", "--out", audio_out],
+                env,
+                20 * args.cases + 600,
+            )
+        )  # fmt: skip
     for region in ("all", "datasets"):
         out = os.path.join(logs, f"fuzz-{region}.json")
         s = _run(

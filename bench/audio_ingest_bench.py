@@ -4,8 +4,9 @@ same run.
     python bench/audio_ingest_bench.py [--n 2000] [--seconds 14] [--repeats 3] [--workers N]
         [--quick] [--out bench/results/audio_ingest_bench.json]
 
-The source is ``n`` 16 kHz mono 16-bit FLAC files of ``seconds`` on average (10-20 s spread
-around it, as LibriSpeech's utterances are; speech-like: tones that glide, bursts and noise),
+The source is ``n`` 16 kHz mono 16-bit FLAC files of ``seconds - 2`` to ``seconds + 4`` s
+(12-18 s by default, as LibriSpeech's utterances are; speech-like: gliding harmonics gated into
+syllables, a noise floor),
 written by ``soundfile`` under ``<speaker>/<chapter>/`` with a ``*.trans.txt`` per chapter,
 made once and read from the page cache by every contender. Each case reads the files itself
 inside its timed part; the cases run interleaved, their order rotated each round, the first

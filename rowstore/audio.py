@@ -127,16 +127,20 @@ class AudioIngest:
     def __str__(self) -> str:
         f = self.schema[self.schema.names[0]]
         lines = [
-            f"{self.rows:,} utterances ({f.codec['id']}, {f.dtype} {f.shape}, "
+            f"{_count(self.rows, 'utterance')} ({f.codec['id']}, {f.dtype} {f.shape}, "
             f"{self.audio_seconds / 3600:,.2f} h of audio, {self.audio_bytes / 2**20:,.1f} MiB) "
-            f"from {self.files:,} files in {self.seconds:,.1f} s"
-            + (f", {self.speakers:,} speakers" if self.speakers else ""),
+            f"from {_count(self.files, 'file')} in {self.seconds:,.1f} s"
+            + (f", {_count(self.speakers, 'speaker')}" if self.speakers else ""),
             f"fields: {', '.join(self.schema.names)}",
         ]
         if self.skipped:
-            lines.append(f"skipped {len(self.skipped):,} files:")
+            lines.append(f"skipped {_count(len(self.skipped), 'file')}:")
             lines += [f"  {p}: {why}" for p, why in self.skipped]
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass

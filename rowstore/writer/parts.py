@@ -176,6 +176,7 @@ def _on_processes(
                 raise
             finally:
                 drain()
+        drain()  # what the workers reported last: in the pipe now that they have exited
     finally:
         q.close()
         q.join_thread()

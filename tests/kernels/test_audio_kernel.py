@@ -206,6 +206,10 @@ def test_bogus_frame_counts_and_huge_declared_sizes(sources, tmp_path):
     assert s[0] == kernels.AUDIO_SIZE  # a frame beyond the declared end
     _, s = windows([huge], [2**35], 100, 2)  # a seek past the audio: nothing is allocated
     assert s[0] != 0
+    cut = data[: len(data) * 2 // 3]  # inside a frame
+    _, s = windows([cut, cut], [0, 5000], 6000, 2, expect=np.array([6000, 6000]))
+    assert s[0] == kernels.AUDIO_TRUNCATED  # decoded up to the cut
+    assert s[1] in (kernels.AUDIO_TRUNCATED, kernels.AUDIO_CORRUPT)  # a seek past it fails
     _, s = windows([data], [0], 6000, 2, expect=np.array([6001]))
     assert s[0] == kernels.AUDIO_SIZE
     # the writer refuses what a reader would have to allocate beyond the per-value limit

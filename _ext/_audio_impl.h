@@ -383,6 +383,10 @@ static int ra_flac_frames(FLAC__StreamDecoder* dec, const uint8_t* p, int64_t n,
     }
     FLAC__StreamDecoderState st = FLAC__stream_decoder_get_state(dec);
     FLAC__stream_decoder_finish(dec);
+    /* the data ended before the window did: truncated (a cut inside a frame is also a libFLAC
+     * error, reported first; the end of the data is what went wrong) */
+    if (f.got < f.want && st == FLAC__STREAM_DECODER_END_OF_STREAM && f.err != RA_SIZE)
+        return RA_TRUNCATED;
     if (f.err) return f.err;
     if (f.got < f.want) {
         if (st == FLAC__STREAM_DECODER_MEMORY_ALLOCATION_ERROR) return RA_NOMEM;

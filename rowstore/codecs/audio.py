@@ -14,9 +14,11 @@ Decoding (``kernels.audio_decode``, libFLAC and a WAV reader without the GIL, a 
 per call) gives soundfile's (libsndfile's) samples for every bit depth: a ``b``-bit integer
 sample ``s`` is ``s * 2**-(b-1)`` as float32, ``s << (16-b)`` (or ``s >> (b-16)``) as int16,
 ``s << (32-b)`` as int32; a float WAV's samples are as stored. Where the kernel was not built
-(no ``FLAC/stream_decoder.h``) soundfile decodes, with the same output. Damaged bytes (a bad
-header, a libFLAC error, audio shorter than its header says, a header that disagrees with the
-stored shape) are refused with a ``CodecError``, never decoded into made-up samples.
+(no ``FLAC/stream_decoder.h``) soundfile decodes, with the same output for valid files.
+Damaged bytes (a bad header, a libFLAC error, audio shorter than its header says, a header that
+disagrees with the stored shape) are refused with a ``CodecError``, never decoded into made-up
+samples (the soundfile fallback refuses less: libsndfile reads FLAC frames that disagree with
+their STREAMINFO).
 
 :func:`decode_windows` decodes a window of frames of each value (the reader's audio ops,
 :mod:`rowstore.reader.audio_ops`): FLAC seeks to the window, decoding only the frames it

@@ -206,6 +206,10 @@ def test_bogus_frame_counts_and_huge_declared_sizes(sources, tmp_path):
     assert s[0] == kernels.AUDIO_SIZE  # a frame beyond the declared end
     _, s = windows([huge], [2**35], 100, 2)  # a seek past the audio: nothing is allocated
     assert s[0] != 0
+    cut = data[: len(data) * 2 // 3]  # inside a frame
+    _, s = windows([cut, cut], [0, 5000], 6000, 2, expect=np.array([6000, 6000]))
+    assert s[0] == kernels.AUDIO_TRUNCATED  # decoded up to the cut
+    assert s[1] in (kernels.AUDIO_TRUNCATED, kernels.AUDIO_CORRUPT)  # a seek past it fails
     _, s = windows([data], [0], 6000, 2, expect=np.array([6001]))
     assert s[0] == kernels.AUDIO_SIZE
     # the writer refuses what a reader would have to allocate beyond the per-value limit
@@ -251,3 +255,18 @@ def test_flac_encode_round_trip_and_a_small_buffer():
     np.testing.assert_array_equal(sf.read(io.BytesIO(data), dtype="int16")[0], x)
     with pytest.raises(ValueError):
         kernels.flac_encode(np.full((10, 1), 2**20, np.int32), 16, 8000, 5)  # over 16 bits
+
+
+def test_a_window_is_seeked_to_not_decoded_from_the_start(sources):
+    """Damage in the first FLAC frame refuses a whole decode, but a window past it decodes
+    exactly: the kernel seeks to the window and decodes only the frames it covers."""
+    data, full = sources[0]  # 16-bit, 4096-frame blocks
+    h = audio_header(data)
+    first = bytearray(data)
+    first[kernels.audio_header(data)[7] + 100] ^= 0xFF  # inside the first audio frame
+    damaged = bytes(first)
+    _, s = windows([damaged], [0], h.frames, 2, expect=np.array([h.frames]))
+    assert s[0] != 0
+    out, s = windows([damaged], [4500], 1000, 2)
+    assert s[0] == 0
+    np.testing.assert_array_equal(out[0], full[4500:5500])

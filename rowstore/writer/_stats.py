@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore import kernels
 from rowstore.format import spec
 from rowstore.format import stats as fs
 from rowstore.schema import BYTES, STR, Field, Schema
@@ -94,6 +95,88 @@ def numbers(x: np.ndarray, kind: str, *, integer: bool, hist: bool = True) -> di
     return out
 
 
+#: dtypes the compiled kernel reads (others: numpy, :func:`numbers`).
+_KERNEL_DTYPES = frozenset(
+    np.dtype(t) for t in ("f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8")
+)
+_NO_SKIP = np.zeros(0, np.uint8)
+_NO_COUNTS = np.zeros(0, np.int64)
+
+
+def column(
+    x: np.ndarray,
+    kind: str,
+    *,
+    integer: bool,
+    skip: np.ndarray | None = None,
+    values: _Values | None = None,
+) -> dict[str, Any]:
+    """Stored statistics of the elements of ``x`` (``(rows, elements per row)``, any strides:
+    a field of the packed rows, read where it lies) without the rows whose ``skip`` is set;
+    counts the values of an integer column into ``values``. Two passes of the compiled kernel
+    (``_ext/_stats.pyx``); dtypes it does not read go through numpy (:func:`numbers`)."""
+    if x.dtype.kind == "b":
+        x = x.view(np.uint8)
+    is_time = x.dtype.kind in "mM"
+    if is_time:
+        x = x.view(np.int64)
+    if x.dtype.newbyteorder("=") not in _KERNEL_DTYPES or not x.dtype.isnative:
+        flat = (x if skip is None else x[~skip.view(np.bool_)]).reshape(-1)
+        out = numbers(flat, kind, integer=integer)
+        if values is not None:
+            values.add_array(flat)
+        return out
+    has_skip = skip is not None
+    sk = skip.view(np.uint8) if has_skip else _NO_SKIP
+    nan, inf, fin, lo, hi, total = kernels.column_moments1(x, sk, has_skip, is_time)
+    out = _empty(kind)
+    rows = x.shape[0] - (int(np.count_nonzero(sk)) if has_skip else 0)
+    out["elements"], out["nan"], out["inf"], out["finite"] = rows * x.shape[1], nan, inf, fin
+    if not fin:
+        return out
+    mean = total / fin
+    if not math.isfinite(mean):  # float64 values near the limit: the sum overflowed
+        flat = (x if skip is None else x[~skip.view(np.bool_)]).reshape(-1)
+        return numbers(flat, kind, integer=integer)
+    flo, fhi = float(lo), float(hi)
+    e = _exp_for(flo, fhi, integer)
+    base = math.floor(math.ldexp(flo, -e)) if e > -1000 else 0
+    nb = math.floor(math.ldexp(fhi, -e)) - base + 1 if e > -1000 else 0
+    bins = np.zeros(nb, np.int64) if nb else _NO_COUNTS
+    count_values = values is not None and not values.dropped and integer
+    from_bins = count_values and e == 0
+    vals = (
+        np.zeros(int(hi) - int(lo) + 1, np.int64)
+        if count_values and not from_bins and int(hi) - int(lo) < 4 * fs.MAX_TRACK
+        else _NO_COUNTS
+    )
+    m2 = kernels.column_moments2(
+        x,
+        sk,
+        has_skip,
+        is_time,
+        mean,
+        math.ldexp(1.0, -e) if nb else 1.0,
+        base,
+        bins,
+        int(lo) if len(vals) else 0,
+        vals,
+    )
+    out["min"], out["max"] = (int(lo), int(hi)) if integer else (flo, fhi)
+    out["mean"], out["m2"] = mean, m2
+    if nb:
+        out["hist"] = {"exp": e, "base": int(base), "counts": bins.tolist()}
+    if count_values:
+        assert values is not None
+        if from_bins:
+            values.add_counts(bins, base)
+        elif len(vals):
+            values.add_counts(vals, int(lo))
+        else:
+            values.add_array((x if skip is None else x[~skip.view(np.bool_)]).reshape(-1))
+    return out
+
+
 class _Values:
     """Exact counts of a field's values, dropped (unknown) past ``fs.MAX_TRACK`` distinct."""
 
@@ -116,13 +199,19 @@ class _Values:
                 if x.dtype == np.uint64
                 else x.astype(np.intp) - lo
             )
-            c = np.bincount(shifted)
-            nz = np.flatnonzero(c)
-            keys, cnt = (nz + lo).tolist(), c[nz].tolist()
+            self.add_counts(np.bincount(shifted), lo)
+            return
         else:
             u, cu = np.unique(x, return_counts=True)
             keys, cnt = u.tolist(), cu.tolist()
         self._add(keys, cnt)
+
+    def add_counts(self, counts: np.ndarray, lo: int) -> None:
+        """Add ``counts[k]`` of the value ``lo + k``."""
+        if self.dropped:
+            return
+        nz = np.flatnonzero(counts)
+        self._add([lo + k for k in nz.tolist()], counts[nz].tolist())
 
     def add_items(self, items: Mapping[Any, int]) -> None:
         if not self.dropped:
@@ -205,20 +294,23 @@ class _FieldKeeper:
     def add(self, rows: np.ndarray, heap: np.ndarray | None, origin: int) -> None:
         f, n = self.f, len(rows)
         col = rows[f.name]
-        nulls = 0
+        nulls, null = 0, None
         if f.nullable:
             null = rows[f.name + spec.NULL_SUFFIX].view(np.bool_)
             nulls = int(np.count_nonzero(null))
-            if nulls:
+            if nulls and self.heap:
                 col = col[~null]
         count = n - nulls
         part = _empty(self.kind)
         if not self.heap:
             if self.numeric:
-                x = col.reshape(-1)
-                part = numbers(x, self.kind, integer=self.integer)
-                if self.values is not None:
-                    self.values.add_array(x)
+                part = column(
+                    col.reshape(n, -1),
+                    self.kind,
+                    integer=self.integer,
+                    skip=null if nulls else None,
+                    values=self.values,
+                )
             else:
                 part["elements"] = count * max(1, math.prod(d or 1 for d in f.shape))
         else:
@@ -244,23 +336,16 @@ class _FieldKeeper:
         sizes = nbytes if shapes is None else shapes.prod(axis=1)
         part["elements"] = int(sizes.sum()) if self.numeric else count
         assert self.lengths is not None
-        ln = numbers(sizes, "number", integer=True)
+        ln = column(sizes.reshape(-1, 1), "number", integer=True)
         ln["count"] = count
         self.lengths = fs.merge_field(self.lengths, ln)
         if self.numeric and heap is not None and count:
             data = _gather(heap, offsets, nbytes).view(self.dtype)
-            part = numbers(data, self.kind, integer=self.integer)
+            part = column(data.reshape(-1, 1), self.kind, integer=self.integer)
         elif self.values is not None and heap is not None and count:
-            found: dict[bytes, int] = {}
             short = nbytes <= 4 * fs.MAX_VALUE_CHARS
-            mv = memoryview(heap)
-            get = found.get
-            for a, b in zip(offsets[short].tolist(), (offsets + nbytes)[short].tolist()):
-                k = bytes(mv[a:b])
-                found[k] = get(k, 0) + 1
-            mv.release()
             self.values.other += int(count - np.count_nonzero(short))
-            self.values.add_items(found)
+            self.values.add_items(_count_payloads(heap, offsets[short], nbytes[short]))
         if self.facts_kind is not None and count:
             self._add_facts(col, shapes, heap, offsets, nbytes)
         return part
@@ -296,10 +381,9 @@ class _FieldKeeper:
                 )
         for name, x in facts.items():
             integer = x.dtype.kind in "iu"
-            part = numbers(x, "number", integer=integer)
+            vals = self.fact_values.setdefault(name, _Values()) if integer else None
+            part = column(x.reshape(-1, 1), "number", integer=integer, values=vals)
             part["count"] = len(x)
-            if integer:
-                self.fact_values.setdefault(name, _Values()).add_array(x)
             prev = self.facts.get(name)
             self.facts[name] = part if prev is None else fs.merge_field(prev, part)
 
@@ -319,6 +403,45 @@ class _FieldKeeper:
                 facts[name] = v if got is None else {**v, "values": got}
             out["facts"] = facts
         return out
+
+
+_HASH_MUL = np.uint64(0x100000001B3)
+
+
+def _count_payloads(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> dict:
+    """``{payload bytes: count}`` of the payloads ``[offsets, offsets + nbytes)`` of ``heap``
+    (short ones: str values), vectorized: each payload's bytes hashed column by column, equal
+    hashes checked to be equal payloads (else counted one by one: exact either way)."""
+    n = len(offsets)
+    if not n:
+        return {}
+    w = int(nbytes.max())
+    if w == 0:
+        return {b"": n}
+    cols = np.arange(w, dtype=np.int64)
+    idx = offsets[:, None] + cols
+    np.minimum(idx, len(heap) - 1, out=idx)
+    mat = heap[idx]
+    mat[cols >= nbytes[:, None]] = 0
+    h = nbytes.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(w):
+            h *= _HASH_MUL
+            h ^= mat[:, j]
+    _, first, inverse, counts = np.unique(
+        h, return_index=True, return_inverse=True, return_counts=True
+    )
+    rep = first[inverse]
+    if not (np.array_equal(nbytes[rep], nbytes) and np.array_equal(mat[rep], mat)):
+        found: dict[bytes, int] = {}
+        for a, b in zip(offsets.tolist(), (offsets + nbytes).tolist()):
+            k = heap[a:b].tobytes()
+            found[k] = found.get(k, 0) + 1
+        return found
+    return {
+        heap[a : a + b].tobytes(): c
+        for a, b, c in zip(offsets[first].tolist(), nbytes[first].tolist(), counts.tolist())
+    }
 
 
 def _gather(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> np.ndarray:

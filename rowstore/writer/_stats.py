@@ -128,7 +128,10 @@ def column(
         return out
     has_skip = skip is not None
     sk = skip.view(np.uint8) if has_skip else _NO_SKIP
-    nan, inf, fin, lo, hi, total = kernels.column_moments1(x, sk, has_skip, is_time)
+    got = None if has_skip else _first_pass(x, is_time)
+    if got is None:  # nulls to leave out, NaN/inf/NaT present: the kernel's checking pass
+        got = kernels.column_moments1(x, sk, has_skip, is_time)
+    nan, inf, fin, lo, hi, total = got
     out = _empty(kind)
     rows = x.shape[0] - (int(np.count_nonzero(sk)) if has_skip else 0)
     out["elements"], out["nan"], out["inf"], out["finite"] = rows * x.shape[1], nan, inf, fin
@@ -175,6 +178,23 @@ def column(
         else:
             values.add_array((x if skip is None else x[~skip.view(np.bool_)]).reshape(-1))
     return out
+
+
+def _first_pass(x: np.ndarray, is_time: bool) -> tuple | None:
+    """:func:`kernels.column_moments1`'s result by numpy's vectorized reductions, for a column
+    with no NaN, infinity or NaT (its sum is finite, its minimum no NaT); None otherwise."""
+    if not x.size:
+        return None
+    if x.dtype.kind == "f":
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as it should
+            total = float(x.sum(dtype=np.float64))
+        if not math.isfinite(total):
+            return None
+        return 0, 0, x.size, x.min().item(), x.max().item(), total
+    lo = x.min().item()
+    if is_time and lo == np.iinfo(np.int64).min:
+        return None
+    return 0, 0, x.size, lo, x.max().item(), float(x.sum(dtype=np.float64))
 
 
 class _Values:

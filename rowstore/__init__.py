@@ -97,6 +97,8 @@ _LAZY = {
     "RandomResizedCrop": "rowstore.reader.image_ops",
     "Segment": "rowstore.reader.audio_ops",
     "RandomSegment": "rowstore.reader.audio_ops",
+    "DatasetStats": "rowstore.format.stats",
+    "FieldStats": "rowstore.format.stats",
 }
 # The write path loads on first use too: importing the format's declarations (or reading
 # files) does not import the writer. A value "module:attribute" names another attribute.

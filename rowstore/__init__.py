@@ -94,6 +94,8 @@ _LAZY = {
     "Resize": "rowstore.reader.image_ops",
     "CenterCrop": "rowstore.reader.image_ops",
     "RandomResizedCrop": "rowstore.reader.image_ops",
+    "DatasetStats": "rowstore.format.stats",
+    "FieldStats": "rowstore.format.stats",
 }
 # The write path loads on first use too: importing the format's declarations (or reading
 # files) does not import the writer. A value "module:attribute" names another attribute.

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from rowstore import _frame, _gather, _io, _png, _rows, _shuffle  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
+from rowstore import _frame, _gather, _io, _png, _rows, _shuffle, _stats  # type: ignore[attr-defined, unused-ignore]  # compiled from _ext/; no stubs
 from rowstore._common import KernelCode
 from rowstore.errors import KernelChecksumError, KernelError, KernelIOError
 
@@ -69,6 +69,9 @@ __all__ = [
 #: (returns -1, nothing kept) and the caller validates it in Python (``rowstore/writer/_pack.py``).
 RowPlan = _rows.RowPlan
 RowKind = _rows.RowKind
+#: The writer's per-block statistics of a column (``_ext/_stats.pyx``): two passes, no GIL.
+column_moments1 = _stats.moments1
+column_moments2 = _stats.moments2
 
 _MESSAGES = {
     KernelCode.E_IO: "read failed (errno {detail})",

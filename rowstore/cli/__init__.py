@@ -3,6 +3,7 @@
     rowstore info PATH        schema, rows, blocks, sizes, compression, format version
     rowstore head PATH -n N   the first N rows, arrays summarised
     rowstore verify PATH      read every block (of every shard) and check checksums
+    rowstore stats PATH       statistics kept at write time (table; --json)
     rowstore gc PATH          remove killed writers' temporary files (and killed shuffles' work
                               directories); for a dataset directory, list (with --delete: remove)
                               old versions and unreferenced shards
@@ -36,7 +37,7 @@ import argparse
 import sys
 
 from rowstore._version import __version__
-from rowstore.cli import ingest, inspection, maintenance, order, report, shuffle
+from rowstore.cli import ingest, inspection, maintenance, order, report, shuffle, stats
 from rowstore.cli.inspection import head_text, info_text, verify_command
 from rowstore.cli.maintenance import gc_dataset_text, gc_text, repair_text
 from rowstore.cli.order import check_order_text, order_text
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 #: The command groups, in the order ``rowstore --help`` lists their commands.
-GROUPS = (inspection, maintenance, shuffle, order, ingest, report)
+GROUPS = (inspection, stats, maintenance, shuffle, order, ingest, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

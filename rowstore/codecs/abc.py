@@ -169,6 +169,11 @@ class Codec(abc.ABC):
     #: Values may be given already encoded (``bytes``, ``bytearray``, ``memoryview``); see
     #: :meth:`inspect_encoded`.
     accepts_encoded: ClassVar[bool] = False
+    #: What the writer's statistics summarize of this codec's values beyond their bytes
+    #: (``docs/stats.md``): ``"image"`` (height, width and channels, from each value's shape)
+    #: or another name (e.g. ``"audio"``) whose facts :meth:`value_facts` gives per value;
+    #: None: nothing.
+    stats_kind: ClassVar[str | None] = None
 
     def __init__(self, **config: Any):
         if config:
@@ -245,6 +250,15 @@ class Codec(abc.ABC):
         ``verify_encoded=True``); a :class:`~rowstore.errors.CodecError` if it does not."""
         out = np.empty(shape, dtype=field.numpy_dtype)
         self.decode_into(np.frombuffer(data, np.uint8), out)
+
+    def value_facts(
+        self, data: memoryview, shape: tuple[int, ...], field: FieldLike
+    ) -> dict[str, int | float] | None:
+        """Facts of one stored value for the writer's statistics (:attr:`stats_kind` other
+        than ``"image"``): e.g. ``{"sample_rate": 16000, "duration": 1.5}`` read from its
+        header, cheaply (no decode); ``shape`` is the value's. At most 16 names; ints are also
+        counted by value. Default: none."""
+        return None
 
     def payload(self, value: Any, field: FieldLike) -> bytes | memoryview | np.ndarray:
         """The stored bytes of a validated value: an :class:`Encoded` value's bytes as they are,

@@ -252,6 +252,7 @@ class _Image(Codec):
     accepts_encoded = True  # PNG/JPEG bytes are stored as they are (header checked)
     dtypes: tuple[str, ...] = ("u1",)
     channels: tuple[int, ...] = (1, 3, 4)
+    stats_kind = "image"  # statistics: height, width, channels of each value (its shape)
 
     @staticmethod
     def read_header(data: Any) -> ImageHeader:

@@ -22,6 +22,7 @@ from rowstore.codecs.blocks import block_compression, compression_config
 from rowstore.errors import CodecError, FormatError, FormatVersionError, RemoteError, RowstoreError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import footer, spec
+from rowstore.format import stats as stats_format
 from rowstore.schema import Schema
 from rowstore.storage import Location, locate
 
@@ -114,6 +115,9 @@ class Layout(IndexSizes):
     page_bytes: int = 0
     block_pages: np.ndarray | None = None
     heap_pages: np.ndarray | None = None
+    #: The statistics of its rows (stored form, checked: :mod:`rowstore.format.stats`); None
+    #: for a file written without them.
+    stats: dict | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -735,7 +739,16 @@ def _header(a, path: str, bad, file_size: int) -> dict[str, Any]:
         heap_chunk_bytes=H,
         heap_nbytes=heap_nbytes,
         writer=_text(a.get(spec.ATTR_WRITER, "")),
+        stats=_stats(a, path, schema, num_rows),
     )
+
+
+def _stats(a, path: str, schema: Schema, num_rows: int) -> dict | None:
+    """The file's statistics attribute, checked (None: a file without one)."""
+    text = a.get(spec.ATTR_STATS)
+    if text is None:
+        return None
+    return stats_format.decode_stats(text, repr(path), schema.names, rows=num_rows)
 
 
 def _check_limits(

@@ -61,6 +61,7 @@ from rowstore.errors import (
 )
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
+from rowstore.format import stats as stats_format
 from rowstore.schema import Schema
 from rowstore.storage import Location, inputs, locate
 from rowstore.storage.base import Destination
@@ -257,6 +258,9 @@ class Manifest:
     created: str = ""
     writer: str = ""
     name: str = ""
+    #: Statistics of the version's rows (stored form, :mod:`rowstore.format.stats`): the merge
+    #: of its shards'; None for a version without them.
+    stats: dict | None = None
 
     @property
     def num_shards(self) -> int:
@@ -521,6 +525,13 @@ def load(
     _check_first_rows(mpath, entries, shards["rows"])
     _parent_name(mpath, m)  # a parent_manifest must be a manifest name
     blocks, heap_chunks = _read_index(where, m, name, shards, mpath)
+    stats = m.get("stats")
+    if stats is not None:
+        if len(json.dumps(stats)) > stats_format.MAX_STATS_BYTES:
+            raise _bad(mpath, f"its statistics exceed {stats_format.MAX_STATS_BYTES} bytes")
+        stats = stats_format.check_stats(
+            stats, repr(mpath), schema.names, int(shards["rows"].sum())
+        )
     return Manifest(
         root=where.path,
         version=version,
@@ -534,6 +545,7 @@ def load(
         created=str(m.get("created", "")),
         writer=str(m.get("writer", "")),
         name=name,
+        stats=stats,
     )
 
 
@@ -632,6 +644,7 @@ def publish(
     heap_chunks: Sequence[np.ndarray],
     parent: int | None = None,
     expect: Any = ...,
+    stats: dict | None = None,
 ) -> int:
     """Write the next version of the dataset at ``root`` (a directory, or any
     :class:`~rowstore.storage.base.Destination`) and make it current; returns it.
@@ -658,6 +671,7 @@ def publish(
         blocks=blocks,
         heap_chunks=heap_chunks,
         parent=parent,
+        stats=stats,
     )
     dest.write_new(index_path(version), sidecar)
     dest.write_new(manifest_path(version), text)
@@ -702,6 +716,7 @@ def version_objects(
     parent: int | None = None,
     uid: str | None = None,
     parent_manifest: str | None = None,
+    stats: dict | None = None,
 ) -> tuple[bytes, bytes, bytes]:
     """The bytes of version ``version``'s sidecar, manifest and pointer (what :func:`publish`
     writes, in that order; a remote commit uploads them in that order too).
@@ -709,7 +724,8 @@ def version_objects(
     ``uid``: the objects' unique id (:func:`manifest_path`), for a commit without conditional
     writes; its manifest then also records ``parent_manifest``, the name of the manifest it was
     built on (None: the first version). Without ``uid`` the bytes are those every earlier
-    version of this format has."""
+    version of this format has. ``stats``: the version's statistics (stored form), recorded
+    under ``"stats"`` when they fit :data:`~rowstore.format.stats.MAX_STATS_BYTES`."""
     parts = [INDEX_MAGIC]
     parts += [np.ascontiguousarray(b, dtype=spec.BLOCK_DTYPE).tobytes() for b in blocks]
     parts += [np.ascontiguousarray(h, dtype=spec.HEAP_CHUNK_DTYPE).tobytes() for h in heap_chunks]
@@ -737,6 +753,9 @@ def version_objects(
     }
     if uid is not None:
         manifest["parent_manifest"] = parent_manifest
+    stats_text = stats_format.encode_stats(stats)
+    if stats_text is not None:
+        manifest["stats"] = json.loads(stats_text)
     text = json.dumps(manifest, indent=1).encode()
     return sidecar, text, pointer_bytes(version, text, manifest_path(version, uid))
 

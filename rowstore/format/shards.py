@@ -32,6 +32,7 @@ from rowstore.format.index import (
     scan_chunks,
     schema_row_dtype,
 )
+from rowstore.format.stats import merge_stats
 from rowstore.schema import Schema
 from rowstore.storage import Location, absolute, local_root, locate, under_all
 from rowstore.storage.inputs import open_regular
@@ -85,6 +86,9 @@ class DatasetLayout(IndexSizes):
     #: shards are read through it); None: made from files or a manifest given, read where
     #: their paths say (see :meth:`shard_location`).
     location: Any = field(default=None, compare=False, repr=False)
+    #: Statistics of the rows (stored form, :mod:`rowstore.format.stats`): the manifest's, or
+    #: the merge of the files'; None when some part has none.
+    stats: dict | None = field(default=None, compare=False, repr=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- sizes -----------------------------------------------------------------------------
@@ -473,6 +477,7 @@ class DatasetLayout(IndexSizes):
             ),
             shard_layouts=tuple(layouts),
             location=location,
+            stats=merge_stats([L.stats for L in layouts]),
         )
 
     @classmethod
@@ -573,6 +578,7 @@ class DatasetLayout(IndexSizes):
             chunk_shard=np.repeat(np.arange(S, dtype=np.int32), sh["heap_chunks"]),
             version=m.version,
             location=location,
+            stats=m.stats,
         )
 
     @classmethod
@@ -616,6 +622,7 @@ class DatasetLayout(IndexSizes):
             if all(x is not None for x in layouts)
             else None,
             location=a.location,
+            stats=merge_stats([p.stats for p in parts]),
         )
 
     def page_index(self) -> PageIndex | None:

@@ -58,6 +58,7 @@ ATTR_COMPRESSION = "compression"  # JSON text, see codecs.blocks.compression_con
 ATTR_CHECKSUM = "checksum"  # "crc32": CRC-32 (zlib's) of each chunk's stored bytes
 ATTR_WRITER = "writer"  # "rowstore <version>"
 ATTR_PAGE_BYTES = "page_bytes"  # int (v3): the page size of the page index
+ATTR_STATS = "stats"  # JSON text (optional): statistics of the rows, see format/stats.py
 
 #: Page size of the page index of a v3 file: a heap chunk's pages are ``PAGE_BYTES`` bytes each
 #: (its last one shorter), a block's pages ``max(1, PAGE_BYTES // row size)`` whole rows each.

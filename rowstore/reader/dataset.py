@@ -19,6 +19,7 @@ from rowstore._check import nonneg_int, positive_int
 from rowstore.format.open import open_layout
 from rowstore.format.shards import DatasetLayout
 from rowstore.format.spec import BLOCK_DTYPE, HEAP_CHUNK_DTYPE
+from rowstore.format.stats import DatasetStats
 from rowstore.reader import order as _order
 from rowstore.reader._args import select_fields
 from rowstore.reader._decode import Decoder
@@ -234,6 +235,15 @@ class Reader(EpochReads):
     @property
     def num_rows(self) -> int:
         return self.layout.num_rows
+
+    def stats(self) -> DatasetStats | None:
+        """Statistics of the rows, kept by the writer (``docs/stats.md``): per field counts,
+        nulls, NaN/inf, min, max, mean, variance, a histogram, value counts, lengths and image
+        sizes; for a dataset, those of the version read (its shards' merged at commit). None
+        for files or versions written without them (before rowstore kept statistics, or with
+        ``Writer(stats=False)``). Nothing is read: they come with the footer or manifest."""
+        stats = self.layout.stats
+        return None if stats is None else DatasetStats.from_dict(stats, self.path)
 
     @property
     def fingerprint(self) -> str:

@@ -25,6 +25,7 @@ from rowstore.format import attrs as attrs_json
 from rowstore.format import manifest
 from rowstore.format.index import Layout
 from rowstore.format.open import open_file
+from rowstore.format.stats import merge_stats
 from rowstore.schema import Schema
 from rowstore.storage import Destination, Location, destination, location_of, under
 from rowstore.writer.gc import DEFAULT_ORPHAN_GRACE_S, _collect
@@ -338,6 +339,8 @@ def commit_to(
             ref, entries, blocks, heap_chunks, new_attrs = next_version(
                 where, base, infos, layouts, attrs
             )
+            parts = ([base.stats] if base is not None else []) + [x.stats for x in layouts]
+            stats = merge_stats(parts) if parts else None
             objects = dict(
                 schema=ref[1],
                 attrs=new_attrs,
@@ -346,6 +349,7 @@ def commit_to(
                 shards=entries,
                 blocks=blocks,
                 heap_chunks=heap_chunks,
+                stats=stats,
             )
             try:
                 if dest.conditional:

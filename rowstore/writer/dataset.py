@@ -244,7 +244,7 @@ class DatasetWriter(Closing):
     shard_bytes : int
         Start a new shard once the current one holds this many raw bytes (rows times the row
         size plus heap payloads); a large batch is split between shards by rows.
-    block_bytes, rows_per_block, threads, verify_encoded
+    block_bytes, rows_per_block, threads, verify_encoded, stats
         As for :class:`.Writer`. The first shard's ``rows_per_block`` is used by every later
         shard (when appending with ``rows_per_block=None``, that of the existing shards if they
         share one).
@@ -282,6 +282,7 @@ class DatasetWriter(Closing):
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         verify_encoded: bool = False,
+        stats: bool = True,
     ):
         self._closed = True
         self.url: str | None = None  # a URL: shards written locally, each uploaded when complete
@@ -353,6 +354,7 @@ class DatasetWriter(Closing):
             else heap_chunk_bytes,
             threads=threads,
             verify_encoded=verify_encoded,
+            stats=stats,
         )
         self._itemsize = spec.row_dtype(schema).itemsize
         self._heap_fields = [f.name for f in schema if not f.inline]

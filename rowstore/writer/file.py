@@ -31,6 +31,7 @@ from rowstore.errors import RowValidationError, SchemaError, WriterClosedError
 from rowstore.format import attrs as attrs_json
 from rowstore.format import spec
 from rowstore.format._raw import RawRows
+from rowstore.format.stats import encode_stats
 from rowstore.schema import Schema
 from rowstore.storage import StagedFile, stage_file
 from rowstore.storage.atomic import AtomicFile
@@ -41,6 +42,7 @@ from rowstore.writer._pack import (
     first_rows_per_block,
     max_rows_per_block,
 )
+from rowstore.writer._stats import StatsKeeper
 from rowstore.writer.values import as_columns, check_column, check_value
 
 if TYPE_CHECKING:
@@ -133,6 +135,12 @@ class Writer(Closing):
         are checked by their header: format, size, channels, bit depth against the field.
         ``True`` also decodes each one in full, so that corrupt or truncated image data is
         refused at write time rather than met at read time (costs a decode per image).
+    stats : bool
+        Keep statistics of the rows written (per field: counts, nulls, NaN/inf, min, max, mean,
+        variance, a histogram, value counts, lengths, image sizes; ``docs/stats.md``), computed
+        per block as the rows are packed and stored in the file; read them with
+        ``Reader.stats()``. ``False``: none are kept (the file reads as one without statistics;
+        so does a file appended to without them).
 
     Notes
     -----
@@ -168,9 +176,13 @@ class Writer(Closing):
         durable: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         verify_encoded: bool = False,
+        stats: bool = True,
     ):
         self._closed = True  # until __init__ succeeds: a failed constructor leaves nothing to close
         self._verify_encoded = bool(verify_encoded)
+        self._keep_stats = bool(stats)
+        self._stats: StatsKeeper | None = None
+        self._stats_done = 0  # pending rows already folded into the statistics
         self._pool: ThreadPoolExecutor | None = None
         self._encoders: ThreadPoolExecutor | None = None  # started by the first batch to encode
         self._file: H5File | None = None  # the file being written: the temporary one
@@ -262,6 +274,7 @@ class Writer(Closing):
         if self._rpb is not None:
             self._rpb = min(self._rpb, max_rows_per_block(itemsize))
         self._packer = RowPacker(self.schema, capacity=self._rpb or 64)
+        self._stats = StatsKeeper(self.schema, known=self._keep_stats)
         nthreads = min(4, os.cpu_count() or 1) if threads is None else threads
         if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
@@ -514,8 +527,20 @@ class Writer(Closing):
             self._flush_block(self._rpb)
         self._flush_heap(final=False)
 
+    def _fold_stats(self) -> None:
+        """Fold the pending rows not yet counted into the statistics: before their block is
+        written and before their heap payloads are cut into chunks (then they leave the
+        packer)."""
+        packer = self._packer
+        if self._stats is not None and self._stats_done < packer.n:
+            self._stats.add(
+                packer.rows[self._stats_done : packer.n], packer.heap, packer.heap_flushed
+            )
+            self._stats_done = packer.n
+
     def _flush_block(self, nrows: int) -> None:
         """Write the first ``nrows`` pending rows as the next block (zero-padded to a chunk)."""
+        self._fold_stats()
         if self._file is None:
             self._create_file()
         file, rpb, packer = self._file, self._rpb, self._packer
@@ -527,11 +552,13 @@ class Writer(Closing):
             heap_range=(block.heap_start, block.heap_end),
         )
         packer.pop_block(block, rpb)
+        self._stats_done -= nrows
 
     def _flush_heap(self, final: bool) -> None:
         if self._file is None or not (final or len(self._packer.heap) >= self._heap_chunk_bytes):
             # nothing to cut (pending heap bytes wait for the first block, which creates the file)
             return
+        self._fold_stats()
         size = self._heap_chunk_bytes
         if final and not self._file.heap_started and not self._compression.compressed:
             # A heap of less than one chunk is stored as one chunk of its own size, not as a
@@ -573,6 +600,13 @@ class Writer(Closing):
             self._atomic.tmp, layout, reloaded, compressor=self._compressor
         )
         self._packer.resume(tail, self._rpb)
+        # The file's rows (the partial last block's among them) are in its statistics already.
+        self._stats_done = self._packer.n
+        self._stats = StatsKeeper(
+            self.schema,
+            layout.stats,
+            known=self._keep_stats and (layout.stats is not None or not layout.num_rows),
+        )
 
     def _finish(self) -> None:
         packer = self._packer
@@ -593,6 +627,10 @@ class Writer(Closing):
             heap_nbytes=packer.heap_pos,
             compression=self._compression,
         )
+        self._fold_stats()
+        stats = encode_stats(self._stats.stored() if self._stats is not None else None)
+        if stats is not None:
+            attrs[spec.ATTR_STATS] = stats
         file.finish(
             rows_per_block=rpb,
             num_rows=packer.rows_written,

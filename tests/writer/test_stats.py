@@ -1,0 +1,333 @@
+"""Statistics kept at write time agree with numpy's on the data written: every dtype, nullable
+and variable fields, each write path (``write``'s compiled rows, ``write_batch``, ``write_raw``),
+across blocks, heap chunks, appends, shards and dataset versions."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+
+import rowstore
+from rowstore import DatasetWriter, Field, Schema, Writer
+from rowstore.cli import main as cli_main
+from rowstore.format import stats as fs
+from rowstore.reader.raw import RawSource
+from rowstore.stats import DatasetStats, FieldStats
+
+N = 300
+
+
+def _data(n: int = N, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    f = rng.normal(5.0, 3.0, n)
+    f[::17] = np.nan
+    f[5::31] = np.inf
+    f[6::41] = -np.inf
+    return {
+        "i8": rng.integers(-100, 100, n).astype(np.int8),
+        "i64": rng.integers(-(10**12), 10**12, n),
+        "u16": rng.integers(0, 60000, n).astype(np.uint16),
+        "label": rng.integers(0, 7, n).astype(np.int32),
+        "f32": rng.normal(0, 1, n).astype(np.float32),
+        "f64": f,
+        "flag": rng.random(n) < 0.3,
+        "t": np.datetime64("2024-01-01T00:00:00", "s")
+        + rng.integers(0, 10**7, n).astype("timedelta64[s]"),
+        "vec": rng.normal(0, 2, (n, 3)).astype(np.float32),
+        "word": [["cat", "dog", "ému", "ant"][k] for k in rng.integers(0, 4, n)],
+        "blob": [bytes(rng.integers(0, 256, k).astype(np.uint8)) for k in rng.integers(0, 9, n)],
+        "wave": [rng.normal(1, 2, k).astype(np.float32) for k in rng.integers(0, 12, n)],
+    }
+
+
+SCHEMA = Schema(
+    [
+        Field("i8", "int8"),
+        Field("i64", "int64"),
+        Field("u16", "uint16"),
+        Field("label", "int32"),
+        Field("f32", "float32"),
+        Field("f64", "float64"),
+        Field("flag", "bool"),
+        Field("t", "datetime64[s]"),
+        Field("vec", "float32", (3,)),
+        Field("word", "str"),
+        Field("blob", "bytes"),
+        Field("wave", "float32", (None,)),
+    ]
+)
+
+
+def _check_numbers(s: FieldStats, x: np.ndarray, *, integer: bool) -> None:
+    x = np.asarray(x).reshape(-1)
+    if x.dtype.kind in "mM":
+        x = x.view(np.int64)
+    if x.dtype.kind == "b":
+        x = x.astype(np.int64)
+    assert s.elements == x.size
+    fin = x[np.isfinite(x)] if x.dtype.kind == "f" else x
+    if x.dtype.kind == "f":
+        assert s.nan == int(np.isnan(x).sum())
+        assert s.inf == int(np.isinf(x).sum())
+    assert s.finite == fin.size
+    if not fin.size:
+        assert s.min is None and s.mean is None and s.var is None
+        return
+    if integer:
+        assert s.min == int(fin.min()) and s.max == int(fin.max())
+        assert type(s.min) is int
+    else:
+        assert s.min == float(fin.min()) and s.max == float(fin.max())
+    f64 = fin.astype(np.float64)
+    assert s.mean == pytest.approx(float(f64.mean()), rel=1e-12, abs=1e-12)
+    assert s.var == pytest.approx(float(f64.var()), rel=1e-9, abs=1e-12)
+    assert s.std == pytest.approx(float(f64.std()), rel=1e-9, abs=1e-12)
+    edges, counts = s.histogram
+    assert sum(counts) == fin.size and len(counts) <= fs.BINS
+    assert edges[0] <= float(f64.min()) and float(f64.max()) < edges[-1]
+    want, _ = np.histogram(f64, bins=np.array(edges))
+    # numpy's last bin is closed on the right; ours are all half-open: same counts unless the
+    # maximum sits on the last edge, which our bins never allow
+    assert counts == want.tolist()
+    widths = np.diff(edges)
+    assert np.allclose(widths, widths[0])
+    assert math.log2(widths[0]).is_integer()
+    if integer:
+        assert widths[0] >= 1
+
+
+def _check_values(s: FieldStats, values: list) -> None:
+    top, other, complete = s.values
+    uniq, counts = np.unique(np.asarray(values, dtype=object).astype(str), return_counts=True)
+    want = {u: int(c) for u, c in zip(uniq.tolist(), counts.tolist())}
+    assert complete and other == 0
+    assert {str(v).lower() if isinstance(v, bool) else str(v): c for v, c in top} == {
+        k.lower() if k in ("True", "False") else k: c for k, c in want.items()
+    }
+    assert [c for _, c in top] == sorted((c for _, c in top), reverse=True)
+
+
+def _check_all(stats: DatasetStats, d: dict) -> None:
+    n = len(d["i8"])
+    assert stats.rows == n
+    for name in ("i8", "i64", "u16", "label", "flag", "t"):
+        _check_numbers(stats[name], d[name], integer=True)
+    for name in ("f32", "f64", "vec"):
+        _check_numbers(stats[name], d[name], integer=False)
+    for name, s in stats.fields.items():
+        assert s.count == n and s.nulls == 0, name
+    _check_values(stats["label"], d["label"].tolist())
+    _check_values(stats["flag"], d["flag"].tolist())
+    _check_values(stats["word"], d["word"])
+    top, other, complete = stats["i64"].values  # all distinct: TOP listed, the rest other
+    assert len(top) == fs.TOP and other == n - fs.TOP and not complete
+    assert all(c == 1 for _, c in top) and {v for v, _ in top} <= set(d["i64"].tolist())
+    assert stats["f64"].values is None and stats["vec"].values is None
+    word_len = np.array([len(w.encode()) for w in d["word"]])
+    _check_numbers(stats["word"].lengths, word_len, integer=True)
+    _check_numbers(stats["blob"].lengths, np.array([len(b) for b in d["blob"]]), integer=True)
+    _check_numbers(stats["wave"].lengths, np.array([len(w) for w in d["wave"]]), integer=True)
+    _check_numbers(stats["wave"], np.concatenate(d["wave"]), integer=False)
+    assert stats["word"].kind == "str" and stats["t"].kind == "time"
+    assert stats["flag"].kind == "bool"
+
+
+def _rows(d: dict, lo: int, hi: int):
+    for i in range(lo, hi):
+        yield {k: v[i] for k, v in d.items()}
+
+
+@pytest.mark.parametrize("how", ["write", "write_batch", "mixed"])
+def test_writer_stats_agree_with_numpy(tmp_path, how):
+    d = _data()
+    path = tmp_path / "a.h5"
+    # small blocks and heap chunks: statistics are folded block by block and before every cut
+    with Writer(path, SCHEMA, rows_per_block=16, heap_chunk_bytes=256) as w:
+        if how == "write":
+            for row in _rows(d, 0, N):
+                w.write(row)
+        elif how == "write_batch":
+            w.write_batch(d)
+        else:
+            w.write_batch({k: v[:100] for k, v in d.items()})
+            for row in _rows(d, 100, 150):
+                w.write(row)
+            w.write_batch({k: v[150:] for k, v in d.items()})
+    with rowstore.open(path) as r:
+        _check_all(r.stats(), d)
+
+
+def test_nullable_and_nan_only(tmp_path):
+    schema = Schema(
+        [
+            Field("x", "float64", nullable=True),
+            Field("s", "str", nullable=True),
+            Field("v", "int16", (None,), nullable=True),
+            Field("nan", "float32"),
+        ]
+    )
+    n = 50
+    xs = [None if i % 3 == 0 else float(i) for i in range(n)]
+    ss = [None if i % 4 == 0 else f"k{i % 5}" for i in range(n)]
+    vs = [None if i % 5 == 0 else np.arange(i % 7, dtype=np.int16) - 3 for i in range(n)]
+    with Writer(tmp_path / "n.h5", schema, rows_per_block=8, heap_chunk_bytes=64) as w:
+        for i in range(n):
+            w.write({"x": xs[i], "s": ss[i], "v": vs[i], "nan": np.float32("nan")})
+    st = rowstore.open(tmp_path / "n.h5").stats()
+    x = st["x"]
+    assert x.nulls == sum(v is None for v in xs) and x.count == n - x.nulls
+    _check_numbers(x, np.array([v for v in xs if v is not None]), integer=False)
+    assert st["s"].nulls == sum(v is None for v in ss)
+    _check_values(st["s"], [v for v in ss if v is not None])
+    vv = [v for v in vs if v is not None]
+    assert st["v"].nulls == n - len(vv)
+    _check_numbers(st["v"], np.concatenate(vv), integer=True)
+    _check_numbers(st["v"].lengths, np.array([len(v) for v in vv]), integer=True)
+    nan = st["nan"]
+    assert nan.nan == n and nan.finite == 0 and nan.min is None and nan.histogram is None
+
+
+def test_append_and_raw_rows(tmp_path):
+    d = _data(seed=1)
+    path = tmp_path / "a.h5"
+    with Writer(path, SCHEMA, rows_per_block=16, heap_chunk_bytes=256) as w:
+        w.write_batch({k: v[:123] for k, v in d.items()})
+    with Writer(path, mode="a") as w:  # continues the partial last block and heap chunk
+        w.write_batch({k: v[123:] for k, v in d.items()})
+    _check_all(rowstore.open(path).stats(), d)
+    # rows copied as they are (what shuffles write) are counted from their stored bytes
+    with (
+        RawSource(path) as src,
+        Writer(tmp_path / "copy.h5", SCHEMA, rows_per_block=16, heap_chunk_bytes=256) as w,
+    ):
+        for k in range(src.num_blocks):
+            first, n = src.block_rows(k)
+            w.write_raw(src.blocks(k, k + 1, np.arange(n)))
+    _check_all(rowstore.open(tmp_path / "copy.h5").stats(), d)
+
+
+def test_stats_off_and_append_to_file_without(tmp_path):
+    d = _data(seed=2)
+    path = tmp_path / "off.h5"
+    with Writer(path, SCHEMA, stats=False) as w:
+        w.write_batch({k: v[:10] for k, v in d.items()})
+    assert rowstore.open(path).stats() is None
+    assert rowstore.Layout.open(path).stats is None
+    with Writer(path, mode="a") as w:  # the old rows are unknown: still none
+        w.write_batch({k: v[10:20] for k, v in d.items()})
+    assert rowstore.open(path).stats() is None
+
+
+def test_dataset_shards_appends_and_versions(tmp_path):
+    d = _data(N, seed=3)
+    root = tmp_path / "ds"
+    with DatasetWriter(root, SCHEMA, shard_bytes=4000, rows_per_block=16) as w:
+        w.write_batch({k: v[:200] for k, v in d.items()})
+    with rowstore.open(root) as r:
+        assert r.layout.num_shards > 2
+        _check_all(r.stats(), {k: v[:200] for k, v in d.items()})
+    with DatasetWriter(root, mode="a", shard_bytes=4000) as w:
+        for row in _rows(d, 200, N):
+            w.write(row)
+    with rowstore.open(root) as r:
+        _check_all(r.stats(), d)
+    with rowstore.open(root, version=1) as r:  # each version keeps its own
+        assert r.stats().rows == 200
+    # the shard files read as a list: their statistics merged on open
+    files = sorted((root / "shards").glob("*.h5"))
+    with rowstore.open([str(p) for p in files]) as r:
+        assert r.stats().rows == N
+    # the manifest stores them; a version made of shards without any has none
+    m = json.loads(next((root / "_manifests").glob("v00000002.json")).read_text())
+    assert m["stats"]["rows"] == N
+    with DatasetWriter(root, mode="a", stats=False) as w:
+        w.write_batch({k: v[:5] for k, v in d.items()})
+    assert rowstore.open(root).stats() is None
+
+
+def test_values_past_max_track_are_dropped(tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "MAX_TRACK", 20)
+    schema = Schema([Field("id", "int64"), Field("k", "int64"), Field("s", "str")])
+    n = 64
+    with Writer(tmp_path / "ids.h5", schema, rows_per_block=8) as w:
+        w.write_batch(
+            {"id": np.arange(n) * 7, "k": np.arange(n) % 5, "s": [f"w{i}" for i in range(n)]}
+        )
+    st = rowstore.open(tmp_path / "ids.h5").stats()
+    assert st["id"].values is None and st["s"].values is None  # ids, free text: not counted
+    _check_values(st["k"], (np.arange(n) % 5).tolist())
+
+
+def test_merge_is_order_free_and_exact():
+    rng = np.random.default_rng(4)
+    from rowstore.writer._stats import numbers
+
+    parts = [rng.normal(m, s, 100) * 10.0**k for m, s, k in [(0, 1, 0), (50, 3, 2), (-7, 0.1, -3)]]
+    stored = [numbers(p, "number", integer=False) for p in parts]
+    for s, p in zip(stored, parts):
+        s["count"] = len(p)
+    a = fs.merge_field(fs.merge_field(stored[0], stored[1]), stored[2])
+    b = fs.merge_field(stored[2], fs.merge_field(stored[1], stored[0]))
+    assert a["hist"] == b["hist"]
+    whole = numbers(np.concatenate(parts), "number", integer=False)
+    assert a["hist"] == whole["hist"]  # merging bins is exact: as if counted at once
+    assert a["mean"] == pytest.approx(whole["mean"], rel=1e-12)
+    assert a["m2"] == pytest.approx(whole["m2"], rel=1e-9)
+
+
+def test_images_sizes_and_channels(tmp_path):
+    schema = Schema(
+        [
+            Field("img", "uint8", (None, None, 3), codec="png"),
+            Field("gray", "uint8", (8, 8), codec="png"),
+        ]
+    )
+    rng = np.random.default_rng(5)
+    sizes = [(4 + i % 3, 5 + i % 4) for i in range(12)]
+    with Writer(tmp_path / "im.h5", schema, rows_per_block=4) as w:
+        for h, wd in sizes:
+            w.write(
+                {
+                    "img": rng.integers(0, 255, (h, wd, 3), dtype=np.uint8),
+                    "gray": rng.integers(0, 255, (8, 8), dtype=np.uint8),
+                }
+            )
+    st = rowstore.open(tmp_path / "im.h5").stats()
+    img = st["img"].images
+    _check_numbers(img["height"], np.array([h for h, _ in sizes]), integer=True)
+    _check_numbers(img["width"], np.array([w for _, w in sizes]), integer=True)
+    assert img["channels"].values[0] == [(3, 12)]
+    assert st["gray"].images["channels"].values[0] == [(1, 12)]
+    assert st["img"].kind == "encoded" and st["img"].lengths.min > 0
+
+
+def test_cli_table_and_json(tmp_path):
+    d = _data(seed=6)
+    path = tmp_path / "c.h5"
+    with Writer(path, SCHEMA) as w:
+        w.write_batch(d)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["stats", str(path)]) == 0
+    text = out.getvalue()
+    assert f"{N} rows" in text
+    lines = {ln.split()[0]: ln for ln in text.splitlines()[3:]}
+    assert set(lines) == set(SCHEMA.names)
+    assert f"{d['i8'].min()}" in lines["i8"].split() and f"{d['i8'].max()}" in lines["i8"].split()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["stats", str(path), "--json"]) == 0
+    got = DatasetStats.from_dict(json.loads(out.getvalue()))
+    _check_all(got, d)
+    assert got.to_dict() == rowstore.open(path).stats().to_dict()
+    with Writer(tmp_path / "none.h5", SCHEMA, stats=False) as w:
+        w.write_batch(d)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["stats", str(tmp_path / "none.h5")]) == 1
+    assert "no statistics" in out.getvalue()

@@ -55,6 +55,8 @@ TEXT_LIMIT = 120
 MAX_FIELDS = 64
 #: Distinct values (top-k counts) drawn at most per field.
 MAX_VALUES = 20
+#: Most frequent values drawn in a field's statistics card.
+CARD_VALUES = 8
 #: Lines of a plain-text repr at most: one screen.
 MAX_LINES = 40
 
@@ -235,7 +237,10 @@ def schema_text(schema: Sequence[Any], *, limit: int = MAX_LINES - 4) -> str:
 def _get(obj: Any, name: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name)
-    return getattr(obj, name, None)
+    try:
+        return getattr(obj, name, None)
+    except (KeyError, TypeError, ValueError):  # a statistic this kind of field does not keep
+        return None
 
 
 def _fmt(v: Any) -> str:
@@ -285,42 +290,18 @@ def stats_text(fs: Any) -> str:
 
 
 def top_values(fs: Any) -> tuple[list[tuple[Any, int]], int] | None:
-    """A field's most frequent values as ``([(value, count), ...], other)``, from ``values``
-    as a ``(pairs, other)`` tuple, a mapping with ``top``/``other`` (or ``values``/``counts``),
-    an object with those attributes, or a plain list of pairs; None without."""
+    """A field's most frequent values as ``([(value, count), ...], other)``, from its
+    ``values`` statistic, ``(pairs, other, complete)``; None without."""
     v = _get(fs, "values")
     if v is None:
         return None
-    pairs: Any = None
-    other: Any = 0
-    if isinstance(v, tuple) and len(v) == 2 and not isinstance(v[1], (tuple, list)):
-        pairs, other = v
-    elif isinstance(v, (list, tuple)):
-        pairs = v
-    else:
-        pairs = _get(v, "top")
-        if pairs is None and _get(v, "values") is not None:
-            pairs = list(zip(_get(v, "values"), _get(v, "counts") or []))
-        other = _get(v, "other") or 0
-    if pairs is None:
-        return None
-    out = []
-    for p in list(pairs):
-        if isinstance(p, Mapping):
-            out.append((p.get("value"), int(p.get("count", 0))))
-        else:
-            out.append((p[0], int(p[1])))
-    return out, int(other or 0)
+    pairs, other = v[0], v[1]
+    return [(x, int(c)) for x, c in pairs], int(other or 0)
 
 
 def _histogram(fs: Any) -> tuple[Sequence[float], Sequence[int]] | None:
     h = _get(fs, "histogram")
-    if h is None:
-        return None
-    if isinstance(h, tuple) and len(h) == 2:
-        return h
-    edges, counts = _get(h, "edges"), _get(h, "counts")
-    return None if edges is None or counts is None else (edges, counts)
+    return None if h is None else (h[0], h[1])
 
 
 def _summary_rows(obj: Any, limit: int = 12) -> list[list[str]]:
@@ -332,7 +313,12 @@ def _summary_rows(obj: Any, limit: int = 12) -> list[list[str]]:
         obj = to_dict() if callable(to_dict) else getattr(obj, "__dict__", {"": obj})
     rows = []
     for k, v in list(obj.items())[:limit]:
-        if isinstance(v, Mapping):
+        if _get(v, "max") is not None and not isinstance(v, (int, float, str)):
+            lo, hi, mean = _fmt(_get(v, "min")), _fmt(_get(v, "max")), _get(v, "mean")
+            v = (lo if lo == hi else f"{lo} .. {hi}") + (
+                f" (mean {mean:.4g})" if isinstance(mean, float) and lo != hi else ""
+            )
+        elif isinstance(v, Mapping):
             v = ", ".join(f"{a}: {_fmt(b)}" for a, b in list(v.items())[:MAX_VALUES])
         elif isinstance(v, (list, tuple)):
             v = ", ".join(
@@ -377,7 +363,8 @@ def field_stats_html(
     top = top_values(fs)
     if top is not None and top[0]:
         pairs, other = top
-        pairs = pairs[:MAX_VALUES]
+        other += sum(c for _, c in pairs[CARD_VALUES:])  # the values not drawn count as other
+        pairs = pairs[:CARD_VALUES]
         labels = [value_label(v, class_names) for v, _ in pairs]
         counts = [c for _, c in pairs]
         total = sum(counts) + other

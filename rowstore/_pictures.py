@@ -335,8 +335,8 @@ def spectrogram(
     x = np.nan_to_num(np.asarray(samples, np.float64).reshape(-1)[:max_samples])
     if len(x) < n_fft:
         x = np.concatenate([x, np.zeros(n_fft - len(x))])
-    hop = max(1, math.ceil((len(x) - n_fft) / max(1, width - 1)))
-    starts = np.arange(0, len(x) - n_fft + 1, hop)[:width]
+    frames_n = min(width, len(x) - n_fft + 1)
+    starts = np.rint(np.linspace(0, len(x) - n_fft, frames_n)).astype(np.int64)
     frames = x[starts[:, None] + np.arange(n_fft)[None, :]] * np.hanning(n_fft)[None, :]
     power = np.abs(np.fft.rfft(frames, axis=1)) ** 2  # frames x (n_fft/2 + 1)
     db = 10 * np.log10(power[:, 1:] + 1e-12)  # drop DC: n_fft/2 bins

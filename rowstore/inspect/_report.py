@@ -1,10 +1,10 @@
 """The report page: one self-contained HTML file that shows a dataset to a person.
 
 Sections: an overview (rows, shards, blocks, sizes, compression), versions and shards, the
-fields (with their stored statistics), each field's statistics with a histogram and its most
-frequent values, label balance, a deterministic sample (a grid of images with their labels,
-heatmaps of arrays, waveforms and spectrograms of audio with a short player, a table of every
-field's values), the order quality of the file (:func:`rowstore.quality.order_quality` and a
+fields (with their stored statistics), a deterministic sample (a grid of images with their
+labels, heatmaps of arrays, waveforms and spectrograms of audio with a short player, a table of
+every field's values), each field's statistics with a histogram and its most frequent values,
+label balance, the order quality of the file (:func:`rowstore.quality.order_quality` and a
 plot of the field against the row position), the checksums of every chunk when asked
 (``scan=True``), and the dataset's attributes.
 
@@ -166,14 +166,19 @@ def _balance(r: Reader, st: Any) -> Html:
         counts = [c for _, c in pairs]
         total = sum(counts) + other
         ratio = max(counts) / max(1, min(counts))
-        note = f"{len(pairs):,} values shown" + (
-            f", {other:,} rows of other values" if other else ""
+        drawn = pairs[: _html.MAX_VALUES]
+        rest = total - sum(c for _, c in drawn)
+        note = (
+            f"{len(drawn):,} most frequent of {len(pairs):,} values counted; largest / smallest "
+            f"count among them: {ratio:.2f}"
         )
-        labels = [_html.value_label(v, names) for v, _ in pairs[: _html.MAX_VALUES]]
+        labels = [_html.value_label(v, names) for v, _ in drawn] + (["(other)"] if rest else [])
         parts.append(
             f'<div class="rs-card"><div class="rs-head">{esc(f.name)}</div>'
-            f'<div class="rs-dim">{esc(note)}; largest / smallest shown: {ratio:.2f}</div>'
-            + _pictures.svg_bars(labels, counts[: _html.MAX_VALUES], total=total)
+            f'<div class="rs-dim">{esc(note)}</div>'
+            + _pictures.svg_bars(
+                labels, [c for _, c in drawn] + ([rest] if rest else []), total=total
+            )
             + "</div>"
         )
     if not parts:
@@ -311,9 +316,9 @@ def _page(
         _section("Overview", "overview", lambda: _overview(r)),
         _section("Versions and shards", "versions", lambda: _versions(r)),
         _section("Fields", "fields", lambda: fields_table(r.schema, st)),
+        _section(f"Samples ({len(picked):,} rows, seed {seed})", "samples", sample),
         _section("Statistics", "statistics", stats),
         _section("Label balance", "balance", lambda: _balance(r, st)),
-        _section(f"Samples ({len(picked):,} rows, seed {seed})", "samples", sample),
         _section(
             "Order quality", "quality", lambda: _quality(r, path, quality_field, storage_options)
         ),

@@ -55,6 +55,10 @@ def test_image_demo_report(tmp_path, look):
         assert words in body
     assert re.search(r"row \d+ · label \d+", body)  # each thumbnail captioned with its label
     assert "checksums match" in body  # scan=True
+    if rowstore.open(path).stats() is not None:  # a histogram of the label, its counts drawn
+        assert page.eval("document.querySelectorAll('#statistics svg.rs-chart').length") >= 2
+        assert page.eval("document.querySelectorAll('#balance svg.rs-chart').length") == 1
+        assert "channels\t3" in body and "height\t128" in body and "width\t256" in body
     assert page.eval("document.querySelectorAll('#quality svg circle').length") >= 50
     assert len(text) < 600_000
 
@@ -223,3 +227,15 @@ def test_report_scan_lists_damage(tmp_path):
         text = report(r, scan=True, samples=0)
     assert "1 damaged chunk(s) or shard(s)" in text and "block 1" in text
     assert json.dumps(text)  # a str
+
+
+def test_docs_python_blocks_run(tmp_path, monkeypatch):
+    """docs/inspect.md's ```python blocks run as written, in order, in one directory."""
+    text = open(os.path.join(ROOT, "docs", "inspect.md"), encoding="utf-8").read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    for code in blocks:
+        exec(compile(code, "docs/inspect.md", "exec"), scope)
+    assert (tmp_path / "report.html").stat().st_size > 10_000

@@ -351,8 +351,10 @@ def field_stats_html(
     nums = stats_numbers(fs)
     if nums:
         parts.append(table(list(nums), [list(nums.values())]))
-    count, nan = _get(fs, "count"), _get(fs, "nan")
-    if isinstance(count, int) and isinstance(nan, int) and count and nan == count:
+    nan = _get(fs, "nan")
+    elements = _get(fs, "elements")
+    elements = _get(fs, "count") if elements is None else elements
+    if isinstance(elements, int) and isinstance(nan, int) and elements and nan == elements:
         parts.append('<div class="rs-bad">every value is NaN</div>')
     hist = _histogram(fs)
     if hist is not None and len(hist[1]):

@@ -40,6 +40,8 @@ __all__ = ["show", "View", "reader_html", "reader_text", "mixture_html", "mixtur
 
 #: Sample rows a notebook view reads and draws.
 VIEW_ROWS = 8
+#: Sample rows whose audio is drawn at most (a spectrogram is the largest picture).
+AUDIO_PICTURES = 12
 
 
 def _plural(n: int, word: str) -> str:
@@ -157,7 +159,8 @@ def samples_html(
             continue
         rate = sample_rate(f, attrs) if kind == "audio" else None
         figs = []
-        for i, row in enumerate(rows):
+        shown = rows[:AUDIO_PICTURES] if kind == "audio" else rows
+        for i, row in enumerate(shown):
             v = values[f.name][i]
             pic = picture_html(
                 f.name,
@@ -184,12 +187,12 @@ def samples_html(
             f'<div class="rs-dim">{esc(f.name)}: {esc(what[kind])}{esc(note)}</div>'
             f'<div class="rs-grid" data-field="{esc(f.name)}">{"".join(figs)}</div>'
         )
-    shown = [f.name for f in list(schema)[: _html.MAX_FIELDS]]
+    cols = [f.name for f in list(schema)[: _html.MAX_FIELDS]]
     body = [
-        [f"{int(row):,}"] + [esc(value_text(values[n][i])) for n in shown]
+        [f"{int(row):,}"] + [esc(value_text(values[n][i])) for n in cols]
         for i, row in enumerate(rows)
     ]
-    out.append(table(["row"] + shown, body))
+    out.append(table(["row"] + cols, body))
     return Html("".join(out))
 
 

@@ -157,6 +157,8 @@ def test_hostile_report_runs_nothing(tmp_path, look):
     for s in evil[:3]:
         assert s[:40] in body  # shown as text
     assert "6000x6000x1 uint8: too large to show" in body  # the huge PNG is not decoded
+    if rowstore.open(path).stats() is not None:
+        assert "every value is NaN" in body  # the NaN-only field's card says so
     assert page.eval(IMAGES) and all(ok and w > 0 for ok, w, _ in page.eval(IMAGES))
 
 
@@ -239,3 +241,36 @@ def test_docs_python_blocks_run(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "docs/inspect.md", "exec"), scope)
     assert (tmp_path / "report.html").stat().st_size > 10_000
+
+
+def test_audio_players_play_in_chromium(tmp_path, look):
+    """A float waveform field with a sample rate in the attributes: waveforms and spectrograms
+    for the sample, and players (bounded WAV previews) that Chromium decodes."""
+    rate = 16_000
+    path = str(tmp_path / "speech.h5")
+    schema = Schema([Field("wave", "float32", (None,)), Field("speaker", "str")])
+    rng = np.random.default_rng(0)
+    lengths = [8000, 40_000, 20_000, 12_000, 30_000, 16_000]  # 0.5 to 2.5 s
+    with rowstore.Writer(path, schema, attrs={"sample_rate": rate}) as w:
+        w.write_batch(
+            {
+                "wave": [
+                    (0.3 * np.sin(np.arange(k) * 2 * np.pi * 300 / rate)).astype(np.float32)
+                    + rng.normal(0, 0.01, k).astype(np.float32)
+                    for k in lengths
+                ],
+                "speaker": [f"spk{i}" for i in range(6)],
+            }
+        )
+    text = report(path, samples=6)
+    assert "sample rate 16,000 Hz" in text
+    page = look(text)
+    assert page.problems() == []
+    assert page.eval("document.querySelectorAll('#samples svg.rs-chart').length") == 6
+    assert len(page.eval(IMAGES)) == 6  # the spectrograms
+    durations = page.eval(
+        "Promise.all([...document.querySelectorAll('audio')].map(a => new Promise(ok => {"
+        "a.onloadedmetadata = () => ok(a.duration); a.onerror = () => ok(-1); a.load(); })))"
+    )
+    want = [min(k / rate, 2.5) for k in lengths[:4]]
+    assert np.allclose(durations, want, atol=0.01), durations

@@ -33,6 +33,7 @@ ctypedef fused num:
     uint64_t
 
 cdef int64_t NAT = INT64_MIN
+DEF MAX_LOCAL_BINS = 64
 
 
 def moments1(num[:, :] x, const uint8_t[:] skip, bint has_skip, bint is_time):
@@ -80,6 +81,11 @@ def moments1(num[:, :] x, const uint8_t[:] skip, bint has_skip, bint is_time):
     return nan, inf, fin, lo, hi, total
 
 
+cdef inline int64_t _floor(double t) noexcept nogil:
+    cdef int64_t b = <int64_t>t
+    return b - 1 if t < <double>b else b
+
+
 def moments2(
     num[:, :] x,
     const uint8_t[:] skip,
@@ -97,19 +103,34 @@ def moments2(
     value ``v - lo`` to ``values`` (if it has any entries)."""
     cdef Py_ssize_t n = x.shape[0], k = x.shape[1], i, j
     cdef Py_ssize_t nb = bins.shape[0], nv = values.shape[0]
-    cdef double m2 = 0.0, d, part
+    cdef double m2 = 0.0, d, d2, p0, p1, t
     cdef int64_t b
     cdef num v
+    cdef num* row
+    cdef int64_t* hist = &bins[0] if nb else NULL
+    # four interleaved copies of the bins (merged at the end): consecutive elements in one bin
+    # do not wait on each other's increment
+    cdef int64_t local[4 * MAX_LOCAL_BINS]
+    cdef bint split = 0 < nb <= MAX_LOCAL_BINS
+    cdef Py_ssize_t q
     cdef bint floating = num is float or num is double
+    cdef bint inner = k == 0 or x.strides[1] == sizeof(num)
     if has_skip and skip.shape[0] < n:
         raise ValueError("moments2: skip is shorter than the column")
+    row = NULL
     with nogil:
+        if split:
+            for q in range(4 * nb):
+                local[q] = 0
         for i in range(n):
             if has_skip and skip[i]:
                 continue
-            part = 0.0
+            p0 = 0.0
+            p1 = 0.0
+            if inner and k:
+                row = &x[i, 0]
             for j in range(k):
-                v = x[i, j]
+                v = row[j] if inner else x[i, j]
                 if floating:
                     if isnan(<double>v) or isinf(<double>v):
                         continue
@@ -117,14 +138,21 @@ def moments2(
                     if is_time and v == NAT:
                         continue
                 d = <double>v - mean
-                part += d * d
+                if j & 1:
+                    p1 += d * d
+                else:
+                    p0 += d * d
                 if nb:
-                    b = <int64_t>floor(<double>v * scale) - base
+                    t = <double>v * scale
+                    b = _floor(t) - base
                     if b < 0:
                         b = 0
                     elif b >= nb:
                         b = nb - 1
-                    bins[b] += 1
+                    if split:
+                        local[(j & 3) * nb + b] += 1
+                    else:
+                        hist[b] += 1
                 if nv and not floating:
                     if num is uint64_t:
                         b = <int64_t>(v - <uint64_t>lo)
@@ -132,5 +160,8 @@ def moments2(
                         b = <int64_t>v - lo
                     if 0 <= b < nv:
                         values[b] += 1
-            m2 += part
+            m2 += p0 + p1
+        if split:
+            for q in range(nb):
+                hist[q] += local[q] + local[nb + q] + local[2 * nb + q] + local[3 * nb + q]
     return m2

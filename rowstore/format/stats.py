@@ -65,6 +65,7 @@ __all__ = [
     "encode_stats",
     "decode_stats",
     "hist_merge",
+    "close",
 ]
 
 STATS_VERSION = 1
@@ -161,12 +162,13 @@ def merge_field(a: Mapping | None, b: Mapping | None) -> dict | None:
     elif na or nb:
         src = a if na else b
         out.update({k: src[k] for k in _NUM_KEYS})
-    for k, fn in (("hist", hist_merge), ("values", _values_merge)):
+    # a part without a histogram (values) but with finite elements (values) makes it unknown
+    for k, fn, n in (("hist", hist_merge, "finite"), ("values", _values_merge, "count")):
         if k in a and k in b:
             out[k] = fn(a[k], b[k])
-        elif k in a and not b["count"]:
+        elif k in a and not b[n]:
             out[k] = a[k]
-        elif k in b and not a["count"]:
+        elif k in b and not a[n]:
             out[k] = b[k]
     if "lengths" in a and "lengths" in b:
         out["lengths"] = merge_field(a["lengths"], b["lengths"])
@@ -176,7 +178,10 @@ def merge_field(a: Mapping | None, b: Mapping | None) -> dict | None:
         if not other["count"]:
             out["lengths"] = only["lengths"]
     fa, fb = a.get("facts"), b.get("facts")
-    if fa is not None and fb is not None and fa.get("kind") == fb.get("kind"):
+    if not a["count"] or not b["count"]:  # one side empty: the other's facts as they are
+        if (fa if a["count"] else fb) is not None:
+            out["facts"] = fa if a["count"] else fb
+    elif fa is not None and fb is not None and fa.get("kind") == fb.get("kind"):
         facts: dict[str, Any] = {"kind": fa["kind"]}
         for name in fa.keys() & fb.keys() - {"kind"}:
             facts[name] = merge_field(fa[name], fb[name])
@@ -208,6 +213,24 @@ def merge_stats(parts: Iterable[Mapping | None]) -> dict | None:
         if any(v is None for v in out["fields"].values()):
             return None
     return out
+
+
+def close(a: Any, b: Any, rel: float = 1e-9) -> bool:
+    """Whether two stored statistics are equal up to the rounding of means and variances: what
+    the same rows give when folded in other groups (written with ``write`` or ``write_batch``,
+    in one go or appended). Everything else (counts, minima, maxima, bins, values) is exact."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return False
+        return all(
+            math.isclose(a[k], b[k], rel_tol=rel, abs_tol=rel)
+            if k in ("mean", "m2") and type(a[k]) is float and type(b[k]) is float
+            else close(a[k], b[k], rel)
+            for k in a
+        )
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, rel) for x, y in zip(a, b))
+    return a == b and type(a) is type(b)
 
 
 # -- storing and checking ------------------------------------------------------------------------

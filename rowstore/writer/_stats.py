@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rowstore import kernels
+from rowstore.errors import FormatError
 from rowstore.format import spec
 from rowstore.format import stats as fs
 from rowstore.schema import BYTES, STR, Field, Schema
@@ -30,13 +31,16 @@ def _empty(kind: str) -> dict[str, Any]:
 
 
 def _exp_for(lo: float, hi: float, integer: bool) -> int:
-    """The smallest bin exponent whose aligned bins cover ``[lo, hi]`` in at most ``fs.BINS``."""
+    """The smallest bin exponent whose aligned bins cover ``[lo, hi]`` in at most ``fs.BINS``
+    (the smallest, so that the bins do not depend on how rows were grouped: merged histograms
+    widen to exactly the exponent of all their values together)."""
+    floor_e = 0 if integer else -1074
     span = hi / 2 - lo / 2  # no overflow for the widest float range
     if span > 0:
-        e = math.frexp(span)[1] + 1 - int(math.log2(fs.BINS))
-    else:
-        e = (math.frexp(hi)[1] - 6) if hi else 0
-    e = max(e, 0) if integer else max(e, -1074)
+        e = math.frexp(span)[1] + 1 - int(math.log2(fs.BINS)) - 2
+    else:  # one value: the exponent of its last bit (so bin numbers stay exact integers)
+        e = math.frexp(hi)[1] - 53 if hi else floor_e
+    e = max(e, floor_e)
     while math.floor(math.ldexp(hi, -e)) - math.floor(math.ldexp(lo, -e)) + 1 > fs.BINS:
         e += 1
     return e
@@ -74,10 +78,10 @@ def numbers(x: np.ndarray, kind: str, *, integer: bool, hist: bool = True) -> di
     if not math.isfinite(mean):  # float64 values near the limit: sum overflowed
         mean = float(np.mean(xf / 2.0) * 2.0)
     d = xf - mean
-    m2 = float(np.dot(d, d))
-    if not math.isfinite(m2):
-        m2 = float(np.dot(d / 2.0**512, d / 2.0**512)) * 2.0**1024 if math.isfinite(mean) else 0.0
-        m2 = m2 if math.isfinite(m2) else float(np.finfo(np.float64).max)
+    with np.errstate(over="ignore", invalid="ignore"):
+        m2 = float(np.einsum("i,i->", d, d))
+    if not math.isfinite(m2):  # the sum of squares overflows a float64: the largest one
+        m2 = float(np.finfo(np.float64).max)
     if integer:
         out["min"], out["max"] = int(lo), int(hi)
     else:
@@ -87,11 +91,14 @@ def numbers(x: np.ndarray, kind: str, *, integer: bool, hist: bool = True) -> di
         flo, fhi = float(lo), float(hi)
         e = _exp_for(flo, fhi, integer)
         base = math.floor(math.ldexp(flo, -e))
-        idx = np.floor(np.ldexp(xf, -e)).astype(np.int64)
-        idx -= base
         nb = math.floor(math.ldexp(fhi, -e)) - base + 1
-        counts = np.bincount(idx, minlength=nb)[:nb]
-        out["hist"] = {"exp": e, "base": int(base), "counts": counts.tolist()}
+        if nb == 1:
+            out["hist"] = {"exp": e, "base": int(base), "counts": [int(x.size)]}
+        elif e >= -1022 and -(1 << 62) < base < 1 << 62:
+            idx = np.floor(xf * math.ldexp(1.0, -e)).astype(np.int64)
+            idx -= base
+            counts = np.bincount(np.clip(idx, 0, nb - 1), minlength=nb)[:nb]
+            out["hist"] = {"exp": e, "base": int(base), "counts": counts.tolist()}
     return out
 
 
@@ -128,7 +135,10 @@ def column(
         return out
     has_skip = skip is not None
     sk = skip.view(np.uint8) if has_skip else _NO_SKIP
-    nan, inf, fin, lo, hi, total = kernels.column_moments1(x, sk, has_skip, is_time)
+    got = None if has_skip else _first_pass(x, is_time)
+    if got is None:  # nulls to leave out, NaN/inf/NaT present: the kernel's checking pass
+        got = kernels.column_moments1(x, sk, has_skip, is_time)
+    nan, inf, fin, lo, hi, total = got
     out = _empty(kind)
     rows = x.shape[0] - (int(np.count_nonzero(sk)) if has_skip else 0)
     out["elements"], out["nan"], out["inf"], out["finite"] = rows * x.shape[1], nan, inf, fin
@@ -140,9 +150,12 @@ def column(
         return numbers(flat, kind, integer=integer)
     flo, fhi = float(lo), float(hi)
     e = _exp_for(flo, fhi, integer)
-    base = math.floor(math.ldexp(flo, -e)) if e > -1000 else 0
-    nb = math.floor(math.ldexp(fhi, -e)) - base + 1 if e > -1000 else 0
-    bins = np.zeros(nb, np.int64) if nb else _NO_COUNTS
+    base = math.floor(math.ldexp(flo, -e))
+    nb = math.floor(math.ldexp(fhi, -e)) - base + 1
+    one = nb == 1  # one bin: counted here, not by the kernel
+    if not one and (e < -1022 or not -(1 << 62) < base < (1 << 62) - fs.BINS):
+        nb = 0  # bins beyond what the kernel numbers exactly (subnormal widths, uint64s near 2**64)
+    bins = np.zeros(nb, np.int64) if nb and not one else _NO_COUNTS
     count_values = values is not None and not values.dropped and integer
     from_bins = count_values and e == 0
     vals = (
@@ -156,25 +169,50 @@ def column(
         has_skip,
         is_time,
         mean,
-        math.ldexp(1.0, -e) if nb else 1.0,
-        base,
+        math.ldexp(1.0, -e) if len(bins) else 1.0,
+        base if len(bins) else 0,
         bins,
-        int(lo) if len(vals) else 0,
+        _as_int64(int(lo)) if len(vals) else 0,
         vals,
     )
+    if not math.isfinite(m2):  # values near the float64 limit: squares overflowed
+        flat = (x if skip is None else x[~skip.view(np.bool_)]).reshape(-1)
+        m2 = numbers(flat, kind, integer=integer, hist=False)["m2"]
     out["min"], out["max"] = (int(lo), int(hi)) if integer else (flo, fhi)
     out["mean"], out["m2"] = mean, m2
     if nb:
-        out["hist"] = {"exp": e, "base": int(base), "counts": bins.tolist()}
+        out["hist"] = {"exp": e, "base": int(base), "counts": [fin] if one else bins.tolist()}
     if count_values:
         assert values is not None
         if from_bins:
-            values.add_counts(bins, base)
+            values.add_counts(np.array([fin]) if one else bins, base)
         elif len(vals):
             values.add_counts(vals, int(lo))
         else:
             values.add_array((x if skip is None else x[~skip.view(np.bool_)]).reshape(-1))
     return out
+
+
+def _as_int64(v: int) -> int:
+    """``v`` (an int64 or uint64 value) as the int64 of the same bits."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _first_pass(x: np.ndarray, is_time: bool) -> tuple | None:
+    """:func:`kernels.column_moments1`'s result by numpy's vectorized reductions, for a column
+    with no NaN, infinity or NaT (its sum is finite, its minimum no NaT); None otherwise."""
+    if not x.size:
+        return None
+    if x.dtype.kind == "f":
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as it should
+            total = float(x.sum(dtype=np.float64))
+        if not math.isfinite(total):
+            return None
+        return 0, 0, x.size, x.min().item(), x.max().item(), total
+    lo = x.min().item()
+    if is_time and lo == np.iinfo(np.int64).min:
+        return None
+    return 0, 0, x.size, lo, x.max().item(), float(x.sum(dtype=np.float64))
 
 
 class _Values:
@@ -305,7 +343,7 @@ class _FieldKeeper:
         if not self.heap:
             if self.numeric:
                 part = column(
-                    col.reshape(n, -1),
+                    col.reshape(n, math.prod(f.shape)),
                     self.kind,
                     integer=self.integer,
                     skip=null if nulls else None,
@@ -324,7 +362,7 @@ class _FieldKeeper:
         shape = np.array([d or 0 for d in f.shape], dtype=np.int64)
         out = np.broadcast_to(shape, (len(col), len(shape))).copy()
         if f.variable_dims:
-            dims = col["shape"].reshape(len(col), -1).astype(np.int64)
+            dims = col["shape"].reshape(len(col), len(f.variable_dims)).astype(np.int64)
             out[:, list(f.variable_dims)] = dims
         return out
 
@@ -491,6 +529,9 @@ class StatsKeeper:
             "rows": self.rows,
             "fields": {k.f.name: k.stored() for k in self.fields},
         }
-        if self.start is None:
-            return mine
-        return fs.merge_stats([self.start, mine])
+        out = mine if self.start is None else fs.merge_stats([self.start, mine])
+        try:  # never write statistics a reader refuses: none instead
+            rows = self.rows + (self.start["rows"] if self.start is not None else 0)
+            return fs.check_stats(out, "written", [f.name for f in self.schema], rows)
+        except FormatError:
+            return None

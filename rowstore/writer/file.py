@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
@@ -182,6 +182,7 @@ class Writer(Closing):
         self._verify_encoded = bool(verify_encoded)
         self._keep_stats = bool(stats)
         self._stats: StatsKeeper | None = None
+        self._stats_pool: ThreadPoolExecutor | None = None  # started by the first block
         self._stats_done = 0  # pending rows already folded into the statistics
         self._pool: ThreadPoolExecutor | None = None
         self._encoders: ThreadPoolExecutor | None = None  # started by the first batch to encode
@@ -413,7 +414,7 @@ class Writer(Closing):
             stage.discard()
 
     def _stop_pool(self) -> None:
-        for attr in ("_pool", "_encoders"):
+        for attr in ("_pool", "_encoders", "_stats_pool"):
             pool = getattr(self, attr, None)
             setattr(self, attr, None)
             if pool is not None:
@@ -527,20 +528,27 @@ class Writer(Closing):
             self._flush_block(self._rpb)
         self._flush_heap(final=False)
 
-    def _fold_stats(self) -> None:
+    def _fold_stats(self, ahead: bool = False) -> Future | None:
         """Fold the pending rows not yet counted into the statistics: before their block is
         written and before their heap payloads are cut into chunks (then they leave the
-        packer)."""
+        packer). ``ahead``: on the writer's statistics thread (``threads`` > 1), while the
+        caller writes the block; the caller waits for the future before it changes the
+        pending rows or the heap."""
         packer = self._packer
-        if self._stats is not None and self._stats_done < packer.n:
-            self._stats.add(
-                packer.rows[self._stats_done : packer.n], packer.heap, packer.heap_flushed
-            )
-            self._stats_done = packer.n
+        if self._stats is None or self._stats_done >= packer.n:
+            return None
+        rows = packer.rows[self._stats_done : packer.n]
+        self._stats_done = packer.n
+        if ahead and self._threads > 1:
+            if self._stats_pool is None:
+                self._stats_pool = ThreadPoolExecutor(1, thread_name_prefix="rowstore-stats")
+            return self._stats_pool.submit(self._stats.add, rows, packer.heap, packer.heap_flushed)
+        self._stats.add(rows, packer.heap, packer.heap_flushed)
+        return None
 
     def _flush_block(self, nrows: int) -> None:
         """Write the first ``nrows`` pending rows as the next block (zero-padded to a chunk)."""
-        self._fold_stats()
+        folding = self._fold_stats(ahead=True)  # the block's statistics, while it is written
         if self._file is None:
             self._create_file()
         file, rpb, packer = self._file, self._rpb, self._packer
@@ -551,6 +559,8 @@ class Writer(Closing):
             extent=packer.rows_written + nrows,
             heap_range=(block.heap_start, block.heap_end),
         )
+        if folding is not None:
+            folding.result()
         packer.pop_block(block, rpb)
         self._stats_done -= nrows
 

@@ -109,6 +109,8 @@ _LAZY.update(
     ),
     gc_dataset="rowstore.writer:gc",
 )
+# Looking at a dataset: the report page and the notebook view of a batch (docs/inspect.md).
+_LAZY.update(report="rowstore.inspect", show="rowstore.reader.view")
 #: The extra and the optional packages a lazy module needs (``pip install rowstore[<extra>]``).
 _NEEDS = {
     "rowstore.pandas": ("pandas", ("pandas", "pyarrow")),

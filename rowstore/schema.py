@@ -21,6 +21,7 @@ import numpy as np
 
 # Codecs sit below the schema: a Field holds its codec instance (placement, validation,
 # decoding), while codecs see fields only through their attributes (type hints, no import).
+from rowstore import _html
 from rowstore.codecs import Codec, get_codec
 from rowstore.errors import SchemaError
 
@@ -429,8 +430,15 @@ class Schema(Sequence[Field]):
         return hash(self.to_json_str())
 
     def __repr__(self) -> str:
-        inner = ",\n    ".join(repr(f) for f in self._fields)
-        return f"Schema([\n    {inner},\n])"
+        shown = self._fields[: _html.MAX_LINES - 3]  # one screen at most
+        inner = ",\n    ".join(repr(f) for f in shown)
+        more = len(self._fields) - len(shown)
+        tail = f"\n    # ... and {more:,} more fields" if more else ""
+        return f"Schema([\n    {inner},{tail}\n])"
+
+    def _repr_html_(self) -> str:
+        """The notebook view: the fields in a collapsible table (:mod:`rowstore._html`)."""
+        return _html.schema_html(self)
 
     @property
     def names(self) -> list[str]:

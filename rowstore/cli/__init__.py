@@ -10,6 +10,9 @@
     rowstore repair DIR       a dataset whose pointer is lost: make its newest sound version current
     rowstore shuffle IN OUT --memory 2GB --seed N   a globally shuffled copy (a new dataset)
     rowstore quality PATH     how ordered it is (rank correlation, batch spread, block mixing)
+    rowstore report PATH -o report.html
+                              one HTML page to look at it: schema, statistics, sample images
+                              and audio, label balance, order quality (docs/inspect.md)
     rowstore order PATH       how mixed an epoch order is (reads no rows)
     rowstore check-order PATH an epoch dealt to a world, interrupted and resumed: every row once
     rowstore import-petastorm URL OUT
@@ -28,7 +31,8 @@ fsspec protocol; ``--storage-options JSON`` passes credentials and endpoints). `
 One module per group of commands registers its subcommands and the function that runs each:
 :mod:`.inspection` (info, head, verify), :mod:`.maintenance` (gc, repair), :mod:`.shuffle`,
 :mod:`.order` (quality, order, check-order), :mod:`.ingest` (import-petastorm,
-from-images) and :mod:`.audio` (from-audio); :mod:`._common` holds what they share.
+from-images), :mod:`.audio` (from-audio), :mod:`.stats` and :mod:`.report`; :mod:`._common`
+holds what they share.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import argparse
 import sys
 
 from rowstore._version import __version__
-from rowstore.cli import audio, ingest, inspection, maintenance, order, shuffle, stats
+from rowstore.cli import audio, ingest, inspection, maintenance, order, report, shuffle, stats
 from rowstore.cli.inspection import head_text, info_text, verify_command
 from rowstore.cli.maintenance import gc_dataset_text, gc_text, repair_text
 from rowstore.cli.order import check_order_text, order_text
@@ -57,7 +61,7 @@ __all__ = [
 ]
 
 #: The command groups, in the order ``rowstore --help`` lists their commands.
-GROUPS = (inspection, stats, maintenance, shuffle, order, ingest, audio)
+GROUPS = (inspection, stats, report, maintenance, shuffle, order, ingest, audio)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,6 +39,7 @@ from rowstore.reader.buffers import (
 from rowstore.reader.epochs import EpochSource, as_pair, part_spec
 from rowstore.reader.image_ops import decoded_schema, read_ops
 from rowstore.reader.plan import ID_KEY, PAD_KEY, pad_ids
+from rowstore.reader.view import reader_html, reader_text
 from rowstore.schema import Schema
 from rowstore.storage import ChunkStore
 
@@ -225,11 +226,11 @@ class Reader(EpochReads):
         return self.layout.num_rows
 
     def __repr__(self) -> str:
-        n = self.layout.num_shards
-        shards = f" in {n} shards" if n > 1 else ""
-        return (
-            f"<rowstore.Reader {self.path!r}: {len(self)} rows{shards}, fields {self.schema.names}>"
-        )
+        return reader_text(self)  # the path, rows, shards and fields: one screen at most
+
+    def _repr_html_(self) -> str:
+        """The notebook view (:mod:`rowstore.reader.view`): fields, statistics, sample rows."""
+        return reader_html(self)
 
     @property
     def num_rows(self) -> int:

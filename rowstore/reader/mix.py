@@ -37,6 +37,7 @@ from rowstore.reader.buffers import Ragged, concat_batches
 from rowstore.reader.dataset import Reader, as_reader
 from rowstore.reader.epochs import EpochSpec, no_decode, part_spec
 from rowstore.reader.plan import ID_KEY, PAD_KEY, SOURCE_KEY
+from rowstore.reader.view import mixture_html, mixture_text
 
 __all__ = ["Mixture", "mix", "SOURCE_KEY"]
 
@@ -185,11 +186,11 @@ class Mixture(EpochReads):
         return h.hexdigest()
 
     def __repr__(self) -> str:
-        ws = ", ".join(f"{p!r}: {w:.3g}" for p, w in zip(self._paths, self.weights))
-        return (
-            f"<rowstore.Mixture {{{ws}}}: {self.epoch_rows} rows per epoch, "
-            f"replacement={self.replacement}>"
-        )
+        return mixture_text(self)  # sources, weights and fields: one screen at most
+
+    def _repr_html_(self) -> str:
+        """The notebook view (:mod:`rowstore.reader.view`): sources, fields, each source's."""
+        return mixture_html(self)
 
     def close(self) -> None:
         for r, own in zip(self.sources, self._owned):

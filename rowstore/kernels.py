@@ -725,10 +725,10 @@ def jpeg_decode_batch(
     ``image_ops.row_key(base, rows[i])``; null images (``nulls``) are zeroed.
 
     ``mode``: ``"resize"`` (the whole image), ``"center"`` (torchvision's
-    ``Resize(round(min(H, W) / fraction))`` + ``CenterCrop((H, W))``, as one box) or ``"random_resized"`` (torchvision's
-    RandomResizedCrop: an area ``scale`` of the image, the log aspect ratio uniform in
-    ``log_ratio``); ``flip``: the probability of a left-right mirror. ``max_bytes`` bounds the
-    decoded crop and ``max_work`` libjpeg's memory, per image. The GIL is released for the
+    ``Resize(round(min(H, W) / fraction))`` + ``CenterCrop((H, W))``, as one box) or
+    ``"random_resized"`` (torchvision's RandomResizedCrop: an area ``scale`` of the image, the
+    log aspect ratio uniform in ``log_ratio``); ``flip``: the probability of a left-right
+    mirror. ``max_bytes`` bounds the decoded crop and ``max_work`` libjpeg's memory, per image. The GIL is released for the
     whole range; several threads may decode disjoint ranges of one batch at once. Any JPEG
     (grey, YCbCr, RGB, CMYK, YCCK) decodes to ``out``'s channels as PIL's
     ``convert("L")``/``("RGB")`` does. ``status[i]`` gets a ``JPEG_*`` code; ``info``
@@ -794,10 +794,11 @@ def jpeg_decode_whole(
     """Decode JPEG images ``lo..hi`` of a batch whole into ``out`` (``(n, H, W)`` grey or
     ``(n, H, W, 3)`` colour uint8, C-contiguous): image i is ``data[offsets[i]:offsets[i +
     1]]`` and must be an ``H x W`` JPEG (else ``JPEG_SIZE``), of any colour space, converted to
-    ``out``'s channels as PIL's ``convert("L")``/``("RGB")`` does; null images (``nulls``) are skipped. Every image is read to its end
-    marker and a libjpeg warning is a refusal (``JPEG_CORRUPT``), so damaged bytes never come
-    back as concealed pixels; ``max_work`` bounds libjpeg's memory per image. The GIL is
-    released for the whole range; threads may decode disjoint ranges at once. ``status[i]``
+    ``out``'s channels as PIL's ``convert("L")``/``("RGB")`` does; null images (``nulls``) are
+    skipped. Every image is read to its end marker and a libjpeg warning is a refusal
+    (``JPEG_CORRUPT``), so damaged bytes never come back as concealed pixels; ``max_work``
+    bounds libjpeg's memory per image. The GIL is released for the whole range; threads may
+    decode disjoint ranges at once. ``status[i]``
     gets a ``JPEG_*`` code; returns the number of images not decoded (their slots partly
     written)."""
     flat, c = _jpeg_out(out, "jpeg_decode_whole")

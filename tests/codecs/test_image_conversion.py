@@ -298,7 +298,7 @@ def test_damaged_images_are_errors_naming_field_and_row_in_every_path(tmp_path, 
             }
             if fmt == "jpeg":
                 op = {"img": iop.RandomResizedCrop(8)}
-                paths["decode="] = lambda r=r: list(r.batches(5, shuffle="none", decode=op))
+                paths["decode="] = lambda r=r, op=op: list(r.batches(5, shuffle="none", decode=op))
             for what, read in paths.items():
                 with pytest.raises(RowstoreError) as e:
                     read()

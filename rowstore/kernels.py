@@ -728,8 +728,9 @@ def jpeg_decode_batch(
     ``Resize(round(min(H, W) / fraction))`` + ``CenterCrop((H, W))``, as one box) or
     ``"random_resized"`` (torchvision's RandomResizedCrop: an area ``scale`` of the image, the
     log aspect ratio uniform in ``log_ratio``); ``flip``: the probability of a left-right
-    mirror. ``max_bytes`` bounds the decoded crop and ``max_work`` libjpeg's memory, per image. The GIL is released for the
-    whole range; several threads may decode disjoint ranges of one batch at once. Any JPEG
+    mirror. ``max_bytes`` bounds the decoded crop and ``max_work`` libjpeg's memory, per
+    image. The GIL is released for the whole range; several threads may decode disjoint
+    ranges of one batch at once. Any JPEG
     (grey, YCbCr, RGB, CMYK, YCCK) decodes to ``out``'s channels as PIL's
     ``convert("L")``/``("RGB")`` does. ``status[i]`` gets a ``JPEG_*`` code; ``info``
     (``n x JPEG_INFO`` float64, optional) gets, per image, its height and width, the crop

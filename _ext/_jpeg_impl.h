@@ -206,6 +206,28 @@ static void rj_convert_row(const uint8_t* in, uint8_t* out, size_t n, int conv, 
     }
 }
 
+/* Whether the end marker (EOI) follows in the data libjpeg has not read yet, or was read: in
+ * entropy-coded data a 0xFF byte is followed by 0x00 (stuffing), a fill 0xFF or a marker, so
+ * 0xFF 0xD9 there is the EOI. A memchr over the compressed bytes left: a truncated file (the
+ * commonest damage) is seen without decoding the rows a crop does not need. */
+static int rj_has_eoi(const struct jpeg_decompress_struct* cinfo) {
+    const uint8_t* q = (const uint8_t*)cinfo->src->next_input_byte;
+    size_t left = cinfo->src->bytes_in_buffer;
+    if (cinfo->unread_marker == 0xD9) return 1;
+    while (left >= 2) {
+        const uint8_t* f = (const uint8_t*)memchr(q, 0xFF, left - 1);
+        if (f == NULL) return 0;
+        left -= (size_t)(f - q) + 1;
+        q = f + 1;
+        while (left > 1 && *q == 0xFF) { /* fill bytes */
+            q++;
+            left--;
+        }
+        if (*q == 0xD9) return 1;
+    }
+    return 0;
+}
+
 /* -- the random parameters: SplitMix64 from the key ------------------------------------------ */
 static inline uint64_t rj_next(uint64_t* s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
@@ -877,10 +899,18 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
         if (tmp != NULL) rj_convert_row(tmp[0], row, cinfo.output_width, conv, c);
         y += got;
     }
-    if (r1 == (int64_t)cinfo.output_height)
+    if (r1 == (int64_t)cinfo.output_height) {
         jpeg_finish_decompress(&cinfo); /* reads on to the end marker: a damaged tail is seen */
-    else
+    } else {
+        /* the rows below the crop are not decoded; a stream cut short (no end marker after
+         * the data read so far) is refused all the same, as the whole decode refuses it */
+        int eoi = rj_has_eoi(&cinfo);
         jpeg_abort_decompress(&cinfo);
+        if (!eoi) {
+            jpeg_destroy_decompress(&cinfo);
+            return RJ_CORRUPT;
+        }
+    }
     {
         double by0 = y0 * sy - r0, by1 = (y0 + ch) * sy - r0;
         double bx0 = x0 * sx - (double)xoff, bx1 = (x0 + cw) * sx - (double)xoff;

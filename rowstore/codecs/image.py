@@ -14,21 +14,26 @@ bytes (a ``CodecError``) rather than return the pixels a decoder would make up f
 * PNG: every chunk's CRC, one run of ``IDAT`` chunks, an ``IEND``, and a zlib stream that
   inflates to exactly the image's bytes and ends where the data ends are checked
   (:func:`check_png`, what libpng only warns about), then imagecodecs (libpng) decodes. The
-  reader decodes most PNGs with its own kernel instead (``kernels.png_decode_batch``), which
-  checks the same.
+  reader decodes PNGs with its own kernel instead (``kernels.png_decode_batch``: all but
+  interlaced ones), which checks the same.
 
 :func:`verify_image` decodes one encoded image in full under these rules (for ingest).
 
 Both codecs also take images already encoded (``accepts_encoded``): the bytes of a PNG or JPEG
-file are stored as they are, after :func:`png_header` / :func:`jpeg_header` read the size,
-channels and bit depth from the header (pure Python, bounds-checked, microseconds: nothing is
-decompressed). What the header says is what imagecodecs' decoder returns:
+file are stored as they are, whatever its colour model, after :func:`png_header` /
+:func:`jpeg_header` read the file's own facts from the header (size, channels, colour model,
+bit depth: pure Python, bounds-checked, microseconds: nothing is decompressed):
 
-* PNG: grey 1, grey+alpha 2, RGB 3, RGBA 4 channels; a palette image decodes to RGB (3); a
-  ``tRNS`` chunk (transparency of grey, RGB or palette images) adds an alpha channel; bit depth
-  16 is ``uint16``, 8 and below (expanded to 8) ``uint8``;
-* JPEG: baseline, extended or progressive Huffman-coded, 8-bit, 1 or 3 components (``uint8``);
-  other processes (lossless, arithmetic-coded, 12-bit) and CMYK are refused.
+* PNG: grey 1, grey+alpha 2, RGB 3, RGBA 4 channels; a palette image 3; a ``tRNS`` chunk adds
+  an alpha channel; bit depth 16 decodes to 16 bits, 8 and below to 8;
+* JPEG: baseline, extended or progressive Huffman-coded, 8-bit, grey (1), YCbCr/RGB (3) or
+  CMYK/YCCK (4 components); other processes (lossless, arithmetic-coded, 12-bit) are refused.
+
+The field says what the reader gets (:func:`conversion`): any image decodes to 1 or 3
+channels as PIL's ``Image.open(f).convert("L")`` / ``convert("RGB")`` does (the kernels, and
+:func:`convert_reference` in NumPy where they are not built); a field of 2 or 4 channels takes
+images of as many. A 16-bit PNG goes to a uint16 field as it is, to a uint8 field only under
+the rule ``Png(depth="scale")`` (each sample's high byte); an 8-bit image never to uint16.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ __all__ = [
     "Png",
     "Jpeg",
     "ImageHeader",
+    "conversion",
+    "convert_reference",
+    "jpeg_reference",
     "image_header",
     "png_header",
     "jpeg_header",
@@ -693,15 +701,15 @@ def verify_image(data: Any, *, max_bytes: int = 1 << 31) -> ImageHeader:
         hdr = png_header(data) if fmt == "png" else jpeg_header(data)
     except _BadImage as exc:
         raise CodecError(f"not a valid image: {exc}") from None
-    nbytes = hdr.height * hdr.width * min(hdr.channels, 3) * hdr.dtype.itemsize
+    # a CMYK JPEG decodes as the reader decodes it: to RGB (libjpeg reads all of it either way)
+    channels = 3 if hdr.format == "jpeg" and hdr.channels == 4 else hdr.channels
+    nbytes = hdr.height * hdr.width * channels * hdr.dtype.itemsize
     if nbytes > max_bytes:
         raise CodecError(
             f"{hdr.format} image of {hdr.height}x{hdr.width}x{hdr.channels} takes {nbytes} "
             f"bytes decoded, over {max_bytes}",
             codec=hdr.format,
         )
-    # a CMYK JPEG decodes as the reader decodes it: to RGB (libjpeg reads all of it either way)
-    channels = 3 if hdr.format == "jpeg" and hdr.channels == 4 else hdr.channels
     out = np.empty((hdr.height, hdr.width, channels), hdr.dtype)
     codec = Png() if hdr.format == "png" else Jpeg()
     codec.decode_into(data, out)

@@ -31,11 +31,12 @@ cdef extern from "_jpeg_impl.h" nogil:
         double flip_p
         int64_t max_bytes
         int64_t max_work
+        int max_denom
     ctypedef struct rj_scratch:
         pass
     int RJ_INFO
     int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t key, uint8_t* out,
-                      rj_scratch* s, int64_t* info)
+                      rj_scratch* s, double* info)
     int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, int c,
                         int64_t max_work, uint8_t* out)
     void rj_scratch_free(rj_scratch* s)
@@ -45,7 +46,7 @@ cdef extern from "_jpeg_impl.h" nogil:
 #: status codes, one per image (0: decoded, or null and zeroed)
 JPEG_OK = 0
 JPEG_CORRUPT = 1      # not a JPEG, or damaged (libjpeg error or warning)
-JPEG_UNSUPPORTED = 2  # CMYK/YCCK, 12-bit, or a colour conversion libjpeg does not do
+JPEG_UNSUPPORTED = 2  # 12-bit, arithmetic-coded, or components libjpeg cannot name
 JPEG_NOMEM = 3        # a scratch buffer could not be allocated
 JPEG_TOO_LARGE = 4    # the decoded crop would exceed max_bytes, or libjpeg's memory max_work
 JPEG_SIZE = 5         # jpeg_decode_whole: the image is not the output's size
@@ -55,7 +56,8 @@ MODE_RESIZE = 0
 MODE_CENTER = 1
 MODE_RRC = 2
 
-#: int64s per image of ``info``: h, w, y0, x0, crop_h, crop_w, flip, DCT denominator
+#: float64s per image of ``info``: h, w, y0, x0, crop_h, crop_w, flip, DCT denominator (the
+#: crop in source pixels: whole, but for CenterCrop's torchvision box)
 INFO = 8
 cdef int _INFO = 8
 
@@ -77,19 +79,21 @@ def jpeg_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offse
                       int channels, int mode, double scale_lo, double scale_hi, double logr_lo,
                       double logr_hi, double fraction, double flip_p, int64_t max_bytes,
                       int64_t max_work, Py_ssize_t lo, Py_ssize_t hi,
-                      uint8_t[::1] status not None, int64_t[:, ::1] info):
+                      uint8_t[::1] status not None, double[:, ::1] info, int max_denom=8):
     """Decode images ``lo..hi`` of a batch: image i is ``data[offsets[i]:offsets[i + 1]]``,
     its key ``base + rows[i] * 0xD1B54A32D192ED03`` (mod 2**64: the SplitMix64 state its crop
     and flip are drawn from), its output ``out[i * out_h * out_w * channels:]`` (``out`` holds
     the whole batch). Null images (``nulls[i]`` nonzero; ``nulls`` uint8 or None) are zeroed.
     ``status[i]`` receives a code per image (``JPEG_OK`` ...; a failed image's slot is
-    unspecified), ``info[i]`` (None, or ``n x INFO`` int64) what was done. ``max_bytes``: the
+    unspecified), ``info[i]`` (None, or ``n x INFO`` float64) what was done. ``max_bytes``: the
     most bytes of decoded crop per image; ``max_work``: the most bytes libjpeg may allocate per
-    image. Returns the number of images not decoded."""
+    image; ``max_denom``: the largest DCT scale denominator (8, 4, 2; 1: no DCT scaling, the
+    whole image decoded at full scale before the resize). Returns the number of images not
+    decoded."""
     cdef Py_ssize_t n = offsets.shape[0] - 1, i
     cdef int64_t value_bytes, a, b, data_len = data.shape[0]
     cdef const uint8_t* nul = NULL
-    cdef int64_t* inf = NULL
+    cdef double* inf = NULL
     cdef rj_scratch scratch
     cdef rj_op op
     cdef int s
@@ -137,6 +141,7 @@ def jpeg_decode_batch(const uint8_t[::1] data not None, const int64_t[::1] offse
     op.flip_p = flip_p
     op.max_bytes = max_bytes
     op.max_work = max_work
+    op.max_denom = max_denom
     memset(&scratch, 0, sizeof(scratch))
     with nogil:
         for i in range(lo, hi):
@@ -160,8 +165,9 @@ def jpeg_decode_whole(const uint8_t[::1] data not None, const int64_t[::1] offse
                       int64_t width, int channels, int64_t max_work, Py_ssize_t lo,
                       Py_ssize_t hi, uint8_t[::1] status not None):
     """Decode images ``lo..hi`` of a batch whole, at full scale: image i is
-    ``data[offsets[i]:offsets[i + 1]]``, a ``height x width`` JPEG of ``channels`` components
-    (1 grey, 3 colour), decoded straight into ``out[i * height * width * channels:]``.
+    ``data[offsets[i]:offsets[i + 1]]``, a ``height x width`` JPEG of any components, decoded
+    to ``channels`` (1 grey, 3 RGB: as PIL's ``convert("L")``/``("RGB")``) straight into
+    ``out[i * height * width * channels:]``.
     Null images (``nulls[i]`` nonzero; ``nulls`` uint8 or None) are skipped. ``status[i]``
     receives a code per image (``JPEG_SIZE`` for an image of another size; a failed image's
     slot is partly written); libjpeg's memory per image is bounded by ``max_work``. Returns

@@ -33,7 +33,7 @@
 
 enum { RJ_OK = 0, RJ_CORRUPT = 1, RJ_UNSUPPORTED = 2, RJ_NOMEM = 3, RJ_TOO_LARGE = 4, RJ_SIZE = 5 };
 enum { RJ_RESIZE = 0, RJ_CENTER = 1, RJ_RRC = 2 };
-enum { RJ_INFO = 8 }; /* info per image: h, w, y0, x0, crop_h, crop_w, flip, dct denominator */
+enum { RJ_INFO = 8 }; /* info per image (doubles): h, w, y0, x0, crop_h, crop_w, flip, dct denominator */
 enum { RJ_ROWS = 16 }; /* rows per jpeg_read_scanlines call of a whole decode */
 
 typedef struct {
@@ -44,6 +44,7 @@ typedef struct {
     double flip_p;
     int64_t max_bytes; /* the most bytes of decoded (scaled) crop one image may take */
     int64_t max_work;  /* the most bytes libjpeg may allocate for one image */
+    int max_denom;     /* the largest DCT scale denominator (8; 1: no DCT scaling) */
 } rj_op;
 
 typedef struct {
@@ -125,16 +126,106 @@ static int64_t rj_coef_bytes(const struct jpeg_decompress_struct* cinfo) {
 }
 
 /* What every decode checks after jpeg_read_header, before jpeg_start_decompress allocates:
- * a size, an 8-bit Huffman-coded grey/YCbCr/RGB image (the jpeg codec's processes), and a
- * coefficient buffer within max_work. */
+ * a size, an 8-bit Huffman-coded grey/YCbCr/RGB/CMYK/YCCK image (the jpeg codec's
+ * processes), and a coefficient buffer within max_work. */
 static int rj_check_header(const struct jpeg_decompress_struct* cinfo, int64_t max_work) {
     if (cinfo->image_height < 1 || cinfo->image_width < 1) return RJ_CORRUPT;
-    if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK ||
-        cinfo->jpeg_color_space == JCS_UNKNOWN || cinfo->data_precision != 8 ||
+    if (cinfo->jpeg_color_space == JCS_UNKNOWN || cinfo->data_precision != 8 ||
         cinfo->arith_code)
         return RJ_UNSUPPORTED;
     if (rj_coef_bytes(cinfo) > max_work) return RJ_TOO_LARGE;
     return RJ_OK;
+}
+
+/* -- colour: the output's channels from any image, as PIL's convert("RGB") / ("L") -------- */
+enum { RJ_CONV_NONE = 0, RJ_CONV_RGB2L = 1, RJ_CONV_CMYK = 2 };
+
+/* Set libjpeg's output colour space for c output channels (1 or 3); returns how each decoded
+ * row is converted after (RJ_CONV_*). Grey, YCbCr and RGB images decode to RGB by libjpeg (a
+ * grey image repeated), grey images to grey; a colour image to grey decodes to RGB, then
+ * PIL's rgb2l; a CMYK or YCCK image decodes to libjpeg's CMYK, then PIL's CMYK to RGB (and
+ * to grey). */
+static int rj_set_out(struct jpeg_decompress_struct* cinfo, int c) {
+    if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK) {
+        cinfo->out_color_space = JCS_CMYK;
+        return RJ_CONV_CMYK;
+    }
+    if (c == 3) {
+        cinfo->out_color_space = JCS_RGB;
+        return RJ_CONV_NONE;
+    }
+    if (cinfo->jpeg_color_space == JCS_GRAYSCALE) {
+        cinfo->out_color_space = JCS_GRAYSCALE;
+        return RJ_CONV_NONE;
+    }
+    cinfo->out_color_space = JCS_RGB;
+    return RJ_CONV_RGB2L;
+}
+
+/* The components libjpeg outputs under a conversion (c: the output's channels). */
+static int rj_conv_components(int conv, int c) {
+    return conv == RJ_CONV_CMYK ? 4 : conv == RJ_CONV_RGB2L ? 3 : c;
+}
+
+/* PIL's L of an RGB pixel (Convert.c: L24(rgb) >> 16, ITU-R 601-2 luma). */
+static inline uint8_t rj_luma(int r, int g, int b) {
+    return (uint8_t)((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+}
+
+/* PIL's (x * y + 127.5) / 255, exactly: ImagingUtils.h's MULDIV255. */
+static inline int rj_muldiv255(int a, int b) {
+    int t = a * b + 128;
+    return ((t >> 8) + t) >> 8;
+}
+
+/* One row of n pixels converted from libjpeg's output (rj_conv_components of them) into c
+ * channels. CMYK: libjpeg gives the samples as stored, which PIL reads inverted (Adobe's
+ * convention, "CMYK;I": C = 255 - stored), then cmyk2rgb: R = CLIP8(nk - C nk / 255) with
+ * nk = 255 - K = the stored K. */
+static void rj_convert_row(const uint8_t* in, uint8_t* out, size_t n, int conv, int c) {
+    size_t x;
+    if (conv == RJ_CONV_RGB2L) {
+        for (x = 0; x < n; x++, in += 3) out[x] = rj_luma(in[0], in[1], in[2]);
+        return;
+    }
+    for (x = 0; x < n; x++, in += 4) {
+        int nk = in[3];
+        int r = nk - rj_muldiv255(255 - in[0], nk);
+        int g = nk - rj_muldiv255(255 - in[1], nk);
+        int b = nk - rj_muldiv255(255 - in[2], nk);
+        r = r < 0 ? 0 : r;
+        g = g < 0 ? 0 : g;
+        b = b < 0 ? 0 : b;
+        if (c == 3) {
+            out[3 * x] = (uint8_t)r;
+            out[3 * x + 1] = (uint8_t)g;
+            out[3 * x + 2] = (uint8_t)b;
+        } else {
+            out[x] = rj_luma(r, g, b);
+        }
+    }
+}
+
+/* Whether the end marker (EOI) follows in the data libjpeg has not read yet, or was read: in
+ * entropy-coded data a 0xFF byte is followed by 0x00 (stuffing), a fill 0xFF or a marker, so
+ * 0xFF 0xD9 there is the EOI. A memchr over the compressed bytes left: a truncated file (the
+ * commonest damage) is seen without decoding the rows a crop does not need. */
+static int rj_has_eoi(const struct jpeg_decompress_struct* cinfo) {
+    const uint8_t* q = (const uint8_t*)cinfo->src->next_input_byte;
+    size_t left = cinfo->src->bytes_in_buffer;
+    if (cinfo->unread_marker == 0xD9) return 1;
+    while (left >= 2) {
+        const uint8_t* f = (const uint8_t*)memchr(q, 0xFF, left - 1);
+        if (f == NULL) return 0;
+        left -= (size_t)(f - q) + 1;
+        q = f + 1;
+        while (left > 1 && *q == 0xFF) { /* fill bytes */
+            q++;
+            left--;
+        }
+        if (*q == 0xD9) return 1;
+    }
+    return 0;
 }
 
 /* -- the random parameters: SplitMix64 from the key ------------------------------------------ */
@@ -163,16 +254,19 @@ static inline uint64_t rj_bounded(uint64_t* s, uint64_t b) {
     return (uint64_t)(m >> 64);
 }
 
-static inline int64_t rj_round(double x) { return (int64_t)floor(x + 0.5); }
+/* Python's round() (half to even: the current rounding mode, never changed here), as
+ * torchvision's parameter code rounds. */
+static inline int64_t rj_round(double x) { return (int64_t)nearbyint(x); }
 
-/* The crop (y0, x0, ch, cw) of an h x w image and the flip, from the op and the key. */
-static void rj_crop(const rj_op* op, int64_t h, int64_t w, uint64_t key, int64_t* y0,
-                    int64_t* x0, int64_t* ch, int64_t* cw, int* flip) {
+/* The crop box (y0, x0, ch, cw: source pixels, whole but for CenterCrop's) of an h x w image
+ * and the flip, from the op and the key: torchvision's boxes (image_ops.crop_params). */
+static void rj_crop(const rj_op* op, int64_t h, int64_t w, uint64_t key, double* y0,
+                    double* x0, double* ch, double* cw, int* flip) {
     uint64_t s = key;
     int64_t a, b;
     int k;
     double ar;
-    *y0 = 0; *x0 = 0; *ch = h; *cw = w;
+    *y0 = 0; *x0 = 0; *ch = (double)h; *cw = (double)w;
     if (op->mode == RJ_RRC) {
         double area = (double)h * (double)w;
         for (k = 0; k < 10; k++) {
@@ -181,36 +275,57 @@ static void rj_crop(const rj_op* op, int64_t h, int64_t w, uint64_t key, int64_t
             a = rj_round(sqrt(t * r)); /* width */
             b = rj_round(sqrt(t / r)); /* height */
             if (a > 0 && a <= w && b > 0 && b <= h) {
-                *ch = b; *cw = a;
-                *y0 = (int64_t)rj_bounded(&s, (uint64_t)(h - b + 1));
-                *x0 = (int64_t)rj_bounded(&s, (uint64_t)(w - a + 1));
+                *ch = (double)b; *cw = (double)a;
+                *y0 = (double)rj_bounded(&s, (uint64_t)(h - b + 1));
+                *x0 = (double)rj_bounded(&s, (uint64_t)(w - a + 1));
                 goto flip;
             }
         }
         /* torchvision's fallback: the whole image, its ratio clamped into the range */
         ar = (double)w / (double)h;
+        a = w; b = h;
         if (ar < exp(op->logr_lo)) {
-            *cw = w; *ch = rj_round((double)w / exp(op->logr_lo));
+            b = rj_round((double)w / exp(op->logr_lo));
         } else if (ar > exp(op->logr_hi)) {
-            *ch = h; *cw = rj_round((double)h * exp(op->logr_hi));
+            a = rj_round((double)h * exp(op->logr_hi));
         }
-        if (*ch < 1) *ch = 1;
-        if (*ch > h) *ch = h;
-        if (*cw < 1) *cw = 1;
-        if (*cw > w) *cw = w;
-        *y0 = (h - *ch) / 2; *x0 = (w - *cw) / 2;
+        if (b < 1) b = 1;
+        if (b > h) b = h;
+        if (a < 1) a = 1;
+        if (a > w) a = w;
+        *ch = (double)b; *cw = (double)a;
+        *y0 = (double)((h - b) / 2); *x0 = (double)((w - a) / 2);
     } else if (op->mode == RJ_CENTER) {
-        /* the largest centred box of the output's aspect, times fraction each way */
-        double want = (double)op->out_w / (double)op->out_h;
-        double bh = (double)h, bw = (double)w;
-        if (bw / bh > want) bw = bh * want; else bh = bw / want;
-        *ch = rj_round(bh * op->fraction);
-        *cw = rj_round(bw * op->fraction);
-        if (*ch < 1) *ch = 1;
-        if (*ch > h) *ch = h;
-        if (*cw < 1) *cw = 1;
-        if (*cw > w) *cw = w;
-        *y0 = (h - *ch) / 2; *x0 = (w - *cw) / 2;
+        /* torchvision's Resize(S) + CenterCrop(out), S = round(min(out_h, out_w) / fraction):
+         * the shorter side resized to S, the longer to int(S * long / short), the output's
+         * box at round((H' - out_h) / 2), round((W' - out_w) / 2) of that, in source pixels */
+        int64_t S = rj_round((double)(op->out_h < op->out_w ? op->out_h : op->out_w) /
+                             op->fraction);
+        int64_t rh = h <= w ? S : (int64_t)((double)(S * h) / (double)w);
+        int64_t rw = h <= w ? (int64_t)((double)(S * w) / (double)h) : S;
+        if (S >= 1 && rh >= op->out_h && rw >= op->out_w) {
+            double sy = (double)h / (double)rh, sx = (double)w / (double)rw;
+            int64_t top = rj_round((double)(rh - op->out_h) / 2.0);
+            int64_t left = rj_round((double)(rw - op->out_w) / 2.0);
+            *y0 = (double)top * sy;
+            *x0 = (double)left * sx;
+            *ch = (double)(top + op->out_h) * sy - *y0;
+            *cw = (double)(left + op->out_w) * sx - *x0;
+        } else {
+            /* (a size of another aspect than the resized image's) the largest centred box
+             * of the output's aspect, times fraction each way, whole pixels */
+            double want = (double)op->out_w / (double)op->out_h;
+            double bh = (double)h, bw = (double)w;
+            if (bw / bh > want) bw = bh * want; else bh = bw / want;
+            b = rj_round(bh * op->fraction);
+            a = rj_round(bw * op->fraction);
+            if (b < 1) b = 1;
+            if (b > h) b = h;
+            if (a < 1) a = 1;
+            if (a > w) a = w;
+            *ch = (double)b; *cw = (double)a;
+            *y0 = (double)((h - b) / 2); *x0 = (double)((w - a) / 2);
+        }
     }
 flip:
     *flip = op->flip_p > 0 && rj_uniform(&s) < op->flip_p;
@@ -682,11 +797,13 @@ static int rj_resize(const uint8_t* src, int sh, int sw, int c, double by0, doub
  * geometry drawn from key; info (RJ_INFO int64s, or NULL) gets what was done. Returns a
  * status code; never aborts, never writes outside out and the scratch. */
 static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t key,
-                         uint8_t* out, rj_scratch* s, int64_t* info) {
+                         uint8_t* out, rj_scratch* s, double* info) {
     struct jpeg_decompress_struct cinfo;
     rj_err err;
-    int64_t h, w, y0, x0, ch, cw, c0, c1, r0, r1, d, img_h, img_w;
-    int flip, status = RJ_OK, c = op->channels;
+    int64_t h, w, c0, c1, r0, r1, d, img_h, img_w;
+    double y0, x0, ch, cw;
+    int flip, status = RJ_OK, c = op->channels, conv;
+    JSAMPARRAY tmp = NULL;
     JDIMENSION xoff, xw;
     double sy, sx;
     size_t need, stride, slack;
@@ -711,16 +828,17 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
     }
     h = cinfo.image_height;
     w = cinfo.image_width;
-    cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    conv = rj_set_out(&cinfo, c);
     rj_crop(op, h, w, key, &y0, &x0, &ch, &cw, &flip);
     /* the smallest DCT scale 1/d that keeps the crop at or above the output size */
-    for (d = 8; d > 1; d /= 2)
-        if (ch >= (int64_t)op->out_h * d && cw >= (int64_t)op->out_w * d) break;
+    for (d = op->max_denom >= 8 ? 8 : op->max_denom >= 4 ? 4 : op->max_denom >= 2 ? 2 : 1; d > 1;
+         d /= 2)
+        if (ch >= (double)op->out_h * d && cw >= (double)op->out_w * d) break;
     cinfo.scale_num = 1;
     cinfo.scale_denom = (unsigned int)d;
     cinfo.dct_method = JDCT_ISLOW;
     jpeg_start_decompress(&cinfo);
-    if (cinfo.output_components != c) {
+    if (cinfo.output_components != rj_conv_components(conv, c)) {
         jpeg_destroy_decompress(&cinfo);
         return RJ_UNSUPPORTED;
     }
@@ -747,6 +865,9 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
     xw = (JDIMENSION)(c1 - c0);
     if (c0 > 0 || c1 < (int64_t)cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &xoff, &xw); /* widened to iMCU boundaries */
+    if (conv != RJ_CONV_NONE) /* a row as libjpeg outputs it, freed with cinfo */
+        tmp = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE,
+                                         cinfo.output_width * cinfo.output_components, 1);
     stride = (size_t)cinfo.output_width * (size_t)c;
     need = stride * (size_t)(r1 - r0);
     slack = rj_src_slack((int)cinfo.output_width, op->out_w, c);
@@ -770,17 +891,26 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
     }
     for (y = r0; y < r1;) {
         JSAMPROW row = s->buf + (size_t)(y - r0) * stride;
-        JDIMENSION got = jpeg_read_scanlines(&cinfo, &row, 1);
+        JDIMENSION got = jpeg_read_scanlines(&cinfo, tmp != NULL ? tmp : &row, 1);
         if (got != 1) {
             jpeg_destroy_decompress(&cinfo);
             return RJ_CORRUPT;
         }
+        if (tmp != NULL) rj_convert_row(tmp[0], row, cinfo.output_width, conv, c);
         y += got;
     }
-    if (r1 == (int64_t)cinfo.output_height)
+    if (r1 == (int64_t)cinfo.output_height) {
         jpeg_finish_decompress(&cinfo); /* reads on to the end marker: a damaged tail is seen */
-    else
+    } else {
+        /* the rows below the crop are not decoded; a stream cut short (no end marker after
+         * the data read so far) is refused all the same, as the whole decode refuses it */
+        int eoi = rj_has_eoi(&cinfo);
         jpeg_abort_decompress(&cinfo);
+        if (!eoi) {
+            jpeg_destroy_decompress(&cinfo);
+            return RJ_CORRUPT;
+        }
+    }
     {
         double by0 = y0 * sy - r0, by1 = (y0 + ch) * sy - r0;
         double bx0 = x0 * sx - (double)xoff, bx1 = (x0 + cw) * sx - (double)xoff;
@@ -789,15 +919,15 @@ static int rj_decode_one(const uint8_t* p, int64_t n, const rj_op* op, uint64_t 
     }
     jpeg_destroy_decompress(&cinfo);
     if (info != NULL) {
-        info[0] = h; info[1] = w; info[2] = y0; info[3] = x0;
-        info[4] = ch; info[5] = cw; info[6] = flip; info[7] = d;
+        info[0] = (double)h; info[1] = (double)w; info[2] = y0; info[3] = x0;
+        info[4] = ch; info[5] = cw; info[6] = flip; info[7] = (double)d;
     }
     return status;
 }
 
 /* Decode the n bytes at p whole, at full scale, straight into out: h rows of w * c samples
- * (c 1: grey, 3: RGB), the image's own components and size (RJ_SIZE for another size,
- * RJ_UNSUPPORTED for other components). Reads to the end marker: every warning on the way is
+ * (c 1: grey, 3: RGB; any image converted to them as PIL's convert does: rj_set_out), the
+ * image's own size (RJ_SIZE for another size). Reads to the end marker: every warning on the way is
  * a refusal. A failed image leaves out partly written. Allocates nothing but libjpeg's
  * memory (at most max_work). */
 static int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, int c,
@@ -805,8 +935,9 @@ static int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, in
     struct jpeg_decompress_struct cinfo;
     rj_err err;
     JSAMPROW rows[RJ_ROWS];
+    JSAMPARRAY tmp = NULL;
     size_t stride = (size_t)w * (size_t)c;
-    int status;
+    int status, conv;
 
     if (n <= 0 || n > 0xFFFFFFFFLL) return RJ_CORRUPT;
     rj_init(&cinfo, &err);
@@ -821,29 +952,34 @@ static int rj_decode_whole(const uint8_t* p, int64_t n, int64_t h, int64_t w, in
         return RJ_CORRUPT;
     }
     status = rj_check_header(&cinfo, max_work);
-    if (status == RJ_OK && cinfo.num_components != c) status = RJ_UNSUPPORTED;
     if (status == RJ_OK && ((int64_t)cinfo.image_height != h || (int64_t)cinfo.image_width != w))
         status = RJ_SIZE;
     if (status != RJ_OK) {
         jpeg_destroy_decompress(&cinfo);
         return status;
     }
-    cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    conv = rj_set_out(&cinfo, c);
     cinfo.dct_method = JDCT_ISLOW;
     jpeg_start_decompress(&cinfo);
-    if (cinfo.output_components != c || (int64_t)cinfo.output_height != h ||
-        (int64_t)cinfo.output_width != w) {
+    if (cinfo.output_components != rj_conv_components(conv, c) ||
+        (int64_t)cinfo.output_height != h || (int64_t)cinfo.output_width != w) {
         jpeg_destroy_decompress(&cinfo);
         return RJ_UNSUPPORTED;
     }
+    if (conv != RJ_CONV_NONE) /* rows as libjpeg outputs them, freed with cinfo */
+        tmp = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE,
+                                         cinfo.output_width * cinfo.output_components, RJ_ROWS);
     while (cinfo.output_scanline < cinfo.output_height) {
-        JDIMENSION y = cinfo.output_scanline, m = cinfo.output_height - y, k;
+        JDIMENSION y = cinfo.output_scanline, m = cinfo.output_height - y, k, got;
         if (m > RJ_ROWS) m = RJ_ROWS;
         for (k = 0; k < m; k++) rows[k] = out + ((size_t)y + k) * stride;
-        if (jpeg_read_scanlines(&cinfo, rows, m) == 0) {
+        got = jpeg_read_scanlines(&cinfo, tmp != NULL ? tmp : rows, m);
+        if (got == 0) {
             jpeg_destroy_decompress(&cinfo);
             return RJ_CORRUPT;
         }
+        if (tmp != NULL)
+            for (k = 0; k < got; k++) rj_convert_row(tmp[k], rows[k], (size_t)w, conv, c);
     }
     jpeg_finish_decompress(&cinfo); /* on to the end marker: a damaged tail is seen */
     jpeg_destroy_decompress(&cinfo);

@@ -18,6 +18,13 @@ reversed every other round) of ``repeats`` epochs after one warm-up epoch:
   num_parallel_calls=AUTOTUNE).batch(64).prefetch(AUTOTUNE)`` consumed in the graph
   (``Dataset.reduce``), and the same map on one thread (``private_threadpool_size=1``).
 
+Conversion (``--parts convert``): the image demo's images saved by PIL as RGB (YCbCr 4:2:0),
+greyscale and CMYK (Adobe) JPEGs (quality 90), each set in a file with one field of
+``(128, 256, 3)``, read with ``Reader.batches`` (block shuffle, batch 64, 1 thread) whole
+(``-whole``: the codec's kernel decode, grey and CMYK converted to RGB in it) and through
+``decode=RandomResizedCrop(112)`` (``-rrc``): the read path with conversion against the one
+without it.
+
 Compressed blocks: the ``patch`` demo written uncompressed and with Blosc2 LZ4 (the default
 ``byte`` shuffle), read with ``Reader.batches`` (block shuffle, batch 128) on 1 and 2 threads.
 
@@ -70,6 +77,7 @@ IMAGE_KINDS = [
     "jpeg:tf-parallel",
 ]
 PATCH_KINDS = ["patch:none-t1", "patch:lz4-t1", "patch:none-t2", "patch:lz4-t2"]
+CONVERT_KINDS = [f"convert:{s}-{m}" for m in ("whole", "rrc") for s in ("rgb", "grey", "cmyk")]
 
 
 def _log(msg: str) -> None:
@@ -101,6 +109,53 @@ def image_files(rows: int, cache: str) -> dict[str, str]:
                 w.write_batch(b)
         os.replace(jpg + ".tmp", jpg)
     return {"png": png, "jpeg": jpg}
+
+
+def convert_files(rows: int, cache: str) -> dict[str, str]:
+    """The image demo's images as RGB, greyscale and CMYK JPEGs (PIL, quality 90), one file
+    each, a field of (128, 256, 3): the files of the conversion part."""
+    import io
+
+    from PIL import Image
+
+    import rowstore
+    from rowstore.bench.cli import ensure_demo
+    from rowstore.schema import Field, Schema
+
+    src = ensure_demo("image", rows, cache, log=_log)
+    out = {}
+    for space, mode in (("rgb", "RGB"), ("grey", "L"), ("cmyk", "CMYK")):
+        path = os.path.join(cache, f"image-jpeg-{space}-{rows}.h5")
+        out[space] = path
+        if os.path.exists(path):
+            continue
+        schema = Schema([Field("image", "uint8", (128, 256, 3), codec="jpeg")])
+        with rowstore.open(src) as r, rowstore.Writer(path + ".tmp", schema) as w:
+            for b in r.batches(100, shuffle="none", fields=["image"]):
+                blobs = []
+                for a in b["image"]:
+                    f = io.BytesIO()
+                    Image.fromarray(a).convert(mode).save(f, "JPEG", quality=90)
+                    blobs.append(f.getvalue())
+                w.write_batch({"image": blobs})
+        os.replace(path + ".tmp", path)
+    return out
+
+
+def _child_convert(what: str, path: str, repeats: int) -> dict[str, Any]:
+    import rowstore
+    from rowstore.reader.image_ops import RandomResizedCrop
+
+    decode = {"image": RandomResizedCrop(112)} if what.endswith("rrc") else None
+    r = rowstore.open(path)
+    epoch = [0]
+
+    def read() -> None:
+        epoch[0] += 1
+        for b in r.batches(BATCH, shuffle="block", num_threads=1, epoch=epoch[0], decode=decode):
+            b["image"][:, ::8].sum()
+
+    return {"repeats": _timed(read, len(r), repeats)}
 
 
 def patch_files(rows: int, cache: str) -> dict[str, str]:
@@ -144,6 +199,8 @@ def child(kind: str, path: str, repeats: int) -> dict[str, Any]:
     fmt, what = kind.split(":")
     if fmt == "patch":
         return _child_patch(what, path, repeats)
+    if fmt == "convert":
+        return _child_convert(what, path, repeats)
     data, offs = payloads(path)
     n = len(offs) - 1
     out = np.empty((n, 128, 256, 3), np.uint8)
@@ -345,6 +402,19 @@ def ratios(res: dict[str, dict[str, Any]]) -> dict[str, float]:
         ),
         "jpeg rowstore t2 / tf.data parallel (wall)": r("jpeg:rowstore-t2", "jpeg:tf-parallel"),
         # compressed blocks
+        # conversion in the read path: grey and CMYK JPEGs into RGB against RGB JPEGs
+        "convert grey / rgb JPEGs, whole (per CPU-s)": r(
+            "convert:grey-whole", "convert:rgb-whole", "per_cpu_s"
+        ),
+        "convert cmyk / rgb JPEGs, whole (per CPU-s)": r(
+            "convert:cmyk-whole", "convert:rgb-whole", "per_cpu_s"
+        ),
+        "convert grey / rgb JPEGs, RandomResizedCrop (per CPU-s)": r(
+            "convert:grey-rrc", "convert:rgb-rrc", "per_cpu_s"
+        ),
+        "convert cmyk / rgb JPEGs, RandomResizedCrop (per CPU-s)": r(
+            "convert:cmyk-rrc", "convert:rgb-rrc", "per_cpu_s"
+        ),
         "patch lz4 / uncompressed, 1 thread (wall)": r("patch:lz4-t1", "patch:none-t1"),
         "patch lz4 / uncompressed, 2 threads (wall)": r("patch:lz4-t2", "patch:none-t2"),
         "patch lz4 / uncompressed, 1 thread (per CPU-s)": r(
@@ -375,6 +445,12 @@ LABELS = {
     "jpeg:rowstore-t2": "JPEG, `Reader.batches`, 2 threads",
     "jpeg:tf-1thread": "JPEG, tf.data `map(decode_jpeg)`, private pool of 1 thread",
     "jpeg:tf-parallel": "JPEG, tf.data `map(decode_jpeg, AUTOTUNE)` + prefetch",
+    "convert:rgb-whole": "JPEG RGB (YCbCr), `Reader.batches` whole, 1 thread",
+    "convert:grey-whole": "JPEG greyscale into RGB, `Reader.batches` whole, 1 thread",
+    "convert:cmyk-whole": "JPEG CMYK into RGB, `Reader.batches` whole, 1 thread",
+    "convert:rgb-rrc": "JPEG RGB (YCbCr), `RandomResizedCrop(112)`, 1 thread",
+    "convert:grey-rrc": "JPEG greyscale into RGB, `RandomResizedCrop(112)`, 1 thread",
+    "convert:cmyk-rrc": "JPEG CMYK into RGB, `RandomResizedCrop(112)`, 1 thread",
     "patch:none-t1": "patch, uncompressed, block shuffle, 1 thread",
     "patch:lz4-t1": "patch, Blosc2 LZ4 + byte shuffle, block shuffle, 1 thread",
     "patch:none-t2": "patch, uncompressed, block shuffle, 2 threads",
@@ -441,7 +517,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="200 images, 1,000 patches, 2 rounds")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--parts", nargs="+", choices=["images", "patch"], default=["images", "patch"])
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["images", "patch", "convert"],
+        default=["images", "patch"],
+        help="convert: the read path with conversion (grey/CMYK JPEGs) against RGB JPEGs",
+    )
     ap.add_argument("--kinds", nargs="+", default=None, help="only these kinds (e.g. png:kernel)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "decode_bench.json"))
     ap.add_argument(
@@ -476,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         files = image_files(doc["n_images"], args.cache_dir)
         doc["image_files"] = files
         jobs += [(k, files[k.split(":")[0]]) for k in IMAGE_KINDS]
+    if "convert" in args.parts:
+        cf = convert_files(200 if args.quick else 600, args.cache_dir)
+        doc["convert_files"] = cf
+        jobs += [(k, cf[k.split(":")[1].split("-")[0]]) for k in CONVERT_KINDS]
     if "patch" in args.parts:
         pf = patch_files(1_000 if args.quick else 4_000, args.cache_dir)
         doc["patch_files"] = {k: {"path": v, "bytes": os.path.getsize(v)} for k, v in pf.items()}

@@ -187,7 +187,7 @@ def child_rowstore(a) -> dict:
         out["passes"] = passes(epoch, n, a.passes, a.min_pass_s)
         # pixel accuracy against PIL's resize of the same box
         m = min(n, ACCURACY_IMAGES)
-        info = np.zeros((m, kernels.JPEG_INFO), np.int64)
+        info = np.zeros((m, kernels.JPEG_INFO), np.float64)  # the crop box: floats
         rows = np.arange(m, dtype=np.int64)
         got = np.empty((m, SIZE, SIZE, 3), np.uint8)
         kernels.jpeg_decode_batch(

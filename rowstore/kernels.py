@@ -635,9 +635,13 @@ def png_decode_batch(
     lo: int,
     hi: int,
     status: np.ndarray,
+    *,
+    scale16: bool = False,
 ) -> int:
     """Decode PNG images ``lo..hi`` of a batch into ``out`` (``(n, H, W[, C])`` uint8 or
-    uint16, C-contiguous): image i is ``data[offsets[i]:offsets[i + 1]]``, null images
+    uint16, C-contiguous): image i is ``data[offsets[i]:offsets[i + 1]]``, converted to
+    ``out``'s channels as PIL's ``convert("L")``/``("RGB")`` does (a 16-bit image into uint8
+    by its high bytes only with ``scale16``: the png codec's ``depth="scale"``); null images
     (``nulls``) are skipped; the GIL is released for the whole range. ``status[i]`` gets one of
     the ``PNG_*`` codes; returns the number of images left undecoded (their slots unspecified),
     which the caller decodes with the reference decoder. Several threads may decode disjoint
@@ -653,15 +657,15 @@ def png_decode_batch(
     nul = None if nulls is None else nulls.view(np.uint8)
     return int(
         _png.png_decode_batch(
-            data, offsets, nul, flat, h, w, c, 8 * out.dtype.itemsize, lo, hi, status
+            data, offsets, nul, flat, h, w, c, 8 * out.dtype.itemsize, lo, hi, status, scale16
         )
     )
 
 
 #: ``jpeg_decode_batch`` / ``jpeg_decode_whole`` status codes, one per image: decoded (or
 #: null); damaged bytes (a libjpeg error or warning: corrupt data is refused, never concealed);
-#: a JPEG the kernel does not decode (CMYK, 12-bit, arithmetic-coded; other components than
-#: the output's); no memory for the scratch buffers; too large (the decoded crop over
+#: a JPEG the kernel does not decode (12-bit, arithmetic-coded, components libjpeg cannot
+#: name); no memory for the scratch buffers; too large (the decoded crop over
 #: ``max_bytes``, or libjpeg's memory over ``max_work``); another size than the output's
 #: (``jpeg_decode_whole``). Every code but JPEG_OK means "not decoded". JPEG_AVAILABLE is
 #: False where the kernel was not built (no ``jpeglib.h``): the reader then decodes with
@@ -676,8 +680,8 @@ JPEG_INFO = 8
 #: What each status but JPEG_OK means, for error messages.
 JPEG_WHY = {
     JPEG_CORRUPT: "libjpeg reports damaged or truncated data",
-    JPEG_UNSUPPORTED: "a JPEG of a kind rowstore does not decode (CMYK, 12-bit, arithmetic-coded, "
-    "or other components than expected)",
+    JPEG_UNSUPPORTED: "a JPEG of a kind rowstore does not decode (12-bit, arithmetic-coded, or "
+    "components of no known colour space)",
     JPEG_NOMEM: "no memory to decode it",
     JPEG_TOO_LARGE: "its header declares an image too large to decode within the memory bound",
     JPEG_SIZE: "its frame header (SOF) gives another size than the one expected",
@@ -722,21 +726,27 @@ def jpeg_decode_batch(
     info: np.ndarray | None = None,
     max_bytes: int = JPEG_MAX_CROP_BYTES,
     max_work: int = JPEG_MAX_WORK_BYTES,
+    dct_scaling: bool = True,
 ) -> int:
     """Decode JPEG images ``lo..hi`` of a batch with a crop, a DCT scale and a resize to
     ``out``'s size (``(n, H, W)`` or ``(n, H, W, 3)`` uint8, C-contiguous): image i is
     ``data[offsets[i]:offsets[i + 1]]``, its crop and flip drawn from
     ``image_ops.row_key(base, rows[i])``; null images (``nulls``) are zeroed.
 
-    ``mode``: ``"resize"`` (the whole image), ``"center"`` (the largest centred box of the
-    output's aspect, ``fraction`` of it each way) or ``"random_resized"`` (torchvision's
-    RandomResizedCrop: an area ``scale`` of the image, the log aspect ratio uniform in
-    ``log_ratio``); ``flip``: the probability of a left-right mirror. ``max_bytes`` bounds the
-    decoded crop and ``max_work`` libjpeg's memory, per image. The GIL is released for the
-    whole range; several threads may decode disjoint ranges of one batch at once.
-    ``status[i]`` gets a ``JPEG_*`` code; ``info`` (``n x JPEG_INFO`` int64, optional) gets,
-    per image, its height and width, the crop ``(y0, x0, h, w)``, the flip and the DCT scale
-    denominator. Returns the number of images not decoded (their slots unspecified)."""
+    ``mode``: ``"resize"`` (the whole image), ``"center"`` (torchvision's
+    ``Resize(round(min(H, W) / fraction))`` + ``CenterCrop((H, W))``, as one box) or
+    ``"random_resized"`` (torchvision's RandomResizedCrop: an area ``scale`` of the image, the
+    log aspect ratio uniform in ``log_ratio``); ``flip``: the probability of a left-right
+    mirror. ``max_bytes`` bounds the decoded crop and ``max_work`` libjpeg's memory, per
+    image. The GIL is released for the whole range; several threads may decode disjoint
+    ranges of one batch at once. Any JPEG
+    (grey, YCbCr, RGB, CMYK, YCCK) decodes to ``out``'s channels as PIL's
+    ``convert("L")``/``("RGB")`` does. ``status[i]`` gets a ``JPEG_*`` code; ``info``
+    (``n x JPEG_INFO`` float64, optional) gets, per image, its height and width, the crop
+    ``(y0, x0, h, w)`` in source pixels (fractional for CenterCrop's box), the flip and the DCT
+    scale denominator. ``dct_scaling=False`` decodes every crop at full scale (no 1/2, 1/4,
+    1/8 DCT scaling: slower, PIL's pixels within a level). Returns the number of images not
+    decoded (their slots unspecified)."""
     flat, c = _jpeg_out(out, "jpeg_decode_batch")
     if mode not in _JPEG_MODES:
         raise ValueError(f"jpeg_decode_batch: mode must be one of {sorted(_JPEG_MODES)}")
@@ -765,6 +775,7 @@ def jpeg_decode_batch(
             hi,
             status,
             info,
+            8 if dct_scaling else 1,
         )
     )
 
@@ -792,11 +803,12 @@ def jpeg_decode_whole(
 ) -> int:
     """Decode JPEG images ``lo..hi`` of a batch whole into ``out`` (``(n, H, W)`` grey or
     ``(n, H, W, 3)`` colour uint8, C-contiguous): image i is ``data[offsets[i]:offsets[i +
-    1]]`` and must be an ``H x W`` JPEG of as many components (else ``JPEG_SIZE`` or
-    ``JPEG_UNSUPPORTED``); null images (``nulls``) are skipped. Every image is read to its end
-    marker and a libjpeg warning is a refusal (``JPEG_CORRUPT``), so damaged bytes never come
-    back as concealed pixels; ``max_work`` bounds libjpeg's memory per image. The GIL is
-    released for the whole range; threads may decode disjoint ranges at once. ``status[i]``
+    1]]`` and must be an ``H x W`` JPEG (else ``JPEG_SIZE``), of any colour space, converted to
+    ``out``'s channels as PIL's ``convert("L")``/``("RGB")`` does; null images (``nulls``) are
+    skipped. Every image is read to its end marker and a libjpeg warning is a refusal
+    (``JPEG_CORRUPT``), so damaged bytes never come back as concealed pixels; ``max_work``
+    bounds libjpeg's memory per image. The GIL is released for the whole range; threads may
+    decode disjoint ranges at once. ``status[i]``
     gets a ``JPEG_*`` code; returns the number of images not decoded (their slots partly
     written)."""
     flat, c = _jpeg_out(out, "jpeg_decode_whole")

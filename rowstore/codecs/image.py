@@ -14,21 +14,26 @@ bytes (a ``CodecError``) rather than return the pixels a decoder would make up f
 * PNG: every chunk's CRC, one run of ``IDAT`` chunks, an ``IEND``, and a zlib stream that
   inflates to exactly the image's bytes and ends where the data ends are checked
   (:func:`check_png`, what libpng only warns about), then imagecodecs (libpng) decodes. The
-  reader decodes most PNGs with its own kernel instead (``kernels.png_decode_batch``), which
-  checks the same.
+  reader decodes PNGs with its own kernel instead (``kernels.png_decode_batch``: all but
+  interlaced ones), which checks the same.
 
 :func:`verify_image` decodes one encoded image in full under these rules (for ingest).
 
 Both codecs also take images already encoded (``accepts_encoded``): the bytes of a PNG or JPEG
-file are stored as they are, after :func:`png_header` / :func:`jpeg_header` read the size,
-channels and bit depth from the header (pure Python, bounds-checked, microseconds: nothing is
-decompressed). What the header says is what imagecodecs' decoder returns:
+file are stored as they are, whatever its colour model, after :func:`png_header` /
+:func:`jpeg_header` read the file's own facts from the header (size, channels, colour model,
+bit depth: pure Python, bounds-checked, microseconds: nothing is decompressed):
 
-* PNG: grey 1, grey+alpha 2, RGB 3, RGBA 4 channels; a palette image decodes to RGB (3); a
-  ``tRNS`` chunk (transparency of grey, RGB or palette images) adds an alpha channel; bit depth
-  16 is ``uint16``, 8 and below (expanded to 8) ``uint8``;
-* JPEG: baseline, extended or progressive Huffman-coded, 8-bit, 1 or 3 components (``uint8``);
-  other processes (lossless, arithmetic-coded, 12-bit) and CMYK are refused.
+* PNG: grey 1, grey+alpha 2, RGB 3, RGBA 4 channels; a palette image 3; a ``tRNS`` chunk adds
+  an alpha channel; bit depth 16 decodes to 16 bits, 8 and below to 8;
+* JPEG: baseline, extended or progressive Huffman-coded, 8-bit, grey (1), YCbCr/RGB (3) or
+  CMYK/YCCK (4 components); other processes (lossless, arithmetic-coded, 12-bit) are refused.
+
+The field says what the reader gets (:func:`conversion`): any image decodes to 1 or 3
+channels as PIL's ``Image.open(f).convert("L")`` / ``convert("RGB")`` does (the kernels, and
+:func:`convert_reference` in NumPy where they are not built); a field of 2 or 4 channels takes
+images of as many. A 16-bit PNG goes to a uint16 field as it is, to a uint8 field only under
+the rule ``Png(depth="scale")`` (each sample's high byte); an 8-bit image never to uint16.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ __all__ = [
     "Png",
     "Jpeg",
     "ImageHeader",
+    "conversion",
+    "convert_reference",
+    "jpeg_reference",
     "image_header",
     "png_header",
     "jpeg_header",
@@ -74,8 +82,13 @@ class ImageHeader:
     format: str  # "png" or "jpeg"
     height: int
     width: int
-    channels: int
-    bits: int  # bits per sample of the decoded array: 8 (uint8) or 16 (uint16)
+    channels: int  # the file's own: PNG 1-4 (a palette is 3, tRNS adds 1), JPEG 1, 3 or 4
+    bits: int  # bits per sample of the file's own pixels decoded: 8 (uint8) or 16 (uint16)
+    #: the file's colour model: "grey", "rgb", "palette" (PNG); "grey", "ycbcr", "rgb",
+    #: "cmyk", "ycck" (JPEG: the frame's components and the Adobe/JFIF markers); "" unknown
+    colour: str = ""
+    alpha: bool = False  # PNG: an alpha channel or a tRNS chunk (counted in channels)
+    depth: int = 8  # bits per sample as stored: PNG 1, 2, 4, 8 or 16; JPEG 8
 
     @property
     def dtype(self) -> np.dtype:
@@ -170,7 +183,11 @@ def png_header(data: Any, *, complete: bool = True) -> ImageHeader:
         raise _BadImage("invalid PNG: a palette image without a PLTE chunk")
     if transparency and colour in (0, 2, 3):
         channels += 1  # the decoder turns tRNS into an alpha channel
-    return ImageHeader("png", height, width, channels, 16 if depth == 16 else 8)
+    model = "palette" if colour == 3 else "grey" if colour in (0, 4) else "rgb"
+    alpha = colour in (4, 6) or transparency
+    return ImageHeader(
+        "png", height, width, channels, 16 if depth == 16 else 8, model, alpha, depth
+    )
 
 
 def image_header(data: Any, *, complete: bool = True) -> ImageHeader | None:
@@ -202,7 +219,7 @@ def jpeg_header(data: Any) -> ImageHeader:
     n = len(buf)
     if n < 3 or buf[0] != 0xFF or buf[1] != 0xD8 or buf[2] != 0xFF:
         raise _not("jpeg", memoryview(buf))
-    pos = 2
+    pos, adobe = 2, -1  # adobe: the APP14 marker's colour transform (-1: none)
     while True:  # each step moves >= 1 byte (fill bytes), a segment >= 4
         if pos + 2 > n:
             raise _Truncated("truncated JPEG: it ends before its frame header (SOF)")
@@ -235,15 +252,93 @@ def jpeg_header(data: Any) -> ImageHeader:
                 raise _BadImage(f"a {bits}-bit JPEG; the jpeg codec stores 8-bit images")
             if width == 0 or height == 0:
                 raise _BadImage(f"invalid or unsupported JPEG: size {width}x{height}")
-            if components not in (1, 3):
+            if components not in (1, 3, 4):
                 raise _BadImage(
-                    f"a JPEG of {components} components (CMYK or other); the jpeg codec "
-                    "stores grey (1) or colour (3) images"
+                    f"a JPEG of {components} components; the jpeg codec reads grey (1), "
+                    "colour (3) and CMYK (4) images"
                 )
             if seglen < 8 + 3 * components:
                 raise _BadImage("invalid JPEG: a frame header too short for its components")
-            return ImageHeader("jpeg", height, width, components, 8)
+            ids = bytes(buf[pos + 8 + 3 * k] for k in range(components))
+            return ImageHeader(
+                "jpeg", height, width, components, 8, _jpeg_colour(components, adobe, ids), False
+            )
+        if marker == 0xEE and seglen >= 14 and pos + seglen <= n:  # APP14 "Adobe"
+            if bytes(buf[pos + 2 : pos + 7]) == b"Adobe":
+                adobe = buf[pos + 13]
         pos += seglen
+
+
+def _jpeg_colour(components: int, adobe: int, ids: bytes) -> str:
+    """The colour model libjpeg reads a frame of ``components`` in (jdapimin.c's
+    default_decompress_parms): ``adobe`` the APP14 transform (-1: no marker), ``ids`` the
+    component identifiers."""
+    if components == 1:
+        return "grey"
+    if components == 3:
+        if adobe == 0 or (adobe < 0 and ids == b"RGB"):
+            return "rgb"
+        return "ycbcr"
+    return "ycck" if adobe == 2 else "cmyk"
+
+
+#: What a 16-bit PNG becomes in a uint8 field (the png codec's ``depth``): refused (None),
+#: or "scale": each sample's high byte, as PIL reads 16-bit RGB, RGBA and grey+alpha PNGs.
+_DEPTH_RULES = (None, "scale")
+
+
+def conversion(hdr: ImageHeader, channels: int, dtype: Any, depth: str | None = None) -> str:
+    """Why an image of header ``hdr`` cannot be decoded into ``channels`` channels of
+    ``dtype`` (``""``: it can). Any image converts to 1 (grey) or 3 (RGB) channels as PIL's
+    ``convert("L")`` / ``convert("RGB")`` does; 2 and 4 channels take only images of as many
+    channels. 16-bit samples go to uint16 as they are, or to uint8 with ``depth="scale"``;
+    8-bit samples go to uint8 only."""
+    dtype = np.dtype(dtype)
+    if hdr.channels != channels and channels not in (1, 3):
+        return (
+            f"a {hdr.channels}-channel {hdr.colour or hdr.format} image cannot become "
+            f"{channels} channels (images of any channels convert to 1 or 3)"
+        )
+    if hdr.bits == 16 and dtype == np.uint8:
+        if depth != "scale":
+            return (
+                "a 16-bit PNG for a uint8 field: store it in a uint16 field, or choose the rule "
+                "codec=Png(depth='scale') (each sample's high byte, as PIL reads 16-bit colour "
+                "PNGs)"
+            )
+    elif dtype != hdr.dtype:
+        return f"an {hdr.bits}-bit image cannot become {dtype} samples"
+    return ""
+
+
+def convert_reference(
+    img: np.ndarray, hdr: ImageHeader, channels: int, dtype: Any = np.uint8
+) -> np.ndarray:
+    """``img``, an image as decoded by its own colour model (``H x W`` or ``H x W x C``: PNG
+    after palette expansion, a CMYK/YCCK JPEG as libjpeg's CMYK samples), converted to
+    ``channels`` of ``dtype`` as PIL does (``H x W x channels``): a 16-bit sample's high byte
+    for uint8; CMYK to RGB by PIL's ``cmyk2rgb`` of the inverted (Adobe) samples; alpha
+    dropped; grey repeated for RGB; RGB to grey by PIL's ``L = (19595 R + 38470 G + 7471 B +
+    0x8000) >> 16``. The NumPy statement of what the kernels compute (the fallback without
+    them)."""
+    a = img if img.ndim == 3 else img[..., None]
+    if a.dtype == np.uint16 and np.dtype(dtype) == np.uint8:
+        a = (a >> 8).astype(np.uint8)
+    if hdr.colour in ("cmyk", "ycck") and a.shape[2] == 4:
+        k = a[..., 3:4].astype(np.int32)
+        t = (255 - a[..., :3].astype(np.int32)) * k + 128  # PIL: C = 255 - stored ("CMYK;I")
+        a = np.clip(k - (((t >> 8) + t) >> 8), 0, 255).astype(np.uint8)
+    elif a.shape[2] in (2, 4) and channels != a.shape[2]:
+        a = a[..., :-1]  # alpha dropped (PIL's convert: no compositing)
+    if a.shape[2] == channels:
+        return np.ascontiguousarray(a)
+    if channels == 3 and a.shape[2] == 1:
+        return np.repeat(a, 3, axis=2)
+    if channels == 1 and a.shape[2] == 3:
+        c = a.astype(np.int64)
+        grey = (c[..., 0] * 19595 + c[..., 1] * 38470 + c[..., 2] * 7471 + 0x8000) >> 16
+        return grey.astype(a.dtype)[..., None]
+    raise CodecError(f"{hdr.format} image of {a.shape[2]} channels cannot become {channels}")
 
 
 class _Image(Codec):
@@ -253,14 +348,17 @@ class _Image(Codec):
     dtypes: tuple[str, ...] = ("u1",)
     channels: tuple[int, ...] = (1, 3, 4)
     stats_kind = "image"  # statistics: height, width, channels of each value (its shape)
+    depth: str | None = None
 
     @staticmethod
     def read_header(data: Any) -> ImageHeader:
         raise NotImplementedError
 
     def inspect_encoded(self, data: memoryview, field: FieldLike) -> tuple[tuple[int, ...], Any]:
-        """Shape and dtype of the image ``data`` holds, from its header: ``(H, W)`` for a
-        single-channel image when the field is ``(H, W)``, else ``(H, W, C)``."""
+        """Shape and dtype of the image ``data`` holds as the field reads it, from its header:
+        ``(H, W)`` for a field of shape ``(H, W)``, else ``(H, W, C)`` with the field's ``C``
+        (any image converts to 1 or 3 channels: :func:`conversion`). A CodecError names what
+        no conversion does (a 16-bit PNG for a uint8 field without ``depth="scale"``)."""
         try:
             hdr = self.read_header(data)
         except _BadImage as exc:
@@ -269,9 +367,17 @@ class _Image(Codec):
                 codec=self.codec_id,
                 field=field.name,
             ) from None
-        if len(field.shape) == 2 and hdr.channels == 1:
-            return (hdr.height, hdr.width), hdr.dtype
-        return (hdr.height, hdr.width, hdr.channels), hdr.dtype
+        want = field.shape[2] if len(field.shape) == 3 else 1
+        why = conversion(hdr, want, field.numpy_dtype, self.depth)
+        if why:
+            raise CodecError(
+                f"field {field.name!r}: codec {self.codec_id!r}: {why}",
+                codec=self.codec_id,
+                field=field.name,
+            )
+        if len(field.shape) == 2:
+            return (hdr.height, hdr.width), field.numpy_dtype
+        return (hdr.height, hdr.width, want), field.numpy_dtype
 
     def verify_encoded(self, data: memoryview, shape: tuple[int, ...], field: FieldLike) -> None:
         out = np.empty(shape, dtype=field.numpy_dtype)
@@ -324,31 +430,43 @@ class _Image(Codec):
 
 
 class Png(_Image):
-    """Lossless PNG. ``level``: zlib level 0-9 (default 6; 1 writes much faster)."""
+    """Lossless PNG. ``level``: zlib level 0-9 (default 6; 1 writes much faster).
+    ``depth``: what a 16-bit PNG stored as it is becomes in a uint8 field: None (default:
+    refused at write) or ``"scale"`` (each sample's high byte, as PIL reads 16-bit colour
+    PNGs)."""
 
     codec_id = "png"
     dtypes = ("u1", "u2")
     channels = (1, 2, 3, 4)
     read_header = staticmethod(png_header)
 
-    def __init__(self, level: int = 6):
+    def __init__(self, level: int = 6, depth: str | None = None):
         if not isinstance(level, int) or not 0 <= level <= 9:
             raise CodecError(f"png level must be an int in 0..9, got {level!r}", codec="png")
+        if depth not in _DEPTH_RULES:
+            raise CodecError(f"png depth must be None or 'scale', got {depth!r}", codec="png")
         self.level = level
+        self.depth = depth
         self._freeze()
 
     def get_config(self) -> dict[str, Any]:
-        return {"id": "png", "level": self.level}
+        config: dict[str, Any] = {"id": "png", "level": self.level}
+        if self.depth is not None:  # files without the rule keep the config they always had
+            config["depth"] = self.depth
+        return config
 
     def encode(self, value: Any, field: FieldLike) -> bytes:
         return _imagecodecs().png_encode(np.ascontiguousarray(value), level=self.level)
 
     def decode_into(self, src, out: np.ndarray) -> None:
-        decode = _imagecodecs().png_decode
         data = _bytes_of(src)
-        hdr = _header_for(png_header, "png", data, out)
+        hdr = _header_for(png_header, "png", data, out, self.depth)
         check_png(data, hdr)
-        _decode_into(decode, "png", data, out)
+        if _same(hdr, out):
+            _decode_into(_imagecodecs().png_decode, "png", data, out)
+            return
+        img = _decode_native(_imagecodecs().png_decode, "png", data)
+        out[...] = convert_reference(img, hdr, _expected(out)[2], out.dtype).reshape(out.shape)
 
 
 class Jpeg(_Image):
@@ -377,10 +495,10 @@ class Jpeg(_Image):
 
     def decode_into(self, src, out: np.ndarray) -> None:
         data = _bytes_of(src)
+        hdr = _header_for(jpeg_header, "jpeg", data, out)
         if not kernels.JPEG_AVAILABLE:  # built without jpeglib.h: imagecodecs
-            _decode_into(_imagecodecs().jpeg8_decode, "jpeg", data, out)
+            out[...] = jpeg_reference(data, hdr, _expected(out)[2]).reshape(out.shape)
             return
-        _header_for(jpeg_header, "jpeg", data, out)
         one = out if out.flags.c_contiguous and out.flags.writeable else np.empty_like(out)
         status = np.zeros(1, np.uint8)
         kernels.jpeg_decode_whole(
@@ -418,6 +536,24 @@ class Jpeg(_Image):
             _jpeg_raise(int(status[i]), hdr)
 
 
+def jpeg_reference(data: Any, hdr: ImageHeader, channels: int) -> np.ndarray:
+    """A JPEG decoded whole with imagecodecs (libjpeg-turbo, ``JDCT_ISLOW``) and converted to
+    ``channels`` as PIL's ``convert`` (:func:`convert_reference`): the fallback without the
+    kernel, with its pixels. ``H x W x channels`` uint8. Damaged data imagecodecs conceals is
+    not refused here: the kernel is the decoder that refuses every libjpeg warning."""
+    codecs = _imagecodecs()
+    try:
+        if hdr.colour in ("cmyk", "ycck"):
+            img = codecs.jpeg8_decode(data, colorspace=hdr.colour.upper(), outcolorspace="CMYK")
+        elif channels == 3 or hdr.colour == "grey":
+            img = codecs.jpeg8_decode(data, outcolorspace="RGB" if channels == 3 else "GRAYSCALE")
+        else:
+            img = codecs.jpeg8_decode(data, outcolorspace="RGB")
+    except Exception as exc:
+        raise CodecError(f"jpeg payload does not decode: {exc}", codec="jpeg") from exc
+    return convert_reference(img, hdr, channels)
+
+
 def _bytes_of(src: Any) -> Any:
     return src if isinstance(src, (bytes, np.ndarray)) else np.frombuffer(src, np.uint8)
 
@@ -431,18 +567,27 @@ def _expected(out: np.ndarray) -> tuple[int, int, int]:
     raise CodecError(f"an image decodes into H x W or H x W x C, not {out.shape}")
 
 
-def _header_for(read, codec_id: str, data: Any, out: np.ndarray) -> ImageHeader:
+def _same(hdr: ImageHeader, out: np.ndarray) -> bool:
+    """Whether ``out`` takes the image as it decodes by itself (no conversion)."""
+    return hdr.channels == _expected(out)[2] and hdr.dtype == out.dtype
+
+
+def _header_for(
+    read, codec_id: str, data: Any, out: np.ndarray, depth: str | None = None
+) -> ImageHeader:
     """The header of ``data`` (``read``: png_header or jpeg_header), checked against ``out``
-    before anything is decoded or allocated: a header that lies about the size is refused
-    here."""
+    before anything is decoded or allocated: a header that lies about the size, or an image
+    no conversion brings to ``out``'s channels and dtype, is refused here."""
     try:
         hdr = read(data)
     except _BadImage as exc:
         raise CodecError(f"{codec_id} payload: {exc}", codec=codec_id) from None
-    if (hdr.height, hdr.width, hdr.channels) != _expected(out) or hdr.dtype != out.dtype:
+    h, w, c = _expected(out)
+    why = conversion(hdr, c, out.dtype, depth)
+    if (hdr.height, hdr.width) != (h, w) or why:
         raise CodecError(
             f"{codec_id} payload's header says {hdr.dtype} {hdr.height}x{hdr.width}x"
-            f"{hdr.channels}, expected {out.dtype} {out.shape}",
+            f"{hdr.channels}, expected {out.dtype} {out.shape}{': ' + why if why else ''}",
             codec=codec_id,
         )
     return hdr
@@ -557,14 +702,16 @@ def verify_image(data: Any, *, max_bytes: int = 1 << 31) -> ImageHeader:
         hdr = png_header(data) if fmt == "png" else jpeg_header(data)
     except _BadImage as exc:
         raise CodecError(f"not a valid image: {exc}") from None
-    nbytes = hdr.height * hdr.width * hdr.channels * hdr.dtype.itemsize
+    # a CMYK JPEG decodes as the reader decodes it: to RGB (libjpeg reads all of it either way)
+    channels = 3 if hdr.format == "jpeg" and hdr.channels == 4 else hdr.channels
+    nbytes = hdr.height * hdr.width * channels * hdr.dtype.itemsize
     if nbytes > max_bytes:
         raise CodecError(
             f"{hdr.format} image of {hdr.height}x{hdr.width}x{hdr.channels} takes {nbytes} "
             f"bytes decoded, over {max_bytes}",
             codec=hdr.format,
         )
-    out = np.empty((hdr.height, hdr.width, hdr.channels), hdr.dtype)
+    out = np.empty((hdr.height, hdr.width, channels), hdr.dtype)
     codec = Png() if hdr.format == "png" else Jpeg()
     codec.decode_into(data, out)
     return hdr
@@ -592,3 +739,11 @@ def _decode_into(decode, codec_id: str, src, out: np.ndarray) -> None:
             codec=codec_id,
         )
     out[...] = img
+
+
+def _decode_native(decode, codec_id: str, data: Any) -> np.ndarray:
+    """An image as imagecodecs decodes it by itself (for a conversion after)."""
+    try:
+        return decode(data)
+    except Exception as exc:
+        raise CodecError(f"{codec_id} payload does not decode: {exc}", codec=codec_id) from exc

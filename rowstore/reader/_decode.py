@@ -310,6 +310,11 @@ def _png_kernel_fits(codec: Codec, dst: np.ndarray) -> bool:
     )
 
 
+def _scale16(codec: Codec) -> bool:
+    """Whether a 16-bit PNG goes into uint8 by its high bytes (the codec's ``depth`` rule)."""
+    return getattr(codec, "depth", None) == "scale"
+
+
 def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -> None:
     """Decode a batch of PNG images into ``dst`` (``n x shape``): each range of images in one
     kernel call without the GIL, on the decode threads; an image the kernel leaves undecoded
@@ -318,7 +323,9 @@ def _png_batch(codec: Codec, col: Payloads, dst: np.ndarray, par: ParallelMap) -
     status = np.zeros(len(col), np.uint8)
 
     def run(lo: int, hi: int) -> None:
-        if kernels.png_decode_batch(col.data, col.offsets, col.nulls, dst, lo, hi, status):
+        if kernels.png_decode_batch(
+            col.data, col.offsets, col.nulls, dst, lo, hi, status, scale16=_scale16(codec)
+        ):
             for i in lo + np.flatnonzero(status[lo:hi]):
                 codec.decode_into(col.payload(int(i)), dst[i])
 
@@ -341,7 +348,7 @@ def _png_each(
                 continue
             one = dst[elems[i] : elems[i + 1]].reshape((1, *(int(v) for v in shapes[i])))
             if one.ndim not in (3, 4) or kernels.png_decode_batch(
-                col.data, col.offsets[i : i + 2], None, one, 0, 1, status
+                col.data, col.offsets[i : i + 2], None, one, 0, 1, status, scale16=_scale16(codec)
             ):
                 codec.decode_into(col.payload(i), one[0])
 

@@ -106,9 +106,12 @@ class Resize(ImageOp):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CenterCrop(ImageOp):
-    """The largest centred box of the output's aspect ratio, ``fraction`` of it each way
-    (torchvision's ``Resize(256)`` + ``CenterCrop(224)`` is ``fraction=0.875``), resized to
-    ``size``."""
+    """torchvision's ``Resize(S)`` + ``CenterCrop(size)`` with ``S = round(min(size) /
+    fraction)``, done as one resize of the box the two cut from the image (the same pixels
+    within a level: docs/images.md): ``CenterCrop(224, fraction=0.875)`` is ``Resize(256)`` +
+    ``CenterCrop(224)``; ``fraction=1`` (default) resizes the largest centred square to a
+    square ``size``. For a size of another aspect that the resized image cannot hold, the
+    largest centred box of the size's aspect, ``fraction`` of it each way."""
 
     fraction: float = 1.0
     mode = "center"
@@ -275,12 +278,17 @@ class _SplitMix:
 
 
 def _round(x: float) -> int:
-    return math.floor(x + 0.5)
+    """Python's round (half to even), as torchvision's parameter code rounds."""
+    return round(x)
 
 
-def crop_params(op: ImageOp, h: int, w: int, key: int) -> tuple[int, int, int, int, bool]:
+def crop_params(op: ImageOp, h: int, w: int, key: int) -> tuple[Any, Any, Any, Any, bool]:
     """``(y0, x0, crop_h, crop_w, flip)`` of an ``h x w`` image under ``op`` with key ``key``
-    (:func:`row_key`): the statement of what the kernel computes (``_ext/_jpeg_impl.h``)."""
+    (:func:`row_key`): the statement of what the kernel computes (``_ext/_jpeg_impl.h``).
+    The box is torchvision's for the same draws: ``RandomResizedCrop.get_params`` (whole
+    pixels), the whole image for ``Resize``, and for ``CenterCrop`` the box in source pixels
+    (floats) that ``Resize(S)`` + ``CenterCrop(size)`` crops, ``S = round(min(size) /
+    fraction)``."""
     rng = _SplitMix(key)
     y0, x0, ch, cw = 0, 0, h, w
     if isinstance(op, RandomResizedCrop):
@@ -304,17 +312,34 @@ def crop_params(op: ImageOp, h: int, w: int, key: int) -> tuple[int, int, int, i
             ch, cw = min(max(ch, 1), h), min(max(cw, 1), w)
             y0, x0 = (h - ch) // 2, (w - cw) // 2
     elif isinstance(op, CenterCrop):
-        want = op.size[1] / op.size[0]
-        bh, bw = float(h), float(w)
-        if bw / bh > want:
-            bw = bh * want
-        else:
-            bh = bw / want
-        ch = min(max(_round(bh * op.fraction), 1), h)
-        cw = min(max(_round(bw * op.fraction), 1), w)
-        y0, x0 = (h - ch) // 2, (w - cw) // 2
+        return (*_center_box(op, h, w), bool(op.flip > 0 and rng.uniform() < op.flip))
     flip = op.flip > 0 and rng.uniform() < op.flip
     return y0, x0, ch, cw, bool(flip)
+
+
+def _center_box(op: CenterCrop, h: int, w: int) -> tuple[Any, Any, Any, Any]:
+    """CenterCrop's box: torchvision's ``Resize(S)`` (the shorter side to ``S``, the longer
+    to ``int(S * long / short)``) then ``CenterCrop(size)`` (at ``round((H' - oh) / 2)``), as
+    one box of the source in fractional pixels. Where the output does not fit the resized
+    image (a size of another aspect), the largest centred box of the output's aspect,
+    ``fraction`` of it each way, in whole pixels."""
+    oh, ow = op.size
+    s = _round(min(oh, ow) / op.fraction)
+    rh, rw = (s, int(s * w / h)) if h <= w else (int(s * h / w), s)
+    if s >= 1 and rh >= oh and rw >= ow:
+        sy, sx = h / rh, w / rw
+        top, left = _round((rh - oh) / 2.0), _round((rw - ow) / 2.0)
+        y0, x0 = top * sy, left * sx
+        return y0, x0, (top + oh) * sy - y0, (left + ow) * sx - x0
+    want = ow / oh
+    bh, bw = float(h), float(w)
+    if bw / bh > want:
+        bw = bh * want
+    else:
+        bh = bw / want
+    ch = min(max(_round(bh * op.fraction), 1), h)
+    cw = min(max(_round(bw * op.fraction), 1), w)
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
 # -- the NumPy reference of the resampling (and the fallback without the kernel) -------------------
@@ -357,7 +382,7 @@ def resize_reference(
     reducing_gap=None)`` does it, to the bit: its fixed-point weights, each pass rounded to 8
     bits, the vertical pass first when the image loses more than twice as many rows as
     columns (else the horizontal pass first); mirrored with ``flip``."""
-    y0, x0, ch, cw = box
+    y0, x0, ch, cw = box  # floats for CenterCrop's box
     a = img if img.ndim == 3 else img[..., None]
     (h, w), (oh, ow) = a.shape[:2], size
     ky = _coeffs(y0, y0 + ch, h, oh)
@@ -374,14 +399,12 @@ def resize_reference(
 def decode_reference(
     op: ImageOp, payload: Any, key: int, channels: int
 ) -> tuple[np.ndarray, tuple[int, int, int, int, bool]]:
-    """One image decoded whole with imagecodecs, then cropped and resized per ``op``: the
-    output (``H x W x channels``) and its :func:`crop_params`."""
-    import imagecodecs
+    """One image decoded whole with imagecodecs and converted to ``channels`` as PIL's
+    ``convert`` (:func:`rowstore.codecs.image.jpeg_reference`), then cropped and resized per
+    ``op``: the output (``H x W x channels``) and its :func:`crop_params`."""
+    from rowstore.codecs.image import jpeg_header, jpeg_reference
 
-    space = "GRAYSCALE" if channels == 1 else "RGB"
     data: Any = np.frombuffer(payload, np.uint8)  # imagecodecs reads any buffer (its stubs: bytes)
-    img = imagecodecs.jpeg8_decode(data, outcolorspace=space)
-    if img.ndim == 2:
-        img = img[..., None]
+    img = jpeg_reference(data, jpeg_header(data), channels)
     p = crop_params(op, img.shape[0], img.shape[1], key)
     return resize_reference(img, p[:4], op.size, p[4]), p

@@ -59,7 +59,7 @@ def decode(payloads, op, channels=3, rows=None, nulls=None, lo=0, hi=None):
     rows = np.arange(n, dtype=np.int64) if rows is None else rows
     out = np.full((n, *op.size, channels) if channels == 3 else (n, *op.size), 77, np.uint8)
     status = np.zeros(n, np.uint8)
-    info = np.zeros((n, kernels.JPEG_INFO), np.int64)
+    info = np.zeros((n, kernels.JPEG_INFO), np.float64)
     failed = kernels.jpeg_decode_batch(
         data,
         offsets,
@@ -100,7 +100,7 @@ def test_kernel_matches_the_reference(op, channels):
         ref, params = io.decode_reference(op, p, io.row_key(BASE, i), channels)
         ref = ref.reshape(out[i].shape)
         assert tuple(info[i, :2]) == sizes[i]
-        assert tuple(int(v) for v in info[i, 2:7]) == tuple(int(v) for v in params), i
+        assert tuple(info[i, 2:7]) == tuple(float(v) for v in params), i
         d = np.abs(ref.astype(np.int64) - out[i])
         # the kernel's DCT scaling averages a little differently from the filter
         assert d.mean() < 1.5 and np.percentile(d, 99) <= 8 and d.max() <= 24, (i, info[i])
@@ -147,7 +147,7 @@ def test_at_full_scale_the_pixels_are_pils_resize_of_the_box(simd):
             for i, p in enumerate(payloads):
                 if info[i, 7] != 1:
                     continue
-                y0, x0, ch, cw, flip = (int(v) for v in info[i, 2:7])
+                y0, x0, ch, cw, flip = info[i, 2:7]  # CenterCrop's box: fractional
                 im = Image.fromarray(imagecodecs.jpeg8_decode(p)).resize(
                     op.size[::-1], Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch),
                     reducing_gap=None,
@@ -497,10 +497,14 @@ def test_whole_decode_refuses_another_size_or_kind():
     arithmetic = rgb.replace(b"\xff\xc0", b"\xff\xc9", 1)  # SOF9: arithmetic-coded
     _, status, failed = whole([rgb, rgb], (32, 41, 3))
     assert failed == 2 and (status == kernels.JPEG_SIZE).all()
-    _, status, _ = whole([grey, rgb, arithmetic], (32, 40, 3))
-    assert status.tolist() == [kernels.JPEG_UNSUPPORTED, 0, kernels.JPEG_UNSUPPORTED]
-    _, status, _ = whole([rgb, grey], (32, 40))
-    assert status.tolist() == [kernels.JPEG_UNSUPPORTED, 0]
+    out, status, _ = whole([grey, rgb, arithmetic], (32, 40, 3))
+    assert status.tolist() == [0, 0, kernels.JPEG_UNSUPPORTED]
+    assert np.array_equal(out[0], np.repeat(imagecodecs.jpeg8_decode(grey)[..., None], 3, 2))
+    out, status, _ = whole([rgb, grey], (32, 40))
+    assert status.tolist() == [0, 0]  # RGB to grey: PIL's luma of libjpeg's RGB
+    c = imagecodecs.jpeg8_decode(rgb).astype(np.int64)
+    luma = (c[..., 0] * 19595 + c[..., 1] * 38470 + c[..., 2] * 7471 + 0x8000) >> 16
+    assert np.array_equal(out[0], luma)
     out, status, failed = whole([rgb, rgb], (32, 40, 3), nulls=np.array([True, False]))
     assert failed == 0 and (out[0] == 77).all()  # a null's slot is left to the caller
     data, offsets = batch([rgb])
@@ -627,3 +631,62 @@ def test_libjpegs_memory_manager_is_the_backstop():
             max_work=coef,
         )
         assert status[0] == kernels.JPEG_TOO_LARGE
+
+
+# -- colour: any JPEG to the output's channels as PIL converts; hostile colour headers ---------
+def _adobe_cmyk(a, transform=0, **kw) -> bytes:
+    """A CMYK JPEG (PIL writes the Adobe marker, inverted samples); its APP14 transform byte
+    set to ``transform``."""
+    data = bytearray(pil_jpeg(Image.fromarray(a, "CMYK") if a.ndim == 3 else a, **kw))
+    at = data.find(b"Adobe")
+    assert at > 0
+    data[at + 11] = transform
+    return bytes(data)
+
+
+def _pil_convert(p, mode):
+    import io as _io
+
+    a = np.asarray(Image.open(_io.BytesIO(p)).convert(mode))
+    return a
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_cmyk_and_grey_decode_as_pil_converts_them(progressive):
+    rng = np.random.default_rng(21)
+    cmyk = _adobe_cmyk(rng.integers(0, 256, (37, 45, 4), dtype=np.uint8), progressive=progressive)
+    grey = pil_jpeg(photo(rng, 37, 45, 1), progressive=progressive)
+    for c, mode in ((3, "RGB"), (1, "L")):
+        shape = (37, 45, 3) if c == 3 else (37, 45)
+        out, status, failed = whole([cmyk, grey], shape)
+        assert failed == 0, status
+        assert np.array_equal(out[0], _pil_convert(cmyk, mode)), mode
+        assert np.array_equal(out[1], _pil_convert(grey, mode)), mode
+        # through a crop: the rows and columns the crop reads, converted the same way
+        op = io.Resize((37, 45))
+        got, status, _, _ = decode([cmyk, grey], op, c)
+        assert not status.any() and np.array_equal(got[0], out[0]), mode
+
+
+def test_hostile_colour_headers():
+    """An unknown Adobe transform (libjpeg warns: refused as damage), two components (no colour
+    space: unsupported), a truncated CMYK scan (damaged), a CMYK progressive image whose
+    coefficients exceed the memory bound (refused before they are allocated)."""
+    rng = np.random.default_rng(22)
+    cmyk = _adobe_cmyk(rng.integers(0, 256, (24, 32, 4), dtype=np.uint8))
+    odd = _adobe_cmyk(rng.integers(0, 256, (24, 32, 4), dtype=np.uint8), transform=7)
+    two = flat_progressive_jpeg(24, 32, components=2)
+    cut = damaged_jpegs(cmyk)["truncated"]
+    _, status, _ = whole([odd, two, cut, cmyk], (24, 32, 3))
+    assert status.tolist() == [
+        kernels.JPEG_CORRUPT,
+        kernels.JPEG_UNSUPPORTED,
+        kernels.JPEG_CORRUPT,
+        0,
+    ]
+    _, status, _, _ = decode([odd, two, cmyk], io.RandomResizedCrop(8))
+    assert status.tolist() == [kernels.JPEG_CORRUPT, kernels.JPEG_UNSUPPORTED, 0]
+    big = flat_progressive_jpeg(2000, 2000, components=4)
+    need = progressive_coefficient_bytes(2000, 2000, components=4)
+    _, status, _ = whole([big], (2000, 2000, 3), max_work=need // 2)
+    assert status.tolist() == [kernels.JPEG_TOO_LARGE]

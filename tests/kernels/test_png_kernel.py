@@ -1,8 +1,11 @@
 """The PNG batch-decode kernel (``kernels.png_decode_batch``) and the reader's use of it: the
 bytes it returns are libpng's (imagecodecs) for every PNG the ``png`` codec writes and every
-filter type, anything else is left to the codec (palette, transparency, another size, damaged
-bytes), a corrupt stored image (also one libpng would only warn about) is a FormatError naming
-field and row on every read path, and threads decode disjoint ranges of one batch."""
+filter type, PIL's ``convert`` for every other kind converted to the output's channels
+(palette, transparency, low bit depths, grey for RGB), anything else is left to the codec
+(interlacing, another size, damaged bytes), hostile chunks (a palette index past the palette,
+a PLTE of a bad length or after the data) are refused, a corrupt stored image (also one libpng
+would only warn about) is a FormatError naming field and row on every read path, and threads
+decode disjoint ranges of one batch."""
 
 from __future__ import annotations
 
@@ -77,14 +80,14 @@ def make_png(
     return out + _chunk(b"IEND", b"")
 
 
-def decode(pngs: list[bytes], shape, dtype, *, nulls=None, lo=0, hi=None):
+def decode(pngs: list[bytes], shape, dtype, *, nulls=None, lo=0, hi=None, scale16=False):
     data = np.frombuffer(b"".join(pngs), np.uint8) if pngs else np.zeros(0, np.uint8)
     offs = np.zeros(len(pngs) + 1, np.int64)
     np.cumsum([len(p) for p in pngs], out=offs[1:])
     out = np.zeros((len(pngs),) + tuple(shape), dtype)
     status = np.full(len(pngs), 255, np.uint8)
     left = kernels.png_decode_batch(
-        data, offs, nulls, out, lo, len(pngs) if hi is None else hi, status
+        data, offs, nulls, out, lo, len(pngs) if hi is None else hi, status, scale16=scale16
     )
     return out, status, left
 
@@ -182,7 +185,65 @@ def test_kinds_it_leaves_to_the_reference_decoder():
     out, status, left = decode(
         [palette, trns, other_size, grey_for_rgb, bytes(interlaced)], (6, 5, 3), np.uint8
     )
-    assert left == 5 and (status == kernels.PNG_UNSUPPORTED).all()
+    assert left == 2 and status.tolist() == [0, 0, kernels.PNG_UNSUPPORTED, 0, 1]
+    for k, p in ((0, palette), (1, trns), (3, grey_for_rgb)):  # converted as PIL converts
+        assert np.array_equal(out[k], np.asarray(Image.open(io.BytesIO(p)).convert("RGB")))
+    # no rule for 16-bit into 8-bit samples, 8-bit into 16; tRNS into an alpha channel
+    g16 = make_png(_img(rng, (6, 5), np.uint16), [1])
+    _, status, _ = decode([g16], (6, 5), np.uint8)
+    assert status.tolist() == [kernels.PNG_UNSUPPORTED]
+    out, status, _ = decode([g16], (6, 5), np.uint8, scale16=True)
+    assert status.tolist() == [0] and np.array_equal(out[0], imagecodecs.png_decode(g16) >> 8)
+    _, status, _ = decode([grey_for_rgb], (6, 5), np.uint16)
+    assert status.tolist() == [kernels.PNG_UNSUPPORTED]
+    _, status, _ = decode([trns, palette], (6, 5, 4), np.uint8)
+    assert status.tolist() == [kernels.PNG_UNSUPPORTED] * 2
+
+
+def _hand_png(ihdr: bytes, *chunks: tuple[bytes, bytes]) -> bytes:
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", ihdr)
+        + b"".join(_chunk(k, d) for k, d in chunks)
+        + _chunk(b"IEND", b"")
+    )
+
+
+def test_hostile_palette_and_low_depth_pngs():
+    """Palette indices past the palette, a PLTE of a bad length, after the data, or missing
+    are PNG_CORRUPT (never a read past the palette); 1-, 2- and 4-bit rows of widths not a
+    multiple of 8 unpack as libpng expands them."""
+    w, h = 5, 3
+    ihdr = struct.pack(">IIBBBBB", w, h, 2, 3, 0, 0, 0)  # 2-bit palette
+    raw = b"".join(b"\x00" + bytes([0b00011011, 0b01000000]) for _ in range(h))  # 0,1,2,3,1
+    z = zlib.compress(raw)
+    pal3 = bytes(range(9))  # 3 entries: index 3 is past it
+    cases = {
+        "index past the palette": _hand_png(ihdr, (b"PLTE", pal3), (b"IDAT", z)),
+        "PLTE not of whole entries": _hand_png(ihdr, (b"PLTE", bytes(13)), (b"IDAT", z)),
+        "PLTE over 256 entries": _hand_png(ihdr, (b"PLTE", bytes(771)), (b"IDAT", z)),
+        "PLTE after the data": _hand_png(ihdr, (b"IDAT", z), (b"PLTE", bytes(12))),
+        "no PLTE": _hand_png(ihdr, (b"IDAT", z)),
+    }
+    _, status, left = decode(list(cases.values()), (h, w, 3), np.uint8)
+    assert left == len(cases) and (status == kernels.PNG_CORRUPT).all(), dict(zip(cases, status))
+    pal4 = bytes(range(12))
+    ok = _hand_png(ihdr, (b"PLTE", pal4), (b"IDAT", z))
+    out, status, _ = decode([ok], (h, w, 3), np.uint8)
+    want = np.frombuffer(pal4, np.uint8).reshape(4, 3)[[0, 1, 2, 3, 1]]
+    assert status[0] == 0 and (out[0] == want).all()
+    for depth in (1, 2, 4):
+        rng = np.random.default_rng(depth)
+        v = rng.integers(0, 1 << depth, (h, 11))
+        rows = np.packbits(
+            ((v[..., None] >> np.arange(depth)[::-1]) & 1).reshape(h, -1).astype(np.uint8),
+            axis=1,
+        )
+        z = zlib.compress(b"".join(b"\x00" + r.tobytes() for r in rows))
+        grey = _hand_png(struct.pack(">IIBBBBB", 11, h, depth, 0, 0, 0, 0), (b"IDAT", z))
+        out, status, _ = decode([grey], (h, 11), np.uint8)
+        assert status[0] == 0 and np.array_equal(out[0], imagecodecs.png_decode(grey)), depth
+        assert np.array_equal(out[0], v * (255 // ((1 << depth) - 1)))
 
 
 def _corruptions(png: bytes):
@@ -334,9 +395,9 @@ def test_take_into_out_and_a_strided_out(image_file):
         assert np.array_equal(r.take([5, 99, 0])["img"], imgs[[5, 99, 0]])
 
 
-def test_pngs_of_another_kind_in_a_file_go_through_the_codec(tmp_path, monkeypatch):
-    """A file whose PNGs the kernel does not decode (here: palette PNGs, as another writer
-    might store) reads the same, through imagecodecs."""
+def test_pngs_of_another_kind_in_a_file_read_the_same(tmp_path, monkeypatch):
+    """A file of palette PNGs (as another writer might store) reads the same as its RGB
+    images, through the kernel (which converts palettes) and through imagecodecs."""
     Image = pytest.importorskip("PIL.Image")
     import io
 
@@ -358,6 +419,9 @@ def test_pngs_of_another_kind_in_a_file_go_through_the_codec(tmp_path, monkeypat
         w.write_batch({"img": imgs})
     monkeypatch.undo()
     with rowstore.open(path) as r:
+        got = np.concatenate([b["img"] for b in r.batches(8, shuffle="none", num_threads=2)])
+        assert np.array_equal(got, imgs)
+        monkeypatch.setattr(_decode, "PNG_KERNEL", False)
         got = np.concatenate([b["img"] for b in r.batches(8, shuffle="none", num_threads=2)])
     assert np.array_equal(got, imgs)
 
@@ -408,7 +472,8 @@ def _palette_png(img: np.ndarray) -> bytes:
 def test_the_kernel_refuses_what_libpng_only_warns_about():
     """Bytes after the zlib stream, more image data than the size needs, an ancillary chunk's
     CRC, no IEND, image data split around another chunk: libpng warns and returns the image;
-    the kernel says PNG_CORRUPT (and leaves a palette PNG to the codec, damaged or not)."""
+    the kernel says PNG_CORRUPT, of the PNGs it decodes as they are and of the ones it
+    converts (palette)."""
     rng = np.random.default_rng(11)
     img = _img(rng, (12, 10, 3), np.uint8, smooth=True)
     bad = damaged_pngs(make_png(img, [1], idat_size=1 << 20))
@@ -416,7 +481,7 @@ def test_the_kernel_refuses_what_libpng_only_warns_about():
     assert left == len(bad) and (status == kernels.PNG_CORRUPT).all(), dict(zip(bad, status))
     pal = damaged_pngs(_palette_png(img))
     _, status, _ = decode(list(pal.values()), img.shape, np.uint8)
-    assert (status == kernels.PNG_UNSUPPORTED).all()
+    assert (status == kernels.PNG_CORRUPT).all(), dict(zip(pal, status))
 
 
 @pytest.mark.parametrize("kind", ["rgb", "palette"])  # the kernel's PNGs; the codec's (libpng's)

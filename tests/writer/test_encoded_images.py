@@ -212,7 +212,7 @@ def _sof(marker, bits=8, h=4, w=4, comps=3):
         (_sof(0xC3), "SOF3"),
         (_sof(0xC9), "SOF9"),
         (_sof(0xC1, bits=12), "12-bit"),
-        (_sof(0xC0, comps=4), "4 components"),
+        (_sof(0xC0, comps=2), "2 components"),
         (_sof(0xC0, h=0), "size 4x0"),
         (b"\xff\xd8\xff\xda\x00\x02", "before the frame header"),
         (png(smooth((4, 4))), "got PNG bytes"),
@@ -334,11 +334,9 @@ GOOD_JPG = jpg(smooth((5, 6)))
         ("img", GOOD_JPG, "got JPEG bytes, not PNG"),
         ("var", GOOD_PNG, "got PNG bytes, not JPEG"),
         ("img", png(smooth((8, 9, 3))), r"shape \(8, 9, 3\) \(wrong shape\)"),
-        ("img", png(smooth((8, 8, 4))), r"shape \(8, 8, 4\)"),
-        ("img", png(smooth((8, 8, 3), np.uint16)), "uint16 image"),
+        ("img", png(smooth((8, 8, 3), np.uint16)), "16-bit PNG for a uint8 field"),
         ("img", GOOD_PNG[:30], "truncated PNG"),
         ("img", b"not an image at all", "not PNG bytes"),
-        ("var", jpg(smooth((5, 6, 3))), r"shape \(5, 6, 3\)"),
         ("var", pil_bytes(smooth((5, 6, 3)), "JPEG").replace(b"\xff\xc0", b"\xff\xc3", 1), "SOF3"),
         ("var", GOOD_JPG[:12], "truncated JPEG"),
     ],
@@ -533,7 +531,7 @@ def test_a_jpeg_header_is_checked_against_the_output_before_decoding():
     with pytest.raises(rowstore.CodecError, match="8000x8000x3, expected uint8"):
         Jpeg().decode_into(sof_lies(small), np.empty((64, 64, 3), np.uint8))
     with pytest.raises(rowstore.CodecError, match="64x64x3, expected"):
-        Jpeg().decode_into(small, np.empty((64, 64), np.uint8))
+        Jpeg().decode_into(small, np.empty((64, 65), np.uint8))
     out = np.empty((64, 64, 3), np.uint8)[:, ::-1]  # a strided out: decoded, then copied
     Jpeg().decode_into(small, out)
     assert np.array_equal(out, ic.jpeg8_decode(small))

@@ -1,9 +1,16 @@
 """A folder of image files to a dataset in one call: :func:`from_images`.
 
-The files' PNG/JPEG bytes are stored as they are (the writer checks each header against the
-field; nothing is decoded or encoded), so the work is reading files: it runs in ``workers``
-processes, each writing its own shards of consecutive files (:func:`rowstore.write_shard`),
-and one :func:`rowstore.commit` publishes them in file order.
+The files' PNG/JPEG bytes are stored as they are (nothing is decoded or encoded again), so the
+work is reading and checking files. First, in this process, every file's header is read (a
+thread pool, the first 4 KiB of each): its real format (from its bytes, whatever its name),
+size, channels and bit depth, from which the image field is decided (one codec; the channels
+every image decodes to, ``channels=``); a file that does not fit is a bad file. Then
+``workers`` processes each read their run of consecutive files whole, check each one's
+structure (:mod:`rowstore.codecs.image_check`; a full decode with ``verify_encoded``) and write
+the good ones as one shard (:func:`rowstore.write_shard`); one :func:`rowstore.commit`
+publishes the shards in file order. A bad file stops the call (``on_error="raise"``, naming
+the first) or is left out and reported (``"skip"``: in the returned :class:`ImageIngest` and
+in the dataset's attributes).
 
 Labels come from the folder names (torchvision's ``ImageFolder`` convention: ``src/<class>/...``,
 classes sorted, label ``i`` the ``i``-th class, the names kept in the dataset's attributes), from

@@ -491,41 +491,51 @@ def _batches(
 ) -> Iterator[dict]:
     """The part's files as ``write_batch`` columns, each file checked first (``check``: the
     format, a full decode or not, skip the bad ones or raise); what was skipped and stored is
-    counted in ``out``."""
+    counted in ``out``. A thread reads and checks the next batch's files while the writer
+    stores this one (reads, CRCs, the numpy scans and decodes release the GIL)."""
     image, label, path = names
     field, fmt, verify, skip = image, *check
-    for lo in range(0, len(part.files), _BATCH_FILES):
-        rels = part.files[lo : lo + _BATCH_FILES]
-        cells, keep, nbytes = [], [], 0
-        for k, rel in enumerate(rels, lo):
-            got = _read_checked(src, rel, fmt, verify)
-            if isinstance(got, bytes):
-                cells.append(got)
-                keep.append(k)
-                nbytes += len(got)
+    starts = range(0, len(part.files), _BATCH_FILES)
+
+    def load(lo: int) -> list[bytes | str | BaseException]:
+        return [_read_checked(src, r, fmt, verify) for r in part.files[lo : lo + _BATCH_FILES]]
+
+    with ThreadPoolExecutor(1) as ahead:
+        pending = ahead.submit(load, 0) if starts else None
+        for j, lo in enumerate(starts):
+            assert pending is not None
+            loaded = pending.result()
+            pending = ahead.submit(load, starts[j + 1]) if j + 1 < len(starts) else None
+            rels = part.files[lo : lo + _BATCH_FILES]
+            cells, keep, nbytes = [], [], 0
+            for k, (rel, got) in enumerate(zip(rels, loaded), lo):
+                if isinstance(got, bytes):
+                    cells.append(got)
+                    keep.append(k)
+                    nbytes += len(got)
+                    continue
+                if skip:
+                    out.skipped.append((k, str(got)))
+                    continue
+                if isinstance(got, BaseException):
+                    raise got
+                row = part.first + k
+                raise RowValidationError(
+                    f"image file {rel!r}: row {row}: field {field!r}: {got}", field=field, row=row
+                )
+            if tick is not None:
+                tick(len(rels), sum(part.sizes[lo : lo + _BATCH_FILES]))
+            if not cells:
                 continue
-            if skip:
-                out.skipped.append((k, str(got)))
-                continue
-            if isinstance(got, BaseException):
-                raise got
-            row = part.first + k
-            raise RowValidationError(
-                f"image file {rel!r}: row {row}: field {field!r}: {got}", field=field, row=row
-            )
-        if tick is not None:
-            tick(len(rels), sum(part.sizes[lo : lo + _BATCH_FILES]))
-        if not cells:
-            continue
-        out.images += len(cells)
-        out.payload_bytes += nbytes
-        batch: dict[str, Any] = {image: cells}
-        if label is not None:
-            assert part.labels is not None
-            batch[label] = np.asarray([part.labels[k] for k in keep], np.int64)
-        if path is not None:
-            batch[path] = [part.files[k].replace(os.sep, "/") for k in keep]
-        yield batch
+            out.images += len(cells)
+            out.payload_bytes += nbytes
+            batch: dict[str, Any] = {image: cells}
+            if label is not None:
+                assert part.labels is not None
+                batch[label] = np.asarray([part.labels[k] for k in keep], np.int64)
+            if path is not None:
+                batch[path] = [part.files[k].replace(os.sep, "/") for k in keep]
+            yield batch
 
 
 def _write_part(

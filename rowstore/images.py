@@ -479,6 +479,7 @@ class _PartResult:
     skipped: list[tuple[int, str]]  # (index in the part, reason)
     images: int
     payload_bytes: int
+    kept: list[int]  # index in the part of each row written
 
 
 def _batches(
@@ -529,6 +530,7 @@ def _batches(
                 continue
             out.images += len(cells)
             out.payload_bytes += nbytes
+            out.kept += keep
             batch: dict[str, Any] = {image: cells}
             if label is not None:
                 assert part.labels is not None
@@ -553,7 +555,7 @@ def _write_part(
     if tick is None and _TICKS is not None:
         tick = _queue_tick
     schema = Schema.from_json(schema_json)
-    out = _PartResult(None, [], 0, 0)
+    out = _PartResult(None, [], 0, 0, [])
     try:
         info = write_shard(
             dest,
@@ -564,12 +566,13 @@ def _write_part(
             **options,
         )
     except RowValidationError as exc:
-        if exc.row is None or exc.args[0].startswith("image file "):
+        if exc.row is None or exc.args[0].startswith("image file ") or exc.row >= len(out.kept):
             raise
-        row = part.first + exc.row  # a row the writer refused (rows = files: nothing skipped)
+        k = out.kept[exc.row]  # a row the writer refused: the file it came from
+        row = part.first + k
         msg = str(exc).replace(f"row {exc.row}:", f"row {row}:", 1)
         raise RowValidationError(
-            f"image file {part.files[exc.row]!r}: {msg}", field=exc.field, row=row
+            f"image file {part.files[k]!r}: {msg}", field=exc.field, row=row
         ) from None
     if info.rows == 0:
         discard(dest, [info])

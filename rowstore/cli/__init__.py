@@ -14,8 +14,9 @@
     rowstore import-petastorm URL OUT
                               convert a Petastorm dataset (petastorm not needed) to a dataset
     rowstore from-images SRC OUT [--labels folders|none|CSV] [--workers N]
+        [--shape H,W[,C]] [--channels C] [--on-error raise|skip] [--verify]
                               a folder of PNG/JPEG files (class folders) to a dataset, the
-                              images' bytes as they are
+                              images' bytes as they are, every file checked
 
 PATH is a ``.h5`` file or a dataset directory, local or at a URL (``s3://``, ``http(s)://``, any
 fsspec protocol; ``--storage-options JSON`` passes credentials and endpoints). ``rowstore

@@ -232,12 +232,22 @@ def test_everything_bad_is_an_error_not_an_empty_dataset(tmp_path):
     assert not os.path.exists(tmp_path / "ds")
 
 
-def test_a_fifo_is_skipped_without_blocking_when_asked(tmp_path):
+def test_a_fifo_and_a_dangling_link_are_skipped_when_asked(tmp_path):
+    """Skipped with their reasons (the FIFO found without blocking); with the default, the
+    errors of the opener as they are (InputError, FileNotFoundError)."""
     src = str(tmp_path / "src")
     put(src, "a/0.jpg", encode(picture(), "JPEG"))
     os.mkfifo(os.path.join(src, "a", "1.jpg"))
+    os.symlink(os.path.join(src, "a", "gone.jpg"), os.path.join(src, "a", "2.jpg"))
     report = rowstore.from_images(src, tmp_path / "ds", on_error="skip")
-    assert [s.path for s in report.skipped] == ["a/1.jpg"] and "FIFO" in report.skipped[0].reason
+    assert [s.path for s in report.skipped] == ["a/1.jpg", "a/2.jpg"]
+    assert "FIFO" in report.skipped[0].reason and "No such file" in report.skipped[1].reason
+    with pytest.raises(InputError, match="FIFO"):
+        rowstore.from_images(src, tmp_path / "r")
+    os.remove(os.path.join(src, "a", "1.jpg"))
+    with pytest.raises(FileNotFoundError):
+        rowstore.from_images(src, tmp_path / "r")
+    assert not os.path.exists(tmp_path / "r")
 
 
 def test_arguments_are_checked(tmp_path):

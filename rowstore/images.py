@@ -75,6 +75,8 @@ _ON_ERROR = ("raise", "skip")
 #: The structural check of every file's content (off only in bench/image_ingest_bench.py,
 #: which measures what it costs, with ``workers=1``: in this process).
 _CHECK_STRUCTURE = True
+#: Fewest files whose ingest shows its progress by default (at a terminal)
+_PROGRESS_FILES = 2000
 
 
 @dataclass(frozen=True)
@@ -694,7 +696,7 @@ def from_images(
     attrs: Mapping[str, Any] | None = None,
     verify_encoded: bool = False,
     on_error: str = "raise",
-    progress: bool = False,
+    progress: bool | None = None,
     allow_outside: bool = False,
     **writer_kwargs: Any,
 ) -> ImageIngest:
@@ -748,9 +750,10 @@ def from_images(
         removed). ``"skip"``: the other files are written, and every bad file is reported,
         with its reason, in the result's ``skipped``, in the dataset's
         ``attrs["images"]["skipped"]`` (and by the command line).
-    progress : bool
-        Show the progress of the writing (files, bytes, rate, ETA) on stderr: a tqdm bar when
-        tqdm is installed, else a line a second.
+    progress : bool, optional
+        Show the progress on stderr: the headers read (files, rate, ETA), then the files
+        written (bytes, files, rate, ETA); a tqdm bar when tqdm is installed, else a line a
+        second. Default: shown for 2,000 files or more when stderr is a terminal.
     allow_outside : bool
         Read files outside ``src``: follow symlinks that lead out of it, and take CSV paths
         that are absolute or climb out with ``..``. By default such a link or path is refused
@@ -803,7 +806,7 @@ def from_images(
     for name, flag in (
         ("allow_outside", allow_outside),
         ("verify_encoded", verify_encoded),
-        ("progress", progress),
+        ("progress", False if progress is None else progress),
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
@@ -820,14 +823,19 @@ def from_images(
         raise FileNotFoundError(f"no image files ({', '.join(extensions)}) under {src!r}")
     if workers is None:
         nworkers = max(1, min(os.cpu_count() or 1, len(files) // _AUTO_FILES_PER_WORKER))
-    if progress:
-        print(f"from-images: reading the headers of {len(files):,} files", file=sys.stderr)
+    if progress is None:  # long runs at a terminal
+        progress = len(files) >= _PROGRESS_FILES and sys.stderr.isatty()
     step = 256
     with ThreadPoolExecutor(min(32, 4 * (os.cpu_count() or 1))) as pool:  # I/O, GIL released
         runs = pool.map(
             lambda a: [_probe(src, r) for r in files[a : a + step]], range(0, len(files), step)
         )
-        probed = [p for run in runs for p in run]
+        heads = Progress("headers", 0, enabled=progress, unit="files", total_rows=len(files))
+        probed = []
+        for run in runs:
+            probed += run
+            heads.update(len(run), sum(s for _, s in run))
+        heads.close()
         bad: list[_Bad] = []
         headers: dict[int, ImageHeader] = {}
         for i, (hdr, _) in enumerate(probed):
@@ -882,7 +890,7 @@ def from_images(
     ]
     bar: Progress | None = None
     if progress:
-        bar = Progress("from-images", int(sizes.sum()), enabled=True, unit="files")
+        bar = Progress("write", int(sizes.sum()), enabled=True, unit="files")
     results: list[_PartResult] = []
     infos: list = []
     try:

@@ -33,8 +33,9 @@ def main() -> None:
     src, dest = os.path.join(out_dir, "photos"), os.path.join(out_dir, "photos_ds")
     make_folder(src)
 
-    schema = rowstore.from_images(src, dest, workers=2)
-    print(schema)
+    report = rowstore.from_images(src, dest, workers=2)  # every file checked, then stored
+    print(report.schema)
+    print(report.summary())
 
     with rowstore.open(dest) as r:
         print(

@@ -18,8 +18,9 @@
     rowstore import-petastorm URL OUT
                               convert a Petastorm dataset (petastorm not needed) to a dataset
     rowstore from-images SRC OUT [--labels folders|none|CSV] [--workers N]
+        [--shape H,W[,C]] [--channels C] [--on-error raise|skip] [--verify]
                               a folder of PNG/JPEG files (class folders) to a dataset, the
-                              images' bytes as they are
+                              images' bytes as they are, every file checked
     rowstore from-audio SRC OUT [--on-error raise|skip] [--workers N]
                               a speech corpus (a FLAC/WAV folder tree or a CSV/TSV manifest)
                               to a dataset, the audio files' bytes as they are

@@ -7,7 +7,6 @@ import argparse
 from typing import Any
 
 from rowstore.cli._common import _n, _positive
-from rowstore.format import manifest
 from rowstore.images import from_images
 from rowstore.petastorm import import_petastorm
 
@@ -47,10 +46,33 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--no-path", action="store_true", help="do not store each file's path")
     p.add_argument(
-        "--verify-images",
-        action="store_true",
-        help="decode every image in full (not only its header) before it is written",
+        "--shape",
+        type=_shape,
+        help="the image field's shape, H,W or H,W,C with 'none' for a size that varies "
+        "(e.g. none,none,3); default: from the headers",
     )
+    p.add_argument(
+        "--channels",
+        type=_positive,
+        help="channels every image decodes to, whatever the file holds (1 grey, 3 RGB...); "
+        "default: the files' own when all agree, else 3 if any is in colour",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="a bad file (damaged, empty, of the other format...): 'raise' (default) stops "
+        "naming the first and writes nothing; 'skip' writes the rest and lists each skipped "
+        "file and why",
+    )
+    p.add_argument(
+        "--verify",
+        "--verify-images",
+        dest="verify",
+        action="store_true",
+        help="decode every image in full (besides the structural check) before it is written",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--allow-outside",
         action="store_true",
@@ -66,18 +88,41 @@ def _import_petastorm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape(text: str) -> tuple[int | None, ...]:
+    """``H,W`` or ``H,W,C``: positive ints, ``none`` (or ``*``) for a size that varies."""
+    dims: list[int | None] = []
+    for part in text.split(","):
+        p = part.strip().lower()
+        if p in ("none", "*", ""):
+            dims.append(None)
+            continue
+        try:
+            dims.append(_positive(p))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(
+                f"expected H,W or H,W,C (positive ints or 'none'), got {text!r}"
+            ) from None
+    if len(dims) not in (2, 3) or (len(dims) == 3 and dims[2] is None):
+        raise argparse.ArgumentTypeError(
+            f"expected H,W or H,W,C with C a number (e.g. none,none,3), got {text!r}"
+        )
+    return tuple(dims)
+
+
 def _from_images(args: argparse.Namespace) -> int:
     labels = None if args.labels == "none" else args.labels
-    schema = from_images(
+    report = from_images(
         args.src,
         args.out,
         labels=labels,
         workers=args.workers,
         path_field=None if args.no_path else "path",
-        verify_encoded=args.verify_images,
+        shape=args.shape,
+        channels=args.channels,
+        on_error=args.on_error,
+        verify_encoded=args.verify,
+        progress=not args.quiet,
         allow_outside=args.allow_outside,
     )
-    n = int(manifest.load(args.out).shards["rows"].sum())
-    f = schema[schema.names[0]]
-    print(f"{args.out}: {_n(n, 'image')} ({f.codec['id']}, {f.dtype} {f.shape}) from {args.src}")
+    print(report.summary())
     return 0

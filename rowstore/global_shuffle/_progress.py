@@ -12,10 +12,23 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    """Counts rows and bytes of one pass; shows them when ``enabled``."""
+    """Counts rows and bytes of one pass; shows them when ``enabled``. ``unit``: what a row
+    is called (``"files"`` for image ingest); ``total_rows``: the bar counts rows against it
+    rather than bytes (for a pass whose bytes are not known ahead)."""
 
-    def __init__(self, desc: str, total_bytes: int, *, enabled: bool):
+    def __init__(
+        self,
+        desc: str,
+        total_bytes: int,
+        *,
+        enabled: bool,
+        unit: str = "rows",
+        total_rows: int | None = None,
+    ):
         self.desc = desc
+        self.unit = unit
+        self.total_bytes = total_bytes
+        self.total_rows = total_rows
         self.rows = 0
         self.nbytes = 0
         self.t0 = time.perf_counter()
@@ -28,11 +41,12 @@ class Progress:
             except ImportError:
                 pass
             else:
+                by_rows = total_rows is not None
                 self._bar = tqdm(
-                    total=total_bytes,
+                    total=total_rows if by_rows else total_bytes,
                     desc=desc,
-                    unit="B",
-                    unit_scale=True,
+                    unit=f" {unit}" if by_rows else "B",
+                    unit_scale=not by_rows,
                     unit_divisor=1024,
                     dynamic_ncols=True,
                     file=sys.stderr,
@@ -51,23 +65,31 @@ class Progress:
         now = time.perf_counter()
         rate = self.rows / max(now - self.t0, 1e-9)
         if self._bar is not None:
-            self._bar.update(nbytes)
+            self._bar.update(rows if self.total_rows is not None else nbytes)
             if now - self._last > 0.2:
-                self._bar.set_postfix_str(f"{rate:,.0f} rows/s", refresh=False)
+                self._bar.set_postfix_str(
+                    f"{self.rows:,} {self.unit}, {rate:,.0f} {self.unit}/s", refresh=False
+                )
                 self._last = now
         elif now - self._last > 1.0:
             self._last = now
+            speed = self.nbytes / max(now - self.t0, 1e-9)
+            if self.total_rows is not None:
+                left = max(0, self.total_rows - self.rows) / rate if rate > 0 else 0.0
+            else:
+                left = max(0, self.total_bytes - self.nbytes) / speed if speed > 0 else 0.0
             print(
-                f"{self.desc}: {self.rows:,} rows, {self.nbytes / 2**20:,.1f} MiB, {rate:,.0f} "
-                f"rows/s, "
-                f"{self.nbytes / 2**20 / max(now - self.t0, 1e-9):,.1f} MiB/s",
+                f"{self.desc}: {self.rows:,} {self.unit}, {self.nbytes / 2**20:,.1f} MiB, "
+                f"{rate:,.0f} {self.unit}/s, {speed / 2**20:,.1f} MiB/s, ETA {left:,.0f} s",
                 file=sys.stderr,
             )
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.set_postfix_str(
-                f"{self.rows / max(self.seconds, 1e-9):,.0f} rows/s", refresh=False
+                f"{self.rows:,} {self.unit}, {self.rows / max(self.seconds, 1e-9):,.0f} "
+                f"{self.unit}/s",
+                refresh=False,
             )
             self._bar.close()
             self._bar = None

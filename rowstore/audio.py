@@ -103,8 +103,10 @@ class AudioIngest:
     files : int
         Audio files found (rows plus the ones skipped).
     skipped : list of (path, reason)
-        The files left out (``on_error="skip"``) and why, in file order; paths relative to the
-        source folder (the manifest's folder for a manifest).
+        The files left out (``on_error="skip"``) and why: those found before the field was
+        decided (a manifest's rows naming no file, unreadable first files) first, then the
+        others in file order; paths relative to the source folder (for a manifest, the path
+        as it is written).
     audio_bytes : int
         Bytes of audio files read.
     audio_seconds : float
@@ -494,7 +496,7 @@ def _write_part(
         report(done, size)
 
     info = write_shard(dest, schema, batches(), name=name, batches=True, **options)
-    return info, {"skipped": skipped, "seconds": total[0]}
+    return info, {"skipped": sorted(skipped), "seconds": total[0]}
 
 
 def _batch(part: _Part, audio: str, good: list[tuple[int, Any, int, float]]) -> dict:
@@ -725,8 +727,9 @@ def from_audio(
     }
 
     def attrs_of(extras: list[dict]) -> dict:
+        shown = source.written or source.files  # a manifest's paths as written
         for p, extra in zip(parts, extras):
-            skipped.extend((p.files[i], why) for i, why in extra["skipped"])
+            skipped.extend((shown[p.first + i], why) for i, why in extra["skipped"])
         meta["rows"] = n_found - len(skipped)
         meta["skipped_count"] = len(skipped)
         meta["skipped"] = [{"path": p, "reason": w} for p, w in skipped[:_MAX_SKIPPED_ATTRS]]

@@ -175,9 +175,11 @@ def test_manifest_rows_naming_no_file(common_voice, tmp_path):
     with pytest.raises(FileNotFoundError, match="line 3: no such file"):
         rowstore.from_audio(tsv, tmp_path / "ds")
     assert not (tmp_path / "ds").exists()
+    put(str(tsv.parent / "clips" / "common_voice_en_00003.flac"), b"fLaC")  # damaged
     done = rowstore.from_audio(tsv, tmp_path / "ds", on_error="skip")
-    assert done.rows == 3 and done.files == 4
-    assert done.skipped == [("common_voice_en_00001.flac", f"{str(tsv)!r}, line 3: no such file")]
+    assert done.rows == 2 and done.files == 4
+    assert done.skipped[0] == ("common_voice_en_00001.flac", f"{str(tsv)!r}, line 3: no such file")
+    assert done.skipped[1][0] == "common_voice_en_00003.flac"  # as the manifest writes it
 
 
 def test_manifest_paths_stay_inside_its_folder(tmp_path):
@@ -244,8 +246,12 @@ def test_damaged_files_are_skipped_with_reasons(hostile, tmp_path):
     root, rows = hostile
     done = rowstore.from_audio(root, tmp_path / "ds", on_error="skip")
     assert done.rows == len(rows) and done.files == len(rows) + len(BAD)
-    assert {p for p, _ in done.skipped} == BAD
-    assert all(why for _, why in done.skipped)
+    why = dict(done.skipped)
+    assert [p for p, _ in done.skipped] == sorted(BAD)  # in file order
+    assert why["19/198/19-198-0003.flac"] == "not FLAC or WAV bytes (0 bytes)"
+    assert why["19/198/19-198-0004.flac"].startswith("its end does not decode")
+    assert "more than a value may hold" in why["19/198/19-198-0005.flac"]
+    assert why["19/198/19-198-0006.flac"].startswith("truncated WAV")
     assert stored_payloads(tmp_path / "ds", "audio") == [r[1] for r in rows]
     with rowstore.open(tmp_path / "ds") as r:
         assert [r[k]["id"] for k in range(len(r))] == [x[5] for x in rows]

@@ -409,3 +409,23 @@ def test_extreme_values_still_store_readable_statistics(tmp_path):
     assert st["x"].max == big and st["x"].min == -big and st["x"].finite == 6
     assert st["u"].max == 2**64 - 1 and st["u"].min == 0
     assert math.isfinite(st["x"].var) and math.isfinite(st["t"].var)
+
+
+def test_xarray_patch_statistics_agree(tmp_path):
+    """The xarray patch writer's per-variable mean and std (its metadata, for normalization)
+    are the writer's statistics of that field: the same numbers over the same finite values."""
+    xr = pytest.importorskip("xarray")
+    from rowstore.xarray import write_patches
+
+    rng = np.random.default_rng(9)
+    t = rng.normal(280, 12, (4, 2, 13, 11))
+    t[0, 1, 2, 3] = np.nan
+    ds = xr.Dataset({"t": (("time", "altitude", "lat", "lon"), t)})
+    write_patches(ds, str(tmp_path / "p"), patch={"lat": 13, "lon": 11}, variables=["t"])
+    with rowstore.open(str(tmp_path / "p")) as r:
+        patches = r.layout.user_attrs["xarray"]["patches"]
+        meta, field = patches["stats"]["t"], patches["fields"]["t"]
+        st = r.stats()[field]
+    assert st.finite == meta["count"] == t.size - 1 and st.nan == 1
+    assert st.mean == pytest.approx(meta["mean"], rel=1e-12)
+    assert st.std == pytest.approx(meta["std"], rel=1e-9)

@@ -33,7 +33,8 @@ ctypedef fused num:
     uint64_t
 
 cdef int64_t NAT = INT64_MIN
-DEF MAX_LOCAL_BINS = 64
+cdef enum:
+    MAX_LOCAL_BINS = 64
 
 
 def moments1(num[:, :] x, const uint8_t[:] skip, bint has_skip, bint is_time):

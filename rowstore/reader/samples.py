@@ -24,13 +24,16 @@ import numpy as np
 
 from rowstore import _pictures
 from rowstore._html import Html, clip, esc
+from rowstore.errors import CodecError, FormatError
 from rowstore.format.spec import heap_ref_dtype
 from rowstore.reader._gather import FieldPlan
 from rowstore.reader.buffers import NULL_KEY
+from rowstore.reader.image_ops import Resize
 from rowstore.schema import Field
 
 __all__ = [
     "Skipped",
+    "Reduced",
     "sample_rows",
     "read_sample",
     "field_kind",
@@ -189,13 +192,48 @@ def _too_big(f: Field, nbytes: int, shape: Sequence[int] | None) -> str | None:
     return None
 
 
+class Reduced(np.ndarray):
+    """An image decoded smaller than it is stored, for a view: ``full_shape`` is its own."""
+
+    full_shape: tuple = ()
+
+
+def _reducible(f: Field) -> bool:
+    """Whether the JPEG kernel decodes ``f`` at a reduced size (``decode=`` image ops)."""
+    return _codec_id(f) == "jpeg" and (len(f.shape) == 2 or f.shape[2] in (1, 3))
+
+
+def _reduced(reader: Any, f: Field, row: int, shape: Sequence[int], side: int = 128) -> Any:
+    """Row ``row`` of the jpeg field ``f`` (stored ``shape``) decoded by the reader's JPEG kernel
+    to at most ``side`` pixels a side (DCT scaling: a huge image never decoded whole), as a
+    :class:`Reduced`; a :class:`Skipped` when it does not decode."""
+    h, w = int(shape[0]), int(shape[1])
+    k = max(h, w) / side
+    op = Resize((max(1, round(h / k)), max(1, round(w / k))))
+    try:
+        batches = reader.batches(
+            1,
+            shuffle="none",
+            keep=reader.keep_mask(rows=[row]),
+            fields=[f.name],
+            decode={f.name: op},
+            num_threads=1,
+        )
+        a = np.asarray(next(iter(batches))[f.name][0]).view(Reduced)
+    except (CodecError, FormatError) as exc:
+        return Skipped(f"{'x'.join(map(str, shape))} jpeg: not decoded ({exc})")
+    a.full_shape = tuple(int(d) for d in shape)
+    return a
+
+
 def read_sample(
     reader: Any, rows: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None
 ) -> dict[str, list[Any]]:
     """The values of ``fields`` (default all) in ``rows`` (dataset row numbers), per field a list:
     arrays (images decoded by the reader), str/bytes, ``None`` for nulls, :class:`Skipped` for
     values over the bounds (see the module). Reads the row table of those rows, then only the
-    values within bounds."""
+    values within bounds; a JPEG image over them is decoded smaller by the reader's kernel
+    (``decode=`` :class:`~rowstore.reader.image_ops.Resize`, a :class:`Reduced`)."""
     schema = reader.schema.select(fields)
     rows = np.asarray(rows, np.int64).reshape(-1)
     n = len(rows)
@@ -223,7 +261,10 @@ def read_sample(
                 why = _too_big(f, int(r["nbytes"][i]), None if f.is_text or f.is_bytes else shape)
                 if why:
                     mask[i] = False
-                    out[f.name][i] = Skipped(why)
+                    small = int(r["nbytes"][i]) <= MAX_VALUE_BYTES and _reducible(f)
+                    out[f.name][i] = (
+                        _reduced(reader, f, int(rows[i]), shape) if small else Skipped(why)
+                    )
         ok[f.name] = mask
     groups: dict[bytes, list[str]] = {}
     for name, mask in ok.items():
@@ -251,6 +292,9 @@ def value_text(v: Any, limit: int = 80) -> str:
         return str(v)
     if isinstance(v, np.generic):
         v = v.item()
+    if isinstance(v, Reduced):
+        dims = "x".join(map(str, v.full_shape))
+        return f"{v.dtype}[{dims}], shown decoded at {v.shape[1]}x{v.shape[0]}"
     if isinstance(v, np.ndarray) and v.ndim == 0:
         v = v.item()
     if isinstance(v, float):

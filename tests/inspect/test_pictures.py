@@ -14,7 +14,14 @@ import pytest
 import rowstore
 from rowstore import Field, Schema, _pictures
 from rowstore._html import esc, table
-from rowstore.reader.samples import MAX_VALUE_BYTES, Skipped, read_sample, sample_rows
+from rowstore.reader.samples import (
+    MAX_VALUE_BYTES,
+    Reduced,
+    Skipped,
+    read_sample,
+    sample_rows,
+    value_text,
+)
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -126,3 +133,21 @@ def test_read_sample_skips_values_over_the_bounds(tmp_path):
         None,
         None,
     ]
+
+
+def test_read_sample_decodes_a_huge_jpeg_smaller(tmp_path):
+    """A JPEG over the bounds is decoded by the reader's JPEG kernel to a thumbnail
+    (``decode=Resize``, DCT scaling), never whole: a Reduced array that keeps its full shape."""
+    imagecodecs = pytest.importorskip("imagecodecs")
+    big = imagecodecs.jpeg8_encode(np.full((3000, 4200, 3), 120, np.uint8))  # 37.8 MB decoded
+    small = imagecodecs.jpeg8_encode(np.full((30, 40, 3), 60, np.uint8))
+    schema = Schema([Field("img", "uint8", (None, None, 3), codec="jpeg")])
+    path = str(tmp_path / "j.h5")
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch({"img": [small, big]})
+    with rowstore.open(path) as r:
+        got = read_sample(r, [0, 1])["img"]
+    assert not isinstance(got[0], Reduced) and got[0].shape == (30, 40, 3)
+    assert isinstance(got[1], Reduced) and got[1].full_shape == (3000, 4200, 3)
+    assert got[1].shape == (91, 128, 3) and np.abs(got[1].astype(int) - 120).max() <= 2
+    assert "uint8[3000x4200x3], shown decoded at 128x91" in value_text(got[1])

@@ -213,7 +213,9 @@ static void rj_convert_row(const uint8_t* in, uint8_t* out, size_t n, int conv, 
 static int rj_has_eoi(const struct jpeg_decompress_struct* cinfo) {
     const uint8_t* q = (const uint8_t*)cinfo->src->next_input_byte;
     size_t left = cinfo->src->bytes_in_buffer;
-    if (cinfo->unread_marker == 0xD9) return 1;
+    /* a multi-scan image was read whole by jpeg_start_decompress; else the marker may be
+     * read already */
+    if (jpeg_input_complete((j_decompress_ptr)cinfo) || cinfo->unread_marker == 0xD9) return 1;
     while (left >= 2) {
         const uint8_t* f = (const uint8_t*)memchr(q, 0xFF, left - 1);
         if (f == NULL) return 0;

@@ -153,7 +153,13 @@ def test_at_full_scale_the_pixels_are_pils_resize_of_the_box(simd):
                     reducing_gap=None,
                 )  # fmt: skip
                 ref = np.asarray(im.transpose(Image.FLIP_LEFT_RIGHT) if flip else im)
-                assert (out[i] == ref).all(), (op, sizes[i], tuple(info[i]))
+                if isinstance(op, io.CenterCrop):  # a fractional box: the kernel's origin
+                    # is the decoded columns' (x0 - xoff), PIL's the image's: the weights may
+                    # round apart in their last bit
+                    d = np.abs(out[i].astype(int) - ref)
+                    assert d.max() <= 1 and d.mean() < 0.05, (op, sizes[i], tuple(info[i]))
+                else:
+                    assert (out[i] == ref).all(), (op, sizes[i], tuple(info[i]))
                 checked += 1
     finally:
         kernels.jpeg_simd(True)
@@ -637,7 +643,11 @@ def test_libjpegs_memory_manager_is_the_backstop():
 def _adobe_cmyk(a, transform=0, **kw) -> bytes:
     """A CMYK JPEG (PIL writes the Adobe marker, inverted samples); its APP14 transform byte
     set to ``transform``."""
-    data = bytearray(pil_jpeg(Image.fromarray(a, "CMYK") if a.ndim == 3 else a, **kw))
+    import io as _io
+
+    buf = _io.BytesIO()
+    Image.fromarray(a, "CMYK").save(buf, "JPEG", **kw)
+    data = bytearray(buf.getvalue())
     at = data.find(b"Adobe")
     assert at > 0
     data[at + 11] = transform

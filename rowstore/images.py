@@ -762,8 +762,9 @@ def from_images(
     on_error : "raise" or "skip"
         What a bad file does. ``"raise"`` (default): the call fails naming the first bad file
         in file order and what is wrong, and nothing is published (shards already written are
-        removed). ``"skip"``: the other files are written, and every bad file is reported,
-        with its reason, in the result's ``skipped``, in the dataset's
+        removed). ``"skip"``: each file is also checked as the writer will (the codec's rules,
+        e.g. which channels convert to which), the other files are written, and every bad
+        file is reported, with its reason, in the result's ``skipped``, in the dataset's
         ``attrs["images"]["skipped"]`` (and by the command line).
     progress : bool, optional
         Show the progress on stderr: the headers read (files, rate, ETA), then the files

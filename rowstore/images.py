@@ -50,6 +50,7 @@ from rowstore.schema import Field, Schema
 from rowstore.storage.inputs import contained, open_input, read_at, read_input, walk
 from rowstore.writer.commit import commit
 from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, discard, write_shard
+from rowstore.writer.values import check_value
 
 __all__ = ["from_images", "ImageIngest", "SkippedImage", "IMAGE_EXTENSIONS"]
 
@@ -401,7 +402,7 @@ def _schema(
     """The fields: the image field's codec, dtype and shape (dimensions fixed where all files
     agree, else variable, unless ``shape`` was given)."""
     shape = target.shape
-    if shape is None:
+    if shape is None:  # fixed where the files agree (no files: any size)
         hs = {h.height for h in headers}
         ws = {h.width for h in headers}
         dims: list[int | None] = [
@@ -450,16 +451,26 @@ def _content_problem(data: bytes, fmt: str, verify: bool) -> str | None:
     return None
 
 
-def _read_checked(src: str, rel: str, fmt: str, verify: bool) -> bytes | str | BaseException:
-    """The bytes of one file, or why they are not stored (a reason, or the open's error)."""
+def _read_checked(
+    src: str, rel: str, fmt: str, verify: bool, field: Field | None = None
+) -> bytes | str | BaseException:
+    """The bytes of one file, or why they are not stored (a reason, or the open's error).
+    ``field``: also what the writer checks of a value for it (the codec's rules: which
+    channels convert to which), so that a file it would refuse is found here."""
     try:
         data = read_input(os.path.join(src, rel), what="image file", max_bytes=MAX_VALUE_BYTES)
     except (InputError, OSError) as exc:
         return exc
-    if not (_CHECK_STRUCTURE or verify):
-        return data
-    problem = _content_problem(data, fmt, verify)
-    return data if problem is None else problem
+    if _CHECK_STRUCTURE or verify:
+        problem = _content_problem(data, fmt, verify)
+        if problem is not None:
+            return problem
+    if field is not None:
+        try:
+            check_value(field, data, 0)
+        except RowValidationError as exc:
+            return str(exc).removeprefix("row 0: ")
+    return data
 
 
 #: In a worker process: where it reports ``(files, bytes)`` done (set by :func:`_init_worker`)
@@ -491,17 +502,20 @@ def _batches(
     check: tuple[str, bool, bool],
     out: _PartResult,
     tick: Callable[[int, int], None] | None,
+    writer_check: Field | None = None,
 ) -> Iterator[dict]:
     """The part's files as ``write_batch`` columns, each file checked first (``check``: the
     format, a full decode or not, skip the bad ones or raise); what was skipped and stored is
-    counted in ``out``. A thread reads and checks the next batch's files while the writer
+    counted in ``out``; ``writer_check``: the field whose writer checks each file also meets
+    (when skipping). A thread reads and checks the next batch's files while the writer
     stores this one (reads, CRCs, the numpy scans and decodes release the GIL)."""
     image, label, path = names
     field, fmt, verify, skip = image, *check
     starts = range(0, len(part.files), _BATCH_FILES)
 
     def load(lo: int) -> list[bytes | str | BaseException]:
-        return [_read_checked(src, r, fmt, verify) for r in part.files[lo : lo + _BATCH_FILES]]
+        rels = part.files[lo : lo + _BATCH_FILES]
+        return [_read_checked(src, r, fmt, verify, writer_check) for r in rels]
 
     with ThreadPoolExecutor(1) as ahead:
         pending = ahead.submit(load, 0) if starts else None
@@ -558,11 +572,12 @@ def _write_part(
         tick = _queue_tick
     schema = Schema.from_json(schema_json)
     out = _PartResult(None, [], 0, 0, [])
+    writer_check = schema[names[0]] if check[2] else None  # skipping: what it would refuse
     try:
         info = write_shard(
             dest,
             schema,
-            _batches(src, part, names, check, out, tick),
+            _batches(src, part, names, check, out, tick, writer_check),
             name=name,
             batches=True,
             **options,
@@ -584,16 +599,16 @@ def _write_part(
 
 
 def _first_damaged(
-    src: str, files: list[str], fmt: str, verify: bool, pool: ThreadPoolExecutor
+    src: str, files: list[str], fmt: str, verify: bool, field: Field, pool: ThreadPoolExecutor
 ) -> tuple[int, str | BaseException] | None:
     """The first of ``files`` whose content is not stored (read and checked on ``pool``, in
-    order, stopping at the first), or None."""
+    order, stopping at the first; ``field``: what the writer checks too), or None."""
     step = 64
     runs = [range(a, min(a + step, len(files))) for a in range(0, len(files), step)]
 
     def run(r: range) -> tuple[int, str | BaseException] | None:
         for i in r:
-            got = _read_checked(src, files[i], fmt, verify)
+            got = _read_checked(src, files[i], fmt, verify, field)
             if not isinstance(got, bytes):
                 return i, got
         return None
@@ -747,8 +762,9 @@ def from_images(
     on_error : "raise" or "skip"
         What a bad file does. ``"raise"`` (default): the call fails naming the first bad file
         in file order and what is wrong, and nothing is published (shards already written are
-        removed). ``"skip"``: the other files are written, and every bad file is reported,
-        with its reason, in the result's ``skipped``, in the dataset's
+        removed). ``"skip"``: each file is also checked as the writer will (the codec's rules,
+        e.g. which channels convert to which), the other files are written, and every bad
+        file is reported, with its reason, in the result's ``skipped``, in the dataset's
         ``attrs["images"]["skipped"]`` (and by the command line).
     progress : bool, optional
         Show the progress on stderr: the headers read (files, rate, ETA), then the files
@@ -854,7 +870,10 @@ def from_images(
         if bad and not skip:  # the first bad file: is one before it damaged inside?
             first = bad[0]
             if target is not None and first.index:
-                hit = _first_damaged(src, files[: first.index], target.format, verify_encoded, pool)
+                some = _schema([], target, image_field, None, None, codec)[image_field]
+                hit = _first_damaged(
+                    src, files[: first.index], target.format, verify_encoded, some, pool
+                )
                 if hit is not None:
                     i, got = hit
                     first = _Bad(i, str(got), got if isinstance(got, BaseException) else None)

@@ -345,8 +345,15 @@ def test_channels_of_the_field(every_kind, tmp_path):
     assert s.shape == (14, 20, 3)
     s = rowstore.from_images(jp, tmp_path / "j1", channels=1, on_error="skip").schema["image"]
     assert s.shape == (14, 20)
-    s = rowstore.from_images(pn, tmp_path / "p4", channels=4, on_error="skip").schema["image"]
-    assert s.shape == (14, 20, 4)
+    # images of any channels convert to 1 or 3 (h39d): with channels=4 the other PNGs are
+    # bad files, skipped with the codec's reason, the RGBA one stored
+    report = rowstore.from_images(pn, tmp_path / "p4", channels=4, on_error="skip")
+    assert report.schema["image"].shape == (14, 20, 4)
+    assert stored(tmp_path / "p4") == {"a/2_alpha.png": read(pn, "a/2_alpha.png")}
+    why = {s.path: s.reason for s in report.skipped}
+    assert "cannot become 4 channels" in why["a/0_rgb.png"] and len(why) == 4
+    with pytest.raises(RowValidationError, match="'a/0_rgb.png': row 0: .*cannot become 4"):
+        rowstore.from_images(pn, tmp_path / "p4r", channels=4)
     # one read check (the decode engineer's tests hold every path): a grey JPEG read as RGB
     with rowstore.open(tmp_path / "g3") as r:
         want = np.asarray(Image.open(os.path.join(grey, "a/0.jpg")).convert("RGB"))

@@ -134,7 +134,7 @@ def column(
             values.add_array(flat)
         return out
     has_skip = skip is not None
-    sk = skip.view(np.uint8) if has_skip else _NO_SKIP
+    sk = skip.view(np.uint8) if skip is not None else _NO_SKIP
     got = None if has_skip else _first_pass(x, is_time)
     if got is None:  # nulls to leave out, NaN/inf/NaT present: the kernel's checking pass
         got = kernels.column_moments1(x, sk, has_skip, is_time)
@@ -423,7 +423,9 @@ class _FieldKeeper:
             part = column(x.reshape(-1, 1), "number", integer=integer, values=vals)
             part["count"] = len(x)
             prev = self.facts.get(name)
-            self.facts[name] = part if prev is None else fs.merge_field(prev, part)
+            merged = part if prev is None else fs.merge_field(prev, part)
+            assert merged is not None  # (parts of one field always merge)
+            self.facts[name] = merged
 
     def stored(self) -> dict:
         out = dict(self.stats)
@@ -448,29 +450,35 @@ _HASH_MUL = np.uint64(0x100000001B3)
 
 def _count_payloads(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> dict:
     """``{payload bytes: count}`` of the payloads ``[offsets, offsets + nbytes)`` of ``heap``
-    (short ones: str values), vectorized: each payload's bytes hashed column by column, equal
-    hashes checked to be equal payloads (else counted one by one: exact either way)."""
+    (short ones: str values), vectorized: each payload's bytes hashed a byte position at a time
+    (memory: a few arrays of one entry per payload), equal hashes then checked to be equal
+    payloads (else counted one by one: exact either way)."""
     n = len(offsets)
     if not n:
         return {}
     w = int(nbytes.max())
     if w == 0:
         return {b"": n}
-    cols = np.arange(w, dtype=np.int64)
-    idx = offsets[:, None] + cols
-    np.minimum(idx, len(heap) - 1, out=idx)
-    mat = heap[idx]
-    mat[cols >= nbytes[:, None]] = 0
+    last = len(heap) - 1
+
+    def byte(j: int, at: np.ndarray = offsets) -> np.ndarray:
+        col = heap[np.minimum(at + j, last)]
+        col[j >= nbytes] = 0
+        return col
+
     h = nbytes.astype(np.uint64)
     with np.errstate(over="ignore"):
         for j in range(w):
             h *= _HASH_MUL
-            h ^= mat[:, j]
+            h ^= byte(j)
     _, first, inverse, counts = np.unique(
         h, return_index=True, return_inverse=True, return_counts=True
     )
     rep = first[inverse]
-    if not (np.array_equal(nbytes[rep], nbytes) and np.array_equal(mat[rep], mat)):
+    same = np.array_equal(nbytes[rep], nbytes) and all(
+        np.array_equal(byte(j), byte(j, offsets[rep])) for j in range(w)
+    )
+    if not same:
         found: dict[bytes, int] = {}
         for a, b in zip(offsets.tolist(), (offsets + nbytes).tolist()):
             k = heap[a:b].tobytes()
@@ -483,16 +491,21 @@ def _count_payloads(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -
 
 
 def _gather(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """The bytes of the payloads ``[offsets, offsets + nbytes)`` of ``heap``, concatenated."""
+    """The bytes of the payloads ``[offsets, offsets + nbytes)`` of ``heap``, concatenated in
+    row order (payloads of one field lie in row order, others' between them)."""
+    keep = nbytes > 0
+    offsets, nbytes = offsets[keep], nbytes[keep]
     if not len(offsets):
         return heap[:0]
     ends = offsets + nbytes
+    lo, hi = int(offsets[0]), int(ends[-1])
     if len(offsets) == 1 or bool((offsets[1:] == ends[:-1]).all()):
-        return heap[int(offsets[0]) : int(ends[-1])].copy()  # one run: the common case
-    total = int(nbytes.sum())
-    starts = np.repeat(offsets - (np.cumsum(nbytes) - nbytes), nbytes)
-    starts += np.arange(total, dtype=np.int64)
-    return heap[starts]
+        return heap[lo:hi].copy()  # one run: the common case
+    # a mask of this field's bytes in the span (three bytes of memory per byte spanned)
+    delta = np.zeros(hi - lo + 1, np.int8)
+    delta[offsets - lo] = 1
+    delta[ends - lo] -= 1
+    return heap[lo:hi][np.cumsum(delta[:-1], dtype=np.int8).view(np.bool_)]
 
 
 class StatsKeeper:

@@ -284,7 +284,7 @@ def _time_text(v: Any, dtype: Any, key: str) -> str | None:
     unit = str(dtype)[str(dtype).index("[") + 1 : -1]
     if key == "std" or dt == "m":
         return f"{_fmt(v)} {unit}"
-    return str(np.datetime64(int(round(v)), unit))
+    return str(np.array(int(round(v)), np.int64).view(f"M8[{unit}]"))
 
 
 def stats_numbers(fs: Any, dtype: Any = None) -> dict[str, str]:

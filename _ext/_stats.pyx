@@ -17,7 +17,7 @@ Rows whose ``skip`` flag is non-zero (nulls) are left out. Bin and value indexes
 the arrays given, so no input writes outside them.
 """
 
-from libc.math cimport floor, isinf, isnan
+from libc.math cimport isinf, isnan
 from libc.stdint cimport INT64_MIN, int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 ctypedef fused num:
@@ -33,7 +33,8 @@ ctypedef fused num:
     uint64_t
 
 cdef int64_t NAT = INT64_MIN
-DEF MAX_LOCAL_BINS = 64
+cdef enum:
+    MAX_LOCAL_BINS = 64
 
 
 def moments1(num[:, :] x, const uint8_t[:] skip, bint has_skip, bint is_time):
@@ -103,7 +104,7 @@ def moments2(
     value ``v - lo`` to ``values`` (if it has any entries)."""
     cdef Py_ssize_t n = x.shape[0], k = x.shape[1], i, j
     cdef Py_ssize_t nb = bins.shape[0], nv = values.shape[0]
-    cdef double m2 = 0.0, d, d2, p0, p1, t
+    cdef double m2 = 0.0, d, p0, p1, t
     cdef int64_t b
     cdef num v
     cdef num* row

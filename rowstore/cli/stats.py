@@ -115,7 +115,8 @@ def table(stats: DatasetStats) -> str:
             ]
         )
     header = ["field", "kind", "count", "nulls", "nan", "inf", "min", "max", "mean", "std", ""]
-    return f"{stats.rows:,} rows\n" + _table(rows, header)
+    lines = _table(rows, header).splitlines()
+    return f"{stats.rows:,} rows\n" + "\n".join(line.rstrip() for line in lines)
 
 
 def stats_text(
@@ -140,7 +141,7 @@ def stats_text(
     if raw is None:
         msg = f"{path}: no statistics (written before rowstore kept them, or with stats=False)"
         return (json.dumps(None) if as_json else msg), False
-    stats = DatasetStats.from_dict(raw, path)
+    stats = DatasetStats.from_dict(raw, path, opened.layout.schema.names)
     if as_json:
         return json.dumps(stats.to_dict(), indent=1, sort_keys=True), True
     return table(stats), True

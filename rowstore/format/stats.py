@@ -515,10 +515,16 @@ class DatasetStats:
     fields: dict[str, FieldStats]
 
     @classmethod
-    def from_dict(cls, obj: Any, where: str = "statistics") -> DatasetStats:
-        """From the stored form (checked: :class:`FormatError` for a malformed one)."""
+    def from_dict(
+        cls, obj: Any, where: str = "statistics", names: Iterable[str] | None = None
+    ) -> DatasetStats:
+        """From the stored form (checked: :class:`FormatError` for a malformed one); ``names``:
+        the schema's fields, in the order :attr:`fields` takes (stored: sorted by name)."""
         obj = check_stats(obj, where)
-        return cls(obj["rows"], {k: FieldStats(v) for k, v in obj["fields"].items()})
+        fields = obj["fields"]
+        order = [n for n in names if n in fields] if names is not None else list(fields)
+        order += [n for n in fields if n not in order]
+        return cls(obj["rows"], {k: FieldStats(fields[k]) for k in order})
 
     def to_dict(self) -> dict:
         """The stored form (JSON values; :meth:`from_dict` reads it back)."""

@@ -243,7 +243,9 @@ class Reader(EpochReads):
         for files or versions written without them (before rowstore kept statistics, or with
         ``Writer(stats=False)``). Nothing is read: they come with the footer or manifest."""
         stats = self.layout.stats
-        return None if stats is None else DatasetStats.from_dict(stats, self.path)
+        return (
+            None if stats is None else DatasetStats.from_dict(stats, self.path, self.schema.names)
+        )
 
     @property
     def fingerprint(self) -> str:

@@ -134,7 +134,7 @@ def column(
             values.add_array(flat)
         return out
     has_skip = skip is not None
-    sk = skip.view(np.uint8) if has_skip else _NO_SKIP
+    sk = skip.view(np.uint8) if skip is not None else _NO_SKIP
     got = None if has_skip else _first_pass(x, is_time)
     if got is None:  # nulls to leave out, NaN/inf/NaT present: the kernel's checking pass
         got = kernels.column_moments1(x, sk, has_skip, is_time)
@@ -423,7 +423,9 @@ class _FieldKeeper:
             part = column(x.reshape(-1, 1), "number", integer=integer, values=vals)
             part["count"] = len(x)
             prev = self.facts.get(name)
-            self.facts[name] = part if prev is None else fs.merge_field(prev, part)
+            merged = part if prev is None else fs.merge_field(prev, part)
+            assert merged is not None  # (parts of one field always merge)
+            self.facts[name] = merged
 
     def stored(self) -> dict:
         out = dict(self.stats)

@@ -331,3 +331,101 @@ def test_cli_table_and_json(tmp_path):
     with redirect_stdout(out):
         assert cli_main(["stats", str(tmp_path / "none.h5")]) == 1
     assert "no statistics" in out.getvalue()
+
+
+def test_grouping_does_not_change_statistics(tmp_path):
+    """Rows folded in other groups (row by row with tiny heap chunks, one batch, an append)
+    give the same counts, extremes, bins and values; means and variances up to rounding."""
+    d = _data(seed=7)
+    kw = dict(rows_per_block=16, heap_chunk_bytes=64)
+    with Writer(tmp_path / "rows.h5", SCHEMA, **kw) as w:
+        for row in _rows(d, 0, N):
+            w.write(row)
+    with Writer(tmp_path / "batch.h5", SCHEMA, rows_per_block=N) as w:
+        w.write_batch(d)
+    with Writer(tmp_path / "app.h5", SCHEMA, **kw) as w:
+        w.write_batch({k: v[:77] for k, v in d.items()})
+    with Writer(tmp_path / "app.h5", mode="a") as w:
+        w.write_batch({k: v[77:] for k, v in d.items()})
+    got = [rowstore.Layout.open(tmp_path / f"{n}.h5").stats for n in ("rows", "batch", "app")]
+    assert fs.close(got[0], got[1])
+    # an append merges the file's stored lists (24 values): exact where they were complete
+    for st in (got[0], got[2]):
+        for f in st["fields"].values():
+            if "values" in f and not f["values"]["complete"]:
+                del f["values"]
+    assert fs.close(got[0], got[2])
+    assert {"label", "flag", "word"} <= {k for k, f in got[2]["fields"].items() if "values" in f}
+    assert not fs.close(got[0], {**got[0], "rows": 1})
+
+
+@pytest.mark.parametrize(
+    "dtype", ["f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "?", "M8[ms]"]
+)
+def test_kernel_agrees_with_numpy(dtype):
+    """The compiled column statistics against the numpy reference (:func:`numbers`), strided
+    columns and skipped (null) rows included."""
+    from rowstore.writer._stats import column, numbers
+
+    rng = np.random.default_rng(8)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        x = (rng.normal(3, 5, (40, 3)) * 100).astype(dt)
+        x[3, 1], x[7, 0], x[9, 2] = np.nan, np.inf, -np.inf
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        x = rng.integers(info.min, info.max, (40, 3), dtype=dt, endpoint=True)
+    elif dt.kind == "b":
+        x = rng.random((40, 3)) < 0.4
+    else:
+        x = (rng.integers(0, 10**12, (40, 3))).astype(dt)
+        x[5, 1] = np.datetime64("NaT")
+    rows = np.zeros(40, dtype=[("pad", "u1"), ("x", dt, (3,)), ("null", "?")])
+    rows["x"] = x
+    rows["null"][::7] = True
+    kind = "bool" if dt.kind == "b" else "time" if dt.kind == "M" else "number"
+    integer = dt.kind in "iubM"
+    got = column(rows["x"], kind, integer=integer, skip=rows["null"])
+    want = numbers(x[~rows["null"]].reshape(-1), kind, integer=integer)
+    for k in ("elements", "nan", "inf", "finite", "min", "max"):
+        assert got[k] == want[k], k
+    assert got["mean"] == pytest.approx(want["mean"], rel=1e-9)
+    assert got["m2"] == pytest.approx(want["m2"], rel=1e-6)
+    assert got.get("hist") == want.get("hist") or dt.kind == "u" and dt.itemsize == 8
+
+
+def test_extreme_values_still_store_readable_statistics(tmp_path):
+    big = np.finfo(np.float64).max
+    schema = Schema([Field("x", "float64"), Field("u", "uint64"), Field("t", "float32")])
+    with Writer(tmp_path / "x.h5", schema, rows_per_block=2) as w:
+        w.write_batch(
+            {
+                "x": np.array([big, -big, big, 0.0, 5e-324, -5e-324]),
+                "u": np.array([2**64 - 1, 2**64 - 2, 2**63, 0, 2**64 - 1, 7], dtype=np.uint64),
+                "t": np.array([3.4e38, -3.4e38, 1.0, 0, 0, 0], dtype=np.float32),
+            }
+        )
+    st = rowstore.open(tmp_path / "x.h5").stats()  # checked on read: finite, consistent
+    assert st["x"].max == big and st["x"].min == -big and st["x"].finite == 6
+    assert st["u"].max == 2**64 - 1 and st["u"].min == 0
+    assert math.isfinite(st["x"].var) and math.isfinite(st["t"].var)
+
+
+def test_xarray_patch_statistics_agree(tmp_path):
+    """The xarray patch writer's per-variable mean and std (its metadata, for normalization)
+    are the writer's statistics of that field: the same numbers over the same finite values."""
+    xr = pytest.importorskip("xarray")
+    from rowstore.xarray import write_patches
+
+    rng = np.random.default_rng(9)
+    t = rng.normal(280, 12, (4, 2, 13, 11))
+    t[0, 1, 2, 3] = np.nan
+    ds = xr.Dataset({"t": (("time", "altitude", "lat", "lon"), t)})
+    write_patches(ds, str(tmp_path / "p"), patch={"lat": 13, "lon": 11}, variables=["t"])
+    with rowstore.open(str(tmp_path / "p")) as r:
+        patches = r.layout.user_attrs["xarray"]["patches"]
+        meta, field = patches["stats"]["t"], patches["fields"]["t"]
+        st = r.stats()[field]
+    assert st.finite == meta["count"] == t.size - 1 and st.nan == 1
+    assert st.mean == pytest.approx(meta["mean"], rel=1e-12)
+    assert st.std == pytest.approx(meta["std"], rel=1e-9)

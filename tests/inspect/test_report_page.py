@@ -20,6 +20,9 @@ from rowstore.cli import main
 from rowstore.demo import make_demo
 from rowstore.inspect import QUALITY_ROWS, report
 
+#: One worker runs every test that looks at a page (``-n 2 --dist loadgroup``): one Chromium.
+pytestmark = pytest.mark.xdist_group("chromium")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: What every <img> of a page says about itself once loaded.

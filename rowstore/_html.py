@@ -25,6 +25,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rowstore import _pictures
 
 __all__ = [
@@ -42,7 +44,6 @@ __all__ = [
     "schema_html",
     "schema_text",
     "stats_numbers",
-    "stats_text",
     "field_stats_html",
     "TEXT_LIMIT",
     "MAX_FIELDS",
@@ -274,19 +275,28 @@ def _std(fs: Any) -> Any:
 STAT_KEYS = ("count", "nulls", "nan", "inf", "min", "max", "mean", "std")
 
 
-def stats_numbers(fs: Any) -> dict[str, str]:
-    """The numbers of one field's statistics, formatted (only those it has)."""
+def _time_text(v: Any, dtype: Any, key: str) -> str | None:
+    """A datetime64/timedelta64 field's statistic (a count of its unit) as a time, or None
+    for other fields."""
+    dt = getattr(dtype, "kind", None)
+    if dt not in ("M", "m") or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    unit = str(dtype)[str(dtype).index("[") + 1 : -1]
+    if key == "std" or dt == "m":
+        return f"{_fmt(v)} {unit}"
+    return str(np.array(int(round(v)), np.int64).view(f"M8[{unit}]"))
+
+
+def stats_numbers(fs: Any, dtype: Any = None) -> dict[str, str]:
+    """The numbers of one field's statistics, formatted (only those it has); ``dtype`` a
+    datetime64/timedelta64 dtype: min, max and mean as times, std in its unit."""
     out = {}
     for k in STAT_KEYS:
         v = _std(fs) if k == "std" else _get(fs, k)
         if v is not None and not (k in ("nan", "inf") and v == 0 and _get(fs, "count") is None):
-            out[k] = _fmt(v)
+            t = _time_text(v, dtype, k) if k in ("min", "max", "mean", "std") else None
+            out[k] = _fmt(v) if t is None else t
     return out
-
-
-def stats_text(fs: Any) -> str:
-    """One line: ``count 1,000  min 0  max 9 ...``."""
-    return "  ".join(f"{k} {v}" for k, v in stats_numbers(fs).items())
 
 
 def top_values(fs: Any) -> tuple[list[tuple[Any, int]], int] | None:
@@ -339,7 +349,12 @@ def value_label(value: Any, names: Sequence[str] | None = None) -> str:
 
 
 def field_stats_html(
-    name: str, fs: Any, *, kind: str = "", class_names: Sequence[str] | None = None
+    name: str,
+    fs: Any,
+    *,
+    kind: str = "",
+    class_names: Sequence[str] | None = None,
+    dtype: Any = None,
 ) -> Html:
     """One field's statistics as a card: its numbers, a histogram, the counts of its most
     frequent values (``class_names`` label integer values), lengths, image and audio
@@ -348,7 +363,7 @@ def field_stats_html(
     if fs is None:
         parts.append('<div class="rs-note">no statistics stored</div>')
         return Html('<div class="rs-card">' + "".join(parts) + "</div>")
-    nums = stats_numbers(fs)
+    nums = stats_numbers(fs, dtype)
     if nums:
         parts.append(table(list(nums), [list(nums.values())]))
     nan = _get(fs, "nan")

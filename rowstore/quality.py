@@ -16,6 +16,7 @@ Large datasets are sampled: ``max_rows`` evenly spaced rows for the correlation,
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rowstore.errors import SchemaError
-from rowstore.reader.dataset import Reader
+from rowstore.reader.dataset import Reader, as_reader
 from rowstore.schema import Schema
 
 __all__ = ["OrderQuality", "order_quality", "spearman", "default_field"]
@@ -109,7 +110,7 @@ def _spread(
 
 
 def order_quality(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Reader,
     *,
     field: str | None = None,
     batch_size: int = 64,
@@ -121,14 +122,16 @@ def order_quality(
     pieces: int | None = None,
 ) -> OrderQuality:
     """Order figures of the file or dataset at ``path`` (see :class:`OrderQuality`; a URL with
-    ``storage_options`` as for :func:`rowstore.open`); ``window`` and ``pieces`` are the block
-    shuffle's (:meth:`Reader.batches <rowstore.reader.Reader.batches>`; None: the defaults the
-    reader resolves for the file, which the result reports).
+    ``storage_options`` as for :func:`rowstore.open`; or an open :class:`Reader`, left open);
+    ``window`` and ``pieces`` are the block shuffle's (:meth:`Reader.batches
+    <rowstore.reader.Reader.batches>`; None: the defaults the reader resolves for the file,
+    which the result reports).
 
     ``field`` must be a scalar numeric field (default: :func:`default_field`). Reads at most
     ``max_rows + max_batches * batch_size * 2`` values of that field.
     """
-    with Reader(path, storage_options=storage_options) as r:
+    opened, own = as_reader(path, storage_options)  # a path, or an open Reader (left open)
+    with opened if own else contextlib.nullcontext(opened) as r:
         window, pieces = r.order_defaults("block", window, pieces)
         n = len(r)
         name = default_field(r.schema) if field is None else field
@@ -164,5 +167,13 @@ def order_quality(
             else None
         )
         return OrderQuality(
-            os.fspath(path), n, name, rho, batch_size, window, spread, mixing, pieces
+            r.path if isinstance(path, Reader) else os.fspath(path),
+            n,
+            name,
+            rho,
+            batch_size,
+            window,
+            spread,
+            mixing,
+            pieces,
         )

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from rowstore.cli._common import _count, _human, _storage_options_argument
+from rowstore.cli._common import _add_outside_links, _count, _human, _storage_options_argument
 from rowstore.inspect._report import report
 
 
@@ -30,6 +30,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--quality-field", help="scalar numeric field of the order quality (default: the first)"
     )
+    _add_outside_links(p)
     _storage_options_argument(p)
     p.set_defaults(run=_report)
 
@@ -43,6 +44,7 @@ def _report(args: argparse.Namespace) -> int:
         seed=args.seed,
         quality_field=args.quality_field,
         storage_options=args.storage_options,
+        allow_outside_links=args.allow_outside_links,
     )
     print(f"wrote {args.output} ({_human(os.path.getsize(args.output))})")
     return 0

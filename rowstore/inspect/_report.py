@@ -187,7 +187,7 @@ def _balance(r: Reader, st: Any) -> Html:
     return Html("".join(parts))
 
 
-def _quality(r: Reader, path: Any, field: str | None, storage_options: dict | None) -> Html:
+def _quality(r: Reader, field: str | None) -> Html:
     """The order figures of :func:`~rowstore.quality.order_quality` and a plot of the field's
     values against their row position (the same evenly spaced rows)."""
     name = field if field is not None else default_field(r.schema)
@@ -195,13 +195,7 @@ def _quality(r: Reader, path: Any, field: str | None, storage_options: dict | No
         return Html('<div class="rs-note">no scalar numeric field to measure the order by</div>')
     with warnings.catch_warnings():  # a NaN-only field: its spread is None, not a warning
         warnings.simplefilter("ignore", RuntimeWarning)
-        q = order_quality(
-            path,
-            field=name,
-            max_rows=QUALITY_ROWS,
-            max_batches=QUALITY_BATCHES,
-            storage_options=storage_options,
-        )
+        q = order_quality(r, field=name, max_rows=QUALITY_ROWS, max_batches=QUALITY_BATCHES)
 
     def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -274,29 +268,24 @@ def report_html(
     seed: int = 0,
     quality_field: str | None = None,
     storage_options: dict | None = None,
+    allow_outside_links: bool = False,
 ) -> str:
     """The report page of ``dataset`` (a path, a URL with ``storage_options``, or a
     :class:`~rowstore.reader.Reader`) as HTML text; see :func:`report`."""
     own = not isinstance(dataset, Reader)
-    r = Reader(dataset, storage_options=storage_options) if own else dataset
+    r = (
+        Reader(dataset, storage_options=storage_options, allow_outside_links=allow_outside_links)
+        if own
+        else dataset
+    )
     try:
-        return _page(
-            r, dataset if own else r.path, scan, samples, seed, quality_field, storage_options
-        )
+        return _page(r, scan, samples, seed, quality_field)
     finally:
         if own:
             r.close()
 
 
-def _page(
-    r: Reader,
-    path: Any,
-    scan: bool,
-    samples: int,
-    seed: int,
-    quality_field: str | None,
-    storage_options: dict | None,
-) -> str:
+def _page(r: Reader, scan: bool, samples: int, seed: int, quality_field: str | None) -> str:
     st, why = stats_of(r)
     attrs = r.layout.user_attrs
     picked = sample_rows(len(r), samples, seed)
@@ -319,9 +308,7 @@ def _page(
         _section(f"Samples ({len(picked):,} rows, seed {seed})", "samples", sample),
         _section("Statistics", "statistics", stats),
         _section("Label balance", "balance", lambda: _balance(r, st)),
-        _section(
-            "Order quality", "quality", lambda: _quality(r, path, quality_field, storage_options)
-        ),
+        _section("Order quality", "quality", lambda: _quality(r, quality_field)),
     ]
     if scan:
         sections.append(_section("Checksums of every chunk", "scan", lambda: _scan(r)))
@@ -352,6 +339,7 @@ def report(
     seed: int = 0,
     quality_field: str | None = None,
     storage_options: dict | None = None,
+    allow_outside_links: bool = False,
 ) -> str:
     """Write the report page of ``dataset`` to ``path`` (one self-contained HTML file: no
     script, nothing fetched; open it in any browser) and return its HTML text (only return it
@@ -372,6 +360,8 @@ def report(
         Rows in the sample (a pure function of the row count, ``samples`` and ``seed``).
     quality_field : str, optional
         The scalar numeric field the order quality is measured by (default: the first one).
+    storage_options, allow_outside_links
+        As :class:`~rowstore.reader.Reader` takes them.
 
     Reads the stored statistics, the sample rows (each value within
     :data:`~rowstore.reader.samples.MAX_VALUE_BYTES`) and :data:`QUALITY_ROWS` plus
@@ -386,6 +376,7 @@ def report(
         seed=seed,
         quality_field=quality_field,
         storage_options=storage_options,
+        allow_outside_links=allow_outside_links,
     )
     if path is not None:
         with open(path, "w", encoding="utf-8") as f:

@@ -96,7 +96,7 @@ def fields_table(schema: Any, st: Any) -> Html:
         keys = ["count", "nulls", "min", "max", "mean"]
         header += keys
         for row, f in zip(rows, schema):
-            nums = _html.stats_numbers(_field_stats(st, f.name) or {})
+            nums = _html.stats_numbers(_field_stats(st, f.name) or {}, f.dtype)
             row += [nums.get(k, "") for k in keys]
     shown, more = _html.cut_rows(rows, _html.MAX_FIELDS, "fields")
     return Html(table(header, shown) + more)
@@ -109,7 +109,11 @@ def stats_cards(schema: Any, st: Any, attrs: Mapping | None) -> Html:
         kind = f"{f.dtype}{_html.shape_text(f.shape) if f.shape else ''}"
         cards.append(
             _html.field_stats_html(
-                f.name, _field_stats(st, f.name), kind=kind, class_names=class_names(f, attrs)
+                f.name,
+                _field_stats(st, f.name),
+                kind=kind,
+                class_names=class_names(f, attrs),
+                dtype=f.dtype,
             )
         )
     return Html("".join(cards))

@@ -15,6 +15,9 @@ from rowstore._html import MAX_LINES
 from rowstore.demo import make_demo
 from rowstore.reader.view import View
 
+#: One worker runs every test that looks at a page (``-n 2 --dist loadgroup``): one Chromium.
+pytestmark = pytest.mark.xdist_group("chromium")
+
 IMAGES = "[...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])"
 
 

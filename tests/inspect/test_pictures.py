@@ -151,3 +151,25 @@ def test_read_sample_decodes_a_huge_jpeg_smaller(tmp_path):
     assert isinstance(got[1], Reduced) and got[1].full_shape == (3000, 4200, 3)
     assert got[1].shape == (91, 128, 3) and np.abs(got[1].astype(int) - 120).max() <= 2
     assert "uint8[3000x4200x3], shown decoded at 128x91" in value_text(got[1])
+
+
+def test_time_statistics_read_as_times(tmp_path):
+    """A datetime64 field's stored statistics (counts of its unit) are shown as times, a
+    timedelta64 field's in its unit."""
+    from rowstore.reader.view import fields_table
+
+    schema = Schema([Field("t", "datetime64[ns]"), Field("dt", "timedelta64[s]")])
+    path = str(tmp_path / "t.h5")
+    with rowstore.Writer(path, schema) as w:
+        w.write_batch(
+            {
+                "t": np.array(["2026-01-01T00:00", "2026-03-01T12:00"], "M8[ns]"),
+                "dt": np.array([5, 65], "m8[s]"),
+            }
+        )
+    with rowstore.open(path) as r:
+        if r.stats() is None:
+            pytest.skip("this build keeps no statistics")
+        html = fields_table(r.schema, r.stats())
+    assert "2026-01-01T00:00:00.000000000" in html and "2026-03-01T12:00:00.000000000" in html
+    assert "<td>5 s</td><td>65 s</td><td>35 s</td>" in html

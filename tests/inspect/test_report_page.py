@@ -20,6 +20,9 @@ from rowstore.cli import main
 from rowstore.demo import make_demo
 from rowstore.inspect import QUALITY_ROWS, report
 
+#: One worker runs every test that looks at a page (``-n 2 --dist loadgroup``): one Chromium.
+pytestmark = pytest.mark.xdist_group("chromium")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: What every <img> of a page says about itself once loaded.
@@ -278,3 +281,22 @@ def test_audio_players_play_in_chromium(tmp_path, look):
     )
     want = [min(k / rate, 2.5) for k in lengths[:4]]
     assert np.allclose(durations, want, atol=0.01), durations
+
+
+def test_order_quality_of_an_open_reader(tmp_path):
+    """The report measures the reader it shows: order_quality takes an open Reader (left
+    open) and gives what it gives for the path."""
+    from rowstore.quality import order_quality
+
+    path = make_demo("tiny", str(tmp_path / "t.h5"), 3000)
+    with rowstore.open(path) as r:
+        a = order_quality(r, max_rows=500)
+        assert len(r.take([0])["x"]) == 1  # still open
+    b = order_quality(path, max_rows=500)
+    assert (a.spearman, a.batch_spread, a.block_mixing, a.rows) == (
+        b.spearman,
+        b.batch_spread,
+        b.block_mixing,
+        b.rows,
+    )
+    assert a.path == r.path and b.path == path

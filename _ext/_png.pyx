@@ -204,7 +204,7 @@ cdef int _decode_one(const uint8_t* p, int64_t n, uint8_t* out, int64_t height, 
     cdef int64_t pos = 8, zlen = 0, stride, bpp, i, r, sdepth, sc, sstride, npal = 0
     cdef uint32_t ln
     cdef const uint8_t* t
-    cdef int ctype, seen_end = 0, seen_idat = 0, idat_done = 0, direct, idx_bad
+    cdef int ctype, seen_end = 0, seen_idat = 0, idat_done = 0, direct
     cdef size_t dlen, slen, rawsize
     cdef uint8_t tmp
     cdef uint8_t pal[768]

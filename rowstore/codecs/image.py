@@ -367,7 +367,8 @@ class _Image(Codec):
                 codec=self.codec_id,
                 field=field.name,
             ) from None
-        want = field.shape[2] if len(field.shape) == 3 else 1
+        c = field.shape[2] if len(field.shape) == 3 else 1
+        want = c if c is not None else 1  # (check_field: a channel count is fixed)
         why = conversion(hdr, want, field.numpy_dtype, self.depth)
         if why:
             raise CodecError(

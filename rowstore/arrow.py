@@ -293,7 +293,7 @@ def _kind(d: Decode, v: bytes, col: str, row: int) -> Any:
         return _Kind(dtype, shape)
     if d.how not in ("png", "jpeg"):
         return _decoded(d, v, col, row)
-    from rowstore.codecs.image import jpeg_header, png_header
+    from rowstore.codecs.image import field_channels, jpeg_header, png_header
 
     try:
         h = (png_header if d.how == "png" else jpeg_header)(v)
@@ -303,7 +303,8 @@ def _kind(d: Decode, v: bytes, col: str, row: int) -> Any:
             field=col,
             row=row,
         ) from None
-    shape = (h.height, h.width) if h.channels == 1 else (h.height, h.width, h.channels)
+    c = field_channels(h)
+    shape = (h.height, h.width) if c == 1 else (h.height, h.width, c)
     return _Kind(h.dtype, shape)
 
 

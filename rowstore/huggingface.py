@@ -74,7 +74,13 @@ from datasets.utils.file_utils import is_local_path
 
 from rowstore.arrow import _Column, arrow_field, column_values
 from rowstore.codecs.audio import audio_header, sniff_audio_format
-from rowstore.codecs.image import jpeg_header, png_header, sniff_image_format
+from rowstore.codecs.image import (
+    conversion,
+    field_channels,
+    jpeg_header,
+    png_header,
+    sniff_image_format,
+)
 from rowstore.errors import CodecError, RowValidationError, SchemaError
 from rowstore.format import spec
 from rowstore.format.manifest import POINTER
@@ -340,7 +346,11 @@ def _first_field(plan: _Plan, first: pa.Table | None, nullable: bool) -> Field:
             )
         plan.codec = fmt
         h = _header(plan, fmt, b, row)
-        dims = (None, None) if h.channels == 1 else (None, None, h.channels)
+        # The feature's mode decides the channels every image decodes to ("L": grey, "RGB"),
+        # else the first image does.
+        mode = getattr(plan.feature, "mode", None)
+        c = {"L": 1, "RGB": 3}.get(mode or "", field_channels(h))
+        dims = (None, None) if c == 1 else (None, None, c)
         return Field(name, h.dtype, dims, codec=fmt, nullable=nullable)
     a = (_decode_image if plan.kind == "image_decoded" else _decode_audio)(plan, b, row)
     shape: tuple[int | None, ...]
@@ -415,18 +425,21 @@ def _header(plan: _Plan, fmt: str, b: bytes, row: int) -> Any:
 
 
 def _checked_image(plan: _Plan, b: bytes, row: int) -> bytes:
-    """An image's bytes, stored as they are (the writer checks the header against the field);
-    one of other channels than the first batch's names its row."""
+    """An image's bytes, stored as they are (the writer checks the header against the field and
+    the reader converts them to its channels); one the field cannot hold, or a colour image for
+    a grey field learnt from the first batch (that would drop its colour), names its row."""
     assert plan.codec is not None
     h = _header(plan, plan.codec, b, row)
     f = plan.field
     channels = f.shape[2] if len(f.shape) == 3 else 1
-    if h.channels != channels or h.dtype != f.dtype:
+    why = conversion(h, channels, f.dtype)
+    learnt = getattr(plan.feature, "mode", None) != "L"
+    if why or (learnt and channels == 1 and field_channels(h) != 1):
         raise RowValidationError(
-            f"feature {plan.column!r}, row {row}: a {h.dtype} image of {h.channels} channel(s); "
-            f"the field holds {f.dtype} images of {channels} (learnt from the first batch): give "
-            "the feature a mode (ds.cast_column(name, Image(mode='RGB'))) and pass "
-            "decode_images=True",
+            f"feature {plan.column!r}, row {row}: a {h.dtype} image of {h.channels} channel(s) "
+            f"({why or 'its colour would be dropped'}); the field holds {f.dtype} images of "
+            f"{channels} (the feature's mode, else the first image's): give the feature a mode "
+            "(ds.cast_column(name, Image(mode='RGB')))",
             field=plan.column,
             row=row,
         )

@@ -287,6 +287,13 @@ def _jpeg_colour(components: int, adobe: int, ids: bytes) -> str:
 _DEPTH_RULES = (None, "scale")
 
 
+def field_channels(hdr: ImageHeader) -> int:
+    """The channels a field made for an image of header ``hdr`` holds by default: the file's
+    own, except a CMYK/YCCK JPEG's 4 components, which PIL and torchvision read as RGB (3).
+    Every ingest (folders, Arrow/Parquet, Hugging Face) decides a new field's channels here."""
+    return 3 if hdr.colour in ("cmyk", "ycck") else hdr.channels
+
+
 def conversion(hdr: ImageHeader, channels: int, dtype: Any, depth: str | None = None) -> str:
     """Why an image of header ``hdr`` cannot be decoded into ``channels`` channels of
     ``dtype`` (``""``: it can). Any image converts to 1 (grey) or 3 (RGB) channels as PIL's

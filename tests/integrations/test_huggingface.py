@@ -652,8 +652,20 @@ def test_image_formats_and_channels_that_do_not_fit_name_the_feature_or_row(tmp_
     with pytest.raises(RowValidationError, match="feature 'pic', row 2: jpeg bytes") as e:
         from_huggingface(ds([png, png, jpeg]), str(tmp_path / "c.h5"), batch_rows=2)
     assert e.value.row == 2
-    with pytest.raises(RowValidationError, match="feature 'pic', row 3: a uint8 image of 4"):
-        from_huggingface(ds([png, png, png, rgba]), str(tmp_path / "d.h5"), batch_rows=2)
+    # Any image converts to the field's channels as PIL's convert does (an RGBA one drops its
+    # alpha), but a colour image for a grey field learnt from the first image would lose its
+    # colour: refused, naming its row, unless the feature's mode says grey.
+    grey = imagecodecs.png_encode(_image(rng, 4, 4, 1)[..., 0])
+    schema = from_huggingface(ds([png, grey, rgba]), str(tmp_path / "d.h5"))
+    assert schema["pic"].shape == (None, None, 3)
+    with rowstore.open(str(tmp_path / "d.h5")) as r:
+        assert r[2]["pic"].shape == (4, 4, 3)
+        assert np.array_equal(r[2]["pic"], imagecodecs.png_decode(rgba)[..., :3])
+    with pytest.raises(RowValidationError, match="feature 'pic', row 3: a uint8 image of 4.*col"):
+        from_huggingface(ds([grey, grey, grey, rgba]), str(tmp_path / "f.h5"), batch_rows=2)
+    as_grey = ds([grey, rgba]).cast_column("pic", Image(mode="L"))
+    schema = from_huggingface(as_grey, str(tmp_path / "g.h5"))
+    assert schema["pic"].shape == (None, None)
     # Decoded, they all fit (one mode for all).
     mixed = ds([png, jpeg, rgba, webp]).cast_column("pic", Image(mode="RGB"))
     schema = from_huggingface(mixed, str(tmp_path / "e.h5"), decode_images=True)

@@ -739,10 +739,8 @@ def from_audio(
 
     if progress is None:  # long runs at a terminal
         progress = len(source.files) >= _PROGRESS_FILES and sys.stderr.isatty()
-    bar = Progress(
-        f"from-audio {os.path.basename(src.rstrip(os.sep)) or src}", total, enabled=progress
-    )
-    try:
+    desc = f"from-audio {os.path.basename(src.rstrip(os.sep)) or src}"
+    with Progress(desc, total, enabled=progress, unit="files") as bar:
         extras = write_parts(
             _write_part,
             jobs,
@@ -752,8 +750,6 @@ def from_audio(
             attrs=attrs_of,
             progress=bar.update,
         )
-    finally:
-        bar.close()
     dropped = {(j, i) for j, extra in enumerate(extras) for i, _ in extra["skipped"]}
     speakers = 0
     if "speaker" in renamed:

@@ -48,7 +48,6 @@ from rowstore.codecs.audio import AudioHeader, audio_header, decode_windows, sta
 from rowstore.errors import (
     CodecError,
     InputError,
-    OutsideRootError,
     RowValidationError,
     SchemaError,
 )
@@ -322,11 +321,7 @@ def _manifest_path(
         if allow_outside:
             full = os.path.join(root, name)
         else:
-            try:
-                full = contained(root, name, what=f"{table!r}, line {line}: audio path")
-            except OutsideRootError as exc:
-                exc.line = line
-                raise
+            full = contained(root, name, what=f"{table!r}, line {line}: audio path", line=line)
         if os.path.lexists(full):
             return full
     return None

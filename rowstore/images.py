@@ -38,7 +38,6 @@ from rowstore.codecs.image_check import check_structure
 from rowstore.errors import (
     CodecError,
     InputError,
-    OutsideRootError,
     RowValidationError,
     SchemaError,
 )
@@ -151,14 +150,10 @@ def _csv_labels(
                 f"{table!r}, line {line}: expected path,label, got {row!r}", path=table, line=line
             )
         path, label = row[0].strip(), row[1].strip()
-        if allow_outside:
-            full = path if os.path.isabs(path) else os.path.join(src, path)
+        if allow_outside:  # an absolute path as it is
+            full = os.path.join(src, path)
         else:
-            try:
-                full = contained(src, path, what=f"{table!r}, line {line}: image path")
-            except OutsideRootError as exc:
-                exc.line = line
-                raise
+            full = contained(src, path, what=f"{table!r}, line {line}: image path", line=line)
         if not os.path.exists(full):
             raise FileNotFoundError(errno.ENOENT, f"{table!r}, line {line}: no file", full)
         files.append(os.path.relpath(full, src))

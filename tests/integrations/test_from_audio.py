@@ -187,8 +187,9 @@ def test_manifest_paths_stay_inside_its_folder(tmp_path):
     put(str(tmp_path / "secret.flac"), encode(clip(0)))
     put(str(root / "t.tsv"), b"path\tsentence\n../secret.flac\thi\n")
     for mode in ("raise", "skip"):
-        with pytest.raises(OutsideRootError, match="line 2: audio path '../secret.flac'"):
+        with pytest.raises(OutsideRootError, match="line 2: audio path '../secret.flac'") as e:
             rowstore.from_audio(root / "t.tsv", tmp_path / "ds", on_error=mode)
+        assert e.value.line == 2
     done = rowstore.from_audio(root / "t.tsv", tmp_path / "ds", allow_outside=True)
     assert done.rows == 1
 

@@ -1,7 +1,7 @@
 """A dataset written in parts on worker processes: runs of consecutive input files, one shard
 each, committed in their order in one version.
 
-An ingest of files (audio corpora; image folders are the other user of the same pattern) splits
+An ingest of files (``from_images``' image folders, ``from_audio``'s speech corpora) splits
 its files into parts of about equal bytes (:func:`cut`), has :func:`write_parts` run one
 module-level function per part (here, or on ``spawn`` worker processes) that writes the part's
 shard with :func:`~rowstore.writer.dataset.write_shard`, and publishes them with one

@@ -1,6 +1,7 @@
 """rowstore.writer.parts: runs of consecutive items cut by size, their shards written (here) and
 committed in order; a shard of no rows left out and removed; a failing part publishes nothing
-and leaves no shard behind. (Worker processes: tests/integrations/test_from_audio.py.)"""
+and leaves no shard behind. (Worker processes: tests/integrations/test_from_audio.py and
+test_from_images.py.)"""
 
 from __future__ import annotations
 

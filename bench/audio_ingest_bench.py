@@ -27,11 +27,9 @@ audio per second, bytes written, and each case's time over ``from_audio``'s (abo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ import rowstore
 RATE = 16000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from _ingest_rounds import emit, medians, rounded, timed_rounds  # noqa: E402
 from helpers import stored_payloads  # noqa: E402
 
 
@@ -129,10 +128,6 @@ def check(dest: str, paths: list[str], same_bytes: bool) -> None:
                 assert fh.read() == b, p
 
 
-def dir_bytes(dest: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(dest) for f in files)
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="FLAC files (default 2000)")
@@ -162,26 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
             "decode_float32": lambda d: run_decode_float32(src, paths, d),
         }
         same = {"from_audio": True, "from_audio_1": True, "decode_float32": False}
-        times: dict[str, list[float]] = {k: [] for k in cases}
-        sizes: dict[str, int] = {}
-        loads = []
-        names = list(cases)
-        for rep in range(args.repeats + 1):  # interleaved, rotated; round 0 warms up
-            order = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in order:
-                dest = os.path.join(tmp, f"out_{name}")
-                shutil.rmtree(dest, ignore_errors=True)
-                t = time.perf_counter()
-                cases[name](dest)
-                dt = time.perf_counter() - t
-                check(dest, paths, same[name])
-                sizes[name] = dir_bytes(dest)
-                shutil.rmtree(dest, ignore_errors=True)
-                if rep:
-                    times[name].append(dt)
-                print(f"  {name:16s} round {rep}: {dt:.2f} s", file=sys.stderr)
-            loads.append(round(os.getloadavg()[0], 1))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, sizes, loads = timed_rounds(
+            cases, tmp, args.repeats, lambda name, d: check(d, paths, same[name])
+        )
+        med = medians(times)
         result = {
             "bench": "audio_ingest_bench",
             "n": args.n,
@@ -195,19 +174,13 @@ def main(argv: list[str] | None = None) -> dict:
             "python": platform.python_version(),
             "rowstore": rowstore.__version__,
             "stored_bytes_equal_source": True,  # checked every round (check())
-            "median_s": {k: round(v, 3) for k, v in med.items()},
-            "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+            **rounded(times, med),
             "files_per_s": {k: round(args.n / v) for k, v in med.items()},
             "audio_hours_per_s": {k: round(hours / v, 3) for k, v in med.items()},
             "written_mb": {k: round(v / 1e6, 1) for k, v in sizes.items()},
             "time_over_from_audio": {k: round(v / med["from_audio"], 2) for k, v in med.items()},
         }
-        print(json.dumps(result, indent=2))
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=2)
-                fh.write("\n")
-        return result
+        return emit(result, args.out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

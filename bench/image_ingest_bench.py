@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -45,6 +43,9 @@ import rowstore
 import rowstore.images
 from rowstore.codecs.image import jpeg_header
 from rowstore.codecs.image_check import check_structure
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ingest_rounds import emit, medians, rounded, timed_rounds  # noqa: E402
 
 CLASSES = 20
 
@@ -163,23 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
             "check_only": check_only,
             "dirty_skip": dirty_skip,
         }
-        times: dict[str, list[float]] = {k: [] for k in cases}
-        loads = []
-        names = list(cases)
-        for rep in range(args.repeats + 1):
-            order = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in order:
-                dest = os.path.join(tmp, f"out_{name}")
-                shutil.rmtree(dest, ignore_errors=True)
-                t = time.perf_counter()
-                cases[name](dest)
-                dt = time.perf_counter() - t
-                shutil.rmtree(dest, ignore_errors=True)
-                if rep:
-                    times[name].append(dt)
-                print(f"  {name:12s} round {rep}: {dt:.2f} s", file=sys.stderr)
-            loads.append(round(os.getloadavg()[0], 1))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, _, loads = timed_rounds(cases, tmp, args.repeats)
+        med = medians(times)
         result = {
             "bench": "image_ingest_bench",
             "n": args.n,
@@ -193,17 +179,11 @@ def main(argv: list[str] | None = None) -> dict:
             "load_avg_1m_per_round": loads,
             "python": platform.python_version(),
             "rowstore": rowstore.__version__,
-            "median_s": {k: round(v, 3) for k, v in med.items()},
-            "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+            **rounded(times, med),
             "images_per_s": {k: round(args.n / v) for k, v in med.items()},
             "time_over_unchecked": {k: round(v / med["unchecked"], 3) for k, v in med.items()},
         }
-        print(json.dumps(result, indent=2))
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=2)
-                fh.write("\n")
-        return result
+        return emit(result, args.out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -37,7 +37,6 @@ import os
 import pickle
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,9 @@ import imagecodecs
 import numpy as np
 
 import rowstore
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ingest_rounds import emit, medians, rounded, timed_rounds  # noqa: E402
 
 SHAPE = (128, 256, 3)
 CLASSES = 10
@@ -174,12 +176,6 @@ def check_arrayrecord(dest: str, paths: list[str]) -> None:
         r.close()
 
 
-def dir_bytes(dest: str) -> int:
-    if os.path.isfile(dest):
-        return os.path.getsize(dest)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dest) for f in fs)
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20000, help="PNG files (default 20000)")
@@ -243,26 +239,10 @@ def main(argv: list[str] | None = None) -> dict:
         cases = {k: v for k, v in cases.items() if k not in args.skip}
         for k, why in skipped.items():
             print(f"  {k}: skipped ({why})", file=sys.stderr)
-        times: dict[str, list[float]] = {k: [] for k in cases}
-        sizes: dict[str, int] = {}
-        loads = []
-        names = list(cases)
-        for rep in range(args.repeats + 1):  # interleaved, rotated; round 0 warms up
-            order = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in order:
-                dest = os.path.join(tmp, f"out_{name}")
-                shutil.rmtree(dest, ignore_errors=True)
-                t = time.perf_counter()
-                inner = cases[name](dest)
-                dt = time.perf_counter() - t if inner is None else inner
-                checks.get(name, check)(dest, paths)
-                sizes[name] = dir_bytes(dest)
-                shutil.rmtree(dest, ignore_errors=True)
-                if rep:
-                    times[name].append(dt)
-                print(f"  {name:18s} round {rep}: {dt:.2f} s", file=sys.stderr)
-            loads.append(round(os.getloadavg()[0], 1))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, sizes, loads = timed_rounds(
+            cases, tmp, args.repeats, lambda name, d: checks.get(name, check)(d, paths)
+        )
+        med = medians(times)
         result = {
             "bench": "ingest_bench",
             "n": args.n,
@@ -275,20 +255,14 @@ def main(argv: list[str] | None = None) -> dict:
             "python": platform.python_version(),
             "rowstore": rowstore.__version__,
             "skipped": skipped,
-            "median_s": {k: round(v, 3) for k, v in med.items()},
-            "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+            **rounded(times, med),
             "images_per_s": {k: round(args.n / v) for k, v in med.items()},
             "written_mb": {k: round(v / 1e6, 1) for k, v in sizes.items()},
         }
         for base in ("from_images", "from_images_1", "reencode"):
             if base in med:
                 result[f"time_over_{base}"] = {k: round(v / med[base], 2) for k, v in med.items()}
-        print(json.dumps(result, indent=2))
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=2)
-                fh.write("\n")
-        return result
+        return emit(result, args.out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

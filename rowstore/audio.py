@@ -48,7 +48,6 @@ from rowstore.codecs.audio import AudioHeader, audio_header, decode_windows, sta
 from rowstore.errors import (
     CodecError,
     InputError,
-    OutsideRootError,
     RowValidationError,
     SchemaError,
 )
@@ -322,11 +321,7 @@ def _manifest_path(
         if allow_outside:
             full = os.path.join(root, name)
         else:
-            try:
-                full = contained(root, name, what=f"{table!r}, line {line}: audio path")
-            except OutsideRootError as exc:
-                exc.line = line
-                raise
+            full = contained(root, name, what=f"{table!r}, line {line}: audio path", line=line)
         if os.path.lexists(full):
             return full
     return None
@@ -739,10 +734,8 @@ def from_audio(
 
     if progress is None:  # long runs at a terminal
         progress = len(source.files) >= _PROGRESS_FILES and sys.stderr.isatty()
-    bar = Progress(
-        f"from-audio {os.path.basename(src.rstrip(os.sep)) or src}", total, enabled=progress
-    )
-    try:
+    desc = f"from-audio {os.path.basename(src.rstrip(os.sep)) or src}"
+    with Progress(desc, total, enabled=progress, unit="files") as bar:
         extras = write_parts(
             _write_part,
             jobs,
@@ -752,8 +745,6 @@ def from_audio(
             attrs=attrs_of,
             progress=bar.update,
         )
-    finally:
-        bar.close()
     dropped = {(j, i) for j, extra in enumerate(extras) for i, _ in extra["skipped"]}
     speakers = 0
     if "speaker" in renamed:

@@ -22,14 +22,12 @@ from __future__ import annotations
 import csv
 import errno
 import io
-import math
 import os
-import queue
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -40,16 +38,16 @@ from rowstore.codecs.image_check import check_structure
 from rowstore.errors import (
     CodecError,
     InputError,
-    OutsideRootError,
     RowValidationError,
     SchemaError,
 )
 from rowstore.format.spec import MAX_VALUE_BYTES
 from rowstore.global_shuffle._progress import Progress
 from rowstore.schema import Field, Schema
-from rowstore.storage.inputs import contained, open_input, read_at, read_input, walk
-from rowstore.writer.commit import commit
-from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, discard, write_shard
+from rowstore.storage.inputs import contained, open_input, read_at, read_input, read_text, walk
+from rowstore.writer.commit import ShardInfo
+from rowstore.writer.dataset import DEFAULT_SHARD_BYTES, write_shard
+from rowstore.writer.parts import Report, cut, n_parts, write_parts
 from rowstore.writer.values import check_value
 
 __all__ = ["from_images", "ImageIngest", "SkippedImage", "IMAGE_EXTENSIONS"]
@@ -129,24 +127,6 @@ def _folder_labels(
     return files, labels, classes
 
 
-def _csv_text(table: str) -> str:
-    """The text of a label CSV: UTF-8 (a leading byte order mark dropped), read whole within
-    :data:`_MAX_CSV_BYTES`."""
-    data = read_input(table, what="label CSV", max_bytes=_MAX_CSV_BYTES)
-    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-    try:
-        return data[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        at = bom + exc.start
-        line = data.count(b"\n", 0, at) + 1
-        raise InputError(
-            f"{table!r}, line {line}: byte {data[at]:#04x} (offset {at}) is not UTF-8; "
-            "expected a UTF-8 CSV file (re-encode it, e.g. iconv -f latin1 -t utf-8)",
-            path=table,
-            line=line,
-        ) from None
-
-
 def _csv_labels(
     src: str, table: str, allow_outside: bool
 ) -> tuple[list[str], list[Any], list[str] | None]:
@@ -154,7 +134,13 @@ def _csv_labels(
     row ``path,label``); integer labels are kept, other labels are class names (sorted, then
     numbered, as folders are). Paths stay inside ``src`` unless ``allow_outside``."""
     files, raw, lines = [], [], []
-    reader = csv.reader(io.StringIO(_csv_text(table), newline=""))
+    text = read_text(
+        table,
+        what="label CSV",
+        max_bytes=_MAX_CSV_BYTES,
+        hint=" (re-encode it, e.g. iconv -f latin1 -t utf-8)",
+    )
+    reader = csv.reader(io.StringIO(text, newline=""))
     for k, row in enumerate(reader):
         line = reader.line_num
         if not row or (k == 0 and [c.strip().lower() for c in row[:2]] == ["path", "label"]):
@@ -164,14 +150,10 @@ def _csv_labels(
                 f"{table!r}, line {line}: expected path,label, got {row!r}", path=table, line=line
             )
         path, label = row[0].strip(), row[1].strip()
-        if allow_outside:
-            full = path if os.path.isabs(path) else os.path.join(src, path)
+        if allow_outside:  # an absolute path as it is
+            full = os.path.join(src, path)
         else:
-            try:
-                full = contained(src, path, what=f"{table!r}, line {line}: image path")
-            except OutsideRootError as exc:
-                exc.line = line
-                raise
+            full = contained(src, path, what=f"{table!r}, line {line}: image path", line=line)
         if not os.path.exists(full):
             raise FileNotFoundError(errno.ENOENT, f"{table!r}, line {line}: no file", full)
         files.append(os.path.relpath(full, src))
@@ -420,22 +402,6 @@ def _schema(
     return Schema(fields)
 
 
-def _parts(sizes: np.ndarray, labels: list | None, files: list[str], n_parts: int) -> list[_Part]:
-    """Consecutive files in ``n_parts`` parts of about equal bytes (each one file at least)."""
-    ends = np.cumsum(sizes, dtype=np.float64)
-    total = float(ends[-1]) if len(ends) else 0.0
-    cuts = [0]
-    for k in range(1, n_parts):
-        cut = int(np.searchsorted(ends, total * k / n_parts, side="left")) + 1
-        if cuts[-1] < cut < len(files):
-            cuts.append(cut)
-    cuts.append(len(files))
-    return [
-        _Part(a, files[a:b], None if labels is None else labels[a:b], sizes[a:b].tolist())
-        for a, b in zip(cuts, cuts[1:])
-    ]
-
-
 def _content_problem(data: bytes, fmt: str, verify: bool) -> str | None:
     """Why the whole file ``data`` (found to be ``fmt`` by its header) is not stored: damaged
     (:func:`check_structure`, and :func:`verify_image`'s full decode when ``verify``), or
@@ -473,26 +439,16 @@ def _read_checked(
     return data
 
 
-#: In a worker process: where it reports ``(files, bytes)`` done (set by :func:`_init_worker`)
-_TICKS: Any = None
-
-
-def _init_worker(ticks: Any) -> None:
-    global _TICKS
-    _TICKS = ticks
-
-
-def _queue_tick(files: int, nbytes: int) -> None:
-    _TICKS.put((files, nbytes))
-
-
 @dataclass
 class _PartResult:
-    info: Any  # ShardInfo, or None when every file was skipped
+    """What one part's worker did, besides its shard (the extra of
+    :func:`~rowstore.writer.parts.write_parts`)."""
+
     skipped: list[tuple[int, str]]  # (index in the part, reason)
     images: int
     payload_bytes: int
     kept: list[int]  # index in the part of each row written
+    stored_bytes: int = 0  # of its shard (0: no rows, the shard is removed)
 
 
 def _batches(
@@ -501,7 +457,7 @@ def _batches(
     names: tuple[str, str | None, str | None],
     check: tuple[str, bool, bool],
     out: _PartResult,
-    tick: Callable[[int, int], None] | None,
+    report: Report,
     writer_check: Field | None = None,
 ) -> Iterator[dict]:
     """The part's files as ``write_batch`` columns, each file checked first (``check``: the
@@ -540,8 +496,7 @@ def _batches(
                 raise RowValidationError(
                     f"image file {rel!r}: row {row}: field {field!r}: {got}", field=field, row=row
                 )
-            if tick is not None:
-                tick(len(rels), sum(part.sizes[lo : lo + _BATCH_FILES]))
+            report(len(rels), sum(part.sizes[lo : lo + _BATCH_FILES]))
             if not cells:
                 continue
             out.images += len(cells)
@@ -565,19 +520,19 @@ def _write_part(
     check: tuple[str, bool, bool],
     name: str,
     options: dict,
-    tick: Callable[[int, int], None] | None = None,
-) -> _PartResult:
-    """One worker's shard (a module-level function: it runs in another process)."""
-    if tick is None and _TICKS is not None:
-        tick = _queue_tick
+    *,
+    report: Report,
+) -> tuple[ShardInfo, _PartResult]:
+    """One worker's shard (a module-level function: it runs in another process) and what it
+    did; ``report(files, bytes)`` as the files are read."""
     schema = Schema.from_json(schema_json)
-    out = _PartResult(None, [], 0, 0, [])
+    out = _PartResult([], 0, 0, [])
     writer_check = schema[names[0]] if check[2] else None  # skipping: what it would refuse
     try:
         info = write_shard(
             dest,
             schema,
-            _batches(src, part, names, check, out, tick, writer_check),
+            _batches(src, part, names, check, out, report, writer_check),
             name=name,
             batches=True,
             **options,
@@ -591,11 +546,8 @@ def _write_part(
         raise RowValidationError(
             f"image file {part.files[k]!r}: {msg}", field=exc.field, row=row
         ) from None
-    if info.rows == 0:
-        discard(dest, [info])
-    else:
-        out.info = info
-    return out
+    out.stored_bytes = info.file_size if info.rows else 0
+    return info, out
 
 
 def _first_damaged(
@@ -625,15 +577,6 @@ def _first_damaged(
     return None
 
 
-def _remove_empty(dest: str) -> None:
-    """Remove the directories the writing made in ``dest`` (new), if nothing else is there."""
-    for d in (os.path.join(dest, "shards"), dest):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
-
-
 def _raise_bad(bad: _Bad, files: list[str], field: str) -> NoReturn:
     if bad.error is not None:
         raise bad.error
@@ -641,56 +584,6 @@ def _raise_bad(bad: _Bad, files: list[str], field: str) -> NoReturn:
     raise RowValidationError(
         f"image file {files[i]!r}: row {i}: field {field!r}: {bad.reason}", field=field, row=i
     )
-
-
-def _write_parts(
-    jobs: list[tuple], nworkers: int, bar: Progress | None, infos: list
-) -> list[_PartResult]:
-    """The jobs on spawned worker processes, their results in order; the shards of every part
-    that finished are in ``infos`` (for the caller to remove on an error). Progress comes back
-    through a queue while they run."""
-    import multiprocessing
-
-    # spawn: blosc2's thread pool hangs forked children (docs/architecture.md)
-    ctx = multiprocessing.get_context("spawn")
-    ticks = ctx.Queue() if bar is not None else None
-
-    def drain() -> None:
-        while ticks is not None and bar is not None:
-            try:
-                n, nbytes = ticks.get_nowait()
-            except queue.Empty:
-                return
-            bar.update(n, nbytes)
-
-    results: list[_PartResult] = []
-    with ProcessPoolExecutor(
-        min(nworkers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(ticks,)
-    ) as ex:
-        futures = [ex.submit(_write_part, *job) for job in jobs]
-        try:
-            pending = set(futures)
-            while pending:
-                _, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                drain()
-                if any(f.done() and f.exception() is not None for f in futures):
-                    break
-            for f in futures:  # in order: the first part's error is the first bad file
-                results.append(f.result())
-                if results[-1].info is not None:
-                    infos.append(results[-1].info)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            for f in futures:  # shards of the parts that finished: removed by the caller
-                if not f.cancelled() and f.exception() is None:
-                    info = f.result().info
-                    if info is not None and info not in infos:
-                        infos.append(info)
-            raise
-        finally:
-            drain()
-    return results
 
 
 def from_images(
@@ -811,7 +704,6 @@ def from_images(
     """
     t0 = time.perf_counter()
     src, dest = os.fspath(src), os.fspath(dest)
-    fresh = not os.path.lexists(dest)  # on an error, leave no directory behind either
     if not os.path.isdir(src):
         raise NotADirectoryError(f"{src!r} is not a directory of images")
     nworkers = 1 if workers is None else workers  # the default: once the files are listed
@@ -846,12 +738,11 @@ def from_images(
         runs = pool.map(
             lambda a: [_probe(src, r) for r in files[a : a + step]], range(0, len(files), step)
         )
-        heads = Progress("headers", 0, enabled=progress, unit="files", total_rows=len(files))
         probed = []
-        for run in runs:
-            probed += run
-            heads.update(len(run), sum(s for _, s in run))
-        heads.close()
+        with Progress("headers", 0, enabled=progress, unit="files", total_rows=len(files)) as bar:
+            for run in runs:
+                probed += run
+                bar.update(len(run), sum(s for _, s in run))
         bad: list[_Bad] = []
         headers: dict[int, ImageHeader] = {}
         for i, (hdr, _) in enumerate(probed):
@@ -897,45 +788,40 @@ def from_images(
             field=image_field,
         )
     sizes = np.asarray([probed[i][1] for i in keep], np.int64)
-    n_parts = min(nworkers, math.ceil(len(kept_files) / _MIN_PART_FILES))
-    n_parts = max(n_parts, math.ceil(float(sizes.sum()) / max(1, shard_bytes)))
-    parts = _parts(sizes, kept_lab, kept_files, min(n_parts, len(kept_files)))
+    total = int(sizes.sum())
+    k = n_parts(
+        len(kept_files), total, workers=nworkers, min_items=_MIN_PART_FILES, max_bytes=shard_bytes
+    )
+    parts = [
+        _Part(a, kept_files[a:b], None if kept_lab is None else kept_lab[a:b], sizes[a:b].tolist())
+        for a, b in cut(sizes, k)
+    ]
+    if len(kept_files) < 2 * _MIN_PART_FILES:  # too few files to pay for a worker process
+        nworkers = 1
     names = (image_field, label_name, path_field)
     check = (target.format, verify_encoded, skip)
     stamp = os.urandom(4).hex()
     jobs = [
-        (src, dest, schema.to_json(), p, names, check, f"images-{stamp}-{k:05d}", writer_kwargs)
-        for k, p in enumerate(parts)
+        (src, dest, schema.to_json(), p, names, check, f"images-{stamp}-{j:05d}", writer_kwargs)
+        for j, p in enumerate(parts)
     ]
-    bar: Progress | None = None
-    if progress:
-        bar = Progress("write", int(sizes.sum()), enabled=True, unit="files")
-    results: list[_PartResult] = []
-    infos: list = []
-    try:
-        try:
-            if nworkers == 1 or len(parts) == 1 or len(kept_files) < 2 * _MIN_PART_FILES:
-                tick = None if bar is None else bar.update
-                for job in jobs:
-                    results.append(_write_part(*job, tick=tick))
-                    if results[-1].info is not None:
-                        infos.append(results[-1].info)
-            else:
-                results = _write_parts(jobs, nworkers, bar, infos)
-        finally:
-            if bar is not None:
-                bar.close()
+    done: dict[str, Any] = {}
+
+    def attrs_of(results: list[_PartResult]) -> dict[str, Any]:
+        """The version's attributes, from what the parts did (no image stored: an error, and
+        nothing is published)."""
         for part, res in zip(parts, results):
-            for k, reason in res.skipped:
-                skipped[keep[part.first + k]] = reason
-        skipped_list = tuple(
+            for j, reason in res.skipped:
+                skipped[keep[part.first + j]] = reason
+        done["skipped"] = tuple(
             SkippedImage(files[i].replace(os.sep, "/"), skipped[i]) for i in sorted(skipped)
         )
-        images = sum(r.images for r in results)
+        done["images"] = images = sum(r.images for r in results)
         if not images:
+            first = done["skipped"][0]
             raise InputError(
                 f"no image under {src!r} can be stored: all {len(files):,} files are bad (the "
-                f"first, {skipped_list[0].path!r}: {skipped_list[0].reason})",
+                f"first, {first.path!r}: {first.reason})",
                 path=src,
             )
         meta: dict[str, Any] = {"source": os.path.abspath(src), "files": images}
@@ -945,22 +831,28 @@ def from_images(
         if classes is not None:
             meta["classes"] = classes
         meta["checked"] = "decoded" if verify_encoded else "structure"
-        meta["skipped"] = [s.to_json() for s in skipped_list]
+        meta["skipped"] = [s.to_json() for s in done["skipped"]]
         user = dict(attrs or {})
         user[META_KEY] = meta
-        commit(dest, infos, mode=mode, attrs=user)
-    except BaseException:
-        discard(dest, infos)
-        if fresh:
-            _remove_empty(dest)
-        raise
+        return user
+
+    with Progress("write", total, enabled=progress, unit="files") as bar:
+        results = write_parts(
+            _write_part,
+            jobs,
+            dest,
+            workers=nworkers,
+            mode=mode,
+            attrs=attrs_of,
+            progress=bar.update,
+        )
     return ImageIngest(
         dest=dest,
         schema=schema,
-        images=images,
+        images=done["images"],
         classes=classes,
-        skipped=skipped_list,
+        skipped=done["skipped"],
         payload_bytes=sum(r.payload_bytes for r in results),
-        stored_bytes=sum(i.file_size for i in infos),
+        stored_bytes=sum(r.stored_bytes for r in results),
         seconds=time.perf_counter() - t0,
     )

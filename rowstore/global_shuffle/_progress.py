@@ -13,8 +13,9 @@ __all__ = ["Progress"]
 
 class Progress:
     """Counts rows and bytes of one pass; shows them when ``enabled``. ``unit``: what a row
-    is called (``"files"`` for image ingest); ``total_rows``: the bar counts rows against it
-    rather than bytes (for a pass whose bytes are not known ahead)."""
+    is called (``"files"`` for the image and audio ingests); ``total_rows``: the bar counts
+    rows against it rather than bytes (for a pass whose bytes are not known ahead). As a
+    context manager it closes the bar on exit."""
 
     def __init__(
         self,
@@ -83,6 +84,12 @@ class Progress:
                 f"{rate:,.0f} {self.unit}/s, {speed / 2**20:,.1f} MiB/s, ETA {left:,.0f} s",
                 file=sys.stderr,
             )
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._bar is not None:

@@ -248,6 +248,7 @@ def contained(
     what: str,
     follow_links: bool = False,
     nested: bool = True,
+    line: int | None = None,
 ) -> str:
     """``os.path.join(root, name)``, once ``name`` is known to stay inside ``root``.
 
@@ -266,6 +267,9 @@ def contained(
         ``..`` and absolute names are refused either way.
     nested : bool
         Accept names of several components (``a/b``); False: one plain name.
+    line : int, optional
+        The line of the text file the name came from (a label CSV, a manifest), kept on the
+        error as ``line``.
 
     Raises
     ------
@@ -277,7 +281,11 @@ def contained(
     why = name_problem(name, nested=nested)
     if why is not None:
         raise OutsideRootError(
-            f"{what} {name!r} {why} (inside {root!r})", path=root, root=root, name=str(name)
+            f"{what} {name!r} {why} (inside {root!r})",
+            path=root,
+            line=line,
+            root=root,
+            name=str(name),
         )
     path = os.path.join(root, name)
     if not follow_links:
@@ -288,6 +296,7 @@ def contained(
                 f"{what} {name!r} resolves to {real!r} through a symlink, outside {real_root!r}"
                 " (links out of it are followed only when asked for)",
                 path=path,
+                line=line,
                 root=root,
                 name=name,
                 real=real,

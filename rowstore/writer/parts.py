@@ -1,18 +1,20 @@
 """A dataset written in parts on worker processes: runs of consecutive input files, one shard
 each, committed in their order in one version.
 
-An ingest of files (audio corpora; image folders are the other user of the same pattern) splits
+An ingest of files (``from_images``' image folders, ``from_audio``'s speech corpora) splits
 its files into parts of about equal bytes (:func:`cut`), has :func:`write_parts` run one
 module-level function per part (here, or on ``spawn`` worker processes) that writes the part's
 shard with :func:`~rowstore.writer.dataset.write_shard`, and publishes them with one
 :func:`~rowstore.writer.commit.commit`. Workers report what they have done as they go
 (``report(files, nbytes)``), relayed to the caller's ``progress`` callback in this process.
-Nothing is published unless every part is written; on an error the shards written are removed.
+Nothing is published unless every part is written; on an error the shards written are removed
+(and the dataset directory, when the call made it and nothing else is in it).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import queue
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rowstore.format.manifest import SHARD_DIR
 from rowstore.writer.commit import ShardInfo, commit
 from rowstore.writer.dataset import discard
 
@@ -96,7 +99,8 @@ def write_parts(
     mode : str
         As for :func:`~rowstore.writer.commit.commit`.
     attrs : mapping or callable, optional
-        The version's user attributes, or a function of the extras (in job order) giving them.
+        The version's user attributes, or a function of the extras (in job order) giving them
+        (called before the commit: an error it raises publishes nothing, as a job's does).
     progress : callable, optional
         ``progress(files, nbytes)``, called in this process as the workers report.
 
@@ -108,9 +112,12 @@ def write_parts(
     Notes
     -----
     Workers are spawned, not forked (blosc2's thread pool hangs forked children). The first
-    failing job in job order is the error raised: every job before it is waited for.
+    failing job in job order is the error raised: every job before it is waited for. On an
+    error the shards written are removed, and ``dest`` too when it did not exist before the
+    call and is left empty.
     """
     report: Report = progress if progress is not None else (lambda files, nbytes: None)
+    fresh = not os.path.lexists(dest)
     results: list[tuple[ShardInfo | None, Any]] = []
     try:
         if workers == 1 or len(jobs) <= 1:
@@ -125,8 +132,19 @@ def write_parts(
         discard(dest, [info for info, _ in results if info is not None and info.rows == 0])
     except BaseException:
         discard(dest, [info for info, _ in results if info is not None])
+        if fresh:
+            _remove_empty(dest)
         raise
     return extras
+
+
+def _remove_empty(dest: str) -> None:
+    """Remove the directories the writing made in ``dest`` (new), if nothing else is there."""
+    for d in (os.path.join(dest, SHARD_DIR), dest):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass  # not empty (someone else's files) or gone
 
 
 def _on_processes(

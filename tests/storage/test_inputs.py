@@ -121,8 +121,11 @@ def test_symlinks_out_of_the_root_only_when_asked_for(tmp_path):
     os.symlink(tmp_path / "out", root / "away")
     os.symlink(root / "in", root / "here")
     with pytest.raises(OutsideRootError, match="resolves to .* through a symlink") as e:
-        contained(root, "away/x.png", what="image path")
-    assert e.value.real == str(tmp_path / "out" / "x.png")
+        contained(root, "away/x.png", what="image path", line=7)
+    assert e.value.real == str(tmp_path / "out" / "x.png") and e.value.line == 7
+    with pytest.raises(OutsideRootError) as e:  # a table's line: kept on the error
+        contained(root, "../x.png", what="'t.csv', line 3: image path", line=3)
+    assert e.value.line == 3 and e.value.name == "../x.png"
     assert contained(root, "away/x.png", what="image path", follow_links=True)
     assert contained(root, "here/x.png", what="image path")  # a link that stays inside
     assert contained(root, "missing/x.png", what="image path")  # absence: the opener's

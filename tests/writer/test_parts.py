@@ -1,6 +1,7 @@
 """rowstore.writer.parts: runs of consecutive items cut by size, their shards written (here) and
 committed in order; a shard of no rows left out and removed; a failing part publishes nothing
-and leaves no shard behind. (Worker processes: tests/integrations/test_from_audio.py.)"""
+and leaves no shard behind. (Worker processes: tests/integrations/test_from_audio.py and
+test_from_images.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 
 import rowstore
-from rowstore.format import manifest
 from rowstore.writer import write_shard
 from rowstore.writer.parts import cut, n_parts, write_parts
 
@@ -71,5 +71,22 @@ def test_a_failing_part_publishes_nothing(tmp_path):
     jobs = [(dest, 0, 3, False), (dest, 3, 5, True)]
     with pytest.raises(ValueError, match="part 3 fails"):
         write_parts(_part, jobs, dest, workers=1)
-    assert not manifest.is_dataset(dest)
-    assert not os.listdir(os.path.join(dest, "shards"))
+    assert not os.path.exists(dest)  # made by the call: no shard, no directory left behind
+
+
+def test_an_attrs_error_publishes_nothing_and_keeps_what_was_there(tmp_path):
+    """The attributes' function runs before the commit: its error publishes nothing and
+    removes the shards; a dataset that was there stays as it was."""
+    dest = str(tmp_path / "ds")
+    write_parts(_part, [(dest, 0, 2, False)], dest, workers=1)
+
+    def refuse(extras):
+        raise ValueError(f"no rows in {len(extras)} parts")
+
+    with pytest.raises(ValueError, match="no rows in 2 parts"):
+        write_parts(
+            _part, [(dest, 2, 4, False), (dest, 4, 5, False)], dest, workers=1, attrs=refuse
+        )
+    assert len(os.listdir(os.path.join(dest, "shards"))) == 1  # the first call's shard only
+    with rowstore.open(dest) as r:
+        assert r.take(np.arange(len(r)))["x"].tolist() == [0, 1]

@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from rowstore.codecs.image import ImageHeader, image_header, verify_image
+from rowstore.codecs.image import ImageHeader, field_channels, image_header, verify_image
 from rowstore.codecs.image_check import check_structure
 from rowstore.errors import (
     CodecError,
@@ -336,10 +336,9 @@ def _target(
             raise ValueError(f"shape {shape} has {given} channels, channels={channels}")
         channels = given
     if channels is None:
-        kinds = {h.channels for h in same}
+        kinds = {field_channels(h) for h in same}
         if len(kinds) == 1:  # one kind: kept (a CMYK JPEG's 4 components read as RGB)
-            (c,) = kinds
-            channels = 3 if fmt == "jpeg" and c == 4 else c
+            (channels,) = kinds
         else:  # colour if any image is (CMYK, palette, RGB, RGBA), else grey
             channels = 3 if max(kinds) >= 3 else 1
     if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:

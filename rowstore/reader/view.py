@@ -71,9 +71,8 @@ def _field_stats(st: Any, name: str) -> Any:
 # -- a reader ---------------------------------------------------------------------------------
 def _where(reader: Any) -> str:
     L = reader.layout
-    parts = [_plural(len(reader), "row")]
-    if L.num_shards != 1:
-        parts.append(_plural(L.num_shards, "shard"))
+    rows = f"{len(reader)} row{'' if len(reader) == 1 else 's'}"  # as the repr always said
+    parts = [rows + (f" in {L.num_shards} shards" if L.num_shards != 1 else "")]
     if L.version is not None:
         parts.append(f"version {L.version}")
     elif L.shard_layouts and len(L.shard_layouts) == 1:

@@ -17,7 +17,9 @@ Rows whose ``skip`` flag is non-zero (nulls) are left out. Bin and value indexes
 the arrays given, so no input writes outside them.
 """
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.math cimport isinf, isnan
+from libc.string cimport memcpy
 from libc.stdint cimport INT64_MIN, int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 ctypedef fused num:
@@ -87,6 +89,31 @@ cdef inline int64_t _floor(double t) noexcept nogil:
     return b - 1 if t < <double>b else b
 
 
+cdef inline double _clean_row(
+    const num* row, Py_ssize_t k, double mean, double scale, int64_t base, Py_ssize_t nb,
+    int64_t* local,
+) noexcept nogil:
+    """moments2's loop over one row of ``k`` contiguous elements, none NaN, infinite or NaT:
+    its squared deviations' sum; its bins added to the four interleaved copies ``local``."""
+    cdef double p0 = 0.0, p1 = 0.0, d, w
+    cdef int64_t b
+    cdef Py_ssize_t j
+    for j in range(k):
+        w = <double>row[j]
+        d = w - mean
+        if j & 1:
+            p1 += d * d
+        else:
+            p0 += d * d
+        b = _floor(w * scale) - base
+        if b < 0:
+            b = 0
+        elif b >= nb:
+            b = nb - 1
+        local[(j & 3) * nb + b] += 1
+    return p0 + p1
+
+
 def moments2(
     num[:, :] x,
     const uint8_t[:] skip,
@@ -98,10 +125,12 @@ def moments2(
     int64_t[:] bins,
     int64_t lo,
     int64_t[:] values,
+    bint clean=False,
 ):
     """The sum of squared deviations of the finite elements from ``mean``; adds each one's bin
     ``floor(v * scale) - base`` to ``bins`` (if it has any entries) and, for integers, its
-    value ``v - lo`` to ``values`` (if it has any entries)."""
+    value ``v - lo`` to ``values`` (if it has any entries). ``clean``: the caller knows that no
+    element is NaN, infinite or NaT (a tighter loop then, for rows of contiguous elements)."""
     cdef Py_ssize_t n = x.shape[0], k = x.shape[1], i, j
     cdef Py_ssize_t nb = bins.shape[0], nv = values.shape[0]
     cdef double m2 = 0.0, d, p0, p1, t
@@ -123,6 +152,12 @@ def moments2(
         if split:
             for q in range(4 * nb):
                 local[q] = 0
+        if clean and inner and split and not nv and k:
+            for i in range(n):
+                if has_skip and skip[i]:
+                    continue
+                m2 += _clean_row(&x[i, 0], k, mean, scale, base, nb, local)
+            n = 0  # done
         for i in range(n):
             if has_skip and skip[i]:
                 continue
@@ -166,3 +201,57 @@ def moments2(
             for q in range(nb):
                 hist[q] += local[q] + local[nb + q] + local[2 * nb + q] + local[3 * nb + q]
     return m2
+
+
+def gather(const uint8_t[:] heap, const int64_t[:] offsets, const int64_t[:] nbytes, uint8_t[:] out):
+    """Copy the payloads ``heap[offsets[i] : offsets[i] + nbytes[i]]`` one after another into
+    ``out``; returns the bytes copied. Raises ValueError for a payload outside ``heap`` or one
+    that does not fit ``out`` (nothing is read or written outside them)."""
+    cdef Py_ssize_t n = offsets.shape[0], m = heap.shape[0], cap = out.shape[0], i
+    cdef int64_t a, b, at = 0
+    if nbytes.shape[0] < n:
+        raise ValueError("gather: nbytes is shorter than offsets")
+    for i in range(n):
+        a = offsets[i]
+        b = nbytes[i]
+        if a < 0 or b < 0 or a > m or b > m - a or b > cap - at:
+            raise ValueError(f"gather: payload {i} ({a}, {b} bytes) outside the heap or output")
+        at += b
+    at = 0
+    with nogil:
+        for i in range(n):
+            b = nbytes[i]
+            if b:
+                memcpy(&out[at], &heap[offsets[i]], <size_t>b)
+                at += b
+    return at
+
+
+def count_payloads(
+    const uint8_t[:] heap,
+    const int64_t[:] offsets,
+    const int64_t[:] nbytes,
+    dict counts,
+    Py_ssize_t limit,
+):
+    """Add one to ``counts[payload bytes]`` for each payload ``heap[offsets[i] : offsets[i] +
+    nbytes[i]]``; stops and returns False as soon as ``counts`` holds more than ``limit``
+    keys (True otherwise). Raises ValueError for a payload outside ``heap``."""
+    cdef Py_ssize_t n = offsets.shape[0], m = heap.shape[0], i
+    cdef int64_t a, b
+    cdef const char* base = <const char*>&heap[0] if m else NULL
+    cdef bytes key
+    cdef object c
+    if nbytes.shape[0] < n:
+        raise ValueError("count_payloads: nbytes is shorter than offsets")
+    for i in range(n):
+        a = offsets[i]
+        b = nbytes[i]
+        if a < 0 or b < 0 or a > m or b > m - a:
+            raise ValueError(f"count_payloads: payload {i} ({a}, {b} bytes) outside the heap")
+        key = PyBytes_FromStringAndSize(base + a, b) if b else b""
+        c = counts.get(key)
+        counts[key] = 1 if c is None else c + 1
+        if len(counts) > limit:
+            return False
+    return True

@@ -84,6 +84,58 @@ def moments1(num[:, :] x, const uint8_t[:] skip, bint has_skip, bint is_time):
     return nan, inf, fin, lo, hi, total
 
 
+def moments1_quick(num[:, :] x):
+    """``(min, max, sum)`` of all the elements of ``x``, unchecked: right when no element is
+    NaN, infinite or NaT, which a finite sum (and a minimum that is no NaT) shows; else the
+    caller asks :func:`moments1`. ``x`` has at least one element. Four independent lanes (the
+    loop waits on no one comparison or addition before the next)."""
+    cdef Py_ssize_t n = x.shape[0], k = x.shape[1], i, j
+    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
+    cdef num v0, v1, v2, v3, l0, l1, l2, l3, h0, h1, h2, h3
+    cdef const num* row
+    cdef bint inner = x.strides[1] == sizeof(num)
+    if n == 0 or k == 0:
+        raise ValueError("moments1_quick: an empty column")
+    l0 = x[0, 0]
+    l1 = l2 = l3 = h0 = h1 = h2 = h3 = l0
+    with nogil:
+        for i in range(n):
+            j = 0
+            if inner:
+                row = &x[i, 0]
+                while j + 4 <= k:
+                    v0 = row[j]
+                    v1 = row[j + 1]
+                    v2 = row[j + 2]
+                    v3 = row[j + 3]
+                    l0 = v0 if v0 < l0 else l0
+                    l1 = v1 if v1 < l1 else l1
+                    l2 = v2 if v2 < l2 else l2
+                    l3 = v3 if v3 < l3 else l3
+                    h0 = v0 if v0 > h0 else h0
+                    h1 = v1 if v1 > h1 else h1
+                    h2 = v2 if v2 > h2 else h2
+                    h3 = v3 if v3 > h3 else h3
+                    s0 += <double>v0
+                    s1 += <double>v1
+                    s2 += <double>v2
+                    s3 += <double>v3
+                    j += 4
+            while j < k:
+                v0 = x[i, j]
+                l0 = v0 if v0 < l0 else l0
+                h0 = v0 if v0 > h0 else h0
+                s0 += <double>v0
+                j += 1
+    l0 = l1 if l1 < l0 else l0
+    l2 = l3 if l3 < l2 else l2
+    l0 = l2 if l2 < l0 else l0
+    h0 = h1 if h1 > h0 else h0
+    h2 = h3 if h3 > h2 else h2
+    h0 = h2 if h2 > h0 else h0
+    return l0, h0, (s0 + s1) + (s2 + s3)
+
+
 cdef inline int64_t _floor(double t) noexcept nogil:
     cdef int64_t b = <int64_t>t
     return b - 1 if t < <double>b else b

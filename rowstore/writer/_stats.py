@@ -199,20 +199,14 @@ def _as_int64(v: int) -> int:
 
 
 def _first_pass(x: np.ndarray, is_time: bool) -> tuple | None:
-    """:func:`kernels.column_moments1`'s result by numpy's vectorized reductions, for a column
+    """:func:`kernels.column_moments1`'s result by one unchecked pass of the kernel, for a column
     with no NaN, infinity or NaT (its sum is finite, its minimum no NaT); None otherwise."""
     if not x.size:
         return None
-    if x.dtype.kind == "f":
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as it should
-            total = float(x.sum(dtype=np.float64))
-        if not math.isfinite(total):
-            return None
-        return 0, 0, x.size, x.min().item(), x.max().item(), total
-    lo = x.min().item()
-    if is_time and lo == np.iinfo(np.int64).min:
-        return None
-    return 0, 0, x.size, lo, x.max().item(), float(x.sum(dtype=np.float64))
+    lo, hi, total = kernels.column_moments1_quick(x)
+    if not math.isfinite(total) or (is_time and lo == np.iinfo(np.int64).min):
+        return None  # NaN, infinity, NaT, or a sum past the float64 range: the checking pass
+    return 0, 0, x.size, lo, hi, total
 
 
 class _Values:

@@ -141,29 +141,47 @@ cdef inline int64_t _floor(double t) noexcept nogil:
     return b - 1 if t < <double>b else b
 
 
+cdef inline int64_t _bin(double w, double scale, int64_t base, Py_ssize_t nb) noexcept nogil:
+    cdef int64_t b = _floor(w * scale) - base
+    if b < 0:
+        return 0
+    if b >= nb:
+        return nb - 1
+    return b
+
+
 cdef inline double _clean_row(
     const num* row, Py_ssize_t k, double mean, double scale, int64_t base, Py_ssize_t nb,
     int64_t* local,
 ) noexcept nogil:
     """moments2's loop over one row of ``k`` contiguous elements, none NaN, infinite or NaT:
-    its squared deviations' sum; its bins added to the four interleaved copies ``local``."""
-    cdef double p0 = 0.0, p1 = 0.0, d, w
-    cdef int64_t b
-    cdef Py_ssize_t j
-    for j in range(k):
-        w = <double>row[j]
-        d = w - mean
-        if j & 1:
-            p1 += d * d
-        else:
-            p0 += d * d
-        b = _floor(w * scale) - base
-        if b < 0:
-            b = 0
-        elif b >= nb:
-            b = nb - 1
-        local[(j & 3) * nb + b] += 1
-    return p0 + p1
+    its squared deviations' sum; its bins added to the four interleaved copies ``local``
+    (four elements at a time, in four independent lanes)."""
+    cdef double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0, w0, w1, w2, w3
+    cdef int64_t* l1 = local + nb
+    cdef int64_t* l2 = local + 2 * nb
+    cdef int64_t* l3 = local + 3 * nb
+    cdef Py_ssize_t j = 0
+    while j + 4 <= k:
+        w0 = <double>row[j]
+        w1 = <double>row[j + 1]
+        w2 = <double>row[j + 2]
+        w3 = <double>row[j + 3]
+        p0 += (w0 - mean) * (w0 - mean)
+        p1 += (w1 - mean) * (w1 - mean)
+        p2 += (w2 - mean) * (w2 - mean)
+        p3 += (w3 - mean) * (w3 - mean)
+        local[_bin(w0, scale, base, nb)] += 1
+        l1[_bin(w1, scale, base, nb)] += 1
+        l2[_bin(w2, scale, base, nb)] += 1
+        l3[_bin(w3, scale, base, nb)] += 1
+        j += 4
+    while j < k:
+        w0 = <double>row[j]
+        p0 += (w0 - mean) * (w0 - mean)
+        local[_bin(w0, scale, base, nb)] += 1
+        j += 1
+    return (p0 + p1) + (p2 + p3)
 
 
 def moments2(

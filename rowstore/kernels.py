@@ -78,6 +78,10 @@ RowKind = _rows.RowKind
 #: The writer's per-block statistics of a column (``_ext/_stats.pyx``): two passes, no GIL.
 column_moments1 = _stats.moments1
 column_moments2 = _stats.moments2
+column_moments1_quick = _stats.moments1_quick
+#: The payloads of a field, concatenated / counted by value (its str values), bounds-checked.
+stats_gather = _stats.gather
+stats_count_payloads = _stats.count_payloads
 
 _MESSAGES = {
     KernelCode.E_IO: "read failed (errno {detail})",

@@ -12,7 +12,6 @@ Python for numeric fields.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -174,6 +173,7 @@ def column(
         bins,
         _as_int64(int(lo)) if len(vals) else 0,
         vals,
+        not nan and not inf,  # no NaN, infinity or NaT: the kernel's unchecked loop
     )
     if not math.isfinite(m2):  # values near the float64 limit: squares overflowed
         flat = (x if skip is None else x[~skip.view(np.bool_)]).reshape(-1)
@@ -199,20 +199,14 @@ def _as_int64(v: int) -> int:
 
 
 def _first_pass(x: np.ndarray, is_time: bool) -> tuple | None:
-    """:func:`kernels.column_moments1`'s result by numpy's vectorized reductions, for a column
+    """:func:`kernels.column_moments1`'s result by one unchecked pass of the kernel, for a column
     with no NaN, infinity or NaT (its sum is finite, its minimum no NaT); None otherwise."""
     if not x.size:
         return None
-    if x.dtype.kind == "f":
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as it should
-            total = float(x.sum(dtype=np.float64))
-        if not math.isfinite(total):
-            return None
-        return 0, 0, x.size, x.min().item(), x.max().item(), total
-    lo = x.min().item()
-    if is_time and lo == np.iinfo(np.int64).min:
-        return None
-    return 0, 0, x.size, lo, x.max().item(), float(x.sum(dtype=np.float64))
+    lo, hi, total = kernels.column_moments1_quick(x)
+    if not math.isfinite(total) or (is_time and lo == np.iinfo(np.int64).min):
+        return None  # NaN, infinity, NaT, or a sum past the float64 range: the checking pass
+    return 0, 0, x.size, lo, hi, total
 
 
 class _Values:
@@ -251,9 +245,14 @@ class _Values:
         nz = np.flatnonzero(counts)
         self._add([lo + k for k in nz.tolist()], counts[nz].tolist())
 
-    def add_items(self, items: Mapping[Any, int]) -> None:
-        if not self.dropped:
-            self._add(list(items), list(items.values()))
+    def add_payloads(self, heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> None:
+        """Count the payloads ``[offsets, offsets + nbytes)`` of ``heap`` (str values) by their
+        bytes, in place (the compiled kernel; it stops once past ``fs.MAX_TRACK``)."""
+        if self.dropped or not len(offsets):
+            return
+        if not kernels.stats_count_payloads(heap, offsets, nbytes, self.counts, fs.MAX_TRACK):
+            self.dropped = True
+            self.counts = {}
 
     def _add(self, keys: list, cnt: list) -> None:
         if len(keys) > fs.MAX_TRACK:
@@ -383,7 +382,7 @@ class _FieldKeeper:
         elif self.values is not None and heap is not None and count:
             short = nbytes <= 4 * fs.MAX_VALUE_CHARS
             self.values.other += int(count - np.count_nonzero(short))
-            self.values.add_items(_count_payloads(heap, offsets[short], nbytes[short]))
+            self.values.add_payloads(heap, offsets[short], nbytes[short])
         if self.facts_kind is not None and count:
             self._add_facts(col, shapes, heap, offsets, nbytes)
         return part
@@ -445,67 +444,16 @@ class _FieldKeeper:
         return out
 
 
-_HASH_MUL = np.uint64(0x100000001B3)
-
-
-def _count_payloads(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> dict:
-    """``{payload bytes: count}`` of the payloads ``[offsets, offsets + nbytes)`` of ``heap``
-    (short ones: str values), vectorized: each payload's bytes hashed a byte position at a time
-    (memory: a few arrays of one entry per payload), equal hashes then checked to be equal
-    payloads (else counted one by one: exact either way)."""
-    n = len(offsets)
-    if not n:
-        return {}
-    w = int(nbytes.max())
-    if w == 0:
-        return {b"": n}
-    last = len(heap) - 1
-
-    def byte(j: int, at: np.ndarray = offsets) -> np.ndarray:
-        col = heap[np.minimum(at + j, last)]
-        col[j >= nbytes] = 0
-        return col
-
-    h = nbytes.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(w):
-            h *= _HASH_MUL
-            h ^= byte(j)
-    _, first, inverse, counts = np.unique(
-        h, return_index=True, return_inverse=True, return_counts=True
-    )
-    rep = first[inverse]
-    same = np.array_equal(nbytes[rep], nbytes) and all(
-        np.array_equal(byte(j), byte(j, offsets[rep])) for j in range(w)
-    )
-    if not same:
-        found: dict[bytes, int] = {}
-        for a, b in zip(offsets.tolist(), (offsets + nbytes).tolist()):
-            k = heap[a:b].tobytes()
-            found[k] = found.get(k, 0) + 1
-        return found
-    return {
-        heap[a : a + b].tobytes(): c
-        for a, b, c in zip(offsets[first].tolist(), nbytes[first].tolist(), counts.tolist())
-    }
-
-
 def _gather(heap: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """The bytes of the payloads ``[offsets, offsets + nbytes)`` of ``heap``, concatenated in
-    row order (payloads of one field lie in row order, others' between them)."""
-    keep = nbytes > 0
-    offsets, nbytes = offsets[keep], nbytes[keep]
-    if not len(offsets):
+    row order (payloads of one field lie in row order, others' between them): one copy by the
+    compiled kernel (bounds-checked)."""
+    total = int(nbytes.sum())
+    if not total:
         return heap[:0]
-    ends = offsets + nbytes
-    lo, hi = int(offsets[0]), int(ends[-1])
-    if len(offsets) == 1 or bool((offsets[1:] == ends[:-1]).all()):
-        return heap[lo:hi].copy()  # one run: the common case
-    # a mask of this field's bytes in the span (three bytes of memory per byte spanned)
-    delta = np.zeros(hi - lo + 1, np.int8)
-    delta[offsets - lo] = 1
-    delta[ends - lo] -= 1
-    return heap[lo:hi][np.cumsum(delta[:-1], dtype=np.int8).view(np.bool_)]
+    out = np.empty(total, np.uint8)
+    kernels.stats_gather(heap, offsets, nbytes, out)
+    return out
 
 
 class StatsKeeper:

@@ -429,3 +429,61 @@ def test_xarray_patch_statistics_agree(tmp_path):
     assert st.finite == meta["count"] == t.size - 1 and st.nan == 1
     assert st.mean == pytest.approx(meta["mean"], rel=1e-12)
     assert st.std == pytest.approx(meta["std"], rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8", "i1", "i8", "u2", "u8", "M8[s]"])
+def test_unchecked_kernel_paths_agree_with_numpy(dtype):
+    """Columns free of NaN/inf/NaT, no nulls: the kernels' unchecked four-lane loops (rows of 7
+    contiguous elements: four at a time and the rest), and a NaN or NaT found after all."""
+    from rowstore.writer._stats import column, numbers
+
+    rng = np.random.default_rng(9)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        x = (rng.normal(-2, 7, (50, 7)) * 10).astype(dt)
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        x = rng.integers(info.min, info.max, (50, 7), dtype=dt, endpoint=True)
+    else:
+        x = rng.integers(0, 10**9, (50, 7)).astype(dt)
+    rows = np.zeros(50, dtype=[("pad", "u1"), ("x", dt, (7,))])
+    rows["x"] = x
+    kind = "time" if dt.kind == "M" else "number"
+    integer = dt.kind in "iuM"
+    bad = x.copy()
+    if dt.kind in "fM":
+        bad[4, 6] = np.nan if dt.kind == "f" else np.datetime64("NaT")
+    for col, ref in ((rows["x"], x), (bad, bad)):
+        got = column(col, kind, integer=integer)
+        want = numbers(ref.reshape(-1), kind, integer=integer)
+        for k in ("elements", "nan", "inf", "finite", "min", "max"):
+            assert got[k] == want[k], k
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-9)
+        assert got["m2"] == pytest.approx(want["m2"], rel=1e-6)
+        assert got.get("hist") == want.get("hist") or dt.kind == "u" and dt.itemsize == 8
+
+
+def test_payload_kernels_count_gather_and_refuse_outside_the_heap():
+    """The str-value counter and the payload gatherer: exact counts, the stop past the limit,
+    and a ValueError (no read outside) for payloads beyond the heap."""
+    from rowstore import kernels
+
+    heap = np.frombuffer(b"catdogcatbirdcat", np.uint8)
+    off = np.array([0, 3, 6, 9, 13, 0], np.int64)
+    nb = np.array([3, 3, 3, 4, 3, 0], np.int64)
+    counts: dict = {}
+    assert kernels.stats_count_payloads(heap, off, nb, counts, 10)
+    assert counts == {b"cat": 3, b"dog": 1, b"bird": 1, b"": 1}
+    assert not kernels.stats_count_payloads(heap, off, nb, {}, 2)
+    out = np.zeros(16, np.uint8)
+    assert kernels.stats_gather(heap, off, nb, out) == 16
+    assert out.tobytes() == b"catdogcatbirdcat"
+    for o, n in ((14, 3), (-1, 2), (0, -1), (17, 0)):
+        with pytest.raises(ValueError):
+            kernels.stats_count_payloads(
+                heap, np.array([o], np.int64), np.array([n], np.int64), {}, 9
+            )
+        with pytest.raises(ValueError):
+            kernels.stats_gather(heap, np.array([o], np.int64), np.array([n], np.int64), out)
+    with pytest.raises(ValueError):  # the output too small
+        kernels.stats_gather(heap, off, nb, np.zeros(15, np.uint8))

@@ -19,10 +19,8 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
 # ffcv's setup.py imports numpy and finds libturbojpeg/opencv through pkg-config.
+# From PyPI only (the one index these machines reach; a second index only stalls pip on timeouts).
 "$VENV/bin/python" -m pip install -q "numpy<2" numba opencv-python-headless pillow tqdm psutil \
-    terminaltables fastargs assertpy matplotlib pandas torch torchvision \
-    --extra-index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
-    || "$VENV/bin/python" -m pip install -q "numpy<2" numba opencv-python-headless pillow tqdm \
-        psutil terminaltables fastargs assertpy matplotlib pandas torch torchvision
+    terminaltables fastargs assertpy matplotlib pandas torch torchvision
 "$VENV/bin/python" -m pip install -q --no-build-isolation ffcv==1.0.2
 "$VENV/bin/python" -c "import ffcv, ffcv.fields.decoders; print('ffcv', ffcv.__version__)"
